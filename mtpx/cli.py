@@ -1,0 +1,48 @@
+"""What `train_or_eval.py` runs: mode=train trains and checkpoints, mode=eval decodes a prompt set
+and reports spec-decode metrics. Errors a user can fix are printed as one line, exit code 2."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from mtpx.metrics.logging import RunLogger
+
+USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
+
+
+def run_dir() -> Path:
+    try:
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # called outside Hydra (tests)
+        return Path.cwd()
+
+
+def run(cfg: DictConfig) -> int:
+    """Dispatch on cfg.mode. Returns the process exit code."""
+    try:
+        if cfg.mode == "train":
+            return run_train(cfg)
+        if cfg.mode == "eval":
+            from mtpx.evaluate import run_eval
+            return run_eval(cfg, run_dir())
+        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train or mode=eval")
+    except USER_ERRORS as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"error: {msg}", file=sys.stderr)
+        return 2
+
+
+def run_train(cfg: DictConfig) -> int:
+    from mtpx.train.loop import train
+
+    logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True)
+    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(cfg, resolve=True))
+    try:
+        path = train(cfg, log_fn=logger.log)
+    finally:
+        logger.finish()
+    print(f"checkpoint: {path}")
+    return 0

@@ -1,0 +1,117 @@
+"""The Python API, in vLLM's style:
+
+    from mtpx import LLM, SamplingParams
+    llm = LLM(model="checkpoints/demo", spec="mtp8")
+    outs = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=64))
+    outs[0].text, outs[0].output_token_ids, outs[0].finish_reason, outs[0].spec.num_accepted_tokens
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from mtpx.engine.engine import Engine
+from mtpx.engine.request import Request
+from mtpx.engine.sampling_params import SamplingParams
+from mtpx.metrics.stats import RequestOutput
+from mtpx.models.model import MTPForCausalLM
+from mtpx.spec import build_speculator
+
+DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+
+
+class LLM:
+    """model: a checkpoint folder (config.json, model.safetensors, tokenizer.json) or an
+    MTPForCausalLM (then pass `tokenizer` to use string prompts); spec: None (plain decoding),
+    "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
+    step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
+    "float64" or "bfloat16". Raises ValueError for an unknown spec or dtype, or more speculative
+    tokens than multi-module MTP has modules; FileNotFoundError for a missing checkpoint."""
+
+    def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
+                 num_speculative_tokens: int | None = None, max_num_seqs: int = 64,
+                 dtype: str = "float32", tokenizer=None, max_model_len: int | None = None,
+                 record_logit_gaps: bool = False, threads: int | None = None):
+        if threads:
+            torch.set_num_threads(threads)
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
+        if isinstance(model, MTPForCausalLM):
+            self.model, self.tokenizer = model.eval(), tokenizer
+        else:
+            from mtpx.train.checkpoint import load_model
+            self.model, self.tokenizer = load_model(model, dtype=DTYPES[dtype])
+        self.spec = spec
+        self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
+        self.max_model_len = max_model_len or self.model.cfg.max_position_embeddings
+        self.engine = Engine(self.model, self.speculator, max_num_seqs, self.max_model_len,
+                             record_logit_gaps)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 0 if self.speculator is None else self.speculator.k
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.model.cfg.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("string prompts need a tokenizer: load a checkpoint folder or pass tokenizer=")
+        return self.tokenizer.encode(text).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def _validate(self, ids: list[int]) -> str | None:
+        if len(ids) == 0:
+            return "empty prompt: give at least one token (remove empty lines from the prompt file)"
+        if len(ids) >= self.max_model_len:
+            return (f"prompt has {len(ids)} tokens but the model's maximum length is "
+                    f"{self.max_model_len}: shorten the prompt or raise model.max_model_len")
+        bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]
+        if bad:
+            return f"token ids {bad[:5]} are outside the vocabulary [0, {self.model.cfg.vocab_size})"
+        return None
+
+    def generate(self, prompts: Sequence[str | Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 on_finish=None) -> list[RequestOutput]:
+        """prompts: strings or lists of token ids; params: one SamplingParams for all or one per
+        prompt. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too long)
+        fails alone: its output has `error` set and finish_reason None; the rest are generated."""
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
+        params = params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        requests, failed = [], {}
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            ids = self.encode(p) if isinstance(p, str) else [int(t) for t in p]
+            stop = set(sp.stop_token_ids)
+            if not sp.ignore_eos and self.eos_token_id is not None:
+                stop.add(self.eos_token_id)
+            req = Request(i, ids, sp, frozenset(stop))
+            err = self._validate(ids)
+            if err:
+                req.error = err
+                failed[i] = req
+            else:
+                requests.append(req)
+        self.engine.run(requests, on_finish=on_finish)
+        by_index = {r.index: r for r in requests} | failed
+        return [self._output(by_index[i]) for i in range(len(prompts))]
+
+    def _output(self, r: Request) -> RequestOutput:
+        return RequestOutput(
+            index=r.index, prompt_token_ids=r.prompt_token_ids,
+            output_token_ids=r.output_token_ids, text=self.decode(r.output_token_ids),
+            finish_reason=r.finish_reason, spec=r.spec, arrival_time=r.arrival_time,
+            first_token_time=r.first_token_time, finish_time=r.finish_time, error=r.error,
+            logit_gaps=r.logit_gaps if self.engine.record_logit_gaps else None)

@@ -1,0 +1,115 @@
+"""Atomic file writes: a reader sees either the old file or the complete new one, never half.
+
+Every writer here serializes its whole payload in memory first, then writes it to a temporary
+file in the destination's directory (same file system, so the rename is atomic), flushes and
+fsyncs it, and moves it over the destination with ``os.replace``. If serialization or the write
+fails, the destination is left untouched and the temporary file is removed.
+
+Parent directories are created when missing. New files get the usual permissions (0o666 minus
+the process umask), not the 0o600 of ``tempfile``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_jsonl"]
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Atomically replace the file at ``path`` with ``data``.
+
+    Args:
+        path: destination file; its parent directories are created if needed.
+        data: the complete new content.
+
+    Returns:
+        The destination as a ``Path``.
+
+    Raises:
+        OSError: the directory cannot be created or written; the destination is unchanged.
+    """
+    dest = Path(path)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(dest.parent)
+    return dest
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
+    """Atomically replace the file at ``path`` with ``text`` encoded as ``encoding``.
+
+    Raises:
+        UnicodeEncodeError: ``text`` cannot be encoded; the destination is unchanged.
+        OSError: as :func:`atomic_write_bytes`.
+    """
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> Path:
+    """Atomically write ``obj`` as one strict JSON document (NaN/inf are rejected), newline-ended.
+
+    Raises:
+        TypeError: ``obj`` holds a value JSON cannot represent; the destination is unchanged.
+        ValueError: ``obj`` holds NaN or infinity; the destination is unchanged.
+    """
+    text = _dumps(obj, path, indent=indent) + "\n"
+    return atomic_write_text(path, text)
+
+
+def atomic_write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> Path:
+    """Atomically write ``rows`` as JSON Lines: one compact strict-JSON value per line.
+
+    Raises:
+        TypeError, ValueError: a row cannot be serialized (the message names the row index);
+            the destination is unchanged.
+    """
+    lines = [_dumps(row, path, indent=None, row=i) + "\n" for i, row in enumerate(rows)]
+    return atomic_write_text(path, "".join(lines))
+
+
+def _dumps(obj: Any, path: str | os.PathLike[str], indent: int | None, row: int | None = None) -> str:
+    """``json.dumps`` with ``allow_nan=False``; errors name the destination (and row)."""
+    where = f"{path}" if row is None else f"{path} (row {row})"
+    try:
+        return json.dumps(obj, indent=indent, allow_nan=False, ensure_ascii=False)
+    except TypeError as err:
+        raise TypeError(
+            f"{where}: cannot serialize to JSON ({err}); convert the value to a str, number, "
+            "bool, None, list or dict first"
+        ) from err
+    except ValueError as err:
+        raise ValueError(
+            f"{where}: cannot serialize to JSON ({err}); replace NaN/inf with None first"
+        ) from err
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Best-effort fsync of ``directory`` so the rename itself survives a crash (POSIX only)."""
+    if not hasattr(os, "O_DIRECTORY"):
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,189 @@
+"""Run logging to Weights & Biases (offline by default) and the per-position acceptance plot.
+
+``RunLogger`` is built from the ``logger`` config section::
+
+    logger:
+      name: wandb        # "wandb" | "none" (every method is then a no-op)
+      project: mtpx
+      mode: offline      # "offline" (default, never touches the network) | "online"
+      dir: null          # where wandb writes its run folder; default: the run directory
+
+Offline runs land in ``<dir>/wandb/offline-run-*`` and can be uploaded later with
+``wandb sync``. wandb is configured through ``wandb.init`` arguments and ``wandb.Settings``
+(silent, no console capture, no system-stats sampling, no git or code capture), not env vars.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mtpx.io import atomic_write_bytes
+
+__all__ = ["RunLogger", "plot_per_position_acceptance"]
+
+_LOGGER_NAMES = ("wandb", "none")
+_MODES = ("offline", "online")
+
+
+class RunLogger:
+    """Logs metrics of one run to W&B, or nowhere when ``logger.name`` is "none".
+
+    Args:
+        cfg: the ``logger`` config section (an OmegaConf ``DictConfig`` or a plain mapping) with
+            ``name``, and optionally ``project`` (default "mtpx"), ``mode`` (default "offline")
+            and ``dir``. None means ``name: none``.
+        run_dir: the run directory; wandb writes there when ``cfg.dir`` is unset.
+        run_name: display name of the W&B run (default: wandb picks one).
+        config: the run config to store with the W&B run (a dict, or a ``DictConfig`` that is
+            resolved to one).
+
+    Raises:
+        ValueError: unknown ``name`` or ``mode``, or ``name: wandb`` with neither ``dir`` nor
+            ``run_dir`` given.
+    """
+
+    def __init__(
+        self,
+        cfg: Mapping[str, Any] | None,
+        run_dir: str | os.PathLike[str] | None = None,
+        *,
+        run_name: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        cfg = cfg or {}
+        name = cfg.get("name", "none")
+        if name not in _LOGGER_NAMES:
+            raise ValueError(
+                f"unknown logger '{name}': choose one of {', '.join(_LOGGER_NAMES)} (logger=NAME)"
+            )
+        self.run = None
+        if name == "none":
+            return
+        mode = cfg.get("mode") or "offline"
+        if mode not in _MODES:
+            raise ValueError(
+                f"unknown wandb mode '{mode}': choose one of {', '.join(_MODES)} (logger.mode=MODE)"
+            )
+        directory = cfg.get("dir") or run_dir
+        if directory is None:
+            raise ValueError("wandb needs a directory: set logger.dir=PATH or pass the run directory")
+        Path(directory).mkdir(parents=True, exist_ok=True)
+
+        import wandb  # imported here so that logger=none never pays for it
+
+        if isinstance(config, DictConfig):
+            config = OmegaConf.to_container(config, resolve=True)
+
+        settings = wandb.Settings(
+            silent=True,
+            console="off",
+            x_disable_stats=True,
+            disable_git=True,
+            save_code=False,
+            disable_job_creation=True,
+        )
+        self.run = wandb.init(
+            project=cfg.get("project") or "mtpx",
+            dir=str(directory),
+            mode=mode,
+            name=run_name,
+            config=config,
+            settings=settings,
+            reinit="create_new",
+        )
+
+    @property
+    def enabled(self) -> bool:
+        """True while a W&B run is open."""
+        return self.run is not None
+
+    def log(self, data: dict[str, Any], step: int | None = None) -> None:
+        """Log a dict of values (scalars, ``wandb`` media) at ``step`` (default: wandb's next step)."""
+        if self.run is not None:
+            self.run.log(data, step=step)
+
+    def log_metrics_summary(self, metrics: dict[str, Any]) -> None:
+        """Log a metrics dict from ``compute_metrics`` (plus caller keys) as the run's summary.
+
+        Numeric scalars go to the run summary and are logged once; ``per_position_acceptance``
+        is logged as scalars ``per_position_acceptance/pos_{i}`` and as a W&B bar chart
+        (``wandb.plot.bar`` over a ``wandb.Table`` with columns position, acceptance). None
+        values are skipped.
+        """
+        if self.run is None:
+            return
+        import wandb
+
+        scalars = {
+            k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        positions = metrics.get("per_position_acceptance") or []
+        for i, value in enumerate(positions):
+            if value is not None:
+                scalars[f"per_position_acceptance/pos_{i}"] = value
+        data: dict[str, Any] = dict(scalars)
+        rows = [[i, v] for i, v in enumerate(positions) if v is not None]
+        if rows:
+            table = wandb.Table(columns=["position", "acceptance"], data=rows)
+            data["per_position_acceptance_chart"] = wandb.plot.bar(
+                table, "position", "acceptance", title="Per-position acceptance"
+            )
+        self.run.log(data)
+        self.run.summary.update(scalars)
+
+    def finish(self) -> None:
+        """Close the W&B run (flushes the offline files); safe to call twice."""
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+def plot_per_position_acceptance(
+    metrics_by_run: dict[str, dict], path: str | os.PathLike[str]
+) -> Path:
+    """Write a PNG bar chart of per-position acceptance (%), grouped bars when several runs.
+
+    Args:
+        metrics_by_run: run name -> metrics dict with ``per_position_acceptance`` (fractions;
+            None entries and missing positions are drawn as gaps).
+        path: destination PNG; written atomically.
+
+    Returns:
+        The destination as a ``Path``.
+
+    Raises:
+        ValueError: ``metrics_by_run`` is empty or no run has any per-position value.
+    """
+    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+
+    series = {name: m.get("per_position_acceptance") or [] for name, m in metrics_by_run.items()}
+    num_pos = max((len(v) for v in series.values()), default=0)
+    if num_pos == 0 or all(x is None for v in series.values() for x in v):
+        raise ValueError(
+            "nothing to plot: no run has per_position_acceptance values "
+            "(runs without speculative decoding have none; pass spec runs only)"
+        )
+    fig = Figure(figsize=(max(4.0, 0.9 * num_pos + 2.0), 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(series)
+    for j, (name, values) in enumerate(series.items()):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(values)) if values[i] is not None]
+        ys = [v * 100 for v in values if v is not None]
+        ax.bar(xs, ys, width=width, label=name)
+    ax.set_xticks(range(num_pos))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("Per-position acceptance")
+    ax.grid(axis="y", alpha=0.3)
+    if len(series) > 1:
+        ax.legend()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    return atomic_write_bytes(path, buf.getvalue())

@@ -1,0 +1,217 @@
+"""Human-readable tables of the metrics dict from :func:`mtpx.metrics.stats.compute_metrics`.
+
+The row set and labels imitate the published MTP1-vs-MTP8 tables (shared/seeds/000_*.txt) and
+vLLM's ``benchmark_serving`` printout. Fractions in the metrics dict (``acceptance_rate``,
+``per_position_acceptance``, ``accuracy``) are shown as percentages. A value that is None or
+missing prints as "—".
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import NamedTuple
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["format_report", "format_comparison", "DASH"]
+
+DASH = "—"
+
+
+def _requests(m: dict) -> str | None:
+    """"1319 / 0": successful / failed requests."""
+    if m.get("num_requests") is None:
+        return None
+    failed = m.get("num_failed") or 0
+    return f"{m['num_requests'] - failed} / {failed}"
+
+
+def _accuracy(m: dict) -> str | None:
+    """"95.45% (1259/1319)"; the count is shown when the caller added ``num_correct``."""
+    if m.get("accuracy") is None:
+        return None
+    text = f"{m['accuracy'] * 100:.2f}%"
+    if m.get("num_correct") is not None and m.get("num_requests") is not None:
+        text += f" ({m['num_correct']}/{m['num_requests']})"
+    return text
+
+
+class _Row(NamedTuple):
+    """One table row.
+
+    ``fmt`` is a format spec applied to ``metrics[key]`` ("%" = a fraction shown as a percentage
+    with 2 decimals) or a function of the whole metrics dict. ``delta`` says how a two-run
+    comparison shows the change: "rel" = relative change in %, "pts" = difference in percentage
+    points, "" = none.
+    """
+
+    label: str
+    key: str
+    fmt: str | Callable[[dict], str | None]
+    delta: str = ""
+
+
+PER_POSITION = "per_position_acceptance"  # this key expands to one or several rows, see below
+_ROWS: list[_Row] = [
+    _Row("Successful / failed requests", "num_requests", _requests),
+    _Row("Accuracy", "accuracy", _accuracy, "pts"),
+    _Row("Acceptance rate (%)", "acceptance_rate", "%", "pts"),
+    _Row("Acceptance length", "acceptance_length", ".2f", "rel"),
+    _Row("Drafts", "num_drafts", ",d", "rel"),
+    _Row("Draft tokens", "num_draft_tokens", ",d", "rel"),
+    _Row("Accepted tokens", "num_accepted_tokens", ",d", "rel"),
+    _Row("Per-position acceptance (%)", PER_POSITION, "", "pts"),
+    _Row("Mean TTFT (ms)", "mean_ttft_ms", ".2f", "rel"),
+    _Row("Mean TPOT (ms)", "mean_tpot_ms", ".2f", "rel"),
+    _Row("Output token throughput (tok/s)", "output_throughput", ".2f", "rel"),
+    _Row("Benchmark duration (s)", "duration_s", ".2f", "rel"),
+    _Row("Lossless mismatches", "lossless_mismatches", "d"),
+]
+_OPTIONAL_KEYS = ("accuracy", "lossless_mismatches")  # rows left out when no run has a value
+# Keys the rows display; any other scalar key a caller added gets a row named by its key.
+_SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct"}
+
+
+def _cell(row: _Row, m: dict) -> str | None:
+    """The formatted value of ``row`` for metrics ``m``; None when missing or None."""
+    if callable(row.fmt):
+        return row.fmt(m)
+    value = m.get(row.key)
+    if value is None:
+        return None
+    return f"{value * 100:.2f}" if row.fmt == "%" else format(value, row.fmt)
+
+
+def _extra_keys(metrics_list: list[dict]) -> list[str]:
+    """Caller-added scalar keys, in first-seen order."""
+    keys: list[str] = []
+    for m in metrics_list:
+        for k, v in m.items():
+            if k not in _SHOWN_KEYS and k not in keys and isinstance(v, (int, float, str, type(None))):
+                keys.append(k)
+    return keys
+
+
+def _fmt_extra(value: object) -> str:
+    """A caller-added value: floats with 4 significant digits, None as "—"."""
+    if value is None:
+        return DASH
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _position(m: dict, i: int) -> float | None:
+    """Acceptance fraction at draft position ``i``; None past the run's last position."""
+    values = m.get(PER_POSITION) or []
+    return values[i] if i < len(values) else None
+
+
+def _report_rows(m: dict) -> list[tuple[str, str]]:
+    """(label, value) rows of one run; per-position acceptance is one row "75.6 / 60.1 / ..."."""
+    rows: list[tuple[str, str]] = []
+    for row in _ROWS:
+        if row.key == PER_POSITION:
+            values = m.get(PER_POSITION) or []
+            joined = " / ".join(DASH if v is None else f"{v * 100:.1f}" for v in values)
+            rows.append((row.label, joined or DASH))
+            continue
+        value = _cell(row, m)
+        if value is None and row.key in _OPTIONAL_KEYS:
+            continue
+        rows.append((row.label, DASH if value is None else value))
+    rows += [(k, _fmt_extra(m.get(k))) for k in _extra_keys([m])]
+    return rows
+
+
+def format_report(metrics: dict, title: str, width: int = 100) -> str:
+    """Render one run's metrics as a plain-text table (rich, exported without colour).
+
+    Args:
+        metrics: a dict from ``compute_metrics``, optionally with ``accuracy`` (fraction in
+            [0, 1]), ``num_correct`` and other caller-added scalar keys (shown by key name).
+        title: printed above the table.
+        width: console width in characters.
+
+    Returns:
+        The table as text, e.g. a row "Per-position acceptance (%)   75.6 / 60.1 / 49.8".
+    """
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    table.add_column("Metric")
+    table.add_column("Value", justify="right")
+    for label, value in _report_rows(metrics):
+        table.add_row(label, value)
+    console = Console(record=True, width=width, file=io.StringIO(), color_system=None)
+    console.print(table)
+    return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"
+
+
+def _comparison_rows(runs: list[dict]) -> list[list[str]]:
+    """Rows [label, value per run, (Δ when two runs)]; one row per draft position."""
+    with_delta = len(runs) == 2
+    lines: list[list[str]] = []
+
+    def add(label: str, cells: list[str | None], raw: list | None, kind: str) -> None:
+        line = [label, *(DASH if c is None else c for c in cells)]
+        if with_delta:
+            line.append(_delta(raw[0], raw[1], kind) if raw and kind else DASH)
+        lines.append(line)
+
+    for row in _ROWS:
+        if row.key == PER_POSITION:
+            for i in range(max(len(m.get(PER_POSITION) or []) for m in runs)):
+                values = [_position(m, i) for m in runs]
+                cells = [None if v is None else f"{v * 100:.2f}" for v in values]
+                add(f"{row.label} — Pos {i}", cells, values, row.delta)
+            continue
+        cells = [_cell(row, m) for m in runs]
+        if all(c is None for c in cells) and row.key in _OPTIONAL_KEYS:
+            continue
+        add(row.label, cells, [m.get(row.key) for m in runs], row.delta)
+    for k in _extra_keys(runs):
+        add(k, [_fmt_extra(m.get(k)) for m in runs], None, "")
+    return lines
+
+
+def format_comparison(rows: dict[str, dict]) -> str:
+    """Render several runs side by side as a GitHub-markdown table (columns = run names).
+
+    Per-position acceptance gets one row per position ("Per-position acceptance (%) — Pos i",
+    up to the longest run); runs with fewer positions show "—". With exactly two runs a "Δ"
+    column follows, second run vs first: the relative change for counts, latencies and
+    throughput ("+30.5%"), the difference in percentage points for rates ("-7.91 pts").
+
+    Args:
+        rows: run name -> metrics dict (as for :func:`format_report`), in column order.
+
+    Returns:
+        The markdown table, newline-terminated.
+
+    Raises:
+        ValueError: ``rows`` is empty.
+    """
+    if not rows:
+        raise ValueError("format_comparison needs at least one run: pass {run name: metrics dict}")
+    header = ["Metric", *rows] + (["Δ"] if len(rows) == 2 else [])
+    out = [_md_row(header), "| --- |" + " ---: |" * (len(header) - 1)]
+    out += [_md_row(r) for r in _comparison_rows(list(rows.values()))]
+    return "\n".join(out) + "\n"
+
+
+def _delta(a: float | None, b: float | None, kind: str) -> str:
+    """Change from ``a`` to ``b``: "+30.5%" (kind "rel") or "-7.91 pts" (kind "pts"); "—" if undefined."""
+    if a is None or b is None:
+        return DASH
+    if kind == "pts":
+        return f"{(b - a) * 100:+.2f} pts"
+    if a == 0:
+        return DASH
+    return f"{(b - a) / a * 100:+.1f}%"
+
+
+def _md_row(cells: list[str]) -> str:
+    """One markdown table row; "|" inside a cell is escaped."""
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"

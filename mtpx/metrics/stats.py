@@ -1,0 +1,234 @@
+"""Speculative-decoding counters per request and the benchmark metrics computed from them.
+
+Definitions follow vLLM (ARCHITECTURE.md invariant 7):
+
+- vLLM ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats`` / ``SpecDecodingLogging``):
+  ``num_drafts`` counts verification rounds with at least one draft token; acceptance rate =
+  accepted / draft tokens; mean acceptance length = 1 + accepted / num_drafts; per-position
+  acceptance[i] = rounds whose i-th draft was accepted / num_drafts.
+- vLLM ``benchmarks/benchmark_serving.py`` (``calculate_metrics``): TTFT is first token time
+  minus start; TPOT = (latency - TTFT) / (output tokens - 1), only for requests with more than one
+  output token; output throughput = output tokens of successful requests / benchmark duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "SpecDecodeCounts",
+    "RequestOutput",
+    "METRIC_KEYS",
+    "is_failed",
+    "aggregate_spec",
+    "compute_metrics",
+]
+
+
+@dataclass
+class SpecDecodeCounts:
+    """One request's (or a whole run's) speculative-decoding counters.
+
+    Attributes:
+        num_drafts: verification rounds with >= 1 draft token.
+        num_draft_tokens: draft tokens proposed in those rounds.
+        num_accepted_tokens: draft tokens the target accepted (the bonus token is not counted).
+        accepted_per_position: ``[i]`` = rounds whose i-th draft token was accepted.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record_round(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """Record one verification round that proposed ``num_draft_tokens`` and accepted ``num_accepted``.
+
+        Accepted drafts are a prefix of the proposal (positions ``0 .. num_accepted-1``), as in
+        vLLM's rejection sampler. A round with 0 drafts records nothing.
+
+        Raises:
+            ValueError: a count is negative, or more drafts are accepted than were proposed.
+        """
+        if num_draft_tokens < 0 or num_accepted < 0:
+            raise ValueError(
+                f"record_round({num_draft_tokens}, {num_accepted}): counts must be >= 0"
+            )
+        if num_accepted > num_draft_tokens:
+            raise ValueError(
+                f"record_round({num_draft_tokens}, {num_accepted}): cannot accept more drafts "
+                "than were proposed; pass the accepted draft tokens without the bonus token"
+            )
+        if num_draft_tokens == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_accepted:
+            self.accepted_per_position.extend([0] * (num_accepted - len(self.accepted_per_position)))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+
+@dataclass
+class RequestOutput:
+    """What ``LLM.generate`` returns for one request.
+
+    Times are ``time.perf_counter()`` seconds. ``arrival_time`` is when the request got a batch
+    slot, so TTFT here excludes queueing before admission.
+
+    Attributes:
+        index: position in the input prompt list.
+        prompt_token_ids: the prompt's token ids.
+        output_token_ids: generated token ids.
+        text: decoded output text.
+        finish_reason: "stop" | "length" | "abort", or None when the request failed.
+        spec: the request's speculative-decoding counters.
+        arrival_time: seconds when the request got a batch slot.
+        first_token_time: seconds when the first output token was emitted, None if never.
+        finish_time: seconds when the request finished, None if never.
+        error: the failure message when the request failed; other requests still finish.
+        logit_gaps: optional top-2 logit gap at each emitted token.
+    """
+
+    index: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    spec: SpecDecodeCounts
+    arrival_time: float
+    first_token_time: float | None
+    finish_time: float | None
+    error: str | None = None
+    logit_gaps: list[float] | None = None
+
+
+METRIC_KEYS: tuple[str, ...] = (
+    "num_requests",
+    "num_failed",
+    "num_drafts",
+    "num_draft_tokens",
+    "num_accepted_tokens",
+    "acceptance_rate",
+    "acceptance_length",
+    "per_position_acceptance",
+    "output_throughput",
+    "mean_ttft_ms",
+    "mean_tpot_ms",
+    "duration_s",
+    "lossless_mismatches",
+)
+"""The keys :func:`compute_metrics` returns, in order."""
+
+
+def is_failed(output: RequestOutput) -> bool:
+    """True when ``output`` failed: it has an error message or never got a finish reason."""
+    return output.error is not None or output.finish_reason is None
+
+
+def aggregate_spec(outputs: Iterable[RequestOutput]) -> SpecDecodeCounts:
+    """Sum the speculative-decoding counters of ``outputs`` (failed requests included).
+
+    ``accepted_per_position`` is summed element-wise; the result is as long as the longest input.
+    """
+    total = SpecDecodeCounts()
+    for out in outputs:
+        s = out.spec
+        total.num_drafts += s.num_drafts
+        total.num_draft_tokens += s.num_draft_tokens
+        total.num_accepted_tokens += s.num_accepted_tokens
+        if len(total.accepted_per_position) < len(s.accepted_per_position):
+            total.accepted_per_position.extend(
+                [0] * (len(s.accepted_per_position) - len(total.accepted_per_position))
+            )
+        for i, n in enumerate(s.accepted_per_position):
+            total.accepted_per_position[i] += n
+    return total
+
+
+def compute_metrics(
+    outputs: Sequence[RequestOutput], duration_s: float, num_speculative_tokens: int
+) -> dict:
+    """Compute the benchmark metrics of one run.
+
+    Args:
+        outputs: every request of the run, failed ones included.
+        duration_s: benchmark wall time in seconds (> 0).
+        num_speculative_tokens: draft tokens per round (k); 0 for plain decoding.
+
+    Returns:
+        A dict with exactly the keys in :data:`METRIC_KEYS`:
+
+        - ``num_requests``: all requests, failed ones included; ``num_failed``: see :func:`is_failed`.
+        - ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``: summed over all requests
+          (rounds of a request that later failed were still verified, as vLLM counts them).
+        - ``acceptance_rate``: accepted / draft tokens, in [0, 1]; None when no drafts.
+        - ``acceptance_length``: 1 + accepted / num_drafts; None when no drafts.
+        - ``per_position_acceptance``: ``k`` fractions, ``[i]`` = rounds whose i-th draft was
+          accepted / num_drafts; ``k`` Nones when no drafts.
+        - ``output_throughput``: output tokens of successful requests / duration, tokens/s.
+        - ``mean_ttft_ms``: mean (first_token_time - arrival_time) over successful requests that
+          emitted a token, ms; None if none.
+        - ``mean_tpot_ms``: mean (finish_time - first_token_time) / (output tokens - 1) over
+          successful requests with >= 2 output tokens, ms; None if none.
+        - ``duration_s``: as given; ``lossless_mismatches``: None (the caller fills it).
+
+        The caller may add keys (``accuracy``, ...) afterwards.
+
+    Raises:
+        ValueError: ``duration_s`` <= 0, ``num_speculative_tokens`` < 0, or a request accepted a
+            draft at a position >= ``num_speculative_tokens``.
+    """
+    if not duration_s > 0:
+        raise ValueError(f"duration_s must be > 0 seconds, got {duration_s!r}")
+    if num_speculative_tokens < 0:
+        raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+
+    spec = aggregate_spec(outputs)
+    if len(spec.accepted_per_position) > num_speculative_tokens:
+        raise ValueError(
+            f"a request accepted a draft at position {len(spec.accepted_per_position) - 1} but "
+            f"num_speculative_tokens={num_speculative_tokens}; pass the k the engine ran with"
+        )
+    per_position: list[int] = spec.accepted_per_position + [0] * (
+        num_speculative_tokens - len(spec.accepted_per_position)
+    )
+    if spec.num_drafts > 0:
+        acceptance_rate = spec.num_accepted_tokens / spec.num_draft_tokens
+        acceptance_length = 1.0 + spec.num_accepted_tokens / spec.num_drafts
+        per_position_acceptance: list[float | None] = [n / spec.num_drafts for n in per_position]
+    else:
+        acceptance_rate = acceptance_length = None
+        per_position_acceptance = [None] * num_speculative_tokens
+
+    ok = [o for o in outputs if not is_failed(o)]
+    ttfts = [
+        (o.first_token_time - o.arrival_time) * 1000.0 for o in ok if o.first_token_time is not None
+    ]
+    tpots = [
+        (o.finish_time - o.first_token_time) * 1000.0 / (len(o.output_token_ids) - 1)
+        for o in ok
+        if len(o.output_token_ids) >= 2 and o.first_token_time is not None and o.finish_time is not None
+    ]
+    return {
+        "num_requests": len(outputs),
+        "num_failed": len(outputs) - len(ok),
+        "num_drafts": spec.num_drafts,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "num_accepted_tokens": spec.num_accepted_tokens,
+        "acceptance_rate": acceptance_rate,
+        "acceptance_length": acceptance_length,
+        "per_position_acceptance": per_position_acceptance,
+        "output_throughput": sum(len(o.output_token_ids) for o in ok) / duration_s,
+        "mean_ttft_ms": _mean(ttfts),
+        "mean_tpot_ms": _mean(tpots),
+        "duration_s": duration_s,
+        "lossless_mismatches": None,
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    """Arithmetic mean, None for an empty list."""
+    return sum(values) / len(values) if values else None

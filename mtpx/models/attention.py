@@ -1,0 +1,45 @@
+"""Gated full attention as in Qwen3-Next (Hugging Face `Qwen3NextAttention`).
+
+q_proj emits, per head, a query and an output gate interleaved as [head0: q(D) g(D), head1: ...];
+q and k get a per-head RMSNorm (zero-centred), partial RoPE, grouped-query attention, and the
+attention output is multiplied by sigmoid(gate) before o_proj (Qiu et al. 2025, "Gated Attention
+for Large Language Models", arXiv 2505.06708).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from mtpx.attention.torch_backend import cached_attention, causal_attention
+from mtpx.cache.state import KVCache
+from mtpx.models.config import ModelConfig
+from mtpx.models.meta import ForwardMeta
+from mtpx.models.norm import RMSNorm
+from mtpx.models.rope import apply_rope
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        H, D = self.num_heads, self.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, H * D * 2, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=False)
+        self.o_proj = nn.Linear(H * D, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None = None, meta: ForwardMeta | None = None) -> torch.Tensor:
+        """x: [B, T, hidden]; cos, sin: [B, T, rotary_dim]. Without a cache: causal over T."""
+        B, T, _ = x.shape
+        q, gate = self.q_proj(x).view(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        q = apply_rope(self.q_norm(q), cos, sin)
+        k = apply_rope(self.k_norm(k), cos, sin)
+        out = causal_attention(q, k, v) if cache is None else cached_attention(q, k, v, cache, meta)
+        out = out.reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
+        return self.o_proj(out)

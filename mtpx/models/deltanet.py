@@ -1,0 +1,88 @@
+"""Gated DeltaNet linear-attention layer as in Qwen3-Next (Hugging Face `Qwen3NextGatedDeltaNet`).
+
+in_proj_qkvz -> (q, k, v, z) grouped per key head; in_proj_ba -> (b, a) per value head;
+q, k, v pass through a short depthwise causal conv (kernel `linear_conv_kernel_dim`) with SiLU;
+beta = sigmoid(b), log decay g = -exp(A_log) * softplus(a + dt_bias) (Mamba-2 style);
+the gated delta rule (mtpx.models.gated_delta_rule) mixes tokens; RMSNormGated(o, z); out_proj.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mtpx.cache.state import RecurrentState
+from mtpx.models.config import ModelConfig
+from mtpx.models.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from mtpx.models.meta import ForwardMeta
+from mtpx.models.norm import RMSNormGated
+
+RECURRENT_MAX_LEN = 16  # below this many tokens the recurrent form is cheaper than chunking
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.dk, self.dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.kernel = cfg.linear_conv_kernel_dim
+        self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim,
+                                bias=False, padding=self.kernel - 1)
+        self.in_proj_qkvz = nn.Linear(cfg.hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * self.nv, bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(self.nv))
+        self.A_log = nn.Parameter(torch.empty(self.nv).uniform_(1e-3, 16).log())
+        self.norm = RMSNormGated(self.dv, cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+
+    def _split(self, x):
+        """Hugging Face's per-key-head grouping of in_proj_qkvz / in_proj_ba outputs."""
+        B, T, _ = x.shape
+        r = self.nv // self.nk
+        qkvz = self.in_proj_qkvz(x).view(B, T, self.nk, 2 * self.dk + 2 * r * self.dv)
+        q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
+        b, a = self.in_proj_ba(x).view(B, T, self.nk, 2 * r).split([r, r], dim=-1)
+        return (q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1),
+                z.reshape(B, T, self.nv, self.dv), b.reshape(B, T, self.nv), a.reshape(B, T, self.nv))
+
+    def forward(self, x: torch.Tensor, state: RecurrentState | None = None,
+                meta: ForwardMeta | None = None) -> torch.Tensor:
+        """x: [B, T, hidden] -> [B, T, hidden]. With `state`, continues each request's row from its
+        stored state and stores the new one (or, with meta.keep_states, the state after every token
+        into state.pending_* for a later commit)."""
+        B, T, _ = x.shape
+        q, k, v, z, b, a = self._split(x)
+        mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)             # [B, C, T]
+        prev = (mixed.new_zeros(B, self.conv_dim, self.kernel - 1) if state is None
+                else state.conv[meta.rows].to(mixed.dtype))
+        ext = torch.cat([prev, mixed], dim=-1)                            # [B, C, K-1+T]
+        conv = F.silu(F.conv1d(ext, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
+        q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(self.nv // self.nk, dim=2)
+        k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(self.nv // self.nk, dim=2)
+        v = v.reshape(B, T, self.nv, self.dv)
+        beta = torch.sigmoid(b)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        if meta is not None:  # padding tokens: g = beta = 0 leaves the state untouched
+            beta, g = beta * meta.valid[..., None], g * meta.valid[..., None]
+
+        if state is None:
+            o, _ = chunk_gated_delta_rule(q, k, v, g, beta)
+        elif meta.keep_states:
+            o, _, all_ssm = recurrent_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows],
+                                                       keep_all_states=True)
+            state.pending_ssm = all_ssm                                     # [B, T, H, Dk, Dv]
+            state.pending_conv = ext.unfold(-1, self.kernel - 1, 1)[:, :, 1:].transpose(1, 2)
+            state.pending_rows = meta.rows                                  # conv: [B, T, C, K-1]
+        else:
+            fn = recurrent_gated_delta_rule if T <= RECURRENT_MAX_LEN else chunk_gated_delta_rule
+            o, final = fn(q, k, v, g, beta, state.ssm[meta.rows])[:2]
+            state.ssm[meta.rows] = final.to(state.ssm.dtype)
+            last = meta.lengths                                             # window ends at len-1
+            idx = last[:, None, None] + torch.arange(self.kernel - 1, device=x.device)
+            state.conv[meta.rows] = ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype)
+
+        o = self.norm(o, z)
+        return self.out_proj(o.reshape(B, T, self.value_dim))

@@ -1,0 +1,91 @@
+"""The gated delta rule (Yang, Kautz, Hatamizadeh 2024, "Gated Delta Networks: Improving Mamba2 with
+Delta Rule", arXiv 2412.06464) in plain PyTorch: a recurrent form (decode, verification windows) and
+a chunked form (prefill, training). Both are the reference implementations; the chunked form uses the
+WY representation of flash-linear-attention's `chunk_gated_delta_rule` with a triangular solve.
+
+Per head, with state S in R^{Dk x Dv}, unit-norm k_t (L2-normalised here), q_t scaled by Dk^-0.5,
+decay alpha_t = exp(g_t) (g_t <= 0) and write strength beta_t in (0, 1):
+
+    S_t = alpha_t * S_{t-1} + beta_t * k_t (v_t - alpha_t * S_{t-1}^T k_t)^T
+    o_t = S_t^T q_t
+
+A token with g_t = 0 and beta_t = 0 leaves the state unchanged: callers use this to pad ragged
+batches. Inputs are computed in float32 (float64 stays float64) and outputs cast back.
+"""
+import torch
+import torch.nn.functional as F
+
+
+def _prep(q, k, v, g, beta):
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q = F.normalize(q.to(dtype), dim=-1, eps=1e-6) * q.shape[-1] ** -0.5
+    k = F.normalize(k.to(dtype), dim=-1, eps=1e-6)
+    return q, k, v.to(dtype), g.to(dtype), beta.to(dtype)
+
+
+def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, keep_all_states=False):
+    """Token-by-token gated delta rule.
+
+    q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g (log decay, <= 0), beta: [B, T, H];
+    initial_state: [B, H, Dk, Dv] or None (zeros).
+    Returns (o [B, T, H, Dv] in v's dtype, final_state [B, H, Dk, Dv] float32/64,
+    all_states [B, T, H, Dk, Dv] (state after each token) or None unless keep_all_states).
+    """
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prep(q, k, v, g, beta)
+    B, T, H, Dk = k.shape
+    S = (torch.zeros(B, H, Dk, v.shape[-1], dtype=q.dtype, device=q.device)
+         if initial_state is None else initial_state.to(q.dtype))
+    outs, states = [], []
+    for t in range(T):
+        S = S * g[:, t].exp()[..., None, None]
+        kv_mem = torch.einsum("bhk,bhkv->bhv", k[:, t], S)
+        delta = (v[:, t] - kv_mem) * beta[:, t, :, None]
+        S = S + k[:, t, :, :, None] * delta[:, :, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+        if keep_all_states:
+            states.append(S)
+    o = torch.stack(outs, dim=1).to(out_dtype)
+    return o, S, (torch.stack(states, dim=1) if keep_all_states else None)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64):
+    """Chunked (WY) gated delta rule; same contract as `recurrent_gated_delta_rule` without
+    per-token states. Returns (o [B, T, H, Dv], final_state [B, H, Dk, Dv]).
+
+    Within a chunk with cumulative log decay G_i = sum_{s<=i} g_s, let L be strictly lower triangular
+    with L_ij = beta_i (k_i . k_j) exp(G_i - G_j). Then with W = (I + L)^{-1}:
+    u = W (beta * v), w = W (beta * exp(G) * k); per chunk v_new = u - w S,
+    o = (q * exp(G)) S + tril(q k^T * exp(G_i - G_j)) v_new,
+    S <- exp(G_last) S + (k * exp(G_last - G))^T v_new.
+    """
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prep(q, k, v, g, beta)
+    B, T, H, Dk = k.shape
+    Dv = v.shape[-1]
+    pad = (chunk_size - T % chunk_size) % chunk_size
+    # [B, H, N, C, D] chunks; padded tokens have g = beta = 0 and leave the state unchanged
+    q, k, v = (F.pad(x, (0, 0, 0, 0, 0, pad)).transpose(1, 2).reshape(B, H, -1, chunk_size, x.shape[-1])
+               for x in (q, k, v))
+    g, beta = (F.pad(x, (0, 0, 0, pad)).transpose(1, 2).reshape(B, H, -1, chunk_size) for x in (g, beta))
+    G = g.cumsum(-1)                                                     # [B, H, N, C]
+    decay = (G[..., :, None] - G[..., None, :]).tril().exp().tril()      # [B, H, N, C, C]
+    k_beta = k * beta[..., None]
+    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
+    L = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1)
+    W = torch.linalg.solve_triangular(eye + L, eye.expand_as(L), upper=False, unitriangular=True)
+    u = W @ (v * beta[..., None])
+    w = W @ (k_beta * G.exp()[..., None])
+    S = (torch.zeros(B, H, Dk, Dv, dtype=q.dtype, device=q.device)
+         if initial_state is None else initial_state.to(q.dtype))
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    outs = []
+    for n in range(q.shape[2]):
+        qn, kn, Gn = q[:, :, n], k[:, :, n], G[:, :, n]
+        v_new = u[:, :, n] - w[:, :, n] @ S                              # [B, H, C, Dv]
+        attn = (qn @ kn.transpose(-1, -2) * decay[:, :, n]).masked_fill(~causal, 0)
+        outs.append((qn * Gn.exp()[..., None]) @ S + attn @ v_new)
+        last = Gn[..., -1, None]                                         # [B, H, 1]
+        S = S * last.exp()[..., None] + (kn * (last - Gn).exp()[..., None]).transpose(-1, -2) @ v_new
+    o = torch.stack(outs, dim=2).reshape(B, H, -1, Dv)[:, :, :T].transpose(1, 2)
+    return o.to(out_dtype), S

@@ -1,0 +1,41 @@
+"""RMSNorm variants used by Qwen3-Next-style models.
+
+`RMSNorm` follows Qwen3-Next's zero-centred convention (Hugging Face `Qwen3NextRMSNorm`): the weight
+is initialised to 0 and the output is `x / rms(x) * (1 + weight)`, computed in float32.
+`RMSNormGated` is the output norm of Gated DeltaNet (`Qwen3NextRMSNormGated`): `x / rms(x) * weight
+* silu(gate)`, weight initialised to 1.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    """Zero-centred RMSNorm over the last dim. x: [..., dim] any float dtype -> same shape and dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.to(y.dtype))).to(dtype)
+
+
+class RMSNormGated(nn.Module):
+    """RMSNorm followed by a SiLU gate. x, gate: [..., dim] -> [..., dim] in x's dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = self.weight.to(y.dtype) * y
+        return (y * F.silu(gate.to(y.dtype))).to(dtype)

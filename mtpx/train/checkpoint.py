@@ -1,0 +1,314 @@
+"""Checkpoints: one folder per model, written atomically, read back with named, checked errors.
+
+    ckpt/
+      config.json            ModelConfig.to_dict()
+      model.safetensors      weights (float32 or a chosen dtype); HF Qwen3-Next names; a tied
+                             lm_head.weight is not stored (it is model.embed_tokens.weight)
+      tokenizer.json         HF tokenizers file
+      trainer_state.json     only for resuming: step, loss history, run config, and the optimizer's
+                             non-tensor state (hyper-parameters, parameter order)
+      optimizer.safetensors  only for resuming: AdamW moments as named tensors "state.{i}.{key}"
+      (+ any extra files the caller writes, e.g. losses.csv, loss_curve.png)
+
+Atomic write: everything goes into a hidden sibling folder ".{name}.tmp-XXXX" first. Only when it
+is complete is the previous folder moved aside (".{name}.old-XXXX"), the new one renamed into
+place, and the old one deleted. A crash leaves either the previous checkpoint or the new one under
+the final name; if it strikes between the two renames, `load_*` errors point at the ".old" folder.
+
+Weights are only ever read with safetensors (no pickle, no torch.load).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import safetensors
+import safetensors.torch  # called as safetensors.torch.save_file so tests can monkeypatch it
+import torch
+from tokenizers import Tokenizer
+
+from mtpx.io import atomic_write_json
+from mtpx.models.config import ModelConfig
+from mtpx.models.model import MTPForCausalLM
+from mtpx.train.tokenizer import TOKENIZER_FILE, load_tokenizer, save_tokenizer
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+
+_MAX_NAMES = 10  # names listed per category in a mismatch error
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder exists but its contents disagree with what is expected."""
+
+
+# --------------------------------------------------------------------------------------------------
+# saving
+
+
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: MTPForCausalLM,
+    tokenizer: Tokenizer,
+    optimizer: torch.optim.Optimizer | None = None,
+    trainer_state: dict[str, Any] | None = None,
+    dtype: torch.dtype = torch.float32,
+    extra_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write a checkpoint folder at `path` atomically, replacing any previous one.
+
+    Args:
+        path: the checkpoint folder (created; its parent too).
+        model: an MTPForCausalLM; its `cfg` goes to config.json.
+        tokenizer: saved as tokenizer.json.
+        optimizer: if given, its state goes to optimizer.safetensors (tensors, dtype kept) and
+            trainer_state.json["optimizer"] (the rest). Parameter indices follow the optimizer's
+            param_groups order, so resume must build the optimizer the same way.
+        trainer_state: JSON-serializable dict (step, loss_history, config, ...) for trainer_state.json.
+        dtype: floating dtype of the saved weights (e.g. torch.bfloat16 to halve the size).
+        extra_files: called with the temporary folder before it is renamed into place, to add files
+            that must stay consistent with the checkpoint (loss CSV, plots).
+
+    Returns:
+        `path` as a Path.
+
+    Raises:
+        TypeError: trainer_state or the optimizer's hyper-parameters are not JSON-serializable.
+        OSError (and anything `extra_files` raises): the previous checkpoint at `path` is untouched
+            and the temporary folder is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    try:
+        (tmp / CONFIG_FILE).write_text(json.dumps(_model_cfg(model).to_dict(), indent=2) + "\n")
+        tensors = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
+                   for k, v in _stored_state(model).items()}
+        safetensors.torch.save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        save_tokenizer(tokenizer, tmp / TOKENIZER_FILE)
+        state = dict(trainer_state or {})
+        if optimizer is not None:
+            opt_tensors, state["optimizer"] = _flatten_optimizer(optimizer)
+            safetensors.torch.save_file(opt_tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
+        if trainer_state is not None or optimizer is not None:
+            atomic_write_json(tmp / TRAINER_STATE_FILE, state)
+        if extra_files is not None:
+            extra_files(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # swap: previous -> .old, new -> final, drop .old. Until the second rename completes the
+    # previous checkpoint still exists on disk.
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{secrets.token_hex(4)}")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def _model_cfg(model: torch.nn.Module) -> ModelConfig:
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"{type(model).__name__} has no .cfg ModelConfig: pass an mtpx MTPForCausalLM")
+    return cfg
+
+
+def _stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors that go into model.safetensors: the state dict minus aliases.
+
+    A tied lm_head.weight is dropped (it is model.embed_tokens.weight). Any other tensor that shares
+    storage with an earlier one is dropped too: safetensors refuses shared tensors, and loading the
+    first name restores both.
+    """
+    sd = model.state_dict()
+    if _model_cfg(model).tie_word_embeddings:
+        sd.pop("lm_head.weight", None)
+    out, seen = {}, set()
+    for name, t in sd.items():
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = t
+    return out
+
+
+def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split optimizer.state_dict() into named tensors {"state.{i}.{key}": tensor} and a JSON part
+    {"param_groups": [...], "state_scalars": {"{i}": {key: value}}} (non-tensor per-param entries)."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for i, st in sd["state"].items():
+        for key, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{i}.{key}"] = v.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(str(i), {})[key] = v
+    return tensors, {"param_groups": sd["param_groups"], "state_scalars": scalars}
+
+
+# --------------------------------------------------------------------------------------------------
+# loading
+
+
+def load_model(
+    path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[MTPForCausalLM, Tokenizer]:
+    """Load a checkpoint folder written by `save_checkpoint`.
+
+    Args:
+        path: the checkpoint folder.
+        dtype: floating dtype of the returned model's parameters.
+        device: where the model is placed.
+
+    Returns:
+        (model in eval mode, tokenizer).
+
+    Raises:
+        FileNotFoundError: the folder, config.json, model.safetensors or tokenizer.json is missing.
+        ValueError: config.json has keys ModelConfig does not know (from ModelConfig.from_dict).
+        CheckpointError: tensor names missing from / unexpected in model.safetensors (both listed,
+            up to 10 names each, with counts), or a tensor whose shape disagrees with config.json.
+    """
+    path = _require_folder(path)
+    cfg = load_config(path)
+    weights = path / WEIGHTS_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(
+            f"checkpoint folder {path} has no {WEIGHTS_FILE}: the save did not finish; re-run mode=train or point model.path elsewhere"
+        )
+    if not (path / TOKENIZER_FILE).is_file():
+        raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: point model.path at a folder written by mode=train")
+    tokenizer = load_tokenizer(path / TOKENIZER_FILE)
+
+    model = MTPForCausalLM(cfg)
+    expected = {k: tuple(v.shape) for k, v in _stored_state(model).items()}
+    tensors = {}
+    with safetensors.safe_open(str(weights), framework="pt", device="cpu") as f:
+        stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        _check_names(weights, expected, stored)
+        for name, shape in expected.items():
+            if stored[name] != shape:
+                raise CheckpointError(
+                    f"{weights}: tensor {name} has shape {list(stored[name])} but config.json implies "
+                    f"{list(shape)}: config.json and weights come from different models; re-save the checkpoint"
+                )
+        for name in expected:
+            tensors[name] = f.get_tensor(name)
+    # strict=False only because aliases (tied lm_head) are absent from the file; names were checked above
+    model.load_state_dict(tensors, strict=False)
+    model.to(device=device, dtype=dtype)
+    return model.eval(), tokenizer
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of checkpoint folder `path`.
+
+    Raises:
+        FileNotFoundError: no folder or no config.json.
+        ValueError: config.json is not JSON, or has unknown keys.
+    """
+    path = _require_folder(path)
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint folder {path} has no {CONFIG_FILE}: point model.path at a folder written by mode=train")
+    try:
+        d = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON ({err}): re-save the checkpoint") from None
+    return ModelConfig.from_dict(d)
+
+
+def has_trainer_state(path: str | os.PathLike) -> bool:
+    """True if `path` is a checkpoint folder that can be resumed (holds trainer_state.json)."""
+    return (Path(path) / TRAINER_STATE_FILE).is_file()
+
+
+def load_trainer_state(path: str | os.PathLike) -> dict[str, Any]:
+    """The trainer_state.json dict of checkpoint folder `path` (step, loss_history, config,
+    optimizer meta, ...).
+
+    Raises:
+        FileNotFoundError: no folder or no trainer_state.json (a weights-only checkpoint).
+    """
+    path = _require_folder(path)
+    file = path / TRAINER_STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"checkpoint folder {path} has no {TRAINER_STATE_FILE}: it holds weights only; "
+            "use it as model.path for a fresh run instead of resuming"
+        )
+    return json.loads(file.read_text())
+
+
+def load_optimizer_state(path: str | os.PathLike, optimizer: torch.optim.Optimizer) -> None:
+    """Restore `optimizer` (built over the same parameters, in the same order) from checkpoint `path`.
+
+    Raises:
+        FileNotFoundError: no trainer_state.json or optimizer.safetensors.
+        CheckpointError: the saved state was made for a different number of parameters per group.
+    """
+    path = _require_folder(path)
+    meta = load_trainer_state(path).get("optimizer")
+    file = path / OPTIMIZER_FILE
+    if meta is None or not file.is_file():
+        raise FileNotFoundError(
+            f"checkpoint folder {path} has no optimizer state ({OPTIMIZER_FILE}): set train.resume=false to start over"
+        )
+    saved_sizes = [len(g["params"]) for g in meta["param_groups"]]
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if saved_sizes != sizes:
+        raise CheckpointError(
+            f"{file}: optimizer was saved with {saved_sizes} parameters per group, this one has {sizes}: "
+            "resume with the same model and train.freeze_base setting, or set train.resume=false"
+        )
+    state: dict[int, dict[str, Any]] = {}
+    with safetensors.safe_open(str(file), framework="pt", device="cpu") as f:
+        for name in f.keys():
+            _, i, key = name.split(".", 2)
+            state.setdefault(int(i), {})[key] = f.get_tensor(name)
+    for i, st in meta.get("state_scalars", {}).items():
+        state.setdefault(int(i), {}).update(st)
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def _require_folder(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        return path
+    backups = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
+    if backups:
+        raise FileNotFoundError(
+            f"checkpoint folder {path} does not exist, but {backups[-1]} does (a save was interrupted "
+            f"mid-swap): rename it to {path.name}"
+        )
+    raise FileNotFoundError(f"checkpoint folder {path} does not exist: point model.path at a folder written by mode=train")
+
+
+def _check_names(file: Path, expected: dict[str, Any], stored: dict[str, Any]) -> None:
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
+    if not missing and not unexpected:
+        return
+
+    def show(names: list[str]) -> str:
+        more = f", ... (+{len(names) - _MAX_NAMES} more)" if len(names) > _MAX_NAMES else ""
+        return "[" + ", ".join(names[:_MAX_NAMES]) + more + "]"
+
+    raise CheckpointError(
+        f"{file} does not match config.json: {len(missing)} missing tensor(s) {show(missing)}; "
+        f"{len(unexpected)} unexpected tensor(s) {show(unexpected)}: "
+        "config.json and weights come from different models (e.g. num_nextn_predict_layers); re-save the checkpoint"
+    )

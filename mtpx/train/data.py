@@ -1,0 +1,376 @@
+"""Training corpora: read documents, split train/val, tokenize, pack into blocks, sample batches.
+
+The pipeline, nanoGPT style, all in memory (GSM8K train is ~1.5M tokens, the stdlib ~4M):
+
+    documents (str)  --split by document-->  train docs / val docs      (no document in both)
+        --tokenize, append <|endoftext|>, concatenate per source-->  one token stream per source
+        --cut into seq_len blocks (tail dropped)-->  blocks [N, seq_len] int64
+        --sample--> batches [batch_size, seq_len]
+
+Corpora ("sources"), chosen by the `data_sources` list of the train config:
+
+    "gsm8k"   GSM8K JSONL ({"question", "answer"} per line), each record formatted with
+              mtpx.data.gsm8k.format_example so training text matches the eval prompts exactly
+    "stdlib"  the Python standard library's own .py files (a deterministic subset), minus the files
+              that the eval prompt set holds out (mtpx.data.prompts.STDLIB_HELDOUT_MODULES)
+
+An entry may carry a mixing weight, "name:weight" (default 1): a batch row comes from source k with
+probability weight_k / sum(weights), whatever the source's size. So ["gsm8k", "stdlib"] trains
+50/50, and ["gsm8k:3", "stdlib"] 75/25.
+
+Batches are a pure function of (seed, step): step s draws its rows with a torch.Generator seeded
+from (seed, s). Resuming at step s therefore needs no iterator state, and an interrupted run sees
+exactly the batches of an uninterrupted one. Rows are drawn with replacement (as nanoGPT's random
+offsets), which is what makes mixing weights exact and skipping O(1).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer
+
+from mtpx.train.tokenizer import encode_batch, eos_token_id
+
+SOURCES = ("gsm8k", "stdlib")
+
+# stdlib folders that are not "the library": test suites (huge, repetitive), installed third-party
+# packages, caches
+_STDLIB_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+
+
+# --------------------------------------------------------------------------------------------------
+# data_sources parsing
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One corpus and its mixing weight (relative probability that a batch row comes from it)."""
+
+    name: str
+    weight: float = 1.0
+
+
+def parse_data_sources(entries: Sequence[str]) -> list[SourceSpec]:
+    """Parse a `data_sources` list such as ["gsm8k", "stdlib:0.5"].
+
+    Raises:
+        ValueError: empty list, unknown source name, repeated source, or a weight that is not a
+            positive number.
+    """
+    if isinstance(entries, str):  # a bare "gsm8k" from the command line
+        entries = [entries]
+    specs: list[SourceSpec] = []
+    for entry in entries:
+        name, _, w = str(entry).partition(":")
+        name = name.strip()
+        if name not in SOURCES:
+            raise ValueError(f"unknown data source {name!r} in train.data_sources: use any of {list(SOURCES)}")
+        try:
+            weight = float(w) if w else 1.0
+        except ValueError:
+            raise ValueError(f"data source {entry!r}: the weight after ':' must be a number, e.g. 'stdlib:0.5'") from None
+        if not weight > 0:
+            raise ValueError(f"data source {entry!r}: the weight must be > 0 (drop the source instead)")
+        if any(s.name == name for s in specs):
+            raise ValueError(f"data source {name!r} is listed twice in train.data_sources: list it once")
+        specs.append(SourceSpec(name, weight))
+    if not specs:
+        raise ValueError("train.data_sources is empty: list at least one of " + str(list(SOURCES)))
+    return specs
+
+
+# --------------------------------------------------------------------------------------------------
+# reading documents
+
+
+def read_gsm8k(path: str | os.PathLike) -> list[str]:
+    """Read a GSM8K JSONL file; return one formatted training document per record.
+
+    Each line is {"question": str, "answer": str}; the document is
+    `mtpx.data.gsm8k.format_example(question, answer)` = "Question: {q}\\nAnswer: {a}".
+    Blank lines are skipped.
+
+    Raises:
+        FileNotFoundError: no file at `path`.
+        ValueError: a line is not JSON, or lacks a string "question"/"answer" (names file and line).
+    """
+    from mtpx.data.gsm8k import format_example  # the eval side owns the prompt format
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"GSM8K file {path} not found: set train.gsm8k_path to a JSONL such as shared/data/gsm8k/train.jsonl"
+        )
+    docs = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg}): fix or remove that line") from None
+            if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("question", "answer")):
+                raise ValueError(
+                    f"{path}:{lineno}: expected an object with string fields 'question' and 'answer', "
+                    f"got {str(rec)[:80]!r}: fix or remove that line"
+                )
+            docs.append(format_example(rec["question"], rec["answer"]))
+    if not docs:
+        raise ValueError(f"{path} holds no records: point train.gsm8k_path at a non-empty GSM8K JSONL")
+    return docs
+
+
+def stdlib_dir() -> Path:
+    """Folder of this interpreter's pure-Python standard library (e.g. .../lib/python3.11)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(max_bytes: int | None = None, root: str | os.PathLike | None = None) -> list[Path]:
+    """The stdlib .py files used for training, in a deterministic order.
+
+    Test suites, site-packages and the eval set's held-out files
+    (`mtpx.data.prompts.STDLIB_HELDOUT_MODULES`, paths relative to the stdlib folder) are excluded.
+    Files are ordered by the MD5 of their relative path (a fixed pseudo-random order, so a size
+    budget takes a spread of modules rather than the alphabetical head), and taken while the total
+    stays within `max_bytes` (None: all, ~12 MB on CPython 3.11).
+
+    Raises:
+        FileNotFoundError: the stdlib folder does not exist.
+    """
+    from mtpx.data.prompts import STDLIB_HELDOUT_MODULES
+
+    root = Path(root) if root is not None else stdlib_dir()
+    if not root.is_dir():
+        raise FileNotFoundError(f"stdlib folder {root} not found: this Python has no source stdlib; drop 'stdlib' from train.data_sources")
+    heldout = {Path(m).as_posix() for m in STDLIB_HELDOUT_MODULES}
+    rels = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in _STDLIB_SKIP_DIRS]  # prune: never walk test/
+        base = Path(dirpath).relative_to(root)
+        for name in filenames:
+            rel = (base / name).as_posix()
+            if name.endswith(".py") and rel not in heldout:
+                rels.append(rel)
+    rels.sort(key=lambda r: (hashlib.md5(r.encode()).hexdigest(), r))
+    out, total = [], 0
+    for rel in rels:
+        size = (root / rel).stat().st_size
+        if max_bytes is not None and total + size > max_bytes:
+            continue  # a smaller file later in the order may still fit
+        out.append(root / rel)
+        total += size
+    return out
+
+
+def read_stdlib(max_bytes: int | None = None, root: str | os.PathLike | None = None) -> list[str]:
+    """Source text of `stdlib_files(max_bytes, root)`, one document per file.
+    Files that are not UTF-8 are skipped (a few legacy test fixtures; none in the default subset)."""
+    docs = []
+    for p in stdlib_files(max_bytes, root):
+        try:
+            docs.append(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            continue
+    return docs
+
+
+def load_documents(
+    specs: Sequence[SourceSpec], *, gsm8k_path: str | os.PathLike | None = None, stdlib_max_bytes: int | None = None
+) -> dict[str, list[str]]:
+    """Documents of every source in `specs`, keyed by source name (in `specs` order).
+
+    Raises:
+        ValueError: "gsm8k" is requested but `gsm8k_path` is not set; and whatever the readers raise.
+    """
+    docs: dict[str, list[str]] = {}
+    for spec in specs:
+        if spec.name == "gsm8k":
+            if not gsm8k_path:
+                raise ValueError("data source 'gsm8k' needs train.gsm8k_path (e.g. shared/data/gsm8k/train.jsonl)")
+            docs["gsm8k"] = read_gsm8k(gsm8k_path)
+        elif spec.name == "stdlib":
+            docs["stdlib"] = read_stdlib(stdlib_max_bytes)
+        else:  # parse_data_sources already rejects these
+            raise ValueError(f"unknown data source {spec.name!r}")
+    return docs
+
+
+def split_documents(docs: Sequence[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Split documents into (train, val) by a seeded shuffle; at least one val document whenever
+    there are two or more documents. The order inside each part is the original order.
+
+    Raises:
+        ValueError: val_fraction is outside [0, 1).
+    """
+    if not 0 <= val_fraction < 1:
+        raise ValueError(f"val_fraction={val_fraction} must be in [0, 1): e.g. 0.05 keeps 5% of documents for validation")
+    n = len(docs)
+    n_val = 0 if n < 2 or val_fraction == 0 else max(1, round(n * val_fraction))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    val_idx = set(perm[:n_val])
+    train = [d for i, d in enumerate(docs) if i not in val_idx]
+    val = [d for i, d in enumerate(docs) if i in val_idx]
+    return train, val
+
+
+# --------------------------------------------------------------------------------------------------
+# tokenize + pack
+
+
+def pack_documents(token_lists: Sequence[Sequence[int]], eos_id: int, seq_len: int) -> torch.Tensor:
+    """Concatenate documents, each followed by `eos_id`, and cut into blocks of `seq_len` tokens.
+
+    The last partial block is dropped. A block may span several documents; the model sees the eos
+    between them, as in GPT-2 / nanoGPT pretraining.
+
+    Returns:
+        LongTensor [N, seq_len] (N may be 0 when the corpus is shorter than one block).
+
+    Raises:
+        ValueError: seq_len < 2.
+    """
+    if seq_len < 2:
+        raise ValueError(f"seq_len={seq_len} must be >= 2 (a block needs an input and a target)")
+    total = sum(len(t) + 1 for t in token_lists)
+    stream = torch.empty(total, dtype=torch.long)
+    i = 0
+    for t in token_lists:
+        stream[i : i + len(t)] = torch.as_tensor(t, dtype=torch.long)
+        stream[i + len(t)] = eos_id
+        i += len(t) + 1
+    n = total // seq_len
+    return stream[: n * seq_len].view(n, seq_len)
+
+
+@dataclass
+class PackedCorpus:
+    """Packed blocks of several sources, with their mixing weights.
+
+    blocks:    LongTensor [N, seq_len], all sources stacked in `sources` order
+    source_id: LongTensor [N], index into `sources` of each block
+    sources:   source names
+    weights:   mixing weight per source (relative probability of a batch row)
+    """
+
+    blocks: torch.Tensor
+    source_id: torch.Tensor
+    sources: list[str]
+    weights: list[float]
+
+    @property
+    def seq_len(self) -> int:
+        return self.blocks.shape[1]
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def num_tokens(self) -> dict[str, int]:
+        """Tokens per source (blocks x seq_len)."""
+        return {s: int((self.source_id == k).sum()) * self.seq_len for k, s in enumerate(self.sources)}
+
+    def block_probs(self) -> torch.Tensor:
+        """FloatTensor [N] float64: sampling probability of each block (weight_k / N_k, normalized).
+        A source without any block gets no probability; the others are renormalized."""
+        counts = torch.bincount(self.source_id, minlength=len(self.sources)).double()
+        w = torch.tensor(self.weights, dtype=torch.float64)
+        per_block = torch.where(counts > 0, w / counts.clamp(min=1), 0.0)
+        p = per_block[self.source_id]
+        return p / p.sum()
+
+
+def pack_corpus(
+    docs: dict[str, list[str]], weights: dict[str, float], tokenizer: Tokenizer, seq_len: int
+) -> PackedCorpus:
+    """Tokenize and pack each source separately (so mixing weights apply per source).
+
+    Args:
+        docs: source name -> documents.
+        weights: source name -> mixing weight.
+        tokenizer: encodes documents; its `<|endoftext|>` ends each one.
+        seq_len: tokens per block.
+
+    Returns:
+        PackedCorpus; may have 0 blocks if every source is shorter than one block (callers check).
+    """
+    eos = eos_token_id(tokenizer)
+    blocks, ids = [], []
+    sources = list(docs)
+    for k, name in enumerate(sources):
+        b = pack_documents(encode_batch(tokenizer, docs[name]), eos, seq_len)
+        blocks.append(b)
+        ids.append(torch.full((b.shape[0],), k, dtype=torch.long))
+    return PackedCorpus(
+        blocks=torch.cat(blocks) if blocks else torch.empty(0, seq_len, dtype=torch.long),
+        source_id=torch.cat(ids) if ids else torch.empty(0, dtype=torch.long),
+        sources=sources,
+        weights=[float(weights[s]) for s in sources],
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# batches
+
+
+class BatchSampler:
+    """Deterministic training batches: `batch(step)` depends only on (seed, step).
+
+    Args:
+        corpus: the packed training corpus (at least one block).
+        batch_size: rows per batch.
+        seed: non-negative int.
+
+    Raises:
+        ValueError: empty corpus, batch_size < 1, negative seed.
+    """
+
+    def __init__(self, corpus: PackedCorpus, batch_size: int, seed: int):
+        if len(corpus) == 0:
+            raise ValueError(
+                f"the training corpus has no block of seq_len={corpus.seq_len} tokens: add data or lower train.seq_len"
+            )
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size} must be >= 1")
+        if seed < 0:
+            raise ValueError(f"seed={seed} must be >= 0")
+        self.corpus, self.batch_size, self.seed = corpus, batch_size, seed
+        self.probs = corpus.block_probs()  # [N] float64
+
+    def batch(self, step: int) -> torch.Tensor:
+        """LongTensor [batch_size, seq_len]: the batch of optimizer step `step` (0-based)."""
+        g = torch.Generator().manual_seed((self.seed << 32) + step)
+        idx = torch.multinomial(self.probs, self.batch_size, replacement=True, generator=g)
+        return self.corpus.blocks[idx]
+
+    def iterate(self, start_step: int = 0) -> Iterator[tuple[int, torch.Tensor]]:
+        """Yield (step, batch) for step = start_step, start_step + 1, ... forever; start_step > 0
+        resumes exactly where an earlier run stopped."""
+        step = start_step
+        while True:
+            yield step, self.batch(step)
+            step += 1
+
+
+def val_batches(corpus: PackedCorpus, batch_size: int, num_batches: int) -> list[torch.Tensor]:
+    """A fixed list of `num_batches` LongTensors [batch_size, seq_len] for validation: the val blocks
+    in order (cycled when there are fewer than num_batches * batch_size), so every evaluation scores
+    the same tokens and val curves are comparable across steps and runs.
+
+    Raises:
+        ValueError: the val corpus has no block.
+    """
+    if len(corpus) == 0:
+        raise ValueError(
+            f"the validation corpus has no block of seq_len={corpus.seq_len} tokens: "
+            "raise train.val_fraction, add data or lower train.seq_len"
+        )
+    n = num_batches * batch_size
+    idx = torch.arange(n) % len(corpus)
+    return list(corpus.blocks[idx].view(num_batches, batch_size, corpus.seq_len).unbind(0))

@@ -1,0 +1,398 @@
+"""The training loop: joint next-token + MTP objective (DeepSeek-V3 §2.2), nanoGPT / torchtitan style.
+
+    train(cfg)
+      ├─ state      fresh (train a tokenizer, random init) | init from model.path | resume out_dir
+      ├─ data       documents -> train/val split -> packed blocks -> BatchSampler (pure fn of step)
+      ├─ optimizer  AdamW (decay on matrices only), cosine LR with linear warmup, grad clipping
+      └─ for step:  train_step -> history/log -> evaluate every eval_every -> save every save_every
+
+A run is a pure function of (config, step): the batch of step s, the LR of step s and the RNG seed
+of step s depend on nothing else, and the optimizer moments are saved with the weights. So a run
+killed after its checkpoint at step N and restarted reaches the same weights as one never stopped.
+
+Config (an OmegaConf DictConfig; a plain dict is accepted):
+
+    model:  ModelConfig fields (vocab_size is set from the tokenizer), plus
+            path: checkpoint folder to start from (weights + tokenizer); required by freeze_base.
+            Its config.json fixes the architecture; only num_nextn_predict_layers may differ
+            (missing draft modules start from random init, extra ones are dropped).
+    train:  out_dir, steps, batch_size, seq_len, lr, min_lr, warmup_steps, weight_decay, grad_clip,
+            mtp_loss_weight, freeze_base, eval_every, eval_batches, save_every, resume, seed,
+            tokenizer_vocab_size, data_sources, gsm8k_path, log_every, threads
+            optional: val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
+            save_dtype ("float32")
+    data:   not read here (eval settings)
+"""
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from tokenizers import Tokenizer
+
+from mtpx.models.config import ModelConfig
+from mtpx.models.model import MTPForCausalLM
+from mtpx.train import checkpoint as ckpt
+from mtpx.train.data import (
+    BatchSampler,
+    PackedCorpus,
+    load_documents,
+    pack_corpus,
+    parse_data_sources,
+    split_documents,
+    val_batches,
+)
+from mtpx.train.tokenizer import train_tokenizer
+
+LogFn = Callable[[dict[str, float], int], None]
+
+REQUIRED_TRAIN_KEYS = (
+    "out_dir", "steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay",
+    "grad_clip", "mtp_loss_weight", "freeze_base", "eval_every", "eval_batches", "save_every", "seed",
+    "tokenizer_vocab_size", "data_sources", "log_every", "threads",
+)
+ADAM_BETAS = (0.9, 0.95)  # nanoGPT / GPT-3: a shorter second-moment memory is more stable at small batch
+ADAM_EPS = 1e-8
+SPLIT_SEED = 0  # seed of the document-level train/val split
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# --------------------------------------------------------------------------------------------------
+# pieces
+
+
+def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, steps: int) -> float:
+    """Learning rate of optimizer step `step` (0-based): linear warmup from lr/warmup_steps to lr over
+    `warmup_steps` steps, then cosine decay to `min_lr` at step `steps`; `min_lr` after that."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    if step >= steps:
+        return min_lr
+    ratio = (step - warmup_steps) / max(1, steps - warmup_steps)  # 0 -> 1
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def build_optimizer(model: MTPForCausalLM, *, lr: float, weight_decay: float, freeze_base: bool) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters, in model.named_parameters() order (stable across runs,
+    which optimizer.safetensors relies on). Matrices (dim >= 2: linears, embeddings) get weight
+    decay; norms and biases do not (nanoGPT). With freeze_base only the MTP parameters are given to
+    the optimizer and every target parameter gets requires_grad=False."""
+    if freeze_base:
+        for p in model.base_parameters():
+            p.requires_grad_(False)
+        mtp_ids = {id(p) for p in model.mtp_parameters()}
+    params = [p for _, p in model.named_parameters() if p.requires_grad and (not freeze_base or id(p) in mtp_ids)]
+    if not params:
+        raise ValueError("no trainable parameters: with train.freeze_base=true the model needs num_nextn_predict_layers >= 1")
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+
+
+def train_step(
+    model: MTPForCausalLM,
+    optimizer: torch.optim.Optimizer,
+    batch: torch.Tensor,
+    *,
+    lr: float,
+    grad_clip: float,
+    mtp_loss_weight: float,
+    train_base: bool = True,
+) -> dict[str, float]:
+    """One optimizer step on `batch` (LongTensor [B, T]).
+
+    Returns {"loss": weighted total, "grad_norm": pre-clip L2 norm, "main": CE, "mtp1".."mtpN": CE}
+    (cross-entropies in nats per token). grad_clip <= 0 disables clipping (the norm is still reported).
+    """
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    loss, parts = model.training_losses(batch, mtp_loss_weight=mtp_loss_weight, train_base=train_base)
+    loss.backward()
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss.item(), "grad_norm": float(grad_norm), **parts}
+
+
+@torch.no_grad()
+def evaluate(model: MTPForCausalLM, batches: list[torch.Tensor], mtp_loss_weight: float) -> dict[str, float]:
+    """Mean validation losses over `batches` (each LongTensor [B, T]): {"loss", "main", "mtp1".."mtpN"}
+    in nats per token. The model is put in eval mode and restored to its previous mode."""
+    was_training = model.training
+    model.eval()
+    sums: dict[str, float] = {}
+    for b in batches:
+        loss, parts = model.training_losses(b, mtp_loss_weight=mtp_loss_weight, train_base=True)
+        for k, v in {"loss": loss.item(), **parts}.items():
+            sums[k] = sums.get(k, 0.0) + v
+    model.train(was_training)
+    return {k: v / len(batches) for k, v in sums.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# loss history -> CSV and PNG
+
+
+def depth_names(num_mtp: int) -> list[str]:
+    """["main", "mtp1", ..., "mtpN"]."""
+    return ["main"] + [f"mtp{k}" for k in range(1, num_mtp + 1)]
+
+
+def write_losses_csv(history: list[dict[str, Any]], file: Path, num_mtp: int) -> None:
+    """One row per history entry: step, split (train|val), lr, loss, grad_norm, main, mtp1..mtpN."""
+    cols = ["step", "split", "lr", "loss", "grad_norm", *depth_names(num_mtp)]
+    with file.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(history)
+
+
+def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> None:
+    """PNG with one colour per depth: train loss as a thin line, val loss as a dashed line with dots."""
+    # Figure + Agg canvas directly: no pyplot global state, no display needed
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for i, d in enumerate(depth_names(num_mtp)):
+        color = f"C{i % 10}"
+        for split, style in (("train", dict(lw=0.8, alpha=0.8)), ("val", dict(ls="--", marker="o", ms=3))):
+            pts = [(h["step"], h[d]) for h in history if h["split"] == split and d in h]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, color=color, label=f"{split} {d}", **style)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title("loss per depth (main = next token, mtpk = token k+1 ahead)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(file)
+
+
+# --------------------------------------------------------------------------------------------------
+# setup helpers
+
+
+def _check_cfg(cfg: DictConfig) -> DictConfig:
+    for section in ("model", "train"):
+        if section not in cfg:
+            raise ValueError(f"config has no '{section}' section: pass the full run config (model, train, data)")
+    missing = [k for k in REQUIRED_TRAIN_KEYS if k not in cfg.train or cfg.train[k] is None]
+    if missing:
+        raise ValueError(f"train config lacks {missing}: add them to the train section")
+    t = cfg.train
+    if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
+        raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
+    if t.steps < 1 or t.batch_size < 1 or t.eval_batches < 1 or t.log_every < 1 or t.threads < 1:
+        raise ValueError("train.steps, batch_size, eval_batches, log_every and threads must be >= 1")
+    if t.get("save_dtype", "float32") not in _DTYPES:
+        raise ValueError(f"train.save_dtype={t.save_dtype!r}: use one of {list(_DTYPES)}")
+    return t
+
+
+def _model_fields(cfg: DictConfig) -> dict[str, Any]:
+    """cfg.model as a ModelConfig dict (without `path`)."""
+    d = OmegaConf.to_container(cfg.model, resolve=True)
+    d.pop("path", None)
+    return d
+
+
+def _init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> tuple[MTPForCausalLM, Tokenizer]:
+    """Model and tokenizer from checkpoint `path`, with `num_nextn_predict_layers` taken from `want`
+    when it differs (new draft modules are randomly initialised with `seed`, extra ones dropped)."""
+    saved = ckpt.load_config(path)
+    n_want = want.get("num_nextn_predict_layers", saved.num_nextn_predict_layers)
+    ignored = sorted(k for k, v in want.items()
+                     if k not in ("vocab_size", "num_nextn_predict_layers") and v is not None and getattr(saved, k, v) != v)
+    if ignored:
+        console.print(f"[yellow]model.path={path}: its config.json sets {ignored}; the model.* values given are ignored")
+    if n_want == saved.num_nextn_predict_layers:
+        model, tok = ckpt.load_model(path)
+        return model.train(), tok
+    # different number of draft modules: load the saved model, graft its weights into a new one
+    src, tok = ckpt.load_model(path)
+    new_cfg = ModelConfig.from_dict({**saved.to_dict(), "num_nextn_predict_layers": n_want})
+    torch.manual_seed(seed)
+    model = MTPForCausalLM(new_cfg)
+    kept = {k: v for k, v in src.state_dict().items()
+            if not k.startswith("mtp.") or int(k.split(".")[1]) < n_want}
+    model.load_state_dict(kept, strict=False)
+    console.print(f"model.path={path} has {saved.num_nextn_predict_layers} MTP modules; training {n_want} "
+                  f"({max(0, n_want - saved.num_nextn_predict_layers)} freshly initialised)")
+    return model.train(), tok
+
+
+# fields a resumed run may change without altering what it trains on
+_RESUME_FREE_KEYS = {"steps", "out_dir", "resume", "eval_every", "eval_batches", "save_every", "log_every", "threads",
+                     "device", "save_dtype"}
+
+
+def _warn_changed(section: str, saved: dict[str, Any], now: dict[str, Any], console: Console) -> None:
+    """Print which fields of `section` differ from the run being resumed. Allowed (the checkpoint's
+    model config wins; new train fields apply), but the run is then not an uninterrupted one."""
+    changed = sorted(k for k in set(saved) | set(now) if k not in _RESUME_FREE_KEYS and saved.get(k) != now.get(k))
+    if changed:
+        console.print(f"[yellow]resuming {section} with changed fields {changed}: the checkpoint's model config "
+                      "is kept, new train fields apply; the run differs from an uninterrupted one")
+
+
+def _fmt(losses: dict[str, float], names: list[str]) -> str:
+    """'main 3.210 mtp1 3.502 ...' (eval lines)."""
+    return " ".join(f"{n} {losses[n]:.3f}" for n in names if n in losses)
+
+
+def _fmt_compact(losses: dict[str, float], names: list[str]) -> str:
+    """'main 3.21 mtp1-8 3.50 3.61 ...': fits a progress bar line even with 8 depths."""
+    mtp = [f"{losses[n]:.2f}" for n in names[1:]]
+    return f"main {losses['main']:.2f}" + (f" mtp1-{len(mtp)} " + " ".join(mtp) if mtp else "")
+
+
+# --------------------------------------------------------------------------------------------------
+# the loop
+
+
+def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
+    """Train (or resume, or extend) a model with the joint next-token + MTP loss; see module doc.
+
+    Args:
+        cfg: run config with `model` and `train` sections (DictConfig or dict).
+        log_fn: called as log_fn(metrics, step) every log_every steps with {"train/loss",
+            "train/main", "train/mtp1", ..., "train/lr", "train/grad_norm", "train/tokens_per_s"}
+            and at each evaluation with {"val/loss", "val/main", "val/mtp1", ...}.
+
+    Returns:
+        Path of the final checkpoint folder (train.out_dir), holding the model, tokenizer,
+        trainer_state.json, optimizer.safetensors, losses.csv and loss_curve.png.
+
+    Raises:
+        ValueError: missing/invalid config fields (named), bad data_sources, corpora too small for
+            seq_len; FileNotFoundError / CheckpointError from reading model.path or out_dir.
+    """
+    cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
+    t = _check_cfg(cfg)
+    torch.set_num_threads(int(t.threads))
+    console = Console(stderr=True)
+    out_dir = Path(t.out_dir)
+    device = torch.device(t.get("device", "cpu"))
+    seed = int(t.seed)
+    resume = bool(t.get("resume", True)) and ckpt.has_trainer_state(out_dir)
+
+    # ---- data: documents and the train/val split (per source, by document) ----
+    specs = parse_data_sources(list(t.data_sources))
+    docs = load_documents(specs, gsm8k_path=t.get("gsm8k_path"), stdlib_max_bytes=t.get("stdlib_max_bytes"))
+    val_fraction = float(t.get("val_fraction", 0.05))
+    # fixed split seed: the val set does not move with train.seed, so runs of any seed compare
+    split = {name: split_documents(d, val_fraction, SPLIT_SEED) for name, d in docs.items()}
+
+    # ---- model, tokenizer, history: resume | init from model.path | fresh ----
+    history: list[dict[str, Any]] = []
+    start = 0
+    if resume:
+        state = ckpt.load_trainer_state(out_dir)
+        start, history = int(state["step"]), list(state.get("loss_history", []))
+        model, tok = ckpt.load_model(out_dir)
+        model.train()
+        console.print(f"resuming {out_dir} at step {start}")
+        saved_cfg = state.get("config", {})
+        for section in ("model", "train"):
+            _warn_changed(section, saved_cfg.get(section, {}), OmegaConf.to_container(cfg[section], resolve=True), console)
+    elif cfg.model.get("path"):
+        model, tok = _init_from(str(cfg.model.path), _model_fields(cfg), seed, console)
+    else:
+        tok = train_tokenizer((d for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
+        mcfg = ModelConfig.from_dict({**_model_fields(cfg), "vocab_size": tok.get_vocab_size()})
+        torch.manual_seed(seed)  # the init is part of the run's determinism
+        model = MTPForCausalLM(mcfg)
+    model.to(device)
+    num_mtp = model.cfg.num_nextn_predict_layers
+    names = depth_names(num_mtp)
+
+    weights = {s.name: s.weight for s in specs}
+    train_corpus: PackedCorpus = pack_corpus({n: tr for n, (tr, _) in split.items()}, weights, tok, int(t.seq_len))
+    val_corpus = pack_corpus({n: va for n, (_, va) in split.items()}, weights, tok, int(t.seq_len))
+    sampler = BatchSampler(train_corpus, int(t.batch_size), seed)
+    val = [b.to(device) for b in val_batches(val_corpus, int(t.batch_size), int(t.eval_batches))]
+    console.print(f"data: train {train_corpus.num_tokens()} tokens, val {val_corpus.num_tokens()} tokens; "
+                  f"vocab {tok.get_vocab_size()}; {sum(p.numel() for p in model.parameters()):,} parameters")
+
+    # ---- optimizer (restored on resume) ----
+    freeze = bool(t.freeze_base)
+    opt = build_optimizer(model, lr=float(t.lr), weight_decay=float(t.weight_decay), freeze_base=freeze)
+    if resume:
+        ckpt.load_optimizer_state(out_dir, opt)
+
+    run_config = OmegaConf.to_container(cfg, resolve=True)
+    save_dtype = _DTYPES[t.get("save_dtype", "float32")]
+
+    def save(step: int) -> None:
+        state = {"step": step, "loss_history": history, "config": run_config,
+                 "data": {"train_tokens": train_corpus.num_tokens(), "val_tokens": val_corpus.num_tokens()}}
+
+        def extras(folder: Path) -> None:
+            write_losses_csv(history, folder / "losses.csv", num_mtp)
+            plot_loss_curve(history, folder / "loss_curve.png", num_mtp)
+
+        ckpt.save_checkpoint(out_dir, model, tok, optimizer=opt, trainer_state=state, dtype=save_dtype, extra_files=extras)
+
+    def run_eval(step: int) -> dict[str, float]:
+        v = evaluate(model, val, float(t.mtp_loss_weight))
+        history.append({"step": step, "split": "val", **v})
+        if log_fn is not None:
+            log_fn({f"val/{k}": x for k, x in v.items()}, step)
+        return v
+
+    steps, eval_every, save_every = int(t.steps), int(t.eval_every), int(t.save_every)
+    if start >= steps:
+        console.print(f"{out_dir} is already at step {start} >= train.steps={steps}: nothing to do")
+        return out_dir
+    if start == 0:
+        v = run_eval(0)
+        console.print(f"step 0 val: {_fmt(v, names)}")
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console)
+    tokens_per_step = int(t.batch_size) * int(t.seq_len)
+    with progress:
+        task = progress.add_task("training", total=steps, completed=start)
+        t0, n_timed = time.perf_counter(), 0
+        for step, batch in sampler.iterate(start):
+            if step >= steps:
+                break
+            # per-step seed: the model has no dropout today, but any stochastic op stays resumable
+            torch.manual_seed((seed << 32) + step)
+            lr = lr_at(step, lr=float(t.lr), min_lr=float(t.min_lr), warmup_steps=int(t.warmup_steps), steps=steps)
+            m = train_step(model, opt, batch.to(device), lr=lr, grad_clip=float(t.grad_clip),
+                           mtp_loss_weight=float(t.mtp_loss_weight), train_base=not freeze)
+            done = step + 1  # optimizer steps completed
+            history.append({"step": done, "split": "train", "lr": lr, **m})
+            n_timed += 1
+            progress.update(task, advance=1)
+            if done % int(t.log_every) == 0 or done == steps:
+                tok_s = n_timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9)
+                t0, n_timed = time.perf_counter(), 0
+                progress.update(task, description=f"step {done} lr {lr:.1e} {_fmt_compact(m, names)}")
+                if log_fn is not None:
+                    log_fn({**{f"train/{k}": v for k, v in m.items()}, "train/lr": lr,
+                            "train/tokens_per_s": tok_s}, done)
+            if (eval_every > 0 and done % eval_every == 0) or done == steps:
+                v = run_eval(done)
+                progress.console.print(f"step {done} val: {_fmt(v, names)}")
+            if (save_every > 0 and done % save_every == 0) or done == steps:
+                save(done)
+    return out_dir

@@ -1,0 +1,250 @@
+"""Metrics arithmetic on hand-written traces, report tables, logging, plots and atomic writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mtpx.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from mtpx.metrics import (
+    METRIC_KEYS,
+    RequestOutput,
+    RunLogger,
+    SpecDecodeCounts,
+    aggregate_spec,
+    compute_metrics,
+    format_comparison,
+    format_report,
+    plot_per_position_acceptance,
+)
+
+K = 3  # num_speculative_tokens of the hand-written trace
+
+
+def _request(index, rounds, n_out, arrival, first, finish, error=None):
+    spec = SpecDecodeCounts()
+    for num_draft, num_accepted in rounds:
+        spec.record_round(num_draft, num_accepted)
+    return RequestOutput(
+        index=index,
+        prompt_token_ids=[1, 2, 3],
+        output_token_ids=list(range(n_out)),
+        text="x",
+        finish_reason=None if error else "length",
+        spec=spec,
+        arrival_time=arrival,
+        first_token_time=first,
+        finish_time=finish,
+        error=error,
+    )
+
+
+def _trace() -> list[RequestOutput]:
+    """4 requests, k=3. Expected totals worked out by hand in test_compute_metrics_trace."""
+    return [
+        # drafts 3, draft tokens 9, accepted 4, per position [2, 1, 1]; TTFT 200 ms, TPOT 1 s / 10
+        _request(0, [(3, 3), (3, 1), (3, 0)], 11, 10.0, 10.2, 11.2),
+        # the 0-draft round records nothing; drafts 2, tokens 5, accepted 4, per position [2, 2]
+        # 1 output token: TTFT 100 ms, no TPOT
+        _request(1, [(3, 2), (0, 0), (2, 2)], 1, 10.5, 10.6, 10.6),
+        # failed: its rounds count (drafts 1, tokens 3, accepted 1), its tokens and times do not
+        _request(2, [(3, 1)], 7, 10.0, 10.1, None, error="boom"),
+        # plain decoding: no rounds; TTFT 400 ms, TPOT 1 s / 4 = 250 ms
+        _request(3, [], 5, 11.0, 11.4, 12.4),
+    ]
+
+
+def test_record_round_counts():
+    s = SpecDecodeCounts()
+    s.record_round(3, 3)
+    s.record_round(3, 1)
+    s.record_round(0, 0)
+    s.record_round(3, 0)
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (3, 9, 4)
+    assert s.accepted_per_position == [2, 1, 1]
+
+
+@pytest.mark.parametrize("args", [(-1, 0), (2, -1), (2, 3), (0, 1)])
+def test_record_round_rejects_bad_counts(args):
+    with pytest.raises(ValueError, match="record_round"):
+        SpecDecodeCounts().record_round(*args)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, 8).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n)))))
+def test_record_round_invariants(rounds):
+    s = SpecDecodeCounts()
+    for n, a in rounds:
+        s.record_round(n, a)
+    assert s.num_drafts == sum(1 for n, _ in rounds if n > 0)
+    assert sum(s.accepted_per_position) == s.num_accepted_tokens
+    assert all(x >= y for x, y in zip(s.accepted_per_position, s.accepted_per_position[1:]))
+    assert all(x <= s.num_drafts for x in s.accepted_per_position)
+
+
+def test_aggregate_spec_sums_all_requests():
+    total = aggregate_spec(_trace())
+    assert total == SpecDecodeCounts(6, 17, 9, [5, 3, 1])
+
+
+def test_compute_metrics_trace():
+    m = compute_metrics(_trace(), duration_s=2.0, num_speculative_tokens=K)
+    assert list(m) == list(METRIC_KEYS)
+    assert m["num_requests"] == 4
+    assert m["num_failed"] == 1
+    assert (m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"]) == (6, 17, 9)
+    assert m["acceptance_rate"] == 9 / 17
+    assert m["acceptance_length"] == 1 + 9 / 6
+    assert m["per_position_acceptance"] == [5 / 6, 3 / 6, 1 / 6]
+    assert m["output_throughput"] == (11 + 1 + 5) / 2.0  # the failed request's 7 tokens excluded
+    assert m["mean_ttft_ms"] == pytest.approx((200 + 100 + 400) / 3)
+    assert m["mean_tpot_ms"] == pytest.approx((100 + 250) / 2)
+    assert m["duration_s"] == 2.0
+    assert m["lossless_mismatches"] is None
+
+
+def test_compute_metrics_pads_positions_to_k():
+    outs = [_request(0, [(4, 1)], 3, 0.0, 0.1, 0.3)]
+    m = compute_metrics(outs, 1.0, num_speculative_tokens=4)
+    assert m["per_position_acceptance"] == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_compute_metrics_without_drafts():
+    outs = [_request(0, [], 3, 0.0, 0.1, 0.3)]
+    m = compute_metrics(outs, 1.0, num_speculative_tokens=2)
+    assert m["acceptance_rate"] is None and m["acceptance_length"] is None
+    assert m["per_position_acceptance"] == [None, None]
+    assert compute_metrics(outs, 1.0, 0)["per_position_acceptance"] == []
+
+
+def test_compute_metrics_all_failed():
+    m = compute_metrics([_request(0, [], 3, 0.0, 0.1, None, error="oom")], 1.0, 0)
+    assert (m["num_failed"], m["output_throughput"]) == (1, 0.0)
+    assert m["mean_ttft_ms"] is None and m["mean_tpot_ms"] is None
+
+
+def test_compute_metrics_rejects_bad_input():
+    with pytest.raises(ValueError, match="duration_s"):
+        compute_metrics(_trace(), 0.0, K)
+    with pytest.raises(ValueError, match="num_speculative_tokens=2"):
+        compute_metrics(_trace(), 1.0, 2)  # the trace accepted a draft at position 2
+
+
+def test_format_report_shows_numbers():
+    m = compute_metrics(_trace(), 2.0, K)
+    m.update(accuracy=0.5, num_correct=2, prefix_cache_hit_rate=0.25)
+    text = format_report(m, "GSM8K mtp3")
+    for expected in [
+        "GSM8K mtp3", "3 / 1", "50.00% (2/4)", "52.94", "2.50", "17", "83.3 / 50.0 / 16.7",
+        "233.33", "175.00", "8.50", "2.00", "prefix_cache_hit_rate", "0.25",
+    ]:
+        assert expected in text, expected
+    assert "Lossless" not in text  # None -> row left out
+
+
+def test_format_report_dashes_for_none():
+    m = compute_metrics([_request(0, [], 1, 0.0, 0.1, 0.1)], 1.0, 2)
+    text = format_report(m, "plain")
+    line = next(x for x in text.splitlines() if "Acceptance rate" in x)
+    assert line.rstrip().endswith("—")
+    assert "— / —" in text  # per-position acceptance without drafts
+
+
+def test_format_comparison_markdown():
+    a = compute_metrics(_trace(), 2.0, K)
+    b = dict(a, acceptance_rate=0.5, per_position_acceptance=[0.9], duration_s=1.0)
+    text = format_comparison({"MTP 3": a, "MTP 1": b})
+    lines = text.splitlines()
+    assert lines[0] == "| Metric | MTP 3 | MTP 1 | Δ |"
+    assert lines[1] == "| --- | ---: | ---: | ---: |"
+    assert "| Acceptance rate (%) | 52.94 | 50.00 | -2.94 pts |" in lines
+    assert "| Per-position acceptance (%) — Pos 0 | 83.33 | 90.00 | +6.67 pts |" in lines
+    assert "| Per-position acceptance (%) — Pos 2 | 16.67 | — | — |" in lines
+    assert "| Benchmark duration (s) | 2.00 | 1.00 | -50.0% |" in lines
+    three = format_comparison({"a": a, "b": b, "c": a})
+    assert three.splitlines()[0] == "| Metric | a | b | c |"
+    with pytest.raises(ValueError):
+        format_comparison({})
+
+
+def test_logger_none_is_noop(tmp_path):
+    for cfg in (None, {"name": "none"}):
+        log = RunLogger(cfg, tmp_path)
+        assert not log.enabled
+        log.log({"a": 1}, step=0)
+        log.log_metrics_summary({"acceptance_rate": 0.5})
+        log.finish()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_logger_rejects_bad_config(tmp_path):
+    with pytest.raises(ValueError, match="logger=NAME"):
+        RunLogger({"name": "tensorboard"}, tmp_path)
+    with pytest.raises(ValueError, match="logger.mode"):
+        RunLogger({"name": "wandb", "mode": "sometimes"}, tmp_path)
+    with pytest.raises(ValueError, match="logger.dir"):
+        RunLogger({"name": "wandb"}, None)
+
+
+def test_logger_wandb_offline_writes_run(tmp_path):
+    pytest.importorskip("wandb")
+    from omegaconf import OmegaConf
+
+    start = time.monotonic()
+    cfg = OmegaConf.create({"name": "wandb", "project": "mtpx-test", "mode": "offline", "dir": None})
+    log = RunLogger(cfg, tmp_path, run_name="unit", config=OmegaConf.create({"spec": {"k": K}}))
+    assert log.enabled
+    log.log({"loss": 1.5}, step=0)
+    log.log_metrics_summary(compute_metrics(_trace(), 2.0, K))
+    log.finish()
+    log.finish()  # second call is a no-op
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))
+    assert time.monotonic() - start < 20
+
+
+def test_plot_per_position_acceptance(tmp_path):
+    a = compute_metrics(_trace(), 2.0, K)
+    runs = {"mtp3": a, "mtp1": {"per_position_acceptance": [0.8]}}
+    path = plot_per_position_acceptance(runs, tmp_path / "p" / "acc.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in path.parent.iterdir()] == ["acc.png"]  # no temp file left
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plot_per_position_acceptance({"plain": {"per_position_acceptance": []}}, tmp_path / "x.png")
+
+
+def test_atomic_writes_round_trip(tmp_path):
+    atomic_write_text(tmp_path / "new" / "a.txt", "héllo")
+    assert (tmp_path / "new" / "a.txt").read_text(encoding="utf-8") == "héllo"
+    atomic_write_json(tmp_path / "m.json", {"x": [1, None]})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"x": [1, None]}
+    atomic_write_jsonl(tmp_path / "r.jsonl", [{"i": 0}, {"i": 1}])
+    assert [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()] == [{"i": 0}, {"i": 1}]
+    (tmp_path / "plain.txt").write_text("x")  # same permissions as an ordinary new file
+    assert (tmp_path / "m.json").stat().st_mode == (tmp_path / "plain.txt").stat().st_mode
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    path = tmp_path / "m.json"
+    atomic_write_json(path, {"ok": 1})
+    with pytest.raises(TypeError, match="m.json"):
+        atomic_write_json(path, {"bad": object()})
+    with pytest.raises(ValueError, match="NaN"):
+        atomic_write_json(path, {"bad": math.nan})
+    with pytest.raises(TypeError, match="row 1"):
+        atomic_write_jsonl(path, [{"ok": 1}, {"bad": {1, 2}}])
+
+    def broken_replace(src, dst):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", broken_replace)
+    with pytest.raises(OSError, match="disk gone"):
+        atomic_write_text(path, "new content")
+    assert json.loads(path.read_text()) == {"ok": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["m.json"]  # temp files cleaned up

@@ -1,0 +1,116 @@
+"""Re-prefill (invariant 2): after any sequence of accepts and rejects, every draft module's KV and
+kept hidden states at the positions a later step reads equal their from-scratch values."""
+import pytest
+import torch
+
+from mtpx.cache.model_cache import ModelCache
+from mtpx.models.meta import ForwardMeta
+from mtpx.spec import MultiModuleMTPSpeculator, SingleModuleMTPSpeculator
+from mtpx.spec.common import HiddenBuffer, run_module
+from tests.conftest import peaked_model, tiny_config
+
+K = 4
+
+
+def _reference_kv(model, tokens: list[int], num_modules: int):
+    """Draft-module KV from scratch on the final tokens x_0..x_n: module k over j = 0..n-k."""
+    n = len(tokens) - 1
+    cache = ModelCache(model, rows=1, max_len=len(tokens) + K + 2, num_draft_modules=num_modules)
+    cache.tokens[0, : n + 1] = torch.tensor(tokens)
+    hidden = HiddenBuffer(num_modules, 1, cache.max_len, model.cfg.hidden_size, torch.float64, "cpu")
+    rows = torch.tensor([0])
+    meta = ForwardMeta.build(torch.tensor([0]), torch.tensor([n]), rows)
+    hidden.write(0, meta, model.model(torch.tensor([tokens[:n]])))
+    for k in range(1, num_modules + 1):
+        meta = ForwardMeta.build(torch.tensor([0]), torch.tensor([n - k + 1]), rows)
+        a = run_module(model, cache, hidden, k, meta)
+        if k < num_modules:
+            hidden.write(k, meta, a)
+    return cache
+
+
+def _drive(model, speculator, prompts, scripts):
+    """Run propose/verify rounds where round r of request b accepts scripts[b][r] drafts and the
+    bonus token is chosen to differ from the next draft (a real rejection)."""
+    B = len(prompts)
+    max_len = 128
+    cache = ModelCache(model, rows=B + 1, max_len=max_len, num_draft_modules=speculator.num_draft_modules)
+    speculator.allocate(cache)
+    rows = torch.arange(1, B + 1)                    # row 0 unused: rows need not start at 0
+    speculator.reset_rows(rows)
+    seqs = [list(p) for p in prompts]
+    lens = torch.tensor([len(p) for p in prompts])
+    meta = ForwardMeta.build(torch.zeros(B, dtype=torch.long), lens, rows)
+    ids = torch.zeros(meta.valid.shape, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, : len(p)] = torch.tensor(p)
+        seqs[b].append((7 * b + 3) % 64)             # the first output token
+        cache.tokens[rows[b], : len(seqs[b])] = torch.tensor(seqs[b])
+    h = model.model(ids, meta, cache.target)
+    drafts = speculator.propose(cache, rows, lens + 1, meta, h)
+    for r in range(len(scripts[0])):
+        n = torch.tensor([len(s) - 1 for s in seqs])
+        acc = torch.tensor([min(scripts[b][r], speculator.k) for b in range(B)])
+        for b in range(B):
+            m = int(acc[b])
+            new = drafts[b, :m].tolist()
+            nxt = int(drafts[b, m]) if m < speculator.k else -1
+            new.append((nxt + 1 + r) % 64 if nxt >= 0 else (5 * r + b) % 64)
+            seqs[b] += new
+            cache.tokens[rows[b], : len(seqs[b])] = torch.tensor(seqs[b])
+        # the target's hidden states at the newly verified positions n..n+m, from scratch
+        new_meta = ForwardMeta.build(n, acc + 1, rows)
+        T = new_meta.valid.shape[1]
+        h = torch.zeros(B, T, model.cfg.hidden_size, dtype=torch.float64)
+        for b in range(B):
+            full = model.model(torch.tensor([seqs[b][:-1]]))[0]
+            h[b, : acc[b] + 1] = full[n[b]: n[b] + acc[b] + 1]
+        drafts = speculator.propose(cache, rows, torch.tensor([len(s) for s in seqs]), new_meta, h)
+    return cache, rows, seqs
+
+
+@pytest.mark.parametrize("scripts", [
+    [[0, 3, 1, 4, 0, 2, 2], [4, 0, 0, 1, 3, 4, 1]],
+    [[1, 1, 1, 1, 1, 1, 1], [2, 0, 4, 4, 0, 0, 3]],
+])
+def test_multi_module_kv_equals_from_scratch(scripts):
+    model = peaked_model(tiny_config())
+    spec = MultiModuleMTPSpeculator(model, K)
+    prompts = [[5, 9, 13, 2, 40, 41], [17, 3]]
+    cache, rows, seqs = _drive(model, spec, prompts, scripts)
+    for b, seq in enumerate(seqs):
+        n = len(seq) - 1
+        ref = _reference_kv(model, seq, K)
+        chain = model.mtp_chain(torch.tensor([seq]), model.model(torch.tensor([seq])), K)
+        for k in range(1, K + 1):
+            final = n - k + 1                        # positions j <= n-k read only known tokens
+            for got, want in ((cache.draft[k - 1].k, ref.draft[k - 1].k), (cache.draft[k - 1].v, ref.draft[k - 1].v)):
+                torch.testing.assert_close(got[rows[b], :final], want[0, :final], atol=1e-10, rtol=0)
+            if k < K:
+                torch.testing.assert_close(spec.hidden.buf[k][rows[b], :final], chain[k - 1][0, :final],
+                                           atol=1e-10, rtol=0)
+
+
+def test_stale_kv_is_detected_without_reprefill(monkeypatch):
+    """The test above fails if module k only processes the new positions (no re-prefill)."""
+    model = peaked_model(tiny_config())
+    spec = MultiModuleMTPSpeculator(model, K)
+    real_min = torch.minimum
+    monkeypatch.setattr(torch, "minimum", lambda a, b: a)   # start_k = computed_k: no re-prefill
+    cache, rows, seqs = _drive(model, spec, [[5, 9, 13, 2, 40, 41]], [[0, 3, 1, 0, 2]])
+    monkeypatch.setattr(torch, "minimum", real_min)
+    seq = seqs[0]
+    ref = _reference_kv(model, seq, K)
+    final = len(seq) - 1 - K + 1
+    assert not torch.allclose(cache.draft[K - 1].k[rows[0], :final], ref.draft[K - 1].k[0, :final])
+
+
+def test_single_module_kv_equals_from_scratch():
+    model = peaked_model(tiny_config())
+    spec = SingleModuleMTPSpeculator(model, 3)
+    cache, rows, seqs = _drive(model, spec, [[5, 9, 13, 2], [1, 2, 3, 4, 5, 6, 7]],
+                               [[0, 3, 1, 2, 0], [3, 3, 0, 1, 2]])
+    for b, seq in enumerate(seqs):
+        ref = _reference_kv(model, seq, 1)
+        n = len(seq) - 1
+        torch.testing.assert_close(cache.draft[0].k[rows[b], :n], ref.draft[0].k[0, :n], atol=1e-10, rtol=0)
