@@ -72,7 +72,7 @@ class LLM:
             return "empty prompt: give at least one token (remove empty lines from the prompt file)"
         if len(ids) >= self.max_model_len:
             return (f"prompt has {len(ids)} tokens but the model's maximum length is "
-                    f"{self.max_model_len}: shorten the prompt or raise model.max_model_len")
+                    f"{self.max_model_len} (max_model_len): shorten or truncate the prompt")
         bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]
         if bad:
             return f"token ids {bad[:5]} are outside the vocabulary [0, {self.model.cfg.vocab_size})"
