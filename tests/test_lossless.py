@@ -1,7 +1,7 @@
 """Invariant 1: greedy speculative decoding emits exactly the tokens of plain greedy decoding.
 
 Runs on a tiny hybrid model in float64 that was trained for a few steps on a synthetic corpus, so
-drafts are accepted often but not always (both paths of verification are exercised)."""
+drafts are accepted 35-65% of the time (both paths of verification are exercised)."""
 import pytest
 import torch
 
@@ -26,7 +26,7 @@ def trained_tiny():
     model = MTPForCausalLM(tiny_config())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
-    for _ in range(60):
+    for _ in range(15):  # few steps: drafts are accepted about half the time
         loss, _ = model.training_losses(_synthetic_batch(g, 16, 48), mtp_loss_weight=0.5)
         loss.backward()
         opt.step()
@@ -53,7 +53,7 @@ def test_spec_equals_plain(trained_tiny, spec, k):
     assert all(len(o.output_token_ids) == 30 - i for i, o in enumerate(outs))
     accepted = sum(o.spec.num_accepted_tokens for o in outs)
     drafted = sum(o.spec.num_draft_tokens for o in outs)
-    assert 0 < accepted < drafted, "the test needs both accepted and rejected drafts"
+    assert 0.2 * drafted < accepted < 0.9 * drafted, "the test needs accepted and rejected drafts"
     # never propose more drafts than max_tokens can use: drafts <= output tokens - 1 per request
     for o in outs:
         assert o.spec.num_draft_tokens <= k * (len(o.output_token_ids) - 1)

@@ -114,3 +114,25 @@ def test_single_module_kv_equals_from_scratch():
         ref = _reference_kv(model, seq, 1)
         n = len(seq) - 1
         torch.testing.assert_close(cache.draft[0].k[rows[b], :n], ref.draft[0].k[0, :n], atol=1e-10, rtol=0)
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(scripts=st.lists(st.lists(st.integers(0, K), min_size=4, max_size=4), min_size=2, max_size=3),
+       prompt_lens=st.lists(st.integers(1, 9), min_size=3, max_size=3))
+def test_random_accept_patterns_keep_draft_kv_exact(scripts, prompt_lens):
+    model = _MODEL
+    spec = MultiModuleMTPSpeculator(model, K)
+    prompts = [[(3 * i + 7 * b) % 64 for i in range(n)] for b, n in enumerate(prompt_lens[: len(scripts)])]
+    cache, rows, seqs = _drive(model, spec, prompts, scripts)
+    for b, seq in enumerate(seqs):
+        ref = _reference_kv(model, seq, K)
+        for k in range(1, K + 1):
+            final = len(seq) - k
+            torch.testing.assert_close(cache.draft[k - 1].k[rows[b], :final], ref.draft[k - 1].k[0, :final],
+                                       atol=1e-10, rtol=0)
+
+
+_MODEL = peaked_model(tiny_config())

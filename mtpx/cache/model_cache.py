@@ -48,7 +48,7 @@ class ModelCache:
         row = self._free.pop()
         for c in self.target:
             if isinstance(c, RecurrentState):
-                c.reset(torch.tensor([row]))
+                c.reset(row)
         return row
 
     def free_row(self, row: int) -> None:

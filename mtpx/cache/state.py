@@ -54,11 +54,13 @@ class RecurrentState:
     def commit(self, index: torch.Tensor) -> None:
         """index: [B] int64, for each pending request the token after which to keep the state
         (0 = after the first token of the window)."""
+        if self.pending_rows is None:  # the forward had one token per request: already stored
+            return
         b = torch.arange(index.numel(), device=index.device)
-        self.conv[self.pending_rows] = self.pending_conv[b, index]
-        self.ssm[self.pending_rows] = self.pending_ssm[b, index]
+        self.conv.index_copy_(0, self.pending_rows, self.pending_conv[b, index])
+        self.ssm.index_copy_(0, self.pending_rows, self.pending_ssm[b, index])
         self.pending_conv = self.pending_ssm = self.pending_rows = None
 
-    def reset(self, rows: torch.Tensor) -> None:
-        self.conv[rows] = 0
-        self.ssm[rows] = 0
+    def reset(self, row: int) -> None:
+        self.conv[row].zero_()
+        self.ssm[row].zero_()

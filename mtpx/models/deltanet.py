@@ -58,7 +58,10 @@ class GatedDeltaNet(nn.Module):
         prev = (mixed.new_zeros(B, self.conv_dim, self.kernel - 1) if state is None
                 else state.conv[meta.rows].to(mixed.dtype))
         ext = torch.cat([prev, mixed], dim=-1)                            # [B, C, K-1+T]
-        conv = F.silu(F.conv1d(ext, self.conv1d.weight, groups=self.conv_dim)).transpose(1, 2)
+        # depthwise causal conv as a sum over the kernel taps (F.conv1d with groups=C is slow on CPU)
+        w = self.conv1d.weight[:, 0]                                      # [C, K]
+        conv = (ext.unfold(-1, self.kernel, 1) * w[:, None, :]).sum(-1)   # [B, C, T]
+        conv = F.silu(conv).transpose(1, 2)
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(self.nv // self.nk, dim=2)
         k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(self.nv // self.nk, dim=2)
@@ -70,7 +73,7 @@ class GatedDeltaNet(nn.Module):
 
         if state is None:
             o, _ = chunk_gated_delta_rule(q, k, v, g, beta)
-        elif meta.keep_states:
+        elif meta.keep_states and T > 1:
             o, _, all_ssm = recurrent_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows],
                                                        keep_all_states=True)
             state.pending_ssm = all_ssm                                     # [B, T, H, Dk, Dv]
@@ -79,10 +82,11 @@ class GatedDeltaNet(nn.Module):
         else:
             fn = recurrent_gated_delta_rule if T <= RECURRENT_MAX_LEN else chunk_gated_delta_rule
             o, final = fn(q, k, v, g, beta, state.ssm[meta.rows])[:2]
-            state.ssm[meta.rows] = final.to(state.ssm.dtype)
+            state.ssm.index_copy_(0, meta.rows, final.to(state.ssm.dtype))
             last = meta.lengths                                             # window ends at len-1
             idx = last[:, None, None] + torch.arange(self.kernel - 1, device=x.device)
-            state.conv[meta.rows] = ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype)
+            new_conv = ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype)
+            state.conv.index_copy_(0, meta.rows, new_conv)
 
         o = self.norm(o, z)
         return self.out_proj(o.reshape(B, T, self.value_dim))
