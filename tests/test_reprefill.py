@@ -48,6 +48,7 @@ def _drive(model, speculator, prompts, scripts):
         cache.tokens[rows[b], : len(seqs[b])] = torch.tensor(seqs[b])
     h = model.model(ids, meta, cache.target)
     drafts = speculator.propose(cache, rows, lens + 1, meta, h)
+    history = [([list(x) for x in seqs], drafts.clone())]
     for r in range(len(scripts[0])):
         n = torch.tensor([len(s) - 1 for s in seqs])
         acc = torch.tensor([min(scripts[b][r], speculator.k) for b in range(B)])
@@ -66,6 +67,8 @@ def _drive(model, speculator, prompts, scripts):
             full = model.model(torch.tensor([seqs[b][:-1]]))[0]
             h[b, : acc[b] + 1] = full[n[b]: n[b] + acc[b] + 1]
         drafts = speculator.propose(cache, rows, torch.tensor([len(s) for s in seqs]), new_meta, h)
+        history.append(([list(x) for x in seqs], drafts.clone()))
+    _drive.history = history
     return cache, rows, seqs
 
 
@@ -136,3 +139,44 @@ def test_random_accept_patterns_keep_draft_kv_exact(scripts, prompt_lens):
 
 
 _MODEL = peaked_model(tiny_config())
+
+
+def test_drafts_equal_from_scratch_chain():
+    """Every round's drafts equal the argmax of a from-scratch module chain over
+    x_0..x_n, d_1..d_{k-1} (module k at position n-1 reads d_{k-1})."""
+    model = _MODEL
+    spec = MultiModuleMTPSpeculator(model, K)
+    _drive(model, spec, [[5, 9, 13, 2, 40, 41], [17, 3]], [[0, 3, 1, 4, 2], [4, 0, 2, 1, 3]])
+    for seqs, drafts in _drive.history:
+        for b, seq in enumerate(seqs):
+            n = len(seq) - 1
+            full = torch.tensor([seq + drafts[b, : K - 1].tolist()])
+            chain = model.mtp_chain(full, model.model(full), K)
+            want = [int(model.lm_head(chain[k - 1][0, n - 1]).argmax()) for k in range(1, K + 1)]
+            assert drafts[b].tolist() == want
+
+
+def test_single_module_drafts_equal_from_scratch():
+    """mtp1 step i >= 2 runs module 0 at position n-2+i on its own previous output: compare with a
+    from-scratch loop of the same recurrence."""
+    model = _MODEL
+    spec = SingleModuleMTPSpeculator(model, 3)
+    _drive(model, spec, [[5, 9, 13, 2]], [[0, 3, 1, 2]])
+    for seqs, drafts in _drive.history:
+        seq = seqs[0]
+        n = len(seq) - 1
+        x = torch.tensor([seq])
+        h = model.model(x)[:, :n]                                     # h_0..h_{n-1}
+        emb = model.model.embed_tokens(x[:, 1:])                      # x_{j+1}
+        want, toks, hid = [], list(seq), h
+        pos = torch.arange(n)[None]
+        a = model.mtp[0](emb, hid, pos)                               # no cache: causal over 0..n-1
+        for i in range(1, 4):
+            d = int(model.lm_head(a[0, -1]).argmax())
+            want.append(d)
+            # extend by one position (n-2+i+1) reading d and the last output
+            emb = torch.cat([emb, model.model.embed_tokens(torch.tensor([[d]]))], 1)
+            hid = torch.cat([hid, a[:, -1:]], 1)
+            pos = torch.arange(hid.shape[1])[None]
+            a = model.mtp[0](emb, hid, pos)
+        assert drafts[0].tolist() == want
