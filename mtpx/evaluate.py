@@ -73,10 +73,9 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         if o.error:
             print(f"error: request {o.index}: {o.error}", file=sys.stderr)
     metrics = compute_metrics(outs, duration, llm.num_speculative_tokens)
-    metrics["lossless_near_ties"] = None
     if any(p.answer is not None for p in prompts):
         preds = [extract_predicted_answer(o.text) for o in outs]
-        metrics["accuracy"], _ = score(preds, [p.answer for p in prompts])
+        metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in prompts])
 
     code = 0
     if e.check_lossless and method is not None:
@@ -85,7 +84,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         plain, plain_duration = _generate(plain_llm, prompts, params, "plain decoding (lossless check)")
         mismatches, near_ties = compare_outputs(outs, plain, e.tie_tolerance)
         metrics["lossless_mismatches"] = len(mismatches)
-        metrics["lossless_near_ties"] = near_ties
+        metrics["lossless_near_ties"] = near_ties    # [{index, position, gap}]; count = len
         metrics["plain_output_throughput"] = compute_metrics(plain, plain_duration, 0)["output_throughput"]
         for m in mismatches:
             print(f"error: request {m['index']} differs from plain decoding at output token "

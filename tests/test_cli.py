@@ -59,7 +59,8 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
                 "eval.max_tokens=4", "logger=none"])
     assert run_eval(cfg, tmp_path) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["accuracy"] == 0.0 and metrics["lossless_mismatches"] is None
+    assert metrics["accuracy"] == 0.0 and metrics["num_correct"] == 0
+    assert metrics["lossless_mismatches"] is None
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -69,8 +69,11 @@ _ROWS: list[_Row] = [
     _Row("Output token throughput (tok/s)", "output_throughput", ".2f", "rel"),
     _Row("Benchmark duration (s)", "duration_s", ".2f", "rel"),
     _Row("Lossless mismatches", "lossless_mismatches", "d"),
+    _Row("Lossless near-ties", "lossless_near_ties", lambda m: None if m.get("lossless_near_ties") is None
+         else str(len(m["lossless_near_ties"]))),
+    _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
 ]
-_OPTIONAL_KEYS = ("accuracy", "lossless_mismatches")  # rows left out when no run has a value
+_OPTIONAL_KEYS = ("accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct"}
 
