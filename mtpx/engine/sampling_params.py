@@ -19,5 +19,5 @@ class SamplingParams:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens}: must be >= 1")
         if self.temperature != 0.0:
-            raise ValueError(f"temperature={self.temperature}: only greedy decoding "
-                             "(temperature=0) is implemented; set eval.temperature=0")
+            raise ValueError(f"temperature={self.temperature}: mtpx decodes greedily so far; "
+                             "use temperature=0")
