@@ -28,3 +28,26 @@ def peaked_model(cfg: ModelConfig, seed: int = 0) -> MTPForCausalLM:
 @pytest.fixture
 def tiny_model():
     return peaked_model(tiny_config())
+
+
+def _synthetic_batch(g: torch.Generator, B: int, T: int) -> torch.Tensor:
+    """Arithmetic sequences mod 60 (+ a noise token now and then): predictable several tokens ahead."""
+    start = torch.randint(2, 62, (B, 1), generator=g)
+    step = torch.randint(1, 4, (B, 1), generator=g)
+    x = (start + step * torch.arange(T)) % 60 + 2
+    noise = torch.rand(B, T, generator=g) < 0.1
+    return torch.where(noise, torch.randint(2, 64, (B, T), generator=g), x)
+
+
+@pytest.fixture(scope="session")
+def trained_tiny():
+    torch.manual_seed(0)
+    model = MTPForCausalLM(tiny_config())
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(15):  # few steps: drafts are accepted about half the time
+        loss, _ = model.training_losses(_synthetic_batch(g, 16, 48), mtp_loss_weight=0.5)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.double().eval()

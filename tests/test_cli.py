@@ -107,3 +107,11 @@ def test_generate_api_with_token_ids_and_strings(tiny_ckpt):
     assert a.output_token_ids == b.output_token_ids and len(a.output_token_ids) == 6
     assert a.finish_reason == "length" and a.text == llm.decode(a.output_token_ids)
     assert a.spec.num_drafts >= 1 and a.prompt_token_ids == ids
+
+
+@pytest.mark.parametrize("kwargs,message", [({"max_num_seqs": 0}, "max_num_seqs=0"),
+                                            ({"max_model_len": 5000}, "max_model_len=5000"),
+                                            ({"spec": "mtp8", "num_speculative_tokens": 0}, ">= 1")])
+def test_llm_rejects_bad_engine_settings(tiny_ckpt, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(model=tiny_ckpt, **kwargs)

@@ -15,7 +15,7 @@ def _inputs(B, T, H, Dk, Dv, seed=0, dtype=torch.float64):
     return q, k, v, gate, beta, s0
 
 
-@pytest.mark.parametrize("T,chunk", [(1, 64), (15, 8), (63, 16), (100, 64), (130, 32)])
+@pytest.mark.parametrize("T,chunk", [(1, 64), (15, 8), (63, 16), (100, 64), (130, 32), (100, 48)])
 def test_chunk_matches_recurrent(T, chunk):
     q, k, v, g, beta, s0 = _inputs(2, T, 3, 8, 6)
     o_r, s_r, _ = recurrent_gated_delta_rule(q, k, v, g, beta, s0)

@@ -7,31 +7,6 @@ import torch
 
 from mtpx import LLM, SamplingParams
 from mtpx.evaluate import compare_outputs
-from tests.conftest import tiny_config
-
-
-def _synthetic_batch(g: torch.Generator, B: int, T: int) -> torch.Tensor:
-    """Arithmetic sequences mod 60 (+ a noise token now and then): predictable several tokens ahead."""
-    start = torch.randint(2, 62, (B, 1), generator=g)
-    step = torch.randint(1, 4, (B, 1), generator=g)
-    x = (start + step * torch.arange(T)) % 60 + 2
-    noise = torch.rand(B, T, generator=g) < 0.1
-    return torch.where(noise, torch.randint(2, 64, (B, T), generator=g), x)
-
-
-@pytest.fixture(scope="module")
-def trained_tiny():
-    from mtpx.models import MTPForCausalLM
-    torch.manual_seed(0)
-    model = MTPForCausalLM(tiny_config())
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(15):  # few steps: drafts are accepted about half the time
-        loss, _ = model.training_losses(_synthetic_batch(g, 16, 48), mtp_loss_weight=0.5)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return model.double().eval()
 
 
 PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],

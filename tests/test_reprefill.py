@@ -180,3 +180,51 @@ def test_single_module_drafts_equal_from_scratch():
             pos = torch.arange(hid.shape[1])[None]
             a = model.mtp[0](emb, hid, pos)
         assert drafts[0].tolist() == want
+
+
+def _reference_single(model, seq, k):
+    """mtp1's k drafts from scratch: the module over positions 0..n-1, then extended one position
+    at a time on (previous draft, previous output)."""
+    n = len(seq) - 1
+    x = torch.tensor([seq])
+    hid = model.model(x)[:, :n]
+    emb = model.model.embed_tokens(x[:, 1:])
+    a = model.mtp[0](emb, hid, torch.arange(n)[None])
+    want = []
+    for _ in range(k):
+        d = int(model.lm_head(a[0, -1]).argmax())
+        want.append(d)
+        emb = torch.cat([emb, model.model.embed_tokens(torch.tensor([[d]]))], 1)
+        hid = torch.cat([hid, a[:, -1:]], 1)
+        a = model.mtp[0](emb, hid, torch.arange(hid.shape[1])[None])
+    return want
+
+
+def _reference_multi(model, seq, drafts, k):
+    n = len(seq) - 1
+    full = torch.tensor([seq + drafts[: k - 1]])
+    chain = model.mtp_chain(full, model.model(full), k)
+    return [int(model.lm_head(chain[i][0, n - 1]).argmax()) for i in range(k)]
+
+
+@pytest.mark.parametrize("spec,k,slots", [("mtp8", 4, 3), ("mtp1", 3, 2)])
+def test_engine_drafts_equal_from_scratch(trained_tiny, spec, k, slots):
+    """Through the engine (row reuse, draft budgets, finished requests): every proposal equals the
+    from-scratch drafts for the request's known tokens."""
+    from mtpx import LLM, SamplingParams
+    llm = LLM(model=trained_tiny, spec=spec, num_speculative_tokens=k, max_num_seqs=slots)
+    propose, checked = llm.speculator.propose, []
+
+    def checked_propose(cache, rows, num_tokens, meta, h):
+        drafts = propose(cache, rows, num_tokens, meta, h)
+        for b in range(len(rows)):
+            seq = cache.tokens[rows[b], : num_tokens[b]].tolist()
+            want = (_reference_multi(trained_tiny, seq, drafts[b].tolist(), k) if spec == "mtp8"
+                    else _reference_single(trained_tiny, seq, k))
+            checked.append(drafts[b].tolist() == want)
+        return drafts
+
+    llm.speculator.propose = checked_propose
+    prompts = [[5, 8, 11], [20], [3, 4, 5, 6, 7, 8, 9, 10], [61, 2, 7, 33, 12], [9, 9]]
+    llm.generate(prompts, [SamplingParams(max_tokens=t, ignore_eos=True) for t in (2, 12, 7, 15, 9)])
+    assert len(checked) > 10 and all(checked)

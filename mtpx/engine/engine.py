@@ -28,11 +28,20 @@ class Engine:
 
     def __init__(self, model: MTPForCausalLM, speculator=None, max_num_seqs: int = 64,
                  max_model_len: int | None = None, record_logit_gaps: bool = False):
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs={max_num_seqs}: need at least one batch slot "
+                             "(eval.concurrency >= 1)")
+        limit = model.cfg.max_position_embeddings
+        max_model_len = limit if max_model_len is None else max_model_len
+        if not 2 <= max_model_len <= limit:
+            raise ValueError(f"max_model_len={max_model_len}: must be in [2, {limit}] "
+                             "(the model's max_position_embeddings)")
         self.model = model
+        self.device = next(model.parameters()).device
         self.speculator = speculator
         self.k = 0 if speculator is None else speculator.k
         self.max_num_seqs = max_num_seqs
-        self.max_model_len = max_model_len or model.cfg.max_position_embeddings
+        self.max_model_len = max_model_len
         self.record_logit_gaps = record_logit_gaps
 
     @torch.no_grad()
@@ -78,13 +87,14 @@ class Engine:
     # ---- steps --------------------------------------------------------------------------------
     def _prefill(self, reqs: list[Request]) -> None:
         cache, model = self.cache, self.model
-        rows = torch.tensor([r.row for r in reqs])
-        lens = torch.tensor([len(r.prompt_token_ids) for r in reqs])
+        dev = self.device
+        rows = torch.tensor([r.row for r in reqs], device=dev)
+        lens = torch.tensor([len(r.prompt_token_ids) for r in reqs], device=dev)
         meta = ForwardMeta.build(torch.zeros_like(lens), lens, rows)
-        ids = torch.zeros(meta.valid.shape, dtype=torch.long)
+        ids = torch.zeros(meta.valid.shape, dtype=torch.long, device=dev)
         for b, r in enumerate(reqs):
-            ids[b, : lens[b]] = torch.tensor(r.prompt_token_ids)
-            cache.tokens[r.row, : lens[b]] = ids[b, : lens[b]]
+            ids[b, : len(r.prompt_token_ids)] = torch.tensor(r.prompt_token_ids, device=dev)
+        cache.tokens[rows[:, None].expand_as(ids)[meta.valid], meta.positions[meta.valid]] = ids[meta.valid]
         if self.speculator is not None:
             self.speculator.reset_rows(rows)
         h = model.model(ids, meta, cache.target)                           # [B, T, hidden]
@@ -94,14 +104,14 @@ class Engine:
         gaps = self._gaps(logits[:, None])
         for b, r in enumerate(reqs):
             self._emit(r, [int(tok[b])], gaps[b] if gaps is not None else None, 0, 0)
-        if self.speculator is not None:
-            self._store_drafts(reqs, self.speculator.propose(cache, rows, lens + 1, meta, h))
+        self._propose(reqs, rows, lens + 1, meta, h)
 
     def _decode(self, reqs: list[Request]) -> None:
         cache, model = self.cache, self.model
-        rows = torch.tensor([r.row for r in reqs])
-        n = torch.tensor([r.num_tokens - 1 for r in reqs])
-        num_drafts = torch.tensor([self._draft_budget(r) for r in reqs], dtype=torch.long)
+        dev = self.device
+        rows = torch.tensor([r.row for r in reqs], device=dev)
+        n = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
+        num_drafts = torch.tensor([self._draft_budget(r) for r in reqs], device=dev)
         meta = ForwardMeta.build(n, 1 + num_drafts, rows, keep_states=True)
         ids = cache.tokens[rows[:, None], meta.positions]                  # [B, T]: x_n, d_1..d_k
         ids = torch.where(meta.valid, ids, 0)
@@ -118,11 +128,8 @@ class Engine:
             cache.tokens[r.row, n[b] + 1: n[b] + m + 2] = target[b, : m + 1]
             self._emit(r, emitted_tokens[b][: m + 1], gaps[b] if gaps is not None else None,
                        int(num_drafts[b]), m)
-        if self.speculator is not None:
-            new = ForwardMeta.build(n, accepted + 1, rows)                 # accepted positions n..n+m
-            drafts = self.speculator.propose(cache, rows, n + accepted + 2, new,
-                                             h[:, : new.valid.shape[1]])
-            self._store_drafts(reqs, drafts)
+        new = ForwardMeta.build(n, accepted + 1, rows)                     # accepted positions n..n+m
+        self._propose(reqs, rows, n + accepted + 2, new, h[:, : new.valid.shape[1]])
 
     # ---- helpers ------------------------------------------------------------------------------
     def _draft_budget(self, r: Request) -> int:
@@ -133,9 +140,19 @@ class Engine:
                    self.max_model_len - r.num_tokens)
         return max(0, min(len(r.draft_token_ids), room - 1))
 
-    def _store_drafts(self, reqs, drafts: torch.Tensor) -> None:
-        for b, r in enumerate(reqs):
-            r.draft_token_ids = drafts[b].tolist()
+    def _propose(self, reqs, rows, num_tokens, meta: ForwardMeta, hidden: torch.Tensor) -> None:
+        """Draft for the requests of this step that are still running; meta/hidden: the target's
+        newly verified positions of all `reqs` ([B, T, hidden])."""
+        keep = [b for b, r in enumerate(reqs) if r.finish_reason is None]
+        if self.speculator is None or not keep:
+            return
+        if len(keep) < len(reqs):
+            idx = torch.tensor(keep, device=self.device)
+            rows, num_tokens, hidden = rows[idx], num_tokens[idx], hidden[idx]
+            meta = meta.select(idx)
+        drafts = self.speculator.propose(self.cache, rows, num_tokens, meta, hidden).tolist()
+        for b, d in zip(keep, drafts):
+            reqs[b].draft_token_ids = d
 
     def _gaps(self, logits: torch.Tensor):
         if not self.record_logit_gaps:

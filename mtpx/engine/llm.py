@@ -29,7 +29,8 @@ class LLM:
     MTPForCausalLM (then pass `tokenizer` to use string prompts); spec: None (plain decoding),
     "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
     step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
-    "float64" or "bfloat16". Raises ValueError for an unknown spec or dtype, or more speculative
+    "float64" or "bfloat16" for a checkpoint folder (a model instance keeps its own dtype);
+    max_model_len: positions per request, at most the model's max_position_embeddings. Raises ValueError for an unknown spec or dtype, or more speculative
     tokens than multi-module MTP has modules; FileNotFoundError for a missing checkpoint."""
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
@@ -47,9 +48,9 @@ class LLM:
             self.model, self.tokenizer = load_model(model, dtype=DTYPES[dtype])
         self.spec = spec
         self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
-        self.max_model_len = max_model_len or self.model.cfg.max_position_embeddings
-        self.engine = Engine(self.model, self.speculator, max_num_seqs, self.max_model_len,
+        self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
                              record_logit_gaps)
+        self.max_model_len = self.engine.max_model_len
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -86,7 +87,7 @@ class LLM:
         fails alone: its output has `error` set and finish_reason None; the rest are generated."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):

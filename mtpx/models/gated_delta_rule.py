@@ -51,7 +51,7 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, keep_all_st
 
 
 def unit_lower_inverse(L: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """(I + L)^{-1} for strictly lower triangular L [..., C, C] (C a multiple of `block` or smaller).
+    """(I + L)^{-1} for strictly lower triangular L [..., C, C], any C.
 
     Forward substitution inside diagonal blocks of size `block`, then block doubling:
     [[A, 0], [B, D]]^{-1} = [[A^-1, 0], [-D^-1 B A^-1, D^-1]]. Only matmuls and elementwise ops, so
@@ -59,7 +59,12 @@ def unit_lower_inverse(L: torch.Tensor, block: int = 16) -> torch.Tensor:
     """
     C = L.shape[-1]
     b = min(block, C)
-    n = C // b
+    n = 1
+    while n * b < C:  # pad to b * 2^i with zeros: the identity extension keeps the top-left block
+        n *= 2
+    if n * b > C:
+        pad = n * b - C
+        return unit_lower_inverse(torch.nn.functional.pad(L, (0, pad, 0, pad)), block)[..., :C, :C]
     # diagonal blocks [..., n, b, b], forward substitution row by row: W_i = -L_i - L_i W
     diag = torch.stack([L[..., i * b:(i + 1) * b, i * b:(i + 1) * b] for i in range(n)], dim=-3)
     rows = [torch.zeros_like(diag[..., 0, :])]
@@ -105,7 +110,6 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64):
     G = g.cumsum(-1)                                                     # [B, H, N, C]
     decay = (G[..., :, None] - G[..., None, :]).tril().exp().tril()      # [B, H, N, C, C]
     k_beta = k * beta[..., None]
-    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
     L = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1)
     W = unit_lower_inverse(L)
     u = W @ (v * beta[..., None])

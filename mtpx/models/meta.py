@@ -32,6 +32,11 @@ class ForwardMeta:
         positions = torch.where(valid, starts[:, None] + t[None, :], 0)
         return ForwardMeta(positions, valid, rows, int((starts + lengths).max()), keep_states)
 
+    def select(self, idx: torch.Tensor) -> "ForwardMeta":
+        """The metadata of a subset of the requests (idx: [B'] int64 batch indices)."""
+        return ForwardMeta(self.positions[idx], self.valid[idx], self.rows[idx], self.kv_len,
+                           self.keep_states)
+
     @property
     def lengths(self) -> torch.Tensor:
         return self.valid.sum(1)

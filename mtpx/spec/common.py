@@ -23,6 +23,7 @@ class HiddenBuffer:
         self.buf[level][rows, meta.positions[meta.valid]] = values[meta.valid]
 
     def read(self, level: int, meta: ForwardMeta) -> torch.Tensor:
+        """-> [B, T, hidden], the values at meta's rows and positions."""
         return self.buf[level][meta.rows[:, None], meta.positions]        # [B, T, hidden]
 
 
@@ -31,8 +32,7 @@ def run_module(model: MTPForCausalLM, cache: ModelCache, hidden: HiddenBuffer, k
     """Draft module k (1-based) over meta's positions j: reads token x_{j+k} from the token buffer and
     a^{k-1}_j from level k-1 of `hidden`; writes its KV into cache.draft[k-1].
     Returns a^k [B, T, hidden]."""
-    token_pos = (meta.positions + k).clamp(max=cache.max_len - 1)
-    tokens = cache.tokens[meta.rows[:, None], token_pos]                 # [B, T]
+    tokens = cache.tokens[meta.rows[:, None], meta.positions + k]         # [B, T]
     emb = model.model.embed_tokens(tokens)
     return model.mtp[k - 1](emb, hidden.read(k - 1, meta), meta.positions, cache.draft[k - 1], meta)
 

@@ -5,8 +5,9 @@ at position j reads x_{j+k} and a^{k-1}_j, so at j = n-1 it reads draft d_{k-1} 
 at positions j > n-k was computed from drafts. After verification accepts m of the drafts, those
 positions whose draft was rejected hold stale KV: module k re-prefills from
     start_k = min(computed_k, n' - k)          (n' = the new last known index)
-to n' - 1, at most k positions beyond the new ones, i.e. at most num_speculative_tokens - 1 stale
-positions (the re-prefill of the reference design, shared/seeds/000_*). The a^{k-1} values it needs
+to n' - 1: besides the m + 1 new positions, the k - 1 - m stale ones (when positive), so at most
+num_speculative_tokens - 1 re-prefilled positions (the re-prefill of the reference design,
+shared/seeds/000_*). The a^{k-1} values it needs
 at start_k that module k-1 does not recompute this round are kept in a per-position buffer: they
 were computed from accepted tokens only, so they are final.
 """
@@ -23,6 +24,9 @@ from mtpx.spec.common import HiddenBuffer, last_valid, run_module
 class MultiModuleMTPSpeculator:
     def __init__(self, model: MTPForCausalLM, num_speculative_tokens: int | None = None):
         num_modules = len(model.mtp)
+        if num_modules < 1:
+            raise ValueError("the model has no MTP module (num_nextn_predict_layers=0): "
+                             "train some with mode=train or run without +spec")
         self.k = num_modules if num_speculative_tokens is None else int(num_speculative_tokens)
         if self.k < 1:
             raise ValueError("num_speculative_tokens must be >= 1")
@@ -38,7 +42,7 @@ class MultiModuleMTPSpeculator:
         p = next(self.model.parameters())
         self.hidden = HiddenBuffer(self.k, cache.rows, cache.max_len, self.model.cfg.hidden_size,
                                    p.dtype, p.device)
-        self.computed = torch.zeros(cache.rows, self.k, dtype=torch.long)  # [rows, module]
+        self.computed = torch.zeros(cache.rows, self.k, dtype=torch.long, device=p.device)  # [rows, module]
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         self.computed[rows] = 0

@@ -32,7 +32,7 @@ class SingleModuleMTPSpeculator:
         p = next(self.model.parameters())
         self.hidden = HiddenBuffer(1, cache.rows, cache.max_len, self.model.cfg.hidden_size,
                                    p.dtype, p.device)
-        self.computed = torch.zeros(cache.rows, dtype=torch.long)  # module positions done per row
+        self.computed = torch.zeros(cache.rows, dtype=torch.long, device=p.device)  # module positions done per row
 
     def reset_rows(self, rows: torch.Tensor) -> None:
         self.computed[rows] = 0
