@@ -18,4 +18,12 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from pathlib import Path
+
+    from mtpx.cli import check_group_overrides
+
+    error = check_group_overrides(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()

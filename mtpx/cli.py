@@ -13,6 +13,25 @@ from mtpx.metrics.logging import RunLogger
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
 
+GROUP_NAMES = {"spec": "spec", "data": "data set", "model": "model config", "train": "train config",
+               "eval": "eval config", "logger": "logger"}
+
+
+def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:
+    """Hydra's own message for an unknown config group option spans a dozen lines; return one
+    error line naming the choices instead (None when every `[+]group=name[,name...]` exists)."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key not in GROUP_NAMES or not value:
+            continue
+        choices = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        for name in value.split(","):
+            if name not in choices:
+                return (f"unknown {GROUP_NAMES[key]} '{name}': choose one of {', '.join(choices)} "
+                        f"({'+' if key == 'spec' else ''}{key}=NAME)")
+    return None
+
+
 def run_dir() -> Path:
     try:
         return Path(HydraConfig.get().runtime.output_dir)

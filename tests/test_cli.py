@@ -115,3 +115,13 @@ def test_generate_api_with_token_ids_and_strings(tiny_ckpt):
 def test_llm_rejects_bad_engine_settings(tiny_ckpt, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(model=tiny_ckpt, **kwargs)
+
+
+def test_unknown_config_group_option_is_one_line():
+    from mtpx.cli import check_group_overrides
+    conf = Path(CONF)
+    assert check_group_overrides(["+spec=mtp8", "data=gsm8k", "eval.max_tokens=3"], conf) is None
+    assert check_group_overrides(["+spec=mtp9"], conf) == \
+        "unknown spec 'mtp9': choose one of mtp1, mtp8 (+spec=NAME)"
+    assert "unknown data set 'squad'" in check_group_overrides(["data=squad"], conf)
+    assert "'mtp3'" in check_group_overrides(["-m", "+spec=mtp1,mtp3"], conf)
