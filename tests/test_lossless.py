@@ -61,3 +61,16 @@ def test_compare_outputs_classifies_near_ties(trained_tiny):
     assert [(m["index"], m["position"]) for m in mism] == [(0, 3)] and ties == []
     mism, ties = compare_outputs(spec, plain, tie_tolerance=1e9)
     assert mism == [] and [(t["index"], t["position"]) for t in ties] == [(0, 3)]
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(layer_types=["full_attention"] * 2, num_hidden_layers=2),                  # dense transformer
+    dict(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[0]),  # MoE
+])
+def test_dense_and_moe_targets_are_lossless(overrides):
+    from tests.conftest import peaked_model, tiny_config
+    model = peaked_model(tiny_config(**overrides), seed=3)
+    plain = _run(model, None, None, max_tokens=16)
+    for spec, k in (("mtp1", 2), ("mtp8", 3)):
+        outs = _run(model, spec, k, max_tokens=16)
+        assert [o.output_token_ids for o in outs] == [o.output_token_ids for o in plain]
