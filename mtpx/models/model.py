@@ -81,13 +81,8 @@ class MTPForCausalLM(nn.Module):
                                    input_ids[:, 1:].flatten())
         parts = {"main": main.item()}
         loss = main if train_base else main.new_zeros(())
-        emb_all = self.model.embed_tokens(input_ids)
-        if not train_base:
-            emb_all, h = emb_all.detach(), h.detach()
-        a = h
-        for k in range(1, N + 1):
-            positions = torch.arange(T - k, device=input_ids.device)[None].expand(input_ids.shape[0], -1)
-            a = self.mtp[k - 1](emb_all[:, k:], a[:, : T - k], positions)
+        chain = self.mtp_chain(input_ids, h if train_base else h.detach(), N)
+        for k, a in enumerate(chain, start=1):
             logits = self.lm_head(a[:, :-1])                     # j = 0..T-2-k predicts x_{j+k+1}
             ce = F.cross_entropy(logits.flatten(0, 1).float(), input_ids[:, k + 1:].flatten())
             parts[f"mtp{k}"] = ce.item()
