@@ -19,6 +19,8 @@ from mtpx.models.rope import apply_rope
 
 
 class GatedAttention(nn.Module):
+    """Gated grouped-query attention; forward(x [B, T, hidden]) -> [B, T, hidden] (module doc)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (

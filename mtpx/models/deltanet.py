@@ -21,6 +21,9 @@ RECURRENT_MAX_LEN = 16  # below this many tokens the recurrent form is cheaper t
 
 
 class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet mixer; forward(x [B, T, hidden]) -> [B, T, hidden] (module doc). Weight
+    names and the q/k/v/z grouping follow Hugging Face Qwen3-Next checkpoints."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.nk, self.nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads

@@ -16,6 +16,9 @@ from mtpx.models.mtp import MTPModule
 
 
 class MTPForCausalLM(nn.Module):
+    """Target LM (`model`, `lm_head`) plus `cfg.num_nextn_predict_layers` draft modules (`mtp`).
+    With tie_word_embeddings, lm_head.weight is model.embed_tokens.weight."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg

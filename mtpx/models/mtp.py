@@ -21,6 +21,9 @@ from mtpx.models.rope import rope_cos_sin
 
 
 class MTPModule(nn.Module):
+    """One MTP draft module: fc over [norm(emb), norm(hidden)], one full-attention decoder layer,
+    a final norm (the formula in the module doc). Logits come from the target's lm_head."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg

@@ -22,6 +22,11 @@ from mtpx.spec.common import HiddenBuffer, last_valid, run_module
 
 
 class MultiModuleMTPSpeculator:
+    """Drafts k tokens per step, token i from MTP module i (module doc above); k defaults to the
+    number of modules. Raises ValueError when k < 1, k > num_nextn_predict_layers, or the model has
+    no MTP module. Same lifecycle as SingleModuleMTPSpeculator.
+    """
+
     def __init__(self, model: MTPForCausalLM, num_speculative_tokens: int | None = None):
         num_modules = len(model.mtp)
         if num_modules < 1:

@@ -17,6 +17,13 @@ from mtpx.spec.common import HiddenBuffer, last_valid, run_module
 
 
 class SingleModuleMTPSpeculator:
+    """Drafts k tokens per step with MTP module 0 (module doc above).
+
+    Raises ValueError when the model has no MTP module or num_speculative_tokens < 1.
+    Lifecycle: allocate(cache) once per engine run, reset_rows(rows) for new requests,
+    propose(...) after every target forward.
+    """
+
     num_draft_modules = 1
 
     def __init__(self, model: MTPForCausalLM, num_speculative_tokens: int | None = None):
