@@ -129,13 +129,22 @@ def test_read_gsm8k_formats_records_and_names_bad_lines(tmp_path):
     assert read_gsm8k(f)[0].startswith("Question: What is 1+1?\nAnswer: 1+1=2")
 
     f.write_text(json.dumps(good) + "\n" + json.dumps(good) + "\n{not json\n")
-    with pytest.raises(ValueError, match=r"g\.jsonl:3: not valid JSON"):
+    with pytest.raises(ValueError, match=r"g\.jsonl:3: malformed JSON"):
         read_gsm8k(f)
     f.write_text(json.dumps({"question": "q"}) + "\n")
-    with pytest.raises(ValueError, match=r"g\.jsonl:1: expected an object with string fields"):
+    with pytest.raises(ValueError, match=r"g\.jsonl:1: key 'answer' is missing"):
         read_gsm8k(f)
     with pytest.raises(FileNotFoundError, match="train.gsm8k_path"):
         read_gsm8k(tmp_path / "missing.jsonl")
+    f.write_text(json.dumps({"question": "q", "answer": "no marker"}) + "\n")
+    with pytest.raises(ValueError, match=r"g\.jsonl:1: the answer has no '####' line"):
+        read_gsm8k(f)
+    f.write_text("\n")
+    with pytest.raises(ValueError, match="holds no records"):
+        read_gsm8k(f)
+    f.write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        read_gsm8k(f)
 
 
 def test_stdlib_subset_is_deterministic_budgeted_and_excludes_heldout():

@@ -40,48 +40,59 @@ def format_example(question: str, answer: str) -> str:
     return format_prompt(question) + " " + answer
 
 
-def load_gsm8k(path: str | os.PathLike[str]) -> list[dict[str, str]]:
+def load_gsm8k(path: str | os.PathLike[str], option: str = "data.path") -> list[dict[str, str]]:
     """Read a GSM8K JSONL file into ``[{"question": str, "answer": str}, ...]`` in file order.
 
-    Blank lines are skipped; other keys on a line are dropped.
+    Blank lines are skipped; other keys on a line are dropped. ``option`` is the config key that
+    names the file, quoted in error messages (``data.path`` for eval, ``train.gsm8k_path``).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (the message names ``data.path=``).
-        ValueError: a line is not a JSON object with string ``question`` and ``answer``; the
-            message is ``{path}:{lineno}: ...``.
+        FileNotFoundError: ``path`` does not exist (the message names ``option``).
+        ValueError: the file is empty or not UTF-8, or a line is not a JSON object with string
+            ``question`` and ``answer`` whose answer has a "####" line; the message is
+            ``{path}:{lineno}: ...``.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"GSM8K file not found: {path} (resolved: {path.resolve()}); point data.path=... at a "
+            f"GSM8K file not found: {path} (resolved: {path.resolve()}); point {option}=... at a "
             "GSM8K JSONL file; relative paths are resolved against the working directory "
-            "(this repository has shared/data/gsm8k/test.jsonl)"
+            "(the shared data sets are at ../shared/data/gsm8k/{train,test}.jsonl)"
         )
     rows: list[dict[str, str]] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
+                         f"point {option}=... at a GSM8K JSONL file") from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}:{lineno}: malformed JSON ({err}); each line of a GSM8K file must be "
+                "an object with 'question' and 'answer'"
+            ) from None
+        if not isinstance(obj, dict):
+            raise ValueError(
+                f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}; each line "
+                "of a GSM8K file must be an object with 'question' and 'answer'"
+            )
+        for key in ("question", "answer"):
+            if not isinstance(obj.get(key), str):
+                problem = "missing" if key not in obj else f"not a string ({type(obj[key]).__name__})"
                 raise ValueError(
-                    f"{path}:{lineno}: malformed JSON ({err}); each line of a GSM8K file must be "
-                    "an object with 'question' and 'answer'"
-                ) from None
-            if not isinstance(obj, dict):
-                raise ValueError(
-                    f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}; each line "
-                    "of a GSM8K file must be an object with 'question' and 'answer'"
+                    f"{path}:{lineno}: key '{key}' is {problem}; each line of a GSM8K file "
+                    "must be an object with string 'question' and 'answer'"
                 )
-            for key in ("question", "answer"):
-                if not isinstance(obj.get(key), str):
-                    problem = "missing" if key not in obj else f"not a string ({type(obj[key]).__name__})"
-                    raise ValueError(
-                        f"{path}:{lineno}: key '{key}' is {problem}; each line of a GSM8K file "
-                        "must be an object with string 'question' and 'answer'"
-                    )
-            rows.append({"question": obj["question"], "answer": obj["answer"]})
+        if _ANSWER_MARK not in obj["answer"]:
+            raise ValueError(f"{path}:{lineno}: the answer has no '{_ANSWER_MARK}' line with the "
+                             "final result; each GSM8K answer ends with '#### <number>'")
+        rows.append({"question": obj["question"], "answer": obj["answer"]})
+    if not rows:
+        raise ValueError(f"{path} holds no records: point {option}=... at a non-empty GSM8K JSONL")
     return rows
 
 

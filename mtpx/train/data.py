@@ -99,33 +99,13 @@ def read_gsm8k(path: str | os.PathLike) -> list[str]:
 
     Raises:
         FileNotFoundError: no file at `path`.
-        ValueError: a line is not JSON, or lacks a string "question"/"answer" (names file and line).
+        ValueError: empty file, or a line is not JSON, lacks a string "question"/"answer" or a
+            "####" answer line (names file and line); see mtpx.data.gsm8k.load_gsm8k.
     """
-    from mtpx.data.gsm8k import format_example  # the eval side owns the prompt format
+    from mtpx.data.gsm8k import format_example, load_gsm8k  # the eval side owns the format
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"GSM8K file {path} not found: set train.gsm8k_path to a JSONL such as shared/data/gsm8k/train.jsonl"
-        )
-    docs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg}): fix or remove that line") from None
-            if not isinstance(rec, dict) or not all(isinstance(rec.get(k), str) for k in ("question", "answer")):
-                raise ValueError(
-                    f"{path}:{lineno}: expected an object with string fields 'question' and 'answer', "
-                    f"got {str(rec)[:80]!r}: fix or remove that line"
-                )
-            docs.append(format_example(rec["question"], rec["answer"]))
-    if not docs:
-        raise ValueError(f"{path} holds no records: point train.gsm8k_path at a non-empty GSM8K JSONL")
-    return docs
+    return [format_example(r["question"], r["answer"])
+            for r in load_gsm8k(path, option="train.gsm8k_path")]
 
 
 def stdlib_dir() -> Path:
@@ -194,7 +174,7 @@ def load_documents(
     for spec in specs:
         if spec.name == "gsm8k":
             if not gsm8k_path:
-                raise ValueError("data source 'gsm8k' needs train.gsm8k_path (e.g. shared/data/gsm8k/train.jsonl)")
+                raise ValueError("data source 'gsm8k' needs train.gsm8k_path (e.g. ../shared/data/gsm8k/train.jsonl)")
             docs["gsm8k"] = read_gsm8k(gsm8k_path)
         elif spec.name == "stdlib":
             docs["stdlib"] = read_stdlib(stdlib_max_bytes)
