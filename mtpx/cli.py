@@ -20,7 +20,13 @@ GROUP_NAMES = {"spec": "spec", "data": "data set", "model": "model config", "tra
 def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:
     """Hydra's own message for an unknown config group option spans a dozen lines; return one
     error line naming the choices instead (None when every `[+]group=name[,name...]` exists)."""
+    has_spec = any(a.startswith("+spec=") for a in argv)
     for arg in argv:
+        if arg.startswith("spec="):
+            return f"spec is not in the defaults list: add it with '+{arg}'"
+        if arg.startswith(("spec.", "+spec.")) and not has_spec:
+            return (f"'{arg}' needs a speculator: add +spec=mtp1 or +spec=mtp8 before it "
+                    "(without +spec the run decodes without speculation)")
         key, sep, value = arg.lstrip("+~").partition("=")
         if not sep or key not in GROUP_NAMES or not value:
             continue

@@ -1,7 +1,8 @@
 """mode=eval: decode a prompt set with (or without) an MTP speculator and report spec-decode metrics.
 
 Writes into the run directory: outputs.jsonl (one line per request), metrics.json, the report table
-on stdout, per_position_acceptance.png, and the same metrics to W&B (offline by default).
+(stdout and report.txt), per_position_acceptance.png, and the same metrics to W&B (offline by
+default). Each timed pass follows a 2-token warm-up request.
 With eval.check_lossless the prompts are decoded again without speculation and any request whose
 tokens differ is a mismatch (exit code 1), unless the plain run's top-2 logit gap at the first
 differing token is below eval.tie_tolerance (a near-tie: fp32 rounding between a k+1-token and a
@@ -20,7 +21,7 @@ from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import load_prompts
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
-from mtpx.io import atomic_write_json, atomic_write_jsonl
+from mtpx.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
 from mtpx.metrics.stats import RequestOutput, compute_metrics
@@ -46,6 +47,9 @@ def compare_outputs(spec: list[RequestOutput], plain: list[RequestOutput], tie_t
 
 
 def _generate(llm: LLM, prompts, params, label: str):
+    """Timed generation after a 2-token warm-up request (first-call allocations and lazy
+    initialisation are not billed to the first measured run)."""
+    llm.generate([prompts[0].text], SamplingParams(max_tokens=2))
     with Progress(transient=True) as progress:
         task = progress.add_task(label, total=len(prompts))
         t0 = time.perf_counter()
@@ -94,10 +98,15 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
 
     atomic_write_jsonl(out_dir / "outputs.jsonl", [
         {"index": o.index, "output_token_ids": o.output_token_ids, "text": o.text,
-         "finish_reason": o.finish_reason, "error": o.error} for o in outs])
+         "finish_reason": o.finish_reason, "error": o.error, "num_drafts": o.spec.num_drafts,
+         "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens}
+        for o in outs])
     atomic_write_json(out_dir / "metrics.json", metrics)
-    print(format_report(metrics, f"mtpx eval: {name}, k={llm.num_speculative_tokens}, "
-                                 f"{cfg.data.name}, {len(prompts)} prompts"))
+    k_text = f", k={llm.num_speculative_tokens}" if method is not None else ""
+    report = format_report(metrics, f"mtpx eval: {name}{k_text}, {cfg.data.name}, {len(prompts)} "
+                                    f"prompts, max_tokens {e.max_tokens}, {e.dtype}")
+    print(report)
+    atomic_write_text(out_dir / "report.txt", report + "\n")
     if method is not None:
         plot_per_position_acceptance({name: metrics}, out_dir / "per_position_acceptance.png")
     logger = RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,

@@ -125,3 +125,6 @@ def test_unknown_config_group_option_is_one_line():
         "unknown spec 'mtp9': choose one of mtp1, mtp8 (+spec=NAME)"
     assert "unknown data set 'squad'" in check_group_overrides(["data=squad"], conf)
     assert "'mtp3'" in check_group_overrides(["-m", "+spec=mtp1,mtp3"], conf)
+    assert "'+spec=mtp8'" in check_group_overrides(["spec=mtp8"], conf)
+    assert "+spec=mtp1 or +spec=mtp8" in check_group_overrides(["spec.num_speculative_tokens=3"], conf)
+    assert check_group_overrides(["+spec=mtp8", "spec.num_speculative_tokens=3"], conf) is None
