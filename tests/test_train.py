@@ -259,6 +259,11 @@ def test_resume_extends_a_finished_run(workdir):
     train_steps = [h["step"] for h in state["loss_history"] if h["split"] == "train"]
     assert train_steps == list(range(1, 15))  # continued at 9, nothing repeated or lost
     assert [h["step"] for h in state["loss_history"] if h["split"] == "val"] == [0, 4, 8, 12, 14]
+    # a resume keeps the checkpoint's architecture, and trainer_state records that one
+    cfg = run_cfg(workdir, "extend", steps=15, eval_every=4)
+    cfg["model"]["hidden_size"] = 48
+    state = ckpt.load_trainer_state(train(cfg))
+    assert state["config"]["model"]["hidden_size"] == TINY_MODEL["hidden_size"]
     # resume=false starts over
     out = train(run_cfg(workdir, "extend", steps=3, eval_every=0, resume=False))
     assert ckpt.load_trainer_state(out)["step"] == 3

@@ -338,6 +338,8 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
         ckpt.load_optimizer_state(out_dir, opt)
 
     run_config = OmegaConf.to_container(cfg, resolve=True)
+    # record the architecture actually trained (a resume or model.path keeps the checkpoint's)
+    run_config["model"] = {**model.cfg.to_dict(), "path": cfg.model.get("path")}
     save_dtype = _DTYPES[t.get("save_dtype", "float32")]
 
     def save(step: int) -> None:
