@@ -122,10 +122,12 @@ class Engine:
         accepted = match.long().cumprod(1).sum(1)                         # [B] = m
         cache.commit_recurrent(accepted)
         gaps = self._gaps(logits)
-        emitted_tokens = target.tolist()
+        # known tokens x_{n+1..n+m+1} = target[:, :m+1] (accepted drafts, then the bonus token)
+        keep = torch.arange(target.shape[1], device=dev)[None] <= accepted[:, None]     # [B, T]
+        cache.tokens[rows[:, None].expand_as(target)[keep], (meta.positions + 1)[keep]] = target[keep]
+        emitted_tokens, accepted_list = target.tolist(), accepted.tolist()
         for b, r in enumerate(reqs):
-            m = int(accepted[b])
-            cache.tokens[r.row, n[b] + 1: n[b] + m + 2] = target[b, : m + 1]
+            m = accepted_list[b]
             self._emit(r, emitted_tokens[b][: m + 1], gaps[b] if gaps is not None else None,
                        int(num_drafts[b]), m)
         new = ForwardMeta.build(n, accepted + 1, rows)                     # accepted positions n..n+m

@@ -31,8 +31,9 @@ class GatedDeltaNet(nn.Module):
         self.kernel = cfg.linear_conv_kernel_dim
         self.key_dim, self.value_dim = self.nk * self.dk, self.nv * self.dv
         self.conv_dim = 2 * self.key_dim + self.value_dim
+        # holds the depthwise weight [C, 1, K] under HF's name; forward applies it by hand
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim,
-                                bias=False, padding=self.kernel - 1)
+                                bias=False)
         self.in_proj_qkvz = nn.Linear(cfg.hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
         self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * self.nv, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
