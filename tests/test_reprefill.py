@@ -3,29 +3,32 @@ kept hidden states at the positions a later step reads equal their from-scratch 
 import pytest
 import torch
 
+from mtpx.attention.torch_backend import gather_kv
 from mtpx.cache.model_cache import ModelCache
-from mtpx.models.meta import ForwardMeta
 from mtpx.spec import MultiModuleMTPSpeculator, SingleModuleMTPSpeculator
-from mtpx.spec.common import HiddenBuffer, run_module
+from mtpx.spec.common import run_module
 from tests.conftest import peaked_model, tiny_config
 
 K = 4
 
 
+def kv_at(cache: ModelCache, module: int, row: int, n: int):
+    """Draft module `module`'s (0-based) keys and values at positions 0..n-1 of `row`, [n, Hkv, D]."""
+    k, v = gather_kv(cache.draft[module], cache.block_tables[[row]], n)
+    return k[0], v[0]
+
+
 def _reference_kv(model, tokens: list[int], num_modules: int):
     """Draft-module KV from scratch on the final tokens x_0..x_n: module k over j = 0..n-k."""
     n = len(tokens) - 1
-    cache = ModelCache(model, rows=1, max_len=len(tokens) + K + 2, num_draft_modules=num_modules)
+    cache = ModelCache(model, rows=1, max_len=len(tokens) + K + 2, num_draft_modules=num_modules,
+                       block_size=8).static_block_tables()
     cache.tokens[0, : n + 1] = torch.tensor(tokens)
-    hidden = HiddenBuffer(num_modules, 1, cache.max_len, model.cfg.hidden_size, torch.float64, "cpu")
     rows = torch.tensor([0])
-    meta = ForwardMeta.build(torch.tensor([0]), torch.tensor([n]), rows)
-    hidden.write(0, meta, model.model(torch.tensor([tokens[:n]])))
+    a = model.model(torch.tensor([tokens[:n]]))
     for k in range(1, num_modules + 1):
-        meta = ForwardMeta.build(torch.tensor([0]), torch.tensor([n - k + 1]), rows)
-        a = run_module(model, cache, hidden, k, meta)
-        if k < num_modules:
-            hidden.write(k, meta, a)
+        meta = cache.meta(torch.tensor([0]), torch.tensor([n - k + 1]), rows)
+        a = run_module(model, cache, k, meta, a[:, : n - k + 1])
     return cache
 
 
@@ -34,13 +37,14 @@ def _drive(model, speculator, prompts, scripts):
     bonus token is chosen to differ from the next draft (a real rejection)."""
     B = len(prompts)
     max_len = 128
-    cache = ModelCache(model, rows=B + 1, max_len=max_len, num_draft_modules=speculator.num_draft_modules)
+    cache = ModelCache(model, rows=B + 1, max_len=max_len, num_draft_modules=speculator.num_draft_modules,
+                       block_size=16).static_block_tables()
     speculator.allocate(cache)
     rows = torch.arange(1, B + 1)                    # row 0 unused: rows need not start at 0
     speculator.reset_rows(rows)
     seqs = [list(p) for p in prompts]
     lens = torch.tensor([len(p) for p in prompts])
-    meta = ForwardMeta.build(torch.zeros(B, dtype=torch.long), lens, rows)
+    meta = cache.meta(torch.zeros(B, dtype=torch.long), lens, rows)
     ids = torch.zeros(meta.valid.shape, dtype=torch.long)
     for b, p in enumerate(prompts):
         ids[b, : len(p)] = torch.tensor(p)
@@ -60,7 +64,7 @@ def _drive(model, speculator, prompts, scripts):
             seqs[b] += new
             cache.tokens[rows[b], : len(seqs[b])] = torch.tensor(seqs[b])
         # the target's hidden states at the newly verified positions n..n+m, from scratch
-        new_meta = ForwardMeta.build(n, acc + 1, rows)
+        new_meta = cache.meta(n, acc + 1, rows)
         T = new_meta.valid.shape[1]
         h = torch.zeros(B, T, model.cfg.hidden_size, dtype=torch.float64)
         for b in range(B):
@@ -87,11 +91,13 @@ def test_multi_module_kv_equals_from_scratch(scripts):
         chain = model.mtp_chain(torch.tensor([seq]), model.model(torch.tensor([seq])), K)
         for k in range(1, K + 1):
             final = n - k + 1                        # positions j <= n-k read only known tokens
-            for got, want in ((cache.draft[k - 1].k, ref.draft[k - 1].k), (cache.draft[k - 1].v, ref.draft[k - 1].v)):
-                torch.testing.assert_close(got[rows[b], :final], want[0, :final], atol=1e-10, rtol=0)
-            if k < K:
-                torch.testing.assert_close(spec.hidden.buf[k][rows[b], :final], chain[k - 1][0, :final],
-                                           atol=1e-10, rtol=0)
+            for got, want in zip(kv_at(cache, k - 1, int(rows[b]), final), kv_at(ref, k - 1, 0, final)):
+                torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+            if k < K:  # the window of module outputs holds the final values of the last positions
+                W = spec.window.window
+                for p in range(max(0, n - W), final):
+                    torch.testing.assert_close(spec.window.buf[k - 1][rows[b], p % W], chain[k - 1][0, p],
+                                               atol=1e-10, rtol=0)
 
 
 def test_stale_kv_is_detected_without_reprefill(monkeypatch):
@@ -105,7 +111,7 @@ def test_stale_kv_is_detected_without_reprefill(monkeypatch):
     seq = seqs[0]
     ref = _reference_kv(model, seq, K)
     final = len(seq) - 1 - K + 1
-    assert not torch.allclose(cache.draft[K - 1].k[rows[0], :final], ref.draft[K - 1].k[0, :final])
+    assert not torch.allclose(kv_at(cache, K - 1, int(rows[0]), final)[0], kv_at(ref, K - 1, 0, final)[0])
 
 
 def test_single_module_kv_equals_from_scratch():
@@ -116,7 +122,7 @@ def test_single_module_kv_equals_from_scratch():
     for b, seq in enumerate(seqs):
         ref = _reference_kv(model, seq, 1)
         n = len(seq) - 1
-        torch.testing.assert_close(cache.draft[0].k[rows[b], :n], ref.draft[0].k[0, :n], atol=1e-10, rtol=0)
+        torch.testing.assert_close(kv_at(cache, 0, int(rows[b]), n)[0], kv_at(ref, 0, 0, n)[0], atol=1e-10, rtol=0)
 
 
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -134,8 +140,8 @@ def test_random_accept_patterns_keep_draft_kv_exact(scripts, prompt_lens):
         ref = _reference_kv(model, seq, K)
         for k in range(1, K + 1):
             final = len(seq) - k
-            torch.testing.assert_close(cache.draft[k - 1].k[rows[b], :final], ref.draft[k - 1].k[0, :final],
-                                       atol=1e-10, rtol=0)
+            torch.testing.assert_close(kv_at(cache, k - 1, int(rows[b]), final)[0],
+                                       kv_at(ref, k - 1, 0, final)[0], atol=1e-10, rtol=0)
 
 
 _MODEL = peaked_model(tiny_config())
@@ -215,9 +221,11 @@ def test_engine_drafts_equal_from_scratch(trained_tiny, spec, k, slots):
     llm = LLM(model=trained_tiny, spec=spec, num_speculative_tokens=k, max_num_seqs=slots)
     propose, checked = llm.speculator.propose, []
 
-    def checked_propose(cache, rows, num_tokens, meta, h):
-        drafts = propose(cache, rows, num_tokens, meta, h)
+    def checked_propose(cache, rows, num_tokens, meta, h, draft):
+        drafts = propose(cache, rows, num_tokens, meta, h, draft)
         for b in range(len(rows)):
+            if not draft[b]:
+                continue
             seq = cache.tokens[rows[b], : num_tokens[b]].tolist()
             want = (_reference_multi(trained_tiny, seq, drafts[b].tolist(), k) if spec == "mtp8"
                     else _reference_single(trained_tiny, seq, k))

@@ -1,8 +1,10 @@
-"""The torch attention backend: the CPU reference for cached causal attention.
+"""The torch attention backend: the CPU reference for paged causal attention.
 
-Writes the new keys/values of the real tokens into their rows at their positions, then attends each
-query to the keys of its row at positions <= its own position, with scaled_dot_product_attention
-(grouped-query heads via enable_gqa).
+Writes the new keys/values of the real tokens into their paged slots (meta.slot_mapping), gathers
+each request's keys from its block table for positions 0 .. kv_len - 1, and attends each query to
+the keys at positions <= its own with scaled_dot_product_attention (grouped-query heads via
+enable_gqa). Keys beyond a request's own length come from whatever blocks the table pads with and
+are masked out, so they are never read.
 """
 from __future__ import annotations
 
@@ -20,22 +22,32 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return out.transpose(1, 2)
 
 
+def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int):
+    """Keys and values of positions 0 .. kv_len - 1 of each request: block_table [B, max_blocks]
+    -> (k, v) [B, kv_len, Hkv, D]."""
+    S = cache.block_size
+    nb = -(-kv_len // S)
+    ids = block_table[:, :nb]
+    B = ids.shape[0]
+    k = cache.k[ids].reshape(B, nb * S, *cache.k.shape[2:])[:, :kv_len]
+    v = cache.v[ids].reshape(B, nb * S, *cache.v.shape[2:])[:, :kv_len]
+    return k, v
+
+
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                      meta: ForwardMeta) -> torch.Tensor:
     """q [B, T, H, D], k, v [B, T, Hkv, D] of the new tokens -> [B, T, H, D].
 
-    Keys come from `cache` rows `meta.rows`, positions 0 .. meta.kv_len - 1, after writing the new
-    ones. Padding queries (valid False) attend position 0 only and their output is garbage.
+    Writes k, v of the valid tokens at meta.slot_mapping, then attends to positions
+    0 .. meta.kv_len - 1 of each request's blocks. Padding queries (valid False) attend position 0
+    only and their output is garbage.
     """
-    B, T = meta.valid.shape
-    rows = meta.rows[:, None].expand(B, T)[meta.valid]
-    pos = meta.positions[meta.valid]
-    cache.k[rows, pos] = k[meta.valid].to(cache.k.dtype)
-    cache.v[rows, pos] = v[meta.valid].to(cache.v.dtype)
-    keys = cache.k[meta.rows, : meta.kv_len].transpose(1, 2)          # [B, Hkv, S, D]
-    values = cache.v[meta.rows, : meta.kv_len].transpose(1, 2)
+    slots = meta.slot_mapping[meta.valid]
+    cache.write(slots, k[meta.valid], v[meta.valid])
+    keys, values = gather_kv(cache, meta.block_table, meta.kv_len)
     key_pos = torch.arange(meta.kv_len, device=q.device)
     mask = key_pos[None, None, None, :] <= meta.positions[:, None, :, None]  # [B, 1, T, S]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.to(q.dtype), values.to(q.dtype),
-                                         attn_mask=mask, enable_gqa=True)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2).to(q.dtype),
+                                         values.transpose(1, 2).to(q.dtype), attn_mask=mask,
+                                         enable_gqa=True)
     return out.transpose(1, 2)

@@ -1,61 +1,117 @@
-"""All inference state of one engine: per-layer caches of the target and of every MTP module, the
-token buffer, and the batch-slot (row) allocator.
+"""All tensor state of one engine: the paged KV caches of the target's attention layers and of every
+MTP module, the Gated DeltaNet states per batch slot (and per block boundary with prefix caching),
+the token buffer and the block tables.
 
-This is the contiguous allocator: each running request owns one row of max_len positions.
+Block ids come from whoever owns the blocks: the engine's KVCacheManager (paged, prefix caching),
+or `static_block_tables()` for tests and tools that want the contiguous layout (each row owns a
+fixed run of blocks, which is the contiguous cache as one allocator of the same code path).
 """
 from __future__ import annotations
 
 import torch
 
 from mtpx.cache.state import KVCache, RecurrentState
+from mtpx.models.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
 
 
+def kv_bytes_per_block(model: MTPForCausalLM, block_size: int, num_draft_modules: int,
+                       boundary_states: bool) -> int:
+    """Bytes one paged block costs across every attention layer (target + draft modules), plus
+    the Gated DeltaNet boundary states stored with it when `boundary_states`."""
+    cfg = model.cfg
+    p = next(model.parameters())
+    layers = sum(t == "full_attention" for t in cfg.layer_types) + num_draft_modules
+    total = layers * 2 * block_size * cfg.num_key_value_heads * cfg.head_dim * p.element_size()
+    if boundary_states:
+        for layer in model.model.layers:
+            if layer.layer_type == "linear_attention":
+                la = layer.linear_attn
+                total += la.conv_dim * (la.kernel - 1) * p.element_size() + la.nv * la.dk * la.dv * 4
+    return total
+
+
 class ModelCache:
-    """rows: max concurrent requests; max_len: positions per row (prompt + output + drafts).
+    """rows: batch slots (max concurrent requests); max_len: positions per request (prompt +
+    output + drafts); num_blocks x block_size: the paged KV pool; boundary_states: keep the Gated
+    DeltaNet state of every full block (prefix caching on a hybrid model).
 
     target: one cache per target layer (KVCache or RecurrentState); draft: one KVCache per MTP module.
     tokens: [rows, max_len] int64: a request's known tokens at [0, num_tokens); the slots after
     them are scratch where the speculator writes its drafts.
+    block_tables: [rows, ceil(max_len / block_size)] int64, the block ids of each row's request.
     """
 
-    def __init__(self, model: MTPForCausalLM, rows: int, max_len: int, num_draft_modules: int):
+    def __init__(self, model: MTPForCausalLM, rows: int, max_len: int, num_draft_modules: int,
+                 block_size: int = 16, num_blocks: int | None = None, boundary_states: bool = False):
         cfg = model.cfg
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
-        self.rows, self.max_len = rows, max_len
+        self.rows, self.max_len, self.block_size = rows, max_len, block_size
+        self.max_blocks = -(-max_len // block_size)
+        self.num_blocks = rows * self.max_blocks if num_blocks is None else num_blocks
+        kv = lambda: KVCache.allocate(self.num_blocks, block_size, cfg.num_key_value_heads,  # noqa: E731
+                                      cfg.head_dim, dtype, device)
         self.target = []
         for layer in model.model.layers:
             if layer.layer_type == "full_attention":
-                self.target.append(KVCache.allocate(rows, max_len, cfg.num_key_value_heads,
-                                                    cfg.head_dim, dtype, device))
+                self.target.append(kv())
             else:
                 la = layer.linear_attn
-                self.target.append(RecurrentState.allocate(rows, la.conv_dim, la.kernel, la.nv,
-                                                           la.dk, la.dv, dtype, device))
-        self.draft = [KVCache.allocate(rows, max_len, cfg.num_key_value_heads, cfg.head_dim,
-                                       dtype, device) for _ in range(num_draft_modules)]
+                self.target.append(RecurrentState.allocate(
+                    rows, la.conv_dim, la.kernel, la.nv, la.dk, la.dv, dtype, device,
+                    self.num_blocks if boundary_states else 0))
+        self.draft = [kv() for _ in range(num_draft_modules)]
         self.tokens = torch.zeros(rows, max_len, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(rows, self.max_blocks, dtype=torch.long, device=device)
         self._free = list(range(rows - 1, -1, -1))
+
+    @property
+    def recurrent(self) -> list[RecurrentState]:
+        return [c for c in self.target if isinstance(c, RecurrentState)]
+
+    @property
+    def kv_caches(self) -> list[KVCache]:
+        return [c for c in self.target if isinstance(c, KVCache)] + self.draft
+
+    def static_block_tables(self) -> "ModelCache":
+        """Give row r the blocks [r * max_blocks, (r + 1) * max_blocks): the contiguous layout."""
+        if self.num_blocks < self.rows * self.max_blocks:
+            raise ValueError("static block tables need rows * ceil(max_len / block_size) blocks")
+        self.block_tables.copy_(torch.arange(self.rows * self.max_blocks).view(self.rows, -1))
+        return self
+
+    def meta(self, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
+             keep_states: bool = False) -> ForwardMeta:
+        """ForwardMeta for requests in `rows` covering [starts, starts + lengths) (all [B])."""
+        return ForwardMeta.build(starts, lengths, rows, self.block_tables[rows], self.block_size,
+                                 keep_states)
 
     def num_free_rows(self) -> int:
         return len(self._free)
 
     def allocate_row(self) -> int:
-        """Take a free row and clear its recurrent state. Raises RuntimeError when none is free."""
+        """Take a free batch slot and clear its recurrent state. Raises RuntimeError when none is
+        free."""
         if not self._free:
-            raise RuntimeError("no free cache row: the engine admitted more than max_num_seqs requests")
+            raise RuntimeError("no free batch slot: the engine admitted more than max_num_seqs requests")
         row = self._free.pop()
-        for c in self.target:
-            if isinstance(c, RecurrentState):
-                c.reset(row)
+        for c in self.recurrent:
+            c.reset(row)
         return row
 
     def free_row(self, row: int) -> None:
         self._free.append(row)
 
-    def commit_recurrent(self, index: torch.Tensor) -> None:
-        """After a keep_states verification forward: keep the state after token index[b]."""
-        for c in self.target:
-            if isinstance(c, RecurrentState):
-                c.commit(index)
+    def set_block_table(self, row: int, blocks: list[int]) -> None:
+        """Copy a request's block ids (from the KV cache manager) into its row."""
+        if len(blocks) > self.max_blocks:
+            raise ValueError(f"{len(blocks)} blocks exceed the row's {self.max_blocks}")
+        if blocks:
+            self.block_tables[row, : len(blocks)] = torch.tensor(blocks, device=self.block_tables.device)
+
+    def commit_recurrent(self, index: torch.Tensor, save: tuple | None = None) -> None:
+        """After a keep_states verification forward: keep the state after token index[b]; store the
+        boundary states `save` = (batch_idx, token_idx, block_ids)."""
+        for c in self.recurrent:
+            c.commit(index, save)

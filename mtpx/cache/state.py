@@ -1,37 +1,56 @@
-"""Per-layer inference state: a KV cache for attention layers, a recurrent state for Gated DeltaNet.
+"""Per-layer inference state: a paged KV cache for attention layers, a recurrent state for Gated
+DeltaNet layers.
 
-Both are indexed by a cache *row* (one per running request). The KV cache is contiguous per row
-([rows, max_len, kv_heads, head_dim], position p of a request at index p of its row): positions
-beyond a request's length may hold stale entries, which attention never reads because a query at
-position p only sees keys at positions <= p, all written before (or in) the same forward.
+KV caches are paged (vLLM's PagedAttention layout): [num_blocks, block_size, kv_heads, head_dim],
+position p of a request in slot block_table[p // block_size] * block_size + p % block_size.
+Recurrent states are indexed by the request's batch slot (row); with prefix caching on a hybrid
+model, the state at every full block boundary is also stored per block so that a prefix hit can
+resume from it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 
 @dataclass
 class KVCache:
-    """k, v: [rows, max_len, num_kv_heads, head_dim]."""
+    """k, v: [num_blocks, block_size, num_kv_heads, head_dim]. guard(slots) is called before every
+    write (tests use it to check that no published prefix-cache block is written)."""
 
     k: torch.Tensor
     v: torch.Tensor
+    guard: Callable[[torch.Tensor], None] | None = None
 
     @staticmethod
-    def allocate(rows: int, max_len: int, num_kv_heads: int, head_dim: int, dtype, device="cpu"):
-        shape = (rows, max_len, num_kv_heads, head_dim)
+    def allocate(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype,
+                 device="cpu"):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
         return KVCache(torch.zeros(shape, dtype=dtype, device=device),
                        torch.zeros(shape, dtype=dtype, device=device))
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[1]
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """slots: [N] int64 flat slot ids; k, v: [N, kv_heads, head_dim]."""
+        if self.guard is not None:
+            self.guard(slots)
+        self.k.view(-1, *self.k.shape[2:])[slots] = k.to(self.k.dtype)
+        self.v.view(-1, *self.v.shape[2:])[slots] = v.to(self.v.dtype)
 
 
 @dataclass
 class RecurrentState:
-    """Gated DeltaNet state of every row.
+    """Gated DeltaNet state of every batch slot.
 
     conv: [rows, conv_dim, kernel - 1], the last kernel-1 inputs of the short causal conv.
     ssm: [rows, heads, key_dim, value_dim], the delta-rule memory (float32, float64 in fp64 models).
+    block_conv, block_ssm: [num_blocks, ...] or None: the state after the last token of each full
+        paged block (prefix caching of hybrid models).
     After a forward with keep_states, `pending_*` hold the state after every token of that forward
     ([B, T, ...]) for `pending_rows`; `commit(index)` selects one per request (invariant 3: a
     rejection selects a state, never re-runs the model).
@@ -39,26 +58,50 @@ class RecurrentState:
 
     conv: torch.Tensor
     ssm: torch.Tensor
+    block_conv: torch.Tensor | None = None
+    block_ssm: torch.Tensor | None = None
     pending_conv: torch.Tensor | None = None
     pending_ssm: torch.Tensor | None = None
     pending_rows: torch.Tensor | None = None
 
     @staticmethod
     def allocate(rows: int, conv_dim: int, kernel: int, heads: int, key_dim: int, value_dim: int,
-                 dtype, device="cpu"):
+                 dtype, device="cpu", num_blocks: int = 0):
+        """num_blocks > 0 also allocates the per-block boundary states."""
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        return RecurrentState(torch.zeros(rows, conv_dim, kernel - 1, dtype=dtype, device=device),
-                              torch.zeros(rows, heads, key_dim, value_dim, dtype=state_dtype,
-                                          device=device))
+        conv = lambda n: torch.zeros(n, conv_dim, kernel - 1, dtype=dtype, device=device)  # noqa: E731
+        ssm = lambda n: torch.zeros(n, heads, key_dim, value_dim, dtype=state_dtype, device=device)  # noqa: E731
+        return RecurrentState(conv(rows), ssm(rows), conv(num_blocks) if num_blocks else None,
+                              ssm(num_blocks) if num_blocks else None)
 
-    def commit(self, index: torch.Tensor) -> None:
+    def save_blocks(self, block_ids: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> None:
+        """Store boundary states: block_ids [S]; conv [S, conv_dim, K-1]; ssm [S, H, Dk, Dv]."""
+        if self.block_ssm is None or block_ids.numel() == 0:
+            return
+        self.block_conv[block_ids] = conv.to(self.block_conv.dtype)
+        self.block_ssm[block_ids] = ssm.to(self.block_ssm.dtype)
+
+    def load_rows(self, rows: torch.Tensor, block_ids: torch.Tensor) -> None:
+        """Start rows [B] from the boundary state of block_ids [B] (-1: from zeros)."""
+        hit = block_ids >= 0
+        self.conv[rows] = 0
+        self.ssm[rows] = 0
+        if bool(hit.any()):
+            self.conv[rows[hit]] = self.block_conv[block_ids[hit]]
+            self.ssm[rows[hit]] = self.block_ssm[block_ids[hit]]
+
+    def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:
         """index: [B] int64, for each pending request the token after which to keep the state
-        (0 = after the first token of the window)."""
+        (0 = after the first token of the window). save: (batch_idx, token_idx, block_ids) pending
+        states to store as block boundary states (the caller passes accepted tokens only)."""
         if self.pending_rows is None:  # the forward had one token per request: already stored
             return
         b = torch.arange(index.numel(), device=index.device)
         self.conv.index_copy_(0, self.pending_rows, self.pending_conv[b, index])
         self.ssm.index_copy_(0, self.pending_rows, self.pending_ssm[b, index])
+        if save is not None:
+            bi, ti, blocks = save
+            self.save_blocks(blocks, self.pending_conv[bi, ti], self.pending_ssm[bi, ti])
         self.pending_conv = self.pending_ssm = self.pending_rows = None
 
     def reset(self, row: int) -> None:

@@ -1,11 +1,27 @@
-"""The decoding engine: admits requests into batch slots, prefills them, and runs verification +
-drafting steps over all running requests until every one finishes.
+"""The decoding engine: continuous batching over a paged KV cache with prefix caching and MTP.
 
-One step (ARCHITECTURE.md, "Data flow"): prefill newly admitted requests -> target forward over each
-running request's verification window [x_n, d_1..d_k] (keeping the Gated DeltaNet state after every
-token) -> greedy verification (accept the longest prefix of drafts equal to the target's argmax, plus
-the target's next token) -> select the recurrent state at the accepted position -> the speculator
-drafts the next tokens. Without a speculator the window is [x_n] and this is plain greedy decoding.
+One step (ARCHITECTURE.md, "Data flow"): the scheduler hands out the token budget (verification
+windows of running requests, chunks of prompts being prefilled, newly admitted requests) and
+allocates their KV blocks, preempting when the pool runs out -> the target runs the prefill chunks
+and the verification windows [x_n, d_1..d_k] (keeping the Gated DeltaNet state after every window
+token) -> greedy verification accepts the longest prefix of drafts equal to the target's argmax,
+plus the target's next token -> the recurrent state at the accepted position is selected -> the
+speculator drafts (re-prefilling stale draft-module KV) -> full blocks whose KV is final are
+published to the prefix cache -> finished requests release their blocks.
+
+Prefix caching with MTP (shared/seeds/000_*, the three cache mechanisms):
+- write side: a block is published only when every position in it is final for the target and for
+  every draft module: positions < min(num_computed_tokens, num_tokens - num_lookahead_tokens).
+  Draft module k's KV at the last k positions read draft tokens and may be re-prefilled.
+- read side: a hit is trimmed (KVCacheManager) so the last matched block is recomputed: the draft
+  modules get the target hidden states they need, and their KV at those positions is recomputed
+  from this request's own lookahead tokens.
+- freeing side: a request's blocks are released only when it leaves the running set (finish,
+  abort, preemption), never while it runs, and draft-module KV lives at the position of the
+  hidden state it reads (j <= n - 1, inside the accepted sequence), so every block a pending
+  re-prefill writes is still owned by the request when the re-prefill runs.
+Hybrid models: the Gated DeltaNet/conv state at every full block boundary is stored with the block
+(ModelCache boundary states), so a hit resumes the recurrence exactly.
 """
 from __future__ import annotations
 
@@ -14,113 +30,225 @@ from collections import deque
 
 import torch
 
+from mtpx.cache.kv_cache_manager import KVCacheManager
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.request import Request
-from mtpx.models.meta import ForwardMeta
+from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec.common import last_valid
 
 
 class Engine:
     """model: the target with its MTP modules; speculator: None (plain decoding) or an MTP
-    speculator; max_num_seqs: batch slots; max_model_len: positions per request (prompt + output);
-    record_logit_gaps: keep the top-2 logit gap of every emitted token (near-tie analysis)."""
+    speculator; max_num_seqs: running requests at most; max_model_len: positions per request
+    (prompt + output); block_size: tokens per KV block; num_blocks: KV blocks in the pool (None:
+    enough for max_num_seqs requests of max_model_len, so nothing is ever preempted);
+    enable_prefix_caching: share full blocks across requests by content; max_num_batched_tokens:
+    target tokens per step (prefills are chunked to fit); record_logit_gaps: keep the top-2 logit
+    gap of every emitted token; check_invariants: assert on every KV write that no published block
+    is written, and the block pool's bookkeeping after every step (tests).
+
+    Raises ValueError naming the config key for values it cannot run with.
+    """
 
     def __init__(self, model: MTPForCausalLM, speculator=None, max_num_seqs: int = 64,
-                 max_model_len: int | None = None, record_logit_gaps: bool = False):
+                 max_model_len: int | None = None, record_logit_gaps: bool = False,
+                 block_size: int = 16, num_blocks: int | None = None,
+                 enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
+                 check_invariants: bool = False):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}: need at least one batch slot "
-                             "(eval.concurrency >= 1)")
+                             "(engine.max_num_seqs / eval.concurrency >= 1)")
         limit = model.cfg.max_position_embeddings
         max_model_len = limit if max_model_len is None else max_model_len
         if not 2 <= max_model_len <= limit:
             raise ValueError(f"max_model_len={max_model_len}: must be in [2, {limit}] "
                              "(the model's max_position_embeddings)")
+        self.k = 0 if speculator is None else speculator.k
+        if block_size < 1:
+            raise ValueError(f"block_size={block_size}: must be >= 1 (engine.block_size)")
+        if max_num_batched_tokens < max(block_size, self.k + 1):
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens}: must be at least "
+                             f"block_size ({block_size}) and num_speculative_tokens + 1 "
+                             f"({self.k + 1}) (engine.max_num_batched_tokens)")
         self.model = model
         self.device = next(model.parameters()).device
         self.speculator = speculator
-        self.k = 0 if speculator is None else speculator.k
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.record_logit_gaps = record_logit_gaps
+        self.lookahead = 0 if speculator is None else speculator.num_lookahead_tokens
+        self.max_len = max_model_len + 2 * self.k + 2          # + window, drafts, transient draft KV
+        self.block_size = block_size
+        blocks_per_seq = -(-self.max_len // block_size)
+        self.num_blocks = max_num_seqs * blocks_per_seq if num_blocks is None else num_blocks
+        hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
+        self.boundary_states = enable_prefix_caching and hybrid
+        self.kv = KVCacheManager(self.num_blocks, block_size, enable_prefix_caching, self.lookahead)
+        self.cache = ModelCache(model, max_num_seqs, self.max_len,
+                                0 if speculator is None else speculator.num_draft_modules,
+                                block_size, self.num_blocks, self.boundary_states)
+        if speculator is not None:
+            speculator.allocate(self.cache)
+        self.scheduler = Scheduler(self.kv, max_num_seqs, max_num_batched_tokens, self.k, self.max_len)
+        self.check_invariants = check_invariants
+        if check_invariants:
+            for c in self.cache.kv_caches:
+                c.guard = self._guard_published
+        self._on_finish = None
+        self._in_flight = 0
+        self.num_steps = 0
+        self.num_preemptions = 0
 
+    # ---- public API ---------------------------------------------------------------------------
     @torch.no_grad()
-    def run(self, requests: list[Request], on_finish=None) -> None:
+    def run(self, requests: list[Request], on_finish=None, on_step=None,
+            max_concurrency: int | None = None) -> None:
         """Generate for every request in place (output_token_ids, finish_reason, spec counts,
-        timestamps). on_finish(request) is called as each one ends."""
-        if not requests:
+        timestamps). Requests arrive at their arrival_offset (seconds after the start) with at most
+        max_concurrency in the engine at once (a benchmark client's limit; None = no limit).
+        on_finish(request) is called as each one ends; on_step(engine) after every step (it may
+        call abort)."""
+        self._on_finish = on_finish
+        pending = deque(sorted(requests, key=lambda r: r.arrival_offset))
+        start = time.perf_counter()
+        self._in_flight = 0
+        while pending or self.scheduler.has_work():
+            now = time.perf_counter()
+            while pending and (max_concurrency is None or self._in_flight < max_concurrency) \
+                    and pending[0].arrival_offset <= now - start:
+                self._add(pending.popleft(), now)
+            if not self.scheduler.has_work():
+                if pending and (max_concurrency is None or self._in_flight < max_concurrency):
+                    time.sleep(max(0.0, pending[0].arrival_offset - (now - start)))
+                continue
+            self.step()
+            if on_step is not None:
+                on_step(self)
+
+    def abort(self, request: Request) -> None:
+        """End a waiting or running request now (finish_reason "abort"): its blocks and batch slot
+        are released at once; the other requests are untouched."""
+        if request.finished:
             return
-        longest = max(len(r.prompt_token_ids) + r.params.max_tokens for r in requests)
-        max_len = min(self.max_model_len, longest) + self.k + 2
-        cache = ModelCache(self.model, min(self.max_num_seqs, len(requests)), max_len,
-                           0 if self.speculator is None else self.speculator.num_draft_modules)
+        request.finish_reason = "abort"
+        request.finish_time = time.perf_counter()
+        self._release(request)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def step(self) -> None:
+        out = self.scheduler.schedule(self._draft_budget)
+        self.num_steps += 1
+        for r in out.preempted:
+            self.cache.free_row(r.row)
+            r.row = -1
+            self.num_preemptions += 1
+        new = [p for p in out.prefills if p.new]
+        for p in new:
+            self._admit(p)
+        for item in out.prefills + out.decodes:
+            r = item.request
+            self.cache.set_block_table(r.row, self.kv.block_table(r.index))
+        self._prefill(out.prefills)
+        self._decode([d for d in out.decodes if not d.request.finished])
+        for item in out.prefills + out.decodes:
+            r = item.request
+            if r.finished:
+                continue
+            self.kv.cache_blocks(r.index, r.all_token_ids, self._num_final(r))
+        if self.check_invariants:
+            self.kv.check_invariants()
+
+    def _add(self, r: Request, now: float) -> None:
+        r.arrival_time = now
+        worst = min(self.max_len, len(r.prompt_token_ids) + r.params.max_tokens + 2 * self.k + 2)
+        need = -(-worst // self.block_size)
+        if need > self.num_blocks:
+            r.error = (f"request needs up to {need} KV blocks of {self.block_size} tokens but the "
+                       f"pool has {self.num_blocks}: raise engine.num_blocks or lower max_tokens")
+            if self._on_finish is not None:
+                self._on_finish(r)
+            return
+        self._in_flight += 1
+        self.scheduler.add(r)
+
+    def _admit(self, p: ScheduledPrefill) -> None:
+        """A request enters the running set: batch slot, known tokens, recurrent state (from the
+        boundary state of its last prefix-hit block), speculator bookkeeping."""
+        r, cache = p.request, self.cache
+        r.row = cache.allocate_row()
+        tokens = r.all_token_ids
+        cache.tokens[r.row, : len(tokens)] = torch.tensor(tokens, device=self.device)
+        rows = torch.tensor([r.row], device=self.device)
+        if p.start > 0:
+            block = self.kv.block_table(r.index)[p.start // self.block_size - 1]
+            for c in cache.recurrent:
+                c.load_rows(rows, torch.tensor([block], device=self.device))
         if self.speculator is not None:
-            self.speculator.allocate(cache)
-        self.cache = cache
-        waiting, running = deque(requests), []
-        while waiting or running:
-            admitted = []
-            while waiting and cache.num_free_rows():
-                r = waiting.popleft()
-                r.row = cache.allocate_row()
-                r.arrival_time = time.perf_counter()
-                admitted.append(r)
-            if admitted:
-                self._prefill(admitted)
-                running += admitted
-            running = self._retire(running, on_finish)
-            if running:
-                self._decode(running)
-                running = self._retire(running, on_finish)
+            self.speculator.reset_rows(rows, p.start)
 
-    def _retire(self, running, on_finish):
-        keep = []
-        for r in running:
-            if r.finish_reason is None:
-                keep.append(r)
-            else:
-                self.cache.free_row(r.row)
-                if on_finish is not None:
-                    on_finish(r)
-        return keep
+    def _num_final(self, r: Request) -> int:
+        """Positions whose KV is final for the target and every draft module (write side): computed
+        by all of them, and not reading any of the last num_lookahead_tokens (possibly draft)
+        tokens."""
+        final = min(r.num_computed_tokens, r.num_tokens - self.lookahead)
+        if self.speculator is not None:
+            final = min(final, self.speculator.num_computed(r.row))
+        return final
 
-    # ---- steps --------------------------------------------------------------------------------
-    def _prefill(self, reqs: list[Request]) -> None:
-        cache, model = self.cache, self.model
-        dev = self.device
+    def _boundaries(self, meta, upto: torch.Tensor | None = None):
+        """(batch_idx, token_idx, block_ids) of the tokens that end a block (and, for verification
+        windows, are accepted: token_idx <= upto[b])."""
+        if not self.boundary_states:
+            return None
+        S = self.block_size
+        mask = meta.valid & ((meta.positions + 1) % S == 0)
+        if upto is not None:
+            mask &= torch.arange(mask.shape[1], device=mask.device)[None] <= upto[:, None]
+        bi, ti = mask.nonzero(as_tuple=True)
+        return bi, ti, meta.block_table[bi, meta.positions[bi, ti] // S]
+
+    def _prefill(self, prefills: list[ScheduledPrefill]) -> None:
+        if not prefills:
+            return
+        cache, model, dev = self.cache, self.model, self.device
+        reqs = [p.request for p in prefills]
         rows = torch.tensor([r.row for r in reqs], device=dev)
-        lens = torch.tensor([len(r.prompt_token_ids) for r in reqs], device=dev)
-        meta = ForwardMeta.build(torch.zeros_like(lens), lens, rows)
-        ids = torch.zeros(meta.valid.shape, dtype=torch.long, device=dev)
-        for b, r in enumerate(reqs):
-            ids[b, : len(r.prompt_token_ids)] = torch.tensor(r.prompt_token_ids, device=dev)
-        cache.tokens[rows[:, None].expand_as(ids)[meta.valid], meta.positions[meta.valid]] = ids[meta.valid]
-        if self.speculator is not None:
-            self.speculator.reset_rows(rows)
+        meta = cache.meta(torch.tensor([p.start for p in prefills], device=dev),
+                          torch.tensor([p.num_tokens for p in prefills], device=dev), rows)
+        meta.save_states = self._boundaries(meta)
+        ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)
         h = model.model(ids, meta, cache.target)                           # [B, T, hidden]
-        logits = model.lm_head(last_valid(h, meta))                        # [B, vocab]
-        tok = logits.argmax(-1)
-        cache.tokens[rows, lens] = tok
-        gaps = self._gaps(logits[:, None])
-        for b, r in enumerate(reqs):
-            self._emit(r, [int(tok[b])], gaps[b] if gaps is not None else None, 0, 0)
-        self._propose(reqs, rows, lens + 1, meta, h)
+        for p in prefills:
+            p.request.num_computed_tokens += p.num_tokens
+        last = [b for b, p in enumerate(prefills) if p.is_last]
+        if last:
+            idx = torch.tensor(last, device=dev)
+            logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
+            tok = logits.argmax(-1)
+            cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
+            gaps = self._gaps(logits[:, None])
+            for j, b in enumerate(last):
+                self._emit(reqs[b], [int(tok[j])], gaps[j] if gaps is not None else None, 0, 0)
+        draft = torch.tensor([p.is_last for p in prefills], device=dev)
+        self._propose(reqs, rows, meta, h, draft)
 
-    def _decode(self, reqs: list[Request]) -> None:
-        cache, model = self.cache, self.model
-        dev = self.device
+    def _decode(self, decodes: list[ScheduledDecode]) -> None:
+        if not decodes:
+            return
+        cache, model, dev = self.cache, self.model, self.device
+        reqs = [d.request for d in decodes]
         rows = torch.tensor([r.row for r in reqs], device=dev)
         n = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
-        num_drafts = torch.tensor([self._draft_budget(r) for r in reqs], device=dev)
-        meta = ForwardMeta.build(n, 1 + num_drafts, rows, keep_states=True)
-        ids = cache.tokens[rows[:, None], meta.positions]                  # [B, T]: x_n, d_1..d_k
-        ids = torch.where(meta.valid, ids, 0)
+        num_drafts = torch.tensor([d.num_draft_tokens for d in decodes], device=dev)
+        meta = cache.meta(n, 1 + num_drafts, rows, keep_states=True)
+        ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)  # x_n, d_1..
         h = model.model(ids, meta, cache.target)
         logits = model.lm_head(h)                                          # [B, T, vocab]
         target = logits.argmax(-1)                                         # [B, T]
         match = (ids[:, 1:] == target[:, :-1]) & meta.valid[:, 1:]
         accepted = match.long().cumprod(1).sum(1)                         # [B] = m
-        cache.commit_recurrent(accepted)
+        cache.commit_recurrent(accepted, self._boundaries(meta, accepted))
         gaps = self._gaps(logits)
         # known tokens x_{n+1..n+m+1} = target[:, :m+1] (accepted drafts, then the bonus token)
         keep = torch.arange(target.shape[1], device=dev)[None] <= accepted[:, None]     # [B, T]
@@ -128,10 +256,13 @@ class Engine:
         emitted_tokens, accepted_list = target.tolist(), accepted.tolist()
         for b, r in enumerate(reqs):
             m = accepted_list[b]
+            r.num_computed_tokens = r.num_tokens - 1 + m + 1
             self._emit(r, emitted_tokens[b][: m + 1], gaps[b] if gaps is not None else None,
                        int(num_drafts[b]), m)
-        new = ForwardMeta.build(n, accepted + 1, rows)                     # accepted positions n..n+m
-        self._propose(reqs, rows, n + accepted + 2, new, h[:, : new.valid.shape[1]])
+            r.num_computed_tokens = min(r.num_computed_tokens, r.num_tokens - 1)
+        new = cache.meta(n, accepted + 1, rows)                            # accepted positions n..n+m
+        self._propose(reqs, rows, new, h[:, : new.valid.shape[1]],
+                      torch.ones(len(reqs), dtype=torch.bool, device=dev))
 
     # ---- helpers ------------------------------------------------------------------------------
     def _draft_budget(self, r: Request) -> int:
@@ -142,19 +273,19 @@ class Engine:
                    self.max_model_len - r.num_tokens)
         return max(0, min(len(r.draft_token_ids), room - 1))
 
-    def _propose(self, reqs, rows, num_tokens, meta: ForwardMeta, hidden: torch.Tensor) -> None:
-        """Draft for the requests of this step that are still running; meta/hidden: the target's
-        newly verified positions of all `reqs` ([B, T, hidden])."""
-        keep = [b for b, r in enumerate(reqs) if r.finish_reason is None]
+    def _propose(self, reqs, rows, meta, hidden, draft) -> None:
+        """Draft for this step's requests that are still running (draft[b] False: mid-prefill,
+        the modules only catch up); meta/hidden: the target's newly final positions ([B, T, ...])."""
+        keep = [b for b, r in enumerate(reqs) if not r.finished]
         if self.speculator is None or not keep:
             return
         if len(keep) < len(reqs):
             idx = torch.tensor(keep, device=self.device)
-            rows, num_tokens, hidden = rows[idx], num_tokens[idx], hidden[idx]
-            meta = meta.select(idx)
-        drafts = self.speculator.propose(self.cache, rows, num_tokens, meta, hidden).tolist()
-        for b, d in zip(keep, drafts):
-            reqs[b].draft_token_ids = d
+            rows, hidden, draft, meta = rows[idx], hidden[idx], draft[idx], meta.select(idx)
+        num_tokens = torch.tensor([reqs[b].num_tokens for b in keep], device=self.device)
+        drafts = self.speculator.propose(self.cache, rows, num_tokens, meta, hidden, draft).tolist()
+        for j, b in enumerate(keep):
+            reqs[b].draft_token_ids = drafts[j] if bool(draft[j]) else []
 
     def _gaps(self, logits: torch.Tensor):
         if not self.record_logit_gaps:
@@ -168,6 +299,7 @@ class Engine:
         now = time.perf_counter()
         if r.first_token_time is None:
             r.first_token_time = now
+        r.emission_times.append(now)
         emitted = 0
         for i, t in enumerate(tokens):
             r.output_token_ids.append(t)
@@ -182,3 +314,25 @@ class Engine:
                 r.finish_time = now
                 break
         r.spec.record_round(num_draft_tokens, min(num_accepted, emitted))
+        if r.finish_reason is not None:
+            self._release(r)
+
+    def _release(self, r: Request) -> None:
+        """Free a finished request's blocks and batch slot at once (the rest of the step skips it)."""
+        was_queued = r in self.scheduler.running or r in self.scheduler.waiting
+        if r.finish_reason is not None and r.row >= 0:
+            # publish what is final before the blocks go back (write side)
+            self.kv.cache_blocks(r.index, r.all_token_ids, self._num_final(r))
+        self.scheduler.finish(r)
+        if r.row >= 0:
+            self.cache.free_row(r.row)
+            r.row = -1
+        if was_queued:
+            self._in_flight -= 1
+            if self._on_finish is not None:
+                self._on_finish(r)
+
+    def _guard_published(self, slots: torch.Tensor) -> None:
+        blocks = torch.unique(slots // self.block_size).tolist()
+        bad = [b for b in blocks if self.kv.pool.is_published(b)]
+        assert not bad, f"write into published prefix-cache blocks {bad}"

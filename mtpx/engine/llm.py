@@ -30,13 +30,18 @@ class LLM:
     "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
     step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
     "float64" or "bfloat16" for a checkpoint folder (a model instance keeps its own dtype);
-    max_model_len: positions per request, at most the model's max_position_embeddings. Raises ValueError for an unknown spec or dtype, or more speculative
+    max_model_len: positions per request, at most the model's max_position_embeddings;
+    block_size, num_blocks, enable_prefix_caching, max_num_batched_tokens: the paged KV cache and
+    scheduler (Engine); check_invariants: assert cache invariants on every step (tests). Raises ValueError for an unknown spec or dtype, or more speculative
     tokens than multi-module MTP has modules; FileNotFoundError for a missing checkpoint."""
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
                  num_speculative_tokens: int | None = None, max_num_seqs: int = 64,
                  dtype: str = "float32", tokenizer=None, max_model_len: int | None = None,
-                 record_logit_gaps: bool = False, threads: int | None = None):
+                 record_logit_gaps: bool = False, threads: int | None = None,
+                 block_size: int = 16, num_blocks: int | None = None,
+                 enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
+                 check_invariants: bool = False):
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -49,7 +54,8 @@ class LLM:
         self.spec = spec
         self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
         self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
-                             record_logit_gaps)
+                             record_logit_gaps, block_size, num_blocks, enable_prefix_caching,
+                             max_num_batched_tokens, check_invariants)
         self.max_model_len = self.engine.max_model_len
 
     @property
@@ -81,10 +87,14 @@ class LLM:
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 on_finish=None) -> list[RequestOutput]:
+                 on_finish=None, on_step=None, max_concurrency: int | None = None,
+                 arrival_offsets: Sequence[float] | None = None) -> list[RequestOutput]:
         """prompts: strings or lists of token ids; params: one SamplingParams for all or one per
         prompt. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too long)
-        fails alone: its output has `error` set and finish_reason None; the rest are generated."""
+        fails alone: its output has `error` set and finish_reason None; the rest are generated.
+        on_finish(request) as each ends; on_step(engine) after every engine step (may call
+        engine.abort); max_concurrency: requests in the engine at once (benchmark client limit);
+        arrival_offsets: seconds after the start at which each prompt arrives (request rate)."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
         params = SamplingParams() if params is None else params
@@ -105,7 +115,13 @@ class LLM:
                 failed[i] = req
             else:
                 requests.append(req)
-        self.engine.run(requests, on_finish=on_finish)
+        if arrival_offsets is not None:
+            if len(arrival_offsets) != len(prompts):
+                raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
+            for r in requests:
+                r.arrival_offset = float(arrival_offsets[r.index])
+        self.engine.run(requests, on_finish=on_finish, on_step=on_step,
+                        max_concurrency=max_concurrency)
         by_index = {r.index: r for r in requests} | failed
         return [self._output(by_index[i]) for i in range(len(prompts))]
 
@@ -115,4 +131,6 @@ class LLM:
             output_token_ids=r.output_token_ids, text=self.decode(r.output_token_ids),
             finish_reason=r.finish_reason, spec=r.spec, arrival_time=r.arrival_time,
             first_token_time=r.first_token_time, finish_time=r.finish_time, error=r.error,
-            logit_gaps=r.logit_gaps if self.engine.record_logit_gaps else None)
+            logit_gaps=r.logit_gaps if self.engine.record_logit_gaps else None,
+            num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
+            emission_times=r.emission_times)

@@ -9,22 +9,54 @@ from mtpx.metrics.stats import SpecDecodeCounts
 
 @dataclass
 class Request:
+    """index: the request's id (its position in generate()'s prompt list).
+
+    Engine bookkeeping (vLLM v1 names): num_computed_tokens: positions [0, n) whose target KV and
+    recurrent state are final; row: batch slot while running (-1 otherwise); draft_token_ids:
+    proposed, not yet verified; num_cached_tokens: prompt tokens served by the prefix cache at
+    first admission; num_preemptions: times its blocks were taken back (it recomputes).
+    Times (time.perf_counter() seconds): arrival_time when it entered the engine,
+    first_token_time, finish_time; emission_times: one entry per step that emitted tokens
+    (several accepted tokens in one step are one emission, for ITL); arrival_offset: seconds after
+    the run starts at which the request arrives (request-rate benchmarks, 0 = at once).
+    """
+
     index: int
     prompt_token_ids: list[int]
     params: SamplingParams
     stop_ids: frozenset = frozenset()
     row: int = -1
     output_token_ids: list[int] = field(default_factory=list)
-    draft_token_ids: list[int] = field(default_factory=list)  # proposed, not yet verified
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    admitted_once: bool = False
     spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
     logit_gaps: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
+    arrival_offset: float = 0.0
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finish_time: float | None = None
+    emission_times: list[float] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         """Known tokens: prompt + output."""
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_prefilling(self) -> bool:
+        """The target has not yet computed every known token but the last (a fresh request, a
+        chunked prompt, or a request resumed after preemption)."""
+        return self.num_computed_tokens < self.num_tokens - 1 or not self.output_token_ids
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None or self.error is not None

@@ -8,13 +8,18 @@ Definitions follow vLLM (ARCHITECTURE.md invariant 7):
   acceptance[i] = rounds whose i-th draft was accepted / num_drafts.
 - vLLM ``benchmarks/benchmark_serving.py`` (``calculate_metrics``): TTFT is first token time
   minus start; TPOT = (latency - TTFT) / (output tokens - 1), only for requests with more than one
-  output token; output throughput = output tokens of successful requests / benchmark duration.
+  output token; ITL = the gaps between consecutive streamed chunks of a request, pooled over all
+  requests (several tokens accepted in one step are one chunk, one emission); output throughput =
+  output tokens of successful requests / benchmark duration.
+- vLLM prefix caching: hit rate = prompt tokens served from the prefix cache / prompt tokens.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 __all__ = [
     "SpecDecodeCounts",
@@ -75,8 +80,9 @@ class SpecDecodeCounts:
 class RequestOutput:
     """What ``LLM.generate`` returns for one request.
 
-    Times are ``time.perf_counter()`` seconds. ``arrival_time`` is when the request got a batch
-    slot, so TTFT here excludes queueing before admission.
+    Times are ``time.perf_counter()`` seconds. ``arrival_time`` is when the request entered the
+    engine (at its arrival, once the client's concurrency limit lets it in), so TTFT includes
+    waiting for a batch slot, as a benchmark client measures it.
 
     Attributes:
         index: position in the input prompt list.
@@ -85,11 +91,15 @@ class RequestOutput:
         text: decoded output text.
         finish_reason: "stop" | "length" | "abort", or None when the request failed.
         spec: the request's speculative-decoding counters.
-        arrival_time: seconds when the request got a batch slot.
+        arrival_time: seconds when the request entered the engine.
         first_token_time: seconds when the first output token was emitted, None if never.
         finish_time: seconds when the request finished, None if never.
         error: the failure message when the request failed; other requests still finish.
         logit_gaps: optional top-2 logit gap at each emitted token.
+        num_cached_tokens: prompt tokens served by the prefix cache at first admission.
+        num_preemptions: times the engine took its KV blocks back (it was recomputed).
+        emission_times: seconds of each engine step that emitted tokens for it (several tokens
+            accepted in one step are one emission), for ITL.
     """
 
     index: int
@@ -103,6 +113,9 @@ class RequestOutput:
     finish_time: float | None
     error: str | None = None
     logit_gaps: list[float] | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    emission_times: list[float] = field(default_factory=list)
 
 
 METRIC_KEYS: tuple[str, ...] = (
@@ -114,9 +127,16 @@ METRIC_KEYS: tuple[str, ...] = (
     "acceptance_rate",
     "acceptance_length",
     "per_position_acceptance",
+    "num_prompt_tokens",
+    "num_cached_tokens",
+    "prefix_cache_hit_rate",
+    "num_preemptions",
     "output_throughput",
     "mean_ttft_ms",
     "mean_tpot_ms",
+    "mean_itl_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
     "duration_s",
     "lossless_mismatches",
 )
@@ -149,7 +169,10 @@ def aggregate_spec(outputs: Iterable[RequestOutput]) -> SpecDecodeCounts:
 
 
 def compute_metrics(
-    outputs: Sequence[RequestOutput], duration_s: float, num_speculative_tokens: int
+    outputs: Sequence[RequestOutput],
+    duration_s: float,
+    num_speculative_tokens: int,
+    enable_prefix_caching: bool = False,
 ) -> dict:
     """Compute the benchmark metrics of one run.
 
@@ -157,6 +180,7 @@ def compute_metrics(
         outputs: every request of the run, failed ones included.
         duration_s: benchmark wall time in seconds (> 0).
         num_speculative_tokens: draft tokens per round (k); 0 for plain decoding.
+        enable_prefix_caching: whether the engine ran with prefix caching (else the hit rate is None).
 
     Returns:
         A dict with exactly the keys in :data:`METRIC_KEYS`:
@@ -168,11 +192,19 @@ def compute_metrics(
         - ``acceptance_length``: 1 + accepted / num_drafts; None when no drafts.
         - ``per_position_acceptance``: ``k`` fractions, ``[i]`` = rounds whose i-th draft was
           accepted / num_drafts; ``k`` Nones when no drafts.
+        - ``num_prompt_tokens``, ``num_cached_tokens``: prompt tokens of successful requests, and
+          how many of them the prefix cache served (at each request's first admission).
+        - ``prefix_cache_hit_rate``: num_cached_tokens / num_prompt_tokens, in [0, 1]; None when
+          prefix caching is off or there are no prompt tokens.
+        - ``num_preemptions``: times a request's KV blocks were taken back, summed over all requests.
         - ``output_throughput``: output tokens of successful requests / duration, tokens/s.
         - ``mean_ttft_ms``: mean (first_token_time - arrival_time) over successful requests that
           emitted a token, ms; None if none.
         - ``mean_tpot_ms``: mean (finish_time - first_token_time) / (output tokens - 1) over
           successful requests with >= 2 output tokens, ms; None if none.
+        - ``mean_itl_ms``, ``median_itl_ms``, ``p99_itl_ms``: over the gaps between consecutive
+          emissions (``emission_times``) of successful requests, pooled, ms (percentiles
+          numpy's linear interpolation, as vLLM); None if no request emitted twice.
         - ``duration_s``: as given; ``lossless_mismatches``: None (the caller fills it).
 
         The caller may add keys (``accuracy``, ...) afterwards.
@@ -212,6 +244,14 @@ def compute_metrics(
         for o in ok
         if len(o.output_token_ids) >= 2 and o.first_token_time is not None and o.finish_time is not None
     ]
+    itls = [
+        (b - a) * 1000.0 for o in ok for a, b in zip(o.emission_times, o.emission_times[1:])
+    ]
+    num_prompt_tokens = sum(len(o.prompt_token_ids) for o in ok)
+    num_cached_tokens = sum(o.num_cached_tokens for o in ok)
+    hit_rate = (
+        num_cached_tokens / num_prompt_tokens if enable_prefix_caching and num_prompt_tokens else None
+    )
     return {
         "num_requests": len(outputs),
         "num_failed": len(outputs) - len(ok),
@@ -221,9 +261,16 @@ def compute_metrics(
         "acceptance_rate": acceptance_rate,
         "acceptance_length": acceptance_length,
         "per_position_acceptance": per_position_acceptance,
+        "num_prompt_tokens": num_prompt_tokens,
+        "num_cached_tokens": num_cached_tokens,
+        "prefix_cache_hit_rate": hit_rate,
+        "num_preemptions": sum(o.num_preemptions for o in outputs),
         "output_throughput": sum(len(o.output_token_ids) for o in ok) / duration_s,
         "mean_ttft_ms": _mean(ttfts),
         "mean_tpot_ms": _mean(tpots),
+        "mean_itl_ms": _mean(itls),
+        "median_itl_ms": _percentile(itls, 50),
+        "p99_itl_ms": _percentile(itls, 99),
         "duration_s": duration_s,
         "lossless_mismatches": None,
     }
@@ -232,3 +279,8 @@ def compute_metrics(
 def _mean(values: list[float]) -> float | None:
     """Arithmetic mean, None for an empty list."""
     return sum(values) / len(values) if values else None
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (numpy's linear interpolation, as vLLM's benchmark); None when empty."""
+    return float(np.percentile(values, q)) if values else None

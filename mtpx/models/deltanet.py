@@ -51,6 +51,32 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1),
                 z.reshape(B, T, self.nv, self.dv), b.reshape(B, T, self.nv), a.reshape(B, T, self.nv))
 
+    def _prefill(self, q, k, v, g, beta, ext, state: RecurrentState, meta: ForwardMeta):
+        """Cached forward without per-token states; stores the boundary states meta.save_states
+        asks for. Those sit at block ends and every request of a prefill starts at a block
+        boundary, so with chunk_size = block_size they are exactly the chunk-end states."""
+        init = state.ssm[meta.rows]
+        T = q.shape[1]
+        if meta.save_states is None or state.block_ssm is None:
+            fn = recurrent_gated_delta_rule if T <= RECURRENT_MAX_LEN else chunk_gated_delta_rule
+            return fn(q, k, v, g, beta, init)[:2]
+        bi, ti, blocks = meta.save_states
+        if T <= RECURRENT_MAX_LEN:
+            o, final, states = recurrent_gated_delta_rule(q, k, v, g, beta, init, keep_all_states=True)
+            ssm = states[bi, ti]
+        else:
+            S = meta.block_size
+            if bool(((ti + 1) % S != 0).any()):
+                raise ValueError("boundary states must sit at block ends of block-aligned prefills")
+            o, final, chunk_states = chunk_gated_delta_rule(q, k, v, g, beta, init, chunk_size=S,
+                                                           return_chunk_states=True)
+            ssm = chunk_states[bi, (ti + 1) // S - 1]
+        # conv window after token t: the K-1 inputs ending at t (ext index t + K - 1)
+        idx = ti[:, None, None] + 1 + torch.arange(self.kernel - 1, device=q.device)
+        conv = ext[bi].gather(2, idx.expand(-1, self.conv_dim, -1))
+        state.save_blocks(blocks, conv, ssm)
+        return o, final
+
     def forward(self, x: torch.Tensor, state: RecurrentState | None = None,
                 meta: ForwardMeta | None = None) -> torch.Tensor:
         """x: [B, T, hidden] -> [B, T, hidden]. With `state`, continues each request's row from its
@@ -77,15 +103,14 @@ class GatedDeltaNet(nn.Module):
 
         if state is None:
             o, _ = chunk_gated_delta_rule(q, k, v, g, beta)
-        elif meta.keep_states and T > 1:
+        elif meta.keep_states:
             o, _, all_ssm = recurrent_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows],
                                                        keep_all_states=True)
             state.pending_ssm = all_ssm                                     # [B, T, H, Dk, Dv]
             state.pending_conv = ext.unfold(-1, self.kernel - 1, 1)[:, :, 1:].transpose(1, 2)
             state.pending_rows = meta.rows                                  # conv: [B, T, C, K-1]
         else:
-            fn = recurrent_gated_delta_rule if T <= RECURRENT_MAX_LEN else chunk_gated_delta_rule
-            o, final = fn(q, k, v, g, beta, state.ssm[meta.rows])[:2]
+            o, final = self._prefill(q, k, v, g, beta, ext, state, meta)
             state.ssm.index_copy_(0, meta.rows, final.to(state.ssm.dtype))
             last = meta.lengths                                             # window ends at len-1
             idx = last[:, None, None] + torch.arange(self.kernel - 1, device=x.device)

@@ -88,9 +88,11 @@ def unit_lower_inverse(L: torch.Tensor, block: int = 16) -> torch.Tensor:
     return blocks[0]
 
 
-def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64):
+def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64,
+                           return_chunk_states=False):
     """Chunked (WY) gated delta rule; same contract as `recurrent_gated_delta_rule` without
-    per-token states. Returns (o [B, T, H, Dv], final_state [B, H, Dk, Dv]).
+    per-token states. Returns (o [B, T, H, Dv], final_state [B, H, Dk, Dv]), plus, with
+    return_chunk_states, the state after each chunk [B, ceil(T / chunk_size), H, Dk, Dv].
 
     Within a chunk with cumulative log decay G_i = sum_{s<=i} g_s, let L be strictly lower triangular
     with L_ij = beta_i (k_i . k_j) exp(G_i - G_j). Then with W = (I + L)^{-1}:
@@ -117,7 +119,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64):
     S = (torch.zeros(B, H, Dk, Dv, dtype=q.dtype, device=q.device)
          if initial_state is None else initial_state.to(q.dtype))
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
-    outs = []
+    outs, chunk_states = [], []
     for n in range(q.shape[2]):
         qn, kn, Gn = q[:, :, n], k[:, :, n], G[:, :, n]
         v_new = u[:, :, n] - w[:, :, n] @ S                              # [B, H, C, Dv]
@@ -125,5 +127,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64):
         outs.append((qn * Gn.exp()[..., None]) @ S + attn @ v_new)
         last = Gn[..., -1, None]                                         # [B, H, 1]
         S = S * last.exp()[..., None] + (kn * (last - Gn).exp()[..., None]).transpose(-1, -2) @ v_new
+        if return_chunk_states:
+            chunk_states.append(S)
     o = torch.stack(outs, dim=2).reshape(B, H, -1, Dv)[:, :, :T].transpose(1, 2)
+    if return_chunk_states:
+        return o.to(out_dtype), S, torch.stack(chunk_states, dim=1)
     return o.to(out_dtype), S

@@ -1,4 +1,7 @@
-"""Per-forward metadata shared by every layer: where each token sits and which cache row it uses."""
+"""Per-forward metadata shared by every layer: where each token sits, which batch slot (row) holds
+its recurrent state and token buffer, and which paged-KV slots hold its keys and values."""
+from __future__ import annotations
+
 from dataclasses import dataclass
 
 import torch
@@ -10,33 +13,59 @@ class ForwardMeta:
 
     positions: [B, T] int64, absolute position of each token (padding entries hold 0).
     valid: [B, T] bool, True for real tokens; padding tokens write no cache and change no state.
-    rows: [B] int64, the cache row (batch slot) of each request.
+    rows: [B] int64, the batch slot of each request (recurrent state, token buffer).
     kv_len: keys to read from the attention cache = max position in the batch + 1.
+    block_table: [B, max_blocks] int64, the paged-KV block ids of each request (vLLM's block table);
+        position p of request b lives in slot block_table[b, p // block_size] * block_size
+        + p % block_size of every attention layer's cache (target and draft modules alike).
+    slot_mapping: [B, T] int64, that slot for each token of the grid (padding: slot of position 0,
+        never written).
     keep_states: Gated DeltaNet keeps the recurrent and conv state after every token (verification
         windows), so that a rejection selects a state instead of re-running the model.
+    save_states: (batch_idx [S], token_idx [S], block_ids [S]) or None: Gated DeltaNet stores its
+        state after token (batch_idx, token_idx) with paged block block_ids (prefix caching of
+        hybrid models: the state at every full block boundary travels with the block).
     """
 
     positions: torch.Tensor
     valid: torch.Tensor
     rows: torch.Tensor
     kv_len: int
+    block_table: torch.Tensor | None = None
+    block_size: int = 0
+    slot_mapping: torch.Tensor | None = None
     keep_states: bool = False
+    save_states: tuple | None = None
 
     @staticmethod
     def build(starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
+              block_table: torch.Tensor | None = None, block_size: int = 0,
               keep_states: bool = False) -> "ForwardMeta":
-        """Request b covers positions starts[b] .. starts[b] + lengths[b] - 1 (all [B] int64)."""
-        T = int(lengths.max())
+        """Request b covers positions starts[b] .. starts[b] + lengths[b] - 1 (all [B] int64);
+        block_table [B, max_blocks] (None: no attention cache, e.g. DeltaNet-only tests)."""
+        T = int(lengths.max()) if lengths.numel() else 0
         t = torch.arange(T, device=starts.device)
         valid = t[None, :] < lengths[:, None]
         positions = torch.where(valid, starts[:, None] + t[None, :], 0)
-        return ForwardMeta(positions, valid, rows, int((starts + lengths).max()), keep_states)
+        slots = None
+        if block_table is not None:
+            slots = block_table.gather(1, positions // block_size) * block_size + positions % block_size
+        kv_len = int((starts + lengths).max()) if lengths.numel() else 0
+        return ForwardMeta(positions, valid, rows, kv_len, block_table, block_size, slots, keep_states)
 
     def select(self, idx: torch.Tensor) -> "ForwardMeta":
-        """The metadata of a subset of the requests (idx: [B'] int64 batch indices)."""
+        """The metadata of a subset of the requests (idx: [B'] int64 batch indices); save_states
+        is dropped (it refers to the full batch)."""
+        pick = lambda x: None if x is None else x[idx]  # noqa: E731
         return ForwardMeta(self.positions[idx], self.valid[idx], self.rows[idx], self.kv_len,
+                           pick(self.block_table), self.block_size, pick(self.slot_mapping),
                            self.keep_states)
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.valid.sum(1)
+
+    @property
+    def ends(self) -> torch.Tensor:
+        """[B] one past each request's last position in this forward."""
+        return self.positions[:, 0] + self.lengths

@@ -1,4 +1,5 @@
-"""What both MTP speculators share: the target-hidden buffer and one batched module forward."""
+"""What both MTP speculators share: the window of recent module outputs, the gathering of a module's
+hidden-state input, and one batched module forward."""
 from __future__ import annotations
 
 import torch
@@ -8,35 +9,54 @@ from mtpx.models.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
 
 
-class HiddenBuffer:
-    """Per-position hidden states a^k of each request row: buf[k]: [rows, max_len, hidden].
-    Level 0 holds the target's hidden states h; level k the output of draft module k."""
+class HiddenWindow:
+    """The outputs a^k of draft modules 1..levels at the last `window` positions of each batch
+    slot (a ring: position p at index p % window). buf[k-1]: [rows, window, hidden].
 
-    def __init__(self, levels: int, rows: int, max_len: int, hidden: int, dtype, device):
-        self.buf = [torch.zeros(rows, max_len, hidden, dtype=dtype, device=device)
+    A module only ever reads an output of an earlier round at a position within the last
+    num_speculative_tokens positions (the re-prefill start, multi_module.py), so the window keeps
+    memory per request constant instead of growing with the sequence.
+    """
+
+    def __init__(self, levels: int, rows: int, window: int, hidden: int, dtype, device):
+        self.window = window
+        self.buf = [torch.zeros(rows, window, hidden, dtype=dtype, device=device)
                     for _ in range(levels)]
 
-    def write(self, level: int, meta: ForwardMeta, values: torch.Tensor) -> None:
-        """values: [B, T, hidden] at meta's positions/rows; padding entries are skipped."""
-        B, T = meta.valid.shape
-        rows = meta.rows[:, None].expand(B, T)[meta.valid]
-        self.buf[level][rows, meta.positions[meta.valid]] = values[meta.valid]
-
     def read(self, level: int, meta: ForwardMeta) -> torch.Tensor:
-        """-> [B, T, hidden], the values at meta's rows and positions."""
-        return self.buf[level][meta.rows[:, None], meta.positions]        # [B, T, hidden]
+        """-> [B, T, hidden], module `level`'s outputs at meta's rows and positions."""
+        return self.buf[level - 1][meta.rows[:, None], meta.positions % self.window]
+
+    def write(self, level: int, meta: ForwardMeta, values: torch.Tensor) -> None:
+        """values [B, T, hidden] at meta's positions; only each row's last `window` are kept."""
+        keep = meta.valid & (meta.positions >= meta.ends[:, None] - self.window)
+        rows = meta.rows[:, None].expand_as(meta.positions)[keep]
+        self.buf[level - 1][rows, meta.positions[keep] % self.window] = values[keep]
 
 
-def run_module(model: MTPForCausalLM, cache: ModelCache, hidden: HiddenBuffer, k: int,
-               meta: ForwardMeta) -> torch.Tensor:
-    """Draft module k (1-based) over meta's positions j: reads token x_{j+k} from the token buffer and
-    a^{k-1}_j from level k-1 of `hidden`; writes its KV into cache.draft[k-1].
-    Returns a^k [B, T, hidden]."""
+def gather_hidden(meta: ForwardMeta, prev: torch.Tensor, prev_start: torch.Tensor,
+                  window: HiddenWindow | None = None, level: int = 0) -> torch.Tensor:
+    """The hidden-state input a^{level}_j at meta's positions j: from `prev` ([B, T', hidden], this
+    round's outputs at positions prev_start[b] + t) where j >= prev_start, else from `window`
+    (earlier rounds). -> [B, T, hidden]."""
+    idx = meta.positions - prev_start[:, None]
+    cur = prev.gather(1, idx.clamp(0, prev.shape[1] - 1)[..., None].expand(-1, -1, prev.shape[-1]))
+    if window is None or level == 0:
+        return cur
+    return torch.where((idx >= 0)[..., None], cur, window.read(level, meta))
+
+
+def run_module(model: MTPForCausalLM, cache: ModelCache, k: int, meta: ForwardMeta,
+               hidden: torch.Tensor) -> torch.Tensor:
+    """Draft module k (1-based) over meta's positions j: reads token x_{j+k} from the token buffer
+    and hidden = a^{k-1}_j [B, T, hidden]; writes its KV into cache.draft[k-1] (the same paged
+    slots as the target's KV at position j). Returns a^k [B, T, hidden]."""
     tokens = cache.tokens[meta.rows[:, None], meta.positions + k]         # [B, T]
     emb = model.model.embed_tokens(tokens)
-    return model.mtp[k - 1](emb, hidden.read(k - 1, meta), meta.positions, cache.draft[k - 1], meta)
+    return model.mtp[k - 1](emb, hidden, meta.positions, cache.draft[k - 1], meta)
 
 
 def last_valid(x: torch.Tensor, meta: ForwardMeta) -> torch.Tensor:
-    """x: [B, T, ...] -> the entry at each request's last real token, [B, ...]."""
-    return x[torch.arange(x.shape[0], device=x.device), meta.lengths - 1]
+    """x: [B, T, ...] -> the entry at each request's last real token, [B, ...] (index 0 for a
+    request with no token)."""
+    return x[torch.arange(x.shape[0], device=x.device), (meta.lengths - 1).clamp(min=0)]

@@ -7,9 +7,13 @@ positions whose draft was rejected hold stale KV: module k re-prefills from
     start_k = min(computed_k, n' - k)          (n' = the new last known index)
 to n' - 1: besides the m + 1 new positions, the k - 1 - m stale ones (when positive), so at most
 num_speculative_tokens - 1 re-prefilled positions (the re-prefill of the reference design,
-shared/seeds/000_*). The a^{k-1} values it needs
-at start_k that module k-1 does not recompute this round are kept in a per-position buffer: they
-were computed from accepted tokens only, so they are final.
+shared/seeds/000_*). The a^{k-1} it needs at start_k that module k-1 does not recompute this round
+(one position, n' - k) comes from a window of each module's last outputs: it was computed from
+accepted tokens only, so it is final.
+
+During a chunked prefill (rows with draft=False) nothing is drafted: module k advances over the
+positions whose inputs are final, end_k = min(end_{k-1}, num_tokens - k) with end_0 the end of the
+target's chunk.
 """
 from __future__ import annotations
 
@@ -18,13 +22,17 @@ import torch
 from mtpx.cache.model_cache import ModelCache
 from mtpx.models.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
-from mtpx.spec.common import HiddenBuffer, last_valid, run_module
+from mtpx.spec.common import HiddenWindow, gather_hidden, last_valid, run_module
 
 
 class MultiModuleMTPSpeculator:
     """Drafts k tokens per step, token i from MTP module i (module doc above); k defaults to the
     number of modules. Raises ValueError when k < 1, k > num_nextn_predict_layers, or the model has
     no MTP module. Same lifecycle as SingleModuleMTPSpeculator.
+
+    num_lookahead_tokens = k: module k's KV at position j depends on tokens up to j + k, so the last
+    k positions of a request are never published to the prefix cache, and a prefix hit is trimmed
+    so that those positions are recomputed (KVCacheManager).
     """
 
     def __init__(self, model: MTPForCausalLM, num_speculative_tokens: int | None = None):
@@ -42,31 +50,51 @@ class MultiModuleMTPSpeculator:
                 f"spec.num_speculative_tokens<={num_modules} or use +spec=mtp1")
         self.model = model
         self.num_draft_modules = self.k
+        self.num_lookahead_tokens = self.k
 
     def allocate(self, cache: ModelCache) -> None:
         p = next(self.model.parameters())
-        self.hidden = HiddenBuffer(self.k, cache.rows, cache.max_len, self.model.cfg.hidden_size,
+        self.window = HiddenWindow(self.k - 1, cache.rows, self.k + 1, self.model.cfg.hidden_size,
                                    p.dtype, p.device)
         self.computed = torch.zeros(cache.rows, self.k, dtype=torch.long, device=p.device)  # [rows, module]
 
-    def reset_rows(self, rows: torch.Tensor) -> None:
-        self.computed[rows] = 0
+    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
+        """New requests in `rows` (or resumed after preemption): their modules have computed
+        positions [0, start) (start > 0 after a prefix-cache hit)."""
+        self.computed[rows] = torch.as_tensor(start, device=self.computed.device)[..., None]
+
+    def num_computed(self, row: int) -> int:
+        """Positions [0, n) every module has computed for the request in `row`."""
+        return int(self.computed[row].min())
 
     @torch.no_grad()
     def propose(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
-                target_meta: ForwardMeta, target_hidden: torch.Tensor) -> torch.Tensor:
+                target_meta: ForwardMeta, target_hidden: torch.Tensor,
+                draft: torch.Tensor | None = None) -> torch.Tensor:
         """Same contract as SingleModuleMTPSpeculator.propose; returns drafts [B, k]."""
-        self.hidden.write(0, target_meta, target_hidden)
+        model = self.model
+        draft = torch.ones_like(rows, dtype=torch.bool) if draft is None else draft
         n = num_tokens - 1
-        drafts = []
+        prev, prev_start, end = target_hidden, target_meta.positions[:, 0], target_meta.ends
+        drafts = torch.zeros(rows.shape[0], self.k, dtype=torch.long, device=rows.device)
+        ran = []
         for k in range(1, self.k + 1):
-            start = torch.minimum(self.computed[rows, k - 1], n - k).clamp(min=0)
-            meta = ForwardMeta.build(start, n - start, rows)
-            a = run_module(self.model, cache, self.hidden, k, meta)           # [B, T, hidden]
+            end = torch.where(draft, n, torch.minimum(end, num_tokens - k))
+            computed = self.computed[rows, k - 1]
+            start = torch.where(draft, torch.minimum(computed, n - k), computed).clamp(min=0)
+            start = torch.minimum(start, end)
+            if int((end - start).max()) <= 0:
+                break
+            meta = cache.meta(start, end - start, rows)
+            a = run_module(model, cache, k, meta, gather_hidden(meta, prev, prev_start, self.window, k - 1))
+            ran.append((k, meta, a))
+            self.computed[rows, k - 1] = end
+            if bool(draft.any()):
+                d = model.lm_head(last_valid(a, meta)).argmax(-1)
+                drafts[:, k - 1] = torch.where(draft, d, 0)
+                cache.tokens[rows[draft], (n + k)[draft]] = d[draft]           # read by module k+1
+            prev, prev_start = a, start
+        for k, meta, a in ran:  # after every module has read this round's inputs
             if k < self.k:
-                self.hidden.write(k, meta, a)
-            self.computed[rows, k - 1] = n
-            d = self.model.lm_head(last_valid(a, meta)).argmax(-1)
-            cache.tokens[rows, n + k] = d                                     # read by module k+1
-            drafts.append(d)
-        return torch.stack(drafts, dim=1)
+                self.window.write(k, meta, a)
+        return drafts
