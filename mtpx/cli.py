@@ -14,7 +14,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
 
 GROUP_NAMES = {"spec": "spec", "data": "data set", "model": "model config", "train": "train config",
-               "eval": "eval config", "logger": "logger"}
+               "engine": "engine config", "eval": "eval config", "logger": "logger"}
 
 
 def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:

@@ -2,7 +2,12 @@
 
 Writes into the run directory: outputs.jsonl (one line per request), metrics.json, the report table
 (stdout and report.txt), per_position_acceptance.png, and the same metrics to W&B (offline by
-default). Each timed pass follows a 2-token warm-up request.
+default). Each timed pass follows a 2-token warm-up request (then the prefix cache is emptied, so
+the warm-up's blocks are not billed as hits).
+The engine is configured by cfg.engine (block_size, num_blocks, enable_prefix_caching, max_num_seqs,
+max_num_batched_tokens, max_model_len); the benchmark client by cfg.eval: at most eval.concurrency
+requests in flight (vLLM bench's --max-concurrency), arriving all at once (eval.request_rate=inf)
+or as a Poisson process of eval.request_rate requests/s seeded with eval.seed.
 With eval.check_lossless the prompts are decoded again without speculation and any request whose
 tokens differ is a mismatch (exit code 1), unless the plain run's top-2 logit gap at the first
 differing token is below eval.tie_tolerance (a near-tie: fp32 rounding between a k+1-token and a
@@ -10,10 +15,12 @@ differing token is below eval.tie_tolerance (a near-tie: fp32 rounding between a
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 
@@ -46,15 +53,78 @@ def compare_outputs(spec: list[RequestOutput], plain: list[RequestOutput], tie_t
     return mismatches, near_ties
 
 
-def _generate(llm: LLM, prompts, params, label: str):
+def poisson_arrival_offsets(n: int, request_rate: float, seed: int) -> list[float] | None:
+    """Arrival times (seconds after the start) of n requests at request_rate requests/s, as vLLM's
+    benchmark client sends them: the first at 0, then exponential gaps of mean 1 / request_rate
+    (a Poisson process), from numpy's generator seeded with `seed`. None for an infinite rate
+    (all requests at once)."""
+    if math.isinf(request_rate):
+        return None
+    gaps = np.random.default_rng(seed).exponential(1.0 / request_rate, size=max(n - 1, 0))
+    return [0.0, *np.cumsum(gaps).tolist()][:n]
+
+
+def _int_or_none(section: str, cfg: DictConfig, key: str, minimum: int,
+                 null_means: str | None = None) -> int | None:
+    """cfg[key] as an int >= minimum, or None when null is allowed (null_means says what it
+    means); ValueError naming section.key otherwise."""
+    value = cfg.get(key)
+    if value is None and null_means is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        null = f", or null ({null_means})" if null_means is not None else ""
+        raise ValueError(f"{section}.{key}={value!r}: must be an integer >= {minimum}{null}")
+    return value
+
+
+def engine_args(engine: DictConfig) -> dict:
+    """LLM keyword arguments from the engine config group. Types are checked here (a wrong type
+    would otherwise surface as a traceback); ranges that depend on the model or the speculator are
+    checked by the engine, whose messages name the key too. Raises ValueError naming the key."""
+    prefix = engine.get("enable_prefix_caching")
+    if not isinstance(prefix, bool):
+        raise ValueError(f"engine.enable_prefix_caching={prefix!r}: must be true or false")
+    return dict(
+        block_size=_int_or_none("engine", engine, "block_size", 1),
+        num_blocks=_int_or_none("engine", engine, "num_blocks", 1,
+                                "enough for max_num_seqs requests of max_model_len"),
+        enable_prefix_caching=prefix,
+        max_num_seqs=_int_or_none("engine", engine, "max_num_seqs", 1),
+        max_num_batched_tokens=_int_or_none("engine", engine, "max_num_batched_tokens", 1),
+        max_model_len=_int_or_none("engine", engine, "max_model_len", 2,
+                                   "the model's max_position_embeddings"),
+    )
+
+
+def client_args(e: DictConfig, num_prompts: int) -> dict:
+    """generate() keyword arguments of the benchmark client from the eval config: max_concurrency
+    (eval.concurrency) and arrival_offsets (eval.request_rate, eval.seed). Raises ValueError
+    naming the key."""
+    raw = e.get("request_rate")
+    try:
+        rate = float(raw)
+    except (TypeError, ValueError):
+        rate = math.nan
+    if isinstance(raw, bool) or not rate > 0:
+        raise ValueError(f"eval.request_rate={raw!r}: must be a number of requests per second > 0, "
+                         "or inf (all requests at once)")
+    seed = _int_or_none("eval", e, "seed", 0)
+    return dict(max_concurrency=_int_or_none("eval", e, "concurrency", 1, "no limit"),
+                arrival_offsets=poisson_arrival_offsets(num_prompts, rate, seed))
+
+
+def _generate(llm: LLM, prompts, params, label: str, client: dict):
     """Timed generation after a 2-token warm-up request (first-call allocations and lazy
-    initialisation are not billed to the first measured run)."""
+    initialisation are not billed to the first measured run). The prefix cache is emptied after
+    the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
+    arrival_offsets."""
     llm.generate([prompts[0].text], SamplingParams(max_tokens=2))
+    llm.reset_prefix_cache()
     with Progress(transient=True) as progress:
         task = progress.add_task(label, total=len(prompts))
         t0 = time.perf_counter()
         outs = llm.generate([p.text for p in prompts], params,
-                            on_finish=lambda r: progress.advance(task))
+                            on_finish=lambda r: progress.advance(task), **client)
         return outs, time.perf_counter() - t0
 
 
@@ -66,26 +136,30 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
     path = cfg.model.get("path") or DEFAULT_MODEL
-    llm = LLM(model=path, spec=method, num_speculative_tokens=k, max_num_seqs=e.concurrency,
-              dtype=e.dtype, threads=e.get("threads"))
+    engine = engine_args(cfg.engine)
     prompts = load_prompts(cfg.data, e.num_prompts)
+    client = client_args(e, len(prompts))
+    llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=e.dtype,
+              threads=e.get("threads"), **engine)
     params = SamplingParams(max_tokens=e.max_tokens)
     name = method or "no spec"
 
-    outs, duration = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts")
+    outs, duration = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client)
     for o in outs:
         if o.error:
             print(f"error: request {o.index}: {o.error}", file=sys.stderr)
-    metrics = compute_metrics(outs, duration, llm.num_speculative_tokens)
+    metrics = compute_metrics(outs, duration, llm.num_speculative_tokens,
+                              engine["enable_prefix_caching"])
     if any(p.answer is not None for p in prompts):
         preds = [extract_predicted_answer(o.text) for o in outs]
         metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in prompts])
 
     code = 0
     if e.check_lossless and method is not None:
-        plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None,
-                        max_num_seqs=e.concurrency, record_logit_gaps=True)
-        plain, plain_duration = _generate(plain_llm, prompts, params, "plain decoding (lossless check)")
+        plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None, record_logit_gaps=True,
+                        **engine)
+        plain, plain_duration = _generate(plain_llm, prompts, params,
+                                          "plain decoding (lossless check)", client)
         mismatches, near_ties = compare_outputs(outs, plain, e.tie_tolerance)
         metrics["lossless_mismatches"] = len(mismatches)
         metrics["lossless_near_ties"] = near_ties    # [{index, position, gap}]; count = len
@@ -99,12 +173,19 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     atomic_write_jsonl(out_dir / "outputs.jsonl", [
         {"index": o.index, "output_token_ids": o.output_token_ids, "text": o.text,
          "finish_reason": o.finish_reason, "error": o.error, "num_drafts": o.spec.num_drafts,
-         "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens}
+         "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
+         "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions}
         for o in outs])
     atomic_write_json(out_dir / "metrics.json", metrics)
     k_text = f", k={llm.num_speculative_tokens}" if method is not None else ""
+    setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}"]
+    if client["arrival_offsets"] is not None:
+        setup.append(f"{float(e.request_rate):g} req/s")
+    if engine["enable_prefix_caching"]:
+        setup.append("prefix caching")
     report = format_report(metrics, f"mtpx eval: {name}{k_text}, {cfg.data.name}, {len(prompts)} "
-                                    f"prompts, max_tokens {e.max_tokens}, {e.dtype}")
+                                    f"prompts, max_tokens {e.max_tokens}, {e.dtype}, "
+                                    f"{', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
     if method is not None:

@@ -9,15 +9,17 @@ from hydra import compose, initialize_config_dir
 
 from mtpx import LLM, SamplingParams
 from mtpx.cli import run
-from mtpx.evaluate import run_eval
+from mtpx.evaluate import poisson_arrival_offsets, run_eval
 from mtpx.train.checkpoint import save_checkpoint
 from mtpx.train.tokenizer import train_tokenizer
 from tests.conftest import peaked_model, tiny_config
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 METRIC_KEYS = {"num_requests", "num_failed", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-               "acceptance_rate", "acceptance_length", "per_position_acceptance", "output_throughput",
-               "mean_ttft_ms", "mean_tpot_ms", "duration_s", "lossless_mismatches"}
+               "acceptance_rate", "acceptance_length", "per_position_acceptance", "num_prompt_tokens",
+               "num_cached_tokens", "prefix_cache_hit_rate", "num_preemptions", "output_throughput",
+               "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
+               "duration_s", "lossless_mismatches"}
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +48,70 @@ def test_eval_writes_metrics_outputs_and_plot(tiny_ckpt, tmp_path):
     assert metrics["lossless_mismatches"] == 0
     assert len(metrics["per_position_acceptance"]) == 4
     assert metrics["num_draft_tokens"] > 0
+    assert metrics["prefix_cache_hit_rate"] is None and metrics["num_cached_tokens"] == 0  # off
+    assert metrics["num_preemptions"] == 0  # num_blocks=null: the pool never runs out
+    assert 0 < metrics["median_itl_ms"] <= metrics["p99_itl_ms"]
     rows = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(5))
-    assert all(set(r) >= {"index", "output_token_ids", "text", "finish_reason"} for r in rows)
+    assert all(set(r) >= {"index", "output_token_ids", "text", "finish_reason", "num_cached_tokens",
+                          "num_preemptions"} for r in rows)
     assert (tmp_path / "per_position_acceptance.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_with_prefix_caching(tiny_ckpt, tmp_path):
+    """Questions sharing a long preamble, one request in flight at a time: every request after the
+    first hits the blocks the earlier ones published; the outputs stay lossless."""
+    preamble = "Tom has three boxes of apples and gives some of them to his friends at school. "
+    data = tmp_path / "g.jsonl"
+    data.write_text("".join(json.dumps({"question": preamble + q, "answer": "#### 1"}) + "\n"
+                            for q in ["How many?", "How many are left?", "Who ate them?", "Why?"]))
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=4", "data=gsm8k",
+                f"data.path={data}", "eval.num_prompts=null", "eval.max_tokens=8", "logger=none",
+                "eval.concurrency=1", "engine.enable_prefix_caching=true", "engine.block_size=4"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    rate = metrics["prefix_cache_hit_rate"]
+    assert isinstance(rate, float) and 0 < rate <= 1
+    rows = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    assert rows[0]["num_cached_tokens"] == 0  # the warm-up's blocks were dropped
+    assert metrics["num_cached_tokens"] == sum(r["num_cached_tokens"] for r in rows) > 0
+    assert rate == metrics["num_cached_tokens"] / metrics["num_prompt_tokens"]
+    assert metrics["lossless_mismatches"] == 0
+    assert "Prefix cache hit rate" in (tmp_path / "report.txt").read_text()
+
+
+def test_eval_with_preemption(tiny_ckpt, tmp_path):
+    """A KV pool too small for all four requests at once: the engine preempts and recomputes, the
+    counts reach metrics.json and outputs.jsonl, and every request still finishes losslessly."""
+    data = tmp_path / "g.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+{i}?", "answer": f"#### {2 * i}"}) + "\n"
+                            for i in range(1, 5)))
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=4", "data=gsm8k",
+                f"data.path={data}", "eval.num_prompts=null", "eval.max_tokens=30", "logger=none",
+                "engine.block_size=4", "engine.num_blocks=20"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    assert metrics["num_preemptions"] == sum(r["num_preemptions"] for r in rows) > 0
+    assert metrics["num_failed"] == 0 and metrics["lossless_mismatches"] == 0
+
+
+def test_eval_with_request_rate(tiny_ckpt, tmp_path):
+    cfg = _cfg([f"model.path={tiny_ckpt}", "eval.num_prompts=4", "eval.max_tokens=3", "logger=none",
+                "eval.request_rate=20", "eval.seed=1", "eval.concurrency=null"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["num_failed"] == 0
+    assert metrics["duration_s"] >= poisson_arrival_offsets(4, 20.0, 1)[-1]
+
+
+def test_poisson_arrival_offsets():
+    assert poisson_arrival_offsets(5, float("inf"), 0) is None
+    a = poisson_arrival_offsets(20000, 4.0, 7)
+    assert a == poisson_arrival_offsets(20000, 4.0, 7) != poisson_arrival_offsets(20000, 4.0, 8)
+    assert len(a) == 20000 and a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:]))
+    assert a[-1] / (len(a) - 1) == pytest.approx(1 / 4.0, rel=0.03)  # mean gap 1 / rate
+    assert poisson_arrival_offsets(1, 4.0, 0) == [0.0] and poisson_arrival_offsets(0, 4.0, 0) == []
 
 
 def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
@@ -69,6 +131,15 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["data.name=squad"], "unknown data set 'squad'"),
     (["data=gsm8k", "data.path=/nonexistent/test.jsonl"], "data.path="),
     (["mode=serve"], "unknown mode 'serve'"),
+    (["engine.block_size=0"], "engine.block_size"),
+    (["engine.block_size=abc"], "engine.block_size"),
+    (["engine.num_blocks=0"], "engine.num_blocks"),
+    (["engine.enable_prefix_caching=maybe"], "engine.enable_prefix_caching"),
+    (["engine.max_num_seqs=0"], "engine.max_num_seqs"),
+    (["engine.max_num_batched_tokens=4"], "engine.max_num_batched_tokens"),
+    (["eval.concurrency=0"], "eval.concurrency"),
+    (["eval.request_rate=0"], "eval.request_rate"),
+    (["eval.request_rate=fast"], "eval.request_rate"),
 ])
 def test_bad_input_one_clear_line(tiny_ckpt, overrides, message, capsys):
     cfg = _cfg([f"model.path={tiny_ckpt}", "logger=none", "eval.num_prompts=2"] + overrides)
@@ -124,6 +195,9 @@ def test_unknown_config_group_option_is_one_line():
     assert check_group_overrides(["+spec=mtp9"], conf) == \
         "unknown spec 'mtp9': choose one of mtp1, mtp8 (+spec=NAME)"
     assert "unknown data set 'squad'" in check_group_overrides(["data=squad"], conf)
+    assert check_group_overrides(["engine=vllm"], conf) == \
+        "unknown engine config 'vllm': choose one of default (engine=NAME)"
+    assert check_group_overrides(["engine.enable_prefix_caching=true"], conf) is None
     assert "'mtp3'" in check_group_overrides(["-m", "+spec=mtp1,mtp3"], conf)
     assert "'+spec=mtp8'" in check_group_overrides(["spec=mtp8"], conf)
     assert "+spec=mtp1 or +spec=mtp8" in check_group_overrides(["spec.num_speculative_tokens=3"], conf)

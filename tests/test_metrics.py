@@ -27,13 +27,14 @@ from mtpx.metrics import (
 K = 3  # num_speculative_tokens of the hand-written trace
 
 
-def _request(index, rounds, n_out, arrival, first, finish, error=None):
+def _request(index, rounds, n_out, arrival, first, finish, error=None, emissions=(), prompt_len=3,
+             cached=0, preemptions=0):
     spec = SpecDecodeCounts()
     for num_draft, num_accepted in rounds:
         spec.record_round(num_draft, num_accepted)
     return RequestOutput(
         index=index,
-        prompt_token_ids=[1, 2, 3],
+        prompt_token_ids=list(range(prompt_len)),
         output_token_ids=list(range(n_out)),
         text="x",
         finish_reason=None if error else "length",
@@ -42,21 +43,26 @@ def _request(index, rounds, n_out, arrival, first, finish, error=None):
         first_token_time=first,
         finish_time=finish,
         error=error,
+        num_cached_tokens=cached,
+        num_preemptions=preemptions,
+        emission_times=list(emissions),
     )
 
 
 def _trace() -> list[RequestOutput]:
     """4 requests, k=3. Expected totals worked out by hand in test_compute_metrics_trace."""
     return [
-        # drafts 3, draft tokens 9, accepted 4, per position [2, 1, 1]; TTFT 200 ms, TPOT 1 s / 10
-        _request(0, [(3, 3), (3, 1), (3, 0)], 11, 10.0, 10.2, 11.2),
+        # drafts 3, draft tokens 9, accepted 4, per position [2, 1, 1]; TTFT 200 ms, TPOT 1 s / 10;
+        # 11 tokens in 4 emissions: ITLs 250, 250, 500 ms
+        _request(0, [(3, 3), (3, 1), (3, 0)], 11, 10.0, 10.2, 11.2,
+                 emissions=[10.2, 10.45, 10.7, 11.2]),
         # the 0-draft round records nothing; drafts 2, tokens 5, accepted 4, per position [2, 2]
-        # 1 output token: TTFT 100 ms, no TPOT
-        _request(1, [(3, 2), (0, 0), (2, 2)], 1, 10.5, 10.6, 10.6),
+        # 1 output token: TTFT 100 ms, no TPOT, one emission: no ITL
+        _request(1, [(3, 2), (0, 0), (2, 2)], 1, 10.5, 10.6, 10.6, emissions=[10.6]),
         # failed: its rounds count (drafts 1, tokens 3, accepted 1), its tokens and times do not
-        _request(2, [(3, 1)], 7, 10.0, 10.1, None, error="boom"),
-        # plain decoding: no rounds; TTFT 400 ms, TPOT 1 s / 4 = 250 ms
-        _request(3, [], 5, 11.0, 11.4, 12.4),
+        _request(2, [(3, 1)], 7, 10.0, 10.1, None, error="boom", emissions=[10.1, 10.6]),
+        # plain decoding: no rounds; TTFT 400 ms, TPOT 1 s / 4 = 250 ms; ITL 1000 ms
+        _request(3, [], 5, 11.0, 11.4, 12.4, emissions=[11.4, 12.4]),
     ]
 
 
@@ -105,8 +111,51 @@ def test_compute_metrics_trace():
     assert m["output_throughput"] == (11 + 1 + 5) / 2.0  # the failed request's 7 tokens excluded
     assert m["mean_ttft_ms"] == pytest.approx((200 + 100 + 400) / 3)
     assert m["mean_tpot_ms"] == pytest.approx((100 + 250) / 2)
+    # ITLs pooled over successful requests: [250, 250, 500, 1000]
+    assert m["mean_itl_ms"] == pytest.approx(2000 / 4)
+    assert m["median_itl_ms"] == pytest.approx((250 + 500) / 2)
+    assert m["p99_itl_ms"] == pytest.approx(500 + 0.97 * (1000 - 500))  # rank 0.99 * 3 = 2.97
     assert m["duration_s"] == 2.0
     assert m["lossless_mismatches"] is None
+    assert (m["num_prompt_tokens"], m["num_cached_tokens"]) == (9, 0)  # 3 successful x 3 tokens
+    assert m["prefix_cache_hit_rate"] is None  # prefix caching off
+    assert m["num_preemptions"] == 0
+
+
+def test_itl_counts_emissions_not_tokens():
+    """Several tokens accepted in one step are one emission: ITL is the gap between emissions.
+    Dyadic times, so every value is exact."""
+    outs = [
+        # 9 tokens in 4 emissions: ITLs 250, 250, 500 ms (its TPOT is 1 s / 8 = 125 ms)
+        _request(0, [], 9, 0.5, 1.0, 2.0, emissions=[1.0, 1.25, 1.5, 2.0]),
+        _request(1, [], 2, 2.5, 3.0, 3.125, emissions=[3.0, 3.125]),  # ITL 125 ms
+        _request(2, [], 1, 4.5, 5.0, 5.0, emissions=[5.0]),  # one emission: no ITL
+        _request(3, [], 2, 0.0, 0.0, None, error="boom", emissions=[0.0, 4.0]),  # failed: left out
+    ]
+    m = compute_metrics(outs, 1.0, 0)
+    assert m["mean_itl_ms"] == (125 + 250 + 250 + 500) / 4 == 281.25
+    assert m["median_itl_ms"] == 250.0
+    assert m["p99_itl_ms"] == pytest.approx(250 + 0.97 * (500 - 250))  # rank 0.99 * 3 = 2.97
+    assert m["mean_tpot_ms"] == (125 + 125) / 2
+
+
+def test_prefix_cache_hit_rate_and_preemptions():
+    outs = [
+        _request(0, [], 2, 0.0, 0.1, 0.2, prompt_len=8, cached=0),
+        _request(1, [], 2, 0.0, 0.1, 0.2, prompt_len=12, cached=8, preemptions=2),
+        _request(2, [], 2, 0.0, 0.1, 0.2, prompt_len=20, cached=16),
+        # failed: its prompt and cached tokens are left out, its preemption still happened
+        _request(3, [], 2, 0.0, 0.1, None, error="boom", prompt_len=100, cached=96, preemptions=1),
+    ]
+    on = compute_metrics(outs, 1.0, 0, enable_prefix_caching=True)
+    assert (on["num_cached_tokens"], on["num_prompt_tokens"]) == (24, 40)
+    assert on["prefix_cache_hit_rate"] == 24 / 40 == 0.6
+    assert on["num_preemptions"] == 3
+    off = compute_metrics(outs, 1.0, 0)
+    assert off["prefix_cache_hit_rate"] is None and off["num_preemptions"] == 3
+    none_ok = compute_metrics(outs[3:], 1.0, 0, enable_prefix_caching=True)
+    assert none_ok["prefix_cache_hit_rate"] is None and none_ok["num_prompt_tokens"] == 0
+    assert "60.00% (24 / 40 tokens)" in format_report(on, "on")
 
 
 def test_compute_metrics_pads_positions_to_k():
@@ -127,6 +176,7 @@ def test_compute_metrics_all_failed():
     m = compute_metrics([_request(0, [], 3, 0.0, 0.1, None, error="oom")], 1.0, 0)
     assert (m["num_failed"], m["output_throughput"]) == (1, 0.0)
     assert m["mean_ttft_ms"] is None and m["mean_tpot_ms"] is None
+    assert m["mean_itl_ms"] is None and m["median_itl_ms"] is None and m["p99_itl_ms"] is None
 
 
 def test_compute_metrics_rejects_bad_input():
@@ -138,14 +188,44 @@ def test_compute_metrics_rejects_bad_input():
 
 def test_format_report_shows_numbers():
     m = compute_metrics(_trace(), 2.0, K)
-    m.update(accuracy=0.5, num_correct=2, prefix_cache_hit_rate=0.25)
+    m.update(accuracy=0.5, num_correct=2, custom_metric=0.25)
     text = format_report(m, "GSM8K mtp3")
     for expected in [
         "GSM8K mtp3", "3 / 1", "50.00% (2/4)", "52.94", "2.50", "17", "83.3 / 50.0 / 16.7",
-        "233.33", "175.00", "8.50", "2.00", "prefix_cache_hit_rate", "0.25",
+        "233.33", "175.00", "500.00", "375.00", "985.00", "8.50", "2.00", "custom_metric", "0.25",
     ]:
         assert expected in text, expected
     assert "Lossless" not in text  # None -> row left out
+    hit = next(x for x in text.splitlines() if "Prefix cache hit rate" in x)
+    assert hit.rstrip().endswith("—")  # prefix caching off
+    assert "num_cached_tokens" not in text and "num_prompt_tokens" not in text  # in the hit-rate row
+
+
+def test_format_report_prefix_cache_hit_rate_in_reference_format():
+    m = {"prefix_cache_hit_rate": 716_992 / 852_381, "num_cached_tokens": 716_992,
+         "num_prompt_tokens": 852_381}
+    line = next(x for x in format_report(m, "t").splitlines() if "Prefix cache hit rate" in x)
+    assert line.split()[-5:] == ["84.12%", "(716,992", "/", "852,381", "tokens)"]
+
+
+def test_format_comparison_prefix_caching_off_vs_on():
+    """The reference's first table: the same run with prefix caching off and on, side by side."""
+    off = compute_metrics(_trace(), 2.0, K)
+    on = dict(off, prefix_cache_hit_rate=0.75, num_cached_tokens=6, num_preemptions=2,
+              mean_ttft_ms=off["mean_ttft_ms"] / 2)
+    lines = format_comparison({"Prefix Caching OFF": off, "Prefix Caching ON": on}).splitlines()
+    assert lines[0] == "| Metric | Prefix Caching OFF | Prefix Caching ON | Δ |"
+    labels = [line.split(" | ")[0][2:] for line in lines[2:]]
+    reference = ["Successful / failed requests", "Acceptance rate (%)", "Acceptance length",
+                 "Per-position acceptance (%) — Pos 0", "Prefix cache hit rate", "Mean TTFT (ms)",
+                 "Mean TPOT (ms)", "Output token throughput (tok/s)", "Benchmark duration (s)"]
+    assert [x for x in labels if x in reference] == reference  # every row, in the reference order
+    assert "| Prefix cache hit rate | — | 75.00% (6 / 9 tokens) | — |" in lines
+    assert "| Preemptions | 0 | 2 | — |" in lines  # relative change from 0 is undefined
+    assert "| Mean TTFT (ms) | 233.33 | 116.67 | -50.0% |" in lines
+    both = format_comparison({"a": on, "b": dict(on, prefix_cache_hit_rate=0.5, num_cached_tokens=4)})
+    assert "| Prefix cache hit rate | 75.00% (6 / 9 tokens) | 50.00% (4 / 9 tokens) | -25.00 pts |" \
+        in both.splitlines()
 
 
 def test_format_report_dashes_for_none():

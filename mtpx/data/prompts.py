@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtpx.data.gsm8k import extract_reference_answer, format_prompt, load_gsm8k
+from mtpx.data.gsm8k import extract_reference_answer, format_example, format_prompt, load_gsm8k
 
 __all__ = [
     "Prompt",
@@ -187,7 +187,9 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None) -> list[P
         data_cfg: the ``data`` section (OmegaConf ``DictConfig`` or mapping) with ``name``:
             "builtin" (optional ``prompt_tokens``: the length hint, default 128) or "gsm8k"
             (``path``: a GSM8K JSONL file; prompts are ``format_prompt(question)`` with the
-            reference final answer, category "gsm8k").
+            reference final answer, category "gsm8k"; optional ``num_fewshot``: prepend that many
+            solved examples from ``fewshot_path`` (the train split), separated by blank lines,
+            the same prefix for every question, as lm-evaluation-harness's few-shot GSM8K).
         num_prompts: take the first this many prompts; None = the whole set.
 
     Raises:
@@ -208,8 +210,19 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None) -> list[P
                 f"num_prompts={num_prompts}: {path} has {len(rows)} questions; ask for 1 to that many"
             )
         rows = rows[:num_prompts]
+        prefix = ""
+        shots = int(data_cfg.get("num_fewshot") or 0)
+        if shots:
+            fewshot_path = data_cfg.get("fewshot_path")
+            if not fewshot_path:
+                raise ValueError("data.num_fewshot needs solved examples: set "
+                                 "data.fewshot_path=/path/to/gsm8k/train.jsonl")
+            train = load_gsm8k(fewshot_path, option="data.fewshot_path")
+            if not 0 < shots <= len(train):
+                raise ValueError(f"data.num_fewshot={shots}: {fewshot_path} has {len(train)} examples")
+            prefix = "".join(format_example(r["question"], r["answer"]) + "\n\n" for r in train[:shots])
         return [
-            Prompt(format_prompt(r["question"]), extract_reference_answer(r["answer"]), "gsm8k")
+            Prompt(prefix + format_prompt(r["question"]), extract_reference_answer(r["answer"]), "gsm8k")
             for r in rows
         ]
     raise ValueError(f"unknown data set '{name}': choose one of {', '.join(DATA_SETS)} (data=NAME)")

@@ -58,12 +58,12 @@ class Engine:
                  check_invariants: bool = False):
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}: need at least one batch slot "
-                             "(engine.max_num_seqs / eval.concurrency >= 1)")
+                             "(engine.max_num_seqs >= 1)")
         limit = model.cfg.max_position_embeddings
         max_model_len = limit if max_model_len is None else max_model_len
         if not 2 <= max_model_len <= limit:
             raise ValueError(f"max_model_len={max_model_len}: must be in [2, {limit}] "
-                             "(the model's max_position_embeddings)")
+                             "(the model's max_position_embeddings; engine.max_model_len)")
         self.k = 0 if speculator is None else speculator.k
         if block_size < 1:
             raise ValueError(f"block_size={block_size}: must be >= 1 (engine.block_size)")
@@ -97,6 +97,7 @@ class Engine:
                 c.guard = self._guard_published
         self._on_finish = None
         self._in_flight = 0
+        self._slot_freed = 0.0
         self.num_steps = 0
         self.num_preemptions = 0
 
@@ -109,15 +110,23 @@ class Engine:
         max_concurrency in the engine at once (a benchmark client's limit; None = no limit).
         on_finish(request) is called as each one ends; on_step(engine) after every step (it may
         call abort)."""
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency={max_concurrency}: must be >= 1 or None "
+                             "(eval.concurrency)")
         self._on_finish = on_finish
         pending = deque(sorted(requests, key=lambda r: r.arrival_offset))
         start = time.perf_counter()
         self._in_flight = 0
+        self._slot_freed = start
         while pending or self.scheduler.has_work():
             now = time.perf_counter()
             while pending and (max_concurrency is None or self._in_flight < max_concurrency) \
                     and pending[0].arrival_offset <= now - start:
-                self._add(pending.popleft(), now)
+                r = pending.popleft()
+                if r.finished:                  # aborted before it arrived
+                    continue
+                # it arrived at its offset, or when the client got a free slot (whichever is later)
+                self._add(r, min(now, max(start + r.arrival_offset, self._slot_freed)))
             if not self.scheduler.has_work():
                 if pending and (max_concurrency is None or self._in_flight < max_concurrency):
                     time.sleep(max(0.0, pending[0].arrival_offset - (now - start)))
@@ -329,6 +338,7 @@ class Engine:
             r.row = -1
         if was_queued:
             self._in_flight -= 1
+            self._slot_freed = time.perf_counter()
             if self._on_finish is not None:
                 self._on_finish(r)
 

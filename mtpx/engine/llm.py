@@ -62,6 +62,11 @@ class LLM:
     def num_speculative_tokens(self) -> int:
         return 0 if self.speculator is None else self.speculator.k
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's LLM.reset_prefix_cache). Returns False, changing
+        nothing, while a request holds blocks."""
+        return self.engine.kv.reset_prefix_cache()
+
     @property
     def eos_token_id(self) -> int | None:
         return self.model.cfg.eos_token_id

@@ -7,7 +7,7 @@ from mtpx.engine.sampling_params import SamplingParams
 from mtpx.metrics.stats import SpecDecodeCounts
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     """index: the request's id (its position in generate()'s prompt list).
 

@@ -2,8 +2,9 @@
 
 The row set and labels imitate the published MTP1-vs-MTP8 tables (shared/seeds/000_*.txt) and
 vLLM's ``benchmark_serving`` printout. Fractions in the metrics dict (``acceptance_rate``,
-``per_position_acceptance``, ``accuracy``) are shown as percentages. A value that is None or
-missing prints as "—".
+``per_position_acceptance``, ``accuracy``, ``prefix_cache_hit_rate``) are shown as percentages.
+A value that is None or missing prints as "—" (the prefix cache hit rate of a run without prefix
+caching, the latencies of metrics files written before they existed).
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def _accuracy(m: dict) -> str | None:
     return text
 
 
+def _hit_rate(m: dict) -> str | None:
+    """"84.12% (716,992 / 852,381 tokens)": prefix-cache hit rate with cached / prompt tokens;
+    None (shown "—") when prefix caching was off."""
+    if m.get("prefix_cache_hit_rate") is None:
+        return None
+    text = f"{m['prefix_cache_hit_rate'] * 100:.2f}%"
+    if m.get("num_cached_tokens") is not None and m.get("num_prompt_tokens") is not None:
+        text += f" ({m['num_cached_tokens']:,} / {m['num_prompt_tokens']:,} tokens)"
+    return text
+
+
 class _Row(NamedTuple):
     """One table row.
 
@@ -64,8 +76,13 @@ _ROWS: list[_Row] = [
     _Row("Draft tokens", "num_draft_tokens", ",d", "rel"),
     _Row("Accepted tokens", "num_accepted_tokens", ",d", "rel"),
     _Row("Per-position acceptance (%)", PER_POSITION, "", "pts"),
+    _Row("Prefix cache hit rate", "prefix_cache_hit_rate", _hit_rate, "pts"),
+    _Row("Preemptions", "num_preemptions", ",d", "rel"),
     _Row("Mean TTFT (ms)", "mean_ttft_ms", ".2f", "rel"),
     _Row("Mean TPOT (ms)", "mean_tpot_ms", ".2f", "rel"),
+    _Row("Mean ITL (ms)", "mean_itl_ms", ".2f", "rel"),
+    _Row("Median ITL (ms)", "median_itl_ms", ".2f", "rel"),
+    _Row("P99 ITL (ms)", "p99_itl_ms", ".2f", "rel"),
     _Row("Output token throughput (tok/s)", "output_throughput", ".2f", "rel"),
     _Row("Benchmark duration (s)", "duration_s", ".2f", "rel"),
     _Row("Lossless mismatches", "lossless_mismatches", "d"),
@@ -75,7 +92,8 @@ _ROWS: list[_Row] = [
 ]
 _OPTIONAL_KEYS = ("accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
-_SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct"}
+_SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",
+                                         "num_prompt_tokens"}
 
 
 def _cell(row: _Row, m: dict) -> str | None:

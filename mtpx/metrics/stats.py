@@ -203,8 +203,8 @@ def compute_metrics(
         - ``mean_tpot_ms``: mean (finish_time - first_token_time) / (output tokens - 1) over
           successful requests with >= 2 output tokens, ms; None if none.
         - ``mean_itl_ms``, ``median_itl_ms``, ``p99_itl_ms``: over the gaps between consecutive
-          emissions (``emission_times``) of successful requests, pooled, ms (percentiles
-          numpy's linear interpolation, as vLLM); None if no request emitted twice.
+          emissions (``emission_times``) of successful requests, pooled, ms (percentiles by
+          numpy's linear interpolation, as in vLLM); None if no request emitted twice.
         - ``duration_s``: as given; ``lossless_mismatches``: None (the caller fills it).
 
         The caller may add keys (``accuracy``, ...) afterwards.
