@@ -513,3 +513,36 @@ def test_request_too_large_for_pool_fails_alone(trained_tiny, spec, k):
     assert [outs[i].output_token_ids for i in ok] == reference(model, [prompts[i] for i in ok],
                                                                [params[i] for i in ok])
     assert all(outs[i].error is None and outs[i].finish_reason == "length" for i in ok)
+
+
+# ---- 8. paged vs contiguous ---------------------------------------------------------------------
+@pytest.mark.parametrize("spec,k", [(None, None), ("mtp1", 2), ("mtp8", 4)])
+def test_paged_equals_contiguous(trained_tiny, spec, k):
+    """One block per request (block_size >= the row length: the contiguous cache as a block size)
+    and 4-token blocks emit the same tokens and logit gaps as the reference."""
+    model = trained_tiny
+    prompts = shared_prefix_prompts()[:6]
+    params = [_params(t) for t in (9, 14, 5, 11, 7, 12)]
+    contiguous = make_llm(model, spec, k, max_num_seqs=4, max_model_len=64, block_size=80,
+                          max_num_batched_tokens=256)
+    assert contiguous.engine.cache.max_blocks == 1
+    run_checked(contiguous, model, prompts, params)
+    run_checked(make_llm(model, spec, k, max_num_seqs=4, block_size=4), model, prompts, params)
+
+
+# ---- 9. freeing side ----------------------------------------------------------------------------
+def test_freeing_side_blocks_outlive_the_last_draft_write(trained_tiny, monkeypatch):
+    """Invariant 5: a request's blocks go back to the pool only once nothing will write into them.
+    The engine frees a finished request's blocks during verification and leaves it out of that
+    step's drafting (whose multi-module re-prefill would rewrite its last positions). If the
+    drafting still ran for it, the re-prefill would write into freed blocks: the write guard
+    catches that."""
+    from mtpx.engine.request import Request
+    model = trained_tiny
+    prompts = shared_prefix_prompts()[:4]
+    params = [_params(t) for t in (6, 9, 4, 7)]
+    run_checked(make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4), model, prompts, params)
+    monkeypatch.setattr(Request, "finished", property(lambda r: r.error is not None))
+    llm = make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4)
+    with pytest.raises(AssertionError, match="write into free KV blocks"):
+        llm.generate(prompts, params)

@@ -17,9 +17,10 @@ Prefix caching with MTP (shared/seeds/000_*, the three cache mechanisms):
   modules get the target hidden states they need, and their KV at those positions is recomputed
   from this request's own lookahead tokens.
 - freeing side: a request's blocks are released only when it leaves the running set (finish,
-  abort, preemption), never while it runs, and draft-module KV lives at the position of the
-  hidden state it reads (j <= n - 1, inside the accepted sequence), so every block a pending
-  re-prefill writes is still owned by the request when the re-prefill runs.
+  abort, preemption), never while it runs; a request that ends during a step is left out of that
+  step's drafting; and draft-module KV lives at the position of the hidden state it reads
+  (j <= n - 1, inside the accepted sequence), so every block a pending re-prefill writes is still
+  owned by the request when the re-prefill runs (check_invariants asserts it on every write).
 Hybrid models: the Gated DeltaNet/conv state at every full block boundary is stored with the block
 (ModelCache boundary states), so a hit resumes the recurrence exactly.
 """
@@ -343,6 +344,10 @@ class Engine:
                 self._on_finish(r)
 
     def _guard_published(self, slots: torch.Tensor) -> None:
+        """check_invariants: no KV write lands in a published block (invariant 4) or in a block
+        nobody holds (a freed block: invariant 5, the freeing side)."""
         blocks = torch.unique(slots // self.block_size).tolist()
         bad = [b for b in blocks if self.kv.pool.is_published(b)]
         assert not bad, f"write into published prefix-cache blocks {bad}"
+        free = [b for b in blocks if self.kv.pool.ref_cnt[b] == 0]
+        assert not free, f"write into free KV blocks {free}"
