@@ -22,7 +22,8 @@ from mtpx.engine.request import Request
 class ScheduledPrefill:
     """Positions [start, start + num_tokens) of `request` run through the target this step;
     is_last: the chunk reaches the last known token, so the target samples the next one and the
-    speculator drafts; hit_blocks: prefix-cache blocks taken at admission (first chunk only)."""
+    speculator drafts; new: the request was admitted this step (it needs a batch slot, its tokens
+    in the token buffer, and its recurrent state from the prefix hit at `start`)."""
 
     request: Request
     start: int
