@@ -130,7 +130,7 @@ def _generate(llm: LLM, prompts, params, label: str, client: dict):
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     """Run the evaluation described by cfg (model, data, eval, spec, logger). Returns the exit
-    code: 0, or 1 when the lossless check found a mismatch."""
+    code: 0, or 1 when the lossless check found a mismatch or every request failed."""
     e = cfg.eval
     spec = cfg.get("spec")
     method = spec.method if spec is not None else None
@@ -197,4 +197,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     finally:
         logger.finish()
     print(f"run directory: {out_dir}")
+    if outs and all(o.error for o in outs):
+        print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
+        return 1
     return code

@@ -96,6 +96,17 @@ def test_eval_with_preemption(tiny_ckpt, tmp_path):
     assert metrics["num_failed"] == 0 and metrics["lossless_mismatches"] == 0
 
 
+def test_eval_exits_1_when_every_request_fails(tiny_ckpt, tmp_path, capsys):
+    """A pool too small for any request: each fails alone with an error naming engine.num_blocks,
+    and the run exits 1 instead of reporting an empty success."""
+    cfg = _cfg([f"model.path={tiny_ckpt}", "eval.num_prompts=3", "eval.max_tokens=30", "logger=none",
+                "engine.block_size=4", "engine.num_blocks=2", "eval.check_lossless=false"])
+    assert run_eval(cfg, tmp_path) == 1
+    err = capsys.readouterr().err
+    assert err.count("engine.num_blocks") == 3 and "all 3 requests failed" in err
+    assert json.loads((tmp_path / "metrics.json").read_text())["num_failed"] == 3
+
+
 def test_eval_with_request_rate(tiny_ckpt, tmp_path):
     cfg = _cfg([f"model.path={tiny_ckpt}", "eval.num_prompts=4", "eval.max_tokens=3", "logger=none",
                 "eval.request_rate=20", "eval.seed=1", "eval.concurrency=null"])

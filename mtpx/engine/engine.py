@@ -125,6 +125,8 @@ class Engine:
                     and pending[0].arrival_offset <= now - start:
                 r = pending.popleft()
                 if r.finished:                  # aborted before it arrived
+                    if on_finish is not None:
+                        on_finish(r)
                     continue
                 # it arrived at its offset, or when the client got a free slot (whichever is later)
                 self._add(r, min(now, max(start + r.arrival_offset, self._slot_freed)))
