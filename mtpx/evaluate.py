@@ -12,6 +12,11 @@ With eval.check_lossless the prompts are decoded again without speculation and a
 tokens differ is a mismatch (exit code 1), unless the plain run's top-2 logit gap at the first
 differing token is below eval.tie_tolerance (a near-tie: fp32 rounding between a k+1-token and a
 1-token forward can flip an argmax there); near-ties are listed with their position and gap.
+Sampling: eval.temperature (0 = greedy), eval.top_k, eval.top_p, eval.min_p; request i samples
+with seed eval.seed + i, so a run is reproducible. At temperature > 0 outputs are not
+token-identical to plain decoding, so the lossless check (a greedy-only check) is skipped; sampled
+runs are checked against the target distribution by the engine's distribution tests. A spec's
+draft_sample_method (greedy | probabilistic) and verify (standard | block) go to the LLM.
 """
 from __future__ import annotations
 
@@ -113,6 +118,50 @@ def client_args(e: DictConfig, num_prompts: int) -> dict:
                 arrival_offsets=poisson_arrival_offsets(num_prompts, rate, seed))
 
 
+def _number(section: str, cfg: DictConfig, key: str, ok, requirement: str) -> float:
+    """cfg[key] as a float for which ok(value) holds; ValueError naming section.key otherwise."""
+    raw = cfg.get(key)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(raw, bool) or not ok(value):
+        raise ValueError(f"{section}.{key}={raw!r}: must be {requirement}")
+    return value
+
+
+def sampling_params(e: DictConfig, num_prompts: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt from the eval config: max_tokens, temperature, top_k, top_p,
+    min_p, and seed = eval.seed + prompt index (reproducible sampled runs). Raises ValueError
+    naming the key."""
+    temperature = _number("eval", e, "temperature", lambda v: 0 <= v < math.inf,
+                          "a number >= 0 (0 = greedy)")
+    top_p = _number("eval", e, "top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = all tokens)")
+    min_p = _number("eval", e, "min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)")
+    top_k = _int_or_none("eval", e, "top_k", -1)
+    max_tokens = _int_or_none("eval", e, "max_tokens", 1)
+    seed = _int_or_none("eval", e, "seed", 0)
+    return [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           min_p=min_p, seed=seed + i) for i in range(num_prompts)]
+
+
+SPEC_CHOICES = {"draft_sample_method": ("greedy", "probabilistic"), "verify": ("standard", "block")}
+
+
+def spec_args(spec: DictConfig | None) -> dict:
+    """LLM keyword arguments from the spec config: draft_sample_method and verify (absent keys take
+    the first choice); {} without a spec. Raises ValueError naming spec.KEY and the choices."""
+    if spec is None:
+        return {}
+    args = {}
+    for key, choices in SPEC_CHOICES.items():
+        value = spec.get(key, choices[0])
+        if value not in choices:
+            raise ValueError(f"spec.{key}={value!r}: choose one of {', '.join(choices)}")
+        args[key] = value
+    return args
+
+
 def _generate(llm: LLM, prompts, params, label: str, client: dict):
     """Timed generation after a 2-token warm-up request (first-call allocations and lazy
     initialisation are not billed to the first measured run). The prefix cache is emptied after
@@ -139,9 +188,11 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     engine = engine_args(cfg.engine)
     prompts = load_prompts(cfg.data, e.num_prompts)
     client = client_args(e, len(prompts))
+    params = sampling_params(e, len(prompts))
+    sampled = not params[0].greedy if params else False
+    spec_kw = spec_args(spec)
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=e.dtype,
-              threads=e.get("threads"), **engine)
-    params = SamplingParams(max_tokens=e.max_tokens)
+              threads=e.get("threads"), **engine, **spec_kw)
     name = method or "no spec"
 
     outs, duration = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client)
@@ -155,7 +206,10 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in prompts])
 
     code = 0
-    if e.check_lossless and method is not None:
+    if e.check_lossless and method is not None and sampled:
+        print(f"lossless check skipped: it is a greedy-only check (eval.temperature=0); sampled runs "
+              f"(eval.temperature={params[0].temperature:g}) are checked by the distribution tests")
+    elif e.check_lossless and method is not None:
         plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None, record_logit_gaps=True,
                         **engine)
         plain, plain_duration = _generate(plain_llm, prompts, params,
@@ -178,13 +232,17 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         for o in outs])
     atomic_write_json(out_dir / "metrics.json", metrics)
     k_text = f", k={llm.num_speculative_tokens}" if method is not None else ""
+    if method is not None:
+        k_text += (f", draft {spec_kw.get('draft_sample_method', 'greedy')}, "
+                   f"verify {spec_kw.get('verify', 'standard')}")
+    sampling = _sampling_text(params[0]) if params else "no requests"
     setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}"]
     if client["arrival_offsets"] is not None:
         setup.append(f"{float(e.request_rate):g} req/s")
     if engine["enable_prefix_caching"]:
         setup.append("prefix caching")
     report = format_report(metrics, f"mtpx eval: {name}{k_text}, {cfg.data.name}, {len(prompts)} "
-                                    f"prompts, max_tokens {e.max_tokens}, {e.dtype}, "
+                                    f"prompts, max_tokens {e.max_tokens}, {sampling}, {e.dtype}, "
                                     f"{', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
@@ -201,3 +259,15 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
         return 1
     return code
+
+
+def _sampling_text(p: SamplingParams) -> str:
+    """"temperature 1, top_k 50, top_p 0.9": the temperature, then the filters that are set."""
+    parts = [f"temperature {p.temperature:g}"]
+    if p.top_k not in (0, -1):
+        parts.append(f"top_k {p.top_k}")
+    if p.top_p != 1.0:
+        parts.append(f"top_p {p.top_p:g}")
+    if p.min_p != 0.0:
+        parts.append(f"min_p {p.min_p:g}")
+    return ", ".join(parts)

@@ -1,5 +1,6 @@
 """The main job through Hydra (in-process compose): eval writes metrics.json with exactly the
 documented keys, outputs.jsonl and the PNG; bad input gives one clear error line (exit code 2)."""
+import inspect
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from hydra import compose, initialize_config_dir
 
 from mtpx import LLM, SamplingParams
 from mtpx.cli import run
-from mtpx.evaluate import poisson_arrival_offsets, run_eval
+from mtpx.evaluate import _sampling_text, poisson_arrival_offsets, run_eval, sampling_params
 from mtpx.train.checkpoint import save_checkpoint
 from mtpx.train.tokenizer import train_tokenizer
 from tests.conftest import peaked_model, tiny_config
@@ -18,8 +19,10 @@ CONF = str(Path(__file__).resolve().parents[1] / "conf")
 METRIC_KEYS = {"num_requests", "num_failed", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
                "acceptance_rate", "acceptance_length", "per_position_acceptance", "num_prompt_tokens",
                "num_cached_tokens", "prefix_cache_hit_rate", "num_preemptions", "output_throughput",
-               "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms",
-               "duration_s", "lossless_mismatches"}
+               "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
+               "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms",
+               "median_e2el_ms", "duration_s", "lossless_mismatches"}
+ENGINE_HAS_SAMPLED_SPEC = {"draft_sample_method", "verify"} <= set(inspect.signature(LLM).parameters)
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +128,51 @@ def test_poisson_arrival_offsets():
     assert poisson_arrival_offsets(1, 4.0, 0) == [0.0] and poisson_arrival_offsets(0, 4.0, 0) == []
 
 
+@pytest.mark.skipif(not ENGINE_HAS_SAMPLED_SPEC,
+                    reason="LLM does not accept draft_sample_method / verify yet")
+def test_sampled_eval_with_block_verification(tiny_ckpt, tmp_path, capsys):
+    """temperature 1 with multi-module MTP and block verification: the run finishes, the lossless
+    check is skipped with one line (a greedy-only check), its keys stay null, the title says how
+    the run sampled, and the same seeds give the same tokens."""
+    overrides = [f"model.path={tiny_ckpt}", "eval.temperature=1.0", "+spec=mtp8", "spec.verify=block",
+                 "spec.num_speculative_tokens=4", "eval.num_prompts=4", "eval.max_tokens=10",
+                 "logger=none", "eval.seed=3"]
+    assert run_eval(_cfg(overrides), tmp_path / "a") == 0
+    out = capsys.readouterr().out
+    assert "lossless check skipped: it is a greedy-only check" in out
+    assert "distribution tests" in out
+    metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert METRIC_KEYS <= set(metrics) and "plain_output_throughput" not in metrics
+    assert metrics["lossless_mismatches"] is None and "lossless_near_ties" not in metrics
+    assert metrics["num_failed"] == 0 and metrics["num_draft_tokens"] > 0
+    report = (tmp_path / "a" / "report.txt").read_text()
+    assert "temperature 1" in report and "verify block" in report and "draft greedy" in report
+    assert "Lossless" not in report
+    assert run_eval(_cfg(overrides), tmp_path / "b") == 0
+    tokens = [(tmp_path / d / "outputs.jsonl").read_text() for d in "ab"]
+    assert [json.loads(x)["output_token_ids"] for x in tokens[0].splitlines()] == \
+        [json.loads(x)["output_token_ids"] for x in tokens[1].splitlines()]
+
+
+def test_mtp8_block_preset_is_mtp8_with_block_verification():
+    block, mtp8 = _cfg(["+spec=mtp8_block"]).spec, _cfg(["+spec=mtp8"]).spec
+    assert block.method == "mtp8" and block.verify == "block"
+    assert dict(mtp8) == dict(block, verify="standard")
+    assert _cfg(["+spec=mtp1"]).spec.draft_sample_method == "greedy"
+
+
+def test_sampling_params_from_eval_config():
+    e = _cfg(["eval.temperature=0.7", "eval.top_k=50", "eval.top_p=0.9", "eval.seed=5",
+              "eval.max_tokens=7"]).eval
+    params = sampling_params(e, 3)
+    assert [p.seed for p in params] == [5, 6, 7]
+    assert all((p.max_tokens, p.temperature, p.top_k, p.top_p, p.min_p) == (7, 0.7, 50, 0.9, 0.0)
+               for p in params)
+    assert _sampling_text(params[0]) == "temperature 0.7, top_k 50, top_p 0.9"
+    default = sampling_params(_cfg([]).eval, 1)[0]
+    assert default.greedy and _sampling_text(default) == "temperature 0"
+
+
 def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     data = tmp_path / "g.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2\\n#### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n')
@@ -151,6 +199,14 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["eval.concurrency=0"], "eval.concurrency"),
     (["eval.request_rate=0"], "eval.request_rate"),
     (["eval.request_rate=fast"], "eval.request_rate"),
+    (["eval.temperature=-1"], "eval.temperature=-1: must be a number >= 0"),
+    (["eval.temperature=hot"], "eval.temperature"),
+    (["eval.top_p=0"], "eval.top_p"),
+    (["eval.top_k=-2"], "eval.top_k"),
+    (["eval.min_p=2"], "eval.min_p"),
+    (["+spec=mtp8", "spec.verify=foo"], "spec.verify='foo': choose one of standard, block"),
+    (["+spec=mtp1", "spec.draft_sample_method=beam"],
+     "spec.draft_sample_method='beam': choose one of greedy, probabilistic"),
 ])
 def test_bad_input_one_clear_line(tiny_ckpt, overrides, message, capsys):
     cfg = _cfg([f"model.path={tiny_ckpt}", "logger=none", "eval.num_prompts=2"] + overrides)
@@ -204,7 +260,7 @@ def test_unknown_config_group_option_is_one_line():
     conf = Path(CONF)
     assert check_group_overrides(["+spec=mtp8", "data=gsm8k", "eval.max_tokens=3"], conf) is None
     assert check_group_overrides(["+spec=mtp9"], conf) == \
-        "unknown spec 'mtp9': choose one of mtp1, mtp8 (+spec=NAME)"
+        "unknown spec 'mtp9': choose one of mtp1, mtp8, mtp8_block (+spec=NAME)"
     assert "unknown data set 'squad'" in check_group_overrides(["data=squad"], conf)
     assert check_group_overrides(["engine=vllm"], conf) == \
         "unknown engine config 'vllm': choose one of default (engine=NAME)"

@@ -115,6 +115,11 @@ def test_compute_metrics_trace():
     assert m["mean_itl_ms"] == pytest.approx(2000 / 4)
     assert m["median_itl_ms"] == pytest.approx((250 + 500) / 2)
     assert m["p99_itl_ms"] == pytest.approx(500 + 0.97 * (1000 - 500))  # rank 0.99 * 3 = 2.97
+    # E2EL of the successful requests: 1200, 100, 1400 ms
+    assert m["mean_e2el_ms"] == pytest.approx((1200 + 100 + 1400) / 3)
+    assert m["median_e2el_ms"] == pytest.approx(1200)
+    assert m["median_ttft_ms"] == pytest.approx(200) and m["median_tpot_ms"] == pytest.approx(175)
+    assert m["request_throughput"] == 3 / 2.0
     assert m["duration_s"] == 2.0
     assert m["lossless_mismatches"] is None
     assert (m["num_prompt_tokens"], m["num_cached_tokens"]) == (9, 0)  # 3 successful x 3 tokens
@@ -137,6 +142,64 @@ def test_itl_counts_emissions_not_tokens():
     assert m["median_itl_ms"] == 250.0
     assert m["p99_itl_ms"] == pytest.approx(250 + 0.97 * (500 - 250))  # rank 0.99 * 3 = 2.97
     assert m["mean_tpot_ms"] == (125 + 125) / 2
+
+
+def test_latency_medians_e2el_and_request_throughput():
+    """vLLM benchmark_serving's definitions on dyadic times (exact values): E2EL = finish -
+    arrival, TPOT = (E2EL - TTFT) / (output tokens - 1) for > 1 token, request throughput =
+    successful requests / duration; failed requests are left out of all of them."""
+    outs = [
+        _request(0, [], 5, 0.0, 0.25, 1.25),  # TTFT 250, E2EL 1250, TPOT 1000 / 4 = 250
+        _request(1, [], 3, 1.0, 1.5, 1.75),  # TTFT 500, E2EL 750, TPOT 250 / 2 = 125
+        _request(2, [], 1, 2.0, 2.125, 2.125),  # TTFT 125, E2EL 125, one token: no TPOT
+        _request(3, [], 3, 0.5, 1.5, 3.5),  # TTFT 1000, E2EL 3000, TPOT 2000 / 2 = 1000
+        _request(4, [], 9, 0.0, 0.5, None, error="boom"),  # failed
+    ]
+    m = compute_metrics(outs, 4.0, 0)
+    assert m["request_throughput"] == 4 / 4.0 == 1.0
+    assert m["output_throughput"] == (5 + 3 + 1 + 3) / 4.0
+    assert m["mean_ttft_ms"] == (250 + 500 + 125 + 1000) / 4 == 468.75
+    assert m["median_ttft_ms"] == (250 + 500) / 2
+    assert m["mean_tpot_ms"] == pytest.approx((250 + 125 + 1000) / 3)
+    assert m["median_tpot_ms"] == 250.0
+    assert m["mean_e2el_ms"] == (1250 + 750 + 125 + 3000) / 4 == 1281.25
+    assert m["median_e2el_ms"] == (750 + 1250) / 2
+    text = format_report(m, "latencies")
+    for label, value in [("Median TTFT (ms)", "375.00"), ("Median TPOT (ms)", "250.00"),
+                         ("Mean E2EL (ms)", "1281.25"), ("Median E2EL (ms)", "1000.00"),
+                         ("Request throughput (req/s)", "1.00")]:
+        line = next(x for x in text.splitlines() if label in x)
+        assert line.split()[-1] == value, line
+    none = compute_metrics([_request(0, [], 3, 0.0, 0.1, None, error="oom")], 1.0, 0)
+    assert none["request_throughput"] == 0.0
+    assert all(none[k] is None for k in ("median_ttft_ms", "median_tpot_ms", "mean_e2el_ms",
+                                         "median_e2el_ms"))
+
+
+def test_compare_runs_shows_the_reference_rows(tmp_path, capsys):
+    """tools/compare_runs.py on two metrics.json files: every row of the reference's
+    temperature-1 table, in its order of appearance within our rows, with a Δ."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "tools" / "compare_runs.py"
+    spec = importlib.util.spec_from_file_location("compare_runs", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    a = compute_metrics(_trace(), 2.0, K)
+    b = dict(a, median_e2el_ms=a["median_e2el_ms"] * 2, request_throughput=1.0)
+    for name, m in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        atomic_write_json(tmp_path / name / "metrics.json", m)
+    assert tool.main([f"MTP1={tmp_path / 'a'}", f"MTP8={tmp_path / 'b'}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    labels = {line.split(" | ")[0][2:] for line in lines[2:]}
+    reference = ["Benchmark duration (s)", "Request throughput (req/s)",
+                 "Output token throughput (tok/s)", "Median TTFT (ms)", "Median TPOT (ms)",
+                 "Median ITL (ms)", "Median E2EL (ms)", "Acceptance rate (%)", "Acceptance length",
+                 "Draft tokens", "Accepted tokens", "Per-position acceptance (%) — Pos 0"]
+    assert set(reference) <= labels
+    assert "| Request throughput (req/s) | 1.50 | 1.00 | -33.3% |" in lines
+    assert "| Median E2EL (ms) | 1200.00 | 2400.00 | +100.0% |" in lines
 
 
 def test_prefix_cache_hit_rate_and_preemptions():

@@ -34,9 +34,13 @@ import torch
 from mtpx.cache.kv_cache_manager import KVCacheManager
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.request import Request
+from mtpx.engine.sampler import DraftSampler, RequestSampling, sample
 from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec.common import last_valid
+from mtpx.spec.verification import VERIFIERS
+
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 
 
 class Engine:
@@ -47,7 +51,11 @@ class Engine:
     enable_prefix_caching: share full blocks across requests by content; max_num_batched_tokens:
     target tokens per step (prefills are chunked to fit); record_logit_gaps: keep the top-2 logit
     gap of every emitted token; check_invariants: assert on every KV write that no published block
-    is written, and the block pool's bookkeeping after every step (tests).
+    is written, and the block pool's bookkeeping after every step (tests); verify: "standard"
+    (token-level speculative sampling) or "block" (block verification) for requests with
+    temperature > 0 (mtpx/spec/verification.py; greedy requests verify by argmax either way);
+    draft_sample_method: "greedy" (argmax drafts, one-hot draft distribution) or "probabilistic"
+    (drafts sampled from the draft distribution, processed like the target's).
 
     Raises ValueError naming the config key for values it cannot run with.
     """
@@ -56,7 +64,16 @@ class Engine:
                  max_model_len: int | None = None, record_logit_gaps: bool = False,
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
-                 check_invariants: bool = False):
+                 check_invariants: bool = False, verify: str = "standard",
+                 draft_sample_method: str = "greedy"):
+        if verify not in VERIFIERS:
+            raise ValueError(f"verify={verify!r}: choose one of {sorted(VERIFIERS)} (spec.verify)")
+        if draft_sample_method not in DRAFT_SAMPLE_METHODS:
+            raise ValueError(f"draft_sample_method={draft_sample_method!r}: choose one of "
+                             f"{list(DRAFT_SAMPLE_METHODS)} (spec.draft_sample_method)")
+        self.verify = verify
+        self.verifier = VERIFIERS[verify]
+        self.draft_sample_method = draft_sample_method
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs={max_num_seqs}: need at least one batch slot "
                              "(engine.max_num_seqs >= 1)")
@@ -173,6 +190,10 @@ class Engine:
 
     def _add(self, r: Request, now: float) -> None:
         r.arrival_time = now
+        if not r.params.greedy and r.generator is None:
+            r.generator = torch.Generator()
+            r.generator.manual_seed(r.params.seed if r.params.seed is not None
+                                    else int(torch.randint(2**62, (1,))))
         worst = min(self.max_len, len(r.prompt_token_ids) + r.params.max_tokens + 2 * self.k + 2)
         need = -(-worst // self.block_size)
         if need > self.num_blocks:
@@ -237,7 +258,11 @@ class Engine:
         if last:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
-            tok = logits.argmax(-1)
+            sampling = self._sampling([reqs[b] for b in last])
+            if sampling.all_greedy:
+                tok = logits.argmax(-1)
+            else:
+                tok = sample(sampling.probs(logits), sampling.uniforms([1] * len(last))[:, 0])
             cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
             gaps = self._gaps(logits[:, None])
             for j, b in enumerate(last):
@@ -257,9 +282,13 @@ class Engine:
         ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)  # x_n, d_1..
         h = model.model(ids, meta, cache.target)
         logits = model.lm_head(h)                                          # [B, T, vocab]
-        target = logits.argmax(-1)                                         # [B, T]
-        match = (ids[:, 1:] == target[:, :-1]) & meta.valid[:, 1:]
-        accepted = match.long().cumprod(1).sum(1)                         # [B] = m
+        sampling = self._sampling(reqs)
+        if sampling.all_greedy:
+            target = logits.argmax(-1)                                     # [B, T]
+            match = (ids[:, 1:] == target[:, :-1]) & meta.valid[:, 1:]
+            accepted = match.long().cumprod(1).sum(1)                     # [B] = m
+        else:
+            accepted, target = self._verify_sampled(reqs, ids, logits, num_drafts, sampling)
         cache.commit_recurrent(accepted, self._boundaries(meta, accepted))
         gaps = self._gaps(logits)
         # known tokens x_{n+1..n+m+1} = target[:, :m+1] (accepted drafts, then the bonus token)
@@ -295,9 +324,43 @@ class Engine:
             idx = torch.tensor(keep, device=self.device)
             rows, hidden, draft, meta = rows[idx], hidden[idx], draft[idx], meta.select(idx)
         num_tokens = torch.tensor([reqs[b].num_tokens for b in keep], device=self.device)
-        drafts = self.speculator.propose(self.cache, rows, num_tokens, meta, hidden, draft).tolist()
-        for j, b in enumerate(keep):
-            reqs[b].draft_token_ids = drafts[j] if bool(draft[j]) else []
+        kept = [reqs[b] for b in keep]
+        sampling = self._sampling(kept)
+        extra = {}
+        if not sampling.all_greedy and self.draft_sample_method == "probabilistic":
+            extra["sampler"] = DraftSampler(sampling, draft, self.k, probabilistic=True)
+        drafts = self.speculator.propose(self.cache, rows, num_tokens, meta, hidden, draft,
+                                         **extra).tolist()
+        q = extra["sampler"].q if extra else None
+        for j, r in enumerate(kept):
+            r.draft_token_ids = drafts[j] if bool(draft[j]) else []
+            r.draft_probs = q[j] if q is not None and bool(draft[j]) else None
+
+    def _sampling(self, reqs: list[Request]) -> RequestSampling:
+        return RequestSampling([r.params for r in reqs], [r.generator for r in reqs], self.device)
+
+    def _verify_sampled(self, reqs, ids, logits, num_drafts, sampling: RequestSampling):
+        """Verification at temperature > 0 (greedy rows of the batch get one-hot target
+        distributions, which reduces to argmax matching). Returns (accepted [B], emitted [B, T]:
+        the accepted drafts then the final token at index accepted[b])."""
+        B, T = ids.shape
+        p = sampling.probs(logits)                                         # [B, T, V]
+        x = ids[:, 1:]                                                     # drafts [B, T-1]
+        nd = num_drafts.tolist()
+        if T > 1:
+            V = p.shape[-1]
+            q = torch.nn.functional.one_hot(x, V).to(p.dtype)              # greedy drafts
+            for b, r in enumerate(reqs):
+                if r.draft_probs is not None and nd[b]:
+                    q[b, : nd[b]] = r.draft_probs[: nd[b]].to(p.dtype)
+            eta = sampling.uniforms(nd, T - 1)
+            accepted, final = self.verifier(x, q, p, num_drafts, eta)
+        else:
+            accepted, final = torch.zeros(B, dtype=torch.long, device=ids.device), p[:, 0]
+        y = sample(final, sampling.uniforms([1] * B)[:, 0])
+        emitted = torch.cat([x, torch.zeros(B, 1, dtype=x.dtype, device=x.device)], 1)
+        emitted[torch.arange(B, device=ids.device), accepted] = y
+        return accepted, emitted
 
     def _gaps(self, logits: torch.Tensor):
         if not self.record_logit_gaps:

@@ -32,7 +32,9 @@ class LLM:
     "float64" or "bfloat16" for a checkpoint folder (a model instance keeps its own dtype);
     max_model_len: positions per request, at most the model's max_position_embeddings;
     block_size, num_blocks, enable_prefix_caching, max_num_batched_tokens: the paged KV cache and
-    scheduler (Engine); check_invariants: assert cache invariants on every step (tests). Raises ValueError for an unknown spec or dtype, or more speculative
+    scheduler (Engine); check_invariants: assert cache invariants on every step (tests);
+    verify ("standard" | "block") and draft_sample_method ("greedy" | "probabilistic"): how drafts
+    are made and verified for requests with temperature > 0 (Engine). Raises ValueError for an unknown spec or dtype, or more speculative
     tokens than multi-module MTP has modules; FileNotFoundError for a missing checkpoint."""
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
@@ -41,7 +43,8 @@ class LLM:
                  record_logit_gaps: bool = False, threads: int | None = None,
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
-                 check_invariants: bool = False):
+                 check_invariants: bool = False, verify: str = "standard",
+                 draft_sample_method: str = "greedy"):
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -55,7 +58,8 @@ class LLM:
         self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
         self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
                              record_logit_gaps, block_size, num_blocks, enable_prefix_caching,
-                             max_num_batched_tokens, check_invariants)
+                             max_num_batched_tokens, check_invariants, verify,
+                             draft_sample_method)
         self.max_model_len = self.engine.max_model_len
 
     @property

@@ -13,7 +13,8 @@ class Request:
 
     Engine bookkeeping (vLLM v1 names): num_computed_tokens: positions [0, n) whose target KV and
     recurrent state are final; row: batch slot while running (-1 otherwise); draft_token_ids:
-    proposed, not yet verified; num_cached_tokens: prompt tokens served by the prefix cache at
+    proposed, not yet verified (draft_probs: their draft distributions when sampled); generator:
+    the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
     first admission; num_preemptions: times its blocks were taken back (it recomputes).
     Times (time.perf_counter() seconds): arrival_time when it entered the engine,
     first_token_time, finish_time; emission_times: one entry per step that emitted tokens
@@ -28,6 +29,8 @@ class Request:
     row: int = -1
     output_token_ids: list[int] = field(default_factory=list)
     draft_token_ids: list[int] = field(default_factory=list)
+    draft_probs: object = None          # [k, V] draft distributions of sampled drafts, or None
+    generator: object = None            # torch.Generator of a request with temperature > 0
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0

@@ -6,18 +6,36 @@ from dataclasses import dataclass, field
 
 @dataclass
 class SamplingParams:
-    """max_tokens: output tokens at most; temperature: 0 = greedy (the only mode so far);
-    stop_token_ids: generation ends after emitting one of these (the eos id is added unless
-    ignore_eos). Raises ValueError on values the engine cannot honour."""
+    """max_tokens: output tokens at most; temperature: 0 = greedy, else sample from
+    softmax(logits / temperature) after top_k (keep the k most likely tokens; 0 or -1 = all),
+    top_p (keep the smallest set whose probability reaches top_p; 1 = all) and min_p (drop tokens
+    below min_p x the top probability; 0 = none), in that order, as vLLM applies them; seed: the
+    request's own random generator (None: drawn from torch's global generator), so its output
+    with a given seed does not depend on the other requests in the batch; stop_token_ids:
+    generation ends after emitting one of these (the eos id is added unless ignore_eos).
+    Raises ValueError on values the engine cannot honour."""
 
     max_tokens: int = 128
     temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
 
     def __post_init__(self):
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens}: must be >= 1")
-        if self.temperature != 0.0:
-            raise ValueError(f"temperature={self.temperature}: mtpx decodes greedily so far; "
-                             "use temperature=0")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if self.top_k < -1:
+            raise ValueError(f"top_k={self.top_k}: must be >= 1, or 0 / -1 for all tokens")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p={self.min_p}: must be in [0, 1]")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

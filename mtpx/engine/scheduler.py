@@ -144,6 +144,7 @@ class Scheduler:
         self.kv.free(r.index)
         r.num_computed_tokens = 0
         r.draft_token_ids = []
+        r.draft_probs = None
         r.num_preemptions += 1
         self.waiting.appendleft(r)
 

@@ -7,10 +7,11 @@ Definitions follow vLLM (ARCHITECTURE.md invariant 7):
   accepted / draft tokens; mean acceptance length = 1 + accepted / num_drafts; per-position
   acceptance[i] = rounds whose i-th draft was accepted / num_drafts.
 - vLLM ``benchmarks/benchmark_serving.py`` (``calculate_metrics``): TTFT is first token time
-  minus start; TPOT = (latency - TTFT) / (output tokens - 1), only for requests with more than one
-  output token; ITL = the gaps between consecutive streamed chunks of a request, pooled over all
-  requests (several tokens accepted in one step are one chunk, one emission); output throughput =
-  output tokens of successful requests / benchmark duration.
+  minus start; E2EL (end-to-end latency) is finish time minus start; TPOT = (E2EL - TTFT) /
+  (output tokens - 1), only for requests with more than one output token; ITL = the gaps between
+  consecutive streamed chunks of a request, pooled over all requests (several tokens accepted in one step are one chunk, one emission); output throughput =
+  output tokens of successful requests / benchmark duration; request throughput = successful
+  requests / benchmark duration.
 - vLLM prefix caching: hit rate = prompt tokens served from the prefix cache / prompt tokens.
 """
 
@@ -132,11 +133,16 @@ METRIC_KEYS: tuple[str, ...] = (
     "prefix_cache_hit_rate",
     "num_preemptions",
     "output_throughput",
+    "request_throughput",
     "mean_ttft_ms",
+    "median_ttft_ms",
     "mean_tpot_ms",
+    "median_tpot_ms",
     "mean_itl_ms",
     "median_itl_ms",
     "p99_itl_ms",
+    "mean_e2el_ms",
+    "median_e2el_ms",
     "duration_s",
     "lossless_mismatches",
 )
@@ -198,13 +204,16 @@ def compute_metrics(
           prefix caching is off or there are no prompt tokens.
         - ``num_preemptions``: times a request's KV blocks were taken back, summed over all requests.
         - ``output_throughput``: output tokens of successful requests / duration, tokens/s.
-        - ``mean_ttft_ms``: mean (first_token_time - arrival_time) over successful requests that
-          emitted a token, ms; None if none.
-        - ``mean_tpot_ms``: mean (finish_time - first_token_time) / (output tokens - 1) over
+        - ``request_throughput``: successful requests / duration, requests/s.
+        - ``mean_ttft_ms``, ``median_ttft_ms``: TTFT = first_token_time - arrival_time, over
+          successful requests that emitted a token, ms; None if none.
+        - ``mean_tpot_ms``, ``median_tpot_ms``: TPOT = (E2EL - TTFT) / (output tokens - 1) over
           successful requests with >= 2 output tokens, ms; None if none.
         - ``mean_itl_ms``, ``median_itl_ms``, ``p99_itl_ms``: over the gaps between consecutive
           emissions (``emission_times``) of successful requests, pooled, ms (percentiles by
           numpy's linear interpolation, as in vLLM); None if no request emitted twice.
+        - ``mean_e2el_ms``, ``median_e2el_ms``: E2EL = finish_time - arrival_time over successful
+          requests, ms; None if none.
         - ``duration_s``: as given; ``lossless_mismatches``: None (the caller fills it).
 
         The caller may add keys (``accuracy``, ...) afterwards.
@@ -239,8 +248,9 @@ def compute_metrics(
     ttfts = [
         (o.first_token_time - o.arrival_time) * 1000.0 for o in ok if o.first_token_time is not None
     ]
+    e2els = [(o.finish_time - o.arrival_time) * 1000.0 for o in ok if o.finish_time is not None]
     tpots = [
-        (o.finish_time - o.first_token_time) * 1000.0 / (len(o.output_token_ids) - 1)
+        (o.finish_time - o.first_token_time) * 1000.0 / (len(o.output_token_ids) - 1)  # E2EL - TTFT
         for o in ok
         if len(o.output_token_ids) >= 2 and o.first_token_time is not None and o.finish_time is not None
     ]
@@ -266,11 +276,16 @@ def compute_metrics(
         "prefix_cache_hit_rate": hit_rate,
         "num_preemptions": sum(o.num_preemptions for o in outputs),
         "output_throughput": sum(len(o.output_token_ids) for o in ok) / duration_s,
+        "request_throughput": len(ok) / duration_s,
         "mean_ttft_ms": _mean(ttfts),
+        "median_ttft_ms": _percentile(ttfts, 50),
         "mean_tpot_ms": _mean(tpots),
+        "median_tpot_ms": _percentile(tpots, 50),
         "mean_itl_ms": _mean(itls),
         "median_itl_ms": _percentile(itls, 50),
         "p99_itl_ms": _percentile(itls, 99),
+        "mean_e2el_ms": _mean(e2els),
+        "median_e2el_ms": _percentile(e2els, 50),
         "duration_s": duration_s,
         "lossless_mismatches": None,
     }

@@ -70,7 +70,7 @@ class MultiModuleMTPSpeculator:
     @torch.no_grad()
     def propose(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
                 target_meta: ForwardMeta, target_hidden: torch.Tensor,
-                draft: torch.Tensor | None = None) -> torch.Tensor:
+                draft: torch.Tensor | None = None, sampler=None) -> torch.Tensor:
         """Same contract as SingleModuleMTPSpeculator.propose; returns drafts [B, k]."""
         model = self.model
         draft = torch.ones_like(rows, dtype=torch.bool) if draft is None else draft
@@ -90,7 +90,9 @@ class MultiModuleMTPSpeculator:
             ran.append((k, meta, a))
             self.computed[rows, k - 1] = end
             if bool(draft.any()):
-                d = model.lm_head(last_valid(a, meta)).argmax(-1)
+                logits = model.lm_head(last_valid(a, meta))
+                d = (logits.argmax(-1) if sampler is None
+                     else sampler(logits, torch.arange(rows.shape[0], device=rows.device), k - 1))
                 drafts[:, k - 1] = torch.where(draft, d, 0)
                 cache.tokens[rows[draft], (n + k)[draft]] = d[draft]           # read by module k+1
             prev, prev_start = a, start

@@ -53,11 +53,12 @@ class SingleModuleMTPSpeculator:
     @torch.no_grad()
     def propose(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
                 target_meta: ForwardMeta, target_hidden: torch.Tensor,
-                draft: torch.Tensor | None = None) -> torch.Tensor:
+                draft: torch.Tensor | None = None, sampler=None) -> torch.Tensor:
         """rows: [B]; num_tokens: [B] known tokens per request (x_0..x_n, n = num_tokens - 1);
         target_meta/target_hidden [B, T, hidden]: the target's newly computed positions (all of them
         accepted); draft: [B] bool, False for a request in the middle of a chunked prefill (its
-        module only catches up, num_tokens then counts its known prompt tokens). Returns drafts
+        module only catches up, num_tokens then counts its known prompt tokens); sampler:
+        None (argmax drafts) or an mtpx.engine.sampler.DraftSampler. Returns drafts
         [B, k] int64 (zeros where draft is False), also written to cache.tokens[:, n+1 .. n+k]."""
         model = self.model
         draft = torch.ones_like(rows, dtype=torch.bool) if draft is None else draft
@@ -81,7 +82,8 @@ class SingleModuleMTPSpeculator:
                 step_meta = cache.meta(n - 2 + i, torch.ones_like(n), rows)
                 emb = model.model.embed_tokens(out[-1][:, None])
                 a = model.mtp[0](emb, a[:, None], step_meta.positions, cache.draft[0], step_meta)[:, 0]
-            d = model.lm_head(a).argmax(-1)
+            logits = model.lm_head(a)
+            d = logits.argmax(-1) if sampler is None else sampler(logits, idx, i - 1)
             cache.tokens[rows, n + i] = d
             out.append(d)
         drafts[idx] = torch.stack(out, dim=1)
