@@ -166,3 +166,19 @@ def test_stop_token_inside_accepted_drafts_when_sampling(trained_tiny):
     assert out.output_token_ids == full.output_token_ids[: first + 1]
     assert out.finish_reason == "stop"
     assert out.spec.num_accepted_tokens <= len(out.output_token_ids) - 1
+
+
+@pytest.mark.parametrize("verify,draft", [("standard", "probabilistic"), ("block", "greedy")])
+def test_greedy_requests_stay_lossless_next_to_sampled_ones(trained_tiny, verify, draft):
+    """A batch mixing temperature 0 and temperature 1 requests takes the sampling path for all of
+    them; the greedy ones (one-hot target distributions) still emit exactly plain greedy tokens."""
+    prompts = [[(5 * i + j) % 64 for j in range(2 + i % 5)] for i in range(8)]
+    greedy = SamplingParams(max_tokens=16, ignore_eos=True)
+    plain = [o.output_token_ids for o in LLM(model=trained_tiny).generate(prompts, greedy)]
+    params = [greedy if i % 2 == 0 else SamplingParams(max_tokens=16, temperature=1.0, seed=i,
+                                                       ignore_eos=True) for i in range(8)]
+    llm = LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens=4, verify=verify,
+              draft_sample_method=draft)
+    outs = llm.generate(prompts, params)
+    assert [outs[i].output_token_ids for i in range(0, 8, 2)] == plain[0::2]
+    assert sum(outs[i].spec.num_accepted_tokens for i in range(0, 8, 2)) > 0
