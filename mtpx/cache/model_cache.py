@@ -65,6 +65,7 @@ class ModelCache:
         self.tokens = torch.zeros(rows, max_len, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(rows, self.max_blocks, dtype=torch.long, device=device)
         self._free = list(range(rows - 1, -1, -1))
+        self._num_synced = [0] * rows      # block-table entries already copied, per row
 
     @property
     def recurrent(self) -> list[RecurrentState]:
@@ -96,6 +97,7 @@ class ModelCache:
         if not self._free:
             raise RuntimeError("no free batch slot: the engine admitted more than max_num_seqs requests")
         row = self._free.pop()
+        self._num_synced[row] = 0
         for c in self.recurrent:
             c.reset(row)
         return row
@@ -104,11 +106,15 @@ class ModelCache:
         self._free.append(row)
 
     def set_block_table(self, row: int, blocks: list[int]) -> None:
-        """Copy a request's block ids (from the KV cache manager) into its row."""
+        """Copy a request's block ids (from the KV cache manager, which only appends to a running
+        request's table) into its row; only the entries added since the last call are copied."""
         if len(blocks) > self.max_blocks:
             raise ValueError(f"{len(blocks)} blocks exceed the row's {self.max_blocks}")
-        if blocks:
-            self.block_tables[row, : len(blocks)] = torch.tensor(blocks, device=self.block_tables.device)
+        done = self._num_synced[row]
+        if len(blocks) > done:
+            self.block_tables[row, done: len(blocks)] = torch.tensor(
+                blocks[done:], device=self.block_tables.device)
+            self._num_synced[row] = len(blocks)
 
     def commit_recurrent(self, index: torch.Tensor, save: tuple | None = None) -> None:
         """After a keep_states verification forward: keep the state after token index[b]; store the

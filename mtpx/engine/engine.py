@@ -297,6 +297,7 @@ class Engine:
         emitted_tokens, accepted_list = target.tolist(), accepted.tolist()
         for b, r in enumerate(reqs):
             m = accepted_list[b]
+            # set before _emit: a request that finishes there publishes its final blocks
             r.num_computed_tokens = r.num_tokens - 1 + m + 1
             self._emit(r, emitted_tokens[b][: m + 1], gaps[b] if gaps is not None else None,
                        int(num_drafts[b]), m)

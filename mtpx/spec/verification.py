@@ -43,11 +43,17 @@ def residual(p: torch.Tensor, q: torch.Tensor, weight: torch.Tensor | float = 1.
     return torch.where(total > 0, r / total.clamp(min=torch.finfo(r.dtype).tiny), p)
 
 
-def token_acceptance_probs(x: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """min(1, p_i(x_i) / q_i(x_i)) for every draft position: [B, K]."""
+def _ratio(x: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """p_i(x_i) / q_i(x_i) for every draft position, [B, K] (1 where q_i(x_i) = 0: such a draft
+    cannot have been sampled)."""
     K = x.shape[1]
     qx, px = _pick(q, x), _pick(p[:, :K], x)
-    return torch.where(qx > 0, (px / qx.clamp(min=torch.finfo(qx.dtype).tiny)).clamp(max=1), 1.0)
+    return torch.where(qx > 0, px / qx.clamp(min=torch.finfo(qx.dtype).tiny), 1.0)
+
+
+def token_acceptance_probs(x: torch.Tensor, q: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """min(1, p_i(x_i) / q_i(x_i)) for every draft position: [B, K]."""
+    return _ratio(x, q, p).clamp(max=1)
 
 
 def block_thresholds(x: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
@@ -55,9 +61,7 @@ def block_thresholds(x: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     """Block verification's thresholds h [B, K] (0 beyond num_drafts) and weights w [B, K + 1]
     (w_0 = 1), the recursion in the module doc."""
     B, K = x.shape
-    a = token_acceptance_probs(x, q, p)                    # p/q clipped: w_i = min(1, w_{i-1} p/q)
-    qx, px = _pick(q, x), _pick(p[:, :K], x)
-    ratio = torch.where(qx > 0, px / qx.clamp(min=torch.finfo(qx.dtype).tiny), a)
+    ratio = _ratio(x, q, p)
     w = [torch.ones(B, dtype=p.dtype, device=p.device)]
     h = []
     for i in range(1, K + 1):
