@@ -73,7 +73,16 @@ class LLM:
 
     @property
     def eos_token_id(self) -> int | None:
-        return self.model.cfg.eos_token_id
+        """The model's end-of-sequence id (the first one when the checkpoint lists several)."""
+        ids = self.eos_token_ids
+        return ids[0] if ids else None
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends a request unless SamplingParams.ignore_eos (config.json's
+        `eos_token_id`, an int or a list, and generation_config.json's for Hugging Face folders)."""
+        eos = self.model.cfg.eos_token_id
+        return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -115,8 +124,8 @@ class LLM:
         for i, (p, sp) in enumerate(zip(prompts, params)):
             ids = self.encode(p) if isinstance(p, str) else [int(t) for t in p]
             stop = set(sp.stop_token_ids)
-            if not sp.ignore_eos and self.eos_token_id is not None:
-                stop.add(self.eos_token_id)
+            if not sp.ignore_eos:
+                stop.update(self.eos_token_ids)
             req = Request(i, ids, sp, frozenset(stop))
             err = self._validate(ids)
             if err:

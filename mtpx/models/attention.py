@@ -1,9 +1,11 @@
-"""Gated full attention as in Qwen3-Next (Hugging Face `Qwen3NextAttention`).
+"""Full attention: Qwen3-Next's gated attention (Hugging Face `Qwen3NextAttention`) and, with
+flags off, the plain attention of Llama (`LlamaAttention`) and Qwen3 (`Qwen3Attention`).
 
-q_proj emits, per head, a query and an output gate interleaved as [head0: q(D) g(D), head1: ...];
-q and k get a per-head RMSNorm (zero-centred), partial RoPE, grouped-query attention, and the
-attention output is multiplied by sigmoid(gate) before o_proj (Qiu et al. 2025, "Gated Attention
-for Large Language Models", arXiv 2505.06708).
+With `attn_output_gate`, q_proj emits, per head, a query and an output gate interleaved as
+[head0: q(D) g(D), head1: ...] and the attention output is multiplied by sigmoid(gate) before
+o_proj (Qiu et al. 2025, "Gated Attention for Large Language Models", arXiv 2505.06708). With
+`use_qk_norm`, q and k get a per-head RMSNorm before RoPE (Qwen3, Qwen3-Next). Then (partial)
+RoPE, grouped-query attention with scale head_dim^-0.5, o_proj.
 """
 from __future__ import annotations
 
@@ -19,29 +21,38 @@ from mtpx.models.rope import apply_rope
 
 
 class GatedAttention(nn.Module):
-    """Gated grouped-query attention; forward(x [B, T, hidden]) -> [B, T, hidden] (module doc)."""
+    """(Gated) grouped-query attention; forward(x [B, T, hidden]) -> [B, T, hidden] (module doc)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        H, D = self.num_heads, self.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, H * D * 2, bias=False)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=False)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=False)
-        self.o_proj = nn.Linear(H * D, cfg.hidden_size, bias=False)
-        self.q_norm = RMSNorm(D, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.gated = cfg.attn_output_gate
+        H, D, bias = self.num_heads, self.head_dim, cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, H * D * (2 if self.gated else 1), bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=bias)
+        self.o_proj = nn.Linear(H * D, cfg.hidden_size, bias=bias)
+        if cfg.use_qk_norm:
+            self.q_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
+            self.k_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
+        else:
+            self.q_norm = self.k_norm = nn.Identity()
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None = None, meta: ForwardMeta | None = None) -> torch.Tensor:
         """x: [B, T, hidden]; cos, sin: [B, T, rotary_dim]. Without a cache: causal over T."""
         B, T, _ = x.shape
-        q, gate = self.q_proj(x).view(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        if self.gated:
+            q, gate = self.q_proj(x).view(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        else:
+            q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
         out = causal_attention(q, k, v) if cache is None else cached_attention(q, k, v, cache, meta)
-        out = out.reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
+        out = out.reshape(B, T, -1)
+        if self.gated:
+            out = out * torch.sigmoid(gate.reshape(B, T, -1))
         return self.o_proj(out)

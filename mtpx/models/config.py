@@ -1,7 +1,10 @@
 """Model configuration: one dataclass whose field names follow Hugging Face's `Qwen3NextConfig`.
 
 The same config describes a hybrid decoder (Gated DeltaNet layers interleaved with gated full
-attention, as Qwen3-Next) and a standard dense transformer (`layer_types` all "full_attention").
+attention, as Qwen3-Next) and a standard dense transformer (`layer_types` all "full_attention"),
+e.g. Llama or Qwen3: the family conventions are plain flags (`attn_output_gate`, `use_qk_norm`,
+`rms_norm_unit_offset`, `attention_bias`, `mlp_bias`, `rope_scaling`), set from a Hugging Face
+config.json by `mtpx.hf.config.config_from_hf`.
 `num_nextn_predict_layers` is the number of MTP draft modules the checkpoint carries (DeepSeek-V3's
 name for it; Qwen3-Next calls it `mtp_num_hidden_layers`, accepted as an alias by `from_dict`).
 """
@@ -13,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LAYER_TYPES = ("linear_attention", "full_attention")
+MTP_STYLES = ("qwen3_next", "deepseek_v3")
+ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass
@@ -27,6 +32,10 @@ class ModelConfig:
     head_dim: int = 32
     partial_rotary_factor: float = 0.25  # RoPE is applied to the first head_dim * factor dims only
     rope_theta: float = 10000.0
+    rope_scaling: dict | None = None  # None, {"rope_type": "linear", "factor"} or Llama 3's "llama3"
+    attn_output_gate: bool = True  # Qwen3-Next: q_proj also emits a sigmoid output gate per head
+    use_qk_norm: bool = True       # Qwen3 / Qwen3-Next: RMSNorm on each q and k head (Llama: off)
+    attention_bias: bool = False   # bias on q/k/v/o_proj (Hugging Face Llama/Qwen3 convention)
     # Gated DeltaNet (linear attention)
     linear_num_key_heads: int = 2
     linear_num_value_heads: int = 4
@@ -44,14 +53,21 @@ class ModelConfig:
     norm_topk_prob: bool = True
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] = field(default_factory=list)
+    mlp_bias: bool = False         # bias on gate/up/down_proj (Hugging Face Llama convention)
     # misc
     rms_norm_eps: float = 1e-6
+    # Qwen3-Next's zero-centred RMSNorm, x / rms(x) * (1 + weight); False: Llama's x / rms(x) * weight
+    rms_norm_unit_offset: bool = True
     max_position_embeddings: int = 1024
     tie_word_embeddings: bool = False
     initializer_range: float = 0.02
     hidden_act: str = "silu"
     num_nextn_predict_layers: int = 8
-    eos_token_id: int | None = 0
+    # how draft module k hands its output on and turns it into logits (mtpx.models.mtp):
+    # "qwen3_next": a^k = norm(block) is passed on and logits = lm_head(a^k);
+    # "deepseek_v3": a^k = block output is passed on and logits = shared_head.head(shared_head.norm(a^k))
+    mtp_style: str = "qwen3_next"
+    eos_token_id: int | list[int] | None = 0  # a list: any of them ends a request (Llama 3 instruct)
     bos_token_id: int | None = None
     model_type: str = "qwen3_next"
 
@@ -83,6 +99,12 @@ class ModelConfig:
             )
         if self.num_nextn_predict_layers < 0:
             raise ValueError("num_nextn_predict_layers must be >= 0")
+        if self.mtp_style not in MTP_STYLES:
+            raise ValueError(f"unknown mtp_style '{self.mtp_style}': use one of {MTP_STYLES}")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in ROPE_TYPES:
+                raise ValueError(f"rope_scaling type '{kind}' is not supported: mtpx implements {ROPE_TYPES}")
 
     @property
     def rotary_dim(self) -> int:

@@ -26,8 +26,8 @@ class DecoderLayer(nn.Module):
         else:
             self.self_attn = GatedAttention(cfg)
         self.mlp = build_mlp(cfg, layer_idx)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
 
     def forward(self, x, cos, sin, cache=None, meta: ForwardMeta | None = None):
         """x: [B, T, hidden]; cache: KVCache (attention) or RecurrentState (DeltaNet) or None."""
@@ -49,7 +49,7 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(
             [DecoderLayer(cfg, t, i) for i, t in enumerate(cfg.layer_types)])
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
 
     def forward(self, input_ids: torch.Tensor, meta: ForwardMeta | None = None,
                 caches: list | None = None) -> torch.Tensor:
@@ -61,7 +61,8 @@ class DecoderModel(nn.Module):
         x = self.embed_tokens(input_ids)
         positions = (torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
                      if meta is None else meta.positions)
-        cos, sin = rope_cos_sin(positions, self.cfg.rotary_dim, self.cfg.rope_theta, x.dtype)
+        cos, sin = rope_cos_sin(positions, self.cfg.rotary_dim, self.cfg.rope_theta, x.dtype,
+                                self.cfg.rope_scaling)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, None if caches is None else caches[i], meta)
         return self.norm(x)

@@ -4,7 +4,9 @@ a chunked form (prefill, training). Both are the reference implementations; the 
 WY representation of flash-linear-attention's `chunk_gated_delta_rule`, inverting the
 unit-triangular (I + L) of each chunk directly.
 
-Per head, with state S in R^{Dk x Dv}, unit-norm k_t (L2-normalised here), q_t scaled by Dk^-0.5,
+Per head, with state S in R^{Dk x Dv}, unit-norm k_t (L2-normalised here, as flash-linear-attention's
+`l2norm`: x * rsqrt(sum(x^2) + 1e-6), which Qwen3-Next checkpoints were trained with), q_t
+L2-normalised the same way and scaled by Dk^-0.5,
 decay alpha_t = exp(g_t) (g_t <= 0) and write strength beta_t in (0, 1):
 
     S_t = alpha_t * S_{t-1} + beta_t * k_t (v_t - alpha_t * S_{t-1}^T k_t)^T
@@ -17,10 +19,16 @@ import torch
 import torch.nn.functional as F
 
 
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x * rsqrt(sum(x^2, -1) + eps): flash-linear-attention's `l2norm` (the eps sits inside the
+    root, unlike F.normalize's clamp). x: [..., D] -> same shape and dtype."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
 def _prep(q, k, v, g, beta):
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    q = F.normalize(q.to(dtype), dim=-1, eps=1e-6) * q.shape[-1] ** -0.5
-    k = F.normalize(k.to(dtype), dim=-1, eps=1e-6)
+    q = l2norm(q.to(dtype)) * q.shape[-1] ** -0.5
+    k = l2norm(k.to(dtype))
     return q, k, v.to(dtype), g.to(dtype), beta.to(dtype)
 
 

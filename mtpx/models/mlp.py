@@ -9,11 +9,11 @@ from mtpx.models.config import ModelConfig
 class MLP(nn.Module):
     """SwiGLU (Shazeer 2020): down(silu(gate(x)) * up(x)). x: [..., hidden] -> [..., hidden]."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -52,4 +52,6 @@ class SparseMoE(nn.Module):
 
 
 def build_mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:
-    return SparseMoE(cfg) if cfg.is_moe_layer(layer_idx) else MLP(cfg.hidden_size, cfg.intermediate_size)
+    if cfg.is_moe_layer(layer_idx):
+        return SparseMoE(cfg)
+    return MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)

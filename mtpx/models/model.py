@@ -24,14 +24,25 @@ class MTPForCausalLM(nn.Module):
         self.cfg = cfg
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.mtp = nn.ModuleList([MTPModule(cfg) for _ in range(cfg.num_nextn_predict_layers)])
+        first = cfg.num_hidden_layers if cfg.mtp_style == "deepseek_v3" else 0
+        self.mtp = nn.ModuleList([MTPModule(cfg, first + k) for k in range(cfg.num_nextn_predict_layers)])
         self.apply(self._init_weights)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        for m in self.mtp:  # a "deepseek_v3" head starts as the target's lm_head
+            if m.head is not None:
+                m.head.weight = self.lm_head.weight
 
     def _init_weights(self, m: nn.Module) -> None:
         if isinstance(m, (nn.Linear, nn.Embedding)):
             nn.init.normal_(m.weight, std=self.cfg.initializer_range)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def draft_logits(self, k: int, a: torch.Tensor) -> torch.Tensor:
+        """Logits of draft module k (0-based) from its output a: [..., hidden] -> [..., vocab]
+        (MTPModule.logits: the target's lm_head, or the module's own head for "deepseek_v3")."""
+        return self.mtp[k].logits(a, self.lm_head)
 
     # ---- parameter groups -------------------------------------------------------------------
     def mtp_parameters(self):
@@ -86,7 +97,7 @@ class MTPForCausalLM(nn.Module):
         loss = main if train_base else main.new_zeros(())
         chain = self.mtp_chain(input_ids, h if train_base else h.detach(), N)
         for k, a in enumerate(chain, start=1):
-            logits = self.lm_head(a[:, :-1])                     # j = 0..T-2-k predicts x_{j+k+1}
+            logits = self.draft_logits(k - 1, a[:, :-1])         # j = 0..T-2-k predicts x_{j+k+1}
             ce = F.cross_entropy(logits.flatten(0, 1).float(), input_ids[:, k + 1:].flatten())
             parts[f"mtp{k}"] = ce.item()
             loss = loss + mtp_loss_weight * ce

@@ -2,10 +2,17 @@
 
     a^k_j = norm(layer(fc(cat(pre_fc_norm_embedding(emb(x_{j+k})), pre_fc_norm_hidden(a^{k-1}_j)))))
 
-a^0 = h, the target's final hidden state after its last norm; a^k_j predicts x_{j+k+1} through the
-target's shared lm_head. The concatenation order is [embedding, hidden], as both Qwen3-Next
-(`Qwen3NextMultiTokenPredictor`) and DeepSeek-V3 (`eh_proj(cat(enorm(e), hnorm(h)))`) use. The
-output passed to the next module is the normed vector fed to lm_head (Qwen3-Next's convention).
+a^0 = h, the target's final hidden state after its last norm; a^k_j predicts x_{j+k+1}. The
+concatenation order is [embedding, hidden], as both Qwen3-Next (`Qwen3NextMultiTokenPredictor`)
+and DeepSeek-V3 (`eh_proj(cat(enorm(e), hnorm(h)))`) use. Two conventions for what a module hands
+on (`ModelConfig.mtp_style`, as vLLM's `qwen3_next_mtp.py` and `deepseek_mtp.py` serve them):
+
+- "qwen3_next" (the formula above): the output passed to the next module is the normed vector,
+  and logits = lm_head(a^k) with the target's lm_head.
+- "deepseek_v3": a^k = layer(fc(...)), the residual stream before any norm, is passed on, and
+  logits = shared_head.head(shared_head.norm(a^k)); here `norm` plays shared_head.norm and `head`
+  is the module's own output head (tied to lm_head when the checkpoint's copy equals it).
+
 Module k at sequence index j runs at RoPE position j, the position of the hidden state it reads.
 """
 from __future__ import annotations
@@ -22,23 +29,34 @@ from mtpx.models.rope import rope_cos_sin
 
 class MTPModule(nn.Module):
     """One MTP draft module: fc over [norm(emb), norm(hidden)], one full-attention decoder layer,
-    a final norm (the formula in the module doc). Logits come from the target's lm_head."""
+    a final norm (the formula and the two `mtp_style` conventions in the module doc)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        """layer_idx: the index the checkpoint family gives this module's decoder layer, which picks
+        MoE or dense MLP by `cfg.is_moe_layer` (vLLM: k for Qwen3-Next's `mtp.layers.k`,
+        num_hidden_layers + k for DeepSeek's `model.layers.{num_hidden_layers + k}`)."""
         super().__init__()
         self.cfg = cfg
         H = cfg.hidden_size
-        self.pre_fc_norm_embedding = RMSNorm(H, cfg.rms_norm_eps)
-        self.pre_fc_norm_hidden = RMSNorm(H, cfg.rms_norm_eps)
+        self.pre_fc_norm_embedding = RMSNorm(H, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
+        self.pre_fc_norm_hidden = RMSNorm(H, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
         self.fc = nn.Linear(2 * H, H, bias=False)
-        # one full-attention decoder layer; its MLP follows the target's last layer (dense or MoE)
-        self.layers = nn.ModuleList([DecoderLayer(cfg, "full_attention", cfg.num_hidden_layers - 1)])
-        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, "full_attention", layer_idx)])
+        self.norm = RMSNorm(H, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
+        self.prenorm_output = cfg.mtp_style == "deepseek_v3"
+        self.head = (nn.Linear(H, cfg.vocab_size, bias=False) if self.prenorm_output else None)
 
     def forward(self, emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache=None, meta: ForwardMeta | None = None) -> torch.Tensor:
         """emb: [B, T, hidden] embeddings of x_{j+k}; hidden: [B, T, hidden] a^{k-1}_j;
         positions: [B, T] int64 (j) -> a^k: [B, T, hidden]."""
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], -1))
-        cos, sin = rope_cos_sin(positions, self.cfg.rotary_dim, self.cfg.rope_theta, x.dtype)
-        return self.norm(self.layers[0](x, cos, sin, cache, meta))
+        cos, sin = rope_cos_sin(positions, self.cfg.rotary_dim, self.cfg.rope_theta, x.dtype,
+                                self.cfg.rope_scaling)
+        a = self.layers[0](x, cos, sin, cache, meta)
+        return a if self.prenorm_output else self.norm(a)
+
+    def logits(self, a: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """a: [..., hidden], this module's output -> [..., vocab] (module doc: lm_head(a) for
+        "qwen3_next", head(norm(a)) for "deepseek_v3")."""
+        return self.head(self.norm(a)) if self.prenorm_output else lm_head(a)

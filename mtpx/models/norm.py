@@ -1,7 +1,9 @@
 """RMSNorm variants used by Qwen3-Next-style models.
 
-`RMSNorm` follows Qwen3-Next's zero-centred convention (Hugging Face `Qwen3NextRMSNorm`): the weight
-is initialised to 0 and the output is `x / rms(x) * (1 + weight)`, computed in float32.
+`RMSNorm` follows Qwen3-Next's zero-centred convention (Hugging Face `Qwen3NextRMSNorm`) by default:
+the weight is initialised to 0 and the output is `x / rms(x) * (1 + weight)`, computed in float32.
+With `unit_offset=False` it is Llama's / Qwen3's `LlamaRMSNorm`: weight initialised to 1, output
+`weight * (x / rms(x))` cast to x's dtype first.
 `RMSNormGated` is the output norm of Gated DeltaNet (`Qwen3NextRMSNormGated`): `x / rms(x) * weight
 * silu(gate)`, weight initialised to 1.
 """
@@ -11,18 +13,21 @@ import torch.nn.functional as F
 
 
 class RMSNorm(nn.Module):
-    """Zero-centred RMSNorm over the last dim. x: [..., dim] any float dtype -> same shape and dtype."""
+    """RMSNorm over the last dim (module doc: zero-centred, or standard with unit_offset=False).
+    x: [..., dim] any float dtype -> same shape and dtype."""
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, unit_offset: bool = True):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.eps, self.unit_offset = eps, unit_offset
+        self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         xf = x.float() if dtype in (torch.float16, torch.bfloat16) else x
         y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.to(y.dtype))).to(dtype)
+        if self.unit_offset:
+            return (y * (1.0 + self.weight.to(y.dtype))).to(dtype)
+        return self.weight * y.to(dtype)
 
 
 class RMSNormGated(nn.Module):

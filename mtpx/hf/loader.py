@@ -1,0 +1,321 @@
+"""Load a Hugging Face-format checkpoint folder (or an mtpx one) into `MTPForCausalLM`.
+
+    folder/
+      config.json                        Hugging Face (has "architectures") or mtpx ModelConfig
+      model.safetensors                  or model-0000i-of-0000n.safetensors + model.safetensors.index.json
+      tokenizer.json, tokenizer_config.json, chat_template.jinja, generation_config.json (optional)
+
+The model is built on the meta device and every tensor is read from its memory-mapped shard,
+converted to the requested dtype and placed on the device one at a time, so the peak memory is
+the model in its final dtype plus one tensor: no float32 copy of a bfloat16 checkpoint is made.
+
+MTP draft modules are read in any of the layouts of `mtpx.hf.layout` (mtpx, Qwen3-Next `mtp.*`,
+DeepSeek-V3 `model.layers.{num_hidden_layers + k}`), from the folder or from a separate
+safetensors file (`draft_path`), which attaches a head trained in mtpx to a standard model.
+
+Security: weights are read with safetensors only. Pickle files (`pytorch_model.bin`, `*.pt`) are
+refused unless `allow_pickle=True`, and then read with `torch.load(weights_only=True)`, which
+unpickles tensors and plain containers only. No Python file in the folder is imported
+(`auto_map` / `trust_remote_code` do not exist here); chat templates render in jinja2's sandbox.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import safetensors
+import torch
+import torch.nn as nn
+
+from mtpx.hf.config import config_from_hf
+from mtpx.hf.layout import detect_layout, is_mtp, to_mtpx
+from mtpx.models.config import ModelConfig
+from mtpx.models.model import MTPForCausalLM
+from mtpx.train.checkpoint import CheckpointError, _require_folder
+
+SAFE_INDEX = "model.safetensors.index.json"
+SAFE_SINGLE = "model.safetensors"
+PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.bin", "*.ckpt")
+_IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # buffers older checkpoints stored
+
+
+def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu", draft_path: str | os.PathLike | None = None,
+                    allow_pickle: bool = False):
+    """Load checkpoint folder `path` (module doc) with its MTP modules and tokenizer.
+
+    Args:
+        path: a Hugging Face-format folder (Qwen3NextForCausalLM, LlamaForCausalLM,
+            Qwen3ForCausalLM) or an mtpx checkpoint folder.
+        dtype: dtype of the floating-point weights (e.g. torch.bfloat16), converted per tensor.
+        device: where the weights go.
+        draft_path: a safetensors file (or a folder holding model.safetensors) with MTP modules in
+            any layout; they replace any modules in `path`.
+        allow_pickle: read pickle weights with torch.load(weights_only=True) when the folder has
+            no safetensors (off by default: pickle files are refused).
+
+    Returns:
+        (model in eval mode, tokenizer or None when the folder has no tokenizer.json). For a
+        Hugging Face folder the tokenizer is an `mtpx.hf.tokenizer.HFTokenizer` (chat template).
+
+    Raises:
+        FileNotFoundError: no folder, config.json, weights or index-listed shard.
+        mtpx.hf.config.UnsupportedConfigError: a model family or setting mtpx does not implement.
+        CheckpointError: unreadable (corrupted, truncated) safetensors files, pickle weights
+            without allow_pickle, missing or unexpected tensor names (listed), shapes that
+            disagree with config.json, a qwen3_next/deepseek head count that disagrees with the
+            weights.
+    """
+    folder = _require_folder(path)
+    cfg, is_hf = _read_config(folder)
+    files = weight_files(folder, allow_pickle)
+    shapes, where = _read_headers(files)
+    layout, num_modules = detect_layout(shapes, cfg.num_hidden_layers)
+    if draft_path is not None:  # the draft file's modules replace the folder's
+        shapes = {n: s for n, s in shapes.items() if not is_mtp(n, cfg.num_hidden_layers)}
+        dfiles = weight_files(Path(draft_path), allow_pickle) if Path(draft_path).is_dir() else [Path(draft_path)]
+        for f in dfiles:
+            if not f.is_file():
+                raise FileNotFoundError(f"spec.draft_path {f} does not exist: point it at a safetensors file of MTP modules")
+        dshapes, dwhere = _read_headers(dfiles)
+        layout, num_modules = detect_layout(dshapes, cfg.num_hidden_layers)
+        if layout is None:
+            raise CheckpointError(f"{draft_path} holds no MTP module tensors (mtp.* or model.layers.N.eh_proj ...): "
+                                  "export one with tools/export_checkpoint.py --layout draft")
+        shapes.update(dshapes)
+        where.update(dwhere)
+        style = _metadata(dfiles[0]).get("mtp_style")
+        if style:
+            cfg.mtp_style = style
+    elif is_hf and cfg.num_nextn_predict_layers not in (0, num_modules):
+        raise CheckpointError(
+            f"{folder / 'config.json'} declares {cfg.num_nextn_predict_layers} MTP module(s) but the weights hold "
+            f"{num_modules}: the MTP weights were dropped (transformers' save_pretrained drops mtp.*); "
+            "re-download the checkpoint or attach modules with spec.draft_path")
+    cfg.num_nextn_predict_layers = num_modules
+    if layout == "deepseek_v3":
+        cfg.mtp_style = "deepseek_v3"
+    elif layout == "qwen3_next":
+        cfg.mtp_style = "qwen3_next"
+
+    with torch.device("meta"):
+        model = MTPForCausalLM(cfg)
+    plan, copies = _plan(model, shapes, layout, num_modules, where, folder, cfg)
+    _load(model, plan, copies, where, dtype, device)
+    _finish_ties(model, cfg, layout, num_modules)
+    return model.eval(), _load_tokenizer(folder, is_hf)
+
+
+def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:
+    """The weight files of `folder`: the shards its index lists, or model.safetensors; pickle
+    files only with `allow_pickle`.
+
+    Raises FileNotFoundError (no weights, a missing shard) and CheckpointError (pickle refused,
+    an index entry outside the folder, an unreadable index)."""
+    index = folder / SAFE_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{index} is not a safetensors index ({err!r}): download it again") from None
+        shards = []
+        for name in dict.fromkeys(weight_map.values()):
+            shard = (folder / name).resolve()
+            if shard.parent != folder.resolve():
+                raise CheckpointError(f"{index} lists shard '{name}' outside the checkpoint folder: refusing to read it")
+            if not shard.is_file():
+                raise FileNotFoundError(f"{index} lists shard {name}, which is missing from {folder}: the download is incomplete")
+            shards.append(shard)
+        return shards
+    if (folder / SAFE_SINGLE).is_file():
+        return [folder / SAFE_SINGLE]
+    pickles = sorted({p for pat in PICKLE_PATTERNS for p in folder.glob(pat)})
+    if pickles and not allow_pickle:
+        raise CheckpointError(
+            f"{folder} has only pickle weights ({', '.join(p.name for p in pickles)}): mtpx reads safetensors. "
+            "Convert them (transformers: from_pretrained(...).save_pretrained(dir, safe_serialization=True)) "
+            "or, if you trust the file, set model.allow_pickle=true to read it with torch.load(weights_only=True)")
+    if pickles:
+        return [p for p in pickles if not p.name.endswith(".index.json")]
+    raise FileNotFoundError(f"{folder} has no weights ({SAFE_SINGLE} or {SAFE_INDEX}): point model.path at a checkpoint folder")
+
+
+def _read_config(folder: Path) -> tuple[ModelConfig, bool]:
+    file = folder / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint folder {folder} has no config.json: point model.path at a checkpoint folder")
+    try:
+        d = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON ({err}): download or re-save the checkpoint") from None
+    if "architectures" not in d:
+        return ModelConfig.from_dict(d), False
+    cfg = config_from_hf(d, str(file))
+    gen = folder / "generation_config.json"
+    if gen.is_file():  # generate() stops on generation_config's eos ids (Llama 3 lists several)
+        try:
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{gen} is not valid JSON ({err}): download it again or delete it") from None
+        ids = [] if cfg.eos_token_id is None else [cfg.eos_token_id] if isinstance(cfg.eos_token_id, int) else list(cfg.eos_token_id)
+        for e in [] if eos is None else [eos] if isinstance(eos, int) else eos:
+            if e not in ids:
+                ids.append(e)
+        cfg.eos_token_id = None if not ids else ids[0] if len(ids) == 1 else ids
+    return cfg, True
+
+
+def _read_headers(files: list[Path]) -> tuple[dict[str, tuple], dict[str, Path]]:
+    """Tensor names -> shapes and -> file, from the safetensors headers only (or pickle files)."""
+    shapes, where = {}, {}
+    for f in files:
+        if f.suffix != ".safetensors":
+            sd = _torch_load(f)
+            items = {k: tuple(v.shape) for k, v in sd.items()}
+        else:
+            with _safe_open(f) as h:
+                items = {k: tuple(h.get_slice(k).get_shape()) for k in h.keys()}
+        for k, s in items.items():
+            if k in where:
+                raise CheckpointError(f"tensor {k} is stored in both {where[k].name} and {f.name}: the shards overlap")
+            shapes[k], where[k] = s, f
+    return shapes, where
+
+
+def _safe_open(f: Path):
+    try:
+        return safetensors.safe_open(str(f), framework="pt", device="cpu")
+    except (safetensors.SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(
+            f"{f} is not a readable safetensors file ({err}): it is corrupted or truncated "
+            "(an interrupted download or copy?); download it again") from None
+
+
+def _metadata(f: Path) -> dict:
+    if f.suffix != ".safetensors":
+        return {}
+    with _safe_open(f) as h:
+        return h.metadata() or {}
+
+
+def _torch_load(f: Path) -> dict:
+    try:
+        return torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure is a bad file for the user
+        raise CheckpointError(f"{f} could not be read with torch.load(weights_only=True) ({err}): "
+                              "convert it to safetensors") from None
+
+
+def _plan(model, shapes, layout, num_modules, where, folder, cfg) -> tuple[dict[str, str], list[str]]:
+    """mtpx parameter name -> checkpoint tensor name (several parameters may read one tensor:
+    Qwen3-Next's shared MTP tensors), after checking names and shapes; plus the names of
+    DeepSeek's per-module embedding copies."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
+    optional = {f"mtp.{k}.head.weight" for k in range(num_modules)}  # tied to lm_head when absent
+    if cfg.tie_word_embeddings:
+        optional.add("lm_head.weight")  # transformers ignores a stored copy of a tied head
+    plan: dict[str, str] = {}
+    unexpected, copies = [], []
+    for name in shapes:
+        if name.endswith(_IGNORED_TENSORS):
+            continue
+        targets = to_mtpx(name, layout, cfg.num_hidden_layers, num_modules)
+        if not targets:
+            copies.append(name)
+        for t in targets:
+            if t in expected:
+                plan[t] = name
+            else:
+                unexpected.append(name)
+    if cfg.tie_word_embeddings:
+        plan.pop("lm_head.weight", None)
+    missing = sorted(set(expected) - set(plan) - optional)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{folder}: the weights do not match config.json: {len(missing)} missing tensor(s) "
+            f"{_show(missing)}; {len(unexpected)} unexpected tensor(s) {_show(sorted(unexpected))} "
+            f"(MTP layout: {layout}, {num_modules} module(s)): config.json and the weights come from "
+            "different models, or the download is incomplete")
+    for name, ckpt_name in plan.items():
+        if shapes[ckpt_name] != expected[name]:
+            raise CheckpointError(
+                f"{where[ckpt_name]}: tensor {ckpt_name} has shape {list(shapes[ckpt_name])} but config.json "
+                f"implies {list(expected[name])}: config.json and the weights come from different models "
+                "(check hidden_size, intermediate_size, head counts, head_dim, vocab_size, num_experts)")
+    return plan, copies
+
+
+def _show(names: list[str], limit: int = 10) -> str:
+    more = f", ... (+{len(names) - limit} more)" if len(names) > limit else ""
+    return "[" + ", ".join(names[:limit]) + more + "]"
+
+
+def _load(model: nn.Module, plan: dict[str, str], copies: list[str], where: dict[str, Path],
+          dtype: torch.dtype, device) -> None:
+    """Read each planned tensor once, file by file, and set it as the parameter(s) it feeds."""
+    by_file: dict[Path, set[str]] = {}
+    for ckpt_name in list(plan.values()) + copies:
+        by_file.setdefault(where[ckpt_name], set()).add(ckpt_name)
+    params: dict[str, nn.Parameter] = {}
+    for f, names in by_file.items():
+        if f.suffix == ".safetensors":
+            with _safe_open(f) as h:
+                for n in sorted(names):
+                    params[n] = _convert(_get(h, n, f), dtype, device)
+        else:
+            sd = _torch_load(f)
+            for n in sorted(names):
+                params[n] = _convert(sd[n], dtype, device)
+    for target, ckpt_name in plan.items():
+        _set_param(model, target, params[ckpt_name])
+    for n in copies:  # DeepSeek's per-module embedding copy must be the target's embedding
+        if not torch.equal(params[n], model.model.embed_tokens.weight):
+            raise CheckpointError(f"{n} differs from model.embed_tokens.weight: mtpx's MTP modules share the "
+                                  "target's embedding; dedicated MTP embeddings are not supported")
+
+
+def _get(h, name: str, f: Path) -> torch.Tensor:
+    try:
+        return h.get_tensor(name)
+    except (safetensors.SafetensorError, OSError, ValueError) as err:
+        raise CheckpointError(f"{f}: tensor {name} cannot be read ({err}): the file is corrupted; download it again") from None
+
+
+def _convert(t: torch.Tensor, dtype: torch.dtype, device) -> nn.Parameter:
+    t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    return nn.Parameter(t.contiguous())
+
+
+def _set_param(model: nn.Module, name: str, p: nn.Parameter) -> None:
+    module_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    module._parameters[leaf] = p
+
+
+def _finish_ties(model: MTPForCausalLM, cfg: ModelConfig, layout, num_modules: int) -> None:
+    """Tie what the checkpoint stores once: the lm_head to the embedding (tie_word_embeddings),
+    Qwen3-Next's shared MTP tensors across modules (the loader set one Parameter for all), and
+    a DeepSeek head that is absent or equal to lm_head. Raises CheckpointError if a parameter is
+    still unset."""
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for m in model.mtp:
+        if m.head is not None and (m.head.weight.is_meta or torch.equal(m.head.weight, model.lm_head.weight)):
+            m.head.weight = model.lm_head.weight
+    left = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta]
+    if left:
+        raise CheckpointError(f"parameters {left[:10]} were not loaded: the checkpoint is incomplete")
+
+
+def _load_tokenizer(folder: Path, is_hf: bool):
+    if not (folder / "tokenizer.json").is_file():
+        if is_hf and any((folder / n).is_file() for n in ("tokenizer.model", "vocab.json")):
+            from mtpx.hf.tokenizer import load_hf_tokenizer
+            return load_hf_tokenizer(folder)  # raises, naming the fix
+        return None
+    if is_hf:
+        from mtpx.hf.tokenizer import load_hf_tokenizer
+        return load_hf_tokenizer(folder)
+    from mtpx.train.tokenizer import load_tokenizer
+    return load_tokenizer(folder / "tokenizer.json")
