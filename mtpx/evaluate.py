@@ -184,6 +184,8 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     spec = cfg.get("spec")
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
+    if OmegaConf.is_missing(cfg.model, "path"):
+        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
     path = cfg.model.get("path") or DEFAULT_MODEL
     engine = engine_args(cfg.engine)
     prompts = load_prompts(cfg.data, e.num_prompts)
@@ -191,8 +193,10 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     params = sampling_params(e, len(prompts))
     sampled = not params[0].greedy if params else False
     spec_kw = spec_args(spec)
-    llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=e.dtype,
-              threads=e.get("threads"), **engine, **spec_kw)
+    dtype = cfg.model.get("dtype") or "float32"
+    llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
+              threads=e.get("threads"), draft_path=spec.get("draft_path") if spec is not None else None,
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw)
     name = method or "no spec"
 
     outs, duration = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client)
@@ -242,7 +246,7 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     if engine["enable_prefix_caching"]:
         setup.append("prefix caching")
     report = format_report(metrics, f"mtpx eval: {name}{k_text}, {cfg.data.name}, {len(prompts)} "
-                                    f"prompts, max_tokens {e.max_tokens}, {sampling}, {e.dtype}, "
+                                    f"prompts, max_tokens {e.max_tokens}, {sampling}, {dtype}, "
                                     f"{', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")

@@ -21,12 +21,17 @@ from mtpx.models.model import MTPForCausalLM
 from mtpx.spec import build_speculator
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
 
 
 class LLM:
-    """model: a checkpoint folder (config.json, model.safetensors, tokenizer.json) or an
-    MTPForCausalLM (then pass `tokenizer` to use string prompts); spec: None (plain decoding),
+    """model: a checkpoint folder — mtpx's, or Hugging Face's (Qwen3NextForCausalLM,
+    LlamaForCausalLM, Qwen3ForCausalLM; sharded safetensors, MTP heads in the Qwen3-Next or
+    DeepSeek layout; mtpx.hf.loader.load_pretrained) — or an MTPForCausalLM (then pass
+    `tokenizer` to use string prompts); draft_path: a safetensors file of MTP modules to attach
+    (e.g. a head trained in mtpx, exported with tools/export_checkpoint.py --layout draft);
+    allow_pickle: read pickle-only folders with torch.load(weights_only=True); spec: None (plain decoding),
     "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
     step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
     "float64" or "bfloat16" for a checkpoint folder (a model instance keeps its own dtype);
@@ -44,7 +49,8 @@ class LLM:
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
                  check_invariants: bool = False, verify: str = "standard",
-                 draft_sample_method: str = "greedy"):
+                 draft_sample_method: str = "greedy", draft_path: str | Path | None = None,
+                 allow_pickle: bool = False):
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -52,8 +58,9 @@ class LLM:
         if isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
         else:
-            from mtpx.train.checkpoint import load_model
-            self.model, self.tokenizer = load_model(model, dtype=DTYPES[dtype])
+            from mtpx.hf.loader import load_pretrained
+            self.model, self.tokenizer = load_pretrained(model, dtype=DTYPES[dtype], draft_path=draft_path,
+                                                         allow_pickle=allow_pickle)
         self.spec = spec
         self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
         self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,

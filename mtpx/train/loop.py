@@ -207,9 +207,10 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
 
 
 def _model_fields(cfg: DictConfig) -> dict[str, Any]:
-    """cfg.model as a ModelConfig dict (without `path`)."""
+    """cfg.model as a ModelConfig dict (without the loading keys `path`, `dtype`, `allow_pickle`)."""
     d = OmegaConf.to_container(cfg.model, resolve=True)
-    d.pop("path", None)
+    for key in ("path", "dtype", "allow_pickle"):
+        d.pop(key, None)
     return d
 
 

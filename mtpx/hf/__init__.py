@@ -1,0 +1,1 @@
+"""Hugging Face-format checkpoint folders: config translation, weight layout, loading, tokenizer, export."""
