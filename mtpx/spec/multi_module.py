@@ -90,7 +90,7 @@ class MultiModuleMTPSpeculator:
             ran.append((k, meta, a))
             self.computed[rows, k - 1] = end
             if bool(draft.any()):
-                logits = model.lm_head(last_valid(a, meta))
+                logits = model.draft_logits(k - 1, last_valid(a, meta))
                 d = (logits.argmax(-1) if sampler is None
                      else sampler(logits, torch.arange(rows.shape[0], device=rows.device), k - 1))
                 drafts[:, k - 1] = torch.where(draft, d, 0)

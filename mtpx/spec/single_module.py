@@ -82,7 +82,7 @@ class SingleModuleMTPSpeculator:
                 step_meta = cache.meta(n - 2 + i, torch.ones_like(n), rows)
                 emb = model.model.embed_tokens(out[-1][:, None])
                 a = model.mtp[0](emb, a[:, None], step_meta.positions, cache.draft[0], step_meta)[:, 0]
-            logits = model.lm_head(a)
+            logits = model.draft_logits(0, a)
             d = logits.argmax(-1) if sampler is None else sampler(logits, idx, i - 1)
             cache.tokens[rows, n + i] = d
             out.append(d)
