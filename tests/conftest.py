@@ -39,10 +39,15 @@ def _synthetic_batch(g: torch.Generator, B: int, T: int) -> torch.Tensor:
     return torch.where(noise, torch.randint(2, 64, (B, T), generator=g), x)
 
 
-@pytest.fixture(scope="session")
-def trained_tiny():
+# the dense-target conventions of Hugging Face Llama (mtpx.hf.config.FAMILIES)
+LLAMA_FLAGS = dict(model_type="llama", layer_types=["full_attention"] * 4, attn_output_gate=False,
+                   use_qk_norm=False, rms_norm_unit_offset=False, partial_rotary_factor=1.0)
+
+
+def train_tiny(**overrides) -> MTPForCausalLM:
+    """tiny_config(**overrides) trained jointly for 15 steps on arithmetic sequences, in float64."""
     torch.manual_seed(0)
-    model = MTPForCausalLM(tiny_config())
+    model = MTPForCausalLM(tiny_config(**overrides))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     for _ in range(15):  # few steps: drafts are accepted about half the time
@@ -51,3 +56,8 @@ def trained_tiny():
         opt.step()
         opt.zero_grad()
     return model.double().eval()
+
+
+@pytest.fixture(scope="session")
+def trained_tiny():
+    return train_tiny()

@@ -12,10 +12,8 @@ from mtpx.hf.layout import LayoutError, detect_layout, from_mtpx
 from mtpx.hf.loader import load_pretrained
 from mtpx.models import MTPForCausalLM
 from mtpx.train.checkpoint import CheckpointError
+from tests.conftest import LLAMA_FLAGS as LLAMA
 from tests.conftest import tiny_config
-
-LLAMA = dict(model_type="llama", layer_types=["full_attention"] * 4, attn_output_gate=False,
-             use_qk_norm=False, rms_norm_unit_offset=False, partial_rotary_factor=1.0)
 
 
 def _model(seed=0, **overrides) -> MTPForCausalLM:

@@ -7,6 +7,7 @@ import torch
 
 from mtpx import LLM, SamplingParams
 from mtpx.evaluate import compare_outputs
+from tests.conftest import LLAMA_FLAGS, train_tiny
 
 
 PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],
@@ -33,6 +34,20 @@ def test_spec_equals_plain(trained_tiny, spec, k):
     for o in outs:
         assert o.spec.num_draft_tokens <= k * (len(o.output_token_ids) - 1)
         assert o.spec.num_accepted_tokens <= len(o.output_token_ids) - 1
+
+
+@pytest.mark.parametrize("family", [dict(LLAMA_FLAGS, mtp_style="deepseek_v3"), dict(LLAMA_FLAGS, use_qk_norm=True)],
+                         ids=["llama-deepseek_v3_heads", "qwen3"])
+@pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
+def test_spec_equals_plain_dense_families(family, spec, k):
+    """The same invariant on a dense Llama target with DeepSeek-style MTP heads (pre-norm hidden
+    passed on, own output heads) and on a Qwen3-style dense target."""
+    model = train_tiny(**family)
+    plain = _run(model, None, None)
+    outs = _run(model, spec, k)
+    assert [o.output_token_ids for o in outs] == [o.output_token_ids for o in plain]
+    accepted = sum(o.spec.num_accepted_tokens for o in outs)
+    assert 0 < accepted < sum(o.spec.num_draft_tokens for o in outs)
 
 
 def test_batch_composition_does_not_change_output(trained_tiny):
