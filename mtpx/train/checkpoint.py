@@ -176,6 +176,10 @@ def load_model(
     Returns:
         (model in eval mode, tokenizer).
 
+    A Hugging Face-format folder (config.json with "architectures") is read by
+    `mtpx.hf.loader.load_pretrained` instead, so training can start from a Llama, Qwen3 or
+    Qwen3-Next checkpoint (e.g. `train.freeze_base=true` to train MTP heads for it).
+
     Raises:
         FileNotFoundError: the folder, config.json, model.safetensors or tokenizer.json is missing.
         ValueError: config.json has keys ModelConfig does not know (from ModelConfig.from_dict).
@@ -183,6 +187,12 @@ def load_model(
             up to 10 names each, with counts), or a tensor whose shape disagrees with config.json.
     """
     path = _require_folder(path)
+    if _is_hf(path):
+        from mtpx.hf.loader import load_pretrained
+        model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
+        if tokenizer is None:
+            raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: add the model's tokenizer.json")
+        return model, tokenizer
     cfg = load_config(path)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
@@ -228,7 +238,17 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
         d = json.loads(file.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{file} is not valid JSON ({err}): re-save the checkpoint") from None
+    if "architectures" in d:  # a Hugging Face config.json
+        from mtpx.hf.config import config_from_hf
+        return config_from_hf(d, str(file))
     return ModelConfig.from_dict(d)
+
+
+def _is_hf(path: Path) -> bool:
+    try:
+        return "architectures" in json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 def has_trainer_state(path: str | os.PathLike) -> bool:

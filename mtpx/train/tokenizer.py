@@ -111,7 +111,10 @@ def decode(tok: Tokenizer, ids: Sequence[int], skip_special_tokens: bool = True)
 
 
 def eos_token_id(tok: Tokenizer) -> int:
-    """Id of `<|endoftext|>` (0 for tokenizers made here)."""
+    """Id of `<|endoftext|>` (0 for tokenizers made here); for a Hugging Face checkpoint's
+    tokenizer (`mtpx.hf.tokenizer.HFTokenizer`), its first eos token."""
+    if getattr(tok, "eos_token_ids", None):
+        return tok.eos_token_ids[0]
     return _special_id(tok, EOS_TOKEN)
 
 
