@@ -173,8 +173,8 @@ def config_to_hf(cfg: ModelConfig, mtp_layout: str | None) -> dict:
     if family == "qwen3_next":
         d["partial_rotary_factor"] = cfg.partial_rotary_factor
     n = cfg.num_nextn_predict_layers if mtp_layout else 0
-    if mtp_layout == "qwen3_next":
-        d["mtp_num_hidden_layers"] = n
+    if mtp_layout == "qwen3_next":  # Qwen/Qwen3-Next's key; vLLM sizes its MTP stack from the other
+        d["mtp_num_hidden_layers"] = d["num_nextn_predict_layers"] = n
     elif mtp_layout == "deepseek_v3":
         d["num_nextn_predict_layers"] = n
     d["dtype"] = "float32"
