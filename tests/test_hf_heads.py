@@ -1,0 +1,49 @@
+"""End to end: train MTP heads in mtpx for a standard Hugging Face Llama folder (frozen target),
+export them as a draft file, and serve them with the unchanged folder through spec.draft_path."""
+import json
+
+import torch
+
+from mtpx import LLM, SamplingParams
+from mtpx.hf.export import export_checkpoint
+from mtpx.hf.loader import load_pretrained
+from mtpx.train.loop import train
+from tests.test_train import TINY_MODEL, run_cfg, write_synthetic_gsm8k
+
+LLAMA_MODEL = dict(TINY_MODEL, model_type="llama", layer_types=["full_attention"] * 2,
+                   attn_output_gate=False, use_qk_norm=False, rms_norm_unit_offset=False,
+                   partial_rotary_factor=1.0)
+
+
+def test_heads_trained_for_a_llama_folder_serve_it_losslessly(tmp_path):
+    write_synthetic_gsm8k(tmp_path / "gsm8k.jsonl")
+    # a Llama target (trained briefly so its outputs are not noise), exported as a plain HF folder
+    cfg = run_cfg(tmp_path, "target", steps=40, eval_every=0)
+    cfg["model"] = dict(LLAMA_MODEL, num_nextn_predict_layers=0)
+    target_ckpt = train(cfg)
+    hf = export_checkpoint(target_ckpt, tmp_path / "llama_hf", None, target_only=True)
+    config = json.loads((hf / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "num_nextn_predict_layers" not in config
+
+    # train 2 MTP heads on the frozen HF target, export them as a draft file
+    cfg = run_cfg(tmp_path, "heads", steps=40, eval_every=0, freeze_base=True)
+    cfg["model"] = dict(LLAMA_MODEL, num_nextn_predict_layers=2, path=str(hf))
+    heads_ckpt = train(cfg)
+    head = export_checkpoint(heads_ckpt, tmp_path / "head.safetensors", "draft")
+
+    base, _ = load_pretrained(hf, dtype=torch.float64)
+    served, tok = load_pretrained(hf, dtype=torch.float64, draft_path=head)
+    x = torch.randint(0, base.cfg.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the target is the folder's, untouched by head training
+        torch.testing.assert_close(served(x), base(x), rtol=0, atol=0)
+
+    prompts = [f"Tom has {a} apples and buys {b} more." for a, b in [(3, 4), (12, 30), (7, 7), (41, 2)]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    plain = LLM(model=base, tokenizer=tok).generate(prompts, params)
+    spec = LLM(model=served, tokenizer=tok, spec="mtp8").generate(prompts, params)
+    assert [o.output_token_ids for o in spec] == [o.output_token_ids for o in plain]
+    assert sum(o.spec.num_accepted_tokens for o in spec) > 0
+
+    # the same through the folder path and spec.draft_path, as `model=hf spec.draft_path=` does
+    llm = LLM(model=str(hf), spec="mtp8", draft_path=head, dtype="float64")
+    assert [o.output_token_ids for o in llm.generate(prompts, params)] == [o.output_token_ids for o in plain]
