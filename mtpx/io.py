@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_jsonl"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_jsonl",
+           "atomic_write_folder"]
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -81,6 +83,38 @@ def atomic_write_jsonl(path: str | os.PathLike[str], rows: Iterable[Any]) -> Pat
     """
     lines = [_dumps(row, path, indent=None, row=i) + "\n" for i, row in enumerate(rows)]
     return atomic_write_text(path, "".join(lines))
+
+
+def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], Any]) -> Path:
+    """Replace the folder at ``path`` with the one ``write(tmp)`` fills, all or nothing.
+
+    ``write`` fills a hidden sibling folder ``.{name}.tmp-XXXX``. Only when it returns is the
+    previous folder moved aside (``.{name}.old-XXXX``), the new one renamed into place and the old
+    one deleted, so a crash leaves the previous folder or the new one under the final name (or,
+    between the two renames, the previous one under ``.old``).
+
+    Raises:
+        anything ``write`` raises: the temporary folder is removed and ``path`` is untouched.
+        OSError: the parent cannot be created or written.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    tmp.mkdir()
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if path.exists():
+        old = path.with_name(f".{path.name}.old-{secrets.token_hex(4)}")
+        os.replace(path, old)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return path
 
 
 def _dumps(obj: Any, path: str | os.PathLike[str], indent: int | None, row: int | None = None) -> str:

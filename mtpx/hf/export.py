@@ -54,7 +54,7 @@ import torch
 from mtpx.hf.config import config_to_hf
 from mtpx.hf.layout import QWEN3_NEXT_SHARED, from_mtpx
 from mtpx.hf.loader import _safe_open, load_pretrained, weight_files
-from mtpx.io import atomic_write_json
+from mtpx.io import atomic_write_folder, atomic_write_json
 from mtpx.models.model import MTPForCausalLM
 from mtpx.train.checkpoint import _require_folder
 
@@ -171,7 +171,7 @@ def export_model(model: MTPForCausalLM, out: str | os.PathLike, layout: str | No
         if tokenizer_dir is not None:
             copy_tokenizer_files(Path(tokenizer_dir), tmp)
 
-    _atomic_folder(out, write)
+    atomic_write_folder(out, write)
     return out
 
 
@@ -389,27 +389,6 @@ def _usual_mode(file: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(file, 0o666 & ~umask)
-
-
-def _atomic_folder(out: Path, write) -> None:
-    """Run write(tmp) on a hidden sibling folder, then swap it in for `out` (save_checkpoint's
-    scheme: the previous folder is moved aside, the new one renamed into place, the old one
-    deleted). On an error the temporary folder is removed and `out` is untouched."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(out, "tmp")
-    tmp.mkdir()
-    try:
-        write(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if out.exists():
-        old = _tmp_sibling(out, "old")
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _save_weights(tensors: dict[str, torch.Tensor], folder: Path, max_shard_bytes: int) -> None:

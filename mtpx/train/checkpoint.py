@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ import safetensors.torch  # called as safetensors.torch.save_file so tests can m
 import torch
 from tokenizers import Tokenizer
 
-from mtpx.io import atomic_write_json
+from mtpx.io import atomic_write_folder, atomic_write_json
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.train.tokenizer import TOKENIZER_FILE, load_tokenizer, save_tokenizer
@@ -84,11 +82,7 @@ def save_checkpoint(
         OSError (and anything `extra_files` raises): the previous checkpoint at `path` is untouched
             and the temporary folder is removed.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    tmp.mkdir()
-    try:
+    def write(tmp: Path) -> None:
         (tmp / CONFIG_FILE).write_text(json.dumps(_model_cfg(model).to_dict(), indent=2) + "\n")
         tensors = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
                    for k, v in _stored_state(model).items()}
@@ -102,19 +96,8 @@ def save_checkpoint(
             atomic_write_json(tmp / TRAINER_STATE_FILE, state)
         if extra_files is not None:
             extra_files(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    # swap: previous -> .old, new -> final, drop .old. Until the second rename completes the
-    # previous checkpoint still exists on disk.
-    old = None
-    if path.exists():
-        old = path.with_name(f".{path.name}.old-{secrets.token_hex(4)}")
-        os.replace(path, old)
-    os.replace(tmp, path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return path
+
+    return atomic_write_folder(path, write)
 
 
 def _model_cfg(model: torch.nn.Module) -> ModelConfig:
