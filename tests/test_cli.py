@@ -269,3 +269,20 @@ def test_unknown_config_group_option_is_one_line():
     assert "'+spec=mtp8'" in check_group_overrides(["spec=mtp8"], conf)
     assert "+spec=mtp1 or +spec=mtp8" in check_group_overrides(["spec.num_speculative_tokens=3"], conf)
     assert check_group_overrides(["+spec=mtp8", "spec.num_speculative_tokens=3"], conf) is None
+
+
+def test_model_hf_runs_a_hugging_face_folder(tiny_ckpt, tmp_path, capsys):
+    """model=hf model.path=DIR on a Qwen3-Next-layout folder (exported from the tiny checkpoint),
+    with model.dtype; and model=hf without a path names the fix."""
+    from mtpx.hf.export import export_checkpoint
+    hf = export_checkpoint(tiny_ckpt, tmp_path / "hf", "qwen3_next", num_modules=1)
+    assert json.loads((hf / "config.json").read_text())["architectures"] == ["Qwen3NextForCausalLM"]
+    cfg = _cfg(["model=hf", f"model.path={hf}", "model.dtype=float64", "+spec=mtp1", "logger=none",
+                "eval.num_prompts=2", "eval.max_tokens=6"])
+    assert run_eval(cfg, tmp_path / "run") == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["num_requests"] == 2 and metrics["lossless_mismatches"] == 0
+    assert run(_cfg(["model=hf", "logger=none"])) == 2
+    assert "model.path is required with model=hf" in capsys.readouterr().err
+    assert run(_cfg(["model=hf", f"model.path={hf}", "model.dtype=float8", "logger=none"])) == 2
+    assert "unknown dtype 'float8'" in capsys.readouterr().err
