@@ -256,3 +256,16 @@ def test_mixed_layouts_are_refused():
     with pytest.raises(LayoutError, match="mix MTP layouts"):
         detect_layout(names, 4)
     assert detect_layout(["model.layers.5.eh_proj.weight", "model.layers.4.enorm.weight"], 4) == ("deepseek_v3", 2)
+
+
+def test_deepseek_style_zeroes_the_embedding_at_position_0():
+    """vLLM's DeepSeek MTP layer zeroes inputs_embeds where position == 0; Qwen3-Next's does not."""
+    for style, depends in (("deepseek_v3", False), ("qwen3_next", True)):
+        m = _model(num_nextn_predict_layers=1, mtp_style=style, **LLAMA)
+        x = torch.randint(2, 60, (1, 8), generator=torch.Generator().manual_seed(0))
+        y = x.clone()
+        y[0, 1] = 1  # module 1 at position 0 reads x_1
+        with torch.no_grad():
+            a = m.mtp_chain(x, m.model(x), 1)[0][0, 0]
+            b = m.mtp_chain(y, m.model(x), 1)[0][0, 0]
+        assert (not torch.equal(a, b)) == depends, style

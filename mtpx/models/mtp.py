@@ -11,7 +11,9 @@ on (`ModelConfig.mtp_style`, as vLLM's `qwen3_next_mtp.py` and `deepseek_mtp.py`
   and logits = lm_head(a^k) with the target's lm_head.
 - "deepseek_v3": a^k = layer(fc(...)), the residual stream before any norm, is passed on, and
   logits = shared_head.head(shared_head.norm(a^k)); here `norm` plays shared_head.norm and `head`
-  is the module's own output head (tied to lm_head when the checkpoint's copy equals it).
+  is the module's own output head (tied to lm_head when the checkpoint's copy equals it). The
+  embedding input at position 0 is zeroed, as vLLM's `DeepSeekMultiTokenPredictorLayer` does
+  ("masking inputs at position 0, as not needed by MTP").
 
 Module k at sequence index j runs at RoPE position j, the position of the hidden state it reads.
 """
@@ -50,6 +52,8 @@ class MTPModule(nn.Module):
                 cache=None, meta: ForwardMeta | None = None) -> torch.Tensor:
         """emb: [B, T, hidden] embeddings of x_{j+k}; hidden: [B, T, hidden] a^{k-1}_j;
         positions: [B, T] int64 (j) -> a^k: [B, T, hidden]."""
+        if self.prenorm_output:  # DeepSeek convention (module doc)
+            emb = emb.masked_fill((positions == 0)[..., None], 0.0)
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], -1))
         cos, sin = rope_cos_sin(positions, self.cfg.rotary_dim, self.cfg.rope_theta, x.dtype,
                                 self.cfg.rope_scaling)
