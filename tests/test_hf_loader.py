@@ -269,3 +269,54 @@ def test_deepseek_style_zeroes_the_embedding_at_position_0():
             a = m.mtp_chain(x, m.model(x), 1)[0][0, 0]
             b = m.mtp_chain(y, m.model(x), 1)[0][0, 0]
         assert (not torch.equal(a, b)) == depends, style
+
+
+def test_extra_decoder_layers_are_unexpected_not_mtp(tmp_path):
+    """num_hidden_layers smaller than the weights: the extra layers are reported as unexpected
+    target tensors, not mistaken for DeepSeek MTP modules."""
+    m = _model(num_nextn_predict_layers=0, **LLAMA)
+    d = config_to_hf(m.cfg, None)
+    d["num_hidden_layers"] = 3
+    with pytest.raises(CheckpointError, match=r"0 missing tensor\(s\) \[\]; \d+ unexpected tensor\(s\) \[model.layers.3.") as e:
+        load_pretrained(_write(m, tmp_path / "m", config=d))
+    assert "MTP layout: None" in str(e.value)
+
+
+def test_missing_config_keys_take_the_family_defaults():
+    d = config_to_hf(tiny_config(num_nextn_predict_layers=0, **LLAMA), None)
+    for key in ("eos_token_id", "bos_token_id", "max_position_embeddings", "num_key_value_heads", "head_dim"):
+        d.pop(key)
+    cfg = config_from_hf(d)
+    assert (cfg.eos_token_id, cfg.bos_token_id, cfg.max_position_embeddings) == (2, 1, 2048)  # LlamaConfig's
+    assert cfg.num_key_value_heads == cfg.num_attention_heads and cfg.head_dim == 64 // 4
+    q = config_to_hf(tiny_config(num_nextn_predict_layers=0, num_experts=4), None)
+    q.pop("num_experts_per_tok")
+    q.pop("eos_token_id")
+    cfg = config_from_hf(q)
+    assert cfg.num_experts_per_tok == 10 and cfg.eos_token_id is None       # Qwen3NextConfig's
+    with pytest.raises(UnsupportedConfigError, match=r"lacks \['intermediate_size'\]"):
+        config_from_hf({k: v for k, v in q.items() if k != "intermediate_size"})
+
+
+def test_draft_errors_name_spec_draft_path(tmp_path):
+    """A draft trained for another family, or a folder without weights, is blamed on spec.draft_path."""
+    llama = _model(num_nextn_predict_layers=1, **LLAMA)
+    draft = {k: v.contiguous() for k, v in llama.state_dict().items() if k.startswith("mtp.")}
+    save_file(draft, str(tmp_path / "head.safetensors"))
+    qwen3 = _model(num_nextn_predict_layers=0, **dict(LLAMA, model_type="qwen3", use_qk_norm=True))
+    folder = _write(qwen3, tmp_path / "qwen3")
+    with pytest.raises(CheckpointError, match=r"spec.draft_path .*head.safetensors does not fit the target .*\(qwen3\): "
+                                              r"2 missing MTP tensor\(s\) \[mtp.0.layers.0.self_attn.k_norm.weight"):
+        load_pretrained(folder, draft_path=tmp_path / "head.safetensors")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="spec.draft_path .*empty is a folder without model.safetensors"):
+        load_pretrained(folder, draft_path=tmp_path / "empty")
+
+
+def test_string_prompts_without_tokenizer_name_the_folder(tmp_path):
+    from mtpx import LLM
+    folder = _write(_model(num_nextn_predict_layers=0, **LLAMA).float(), tmp_path / "m")
+    llm = LLM(model=str(folder))
+    assert llm.generate([[3, 4, 5]])[0].output_token_ids  # token ids work without a tokenizer
+    with pytest.raises(ValueError, match=r"checkpoint folder .*m has no tokenizer.json"):
+        llm.generate(["hello"])

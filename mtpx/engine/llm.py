@@ -55,6 +55,7 @@ class LLM:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
+        self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
         if isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
         else:
@@ -93,7 +94,9 @@ class LLM:
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError("string prompts need a tokenizer: load a checkpoint folder or pass tokenizer=")
+            where = (f"checkpoint folder {self.model_path} has no tokenizer.json (add the model's tokenizer.json)"
+                     if self.model_path else "pass tokenizer= with the model")
+            raise ValueError(f"string prompts need a tokenizer: {where}, or give prompts as token ids")
         return self.tokenizer.encode(text).ids
 
     def decode(self, ids: Sequence[int]) -> str:

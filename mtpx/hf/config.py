@@ -27,6 +27,23 @@ FAMILIES = {
 ARCHITECTURES = {"qwen3_next": "Qwen3NextForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "llama": "LlamaForCausalLM"}
 
+# shape-defining keys every config.json must have (mtpx never guesses a size)
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+# a key absent from config.json takes the default of the family's transformers config class
+# (LlamaConfig, Qwen3Config, Qwen3NextConfig in transformers 5.24), never mtpx's own default
+_COMMON_DEFAULTS = dict(rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, mlp_bias=False)
+HF_DEFAULTS = {
+    "llama": dict(_COMMON_DEFAULTS, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2),
+    "qwen3": dict(_COMMON_DEFAULTS, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
+                  head_dim=128),
+    "qwen3_next": dict(_COMMON_DEFAULTS, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
+                       head_dim=256, num_key_value_heads=2, num_experts=512, num_experts_per_tok=10,
+                       moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                       decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[],
+                       linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                       linear_num_key_heads=16, linear_num_value_heads=32, full_attention_interval=4),
+}
+
 # keys copied as they are when present
 _COPIED = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -59,6 +76,8 @@ class UnsupportedConfigError(ValueError):
 
 def config_from_hf(d: dict, file: str = "config.json") -> ModelConfig:
     """A Hugging Face config.json dict -> ModelConfig (family conventions in the module doc).
+    Keys absent from `d` take the defaults of the family's transformers config class
+    (`HF_DEFAULTS`); the sizes in `REQUIRED` must be present.
 
     `num_nextn_predict_layers` is set from `mtp_num_hidden_layers` / `num_nextn_predict_layers`
     (0 when absent); the loader replaces it with the count of MTP modules in the weights.
@@ -75,10 +94,15 @@ def config_from_hf(d: dict, file: str = "config.json") -> ModelConfig:
             f"{file}: model_type '{family}' is not supported: mtpx loads {sorted(FAMILIES)} targets "
             "(DeepSeek-style MTP heads are read on any of them)")
     _refuse(d, file)
-    out = {k: d[k] for k in _COPIED if k in d and (d[k] is not None or k.endswith("token_id"))}
+    missing = [k for k in REQUIRED if d.get(k) is None]
+    if missing:
+        raise UnsupportedConfigError(f"{file} lacks {missing}: a checkpoint's config.json must give its sizes; "
+                                     "download the complete config.json")
+    out = dict(HF_DEFAULTS[family])
+    out["num_key_value_heads"] = out.get("num_key_value_heads", d["num_attention_heads"])
+    out["head_dim"] = out.get("head_dim", d["hidden_size"] // d["num_attention_heads"])
+    out.update({k: d[k] for k in _COPIED if k in d and (d[k] is not None or k.endswith("token_id"))})
     out.update(FAMILIES[family], model_type=family)
-    if out.get("head_dim") is None:
-        out["head_dim"] = d["hidden_size"] // d["num_attention_heads"]
     out.update(_rope(d, family))
     if family == "qwen3_next":
         if d.get("layer_types") is not None:

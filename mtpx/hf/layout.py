@@ -24,6 +24,7 @@ LAYOUTS = ("mtpx", "qwen3_next", "deepseek_v3")
 QWEN3_NEXT_SHARED = ("fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
 _DEEPSEEK_RENAMES = {"enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden",
                      "eh_proj": "fc", "shared_head.norm": "norm", "shared_head.head": "head"}
+_DEEPSEEK_MARKERS = ("enorm", "hnorm", "eh_proj", "shared_head")  # a layer holding these is an MTP module
 _MTPX_RE = re.compile(r"^mtp\.(\d+)\.(.+)$")
 _QWEN_LAYER_RE = re.compile(r"^mtp\.layers\.(\d+)\.(.+)$")
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -34,7 +35,9 @@ class LayoutError(ValueError):
 
 
 def detect_layout(names, num_hidden_layers: int) -> tuple[str | None, int]:
-    """Which MTP layout the tensor `names` use and how many modules they hold.
+    """Which MTP layout the tensor `names` use and how many modules they hold. A decoder layer
+    `model.layers.{i >= num_hidden_layers}` counts as a DeepSeek MTP module only when it holds
+    `enorm`/`hnorm`/`eh_proj`/`shared_head` (else it is an unexpected target layer).
 
     Returns (layout or None when there are no MTP tensors, number of modules).
     Raises LayoutError when names of two layouts are mixed.
@@ -47,7 +50,8 @@ def detect_layout(names, num_hidden_layers: int) -> tuple[str | None, int]:
             found.setdefault("qwen3_next", set())
         elif m := _MTPX_RE.match(n):
             found.setdefault("mtpx", set()).add(int(m[1]))
-        elif (m := _LAYER_RE.match(n)) and int(m[1]) >= num_hidden_layers:
+        elif ((m := _LAYER_RE.match(n)) and int(m[1]) >= num_hidden_layers
+              and m[2].split(".")[0] in _DEEPSEEK_MARKERS):
             found.setdefault("deepseek_v3", set()).add(int(m[1]) - num_hidden_layers)
     if len(found) > 1:
         raise LayoutError(f"tensor names mix MTP layouts {sorted(found)}: keep one layout per checkpoint")

@@ -32,7 +32,7 @@ from mtpx.hf.config import config_from_hf
 from mtpx.hf.layout import detect_layout, is_mtp, to_mtpx
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
-from mtpx.train.checkpoint import CheckpointError, _require_folder
+from mtpx.train.checkpoint import CheckpointError, _require_folder, load_folder_tokenizer
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -74,7 +74,7 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     layout, num_modules = detect_layout(shapes, cfg.num_hidden_layers)
     if draft_path is not None:  # the draft file's modules replace the folder's
         shapes = {n: s for n, s in shapes.items() if not is_mtp(n, cfg.num_hidden_layers)}
-        dfiles = weight_files(Path(draft_path), allow_pickle) if Path(draft_path).is_dir() else [Path(draft_path)]
+        dfiles = _draft_files(Path(draft_path), allow_pickle)
         for f in dfiles:
             if not f.is_file():
                 raise FileNotFoundError(f"spec.draft_path {f} does not exist: point it at a safetensors file of MTP modules")
@@ -101,10 +101,10 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
 
     with torch.device("meta"):
         model = MTPForCausalLM(cfg)
-    plan, copies = _plan(model, shapes, layout, num_modules, where, folder, cfg)
+    plan, copies = _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path)
     _load(model, plan, copies, where, dtype, device)
     _finish_ties(model, cfg, layout, num_modules)
-    return model.eval(), _load_tokenizer(folder, is_hf)
+    return model.eval(), load_folder_tokenizer(folder, is_hf)
 
 
 def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:
@@ -207,7 +207,17 @@ def _torch_load(f: Path) -> dict:
                               "convert it to safetensors") from None
 
 
-def _plan(model, shapes, layout, num_modules, where, folder, cfg) -> tuple[dict[str, str], list[str]]:
+def _draft_files(path: Path, allow_pickle: bool) -> list[Path]:
+    if not path.is_dir():
+        return [path]
+    try:
+        return weight_files(path, allow_pickle)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"spec.draft_path {path} is a folder without {SAFE_SINGLE}: point it at the "
+                                "safetensors file of MTP modules (tools/export_checkpoint.py --layout draft)") from None
+
+
+def _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path=None) -> tuple[dict[str, str], list[str]]:
     """mtpx parameter name -> checkpoint tensor name (several parameters may read one tensor:
     Qwen3-Next's shared MTP tensors), after checking names and shapes; plus the names of
     DeepSeek's per-module embedding copies."""
@@ -231,6 +241,13 @@ def _plan(model, shapes, layout, num_modules, where, folder, cfg) -> tuple[dict[
     if cfg.tie_word_embeddings:
         plan.pop("lm_head.weight", None)
     missing = sorted(set(expected) - set(plan) - optional)
+    if (missing or unexpected) and draft_path is not None and all(
+            n.startswith("mtp.") for n in missing) and all(is_mtp(n, cfg.num_hidden_layers) for n in unexpected):
+        raise CheckpointError(
+            f"spec.draft_path {draft_path} does not fit the target {folder} ({cfg.model_type}): "
+            f"{len(missing)} missing MTP tensor(s) {_show(missing)}; {len(unexpected)} unexpected "
+            f"{_show(sorted(unexpected))}: the draft modules were trained for a different target "
+            "(attention q/k norms, MoE or dense MLP follow the target's config.json)")
     if missing or unexpected:
         raise CheckpointError(
             f"{folder}: the weights do not match config.json: {len(missing)} missing tensor(s) "
@@ -306,16 +323,3 @@ def _finish_ties(model: MTPForCausalLM, cfg: ModelConfig, layout, num_modules: i
     left = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta]
     if left:
         raise CheckpointError(f"parameters {left[:10]} were not loaded: the checkpoint is incomplete")
-
-
-def _load_tokenizer(folder: Path, is_hf: bool):
-    if not (folder / "tokenizer.json").is_file():
-        if is_hf and any((folder / n).is_file() for n in ("tokenizer.model", "vocab.json")):
-            from mtpx.hf.tokenizer import load_hf_tokenizer
-            return load_hf_tokenizer(folder)  # raises, naming the fix
-        return None
-    if is_hf:
-        from mtpx.hf.tokenizer import load_hf_tokenizer
-        return load_hf_tokenizer(folder)
-    from mtpx.train.tokenizer import load_tokenizer
-    return load_tokenizer(folder / "tokenizer.json")

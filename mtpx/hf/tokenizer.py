@@ -103,6 +103,24 @@ class HFTokenizer:
             raise AttributeError(name)
         return getattr(self.backend_tokenizer, name)
 
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write tokenizer.json, tokenizer_config.json (special tokens, chat templates) and
+        generation_config.json (bos/eos/pad ids) into `folder`, so `load_hf_tokenizer(folder)`
+        gives back an equal tokenizer (mtpx checkpoints trained from a Hugging Face model keep
+        its tokenizer this way). Returns the tokenizer.json path. Raises OSError."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
+        config = dict(self.special_tokens)
+        if self.chat_templates:
+            config["chat_template"] = (self.chat_template if list(self.chat_templates) == ["default"] else
+                                       [{"name": k, "template": v} for k, v in self.chat_templates.items()])
+        (folder / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        gen = {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_ids or None,
+               "pad_token_id": self.pad_token_id}
+        (folder / GENERATION_CONFIG_FILE).write_text(json.dumps({k: v for k, v in gen.items() if v is not None}) + "\n")
+        return folder / TOKENIZER_FILE
+
     def __repr__(self) -> str:
         return (f"HFTokenizer(source={self.source!r}, vocab={self.backend_tokenizer.get_vocab_size()}, "
                 f"eos_token_ids={self.eos_token_ids}, chat_templates={sorted(self.chat_templates)})")

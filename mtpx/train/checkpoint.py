@@ -87,7 +87,10 @@ def save_checkpoint(
         tensors = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
                    for k, v in _stored_state(model).items()}
         safetensors.torch.save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        save_tokenizer(tokenizer, tmp / TOKENIZER_FILE)
+        if hasattr(tokenizer, "backend_tokenizer"):  # a Hugging Face model's tokenizer (mtpx.hf.tokenizer)
+            tokenizer.save(tmp)
+        else:
+            save_tokenizer(tokenizer, tmp / TOKENIZER_FILE)
         state = dict(trainer_state or {})
         if optimizer is not None:
             opt_tensors, state["optimizer"] = _flatten_optimizer(optimizer)
@@ -184,7 +187,7 @@ def load_model(
         )
     if not (path / TOKENIZER_FILE).is_file():
         raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: point model.path at a folder written by mode=train")
-    tokenizer = load_tokenizer(path / TOKENIZER_FILE)
+    tokenizer = load_folder_tokenizer(path)
 
     model = MTPForCausalLM(cfg)
     expected = {k: tuple(v.shape) for k, v in _stored_state(model).items()}
@@ -225,6 +228,21 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
         from mtpx.hf.config import config_from_hf
         return config_from_hf(d, str(file))
     return ModelConfig.from_dict(d)
+
+
+def load_folder_tokenizer(path: Path, is_hf: bool = False):
+    """The tokenizer of checkpoint folder `path`, or None without tokenizer.json: a Hugging Face
+    tokenizer (`mtpx.hf.tokenizer.HFTokenizer`) for a Hugging Face folder or any folder with a
+    tokenizer_config.json (an mtpx checkpoint trained from a Hugging Face model), else mtpx's own
+    (`<|endoftext|>` = 0, `<|pad|>` = 1).
+
+    Raises FileNotFoundError (only slow-tokenizer files) and ValueError (a malformed tokenizer)."""
+    from mtpx.hf.tokenizer import TOKENIZER_CONFIG_FILE, load_hf_tokenizer
+    if is_hf or (path / TOKENIZER_CONFIG_FILE).is_file():
+        if (path / TOKENIZER_FILE).is_file() or any((path / n).is_file() for n in ("tokenizer.model", "vocab.json")):
+            return load_hf_tokenizer(path)  # raises for slow-only tokenizers, naming the fix
+        return None
+    return load_tokenizer(path / TOKENIZER_FILE) if (path / TOKENIZER_FILE).is_file() else None
 
 
 def _is_hf(path: Path) -> bool:

@@ -222,7 +222,8 @@ def _init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> 
     ignored = sorted(k for k, v in want.items()
                      if k not in ("vocab_size", "num_nextn_predict_layers") and v is not None and getattr(saved, k, v) != v)
     if ignored:
-        console.print(f"[yellow]model.path={path}: its config.json sets {ignored}; the model.* values given are ignored")
+        console.print(f"[yellow]model.path={path} defines the architecture (its config.json); the model group's "
+                      f"values for {ignored} differ and are not used")
     if n_want == saved.num_nextn_predict_layers:
         model, tok = ckpt.load_model(path)
         return model.train(), tok
