@@ -28,11 +28,10 @@ import safetensors
 import torch
 import torch.nn as nn
 
-from mtpx.hf.config import config_from_hf
 from mtpx.hf.layout import detect_layout, is_mtp, to_mtpx
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
-from mtpx.train.checkpoint import CheckpointError, _require_folder, load_folder_tokenizer
+from mtpx.train.checkpoint import CheckpointError, _is_hf, _require_folder, load_config, load_folder_tokenizer
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -142,18 +141,13 @@ def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:
 
 
 def _read_config(folder: Path) -> tuple[ModelConfig, bool]:
-    file = folder / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"checkpoint folder {folder} has no config.json: point model.path at a checkpoint folder")
-    try:
-        d = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file} is not valid JSON ({err}): download or re-save the checkpoint") from None
-    if "architectures" not in d:
-        return ModelConfig.from_dict(d), False
-    cfg = config_from_hf(d, str(file))
+    """(ModelConfig, is a Hugging Face folder). For a Hugging Face folder, generation_config.json's
+    eos ids join config.json's: transformers' generate() stops on them (Llama 3 lists several)."""
+    cfg, is_hf = load_config(folder), _is_hf(folder)
+    if not is_hf:
+        return cfg, False
     gen = folder / "generation_config.json"
-    if gen.is_file():  # generate() stops on generation_config's eos ids (Llama 3 lists several)
+    if gen.is_file():
         try:
             eos = json.loads(gen.read_text()).get("eos_token_id")
         except json.JSONDecodeError as err:
