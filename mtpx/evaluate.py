@@ -34,6 +34,7 @@ from mtpx.data.prompts import load_prompts
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from mtpx.metrics.analytics import analytics
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
 from mtpx.metrics.stats import RequestOutput, compute_metrics
@@ -205,6 +206,9 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
             print(f"error: request {o.index}: {o.error}", file=sys.stderr)
     metrics = compute_metrics(outs, duration, llm.num_speculative_tokens,
                               engine["enable_prefix_caching"])
+    if method is not None:
+        metrics["analytics"] = analytics([o.spec.rounds for o in outs], [p.category for p in prompts],
+                                         llm.num_speculative_tokens)
     if any(p.answer is not None for p in prompts):
         preds = [extract_predicted_answer(o.text) for o in outs]
         metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in prompts])
@@ -229,7 +233,8 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         code = 1 if mismatches else 0
 
     atomic_write_jsonl(out_dir / "outputs.jsonl", [
-        {"index": o.index, "output_token_ids": o.output_token_ids, "text": o.text,
+        {"index": o.index, "category": prompts[o.index].category, "rounds": o.spec.rounds,
+         "output_token_ids": o.output_token_ids, "text": o.text,
          "finish_reason": o.finish_reason, "error": o.error, "num_drafts": o.spec.num_drafts,
          "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
          "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions}

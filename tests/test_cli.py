@@ -46,7 +46,12 @@ def test_eval_writes_metrics_outputs_and_plot(tiny_ckpt, tmp_path):
     assert run_eval(cfg, tmp_path) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert METRIC_KEYS <= set(metrics) and set(metrics) - METRIC_KEYS <= {"lossless_near_ties",
-                                                                         "plain_output_throughput"}
+                                                                         "plain_output_throughput",
+                                                                         "analytics"}
+    a = metrics["analytics"]  # from the per-round records (tests/test_analytics.py has exact tables)
+    assert a["per_position"]["accepted"] == [round(x * metrics["num_drafts"]) for x in metrics["per_position_acceptance"]]
+    assert a["position0_buckets"]["first_round"]["count"] + a["position0_buckets"]["total"]["count"] == metrics["num_drafts"]
+    assert a["by_category"]["default"]["num_requests"] == 5
     assert metrics["num_requests"] == 5 and metrics["num_failed"] == 0
     assert metrics["lossless_mismatches"] == 0
     assert len(metrics["per_position_acceptance"]) == 4
@@ -57,7 +62,8 @@ def test_eval_writes_metrics_outputs_and_plot(tiny_ckpt, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(5))
     assert all(set(r) >= {"index", "output_token_ids", "text", "finish_reason", "num_cached_tokens",
-                          "num_preemptions"} for r in rows)
+                          "num_preemptions", "rounds", "category"} for r in rows)
+    assert sum(len(r["rounds"]) for r in rows) == metrics["num_drafts"]
     assert (tmp_path / "per_position_acceptance.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -134,8 +134,34 @@ class RunLogger:
             data["per_position_acceptance_chart"] = wandb.plot.bar(
                 table, "position", "acceptance", title="Per-position acceptance"
             )
+        data.update(self._analytics_tables(metrics.get("analytics")))
         self.run.log(data)
         self.run.summary.update(scalars)
+
+    @staticmethod
+    def _analytics_tables(a: dict | None) -> dict[str, Any]:
+        """metrics["analytics"] (mtpx.metrics.analytics) as W&B tables: per_position
+        (unconditional, conditional), position0_buckets (count, rate per previous-round bucket)
+        and by_category."""
+        if not a:
+            return {}
+        import wandb
+
+        pp = a["per_position"]
+        out = {"analytics/per_position": wandb.Table(
+            columns=["position", "unconditional", "conditional", "reached", "accepted"],
+            data=[[i, u, c, r, x] for i, (u, c, r, x) in enumerate(
+                zip(pp["unconditional"], pp["conditional"], pp["reached"], pp["accepted"]))])}
+        b = a["position0_buckets"]
+        rows = [[str(r["prev_accepted"]), r["count"], r["rate"]] for r in b["rows"]]
+        rows += [["first round", b["first_round"]["count"], b["first_round"]["rate"]],
+                 ["all", b["total"]["count"], b["total"]["rate"]]]
+        out["analytics/position0_buckets"] = wandb.Table(columns=["prev_accepted", "count", "rate"], data=rows)
+        out["analytics/by_category"] = wandb.Table(
+            columns=["category", "num_requests", "acceptance_rate", "acceptance_length"],
+            data=[[c, v["num_requests"], v["acceptance_rate"], v["acceptance_length"]]
+                  for c, v in a["by_category"].items()])
+        return out
 
     def finish(self) -> None:
         """Close the W&B run (flushes the offline files); safe to call twice."""

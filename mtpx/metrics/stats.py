@@ -41,12 +41,16 @@ class SpecDecodeCounts:
         num_draft_tokens: draft tokens proposed in those rounds.
         num_accepted_tokens: draft tokens the target accepted (the bonus token is not counted).
         accepted_per_position: ``[i]`` = rounds whose i-th draft token was accepted.
+        rounds: one ``(num_draft_tokens, num_accepted)`` pair per round, in order (a request's
+            own rounds; empty for an aggregate): the per-round record the acceptance analytics
+            (mtpx.metrics.analytics) are computed from.
     """
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
+    rounds: list[tuple[int, int]] = field(default_factory=list)
 
     def record_round(self, num_draft_tokens: int, num_accepted: int) -> None:
         """Record one verification round that proposed ``num_draft_tokens`` and accepted ``num_accepted``.
@@ -68,6 +72,7 @@ class SpecDecodeCounts:
             )
         if num_draft_tokens == 0:
             return
+        self.rounds.append((num_draft_tokens, num_accepted))
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
