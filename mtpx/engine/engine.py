@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -41,6 +42,29 @@ from mtpx.spec.common import last_valid
 from mtpx.spec.verification import VERIFIERS
 
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+@dataclass
+class StepTiming:
+    """Wall time of one engine step's phases (seconds; on CUDA the device is synchronized at each
+    boundary, so the times are device times), for the cost model (mtpx.metrics.cost_model).
+
+    Attributes:
+        num_decodes: requests verified this step (the batch of the verification forward).
+        num_draft_tokens: draft tokens verified this step, summed over those requests.
+        num_prefill_tokens: prompt tokens prefilled this step.
+        prefill_s: the prefill forward, its first tokens and the drafts proposed after it.
+        verify_s: the target forward over the verification windows, verification, the
+            recurrent-state commit and the emission of accepted tokens.
+        draft_s: the speculator's proposal after verification (draft loop + re-prefill).
+    """
+
+    num_decodes: int
+    num_draft_tokens: int
+    num_prefill_tokens: int
+    prefill_s: float
+    verify_s: float
+    draft_s: float
 
 
 class Engine:
@@ -118,6 +142,7 @@ class Engine:
         self._slot_freed = 0.0
         self.num_steps = 0
         self.num_preemptions = 0
+        self.step_timings: list[StepTiming] = []   # one per step of the last run()
 
     # ---- public API ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -132,6 +157,7 @@ class Engine:
             raise ValueError(f"max_concurrency={max_concurrency}: must be >= 1 or None "
                              "(eval.concurrency)")
         self._on_finish = on_finish
+        self.step_timings = []
         pending = deque(sorted(requests, key=lambda r: r.arrival_offset))
         start = time.perf_counter()
         self._in_flight = 0
@@ -178,8 +204,14 @@ class Engine:
         for item in out.prefills + out.decodes:
             r = item.request
             self.cache.set_block_table(r.row, self.kv.block_table(r.index))
+        decodes = [d for d in out.decodes if not d.request.finished]
+        t0 = self._now()
         self._prefill(out.prefills)
-        self._decode([d for d in out.decodes if not d.request.finished])
+        t1 = self._now()
+        verify_s, draft_s = self._decode(decodes)
+        self.step_timings.append(StepTiming(
+            len(decodes), sum(d.num_draft_tokens for d in decodes),
+            sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s))
         for item in out.prefills + out.decodes:
             r = item.request
             if r.finished:
@@ -270,9 +302,16 @@ class Engine:
         draft = torch.tensor([p.is_last for p in prefills], device=dev)
         self._propose(reqs, rows, meta, h, draft)
 
-    def _decode(self, decodes: list[ScheduledDecode]) -> None:
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _decode(self, decodes: list[ScheduledDecode]) -> tuple[float, float]:
+        """Verify the decodes' windows and draft for them; returns (verify_s, draft_s)."""
         if not decodes:
-            return
+            return 0.0, 0.0
+        t0 = self._now()
         cache, model, dev = self.cache, self.model, self.device
         reqs = [d.request for d in decodes]
         rows = torch.tensor([r.row for r in reqs], device=dev)
@@ -303,8 +342,12 @@ class Engine:
                        int(num_drafts[b]), m)
             r.num_computed_tokens = min(r.num_computed_tokens, r.num_tokens - 1)
         new = cache.meta(n, accepted + 1, rows)                            # accepted positions n..n+m
+        t1 = self._now()
+        if self.speculator is None:
+            return t1 - t0, 0.0
         self._propose(reqs, rows, new, h[:, : new.valid.shape[1]],
                       torch.ones(len(reqs), dtype=torch.bool, device=dev))
+        return t1 - t0, self._now() - t1
 
     # ---- helpers ------------------------------------------------------------------------------
     def _draft_budget(self, r: Request) -> int:
