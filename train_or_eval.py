@@ -7,13 +7,20 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+_FAILED: list[int] = []  # exit codes of failed jobs of a multirun sweep
+
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     from mtpx.cli import run
 
     code = run(cfg)
-    if code:
+    if code and HydraConfig.get().mode == RunMode.MULTIRUN:
+        _FAILED.append(code)  # a failed job does not stop the sweep; the exit status reports it
+    elif code:
         sys.exit(code)
 
 
@@ -27,3 +34,5 @@ if __name__ == "__main__":
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     main()
+    if _FAILED:
+        sys.exit(max(_FAILED))

@@ -114,7 +114,9 @@ class RunLogger:
         Numeric scalars go to the run summary and are logged once; ``per_position_acceptance``
         is logged as scalars ``per_position_acceptance/pos_{i}`` and as a W&B bar chart
         (``wandb.plot.bar`` over a ``wandb.Table`` with columns position, acceptance). None
-        values are skipped.
+        values are skipped. ``analytics`` (mtpx.metrics.analytics) is logged as tables
+        (`_analytics_tables`) and as the charts of mtpx.metrics.dashboard's run figures
+        (`_analytics_charts`).
         """
         if self.run is None:
             return
@@ -134,7 +136,9 @@ class RunLogger:
             data["per_position_acceptance_chart"] = wandb.plot.bar(
                 table, "position", "acceptance", title="Per-position acceptance"
             )
-        data.update(self._analytics_tables(metrics.get("analytics")))
+        tables = self._analytics_tables(metrics.get("analytics"))
+        data.update(tables)
+        data.update(self._analytics_charts(metrics.get("analytics"), tables))
         self.run.log(data)
         self.run.summary.update(scalars)
 
@@ -161,6 +165,43 @@ class RunLogger:
             columns=["category", "num_requests", "acceptance_rate", "acceptance_length"],
             data=[[c, v["num_requests"], v["acceptance_rate"], v["acceptance_length"]]
                   for c, v in a["by_category"].items()])
+        return out
+
+    @staticmethod
+    def _analytics_charts(a: dict | None, tables: dict[str, Any]) -> dict[str, Any]:
+        """The run figures of mtpx.metrics.dashboard as W&B charts, over the analytics tables
+        (`tables`, from `_analytics_tables`) where a chart reads one table:
+
+        - ``analytics/per_position_chart``: ``wandb.plot.line_series`` of the unconditional and
+          conditional per-position acceptance (undefined rates left out);
+        - ``analytics/position0_chart``: ``wandb.plot.bar`` of the position-0 rate per
+          previous-round bucket (``analytics/position0_buckets``, counts in that table), when any
+          round was bucketed;
+        - ``analytics/by_category_chart``: ``wandb.plot.bar`` of the acceptance rate per category
+          (``analytics/by_category``), when there is more than one category.
+        """
+        if not a:
+            return {}
+        import wandb
+
+        out: dict[str, Any] = {}
+        pp = a["per_position"]
+        series = {name: [(i, v) for i, v in enumerate(pp[name]) if v is not None]
+                  for name in ("unconditional", "conditional")}
+        if all(series.values()):
+            out["analytics/per_position_chart"] = wandb.plot.line_series(
+                xs=[[i for i, _ in s] for s in series.values()], ys=[[v for _, v in s] for s in series.values()],
+                keys=list(series), title="Per-position acceptance: unconditional vs conditional",
+                xname="draft position")
+        b = a["position0_buckets"]
+        if b["total"]["count"] or b["first_round"]["count"]:
+            out["analytics/position0_chart"] = wandb.plot.bar(
+                tables["analytics/position0_buckets"], "prev_accepted", "rate",
+                title="Position-0 acceptance by the previous round's accepted drafts")
+        if len(a["by_category"]) > 1:
+            out["analytics/by_category_chart"] = wandb.plot.bar(
+                tables["analytics/by_category"], "category", "acceptance_rate",
+                title="Acceptance rate by category")
         return out
 
     def finish(self) -> None:

@@ -1,0 +1,646 @@
+"""Figures and tables that explain a run's acceptance, and compare runs and sweeps.
+
+One run (`write_run_figures`, called at the end of an eval): from ``metrics["analytics"]``
+(mtpx.metrics.analytics) it writes
+- ``acceptance_conditional.png``: per-position acceptance, unconditional (rounds whose i-th draft
+  was accepted / all rounds, vLLM's definition) next to conditional (/ rounds that verified
+  position i), the count of rounds that reached each position above its bar;
+- ``position0_buckets.png``: position-0 acceptance by the previous round of the same request
+  (first round, 0 .. k-1 accepted, all accepted), each bar annotated with its round count;
+- ``acceptance_by_category.png``: acceptance rate and per-position acceptance per prompt category
+  (only when the run has more than one category).
+A figure without data (a run without speculation, or with one category) is not written.
+
+Several runs (`load_run`, `write_comparison_figures`, `dashboard_markdown`, used by
+tools/dashboard.py): per-position curves side by side, each run's position-0 buckets, output
+throughput and median TPOT against num_speculative_tokens, acceptance by category, and the
+position-0 prediction of every ordered pair of spec runs (`position0_predictions`).
+
+A Hydra multirun (`sweep_table`, used by tools/sweep_table.py): one markdown row per job, the
+overrides that vary first, and the failed, incomplete or never-started jobs with their reason.
+
+Figures use matplotlib's object API (``Figure`` with the Agg canvas, no pyplot global state) and
+are written atomically (mtpx.io.atomic_write_bytes). Rates are fractions in the metrics dicts and
+percentages in figures and tables.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mtpx.io import atomic_write_bytes
+from mtpx.metrics.analytics import predict_position0
+from mtpx.metrics.report import DASH, format_comparison
+
+__all__ = [
+    "RUN_FIGURES", "COMPARISON_FIGURES", "RunDirError", "Run", "load_run", "load_runs",
+    "write_run_figures", "write_comparison_figures", "format_position0_prediction",
+    "position0_predictions", "dashboard_markdown", "SweepJob", "collect_sweep", "sweep_table",
+]
+
+RUN_FIGURES = ("acceptance_conditional.png", "position0_buckets.png", "acceptance_by_category.png")
+COMPARISON_FIGURES = ("per_position_acceptance.png", "position0_buckets.png", "throughput_vs_k.png",
+                      "acceptance_by_category.png")
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be read (no metrics.json, unreadable JSON); one-line message."""
+
+
+# --------------------------------------------------------------------------------------------------
+# runs
+
+
+@dataclass
+class Run:
+    """One eval run directory.
+
+    Attributes:
+        path: the run directory.
+        name: display name (`--names`, else from the spec method and k, e.g. "mtp8", "mtp1 k=3",
+            "no spec"; made unique by `load_runs`).
+        metrics: metrics.json.
+        method: the spec method ("mtp1", "mtp8"), None without speculation.
+        k: num_speculative_tokens: len(per_position_acceptance) when the run has it, else the
+            config's spec.num_speculative_tokens, else 0.
+        config: .hydra/config.yaml as a dict (None when absent).
+        overrides: .hydra/overrides.yaml (None when absent).
+    """
+
+    path: Path
+    name: str
+    metrics: dict
+    method: str | None
+    k: int
+    config: dict | None = None
+    overrides: list[str] | None = None
+
+    @property
+    def analytics(self) -> dict | None:
+        return self.metrics.get("analytics") or None
+
+    @property
+    def is_spec(self) -> bool:
+        return self.k > 0
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def _read_metrics(run_dir: Path) -> dict:
+    file = run_dir / "metrics.json"
+    if not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} is not a directory: pass run directories written by mode=eval")
+    if not file.is_file():
+        raise RunDirError(f"{file} not found: pass run directories written by mode=eval "
+                          "(python train_or_eval.py [+spec=...]), after the run has finished")
+    try:
+        metrics = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise RunDirError(f"{file} is not readable JSON ({err}): rerun the eval") from err
+    if not isinstance(metrics, dict):
+        raise RunDirError(f"{file} holds a {type(metrics).__name__}, not a metrics object: rerun the eval")
+    return metrics
+
+
+def _default_name(method: str | None, k: int, config: dict | None) -> str:
+    if not k:
+        return "no spec"
+    spec = (config or {}).get("spec") or {}
+    name = method or "spec"
+    if not ((method == "mtp1" and k == 1) or (method == "mtp8" and k == 8)):
+        name += f" k={k}"
+    if spec.get("verify") == "block":
+        name += " block"
+    return name
+
+
+def load_run(run_dir: str | os.PathLike, name: str | None = None) -> Run:
+    """Read one eval run directory (metrics.json, and .hydra/config.yaml and overrides.yaml when
+    present). Raises RunDirError with a one-line message when metrics.json is missing or unreadable."""
+    path = Path(run_dir)
+    metrics = _read_metrics(path)
+    config = _read_yaml(path / ".hydra" / "config.yaml")
+    config = config if isinstance(config, dict) else None
+    overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    overrides = [str(o) for o in overrides] if isinstance(overrides, list) else None
+    spec = (config or {}).get("spec") or {}
+    k = len(metrics.get("per_position_acceptance") or [])
+    if not k and isinstance(spec.get("num_speculative_tokens"), int) and metrics.get("num_drafts"):
+        k = spec["num_speculative_tokens"]
+    method = spec.get("method") if k else None
+    return Run(path, name or _default_name(method, k, config), metrics, method, k, config, overrides)
+
+
+def load_runs(run_dirs: Sequence[str | os.PathLike], names: Sequence[str] | None = None) -> list[Run]:
+    """`load_run` for each directory; default names that collide get the directory name appended.
+
+    Raises:
+        RunDirError: a directory without a readable metrics.json.
+        ValueError: `names` given with a different length, or with duplicates.
+    """
+    if names is not None:
+        if len(names) != len(run_dirs):
+            raise ValueError(f"{len(names)} names for {len(run_dirs)} run directories: give one name per run")
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate run names in {list(names)}: give each run its own name")
+    runs = [load_run(d, None if names is None else names[i]) for i, d in enumerate(run_dirs)]
+    if names is None:
+        for run in runs:
+            if sum(r.name == run.name for r in runs) > 1:
+                run.name = f"{run.name} ({run.path.name})"
+        seen: dict[str, int] = {}
+        for run in runs:
+            n = seen[run.name] = seen.get(run.name, 0) + 1
+            if n > 1:
+                run.name = f"{run.name} #{n}"
+    return runs
+
+
+# --------------------------------------------------------------------------------------------------
+# figures
+
+
+def _figure(width: float, height: float, ncols: int = 1):
+    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _save(fig, path: Path) -> Path:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _pct(values: Sequence[float | None]) -> list[float]:
+    """Fractions as percentages; None as NaN (a gap in lines, no bar)."""
+    return [float("nan") if v is None else v * 100 for v in values]
+
+
+def _has(values: Sequence[float | None] | None) -> bool:
+    return bool(values) and any(v is not None for v in values)
+
+
+def _bucket_rows(buckets: dict) -> list[tuple[str, int, float | None]]:
+    """(label, count, rate) for the first round, each previous-round bucket and "all"."""
+    rows = [("first", buckets["first_round"]["count"], buckets["first_round"]["rate"])]
+    rows += [(str(r["prev_accepted"]), r["count"], r["rate"]) for r in buckets["rows"]]
+    return rows
+
+
+def _draw_buckets(ax, buckets: dict, title: str) -> None:
+    rows = _bucket_rows(buckets)
+    labels = [r[0] for r in rows]
+    colors = ["#999999"] + ["#d62728"] * (len(rows) - 2) + ["#2ca02c"]
+    bars = ax.bar(range(len(rows)), _pct([r[2] for r in rows]), color=colors)
+    for bar, (_, count, rate) in zip(bars, rows):
+        y = 0 if rate is None else rate * 100
+        ax.annotate(f"n={count}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom",
+                    fontsize=7, xytext=(0, 2), textcoords="offset points")
+    total = buckets["total"]["rate"]
+    if total is not None:
+        ax.axhline(total * 100, color="black", lw=0.8, ls="--", label=f"all after round 1: {total * 100:.1f}%")
+        ax.legend(fontsize=7, loc="upper left")
+    ax.set_xticks(range(len(rows)), labels)
+    ax.set_xlabel("previous round: drafts accepted")
+    ax.set_ylabel("position-0 acceptance (%)")
+    ax.set_ylim(0, 125)
+    ax.set_yticks(range(0, 101, 20))
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _buckets_have_data(buckets: dict | None) -> bool:
+    return bool(buckets) and any(count for _, count, _ in _bucket_rows(buckets))
+
+
+def _categories_with_data(metrics: dict) -> dict[str, dict]:
+    cats = ((metrics.get("analytics") or {}).get("by_category")) or {}
+    return {c: v for c, v in cats.items() if v.get("num_drafts")}
+
+
+def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
+    """Write one run's acceptance figures (module doc, `RUN_FIGURES`) into `out_dir` as PNGs.
+
+    Args:
+        metrics: a metrics dict with ``analytics`` (mtpx.metrics.analytics.analytics); without
+            it (a run without speculation, an older metrics.json) nothing is written.
+        out_dir: destination folder (created if needed).
+
+    Returns:
+        The paths written, in `RUN_FIGURES` order; figures without data are skipped.
+    """
+    out, written = Path(out_dir), []
+    a = metrics.get("analytics") or {}
+    pp = a.get("per_position") or {}
+    if pp.get("num_rounds") and _has(pp.get("unconditional")):
+        k = len(pp["unconditional"])
+        fig, (ax,) = _figure(max(4.5, 0.8 * k + 2.5), 3.6)
+        x = list(range(k))
+        ax.bar([i - 0.2 for i in x], _pct(pp["unconditional"]), width=0.4,
+               label="unconditional (/ all rounds)")
+        bars = ax.bar([i + 0.2 for i in x], _pct(pp["conditional"]), width=0.4,
+                      label="conditional (/ rounds reaching the position)")
+        for bar, reached, rate in zip(bars, pp["reached"], pp["conditional"]):
+            ax.annotate(f"n={reached}", (bar.get_x() + bar.get_width() / 2, 0 if rate is None else rate * 100),
+                        ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(x)
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance (%)")
+        ax.set_ylim(0, 115)
+        ax.set_title(f"Per-position acceptance ({pp['num_rounds']} rounds)", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+        written.append(_save(fig, out / RUN_FIGURES[0]))
+    buckets = a.get("position0_buckets")
+    if _buckets_have_data(buckets):
+        fig, (ax,) = _figure(max(4.5, 0.6 * len(buckets["rows"]) + 3.0), 3.6)
+        _draw_buckets(ax, buckets, "Position-0 acceptance by the previous round")
+        written.append(_save(fig, out / RUN_FIGURES[1]))
+    cats = _categories_with_data(metrics)
+    if len(cats) > 1:
+        fig, (ax0, ax1) = _figure(10.0, 3.8, ncols=2)
+        _draw_category_bars(ax0, {"": cats})
+        for c, v in cats.items():
+            ax1.plot(range(len(v["per_position_acceptance"])), _pct(v["per_position_acceptance"]),
+                     "o-", label=c)
+        ax1.set_xticks(range(len(next(iter(cats.values()))["per_position_acceptance"])))
+        ax1.set_xlabel("draft position")
+        ax1.set_ylabel("acceptance (%)")
+        ax1.set_ylim(0, 105)
+        ax1.set_title("Per-position acceptance by category", fontsize=10)
+        ax1.grid(alpha=0.3)
+        ax1.legend(fontsize=7)
+        written.append(_save(fig, out / RUN_FIGURES[2]))
+    return written
+
+
+def _draw_category_bars(ax, cats_by_run: dict[str, dict[str, dict]]) -> None:
+    """Grouped bars: x = categories (first-seen order), one bar per run; n requests annotated."""
+    categories = list(dict.fromkeys(c for cats in cats_by_run.values() for c in cats))
+    width = 0.8 / len(cats_by_run)
+    for j, (name, cats) in enumerate(cats_by_run.items()):
+        xs = [i + (j - (len(cats_by_run) - 1) / 2) * width for i in range(len(categories))]
+        vals = [cats.get(c, {}).get("acceptance_rate") for c in categories]
+        bars = ax.bar(xs, _pct(vals), width=width, label=name or None)
+        for bar, c, v in zip(bars, categories, vals):
+            if v is not None:
+                ax.annotate(f"n={cats[c]['num_requests']}", (bar.get_x() + bar.get_width() / 2, v * 100),
+                            ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(categories)), categories)
+    ax.set_ylabel("acceptance rate (%)")
+    ax.set_ylim(0, 110)
+    ax.set_title("Acceptance rate by category", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    if any(cats_by_run):
+        ax.legend(fontsize=7)
+
+
+def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) -> list[Path]:
+    """Write the figures comparing `runs` (module doc, `COMPARISON_FIGURES`) into `out_dir`.
+
+    Returns the paths written; a figure without data (no spec run, no analytics, no throughput,
+    a single category) is skipped.
+    """
+    out, written = Path(out_dir), []
+    spec = [r for r in runs if r.is_spec]
+    if any(_has(r.metrics.get("per_position_acceptance")) for r in spec):
+        fig, (ax0, ax1) = _figure(11.0, 4.0, ncols=2)
+        kmax = max(r.k for r in spec)
+        for r in spec:
+            ax0.plot(range(r.k), _pct(r.metrics.get("per_position_acceptance") or []), "o-", label=r.name)
+            cond = ((r.analytics or {}).get("per_position") or {}).get("conditional")
+            if _has(cond):
+                ax1.plot(range(len(cond)), _pct(cond), "o-", label=r.name)
+        for ax, title in ((ax0, "unconditional (/ all rounds)"), (ax1, "conditional (/ rounds reaching it)")):
+            ax.set_xticks(range(kmax))
+            ax.set_xlabel("draft position")
+            ax.set_ylabel("acceptance (%)")
+            ax.set_ylim(0, 105)
+            ax.set_title(f"Per-position acceptance, {title}", fontsize=10)
+            ax.grid(alpha=0.3)
+            if ax.lines:
+                ax.legend(fontsize=7, loc="lower left")
+        written.append(_save(fig, out / COMPARISON_FIGURES[0]))
+    with_buckets = [r for r in spec if _buckets_have_data((r.analytics or {}).get("position0_buckets"))]
+    if with_buckets:
+        fig, axes = _figure(max(4.5, sum(0.55 * r.k + 2.5 for r in with_buckets)), 3.8, ncols=len(with_buckets))
+        for ax, r in zip(axes, with_buckets):
+            _draw_buckets(ax, r.analytics["position0_buckets"], r.name)
+        written.append(_save(fig, out / COMPARISON_FIGURES[1]))
+    if any(r.metrics.get("output_throughput") is not None for r in runs):
+        fig, (ax0, ax1) = _figure(10.0, 3.8, ncols=2)
+        groups: dict[str, list[Run]] = {}
+        for r in spec:
+            key = r.method or "spec"
+            if ((r.config or {}).get("spec") or {}).get("verify") == "block":
+                key += " block"
+            groups.setdefault(key, []).append(r)
+        for ax, key, label in ((ax0, "output_throughput", "output throughput (tok/s)"),
+                               (ax1, "median_tpot_ms", "median TPOT (ms)")):
+            for g, rs in groups.items():
+                pts = sorted((r.k, r.metrics[key]) for r in rs if r.metrics.get(key) is not None)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=g)
+            for i, r in enumerate(x for x in runs if not x.is_spec and x.metrics.get(key) is not None):
+                ax.axhline(r.metrics[key], color="gray", ls="--", lw=1, label=r.name if i == 0 else None)
+            ax.set_xlabel("num_speculative_tokens")
+            ax.set_ylabel(label)
+            ax.set_ylim(bottom=0)
+            ax.set_title(f"{label[0].upper()}{label[1:]} vs k", fontsize=10)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        ks = sorted({r.k for r in spec})
+        if ks:
+            for ax in (ax0, ax1):
+                ax.set_xticks(ks)
+        written.append(_save(fig, out / COMPARISON_FIGURES[2]))
+    cats = {r.name: _categories_with_data(r.metrics) for r in spec}
+    cats = {n: c for n, c in cats.items() if c}
+    if len({c for v in cats.values() for c in v}) > 1:
+        fig, (ax,) = _figure(max(5.0, 1.2 * len({c for v in cats.values() for c in v}) * len(cats) + 2), 3.8)
+        _draw_category_bars(ax, cats)
+        written.append(_save(fig, out / COMPARISON_FIGURES[3]))
+    return written
+
+
+# --------------------------------------------------------------------------------------------------
+# position-0 predictions and the dashboard summary
+
+
+def format_position0_prediction(name_a: str, buckets_a: dict, name_b: str, buckets_b: dict) -> str:
+    """One line: run B's position-0 rate predicted from run A's conditional rates and B's mix
+    (mtpx.metrics.analytics.predict_position0), and B's measured rate, e.g. "predicted mtp8
+    position-0 from mtp1's conditional rates: 0.771 x 0.704 + 0.229 x 0.857 = 0.739; measured 0.756"."""
+    p = predict_position0(buckets_a, buckets_b)
+    measured = DASH if p["measured"] is None else f"{p['measured']:.3f}"
+    return f"predicted {name_b} position-0 from {name_a}'s conditional rates: {p['formula']}; measured {measured}"
+
+
+def position0_predictions(runs: Sequence[Run]) -> list[str]:
+    """`format_position0_prediction` for every ordered pair (A, B), A != B, of runs with
+    position-0 buckets, in run order."""
+    have = [r for r in runs if r.is_spec and (r.analytics or {}).get("position0_buckets")]
+    return [format_position0_prediction(a.name, a.analytics["position0_buckets"],
+                                        b.name, b.analytics["position0_buckets"])
+            for a in have for b in have if a is not b]
+
+
+def _md_row(cells: Sequence[Any]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "---:") -> str:
+    lines = [_md_row(header), "| --- |" + f" {align} |" * (len(header) - 1)]
+    return "\n".join(lines + [_md_row(r) for r in rows]) + "\n"
+
+
+def _rate_n(rate: float | None, count: int | None) -> str:
+    if rate is None:
+        return DASH if not count else f"{DASH} (n={count})"
+    return f"{rate * 100:.1f}% (n={count})"
+
+
+def _buckets_table(runs: Sequence[Run]) -> str | None:
+    have = [r for r in runs if _buckets_have_data((r.analytics or {}).get("position0_buckets"))]
+    if not have:
+        return None
+    labels: list[str] = ["first round"]
+    labels += [str(i) for i in range(max(r.k for r in have))] + ["all"]
+    cells: dict[str, dict[str, str]] = {}
+    for r in have:
+        b = r.analytics["position0_buckets"]
+        col = {"first round": _rate_n(b["first_round"]["rate"], b["first_round"]["count"])}
+        col.update({str(x["prev_accepted"]): _rate_n(x["rate"], x["count"]) for x in b["rows"]})
+        col["after a rejection (0 .. k-1)"] = _rate_n(b["after_rejection"]["rate"], b["after_rejection"]["count"])
+        col["after round 1, all"] = _rate_n(b["total"]["rate"], b["total"]["count"])
+        s = b["share_after_rejection"]
+        col["share after a rejection"] = DASH if s is None else f"{s:.3f}"
+        cells[r.name] = col
+    labels += ["after a rejection (0 .. k-1)", "after round 1, all", "share after a rejection"]
+    rows = [[("previous round accepted " + lab) if lab.isdigit() or lab == "all" else lab,
+             *(cells[r.name].get(lab, DASH) for r in have)] for lab in labels]
+    return _md_table(["Position 0", *(r.name for r in have)], rows)
+
+
+def _category_table(runs: Sequence[Run]) -> str | None:
+    cats = {r.name: ((r.analytics or {}).get("by_category") or {}) for r in runs if r.is_spec}
+    cats = {n: c for n, c in cats.items() if c}
+    categories = list(dict.fromkeys(c for v in cats.values() for c in v))
+    if not categories:
+        return None
+
+    def cell(v: dict | None) -> str:
+        if not v:
+            return DASH
+        rate = DASH if v.get("acceptance_rate") is None else f"{v['acceptance_rate'] * 100:.2f}%"
+        length = DASH if v.get("acceptance_length") is None else f"{v['acceptance_length']:.2f}"
+        return f"{rate} / {length} (n={v['num_requests']})"
+
+    rows = [[c, *(cell(cats[n].get(c)) for n in cats)] for c in categories]
+    return _md_table(["Category: acceptance rate / length", *cats], rows)
+
+
+def dashboard_markdown(runs: Sequence[Run], figures: Sequence[str | os.PathLike] = (),
+                       title: str = "mtpx dashboard") -> str:
+    """The markdown summary of `runs`: the runs, the main comparison table
+    (mtpx.metrics.report.format_comparison), position-0 buckets, the position-0 predictions,
+    acceptance by category, and links to `figures` (by file name: the summary sits next to them)."""
+    parts = [f"# {title}\n",
+             _md_table(["Run", "Directory", "Spec", "k"],
+                       [[r.name, str(r.path), r.method or DASH, r.k] for r in runs], align="---"),
+             "## Metrics\n", format_comparison({r.name: r.metrics for r in runs})]
+    buckets = _buckets_table(runs)
+    if buckets:
+        parts += ["## Position 0 by the previous round\n",
+                  "Position-0 acceptance (n = rounds) by how many drafts the same request's "
+                  "previous round accepted; the first round of a request has no previous round.\n",
+                  buckets]
+    predictions = position0_predictions(runs)
+    if predictions:
+        parts += ["## Position-0 predictions\n",
+                  "Run B's position-0 rate from run A's rates after a rejection and after a full "
+                  "acceptance, weighted by B's share of rounds after a rejection.\n",
+                  "".join(f"- {p}\n" for p in predictions)]
+    cats = _category_table(runs)
+    if cats:
+        parts += ["## Acceptance by category\n", cats]
+    if figures:
+        parts += ["## Figures\n", "".join(f"![{Path(f).stem}]({Path(f).name})\n\n" for f in figures).rstrip() + "\n"]
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------------------------------
+# Hydra multirun sweeps
+
+
+@dataclass
+class SweepJob:
+    """One job of a multirun: its number, overrides, run directory (None when never started),
+    metrics (None when metrics.json is missing or unreadable) and its problems (reasons)."""
+
+    num: int | None
+    overrides: list[str]
+    path: Path | None
+    metrics: dict | None = None
+    problems: list[str] = field(default_factory=list)
+
+
+_NO_METRICS = ("no metrics.json: the job failed before writing it, or is still running "
+               "(train_or_eval.py prints a job's error to the sweep's stderr, not into the job folder)")
+_NOT_STARTED = ("not started: the sweep stopped before this job (train_or_eval.py exits the whole "
+                "multirun when a job exits with an error)")
+
+
+def _job_num(path: Path, root: Path) -> int | None:
+    rel = path.relative_to(root)
+    return int(rel.name) if rel.name.isdigit() else None
+
+
+def _expected_jobs(root: Path) -> list[list[str]] | None:
+    """Every job's overrides, in job-number order, from multirun.yaml's task overrides (Hydra's
+    basic sweeper expands them); None when unknown (no multirun.yaml, another sweeper or subdir)."""
+    cfg = _read_yaml(root / "multirun.yaml")
+    try:
+        hydra = cfg["hydra"]
+        if hydra["sweep"]["subdir"] != "${hydra.job.num}" or "basic_sweeper" not in hydra["sweeper"]["_target_"]:
+            return None
+        task = [str(o) for o in hydra["overrides"]["task"]]
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        parsed = OverridesParser.create().parse_overrides(task)
+        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    except Exception:  # noqa: BLE001 - an unexpected layout only loses the "not started" rows
+        return None
+
+
+def _log_error(job_dir: Path) -> str | None:
+    """The last line of the job's Hydra log(s) (*.log) or error.txt that names an error, if any."""
+    line = None
+    for log in [*sorted(job_dir.glob("*.log")), job_dir / "error.txt"]:
+        try:
+            for text in log.read_text(encoding="utf-8", errors="replace").splitlines():
+                if re.search(r"error|exception|traceback", text, re.IGNORECASE):
+                    line = text.strip()
+        except OSError:
+            continue
+    return line
+
+
+def collect_sweep(multirun_dir: str | os.PathLike) -> list[SweepJob]:
+    """The jobs of a Hydra multirun folder (multirun/DATE/TIME), by job number.
+
+    Job folders are the sub-folders holding .hydra/overrides.yaml. Jobs that multirun.yaml
+    expands to but whose folder does not exist are returned with path None (never started).
+
+    Raises:
+        RunDirError: `multirun_dir` is not a folder or holds no job folder and no multirun.yaml.
+    """
+    root = Path(multirun_dir)
+    if not root.is_dir():
+        raise RunDirError(f"{root} is not a directory: pass a Hydra multirun folder (multirun/DATE/TIME)")
+    dirs = sorted({p.parent.parent for p in root.rglob("overrides.yaml") if p.parent.name == ".hydra"}
+                  - {root}, key=lambda p: (_job_num(p, root) is None, _job_num(p, root) or 0, str(p)))
+    expected = _expected_jobs(root)
+    if not dirs and expected is None:
+        raise RunDirError(f"{root} has no job folders (N/.hydra/overrides.yaml) and no multirun.yaml: "
+                          "pass the folder a multirun wrote (python train_or_eval.py -m ...; "
+                          "multirun/DATE/TIME)")
+    jobs = []
+    for d in dirs:
+        overrides = _read_yaml(d / ".hydra" / "overrides.yaml")
+        job = SweepJob(_job_num(d, root), [str(o) for o in overrides] if isinstance(overrides, list) else [], d)
+        try:
+            job.metrics = _read_metrics(d)
+        except RunDirError as err:
+            if (d / "metrics.json").exists():
+                job.problems.append(str(err))
+            else:
+                error = _log_error(d)
+                job.problems.append(_NO_METRICS + (f"; log: {error}" if error else ""))
+        if job.metrics is not None:
+            m = job.metrics
+            if m.get("lossless_mismatches"):
+                job.problems.append(f"lossless check failed: {m['lossless_mismatches']} request(s) differ "
+                                    "from plain decoding (the job exited with status 1)")
+            if m.get("num_failed"):
+                job.problems.append(f"{m['num_failed']} of {m.get('num_requests')} requests failed "
+                                    "(their error is in outputs.jsonl)")
+        jobs.append(job)
+    if expected is not None:
+        have = {j.num for j in jobs}
+        jobs += [SweepJob(i, ov, None, problems=[_NOT_STARTED]) for i, ov in enumerate(expected) if i not in have]
+        jobs.sort(key=lambda j: (j.num is None, j.num or 0))
+    return jobs
+
+
+def _split_override(o: str) -> tuple[str, str]:
+    key, sep, value = o.partition("=")
+    return key.lstrip("+~"), value if sep else ""
+
+
+_SWEEP_COLUMNS = (
+    ("Acceptance rate (%)", lambda m: None if m.get("acceptance_rate") is None else f"{m['acceptance_rate'] * 100:.2f}"),
+    ("Acceptance length", lambda m: None if m.get("acceptance_length") is None else f"{m['acceptance_length']:.2f}"),
+    ("Per-position acceptance (%)", lambda m: " / ".join(DASH if v is None else f"{v * 100:.1f}"
+                                                         for v in m.get("per_position_acceptance") or []) or None),
+    ("Output tok/s", lambda m: None if m.get("output_throughput") is None else f"{m['output_throughput']:.2f}"),
+    ("Median TTFT (ms)", lambda m: None if m.get("median_ttft_ms") is None else f"{m['median_ttft_ms']:.2f}"),
+    ("Median TPOT (ms)", lambda m: None if m.get("median_tpot_ms") is None else f"{m['median_tpot_ms']:.2f}"),
+    ("Median ITL (ms)", lambda m: None if m.get("median_itl_ms") is None else f"{m['median_itl_ms']:.2f}"),
+    ("Lossless mismatches", lambda m: None if m.get("lossless_mismatches") is None else str(m["lossless_mismatches"])),
+)
+
+
+def sweep_table(multirun_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None = None) -> str:
+    """A markdown summary of a Hydra multirun: the overrides every job shares, one table row per
+    job with metrics (the overrides that differ between jobs first, then acceptance rate, length,
+    per-position acceptance, output throughput, median TTFT / TPOT / ITL, lossless mismatches,
+    the job number), then the failed, incomplete or never-started jobs with their reasons.
+
+    Args:
+        multirun_dir: the multirun folder (named in the title).
+        jobs: `collect_sweep(multirun_dir)` when None.
+    """
+    jobs = collect_sweep(multirun_dir) if jobs is None else list(jobs)
+    parsed = [dict(_split_override(o) for o in j.overrides) for j in jobs]
+    keys = list(dict.fromkeys(k for p in parsed for k in p))
+    varying = [k for k in keys if len({p.get(k) for p in parsed}) > 1] or keys
+    common = [o for o in (jobs[0].overrides if jobs else []) if _split_override(o)[0] not in varying]
+    done = [(j, p) for j, p in zip(jobs, parsed) if j.metrics is not None]
+    out = [f"# Sweep {multirun_dir}\n",
+           f"{len(jobs)} job(s), {len(done)} with metrics, "
+           f"{sum(1 for j in jobs if j.problems)} with problems.\n"]
+    if common:
+        out.append("Common overrides: " + " ".join(f"`{o}`" for o in common) + "\n")
+    if done:
+        rows = [[*(p.get(k, DASH) or DASH for k in varying),
+                 *((fn(j.metrics) or DASH) for _, fn in _SWEEP_COLUMNS),
+                 DASH if j.num is None else j.num] for j, p in done]
+        header = [*varying, *(c for c, _ in _SWEEP_COLUMNS), "Job"]
+        align = ["---"] * len(varying) + ["---:"] * (len(header) - len(varying))
+        out.append("".join(_md_row(r) + "\n" for r in [header, align, *rows]))
+    problems = [j for j in jobs if j.problems]
+    if problems:
+        out.append("## Failed or incomplete jobs\n")
+        out.append("".join(
+            f"- job {DASH if j.num is None else j.num} (`{' '.join(j.overrides) or 'no overrides'}`): "
+            f"{'; '.join(j.problems)}\n" for j in problems))
+    return "\n".join(out)

@@ -1,0 +1,199 @@
+"""Run figures, W&B charts, the dashboard and sweep tools, and the transformers peer comparison
+(mtpx/metrics/dashboard.py, tools/dashboard.py, tools/sweep_table.py, tools/compare_hf.py)."""
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from mtpx.metrics.analytics import analytics
+from mtpx.metrics.dashboard import (RUN_FIGURES, collect_sweep, format_position0_prediction,
+                                    load_run, write_run_figures)
+from mtpx.metrics.logging import RunLogger
+
+ROOT = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+# hand-made per-round records (num_draft_tokens, num_accepted) of three requests, k = 3
+ROUNDS = [[(3, 3), (3, 1), (3, 0), (3, 2)], [(3, 0), (3, 3), (3, 3)], [(2, 2), (3, 1)]]
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(f"_tool_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _metrics(categories, rounds=ROUNDS, k=3, **extra):
+    a = analytics(rounds, categories, k)
+    m = {"num_requests": len(rounds), "num_failed": 0, "acceptance_rate": 0.6, "acceptance_length": 2.5,
+         "per_position_acceptance": a["per_position"]["unconditional"], "analytics": a}
+    return {**m, **extra}
+
+
+def test_write_run_figures(tmp_path):
+    written = write_run_figures(_metrics(["code", "gsm8k", "code"]), tmp_path / "a")
+    assert [p.name for p in written] == list(RUN_FIGURES)
+    assert all(p.read_bytes()[:8] == PNG for p in written)
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(RUN_FIGURES)  # no temp files
+
+    one = write_run_figures(_metrics(["code"] * 3), tmp_path / "b")  # one category: no category figure
+    assert [p.name for p in one] == ["acceptance_conditional.png", "position0_buckets.png"]
+    assert not (tmp_path / "b" / "acceptance_by_category.png").exists()
+    plain = {"num_requests": 3, "per_position_acceptance": []}  # no speculation: nothing to draw
+    assert write_run_figures(plain, tmp_path / "c") == [] and not (tmp_path / "c").exists()
+
+
+def test_wandb_charts_over_the_analytics_tables():
+    pytest.importorskip("wandb")
+    a = _metrics(["code", "gsm8k", "code"])["analytics"]
+    tables = RunLogger._analytics_tables(a)
+    charts = RunLogger._analytics_charts(a, tables)
+    assert set(charts) == {"analytics/per_position_chart", "analytics/position0_chart",
+                           "analytics/by_category_chart"}
+    assert charts["analytics/position0_chart"].table is tables["analytics/position0_buckets"]
+    one = analytics(ROUNDS, ["code"] * 3, 3)
+    assert set(RunLogger._analytics_charts(one, RunLogger._analytics_tables(one))) == {
+        "analytics/per_position_chart", "analytics/position0_chart"}
+    assert RunLogger._analytics_charts(None, {}) == {}
+
+
+def test_position0_prediction_text():
+    a = {"after_rejection": {"rate": 0.704}, "after_full": {"rate": 0.857}}
+    b = {"share_after_rejection": 0.771, "total": {"rate": 0.756}}
+    assert format_position0_prediction("MTP1", a, "MTP8", b) == (
+        "predicted MTP8 position-0 from MTP1's conditional rates: "
+        "0.771 x 0.704 + 0.229 x 0.857 = 0.739; measured 0.756")
+    empty = {"after_rejection": {"rate": None}, "after_full": {"rate": 0.9}}
+    assert format_position0_prediction("A", empty, "B", b) == (
+        "predicted B position-0 from A's conditional rates: undefined (a bucket is empty); measured 0.756")
+
+
+def _run_dir(path: Path, metrics: dict | None, overrides: list[str], config: dict | None = None) -> Path:
+    (path / ".hydra").mkdir(parents=True)
+    (path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    if config is not None:
+        (path / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    if metrics is not None:
+        (path / "metrics.json").write_text(json.dumps(metrics))
+    return path
+
+
+def test_dashboard_tool(tmp_path, capsys):
+    # position 0 after a rejection / after a full round / share of rounds after a rejection:
+    # mtp1 (k=1) 2/3, 1/2, 3/5; mtp8 k=3 (ROUNDS) 2/3, 3/3, 3/6
+    mtp1 = _metrics(["code"] * 2, [[(1, 1), (1, 0), (1, 1), (1, 1)], [(1, 0), (1, 0), (1, 1)]], k=1,
+                    output_throughput=100.0, median_tpot_ms=10.0)
+    mtp8 = _metrics(["code", "gsm8k", "code"], output_throughput=80.0, median_tpot_ms=12.0)
+    plain = {"num_requests": 3, "num_failed": 0, "per_position_acceptance": [], "output_throughput": 120.0,
+             "median_tpot_ms": 8.0}
+    a = _run_dir(tmp_path / "a", mtp1, ["+spec=mtp1"], {"spec": {"method": "mtp1", "num_speculative_tokens": 1}})
+    b = _run_dir(tmp_path / "b", mtp8, ["+spec=mtp8"], {"spec": {"method": "mtp8", "num_speculative_tokens": None}})
+    c = _run_dir(tmp_path / "c", plain, [], {"eval": {}})
+    assert (load_run(b).name, load_run(b).k, load_run(c).name, load_run(c).method) == ("mtp8 k=3", 3, "no spec", None)
+
+    dashboard = _tool("dashboard")
+    assert dashboard.main([str(a), str(b), str(c), "--out", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == [
+        "predicted mtp8 k=3 position-0 from mtp1's conditional rates: 0.500 x 0.667 + 0.500 x 0.500 = 0.583; measured 0.833",
+        "predicted mtp1 position-0 from mtp8 k=3's conditional rates: 0.600 x 0.667 + 0.400 x 1.000 = 0.800; measured 0.600",
+    ]
+    names = {"per_position_acceptance.png", "position0_buckets.png", "throughput_vs_k.png",
+             "acceptance_by_category.png", "summary.md"}
+    assert {p.name for p in (tmp_path / "d").iterdir()} == names
+    summary = (tmp_path / "d" / "summary.md").read_text()
+    assert "| Metric | mtp1 | mtp8 k=3 | no spec |" in summary and "- predicted mtp8 k=3 position-0" in summary
+
+    unfinished = _run_dir(tmp_path / "e", None, ["+spec=mtp8"])  # a run dir without metrics.json
+    assert dashboard.main([str(a), str(unfinished)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {unfinished}/metrics.json not found")
+    assert dashboard.main([str(a), str(b), "--names", "x"]) == 2
+    assert "2 run directories" in capsys.readouterr().err
+
+
+def test_sweep_table(tmp_path, capsys):
+    """Four jobs: two finished (one with a lossless mismatch), one without metrics.json, one never
+    started (the sweep stopped): the exact markdown table and problem list."""
+    root = tmp_path / "multirun" / "2026-01-01" / "12-00-00"
+    common = ["eval.num_prompts=4", "logger=none"]
+    jobs = [["+spec=mtp1", "spec.num_speculative_tokens=1"], ["+spec=mtp1", "spec.num_speculative_tokens=2"],
+            ["+spec=mtp8", "spec.num_speculative_tokens=1"], ["+spec=mtp8", "spec.num_speculative_tokens=2"]]
+    root.mkdir(parents=True)
+    (root / "multirun.yaml").write_text(yaml.safe_dump({"hydra": {
+        "sweep": {"dir": str(root), "subdir": "${hydra.job.num}"},
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"},
+        "overrides": {"task": ["+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,2", *common]}}}))
+    base = {"num_requests": 4, "num_failed": 0, "median_ttft_ms": 130.0, "median_itl_ms": 20.5}
+    _run_dir(root / "0", {**base, "acceptance_rate": 0.7353, "acceptance_length": 1.7353,
+                          "per_position_acceptance": [0.7353], "output_throughput": 211.584,
+                          "median_tpot_ms": 9.49, "lossless_mismatches": 0}, jobs[0] + common)
+    _run_dir(root / "1", {**base, "num_failed": 1, "acceptance_rate": 0.6154, "acceptance_length": 2.1923,
+                          "per_position_acceptance": [0.7778, 0.4074], "output_throughput": 204.4,
+                          "median_tpot_ms": None, "lossless_mismatches": 1}, jobs[1] + common)
+    _run_dir(root / "2", None, jobs[2] + common)
+
+    sweep_table = _tool("sweep_table")
+    assert sweep_table.main([str(root), "--out", str(tmp_path / "sweep.md")]) == 0
+    expected = f"""# Sweep {root}
+
+4 job(s), 2 with metrics, 3 with problems.
+
+Common overrides: `eval.num_prompts=4` `logger=none`
+
+| spec | spec.num_speculative_tokens | Acceptance rate (%) | Acceptance length | Per-position acceptance (%) | Output tok/s | Median TTFT (ms) | Median TPOT (ms) | Median ITL (ms) | Lossless mismatches | Job |
+| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| mtp1 | 1 | 73.53 | 1.74 | 73.5 | 211.58 | 130.00 | 9.49 | 20.50 | 0 | 0 |
+| mtp1 | 2 | 61.54 | 2.19 | 77.8 / 40.7 | 204.40 | 130.00 | — | 20.50 | 1 | 1 |
+
+## Failed or incomplete jobs
+
+- job 1 (`+spec=mtp1 spec.num_speculative_tokens=2 eval.num_prompts=4 logger=none`): lossless check failed: 1 request(s) differ from plain decoding (the job exited with status 1); 1 of 4 requests failed (their error is in outputs.jsonl)
+- job 2 (`+spec=mtp8 spec.num_speculative_tokens=1 eval.num_prompts=4 logger=none`): no metrics.json: the job failed before writing it, or is still running (train_or_eval.py prints a job's error to the sweep's stderr, not into the job folder)
+- job 3 (`+spec=mtp8 spec.num_speculative_tokens=2 eval.num_prompts=4 logger=none`): not started: the sweep stopped before this job (train_or_eval.py exits the whole multirun when a job exits with an error)
+"""
+    assert (tmp_path / "sweep.md").read_text() == expected
+    assert capsys.readouterr().out.startswith(expected)
+    failed = _run_dir(tmp_path / "other" / "0", None, ["+spec=mtp8"])  # the reason from the job's log
+    (failed / "train_or_eval.log").write_text("[2026-01-01][mtpx][ERROR] - error: boom\n")
+    assert collect_sweep(tmp_path / "other")[0].problems[0].endswith("; log: [2026-01-01][mtpx][ERROR] - error: boom")
+    assert sweep_table.main([str(tmp_path / "empty")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_compare_hf_smoke(tmp_path, capsys):
+    """The peer comparison end to end on a tiny dense (Llama-convention) mtpx checkpoint with 4 MTP
+    modules: every row runs (prompt lookup included: the exported target is a LlamaForCausalLM) and
+    mtpx's greedy tokens equal transformers'."""
+    pytest.importorskip("transformers", reason="tools/compare_hf.py compares against transformers")
+    from mtpx.train.checkpoint import save_checkpoint
+    from mtpx.train.tokenizer import train_tokenizer
+    from tests.conftest import LLAMA_FLAGS, peaked_model, tiny_config
+
+    tok = train_tokenizer(["Question: what is 2 + 3?\nAnswer: 5\n" * 50, "def f(x):\n    return x\n" * 50], 300)
+    model = peaked_model(tiny_config(vocab_size=tok.get_vocab_size(), **LLAMA_FLAGS)).float()
+    save_checkpoint(tmp_path / "ckpt", model, tok)
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n"
+                            for q in ["what is 2 + 3?", "what is 4 + 4 + 4?"]))
+    torch_threads = torch.get_num_threads()
+    compare_hf = _tool("compare_hf")
+    code = compare_hf.main(["--checkpoint", str(tmp_path / "ckpt"), "--data", "gsm8k", "--data-path", str(data),
+                            "--num-prompts", "2", "--max-new-tokens", "4", "--prompt-lookup-num-tokens", "2",
+                            "--out", str(tmp_path / "out")])
+    assert torch.get_num_threads() == torch_threads
+    assert code == 0, capsys.readouterr()
+    res = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [(r["engine"], r["setting"], r["batch_size"]) for r in res["rows"]] == [
+        ("transformers", "greedy", 1), ("transformers", "prompt lookup 2", 1), ("mtpx", "no spec", 1),
+        ("mtpx", "mtp1 (k=1)", 1), ("mtpx", "mtp8 (k=4)", 1)]
+    assert all(r["error"] is None and r["mean_output_tok_per_s"] > 0 for r in res["rows"])
+    assert res["rows"][0]["ratio_to_transformers_greedy"] == 1.0
+    assert res["greedy_check"]["identical"] == 2 and res["greedy_check"]["mismatches"] == []
+    assert [r["prompts_identical_to_transformers_greedy"] for r in res["rows"]] == [2] * 5
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| mtpx | mtp8 (k=4) | 1 |" in md and "identical on 2/2 prompts" in md
