@@ -1,5 +1,7 @@
 """What `train_or_eval.py` runs: mode=train trains and checkpoints, mode=eval decodes a prompt set
-and reports spec-decode metrics. Errors a user can fix are printed as one line, exit code 2."""
+and reports spec-decode metrics (with the lossless check), mode=bench is the serving benchmark
+(the bench group's client, no lossless pass). Errors a user can fix are printed as one line, exit
+code 2."""
 from __future__ import annotations
 
 import sys
@@ -14,7 +16,8 @@ USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
 
 GROUP_NAMES = {"spec": "spec", "data": "data set", "model": "model config", "train": "train config",
-               "engine": "engine config", "eval": "eval config", "logger": "logger"}
+               "engine": "engine config", "eval": "eval config", "bench": "bench config",
+               "logger": "logger"}
 
 
 def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:
@@ -53,7 +56,10 @@ def run(cfg: DictConfig) -> int:
         if cfg.mode == "eval":
             from mtpx.evaluate import run_eval
             return run_eval(cfg, run_dir())
-        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train or mode=eval")
+        if cfg.mode == "bench":
+            from mtpx.evaluate import run_bench
+            return run_bench(cfg, run_dir())
+        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train, mode=eval or mode=bench")
     except USER_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)

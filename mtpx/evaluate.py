@@ -1,13 +1,21 @@
-"""mode=eval: decode a prompt set with (or without) an MTP speculator and report spec-decode metrics.
+"""mode=eval and mode=bench: decode a prompt set with (or without) an MTP speculator and report
+spec-decode and serving metrics.
+
+Both modes share one path (prompts, generation, metrics, report, W&B); they differ in the config
+section of the benchmark client (cfg.eval or cfg.bench: num_prompts, max_tokens, concurrency,
+request_rate, seed, temperature, top_k, top_p, min_p, threads) and in the lossless check, which
+only mode=eval runs. The prompt set comes from cfg.data (mtpx.data.prompts.load_prompts): chat sets
+(Spec-Bench, MT-Bench) go through the loaded tokenizer's chat template when it has one (metrics.json
+records chat_template true/false), random prompts are token ids with a fixed output length.
 
 Writes into the run directory: outputs.jsonl (one line per request), metrics.json, the report table
 (stdout and report.txt), per_position_acceptance.png, and the same metrics to W&B (offline by
 default). Each timed pass follows a 2-token warm-up request (then the prefix cache is emptied, so
 the warm-up's blocks are not billed as hits).
 The engine is configured by cfg.engine (block_size, num_blocks, enable_prefix_caching, max_num_seqs,
-max_num_batched_tokens, max_model_len); the benchmark client by cfg.eval: at most eval.concurrency
-requests in flight (vLLM bench's --max-concurrency), arriving all at once (eval.request_rate=inf)
-or as a Poisson process of eval.request_rate requests/s seeded with eval.seed.
+max_num_batched_tokens, max_model_len); the benchmark client by cfg.eval (cfg.bench): at most
+concurrency requests in flight (vLLM bench's --max-concurrency), arriving all at once
+(request_rate=inf) or as a Poisson process of request_rate requests/s seeded with seed.
 With eval.check_lossless the prompts are decoded again without speculation and any request whose
 tokens differ is a mismatch (exit code 1), unless the plain run's top-2 logit gap at the first
 differing token is below eval.tie_tolerance (a near-tie: fp32 rounding between a k+1-token and a
@@ -23,6 +31,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,14 +39,16 @@ from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 
 from mtpx.data.gsm8k import extract_predicted_answer, score
-from mtpx.data.prompts import load_prompts
+from mtpx.data.prompts import Prompt, chat_template_applies, check_data_config, load_prompts
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
 from mtpx.metrics.analytics import analytics
+from mtpx.metrics.cost_model import step_costs
+from mtpx.metrics.dashboard import write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
-from mtpx.metrics.stats import RequestOutput, compute_metrics
+from mtpx.metrics.stats import RequestOutput, compute_metrics, is_failed
 
 
 def compare_outputs(spec: list[RequestOutput], plain: list[RequestOutput], tie_tolerance: float):
@@ -102,20 +113,20 @@ def engine_args(engine: DictConfig) -> dict:
     )
 
 
-def client_args(e: DictConfig, num_prompts: int) -> dict:
-    """generate() keyword arguments of the benchmark client from the eval config: max_concurrency
-    (eval.concurrency) and arrival_offsets (eval.request_rate, eval.seed). Raises ValueError
-    naming the key."""
+def client_args(e: DictConfig, num_prompts: int, section: str = "eval") -> dict:
+    """generate() keyword arguments of the benchmark client from its config section (eval or
+    bench): max_concurrency (concurrency) and arrival_offsets (request_rate, seed). Raises
+    ValueError naming section.key."""
     raw = e.get("request_rate")
     try:
         rate = float(raw)
     except (TypeError, ValueError):
         rate = math.nan
     if isinstance(raw, bool) or not rate > 0:
-        raise ValueError(f"eval.request_rate={raw!r}: must be a number of requests per second > 0, "
-                         "or inf (all requests at once)")
-    seed = _int_or_none("eval", e, "seed", 0)
-    return dict(max_concurrency=_int_or_none("eval", e, "concurrency", 1, "no limit"),
+        raise ValueError(f"{section}.request_rate={raw!r}: must be a number of requests per second "
+                         "> 0, or inf (all requests at once)")
+    seed = _int_or_none(section, e, "seed", 0)
+    return dict(max_concurrency=_int_or_none(section, e, "concurrency", 1, "no limit"),
                 arrival_offsets=poisson_arrival_offsets(num_prompts, rate, seed))
 
 
@@ -131,19 +142,25 @@ def _number(section: str, cfg: DictConfig, key: str, ok, requirement: str) -> fl
     return value
 
 
-def sampling_params(e: DictConfig, num_prompts: int) -> list[SamplingParams]:
-    """One SamplingParams per prompt from the eval config: max_tokens, temperature, top_k, top_p,
-    min_p, and seed = eval.seed + prompt index (reproducible sampled runs). Raises ValueError
-    naming the key."""
-    temperature = _number("eval", e, "temperature", lambda v: 0 <= v < math.inf,
+def sampling_params(e: DictConfig, num_prompts: int, section: str = "eval",
+                    output_lens: Sequence[int | None] | None = None) -> list[SamplingParams]:
+    """One SamplingParams per prompt from the client's config section (eval or bench):
+    max_tokens, temperature, top_k, top_p, min_p, and seed = seed + prompt index (reproducible
+    sampled runs). output_lens[i], when not None, fixes prompt i's output length instead of
+    max_tokens, with ignore_eos (random prompts). Raises ValueError naming section.key."""
+    temperature = _number(section, e, "temperature", lambda v: 0 <= v < math.inf,
                           "a number >= 0 (0 = greedy)")
-    top_p = _number("eval", e, "top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = all tokens)")
-    min_p = _number("eval", e, "min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)")
-    top_k = _int_or_none("eval", e, "top_k", -1)
-    max_tokens = _int_or_none("eval", e, "max_tokens", 1)
-    seed = _int_or_none("eval", e, "seed", 0)
-    return [SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           min_p=min_p, seed=seed + i) for i in range(num_prompts)]
+    top_p = _number(section, e, "top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = all tokens)")
+    min_p = _number(section, e, "min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)")
+    top_k = _int_or_none(section, e, "top_k", -1)
+    max_tokens = _int_or_none(section, e, "max_tokens", 1)
+    seed = _int_or_none(section, e, "seed", 0)
+    lens = list(output_lens) if output_lens is not None else [None] * num_prompts
+    if len(lens) != num_prompts:
+        raise ValueError(f"{num_prompts} prompts but {len(lens)} output lengths")
+    return [SamplingParams(max_tokens=n or max_tokens, temperature=temperature, top_k=top_k,
+                           top_p=top_p, min_p=min_p, seed=seed + i, ignore_eos=n is not None)
+            for i, n in enumerate(lens)]
 
 
 SPEC_CHOICES = {"draft_sample_method": ("greedy", "probabilistic"), "verify": ("standard", "block")}
@@ -163,25 +180,43 @@ def spec_args(spec: DictConfig | None) -> dict:
     return args
 
 
-def _generate(llm: LLM, prompts, params, label: str, client: dict):
+def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict):
     """Timed generation after a 2-token warm-up request (first-call allocations and lazy
     initialisation are not billed to the first measured run). The prefix cache is emptied after
     the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
     arrival_offsets."""
-    llm.generate([prompts[0].text], SamplingParams(max_tokens=2))
+    llm.generate([prompts[0].engine_input], SamplingParams(max_tokens=2))
     llm.reset_prefix_cache()
     with Progress(transient=True) as progress:
         task = progress.add_task(label, total=len(prompts))
         t0 = time.perf_counter()
-        outs = llm.generate([p.text for p in prompts], params,
+        outs = llm.generate([p.engine_input for p in prompts], params,
                             on_finish=lambda r: progress.advance(task), **client)
         return outs, time.perf_counter() - t0
 
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> int:
-    """Run the evaluation described by cfg (model, data, eval, spec, logger). Returns the exit
-    code: 0, or 1 when the lossless check found a mismatch or every request failed."""
-    e = cfg.eval
+    """mode=eval: run the evaluation described by cfg (model, data, eval, engine, spec, logger),
+    with the lossless check unless eval.check_lossless=false. Returns the exit code: 0, or 1 when
+    the lossless check found a mismatch or every request failed."""
+    return _run(cfg, out_dir, "eval")
+
+
+def run_bench(cfg: DictConfig, out_dir: Path) -> int:
+    """mode=bench: the serving benchmark described by cfg (model, data, bench, engine, spec,
+    logger): the client of cfg.bench, the same generation, metrics, report and W&B logging as
+    mode=eval, no lossless pass (and no lossless keys in metrics.json). Returns the exit code: 0,
+    or 1 when every request failed."""
+    return _run(cfg, out_dir, "bench")
+
+
+def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
+    """mode=eval or mode=bench (the config section of the client). Config errors are raised
+    (ValueError naming the key) before the model loads, where they do not depend on it."""
+    c = cfg.get(mode)
+    if c is None:
+        raise ValueError(f"the config has no '{mode}' section: add '- {mode}: default' to the "
+                         "defaults list of conf/config.yaml")
     spec = cfg.get("spec")
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
@@ -189,16 +224,27 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
     path = cfg.model.get("path") or DEFAULT_MODEL
     engine = engine_args(cfg.engine)
-    prompts = load_prompts(cfg.data, e.num_prompts)
-    client = client_args(e, len(prompts))
-    params = sampling_params(e, len(prompts))
-    sampled = not params[0].greedy if params else False
     spec_kw = spec_args(spec)
+    num_prompts = _int_or_none(mode, c, "num_prompts", 1, "the whole data set")
+    prompts_key = f"{mode}.num_prompts"
+    client_args(c, 0, mode)        # validate the client section before the model loads
+    sampling_params(c, 0, mode)
+    check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
     dtype = cfg.model.get("dtype") or "float32"
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
-              threads=e.get("threads"), draft_path=spec.get("draft_path") if spec is not None else None,
+              threads=c.get("threads"), draft_path=spec.get("draft_path") if spec is not None else None,
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw)
     name = method or "no spec"
+
+    prompts = load_prompts(cfg.data, num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
+                           num_prompts_key=prompts_key)
+    chat = chat_template_applies(cfg.data, llm.tokenizer)
+    if chat is False and cfg.data.get("chat_template", True):
+        print(f"chat template: the tokenizer of {path} has none; {cfg.data.name} prompts are sent "
+              "as the raw first-turn text (metrics.json: chat_template false)")
+    _check_fixed_lengths(prompts, llm.max_model_len)
+    client = client_args(c, len(prompts), mode)
+    params = sampling_params(c, len(prompts), mode, [p.output_len for p in prompts])
 
     outs, duration = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client)
     for o in outs:
@@ -206,34 +252,31 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
             print(f"error: request {o.index}: {o.error}", file=sys.stderr)
     metrics = compute_metrics(outs, duration, llm.num_speculative_tokens,
                               engine["enable_prefix_caching"])
+    if mode == "bench":
+        del metrics["lossless_mismatches"]  # bench never runs the lossless pass
+    # measured step costs (mtpx.metrics.cost_model): decode steps with a full k drafts, by batch size
+    decodes = [t.num_decodes for t in llm.engine.step_timings if t.num_decodes]
+    metrics["mean_decode_batch"] = sum(decodes) / len(decodes) if decodes else None
+    metrics["step_costs"] = {str(b): c for b, c in step_costs(llm.engine.step_timings,
+                                                              llm.num_speculative_tokens).items()}
+    if chat is not None:
+        metrics["chat_template"] = chat
     if method is not None:
         metrics["analytics"] = analytics([o.spec.rounds for o in outs], [p.category for p in prompts],
                                          llm.num_speculative_tokens)
+        for category, row in metrics["analytics"]["by_category"].items():  # for the report's table
+            row["num_failed"] = sum(is_failed(o) for o in outs if prompts[o.index].category == category)
     if any(p.answer is not None for p in prompts):
         preds = [extract_predicted_answer(o.text) for o in outs]
         metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in prompts])
 
     code = 0
-    if e.check_lossless and method is not None and sampled:
-        print(f"lossless check skipped: it is a greedy-only check (eval.temperature=0); sampled runs "
-              f"(eval.temperature={params[0].temperature:g}) are checked by the distribution tests")
-    elif e.check_lossless and method is not None:
-        plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None, record_logit_gaps=True,
-                        **engine)
-        plain, plain_duration = _generate(plain_llm, prompts, params,
-                                          "plain decoding (lossless check)", client)
-        mismatches, near_ties = compare_outputs(outs, plain, e.tie_tolerance)
-        metrics["lossless_mismatches"] = len(mismatches)
-        metrics["lossless_near_ties"] = near_ties    # [{index, position, gap}]; count = len
-        metrics["plain_output_throughput"] = compute_metrics(plain, plain_duration, 0)["output_throughput"]
-        for m in mismatches:
-            print(f"error: request {m['index']} differs from plain decoding at output token "
-                  f"{m['position']} (top-2 logit gap {m['gap']}): speculative decoding is not lossless",
-                  file=sys.stderr)
-        code = 1 if mismatches else 0
+    if mode == "eval" and c.check_lossless and method is not None:
+        code = _lossless_check(llm, outs, prompts, params, client, engine, c, metrics)
 
     atomic_write_jsonl(out_dir / "outputs.jsonl", [
         {"index": o.index, "category": prompts[o.index].category, "rounds": o.spec.rounds,
+         "num_prompt_tokens": len(o.prompt_token_ids),
          "output_token_ids": o.output_token_ids, "text": o.text,
          "finish_reason": o.finish_reason, "error": o.error, "num_drafts": o.spec.num_drafts,
          "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
@@ -244,19 +287,19 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
     if method is not None:
         k_text += (f", draft {spec_kw.get('draft_sample_method', 'greedy')}, "
                    f"verify {spec_kw.get('verify', 'standard')}")
-    sampling = _sampling_text(params[0]) if params else "no requests"
     setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}"]
     if client["arrival_offsets"] is not None:
-        setup.append(f"{float(e.request_rate):g} req/s")
+        setup.append(f"{float(c.request_rate):g} req/s")
     if engine["enable_prefix_caching"]:
         setup.append("prefix caching")
-    report = format_report(metrics, f"mtpx eval: {name}{k_text}, {cfg.data.name}, {len(prompts)} "
-                                    f"prompts, max_tokens {e.max_tokens}, {sampling}, {dtype}, "
-                                    f"{', '.join(setup)}")
+    report = format_report(metrics, f"mtpx {mode}: {name}{k_text}, {_data_text(cfg.data.name, prompts, chat)}, "
+                                    f"{len(prompts)} prompts, {_length_text(prompts, c.max_tokens)}, "
+                                    f"{_sampling_text(params[0])}, {dtype}, {', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
     if method is not None:
         plot_per_position_acceptance({name: metrics}, out_dir / "per_position_acceptance.png")
+    write_run_figures(metrics, out_dir)  # conditional acceptance, position-0 buckets, by category
     logger = RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,
                        config=OmegaConf.to_container(cfg, resolve=True))
     try:
@@ -268,6 +311,56 @@ def run_eval(cfg: DictConfig, out_dir: Path) -> int:
         print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
         return 1
     return code
+
+
+def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict, e: DictConfig,
+                    metrics: dict) -> int:
+    """The lossless check of mode=eval (module doc): greedy runs are decoded again without
+    speculation and compared; sampled runs skip it with one line. Adds lossless_mismatches,
+    lossless_near_ties and plain_output_throughput to metrics. Returns 1 on a mismatch, else 0."""
+    if not params[0].greedy:
+        print(f"lossless check skipped: it is a greedy-only check (eval.temperature=0); sampled runs "
+              f"(eval.temperature={params[0].temperature:g}) are checked by the distribution tests")
+        return 0
+    plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None, record_logit_gaps=True,
+                    **engine)
+    plain, plain_duration = _generate(plain_llm, prompts, params,
+                                      "plain decoding (lossless check)", client)
+    mismatches, near_ties = compare_outputs(outs, plain, e.tie_tolerance)
+    metrics["lossless_mismatches"] = len(mismatches)
+    metrics["lossless_near_ties"] = near_ties    # [{index, position, gap}]; count = len
+    metrics["plain_output_throughput"] = compute_metrics(plain, plain_duration, 0)["output_throughput"]
+    for m in mismatches:
+        print(f"error: request {m['index']} differs from plain decoding at output token "
+              f"{m['position']} (top-2 logit gap {m['gap']}): speculative decoding is not lossless",
+              file=sys.stderr)
+    return 1 if mismatches else 0
+
+
+def _check_fixed_lengths(prompts: list[Prompt], max_model_len: int) -> None:
+    """Prompts with a fixed output length (data=random) must fit the model with all of it;
+    ValueError naming data.input_len / data.output_len otherwise."""
+    p = next((p for p in prompts if p.output_len is not None), None)
+    if p is not None and len(p.engine_input) + p.output_len > max_model_len:
+        raise ValueError(f"data.input_len={len(p.engine_input)} + data.output_len={p.output_len} "
+                         f"exceed the model's maximum length {max_model_len} (engine.max_model_len, "
+                         "default max_position_embeddings): lower them")
+
+
+def _data_text(name: str, prompts: list[Prompt], chat: bool | None) -> str:
+    """The data set in the report title: "mt_bench (chat template)", "random (input_len 64)"."""
+    if chat is not None:
+        return f"{name} ({'chat template' if chat else 'raw text, no chat template'})"
+    if prompts[0].output_len is not None:
+        return f"{name} (input_len {len(prompts[0].engine_input)})"
+    return name
+
+
+def _length_text(prompts: list[Prompt], max_tokens: int) -> str:
+    """"max_tokens 128", or "output_len 32 (ignore_eos)" for fixed-length prompts."""
+    if prompts[0].output_len is not None:
+        return f"output_len {prompts[0].output_len} (ignore_eos)"
+    return f"max_tokens {max_tokens}"
 
 
 def _sampling_text(p: SamplingParams) -> str:

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -61,3 +63,27 @@ def train_tiny(**overrides) -> MTPForCausalLM:
 @pytest.fixture(scope="session")
 def trained_tiny():
     return train_tiny()
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory):
+    """A tiny random checkpoint folder with a real byte-level BPE tokenizer (vocab 300)."""
+    from mtpx.train.checkpoint import save_checkpoint
+    from mtpx.train.tokenizer import train_tokenizer
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "Question: what?\nAnswer: 42\n" * 50], 300)
+    model = peaked_model(tiny_config(vocab_size=tok.get_vocab_size(), max_position_embeddings=1024)).float()
+    save_checkpoint(path, model, tok)
+    return path
+
+
+def _shared_data():
+    """shared/data next to the checkout (../shared/data, the configs' default) or inside it."""
+    here = Path(__file__).resolve().parents[1]
+    for root in (here.parent / "shared" / "data", here / "shared" / "data", Path("/work/shared/data")):
+        if root.is_dir():
+            return root
+    return here.parent / "shared" / "data"
+
+
+SHARED_DATA = _shared_data()

@@ -5,15 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from hydra import compose, initialize_config_dir
 
 from mtpx import LLM, SamplingParams
 from mtpx.cli import run
 from mtpx.evaluate import _sampling_text, poisson_arrival_offsets, run_eval, sampling_params
-from mtpx.train.checkpoint import save_checkpoint
-from mtpx.train.tokenizer import train_tokenizer
-from tests.conftest import peaked_model, tiny_config
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 METRIC_KEYS = {"num_requests", "num_failed", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
@@ -21,18 +17,9 @@ METRIC_KEYS = {"num_requests", "num_failed", "num_drafts", "num_draft_tokens", "
                "num_cached_tokens", "prefix_cache_hit_rate", "num_preemptions", "output_throughput",
                "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
                "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms",
-               "median_e2el_ms", "duration_s", "lossless_mismatches"}
+               "median_e2el_ms", "p99_ttft_ms", "p99_tpot_ms", "p99_e2el_ms", "duration_s",
+               "lossless_mismatches"}
 ENGINE_HAS_SAMPLED_SPEC = {"draft_sample_method", "verify"} <= set(inspect.signature(LLM).parameters)
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    """A tiny random checkpoint folder with a real byte-level BPE tokenizer (vocab 300)."""
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "Question: what?\nAnswer: 42\n" * 50], 300)
-    model = peaked_model(tiny_config(vocab_size=tok.get_vocab_size(), max_position_embeddings=1024)).float()
-    save_checkpoint(path, model, tok)
-    return path
 
 
 def _cfg(overrides):
@@ -47,7 +34,12 @@ def test_eval_writes_metrics_outputs_and_plot(tiny_ckpt, tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert METRIC_KEYS <= set(metrics) and set(metrics) - METRIC_KEYS <= {"lossless_near_ties",
                                                                          "plain_output_throughput",
-                                                                         "analytics"}
+                                                                         "analytics", "step_costs",
+                                                                         "mean_decode_batch"}
+    assert 0 < metrics["mean_decode_batch"] <= 3      # eval.concurrency=3
+    assert all(int(b) <= 3 and c["verify_ms"] > 0 and c["draft_ms"] > 0 for b, c in metrics["step_costs"].items())
+    assert (tmp_path / "acceptance_conditional.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "position0_buckets.png").read_bytes()[:4] == b"\x89PNG"
     a = metrics["analytics"]  # from the per-round records (tests/test_analytics.py has exact tables)
     assert a["per_position"]["accepted"] == [round(x * metrics["num_drafts"]) for x in metrics["per_position_acceptance"]]
     assert a["position0_buckets"]["first_round"]["count"] + a["position0_buckets"]["total"]["count"] == metrics["num_drafts"]
@@ -265,6 +257,10 @@ def test_unknown_config_group_option_is_one_line():
     from mtpx.cli import check_group_overrides
     conf = Path(CONF)
     assert check_group_overrides(["+spec=mtp8", "data=gsm8k", "eval.max_tokens=3"], conf) is None
+    for name in ("spec_bench", "mt_bench", "humaneval", "random"):
+        assert check_group_overrides(["mode=bench", f"data={name}", "bench.num_prompts=3"], conf) is None
+    assert check_group_overrides(["bench=fast"], conf) == \
+        "unknown bench config 'fast': choose one of default (bench=NAME)"
     assert check_group_overrides(["+spec=mtp9"], conf) == \
         "unknown spec 'mtp9': choose one of mtp1, mtp8, mtp8_block (+spec=NAME)"
     assert "unknown data set 'squad'" in check_group_overrides(["data=squad"], conf)

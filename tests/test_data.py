@@ -10,9 +10,16 @@ import pytest
 from omegaconf import OmegaConf
 
 from mtpx.data import (
+    MT_BENCH_CATEGORIES,
+    SPEC_BENCH_CATEGORIES,
     STDLIB_HELDOUT_MODULES,
     Prompt,
     builtin_prompts,
+    chat_template_applies,
+    check_data_config,
+    load_humaneval,
+    load_questions,
+    random_token_ids,
     extract_predicted_answer,
     extract_reference_answer,
     format_example,
@@ -22,10 +29,13 @@ from mtpx.data import (
     score,
 )
 
-GSM8K_TEST = Path(__file__).resolve().parents[1] / "shared" / "data" / "gsm8k" / "test.jsonl"
-if not GSM8K_TEST.is_file():  # the checkout may sit next to shared/ instead of containing it
-    GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+from tests.conftest import SHARED_DATA
+
+GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
 needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="shared/data/gsm8k is absent")
+SPEC_BENCH = SHARED_DATA / "spec_bench" / "question.jsonl"
+MT_BENCH = SHARED_DATA / "mt_bench" / "question.jsonl"
+HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
 
 
 def test_prompt_format():
@@ -163,10 +173,218 @@ def test_load_prompts_gsm8k():
 def test_load_prompts_errors(tmp_path):
     with pytest.raises(ValueError) as err:
         load_prompts({"name": "x"}, 3)
-    assert str(err.value) == "unknown data set 'x': choose one of builtin, gsm8k (data=NAME)"
+    assert str(err.value) == ("unknown data set 'x': choose one of builtin, gsm8k, spec_bench, mt_bench, "
+                              "humaneval, random (data=NAME)")
     with pytest.raises(ValueError, match=r"data\.path="):
         load_prompts({"name": "gsm8k", "path": None}, 3)
     with pytest.raises(FileNotFoundError, match=r"data\.path="):
         load_prompts({"name": "gsm8k", "path": str(tmp_path / "missing.jsonl")}, 3)
     with pytest.raises(ValueError, match="has 1 questions"):
         load_prompts({"name": "gsm8k", "path": str(_write(tmp_path, [GOOD]))}, 2)
+
+
+# --- Spec-Bench, MT-Bench, HumanEval, random prompts ---------------------------------------------
+
+def _questions(tmp_path: Path, rows: list[tuple[str, list[str]]], name="question.jsonl") -> Path:
+    """A FastChat-format question file: (category, turns) per line, ids from 81."""
+    path = tmp_path / name
+    path.write_text("".join(json.dumps({"question_id": 81 + i, "category": c, "turns": t}) + "\n"
+                            for i, (c, t) in enumerate(rows)), encoding="utf-8")
+    return path
+
+
+SPEC_ROWS = [("writing", ["Write a poem.", "Now shorter."]), ("roleplay", ["Be a pirate.", "Again."]),
+             ("translation", ["Translate German to English: Hallo"]), ("qa", ["Who is it?"]),
+             ("translation", ["Translate German to English: Danke"]), ("qa", ["Where is it?"])]
+
+
+def test_load_spec_bench_synthetic(tmp_path):
+    """Subtasks as Spec-Bench reports them (MT-Bench's categories -> mt_bench), the first turn, and
+    round-robin over the subtasks so the first prompts span all of them."""
+    path = _questions(tmp_path, SPEC_ROWS)
+    rows = load_questions(path, "Spec-Bench")
+    assert [r["category"] for r in rows] == ["mt_bench", "mt_bench", "translation", "qa", "translation", "qa"]
+    assert rows[0]["turns"] == ["Write a poem.", "Now shorter."] and rows[0]["question_id"] == 81
+    cfg = {"name": "spec_bench", "path": str(path)}
+    prompts = load_prompts(cfg, None)
+    assert [(p.category, p.text) for p in prompts] == [
+        ("mt_bench", "Write a poem."), ("translation", "Translate German to English: Hallo"),
+        ("qa", "Who is it?"), ("mt_bench", "Be a pirate."),
+        ("translation", "Translate German to English: Danke"), ("qa", "Where is it?")]
+    assert all(p.token_ids is None and p.answer is None and p.output_len is None for p in prompts)
+    assert [p.category for p in load_prompts(cfg, 3)] == ["mt_bench", "translation", "qa"]
+    only = load_prompts({**cfg, "categories": ["qa", "mt_bench"]}, None)
+    assert [p.text for p in only] == ["Write a poem.", "Who is it?", "Be a pirate.", "Where is it?"]
+    assert [p.text for p in load_prompts({**cfg, "categories": "qa"}, None)] == ["Who is it?", "Where is it?"]
+
+
+def test_load_mt_bench_synthetic(tmp_path):
+    path = _questions(tmp_path, [("writing", ["w1", "w2"]), ("writing", ["w3", "w4"]), ("math", ["m1", "m2"])])
+    prompts = load_prompts({"name": "mt_bench", "path": str(path)}, None)
+    assert [(p.category, p.text) for p in prompts] == [("writing", "w1"), ("math", "m1"), ("writing", "w3")]
+
+
+def test_chat_sets_errors(tmp_path):
+    path = _questions(tmp_path, SPEC_ROWS)
+    cfg = {"name": "spec_bench", "path": str(path)}
+    with pytest.raises(ValueError, match=r"data.categories: .* has no category 'math'; choose from "
+                                         r"mt_bench, translation, qa"):
+        load_prompts({**cfg, "categories": ["math"]}, None)
+    with pytest.raises(ValueError, match=r"eval.num_prompts=7: .* has 6 questions"):
+        load_prompts(cfg, 7, num_prompts_key="eval.num_prompts")
+    with pytest.raises(ValueError, match=r"data.chat_template='yes': must be true"):
+        load_prompts({**cfg, "chat_template": "yes"}, None)
+    with pytest.raises(FileNotFoundError, match=r"Spec-Bench file not found: .*data\.path=.*"
+                                                r"\.\./shared/data/spec_bench/question\.jsonl"):
+        load_prompts({**cfg, "path": str(tmp_path / "nope.jsonl")}, None)
+    with pytest.raises(ValueError, match=r"data=mt_bench needs a file: set data.path="):
+        load_prompts({"name": "mt_bench", "path": None}, None)
+    for line, message in [('{"category": "qa"}', "key 'turns' is missing"),
+                          ('{"category": "qa", "turns": []}', "'turns' must be a non-empty list"),
+                          ('{"category": 1, "turns": ["x"]}', "key 'category' is not a string"),
+                          ('{"category": "qa", "turns": ', "malformed JSON")]:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text('{"category": "qa", "turns": ["ok"]}\n' + line + "\n")
+        with pytest.raises(ValueError) as err:
+            load_prompts({"name": "mt_bench", "path": str(bad)}, None)
+        assert f"{bad}:2: " in str(err.value) and message in str(err.value), err.value
+
+
+def _hf_tokenizer(tmp_path, template=True):
+    from mtpx.hf.tokenizer import load_hf_tokenizer
+    from tests.test_hf_tokenizer import CHATML, make_folder
+    config = {"eos_token": "<|im_end|>"} | ({"chat_template": CHATML} if template else {})
+    return load_hf_tokenizer(make_folder(tmp_path / ("tmpl" if template else "plain"), config=config))
+
+
+def test_chat_template_applied_with_hf_tokenizer(tmp_path):
+    """A tokenizer with a chat template: the first turn as one user message, with the generation
+    prompt; the engine gets the ids of that text encoded without added special tokens."""
+    tok = _hf_tokenizer(tmp_path)
+    cfg = {"name": "mt_bench", "path": str(_questions(tmp_path, [("writing", ["Hello there", "x"])]))}
+    assert chat_template_applies(cfg, tok) is True
+    [p] = load_prompts(cfg, None, tok)
+    assert p.text == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                      "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n")
+    assert p.text == tok.apply_chat_template([{"role": "user", "content": "Hello there"}])
+    assert p.token_ids == tok.encode(p.text, add_special_tokens=False).ids and p.engine_input == p.token_ids
+    assert p.token_ids[0] == tok.token_to_id("<|im_start|>") and p.category == "writing"
+    # data.chat_template=false: the raw turn
+    raw = load_prompts({**cfg, "chat_template": False}, None, tok)
+    assert chat_template_applies({**cfg, "chat_template": False}, tok) is False
+    assert (raw[0].text, raw[0].token_ids) == ("Hello there", None)
+
+
+def test_chat_template_fallback_without_template(tmp_path, tiny_tokenizer):
+    """No template (mtpx's own tokenizer, an HF tokenizer without one, no tokenizer): raw text."""
+    cfg = {"name": "spec_bench", "path": str(_questions(tmp_path, SPEC_ROWS[:1]))}
+    for tok in (tiny_tokenizer, _hf_tokenizer(tmp_path, template=False), None):
+        assert chat_template_applies(cfg, tok) is False
+        assert [(p.text, p.token_ids) for p in load_prompts(cfg, None, tok)] == [("Write a poem.", None)]
+    assert chat_template_applies({"name": "gsm8k"}, tiny_tokenizer) is None  # not a chat set
+
+
+@pytest.fixture
+def tiny_tokenizer():
+    from mtpx.train.tokenizer import train_tokenizer
+    return train_tokenizer(["def f(x):\n    return x + 1\n" * 20], 280)
+
+
+def test_load_humaneval_gz_and_plain(tmp_path):
+    import gzip
+    rows = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n    \"\"\"doc\"\"\"\n",
+             "entry_point": f"f{i}", "canonical_solution": "    pass\n", "test": "assert False"}
+            for i in range(3)]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    gz = tmp_path / "HumanEval.jsonl.gz"
+    gz.write_bytes(gzip.compress(text.encode()))
+    plain = tmp_path / "HumanEval.jsonl"
+    plain.write_text(text)
+    assert load_humaneval(gz) == load_humaneval(plain) == [{"task_id": r["task_id"], "prompt": r["prompt"]}
+                                                           for r in rows]
+    prompts = load_prompts({"name": "humaneval", "path": str(gz)}, 2)
+    assert [(p.text, p.category) for p in prompts] == [(r["prompt"], "humaneval") for r in rows[:2]]
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=r"bad.jsonl.gz: not a readable gzip file"):
+        load_humaneval(bad)
+    bad.write_bytes(gzip.compress(b'{"task_id": "x"}\n'))
+    with pytest.raises(ValueError, match=r"bad.jsonl.gz:1: key 'prompt' is missing"):
+        load_humaneval(bad)
+    with pytest.raises(FileNotFoundError, match=r"HumanEval file not found.*HumanEval.jsonl.gz"):
+        load_humaneval(tmp_path / "missing.jsonl.gz")
+
+
+def test_random_prompts_exact_lengths_and_reproducible(tiny_tokenizer):
+    cfg = {"name": "random", "input_len": 37, "output_len": 5, "seed": 3}
+    a = load_prompts(cfg, 6, tiny_tokenizer, vocab_size=500)
+    assert len(a) == 6 and all(len(p.token_ids) == 37 and p.output_len == 5 for p in a)
+    assert all(p.category == "random" and p.text == "" and p.engine_input is p.token_ids for p in a)
+    assert a == load_prompts(cfg, 6, tiny_tokenizer, vocab_size=500)  # same seed, same prompts
+    assert a != load_prompts({**cfg, "seed": 4}, 6, tiny_tokenizer, vocab_size=500)
+    assert load_prompts(cfg, 2, tiny_tokenizer, vocab_size=500) == a[:2]
+    ids = {t for p in a for t in p.token_ids}
+    vocab = tiny_tokenizer.get_vocab_size()  # 280 < 500: the smaller bound wins
+    assert min(ids) >= 2 and max(ids) < vocab  # 0 and 1 are mtpx's special tokens
+    assert len(ids) > 50
+    # no tokenizer: ids below the model's vocabulary; exclusions are exact
+    assert all(t < 10 for p in load_prompts(cfg, 3, vocab_size=10) for t in p.token_ids)
+    assert set(sum(random_token_ids(4, 50, 5, 0, exclude={0, 2, 4}), [])) == {1, 3}
+
+
+@pytest.mark.parametrize("cfg,num_prompts,message", [
+    ({"input_len": 0, "output_len": 4}, 3, "data.input_len=0: must be an integer >= 1"),
+    ({"input_len": "x", "output_len": 4}, 3, "data.input_len='x'"),
+    ({"input_len": 8, "output_len": 0}, 3, "data.output_len=0: must be an integer >= 1"),
+    ({"input_len": 8, "output_len": True}, 3, "data.output_len=True"),
+    ({"input_len": 8, "output_len": 4, "seed": -1}, 3, "data.seed=-1"),
+    ({"input_len": 8, "output_len": 4}, None, "data=random has no fixed size: set bench.num_prompts=N"),
+])
+def test_random_prompts_errors(cfg, num_prompts, message):
+    with pytest.raises(ValueError) as err:
+        check_data_config({"name": "random", **cfg}, num_prompts, num_prompts_key="bench.num_prompts")
+    assert message in str(err.value)
+
+
+def test_check_data_config_reads_files_without_a_tokenizer(tmp_path):
+    check_data_config({"name": "spec_bench", "path": str(_questions(tmp_path, SPEC_ROWS))}, 6)
+    check_data_config({"name": "random", "input_len": 4, "output_len": 4}, 2)
+    with pytest.raises(FileNotFoundError, match="MT-Bench file not found"):
+        check_data_config({"name": "mt_bench", "path": str(tmp_path / "nope.jsonl")}, 2)
+
+
+needs = {name: pytest.mark.skipif(not path.is_file(), reason=f"{path} is absent (shared/data not mounted)")
+         for name, path in (("spec_bench", SPEC_BENCH), ("mt_bench", MT_BENCH), ("humaneval", HUMANEVAL))}
+
+
+@needs["spec_bench"]
+def test_load_real_spec_bench():
+    rows = load_questions(SPEC_BENCH, "Spec-Bench")
+    assert len(rows) == 480
+    assert {c: sum(r["category"] == c for r in rows) for c in SPEC_BENCH_CATEGORIES} == \
+        dict.fromkeys(SPEC_BENCH_CATEGORIES, 80)
+    prompts = load_prompts({"name": "spec_bench", "path": str(SPEC_BENCH)}, 12)
+    assert [p.category for p in prompts] == list(SPEC_BENCH_CATEGORIES) * 2
+    assert prompts[0].text.startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+    assert prompts[1].text.startswith("Translate German to English:")
+    assert prompts[2].text.startswith("Summarize:")
+
+
+@needs["mt_bench"]
+def test_load_real_mt_bench():
+    rows = load_questions(MT_BENCH)
+    assert len(rows) == 80 and all(len(r["turns"]) == 2 for r in rows)
+    assert sorted({r["category"] for r in rows}) == sorted(MT_BENCH_CATEGORIES)
+    prompts = load_prompts({"name": "mt_bench", "path": str(MT_BENCH)}, None)
+    assert len(prompts) == 80 and [p.category for p in prompts[:8]] == list(MT_BENCH_CATEGORIES)
+    assert prompts[0].text == rows[0]["turns"][0]  # question 81, first turn only
+    assert prompts[0].text.startswith("Compose an engaging travel blog post")
+
+
+@needs["humaneval"]
+def test_load_real_humaneval():
+    rows = load_humaneval(HUMANEVAL)
+    assert len(rows) == 164 and rows[0]["task_id"] == "HumanEval/0" and rows[-1]["task_id"] == "HumanEval/163"
+    prompts = load_prompts({"name": "humaneval", "path": str(HUMANEVAL)}, None)
+    assert prompts[0].text.startswith("from typing import List\n\n\ndef has_close_elements(")
+    assert all(p.category == "humaneval" for p in prompts)

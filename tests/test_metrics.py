@@ -119,6 +119,11 @@ def test_compute_metrics_trace():
     assert m["mean_e2el_ms"] == pytest.approx((1200 + 100 + 1400) / 3)
     assert m["median_e2el_ms"] == pytest.approx(1200)
     assert m["median_ttft_ms"] == pytest.approx(200) and m["median_tpot_ms"] == pytest.approx(175)
+    # p99 by linear interpolation: TTFTs [100, 200, 400] rank 1.98, TPOTs [100, 250] rank 0.99,
+    # E2ELs [100, 1200, 1400] rank 1.98
+    assert m["p99_ttft_ms"] == pytest.approx(200 + 0.98 * 200)
+    assert m["p99_tpot_ms"] == pytest.approx(100 + 0.99 * 150)
+    assert m["p99_e2el_ms"] == pytest.approx(1200 + 0.98 * 200)
     assert m["request_throughput"] == 3 / 2.0
     assert m["duration_s"] == 2.0
     assert m["lossless_mismatches"] is None
@@ -164,16 +169,41 @@ def test_latency_medians_e2el_and_request_throughput():
     assert m["median_tpot_ms"] == 250.0
     assert m["mean_e2el_ms"] == (1250 + 750 + 125 + 3000) / 4 == 1281.25
     assert m["median_e2el_ms"] == (750 + 1250) / 2
+    assert m["p99_ttft_ms"] == pytest.approx(500 + 0.97 * 500)  # [125, 250, 500, 1000] rank 2.97
+    assert m["p99_tpot_ms"] == pytest.approx(250 + 0.98 * 750)  # [125, 250, 1000] rank 1.98
+    assert m["p99_e2el_ms"] == pytest.approx(1250 + 0.97 * 1750)  # [125, 750, 1250, 3000]
     text = format_report(m, "latencies")
     for label, value in [("Median TTFT (ms)", "375.00"), ("Median TPOT (ms)", "250.00"),
                          ("Mean E2EL (ms)", "1281.25"), ("Median E2EL (ms)", "1000.00"),
-                         ("Request throughput (req/s)", "1.00")]:
+                         ("Request throughput (req/s)", "1.00"), ("P99 TTFT (ms)", "985.00"),
+                         ("P99 TPOT (ms)", "985.00"), ("P99 E2EL (ms)", "2947.50")]:
         line = next(x for x in text.splitlines() if label in x)
         assert line.split()[-1] == value, line
     none = compute_metrics([_request(0, [], 3, 0.0, 0.1, None, error="oom")], 1.0, 0)
     assert none["request_throughput"] == 0.0
     assert all(none[k] is None for k in ("median_ttft_ms", "median_tpot_ms", "mean_e2el_ms",
-                                         "median_e2el_ms"))
+                                         "median_e2el_ms", "p99_ttft_ms", "p99_tpot_ms",
+                                         "p99_e2el_ms"))
+
+
+def test_p99_latencies_exact():
+    """101 successful requests in shuffled order: the 99th percentile's rank is 0.99 x 100 = 99,
+    exactly the 100th smallest value (no interpolation), and every time is dyadic, so p99 and
+    median are exact. A failed request with a huge latency is left out."""
+    import random
+    unit = 1 / 1024  # s; request i has TTFT (i+1) units, TPOT (i+1) units (3 tokens), E2EL 3(i+1)
+    outs = []
+    for i in range(101):
+        arrival = float(i)
+        first = arrival + (i + 1) * unit
+        outs.append(_request(i, [], 3, arrival, first, first + 2 * (i + 1) * unit))
+    random.Random(0).shuffle(outs)
+    outs.append(_request(101, [], 3, 0.0, 500.0, 900.0, error="boom"))
+    m = compute_metrics(outs, 10.0, 0)
+    ms = unit * 1000  # one unit in ms, 0.9765625
+    assert (m["p99_ttft_ms"], m["p99_tpot_ms"], m["p99_e2el_ms"]) == (100 * ms, 100 * ms, 300 * ms)
+    assert (m["median_ttft_ms"], m["median_tpot_ms"], m["median_e2el_ms"]) == (51 * ms, 51 * ms, 153 * ms)
+    assert m["mean_ttft_ms"] == pytest.approx(51 * ms) and m["num_failed"] == 1
 
 
 def test_compare_runs_shows_the_reference_rows(tmp_path, capsys):
@@ -391,3 +421,31 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
         atomic_write_text(path, "new content")
     assert json.loads(path.read_text()) == {"ok": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["m.json"]  # temp files cleaned up
+
+
+def test_format_report_p99_rows_in_reference_order():
+    labels = [line.strip().split("  ")[0] for line in format_report(compute_metrics(_trace(), 2.0, K), "t")
+              .splitlines()]
+    order = ["Median TTFT (ms)", "P99 TTFT (ms)", "Median TPOT (ms)", "P99 TPOT (ms)", "Median ITL (ms)",
+             "P99 ITL (ms)", "Median E2EL (ms)", "P99 E2EL (ms)"]
+    assert [x for x in labels if x in order] == order
+
+
+def _by_category():
+    return {"qa": {"num_requests": 3, "num_failed": 0, "acceptance_rate": 0.5, "acceptance_length": 2.25},
+            "rag": {"num_requests": 2, "num_failed": 2, "acceptance_rate": None, "acceptance_length": None}}
+
+
+def test_format_report_acceptance_by_category():
+    """More than one category: the by-category table follows the main report (from
+    metrics["analytics"]["by_category"]); one category: no table."""
+    m = dict(compute_metrics(_trace(), 2.0, K), analytics={"by_category": _by_category()})
+    text = format_report(m, "bench")
+    main, _, table = text.partition("Acceptance by category")
+    assert "P99 TTFT (ms)" in main and table
+    rows = [line.split() for line in table.splitlines() if line.strip()]
+    assert rows[0] == ["Category", "Requests", "Acceptance", "rate", "(%)", "Acceptance", "length"]
+    assert rows[2:] == [["qa", "3", "50.00", "2.25"], ["rag", "2", "(2", "failed)", "—", "—"]]
+    one = dict(m, analytics={"by_category": {"qa": _by_category()["qa"]}})
+    assert "Acceptance by category" not in format_report(one, "bench")
+    assert "Acceptance by category" not in format_report(compute_metrics(_trace(), 2.0, K), "eval")

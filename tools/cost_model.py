@@ -6,7 +6,7 @@ throughput for every k from a run's per-position acceptance, recommend k, and co
 
 RUN_DIR is a run folder of `train_or_eval.py` (its metrics.json gives per_position_acceptance; use
 a run with the largest k). Each --measured run's output throughput is compared with the prediction
-at its k and concurrency (added to the batch sizes). The model and its assumptions:
+at its k and mean decode batch (added to the batch sizes). The model and its assumptions:
 mtpx/metrics/cost_model.py. Writes cost_model.md and cost_model.json into --out (atomically).
 Exit status: 0, or 1 with a one-line error.
 """
@@ -37,8 +37,9 @@ def _run(run_dir: Path) -> dict:
         cfg = OmegaConf.load(cfg_file)
         client = cfg.get("bench") if cfg.get("mode") == "bench" else cfg.get("eval")
         conc = client.get("concurrency") if client is not None else None
+    batch = round(m["mean_decode_batch"]) if m.get("mean_decode_batch") else conc
     return {"dir": str(run_dir), "k": len(m.get("per_position_acceptance") or []),
-            "concurrency": conc, "metrics": m}
+            "concurrency": conc, "batch": batch, "metrics": m}
 
 
 def _md(rows: list[list], header: list[str]) -> str:
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
         if not acc or any(a is None for a in acc):
             raise ValueError(f"{args.acceptance}: no per-position acceptance (a run without speculation?)")
         measured = [_run(d) for d in args.measured]
-        sizes = sorted(set(args.batch_sizes) | {r["concurrency"] for r in measured if r["concurrency"]})
+        sizes = sorted(set(args.batch_sizes) | {r["batch"] for r in measured if r["batch"]})
         ks = sorted(set(args.ks) | {r["k"] for r in measured})
         costs = calibrate(args.model, args.spec, ks, sizes, steps=args.steps)
         preds = predict(acc, costs)
@@ -82,16 +83,18 @@ def main(argv=None) -> int:
     by_key = {(p["k"], p["batch_size"]): p for p in preds}
     cmp_rows = []
     for r in measured:
-        p = by_key.get((r["k"], r["concurrency"]))
+        p = by_key.get((r["k"], r["batch"]))
         got = r["metrics"]["output_throughput"]
         pred = None if p is None else p["predicted_throughput"]
-        cmp_rows.append([r["dir"], r["k"], r["concurrency"], f"{got:.0f}",
+        cmp_rows.append([r["dir"], r["k"], r["concurrency"], r["batch"], f"{got:.0f}",
                          "—" if pred is None else f"{pred:.0f}", "—" if pred is None else f"{got / pred:.2f}"])
     text = (f"# Cost model ({args.spec}, acceptance from {args.acceptance})\n\n{table}\n\n"
             f"Recommended k (highest predicted output throughput):\n{rec}\n")
     if cmp_rows:
-        text += "\nPredicted vs measured (measured at the run's concurrency, prefill and ramp-down included):\n\n"
-        text += _md(cmp_rows, ["run", "k", "concurrency", "measured tok/s", "predicted tok/s", "measured / predicted"]) + "\n"
+        text += ("\nPredicted vs measured: the prediction at the run's mean decode batch (metrics.json "
+                 "mean_decode_batch); the measurement includes prefill and the ramp-down at the end:\n\n")
+        text += _md(cmp_rows, ["run", "k", "concurrency", "mean decode batch", "measured tok/s",
+                               "predicted tok/s", "measured / predicted"]) + "\n"
     print(text)
     atomic_write_text(args.out / "cost_model.md", text)
     atomic_write_json(args.out / "cost_model.json", {"acceptance": acc, "predictions": preds,

@@ -8,12 +8,12 @@ shared/data/gsm8k. Each line is ``{"question": str, "answer": str}``; the answer
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
+
+from mtpx.data.jsonl import check_fields, read_jsonl
 
 __all__ = [
     "format_prompt",
@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 _ANSWER_MARK = "####"
+_RECORD = "an object with string 'question' and 'answer'"
 # A number: optional minus, digits with optional thousands commas, optional decimals; or ".5".
 _NUMBER = re.compile(r"-?(?:\d[\d,]*(?:\.\d+)?|\.\d+)")
 
@@ -52,47 +53,14 @@ def load_gsm8k(path: str | os.PathLike[str], option: str = "data.path") -> list[
             ``question`` and ``answer`` whose answer has a "####" line; the message is
             ``{path}:{lineno}: ...``.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"GSM8K file not found: {path} (resolved: {path.resolve()}); point {option}=... at a "
-            "GSM8K JSONL file; relative paths are resolved against the working directory "
-            "(the shared data sets are at ../shared/data/gsm8k/{train,test}.jsonl)"
-        )
     rows: list[dict[str, str]] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); "
-                         f"point {option}=... at a GSM8K JSONL file") from None
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{path}:{lineno}: malformed JSON ({err}); each line of a GSM8K file must be "
-                "an object with 'question' and 'answer'"
-            ) from None
-        if not isinstance(obj, dict):
-            raise ValueError(
-                f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}; each line "
-                "of a GSM8K file must be an object with 'question' and 'answer'"
-            )
-        for key in ("question", "answer"):
-            if not isinstance(obj.get(key), str):
-                problem = "missing" if key not in obj else f"not a string ({type(obj[key]).__name__})"
-                raise ValueError(
-                    f"{path}:{lineno}: key '{key}' is {problem}; each line of a GSM8K file "
-                    "must be an object with string 'question' and 'answer'"
-                )
+    for lineno, obj in read_jsonl(path, option, "GSM8K", _RECORD,
+                                  "the shared data sets are at ../shared/data/gsm8k/{train,test}.jsonl"):
+        check_fields(obj, {"question": str, "answer": str}, path, lineno, "GSM8K", _RECORD)
         if _ANSWER_MARK not in obj["answer"]:
             raise ValueError(f"{path}:{lineno}: the answer has no '{_ANSWER_MARK}' line with the "
                              "final result; each GSM8K answer ends with '#### <number>'")
         rows.append({"question": obj["question"], "answer": obj["answer"]})
-    if not rows:
-        raise ValueError(f"{path} holds no records: point {option}=... at a non-empty GSM8K JSONL")
     return rows
 
 

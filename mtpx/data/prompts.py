@@ -1,4 +1,6 @@
-"""Prompt sets for generation benchmarks: the built-in held-out code prompts, and GSM8K.
+"""Prompt sets for generation benchmarks: the built-in held-out code prompts, GSM8K, Spec-Bench,
+MT-Bench, HumanEval and random token-id prompts (``DATA_SETS``; ``load_prompts`` dispatches on
+the ``data`` config section).
 
 The built-in set needs no download: it is cut from Python standard-library source files of the
 running interpreter. Those files (``STDLIB_HELDOUT_MODULES``) must be left out of any training
@@ -17,15 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mtpx.data.chat import has_chat_template, interleave_categories, load_questions, render_chat
 from mtpx.data.gsm8k import extract_reference_answer, format_example, format_prompt, load_gsm8k
+from mtpx.data.humaneval import load_humaneval
+from mtpx.data.random_prompts import random_token_ids, special_token_ids
 
 __all__ = [
     "Prompt",
     "STDLIB_HELDOUT_MODULES",
     "CHARS_PER_TOKEN",
     "DATA_SETS",
+    "CHAT_SETS",
     "builtin_prompts",
     "load_prompts",
+    "check_data_config",
+    "chat_template_applies",
 ]
 
 
@@ -34,14 +42,28 @@ class Prompt:
     """One benchmark prompt.
 
     Attributes:
-        text: the prompt text given to the model.
+        text: the prompt text (after the chat template, when one was applied; "" for random
+            token-id prompts).
         answer: the reference final answer when the set is scored (GSM8K), else None.
-        category: the sub-set the prompt belongs to, for per-category reporting.
+        category: the sub-set the prompt belongs to, for per-category reporting ("gsm8k",
+            "code", "humaneval", "random", Spec-Bench's subtask, MT-Bench's category).
+        token_ids: the prompt as token ids, given to the engine instead of ``text`` (random
+            prompts; chat-templated prompts, encoded without adding special tokens); None = the
+            engine encodes ``text``.
+        output_len: decode exactly this many tokens, ignoring eos (random prompts); None = the
+            client's max_tokens, stopping at eos.
     """
 
     text: str
     answer: str | None = None
     category: str = "default"
+    token_ids: list[int] | None = None
+    output_len: int | None = None
+
+    @property
+    def engine_input(self) -> str | list[int]:
+        """What ``LLM.generate`` gets for this prompt: ``token_ids`` when set, else ``text``."""
+        return self.token_ids if self.token_ids is not None else self.text
 
 
 # Paths relative to sysconfig.get_paths()["stdlib"]. Each is a plain module present in CPython
@@ -74,7 +96,9 @@ STDLIB_HELDOUT_MODULES: tuple[str, ...] = (
 CHARS_PER_TOKEN = 4
 """Rough characters per BPE token of Python source, used to turn a token hint into characters."""
 
-DATA_SETS = ("builtin", "gsm8k")
+DATA_SETS = ("builtin", "gsm8k", "spec_bench", "mt_bench", "humaneval", "random")
+CHAT_SETS = ("spec_bench", "mt_bench")
+"""The sets whose prompts go through the model's chat template (``data.chat_template``)."""
 
 
 def _stdlib_source(relpath: str) -> list[str]:
@@ -180,36 +204,50 @@ def builtin_prompts(num_prompts: int | None, prompt_tokens_hint: int = 128) -> l
     return prompts
 
 
-def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None) -> list[Prompt]:
+def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer: Any = None,
+                 vocab_size: int | None = None, *, num_prompts_key: str = "num_prompts") -> list[Prompt]:
     """Load the prompt set that the ``data`` config section names.
 
     Args:
-        data_cfg: the ``data`` section (OmegaConf ``DictConfig`` or mapping) with ``name``:
-            "builtin" (optional ``prompt_tokens``: the length hint, default 128) or "gsm8k"
-            (``path``: a GSM8K JSONL file; prompts are ``format_prompt(question)`` with the
-            reference final answer, category "gsm8k"; optional ``num_fewshot``: prepend that many
-            solved examples from ``fewshot_path`` (the train split), separated by blank lines,
-            the same prefix for every question, as lm-evaluation-harness's few-shot GSM8K).
+        data_cfg: the ``data`` section (OmegaConf ``DictConfig`` or mapping); ``name`` is one of
+            ``DATA_SETS``:
+
+            - "builtin": optional ``prompt_tokens`` (the length hint, default 128); category "code".
+            - "gsm8k": ``path`` (a GSM8K JSONL file); prompts are ``format_prompt(question)`` with
+              the reference final answer, category "gsm8k"; optional ``num_fewshot``: prepend that
+              many solved examples from ``fewshot_path`` (the train split), separated by blank
+              lines, the same prefix for every question, as lm-evaluation-harness's few-shot GSM8K.
+            - "spec_bench" / "mt_bench": ``path`` (FastChat ``question.jsonl``); the first turn of
+              each question, through the tokenizer's chat template when ``chat_template`` (default
+              true) and the tokenizer has one (see :func:`chat_template_applies`), else the raw
+              turn; category: Spec-Bench's subtask / MT-Bench's category
+              (:mod:`mtpx.data.chat`); optional ``categories``: keep only these (a list or one
+              name). Questions are taken round-robin over the categories (first of each, second of
+              each, ...), so the first N prompts span every category.
+            - "humaneval": ``path`` (``HumanEval.jsonl.gz``); the ``prompt`` field as raw text,
+              category "humaneval".
+            - "random": ``input_len`` random token ids per prompt and exactly ``output_len``
+              output tokens (ignore_eos), seeded with ``seed`` (default 0); category "random"
+              (:mod:`mtpx.data.random_prompts`). Needs ``num_prompts``.
         num_prompts: take the first this many prompts; None = the whole set.
+        tokenizer: the model's tokenizer: the chat template of the chat sets, the special tokens
+            left out of random prompts. None = raw text / no ids left out.
+        vocab_size: the model's vocabulary size, for random prompts (ids are drawn below it and
+            below the tokenizer's vocabulary size).
+        num_prompts_key: the config key of ``num_prompts`` for messages (``eval.num_prompts``).
 
     Raises:
-        ValueError: unknown ``name``, gsm8k without ``path``, or ``num_prompts`` < 1 or larger
-            than the set.
-        FileNotFoundError: the GSM8K file (or a stdlib source file) is missing.
+        ValueError: unknown ``name``, a set without ``path``, a bad key value (the message names
+            ``data.KEY`` and the fix), ``num_prompts`` < 1 or larger than the set, a malformed
+            file (``{path}:{lineno}: ...``), a chat template that fails.
+        FileNotFoundError: the data file (or a stdlib source file) is missing.
     """
     name = data_cfg.get("name")
     if name == "builtin":
         return builtin_prompts(num_prompts, prompt_tokens_hint=data_cfg.get("prompt_tokens") or 128)
     if name == "gsm8k":
-        path = data_cfg.get("path")
-        if not path:
-            raise ValueError("data=gsm8k needs a file: set data.path=/path/to/gsm8k/test.jsonl")
-        rows = load_gsm8k(path)
-        if num_prompts is not None and not 1 <= num_prompts <= len(rows):
-            raise ValueError(
-                f"num_prompts={num_prompts}: {path} has {len(rows)} questions; ask for 1 to that many"
-            )
-        rows = rows[:num_prompts]
+        path = _path(data_cfg, "/path/to/gsm8k/test.jsonl")
+        rows = _take(load_gsm8k(path), num_prompts, num_prompts_key, path, "questions")
         prefix = ""
         shots = int(data_cfg.get("num_fewshot") or 0)
         if shots:
@@ -225,4 +263,113 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None) -> list[P
             Prompt(prefix + format_prompt(r["question"]), extract_reference_answer(r["answer"]), "gsm8k")
             for r in rows
         ]
+    if name in CHAT_SETS:
+        what = "Spec-Bench" if name == "spec_bench" else "MT-Bench"
+        path = _path(data_cfg, f"/path/to/{name}/question.jsonl")
+        rows = _select_categories(load_questions(path, what), data_cfg.get("categories"), path)
+        rows = _take(interleave_categories(rows, lambda r: r["category"]), num_prompts,
+                     num_prompts_key, path, "questions")
+        if not chat_template_applies(data_cfg, tokenizer):
+            return [Prompt(r["turns"][0], None, r["category"]) for r in rows]
+        prompts = []
+        for r in rows:
+            text, ids = render_chat(r["turns"][0], tokenizer)
+            prompts.append(Prompt(text, None, r["category"], token_ids=ids))
+        return prompts
+    if name == "humaneval":
+        path = _path(data_cfg, "/path/to/humaneval/HumanEval.jsonl.gz")
+        rows = _take(load_humaneval(path), num_prompts, num_prompts_key, path, "problems")
+        return [Prompt(r["prompt"], None, "humaneval") for r in rows]
+    if name == "random":
+        input_len, output_len, seed = _random_args(data_cfg, num_prompts, num_prompts_key)
+        sizes = [v for v in (vocab_size, tokenizer.get_vocab_size() if tokenizer is not None else None)
+                 if v is not None]
+        if not sizes:
+            raise ValueError("random prompts need the vocabulary: pass vocab_size= (the model's) "
+                             "or tokenizer=")
+        ids = random_token_ids(num_prompts, input_len, min(sizes), seed, special_token_ids(tokenizer))
+        return [Prompt("", None, "random", token_ids=x, output_len=output_len) for x in ids]
     raise ValueError(f"unknown data set '{name}': choose one of {', '.join(DATA_SETS)} (data=NAME)")
+
+
+def check_data_config(data_cfg: Mapping[str, Any], num_prompts: int | None, *,
+                      num_prompts_key: str = "num_prompts") -> None:
+    """Raise what :func:`load_prompts` would raise for this config, without a model or tokenizer
+    (call it before loading a model, so a data error does not wait for the weights). The data
+    files are read; chat templates are not applied and random prompts not drawn."""
+    if data_cfg.get("name") == "random":
+        _random_args(data_cfg, num_prompts, num_prompts_key)
+    else:
+        load_prompts(data_cfg, num_prompts, num_prompts_key=num_prompts_key)
+
+
+def chat_template_applies(data_cfg: Mapping[str, Any], tokenizer: Any) -> bool | None:
+    """Whether :func:`load_prompts` renders this set through the tokenizer's chat template: None
+    for a set that is not a chat set (``CHAT_SETS``), else True when ``data.chat_template`` (default
+    true) and the tokenizer has a template, False otherwise (the raw first-turn text is sent).
+
+    Raises:
+        ValueError: ``data.chat_template`` is not true or false.
+    """
+    if data_cfg.get("name") not in CHAT_SETS:
+        return None
+    wanted = data_cfg.get("chat_template", True)
+    if not isinstance(wanted, bool):
+        raise ValueError(f"data.chat_template={wanted!r}: must be true (use the model's chat "
+                         "template when it has one) or false (send the raw turn text)")
+    return wanted and has_chat_template(tokenizer)
+
+
+def _path(data_cfg: Mapping[str, Any], example: str) -> str:
+    """``data.path``; ValueError naming the key when it is not set."""
+    path = data_cfg.get("path")
+    if not path:
+        raise ValueError(f"data={data_cfg.get('name')} needs a file: set data.path={example}")
+    return str(path)
+
+
+def _take(rows: list, num_prompts: int | None, key: str, source: str, noun: str) -> list:
+    """The first ``num_prompts`` rows (all for None); ValueError naming ``key`` when out of range."""
+    if num_prompts is not None and not 1 <= num_prompts <= len(rows):
+        raise ValueError(f"{key}={num_prompts}: {source} has {len(rows)} {noun}; ask for 1 to that "
+                         "many (or null for all of them)")
+    return rows[:num_prompts]
+
+
+def _select_categories(rows: list[dict], categories: Any, path: str) -> list[dict]:
+    """The rows of ``categories`` (a name or a list of names; None = all rows).
+
+    Raises:
+        ValueError: a name that no row has (the message lists the file's categories).
+    """
+    if categories is None:
+        return rows
+    wanted = [categories] if isinstance(categories, str) else list(categories)
+    present = list(dict.fromkeys(r["category"] for r in rows))
+    for c in wanted:
+        if c not in present:
+            raise ValueError(f"data.categories: {path} has no category {c!r}; choose from "
+                             f"{', '.join(present)} (data.categories=[NAME,...], null = all)")
+    if not wanted:
+        raise ValueError("data.categories=[] selects nothing: name categories, or null for all")
+    return [r for r in rows if r["category"] in wanted]
+
+
+def _positive_int(data_cfg: Mapping[str, Any], key: str, minimum: int, meaning: str) -> int:
+    value = data_cfg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"data.{key}={value!r}: must be an integer >= {minimum} ({meaning})")
+    return value
+
+
+def _random_args(data_cfg: Mapping[str, Any], num_prompts: int | None, key: str) -> tuple[int, int, int]:
+    """(input_len, output_len, seed) of data=random; ValueError naming the key otherwise."""
+    input_len = _positive_int(data_cfg, "input_len", 1, "prompt tokens per request")
+    output_len = _positive_int(data_cfg, "output_len", 1, "output tokens per request, decoded with ignore_eos")
+    seed = _positive_int(data_cfg, "seed", 0, "the seed of the random token ids") \
+        if data_cfg.get("seed") is not None else 0
+    if num_prompts is None:
+        raise ValueError(f"data=random has no fixed size: set {key}=N (how many random prompts)")
+    if num_prompts < 1:
+        raise ValueError(f"{key}={num_prompts}: ask for at least 1 prompt")
+    return input_len, output_len, seed

@@ -17,7 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["format_report", "format_comparison", "DASH"]
+__all__ = ["format_report", "format_category_table", "format_comparison", "DASH"]
 
 DASH = "—"
 
@@ -80,13 +80,16 @@ _ROWS: list[_Row] = [
     _Row("Preemptions", "num_preemptions", ",d", "rel"),
     _Row("Mean TTFT (ms)", "mean_ttft_ms", ".2f", "rel"),
     _Row("Median TTFT (ms)", "median_ttft_ms", ".2f", "rel"),
+    _Row("P99 TTFT (ms)", "p99_ttft_ms", ".2f", "rel"),
     _Row("Mean TPOT (ms)", "mean_tpot_ms", ".2f", "rel"),
     _Row("Median TPOT (ms)", "median_tpot_ms", ".2f", "rel"),
+    _Row("P99 TPOT (ms)", "p99_tpot_ms", ".2f", "rel"),
     _Row("Mean ITL (ms)", "mean_itl_ms", ".2f", "rel"),
     _Row("Median ITL (ms)", "median_itl_ms", ".2f", "rel"),
     _Row("P99 ITL (ms)", "p99_itl_ms", ".2f", "rel"),
     _Row("Mean E2EL (ms)", "mean_e2el_ms", ".2f", "rel"),
     _Row("Median E2EL (ms)", "median_e2el_ms", ".2f", "rel"),
+    _Row("P99 E2EL (ms)", "p99_e2el_ms", ".2f", "rel"),
     _Row("Request throughput (req/s)", "request_throughput", ".2f", "rel"),
     _Row("Output token throughput (tok/s)", "output_throughput", ".2f", "rel"),
     _Row("Benchmark duration (s)", "duration_s", ".2f", "rel"),
@@ -97,8 +100,9 @@ _ROWS: list[_Row] = [
 ]
 _OPTIONAL_KEYS = ("accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
+# (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",
-                                         "num_prompt_tokens"}
+                                         "num_prompt_tokens", "chat_template"}
 
 
 def _cell(row: _Row, m: dict) -> str | None:
@@ -156,9 +160,13 @@ def _report_rows(m: dict) -> list[tuple[str, str]]:
 def format_report(metrics: dict, title: str, width: int = 100) -> str:
     """Render one run's metrics as a plain-text table (rich, exported without colour).
 
+    When ``metrics["analytics"]["by_category"]`` (:mod:`mtpx.metrics.analytics`) holds more than
+    one category, the acceptance-by-category table (:func:`format_category_table`) follows.
+
     Args:
         metrics: a dict from ``compute_metrics``, optionally with ``accuracy`` (fraction in
-            [0, 1]), ``num_correct`` and other caller-added scalar keys (shown by key name).
+            [0, 1]), ``num_correct``, ``analytics`` and other caller-added scalar keys (shown by
+            key name).
         title: printed above the table.
         width: console width in characters.
 
@@ -170,6 +178,40 @@ def format_report(metrics: dict, title: str, width: int = 100) -> str:
     table.add_column("Value", justify="right")
     for label, value in _report_rows(metrics):
         table.add_row(label, value)
+    text = _render(table, width)
+    by_category = (metrics.get("analytics") or {}).get("by_category") or {}
+    if len(by_category) > 1:
+        text += "\n" + format_category_table(by_category, width)
+    return text
+
+
+def format_category_table(by_category: dict[str, dict], width: int = 100) -> str:
+    """The acceptance-by-category table: one row per category (in the dict's order) with its
+    requests ("4 (1 failed)" when the entry has a non-zero ``num_failed``), acceptance rate (%)
+    and acceptance length; "—" where a category had no drafts.
+
+    Args:
+        by_category: ``{category: {"num_requests", "acceptance_rate", "acceptance_length", ...}}``
+            as :func:`mtpx.metrics.analytics.by_category` returns it (evaluate adds ``num_failed``).
+        width: console width in characters.
+    """
+    table = Table(title="Acceptance by category", box=box.SIMPLE_HEAD, title_justify="left")
+    for name, justify in (("Category", "left"), ("Requests", "right"),
+                          ("Acceptance rate (%)", "right"), ("Acceptance length", "right")):
+        table.add_column(name, justify=justify)
+    for category, v in by_category.items():
+        rate, length = v.get("acceptance_rate"), v.get("acceptance_length")
+        requests = str(v.get("num_requests", DASH))
+        if v.get("num_failed"):
+            requests += f" ({v['num_failed']} failed)"
+        table.add_row(str(category), requests,
+                      DASH if rate is None else f"{rate * 100:.2f}",
+                      DASH if length is None else f"{length:.2f}")
+    return _render(table, width)
+
+
+def _render(table: Table, width: int) -> str:
+    """A rich table as plain text, trailing spaces stripped, newline-terminated."""
     console = Console(record=True, width=width, file=io.StringIO(), color_system=None)
     console.print(table)
     return "\n".join(line.rstrip() for line in console.export_text().splitlines()) + "\n"

@@ -141,13 +141,16 @@ METRIC_KEYS: tuple[str, ...] = (
     "request_throughput",
     "mean_ttft_ms",
     "median_ttft_ms",
+    "p99_ttft_ms",
     "mean_tpot_ms",
     "median_tpot_ms",
+    "p99_tpot_ms",
     "mean_itl_ms",
     "median_itl_ms",
     "p99_itl_ms",
     "mean_e2el_ms",
     "median_e2el_ms",
+    "p99_e2el_ms",
     "duration_s",
     "lossless_mismatches",
 )
@@ -210,15 +213,18 @@ def compute_metrics(
         - ``num_preemptions``: times a request's KV blocks were taken back, summed over all requests.
         - ``output_throughput``: output tokens of successful requests / duration, tokens/s.
         - ``request_throughput``: successful requests / duration, requests/s.
-        - ``mean_ttft_ms``, ``median_ttft_ms``: TTFT = first_token_time - arrival_time, over
-          successful requests that emitted a token, ms; None if none.
-        - ``mean_tpot_ms``, ``median_tpot_ms``: TPOT = (E2EL - TTFT) / (output tokens - 1) over
-          successful requests with >= 2 output tokens, ms; None if none.
+        Latencies are in ms; their medians and 99th percentiles use numpy's linear interpolation,
+        as vLLM's ``benchmark_serving`` (``np.percentile(values, 99)``).
+
+        - ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``: TTFT = first_token_time -
+          arrival_time, over successful requests that emitted a token; None if none.
+        - ``mean_tpot_ms``, ``median_tpot_ms``, ``p99_tpot_ms``: TPOT = (E2EL - TTFT) / (output
+          tokens - 1) over successful requests with >= 2 output tokens; None if none.
         - ``mean_itl_ms``, ``median_itl_ms``, ``p99_itl_ms``: over the gaps between consecutive
-          emissions (``emission_times``) of successful requests, pooled, ms (percentiles by
-          numpy's linear interpolation, as in vLLM); None if no request emitted twice.
-        - ``mean_e2el_ms``, ``median_e2el_ms``: E2EL = finish_time - arrival_time over successful
-          requests, ms; None if none.
+          emissions (``emission_times``) of successful requests, pooled; None if no request
+          emitted twice.
+        - ``mean_e2el_ms``, ``median_e2el_ms``, ``p99_e2el_ms``: E2EL = finish_time -
+          arrival_time over successful requests; None if none.
         - ``duration_s``: as given; ``lossless_mismatches``: None (the caller fills it).
 
         The caller may add keys (``accuracy``, ...) afterwards.
@@ -284,13 +290,16 @@ def compute_metrics(
         "request_throughput": len(ok) / duration_s,
         "mean_ttft_ms": _mean(ttfts),
         "median_ttft_ms": _percentile(ttfts, 50),
+        "p99_ttft_ms": _percentile(ttfts, 99),
         "mean_tpot_ms": _mean(tpots),
         "median_tpot_ms": _percentile(tpots, 50),
+        "p99_tpot_ms": _percentile(tpots, 99),
         "mean_itl_ms": _mean(itls),
         "median_itl_ms": _percentile(itls, 50),
         "p99_itl_ms": _percentile(itls, 99),
         "mean_e2el_ms": _mean(e2els),
         "median_e2el_ms": _percentile(e2els, 50),
+        "p99_e2el_ms": _percentile(e2els, 99),
         "duration_s": duration_s,
         "lossless_mismatches": None,
     }
