@@ -110,6 +110,7 @@ def engine_args(engine: DictConfig) -> dict:
         max_num_batched_tokens=_int_or_none("engine", engine, "max_num_batched_tokens", 1),
         max_model_len=_int_or_none("engine", engine, "max_model_len", 2,
                                    "the model's max_position_embeddings"),
+        attention_backend=str(engine.get("attention_backend", "torch")),
     )
 
 

@@ -193,6 +193,8 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["engine.num_blocks=0"], "engine.num_blocks"),
     (["engine.enable_prefix_caching=maybe"], "engine.enable_prefix_caching"),
     (["engine.max_num_seqs=0"], "engine.max_num_seqs"),
+    (["engine.attention_backend=flashinfer"], "engine.attention_backend=flashinfer needs a CUDA device"),
+    (["engine.attention_backend=xformers"], "unknown engine.attention_backend 'xformers'"),
     (["engine.max_num_batched_tokens=4"], "engine.max_num_batched_tokens"),
     (["eval.concurrency=0"], "eval.concurrency"),
     (["eval.request_rate=0"], "eval.request_rate"),

@@ -34,6 +34,18 @@ def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int):
     return k, v
 
 
+class TorchBackend:
+    """The reference backend (mtpx.attention.backend interface): no plan, `cached_attention`."""
+
+    name = "torch"
+
+    def plan(self, meta: ForwardMeta) -> None:
+        return None
+
+    def forward(self, q, k, v, cache: KVCache, meta: ForwardMeta) -> torch.Tensor:
+        return cached_attention(q, k, v, cache, meta)
+
+
 def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                      meta: ForwardMeta) -> torch.Tensor:
     """q [B, T, H, D], k, v [B, T, Hkv, D] of the new tokens -> [B, T, H, D].

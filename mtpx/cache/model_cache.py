@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from mtpx.attention.backend import get_backend
+
 from mtpx.cache.state import KVCache, RecurrentState
 from mtpx.models.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
@@ -43,11 +45,13 @@ class ModelCache:
     """
 
     def __init__(self, model: MTPForCausalLM, rows: int, max_len: int, num_draft_modules: int,
-                 block_size: int = 16, num_blocks: int | None = None, boundary_states: bool = False):
+                 block_size: int = 16, num_blocks: int | None = None, boundary_states: bool = False,
+                 attention_backend: str = "torch"):
         cfg = model.cfg
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
         self.rows, self.max_len, self.block_size = rows, max_len, block_size
+        self.attention_backend = get_backend(attention_backend, device)
         self.max_blocks = -(-max_len // block_size)
         self.num_blocks = rows * self.max_blocks if num_blocks is None else num_blocks
         kv = lambda: KVCache.allocate(self.num_blocks, block_size, cfg.num_key_value_heads,  # noqa: E731
@@ -84,9 +88,11 @@ class ModelCache:
 
     def meta(self, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
              keep_states: bool = False) -> ForwardMeta:
-        """ForwardMeta for requests in `rows` covering [starts, starts + lengths) (all [B])."""
-        return ForwardMeta.build(starts, lengths, rows, self.block_tables[rows], self.block_size,
+        """ForwardMeta for requests in `rows` covering [starts, starts + lengths) (all [B]),
+        planned by this cache's attention backend (`attention_backend`, default the torch one)."""
+        meta = ForwardMeta.build(starts, lengths, rows, self.block_tables[rows], self.block_size,
                                  keep_states)
+        return meta if self.attention_backend is None else meta.planned(self.attention_backend)
 
     def num_free_rows(self) -> int:
         return len(self._free)

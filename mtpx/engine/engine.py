@@ -79,7 +79,8 @@ class Engine:
     (token-level speculative sampling) or "block" (block verification) for requests with
     temperature > 0 (mtpx/spec/verification.py; greedy requests verify by argmax either way);
     draft_sample_method: "greedy" (argmax drafts, one-hot draft distribution) or "probabilistic"
-    (drafts sampled from the draft distribution, processed like the target's).
+    (drafts sampled from the draft distribution, processed like the target's); attention_backend:
+    "torch" or "flashinfer" (CUDA; mtpx.attention.backend), planned once per forward.
 
     Raises ValueError naming the config key for values it cannot run with.
     """
@@ -89,7 +90,7 @@ class Engine:
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
                  check_invariants: bool = False, verify: str = "standard",
-                 draft_sample_method: str = "greedy"):
+                 draft_sample_method: str = "greedy", attention_backend: str = "torch"):
         if verify not in VERIFIERS:
             raise ValueError(f"verify={verify!r}: choose one of {sorted(VERIFIERS)} (spec.verify)")
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
@@ -129,7 +130,7 @@ class Engine:
         self.kv = KVCacheManager(self.num_blocks, block_size, enable_prefix_caching, self.lookahead)
         self.cache = ModelCache(model, max_num_seqs, self.max_len,
                                 0 if speculator is None else speculator.num_draft_modules,
-                                block_size, self.num_blocks, self.boundary_states)
+                                block_size, self.num_blocks, self.boundary_states, attention_backend)
         if speculator is not None:
             speculator.allocate(self.cache)
         self.scheduler = Scheduler(self.kv, max_num_seqs, max_num_batched_tokens, self.k, self.max_len)

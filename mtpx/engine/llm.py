@@ -31,7 +31,8 @@ class LLM:
     DeepSeek layout; mtpx.hf.loader.load_pretrained) — or an MTPForCausalLM (then pass
     `tokenizer` to use string prompts); draft_path: a safetensors file of MTP modules to attach
     (e.g. a head trained in mtpx, exported with tools/export_checkpoint.py --layout draft);
-    allow_pickle: read pickle-only folders with torch.load(weights_only=True); spec: None (plain decoding),
+    allow_pickle: read pickle-only folders with torch.load(weights_only=True); attention_backend:
+    "torch" (the reference) or "flashinfer" (CUDA) paged attention; spec: None (plain decoding),
     "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
     step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
     "float64" or "bfloat16" for a checkpoint folder (a model instance keeps its own dtype);
@@ -50,7 +51,7 @@ class LLM:
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
                  check_invariants: bool = False, verify: str = "standard",
                  draft_sample_method: str = "greedy", draft_path: str | Path | None = None,
-                 allow_pickle: bool = False):
+                 allow_pickle: bool = False, attention_backend: str = "torch"):
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -67,7 +68,7 @@ class LLM:
         self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
                              record_logit_gaps, block_size, num_blocks, enable_prefix_caching,
                              max_num_batched_tokens, check_invariants, verify,
-                             draft_sample_method)
+                             draft_sample_method, attention_backend)
         self.max_model_len = self.engine.max_model_len
 
     @property

@@ -51,7 +51,12 @@ class GatedAttention(nn.Module):
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
-        out = causal_attention(q, k, v) if cache is None else cached_attention(q, k, v, cache, meta)
+        if cache is None:
+            out = causal_attention(q, k, v)
+        elif meta.attn_backend is not None:
+            out = meta.attn_backend.forward(q, k, v, cache, meta)
+        else:
+            out = cached_attention(q, k, v, cache, meta)
         out = out.reshape(B, T, -1)
         if self.gated:
             out = out * torch.sigmoid(gate.reshape(B, T, -1))

@@ -25,6 +25,8 @@ class ForwardMeta:
     save_states: (batch_idx [S], token_idx [S], block_ids [S]) or None: Gated DeltaNet stores its
         state after token (batch_idx, token_idx) with paged block block_ids (prefix caching of
         hybrid models: the state at every full block boundary travels with the block).
+    attn_backend, attn_plan: the attention backend of this forward and its plan, made once for
+        every attention layer (mtpx.attention.backend); None: the torch reference.
     """
 
     positions: torch.Tensor
@@ -36,6 +38,13 @@ class ForwardMeta:
     slot_mapping: torch.Tensor | None = None
     keep_states: bool = False
     save_states: tuple | None = None
+    attn_backend: object | None = None
+    attn_plan: object | None = None
+
+    def planned(self, backend) -> "ForwardMeta":
+        """Attach `backend` and its plan for this forward (once, before the layers run)."""
+        self.attn_backend, self.attn_plan = backend, backend.plan(self)
+        return self
 
     @staticmethod
     def build(starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
@@ -55,11 +64,12 @@ class ForwardMeta:
 
     def select(self, idx: torch.Tensor) -> "ForwardMeta":
         """The metadata of a subset of the requests (idx: [B'] int64 batch indices); save_states
-        is dropped (it refers to the full batch)."""
+        is dropped (it refers to the full batch); the attention backend plans the subset anew."""
         pick = lambda x: None if x is None else x[idx]  # noqa: E731
-        return ForwardMeta(self.positions[idx], self.valid[idx], self.rows[idx], self.kv_len,
-                           pick(self.block_table), self.block_size, pick(self.slot_mapping),
-                           self.keep_states)
+        sub = ForwardMeta(self.positions[idx], self.valid[idx], self.rows[idx], self.kv_len,
+                          pick(self.block_table), self.block_size, pick(self.slot_mapping),
+                          self.keep_states)
+        return sub if self.attn_backend is None else sub.planned(self.attn_backend)
 
     @property
     def lengths(self) -> torch.Tensor:
