@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from mtpx.cache.state import RecurrentState
 from mtpx.models.config import ModelConfig
-from mtpx.models.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from mtpx.models.gated_delta_rule import gated_delta_rule_chunked, gated_delta_rule_recurrent
 from mtpx.models.meta import ForwardMeta
 from mtpx.models.norm import RMSNormGated
 
@@ -58,18 +58,18 @@ class GatedDeltaNet(nn.Module):
         init = state.ssm[meta.rows]
         T = q.shape[1]
         if meta.save_states is None or state.block_ssm is None:
-            fn = recurrent_gated_delta_rule if T <= RECURRENT_MAX_LEN else chunk_gated_delta_rule
+            fn = gated_delta_rule_recurrent if T <= RECURRENT_MAX_LEN else gated_delta_rule_chunked
             return fn(q, k, v, g, beta, init)[:2]
         bi, ti, blocks = meta.save_states
         if T <= RECURRENT_MAX_LEN:
-            o, final, states = recurrent_gated_delta_rule(q, k, v, g, beta, init, keep_all_states=True)
+            o, final, states = gated_delta_rule_recurrent(q, k, v, g, beta, init, keep_all_states=True)
             ssm = states[bi, ti]
         else:
             S = meta.block_size
             if bool(((ti + 1) % S != 0).any()):
                 raise ValueError("boundary states must sit at block ends of block-aligned prefills")
-            o, final, chunk_states = chunk_gated_delta_rule(q, k, v, g, beta, init, chunk_size=S,
-                                                           return_chunk_states=True)
+            o, final, chunk_states = gated_delta_rule_chunked(q, k, v, g, beta, init, chunk_size=S,
+                                                            return_chunk_states=True)
             ssm = chunk_states[bi, (ti + 1) // S - 1]
         # conv window after token t: the K-1 inputs ending at t (ext index t + K - 1)
         idx = ti[:, None, None] + 1 + torch.arange(self.kernel - 1, device=q.device)
@@ -102,9 +102,9 @@ class GatedDeltaNet(nn.Module):
             beta, g = beta * meta.valid[..., None], g * meta.valid[..., None]
 
         if state is None:
-            o, _ = chunk_gated_delta_rule(q, k, v, g, beta)
+            o, _ = gated_delta_rule_chunked(q, k, v, g, beta)
         elif meta.keep_states:
-            o, _, all_ssm = recurrent_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows],
+            o, _, all_ssm = gated_delta_rule_recurrent(q, k, v, g, beta, state.ssm[meta.rows],
                                                        keep_all_states=True)
             state.pending_ssm = all_ssm                                     # [B, T, H, Dk, Dv]
             state.pending_conv = ext.unfold(-1, self.kernel - 1, 1)[:, :, 1:].transpose(1, 2)

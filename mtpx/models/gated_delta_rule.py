@@ -14,9 +14,45 @@ decay alpha_t = exp(g_t) (g_t <= 0) and write strength beta_t in (0, 1):
 
 A token with g_t = 0 and beta_t = 0 leaves the state unchanged: callers use this to pad ragged
 batches. Inputs are computed in float32 (float64 stays float64) and outputs cast back.
+
+Which implementation runs (callers use the dispatchers `gated_delta_rule_recurrent` /
+`gated_delta_rule_chunked`; `recurrent_gated_delta_rule` / `chunk_gated_delta_rule` below stay the
+plain-PyTorch references, as flash-linear-attention keeps its naive forms beside its kernels):
+
+- flash-linear-attention (https://github.com/fla-org/flash-linear-attention, `pip install
+  flash-linear-attention`, the `gpu` extra), `fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`
+  and `chunk_gated_delta_rule`, when the tensors are on CUDA, `fla` imports, and the call needs
+  nothing those kernels lack:
+    * recurrent: no `keep_all_states` (the kernel returns only the final state; verification
+      windows need the state after every token), q/k/v of one dtype among bf16/fp16/fp32, and no
+      gradient needed (the fused recurrent kernel has no backward);
+    * chunked: no `return_chunk_states` (the kernel's chunk-boundary states, at its fixed chunk
+      size 64, are not returned; prefix-caching prefills need them at block ends), q/k/v of one
+      dtype among bf16/fp16 (some fla releases assert against float32 in the chunked kernel), and
+      Dk <= 256 (the kernel's limit).
+  The kernels get the raw q/k with use_qk_l2norm_in_kernel=True and scale=Dk^-0.5 (their l2norm is
+  x * rsqrt(sum(x^2) + 1e-6), the same as ours, applied before the scale), layout [B, T, H, D]
+  (not head-first), g as float32 log decay, beta in q's dtype (as transformers' and vLLM's
+  Qwen3-Next call them), initial_state [B, H, Dk, Dv] float32 and output_final_state=True; the
+  final state comes back float32 and o is cast to v's dtype, so both paths keep one contract.
+- the plain-PyTorch forms otherwise: on CPU, without fla, for per-token or chunk-boundary states,
+  float64, or when forced.
+
+`MTPX_GDN_BACKEND` (read on every call): "auto" (default, the rule above), "torch" (always the
+plain-PyTorch forms), "fla" (as auto, but raise instead of falling back when fla is missing or the
+tensors are off CUDA; calls that need features the kernels lack still run the torch forms).
 """
+import importlib
+import os
+import sys
+import warnings
+
 import torch
 import torch.nn.functional as F
+
+GDN_BACKEND_ENV = "MTPX_GDN_BACKEND"
+GDN_BACKENDS = ("auto", "torch", "fla")
+FLA_MODULE = "fla.ops.gated_delta_rule"
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -141,3 +177,88 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64,
     if return_chunk_states:
         return o.to(out_dtype), S, torch.stack(chunk_states, dim=1)
     return o.to(out_dtype), S
+
+
+# --------------------------------------------------------------------------------------------
+# dispatch: flash-linear-attention's kernels on CUDA when usable, the references above otherwise
+
+_fla_import_error: ImportError | None = None  # remembered so a missing fla costs one import attempt
+
+
+def gdn_backend() -> str:
+    """The requested backend: $MTPX_GDN_BACKEND (auto, torch or fla), default auto."""
+    name = os.environ.get(GDN_BACKEND_ENV, "auto").strip().lower() or "auto"
+    if name not in GDN_BACKENDS:
+        raise ValueError(f"{GDN_BACKEND_ENV}={name!r}: choose one of {', '.join(GDN_BACKENDS)}")
+    return name
+
+
+def _on_cuda(x: torch.Tensor) -> bool:
+    return x.is_cuda
+
+
+def _fla_ops():
+    """fla.ops.gated_delta_rule, or None when it does not import."""
+    global _fla_import_error
+    if _fla_import_error is not None and FLA_MODULE not in sys.modules:
+        return None
+    try:
+        return importlib.import_module(FLA_MODULE)
+    except ImportError as err:
+        _fla_import_error = err
+        return None
+
+
+def _fla_for(q, k, v, dtypes):
+    """The fla module to use for this call, or None for the torch forms (module doc)."""
+    backend = gdn_backend()
+    if backend == "torch" or not (q.dtype == k.dtype == v.dtype and q.dtype in dtypes):
+        return None
+    if not _on_cuda(q):
+        if backend == "fla":
+            raise ValueError(f"{GDN_BACKEND_ENV}=fla needs CUDA tensors (these are on {q.device}): "
+                             f"unset it or use {GDN_BACKEND_ENV}=torch")
+        return None
+    ops = _fla_ops()
+    if ops is None and backend == "fla":
+        raise ValueError(f"{GDN_BACKEND_ENV}=fla needs flash-linear-attention ({_fla_import_error}): "
+                         f"pip install -e '.[gpu]', or use {GDN_BACKEND_ENV}=torch")
+    return ops
+
+
+def _fla_call(fn, q, k, v, g, beta, initial_state):
+    """One fla kernel call in our conventions; returns (o in v's dtype, final state float32)."""
+    o, final = fn(q.contiguous(), k.contiguous(), v.contiguous(),
+                  g=g.float().contiguous(), beta=beta.to(q.dtype).contiguous(),
+                  scale=q.shape[-1] ** -0.5,
+                  initial_state=None if initial_state is None else initial_state.float().contiguous(),
+                  output_final_state=True, use_qk_l2norm_in_kernel=True)
+    return o.to(v.dtype), final.float()
+
+
+def gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=None, keep_all_states=False):
+    """`recurrent_gated_delta_rule`'s contract; fla's fused_recurrent_gated_delta_rule on CUDA
+    without keep_all_states or gradients (module doc), the torch form otherwise."""
+    needs_grad = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state))
+    ops = None if keep_all_states or needs_grad else _fla_for(
+        q, k, v, (torch.bfloat16, torch.float16, torch.float32))
+    if ops is None:
+        return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, keep_all_states=keep_all_states)
+    o, final = _fla_call(ops.fused_recurrent_gated_delta_rule, q, k, v, g, beta, initial_state)
+    return o, final, None
+
+
+def gated_delta_rule_chunked(q, k, v, g, beta, initial_state=None, chunk_size=64,
+                             return_chunk_states=False):
+    """`chunk_gated_delta_rule`'s contract; fla's chunk_gated_delta_rule on CUDA in bf16/fp16
+    without return_chunk_states (module doc; the kernel's own chunk size is 64 whatever
+    chunk_size says, which changes no result), the torch form otherwise."""
+    ops = None if return_chunk_states or q.shape[-1] > 256 else _fla_for(
+        q, k, v, (torch.bfloat16, torch.float16))
+    if ops is None:
+        return chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size=chunk_size,
+                                      return_chunk_states=return_chunk_states)
+    with warnings.catch_warnings():  # fla warns when T < H, suspecting a head-first layout; ours is not
+        warnings.filterwarnings("ignore", message="Input tensor shape suggests")
+        return _fla_call(ops.chunk_gated_delta_rule, q, k, v, g, beta, initial_state)
