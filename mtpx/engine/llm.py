@@ -7,7 +7,6 @@
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -32,7 +31,8 @@ class LLM:
     `tokenizer` to use string prompts); draft_path: a safetensors file of MTP modules to attach
     (e.g. a head trained in mtpx, exported with tools/export_checkpoint.py --layout draft);
     allow_pickle: read pickle-only folders with torch.load(weights_only=True); attention_backend:
-    "torch" (the reference) or "flashinfer" (CUDA) paged attention; spec: None (plain decoding),
+    "torch" (the reference) or "flashinfer" (CUDA) paged attention; device: where a checkpoint
+    folder's weights go ("cpu", "cuda"; a model instance stays where it is); spec: None (plain decoding),
     "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
     step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
     "float64" or "bfloat16" for a checkpoint folder (a model instance keeps its own dtype);
@@ -51,7 +51,7 @@ class LLM:
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
                  check_invariants: bool = False, verify: str = "standard",
                  draft_sample_method: str = "greedy", draft_path: str | Path | None = None,
-                 allow_pickle: bool = False, attention_backend: str = "torch"):
+                 allow_pickle: bool = False, attention_backend: str = "torch", device: str = "cpu"):
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -62,7 +62,7 @@ class LLM:
         else:
             from mtpx.hf.loader import load_pretrained
             self.model, self.tokenizer = load_pretrained(model, dtype=DTYPES[dtype], draft_path=draft_path,
-                                                         allow_pickle=allow_pickle)
+                                                         allow_pickle=allow_pickle, device=device)
         self.spec = spec
         self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
         self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
