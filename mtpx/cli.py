@@ -10,6 +10,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from mtpx.io import atomic_write_text
 from mtpx.metrics.logging import RunLogger
 
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
@@ -63,7 +64,18 @@ def run(cfg: DictConfig) -> int:
     except USER_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)
+        _record_error(f"error: {msg}")
         return 2
+
+
+def _record_error(line: str) -> None:
+    """Keep a failed job's error in its Hydra run folder (error.txt), so a sweep's table
+    (tools/sweep_table.py) can say why it failed. Outside Hydra (tests, the API) nothing is written."""
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:
+        return
+    atomic_write_text(out / "error.txt", line + "\n")
 
 
 def run_train(cfg: DictConfig) -> int:

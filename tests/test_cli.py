@@ -290,3 +290,20 @@ def test_model_hf_runs_a_hugging_face_folder(tiny_ckpt, tmp_path, capsys):
     assert "model.path is required with model=hf" in capsys.readouterr().err
     assert run(_cfg(["model=hf", f"model.path={hf}", "model.dtype=float8", "logger=none"])) == 2
     assert "unknown dtype 'float8'" in capsys.readouterr().err
+
+
+def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
+    """A job that fails (exit 2) records why in its folder (error.txt) and the sweep runs the next
+    job; the sweep's exit status reports the failure."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run(
+        [sys.executable, str(root / "train_or_eval.py"), "-m", f"model.path={tiny_ckpt}", "+spec=mtp8",
+         "spec.num_speculative_tokens=9,2", "eval.num_prompts=2", "eval.max_tokens=4", "logger=none",
+         f"hydra.sweep.dir={tmp_path}"],
+        capture_output=True, text=True, cwd=root, timeout=300)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "only 4 MTP modules" in (tmp_path / "0" / "error.txt").read_text()
+    assert not (tmp_path / "0" / "metrics.json").exists()
+    assert json.loads((tmp_path / "1" / "metrics.json").read_text())["num_requests"] == 2
