@@ -42,3 +42,18 @@ def test_calibrate_measures_every_k_and_batch(trained_tiny):
     assert [(r["k"], r["batch_size"]) for r in rows] == [(0, 1), (0, 3), (2, 1), (2, 3)]
     assert all(r["steps"] >= 1 and r["verify_ms"] > 0 for r in rows)
     assert all(r["draft_ms"] == 0 for r in rows if r["k"] == 0) and all(r["draft_ms"] > 0 for r in rows if r["k"])
+
+
+def test_step_timings_can_be_turned_off(trained_tiny):
+    """record_step_timings=False: no timings (and, on CUDA, no device syncs); same tokens."""
+    from mtpx import LLM, SamplingParams
+    from mtpx.engine.engine import Engine
+    from mtpx.spec import build_speculator
+    p = SamplingParams(max_tokens=12, ignore_eos=True)
+    on = LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens=2)
+    ref = on.generate([[5, 8, 11]], p)
+    assert on.engine.step_timings
+    on.engine = Engine(trained_tiny, build_speculator("mtp8", trained_tiny, 2), record_step_timings=False)
+    on.speculator = on.engine.speculator
+    assert [o.output_token_ids for o in on.generate([[5, 8, 11]], p)] == [o.output_token_ids for o in ref]
+    assert on.engine.step_timings == []

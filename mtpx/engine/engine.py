@@ -80,7 +80,9 @@ class Engine:
     temperature > 0 (mtpx/spec/verification.py; greedy requests verify by argmax either way);
     draft_sample_method: "greedy" (argmax drafts, one-hot draft distribution) or "probabilistic"
     (drafts sampled from the draft distribution, processed like the target's); attention_backend:
-    "torch" or "flashinfer" (CUDA; mtpx.attention.backend), planned once per forward.
+    "torch" or "flashinfer" (CUDA; mtpx.attention.backend), planned once per forward;
+    record_step_timings: keep a StepTiming per step (on CUDA this synchronizes the device at each
+    phase boundary; False for runs that must not sync, e.g. under CUDA graphs).
 
     Raises ValueError naming the config key for values it cannot run with.
     """
@@ -90,7 +92,8 @@ class Engine:
                  block_size: int = 16, num_blocks: int | None = None,
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
                  check_invariants: bool = False, verify: str = "standard",
-                 draft_sample_method: str = "greedy", attention_backend: str = "torch"):
+                 draft_sample_method: str = "greedy", attention_backend: str = "torch",
+                 record_step_timings: bool = True):
         if verify not in VERIFIERS:
             raise ValueError(f"verify={verify!r}: choose one of {sorted(VERIFIERS)} (spec.verify)")
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
@@ -144,6 +147,7 @@ class Engine:
         self.num_steps = 0
         self.num_preemptions = 0
         self.step_timings: list[StepTiming] = []   # one per step of the last run()
+        self.record_step_timings = record_step_timings
 
     # ---- public API ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -210,9 +214,10 @@ class Engine:
         self._prefill(out.prefills)
         t1 = self._now()
         verify_s, draft_s = self._decode(decodes)
-        self.step_timings.append(StepTiming(
-            len(decodes), sum(d.num_draft_tokens for d in decodes),
-            sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s))
+        if self.record_step_timings:
+            self.step_timings.append(StepTiming(
+                len(decodes), sum(d.num_draft_tokens for d in decodes),
+                sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s))
         for item in out.prefills + out.decodes:
             r = item.request
             if r.finished:
@@ -304,6 +309,10 @@ class Engine:
         self._propose(reqs, rows, meta, h, draft)
 
     def _now(self) -> float:
+        """perf_counter for the step timings; on CUDA the device is synchronized first (phases
+        are device work), so record_step_timings=False skips it: no syncs, no timings."""
+        if not self.record_step_timings:
+            return 0.0
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
