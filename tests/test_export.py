@@ -254,7 +254,8 @@ def test_failed_write_leaves_previous_export(tmp_path, monkeypatch):
 
     def boom(*args, **kwargs):
         raise OSError("disk full")
-    monkeypatch.setattr(safetensors.torch, "save_file", boom)
+    monkeypatch.setattr(safetensors.torch, "save_file", boom)   # folder shards
+    monkeypatch.setattr(safetensors.torch, "save", boom)        # the draft file's bytes
     with pytest.raises(OSError, match="disk full"):
         export_model(_perturb(model), out, "qwen3_next")
     with pytest.raises(OSError, match="disk full"):

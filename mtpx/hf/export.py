@@ -43,7 +43,6 @@ import dataclasses
 import json
 import os
 import re
-import secrets
 import shutil
 from pathlib import Path
 
@@ -54,7 +53,7 @@ import torch
 from mtpx.hf.config import config_to_hf
 from mtpx.hf.layout import QWEN3_NEXT_SHARED, from_mtpx
 from mtpx.hf.loader import _safe_open, load_pretrained, weight_files
-from mtpx.io import atomic_write_folder, atomic_write_json
+from mtpx.io import atomic_write_bytes, atomic_write_folder, atomic_write_json
 from mtpx.models.model import MTPForCausalLM
 from mtpx.train.checkpoint import _require_folder
 
@@ -159,7 +158,7 @@ def export_model(model: MTPForCausalLM, out: str | os.PathLike, layout: str | No
     n = 0 if target_only else _num_modules(model, num_modules)
     if layout == "draft":
         metadata = {"format": "pt", "mtp_style": model.cfg.mtp_style, "num_nextn_predict_layers": str(n)}
-        _atomic_save_file(tensors, out, metadata)
+        atomic_write_bytes(out, safetensors.torch.save(tensors, metadata=metadata))  # a draft file is small
         return out
     cfg = dataclasses.replace(model.cfg, num_nextn_predict_layers=n)
     config = config_to_hf(cfg, layout if n else None)
@@ -363,25 +362,6 @@ def _to_storable(tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[s
         seen.add(t.untyped_storage().data_ptr())
         out[name] = t
     return out
-
-
-def _tmp_sibling(path: Path, kind: str) -> Path:
-    return path.with_name(f".{path.name}.{kind}-{secrets.token_hex(4)}")
-
-
-def _atomic_save_file(tensors: dict[str, torch.Tensor], out: Path, metadata: dict[str, str]) -> None:
-    """safetensors file written next to `out`, fsynced, renamed over it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _tmp_sibling(out, "tmp")
-    try:
-        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
-        _usual_mode(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _usual_mode(file: Path) -> None:

@@ -31,7 +31,8 @@ import torch.nn as nn
 from mtpx.hf.layout import detect_layout, is_mtp, to_mtpx
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
-from mtpx.train.checkpoint import CheckpointError, _is_hf, _require_folder, load_config, load_folder_tokenizer
+from mtpx.train.checkpoint import (CheckpointError, _is_hf, _require_folder, load_config,
+                                   load_folder_tokenizer, show_names)
 
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = "model.safetensors"
@@ -239,13 +240,13 @@ def _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path=Non
             n.startswith("mtp.") for n in missing) and all(is_mtp(n, cfg.num_hidden_layers) for n in unexpected):
         raise CheckpointError(
             f"spec.draft_path {draft_path} does not fit the target {folder} ({cfg.model_type}): "
-            f"{len(missing)} missing MTP tensor(s) {_show(missing)}; {len(unexpected)} unexpected "
-            f"{_show(sorted(unexpected))}: the draft modules were trained for a different target "
+            f"{len(missing)} missing MTP tensor(s) {show_names(missing)}; {len(unexpected)} unexpected "
+            f"{show_names(sorted(unexpected))}: the draft modules were trained for a different target "
             "(attention q/k norms, MoE or dense MLP follow the target's config.json)")
     if missing or unexpected:
         raise CheckpointError(
             f"{folder}: the weights do not match config.json: {len(missing)} missing tensor(s) "
-            f"{_show(missing)}; {len(unexpected)} unexpected tensor(s) {_show(sorted(unexpected))} "
+            f"{show_names(missing)}; {len(unexpected)} unexpected tensor(s) {show_names(sorted(unexpected))} "
             f"(MTP layout: {layout}, {num_modules} module(s)): config.json and the weights come from "
             "different models, or the download is incomplete")
     for name, ckpt_name in plan.items():
@@ -255,11 +256,6 @@ def _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path=Non
                 f"implies {list(expected[name])}: config.json and the weights come from different models "
                 "(check hidden_size, intermediate_size, head counts, head_dim, vocab_size, num_experts)")
     return plan, copies
-
-
-def _show(names: list[str], limit: int = 10) -> str:
-    more = f", ... (+{len(names) - limit} more)" if len(names) > limit else ""
-    return "[" + ", ".join(names[:limit]) + more + "]"
 
 
 def _load(model: nn.Module, plan: dict[str, str], copies: list[str], where: dict[str, Path],

@@ -318,18 +318,19 @@ def _require_folder(path: str | os.PathLike) -> Path:
     raise FileNotFoundError(f"checkpoint folder {path} does not exist: point model.path at a folder written by mode=train")
 
 
+def show_names(names: list[str]) -> str:
+    """"[a, b, ... (+N more)]": at most 10 tensor names for an error message."""
+    more = f", ... (+{len(names) - _MAX_NAMES} more)" if len(names) > _MAX_NAMES else ""
+    return "[" + ", ".join(names[:_MAX_NAMES]) + more + "]"
+
+
 def _check_names(file: Path, expected: dict[str, Any], stored: dict[str, Any]) -> None:
     missing = sorted(set(expected) - set(stored))
     unexpected = sorted(set(stored) - set(expected))
     if not missing and not unexpected:
         return
-
-    def show(names: list[str]) -> str:
-        more = f", ... (+{len(names) - _MAX_NAMES} more)" if len(names) > _MAX_NAMES else ""
-        return "[" + ", ".join(names[:_MAX_NAMES]) + more + "]"
-
     raise CheckpointError(
-        f"{file} does not match config.json: {len(missing)} missing tensor(s) {show(missing)}; "
-        f"{len(unexpected)} unexpected tensor(s) {show(unexpected)}: "
+        f"{file} does not match config.json: {len(missing)} missing tensor(s) {show_names(missing)}; "
+        f"{len(unexpected)} unexpected tensor(s) {show_names(unexpected)}: "
         "config.json and weights come from different models (e.g. num_nextn_predict_layers); re-save the checkpoint"
     )
