@@ -22,10 +22,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return out.transpose(1, 2)
 
 
-def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int):
+def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int | None):
     """Keys and values of positions 0 .. kv_len - 1 of each request: block_table [B, max_blocks]
-    -> (k, v) [B, kv_len, Hkv, D]."""
+    -> (k, v) [B, kv_len, Hkv, D] (kv_len None: every block of the table, [B, max_blocks *
+    block_size, Hkv, D])."""
     S = cache.block_size
+    if kv_len is None:
+        kv_len = block_table.shape[1] * S
     nb = -(-kv_len // S)
     ids = block_table[:, :nb]
     B = ids.shape[0]
@@ -52,12 +55,15 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
 
     Writes k, v of the valid tokens at meta.slot_mapping, then attends to positions
     0 .. meta.kv_len - 1 of each request's blocks. Padding queries (valid False) attend position 0
-    only and their output is garbage.
+    only and their output is garbage. A static meta (kv_len None) writes every token (padding
+    lands in the pad slot) and reads every block of its block table: no shape depends on a value.
     """
-    slots = meta.slot_mapping[meta.valid]
-    cache.write(slots, k[meta.valid], v[meta.valid])
+    if meta.static:
+        cache.write(meta.slot_mapping.reshape(-1), k.flatten(0, 1), v.flatten(0, 1))
+    else:
+        cache.write(meta.slot_mapping[meta.valid], k[meta.valid], v[meta.valid])
     keys, values = gather_kv(cache, meta.block_table, meta.kv_len)
-    key_pos = torch.arange(meta.kv_len, device=q.device)
+    key_pos = torch.arange(keys.shape[1], device=q.device)
     mask = key_pos[None, None, None, :] <= meta.positions[:, None, :, None]  # [B, 1, T, S]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2).to(q.dtype),
                                          values.transpose(1, 2).to(q.dtype), attn_mask=mask,

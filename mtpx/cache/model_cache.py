@@ -39,9 +39,15 @@ class ModelCache:
     DeltaNet state of every full block (prefix caching on a hybrid model).
 
     target: one cache per target layer (KVCache or RecurrentState); draft: one KVCache per MTP module.
-    tokens: [rows, max_len] int64: a request's known tokens at [0, num_tokens); the slots after
-    them are scratch where the speculator writes its drafts.
-    block_tables: [rows, ceil(max_len / block_size)] int64, the block ids of each row's request.
+    tokens: [rows + 1, max_len] int64: a request's known tokens at [0, num_tokens); the slots
+    after them are scratch where the speculator writes its drafts.
+    block_tables: [rows + 1, ceil(max_len / block_size)] int64, the block ids of each row's request.
+
+    Padding (the static-shape decode step, mtpx/engine/compiled.py, pads its batch to a capture
+    size): one extra batch slot `pad_row` = rows (recurrent state, token buffer, block table; never
+    handed out) and one extra KV block `pad_block` = num_blocks whose slots (`pad_slot` onwards)
+    take the writes of padding tokens. The pad row's block table points at the pad block only, so
+    padding never reads or writes a block of a real request.
     """
 
     def __init__(self, model: MTPForCausalLM, rows: int, max_len: int, num_draft_modules: int,
@@ -54,7 +60,9 @@ class ModelCache:
         self.attention_backend = get_backend(attention_backend, device)
         self.max_blocks = -(-max_len // block_size)
         self.num_blocks = rows * self.max_blocks if num_blocks is None else num_blocks
-        kv = lambda: KVCache.allocate(self.num_blocks, block_size, cfg.num_key_value_heads,  # noqa: E731
+        self.pad_row, self.pad_block = rows, self.num_blocks
+        self.pad_slot = self.num_blocks * block_size
+        kv = lambda: KVCache.allocate(self.num_blocks + 1, block_size, cfg.num_key_value_heads,  # noqa: E731
                                       cfg.head_dim, dtype, device)
         self.target = []
         for layer in model.model.layers:
@@ -63,11 +71,12 @@ class ModelCache:
             else:
                 la = layer.linear_attn
                 self.target.append(RecurrentState.allocate(
-                    rows, la.conv_dim, la.kernel, la.nv, la.dk, la.dv, dtype, device,
+                    rows + 1, la.conv_dim, la.kernel, la.nv, la.dk, la.dv, dtype, device,
                     self.num_blocks if boundary_states else 0))
         self.draft = [kv() for _ in range(num_draft_modules)]
-        self.tokens = torch.zeros(rows, max_len, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros(rows, self.max_blocks, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(rows + 1, max_len, dtype=torch.long, device=device)
+        self.block_tables = torch.zeros(rows + 1, self.max_blocks, dtype=torch.long, device=device)
+        self.block_tables[self.pad_row] = self.pad_block
         self._free = list(range(rows - 1, -1, -1))
         self._num_synced = [0] * rows      # block-table entries already copied, per row
 
@@ -83,7 +92,7 @@ class ModelCache:
         """Give row r the blocks [r * max_blocks, (r + 1) * max_blocks): the contiguous layout."""
         if self.num_blocks < self.rows * self.max_blocks:
             raise ValueError("static block tables need rows * ceil(max_len / block_size) blocks")
-        self.block_tables.copy_(torch.arange(self.rows * self.max_blocks).view(self.rows, -1))
+        self.block_tables[: self.rows] = torch.arange(self.rows * self.max_blocks).view(self.rows, -1)
         return self
 
     def meta(self, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
@@ -92,6 +101,16 @@ class ModelCache:
         planned by this cache's attention backend (`attention_backend`, default the torch one)."""
         meta = ForwardMeta.build(starts, lengths, rows, self.block_tables[rows], self.block_size,
                                  keep_states)
+        return meta if self.attention_backend is None else meta.planned(self.attention_backend)
+
+    def static_meta(self, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
+                    num_tokens: int, num_blocks: int, keep_states: bool = False) -> ForwardMeta:
+        """A static-shape ForwardMeta (ForwardMeta.build with num_tokens): a [B, num_tokens] grid
+        whose padding writes go to the pad slot, reading the first num_blocks blocks of each row
+        (every position of the forward must lie below num_blocks * block_size). Planned by the
+        attention backend like `meta`; builds without a host sync (with the torch backend)."""
+        meta = ForwardMeta.build(starts, lengths, rows, self.block_tables[rows, :num_blocks],
+                                 self.block_size, keep_states, num_tokens, self.pad_slot)
         return meta if self.attention_backend is None else meta.planned(self.attention_backend)
 
     def num_free_rows(self) -> int:

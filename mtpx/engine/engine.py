@@ -34,9 +34,11 @@ import torch
 
 from mtpx.cache.kv_cache_manager import KVCacheManager
 from mtpx.cache.model_cache import ModelCache
+from mtpx.engine.compiled import CompiledDecode, block_bucket
 from mtpx.engine.request import Request
 from mtpx.engine.sampler import DraftSampler, RequestSampling, sample
 from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
+from mtpx.models.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec.common import last_valid
 from mtpx.spec.verification import VERIFIERS
@@ -82,7 +84,11 @@ class Engine:
     (drafts sampled from the draft distribution, processed like the target's); attention_backend:
     "torch" or "flashinfer" (CUDA; mtpx.attention.backend), planned once per forward;
     record_step_timings: keep a StepTiming per step (on CUDA this synchronizes the device at each
-    phase boundary; False for runs that must not sync, e.g. under CUDA graphs).
+    phase boundary; False for runs that must not sync, e.g. under CUDA graphs); compile: run the
+    decode step (verification forward and the speculator's draft loop) through torch.compile with
+    static shapes (mtpx/engine/compiled.py; "reduce-overhead" CUDA graphs on GPU), compiled at
+    the first decode step or by warmup(); compile_backend: torch.compile's backend ("inductor";
+    "eager"/"aot_eager" trace without code generation, for tests).
 
     Raises ValueError naming the config key for values it cannot run with.
     """
@@ -93,7 +99,8 @@ class Engine:
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
                  check_invariants: bool = False, verify: str = "standard",
                  draft_sample_method: str = "greedy", attention_backend: str = "torch",
-                 record_step_timings: bool = True):
+                 record_step_timings: bool = True, compile: bool = False,
+                 compile_backend: str = "inductor"):
         if verify not in VERIFIERS:
             raise ValueError(f"verify={verify!r}: choose one of {sorted(VERIFIERS)} (spec.verify)")
         if draft_sample_method not in DRAFT_SAMPLE_METHODS:
@@ -148,6 +155,8 @@ class Engine:
         self.num_preemptions = 0
         self.step_timings: list[StepTiming] = []   # one per step of the last run()
         self.record_step_timings = record_step_timings
+        self.compiled = (CompiledDecode(model, self.cache, speculator, compile_backend)
+                         if compile else None)
 
     # ---- public API ---------------------------------------------------------------------------
     @torch.no_grad()
@@ -185,6 +194,34 @@ class Engine:
             self.step()
             if on_step is not None:
                 on_step(self)
+
+    def warmup(self) -> dict | None:
+        """With compile: run short dummy requests through prefill and several decode steps, two
+        at once and then three at once (two capture sizes: code after a graph break compiles
+        again as dynamic on the second), so that the compiled functions exist before anything
+        is timed; the prefix cache is reset afterwards. Returns compile_stats() (None without
+        compile)."""
+        if self.compiled is None:
+            return None
+        from mtpx.engine.sampling_params import SamplingParams
+        length = min(self.block_size + 1, self.max_model_len - 2 * self.k - 4)
+        params = SamplingParams(max_tokens=2 * self.k + 3, ignore_eos=True)
+        vocab = self.model.cfg.vocab_size
+        for batch in (2, 3):
+            self.run([Request(i, [(7 * i + j) % vocab for j in range(max(length, 1))], params)
+                      for i in range(batch)])
+        self.kv.reset_prefix_cache()
+        self.step_timings = []
+        return self.compile_stats()
+
+    def compile_stats(self) -> dict | None:
+        """{"compile_s": seconds spent in calls that compiled, "num_graphs": graphs compiled,
+        "capture_sizes": padded batch sizes, "mode", "backend"}, or None without compile."""
+        c = self.compiled
+        if c is None:
+            return None
+        return {"compile_s": round(c.compile_s, 3), "num_graphs": c.num_graphs,
+                "capture_sizes": c.sizes, "mode": c.mode or "default", "backend": c.backend}
 
     def abort(self, request: Request) -> None:
         """End a waiting or running request now (finish_reason "abort"): its blocks and batch slot
@@ -324,13 +361,28 @@ class Engine:
         t0 = self._now()
         cache, model, dev = self.cache, self.model, self.device
         reqs = [d.request for d in decodes]
+        B = len(reqs)
         rows = torch.tensor([r.row for r in reqs], device=dev)
         n = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
         num_drafts = torch.tensor([d.num_draft_tokens for d in decodes], device=dev)
-        meta = cache.meta(n, 1 + num_drafts, rows, keep_states=True)
-        ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)  # x_n, d_1..
-        h = model.model(ids, meta, cache.target)
-        logits = model.lm_head(h)                                          # [B, T, vocab]
+        if self.compiled is None:
+            meta = cache.meta(n, 1 + num_drafts, rows, keep_states=True)
+            ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)  # x_n, d_1..
+            h = model.model(ids, meta, cache.target)
+            logits = model.lm_head(h)                                      # [B, T, vocab]
+            full_meta, full_h = meta, h
+        else:  # static shapes: batch padded to a capture size, windows of k + 1 (compiled.py)
+            Bp = self.compiled.padded_batch(B)
+            pad = lambda x, v: torch.cat([x, x.new_full((Bp - B,), v)])  # noqa: E731
+            # every position this step touches (drafts reach n + 2k - 1) lies in the bucket
+            nb = block_bucket(max(r.num_tokens for r in reqs) + 2 * self.k + 1, self.block_size,
+                              cache.max_blocks)
+            full_meta = cache.static_meta(pad(n, 0), pad(1 + num_drafts, 0), pad(rows, cache.pad_row),
+                                          self.k + 1, nb, keep_states=True)
+            full_h, full_logits = self.compiled.verify(full_meta)
+            h, logits = full_h[:B], full_logits[:B]
+            meta = ForwardMeta(full_meta.positions[:B], full_meta.valid[:B], rows, None)
+            ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)
         sampling = self._sampling(reqs)
         if sampling.all_greedy:
             target = logits.argmax(-1)                                     # [B, T]
@@ -338,7 +390,8 @@ class Engine:
             accepted = match.long().cumprod(1).sum(1)                     # [B] = m
         else:
             accepted, target = self._verify_sampled(reqs, ids, logits, num_drafts, sampling)
-        cache.commit_recurrent(accepted, self._boundaries(meta, accepted))
+        full_accepted = torch.cat([accepted, accepted.new_zeros(full_meta.rows.shape[0] - B)])
+        cache.commit_recurrent(full_accepted, self._boundaries(full_meta, full_accepted))
         gaps = self._gaps(logits)
         # known tokens x_{n+1..n+m+1} = target[:, :m+1] (accepted drafts, then the bonus token)
         keep = torch.arange(target.shape[1], device=dev)[None] <= accepted[:, None]     # [B, T]
@@ -351,13 +404,35 @@ class Engine:
             self._emit(r, emitted_tokens[b][: m + 1], gaps[b] if gaps is not None else None,
                        int(num_drafts[b]), m)
             r.num_computed_tokens = min(r.num_computed_tokens, r.num_tokens - 1)
-        new = cache.meta(n, accepted + 1, rows)                            # accepted positions n..n+m
         t1 = self._now()
         if self.speculator is None:
             return t1 - t0, 0.0
-        self._propose(reqs, rows, new, h[:, : new.valid.shape[1]],
-                      torch.ones(len(reqs), dtype=torch.bool, device=dev))
+        if self.compiled is not None and not self._needs_draft_sampler(reqs):
+            self._propose_static(reqs, full_meta, full_h, nb)
+        else:
+            new = cache.meta(n, accepted + 1, rows)                        # accepted positions n..n+m
+            self._propose(reqs, rows, new, h[:, : new.valid.shape[1]],
+                          torch.ones(len(reqs), dtype=torch.bool, device=dev))
         return t1 - t0, self._now() - t1
+
+    def _needs_draft_sampler(self, reqs: list[Request]) -> bool:
+        return (self.draft_sample_method == "probabilistic"
+                and any(not r.params.greedy for r in reqs if not r.finished))
+
+    def _propose_static(self, reqs, meta, hidden, num_blocks: int) -> None:
+        """The compiled draft loop after a static verification (meta, hidden: its padded batch):
+        requests that finished this step become padding (the pad row)."""
+        cache, dev, B = self.cache, self.device, len(reqs)
+        Bp = meta.rows.shape[0]
+        live = torch.tensor([not r.finished for r in reqs] + [False] * (Bp - B), device=dev)
+        rows = torch.where(live, meta.rows, cache.pad_row)
+        num_tokens = torch.tensor([r.num_tokens for r in reqs] + [1] * (Bp - B), device=dev)
+        metas = self.speculator.plan_decode(cache, rows, num_tokens, live, num_blocks)
+        drafts = self.compiled.draft(metas, rows, num_tokens - 1, meta.positions[:, 0], hidden)
+        drafts = drafts.tolist()
+        for b, r in enumerate(reqs):
+            if not r.finished:
+                r.draft_token_ids, r.draft_probs = drafts[b], None
 
     # ---- helpers ------------------------------------------------------------------------------
     def _draft_budget(self, r: Request) -> int:
@@ -465,7 +540,7 @@ class Engine:
     def _guard_published(self, slots: torch.Tensor) -> None:
         """check_invariants: no KV write lands in a published block (invariant 4) or in a block
         nobody holds (a freed block: invariant 5, the freeing side)."""
-        blocks = torch.unique(slots // self.block_size).tolist()
+        blocks = [b for b in torch.unique(slots // self.block_size).tolist() if b < self.num_blocks]
         bad = [b for b in blocks if self.kv.pool.is_published(b)]
         assert not bad, f"write into published prefix-cache blocks {bad}"
         free = [b for b in blocks if self.kv.pool.ref_cnt[b] == 0]

@@ -40,7 +40,10 @@ class LLM:
     block_size, num_blocks, enable_prefix_caching, max_num_batched_tokens: the paged KV cache and
     scheduler (Engine); check_invariants: assert cache invariants on every step (tests);
     verify ("standard" | "block") and draft_sample_method ("greedy" | "probabilistic"): how drafts
-    are made and verified for requests with temperature > 0 (Engine). Raises ValueError for an unknown spec or dtype, or more speculative
+    are made and verified for requests with temperature > 0 (Engine); compile: run the decode
+    step (verification and the whole draft loop) under torch.compile with static shapes
+    (mtpx/engine/compiled.py), compiled here by a short warm-up whose cost is in
+    `compile_stats`. Raises ValueError for an unknown spec or dtype, or more speculative
     tokens than multi-module MTP has modules; FileNotFoundError for a missing checkpoint."""
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
@@ -51,7 +54,8 @@ class LLM:
                  enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
                  check_invariants: bool = False, verify: str = "standard",
                  draft_sample_method: str = "greedy", draft_path: str | Path | None = None,
-                 allow_pickle: bool = False, attention_backend: str = "torch", device: str = "cpu"):
+                 allow_pickle: bool = False, attention_backend: str = "torch", device: str = "cpu",
+                 compile: bool = False):
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -68,8 +72,9 @@ class LLM:
         self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
                              record_logit_gaps, block_size, num_blocks, enable_prefix_caching,
                              max_num_batched_tokens, check_invariants, verify,
-                             draft_sample_method, attention_backend)
+                             draft_sample_method, attention_backend, compile=compile)
         self.max_model_len = self.engine.max_model_len
+        self.compile_stats = self.engine.warmup()
 
     @property
     def num_speculative_tokens(self) -> int:

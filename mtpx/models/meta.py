@@ -14,12 +14,15 @@ class ForwardMeta:
     positions: [B, T] int64, absolute position of each token (padding entries hold 0).
     valid: [B, T] bool, True for real tokens; padding tokens write no cache and change no state.
     rows: [B] int64, the batch slot of each request (recurrent state, token buffer).
-    kv_len: keys to read from the attention cache = max position in the batch + 1.
+    kv_len: keys to read from the attention cache = max position in the batch + 1; None for a
+        static-shape forward (`static`): the keys span the whole block_table, which the caller
+        sliced to a bucket of blocks (the compiled decode step, mtpx/engine/compiled.py).
     block_table: [B, max_blocks] int64, the paged-KV block ids of each request (vLLM's block table);
         position p of request b lives in slot block_table[b, p // block_size] * block_size
         + p % block_size of every attention layer's cache (target and draft modules alike).
     slot_mapping: [B, T] int64, that slot for each token of the grid (padding: slot of position 0,
-        never written).
+        never written; in a static forward, the cache's pad slot, which padding writes and nothing
+        reads).
     keep_states: Gated DeltaNet keeps the recurrent and conv state after every token (verification
         windows), so that a rejection selects a state instead of re-running the model.
     save_states: (batch_idx [S], token_idx [S], block_ids [S]) or None: Gated DeltaNet stores its
@@ -32,7 +35,7 @@ class ForwardMeta:
     positions: torch.Tensor
     valid: torch.Tensor
     rows: torch.Tensor
-    kv_len: int
+    kv_len: int | None
     block_table: torch.Tensor | None = None
     block_size: int = 0
     slot_mapping: torch.Tensor | None = None
@@ -46,20 +49,37 @@ class ForwardMeta:
         self.attn_backend, self.attn_plan = backend, backend.plan(self)
         return self
 
+    @property
+    def static(self) -> bool:
+        """Fixed shapes, no host sync (kv_len None): the compiled decode step's metadata."""
+        return self.kv_len is None
+
     @staticmethod
     def build(starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
               block_table: torch.Tensor | None = None, block_size: int = 0,
-              keep_states: bool = False) -> "ForwardMeta":
+              keep_states: bool = False, num_tokens: int | None = None,
+              pad_slot: int | None = None) -> "ForwardMeta":
         """Request b covers positions starts[b] .. starts[b] + lengths[b] - 1 (all [B] int64);
-        block_table [B, max_blocks] (None: no attention cache, e.g. DeltaNet-only tests)."""
-        T = int(lengths.max()) if lengths.numel() else 0
+        block_table [B, max_blocks] (None: no attention cache, e.g. DeltaNet-only tests).
+
+        num_tokens, pad_slot (both or neither): a static forward: the grid has num_tokens columns
+        whatever the lengths (each length must be <= num_tokens), padding tokens map to slot
+        pad_slot, and kv_len is None (the keys span block_table); nothing reads a tensor's value
+        on the host, so building it never synchronizes with the device."""
+        static = num_tokens is not None
+        T = num_tokens if static else (int(lengths.max()) if lengths.numel() else 0)
         t = torch.arange(T, device=starts.device)
         valid = t[None, :] < lengths[:, None]
         positions = torch.where(valid, starts[:, None] + t[None, :], 0)
         slots = None
         if block_table is not None:
             slots = block_table.gather(1, positions // block_size) * block_size + positions % block_size
-        kv_len = int((starts + lengths).max()) if lengths.numel() else 0
+            if static:
+                slots = torch.where(valid, slots, pad_slot)
+        if static:
+            kv_len = None
+        else:
+            kv_len = int((starts + lengths).max()) if lengths.numel() else 0
         return ForwardMeta(positions, valid, rows, kv_len, block_table, block_size, slots, keep_states)
 
     def select(self, idx: torch.Tensor) -> "ForwardMeta":

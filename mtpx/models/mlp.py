@@ -41,14 +41,21 @@ class SparseMoE(nn.Module):
         weights, experts = torch.topk(probs, self.top_k, dim=-1)            # [N, k]
         if self.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = weights.to(x.dtype)
+        out = self._routed(x, weights.to(x.dtype), experts)
+        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.reshape(shape)
+
+    @torch.compiler.disable
+    def _routed(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """sum_k weights[:, k] * expert_{experts[:, k]}(x): x [N, hidden], weights, experts [N, k].
+        Each expert runs on the tokens routed to it (data-dependent shapes), so under
+        torch.compile this runs eager between graphs (engine.compile, mtpx/engine/compiled.py)."""
         out = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
             token_idx, slot = torch.where(experts == e)
             if token_idx.numel():
                 out.index_add_(0, token_idx, expert(x[token_idx]) * weights[token_idx, slot, None])
-        out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out.reshape(shape)
+        return out
 
 
 def build_mlp(cfg: ModelConfig, layer_idx: int) -> nn.Module:

@@ -19,7 +19,9 @@ class HiddenWindow:
     """
 
     def __init__(self, levels: int, rows: int, window: int, hidden: int, dtype, device):
+        """rows: batch slots including ModelCache's pad row, which must be the last (rows - 1)."""
         self.window = window
+        self.pad_row = rows - 1
         self.buf = [torch.zeros(rows, window, hidden, dtype=dtype, device=device)
                     for _ in range(levels)]
 
@@ -28,10 +30,11 @@ class HiddenWindow:
         return self.buf[level - 1][meta.rows[:, None], meta.positions % self.window]
 
     def write(self, level: int, meta: ForwardMeta, values: torch.Tensor) -> None:
-        """values [B, T, hidden] at meta's positions; only each row's last `window` are kept."""
+        """values [B, T, hidden] at meta's positions; only each row's last `window` are kept (the
+        others, and padding, are written to the pad row: no shape depends on a value)."""
         keep = meta.valid & (meta.positions >= meta.ends[:, None] - self.window)
-        rows = meta.rows[:, None].expand_as(meta.positions)[keep]
-        self.buf[level - 1][rows, meta.positions[keep] % self.window] = values[keep]
+        rows = torch.where(keep, meta.rows[:, None], self.pad_row)
+        self.buf[level - 1][rows, meta.positions % self.window] = values.to(self.buf[level - 1].dtype)
 
 
 def gather_hidden(meta: ForwardMeta, prev: torch.Tensor, prev_start: torch.Tensor,

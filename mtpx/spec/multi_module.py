@@ -14,6 +14,10 @@ accepted tokens only, so it is final.
 During a chunked prefill (rows with draft=False) nothing is drafted: module k advances over the
 positions whose inputs are final, end_k = min(end_{k-1}, num_tokens - k) with end_0 the end of the
 target's chunk.
+
+`plan_decode` + `draft_loop` are a decode round with static shapes for the compiled decode step
+(mtpx/engine/compiled.py): every module's metadata is built (and planned) before the loop, once per
+engine step; `propose` is the general form (chunked prefill, sampled drafts).
 """
 from __future__ import annotations
 
@@ -54,9 +58,10 @@ class MultiModuleMTPSpeculator:
 
     def allocate(self, cache: ModelCache) -> None:
         p = next(self.model.parameters())
-        self.window = HiddenWindow(self.k - 1, cache.rows, self.k + 1, self.model.cfg.hidden_size,
+        # batch slots + ModelCache's pad row
+        self.window = HiddenWindow(self.k - 1, cache.rows + 1, self.k + 1, self.model.cfg.hidden_size,
                                    p.dtype, p.device)
-        self.computed = torch.zeros(cache.rows, self.k, dtype=torch.long, device=p.device)  # [rows, module]
+        self.computed = torch.zeros(cache.rows + 1, self.k, dtype=torch.long, device=p.device)  # [rows, module]
 
     def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
         """New requests in `rows` (or resumed after preemption): their modules have computed
@@ -100,3 +105,37 @@ class MultiModuleMTPSpeculator:
             if k < self.k:
                 self.window.write(k, meta, a)
         return drafts
+
+    # ---- the static-shape round (compiled decode step) -------------------------------------
+    def plan_decode(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
+                    live: torch.Tensor, num_blocks: int) -> list[ForwardMeta]:
+        """Before the draft loop, once per engine step: the static metadata of modules 1..k
+        ([Bp, k + 1] each: module k covers start_k .. n - 1, max(m + 1, k) <= k + 1 positions after
+        a verification that accepted m) and the bookkeeping it implies. Arguments as
+        SingleModuleMTPSpeculator.plan_decode."""
+        n = num_tokens - 1
+        live_l = live.long()
+        metas = []
+        for k in range(1, self.k + 1):
+            start = torch.minimum(self.computed[rows, k - 1], n - k).clamp(min=0)
+            metas.append(cache.static_meta(start, (n - start) * live_l, rows, self.k + 1, num_blocks))
+            self.computed[rows, k - 1] = torch.where(live, n, self.computed[rows, k - 1])
+        return metas
+
+    def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
+                   n: torch.Tensor, target_start: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The whole draft loop of a decode round with static shapes (what engine.compile
+        compiles); same contract as SingleModuleMTPSpeculator.draft_loop."""
+        model = self.model
+        prev, prev_start = target_hidden, target_start
+        drafts, outs = [], []
+        for k, meta in enumerate(metas, start=1):
+            a = run_module(model, cache, k, meta, gather_hidden(meta, prev, prev_start, self.window, k - 1))
+            d = model.draft_logits(k - 1, last_valid(a, meta)).argmax(-1)
+            cache.tokens[rows, n + k] = d                                   # read by module k+1
+            drafts.append(d)
+            outs.append(a)
+            prev, prev_start = a, meta.positions[:, 0]
+        for k in range(1, self.k):  # after every module has read this round's inputs
+            self.window.write(k, metas[k - 1], outs[k - 1])
+        return torch.stack(drafts, dim=1)

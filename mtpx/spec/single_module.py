@@ -6,6 +6,11 @@ x_{j+1} and h_j) and drafts d_1 from the last one. Step i >= 2 runs it at the si
 n - 2 + i on (d_{i-1}, its own previous output) and drafts d_i. The KV it writes at positions >= n
 is transient: the next round's step 1 overwrites those positions before anything reads them, and
 they are never published to the prefix cache (only positions < n are final).
+
+The metadata of steps 2..k is built (and planned by the attention backend) before the loop, once
+per engine step. `plan_decode` + `draft_loop` are the same round with static shapes for the
+compiled decode step (mtpx/engine/compiled.py); `propose` is the general form (chunked prefill,
+drafts sampled from the draft distribution).
 """
 from __future__ import annotations
 
@@ -40,7 +45,8 @@ class SingleModuleMTPSpeculator:
 
     def allocate(self, cache: ModelCache) -> None:
         p = next(self.model.parameters())
-        self.computed = torch.zeros(cache.rows, dtype=torch.long, device=p.device)  # module positions done per row
+        # module positions done per batch slot (+ the pad row)
+        self.computed = torch.zeros(cache.rows + 1, dtype=torch.long, device=p.device)
 
     def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
         """New or resumed requests in `rows`: the module has computed positions [0, start)."""
@@ -76,15 +82,54 @@ class SingleModuleMTPSpeculator:
             return drafts
         idx = draft.nonzero()[:, 0]
         rows, n, a = rows[idx], n[idx], a[idx]
-        out = []
+        ones = torch.ones_like(n)
+        metas = [cache.meta(n - 2 + i, ones, rows) for i in range(2, self.k + 1)]
+        drafts[idx] = self._draft_steps(cache, rows, n, a, metas, sampler, idx)
+        return drafts
+
+    def _draft_steps(self, cache: ModelCache, rows: torch.Tensor, n: torch.Tensor, a: torch.Tensor,
+                     metas: list[ForwardMeta], sampler=None, idx=None) -> torch.Tensor:
+        """Steps 1..k from a = a^1_{n-1} [B, hidden]: draft d_i, then (i < k) run the module at
+        position n - 1 + i (metas[i-1]) on (d_i, its previous output). Writes d_i into
+        cache.tokens[rows, n + i]; returns [B, k] int64."""
+        model, out = self.model, []
         for i in range(1, self.k + 1):
             if i > 1:  # position n-2+i reads d_{i-1} = x_{n+i-1} and the previous output
-                step_meta = cache.meta(n - 2 + i, torch.ones_like(n), rows)
+                m = metas[i - 2]
                 emb = model.model.embed_tokens(out[-1][:, None])
-                a = model.mtp[0](emb, a[:, None], step_meta.positions, cache.draft[0], step_meta)[:, 0]
+                a = model.mtp[0](emb, a[:, None], m.positions, cache.draft[0], m)[:, 0]
             logits = model.draft_logits(0, a)
             d = logits.argmax(-1) if sampler is None else sampler(logits, idx, i - 1)
             cache.tokens[rows, n + i] = d
             out.append(d)
-        drafts[idx] = torch.stack(out, dim=1)
-        return drafts
+        return torch.stack(out, dim=1)
+
+    # ---- the static-shape round (compiled decode step) -------------------------------------
+    def plan_decode(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
+                    live: torch.Tensor, num_blocks: int) -> list[ForwardMeta]:
+        """Before the draft loop, once per engine step: the static metadata of every module
+        forward of a decode round, and the bookkeeping (computed) it implies.
+
+        rows, num_tokens, live: [Bp] (a batch padded with cache.pad_row, live False for padding);
+        every live request drafts, and the module's catch-up (positions computed .. n - 1, at most
+        k + 1 after a verification) fits a window of k + 1. num_blocks: the block-table width all
+        positions fit in. Returns [step 1 meta ([Bp, k + 1]), step 2..k metas ([Bp, 1])]."""
+        n = num_tokens - 1
+        start = torch.minimum(self.computed[rows], n)
+        live = live.long()
+        metas = [cache.static_meta(start, (n - start) * live, rows, self.k + 1, num_blocks)]
+        metas += [cache.static_meta(n - 2 + i, live, rows, 1, num_blocks) for i in range(2, self.k + 1)]
+        self.computed[rows] = torch.where(live.bool(), n, self.computed[rows])
+        return metas
+
+    def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
+                   n: torch.Tensor, target_start: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
+        """The whole draft loop of a decode round with static shapes (what engine.compile
+        compiles): metas from plan_decode; rows, n (last known index), target_start (the
+        verification window's first position): [Bp]; target_hidden: [Bp, k + 1, hidden], the
+        target's hidden states over that window. Returns drafts [Bp, k] int64 (garbage for
+        padding rows), also written to cache.tokens[rows, n+1 .. n+k]."""
+        meta = metas[0]
+        hidden = gather_hidden(meta, target_hidden, target_start)
+        a = last_valid(run_module(self.model, cache, 1, meta, hidden), meta)      # [Bp, hidden]
+        return self._draft_steps(cache, rows, n, a, metas[1:])

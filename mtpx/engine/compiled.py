@@ -1,0 +1,145 @@
+"""engine.compile: the decode step (the target's verification forward and the speculator's whole
+N-step draft loop) as two functions compiled with torch.compile.
+
+    verify(meta)                     -> (hidden [Bp, k+1, H], logits [Bp, k+1, V])
+    draft(metas, rows, n, start, h)  -> drafts [Bp, k]
+
+Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
+the next capture size (2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
+row, every verification window and module forward has k + 1 columns, and keys are read from a
+block table sliced to a power-of-two number of blocks. Nothing in the compiled code depends on a
+tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
+graph breaks on a dense model and no host syncs. The attention metadata of every step of the draft
+loop is built and planned (`speculator.plan_decode`) before the loop, once per engine step.
+
+One graph per function serves every batch and block count: the batch and block-table dimensions
+are marked dynamic, with size-oblivious 0/1 handling and no duck sizing, so the first decode step
+compiles and later steps never recompile. A batch of one is padded to two: several ops guard on
+a batch dimension != 1, so a batch of one would need a graph of its own (tests/test_compiled.py asserts it with
+torch._dynamo's error_on_recompile). On CUDA the mode is "reduce-overhead" (CUDA graphs; one
+graph is recorded per capture size and block bucket, replayed afterwards); on the CPU the default
+mode (Inductor's C++ kernels). Where the compiled code cannot follow, it runs eager inside the
+graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
+CUDA graphs cut at attention the same way) and the routed experts of a MoE layer (data-dependent
+token routing). Steps that need drafts sampled from the draft distribution
+(draft_sample_method=probabilistic at temperature > 0), prefill chunks and the catch-up drafting
+after them run the eager path; both paths share every cache and bookkeeping tensor.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.fx.experimental._config as fx_config
+from torch._dynamo.utils import counters
+
+from mtpx.models.meta import ForwardMeta
+
+
+def capture_sizes(max_num_seqs: int) -> list[int]:
+    """Padded batch sizes: 2, 4, 8, 16, 24, ... (vLLM's cudagraph_capture_sizes without 1, module
+    doc), up to and including max(max_num_seqs, 2)."""
+    sizes = [s for s in (2, 4) if s < max_num_seqs]
+    sizes += list(range(8, max_num_seqs, 8))
+    return sizes + [max(max_num_seqs, 2)]
+
+
+def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
+    """Blocks to read for positions 0 .. num_positions - 1: the next power of two >= 2 (so a
+    block count seldom needs a new CUDA graph), at most max_blocks."""
+    need = max(2, -(-num_positions // block_size))
+    return min(max_blocks, 1 << (need - 1).bit_length())
+
+
+def _mark_batch(*tensors: torch.Tensor) -> None:
+    # maybe_: code after a graph break (MoE experts, FlashInfer, the check_invariants guard) may
+    # specialize a size; its frame then recompiles once as dynamic (automatic dynamic shapes)
+    for t in tensors:
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+def _mark_meta(meta: ForwardMeta) -> None:
+    _mark_batch(meta.positions, meta.valid, meta.rows, meta.slot_mapping, meta.block_table)
+    torch._dynamo.maybe_mark_dynamic(meta.block_table, 1)
+
+
+class CompiledDecode:
+    """The compiled verification forward and draft loop of one engine (module doc).
+
+    model, cache, speculator: the engine's (speculator None: plain decoding, only the
+    verification forward of one token); backend: torch.compile's backend ("inductor"; tests use
+    "eager" or "aot_eager" to check tracing without code generation); mode: None for the device's
+    default ("reduce-overhead" on CUDA, Inductor's default on the CPU).
+
+    Attributes: compile_s (seconds spent in calls that compiled a graph), num_graphs (graphs
+    compiled by this object's functions), sizes (capture sizes).
+    """
+
+    def __init__(self, model, cache, speculator=None, backend: str = "inductor",
+                 mode: str | None = None):
+        self.model, self.cache, self.speculator = model, cache, speculator
+        device = next(model.parameters()).device
+        self.cuda = device.type == "cuda"
+        if mode is None:
+            mode = "reduce-overhead" if self.cuda and backend == "inductor" else None
+        self.mode, self.backend = mode, backend
+        self.sizes = capture_sizes(cache.rows)
+        self.compile_s = 0.0
+        self.num_graphs = 0
+        self._verify = torch.compile(self._verify_forward, backend=backend, mode=mode)
+        self._draft = (None if speculator is None else
+                       torch.compile(speculator.draft_loop, backend=backend, mode=mode))
+        if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
+            for t in self._persistent_tensors():
+                torch._dynamo.mark_static_address(t)
+
+    def _persistent_tensors(self):
+        c = self.cache
+        yield c.tokens
+        for kv in c.kv_caches:
+            yield kv.k
+            yield kv.v
+        for s in c.recurrent:
+            yield s.conv
+            yield s.ssm
+        window = getattr(self.speculator, "window", None)
+        if window is not None:
+            yield from window.buf
+
+    def padded_batch(self, batch: int) -> int:
+        """The capture size a batch of `batch` requests is padded to."""
+        return next(s for s in self.sizes if s >= batch)
+
+    def _verify_forward(self, meta: ForwardMeta):
+        cache, model = self.cache, self.model
+        ids = torch.where(meta.valid, cache.tokens[meta.rows[:, None], meta.positions], 0)
+        h = model.model(ids, meta, cache.target)
+        return h, model.lm_head(h)
+
+    def _call(self, fn, *args):
+        before = counters["stats"]["unique_graphs"]
+        t0 = time.perf_counter()
+        with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+            out = fn(*args)
+        new = counters["stats"]["unique_graphs"] - before
+        if new:
+            self.num_graphs += new
+            self.compile_s += time.perf_counter() - t0
+        return out
+
+    def verify(self, meta: ForwardMeta):
+        """The target over static verification windows (ModelCache.static_meta with keep_states):
+        -> (hidden [Bp, T, H], logits [Bp, T, V]); Gated DeltaNet keeps its per-token states
+        for commit_recurrent, as the eager forward does."""
+        if self.cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        _mark_meta(meta)
+        return self._call(self._verify, meta)
+
+    def draft(self, metas: list[ForwardMeta], rows: torch.Tensor, n: torch.Tensor,
+              target_start: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
+        """speculator.draft_loop compiled (its contract); metas from speculator.plan_decode."""
+        for m in metas:
+            _mark_meta(m)
+        _mark_batch(rows, n, target_start, target_hidden)
+        return self._call(self._draft, self.cache, metas, rows, n, target_start, target_hidden)

@@ -1,0 +1,153 @@
+"""engine.compile (mtpx/engine/compiled.py): the static-shape decode step under torch.compile.
+
+The default tests trace with torch.compile's "eager" backend (Dynamo captures the graphs, guards
+and recompilations exactly as with Inductor, without generating code), so they check what
+compilation changes (static shapes, padding, dynamic dimensions, no recompiles) in seconds. The
+slow tests (`pytest -m slow`) compile with Inductor and compare logits and tokens to eager.
+"""
+import pytest
+import torch
+
+from mtpx import LLM, SamplingParams
+from mtpx.cache.model_cache import ModelCache
+from mtpx.engine.compiled import CompiledDecode, block_bucket, capture_sizes
+from mtpx.engine.engine import Engine
+from tests.conftest import peaked_model, tiny_config
+
+PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],
+           [9, 9, 9, 9, 9, 9, 9], [61, 2, 7, 33, 12], [30, 31], [50, 53, 56, 59, 62, 5, 8]]
+
+
+def _llm(model, spec, k, compile_backend=None, max_num_seqs=4, **kw):
+    llm = LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=max_num_seqs,
+              record_logit_gaps=True, **kw)
+    if compile_backend is not None:
+        e = llm.engine
+        llm.engine = Engine(llm.model, llm.speculator, max_num_seqs, e.max_model_len,
+                            record_logit_gaps=True, block_size=e.block_size,
+                            enable_prefix_caching=e.kv.enable_prefix_caching,
+                            check_invariants=e.check_invariants, verify=e.verify,
+                            draft_sample_method=e.draft_sample_method, compile=True,
+                            compile_backend=compile_backend)
+    return llm
+
+
+def _generate(llm, prompts=PROMPTS, max_tokens=30, **params):
+    ps = [SamplingParams(max_tokens=max_tokens - i % 5, ignore_eos=True, **params)
+          for i in range(len(prompts))]
+    return llm.generate(prompts, ps)
+
+
+def _same(a, b):
+    assert [o.output_token_ids for o in a] == [o.output_token_ids for o in b]
+    assert [o.spec.rounds for o in a] == [o.spec.rounds for o in b]
+
+
+def test_capture_sizes_and_block_buckets():
+    assert capture_sizes(1) == [2]
+    assert capture_sizes(4) == [2, 4]
+    assert capture_sizes(20) == [2, 4, 8, 16, 20]
+    assert capture_sizes(64) == [2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert [block_bucket(p, 16, 64) for p in (1, 32, 33, 64, 65, 200, 5000)] == [2, 2, 4, 4, 8, 16, 64]
+
+
+def test_static_meta_attention_equals_dynamic(tiny_model):
+    """The same forward through a static meta (padded batch and window, pad slot, whole block
+    bucket) and a dynamic one: equal outputs, and the real rows' KV written identically."""
+    torch.manual_seed(0)
+    m = tiny_model
+    caches = [ModelCache(m, rows=3, max_len=64, num_draft_modules=0, block_size=8).static_block_tables()
+              for _ in range(2)]
+    ids = torch.randint(0, 64, (3, 20))
+    for c in caches:  # the same prefill of 20, 13 and 7 tokens
+        meta = c.meta(torch.zeros(3, dtype=torch.long), torch.tensor([20, 13, 7]), torch.arange(3))
+        m.model(torch.where(meta.valid, ids, 0), meta, c.target)
+    starts, lengths, rows = torch.tensor([20, 13, 7]), torch.tensor([3, 1, 2]), torch.arange(3)
+    window = torch.randint(0, 64, (3, 3))
+    dyn = caches[0].meta(starts, lengths, rows, keep_states=True)
+    h_dyn = m.model(torch.where(dyn.valid, window, 0), dyn, caches[0].target)
+    pad_rows = torch.tensor([0, 1, 2, caches[1].pad_row])
+    st = caches[1].static_meta(torch.cat([starts, torch.zeros(1, dtype=torch.long)]),
+                               torch.cat([lengths, torch.zeros(1, dtype=torch.long)]), pad_rows,
+                               num_tokens=5, num_blocks=4, keep_states=True)
+    assert st.kv_len is None and st.positions.shape == (4, 5)
+    assert (st.slot_mapping[~st.valid] == caches[1].pad_slot).all()
+    grid = torch.zeros(4, 5, dtype=torch.long)
+    grid[:3, :3] = window
+    h_st = m.model(torch.where(st.valid, grid, 0), st, caches[1].target)
+    torch.testing.assert_close(h_st[:3, :3][dyn.valid], h_dyn[dyn.valid], rtol=0, atol=1e-12)
+    for a, b in zip(caches[0].kv_caches, caches[1].kv_caches):
+        torch.testing.assert_close(a.k[: a.k.shape[0] - 1], b.k[: b.k.shape[0] - 1], rtol=0, atol=1e-12)
+    for a, b in zip(caches[0].recurrent, caches[1].recurrent):  # per-token states of real tokens
+        torch.testing.assert_close(a.pending_ssm[:, :3], b.pending_ssm[:3, :3], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec,k", [(None, None), ("mtp1", 3), ("mtp8", 4)])
+def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k):
+    """Identical greedy tokens and per-round acceptance; one graph per compiled function, made at
+    warm-up; then 20+ steps with batches of 1..4 (and block buckets that grow) trace nothing new."""
+    torch._dynamo.reset()
+    ref = _llm(trained_tiny, spec, k)
+    eager, eager_one = _generate(ref), _generate(ref, PROMPTS[:1], max_tokens=12)
+    llm = _llm(trained_tiny, spec, k, compile_backend="eager")
+    stats = llm.engine.warmup()
+    assert stats["num_graphs"] == (1 if spec is None else 2) and stats["compile_s"] > 0
+    steps = llm.engine.num_steps
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        _same(_generate(llm), eager)
+        _same(_generate(llm, PROMPTS[:1], max_tokens=12), eager_one)
+    assert llm.engine.num_steps - steps >= 20
+    assert llm.engine.compiled.num_graphs == stats["num_graphs"]
+
+
+def test_compiled_with_prefix_caching_and_invariants(trained_tiny):
+    """Prefix caching on a hybrid model (boundary states committed from the static window) with
+    the KV-write guard on: identical to eager, no write into a published or free block."""
+    torch._dynamo.reset()
+    prompts = [PROMPTS[2] + [1, 2, 3] * i for i in range(4)] * 2
+    eager = _generate(_llm(trained_tiny, "mtp8", 3, enable_prefix_caching=True, block_size=4,
+                           check_invariants=True), prompts)
+    compiled = _generate(_llm(trained_tiny, "mtp8", 3, compile_backend="eager",
+                              enable_prefix_caching=True, block_size=4, check_invariants=True), prompts)
+    _same(compiled, eager)
+    assert sum(o.num_cached_tokens for o in compiled) > 0
+
+
+@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic"])
+def test_compiled_sampling_matches_eager(trained_tiny, draft_sample_method):
+    """temperature > 0 with seeds: verification runs outside the graph, so the outputs are the
+    same as eager's; probabilistic drafts take the eager draft path for those steps."""
+    torch._dynamo.reset()
+    kw = dict(draft_sample_method=draft_sample_method)
+    eager = _generate(_llm(trained_tiny, "mtp1", 2, **kw), temperature=0.8, seed=3)
+    compiled = _generate(_llm(trained_tiny, "mtp1", 2, compile_backend="eager", **kw),
+                         temperature=0.8, seed=3)
+    _same(compiled, eager)
+
+
+def test_compiled_moe_runs_experts_between_graphs():
+    """A MoE target: the routed experts run eager between graphs; the tokens are unchanged."""
+    torch._dynamo.reset()
+    cfg = tiny_config(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=32, num_nextn_predict_layers=2)
+    model = peaked_model(cfg, seed=1)
+    eager = _generate(_llm(model, "mtp8", 2), PROMPTS[:4], max_tokens=12)
+    compiled = _generate(_llm(model, "mtp8", 2, compile_backend="eager"), PROMPTS[:4], max_tokens=12)
+    _same(compiled, eager)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
+def test_inductor_decode_equals_eager(trained_tiny, spec, k):
+    """Inductor (C++ kernels on the CPU): the verification logits equal eager's within 1e-9
+    (float64) and greedy tokens are identical; no recompilation after warm-up."""
+    torch._dynamo.reset()
+    eager = _generate(_llm(trained_tiny, spec, k))
+    llm = _llm(trained_tiny, spec, k, compile_backend="inductor")
+    stats = llm.engine.warmup()
+    assert stats["num_graphs"] == 2
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled = _generate(llm)
+    _same(compiled, eager)
+    for a, b in zip(compiled, eager):
+        assert a.logit_gaps == pytest.approx(b.logit_gaps, abs=1e-9)
