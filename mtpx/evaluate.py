@@ -101,6 +101,9 @@ def engine_args(engine: DictConfig) -> dict:
     prefix = engine.get("enable_prefix_caching")
     if not isinstance(prefix, bool):
         raise ValueError(f"engine.enable_prefix_caching={prefix!r}: must be true or false")
+    compile_ = engine.get("compile", False)
+    if not isinstance(compile_, bool):
+        raise ValueError(f"engine.compile={compile_!r}: must be true or false")
     return dict(
         block_size=_int_or_none("engine", engine, "block_size", 1),
         num_blocks=_int_or_none("engine", engine, "num_blocks", 1,
@@ -111,6 +114,7 @@ def engine_args(engine: DictConfig) -> dict:
         max_model_len=_int_or_none("engine", engine, "max_model_len", 2,
                                    "the model's max_position_embeddings"),
         attention_backend=str(engine.get("attention_backend", "torch")),
+        compile=compile_,
     )
 
 
@@ -236,6 +240,10 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
               threads=c.get("threads"), draft_path=spec.get("draft_path") if spec is not None else None,
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw)
     name = method or "no spec"
+    if llm.compile_stats is not None:
+        cs = llm.compile_stats
+        print(f"engine.compile: decode step compiled in {cs['compile_s']:.1f} s ({cs['num_graphs']} "
+              f"graphs, torch.compile mode {cs['mode']}, capture sizes {cs['capture_sizes']})")
 
     prompts = load_prompts(cfg.data, num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
                            num_prompts_key=prompts_key)
@@ -262,6 +270,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
                                                               llm.num_speculative_tokens).items()}
     if chat is not None:
         metrics["chat_template"] = chat
+    if llm.compile_stats is not None:
+        metrics["compile"] = llm.compile_stats
     if method is not None:
         metrics["analytics"] = analytics([o.spec.rounds for o in outs], [p.category for p in prompts],
                                          llm.num_speculative_tokens)

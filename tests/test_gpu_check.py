@@ -11,7 +11,8 @@ def test_gpu_check_cpu_smoke(tiny_ckpt, tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_check", TOOL)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    assert tool.main(["--device", "cpu", "--quick", "--model", str(tiny_ckpt), "--out", str(tmp_path)]) == 0
+    assert tool.main(["--device", "cpu", "--quick", "--model", str(tiny_ckpt), "--out", str(tmp_path),
+                      "--compile-backend", "eager"]) == 0
     r = json.loads((tmp_path / "gpu_check.json").read_text())
     assert "skipped" in r["attention"] and "skipped" in r["gated_delta_rule"] and "skipped" in r["engine_tokens"]
     assert "CUDA" in r["engine_tokens"]["skipped"]
@@ -19,4 +20,9 @@ def test_gpu_check_cpu_smoke(tiny_ckpt, tmp_path):
     assert [(c["k"], c["batch_size"]) for c in t["step_costs"]] == [(0, 1), (0, 4), (1, 1), (1, 4), (2, 1), (2, 4)]
     assert set(t["output_tokens_per_s"]) == {"plain@1", "mtp8@1", "plain@4", "mtp8@4"}
     assert t["decode_over_floor"] > 1
+    c = r["compiled"]
+    assert c["ok"] and [(x["spec"], x["batch_size"]) for x in c["rows"]] == [
+        ("plain", 1), ("plain", 4), ("mtp8", 1), ("mtp8", 4)]
+    assert all(x["tokens_identical"] and x["compiled_step_ms"] > 0 for x in c["rows"])
+    assert c["compile_mtp8"]["num_graphs"] == 2
     assert (tmp_path / "gpu_check.md").read_text().startswith("# mtpx GPU check (cpu, float32")

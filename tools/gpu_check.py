@@ -12,8 +12,11 @@ Sections (each one says "skipped: <reason>" when its prerequisite is missing, e.
 4. timing: the decode-step cost (verify, draft) per k at batch 1 and 64 (mtpx.metrics.cost_model),
    output tokens/s of plain decoding and mtp8 at batch 1 and 64, and the decode step at batch 1
    against the weight-bandwidth floor (weight bytes / measured copy bandwidth).
-The compiled draft loop (engine.compile) is not built yet; its compiled-vs-eager section will join
-here. Runs in well under 5 minutes on one GPU. Writes gpu_check.md and gpu_check.json into --out
+5. compiled: engine.compile (torch.compile "reduce-overhead", CUDA graphs, on CUDA) against eager,
+   for plain decoding and mtp8: identical greedy tokens, the decode step (verify + draft loop, ms)
+   with and without compile at batch 1 and the largest batch, output tokens/s, and the compile
+   time (once per engine).
+Runs in under 5 minutes on one GPU. Writes gpu_check.md and gpu_check.json into --out
 (atomically). Exit status 1 when a comparison fails its tolerance or tokens differ.
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ from mtpx.attention.torch_backend import TorchBackend  # noqa: E402
 from mtpx.cache.state import KVCache  # noqa: E402
 from mtpx.hf.loader import load_pretrained  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.metrics.cost_model import calibrate  # noqa: E402
+from mtpx.metrics.cost_model import calibrate, step_costs  # noqa: E402
 from mtpx.models.meta import ForwardMeta  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -153,6 +156,41 @@ def timing(model, device, dtype_name, quick: bool) -> dict:
             "weight_bandwidth_floor_ms": floor_ms, "decode_over_floor": plain1 / floor_ms}
 
 
+def check_compiled(model, device, dtype_name, quick: bool, backend: str) -> dict:
+    """engine.compile vs eager (section 5). One eager and one compiled LLM per spec (plain, mtp8)
+    at the largest batch, reused for every batch size (each engine compiles once)."""
+    sizes = [1, 4] if quick else [1, 64]
+    m, _ = load_pretrained(model, dtype=DTYPES[dtype_name], device=device)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, m.cfg.vocab_size, (64,), generator=g).tolist() for _ in range(max(sizes))]
+    new = 16 if quick else 96
+    params = SamplingParams(max_tokens=new, ignore_eos=True)
+    out, ok = {"rows": []}, True
+    for spec in (None, "mtp8"):
+        k = 0 if spec is None else m.cfg.num_nextn_predict_layers
+        llms = {"eager": LLM(model=m, spec=spec, max_num_seqs=max(sizes)),
+                "compiled": LLM(model=m, spec=spec, max_num_seqs=max(sizes), compile=True,
+                                compile_backend=backend)}
+        out[f"compile_{spec or 'plain'}"] = llms["compiled"].compile_stats
+        for b in sizes:
+            row = {"spec": spec or "plain", "batch_size": b}
+            tokens = {}
+            for name, llm in llms.items():
+                llm.generate(prompts[:b], SamplingParams(max_tokens=4, ignore_eos=True))   # warm
+                t0 = time.perf_counter()
+                outs = llm.generate(prompts[:b], params)
+                row[f"{name}_tok_s"] = sum(len(o.output_token_ids) for o in outs) / (time.perf_counter() - t0)
+                tokens[name] = [o.output_token_ids for o in outs]
+                cost = step_costs(llm.engine.step_timings, k).get(b)
+                row[f"{name}_step_ms"] = None if cost is None else cost["step_ms"]
+                row[f"{name}_draft_ms"] = None if cost is None else cost["draft_ms"]
+            row["tokens_identical"] = tokens["eager"] == tokens["compiled"]
+            ok &= row["tokens_identical"]
+            out["rows"].append(row)
+    out["ok"] = ok
+    return out
+
+
 def _markdown(r: dict) -> str:
     lines = [f"# mtpx GPU check ({r['device']}, {r['dtype']}, {r['model']})", "", r["environment"], ""]
     for sec in ("attention", "gated_delta_rule", "engine_tokens"):
@@ -163,6 +201,15 @@ def _markdown(r: dict) -> str:
               for c in t["step_costs"]]
     lines += ["", "| run | output tok/s |", "|---|---:|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in t["output_tokens_per_s"].items()]
+    c = r["compiled"]
+    fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    lines += ["", "engine.compile (" + ", ".join(f"{s}: compiled in {c[f'compile_{s}']['compile_s']:.1f} s, "
+                                                f"mode {c[f'compile_{s}']['mode']}" for s in ("plain", "mtp8")) + ")",
+              "", "| run | batch | eager step ms | compiled step ms | eager draft ms | compiled draft ms | "
+              "eager tok/s | compiled tok/s | tokens identical |", "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    lines += [f"| {x['spec']} | {x['batch_size']} | {fmt(x['eager_step_ms'])} | {fmt(x['compiled_step_ms'])} | "
+              f"{fmt(x['eager_draft_ms'])} | {fmt(x['compiled_draft_ms'])} | {x['eager_tok_s']:.1f} | "
+              f"{x['compiled_tok_s']:.1f} | {'yes' if x['tokens_identical'] else 'NO'} |" for x in c["rows"]]
     lines += ["", f"Decode step at batch 1: {t['decode_step_ms_batch1']:.3f} ms; weight-bandwidth floor "
               f"{t['weight_bandwidth_floor_ms']:.4f} ms ({t['weight_bytes'] / 1e6:.1f} MB of weights at "
               f"{t['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {t['decode_over_floor']:.1f}x the floor.", ""]
@@ -176,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
     ap.add_argument("--out", type=Path, default=Path("experiments/gpu_check"))
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile backend of section 5 (eager: a quick CPU smoke run)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dtype_name = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
@@ -188,13 +237,15 @@ def main(argv=None) -> int:
               "attention": check_attention(device, dtype),
               "gated_delta_rule": check_gated_delta_rule(device, dtype),
               "engine_tokens": check_engine_tokens(args.model, device, dtype_name, prompts, 16),
-              "timing": timing(args.model, device, dtype_name, args.quick)}
+              "timing": timing(args.model, device, dtype_name, args.quick),
+              "compiled": check_compiled(args.model, device, dtype_name, args.quick, args.compile_backend)}
     result["seconds"] = time.perf_counter() - t0
     text = _markdown(result)
     print(text)
     atomic_write_text(args.out / "gpu_check.md", text)
     atomic_write_json(args.out / "gpu_check.json", result)
-    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens") if result[s].get("ok") is False]
+    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens", "compiled")
+              if result[s].get("ok") is False]
     if failed:
         print(f"gpu_check.py: FAILED: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -43,7 +43,8 @@ class LLM:
     are made and verified for requests with temperature > 0 (Engine); compile: run the decode
     step (verification and the whole draft loop) under torch.compile with static shapes
     (mtpx/engine/compiled.py), compiled here by a short warm-up whose cost is in
-    `compile_stats`. Raises ValueError for an unknown spec or dtype, or more speculative
+    `compile_stats`; compile_backend: torch.compile's backend ("inductor"; "eager" traces with
+    Dynamo only, for quick checks). Raises ValueError for an unknown spec or dtype, or more speculative
     tokens than multi-module MTP has modules; FileNotFoundError for a missing checkpoint."""
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
@@ -55,7 +56,7 @@ class LLM:
                  check_invariants: bool = False, verify: str = "standard",
                  draft_sample_method: str = "greedy", draft_path: str | Path | None = None,
                  allow_pickle: bool = False, attention_backend: str = "torch", device: str = "cpu",
-                 compile: bool = False):
+                 compile: bool = False, compile_backend: str = "inductor"):
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -72,7 +73,8 @@ class LLM:
         self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
                              record_logit_gaps, block_size, num_blocks, enable_prefix_caching,
                              max_num_batched_tokens, check_invariants, verify,
-                             draft_sample_method, attention_backend, compile=compile)
+                             draft_sample_method, attention_backend, compile=compile,
+                             compile_backend=compile_backend)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
 
