@@ -163,15 +163,48 @@ def test_ragged_batch_matches_the_torch_reference_with_one_plan_per_forward(fake
     assert (kw["num_qo_heads"], kw["num_kv_heads"], kw["head_dim"], kw["page_size"]) == (H, HKV, D, S)
     assert kw["sm_scale"] == D ** -0.5
     assert kw["qo_indptr"].tolist() == [0, 5, 6, 9] and kw["last_page_len"].tolist() == [1, 1, 2]
-    # another forward's plan made in between: the wrapper is planned again before it runs
+    # another forward's plan made in between takes the next wrapper of the ring: both plans stay
     other = ragged_meta(torch.tensor([0, 4, 0]), torch.tensor([2, 2, 2])).planned(backend)
+    assert other.attn_plan.wrapper_name != meta.attn_plan.wrapper_name
     q, k, v, cache = random_inputs(meta, torch.float32)
     backend.forward(q, k, v, cache, meta)
     assert len(fake_flashinfer) == 1                                 # still the wrapper's current plan
     q2, k2, v2, cache2 = random_inputs(other, torch.float32)
     backend.forward(q2, k2, v2, cache2, other)
     backend.forward(q, k, v, cache, meta)
-    assert len(fake_flashinfer) == 3
+    assert len(fake_flashinfer) == 2
+    # the ring came round: a plan whose wrapper was planned for another is planned again
+    for _ in range(fb.RING - 1):
+        ragged_meta().planned(backend)
+    late = ragged_meta().planned(backend)
+    assert late.attn_plan.wrapper_name == other.attn_plan.wrapper_name
+    backend.forward(*random_inputs(late, torch.float32), late)
+    backend.forward(q2, k2, v2, cache2, other)
+    assert len(fake_flashinfer) == 4
+
+
+def test_with_the_attention_shape_every_plan_is_made_before_any_layer_runs(fake_flashinfer, monkeypatch):
+    """An engine step's plans (a verification window, then k draft-module forwards of one token)
+    are all FlashInfer-planned at plan() time, before the first layer runs; running them adds no
+    plan and matches the torch reference."""
+    monkeypatch.setattr(fb, "SUPPORTED_DTYPES", (torch.float32,))
+    backend = FlashInferBackend(torch.device("cpu"), attention_shape=(H, HKV, D, torch.float32))
+    metas = [ragged_meta()] + [ForwardMeta.build(torch.tensor([12 + i, 20 + i, 3 + i]),
+                                                 torch.ones(3, dtype=torch.long), torch.arange(3), TABLE, S)
+                               for i in range(4)]
+    for m in metas:
+        m.planned(backend)
+    assert [kind for kind, _ in fake_flashinfer] == ["prefill"] + ["decode"] * 4
+    for i, m in enumerate(metas):
+        q, k, v, cache = random_inputs(m, torch.float32, seed=i)
+        ref_cache = clone(cache)
+        out = backend.forward(q, k, v, cache, m)
+        ref = TorchBackend().forward(q, k, v, ref_cache, m)
+        torch.testing.assert_close(out[m.valid], ref[m.valid], atol=1e-5, rtol=0)
+    assert len(fake_flashinfer) == 5
+    refuse = FlashInferBackend(torch.device("cpu"), attention_shape=(H, HKV, D, torch.float64))
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        ragged_meta().planned(refuse)
 
 
 def test_bf16_matches_the_torch_reference(fake_flashinfer):

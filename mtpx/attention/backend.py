@@ -35,8 +35,9 @@ class AttentionBackend(Protocol):
         """Write the new k, v into the paged cache and attend (module doc)."""
 
 
-def get_backend(name: str, device: torch.device) -> AttentionBackend:
-    """The backend `name` for tensors on `device`.
+def get_backend(name: str, device: torch.device, attention_shape: tuple | None = None) -> AttentionBackend:
+    """The backend `name` for tensors on `device`; attention_shape: (num_heads, num_kv_heads,
+    head_dim, dtype) of the model's attention layers, which lets FlashInfer plan at plan() time.
 
     Raises ValueError for an unknown name, or "flashinfer" off CUDA or without the flashinfer
     package (the message names the fix: engine.attention_backend=torch, or the install command).
@@ -53,5 +54,5 @@ def get_backend(name: str, device: torch.device) -> AttentionBackend:
         except ImportError as err:
             raise ValueError(f"engine.attention_backend=flashinfer needs the flashinfer package ({err}): "
                              "pip install -e '.[gpu]', or use engine.attention_backend=torch") from None
-        return FlashInferBackend(device)
+        return FlashInferBackend(device, attention_shape)
     raise ValueError(f"unknown engine.attention_backend '{name}': choose one of {', '.join(ATTENTION_BACKENDS)}")

@@ -8,13 +8,20 @@ When things are planned:
     where kv_len_b = that request's last valid position + 1 (not meta.kv_len, the batch max). It
     picks the decode wrapper when every request has exactly one valid query token (plain decode),
     else the prefill ("append") wrapper. Requests without valid tokens are left out of the batch.
-  * The wrapper's own `plan()` needs the head counts, head dim and dtypes, which the meta does not
-    carry, so it is called at the first layer's `forward` of that plan and reused by every later
-    layer of the same forward (all attention layers of one forward share shapes). If another plan
-    (e.g. a `meta.select` subset, or a draft forward) planned the same wrapper in between, the
-    wrapper is planned again before it runs, so a plan is never run against another plan's state.
-  * The float workspace buffer (128 MiB) and the two wrappers live on the backend object, created
-    lazily and reused across forwards.
+  * Each plan gets its own wrapper from a ring of RING wrappers per kind (decode, prefill), so the
+    plans of one engine step (a verification forward, then every module forward of the draft
+    loop) coexist: all of them are made before the draft loop runs, and none overwrites another.
+  * The wrapper's own `plan()` needs the head counts, head dim and dtypes. When the backend knows
+    them (`attention_shape`, given by ModelCache from the model config), it is called right away
+    in `plan(meta)`, so the whole FlashInfer planning of a step happens before the first layer
+    runs; otherwise at the first layer's `forward` of that plan. Every later layer of the forward
+    reuses it. If the ring came round to a plan's wrapper and another plan was made on it in
+    between, the wrapper is planned again before it runs, so a plan never runs against another
+    plan's state.
+  * The float workspace buffer (128 MiB) is shared by every wrapper (they run one at a time, as
+    vLLM shares one); each wrapper keeps its own plan buffers. Both are created lazily and reused.
+  * Under torch.compile (engine.compile), `forward` runs eager between the compiled graphs: the
+    plan is host-side state (vLLM's piecewise CUDA graphs cut at attention the same way).
 
 Layout: "NHD" paged cache passed as the tuple (cache.k, cache.v), each [max_num_pages, page_size,
 num_kv_heads, head_dim] -- exactly mtpx.cache.state.KVCache's [num_blocks, block_size, Hkv, D];
@@ -48,6 +55,7 @@ from mtpx.cache.state import KVCache
 from mtpx.models.meta import ForwardMeta
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
+RING = 16   # wrappers per kind: more than the forwards of one engine step (verify + k modules)
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 _serial = itertools.count()
 
@@ -110,8 +118,9 @@ class FlashInferPlan:
         return int(self.pack_index.numel())
 
     @property
-    def wrapper_name(self) -> str:
-        return "decode" if self.decode else "prefill"
+    def wrapper_name(self) -> tuple[str, int]:
+        """(kind, ring slot): the wrapper this plan runs on."""
+        return ("decode" if self.decode else "prefill"), self.serial % RING
 
 
 class FlashInferBackend:
@@ -121,31 +130,39 @@ class FlashInferBackend:
 
     name = "flashinfer"
 
-    def __init__(self, device):
+    def __init__(self, device, attention_shape: tuple | None = None):
+        """attention_shape: (num_heads, num_kv_heads, head_dim, dtype) of every attention layer
+        (the target's and the draft modules'), known from the model config: plan() then plans the
+        wrapper at once (module doc); None: at the first forward of each plan."""
         try:
             import flashinfer  # noqa: F401
         except ImportError as err:  # the same hint as get_backend's (which imports this module only)
             raise ValueError(f"engine.attention_backend=flashinfer needs the flashinfer package ({err}): "
                              "pip install -e '.[gpu]', or use engine.attention_backend=torch") from None
         self.device = torch.device(device)
+        self.attention_shape = attention_shape
         self._workspace = None
-        self._wrappers: dict[str, object] = {}
-        self._planned: dict[str, tuple] = {}   # wrapper name -> (plan serial, shape key)
+        self._wrappers: dict[tuple, object] = {}
+        self._planned: dict[tuple, tuple] = {}   # (kind, slot) -> (plan serial, shape key)
 
     def plan(self, meta: ForwardMeta) -> FlashInferPlan:
         qo_indptr, kv_indptr, kv_indices, last_page_len, kv_lens, pack_index = paged_kv_plan_inputs(meta)
         qo_lens = qo_indptr[1:] - qo_indptr[:-1]
         decode = qo_lens.numel() > 0 and bool((qo_lens == 1).all())
-        return FlashInferPlan(decode, qo_indptr, kv_indptr, kv_indices.to(self.device), last_page_len,
+        plan = FlashInferPlan(decode, qo_indptr, kv_indptr, kv_indices.to(self.device), last_page_len,
                               kv_lens, pack_index.to(self.device), tuple(meta.valid.shape),
                               int(meta.block_size))
+        if self.attention_shape is not None and plan.nnz:
+            H, Hkv, D, dtype = self.attention_shape
+            self._ensure_planned(plan, H, Hkv, D, dtype, dtype)
+        return plan
 
-    def _wrapper(self, name: str):
+    def _wrapper(self, name: tuple[str, int]):
         import flashinfer
         if self._workspace is None:
             self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         if name not in self._wrappers:
-            cls = (flashinfer.BatchDecodeWithPagedKVCacheWrapper if name == "decode"
+            cls = (flashinfer.BatchDecodeWithPagedKVCacheWrapper if name[0] == "decode"
                    else flashinfer.BatchPrefillWithPagedKVCacheWrapper)
             self._wrappers[name] = cls(self._workspace, "NHD")
         return self._wrappers[name]
@@ -172,6 +189,7 @@ class FlashInferBackend:
         self._planned[name] = key
         return wrapper
 
+    @torch.compiler.disable
     def forward(self, q, k, v, cache: KVCache, meta: ForwardMeta) -> torch.Tensor:
         """q [B, T, H, D], k, v [B, T, Hkv, D] -> [B, T, H, D] (padding queries: zeros)."""
         plan = meta.attn_plan

@@ -57,7 +57,8 @@ class ModelCache:
         dtype = next(model.parameters()).dtype
         device = next(model.parameters()).device
         self.rows, self.max_len, self.block_size = rows, max_len, block_size
-        self.attention_backend = get_backend(attention_backend, device)
+        self.attention_backend = get_backend(attention_backend, device, (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dtype))
         self.max_blocks = -(-max_len // block_size)
         self.num_blocks = rows * self.max_blocks if num_blocks is None else num_blocks
         self.pad_row, self.pad_block = rows, self.num_blocks
