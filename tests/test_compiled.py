@@ -139,8 +139,10 @@ def test_compiled_moe_runs_experts_between_graphs():
 @pytest.mark.slow
 @pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
 def test_inductor_decode_equals_eager(trained_tiny, spec, k):
-    """Inductor (C++ kernels on the CPU): the verification logits equal eager's within 1e-9
-    (float64) and greedy tokens are identical; no recompilation after warm-up."""
+    """Inductor (C++ kernels on the CPU): greedy tokens are identical and the top-2 logit gaps of
+    every emitted token agree within 1e-9 (float64); no recompilation after warm-up. Then, on one
+    cache state, the compiled verification logits equal the eager forward's within 1e-9 and the
+    compiled draft loop drafts the same tokens as the eager one."""
     torch._dynamo.reset()
     eager = _generate(_llm(trained_tiny, spec, k))
     llm = _llm(trained_tiny, spec, k, compile_backend="inductor")
@@ -148,6 +150,31 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
     assert stats["num_graphs"] == 2
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = _generate(llm)
-    _same(compiled, eager)
-    for a, b in zip(compiled, eager):
-        assert a.logit_gaps == pytest.approx(b.logit_gaps, abs=1e-9)
+        _same(compiled, eager)
+        for a, b in zip(compiled, eager):
+            assert a.logit_gaps == pytest.approx(b.logit_gaps, abs=1e-9)
+        # the finished requests' KV is still in the cache: verify windows of k + 1 tokens at
+        # positions 10.. of rows 0..2 (their tokens buffer holds their last sequences)
+        engine, cache, model = llm.engine, llm.engine.cache, llm.model
+        rows, n = torch.tensor([0, 1, 2]), torch.tensor([10, 12, 9])
+        lengths = torch.tensor([k + 1, 1, 2])
+        st = cache.static_meta(torch.cat([n, n.new_zeros(1)]), torch.cat([lengths, lengths.new_zeros(1)]),
+                               torch.tensor([0, 1, 2, cache.pad_row]), k + 1, 4, keep_states=True)
+        h_c, logits_c = engine.compiled.verify(st)
+        dyn = cache.meta(n, lengths, rows, keep_states=True)
+        ids = torch.where(dyn.valid, cache.tokens[rows[:, None], dyn.positions], 0)
+        with torch.no_grad():
+            logits_e = model.lm_head(model.model(ids, dyn, cache.target))
+        torch.testing.assert_close(logits_c[:3, :k + 1][dyn.valid], logits_e[dyn.valid], rtol=0, atol=1e-9)
+        spec_ = engine.speculator
+        num_tokens = torch.cat([n + lengths, torch.ones(1, dtype=torch.long)])
+        live = torch.tensor([True, True, True, False])
+        drafts = []
+        window = [b.clone() for b in getattr(getattr(spec_, "window", None), "buf", [])]
+        for fn in (engine.compiled.draft, torch.no_grad()(lambda *a: spec_.draft_loop(cache, *a))):
+            spec_.computed[:3] = n if spec_.computed.dim() == 1 else n[:, None]   # computed up to n
+            for buf, saved in zip(getattr(getattr(spec_, "window", None), "buf", []), window):
+                buf.copy_(saved)                                  # both loops read the same window
+            metas = spec_.plan_decode(cache, st.rows, num_tokens, live, 4)
+            drafts.append(fn(metas, st.rows, num_tokens - 1, st.positions[:, 0], h_c)[:3])
+        assert torch.equal(drafts[0], drafts[1])

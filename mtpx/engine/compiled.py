@@ -127,6 +127,7 @@ class CompiledDecode:
             self.compile_s += time.perf_counter() - t0
         return out
 
+    @torch.no_grad()
     def verify(self, meta: ForwardMeta):
         """The target over static verification windows (ModelCache.static_meta with keep_states):
         -> (hidden [Bp, T, H], logits [Bp, T, V]); Gated DeltaNet keeps its per-token states
@@ -136,6 +137,7 @@ class CompiledDecode:
         _mark_meta(meta)
         return self._call(self._verify, meta)
 
+    @torch.no_grad()
     def draft(self, metas: list[ForwardMeta], rows: torch.Tensor, n: torch.Tensor,
               target_start: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
         """speculator.draft_loop compiled (its contract); metas from speculator.plan_decode."""
