@@ -334,7 +334,11 @@ def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict,
               f"(eval.temperature={params[0].temperature:g}) are checked by the distribution tests")
         return 0
     plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None, record_logit_gaps=True,
-                    **engine)
+                    **engine)     # compiled too with engine.compile: the throughputs compare alike
+    if plain_llm.compile_stats is not None:
+        metrics["compile_plain"] = plain_llm.compile_stats
+        print(f"engine.compile: plain decoding (lossless check) compiled in "
+              f"{plain_llm.compile_stats['compile_s']:.1f} s ({plain_llm.compile_stats['num_graphs']} graphs)")
     plain, plain_duration = _generate(plain_llm, prompts, params,
                                       "plain decoding (lossless check)", client)
     mismatches, near_ties = compare_outputs(outs, plain, e.tie_tolerance)

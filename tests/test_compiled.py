@@ -11,7 +11,6 @@ import torch
 from mtpx import LLM, SamplingParams
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.compiled import CompiledDecode, block_bucket, capture_sizes
-from mtpx.engine.engine import Engine
 from tests.conftest import peaked_model, tiny_config
 
 PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],
@@ -19,17 +18,10 @@ PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1
 
 
 def _llm(model, spec, k, compile_backend=None, max_num_seqs=4, **kw):
-    llm = LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=max_num_seqs,
-              record_logit_gaps=True, **kw)
-    if compile_backend is not None:
-        e = llm.engine
-        llm.engine = Engine(llm.model, llm.speculator, max_num_seqs, e.max_model_len,
-                            record_logit_gaps=True, block_size=e.block_size,
-                            enable_prefix_caching=e.kv.enable_prefix_caching,
-                            check_invariants=e.check_invariants, verify=e.verify,
-                            draft_sample_method=e.draft_sample_method, compile=True,
-                            compile_backend=compile_backend)
-    return llm
+    """An LLM on `model`; compile_backend: None (eager) or the torch.compile backend."""
+    return LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=max_num_seqs,
+               record_logit_gaps=True, compile=compile_backend is not None,
+               compile_backend=compile_backend or "inductor", **kw)
 
 
 def _generate(llm, prompts=PROMPTS, max_tokens=30, **params):
@@ -100,6 +92,30 @@ def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k
     assert llm.engine.compiled.num_graphs == stats["num_graphs"]
 
 
+def test_callers_grad_mode_does_not_recompile(trained_tiny):
+    """generate() under inference_mode, no_grad or neither after warm-up: Engine.run always runs
+    under inference_mode, so the compiled step sees the same tensors and never recompiles."""
+    torch._dynamo.reset()
+    ref = _generate(_llm(trained_tiny, "mtp8", 2), PROMPTS[:3], max_tokens=10)
+    llm = _llm(trained_tiny, "mtp8", 2, compile_backend="eager")
+    llm.engine.warmup()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for mode in (torch.inference_mode, torch.no_grad, torch.enable_grad):
+            with mode():
+                _same(_generate(llm, PROMPTS[:3], max_tokens=10), ref)
+
+
+def test_warmup_fits_a_small_pool_and_says_when_it_cannot(trained_tiny, capsys):
+    """The warm-up's dummy requests are sized to the KV pool; with a pool too small for any
+    request with k drafts it says so (the first decode step then compiles)."""
+    torch._dynamo.reset()
+    llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager", block_size=16, num_blocks=2)
+    assert llm.engine.warmup()["num_graphs"] == 2
+    llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager", block_size=4, num_blocks=5)
+    llm.engine.warmup()
+    assert "warm-up could not decode" in capsys.readouterr().err
+
+
 def test_compiled_with_prefix_caching_and_invariants(trained_tiny):
     """Prefix caching on a hybrid model (boundary states committed from the static window) with
     the KV-write guard on: identical to eager, no write into a published or free block."""
@@ -153,8 +169,9 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
         _same(compiled, eager)
         for a, b in zip(compiled, eager):
             assert a.logit_gaps == pytest.approx(b.logit_gaps, abs=1e-9)
-        # the finished requests' KV is still in the cache: verify windows of k + 1 tokens at
-        # positions 10.. of rows 0..2 (their tokens buffer holds their last sequences)
+    # the finished requests' KV is still in the cache: verify windows of k + 1 tokens at
+    # positions 10.. of rows 0..2 (their tokens buffer holds their last sequences)
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.inference_mode():
         engine, cache, model = llm.engine, llm.engine.cache, llm.model
         rows, n = torch.tensor([0, 1, 2]), torch.tensor([10, 12, 9])
         lengths = torch.tensor([k + 1, 1, 2])
@@ -163,15 +180,14 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
         h_c, logits_c = engine.compiled.verify(st)
         dyn = cache.meta(n, lengths, rows, keep_states=True)
         ids = torch.where(dyn.valid, cache.tokens[rows[:, None], dyn.positions], 0)
-        with torch.no_grad():
-            logits_e = model.lm_head(model.model(ids, dyn, cache.target))
+        logits_e = model.lm_head(model.model(ids, dyn, cache.target))
         torch.testing.assert_close(logits_c[:3, :k + 1][dyn.valid], logits_e[dyn.valid], rtol=0, atol=1e-9)
         spec_ = engine.speculator
         num_tokens = torch.cat([n + lengths, torch.ones(1, dtype=torch.long)])
         live = torch.tensor([True, True, True, False])
         drafts = []
         window = [b.clone() for b in getattr(getattr(spec_, "window", None), "buf", [])]
-        for fn in (engine.compiled.draft, torch.no_grad()(lambda *a: spec_.draft_loop(cache, *a))):
+        for fn in (engine.compiled.draft, lambda *a: spec_.draft_loop(cache, *a)):
             spec_.computed[:3] = n if spec_.computed.dim() == 1 else n[:, None]   # computed up to n
             for buf, saved in zip(getattr(getattr(spec_, "window", None), "buf", []), window):
                 buf.copy_(saved)                                  # both loops read the same window

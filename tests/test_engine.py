@@ -469,6 +469,29 @@ def test_abort_waiting_request(trained_tiny):
     assert [o.output_token_ids for o in outs[:2]] == ref[:2]
 
 
+@pytest.mark.parametrize("spec,k", [(None, None), ("mtp8", 2)])
+def test_abort_from_on_finish_of_a_prefill(trained_tiny, spec, k):
+    """A request that finishes with its last prefill chunk aborts, from its on_finish, a request
+    scheduled to decode in the same step: the step skips the aborted request and goes on."""
+    prompts = [[5, 8], list(range(2, 22))]           # 0 decodes while 1 is prefilled in chunks
+    params = [SamplingParams(max_tokens=40, ignore_eos=True), SamplingParams(max_tokens=1, ignore_eos=True)]
+    llm = make_llm(trained_tiny, spec, k, max_num_seqs=2, block_size=4, max_num_batched_tokens=8)
+    steps = []
+
+    def on_finish(r):
+        if r.index == 1:
+            steps.append(llm.engine.num_steps)
+            running = [x for x in llm.engine.scheduler.running if x.index == 0]
+            if running:
+                llm.engine.abort(running[0])
+
+    outs = llm.generate(prompts, params, on_finish=on_finish)
+    assert_clean(llm)
+    assert steps and steps[0] > 1                      # request 1 ended after several steps
+    assert outs[0].finish_reason == "abort" and 0 < len(outs[0].output_token_ids) < 40
+    assert len(outs[1].output_token_ids) == 1
+
+
 # ---- 6. chunked prefill -------------------------------------------------------------------------
 @pytest.mark.parametrize("prefix", [False, True])
 @pytest.mark.parametrize("spec,k,budget", [(None, None, 8), ("mtp1", 3, 6), ("mtp8", 4, 8)])

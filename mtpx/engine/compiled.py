@@ -51,6 +51,12 @@ def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
     return min(max_blocks, 1 << (need - 1).bit_length())
 
 
+# Every engine of a process compiles the same two functions (a Hydra multirun, the lossless
+# check's plain engine, calibration over k): each adds its graphs to those functions' caches,
+# and past Dynamo's recompile_limit (8) the functions would silently run eager.
+RECOMPILE_LIMIT = 64
+
+
 def _mark_batch(*tensors: torch.Tensor) -> None:
     # maybe_: code after a graph break (MoE experts, FlashInfer, the check_invariants guard) may
     # specialize a size; its frame then recompiles once as dynamic (automatic dynamic shapes)
@@ -72,12 +78,15 @@ class CompiledDecode:
     default ("reduce-overhead" on CUDA, Inductor's default on the CPU).
 
     Attributes: compile_s (seconds spent in calls that compiled a graph), num_graphs (graphs
-    compiled by this object's functions), sizes (capture sizes).
+    compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes).
+    Call verify and draft under torch.inference_mode, as Engine.run does: the grad mode and the
+    kind of tensor are guards, so another mode would compile the functions again.
     """
 
     def __init__(self, model, cache, speculator=None, backend: str = "inductor",
                  mode: str | None = None):
         self.model, self.cache, self.speculator = model, cache, speculator
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         device = next(model.parameters()).device
         self.cuda = device.type == "cuda"
         if mode is None:
@@ -86,6 +95,7 @@ class CompiledDecode:
         self.sizes = capture_sizes(cache.rows)
         self.compile_s = 0.0
         self.num_graphs = 0
+        self.num_calls = 0
         self._verify = torch.compile(self._verify_forward, backend=backend, mode=mode)
         self._draft = (None if speculator is None else
                        torch.compile(speculator.draft_loop, backend=backend, mode=mode))
@@ -117,6 +127,7 @@ class CompiledDecode:
         return h, model.lm_head(h)
 
     def _call(self, fn, *args):
+        self.num_calls += 1
         before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
         with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
@@ -127,7 +138,7 @@ class CompiledDecode:
             self.compile_s += time.perf_counter() - t0
         return out
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def verify(self, meta: ForwardMeta):
         """The target over static verification windows (ModelCache.static_meta with keep_states):
         -> (hidden [Bp, T, H], logits [Bp, T, V]); Gated DeltaNet keeps its per-token states
@@ -137,7 +148,7 @@ class CompiledDecode:
         _mark_meta(meta)
         return self._call(self._verify, meta)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def draft(self, metas: list[ForwardMeta], rows: torch.Tensor, n: torch.Tensor,
               target_start: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
         """speculator.draft_loop compiled (its contract); metas from speculator.plan_decode."""

@@ -26,6 +26,7 @@ Hybrid models: the Gated DeltaNet/conv state at every full block boundary is sto
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -159,14 +160,15 @@ class Engine:
                          if compile else None)
 
     # ---- public API ---------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def run(self, requests: list[Request], on_finish=None, on_step=None,
             max_concurrency: int | None = None) -> None:
         """Generate for every request in place (output_token_ids, finish_reason, spec counts,
         timestamps). Requests arrive at their arrival_offset (seconds after the start) with at most
         max_concurrency in the engine at once (a benchmark client's limit; None = no limit).
-        on_finish(request) is called as each one ends; on_step(engine) after every step (it may
-        call abort)."""
+        on_finish(request) is called as each one ends; on_step(engine) after every step (both may
+        call abort). Runs under torch.inference_mode, whatever the caller's mode, so the compiled
+        decode step always sees the same kind of tensors (engine.compile never recompiles for it)."""
         if max_concurrency is not None and max_concurrency < 1:
             raise ValueError(f"max_concurrency={max_concurrency}: must be >= 1 or None "
                              "(eval.concurrency)")
@@ -204,18 +206,27 @@ class Engine:
         if self.compiled is None:
             return None
         from mtpx.engine.sampling_params import SamplingParams
-        length = min(self.block_size + 1, self.max_model_len - 2 * self.k - 4)
-        params = SamplingParams(max_tokens=2 * self.k + 3, ignore_eos=True)
-        vocab = self.model.cfg.vocab_size
-        for batch in (2, 3):
-            self.run([Request(i, [(7 * i + j) % vocab for j in range(max(length, 1))], params)
-                      for i in range(batch)])
-        self.kv.reset_prefix_cache()
-        self.step_timings = []
+        max_tokens = 2 * self.k + 3
+        # a prompt that fits the model length and, with its output and drafts, the KV pool
+        room = min(self.max_model_len - 1, self.num_blocks * self.block_size - 2 * self.k - 2) - max_tokens
+        length = min(self.block_size + 1, room)
+        if length >= 1:
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+            vocab = self.model.cfg.vocab_size
+            for batch in (2, 3):
+                self.run([Request(i, [(7 * i + j) % vocab for j in range(length)], params)
+                          for i in range(batch)])
+            self.kv.reset_prefix_cache()
+            self.step_timings = []
+        if self.compiled.num_calls == 0:
+            print(f"engine.compile: warm-up could not decode (engine.num_blocks={self.num_blocks} or "
+                  f"max_model_len={self.max_model_len} is too small for a short request with "
+                  f"{self.k} drafts): the first decode step will compile", file=sys.stderr)
         return self.compile_stats()
 
     def compile_stats(self) -> dict | None:
-        """{"compile_s": seconds spent in calls that compiled, "num_graphs": graphs compiled,
+        """{"compile_s": seconds spent in calls that compiled, "num_graphs": graphs compiled (0
+        when an earlier engine of this process compiled the same graphs and Dynamo reuses them),
         "capture_sizes": padded batch sizes, "mode", "backend"}, or None without compile."""
         c = self.compiled
         if c is None:
@@ -246,10 +257,11 @@ class Engine:
         for item in out.prefills + out.decodes:
             r = item.request
             self.cache.set_block_table(r.row, self.kv.block_table(r.index))
-        decodes = [d for d in out.decodes if not d.request.finished]
         t0 = self._now()
         self._prefill(out.prefills)
         t1 = self._now()
+        # after the prefill: an on_finish callback there may have aborted a scheduled decode
+        decodes = [d for d in out.decodes if not d.request.finished]
         verify_s, draft_s = self._decode(decodes)
         if self.record_step_timings:
             self.step_timings.append(StepTiming(
@@ -398,6 +410,8 @@ class Engine:
         cache.tokens[rows[:, None].expand_as(target)[keep], (meta.positions + 1)[keep]] = target[keep]
         emitted_tokens, accepted_list = target.tolist(), accepted.tolist()
         for b, r in enumerate(reqs):
+            if r.finished:          # aborted by an earlier request's on_finish in this loop
+                continue
             m = accepted_list[b]
             # set before _emit: a request that finishes there publishes its final blocks
             r.num_computed_tokens = r.num_tokens - 1 + m + 1
