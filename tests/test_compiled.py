@@ -177,7 +177,7 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
         lengths = torch.tensor([k + 1, 1, 2])
         st = cache.static_meta(torch.cat([n, n.new_zeros(1)]), torch.cat([lengths, lengths.new_zeros(1)]),
                                torch.tensor([0, 1, 2, cache.pad_row]), k + 1, 4, keep_states=True)
-        h_c, logits_c = engine.compiled.verify(st)
+        _, h_c, logits_c = engine.compiled.verify(st)
         dyn = cache.meta(n, lengths, rows, keep_states=True)
         ids = torch.where(dyn.valid, cache.tokens[rows[:, None], dyn.positions], 0)
         logits_e = model.lm_head(model.model(ids, dyn, cache.target))

@@ -1,7 +1,7 @@
 """engine.compile: the decode step (the target's verification forward and the speculator's whole
 N-step draft loop) as two functions compiled with torch.compile.
 
-    verify(meta)                     -> (hidden [Bp, k+1, H], logits [Bp, k+1, V])
+    verify(meta)                     -> (ids [Bp, k+1], hidden [Bp, k+1, H], logits [Bp, k+1, V])
     draft(metas, rows, n, start, h)  -> drafts [Bp, k]
 
 Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
@@ -124,7 +124,7 @@ class CompiledDecode:
         cache, model = self.cache, self.model
         ids = torch.where(meta.valid, cache.tokens[meta.rows[:, None], meta.positions], 0)
         h = model.model(ids, meta, cache.target)
-        return h, model.lm_head(h)
+        return ids, h, model.lm_head(h)
 
     def _call(self, fn, *args):
         self.num_calls += 1
@@ -141,8 +141,9 @@ class CompiledDecode:
     @torch.inference_mode()
     def verify(self, meta: ForwardMeta):
         """The target over static verification windows (ModelCache.static_meta with keep_states):
-        -> (hidden [Bp, T, H], logits [Bp, T, V]); Gated DeltaNet keeps its per-token states
-        for commit_recurrent, as the eager forward does."""
+        -> (ids [Bp, T] int64, the window's tokens (0 for padding), hidden [Bp, T, H], logits
+        [Bp, T, V]); Gated DeltaNet keeps its per-token states for commit_recurrent, as the eager
+        forward does."""
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
         _mark_meta(meta)

@@ -391,10 +391,9 @@ class Engine:
                               cache.max_blocks)
             full_meta = cache.static_meta(pad(n, 0), pad(1 + num_drafts, 0), pad(rows, cache.pad_row),
                                           self.k + 1, nb, keep_states=True)
-            full_h, full_logits = self.compiled.verify(full_meta)
-            h, logits = full_h[:B], full_logits[:B]
+            full_ids, full_h, full_logits = self.compiled.verify(full_meta)
+            ids, h, logits = full_ids[:B], full_h[:B], full_logits[:B]
             meta = ForwardMeta(full_meta.positions[:B], full_meta.valid[:B], rows, None)
-            ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)
         sampling = self._sampling(reqs)
         if sampling.all_greedy:
             target = logits.argmax(-1)                                     # [B, T]

@@ -89,9 +89,9 @@ class SingleModuleMTPSpeculator:
 
     def _draft_steps(self, cache: ModelCache, rows: torch.Tensor, n: torch.Tensor, a: torch.Tensor,
                      metas: list[ForwardMeta], sampler=None, idx=None) -> torch.Tensor:
-        """Steps 1..k from a = a^1_{n-1} [B, hidden]: draft d_i, then (i < k) run the module at
-        position n - 1 + i (metas[i-1]) on (d_i, its previous output). Writes d_i into
-        cache.tokens[rows, n + i]; returns [B, k] int64."""
+        """Steps 1..k from a = a^1_{n-1} [B, hidden]: step i >= 2 first runs the module at position
+        n - 2 + i (metas[i - 2]) on (d_{i-1}, its previous output); every step drafts d_i from the
+        module's latest output and writes it into cache.tokens[rows, n + i]. Returns [B, k] int64."""
         model, out = self.model, []
         for i in range(1, self.k + 1):
             if i > 1:  # position n-2+i reads d_{i-1} = x_{n+i-1} and the previous output
@@ -116,10 +116,10 @@ class SingleModuleMTPSpeculator:
         positions fit in. Returns [step 1 meta ([Bp, k + 1]), step 2..k metas ([Bp, 1])]."""
         n = num_tokens - 1
         start = torch.minimum(self.computed[rows], n)
-        live = live.long()
-        metas = [cache.static_meta(start, (n - start) * live, rows, self.k + 1, num_blocks)]
-        metas += [cache.static_meta(n - 2 + i, live, rows, 1, num_blocks) for i in range(2, self.k + 1)]
-        self.computed[rows] = torch.where(live.bool(), n, self.computed[rows])
+        one = live.long()                                  # one token per live request, else none
+        metas = [cache.static_meta(start, (n - start) * one, rows, self.k + 1, num_blocks)]
+        metas += [cache.static_meta(n - 2 + i, one, rows, 1, num_blocks) for i in range(2, self.k + 1)]
+        self.computed[rows] = torch.where(live, n, self.computed[rows])
         return metas
 
     def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
