@@ -152,6 +152,19 @@ def test_compiled_moe_runs_experts_between_graphs():
     _same(compiled, eager)
 
 
+def test_each_engine_compiles_its_own_graphs():
+    """An engine never reuses another engine's graphs: after a MoE engine (whose draft loop is
+    split at its graph breaks), a dense engine still compiles its two whole graphs."""
+    torch._dynamo.reset()
+    kw = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+              shared_expert_intermediate_size=32, num_nextn_predict_layers=2)
+    moe = _llm(peaked_model(tiny_config(**kw), seed=1), "mtp8", 2, compile_backend="eager")
+    assert moe.compile_stats["num_graphs"] > 2
+    dense = _llm(peaked_model(tiny_config(num_nextn_predict_layers=2), seed=1), "mtp8", 2,
+                 compile_backend="eager")
+    assert dense.compile_stats["num_graphs"] == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
 def test_inductor_decode_equals_eager(trained_tiny, spec, k):

@@ -28,6 +28,7 @@ after them run the eager path; both paths share every cache and bookkeeping tens
 from __future__ import annotations
 
 import time
+import types
 
 import torch
 import torch.fx.experimental._config as fx_config
@@ -51,10 +52,17 @@ def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
     return min(max_blocks, 1 << (need - 1).bit_length())
 
 
-# Every engine of a process compiles the same two functions (a Hydra multirun, the lossless
-# check's plain engine, calibration over k): each adds its graphs to those functions' caches,
-# and past Dynamo's recompile_limit (8) the functions would silently run eager.
-RECOMPILE_LIMIT = 64
+def _own_code(fn):
+    """fn (a function or bound method) with a code object of its own. Dynamo keeps its compiled
+    graphs per code object, so with a copy per engine no engine reuses another's graphs (a graph
+    compiled for a MoE model, split at its graph breaks, would otherwise be reused for a dense
+    model whose guards it passes) and several engines in one process (a Hydra multirun, the
+    lossless check's plain engine, calibration over k) never share Dynamo's recompile limit."""
+    f = getattr(fn, "__func__", fn)
+    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__,
+                              f.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = f.__kwdefaults__, f.__qualname__
+    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") else copy
 
 
 def _mark_batch(*tensors: torch.Tensor) -> None:
@@ -86,7 +94,6 @@ class CompiledDecode:
     def __init__(self, model, cache, speculator=None, backend: str = "inductor",
                  mode: str | None = None):
         self.model, self.cache, self.speculator = model, cache, speculator
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         device = next(model.parameters()).device
         self.cuda = device.type == "cuda"
         if mode is None:
@@ -96,9 +103,9 @@ class CompiledDecode:
         self.compile_s = 0.0
         self.num_graphs = 0
         self.num_calls = 0
-        self._verify = torch.compile(self._verify_forward, backend=backend, mode=mode)
+        self._verify = torch.compile(_own_code(self._verify_forward), backend=backend, mode=mode)
         self._draft = (None if speculator is None else
-                       torch.compile(speculator.draft_loop, backend=backend, mode=mode))
+                       torch.compile(_own_code(speculator.draft_loop), backend=backend, mode=mode))
         if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
             for t in self._persistent_tensors():
                 torch._dynamo.mark_static_address(t)
