@@ -10,7 +10,7 @@ import torch
 
 from mtpx import LLM, SamplingParams
 from mtpx.cache.model_cache import ModelCache
-from mtpx.engine.compiled import CompiledDecode, block_bucket, capture_sizes
+from mtpx.engine.compiled import block_bucket, capture_sizes
 from tests.conftest import peaked_model, tiny_config
 
 PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],

@@ -14,9 +14,9 @@ loop is built and planned (`speculator.plan_decode`) before the loop, once per e
 
 One graph per function serves every batch and block count: the batch and block-table dimensions
 are marked dynamic, with size-oblivious 0/1 handling and no duck sizing, so the first decode step
-compiles and later steps never recompile. A batch of one is padded to two: several ops guard on
-a batch dimension != 1, so a batch of one would need a graph of its own (tests/test_compiled.py asserts it with
-torch._dynamo's error_on_recompile). On CUDA the mode is "reduce-overhead" (CUDA graphs; one
+compiles and later steps never recompile (tests/test_compiled.py asserts it with torch._dynamo's
+error_on_recompile). A batch of one is padded to two: several ops guard on a batch dimension
+!= 1, so a batch of one would need a graph of its own. On CUDA the mode is "reduce-overhead" (CUDA graphs; one
 graph is recorded per capture size and block bucket, replayed afterwards); on the CPU the default
 mode (Inductor's C++ kernels). Where the compiled code cannot follow, it runs eager inside the
 graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
