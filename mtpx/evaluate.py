@@ -291,6 +291,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
          "output_token_ids": o.output_token_ids, "text": o.text,
          "finish_reason": o.finish_reason, "error": o.error, "num_drafts": o.spec.num_drafts,
          "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
+         "num_committed_tokens": o.spec.num_committed_tokens,
          "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions}
         for o in outs])
     atomic_write_json(out_dir / "metrics.json", metrics)

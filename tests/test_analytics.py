@@ -4,10 +4,10 @@ import pytest
 from mtpx import LLM, SamplingParams
 from mtpx.metrics.analytics import analytics, by_category, per_position, position0_buckets, predict_position0
 
-# k = 3; (num_draft_tokens, num_accepted) per round, one list per request.
-A = [(3, 3), (3, 1), (3, 0), (2, 2), (3, 3)]   # (2, 2): a budget-limited round that accepted all
-B = [(3, 0), (3, 2)]
-C = [(1, 1)]
+# k = 3; (num_draft_tokens, num_accepted, num_committed) per round, one list per request.
+A = [(3, 3, 4), (3, 1, 2), (3, 0, 1), (2, 2, 3), (3, 3, 4)]   # (2, 2, 3): a budget-limited round
+B = [(3, 0, 1), (3, 2, 3)]
+C = [(1, 1, 1)]                                               # stopped at its accepted draft
 
 
 def test_per_position_unconditional_and_conditional():
@@ -18,7 +18,7 @@ def test_per_position_unconditional_and_conditional():
     assert pp["unconditional"] == [6 / 8, 4 / 8, 2 / 8]
     assert pp["conditional"] == [6 / 8, 4 / 5, 2 / 3]
     with pytest.raises(ValueError, match="accepted <= drafts <= k=3"):
-        per_position([[(3, 4)]], 3)
+        per_position([[(3, 4, 5)]], 3)
 
 
 def test_position0_buckets_by_previous_round():
@@ -59,7 +59,8 @@ def test_by_category():
     assert list(cats) == ["math", "code"]
     m = cats["math"]
     assert (m["num_requests"], m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"]) == (2, 6, 15, 10)
-    assert m["acceptance_rate"] == 10 / 15 and m["acceptance_length"] == 1 + 10 / 6
+    assert m["num_committed_tokens"] == 15
+    assert m["acceptance_rate"] == 10 / 15 and m["acceptance_length"] == 15 / 6   # C committed 1
     assert m["per_position_acceptance"] == [5 / 6, 3 / 6, 2 / 6]
     assert cats["code"]["acceptance_rate"] == 2 / 6
     with pytest.raises(ValueError, match="3 requests but 2 categories"):
@@ -73,8 +74,9 @@ def test_engine_rounds_agree_with_the_counters(trained_tiny):
     for o in outs:
         s = o.spec
         assert len(s.rounds) == s.num_drafts > 0
-        assert sum(d for d, _ in s.rounds) == s.num_draft_tokens
-        assert sum(a for _, a in s.rounds) == s.num_accepted_tokens
+        assert sum(d for d, _, _ in s.rounds) == s.num_draft_tokens
+        assert sum(a for _, a, _ in s.rounds) == s.num_accepted_tokens
+        assert sum(c for _, _, c in s.rounds) == s.num_committed_tokens
         assert per_position([s.rounds], 4)["accepted"] == s.accepted_per_position + [0] * (4 - len(s.accepted_per_position))
     a = analytics([o.spec.rounds for o in outs], ["x", "y", "x"], 4)
     assert a["position0_buckets"]["first_round"]["count"] == 3

@@ -13,7 +13,7 @@ from mtpx.evaluate import _sampling_text, poisson_arrival_offsets, run_eval, sam
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 METRIC_KEYS = {"num_requests", "num_failed", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-               "acceptance_rate", "acceptance_length", "per_position_acceptance", "num_prompt_tokens",
+               "num_committed_tokens", "acceptance_rate", "acceptance_length", "per_position_acceptance", "num_prompt_tokens",
                "num_cached_tokens", "prefix_cache_hit_rate", "num_preemptions", "output_throughput",
                "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
                "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms",

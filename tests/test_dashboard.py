@@ -16,8 +16,9 @@ from mtpx.metrics.logging import RunLogger
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
 
-# hand-made per-round records (num_draft_tokens, num_accepted) of three requests, k = 3
-ROUNDS = [[(3, 3), (3, 1), (3, 0), (3, 2)], [(3, 0), (3, 3), (3, 3)], [(2, 2), (3, 1)]]
+# hand-made per-round records (num_draft_tokens, num_accepted, num_committed) of three requests, k = 3
+ROUNDS = [[(3, 3, 4), (3, 1, 2), (3, 0, 1), (3, 2, 3)], [(3, 0, 1), (3, 3, 4), (3, 3, 4)],
+          [(2, 2, 3), (3, 1, 2)]]
 
 
 def _tool(name):
@@ -85,7 +86,8 @@ def _run_dir(path: Path, metrics: dict | None, overrides: list[str], config: dic
 def test_dashboard_tool(tmp_path, capsys):
     # position 0 after a rejection / after a full round / share of rounds after a rejection:
     # mtp1 (k=1) 2/3, 1/2, 3/5; mtp8 k=3 (ROUNDS) 2/3, 3/3, 3/6
-    mtp1 = _metrics(["code"] * 2, [[(1, 1), (1, 0), (1, 1), (1, 1)], [(1, 0), (1, 0), (1, 1)]], k=1,
+    mtp1 = _metrics(["code"] * 2, [[(1, 1, 2), (1, 0, 1), (1, 1, 2), (1, 1, 2)],
+                                          [(1, 0, 1), (1, 0, 1), (1, 1, 2)]], k=1,
                     output_throughput=100.0, median_tpot_ms=10.0)
     mtp8 = _metrics(["code", "gsm8k", "code"], output_throughput=80.0, median_tpot_ms=12.0)
     plain = {"num_requests": 3, "num_failed": 0, "per_position_acceptance": [], "output_throughput": 120.0,

@@ -161,11 +161,10 @@ def workloads(draw):
 def _min_hit_blocks(prompt_len: int, out_len: int, la: int, B: int) -> int:
     """Blocks a second pass over the same prompt must hit when nothing was evicted: the first pass
     published at least the prompt blocks below min(num_computed, num_tokens - lookahead) after its
-    prefill (a speculator whose request ended at the prefill never computed them), and the read
-    side trims a hit of H tokens to floor((H - la) / B) blocks."""
+    prefill (a speculator whose request ended at the prefill never computed them), and a hit
+    covers the blocks followed by la more prompt tokens (their keys), leaving one to compute."""
     published = prompt_len // B if la == 0 else (prompt_len + 1 - la) // B if out_len >= 2 else 0
-    matched = min((prompt_len - 1) // B, published)
-    return max(0, (matched * B - la) // B)
+    return min(min(prompt_len - 1, prompt_len - la) // B, published)
 
 
 def _preemption_forced(prompts, max_tokens, stop, k, B, num_blocks, max_num_seqs) -> bool:
@@ -251,7 +250,8 @@ def test_engine_drafts_exact_with_prefix_caching_chunking_preemption(trained_tin
     prompts = shared_prefix_prompts()
     max_tokens = [9, 14, 5, 12, 10, 3, 13, 8]
     params = [_params(t) for t in max_tokens]
-    nb = max(blocks_needed(len(p), t, k, 4) for p, t in zip(prompts, max_tokens)) + 2
+    # one block above the largest request's need: both passes preempt (hits relieve the pool)
+    nb = max(blocks_needed(len(p), t, k, 4) for p, t in zip(prompts, max_tokens)) + 1
     llm = make_llm(model, spec, k, max_num_seqs=4, block_size=4, num_blocks=nb,
                    enable_prefix_caching=True, max_num_batched_tokens=8)
     checked = install_draft_check(llm, model, spec, k)
@@ -268,14 +268,15 @@ def test_engine_drafts_exact_with_prefix_caching_chunking_preemption(trained_tin
 # ---- 3. each prefix-caching mechanism is needed -------------------------------------------------
 @pytest.mark.parametrize("broken", [False, True])
 def test_write_side_lookahead_is_needed(trained_tiny, broken):
-    """Publishing blocks whose last positions hold draft-module KV that read draft tokens (no
-    lookahead on the write side) lets a re-prefill write into a published block."""
+    """Publishing blocks whose last positions hold draft-module KV that read draft tokens (blocks
+    not keyed on the tokens after them) lets a re-prefill write into a published block."""
     model = trained_tiny
     prompts = shared_prefix_prompts()
     params = [_params(16) for _ in prompts]
     llm = make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4, enable_prefix_caching=True)
     if broken:
-        llm.engine.lookahead = 0
+        llm.engine.kv.num_lookahead_tokens = 0           # the manager's knob: keys without lookahead
+        llm.engine.speculator.num_final = lambda row, n: n  # and no module bound on the write side
         with pytest.raises(AssertionError, match="write into published prefix-cache blocks"):
             for _ in range(2):
                 llm.generate(prompts, params)
@@ -286,7 +287,7 @@ def test_write_side_lookahead_is_needed(trained_tiny, broken):
 
 def _read_side_workload():
     """Pass 1 publishes prefixes; pass 2's prompts share them up to a block boundary, then differ,
-    so an untrimmed hit's last positions hold draft-module KV that read pass 1's tokens."""
+    so a hit keyed without lookahead serves draft-module KV that read pass 1's tokens."""
     a = [(5 + 3 * i) % 60 + 2 for i in range(24)]
     b = [(17 * i + 11) % 64 for i in range(24)]
     c = [(29 * i + 3) % 64 for i in range(24)]
@@ -298,13 +299,13 @@ def _read_side_workload():
 
 
 @pytest.mark.parametrize("broken", [False, True])
-def test_read_side_trim_is_needed(trained_tiny, broken):
+def test_read_side_lookahead_key_is_needed(trained_tiny, broken):
     model = trained_tiny
     first, second = _read_side_workload()
     p1, p2 = [_params(10) for _ in first], [_params(10) for _ in second]
     llm = make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4, enable_prefix_caching=True)
     if broken:
-        llm.engine.kv.num_lookahead_tokens = 0           # hits no longer trimmed
+        llm.engine.kv.num_lookahead_tokens = 0           # blocks keyed on their own tokens only
     run_checked(llm, model, first, p1)
     checked = install_draft_check(llm, model, "mtp8", 4)
     _, reqs = run_checked(llm, model, second, p2)       # greedy stays lossless either way
@@ -314,8 +315,8 @@ def test_read_side_trim_is_needed(trained_tiny, broken):
     if not broken:
         assert not mismatches, [c[1:] for c in mismatches[:3]]
         return
-    assert mismatches, "untrimmed hits went unnoticed"
-    # a prompt ending within k tokens of an untrimmed hit: module k's first drafting round
+    assert mismatches, "hits keyed without lookahead went unnoticed"
+    # a prompt ending within k tokens of such a hit: module k's first drafting round
     # re-prefills positions inside the hit, which the guard reports
     a = first[0][:8]
     with pytest.raises(AssertionError, match="write into published prefix-cache blocks"):

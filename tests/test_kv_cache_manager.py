@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
 
-from mtpx.cache.block_pool import ROOT_HASH, BlockPool, NoFreeBlocksError, hash_block
+from mtpx.cache.block_pool import ROOT_HASH, BlockPool, NoFreeBlocksError, hash_block, lookahead_key
 from mtpx.cache.kv_cache_manager import KVCacheManager
 
 
@@ -28,7 +28,7 @@ def chain(token_ids, block_size):
 def snapshot(mgr: KVCacheManager):
     p = mgr.pool
     return (list(p.ref_cnt), list(p.block_hash), p.free_block_ids(), p.cached_hashes(),
-            {r: list(t) for r, t in mgr._tables.items()}, {r: list(h) for r, h in mgr._hashes.items()})
+            {r: list(t) for r, t in mgr._tables.items()}, {r: list(h) for r, h in mgr._keys.items()})
 
 
 # ----------------------------------------------------------------------------- hash_block
@@ -191,37 +191,58 @@ def test_manager_allocate_cache_hit_free_exact():
     m.check_invariants()
 
 
-def test_manager_lookahead_trim_exact():
-    # block_size 4, lookahead 3, 10 matched tokens
+def test_lookahead_key_exact():
+    c = hash_block(None, [1, 2])
+    marker = hashlib.sha256(b"mtpx.cache.block_pool.lookahead").digest()
+    assert lookahead_key(c, [3, 4]) == hashlib.sha256(marker + c + struct.pack("<2q", 3, 4)).digest()
+    assert lookahead_key(c, [3, 4]) != hash_block(c, [3, 4])       # never a chained hash
+    assert lookahead_key(c, [3, 4]) != lookahead_key(c, [3, 5])
+
+
+def test_manager_lookahead_keys_exact():
+    """With L = 3 lookahead tokens, block i is keyed on tokens [0, 4(i+1) + 3): published only once
+    those are known, hit only by a request that has them all and agrees on them."""
     S, L = 4, 3
     m = KVCacheManager(16, S, True, num_lookahead_tokens=L)
     toks = list(range(50, 66))                         # 16 tokens
     assert m.allocate_slots("a", 16)
-    assert m.cache_blocks("a", toks, 16) == 4
-    # 10 tokens: (10-1)//4 = 2 blocks match -> H = 8 -> floor((8-3)/4)*4 = 4
+    # num_final 16, but block 3 needs tokens 16..18: 3 blocks, keyed on their next 3 tokens
+    assert m.cache_blocks("a", toks, 16) == 3
+    c = chain(toks, S)
+    assert [m.pool.block_hash[b] for b in (0, 1, 2)] == [
+        lookahead_key(c[i], toks[4 * (i + 1):4 * (i + 1) + 3]) for i in range(3)]
+    assert m.pool.block_hash[3] is None
+    assert m.cache_blocks("a", toks + [1, 2], 16) == 0  # block 3 still lacks one lookahead token
+    assert m.cache_blocks("a", toks + [1, 2, 3], 16) == 1
+    # a hit needs the block's 3 lookahead tokens: 10 tokens -> block 0 only (block 1 needs 11)
     assert m.get_computed_blocks("x", toks[:10]) == ([0], 4)
-    # 13 tokens: 3 blocks -> H = 12 -> floor(9/4)*4 = 8
-    assert m.get_computed_blocks("x", toks[:13]) == ([0, 1], 8)
-    # 17 tokens: 4 blocks -> H = 16 -> floor(13/4)*4 = 12
-    assert m.get_computed_blocks("x", toks + [0]) == ([0, 1, 2], 12)
-    # 5 tokens: 1 block -> H = 4 -> floor(1/4)*4 = 0
-    assert m.get_computed_blocks("x", toks[:5]) == ([], 0)
-    # lookahead equal to a block: exactly one block dropped
-    m4 = KVCacheManager(8, 4, True, num_lookahead_tokens=4)
-    m4.allocate_slots("a", 12)
-    m4.cache_blocks("a", toks, 12)
-    assert m4.get_computed_blocks("x", toks[:13]) == ([0, 1], 8)
-    # lookahead larger than the hit: clamp to 0
-    m9 = KVCacheManager(8, 4, True, num_lookahead_tokens=9)
-    m9.allocate_slots("a", 12)
-    m9.cache_blocks("a", toks, 12)
-    assert m9.get_computed_blocks("x", toks[:13]) == ([], 0)
-    # the trimmed block is recomputed into a fresh block: its publish is a refused duplicate
-    blocks, n = m.get_computed_blocks("y", toks[:10])
-    assert m.allocate_slots("y", 10, blocks)
-    assert m.block_table("y") == [0, 4, 5]
-    assert m.cache_blocks("y", toks, 8) == 0
-    assert m.pool.block_hash[4] is None
+    assert m.get_computed_blocks("x", toks[:11]) == ([0, 1], 8)
+    assert m.get_computed_blocks("x", toks[:15]) == ([0, 1, 2], 12)
+    assert m.get_computed_blocks("x", toks + [1, 2, 3, 4]) == ([0, 1, 2, 3], 16)
+    assert m.get_computed_blocks("x", toks[:6]) == ([], 0)
+    # same block-1 tokens, another token right after it: block 1's draft-module KV read 58, not 99
+    other = toks[:8] + [99] + toks[9:]
+    assert m.get_computed_blocks("y", other) == ([0], 4)
+    # y computes block 1 itself and publishes it under its own key beside a's
+    blocks, n = m.get_computed_blocks("y", other)
+    assert m.allocate_slots("y", 16, blocks)
+    assert m.block_table("y") == [0, 4, 5, 6]
+    assert m.cache_blocks("y", other, 16) == 2          # blocks 1 and 2 (block 3 lacks lookahead)
+    assert m.pool.block_hash[4] == lookahead_key(c[1], [99, 59, 60])
+    m.check_invariants()
+    # chains mix blocks of different publishers: z agrees with a on block 0 and with y on block 1
+    assert m.get_computed_blocks("z", other + [1, 2, 3]) == ([0, 4, 5], 12)
+    m.free("a")
+    m.free("y")
+    m.check_invariants()
+    # a request that hit blocks publishes its next blocks chained through them
+    blocks, n = m.get_computed_blocks("w", toks + [1, 2, 3, 4, 5])
+    assert (blocks, n) == ([0, 1, 2, 3], 16)
+    assert m.allocate_slots("w", 24, blocks)
+    longer = toks + [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert m.cache_blocks("w", longer, 24) == 2          # blocks 4 and 5 (ends at 24, 3 after)
+    b5 = m.block_table("w")[4]
+    assert m.pool.block_hash[b5] == lookahead_key(chain(longer, S)[4], longer[20:23])
     m.check_invariants()
 
 
@@ -315,17 +336,15 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     # -- model helpers
     def expected_hit(self, toks):
-        S = self.S
+        """Blocks whose key (every token their content depends on) this request has and agrees on."""
+        S, L = self.S, self.L
         blocks = []
-        for i in range((len(toks) - 1) // S):
-            b = self.cached.get(tuple(toks[:(i + 1) * S]))
+        for i in range(max(0, min(len(toks) - 1, len(toks) - L)) // S):
+            b = self.cached.get(tuple(toks[:(i + 1) * S + L]))
             if b is None:
                 break
             blocks.append(b)
-        H = len(blocks) * S
-        if self.L:
-            H = max(0, (H - self.L) // S * S)
-        return blocks[:H // S], H
+        return blocks, len(blocks) * S
 
     def model_allocate(self, n):
         taken, self.free_q = self.free_q[:n], self.free_q[n:]
@@ -398,10 +417,10 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         top = min(n, len(self.m.block_table(rid)) * self.S)
         num_final = data.draw(st.one_of(st.just(top), st.integers(0, top)))
         S, table = self.S, self.m.block_table(rid)
-        handled = len(self.m._hashes[rid])
+        handled = len(self.m._keys[rid])
         expected = 0
-        for i in range(handled, min(num_final, len(toks)) // S):
-            key = tuple(toks[:(i + 1) * S])
+        for i in range(handled, max(0, min(num_final, len(toks) - self.L)) // S):
+            key = tuple(toks[:(i + 1) * S + self.L])
             if key not in self.cached:
                 self.cached[key] = table[i]
                 self.block_key[table[i]] = key
@@ -437,7 +456,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert pool.free_block_ids() == self.free_q          # exact LRU order
         assert pool.num_free_blocks == len(self.free_q)
         for key, b in self.cached.items():                   # keeps its hash until evicted
-            assert pool.block_hash[b] == hash_block_chain(key, self.S)
+            assert pool.block_hash[b] == model_key(key, self.S, self.L)
             assert pool.lookup(pool.block_hash[b]) == b
         assert pool.num_cached_blocks == len(self.cached)
 
@@ -450,8 +469,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert self.m.num_free_blocks == self.m.num_blocks and self.m.usage == 0.0
 
 
-def hash_block_chain(key, S):
-    return chain(list(key), S)[-1]
+def model_key(key, S, L):
+    """The publish key of the block whose content depends on the tokens `key` (L after it)."""
+    end = len(key) - L
+    c = chain(list(key[:end]), S)[-1]
+    return lookahead_key(c, list(key[end:])) if L else c
 
 
 PrefixCacheMachine.TestCase.settings = settings(

@@ -30,8 +30,8 @@ K = 3  # num_speculative_tokens of the hand-written trace
 def _request(index, rounds, n_out, arrival, first, finish, error=None, emissions=(), prompt_len=3,
              cached=0, preemptions=0):
     spec = SpecDecodeCounts()
-    for num_draft, num_accepted in rounds:
-        spec.record_round(num_draft, num_accepted)
+    for r in rounds:
+        spec.record_round(*r)
     return RequestOutput(
         index=index,
         prompt_token_ids=list(range(prompt_len)),
@@ -56,9 +56,10 @@ def _trace() -> list[RequestOutput]:
         # 11 tokens in 4 emissions: ITLs 250, 250, 500 ms
         _request(0, [(3, 3), (3, 1), (3, 0)], 11, 10.0, 10.2, 11.2,
                  emissions=[10.2, 10.45, 10.7, 11.2]),
-        # the 0-draft round records nothing; drafts 2, tokens 5, accepted 4, per position [2, 2]
+        # the 0-draft round records nothing; drafts 2, tokens 5, accepted 4, per position [2, 2];
+        # the last round stops at its first accepted draft: committed 3 + 1 (not 3 + 3)
         # 1 output token: TTFT 100 ms, no TPOT, one emission: no ITL
-        _request(1, [(3, 2), (0, 0), (2, 2)], 1, 10.5, 10.6, 10.6, emissions=[10.6]),
+        _request(1, [(3, 2), (0, 0), (2, 2, 1)], 1, 10.5, 10.6, 10.6, emissions=[10.6]),
         # failed: its rounds count (drafts 1, tokens 3, accepted 1), its tokens and times do not
         _request(2, [(3, 1)], 7, 10.0, 10.1, None, error="boom", emissions=[10.1, 10.6]),
         # plain decoding: no rounds; TTFT 400 ms, TPOT 1 s / 4 = 250 ms; ITL 1000 ms
@@ -76,7 +77,20 @@ def test_record_round_counts():
     assert s.accepted_per_position == [2, 1, 1]
 
 
-@pytest.mark.parametrize("args", [(-1, 0), (2, -1), (2, 3), (0, 1)])
+def test_record_round_committed_tokens():
+    """A round that accepts 3 drafts of 4 but stops at the second commits 2 tokens and no bonus
+    (vLLM #56101): raw counters keep the verifier's 3, acceptance length counts 2."""
+    s = SpecDecodeCounts()
+    s.record_round(4, 3, 2)
+    s.record_round(4, 1)                     # an ordinary round: 1 draft + the bonus token
+    assert (s.num_drafts, s.num_accepted_tokens, s.num_committed_tokens) == (2, 4, 4)
+    assert s.accepted_per_position == [2, 1, 1]
+    assert s.rounds == [(4, 3, 2), (4, 1, 2)]
+    assert s.acceptance_length == 2.0
+    assert SpecDecodeCounts().acceptance_length is None
+
+
+@pytest.mark.parametrize("args", [(-1, 0), (2, -1), (2, 3), (0, 1), (3, 1, 3), (3, 1, 0)])
 def test_record_round_rejects_bad_counts(args):
     with pytest.raises(ValueError, match="record_round"):
         SpecDecodeCounts().record_round(*args)
@@ -96,7 +110,7 @@ def test_record_round_invariants(rounds):
 
 def test_aggregate_spec_sums_all_requests():
     total = aggregate_spec(_trace())
-    assert total == SpecDecodeCounts(6, 17, 9, [5, 3, 1])
+    assert total == SpecDecodeCounts(6, 17, 9, [5, 3, 1], num_committed_tokens=7 + 4 + 2)
 
 
 def test_compute_metrics_trace():
@@ -106,7 +120,8 @@ def test_compute_metrics_trace():
     assert m["num_failed"] == 1
     assert (m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"]) == (6, 17, 9)
     assert m["acceptance_rate"] == 9 / 17
-    assert m["acceptance_length"] == 1 + 9 / 6
+    assert m["num_committed_tokens"] == 13
+    assert m["acceptance_length"] == 13 / 6       # not 1 + 9 / 6: one round stopped early
     assert m["per_position_acceptance"] == [5 / 6, 3 / 6, 1 / 6]
     assert m["output_throughput"] == (11 + 1 + 5) / 2.0  # the failed request's 7 tokens excluded
     assert m["mean_ttft_ms"] == pytest.approx((200 + 100 + 400) / 3)
@@ -284,7 +299,7 @@ def test_format_report_shows_numbers():
     m.update(accuracy=0.5, num_correct=2, custom_metric=0.25)
     text = format_report(m, "GSM8K mtp3")
     for expected in [
-        "GSM8K mtp3", "3 / 1", "50.00% (2/4)", "52.94", "2.50", "17", "83.3 / 50.0 / 16.7",
+        "GSM8K mtp3", "3 / 1", "50.00% (2/4)", "52.94", "2.17", "17", "13", "83.3 / 50.0 / 16.7",
         "233.33", "175.00", "500.00", "375.00", "985.00", "8.50", "2.00", "custom_metric", "0.25",
     ]:
         assert expected in text, expected

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mtpx.metrics.stats import aggregate_spec  # noqa: E402
 
 
 def _round(llm: LLM, prompts, output_len: int) -> dict:
@@ -42,8 +43,7 @@ def _round(llm: LLM, prompts, output_len: int) -> dict:
     return {"decode_tok_s": decode_tokens / max(last - first, 1e-9),
             "output_tok_s": sum(len(o.output_token_ids) for o in outs) / (t1 - t0),
             "tokens": [o.output_token_ids for o in outs],
-            "acceptance_length": (sum(o.spec.num_accepted_tokens for o in outs)
-                                  / max(1, sum(o.spec.num_drafts for o in outs)) + 1)}
+            "acceptance_length": aggregate_spec(outs).acceptance_length or 1.0}
 
 
 def main(argv=None) -> int:

@@ -51,6 +51,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mtpx.metrics.stats import aggregate_spec  # noqa: E402
 
 
 def _import_bench():
@@ -124,8 +125,7 @@ def mtpx_generate(llm, prompts: list[list[int]], new: int):
 
 
 def _acceptance_length(outs) -> float | None:
-    drafts = sum(o.spec.num_drafts for o in outs)
-    return None if not drafts else 1 + sum(o.spec.num_accepted_tokens for o in outs) / drafts
+    return aggregate_spec(outs).acceptance_length
 
 
 @torch.no_grad()

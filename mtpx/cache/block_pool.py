@@ -23,7 +23,7 @@ import struct
 from collections import Counter, OrderedDict
 from typing import Iterable, Sequence
 
-__all__ = ["BlockPool", "NoFreeBlocksError", "hash_block", "ROOT_HASH"]
+__all__ = ["BlockPool", "NoFreeBlocksError", "hash_block", "lookahead_key", "ROOT_HASH"]
 
 #: Parent digest used for the first block of a sequence (no parent). A fixed 32-byte marker, so the
 #: first block's hash is computed exactly like every other block's.
@@ -54,6 +54,32 @@ def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
     h = hashlib.sha256()
     h.update(parent_hash)
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    return h.digest()
+
+
+#: Domain marker of ``lookahead_key``: a block's publish key never equals any chained hash.
+_LOOKAHEAD_MARKER: bytes = hashlib.sha256(b"mtpx.cache.block_pool.lookahead").digest()
+
+
+def lookahead_key(chain_hash: bytes, lookahead_ids: Sequence[int]) -> bytes:
+    """Publish key of a block whose content also depends on the tokens after it.
+
+    Args:
+        chain_hash: the block's chained hash (``hash_block``), identifying every token up to the
+            end of the block.
+        lookahead_ids: the tokens right after the block that its content was computed from (the
+            first ``num_lookahead_tokens`` of the next block(s)); packed as ``hash_block`` packs.
+
+    Returns:
+        The 32-byte SHA-256 digest of ``marker || chain_hash || packed lookahead ids``.
+
+    Raises:
+        struct.error: a token id does not fit in a signed 64-bit integer.
+    """
+    h = hashlib.sha256()
+    h.update(_LOOKAHEAD_MARKER)
+    h.update(chain_hash)
+    h.update(struct.pack(f"<{len(lookahead_ids)}q", *lookahead_ids))
     return h.digest()
 
 

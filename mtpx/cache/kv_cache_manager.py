@@ -8,24 +8,34 @@ One block table per request, shared by every attention layer of the target model
 draft module: they all write position ``p`` of a request at slot ``table[p // block_size] *
 block_size + p % block_size``.
 
-Multi-token prediction makes a block's KV depend on tokens *after* the block: draft module ``k``
-(1-based) computes its KV at position ``j`` from the target hidden state at ``j`` and the token at
-``j + k``. So:
+What a block's content depends on, and so what its key must cover. Draft module ``k`` (1-based)
+computes its KV at position ``j`` from the target hidden state at ``j`` and the token ``x_{j+k}``
+(ARCHITECTURE.md, "MTP semantics"), so with ``L = num_lookahead_tokens`` modules a block that ends
+at position ``e - 1`` holds KV computed from the tokens ``x_0 .. x_{e-1+L}``: its own tokens, every
+token before it, and the ``L`` tokens after it. The target's KV and the recurrent boundary state
+depend on ``x_0 .. x_{e-1}`` only. Hence:
 
-* write side (``cache_blocks``): the caller passes ``num_final_tokens``, the number of leading
-  positions whose KV, for the target and every draft module, will never be rewritten; only full
-  blocks below it are published.
-* read side (``get_computed_blocks``): a hit of ``H`` matched tokens is trimmed to
-  ``floor((H - num_lookahead_tokens) / block_size) * block_size`` tokens, so that the last
-  ``num_lookahead_tokens`` matched positions are recomputed and the draft modules get the target
-  hidden states they need for the first positions that are not hit.
+* the key: a block is published under ``lookahead_key(chain hash, the L tokens after it)`` (the
+  plain chained hash when ``L = 0``), so a hit is served only to a request whose tokens agree with
+  every token the block's content was computed from. Several blocks may hold the same target KV
+  under different keys (requests that diverge within ``L`` tokens after a block), and a chain may
+  mix blocks published by different requests: each block is exact for every request its key
+  matches, whoever computed it.
+* write side (``cache_blocks``): block ``i`` is published only when the ``L`` tokens after it are
+  known (``(i+1)*S + L <= len(token_ids)``) and every position of it is below the caller's
+  ``num_final_tokens``: computed, for the target and every draft module, from the request's
+  committed tokens (a draft module's KV that read an unverified draft is not final; the engine
+  and the speculator decide the bound).
+* read side (``get_computed_blocks``): the walk stops at the first block whose key is not cached;
+  no trim is needed, because a matched block's content is exact for this request, and a request
+  computes its first non-hit position's hidden states itself.
 """
 from __future__ import annotations
 
 from collections import Counter
 from typing import Hashable, Sequence
 
-from mtpx.cache.block_pool import BlockPool, hash_block
+from mtpx.cache.block_pool import BlockPool, hash_block, lookahead_key
 
 __all__ = ["KVCacheManager"]
 
@@ -38,8 +48,9 @@ class KVCacheManager:
         num_blocks: physical KV blocks in the pool (config ``engine.num_blocks``), >= 1.
         block_size: token positions per block (config ``engine.block_size``), >= 1.
         enable_prefix_caching: publish finished full blocks and reuse them across requests.
-        num_lookahead_tokens: number of MTP draft modules whose KV lives in the blocks (0 without a
-            speculator); the read-side trim of a prefix hit, in tokens. >= 0.
+        num_lookahead_tokens: ``L``, the number of tokens after a block that its content depends
+            on (the number of MTP draft modules whose KV lives in the blocks; 0 without a
+            speculator); every publish key covers them (module doc). >= 0.
 
     Raises:
         ValueError: an argument is out of range (the message names the config key to fix).
@@ -59,10 +70,12 @@ class KVCacheManager:
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.num_lookahead_tokens = num_lookahead_tokens
         self._tables: dict[Hashable, list[int]] = {}
-        # Prefix-caching write-side state per request: the chained hashes of its first
-        # len(hashes) blocks; those blocks have been handled (published, refused as duplicates,
-        # or came from a hit) and are skipped by later cache_blocks calls.
-        self._hashes: dict[Hashable, list[bytes]] = {}
+        # Prefix-caching write-side state per request: the publish keys of its first len(keys)
+        # blocks, which have been handled (published, refused as duplicates, or came from a hit)
+        # and are skipped by later cache_blocks calls; and the chained hash of the last handled
+        # block (absent after a hit until cache_blocks recomputes it from the tokens).
+        self._keys: dict[Hashable, list[bytes]] = {}
+        self._chain: dict[Hashable, bytes] = {}
 
     # ------------------------------------------------------------------ properties
     @property
@@ -99,10 +112,10 @@ class KVCacheManager:
                             ) -> tuple[list[int], int]:
         """Longest reusable cached prefix of ``token_ids`` (vLLM's ``get_computed_blocks``).
 
-        Walks the FULL blocks of ``token_ids`` and stops at the first whose chained hash is not
-        cached. At most ``(len(token_ids) - 1) // block_size`` blocks are matched, so at least one
-        token is left to compute (its logits are needed). With ``num_lookahead_tokens = L > 0`` the
-        ``H`` matched tokens are trimmed to ``max(0, floor((H - L) / block_size)) * block_size``.
+        Walks the full blocks of ``token_ids`` that have their ``L = num_lookahead_tokens`` tokens
+        after them in ``token_ids``, and stops at the first whose key (module doc) is not cached.
+        At most ``(len(token_ids) - 1) // block_size`` blocks are matched, so at least one token is
+        left to compute (its logits are needed).
 
         Side-effect free: takes no references and counts nothing. Pass the returned blocks to
         ``allocate_slots`` before anything else changes the pool (they may otherwise be evicted).
@@ -118,20 +131,17 @@ class KVCacheManager:
         del request_id
         if not self.enable_prefix_caching:
             return [], 0
-        S = self.block_size
-        max_blocks = max(0, (len(token_ids) - 1) // S)
+        S, L = self.block_size, self.num_lookahead_tokens
+        max_blocks = max(0, min(len(token_ids) - 1, len(token_ids) - L) // S)
         blocks: list[int] = []
-        parent: bytes | None = None
+        chain: bytes | None = None
         for i in range(max_blocks):
-            parent = hash_block(parent, token_ids[i * S:(i + 1) * S])
-            b = self.pool.lookup(parent)
+            chain = hash_block(chain, token_ids[i * S:(i + 1) * S])
+            b = self.pool.lookup(self._key(chain, token_ids, (i + 1) * S))
             if b is None:
                 break
             blocks.append(b)
-        matched = len(blocks) * S
-        if self.num_lookahead_tokens > 0:
-            matched = max(0, (matched - self.num_lookahead_tokens) // S * S)
-        return blocks[:matched // S], matched
+        return blocks, len(blocks) * S
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, request_id: Hashable, num_tokens: int,
@@ -182,7 +192,7 @@ class KVCacheManager:
             self.pool.touch(computed_blocks)
             table = self._tables[request_id] = computed_blocks
             if self.enable_prefix_caching:
-                self._hashes[request_id] = [self.pool.block_hash[b] for b in computed_blocks]
+                self._keys[request_id] = [self.pool.block_hash[b] for b in computed_blocks]
         if num_new:
             table.extend(self.pool.allocate(num_new))
         return True
@@ -190,18 +200,19 @@ class KVCacheManager:
     # ------------------------------------------------------------------ write side
     def cache_blocks(self, request_id: Hashable, token_ids: Sequence[int],
                      num_final_tokens: int) -> int:
-        """Publish the request's full blocks that lie entirely below ``num_final_tokens``.
+        """Publish the request's full blocks whose content is final and whose key is known.
 
         Block i (positions ``[i*S, (i+1)*S)``) is published iff ``(i+1)*S <= num_final_tokens`` and
-        ``(i+1)*S <= len(token_ids)``, in order, under the chained hash of ``token_ids``. Blocks
-        handled by an earlier call (published, or refused as duplicates of another cached block)
-        or that came from a prefix hit are skipped, so repeated calls cost O(new blocks).
+        ``(i+1)*S + num_lookahead_tokens <= len(token_ids)``, in order, under its key (module doc).
+        Blocks handled by an earlier call (published, or refused as duplicates of another cached
+        block) or that came from a prefix hit are skipped, so repeated calls cost O(new blocks).
 
         Args:
             request_id: a request with a block table.
-            token_ids: the request's tokens; their prefix must not change between calls.
-            num_final_tokens: leading positions whose KV (target and every draft module) will never
-                be rewritten; the caller decides it.
+            token_ids: the request's committed tokens; their prefix must not change between calls.
+            num_final_tokens: leading positions whose KV, for the target and every draft module,
+                was computed from ``token_ids`` (no unverified draft read) and will never be
+                rewritten; the caller decides it.
 
         Returns:
             The number of blocks newly published (duplicates of content cached elsewhere are not
@@ -214,26 +225,40 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return 0
         table = self._tables[request_id]
-        hashes = self._hashes[request_id]
+        keys = self._keys[request_id]
         S = self.block_size
-        num_full = min(num_final_tokens, len(token_ids)) // S
+        num_full = min(num_final_tokens, len(token_ids) - self.num_lookahead_tokens) // S
         if num_full > len(table):
             raise ValueError(f"request {request_id!r}: cache_blocks up to block {num_full} but its "
                              f"table has only {len(table)} blocks")
+        if num_full <= len(keys):
+            return 0
+        chain = self._chain.get(request_id)
+        if chain is None and keys:   # after a hit: the chain through the hit blocks
+            for i in range(len(keys)):
+                chain = hash_block(chain, token_ids[i * S:(i + 1) * S])
         published = 0
-        for i in range(len(hashes), num_full):
-            h = hash_block(hashes[-1] if hashes else None, token_ids[i * S:(i + 1) * S])
-            hashes.append(h)
-            if self.pool.publish(table[i], h):
+        for i in range(len(keys), num_full):
+            chain = hash_block(chain, token_ids[i * S:(i + 1) * S])
+            key = self._key(chain, token_ids, (i + 1) * S)
+            keys.append(key)
+            if self.pool.publish(table[i], key):
                 published += 1
+        self._chain[request_id] = chain
         return published
+
+    def _key(self, chain: bytes, token_ids: Sequence[int], end: int) -> bytes:
+        """The publish key of the block ending at ``end`` (exclusive) with chained hash ``chain``."""
+        L = self.num_lookahead_tokens
+        return chain if L == 0 else lookahead_key(chain, token_ids[end:end + L])
 
     # ------------------------------------------------------------------ release
     def free(self, request_id: Hashable) -> None:
         """Release the request's blocks (in reverse order, so its tail is evicted first) and forget
         it. Published blocks stay hittable until evicted. Unknown ids are a no-op."""
         table = self._tables.pop(request_id, None)
-        self._hashes.pop(request_id, None)
+        self._keys.pop(request_id, None)
+        self._chain.pop(request_id, None)
         if table is not None:
             self.pool.free(reversed(table))
 
@@ -274,12 +299,12 @@ class KVCacheManager:
         n_hashed = sum(1 for h in pool.block_hash if h is not None)
         if n_hashed != len(cached):
             raise AssertionError(f"{n_hashed} blocks carry a hash but the map has {len(cached)}")
-        for rid, hashes in self._hashes.items():
+        for rid, keys in self._keys.items():
             table = self._tables.get(rid)
-            if table is None or len(hashes) > len(table):
-                raise AssertionError(f"request {rid!r}: {len(hashes)} handled blocks, table "
+            if table is None or len(keys) > len(table):
+                raise AssertionError(f"request {rid!r}: {len(keys)} handled blocks, table "
                                      f"{table}")
-            for i, h in enumerate(hashes):
+            for i, h in enumerate(keys):
                 bh = pool.block_hash[table[i]]
                 if bh is not None and bh != h:
                     raise AssertionError(f"request {rid!r} block {i} published under another hash")

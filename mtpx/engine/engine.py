@@ -9,13 +9,14 @@ plus the target's next token -> the recurrent state at the accepted position is 
 speculator drafts (re-prefilling stale draft-module KV) -> full blocks whose KV is final are
 published to the prefix cache -> finished requests release their blocks.
 
-Prefix caching with MTP (shared/seeds/000_*, the three cache mechanisms):
+Prefix caching with MTP (shared/seeds/000_*, the three cache mechanisms; the rule of what a block
+may hold and its key is KVCacheManager's, mtpx/cache/kv_cache_manager.py):
 - write side: a block is published only when every position in it is final for the target and for
-  every draft module: positions < min(num_computed_tokens, num_tokens - num_lookahead_tokens).
-  Draft module k's KV at the last k positions read draft tokens and may be re-prefilled.
-- read side: a hit is trimmed (KVCacheManager) so the last matched block is recomputed: the draft
-  modules get the target hidden states they need, and their KV at those positions is recomputed
-  from this request's own lookahead tokens.
+  every draft module: computed from committed tokens (the speculator's num_final) and never to be
+  rewritten. A request that ends right after a verification that emitted a bonus token never
+  re-prefills, so the module KV that read the rejected draft there is not final.
+- read side: blocks are keyed on the num_lookahead_tokens tokens after them, so a hit holds
+  draft-module KV computed from this request's own tokens.
 - freeing side: a request's blocks are released only when it leaves the running set (finish,
   abort, preemption), never while it runs; a request that ends during a step is left out of that
   step's drafting; and draft-module KV lives at the position of the hidden state it reads
@@ -307,13 +308,14 @@ class Engine:
         if self.speculator is not None:
             self.speculator.reset_rows(rows, p.start)
 
-    def _num_final(self, r: Request) -> int:
-        """Positions whose KV is final for the target and every draft module (write side): computed
-        by all of them, and not reading any of the last num_lookahead_tokens (possibly draft)
-        tokens."""
-        final = min(r.num_computed_tokens, r.num_tokens - self.lookahead)
+    def _num_final(self, r: Request, num_read_tokens: int | None = None) -> int:
+        """Positions whose KV is final for the target and every draft module (write side).
+        num_read_tokens: leading committed tokens that are what the draft modules read (default:
+        all of them, as after a draft round)."""
+        final = r.num_computed_tokens
         if self.speculator is not None:
-            final = min(final, self.speculator.num_computed(r.row))
+            read = r.num_tokens if num_read_tokens is None else num_read_tokens
+            final = min(final, self.speculator.num_final(r.row, read))
         return final
 
     def _boundaries(self, meta, upto: torch.Tensor | None = None):
@@ -512,7 +514,8 @@ class Engine:
 
     def _emit(self, r: Request, tokens: list[int], gaps, num_draft_tokens: int, num_accepted: int):
         """Append verified tokens; stop at a stop token, max_tokens or max_model_len. Tokens after
-        the stop are dropped and do not count as accepted."""
+        the stop are dropped: num_accepted is the verifier's raw count, the committed count is
+        what was appended (SpecDecodeCounts.record_round)."""
         now = time.perf_counter()
         if r.first_token_time is None:
             r.first_token_time = now
@@ -530,16 +533,18 @@ class Engine:
             if r.finish_reason is not None:
                 r.finish_time = now
                 break
-        r.spec.record_round(num_draft_tokens, min(num_accepted, emitted))
+        r.spec.record_round(num_draft_tokens, num_accepted, emitted)
         if r.finish_reason is not None:
-            self._release(r)
+            # the draft modules read this emission's tokens only where they were accepted drafts
+            self._release(r, r.num_tokens - (emitted > num_accepted))
 
-    def _release(self, r: Request) -> None:
-        """Free a finished request's blocks and batch slot at once (the rest of the step skips it)."""
+    def _release(self, r: Request, num_read_tokens: int | None = None) -> None:
+        """Free a finished request's blocks and batch slot at once (the rest of the step skips it).
+        num_read_tokens: as _num_final's."""
         was_queued = r in self.scheduler.running or r in self.scheduler.waiting
         if r.finish_reason is not None and r.row >= 0:
             # publish what is final before the blocks go back (write side)
-            self.kv.cache_blocks(r.index, r.all_token_ids, self._num_final(r))
+            self.kv.cache_blocks(r.index, r.all_token_ids, self._num_final(r, num_read_tokens))
         self.scheduler.finish(r)
         if r.row >= 0:
             self.cache.free_row(r.row)

@@ -290,7 +290,10 @@ def _get(h, name: str, f: Path) -> torch.Tensor:
 
 
 def _convert(t: torch.Tensor, dtype: torch.dtype, device) -> nn.Parameter:
-    t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+    """An owned copy in `dtype` on `device`. Always a copy: safetensors (0.8+) hands out views of
+    the memory-mapped file at offsets only 8-byte aligned, and CPU matmul kernels round
+    differently (and run slower) on such tensors than on the allocator's 64-byte aligned ones."""
+    t = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=True)
     return nn.Parameter(t.contiguous())
 
 

@@ -1,7 +1,8 @@
 """Acceptance analytics from per-round records: why acceptance is what it is.
 
-Every request keeps one ``(num_draft_tokens, num_accepted)`` pair per verification round
-(`SpecDecodeCounts.rounds`). From them:
+Every request keeps one ``(num_draft_tokens, num_accepted, num_committed)`` triple per
+verification round (`SpecDecodeCounts.rounds`; accepted is the verifier's raw count, committed the
+tokens the round appended). From them:
 
 - **Per-position acceptance.** Unconditional: ``[i]`` = rounds whose i-th draft was accepted /
   all rounds (vLLM's definition, `compute_metrics`'s ``per_position_acceptance``). Conditional:
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 
 __all__ = ["per_position", "position0_buckets", "predict_position0", "by_category", "analytics"]
 
-Rounds = Sequence[tuple[int, int]]  # one request's (num_draft_tokens, num_accepted) per round
+Rounds = Sequence[tuple[int, int, int]]  # one request's (num_draft_tokens, num_accepted, num_committed)
 
 
 def _rate(num: int, den: int) -> float | None:
@@ -43,7 +44,7 @@ def per_position(requests: Sequence[Rounds], k: int) -> dict:
     """
     accepted, reached, n = [0] * k, [0] * k, 0
     for rounds in requests:
-        for d, a in rounds:
+        for d, a, *_ in rounds:
             if not 0 <= a <= d <= k:
                 raise ValueError(f"round ({d}, {a}): need 0 <= accepted <= drafts <= k={k}")
             n += 1
@@ -68,7 +69,7 @@ def position0_buckets(requests: Sequence[Rounds], k: int) -> dict:
     first = [0, 0]
     for rounds in requests:
         prev = None
-        for d, a in rounds:
+        for d, a, *_ in rounds:
             cell = first if prev is None else counts["all" if prev[1] == prev[0] else prev[1]]
             cell[0] += 1
             cell[1] += a > 0
@@ -105,7 +106,8 @@ def predict_position0(rates_from: dict, mix_from: dict) -> dict:
 
 def by_category(requests: Sequence[Rounds], categories: Sequence[str], k: int) -> dict:
     """{category: {"num_requests", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-    "acceptance_rate", "acceptance_length", "per_position_acceptance"}}, categories in first-seen
+    "num_committed_tokens", "acceptance_rate", "acceptance_length" (committed / num_drafts),
+    "per_position_acceptance"}}, categories in first-seen
     order. Raises ValueError when the two sequences differ in length."""
     if len(requests) != len(categories):
         raise ValueError(f"{len(requests)} requests but {len(categories)} categories")
@@ -113,10 +115,12 @@ def by_category(requests: Sequence[Rounds], categories: Sequence[str], k: int) -
     for cat in dict.fromkeys(categories):
         rs = [r for r, c in zip(requests, categories) if c == cat]
         rounds = [x for r in rs for x in r]
-        drafts, acc = sum(d for d, _ in rounds), sum(a for _, a in rounds)
+        drafts, acc = sum(r[0] for r in rounds), sum(r[1] for r in rounds)
+        committed = sum(r[2] for r in rounds)
         out[cat] = {"num_requests": len(rs), "num_drafts": len(rounds), "num_draft_tokens": drafts,
-                    "num_accepted_tokens": acc, "acceptance_rate": _rate(acc, drafts),
-                    "acceptance_length": None if not rounds else 1 + acc / len(rounds),
+                    "num_accepted_tokens": acc, "num_committed_tokens": committed,
+                    "acceptance_rate": _rate(acc, drafts),
+                    "acceptance_length": _rate(committed, len(rounds)),
                     "per_position_acceptance": per_position(rs, k)["unconditional"]}
     return out
 

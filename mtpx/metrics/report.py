@@ -75,6 +75,7 @@ _ROWS: list[_Row] = [
     _Row("Drafts", "num_drafts", ",d", "rel"),
     _Row("Draft tokens", "num_draft_tokens", ",d", "rel"),
     _Row("Accepted tokens", "num_accepted_tokens", ",d", "rel"),
+    _Row("Committed tokens", "num_committed_tokens", ",d", "rel"),
     _Row("Per-position acceptance (%)", PER_POSITION, "", "pts"),
     _Row("Prefix cache hit rate", "prefix_cache_hit_rate", _hit_rate, "pts"),
     _Row("Preemptions", "num_preemptions", ",d", "rel"),

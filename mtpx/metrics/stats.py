@@ -4,8 +4,12 @@ Definitions follow vLLM (ARCHITECTURE.md invariant 7):
 
 - vLLM ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats`` / ``SpecDecodingLogging``):
   ``num_drafts`` counts verification rounds with at least one draft token; acceptance rate =
-  accepted / draft tokens; mean acceptance length = 1 + accepted / num_drafts; per-position
-  acceptance[i] = rounds whose i-th draft was accepted / num_drafts.
+  accepted / draft tokens; per-position acceptance[i] = rounds whose i-th draft was accepted /
+  num_drafts. These counters are the verifier's raw counts.
+- Mean acceptance length = committed tokens / num_drafts: the tokens those rounds appended to the
+  output, the bonus token included. This is 1 + accepted / num_drafts except in a round that ends
+  at a stop token (or max_tokens) inside its accepted drafts: it commits the drafts up to the stop
+  and no bonus (vLLM issue #56101 and PR #56137, which adds committed counts beside the raw ones).
 - vLLM ``benchmarks/benchmark_serving.py`` (``calculate_metrics``): TTFT is first token time
   minus start; E2EL (end-to-end latency) is finish time minus start; TPOT = (E2EL - TTFT) /
   (output tokens - 1), only for requests with more than one output token; ITL = the gaps between
@@ -39,43 +43,60 @@ class SpecDecodeCounts:
     Attributes:
         num_drafts: verification rounds with >= 1 draft token.
         num_draft_tokens: draft tokens proposed in those rounds.
-        num_accepted_tokens: draft tokens the target accepted (the bonus token is not counted).
-        accepted_per_position: ``[i]`` = rounds whose i-th draft token was accepted.
-        rounds: one ``(num_draft_tokens, num_accepted)`` pair per round, in order (a request's
-            own rounds; empty for an aggregate): the per-round record the acceptance analytics
-            (mtpx.metrics.analytics) are computed from.
+        num_accepted_tokens: draft tokens the verifier accepted (raw: accepted drafts after a stop
+            token count; the bonus token does not).
+        accepted_per_position: ``[i]`` = rounds whose i-th draft token was accepted (raw).
+        num_committed_tokens: tokens those rounds appended to the output (accepted drafts up to a
+            stop, plus the bonus token when it was emitted): the numerator of acceptance length.
+        rounds: one ``(num_draft_tokens, num_accepted, num_committed)`` triple per round, in order
+            (a request's own rounds; empty for an aggregate): the per-round record the acceptance
+            analytics (mtpx.metrics.analytics) are computed from.
     """
 
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)
-    rounds: list[tuple[int, int]] = field(default_factory=list)
+    rounds: list[tuple[int, int, int]] = field(default_factory=list)
+    num_committed_tokens: int = 0
 
-    def record_round(self, num_draft_tokens: int, num_accepted: int) -> None:
-        """Record one verification round that proposed ``num_draft_tokens`` and accepted ``num_accepted``.
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean acceptance length: committed tokens / num_drafts (module doc); None without drafts."""
+        return self.num_committed_tokens / self.num_drafts if self.num_drafts else None
+
+    def record_round(self, num_draft_tokens: int, num_accepted: int,
+                     num_committed: int | None = None) -> None:
+        """Record one verification round that proposed ``num_draft_tokens``, of which the verifier
+        accepted ``num_accepted``, and that committed ``num_committed`` tokens to the output
+        (default ``num_accepted + 1``: every accepted draft and the bonus token).
 
         Accepted drafts are a prefix of the proposal (positions ``0 .. num_accepted-1``), as in
         vLLM's rejection sampler. A round with 0 drafts records nothing.
 
         Raises:
-            ValueError: a count is negative, or more drafts are accepted than were proposed.
+            ValueError: a count is negative, more drafts are accepted than were proposed, or
+                ``num_committed`` is not in ``[1, num_accepted + 1]``.
         """
+        if num_committed is None:
+            num_committed = num_accepted + 1
+        args = f"record_round({num_draft_tokens}, {num_accepted}, {num_committed})"
         if num_draft_tokens < 0 or num_accepted < 0:
-            raise ValueError(
-                f"record_round({num_draft_tokens}, {num_accepted}): counts must be >= 0"
-            )
+            raise ValueError(f"{args}: counts must be >= 0")
         if num_accepted > num_draft_tokens:
             raise ValueError(
-                f"record_round({num_draft_tokens}, {num_accepted}): cannot accept more drafts "
-                "than were proposed; pass the accepted draft tokens without the bonus token"
+                f"{args}: cannot accept more drafts than were proposed; pass the accepted draft "
+                "tokens without the bonus token"
             )
+        if not 1 <= num_committed <= num_accepted + 1:
+            raise ValueError(f"{args}: a round commits between 1 and num_accepted + 1 tokens")
         if num_draft_tokens == 0:
             return
-        self.rounds.append((num_draft_tokens, num_accepted))
+        self.rounds.append((num_draft_tokens, num_accepted, num_committed))
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
+        self.num_committed_tokens += num_committed
         if len(self.accepted_per_position) < num_accepted:
             self.accepted_per_position.extend([0] * (num_accepted - len(self.accepted_per_position)))
         for i in range(num_accepted):
@@ -130,6 +151,7 @@ METRIC_KEYS: tuple[str, ...] = (
     "num_drafts",
     "num_draft_tokens",
     "num_accepted_tokens",
+    "num_committed_tokens",
     "acceptance_rate",
     "acceptance_length",
     "per_position_acceptance",
@@ -173,6 +195,7 @@ def aggregate_spec(outputs: Iterable[RequestOutput]) -> SpecDecodeCounts:
         total.num_drafts += s.num_drafts
         total.num_draft_tokens += s.num_draft_tokens
         total.num_accepted_tokens += s.num_accepted_tokens
+        total.num_committed_tokens += s.num_committed_tokens
         if len(total.accepted_per_position) < len(s.accepted_per_position):
             total.accepted_per_position.extend(
                 [0] * (len(s.accepted_per_position) - len(total.accepted_per_position))
@@ -200,10 +223,11 @@ def compute_metrics(
         A dict with exactly the keys in :data:`METRIC_KEYS`:
 
         - ``num_requests``: all requests, failed ones included; ``num_failed``: see :func:`is_failed`.
-        - ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``: summed over all requests
-          (rounds of a request that later failed were still verified, as vLLM counts them).
+        - ``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens`` (raw verifier counts),
+          ``num_committed_tokens``: summed over all requests (rounds of a request that later
+          failed were still verified, as vLLM counts them).
         - ``acceptance_rate``: accepted / draft tokens, in [0, 1]; None when no drafts.
-        - ``acceptance_length``: 1 + accepted / num_drafts; None when no drafts.
+        - ``acceptance_length``: committed tokens / num_drafts (module doc); None when no drafts.
         - ``per_position_acceptance``: ``k`` fractions, ``[i]`` = rounds whose i-th draft was
           accepted / num_drafts; ``k`` Nones when no drafts.
         - ``num_prompt_tokens``, ``num_cached_tokens``: prompt tokens of successful requests, and
@@ -249,7 +273,7 @@ def compute_metrics(
     )
     if spec.num_drafts > 0:
         acceptance_rate = spec.num_accepted_tokens / spec.num_draft_tokens
-        acceptance_length = 1.0 + spec.num_accepted_tokens / spec.num_drafts
+        acceptance_length = spec.acceptance_length
         per_position_acceptance: list[float | None] = [n / spec.num_drafts for n in per_position]
     else:
         acceptance_rate = acceptance_length = None
@@ -279,6 +303,7 @@ def compute_metrics(
         "num_drafts": spec.num_drafts,
         "num_draft_tokens": spec.num_draft_tokens,
         "num_accepted_tokens": spec.num_accepted_tokens,
+        "num_committed_tokens": spec.num_committed_tokens,
         "acceptance_rate": acceptance_rate,
         "acceptance_length": acceptance_length,
         "per_position_acceptance": per_position_acceptance,

@@ -34,9 +34,8 @@ class MultiModuleMTPSpeculator:
     number of modules. Raises ValueError when k < 1, k > num_nextn_predict_layers, or the model has
     no MTP module. Same lifecycle as SingleModuleMTPSpeculator.
 
-    num_lookahead_tokens = k: module k's KV at position j depends on tokens up to j + k, so the last
-    k positions of a request are never published to the prefix cache, and a prefix hit is trimmed
-    so that those positions are recomputed (KVCacheManager).
+    num_lookahead_tokens = k: module k's KV at position j depends on tokens up to j + k, so a
+    prefix-cache block is keyed on the k tokens after it (KVCacheManager).
     """
 
     def __init__(self, model: MTPForCausalLM, num_speculative_tokens: int | None = None):
@@ -68,9 +67,16 @@ class MultiModuleMTPSpeculator:
         positions [0, start) (start > 0 after a prefix-cache hit)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)[..., None]
 
-    def num_computed(self, row: int) -> int:
-        """Positions [0, n) every module has computed for the request in `row`."""
-        return int(self.computed[row].min())
+    def num_final(self, row: int, num_read_tokens: int) -> int:
+        """Positions [0, P) whose KV is final in every module for the request in `row`, given that
+        x_0 .. x_{num_read_tokens - 1} are committed tokens and what the modules read there.
+
+        Module k's KV at j is final iff computed (j < computed_k) and it read no later token
+        (j + k < num_read_tokens): P = min(min_k computed_k, num_read_tokens - num_speculative_tokens).
+        Running requests pass their token count (the re-prefill repaired what read a rejected
+        draft); a request ending right after a verification that emitted a bonus token passes one
+        less: its modules read the rejected draft there and will never re-prefill."""
+        return max(0, min(int(self.computed[row].min()), num_read_tokens - self.k))
 
     @torch.no_grad()
     def propose(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,

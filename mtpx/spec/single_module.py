@@ -28,7 +28,8 @@ class SingleModuleMTPSpeculator:
     Raises ValueError when the model has no MTP module or num_speculative_tokens < 1.
     Lifecycle: allocate(cache) once per engine run, reset_rows(rows, start) for new or resumed
     requests, propose(...) after every target forward.
-    num_lookahead_tokens = 1: the module's KV at position j depends on x_{j+1}.
+    num_lookahead_tokens = 1: the module's KV at position j depends on x_{j+1}, so a prefix-cache
+    block is keyed on the token after it (KVCacheManager).
     """
 
     num_draft_modules = 1
@@ -52,9 +53,11 @@ class SingleModuleMTPSpeculator:
         """New or resumed requests in `rows`: the module has computed positions [0, start)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)
 
-    def num_computed(self, row: int) -> int:
-        """Positions [0, n) the module has computed for the request in `row`."""
-        return int(self.computed[row])
+    def num_final(self, row: int, num_read_tokens: int) -> int:
+        """Positions [0, P) whose module KV is final for the request in `row`, given that
+        x_0 .. x_{num_read_tokens - 1} are committed and what the module read: computed, and
+        reading no later token (its KV at j reads x_{j+1}; positions >= n are transient)."""
+        return max(0, min(int(self.computed[row]), num_read_tokens - 1))
 
     @torch.no_grad()
     def propose(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
