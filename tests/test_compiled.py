@@ -204,6 +204,7 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
             spec_.computed[:3] = n if spec_.computed.dim() == 1 else n[:, None]   # computed up to n
             for buf, saved in zip(getattr(getattr(spec_, "window", None), "buf", []), window):
                 buf.copy_(saved)                                  # both loops read the same window
-            metas = spec_.plan_decode(cache, st.rows, num_tokens, live, 4)
+            target_end = torch.where(live, num_tokens - 1, 0)
+            metas = spec_.plan(cache, st.rows, num_tokens, target_end, live, k + 1, 4)
             drafts.append(fn(metas, st.rows, num_tokens - 1, st.positions[:, 0], h_c)[:3])
         assert torch.equal(drafts[0], drafts[1])

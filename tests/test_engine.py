@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from mtpx import LLM, SamplingParams
-from tests.test_reprefill import _reference_multi, _reference_single
+from tests.helpers import install_draft_check  # noqa: F401 (re-exported for other test modules)
 
 FINISHED = {"stop", "length"}
 GAP_TOL = 1e-5   # logit gaps are float32 (Engine._gaps): a few ulps of the logits
@@ -45,8 +45,8 @@ def blocks_needed(prompt_len: int, max_tokens: int, k: int, block_size: int) -> 
 def assert_clean(llm: LLM) -> None:
     eng = llm.engine
     assert not eng.scheduler.has_work()
-    assert eng.kv.num_free_blocks == eng.num_blocks, "KV blocks leaked"
-    assert eng.cache.num_free_rows() == eng.max_num_seqs, "batch slots leaked"
+    assert eng.kv.num_free_blocks == eng.config.num_blocks, "KV blocks leaked"
+    assert eng.cache.num_free_rows() == eng.config.max_num_seqs, "batch slots leaked"
     eng.kv.check_invariants()
 
 
@@ -101,28 +101,6 @@ def run_checked(llm: LLM, model, prompts, params, on_step=None):
     _, outs, reqs = generate(llm, prompts, params, on_step=on_step)
     assert_matches_reference(model, outs, prompts, params)
     return outs, reqs
-
-
-def install_draft_check(llm: LLM, model, spec: str, k: int) -> list:
-    """Wrap llm.speculator.propose: every proposal for a drafting row is compared with the drafts
-    computed from scratch (tests.test_reprefill). Equal drafts imply the draft-module KV and hidden
-    states the modules read were exact. Returns the list of (ok, seq, got, want) it fills."""
-    propose, checked = llm.speculator.propose, []
-
-    def checked_propose(cache, rows, num_tokens, meta, hidden, draft):
-        drafts = propose(cache, rows, num_tokens, meta, hidden, draft)
-        for b in range(len(rows)):
-            if not bool(draft[b]):
-                continue
-            seq = cache.tokens[rows[b], : num_tokens[b]].tolist()
-            got = drafts[b].tolist()
-            want = (_reference_multi(model, seq, got, k) if spec == "mtp8"
-                    else _reference_single(model, seq, k))
-            checked.append((got == want, seq, got, want))
-        return drafts
-
-    llm.speculator.propose = checked_propose
-    return checked
 
 
 def shared_prefix_prompts() -> list[list[int]]:
@@ -428,7 +406,7 @@ def test_abort_running_request(trained_tiny, spec, k, prefix, budget):
         engine.abort(r)
         assert engine.kv.block_table(r.index) == []
         assert engine.kv.num_free_blocks == free + owned > free
-        assert engine.cache.num_free_rows() == rows + 1 and r.row == -1
+        assert engine.cache.num_free_rows() == rows + 1 and r.index not in engine.runner.rows
         assert r not in engine.scheduler.running
         engine.abort(r)                                  # a second abort is a no-op
         assert engine.kv.num_free_blocks == free + owned
@@ -555,18 +533,27 @@ def test_paged_equals_contiguous(trained_tiny, spec, k):
 
 
 # ---- 9. freeing side ----------------------------------------------------------------------------
-def test_freeing_side_blocks_outlive_the_last_draft_write(trained_tiny, monkeypatch):
+def test_freeing_side_blocks_outlive_the_last_draft_write(trained_tiny):
     """Invariant 5: a request's blocks go back to the pool only once nothing will write into them.
-    The engine frees a finished request's blocks during verification and leaves it out of that
-    step's drafting (whose multi-module re-prefill would rewrite its last positions). If the
-    drafting still ran for it, the re-prefill would write into freed blocks: the write guard
-    catches that."""
-    from mtpx.engine.request import Request
+    The scheduler frees a finished request's blocks in update_from_output, after the runner's whole
+    step (its draft loop re-prefills the last positions of every verified request, finishing ones
+    included). Freeing them before the draft loop would let the re-prefill write into freed
+    blocks: the write guard catches that."""
     model = trained_tiny
     prompts = shared_prefix_prompts()[:4]
     params = [_params(t) for t in (6, 9, 4, 7)]
     run_checked(make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4), model, prompts, params)
-    monkeypatch.setattr(Request, "finished", property(lambda r: r.error is not None))
     llm = make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4)
+    spec, kv = llm.engine.speculator, llm.engine.kv
+    draft_loop = spec.draft_loop
+
+    def free_first(cache, metas, rows, *args, **kw):   # a request's blocks freed too early
+        for r in list(llm.engine.scheduler.running):
+            if r.output_token_ids and kv.block_table(r.index):
+                kv.free(r.index)
+                break
+        return draft_loop(cache, metas, rows, *args, **kw)
+
+    spec.draft_loop = free_first
     with pytest.raises(AssertionError, match="write into free KV blocks"):
         llm.generate(prompts, params)

@@ -7,7 +7,9 @@ from mtpx.models.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated
 
 def _inputs(B, T, H, Dk, Dv, seed=0, dtype=torch.float64):
     g = torch.Generator().manual_seed(seed)
-    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype)
+    def r(*s):
+        return torch.randn(*s, generator=g, dtype=dtype)
+
     q, k, v = r(B, T, H, Dk), r(B, T, H, Dk), r(B, T, H, Dv)
     gate = -torch.rand(B, T, H, generator=g, dtype=dtype) * 2
     beta = torch.rand(B, T, H, generator=g, dtype=dtype)

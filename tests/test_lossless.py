@@ -3,7 +3,6 @@
 Runs on a tiny hybrid model in float64 that was trained for a few steps on a synthetic corpus, so
 drafts are accepted 35-65% of the time (both paths of verification are exercised)."""
 import pytest
-import torch
 
 from mtpx import LLM, SamplingParams
 from mtpx.evaluate import compare_outputs

@@ -11,13 +11,12 @@ with N = 4000 the sampling error is about 0.035; a verifier that accepts every d
 threshold by far (test_distribution_check_has_power).
 """
 from collections import Counter
-from itertools import product
 
 import pytest
 import torch
 
 from mtpx import LLM, SamplingParams
-from mtpx.engine.sampler import probs_from_logits
+from mtpx.spec.sampler import probs_from_logits
 from mtpx.spec import verification
 from tests.conftest import peaked_model, tiny_config
 

@@ -73,7 +73,7 @@ class ModelCache:
                 la = layer.linear_attn
                 self.target.append(RecurrentState.allocate(
                     rows + 1, la.conv_dim, la.kernel, la.nv, la.dk, la.dv, dtype, device,
-                    self.num_blocks if boundary_states else 0))
+                    self.num_blocks + 1 if boundary_states else 0))  # + the pad block
         self.draft = [kv() for _ in range(num_draft_modules)]
         self.tokens = torch.zeros(rows + 1, max_len, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(rows + 1, self.max_blocks, dtype=torch.long, device=device)

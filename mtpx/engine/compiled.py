@@ -1,8 +1,11 @@
 """engine.compile: the decode step (the target's verification forward and the speculator's whole
 N-step draft loop) as two functions compiled with torch.compile.
 
-    verify(meta)                     -> (ids [Bp, k+1], hidden [Bp, k+1, H], logits [Bp, k+1, V])
-    draft(metas, rows, n, start, h)  -> drafts [Bp, k]
+    verify(meta)                     -> verify_forward(model, cache, meta)
+    draft(metas, rows, n, start, h)  -> speculator.draft_loop(cache, metas, rows, n, start, h)
+
+Both are the model runner's decode step (mtpx/engine/model_runner.py), which runs the same two
+functions eager without engine.compile.
 
 Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
 the next capture size (2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
@@ -10,7 +13,7 @@ row, every verification window and module forward has k + 1 columns, and keys ar
 block table sliced to a power-of-two number of blocks. Nothing in the compiled code depends on a
 tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
 graph breaks on a dense model and no host syncs. The attention metadata of every step of the draft
-loop is built and planned (`speculator.plan_decode`) before the loop, once per engine step.
+loop is built and planned (`speculator.plan`) before the loop, once per engine step.
 
 One graph per function serves every batch and block count: the batch and block-table dimensions
 are marked dynamic, with size-oblivious 0/1 handling and no duck sizing, so the first decode step
@@ -21,9 +24,9 @@ graph is recorded per capture size and block bucket, replayed afterwards); on th
 mode (Inductor's C++ kernels). Where the compiled code cannot follow, it runs eager inside the
 graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
 CUDA graphs cut at attention the same way) and the routed experts of a MoE layer (data-dependent
-token routing). Steps that need drafts sampled from the draft distribution
-(draft_sample_method=probabilistic at temperature > 0), prefill chunks and the catch-up drafting
-after them run the eager path; both paths share every cache and bookkeeping tensor.
+token routing). Draft loops that sample from the draft distribution
+(draft_sample_method=probabilistic at temperature > 0) run the same loop eager, and so do prefill
+chunks and the catch-up drafting after them.
 """
 from __future__ import annotations
 
@@ -35,6 +38,15 @@ import torch.fx.experimental._config as fx_config
 from torch._dynamo.utils import counters
 
 from mtpx.models.meta import ForwardMeta
+
+
+def verify_forward(model, cache, meta: ForwardMeta):
+    """The target over static verification windows (ModelCache.static_meta with keep_states):
+    -> (ids [Bp, T] int64, the windows' tokens (0 for padding), hidden [Bp, T, H], logits
+    [Bp, T, V]); Gated DeltaNet keeps its per-token states for commit_recurrent."""
+    ids = torch.where(meta.valid, cache.tokens[meta.rows[:, None], meta.positions], 0)
+    h = model.model(ids, meta, cache.target)
+    return ids, h, model.lm_head(h)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -119,19 +131,15 @@ class CompiledDecode:
         for s in c.recurrent:
             yield s.conv
             yield s.ssm
-        window = getattr(self.speculator, "window", None)
-        if window is not None:
-            yield from window.buf
+        if self.speculator is not None:
+            yield from self.speculator.persistent_buffers()
 
     def padded_batch(self, batch: int) -> int:
         """The capture size a batch of `batch` requests is padded to."""
         return next(s for s in self.sizes if s >= batch)
 
     def _verify_forward(self, meta: ForwardMeta):
-        cache, model = self.cache, self.model
-        ids = torch.where(meta.valid, cache.tokens[meta.rows[:, None], meta.positions], 0)
-        h = model.model(ids, meta, cache.target)
-        return ids, h, model.lm_head(h)
+        return verify_forward(self.model, self.cache, meta)
 
     def _call(self, fn, *args):
         self.num_calls += 1
@@ -147,10 +155,7 @@ class CompiledDecode:
 
     @torch.inference_mode()
     def verify(self, meta: ForwardMeta):
-        """The target over static verification windows (ModelCache.static_meta with keep_states):
-        -> (ids [Bp, T] int64, the window's tokens (0 for padding), hidden [Bp, T, H], logits
-        [Bp, T, V]); Gated DeltaNet keeps its per-token states for commit_recurrent, as the eager
-        forward does."""
+        """verify_forward compiled (its contract)."""
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
         _mark_meta(meta)
@@ -159,7 +164,7 @@ class CompiledDecode:
     @torch.inference_mode()
     def draft(self, metas: list[ForwardMeta], rows: torch.Tensor, n: torch.Tensor,
               target_start: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
-        """speculator.draft_loop compiled (its contract); metas from speculator.plan_decode."""
+        """speculator.draft_loop compiled (its contract); metas from speculator.plan."""
         for m in metas:
             _mark_meta(m)
         _mark_batch(rows, n, target_start, target_hidden)

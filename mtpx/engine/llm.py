@@ -7,12 +7,14 @@
 """
 from __future__ import annotations
 
+import time
+from collections import deque
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from mtpx.engine.engine import Engine
+from mtpx.engine.engine import Engine, EngineConfig
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.metrics.stats import RequestOutput
@@ -70,17 +72,19 @@ class LLM:
                                                          allow_pickle=allow_pickle, device=device)
         self.spec = spec
         self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
-        self.engine = Engine(self.model, self.speculator, max_num_seqs, max_model_len,
-                             record_logit_gaps, block_size, num_blocks, enable_prefix_caching,
-                             max_num_batched_tokens, check_invariants, verify,
-                             draft_sample_method, attention_backend, compile=compile,
-                             compile_backend=compile_backend)
+        self.engine = Engine(self.model, self.speculator, EngineConfig(
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
+            num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
+            max_num_batched_tokens=max_num_batched_tokens, verify=verify,
+            draft_sample_method=draft_sample_method, attention_backend=attention_backend,
+            compile=compile, compile_backend=compile_backend, record_logit_gaps=record_logit_gaps,
+            check_invariants=check_invariants))
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
 
     @property
     def num_speculative_tokens(self) -> int:
-        return 0 if self.speculator is None else self.speculator.k
+        return 0 if self.speculator is None else self.speculator.num_speculative_tokens
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block (vLLM's LLM.reset_prefix_cache). Returns False, changing
@@ -156,8 +160,7 @@ class LLM:
                 raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
             for r in requests:
                 r.arrival_offset = float(arrival_offsets[r.index])
-        self.engine.run(requests, on_finish=on_finish, on_step=on_step,
-                        max_concurrency=max_concurrency)
+        run_client(self.engine, requests, on_finish, on_step, max_concurrency)
         by_index = {r.index: r for r in requests} | failed
         return [self._output(by_index[i]) for i in range(len(prompts))]
 
@@ -167,6 +170,54 @@ class LLM:
             output_token_ids=r.output_token_ids, text=self.decode(r.output_token_ids),
             finish_reason=r.finish_reason, spec=r.spec, arrival_time=r.arrival_time,
             first_token_time=r.first_token_time, finish_time=r.finish_time, error=r.error,
-            logit_gaps=r.logit_gaps if self.engine.record_logit_gaps else None,
+            logit_gaps=r.logit_gaps if self.engine.config.record_logit_gaps else None,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
             emission_times=r.emission_times)
+
+
+def run_client(engine: Engine, requests: list[Request], on_finish=None, on_step=None,
+               max_concurrency: int | None = None) -> None:
+    """The benchmark client over the engine's online API: requests arrive at their arrival_offset
+    (seconds after the start) with at most max_concurrency in the engine at once (None = no
+    limit); each one's arrival_time is when it arrived, or when the client got a free slot,
+    whichever is later. on_finish(request) after the step it ended in (stop, length, abort, or a
+    request that can never fit); on_step(engine) after every step (both may call engine.abort).
+    Runs under torch.inference_mode, so a compiled decode step never recompiles for the caller's
+    grad mode. Raises ValueError for max_concurrency < 1."""
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency={max_concurrency}: must be >= 1 or None (eval.concurrency)")
+    pending = deque(sorted(requests, key=lambda r: r.arrival_offset))
+    start = time.perf_counter()
+    in_flight, slot_freed = 0, start
+    engine.reset_step_timings()
+
+    def finish(r: Request) -> None:
+        nonlocal in_flight, slot_freed
+        in_flight -= 1
+        slot_freed = time.perf_counter()
+        if on_finish is not None:
+            on_finish(r)
+
+    with torch.inference_mode():
+        while pending or engine.has_unfinished_requests():
+            now = time.perf_counter()
+            while pending and (max_concurrency is None or in_flight < max_concurrency) \
+                    and pending[0].arrival_offset <= now - start:
+                r = pending.popleft()
+                if not r.finished:          # not aborted before it arrived
+                    r.arrival_time = min(now, max(start + r.arrival_offset, slot_freed))
+                    if engine.add_request(r):
+                        in_flight += 1
+                        continue
+                if on_finish is not None:   # aborted, or it can never fit the pool (r.error)
+                    on_finish(r)
+            if not engine.has_unfinished_requests():
+                if pending and (max_concurrency is None or in_flight < max_concurrency):
+                    time.sleep(max(0.0, pending[0].arrival_offset - (now - start)))
+                continue
+            for r in engine.step() + engine.pop_aborted():
+                finish(r)
+            if on_step is not None:
+                on_step(engine)
+            for r in engine.pop_aborted():
+                finish(r)

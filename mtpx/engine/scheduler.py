@@ -1,4 +1,9 @@
-"""Continuous-batching scheduler (vLLM v1's design, simplified): every step it hands out a token
+"""Continuous-batching scheduler (vLLM v1's design, simplified), the one writer of request progress.
+
+`schedule()` hands out one step's work; `update_from_output(out, result)` applies the model
+runner's RunnerOutput: appends the verified tokens (cut at a stop token, max_tokens or
+max_model_len), counts the round, advances num_computed_tokens, publishes the blocks whose KV is
+final and frees those of requests that ended. Every step it hands out a token
 budget, first to running requests (verification windows of 1 + num_draft_tokens, then the next
 chunk of prompts still being prefilled), then to waiting requests in arrival order. Prefill chunks
 end on block boundaries (except a prompt's last chunk) so that the Gated DeltaNet state at every
@@ -11,6 +16,7 @@ every request still finishes.
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -23,21 +29,25 @@ class ScheduledPrefill:
     """Positions [start, start + num_tokens) of `request` run through the target this step;
     is_last: the chunk reaches the last known token, so the target samples the next one and the
     speculator drafts; new: the request was admitted this step (it needs a batch slot, its tokens
-    in the token buffer, and its recurrent state from the prefix hit at `start`)."""
+    in the token buffer, and its recurrent state from the prefix hit at `start`); block_table:
+    the request's block ids (the KV cache manager's live list)."""
 
     request: Request
     start: int
     num_tokens: int
     is_last: bool
     new: bool = False
+    block_table: list[int] = field(default_factory=list)
 
 
 @dataclass
 class ScheduledDecode:
-    """A verification window [x_n, d_1 .. d_num_draft_tokens] for `request`."""
+    """A verification window [x_n, d_1 .. d_num_draft_tokens] for `request`; block_table as
+    ScheduledPrefill's."""
 
     request: Request
     num_draft_tokens: int
+    block_table: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -54,24 +64,27 @@ class SchedulerOutput:
 
 class Scheduler:
     """kv: the block manager; max_num_seqs: running requests at most (batch slots);
-    max_num_batched_tokens: target tokens per step; num_lookahead_tokens: positions beyond a
-    step's last token the speculator may write (blocks are allocated for them too);
-    max_len: positions a request's block table can cover.
+    max_num_batched_tokens: target tokens per step; num_speculative_tokens: drafts per round (0:
+    plain decoding); the scheduler also reserves slots for that many positions beyond a step's last
+    token, which the speculator writes; max_len: positions a request's block table can cover;
+    max_model_len: positions a request may reach (prompt + output).
 
-    Requests are added with add(); schedule() returns one step's work (the engine releases the
-    batch slots of out.preempted and assigns slots to new prefills); the engine calls
-    finish(request) when a request ends or is aborted.
+    Requests are added with add(); schedule() returns one step's work (the runner frees the batch
+    slots of out.preempted and assigns slots to new prefills); update_from_output() applies its
+    result; abort() ends a request between steps.
     """
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 num_lookahead_tokens: int, max_len: int):
+                 num_speculative_tokens: int, max_len: int, max_model_len: int):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.lookahead = num_lookahead_tokens
+        self.lookahead = num_speculative_tokens
         self.max_len = max_len
+        self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -82,8 +95,12 @@ class Scheduler:
     def _slots(self, request: Request, end: int) -> int:
         return min(self.max_len, end + self.lookahead)
 
-    def schedule(self, draft_budget) -> SchedulerOutput:
-        """draft_budget(request) -> drafts the request can still use (ARCHITECTURE.md inv. 7)."""
+    def draft_budget(self, r: Request) -> int:
+        """Drafts to verify: never more than the request can still use (ARCHITECTURE.md inv. 7)."""
+        room = min(r.params.max_tokens - len(r.output_token_ids), self.max_model_len - r.num_tokens)
+        return max(0, min(len(r.draft_token_ids), room - 1))
+
+    def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         S = self.kv.block_size
@@ -100,7 +117,7 @@ class Scheduler:
                     continue
                 need = r.num_computed_tokens + n
             else:
-                n = 1 + min(draft_budget(r), budget - 1)
+                n = 1 + min(self.draft_budget(r), budget - 1)
                 need = r.num_tokens - 1 + n
             while not self.kv.allocate_slots(r.index, self._slots(r, need)):
                 victim = self.running[-1]
@@ -110,11 +127,13 @@ class Scheduler:
                     break
             if r not in self.running:               # r itself was preempted
                 break
+            table = self.kv.block_table(r.index)
             if r.is_prefilling:
                 out.prefills.append(ScheduledPrefill(r, r.num_computed_tokens, n,
-                                                     r.num_computed_tokens + n == r.num_tokens))
+                                                     r.num_computed_tokens + n == r.num_tokens,
+                                                     block_table=table))
             else:
-                out.decodes.append(ScheduledDecode(r, n - 1))
+                out.decodes.append(ScheduledDecode(r, n - 1, table))
             budget -= n
             i += 1
         if out.preempted:
@@ -135,7 +154,8 @@ class Scheduler:
                 r.num_cached_tokens = hit
                 r.admitted_once = True
             self.running.append(r)
-            out.prefills.append(ScheduledPrefill(r, hit, n, hit + n == len(tokens), new=True))
+            out.prefills.append(ScheduledPrefill(r, hit, n, hit + n == len(tokens), new=True,
+                                                 block_table=self.kv.block_table(r.index)))
             budget -= n
         return out
 
@@ -146,10 +166,67 @@ class Scheduler:
         r.draft_token_ids = []
         r.draft_probs = None
         r.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(r)
 
-    def finish(self, r: Request) -> None:
-        """Release a finished or aborted request's blocks at once."""
+    # ---- results ------------------------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, result) -> list[Request]:
+        """Apply a RunnerOutput (mtpx/engine/model_runner.py) to the step's requests; returns
+        those that finished, their blocks already published (what is final) and freed."""
+        finished = []
+        now = time.perf_counter()
+        for item in out.prefills + out.decodes:
+            r = item.request
+            res = result.results[r.index]
+            if isinstance(item, ScheduledPrefill):
+                r.num_computed_tokens = item.start + item.num_tokens
+            if res.token_ids:
+                self._append(r, res, now)
+            if not r.finished:
+                r.draft_token_ids, r.draft_probs = res.draft_token_ids, res.draft_probs
+                if isinstance(item, ScheduledDecode):   # the newest token has no KV yet
+                    r.num_computed_tokens = r.num_tokens - 1
+            # publish what is final; a finished request's tokens are a prefix of what the runner
+            # computed with, and the manager keys and bounds blocks by them (write side)
+            self.kv.cache_blocks(r.index, r.all_token_ids, res.num_final_tokens)
+            if r.finished:
+                self._remove(r)
+                finished.append(r)
+        return finished
+
+    def _append(self, r: Request, res, now: float) -> None:
+        """Append verified tokens; stop at a stop token, max_tokens or max_model_len. Tokens after
+        the stop are dropped: the round's raw accepted count stays, its committed count is what
+        was appended (SpecDecodeCounts.record_round)."""
+        if r.first_token_time is None:
+            r.first_token_time = now
+        r.emission_times.append(now)
+        emitted = 0
+        for i, t in enumerate(res.token_ids):
+            r.output_token_ids.append(t)
+            if res.logit_gaps is not None:
+                r.logit_gaps.append(res.logit_gaps[i])
+            emitted = i + 1
+            if t in r.stop_ids:
+                r.finish_reason = "stop"
+            elif len(r.output_token_ids) >= r.params.max_tokens or r.num_tokens >= self.max_model_len:
+                r.finish_reason = "length"
+            if r.finish_reason is not None:
+                r.finish_time = now
+                break
+        r.spec.record_round(res.num_draft_tokens, res.num_accepted, emitted)
+
+    def abort(self, r: Request) -> bool:
+        """End a waiting or running request now (finish_reason "abort") and free its blocks.
+        Returns False (nothing changed) when it already finished or was never added."""
+        if r.finished or (r not in self.running and r not in self.waiting):
+            return False
+        r.finish_reason = "abort"
+        r.finish_time = time.perf_counter()
+        self._remove(r)
+        return True
+
+    def _remove(self, r: Request) -> None:
         if r in self.running:
             self.running.remove(r)
         elif r in self.waiting:

@@ -59,6 +59,14 @@ def run_module(model: MTPForCausalLM, cache: ModelCache, k: int, meta: ForwardMe
     return model.mtp[k - 1](emb, hidden, meta.positions, cache.draft[k - 1], meta)
 
 
+def module_meta(cache: ModelCache, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
+                num_columns: int | None, num_blocks: int | None) -> ForwardMeta:
+    """A module forward's metadata: static (num_columns columns, num_blocks blocks) or dynamic."""
+    if num_columns is None:
+        return cache.meta(starts, lengths, rows)
+    return cache.static_meta(starts, lengths, rows, num_columns, num_blocks)
+
+
 def last_valid(x: torch.Tensor, meta: ForwardMeta) -> torch.Tensor:
     """x: [B, T, ...] -> the entry at each request's last real token, [B, ...] (index 0 for a
     request with no token)."""

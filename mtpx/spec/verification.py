@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from mtpx.spec.sampler import RequestSampling, sample
+
 
 def _pick(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """dist [B, K, V], tokens [B, K] -> dist at the tokens, [B, K]."""
@@ -105,3 +107,42 @@ def verify_block(x, q, p, num_drafts, eta):
 
 
 VERIFIERS = {"standard": verify_token_level, "block": verify_block}
+
+
+def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
+           sampling: RequestSampling, draft_probs: list, method: str = "standard"
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify B windows [x_n, d_1 .. d_{T-1}], greedy and sampled requests alike.
+
+    ids: [B, T] int64 window tokens (drafts beyond num_drafts[b] are padding); logits: [B, T, V]
+    the target's logits there; num_drafts: drafts per row (host ints); sampling: the rows'
+    RequestSampling; draft_probs: per row None (greedy drafts: one-hot q, as vLLM) or [k, V], the
+    distributions sampled drafts came from; method: "standard" or "block" (VERIFIERS).
+
+    Returns (accepted [B] int64, emitted [B, T] int64): emitted[b, :accepted[b]] are the accepted
+    drafts and emitted[b, accepted[b]] the token after them (the target's next token, or the
+    residual sample after a rejection); later entries are unspecified. An all-greedy batch is
+    verified by argmax matching with no host sync; a greedy row of a sampled batch has a one-hot
+    target distribution, which reduces to the same.
+    """
+    B, T = ids.shape
+    nd = torch.tensor(num_drafts, device=ids.device)
+    if sampling.all_greedy:
+        target = logits.argmax(-1)                                         # [B, T]
+        is_draft = torch.arange(T - 1, device=ids.device)[None] < nd[:, None]
+        match = (ids[:, 1:] == target[:, :-1]) & is_draft
+        return match.long().cumprod(1).sum(1), target
+    p = sampling.probs(logits)                                             # [B, T, V]
+    x = ids[:, 1:]                                                         # drafts [B, T-1]
+    if T > 1:
+        q = torch.nn.functional.one_hot(x, p.shape[-1]).to(p.dtype)        # greedy drafts
+        for b, probs in enumerate(draft_probs):
+            if probs is not None and num_drafts[b]:
+                q[b, : num_drafts[b]] = probs[: num_drafts[b]].to(p.dtype)
+        accepted, final = VERIFIERS[method](x, q, p, nd, sampling.uniforms(num_drafts, T - 1))
+    else:
+        accepted, final = torch.zeros(B, dtype=torch.long, device=ids.device), p[:, 0]
+    y = sample(final, sampling.uniforms([1] * B)[:, 0])
+    emitted = torch.cat([x, torch.zeros(B, 1, dtype=x.dtype, device=x.device)], 1)
+    emitted[torch.arange(B, device=ids.device), accepted] = y
+    return accepted, emitted

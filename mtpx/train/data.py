@@ -26,7 +26,6 @@ offsets), which is what makes mixing weights exact and skipping O(1).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sysconfig
 from collections.abc import Iterator, Sequence

@@ -59,10 +59,7 @@ class RequestSampling:
         self.min_p = torch.tensor([p.min_p for p in params], device=device, dtype=torch.float64)
         self.generators = generators
         self.device = device
-
-    @property
-    def all_greedy(self) -> bool:
-        return bool(self.greedy.all())
+        self.all_greedy = all(p.greedy for p in params)   # from the host params: no device sync
 
     def probs(self, logits: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """logits [N, V] or [N, T, V] of batch rows `rows` (default all) -> probabilities."""
@@ -90,30 +87,28 @@ class RequestSampling:
 
 
 class DraftSampler:
-    """What a speculator calls to turn draft logits into draft tokens, position by position:
-    sampler(logits [b, V], batch_idx [b] int64, position i) -> tokens [b].
+    """What a speculator calls to turn draft logits into draft tokens, draft by draft:
+    sampler(logits [B', V], draft index i) -> tokens [B'], rows in batch order; the first B rows
+    are the requests of `sampling` (B' - B padding rows after them get the argmax).
 
     greedy drafts (draft_sample_method="greedy", vLLM's default): the argmax, whose draft
     distribution q is one-hot. probabilistic: a sample from the draft distribution processed with
     the request's own temperature/top-k/top-p/min-p, q kept in `q` [B, k, V] for verification.
-    Rows with draft[b] False (mid-prefill) draw nothing."""
+    Rows with is_drafting[b] False (mid-prefill) draw no uniform."""
 
-    def __init__(self, sampling: RequestSampling, draft: torch.Tensor, k: int, probabilistic: bool):
-        self.sampling, self.draft, self.probabilistic = sampling, draft.tolist(), probabilistic
-        self.k = k
+    def __init__(self, sampling: RequestSampling, is_drafting: torch.Tensor, k: int,
+                 probabilistic: bool):
+        self.sampling, self.probabilistic, self.k = sampling, probabilistic, k
+        self.counts = [1 if d else 0 for d in is_drafting.tolist()]
         self.q: torch.Tensor | None = None
 
-    def __call__(self, logits: torch.Tensor, batch_idx: torch.Tensor, i: int) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, i: int) -> torch.Tensor:
         if not self.probabilistic:
             return logits.argmax(-1)
-        probs = self.sampling.probs(logits, batch_idx)
+        B = len(self.counts)
+        probs = self.sampling.probs(logits[:B])
         if self.q is None:
-            self.q = torch.zeros(len(self.draft), self.k, logits.shape[-1], dtype=probs.dtype,
-                                 device=probs.device)
-        self.q[batch_idx, i] = probs
-        B = len(self.draft)
-        counts = [0] * B
-        for b in batch_idx.tolist():
-            counts[b] = 1 if self.draft[b] else 0
-        u = self.sampling.uniforms(counts, 1)[batch_idx, 0]
-        return sample(probs, u)
+            self.q = torch.zeros(B, self.k, logits.shape[-1], dtype=probs.dtype, device=probs.device)
+        self.q[:, i] = probs
+        tokens = sample(probs, self.sampling.uniforms(self.counts, 1)[:, 0])
+        return torch.cat([tokens, logits[B:].argmax(-1)])

@@ -1,0 +1,68 @@
+"""EngineConfig: every setting of the decoding engine, validated once (vLLM's names)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VERIFY_METHODS = ("standard", "block")
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+
+
+@dataclass
+class EngineConfig:
+    """Raises ValueError in __post_init__ naming the config key for a value the engine cannot run
+    with; limits that depend on the model (max_model_len, the window) are checked by Engine."""
+
+    max_num_seqs: int = 64
+    """Running requests at most (batch slots)."""
+    max_model_len: int | None = None
+    """Positions per request, prompt plus output (None: the model's max_position_embeddings)."""
+    block_size: int = 16
+    """Tokens per paged KV block."""
+    num_blocks: int | None = None
+    """KV blocks in the pool (None: enough for max_num_seqs requests of max_model_len, so nothing
+    is ever preempted)."""
+    enable_prefix_caching: bool = False
+    """Share full KV blocks between requests by content (mtpx/cache/kv_cache_manager.py)."""
+    max_num_batched_tokens: int = 2048
+    """Target tokens per engine step; prompts are prefilled in chunks to fit."""
+    verify: str = "standard"
+    """Verification of drafts at temperature > 0: "standard" (token-level speculative sampling)
+    or "block" (block verification); greedy requests verify by argmax either way."""
+    draft_sample_method: str = "greedy"
+    """At temperature > 0: "greedy" (argmax drafts, one-hot draft distribution, as vLLM) or
+    "probabilistic" (drafts sampled from the draft distribution)."""
+    attention_backend: str = "torch"
+    """Paged attention: "torch" (the reference, CPU or GPU) or "flashinfer" (CUDA); checked by
+    mtpx.attention.backend.get_backend."""
+    compile: bool = False
+    """Run the decode step through torch.compile with static shapes (mtpx/engine/compiled.py)."""
+    compile_backend: str = "inductor"
+    """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests)."""
+    record_logit_gaps: bool = False
+    """Keep the top-2 logit gap of every emitted token (lossless checks, near-tie analysis)."""
+    record_step_timings: bool = True
+    """Keep a StepTiming per step (on CUDA this synchronizes the device at each phase)."""
+    check_invariants: bool = False
+    """Assert on every KV write that no published or free block is written, and the block pool's
+    bookkeeping after every step (tests)."""
+
+    def __post_init__(self):
+        def integer(key, value, low, none_ok=False):
+            if value is None and none_ok:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"engine.{key}={value!r}: must be an integer >= {low}"
+                                 + (" or null" if none_ok else ""))
+
+        integer("max_num_seqs", self.max_num_seqs, 1)
+        integer("max_model_len", self.max_model_len, 2, none_ok=True)
+        integer("block_size", self.block_size, 1)
+        integer("num_blocks", self.num_blocks, 1, none_ok=True)
+        integer("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be at "
+                             f"least engine.block_size ({self.block_size})")
+        for key, value, choices in (("verify", self.verify, VERIFY_METHODS),
+                                    ("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)):
+            if value not in choices:
+                raise ValueError(f"{key}={value!r}: choose one of {list(choices)} (spec.{key})")

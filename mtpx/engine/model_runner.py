@@ -1,0 +1,304 @@
+"""The model runner: every tensor of the engine and every model call (vLLM v1's GPUModelRunner).
+
+`execute(scheduler_output)` runs one engine step and returns a `RunnerOutput`; it reads the
+scheduled requests and writes none of their fields (the scheduler owns request progress). It owns
+the ModelCache (KV, recurrent states, token buffer, block tables, batch slots), the speculator and
+the compiled decode step.
+
+One step: free the batch slots of preempted requests -> admit new ones (slot, tokens, recurrent
+state from the last prefix-hit block, speculator rows) -> prefill chunks through the target, first
+tokens sampled, the speculator catches up (and drafts for prompts that are complete) -> the
+decode step: the target over static verification windows [x_n, d_1 .. d_k] keeping the Gated
+DeltaNet state after every window token, one `verify` for greedy and sampled requests, the
+recurrent state selected at the accepted position (invariant 3), the accepted tokens written to
+the token buffer, the speculator's whole draft loop (metadata planned before it) -> one host
+transfer of emitted tokens, accepted counts, next drafts and final positions.
+
+The decode step is one code path with static shapes (mtpx/engine/compiled.py): with
+engine.compile the batch is padded to a capture size and keys are read from a power-of-two block
+bucket, so one graph serves every step; eager, the batch is not padded and the bucket is exact.
+Inside it nothing reads a tensor on the host but that one transfer (tests/test_model_runner.py
+counts them); boundary states for prefix caching are placed from host-known positions.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from mtpx.cache.model_cache import ModelCache
+from mtpx.engine.compiled import CompiledDecode, block_bucket, verify_forward
+from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
+from mtpx.spec.common import last_valid
+from mtpx.spec.sampler import DraftSampler, RequestSampling, sample
+from mtpx.spec.verification import verify
+
+
+@dataclass
+class StepTiming:
+    """Wall time of one engine step's phases (seconds; on CUDA the device is synchronized at each
+    boundary, so the times are device times), for the cost model (mtpx.metrics.cost_model).
+
+    num_decodes: requests verified; num_draft_tokens: draft tokens verified, summed over them;
+    num_prefill_tokens: prompt tokens prefilled; prefill_s: the prefill forward, its first
+    tokens and the drafting after it; verify_s: the verification forward, verification, the
+    recurrent-state commit; draft_s: the draft loop after verification (re-prefill included).
+    """
+
+    num_decodes: int
+    num_draft_tokens: int
+    num_prefill_tokens: int
+    prefill_s: float
+    verify_s: float
+    draft_s: float
+
+
+@dataclass
+class RequestResult:
+    """What one step did for one scheduled request.
+
+    token_ids: verified tokens to append: the accepted drafts then the target's next token (a
+        decode), the first token after a complete prompt, or [] for a chunk mid-prefill; the
+        scheduler may cut them at a stop. num_draft_tokens, num_accepted: drafts verified and the
+        verifier's raw accepted count. draft_token_ids: the next num_speculative_tokens drafts
+        ([] without a speculator or mid-prefill); draft_probs: [k, V] draft distributions of
+        sampled drafts, else None. num_final_tokens: positions [0, P) whose KV is final for the
+        target and every draft module if token_ids are committed (KVCacheManager.cache_blocks).
+        logit_gaps: top-2 logit gap at each of token_ids (record_logit_gaps), else None.
+    """
+
+    token_ids: list[int]
+    num_draft_tokens: int = 0
+    num_accepted: int = 0
+    draft_token_ids: list[int] | None = None
+    draft_probs: torch.Tensor | None = None
+    num_final_tokens: int = 0
+    logit_gaps: list[float] | None = None
+
+
+@dataclass
+class RunnerOutput:
+    """results: request index -> RequestResult, one per scheduled request; timing: the step's
+    StepTiming (None without record_step_timings)."""
+
+    results: dict[int, RequestResult]
+    timing: StepTiming | None = None
+
+
+class ModelRunner:
+    """model: the target with its MTP modules; speculator: None or a Speculator
+    (mtpx/spec/protocol.py); config: the engine's EngineConfig (resolved: max_model_len and
+    num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts)."""
+
+    def __init__(self, model, speculator, config, max_len: int):
+        self.model, self.speculator, self.config = model, speculator, config
+        self.device = next(model.parameters()).device
+        self.k = 0 if speculator is None else speculator.num_speculative_tokens
+        self.block_size = config.block_size
+        hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
+        self.boundary_states = config.enable_prefix_caching and hybrid
+        self.cache = ModelCache(model, config.max_num_seqs, max_len,
+                                0 if speculator is None else speculator.num_draft_modules,
+                                config.block_size, config.num_blocks, self.boundary_states,
+                                config.attention_backend)
+        if speculator is not None:
+            speculator.allocate(self.cache)
+        self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend)
+                         if config.compile else None)
+        self.rows: dict[int, int] = {}             # request index -> batch slot
+
+    # ---- batch slots ----------------------------------------------------------------------------
+    def release(self, index: int) -> None:
+        """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
+        has none)."""
+        row = self.rows.pop(index, None)
+        if row is not None:
+            self.cache.free_row(row)
+
+    def set_kv_write_guard(self, guard) -> None:
+        """guard(slots) before every KV write (check_invariants)."""
+        for c in self.cache.kv_caches:
+            c.guard = guard
+
+    def _admit(self, p: ScheduledPrefill) -> None:
+        r, cache = p.request, self.cache
+        row = self.rows[r.index] = cache.allocate_row()
+        tokens = r.all_token_ids
+        cache.tokens[row, : len(tokens)] = torch.tensor(tokens, device=self.device)
+        rows = torch.tensor([row], device=self.device)
+        if p.start > 0:               # resume the recurrence from the last hit block's state
+            block = p.block_table[p.start // self.block_size - 1]
+            for c in cache.recurrent:
+                c.load_rows(rows, torch.tensor([block], device=self.device))
+        if self.speculator is not None:
+            self.speculator.reset_rows(rows, p.start)
+
+    # ---- one step -------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> RunnerOutput:
+        for r in out.preempted:
+            self.release(r.index)
+        for p in out.prefills:
+            if p.new:
+                self._admit(p)
+        for item in out.prefills + out.decodes:
+            self.cache.set_block_table(self.rows[item.request.index], item.block_table)
+        results: dict[int, RequestResult] = {}
+        t0 = self._now()
+        self._prefill(out.prefills, results)
+        t1 = self._now()
+        verify_s, draft_s = self._decode(out.decodes, results)
+        timing = None
+        if self.config.record_step_timings:
+            timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
+                                sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s)
+        return RunnerOutput(results, timing)
+
+    def _now(self) -> float:
+        if not self.config.record_step_timings:
+            return 0.0
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _boundaries(self, items, starts: list[int], lengths: list[int]):
+        """(batch_idx, token_idx, block_ids) of the tokens that end a paged block, from host-known
+        positions (the Gated DeltaNet state after them is stored with the block); None without
+        boundary states."""
+        if not self.boundary_states:
+            return None
+        S, found = self.block_size, []
+        for b, (item, start, length) in enumerate(zip(items, starts, lengths)):
+            for p in range(start + (S - 1 - start % S), start + length, S):
+                found.append((b, p - start, item.block_table[p // S]))
+        bi, ti, blocks = zip(*found) if found else ((), (), ())
+        return tuple(torch.tensor(x, dtype=torch.long, device=self.device) for x in (bi, ti, blocks))
+
+    def _sampling(self, reqs) -> RequestSampling:
+        return RequestSampling([r.params for r in reqs], [r.generator for r in reqs], self.device)
+
+    def _draft_sampler(self, sampling: RequestSampling, is_drafting: torch.Tensor):
+        if self.config.draft_sample_method == "probabilistic" and not sampling.all_greedy:
+            return DraftSampler(sampling, is_drafting, self.k, probabilistic=True)
+        return None
+
+    def _gaps(self, logits: torch.Tensor):
+        if not self.config.record_logit_gaps:
+            return None
+        top2 = logits.float().topk(2, dim=-1).values
+        return (top2[..., 0] - top2[..., 1]).tolist()
+
+    def _prefill(self, prefills: list[ScheduledPrefill], results: dict) -> None:
+        if not prefills:
+            return
+        cache, model, dev = self.cache, self.model, self.device
+        reqs = [p.request for p in prefills]
+        rows = torch.tensor([self.rows[r.index] for r in reqs], device=dev)
+        starts, lengths = [p.start for p in prefills], [p.num_tokens for p in prefills]
+        meta = cache.meta(torch.tensor(starts, device=dev), torch.tensor(lengths, device=dev), rows)
+        meta.save_states = self._boundaries(prefills, starts, lengths)
+        ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)
+        h = model.model(ids, meta, cache.target)                           # [B, T, hidden]
+        last = [b for b, p in enumerate(prefills) if p.is_last]
+        first: dict[int, int] = {}
+        gaps = None
+        if last:
+            idx = torch.tensor(last, device=dev)
+            logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
+            sampling = self._sampling([reqs[b] for b in last])
+            tok = (logits.argmax(-1) if sampling.all_greedy
+                   else sample(sampling.probs(logits), sampling.uniforms([1] * len(last))[:, 0]))
+            cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
+            first = dict(zip(last, tok.tolist()))
+            gaps = self._gaps(logits)
+        # with its first token a complete prompt has one more known token, and drafts
+        num_tokens = [r.num_tokens + (b in first) for b, r in enumerate(reqs)]
+        num_final = [s + n for s, n in zip(starts, lengths)]
+        drafts, q = None, None
+        if self.speculator is not None:
+            is_drafting = torch.tensor([p.is_last for p in prefills], device=dev)
+            nt = torch.tensor(num_tokens, device=dev)
+            start_t = meta.positions[:, 0]
+            metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting)
+            sampler = (self._draft_sampler(self._sampling(reqs), is_drafting) if last else None)
+            drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start_t, h, sampler).tolist()
+            q = None if sampler is None else sampler.q
+            final = self.speculator.num_final(rows, nt).tolist()
+            num_final = [min(a, b) for a, b in zip(num_final, final)]
+        for b, r in enumerate(reqs):
+            is_last = b in first
+            results[r.index] = RequestResult(
+                [first[b]] if is_last else [], num_final_tokens=num_final[b],
+                draft_token_ids=drafts[b] if drafts is not None and is_last else [],
+                draft_probs=q[b] if q is not None and is_last else None,
+                logit_gaps=[gaps[last.index(b)]] if gaps is not None and is_last else None)
+
+    def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
+        """The decode step (module doc); returns (verify_s, draft_s): the draft loop (with its
+        plan) and the rest of the step."""
+        if not decodes:
+            return 0.0, 0.0
+        t0 = self._now()
+        cache, dev, k = self.cache, self.device, self.k
+        reqs = [d.request for d in decodes]
+        B = len(reqs)
+        Bp = B if self.compiled is None else self.compiled.padded_batch(B)
+        pad = Bp - B
+        n_host = [r.num_tokens - 1 for r in reqs]
+        nd_host = [d.num_draft_tokens for d in decodes]
+        # every position this step touches (drafts reach n + 2k - 1) lies in the block bucket
+        need = max(n_host) + 2 * k + 2
+        nb = (block_bucket(need, self.block_size, cache.max_blocks) if self.compiled is not None
+              else min(cache.max_blocks, -(-need // self.block_size)))
+        rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
+        n = torch.tensor(n_host + [0] * pad, device=dev)
+        meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
+                                 rows, k + 1, nb, keep_states=True)
+        ids, h, logits = (verify_forward(self.model, cache, meta) if self.compiled is None
+                          else self.compiled.verify(meta))
+        sampling = self._sampling(reqs)
+        accepted, emitted = verify(ids[:B], logits[:B], nd_host, sampling,
+                                   [r.draft_probs for r in reqs], self.config.verify)
+        full_accepted = torch.cat([accepted, accepted.new_zeros(pad)])
+        save = self._boundaries(decodes, n_host, [1 + x for x in nd_host])
+        if save is not None:          # only the accepted window tokens' states (pad block else)
+            bi, ti, blocks = save
+            save = (bi, ti, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
+        cache.commit_recurrent(full_accepted, save)
+        # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
+        T = k + 1
+        keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]
+        cache.tokens[torch.where(keep, rows[:B, None], cache.pad_row), n[:B, None] + 1 + torch.arange(T, device=dev)] = emitted
+        gaps = self._gaps(logits[:B])
+        t1 = t2 = self._now()
+        num_tokens = n[:B] + accepted + 2                                   # known after this step
+        final = n[:B] + accepted + 1                                        # target KV final below
+        parts = [emitted, accepted[:, None]]
+        q = None
+        if self.speculator is not None:
+            is_drafting = torch.arange(Bp, device=dev) < B
+            nt = torch.cat([num_tokens, num_tokens.new_ones(pad)])
+            target_end = torch.cat([final, final.new_zeros(pad)])
+            start = meta.positions[:, 0]
+            metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, k + 1, nb)
+            sampler = self._draft_sampler(sampling, is_drafting[:B])
+            if self.compiled is not None and sampler is None:
+                drafts = self.compiled.draft(metas, rows, nt - 1, start, h)
+            else:
+                drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start, h, sampler)
+            q = None if sampler is None else sampler.q
+            final = torch.minimum(final, self.speculator.num_final(rows[:B], num_tokens))
+            parts.append(drafts[:B])
+            t2 = self._now()
+        parts.append(final[:, None])
+        packed = torch.cat(parts, 1).tolist()       # the step's one device -> host transfer
+        for b, r in enumerate(reqs):
+            row = packed[b]
+            m = row[T]
+            results[r.index] = RequestResult(
+                row[: m + 1], nd_host[b], m,
+                draft_token_ids=row[T + 1: T + 1 + k] if self.speculator is not None else [],
+                draft_probs=None if q is None else q[b], num_final_tokens=row[-1],
+                logit_gaps=gaps[b][: m + 1] if gaps is not None else None)
+        return self._now() - t0 - (t2 - t1), t2 - t1
