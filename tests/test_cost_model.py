@@ -3,7 +3,8 @@ costs (exact values), and a calibration smoke run through the engine."""
 import pytest
 
 from mtpx.engine.engine import StepTiming
-from mtpx.metrics.cost_model import calibrate, predict, recommend, step_costs, tokens_per_round
+from mtpx.engine.calibration import calibrate
+from mtpx.metrics.cost_model import predict, recommend, step_costs, tokens_per_round
 
 
 def test_step_costs_take_medians_of_full_pure_decode_steps():
@@ -48,7 +49,7 @@ def test_step_timings_can_be_turned_off(trained_tiny):
     """record_step_timings=False: no timings (and, on CUDA, no device syncs); same tokens."""
     from mtpx import LLM, SamplingParams
     from mtpx.engine.engine import Engine
-    from mtpx.spec import build_speculator
+    from mtpx.spec_decode import build_speculator
     p = SamplingParams(max_tokens=12, ignore_eos=True)
     on = LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens=2)
     ref = on.generate([[5, 8, 11]], p)

@@ -12,8 +12,8 @@ import torch
 from mtpx.attention import flashinfer_backend as fb
 from mtpx.attention.flashinfer_backend import FlashInferBackend, FlashInferPlan, paged_kv_plan_inputs
 from mtpx.attention.torch_backend import TorchBackend
-from mtpx.cache.state import KVCache
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.kv_cache import KVCache
+from mtpx.attention.meta import ForwardMeta
 
 S = 4  # block size
 # request 0: a 5-token prefill chunk at 8..12; 1: a decode at 20; 2: a verification window at 3..5

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 from mtpx import SamplingParams
 from mtpx.cache.block_pool import hash_block, lookahead_key
 from mtpx.cache.model_cache import ModelCache
-from mtpx.cache.state import KVCache
-from mtpx.spec.common import run_module
+from mtpx.attention.kv_cache import KVCache
+from mtpx.spec_decode.common import run_module
 from tests.conftest import peaked_model, tiny_config
 from tests.helpers import install_draft_check
 from tests.test_engine import assert_clean, assert_matches_reference, make_llm

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtpx.attention.torch_backend import gather_kv
 from mtpx.cache.model_cache import ModelCache
-from mtpx.spec import MultiModuleMTPSpeculator, SingleModuleMTPSpeculator
-from mtpx.spec.common import run_module
+from mtpx.spec_decode import MultiModuleMTPSpeculator, SingleModuleMTPSpeculator
+from mtpx.spec_decode.common import run_module
 from tests.conftest import peaked_model, tiny_config
 from tests.helpers import install_draft_check, propose
 

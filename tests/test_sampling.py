@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from mtpx import LLM, SamplingParams
-from mtpx.spec.sampler import probs_from_logits
-from mtpx.spec import verification
+from mtpx.spec_decode.sampler import probs_from_logits
+from mtpx.spec_decode import verification
 from tests.conftest import peaked_model, tiny_config
 
 N = 4000

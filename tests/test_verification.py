@@ -1,4 +1,4 @@
-"""Verification at temperature > 0 (mtpx/spec/verification.py): exact acceptance probabilities on
+"""Verification at temperature > 0 (mtpx/spec_decode/verification.py): exact acceptance probabilities on
 hand-made p and q, exact losslessness by enumerating every draft block and every outcome on a tiny
 vocabulary with context-dependent target and draft distributions, block >= token level in expected
 accepted tokens, and a seeded Monte-Carlo check of the samplers themselves."""
@@ -9,7 +9,7 @@ from math import prod
 import pytest
 import torch
 
-from mtpx.spec.verification import (block_thresholds, residual, token_acceptance_probs,
+from mtpx.spec_decode.verification import (block_thresholds, residual, token_acceptance_probs,
                                     verify_block, verify_token_level)
 
 V = 3

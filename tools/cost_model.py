@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from omegaconf import OmegaConf  # noqa: E402
 
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.metrics.cost_model import calibrate, predict, recommend  # noqa: E402
+from mtpx.engine.calibration import calibrate  # noqa: E402
+from mtpx.metrics.cost_model import predict, recommend  # noqa: E402
 
 
 def _run(run_dir: Path) -> dict:

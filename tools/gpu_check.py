@@ -33,11 +33,12 @@ import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.attention.torch_backend import TorchBackend  # noqa: E402
-from mtpx.cache.state import KVCache  # noqa: E402
+from mtpx.attention.kv_cache import KVCache  # noqa: E402
 from mtpx.hf.loader import load_pretrained  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.metrics.cost_model import calibrate, step_costs  # noqa: E402
-from mtpx.models.meta import ForwardMeta  # noqa: E402
+from mtpx.engine.calibration import calibrate  # noqa: E402
+from mtpx.metrics.cost_model import step_costs  # noqa: E402
+from mtpx.attention.meta import ForwardMeta  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 ATTN_TOL = {torch.bfloat16: 3e-2, torch.float16: 1e-2, torch.float32: 1e-4}

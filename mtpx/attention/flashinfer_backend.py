@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mtpx.cache.state import KVCache
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.kv_cache import KVCache
+from mtpx.attention.meta import ForwardMeta
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 RING = 16   # wrappers per kind: more than the forwards of one engine step (verify + k modules)

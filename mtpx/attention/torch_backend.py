@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mtpx.cache.state import KVCache
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.kv_cache import KVCache
+from mtpx.attention.meta import ForwardMeta
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

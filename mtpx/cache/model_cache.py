@@ -11,32 +11,33 @@ from __future__ import annotations
 import torch
 
 from mtpx.attention.backend import get_backend
+from mtpx.attention.kv_cache import KVCache
+from mtpx.attention.meta import ForwardMeta
+from mtpx.cache.state import KVCacheSpec, RecurrentState, RecurrentStateSpec
 
-from mtpx.cache.state import KVCache, RecurrentState
-from mtpx.models.meta import ForwardMeta
-from mtpx.models.model import MTPForCausalLM
 
-
-def kv_bytes_per_block(model: MTPForCausalLM, block_size: int, num_draft_modules: int,
+def kv_bytes_per_block(model, block_size: int, num_draft_modules: int,
                        boundary_states: bool) -> int:
     """Bytes one paged block costs across every attention layer (target + draft modules), plus
-    the Gated DeltaNet boundary states stored with it when `boundary_states`."""
-    cfg = model.cfg
-    p = next(model.parameters())
-    layers = sum(t == "full_attention" for t in cfg.layer_types) + num_draft_modules
-    total = layers * 2 * block_size * cfg.num_key_value_heads * cfg.head_dim * p.element_size()
-    if boundary_states:
-        for layer in model.model.layers:
-            if layer.layer_type == "linear_attention":
-                la = layer.linear_attn
-                total += la.conv_dim * (la.kernel - 1) * p.element_size() + la.nv * la.dk * la.dv * 4
+    the Gated DeltaNet boundary states stored with it when `boundary_states`. model: anything
+    with cache_specs() and parameters() (MTPForCausalLM)."""
+    size = next(model.parameters()).element_size()
+    target, draft = model.cache_specs(num_draft_modules)
+    total = 0
+    for spec in target + draft:
+        if isinstance(spec, KVCacheSpec):
+            total += 2 * block_size * spec.num_kv_heads * spec.head_dim * size
+        elif boundary_states:
+            total += spec.bytes_per_state(size)
     return total
 
 
 class ModelCache:
-    """rows: batch slots (max concurrent requests); max_len: positions per request (prompt +
-    output + drafts); num_blocks x block_size: the paged KV pool; boundary_states: keep the Gated
-    DeltaNet state of every full block (prefix caching on a hybrid model).
+    """model: anything with cache_specs() and parameters() (MTPForCausalLM: each layer declares
+    its cache, KVCacheSpec or RecurrentStateSpec, and the cache is built from those); rows: batch
+    slots (max concurrent requests); max_len: positions per request (prompt + output + drafts);
+    num_blocks x block_size: the paged KV pool; boundary_states: keep the Gated DeltaNet state of
+    every full block (prefix caching on a hybrid model).
 
     target: one cache per target layer (KVCache or RecurrentState); draft: one KVCache per MTP module.
     tokens: [rows + 1, max_len] int64: a request's known tokens at [0, num_tokens); the slots
@@ -50,31 +51,32 @@ class ModelCache:
     padding never reads or writes a block of a real request.
     """
 
-    def __init__(self, model: MTPForCausalLM, rows: int, max_len: int, num_draft_modules: int,
+    def __init__(self, model, rows: int, max_len: int, num_draft_modules: int,
                  block_size: int = 16, num_blocks: int | None = None, boundary_states: bool = False,
                  attention_backend: str = "torch"):
-        cfg = model.cfg
-        dtype = next(model.parameters()).dtype
-        device = next(model.parameters()).device
+        p = next(model.parameters())
+        dtype, device = p.dtype, p.device
+        target_specs, draft_specs = model.cache_specs(num_draft_modules)
+        attn = next((s for s in target_specs + draft_specs if isinstance(s, KVCacheSpec)), None)
         self.rows, self.max_len, self.block_size = rows, max_len, block_size
-        self.attention_backend = get_backend(attention_backend, device, (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, dtype))
+        self.attention_backend = get_backend(attention_backend, device, None if attn is None else (
+            attn.num_heads, attn.num_kv_heads, attn.head_dim, dtype))
         self.max_blocks = -(-max_len // block_size)
         self.num_blocks = rows * self.max_blocks if num_blocks is None else num_blocks
         self.pad_row, self.pad_block = rows, self.num_blocks
         self.pad_slot = self.num_blocks * block_size
-        kv = lambda: KVCache.allocate(self.num_blocks + 1, block_size, cfg.num_key_value_heads,  # noqa: E731
-                                      cfg.head_dim, dtype, device)
-        self.target = []
-        for layer in model.model.layers:
-            if layer.layer_type == "full_attention":
-                self.target.append(kv())
-            else:
-                la = layer.linear_attn
-                self.target.append(RecurrentState.allocate(
-                    rows + 1, la.conv_dim, la.kernel, la.nv, la.dk, la.dv, dtype, device,
-                    self.num_blocks + 1 if boundary_states else 0))  # + the pad block
-        self.draft = [kv() for _ in range(num_draft_modules)]
+
+        def build(spec):
+            if isinstance(spec, KVCacheSpec):
+                return KVCache.allocate(self.num_blocks + 1, block_size, spec.num_kv_heads,
+                                        spec.head_dim, dtype, device)
+            assert isinstance(spec, RecurrentStateSpec), spec
+            return RecurrentState.allocate(rows + 1, spec.conv_dim, spec.kernel, spec.heads,
+                                           spec.key_dim, spec.value_dim, dtype, device,
+                                           self.num_blocks + 1 if boundary_states else 0)  # + pad block
+
+        self.target = [build(spec) for spec in target_specs]
+        self.draft = [build(spec) for spec in draft_specs]
         self.tokens = torch.zeros(rows + 1, max_len, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(rows + 1, self.max_blocks, dtype=torch.long, device=device)
         self.block_tables[self.pad_row] = self.pad_block

@@ -1,46 +1,42 @@
-"""Per-layer inference state: a paged KV cache for attention layers, a recurrent state for Gated
-DeltaNet layers.
-
-KV caches are paged (vLLM's PagedAttention layout): [num_blocks, block_size, kv_heads, head_dim],
-position p of a request in slot block_table[p // block_size] * block_size + p % block_size.
-Recurrent states are indexed by the request's batch slot (row); with prefix caching on a hybrid
+"""Per-layer inference state: what each layer declares it needs (KVCacheSpec for attention,
+RecurrentStateSpec for Gated DeltaNet; ModelCache builds from them) and the recurrent state of
+Gated DeltaNet layers. The paged KV cache itself is the attention package's
+(mtpx.attention.kv_cache.KVCache). Recurrent states are indexed by the request's batch slot (row); with prefix caching on a hybrid
 model, the state at every full block boundary is also stored per block so that a prefix hit can
 resume from it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 
-@dataclass
-class KVCache:
-    """k, v: [num_blocks, block_size, num_kv_heads, head_dim]. guard(slots) is called before every
-    write (tests use it to check that no published prefix-cache block is written)."""
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """What an attention layer needs cached (vLLM's KVCacheSpec): a paged KV cache of
+    num_kv_heads x head_dim per position (mtpx.attention.kv_cache.KVCache); num_heads: its query
+    heads (the attention backend plans with them)."""
 
-    k: torch.Tensor
-    v: torch.Tensor
-    guard: Callable[[torch.Tensor], None] | None = None
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
 
-    @staticmethod
-    def allocate(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype,
-                 device="cpu"):
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        return KVCache(torch.zeros(shape, dtype=dtype, device=device),
-                       torch.zeros(shape, dtype=dtype, device=device))
 
-    @property
-    def block_size(self) -> int:
-        return self.k.shape[1]
+@dataclass(frozen=True)
+class RecurrentStateSpec:
+    """What a Gated DeltaNet layer needs cached (RecurrentState.allocate's sizes): the conv window
+    of conv_dim channels x (kernel - 1) and the delta-rule memory heads x key_dim x value_dim."""
 
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """slots: [N] int64 flat slot ids; k, v: [N, kv_heads, head_dim]."""
-        if self.guard is not None:
-            self.guard(slots)
-        self.k.view(-1, *self.k.shape[2:])[slots] = k.to(self.k.dtype)
-        self.v.view(-1, *self.v.shape[2:])[slots] = v.to(self.v.dtype)
+    conv_dim: int
+    kernel: int
+    heads: int
+    key_dim: int
+    value_dim: int
+
+    def bytes_per_state(self, element_size: int) -> int:
+        """One boundary state: the conv window in the model dtype plus the fp32 memory."""
+        return self.conv_dim * (self.kernel - 1) * element_size + self.heads * self.key_dim * self.value_dim * 4
 
 
 @dataclass

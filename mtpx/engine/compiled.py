@@ -37,7 +37,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 from torch._dynamo.utils import counters
 
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 
 
 def verify_forward(model, cache, meta: ForwardMeta):

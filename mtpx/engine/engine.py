@@ -36,7 +36,7 @@ __all__ = ["Engine", "EngineConfig", "StepTiming"]
 
 class Engine:
     """model: the target with its MTP modules; speculator: None (plain decoding) or a Speculator
-    (mtpx/spec/protocol.py); config: an EngineConfig, with `overrides` of its fields applied.
+    (mtpx/spec_decode/protocol.py); config: an EngineConfig, with `overrides` of its fields applied.
 
     Raises ValueError naming the config key for values it cannot run with.
     """
@@ -57,7 +57,7 @@ class Engine:
         num_blocks = config.num_blocks or config.max_num_seqs * blocks_per_seq
         self.config = config = dataclasses.replace(config, max_model_len=max_model_len,
                                                    num_blocks=num_blocks)
-        self.model, self.k = model, k
+        self.model, self.num_speculative_tokens = model, k
         lookahead = 0 if speculator is None else speculator.num_lookahead_tokens
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, lookahead)
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, k,
@@ -105,7 +105,7 @@ class Engine:
             r.generator = torch.Generator()
             r.generator.manual_seed(r.params.seed if r.params.seed is not None
                                     else int(torch.randint(2**62, (1,))))
-        worst = min(self.max_len, len(r.prompt_token_ids) + r.params.max_tokens + 2 * self.k + 2)
+        worst = min(self.max_len, len(r.prompt_token_ids) + r.params.max_tokens + 2 * self.num_speculative_tokens + 2)
         need = -(-worst // self.config.block_size)
         if need > self.config.num_blocks:
             r.error = (f"request needs up to {need} KV blocks of {self.config.block_size} tokens but "
@@ -152,7 +152,7 @@ class Engine:
         Returns compile_stats() (None without compile)."""
         if self.compiled is None:
             return None
-        c, k = self.config, self.k
+        c, k = self.config, self.num_speculative_tokens
         max_tokens = 2 * k + 3
         # a prompt that fits the model length and, with its output and drafts, the KV pool
         room = min(c.max_model_len - 1, c.num_blocks * c.block_size - 2 * k - 2) - max_tokens

@@ -19,7 +19,7 @@ from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.metrics.stats import RequestOutput
 from mtpx.models.model import MTPForCausalLM
-from mtpx.spec import build_speculator
+from mtpx.spec_decode import build_speculator
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,

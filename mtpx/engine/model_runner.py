@@ -30,9 +30,9 @@ import torch
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.compiled import CompiledDecode, block_bucket, verify_forward
 from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
-from mtpx.spec.common import last_valid
-from mtpx.spec.sampler import DraftSampler, RequestSampling, sample
-from mtpx.spec.verification import verify
+from mtpx.spec_decode.common import last_valid
+from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
+from mtpx.spec_decode.verification import verify
 
 
 @dataclass
@@ -88,13 +88,13 @@ class RunnerOutput:
 
 class ModelRunner:
     """model: the target with its MTP modules; speculator: None or a Speculator
-    (mtpx/spec/protocol.py); config: the engine's EngineConfig (resolved: max_model_len and
+    (mtpx/spec_decode/protocol.py); config: the engine's EngineConfig (resolved: max_model_len and
     num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts)."""
 
     def __init__(self, model, speculator, config, max_len: int):
         self.model, self.speculator, self.config = model, speculator, config
         self.device = next(model.parameters()).device
-        self.k = 0 if speculator is None else speculator.num_speculative_tokens
+        self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
@@ -180,7 +180,7 @@ class ModelRunner:
 
     def _draft_sampler(self, sampling: RequestSampling, is_drafting: torch.Tensor):
         if self.config.draft_sample_method == "probabilistic" and not sampling.all_greedy:
-            return DraftSampler(sampling, is_drafting, self.k, probabilistic=True)
+            return DraftSampler(sampling, is_drafting, self.num_speculative_tokens, probabilistic=True)
         return None
 
     def _gaps(self, logits: torch.Tensor):
@@ -240,7 +240,7 @@ class ModelRunner:
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
-        cache, dev, k = self.cache, self.device, self.k
+        cache, dev, k = self.cache, self.device, self.num_speculative_tokens
         reqs = [d.request for d in decodes]
         B = len(reqs)
         Bp = B if self.compiled is None else self.compiled.padded_batch(B)

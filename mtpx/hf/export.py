@@ -52,10 +52,9 @@ import torch
 
 from mtpx.hf.config import config_to_hf
 from mtpx.hf.layout import QWEN3_NEXT_SHARED, from_mtpx
-from mtpx.hf.loader import _safe_open, load_pretrained, weight_files
+from mtpx.hf.loader import _safe_open, load_pretrained, require_folder, weight_files
 from mtpx.io import atomic_write_bytes, atomic_write_folder, atomic_write_json
 from mtpx.models.model import MTPForCausalLM
-from mtpx.train.checkpoint import _require_folder
 
 EXPORT_LAYOUTS = ("qwen3_next", "deepseek_v3", "draft")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
@@ -109,7 +108,7 @@ def export_checkpoint(src: str | os.PathLike, out: str | os.PathLike, layout: st
         `out` as a Path.
 
     Raises:
-        FileNotFoundError, mtpx.train.checkpoint.CheckpointError,
+        FileNotFoundError, mtpx.hf.loader.CheckpointError,
         mtpx.hf.config.UnsupportedConfigError: from `load_pretrained` (unreadable source).
         ExportError: the layout cannot represent the model (wrong `mtp_style`, Qwen3-Next layout
             with modules whose fc / norms differ), or bad arguments (unknown layout, num_modules
@@ -267,11 +266,11 @@ def source_dtype(src: str | os.PathLike, allow_pickle: bool = False,
 
     Raises:
         FileNotFoundError: `src` is not a folder, or it has no weights (`weight_files`).
-        mtpx.train.checkpoint.CheckpointError: unreadable safetensors, refused pickle weights.
+        mtpx.hf.loader.CheckpointError: unreadable safetensors, refused pickle weights.
     """
     if not Path(src).is_dir() and not any(Path(src).parent.glob(f".{Path(src).name}.old-*")):
         raise FileNotFoundError(f"checkpoint folder {src} does not exist: give a checkpoint folder (mtpx or Hugging Face)")
-    files = weight_files(_require_folder(src), allow_pickle)  # names a ".old" folder left mid-save
+    files = weight_files(require_folder(src), allow_pickle)  # names a ".old" folder left mid-save
     if draft_path is not None:
         draft = Path(draft_path)
         files += weight_files(draft, allow_pickle) if draft.is_dir() else [draft] if draft.is_file() else []

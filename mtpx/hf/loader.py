@@ -1,4 +1,7 @@
-"""Load a Hugging Face-format checkpoint folder (or an mtpx one) into `MTPForCausalLM`.
+"""Checkpoint folders, read: the one owner of folder checks, config reading, tokenizer loading
+and safetensors opening, and `load_pretrained`, which loads a Hugging Face-format folder (or an
+mtpx one) into `MTPForCausalLM`. Writing mtpx checkpoints with trainer state is
+mtpx.train.checkpoint's; layouts and config translation are mtpx.hf.layout's and .config's.
 
     folder/
       config.json                        Hugging Face (has "architectures") or mtpx ModelConfig
@@ -23,19 +26,101 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import safetensors
 import torch
 import torch.nn as nn
 
+from mtpx.hf.config import config_from_hf
 from mtpx.hf.layout import detect_layout, is_mtp, to_mtpx
+from mtpx.hf.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, load_hf_tokenizer, load_tokenizer
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
-from mtpx.train.checkpoint import (CheckpointError, _is_hf, _require_folder, load_config,
-                                   load_folder_tokenizer, show_names)
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+_MAX_NAMES = 10  # names listed per category in a mismatch error
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder exists but its contents disagree with what is expected."""
+
+
+def load_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of checkpoint folder `path`.
+
+    Raises:
+        FileNotFoundError: no folder or no config.json.
+        ValueError: config.json is not JSON, or has unknown keys.
+    """
+    path = require_folder(path)
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint folder {path} has no {CONFIG_FILE}: point model.path at a folder written by mode=train")
+    try:
+        d = json.loads(file.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file} is not valid JSON ({err}): re-save the checkpoint") from None
+    if "architectures" in d:  # a Hugging Face config.json
+        return config_from_hf(d, str(file))
+    return ModelConfig.from_dict(d)
+
+
+def load_folder_tokenizer(path: Path, is_hf: bool = False):
+    """The tokenizer of checkpoint folder `path`, or None without tokenizer.json: a Hugging Face
+    tokenizer (`mtpx.hf.tokenizer.HFTokenizer`) for a Hugging Face folder or any folder with a
+    tokenizer_config.json (an mtpx checkpoint trained from a Hugging Face model), else mtpx's own
+    (`<|endoftext|>` = 0, `<|pad|>` = 1).
+
+    Raises FileNotFoundError (only slow-tokenizer files) and ValueError (a malformed tokenizer)."""
+    if is_hf or (path / TOKENIZER_CONFIG_FILE).is_file():
+        if (path / TOKENIZER_FILE).is_file() or any((path / n).is_file() for n in ("tokenizer.model", "vocab.json")):
+            return load_hf_tokenizer(path)  # raises for slow-only tokenizers, naming the fix
+        return None
+    return load_tokenizer(path / TOKENIZER_FILE) if (path / TOKENIZER_FILE).is_file() else None
+
+
+def is_hf_folder(path: Path) -> bool:
+    try:
+        return "architectures" in json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def require_folder(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        return path
+    backups = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
+    if backups:
+        raise FileNotFoundError(
+            f"checkpoint folder {path} does not exist, but {backups[-1]} does (a save was interrupted "
+            f"mid-swap): rename it to {path.name}"
+        )
+    raise FileNotFoundError(f"checkpoint folder {path} does not exist: point model.path at a folder written by mode=train")
+
+
+def show_names(names: list[str]) -> str:
+    """"[a, b, ... (+N more)]": at most 10 tensor names for an error message."""
+    more = f", ... (+{len(names) - _MAX_NAMES} more)" if len(names) > _MAX_NAMES else ""
+    return "[" + ", ".join(names[:_MAX_NAMES]) + more + "]"
+
+
+def check_names(file: Path, expected: dict[str, Any], stored: dict[str, Any]) -> None:
+    missing = sorted(set(expected) - set(stored))
+    unexpected = sorted(set(stored) - set(expected))
+    if not missing and not unexpected:
+        return
+    raise CheckpointError(
+        f"{file} does not match config.json: {len(missing)} missing tensor(s) {show_names(missing)}; "
+        f"{len(unexpected)} unexpected tensor(s) {show_names(unexpected)}: "
+        "config.json and weights come from different models (e.g. num_nextn_predict_layers); re-save the checkpoint"
+    )
+
 
 SAFE_INDEX = "model.safetensors.index.json"
-SAFE_SINGLE = "model.safetensors"
+SAFE_SINGLE = WEIGHTS_FILE
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.bin", "*.ckpt")
 _IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # buffers older checkpoints stored
 
@@ -67,7 +152,7 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             disagree with config.json, a qwen3_next/deepseek head count that disagrees with the
             weights.
     """
-    folder = _require_folder(path)
+    folder = require_folder(path)
     cfg, is_hf = _read_config(folder)
     files = weight_files(folder, allow_pickle)
     shapes, where = _read_headers(files)
@@ -144,7 +229,7 @@ def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:
 def _read_config(folder: Path) -> tuple[ModelConfig, bool]:
     """(ModelConfig, is a Hugging Face folder). For a Hugging Face folder, generation_config.json's
     eos ids join config.json's: transformers' generate() stops on them (Llama 3 lists several)."""
-    cfg, is_hf = load_config(folder), _is_hf(folder)
+    cfg, is_hf = load_config(folder), is_hf_folder(folder)
     if not is_hf:
         return cfg, False
     gen = folder / "generation_config.json"

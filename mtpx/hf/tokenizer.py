@@ -354,3 +354,40 @@ def _compile(template: str, source: str) -> jinja2.Template:
     except TemplateSyntaxError as err:
         raise ValueError(f"the chat template of {source} does not parse (line {err.lineno}: {err.message}): "
                          f"{TEMPLATE_HINT}") from err
+
+
+# ---- mtpx's own tokenizer files (written by mtpx.train.tokenizer) ---------------------------------
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN)  # ids 0 and 1, in this order
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Load a tokenizer saved by `save_tokenizer` (a `tokenizer.json` file, or a folder holding one).
+
+    Raises:
+        FileNotFoundError: no tokenizer.json at `path`.
+        ValueError: the file is not a tokenizer with `<|endoftext|>` = 0 and `<|pad|>` = 1.
+    """
+    path = Path(path)
+    file = path / TOKENIZER_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no tokenizer at {file}: point at a checkpoint folder written by mode=train (it holds {TOKENIZER_FILE})"
+        )
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as err:  # tokenizers raises a bare Exception on bad JSON
+        raise ValueError(f"{file} is not a valid tokenizers JSON file ({err}): re-save it with save_tokenizer") from err
+    check_special_ids(tok, str(file))
+    return tok
+
+
+def check_special_ids(tok: Tokenizer, where: str) -> None:
+    for want, token in enumerate(SPECIAL_TOKENS):
+        got = tok.token_to_id(token)
+        if got != want:
+            raise ValueError(
+                f"{where}: special token {token} has id {got}, expected {want}: "
+                "use a tokenizer made by mtpx.train.tokenizer.train_tokenizer"
+            )

@@ -11,7 +11,7 @@ draft was accepted / rounds: the expected number of accepted drafts is their sum
 
     throughput(k, B) = B * tokens_per_round(k) / (verify_s(k, B) + draft_s(k, B))
 
-with verify_s and draft_s the measured step costs (`mtpx.engine.engine.StepTiming`): `calibrate`
+with verify_s and draft_s the measured step costs (`mtpx.engine.engine.StepTiming`): `mtpx.engine.calibration.calibrate`
 runs the engine at each (k, B) on synthetic prompts and takes the median over steps where every
 request decodes with a full k drafts. The acceptance a_i comes from a run with k >= every k
 predicted (positions beyond a run's k are unknown). The model ignores prefill time and assumes a_i
@@ -24,9 +24,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-import torch
-
-__all__ = ["step_costs", "calibrate", "tokens_per_round", "predict", "recommend"]
+__all__ = ["step_costs", "tokens_per_round", "predict", "recommend"]
 
 
 def step_costs(timings, k: int) -> dict[int, dict]:
@@ -48,38 +46,6 @@ def step_costs(timings, k: int) -> dict[int, dict]:
             for b, ts in sorted(by_batch.items())}
 
 
-def calibrate(model, spec: str | None, ks: Sequence[int], batch_sizes: Sequence[int],
-              prompt_len: int = 64, steps: int = 12, seed: int = 0, **engine_kwargs) -> list[dict]:
-    """Measure the step cost at every (k, B): B requests of `prompt_len` random tokens decode
-    together for about `steps` steps (k = 0: plain decoding).
-
-    model: an MTPForCausalLM or checkpoint folder; spec: "mtp1" | "mtp8" for k > 0.
-    Returns [{"k", "batch_size", "verify_ms", "draft_ms", "step_ms", "steps"}] (verify_ms of k = 0
-    is the plain decode step; draft_ms 0).
-
-    Raises ValueError when no step at some (k, B) decoded every request with k drafts (raise
-    `steps`), or for a k the model cannot draft (from LLM).
-    """
-    from mtpx import LLM, SamplingParams
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for k in ks:
-        llm = LLM(model=model, spec=spec if k else None, num_speculative_tokens=k or None,
-                  max_num_seqs=max(batch_sizes), **engine_kwargs)
-        vocab = llm.model.cfg.vocab_size
-        for b in batch_sizes:
-            prompts = [torch.randint(2, vocab, (prompt_len,), generator=g).tolist() for _ in range(b)]
-            # every request runs >= steps rounds even if every draft is accepted
-            params = SamplingParams(max_tokens=(steps + 2) * (k + 1), ignore_eos=True)
-            llm.generate(prompts, params)
-            costs = step_costs(llm.engine.step_timings, k).get(b)
-            if costs is None:
-                raise ValueError(f"k={k}, batch {b}: no step decoded all {b} requests with {k} drafts; raise steps")
-            out.append({"k": k, "batch_size": b, **costs})
-    return out
-
-
 def tokens_per_round(per_position_acceptance: Sequence[float], k: int) -> float:
     """1 + sum of the first k per-position acceptance rates (module doc). Raises ValueError when
     k exceeds the positions measured."""
@@ -92,7 +58,7 @@ def tokens_per_round(per_position_acceptance: Sequence[float], k: int) -> float:
 def predict(per_position_acceptance: Sequence[float], costs: Sequence[dict]) -> list[dict]:
     """Predicted output throughput (tokens/s) for every calibrated (k, B) (module doc).
 
-    costs: `calibrate`'s rows. Returns them with "tokens_per_round" and "predicted_throughput"
+    costs: `mtpx.engine.calibration.calibrate`'s rows. Returns them with "tokens_per_round" and "predicted_throughput"
     added (rows with k beyond the measured positions are left out)."""
     out = []
     for c in costs:

@@ -13,9 +13,10 @@ import torch
 import torch.nn as nn
 
 from mtpx.attention.torch_backend import cached_attention, causal_attention
-from mtpx.cache.state import KVCache
+from mtpx.attention.kv_cache import KVCache
+from mtpx.cache.state import KVCacheSpec
 from mtpx.models.config import ModelConfig
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNorm
 from mtpx.models.rope import apply_rope
 
@@ -38,6 +39,10 @@ class GatedAttention(nn.Module):
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
         else:
             self.q_norm = self.k_norm = nn.Identity()
+
+    def cache_spec(self) -> KVCacheSpec:
+        """What this layer needs cached: a paged KV cache (ModelCache builds it)."""
+        return KVCacheSpec(self.num_heads, self.num_kv_heads, self.head_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None = None, meta: ForwardMeta | None = None) -> torch.Tensor:

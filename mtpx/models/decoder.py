@@ -8,7 +8,7 @@ import torch.nn as nn
 from mtpx.models.attention import GatedAttention
 from mtpx.models.config import ModelConfig
 from mtpx.models.deltanet import GatedDeltaNet
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 from mtpx.models.mlp import build_mlp
 from mtpx.models.norm import RMSNorm
 from mtpx.models.rope import rope_cos_sin
@@ -28,6 +28,11 @@ class DecoderLayer(nn.Module):
         self.mlp = build_mlp(cfg, layer_idx)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
+
+    def cache_spec(self):
+        """The mixer's cache needs (KVCacheSpec or RecurrentStateSpec)."""
+        mixer = self.linear_attn if self.layer_type == "linear_attention" else self.self_attn
+        return mixer.cache_spec()
 
     def forward(self, x, cos, sin, cache=None, meta: ForwardMeta | None = None):
         """x: [B, T, hidden]; cache: KVCache (attention) or RecurrentState (DeltaNet) or None."""

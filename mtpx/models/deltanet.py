@@ -11,10 +11,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtpx.cache.state import RecurrentState
+from mtpx.cache.state import RecurrentState, RecurrentStateSpec
 from mtpx.models.config import ModelConfig
 from mtpx.models.gated_delta_rule import gated_delta_rule_chunked, gated_delta_rule_recurrent
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNormGated
 
 RECURRENT_MAX_LEN = 16  # below this many tokens the recurrent form is cheaper than chunking
@@ -76,6 +76,10 @@ class GatedDeltaNet(nn.Module):
         conv = ext[bi].gather(2, idx.expand(-1, self.conv_dim, -1))
         state.save_blocks(blocks, conv, ssm)
         return o, final
+
+    def cache_spec(self) -> RecurrentStateSpec:
+        """What this layer needs cached: its recurrent state (ModelCache builds it)."""
+        return RecurrentStateSpec(self.conv_dim, self.kernel, self.nv, self.dk, self.dv)
 
     def forward(self, x: torch.Tensor, state: RecurrentState | None = None,
                 meta: ForwardMeta | None = None) -> torch.Tensor:

@@ -44,6 +44,12 @@ class MTPForCausalLM(nn.Module):
         (MTPModule.logits: the target's lm_head, or the module's own head for "deepseek_v3")."""
         return self.mtp[k].logits(a, self.lm_head)
 
+    def cache_specs(self, num_draft_modules: int) -> tuple[list, list]:
+        """What inference caches: (one KVCacheSpec or RecurrentStateSpec per target layer, one
+        KVCacheSpec per draft module of the first num_draft_modules)."""
+        return ([layer.cache_spec() for layer in self.model.layers],
+                [m.layers[0].cache_spec() for m in self.mtp[:num_draft_modules]])
+
     # ---- parameter groups -------------------------------------------------------------------
     def mtp_parameters(self):
         """Parameters of the draft modules only (the embedding and lm_head are the target's)."""

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from mtpx.models.config import ModelConfig
 from mtpx.models.decoder import DecoderLayer
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNorm
 from mtpx.models.rope import rope_cos_sin
 

@@ -30,21 +30,17 @@ import safetensors.torch  # called as safetensors.torch.save_file so tests can m
 import torch
 from tokenizers import Tokenizer
 
+from mtpx.hf.loader import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, check_names,  # noqa: F401
+                            is_hf_folder, load_config, load_folder_tokenizer, load_pretrained,
+                            require_folder)
+from mtpx.hf.tokenizer import TOKENIZER_FILE
 from mtpx.io import atomic_write_folder, atomic_write_json
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
-from mtpx.train.tokenizer import TOKENIZER_FILE, load_tokenizer, save_tokenizer
+from mtpx.train.tokenizer import save_tokenizer
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 TRAINER_STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.safetensors"
-
-_MAX_NAMES = 10  # names listed per category in a mismatch error
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder exists but its contents disagree with what is expected."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,9 +168,8 @@ def load_model(
         CheckpointError: tensor names missing from / unexpected in model.safetensors (both listed,
             up to 10 names each, with counts), or a tensor whose shape disagrees with config.json.
     """
-    path = _require_folder(path)
-    if _is_hf(path):
-        from mtpx.hf.loader import load_pretrained
+    path = require_folder(path)
+    if is_hf_folder(path):
         model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
         if tokenizer is None:
             raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: add the model's tokenizer.json")
@@ -194,7 +189,7 @@ def load_model(
     tensors = {}
     with safetensors.safe_open(str(weights), framework="pt", device="cpu") as f:
         stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        _check_names(weights, expected, stored)
+        check_names(weights, expected, stored)
         for name, shape in expected.items():
             if stored[name] != shape:
                 raise CheckpointError(
@@ -209,49 +204,6 @@ def load_model(
     return model.eval(), tokenizer
 
 
-def load_config(path: str | os.PathLike) -> ModelConfig:
-    """The ModelConfig of checkpoint folder `path`.
-
-    Raises:
-        FileNotFoundError: no folder or no config.json.
-        ValueError: config.json is not JSON, or has unknown keys.
-    """
-    path = _require_folder(path)
-    file = path / CONFIG_FILE
-    if not file.is_file():
-        raise FileNotFoundError(f"checkpoint folder {path} has no {CONFIG_FILE}: point model.path at a folder written by mode=train")
-    try:
-        d = json.loads(file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file} is not valid JSON ({err}): re-save the checkpoint") from None
-    if "architectures" in d:  # a Hugging Face config.json
-        from mtpx.hf.config import config_from_hf
-        return config_from_hf(d, str(file))
-    return ModelConfig.from_dict(d)
-
-
-def load_folder_tokenizer(path: Path, is_hf: bool = False):
-    """The tokenizer of checkpoint folder `path`, or None without tokenizer.json: a Hugging Face
-    tokenizer (`mtpx.hf.tokenizer.HFTokenizer`) for a Hugging Face folder or any folder with a
-    tokenizer_config.json (an mtpx checkpoint trained from a Hugging Face model), else mtpx's own
-    (`<|endoftext|>` = 0, `<|pad|>` = 1).
-
-    Raises FileNotFoundError (only slow-tokenizer files) and ValueError (a malformed tokenizer)."""
-    from mtpx.hf.tokenizer import TOKENIZER_CONFIG_FILE, load_hf_tokenizer
-    if is_hf or (path / TOKENIZER_CONFIG_FILE).is_file():
-        if (path / TOKENIZER_FILE).is_file() or any((path / n).is_file() for n in ("tokenizer.model", "vocab.json")):
-            return load_hf_tokenizer(path)  # raises for slow-only tokenizers, naming the fix
-        return None
-    return load_tokenizer(path / TOKENIZER_FILE) if (path / TOKENIZER_FILE).is_file() else None
-
-
-def _is_hf(path: Path) -> bool:
-    try:
-        return "architectures" in json.loads((path / CONFIG_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
 def has_trainer_state(path: str | os.PathLike) -> bool:
     """True if `path` is a checkpoint folder that can be resumed (holds trainer_state.json)."""
     return (Path(path) / TRAINER_STATE_FILE).is_file()
@@ -264,7 +216,7 @@ def load_trainer_state(path: str | os.PathLike) -> dict[str, Any]:
     Raises:
         FileNotFoundError: no folder or no trainer_state.json (a weights-only checkpoint).
     """
-    path = _require_folder(path)
+    path = require_folder(path)
     file = path / TRAINER_STATE_FILE
     if not file.is_file():
         raise FileNotFoundError(
@@ -281,7 +233,7 @@ def load_optimizer_state(path: str | os.PathLike, optimizer: torch.optim.Optimiz
         FileNotFoundError: no trainer_state.json or optimizer.safetensors.
         CheckpointError: the saved state was made for a different number of parameters per group.
     """
-    path = _require_folder(path)
+    path = require_folder(path)
     meta = load_trainer_state(path).get("optimizer")
     file = path / OPTIMIZER_FILE
     if meta is None or not file.is_file():
@@ -303,34 +255,3 @@ def load_optimizer_state(path: str | os.PathLike, optimizer: torch.optim.Optimiz
     for i, st in meta.get("state_scalars", {}).items():
         state.setdefault(int(i), {}).update(st)
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-
-
-def _require_folder(path: str | os.PathLike) -> Path:
-    path = Path(path)
-    if path.is_dir():
-        return path
-    backups = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
-    if backups:
-        raise FileNotFoundError(
-            f"checkpoint folder {path} does not exist, but {backups[-1]} does (a save was interrupted "
-            f"mid-swap): rename it to {path.name}"
-        )
-    raise FileNotFoundError(f"checkpoint folder {path} does not exist: point model.path at a folder written by mode=train")
-
-
-def show_names(names: list[str]) -> str:
-    """"[a, b, ... (+N more)]": at most 10 tensor names for an error message."""
-    more = f", ... (+{len(names) - _MAX_NAMES} more)" if len(names) > _MAX_NAMES else ""
-    return "[" + ", ".join(names[:_MAX_NAMES]) + more + "]"
-
-
-def _check_names(file: Path, expected: dict[str, Any], stored: dict[str, Any]) -> None:
-    missing = sorted(set(expected) - set(stored))
-    unexpected = sorted(set(stored) - set(expected))
-    if not missing and not unexpected:
-        return
-    raise CheckpointError(
-        f"{file} does not match config.json: {len(missing)} missing tensor(s) {show_names(missing)}; "
-        f"{len(unexpected)} unexpected tensor(s) {show_names(unexpected)}: "
-        "config.json and weights come from different models (e.g. num_nextn_predict_layers); re-save the checkpoint"
-    )

@@ -19,10 +19,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-EOS_TOKEN = "<|endoftext|>"
-PAD_TOKEN = "<|pad|>"
-SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN)  # ids 0 and 1, in this order
-TOKENIZER_FILE = "tokenizer.json"
+from mtpx.hf.tokenizer import (EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, TOKENIZER_FILE,  # noqa: F401
+                               check_special_ids, load_tokenizer)
 
 # 256 byte symbols + the special tokens: the smallest vocabulary a byte-level BPE can have
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
@@ -58,7 +56,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    _check_special_ids(tok, "the freshly trained tokenizer")
+    check_special_ids(tok, "the freshly trained tokenizer")
     return tok
 
 
@@ -72,27 +70,6 @@ def save_tokenizer(tok: Tokenizer, path: str | os.PathLike) -> Path:
     file.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(file))
     return file
-
-
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer saved by `save_tokenizer` (a `tokenizer.json` file, or a folder holding one).
-
-    Raises:
-        FileNotFoundError: no tokenizer.json at `path`.
-        ValueError: the file is not a tokenizer with `<|endoftext|>` = 0 and `<|pad|>` = 1.
-    """
-    path = Path(path)
-    file = path / TOKENIZER_FILE if path.is_dir() else path
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"no tokenizer at {file}: point at a checkpoint folder written by mode=train (it holds {TOKENIZER_FILE})"
-        )
-    try:
-        tok = Tokenizer.from_file(str(file))
-    except Exception as err:  # tokenizers raises a bare Exception on bad JSON
-        raise ValueError(f"{file} is not a valid tokenizers JSON file ({err}): re-save it with save_tokenizer") from err
-    _check_special_ids(tok, str(file))
-    return tok
 
 
 def encode(tok: Tokenizer, text: str) -> list[int]:
@@ -128,13 +105,3 @@ def _special_id(tok: Tokenizer, token: str) -> int:
     if i is None:
         raise ValueError(f"tokenizer has no {token} token: use a tokenizer made by mtpx.train.tokenizer.train_tokenizer")
     return i
-
-
-def _check_special_ids(tok: Tokenizer, where: str) -> None:
-    for want, token in enumerate(SPECIAL_TOKENS):
-        got = tok.token_to_id(token)
-        if got != want:
-            raise ValueError(
-                f"{where}: special token {token} has id {got}, expected {want}: "
-                "use a tokenizer made by mtpx.train.tokenizer.train_tokenizer"
-            )

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from mtpx.spec.sampler import RequestSampling, sample
+from mtpx.spec_decode.sampler import RequestSampling, sample
 
 
 def _pick(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ from typing import Protocol
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 
 
 class Speculator(Protocol):
@@ -52,7 +52,7 @@ class Speculator(Protocol):
         """Run the planned forwards; -> drafts [B, num_speculative_tokens] int64 (garbage for
         rows that do not draft), also written to cache.tokens[rows, n + 1 ..]. sampler: None
         (argmax drafts) or sampler(logits [B, V], draft index) -> tokens [B], an
-        mtpx.spec.sampler.DraftSampler (eager only)."""
+        mtpx.spec_decode.sampler.DraftSampler (eager only)."""
 
     def persistent_buffers(self) -> list[torch.Tensor]:
         """Tensors the loop mutates in place across steps (CUDA graphs need fixed addresses)."""

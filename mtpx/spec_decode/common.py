@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
 
 

@@ -15,23 +15,23 @@ During a chunked prefill (rows that do not draft) module k advances over the pos
 are final, end_k = min(end_{k-1}, num_tokens - k) with end_0 the end of the target's chunk.
 
 `plan` builds every module's metadata of a round before the loop (static for the decode step,
-dynamic after a prefill chunk); `draft_loop` runs them (mtpx/spec/protocol.py).
+dynamic after a prefill chunk); `draft_loop` runs them (mtpx/spec_decode/protocol.py).
 """
 from __future__ import annotations
 
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
-from mtpx.spec.common import HiddenWindow, gather_hidden, last_valid, module_meta, run_module
+from mtpx.spec_decode.common import HiddenWindow, gather_hidden, last_valid, module_meta, run_module
 
 
 class MultiModuleMTPSpeculator:
     """Drafts num_speculative_tokens per round, token i from MTP module i (module doc); the
     default is one per module. Raises ValueError when num_speculative_tokens < 1 or exceeds
     num_nextn_predict_layers, or the model has no MTP module. Implements Speculator
-    (mtpx/spec/protocol.py).
+    (mtpx/spec_decode/protocol.py).
 
     num_lookahead_tokens = num_speculative_tokens: module k's KV at position j depends on tokens up
     to j + k, so a prefix-cache block is keyed on that many tokens after it (KVCacheManager).

@@ -1,5 +1,5 @@
-from mtpx.spec.multi_module import MultiModuleMTPSpeculator
-from mtpx.spec.single_module import SingleModuleMTPSpeculator
+from mtpx.spec_decode.multi_module import MultiModuleMTPSpeculator
+from mtpx.spec_decode.single_module import SingleModuleMTPSpeculator
 
 SPECULATORS = {"mtp1": SingleModuleMTPSpeculator, "mtp8": MultiModuleMTPSpeculator}
 

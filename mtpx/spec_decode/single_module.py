@@ -8,22 +8,22 @@ is transient: the next round's step 1 overwrites those positions before anything
 they are never published to the prefix cache (only positions < n are final).
 
 `plan` builds the metadata of every step of a round before the loop (static for the decode step,
-dynamic after a prefill chunk); `draft_loop` runs them (mtpx/spec/protocol.py).
+dynamic after a prefill chunk); `draft_loop` runs them (mtpx/spec_decode/protocol.py).
 """
 from __future__ import annotations
 
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.models.meta import ForwardMeta
+from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
-from mtpx.spec.common import gather_hidden, last_valid, module_meta, run_module
+from mtpx.spec_decode.common import gather_hidden, last_valid, module_meta, run_module
 
 
 class SingleModuleMTPSpeculator:
     """Drafts num_speculative_tokens per round with MTP module 0 (module doc). Raises ValueError
     when the model has no MTP module or num_speculative_tokens < 1. Implements Speculator
-    (mtpx/spec/protocol.py).
+    (mtpx/spec_decode/protocol.py).
 
     num_lookahead_tokens = 1: the module's KV at position j depends on x_{j+1}, so a prefix-cache
     block is keyed on the token after it (KVCacheManager).

@@ -98,7 +98,7 @@ class DraftSampler:
 
     def __init__(self, sampling: RequestSampling, is_drafting: torch.Tensor, k: int,
                  probabilistic: bool):
-        self.sampling, self.probabilistic, self.k = sampling, probabilistic, k
+        self.sampling, self.probabilistic, self.num_speculative_tokens = sampling, probabilistic, k
         self.counts = [1 if d else 0 for d in is_drafting.tolist()]
         self.q: torch.Tensor | None = None
 
@@ -108,7 +108,7 @@ class DraftSampler:
         B = len(self.counts)
         probs = self.sampling.probs(logits[:B])
         if self.q is None:
-            self.q = torch.zeros(B, self.k, logits.shape[-1], dtype=probs.dtype, device=probs.device)
+            self.q = torch.zeros(B, self.num_speculative_tokens, logits.shape[-1], dtype=probs.dtype, device=probs.device)
         self.q[:, i] = probs
         tokens = sample(probs, self.sampling.uniforms(self.counts, 1)[:, 0])
         return torch.cat([tokens, logits[B:].argmax(-1)])
