@@ -28,6 +28,8 @@ draft_sample_method (greedy | probabilistic) and verify (standard | block) go to
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 import sys
 import time
@@ -40,6 +42,7 @@ from rich.progress import Progress
 
 from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt, chat_template_applies, check_data_config, load_prompts
+from mtpx.engine.config import EngineConfig
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
@@ -95,27 +98,18 @@ def _int_or_none(section: str, cfg: DictConfig, key: str, minimum: int,
 
 
 def engine_args(engine: DictConfig) -> dict:
-    """LLM keyword arguments from the engine config group. Types are checked here (a wrong type
-    would otherwise surface as a traceback); ranges that depend on the model or the speculator are
-    checked by the engine, whose messages name the key too. Raises ValueError naming the key."""
-    prefix = engine.get("enable_prefix_caching")
-    if not isinstance(prefix, bool):
-        raise ValueError(f"engine.enable_prefix_caching={prefix!r}: must be true or false")
-    compile_ = engine.get("compile", False)
-    if not isinstance(compile_, bool):
-        raise ValueError(f"engine.compile={compile_!r}: must be true or false")
-    return dict(
-        block_size=_int_or_none("engine", engine, "block_size", 1),
-        num_blocks=_int_or_none("engine", engine, "num_blocks", 1,
-                                "enough for max_num_seqs requests of max_model_len"),
-        enable_prefix_caching=prefix,
-        max_num_seqs=_int_or_none("engine", engine, "max_num_seqs", 1),
-        max_num_batched_tokens=_int_or_none("engine", engine, "max_num_batched_tokens", 1),
-        max_model_len=_int_or_none("engine", engine, "max_model_len", 2,
-                                   "the model's max_position_embeddings"),
-        attention_backend=str(engine.get("attention_backend", "torch")),
-        compile=compile_,
-    )
+    """LLM keyword arguments from the engine config group, validated once by EngineConfig (whose
+    messages name the key); ranges that depend on the model or the speculator are checked by the
+    engine. Raises ValueError naming the key."""
+    values = OmegaConf.to_container(engine, resolve=True)
+    fields = [f.name for f in dataclasses.fields(EngineConfig)]
+    for key in values:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f": did you mean engine.{close[0]}?" if close else f": choose from {', '.join(fields)}"
+            raise ValueError(f"unknown key engine.{key}{hint}")
+    EngineConfig(**values)
+    return values
 
 
 def client_args(e: DictConfig, num_prompts: int, section: str = "eval") -> dict:

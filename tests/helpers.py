@@ -1,7 +1,76 @@
-"""Helpers shared by the test modules."""
+"""Helpers shared by the test modules: tiny models, draft checks, a dynamic draft round."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+import pytest
+
+from mtpx import LLM, SamplingParams
+from mtpx.models import ModelConfig, MTPForCausalLM
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A tiny hybrid (DeltaNet, attention, DeltaNet, attention) with 4 MTP modules, vocab 64."""
+    base = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16, full_attention_interval=2, num_nextn_predict_layers=4,
+                max_position_embeddings=256)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def peaked_model(cfg: ModelConfig, seed: int = 0) -> MTPForCausalLM:
+    """A float64 random model whose outputs are sharp enough that drafts often match the target
+    (a scaled-up lm_head makes argmaxes depend on few dims that the draft modules share)."""
+    torch.manual_seed(seed)
+    m = MTPForCausalLM(cfg).double().eval()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(20)
+    return m
+
+
+def _synthetic_batch(g: torch.Generator, B: int, T: int) -> torch.Tensor:
+    """Arithmetic sequences mod 60 (+ a noise token now and then): predictable several tokens ahead."""
+    start = torch.randint(2, 62, (B, 1), generator=g)
+    step = torch.randint(1, 4, (B, 1), generator=g)
+    x = (start + step * torch.arange(T)) % 60 + 2
+    noise = torch.rand(B, T, generator=g) < 0.1
+    return torch.where(noise, torch.randint(2, 64, (B, T), generator=g), x)
+
+
+# the dense-target conventions of Hugging Face Llama (mtpx.hf.config.FAMILIES)
+LLAMA_FLAGS = dict(model_type="llama", layer_types=["full_attention"] * 4, attn_output_gate=False,
+                   use_qk_norm=False, rms_norm_unit_offset=False, partial_rotary_factor=1.0)
+
+
+def train_tiny(**overrides) -> MTPForCausalLM:
+    """tiny_config(**overrides) trained jointly for 15 steps on arithmetic sequences, in float64."""
+    torch.manual_seed(0)
+    model = MTPForCausalLM(tiny_config(**overrides))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(15):  # few steps: drafts are accepted about half the time
+        loss, _ = model.training_losses(_synthetic_batch(g, 16, 48), mtp_loss_weight=0.5)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return model.double().eval()
+
+
+def _shared_data():
+    """shared/data next to the checkout (../shared/data, the configs' default) or inside it."""
+    here = Path(__file__).resolve().parents[1]
+    for root in (here.parent / "shared" / "data", here / "shared" / "data", Path("/work/shared/data")):
+        if root.is_dir():
+            return root
+    return here.parent / "shared" / "data"
+
+
+SHARED_DATA = _shared_data()
+
 
 
 def propose(speculator, cache, rows, num_tokens, target_meta, hidden, is_drafting=None):
@@ -19,7 +88,6 @@ def install_draft_check(llm, model, spec: str, k: int) -> list:
     drafts computed from scratch over the request's tokens after the step (tests.test_reprefill).
     Equal drafts imply the draft-module KV and hidden states the modules read were exact.
     Returns the list of (ok, seq, got, want) it fills."""
-    from tests.test_reprefill import _reference_multi, _reference_single
     runner = llm.engine.runner
     execute, checked = runner.execute, []
 
@@ -38,3 +106,115 @@ def install_draft_check(llm, model, spec: str, k: int) -> list:
 
     runner.execute = checked_execute
     return checked
+
+
+# ---- engines checked against plain greedy decoding ------------------------------------------------
+FINISHED = {"stop", "length"}
+GAP_TOL = 1e-5   # logit gaps are float32 (Engine._gaps): a few ulps of the logits
+
+
+def _params(max_tokens: int, stop: int | None = None) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                          stop_token_ids=[] if stop is None else [stop])
+
+
+def make_llm(model, spec=None, k=None, **kw) -> LLM:
+    kw.setdefault("check_invariants", True)
+    kw.setdefault("record_logit_gaps", True)
+    return LLM(model=model, spec=spec, num_speculative_tokens=k, **kw)
+
+
+def lookahead(spec, k) -> int:
+    return 0 if spec is None else 1 if spec == "mtp1" else k
+
+
+def blocks_needed(prompt_len: int, max_tokens: int, k: int, block_size: int) -> int:
+    """The worst-case blocks the engine reserves a request for (Engine._add)."""
+    return -(-(prompt_len + max_tokens + 2 * k + 2) // block_size)
+
+
+def assert_clean(llm: LLM) -> None:
+    eng = llm.engine
+    assert not eng.scheduler.has_work()
+    assert eng.kv.num_free_blocks == eng.config.num_blocks, "KV blocks leaked"
+    assert eng.cache.num_free_rows() == eng.config.max_num_seqs, "batch slots leaked"
+    eng.kv.check_invariants()
+
+
+def generate(llm: LLM, prompts, params, on_step=None, allow_errors=False):
+    """-> (output token lists, outputs, {index: Request}); asserts that every request finished
+    (stop or length) and that nothing leaked."""
+    reqs = {}
+    outs = llm.generate(prompts, params, on_finish=lambda r: reqs.__setitem__(r.index, r),
+                        on_step=on_step)
+    assert_clean(llm)
+    if not allow_errors:
+        for o in outs:
+            assert o.error is None, o.error
+            assert o.finish_reason in FINISHED, (o.index, o.finish_reason)
+        assert sorted(reqs) == list(range(len(prompts)))
+    return [o.output_token_ids for o in outs], outs, reqs
+
+
+_REF: dict = {}
+
+
+def _reference(model, prompts, params) -> list[tuple[list[int], list[float]]]:
+    """Plain greedy decoding with the defaults (no prefix caching, a pool that never preempts):
+    (tokens, top-2 logit gaps) per prompt, memoized per (model, prompt, max_tokens, stop ids)."""
+    keys = [(id(model), tuple(p), sp.max_tokens, tuple(sp.stop_token_ids))
+            for p, sp in zip(prompts, params)]
+    todo = sorted({i for i, key in enumerate(keys) if key not in _REF})
+    if todo:
+        llm = LLM(model=model, check_invariants=True, record_logit_gaps=True)
+        _, outs, _ = generate(llm, [prompts[i] for i in todo], [params[i] for i in todo])
+        for i, o in zip(todo, outs):
+            _REF[keys[i]] = (o.output_token_ids, o.logit_gaps)
+    return [_REF[key] for key in keys]
+
+
+def reference(model, prompts, params) -> list[list[int]]:
+    return [list(t) for t, _ in _reference(model, prompts, params)]
+
+
+def assert_matches_reference(model, outs, prompts, params) -> None:
+    """Tokens exactly equal to plain greedy decoding, and (engines built by make_llm record them)
+    the top-2 logit gap of every token equal up to float64 rounding: the gaps also expose state
+    errors (e.g. a wrong Gated DeltaNet state) too small to flip an argmax."""
+    ref = _reference(model, prompts, params)
+    assert [o.output_token_ids for o in outs] == [t for t, _ in ref]
+    for o, (_, gaps) in zip(outs, ref):
+        assert o.logit_gaps == pytest.approx(gaps, rel=GAP_TOL, abs=GAP_TOL), o.index
+
+
+def run_checked(llm: LLM, model, prompts, params, on_step=None):
+    """generate + assert_matches_reference -> (outputs, {index: Request})."""
+    _, outs, reqs = generate(llm, prompts, params, on_step=on_step)
+    assert_matches_reference(model, outs, prompts, params)
+    return outs, reqs
+
+
+# ---- drafts from scratch -------------------------------------------------------------------------
+def _reference_single(model, seq, k):
+    """mtp1's k drafts from scratch: the module over positions 0..n-1, then extended one position
+    at a time on (previous draft, previous output)."""
+    n = len(seq) - 1
+    x = torch.tensor([seq])
+    hid = model.model(x)[:, :n]
+    emb = model.model.embed_tokens(x[:, 1:])
+    a = model.mtp[0](emb, hid, torch.arange(n)[None])
+    want = []
+    for _ in range(k):
+        d = int(model.lm_head(a[0, -1]).argmax())
+        want.append(d)
+        emb = torch.cat([emb, model.model.embed_tokens(torch.tensor([[d]]))], 1)
+        hid = torch.cat([hid, a[:, -1:]], 1)
+        a = model.mtp[0](emb, hid, torch.arange(hid.shape[1])[None])
+    return want
+
+
+def _reference_multi(model, seq, drafts, k):
+    n = len(seq) - 1
+    full = torch.tensor([seq + drafts[: k - 1]])
+    chain = model.mtp_chain(full, model.model(full), k)
+    return [int(model.lm_head(chain[i][0, n - 1]).argmax()) for i in range(k)]

@@ -7,7 +7,7 @@ import torch
 from mtpx.attention.backend import get_backend
 from mtpx.attention.torch_backend import TorchBackend
 from mtpx.cache.model_cache import ModelCache
-from tests.conftest import peaked_model, tiny_config
+from tests.helpers import peaked_model, tiny_config
 
 
 class Counting(TorchBackend):

@@ -11,7 +11,7 @@ import torch
 from mtpx import LLM, SamplingParams
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.compiled import block_bucket, capture_sizes
-from tests.conftest import peaked_model, tiny_config
+from tests.helpers import peaked_model, tiny_config
 
 PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],
            [9, 9, 9, 9, 9, 9, 9], [61, 2, 7, 33, 12], [30, 31], [50, 53, 56, 59, 62, 5, 8]]

@@ -9,9 +9,9 @@ import torch
 import yaml
 
 from mtpx.metrics.analytics import analytics
-from mtpx.metrics.dashboard import (RUN_FIGURES, collect_sweep, format_position0_prediction,
-                                    load_run, write_run_figures)
+from mtpx.metrics.dashboard import RUN_FIGURES, format_position0_prediction, load_run, write_run_figures
 from mtpx.metrics.logging import RunLogger
+from mtpx.metrics.sweep import collect_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -174,7 +174,7 @@ def test_compare_hf_smoke(tmp_path, capsys):
     pytest.importorskip("transformers", reason="tools/compare_hf.py compares against transformers")
     from mtpx.train.checkpoint import save_checkpoint
     from mtpx.train.tokenizer import train_tokenizer
-    from tests.conftest import LLAMA_FLAGS, peaked_model, tiny_config
+    from tests.helpers import LLAMA_FLAGS, peaked_model, tiny_config
 
     tok = train_tokenizer(["Question: what is 2 + 3?\nAnswer: 5\n" * 50, "def f(x):\n    return x\n" * 50], 300)
     model = peaked_model(tiny_config(vocab_size=tok.get_vocab_size(), **LLAMA_FLAGS)).float()

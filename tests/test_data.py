@@ -29,7 +29,7 @@ from mtpx.data import (
     score,
 )
 
-from tests.conftest import SHARED_DATA
+from tests.helpers import SHARED_DATA
 
 GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
 needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="shared/data/gsm8k is absent")

@@ -25,7 +25,7 @@ from mtpx.hf.export import ExportError, export_checkpoint, export_model
 from mtpx.hf.layout import QWEN3_NEXT_SHARED
 from mtpx.hf.loader import load_pretrained
 from mtpx.models import MTPForCausalLM
-from tests.conftest import _synthetic_batch, peaked_model, tiny_config
+from tests.helpers import _synthetic_batch, peaked_model, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / "tools" / "export_checkpoint.py"

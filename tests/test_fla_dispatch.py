@@ -1,6 +1,6 @@
 """The gated-delta-rule dispatch: torch forms on CPU, flash-linear-attention's kernels (a fake `fla`
 here) on CUDA with our conventions, torch forms for per-token / chunk-boundary states, the
-MTPX_GDN_BACKEND switch; plus a real FLA-vs-torch comparison that needs CUDA and fla."""
+engine.gdn_backend switch (the backend argument); plus a real FLA-vs-torch comparison that needs CUDA and fla."""
 import importlib.util
 import sys
 import types
@@ -56,7 +56,6 @@ def fake_fla(monkeypatch):
     for name, m in (("fla", fla), ("fla.ops", ops), ("fla.ops.gated_delta_rule", mod)):
         monkeypatch.setitem(sys.modules, name, m)
     monkeypatch.setattr(gdr, "_on_cuda", lambda x: True)
-    monkeypatch.delenv(gdr.GDN_BACKEND_ENV, raising=False)
     return calls
 
 
@@ -69,7 +68,6 @@ def torch_spies(monkeypatch):
 
 
 def test_cpu_tensors_run_torch_forms(torch_spies, monkeypatch):
-    monkeypatch.delenv(gdr.GDN_BACKEND_ENV, raising=False)
     q, k, v, g, beta, s0 = _inputs()
     o, s, _ = gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0)
     assert len(torch_spies["recurrent"].calls) == 1
@@ -141,33 +139,30 @@ def test_unsupported_inputs_fall_back_to_torch(fake_fla, torch_spies):
 
 
 def test_force_torch_switch(fake_fla, torch_spies, monkeypatch):
-    monkeypatch.setenv(gdr.GDN_BACKEND_ENV, "torch")
     q, k, v, g, beta, s0 = _inputs(T=20, dtype=torch.bfloat16)
-    gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0)
-    gdr.gated_delta_rule_chunked(q, k, v, g, beta, s0)
+    gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0, backend="torch")
+    gdr.gated_delta_rule_chunked(q, k, v, g, beta, s0, backend="torch")
     assert fake_fla == {"chunk": [], "recurrent": []}
     assert len(torch_spies["recurrent"].calls) == 1 and len(torch_spies["chunk"].calls) == 1
-    monkeypatch.setenv(gdr.GDN_BACKEND_ENV, "bogus")
-    with pytest.raises(ValueError, match="MTPX_GDN_BACKEND"):
-        gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0)
+    with pytest.raises(ValueError, match="engine.gdn_backend='bogus'"):
+        gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0, backend="bogus")
 
 
 def test_force_fla_raises_when_unusable(monkeypatch):
-    monkeypatch.setenv(gdr.GDN_BACKEND_ENV, "fla")
     q, k, v, g, beta, s0 = _inputs(T=4)
     with pytest.raises(ValueError, match="CUDA"):                       # CPU tensors
-        gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0)
+        gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0, backend="fla")
     monkeypatch.setattr(gdr, "_on_cuda", lambda x: True)
     monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)  # import fails
     monkeypatch.setattr(gdr, "_fla_import_error", None)
     with pytest.raises(ValueError, match="flash-linear-attention"):
-        gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0)
+        gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0, backend="fla")
     # state-keeping calls need no fla at all
-    assert gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0, keep_all_states=True)[2] is not None
+    assert gdr.gated_delta_rule_recurrent(q, k, v, g, beta, s0, keep_all_states=True,
+                                          backend="fla")[2] is not None
 
 
 def test_missing_fla_falls_back_on_cuda(monkeypatch, torch_spies):
-    monkeypatch.delenv(gdr.GDN_BACKEND_ENV, raising=False)
     monkeypatch.setattr(gdr, "_on_cuda", lambda x: True)
     monkeypatch.setitem(sys.modules, "fla.ops.gated_delta_rule", None)
     monkeypatch.setattr(gdr, "_fla_import_error", None)
@@ -194,7 +189,6 @@ def _have_fla():
                                             ("chunk", torch.float16, 2e-3)])
 @pytest.mark.parametrize("T", [1, 7, 130])
 def test_fla_matches_torch_on_cuda(kind, dtype, tol, T, monkeypatch):
-    monkeypatch.setenv(gdr.GDN_BACKEND_ENV, "fla")
     fla_ops = importlib.import_module(gdr.FLA_MODULE)
     name = "chunk_gated_delta_rule" if kind == "chunk" else "fused_recurrent_gated_delta_rule"
     spy = _Spy(getattr(fla_ops, name))
@@ -203,7 +197,7 @@ def test_fla_matches_torch_on_cuda(kind, dtype, tol, T, monkeypatch):
     q, k, v, g, beta, s0 = _inputs(B=2, T=T, H=4, Dk=128, Dv=128, dtype=dtype, device="cuda")
     s0 = s0 * 0.1
     fn = gdr.gated_delta_rule_chunked if kind == "chunk" else gdr.gated_delta_rule_recurrent
-    o, s = fn(q, k, v, g, beta, s0)[:2]
+    o, s = fn(q, k, v, g, beta, s0, backend="fla")[:2]
     assert len(spy.calls) == 1
     ref = gdr.recurrent_gated_delta_rule(*(x.float() for x in (q, k, v, g, beta, s0)))
     torch.testing.assert_close(o.float(), ref[0], atol=tol, rtol=tol)

@@ -232,7 +232,7 @@ def test_decode_only_batches_use_the_decode_wrapper(fake_flashinfer, monkeypatch
 
 def test_the_whole_model_through_the_backend_matches_the_reference(fake_flashinfer, monkeypatch):
     from mtpx.cache.model_cache import ModelCache
-    from tests.conftest import peaked_model, tiny_config
+    from tests.helpers import peaked_model, tiny_config
     monkeypatch.setattr(fb, "SUPPORTED_DTYPES", (torch.float64,))
     m = peaked_model(tiny_config())
     x = torch.randint(0, 64, (3, 20), generator=torch.Generator().manual_seed(0))

@@ -12,8 +12,8 @@ from mtpx.hf.layout import LayoutError, detect_layout, from_mtpx
 from mtpx.hf.loader import load_pretrained
 from mtpx.models import MTPForCausalLM
 from mtpx.train.checkpoint import CheckpointError
-from tests.conftest import LLAMA_FLAGS as LLAMA
-from tests.conftest import tiny_config
+from tests.helpers import LLAMA_FLAGS as LLAMA
+from tests.helpers import tiny_config
 
 
 def _model(seed=0, **overrides) -> MTPForCausalLM:

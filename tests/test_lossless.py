@@ -6,7 +6,7 @@ import pytest
 
 from mtpx import LLM, SamplingParams
 from mtpx.evaluate import compare_outputs
-from tests.conftest import LLAMA_FLAGS, train_tiny
+from tests.helpers import LLAMA_FLAGS, train_tiny
 
 
 PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],
@@ -82,7 +82,7 @@ def test_compare_outputs_classifies_near_ties(trained_tiny):
     dict(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[0]),  # MoE
 ])
 def test_dense_and_moe_targets_are_lossless(overrides):
-    from tests.conftest import peaked_model, tiny_config
+    from tests.helpers import peaked_model, tiny_config
     model = peaked_model(tiny_config(**overrides), seed=3)
     plain = _run(model, None, None, max_tokens=16)
     for spec, k in (("mtp1", 2), ("mtp8", 3)):

@@ -3,7 +3,7 @@ windows with state selection) on a ragged batch in float64."""
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from tests.conftest import peaked_model, tiny_config
+from tests.helpers import peaked_model, tiny_config
 
 
 def test_incremental_equals_full_forward():

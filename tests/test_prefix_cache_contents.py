@@ -15,14 +15,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from mtpx import SamplingParams
 from mtpx.cache.block_pool import hash_block, lookahead_key
 from mtpx.cache.model_cache import ModelCache
 from mtpx.attention.kv_cache import KVCache
 from mtpx.spec_decode.common import run_module
-from tests.conftest import peaked_model, tiny_config
-from tests.helpers import install_draft_check
-from tests.test_engine import assert_clean, assert_matches_reference, make_llm
+from tests.helpers import peaked_model, tiny_config
+from tests.helpers import _params, assert_clean, assert_matches_reference, install_draft_check, make_llm
 
 ATOL = 1e-9   # float64 models: incremental (paged, batched) vs from-scratch rounding
 
@@ -128,11 +126,6 @@ class PublishedBlockChecker:
         assert all(o.error is None and o.finish_reason in ("stop", "length") for o in outs)
         self.check(self.llm.engine)
         return outs
-
-
-def _params(max_tokens: int, stop: int | None = None) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                          stop_token_ids=[] if stop is None else [stop])
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from mtpx.attention.torch_backend import gather_kv
 from mtpx.cache.model_cache import ModelCache
 from mtpx.spec_decode import MultiModuleMTPSpeculator, SingleModuleMTPSpeculator
 from mtpx.spec_decode.common import run_module
-from tests.conftest import peaked_model, tiny_config
+from tests.helpers import peaked_model, tiny_config
 from tests.helpers import install_draft_check, propose
 
 K = 4
@@ -183,31 +183,6 @@ def test_single_module_drafts_equal_from_scratch():
             pos = torch.arange(hid.shape[1])[None]
             a = model.mtp[0](emb, hid, pos)
         assert drafts[0].tolist() == want
-
-
-def _reference_single(model, seq, k):
-    """mtp1's k drafts from scratch: the module over positions 0..n-1, then extended one position
-    at a time on (previous draft, previous output)."""
-    n = len(seq) - 1
-    x = torch.tensor([seq])
-    hid = model.model(x)[:, :n]
-    emb = model.model.embed_tokens(x[:, 1:])
-    a = model.mtp[0](emb, hid, torch.arange(n)[None])
-    want = []
-    for _ in range(k):
-        d = int(model.lm_head(a[0, -1]).argmax())
-        want.append(d)
-        emb = torch.cat([emb, model.model.embed_tokens(torch.tensor([[d]]))], 1)
-        hid = torch.cat([hid, a[:, -1:]], 1)
-        a = model.mtp[0](emb, hid, torch.arange(hid.shape[1])[None])
-    return want
-
-
-def _reference_multi(model, seq, drafts, k):
-    n = len(seq) - 1
-    full = torch.tensor([seq + drafts[: k - 1]])
-    chain = model.mtp_chain(full, model.model(full), k)
-    return [int(model.lm_head(chain[i][0, n - 1]).argmax()) for i in range(k)]
 
 
 @pytest.mark.parametrize("spec,k,slots", [("mtp8", 4, 3), ("mtp1", 3, 2)])

@@ -18,7 +18,7 @@ import torch
 from mtpx import LLM, SamplingParams
 from mtpx.spec_decode.sampler import probs_from_logits
 from mtpx.spec_decode import verification
-from tests.conftest import peaked_model, tiny_config
+from tests.helpers import peaked_model, tiny_config
 
 N = 4000
 TV_MAX = 0.08

@@ -22,7 +22,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from mtpx.io import atomic_write_text  # noqa: E402
-from mtpx.metrics.dashboard import RunDirError, collect_sweep, sweep_table  # noqa: E402
+from mtpx.metrics.dashboard import RunDirError  # noqa: E402
+from mtpx.metrics.sweep import collect_sweep, sweep_table  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -30,6 +30,8 @@ class ForwardMeta:
         hybrid models: the state at every full block boundary travels with the block).
     attn_backend, attn_plan: the attention backend of this forward and its plan, made once for
         every attention layer (mtpx.attention.backend); None: the torch reference.
+    gdn_backend: the Gated DeltaNet kernels, "auto" | "torch" | "fla"
+        (mtpx.models.gated_delta_rule; engine.gdn_backend).
     """
 
     positions: torch.Tensor
@@ -43,6 +45,7 @@ class ForwardMeta:
     save_states: tuple | None = None
     attn_backend: object | None = None
     attn_plan: object | None = None
+    gdn_backend: str = "auto"
 
     def planned(self, backend) -> "ForwardMeta":
         """Attach `backend` and its plan for this forward (once, before the layers run)."""
@@ -88,7 +91,7 @@ class ForwardMeta:
         pick = lambda x: None if x is None else x[idx]  # noqa: E731
         sub = ForwardMeta(self.positions[idx], self.valid[idx], self.rows[idx], self.kv_len,
                           pick(self.block_table), self.block_size, pick(self.slot_mapping),
-                          self.keep_states)
+                          self.keep_states, gdn_backend=self.gdn_backend)
         return sub if self.attn_backend is None else sub.planned(self.attn_backend)
 
     @property

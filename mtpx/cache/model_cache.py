@@ -37,7 +37,8 @@ class ModelCache:
     its cache, KVCacheSpec or RecurrentStateSpec, and the cache is built from those); rows: batch
     slots (max concurrent requests); max_len: positions per request (prompt + output + drafts);
     num_blocks x block_size: the paged KV pool; boundary_states: keep the Gated DeltaNet state of
-    every full block (prefix caching on a hybrid model).
+    every full block (prefix caching on a hybrid model); attention_backend, gdn_backend: the
+    kernels every forward's metadata carries (EngineConfig's fields).
 
     target: one cache per target layer (KVCache or RecurrentState); draft: one KVCache per MTP module.
     tokens: [rows + 1, max_len] int64: a request's known tokens at [0, num_tokens); the slots
@@ -53,12 +54,13 @@ class ModelCache:
 
     def __init__(self, model, rows: int, max_len: int, num_draft_modules: int,
                  block_size: int = 16, num_blocks: int | None = None, boundary_states: bool = False,
-                 attention_backend: str = "torch"):
+                 attention_backend: str = "torch", gdn_backend: str = "auto"):
         p = next(model.parameters())
         dtype, device = p.dtype, p.device
         target_specs, draft_specs = model.cache_specs(num_draft_modules)
         attn = next((s for s in target_specs + draft_specs if isinstance(s, KVCacheSpec)), None)
         self.rows, self.max_len, self.block_size = rows, max_len, block_size
+        self.gdn_backend = gdn_backend
         self.attention_backend = get_backend(attention_backend, device, None if attn is None else (
             attn.num_heads, attn.num_kv_heads, attn.head_dim, dtype))
         self.max_blocks = -(-max_len // block_size)
@@ -104,6 +106,7 @@ class ModelCache:
         planned by this cache's attention backend (`attention_backend`, default the torch one)."""
         meta = ForwardMeta.build(starts, lengths, rows, self.block_tables[rows], self.block_size,
                                  keep_states)
+        meta.gdn_backend = self.gdn_backend
         return meta if self.attention_backend is None else meta.planned(self.attention_backend)
 
     def static_meta(self, starts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
@@ -114,6 +117,7 @@ class ModelCache:
         attention backend like `meta`; builds without a host sync (with the torch backend)."""
         meta = ForwardMeta.build(starts, lengths, rows, self.block_tables[rows, :num_blocks],
                                  self.block_size, keep_states, num_tokens, self.pad_slot)
+        meta.gdn_backend = self.gdn_backend
         return meta if self.attention_backend is None else meta.planned(self.attention_backend)
 
     def num_free_rows(self) -> int:

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 VERIFY_METHODS = ("standard", "block")
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+GDN_BACKENDS = ("auto", "torch", "fla")     # mtpx.models.gated_delta_rule.GDN_BACKENDS
 
 
 @dataclass
@@ -34,6 +35,10 @@ class EngineConfig:
     attention_backend: str = "torch"
     """Paged attention: "torch" (the reference, CPU or GPU) or "flashinfer" (CUDA); checked by
     mtpx.attention.backend.get_backend."""
+    gdn_backend: str = "auto"
+    """Gated DeltaNet kernels: "auto" (flash-linear-attention's on CUDA when installed, the
+    plain-PyTorch forms otherwise), "torch" (always the plain forms) or "fla" (a missing fla or
+    non-CUDA tensors are an error); mtpx.models.gated_delta_rule."""
     compile: bool = False
     """Run the decode step through torch.compile with static shapes (mtpx/engine/compiled.py)."""
     compile_backend: str = "inductor"
@@ -54,6 +59,10 @@ class EngineConfig:
                 raise ValueError(f"engine.{key}={value!r}: must be an integer >= {low}"
                                  + (" or null" if none_ok else ""))
 
+        for key in ("enable_prefix_caching", "compile", "record_logit_gaps", "record_step_timings",
+                    "check_invariants"):
+            if not isinstance(getattr(self, key), bool):
+                raise ValueError(f"engine.{key}={getattr(self, key)!r}: must be true or false")
         integer("max_num_seqs", self.max_num_seqs, 1)
         integer("max_model_len", self.max_model_len, 2, none_ok=True)
         integer("block_size", self.block_size, 1)
@@ -66,3 +75,5 @@ class EngineConfig:
                                     ("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)):
             if value not in choices:
                 raise ValueError(f"{key}={value!r}: choose one of {list(choices)} (spec.{key})")
+        if self.gdn_backend not in GDN_BACKENDS:
+            raise ValueError(f"engine.gdn_backend={self.gdn_backend!r}: choose one of {', '.join(GDN_BACKENDS)}")

@@ -33,7 +33,8 @@ class LLM:
     `tokenizer` to use string prompts); draft_path: a safetensors file of MTP modules to attach
     (e.g. a head trained in mtpx, exported with tools/export_checkpoint.py --layout draft);
     allow_pickle: read pickle-only folders with torch.load(weights_only=True); attention_backend:
-    "torch" (the reference) or "flashinfer" (CUDA) paged attention; device: where a checkpoint
+    "torch" (the reference) or "flashinfer" (CUDA) paged attention; gdn_backend: "auto", "torch"
+    or "fla" Gated DeltaNet kernels (EngineConfig); device: where a checkpoint
     folder's weights go ("cpu", "cuda"; a model instance stays where it is); spec: None (plain decoding),
     "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
     step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
@@ -58,6 +59,7 @@ class LLM:
                  check_invariants: bool = False, verify: str = "standard",
                  draft_sample_method: str = "greedy", draft_path: str | Path | None = None,
                  allow_pickle: bool = False, attention_backend: str = "torch", device: str = "cpu",
+                 gdn_backend: str = "auto",
                  compile: bool = False, compile_backend: str = "inductor"):
         if threads:
             torch.set_num_threads(threads)
@@ -77,6 +79,7 @@ class LLM:
             num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
             max_num_batched_tokens=max_num_batched_tokens, verify=verify,
             draft_sample_method=draft_sample_method, attention_backend=attention_backend,
+            gdn_backend=gdn_backend,
             compile=compile, compile_backend=compile_backend, record_logit_gaps=record_logit_gaps,
             check_invariants=check_invariants))
         self.max_model_len = self.engine.max_model_len

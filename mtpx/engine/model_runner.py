@@ -101,7 +101,7 @@ class ModelRunner:
         self.cache = ModelCache(model, config.max_num_seqs, max_len,
                                 0 if speculator is None else speculator.num_draft_modules,
                                 config.block_size, config.num_blocks, self.boundary_states,
-                                config.attention_backend)
+                                config.attention_backend, config.gdn_backend)
         if speculator is not None:
             speculator.allocate(self.cache)
         self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend)

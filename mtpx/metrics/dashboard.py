@@ -16,8 +16,7 @@ tools/dashboard.py): per-position curves side by side, each run's position-0 buc
 throughput and median TPOT against num_speculative_tokens, acceptance by category, and the
 position-0 prediction of every ordered pair of spec runs (`position0_predictions`).
 
-A Hydra multirun (`sweep_table`, used by tools/sweep_table.py): one markdown row per job, the
-overrides that vary first, and the failed, incomplete or never-started jobs with their reason.
+A Hydra multirun's table is mtpx.metrics.sweep's.
 
 Figures use matplotlib's object API (``Figure`` with the Agg canvas, no pyplot global state) and
 are written atomically (mtpx.io.atomic_write_bytes). Rates are fractions in the metrics dicts and
@@ -28,9 +27,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,7 @@ from mtpx.metrics.report import DASH, format_comparison
 __all__ = [
     "RUN_FIGURES", "COMPARISON_FIGURES", "RunDirError", "Run", "load_run", "load_runs",
     "write_run_figures", "write_comparison_figures", "format_position0_prediction",
-    "position0_predictions", "dashboard_markdown", "SweepJob", "collect_sweep", "sweep_table",
+    "position0_predictions", "dashboard_markdown",
 ]
 
 RUN_FIGURES = ("acceptance_conditional.png", "position0_buckets.png", "acceptance_by_category.png")
@@ -90,7 +88,7 @@ class Run:
         return self.k > 0
 
 
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
     import yaml
 
     try:
@@ -99,7 +97,7 @@ def _read_yaml(path: Path) -> Any:
         return None
 
 
-def _read_metrics(run_dir: Path) -> dict:
+def read_metrics(run_dir: Path) -> dict:
     file = run_dir / "metrics.json"
     if not run_dir.is_dir():
         raise RunDirError(f"{run_dir} is not a directory: pass run directories written by mode=eval")
@@ -131,10 +129,10 @@ def load_run(run_dir: str | os.PathLike, name: str | None = None) -> Run:
     """Read one eval run directory (metrics.json, and .hydra/config.yaml and overrides.yaml when
     present). Raises RunDirError with a one-line message when metrics.json is missing or unreadable."""
     path = Path(run_dir)
-    metrics = _read_metrics(path)
-    config = _read_yaml(path / ".hydra" / "config.yaml")
+    metrics = read_metrics(path)
+    config = read_yaml(path / ".hydra" / "config.yaml")
     config = config if isinstance(config, dict) else None
-    overrides = _read_yaml(path / ".hydra" / "overrides.yaml")
+    overrides = read_yaml(path / ".hydra" / "overrides.yaml")
     overrides = [str(o) for o in overrides] if isinstance(overrides, list) else None
     spec = (config or {}).get("spec") or {}
     k = len(metrics.get("per_position_acceptance") or [])
@@ -402,13 +400,13 @@ def position0_predictions(runs: Sequence[Run]) -> list[str]:
             for a in have for b in have if a is not b]
 
 
-def _md_row(cells: Sequence[Any]) -> str:
+def md_row(cells: Sequence[Any]) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
 def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "---:") -> str:
-    lines = [_md_row(header), "| --- |" + f" {align} |" * (len(header) - 1)]
-    return "\n".join(lines + [_md_row(r) for r in rows]) + "\n"
+    lines = [md_row(header), "| --- |" + f" {align} |" * (len(header) - 1)]
+    return "\n".join(lines + [md_row(r) for r in rows]) + "\n"
 
 
 def _rate_n(rate: float | None, count: int | None) -> str:
@@ -484,163 +482,3 @@ def dashboard_markdown(runs: Sequence[Run], figures: Sequence[str | os.PathLike]
     if figures:
         parts += ["## Figures\n", "".join(f"![{Path(f).stem}]({Path(f).name})\n\n" for f in figures).rstrip() + "\n"]
     return "\n".join(parts)
-
-
-# --------------------------------------------------------------------------------------------------
-# Hydra multirun sweeps
-
-
-@dataclass
-class SweepJob:
-    """One job of a multirun: its number, overrides, run directory (None when never started),
-    metrics (None when metrics.json is missing or unreadable) and its problems (reasons)."""
-
-    num: int | None
-    overrides: list[str]
-    path: Path | None
-    metrics: dict | None = None
-    problems: list[str] = field(default_factory=list)
-
-
-_NO_METRICS = ("no metrics.json: the job failed before writing it, or is still running "
-               "(train_or_eval.py prints a job's error to the sweep's stderr, not into the job folder)")
-_NOT_STARTED = ("not started: the sweep stopped before this job (train_or_eval.py exits the whole "
-                "multirun when a job exits with an error)")
-
-
-def _job_num(path: Path, root: Path) -> int | None:
-    rel = path.relative_to(root)
-    return int(rel.name) if rel.name.isdigit() else None
-
-
-def _expected_jobs(root: Path) -> list[list[str]] | None:
-    """Every job's overrides, in job-number order, from multirun.yaml's task overrides (Hydra's
-    basic sweeper expands them); None when unknown (no multirun.yaml, another sweeper or subdir)."""
-    cfg = _read_yaml(root / "multirun.yaml")
-    try:
-        hydra = cfg["hydra"]
-        if hydra["sweep"]["subdir"] != "${hydra.job.num}" or "basic_sweeper" not in hydra["sweeper"]["_target_"]:
-            return None
-        task = [str(o) for o in hydra["overrides"]["task"]]
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
-        parsed = OverridesParser.create().parse_overrides(task)
-        return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-    except Exception:  # noqa: BLE001 - an unexpected layout only loses the "not started" rows
-        return None
-
-
-def _log_error(job_dir: Path) -> str | None:
-    """The last line of the job's Hydra log(s) (*.log) or error.txt that names an error, if any."""
-    line = None
-    for log in [*sorted(job_dir.glob("*.log")), job_dir / "error.txt"]:
-        try:
-            for text in log.read_text(encoding="utf-8", errors="replace").splitlines():
-                if re.search(r"error|exception|traceback", text, re.IGNORECASE):
-                    line = text.strip()
-        except OSError:
-            continue
-    return line
-
-
-def collect_sweep(multirun_dir: str | os.PathLike) -> list[SweepJob]:
-    """The jobs of a Hydra multirun folder (multirun/DATE/TIME), by job number.
-
-    Job folders are the sub-folders holding .hydra/overrides.yaml. Jobs that multirun.yaml
-    expands to but whose folder does not exist are returned with path None (never started).
-
-    Raises:
-        RunDirError: `multirun_dir` is not a folder or holds no job folder and no multirun.yaml.
-    """
-    root = Path(multirun_dir)
-    if not root.is_dir():
-        raise RunDirError(f"{root} is not a directory: pass a Hydra multirun folder (multirun/DATE/TIME)")
-    dirs = sorted({p.parent.parent for p in root.rglob("overrides.yaml") if p.parent.name == ".hydra"}
-                  - {root}, key=lambda p: (_job_num(p, root) is None, _job_num(p, root) or 0, str(p)))
-    expected = _expected_jobs(root)
-    if not dirs and expected is None:
-        raise RunDirError(f"{root} has no job folders (N/.hydra/overrides.yaml) and no multirun.yaml: "
-                          "pass the folder a multirun wrote (python train_or_eval.py -m ...; "
-                          "multirun/DATE/TIME)")
-    jobs = []
-    for d in dirs:
-        overrides = _read_yaml(d / ".hydra" / "overrides.yaml")
-        job = SweepJob(_job_num(d, root), [str(o) for o in overrides] if isinstance(overrides, list) else [], d)
-        try:
-            job.metrics = _read_metrics(d)
-        except RunDirError as err:
-            if (d / "metrics.json").exists():
-                job.problems.append(str(err))
-            else:
-                error = _log_error(d)
-                job.problems.append(_NO_METRICS + (f"; log: {error}" if error else ""))
-        if job.metrics is not None:
-            m = job.metrics
-            if m.get("lossless_mismatches"):
-                job.problems.append(f"lossless check failed: {m['lossless_mismatches']} request(s) differ "
-                                    "from plain decoding (the job exited with status 1)")
-            if m.get("num_failed"):
-                job.problems.append(f"{m['num_failed']} of {m.get('num_requests')} requests failed "
-                                    "(their error is in outputs.jsonl)")
-        jobs.append(job)
-    if expected is not None:
-        have = {j.num for j in jobs}
-        jobs += [SweepJob(i, ov, None, problems=[_NOT_STARTED]) for i, ov in enumerate(expected) if i not in have]
-        jobs.sort(key=lambda j: (j.num is None, j.num or 0))
-    return jobs
-
-
-def _split_override(o: str) -> tuple[str, str]:
-    key, sep, value = o.partition("=")
-    return key.lstrip("+~"), value if sep else ""
-
-
-_SWEEP_COLUMNS = (
-    ("Acceptance rate (%)", lambda m: None if m.get("acceptance_rate") is None else f"{m['acceptance_rate'] * 100:.2f}"),
-    ("Acceptance length", lambda m: None if m.get("acceptance_length") is None else f"{m['acceptance_length']:.2f}"),
-    ("Per-position acceptance (%)", lambda m: " / ".join(DASH if v is None else f"{v * 100:.1f}"
-                                                         for v in m.get("per_position_acceptance") or []) or None),
-    ("Output tok/s", lambda m: None if m.get("output_throughput") is None else f"{m['output_throughput']:.2f}"),
-    ("Median TTFT (ms)", lambda m: None if m.get("median_ttft_ms") is None else f"{m['median_ttft_ms']:.2f}"),
-    ("Median TPOT (ms)", lambda m: None if m.get("median_tpot_ms") is None else f"{m['median_tpot_ms']:.2f}"),
-    ("Median ITL (ms)", lambda m: None if m.get("median_itl_ms") is None else f"{m['median_itl_ms']:.2f}"),
-    ("Lossless mismatches", lambda m: None if m.get("lossless_mismatches") is None else str(m["lossless_mismatches"])),
-)
-
-
-def sweep_table(multirun_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None = None) -> str:
-    """A markdown summary of a Hydra multirun: the overrides every job shares, one table row per
-    job with metrics (the overrides that differ between jobs first, then acceptance rate, length,
-    per-position acceptance, output throughput, median TTFT / TPOT / ITL, lossless mismatches,
-    the job number), then the failed, incomplete or never-started jobs with their reasons.
-
-    Args:
-        multirun_dir: the multirun folder (named in the title).
-        jobs: `collect_sweep(multirun_dir)` when None.
-    """
-    jobs = collect_sweep(multirun_dir) if jobs is None else list(jobs)
-    parsed = [dict(_split_override(o) for o in j.overrides) for j in jobs]
-    keys = list(dict.fromkeys(k for p in parsed for k in p))
-    varying = [k for k in keys if len({p.get(k) for p in parsed}) > 1] or keys
-    common = [o for o in (jobs[0].overrides if jobs else []) if _split_override(o)[0] not in varying]
-    done = [(j, p) for j, p in zip(jobs, parsed) if j.metrics is not None]
-    out = [f"# Sweep {multirun_dir}\n",
-           f"{len(jobs)} job(s), {len(done)} with metrics, "
-           f"{sum(1 for j in jobs if j.problems)} with problems.\n"]
-    if common:
-        out.append("Common overrides: " + " ".join(f"`{o}`" for o in common) + "\n")
-    if done:
-        rows = [[*(p.get(k, DASH) or DASH for k in varying),
-                 *((fn(j.metrics) or DASH) for _, fn in _SWEEP_COLUMNS),
-                 DASH if j.num is None else j.num] for j, p in done]
-        header = [*varying, *(c for c, _ in _SWEEP_COLUMNS), "Job"]
-        align = ["---"] * len(varying) + ["---:"] * (len(header) - len(varying))
-        out.append("".join(_md_row(r) + "\n" for r in [header, align, *rows]))
-    problems = [j for j in jobs if j.problems]
-    if problems:
-        out.append("## Failed or incomplete jobs\n")
-        out.append("".join(
-            f"- job {DASH if j.num is None else j.num} (`{' '.join(j.overrides) or 'no overrides'}`): "
-            f"{'; '.join(j.problems)}\n" for j in problems))
-    return "\n".join(out)

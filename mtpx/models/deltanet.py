@@ -59,7 +59,7 @@ class GatedDeltaNet(nn.Module):
         T = q.shape[1]
         if meta.save_states is None or state.block_ssm is None:
             fn = gated_delta_rule_recurrent if T <= RECURRENT_MAX_LEN else gated_delta_rule_chunked
-            return fn(q, k, v, g, beta, init)[:2]
+            return fn(q, k, v, g, beta, init, backend=meta.gdn_backend)[:2]
         bi, ti, blocks = meta.save_states
         if T <= RECURRENT_MAX_LEN:
             o, final, states = gated_delta_rule_recurrent(q, k, v, g, beta, init, keep_all_states=True)

@@ -38,19 +38,18 @@ plain-PyTorch references, as flash-linear-attention keeps its naive forms beside
 - the plain-PyTorch forms otherwise: on CPU, without fla, for per-token or chunk-boundary states,
   float64, or when forced.
 
-`MTPX_GDN_BACKEND` (read on every call): "auto" (default, the rule above), "torch" (always the
-plain-PyTorch forms), "fla" (as auto, but raise instead of falling back when fla is missing or the
-tensors are off CUDA; calls that need features the kernels lack still run the torch forms).
+The `backend` argument (engine.gdn_backend, carried to the layers by ForwardMeta.gdn_backend):
+"auto" (default, the rule above), "torch" (always the plain-PyTorch forms), "fla" (as auto, but
+raise instead of falling back when fla is missing or the tensors are off CUDA; calls that need
+features the kernels lack still run the torch forms).
 """
 import importlib
-import os
 import sys
 import warnings
 
 import torch
 import torch.nn.functional as F
 
-GDN_BACKEND_ENV = "MTPX_GDN_BACKEND"
 GDN_BACKENDS = ("auto", "torch", "fla")
 FLA_MODULE = "fla.ops.gated_delta_rule"
 
@@ -185,14 +184,6 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64,
 _fla_import_error: ImportError | None = None  # remembered so a missing fla costs one import attempt
 
 
-def gdn_backend() -> str:
-    """The requested backend: $MTPX_GDN_BACKEND (auto, torch or fla), default auto."""
-    name = os.environ.get(GDN_BACKEND_ENV, "auto").strip().lower() or "auto"
-    if name not in GDN_BACKENDS:
-        raise ValueError(f"{GDN_BACKEND_ENV}={name!r}: choose one of {', '.join(GDN_BACKENDS)}")
-    return name
-
-
 def _on_cuda(x: torch.Tensor) -> bool:
     return x.is_cuda
 
@@ -209,20 +200,21 @@ def _fla_ops():
         return None
 
 
-def _fla_for(q, k, v, dtypes):
+def _fla_for(q, k, v, dtypes, backend: str):
     """The fla module to use for this call, or None for the torch forms (module doc)."""
-    backend = gdn_backend()
+    if backend not in GDN_BACKENDS:
+        raise ValueError(f"engine.gdn_backend={backend!r}: choose one of {', '.join(GDN_BACKENDS)}")
     if backend == "torch" or not (q.dtype == k.dtype == v.dtype and q.dtype in dtypes):
         return None
     if not _on_cuda(q):
         if backend == "fla":
-            raise ValueError(f"{GDN_BACKEND_ENV}=fla needs CUDA tensors (these are on {q.device}): "
-                             f"unset it or use {GDN_BACKEND_ENV}=torch")
+            raise ValueError(f"engine.gdn_backend=fla needs CUDA tensors (these are on {q.device}): "
+                             "use engine.gdn_backend=auto or torch")
         return None
     ops = _fla_ops()
     if ops is None and backend == "fla":
-        raise ValueError(f"{GDN_BACKEND_ENV}=fla needs flash-linear-attention ({_fla_import_error}): "
-                         f"pip install -e '.[gpu]', or use {GDN_BACKEND_ENV}=torch")
+        raise ValueError(f"engine.gdn_backend=fla needs flash-linear-attention ({_fla_import_error}): "
+                         "pip install -e '.[gpu]', or use engine.gdn_backend=torch")
     return ops
 
 
@@ -236,13 +228,14 @@ def _fla_call(fn, q, k, v, g, beta, initial_state):
     return o.to(v.dtype), final.float()
 
 
-def gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=None, keep_all_states=False):
+def gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=None, keep_all_states=False,
+                               backend: str = "auto"):
     """`recurrent_gated_delta_rule`'s contract; fla's fused_recurrent_gated_delta_rule on CUDA
     without keep_all_states or gradients (module doc), the torch form otherwise."""
     needs_grad = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state))
     ops = None if keep_all_states or needs_grad else _fla_for(
-        q, k, v, (torch.bfloat16, torch.float16, torch.float32))
+        q, k, v, (torch.bfloat16, torch.float16, torch.float32), backend)
     if ops is None:
         return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, keep_all_states=keep_all_states)
     o, final = _fla_call(ops.fused_recurrent_gated_delta_rule, q, k, v, g, beta, initial_state)
@@ -250,12 +243,12 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=None, keep_all_st
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, initial_state=None, chunk_size=64,
-                             return_chunk_states=False):
+                             return_chunk_states=False, backend: str = "auto"):
     """`chunk_gated_delta_rule`'s contract; fla's chunk_gated_delta_rule on CUDA in bf16/fp16
     without return_chunk_states (module doc; the kernel's own chunk size is 64 whatever
     chunk_size says, which changes no result), the torch form otherwise."""
     ops = None if return_chunk_states or q.shape[-1] > 256 else _fla_for(
-        q, k, v, (torch.bfloat16, torch.float16))
+        q, k, v, (torch.bfloat16, torch.float16), backend)
     if ops is None:
         return chunk_gated_delta_rule(q, k, v, g, beta, initial_state, chunk_size=chunk_size,
                                       return_chunk_states=return_chunk_states)
