@@ -151,3 +151,15 @@ def test_scheduled_items_carry_block_tables():
     out = s.schedule()
     [p] = out.prefills
     assert isinstance(p, ScheduledPrefill) and p.block_table == s.kv.block_table(0) and len(p.block_table) == 2
+
+
+def test_duplicate_request_ids_are_refused_while_in_flight():
+    import pytest
+    s = make()
+    a = req(0, 3, max_tokens=1)
+    s.add(a)
+    with pytest.raises(ValueError, match="request id 0 is already in the engine"):
+        s.add(req(0, 4))
+    out = s.schedule()
+    assert s.update_from_output(out, result(out)) == [a]
+    s.add(req(0, 4))                                     # the id is free again once a finished

@@ -100,7 +100,10 @@ class Engine:
 
     # ---- the online API ------------------------------------------------------------------------
     def add_request(self, r: Request) -> bool:
-        """Queue a request. Returns False, setting r.error, when it can never fit the KV pool."""
+        """Queue a request. Returns False, setting r.error, when it can never fit the KV pool.
+        Raises ValueError for a request that already finished or whose id is in the engine."""
+        if r.finished or r.output_token_ids:
+            raise ValueError(f"request {r.index!r} was already run: pass a new Request")
         if not r.params.greedy and r.generator is None:
             r.generator = torch.Generator()
             r.generator.manual_seed(r.params.seed if r.params.seed is not None

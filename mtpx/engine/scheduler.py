@@ -85,8 +85,15 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self._ids: set = set()                    # indices of the requests waiting or running
 
     def add(self, request: Request) -> None:
+        """Queue a request. Raises ValueError when its index is already waiting or running (ids
+        key the KV block tables and batch slots, so they must be unique while in the engine)."""
+        if request.index in self._ids:
+            raise ValueError(f"request id {request.index!r} is already in the engine: give every "
+                             "request in flight a unique id")
+        self._ids.add(request.index)
         self.waiting.append(request)
 
     def has_work(self) -> bool:
@@ -227,6 +234,7 @@ class Scheduler:
         return True
 
     def _remove(self, r: Request) -> None:
+        self._ids.discard(r.index)
         if r in self.running:
             self.running.remove(r)
         elif r in self.waiting:

@@ -1,0 +1,55 @@
+"""The engine's online API (add_request / step / abort / has_unfinished_requests): requests fed
+as they arrive decode exactly as LLM.generate does; bad use fails with one clear error."""
+from __future__ import annotations
+
+import pytest
+
+from mtpx import SamplingParams
+from mtpx.engine.engine import Engine, EngineConfig
+from mtpx.engine.request import Request
+from mtpx.spec_decode import build_speculator
+from tests.helpers import reference
+
+
+def _req(i, prompt, n=8):
+    return Request(i, prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+
+
+def test_requests_fed_between_steps_decode_like_plain_greedy(trained_tiny):
+    prompts = [[5, 8, 11, 14], [20, 21, 22], [40, 42, 44, 46, 48], [9, 9, 9]]
+    ref = reference(trained_tiny, prompts, [SamplingParams(max_tokens=8, ignore_eos=True)] * 4)
+    eng = Engine(trained_tiny, build_speculator("mtp8", trained_tiny, 3),
+                 EngineConfig(max_num_seqs=2, block_size=4, enable_prefix_caching=True, check_invariants=True))
+    done, pending, steps = {}, [_req(i, p) for i, p in enumerate(prompts)], 0
+    while pending or eng.has_unfinished_requests():
+        if pending and steps % 2 == 0:                  # one arrival every other step
+            assert eng.add_request(pending.pop(0))
+        for r in eng.step():
+            done[r.index] = r.output_token_ids
+        steps += 1
+    assert [done[i] for i in range(4)] == ref
+    assert eng.kv.num_free_blocks == eng.config.num_blocks and eng.cache.num_free_rows() == 2
+
+
+def test_abort_between_steps_and_bad_use(trained_tiny):
+    eng = Engine(trained_tiny, build_speculator("mtp1", trained_tiny, 2), EngineConfig(block_size=4))
+    a, b = _req(0, [5, 8, 11], n=30), _req(1, [1, 2, 3], n=30)
+    assert eng.add_request(a) and eng.add_request(b)
+    with pytest.raises(ValueError, match="request id 0 is already in the engine"):
+        eng.add_request(_req(0, [7, 7]))
+    eng.step()
+    eng.step()
+    eng.abort(a)
+    assert a.finish_reason == "abort" and eng.pop_aborted() == [a] and eng.pop_aborted() == []
+    eng.abort(a)                                         # a second abort is a no-op
+    assert eng.pop_aborted() == []
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert b.finish_reason == "length" and len(b.output_token_ids) == 30
+    with pytest.raises(ValueError, match="already run"):
+        eng.add_request(b)
+    assert eng.step() == []                              # nothing to do: an empty step
+    small = Engine(trained_tiny, None, EngineConfig(block_size=4, num_blocks=3))
+    too_big = Request(2, [1] * 10, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert small.add_request(too_big) is False and "engine.num_blocks" in too_big.error
+    assert not small.has_unfinished_requests()
