@@ -53,3 +53,29 @@ def test_abort_between_steps_and_bad_use(trained_tiny):
     too_big = Request(2, [1] * 10, SamplingParams(max_tokens=8, ignore_eos=True))
     assert small.add_request(too_big) is False and "engine.num_blocks" in too_big.error
     assert not small.has_unfinished_requests()
+
+
+def test_llm_takes_engine_settings_as_overrides(trained_tiny):
+    from mtpx import LLM
+    llm = LLM(model=trained_tiny, spec="mtp1", block_size=4, engine_config=EngineConfig(max_num_seqs=3))
+    assert (llm.engine.config.block_size, llm.engine.config.max_num_seqs) == (4, 3)
+    with pytest.raises(ValueError, match=r"unknown engine setting 'blok_size' \(engine.blok_size\): did you mean block_size\?"):
+        LLM(model=trained_tiny, blok_size=4)
+    with pytest.raises(ValueError, match="engine.block_size=0: must be an integer >= 1"):
+        Engine(trained_tiny, None, block_size=0)
+
+
+def test_bad_prompts_fail_alone_at_add_request(trained_tiny):
+    """The online API validates what LLM.generate validates: a bad prompt fails alone, with one
+    line, and the engine goes on serving the others."""
+    eng = Engine(trained_tiny, build_speculator("mtp8", trained_tiny, 2), max_model_len=32)
+    bad = {"empty prompt": [], "maximum length is 32": list(range(2, 40)),
+           "outside the vocabulary": [5, 64, -1]}
+    for i, (msg, prompt) in enumerate(bad.items()):
+        r = _req(i, prompt)
+        assert eng.add_request(r) is False and msg in r.error
+    good = _req(9, [5, 8, 11], n=4)
+    assert eng.add_request(good)
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert good.finish_reason == "length" and len(good.output_token_ids) == 4

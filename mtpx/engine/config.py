@@ -1,6 +1,8 @@
 """EngineConfig: every setting of the decoding engine, validated once (vLLM's names)."""
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
 
 VERIFY_METHODS = ("standard", "block")
@@ -77,3 +79,16 @@ class EngineConfig:
                 raise ValueError(f"{key}={value!r}: choose one of {list(choices)} (spec.{key})")
         if self.gdn_backend not in GDN_BACKENDS:
             raise ValueError(f"engine.gdn_backend={self.gdn_backend!r}: choose one of {', '.join(GDN_BACKENDS)}")
+
+
+def with_overrides(config: EngineConfig | None, **overrides) -> EngineConfig:
+    """`config` (default EngineConfig()) with `overrides` of its fields, validated. Raises
+    ValueError naming an unknown field and the closest one."""
+    fields = [f.name for f in dataclasses.fields(EngineConfig)]
+    for key in overrides:
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"choose from {', '.join(fields)}"
+            raise ValueError(f"unknown engine setting {key!r} (engine.{key}): {hint}")
+    return dataclasses.replace(config or EngineConfig(), **overrides)
+

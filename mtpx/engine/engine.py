@@ -25,7 +25,7 @@ import sys
 import torch
 
 from mtpx.cache.kv_cache_manager import KVCacheManager
-from mtpx.engine.config import EngineConfig
+from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.model_runner import ModelRunner, StepTiming
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
@@ -42,7 +42,7 @@ class Engine:
     """
 
     def __init__(self, model, speculator=None, config: EngineConfig | None = None, **overrides):
-        config = dataclasses.replace(config or EngineConfig(), **overrides)
+        config = with_overrides(config, **overrides)
         k = 0 if speculator is None else speculator.num_speculative_tokens
         limit = model.cfg.max_position_embeddings
         max_model_len = limit if config.max_model_len is None else config.max_model_len
@@ -99,11 +99,29 @@ class Engine:
         self.step_timings = []
 
     # ---- the online API ------------------------------------------------------------------------
+    def validate_prompt(self, ids: list[int]) -> str | None:
+        """Why the engine cannot run prompt `ids` (empty, too long, a token outside the
+        vocabulary), as one line naming the fix; None when it can."""
+        if len(ids) == 0:
+            return "empty prompt: give at least one token (remove empty lines from the prompt file)"
+        if len(ids) >= self.max_model_len:
+            return (f"prompt has {len(ids)} tokens but the model's maximum length is "
+                    f"{self.max_model_len} (max_model_len): shorten or truncate the prompt")
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in ids if not (isinstance(t, int) and 0 <= t < vocab)]
+        if bad:
+            return f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+        return None
+
     def add_request(self, r: Request) -> bool:
-        """Queue a request. Returns False, setting r.error, when it can never fit the KV pool.
-        Raises ValueError for a request that already finished or whose id is in the engine."""
+        """Queue a request. Returns False, setting r.error, when the engine cannot run its prompt
+        (validate_prompt) or it can never fit the KV pool: it fails alone. Raises ValueError for
+        a request that already ran or whose id is in the engine."""
         if r.finished or r.output_token_ids:
             raise ValueError(f"request {r.index!r} was already run: pass a new Request")
+        r.error = self.validate_prompt(r.prompt_token_ids)
+        if r.error is not None:
+            return False
         if not r.params.greedy and r.generator is None:
             r.generator = torch.Generator()
             r.generator.manual_seed(r.params.seed if r.params.seed is not None

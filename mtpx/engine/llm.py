@@ -14,7 +14,8 @@ from typing import Sequence
 
 import torch
 
-from mtpx.engine.engine import Engine, EngineConfig
+from mtpx.engine.config import EngineConfig, with_overrides
+from mtpx.engine.engine import Engine
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.metrics.stats import RequestOutput
@@ -30,37 +31,26 @@ class LLM:
     """model: a checkpoint folder — mtpx's, or Hugging Face's (Qwen3NextForCausalLM,
     LlamaForCausalLM, Qwen3ForCausalLM; sharded safetensors, MTP heads in the Qwen3-Next or
     DeepSeek layout; mtpx.hf.loader.load_pretrained) — or an MTPForCausalLM (then pass
-    `tokenizer` to use string prompts); draft_path: a safetensors file of MTP modules to attach
-    (e.g. a head trained in mtpx, exported with tools/export_checkpoint.py --layout draft);
-    allow_pickle: read pickle-only folders with torch.load(weights_only=True); attention_backend:
-    "torch" (the reference) or "flashinfer" (CUDA) paged attention; gdn_backend: "auto", "torch"
-    or "fla" Gated DeltaNet kernels (EngineConfig); device: where a checkpoint
-    folder's weights go ("cpu", "cuda"; a model instance stays where it is); spec: None (plain decoding),
-    "mtp1" (single-module MTP) or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per
-    step (default: 1 for mtp1, all modules for mtp8); max_num_seqs: batch slots; dtype: "float32",
-    "float64" or "bfloat16" for a checkpoint folder (a model instance keeps its own dtype);
-    max_model_len: positions per request, at most the model's max_position_embeddings;
-    block_size, num_blocks, enable_prefix_caching, max_num_batched_tokens: the paged KV cache and
-    scheduler (Engine); check_invariants: assert cache invariants on every step (tests);
-    verify ("standard" | "block") and draft_sample_method ("greedy" | "probabilistic"): how drafts
-    are made and verified for requests with temperature > 0 (Engine); compile: run the decode
-    step (verification and the whole draft loop) under torch.compile with static shapes
-    (mtpx/engine/compiled.py), compiled here by a short warm-up whose cost is in
-    `compile_stats`; compile_backend: torch.compile's backend ("inductor"; "eager" traces with
-    Dynamo only, for quick checks). Raises ValueError for an unknown spec or dtype, or more speculative
-    tokens than multi-module MTP has modules; FileNotFoundError for a missing checkpoint."""
+    `tokenizer` to use string prompts); spec: None (plain decoding), "mtp1" (single-module MTP)
+    or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per step (default: 1 for mtp1,
+    all modules for mtp8); dtype: "float32", "float64", "bfloat16" or "float16" for a
+    checkpoint folder (a model instance keeps its own dtype); threads: torch threads; draft_path:
+    a safetensors file of MTP modules to attach (tools/export_checkpoint.py --layout draft);
+    allow_pickle: read pickle-only folders with torch.load(weights_only=True); device: where a
+    checkpoint folder's weights go ("cpu", "cuda"); engine_config and **overrides: the engine's
+    EngineConfig and any of its fields (max_num_seqs, block_size, enable_prefix_caching, verify,
+    compile, ...: mtpx/engine/config.py), as vLLM's LLM takes its engine arguments. With compile
+    the decode step is compiled here by a short warm-up whose cost is in `compile_stats`.
+    Raises ValueError for an unknown spec, dtype or engine setting (naming the closest), or more
+    speculative tokens than multi-module MTP has modules; FileNotFoundError for a missing
+    checkpoint."""
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
-                 num_speculative_tokens: int | None = None, max_num_seqs: int = 64,
-                 dtype: str = "float32", tokenizer=None, max_model_len: int | None = None,
-                 record_logit_gaps: bool = False, threads: int | None = None,
-                 block_size: int = 16, num_blocks: int | None = None,
-                 enable_prefix_caching: bool = False, max_num_batched_tokens: int = 2048,
-                 check_invariants: bool = False, verify: str = "standard",
-                 draft_sample_method: str = "greedy", draft_path: str | Path | None = None,
-                 allow_pickle: bool = False, attention_backend: str = "torch", device: str = "cpu",
-                 gdn_backend: str = "auto",
-                 compile: bool = False, compile_backend: str = "inductor"):
+                 num_speculative_tokens: int | None = None, dtype: str = "float32", tokenizer=None,
+                 threads: int | None = None, draft_path: str | Path | None = None,
+                 allow_pickle: bool = False, device: str = "cpu",
+                 engine_config: EngineConfig | None = None, **overrides):
+        config = with_overrides(engine_config, **overrides)
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
@@ -74,14 +64,7 @@ class LLM:
                                                          allow_pickle=allow_pickle, device=device)
         self.spec = spec
         self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
-        self.engine = Engine(self.model, self.speculator, EngineConfig(
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
-            num_blocks=num_blocks, enable_prefix_caching=enable_prefix_caching,
-            max_num_batched_tokens=max_num_batched_tokens, verify=verify,
-            draft_sample_method=draft_sample_method, attention_backend=attention_backend,
-            gdn_backend=gdn_backend,
-            compile=compile, compile_backend=compile_backend, record_logit_gaps=record_logit_gaps,
-            check_invariants=check_invariants))
+        self.engine = Engine(self.model, self.speculator, config)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
 
@@ -117,17 +100,6 @@ class LLM:
     def decode(self, ids: Sequence[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def _validate(self, ids: list[int]) -> str | None:
-        if len(ids) == 0:
-            return "empty prompt: give at least one token (remove empty lines from the prompt file)"
-        if len(ids) >= self.max_model_len:
-            return (f"prompt has {len(ids)} tokens but the model's maximum length is "
-                    f"{self.max_model_len} (max_model_len): shorten or truncate the prompt")
-        bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]
-        if bad:
-            return f"token ids {bad[:5]} are outside the vocabulary [0, {self.model.cfg.vocab_size})"
-        return None
-
     def generate(self, prompts: Sequence[str | Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  on_finish=None, on_step=None, max_concurrency: int | None = None,
@@ -152,7 +124,7 @@ class LLM:
             if not sp.ignore_eos:
                 stop.update(self.eos_token_ids)
             req = Request(i, ids, sp, frozenset(stop))
-            err = self._validate(ids)
+            err = self.engine.validate_prompt(ids)
             if err:
                 req.error = err
                 failed[i] = req
