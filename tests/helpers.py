@@ -110,7 +110,7 @@ def install_draft_check(llm, model, spec: str, k: int) -> list:
 
 # ---- engines checked against plain greedy decoding ------------------------------------------------
 FINISHED = {"stop", "length"}
-GAP_TOL = 1e-5   # logit gaps are float32 (Engine._gaps): a few ulps of the logits
+GAP_TOL = 1e-5   # logit gaps are float32 (ModelRunner._gaps): a few ulps of the logits
 
 
 def _params(max_tokens: int, stop: int | None = None) -> SamplingParams:
@@ -129,7 +129,7 @@ def lookahead(spec, k) -> int:
 
 
 def blocks_needed(prompt_len: int, max_tokens: int, k: int, block_size: int) -> int:
-    """The worst-case blocks the engine reserves a request for (Engine._add)."""
+    """The worst-case blocks the engine reserves a request for (Engine.add_request)."""
     return -(-(prompt_len + max_tokens + 2 * k + 2) // block_size)
 
 

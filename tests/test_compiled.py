@@ -93,8 +93,9 @@ def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k
 
 
 def test_callers_grad_mode_does_not_recompile(trained_tiny):
-    """generate() under inference_mode, no_grad or neither after warm-up: Engine.run always runs
-    under inference_mode, so the compiled step sees the same tensors and never recompiles."""
+    """generate() under inference_mode, no_grad or neither after warm-up: the client loop and the
+    engine step always run under inference_mode, so the compiled step sees the same tensors and
+    never recompiles."""
     torch._dynamo.reset()
     ref = _generate(_llm(trained_tiny, "mtp8", 2), PROMPTS[:3], max_tokens=10)
     llm = _llm(trained_tiny, "mtp8", 2, compile_backend="eager")

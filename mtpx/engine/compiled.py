@@ -99,7 +99,7 @@ class CompiledDecode:
 
     Attributes: compile_s (seconds spent in calls that compiled a graph), num_graphs (graphs
     compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes).
-    Call verify and draft under torch.inference_mode, as Engine.run does: the grad mode and the
+    Call verify and draft under torch.inference_mode, as the model runner does: the grad mode and the
     kind of tensor are guards, so another mode would compile the functions again.
     """
 
