@@ -1,0 +1,164 @@
+"""The engine's decode-step time beside the model forwards it runs, timed alone on the same shapes,
+so the engine's own overhead is a number.
+
+    python tools/bench_step.py [--model checkpoints/demo] [--specs none mtp1 mtp8] \
+        [--batch-sizes 1 4 16 64] [--modes eager compiled] [--mtp1-k 1] [--input-len 64] \
+        [--steps 12] [--repeats 20] [--out experiments/step_costs]
+
+For each (spec, mode) one LLM serves `batch` random prompts of input-len tokens for about `steps`
+decode rounds with every request verifying a full k drafts; the engine step is the median of
+verify_s + draft_s over those steps (StepTiming, mtpx/engine/model_runner.py). Then, on the
+engine's own cache and the same static metadata (padded batch, k + 1 window, block bucket):
+- target(k+1): the verification forward (target over k + 1 tokens, lm_head included);
+- target(1): the same over one token (plain decoding's step);
+- draft loop: the speculator's plan + draft loop (mtp8: module k over its k + 1 window and its
+  draft logits; mtp1: step 1 over k + 1, then k - 1 one-token steps);
+each a median of `repeats` calls (compiled mode: the engine's compiled functions). target(1) in
+compiled mode is the plain run's compiled step forward at the same batch (when --specs includes
+none; a speculator's engine compiles only its k + 1 window). overhead = engine step /
+(target(k+1) + draft loop alone). Writes bench_step.md and .json into --out atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.engine.compiled import block_bucket, verify_forward  # noqa: E402
+from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mtpx.metrics.cost_model import step_costs  # noqa: E402
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()                                                    # untimed
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+@torch.inference_mode()
+def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
+    """Target and draft-loop forwards alone on the decode step's static shapes (module doc)."""
+    runner = llm.engine.runner
+    cache, model, spec, k = runner.cache, llm.model, runner.speculator, runner.num_speculative_tokens
+    compiled = runner.compiled
+    Bp = B if compiled is None else compiled.padded_batch(B)
+    need = n + 2 * k + 2
+    nb = (block_bucket(need, cache.block_size, cache.max_blocks) if compiled is not None
+          else min(cache.max_blocks, -(-need // cache.block_size)))
+    rows = torch.tensor(list(range(B)) + [cache.pad_row] * (Bp - B))
+    starts = torch.full((Bp,), n)
+    lengths = torch.tensor([k + 1] * B + [0] * (Bp - B))
+    meta = cache.static_meta(starts, lengths, rows, k + 1, nb, keep_states=True)
+    one = cache.static_meta(starts, torch.tensor([1] * B + [0] * (Bp - B)), rows, 1, nb, keep_states=True)
+    verify = (lambda: verify_forward(model, cache, meta)) if compiled is None else (lambda: compiled.verify(meta))
+    out = {"target_k1_ms": _median_ms(verify, repeats),
+           "target_1_ms": _median_ms(lambda: verify_forward(model, cache, one), repeats)}
+    for c in cache.recurrent:                               # drop the pending per-token states
+        c.pending_conv = c.pending_ssm = c.pending_rows = None
+    if spec is not None:
+        _, h, _ = verify_forward(model, cache, meta)
+        for c in cache.recurrent:
+            c.pending_conv = c.pending_ssm = c.pending_rows = None
+        is_drafting = torch.arange(Bp) < B
+        nt = torch.where(is_drafting, n + k + 1, 1)
+        target_end = torch.where(is_drafting, n + k, 0)
+        start = meta.positions[:, 0]
+        spec.reset_rows(rows, n)                             # the modules computed [0, n)
+        saved = spec.computed.clone()
+
+        def draft():
+            spec.computed.copy_(saved)                       # every call re-prefills the same window
+            metas = spec.plan(cache, rows, nt, target_end, is_drafting, k + 1, nb)
+            if compiled is not None:
+                return compiled.draft(metas, rows, nt - 1, start, h)
+            return spec.draft_loop(cache, metas, rows, nt - 1, start, h)
+
+        out["draft_loop_ms"] = _median_ms(draft, repeats)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
+    ap.add_argument("--specs", nargs="+", default=["none", "mtp1", "mtp8"])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
+    ap.add_argument("--mtp1-k", type=int, default=1)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="experiments/step_costs")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(args.seed)
+    rows = []
+    for spec in args.specs:
+        k = 0 if spec == "none" else args.mtp1_k if spec == "mtp1" else None
+        for mode in args.modes:
+            llm = LLM(model=args.model, spec=None if spec == "none" else spec, num_speculative_tokens=k,
+                      max_num_seqs=max(args.batch_sizes), compile=mode == "compiled",
+                      max_model_len=args.input_len + (args.steps + 2) * 10 + 32)
+            k = llm.num_speculative_tokens
+            vocab = llm.model.cfg.vocab_size
+            for B in args.batch_sizes:
+                prompts = torch.randint(2, vocab, (B, args.input_len), generator=g).tolist()
+                llm.generate(prompts, SamplingParams(max_tokens=(args.steps + 2) * (k + 1), ignore_eos=True))
+                costs = step_costs(llm.engine.step_timings, k).get(B)
+                if costs is None:
+                    print(f"{spec} {mode} batch {B}: no step verified {k} drafts for every request; skipped")
+                    continue
+                fw = _forwards(llm, B, args.input_len, args.repeats)
+                alone = fw["target_k1_ms"] + fw.get("draft_loop_ms", 0.0)
+                row = {"spec": spec, "k": k, "mode": mode, "batch_size": B, **costs, **fw,
+                       "forwards_ms": alone, "overhead": costs["step_ms"] / alone,
+                       "verify_over_target_1": fw["target_k1_ms"] / fw["target_1_ms"]}
+                rows.append(row)
+                print(f"{spec} k={k} {mode} batch {B}: engine step {costs['step_ms']:.2f} ms, forwards alone "
+                      f"{alone:.2f} ms ({row['overhead']:.2f}x); target({k + 1}) {fw['target_k1_ms']:.2f}, "
+                      f"target(1) {fw['target_1_ms']:.2f}, draft loop {fw.get('draft_loop_ms', 0):.2f} ms",
+                      flush=True)
+    plain = {r["batch_size"]: r["target_k1_ms"] for r in rows if r["spec"] == "none" and r["mode"] == "compiled"}
+    for r in rows:
+        if r["mode"] == "compiled":     # the compiled 1-token forward, from the plain engine
+            r["target_1_ms"] = plain.get(r["batch_size"])
+            r["verify_over_target_1"] = None if r["target_1_ms"] is None else r["target_k1_ms"] / r["target_1_ms"]
+
+    def ms(x):
+        return "—" if x is None else f"{x:.2f}"
+
+    lines = [f"# Engine decode step vs its forwards alone ({Path(args.model).name}, {args.threads} threads, "
+             f"{args.input_len}-token prompts)", "",
+             "| spec | k | mode | batch | engine step ms | verify ms | draft ms | target(k+1) ms | "
+             "target(1) ms | draft loop ms | step / forwards | target(k+1) / target(1) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['spec']} | {r['k']} | {r['mode']} | {r['batch_size']} | {r['step_ms']:.2f} | "
+                     f"{r['verify_ms']:.2f} | {r['draft_ms']:.2f} | {r['target_k1_ms']:.2f} | "
+                     f"{ms(r['target_1_ms'])} | {r.get('draft_loop_ms', 0):.2f} | {r['overhead']:.2f}x | "
+                     f"{ms(r['verify_over_target_1'])}x |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "bench_step.json", {"model": args.model, "threads": args.threads,
+                                                "platform": platform.platform(), "rows": rows})
+    atomic_write_text(out / "bench_step.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
