@@ -28,8 +28,6 @@ draft_sample_method (greedy | probabilistic) and verify (standard | block) go to
 """
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import math
 import sys
 import time
@@ -42,7 +40,7 @@ from rich.progress import Progress
 
 from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt, chat_template_applies, check_data_config, load_prompts
-from mtpx.engine.config import EngineConfig
+from mtpx.engine.config import with_overrides
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
@@ -98,17 +96,11 @@ def _int_or_none(section: str, cfg: DictConfig, key: str, minimum: int,
 
 
 def engine_args(engine: DictConfig) -> dict:
-    """LLM keyword arguments from the engine config group, validated once by EngineConfig (whose
-    messages name the key); ranges that depend on the model or the speculator are checked by the
-    engine. Raises ValueError naming the key."""
+    """LLM keyword arguments from the engine config group, validated once by EngineConfig
+    (mtpx.engine.config.with_overrides: one line naming the key, or the closest one); ranges
+    that depend on the model or the speculator are checked by the engine."""
     values = OmegaConf.to_container(engine, resolve=True)
-    fields = [f.name for f in dataclasses.fields(EngineConfig)]
-    for key in values:
-        if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f": did you mean engine.{close[0]}?" if close else f": choose from {', '.join(fields)}"
-            raise ValueError(f"unknown key engine.{key}{hint}")
-    EngineConfig(**values)
+    with_overrides(None, **values)
     return values
 
 

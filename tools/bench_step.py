@@ -66,12 +66,8 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
     verify = (lambda: verify_forward(model, cache, meta)) if compiled is None else (lambda: compiled.verify(meta))
     out = {"target_k1_ms": _median_ms(verify, repeats),
            "target_1_ms": _median_ms(lambda: verify_forward(model, cache, one), repeats)}
-    for c in cache.recurrent:                               # drop the pending per-token states
-        c.pending_conv = c.pending_ssm = c.pending_rows = None
     if spec is not None:
         _, h, _ = verify_forward(model, cache, meta)
-        for c in cache.recurrent:
-            c.pending_conv = c.pending_ssm = c.pending_rows = None
         is_drafting = torch.arange(Bp) < B
         nt = torch.where(is_drafting, n + k + 1, 1)
         target_end = torch.where(is_drafting, n + k, 0)

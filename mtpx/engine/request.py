@@ -12,7 +12,7 @@ class Request:
     """index: the request's id (its position in generate()'s prompt list).
 
     Engine bookkeeping (vLLM v1 names): num_computed_tokens: positions [0, n) whose target KV and
-    recurrent state are final; row: batch slot while running (-1 otherwise); draft_token_ids:
+    recurrent state are final (the batch slot is the model runner's); draft_token_ids:
     proposed, not yet verified (draft_probs: their draft distributions when sampled); generator:
     the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
     first admission; num_preemptions: times its blocks were taken back (it recomputes).
@@ -26,7 +26,6 @@ class Request:
     prompt_token_ids: list[int]
     params: SamplingParams
     stop_ids: frozenset = frozenset()
-    row: int = -1
     output_token_ids: list[int] = field(default_factory=list)
     draft_token_ids: list[int] = field(default_factory=list)
     draft_probs: object = None          # [k, V] draft distributions of sampled drafts, or None
