@@ -7,6 +7,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+import mtpx.schema  # noqa: F401 - registers the structured configs that conf/*.yaml extend
+
 _FAILED: list[int] = []  # exit codes of failed jobs of a multirun sweep
 
 
@@ -27,9 +29,9 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     from pathlib import Path
 
-    from mtpx.cli import check_group_overrides
+    from mtpx.cli import check_overrides
 
-    error = check_group_overrides(sys.argv[1:], Path(__file__).resolve().parent / "conf")
+    error = check_overrides(sys.argv[1:], Path(__file__).resolve().parent / "conf")
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtpx.io import atomic_write_text
 from mtpx.metrics.logging import RunLogger
+from mtpx.schema import compose_error, group_choices
 
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
@@ -34,12 +35,18 @@ def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:
         key, sep, value = arg.lstrip("+~").partition("=")
         if not sep or key not in GROUP_NAMES or not value:
             continue
-        choices = sorted(p.stem for p in (conf_dir / key).glob("*.yaml"))
+        choices = group_choices(key, conf_dir)
         for name in value.split(","):
             if name not in choices:
                 return (f"unknown {GROUP_NAMES[key]} '{name}': choose one of {', '.join(choices)} "
                         f"({'+' if key == 'spec' else ''}{key}=NAME)")
     return None
+
+
+def check_overrides(argv: list[str], conf_dir: Path) -> str | None:
+    """What `train_or_eval.py` checks before Hydra's main: group options, then the composed config
+    against its schema (mtpx.schema.compose_error). One error line, or None."""
+    return check_group_overrides(argv, conf_dir) or compose_error(argv, conf_dir)
 
 
 def run_dir() -> Path:

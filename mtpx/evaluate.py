@@ -320,8 +320,8 @@ def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict,
         print(f"lossless check skipped: it is a greedy-only check (eval.temperature=0); sampled runs "
               f"(eval.temperature={params[0].temperature:g}) are checked by the distribution tests")
         return 0
-    plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None, record_logit_gaps=True,
-                    **engine)     # compiled too with engine.compile: the throughputs compare alike
+    plain_llm = LLM(model=llm.model, tokenizer=llm.tokenizer, spec=None,  # compiled too with engine.compile:
+                    **{**engine, "record_logit_gaps": True})                # the throughputs compare alike
     if plain_llm.compile_stats is not None:
         metrics["compile_plain"] = plain_llm.compile_stats
         print(f"engine.compile: plain decoding (lossless check) compiled in "

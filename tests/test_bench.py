@@ -9,6 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from mtpx.cli import run
+from tests.test_cli import entry_point_error
 from mtpx.evaluate import client_args, sampling_params
 from mtpx.metrics.stats import METRIC_KEYS
 
@@ -124,7 +125,7 @@ def test_bench_client_and_sampling_from_the_bench_section():
     (["bench.request_rate=0"], "bench.request_rate=0"),
     (["bench.num_prompts=0"], "bench.num_prompts=0: must be an integer >= 1"),
     (["bench.max_tokens=0"], "bench.max_tokens=0"),
-    (["bench.temperature=-1"], "bench.temperature=-1: must be a number >= 0"),
+    (["bench.temperature=-1"], "bench.temperature=-1.0: must be a number >= 0"),
     (["bench.seed=-3"], "bench.seed=-3"),
     (["data=random", "data.input_len=0"], "data.input_len=0: must be an integer >= 1"),
     (["data=random", "data.output_len=-2"], "data.output_len=-2"),
@@ -132,10 +133,10 @@ def test_bench_client_and_sampling_from_the_bench_section():
     (["data=spec_bench", "data.path=/nonexistent/question.jsonl"], "Spec-Bench file not found"),
     (["data=mt_bench", "data.path=/nonexistent/question.jsonl"], "MT-Bench file not found"),
     (["data=humaneval", "data.path=/nonexistent/HumanEval.jsonl.gz"], "HumanEval file not found"),
-    (["data=spec_bench", "data.path=null"], "data=spec_bench needs a file: set data.path="),
+    (["data=spec_bench", "data.path=null"], "data.path=null: must not be null"),
     (["data=spec_bench", "data.path={questions}", "data.categories=[nope]"],
      "data.categories: {questions} has no category 'nope'"),
-    (["data=mt_bench", "data.path={questions}", "data.chat_template=maybe"], "data.chat_template='maybe'"),
+    (["data=mt_bench", "data.path={questions}", "data.chat_template=maybe"], "data.chat_template=maybe: must be true or false"),
     (["data=mt_bench", "data.path={questions}", "bench.num_prompts=50"],
      "bench.num_prompts=50: {questions} has 6 questions"),
     (["data.name=squad"], "unknown data set 'squad'"),
@@ -145,9 +146,8 @@ def test_bench_bad_input_one_clear_line_before_the_model_loads(overrides, messag
     these errors are raised before the model would load."""
     questions = _questions(tmp_path / "q.jsonl")
     overrides = [o.replace("{questions}", str(questions)) for o in overrides]
-    cfg = _cfg([f"model.path={tmp_path / 'no_model'}", "bench.num_prompts=2"] + overrides)
-    assert run(cfg) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = entry_point_error(["mode=bench", "logger=none", f"model.path={tmp_path / 'no_model'}", "bench.num_prompts=2"]
+                            + overrides, capsys)
     expected = message.replace("{questions}", str(questions))
     assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
 

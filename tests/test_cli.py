@@ -7,7 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from mtpx import LLM, SamplingParams
-from mtpx.cli import run
+from mtpx.cli import check_overrides, run
 from mtpx.evaluate import _sampling_text, poisson_arrival_offsets, run_eval, sampling_params
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -195,7 +195,7 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["eval.concurrency=0"], "eval.concurrency"),
     (["eval.request_rate=0"], "eval.request_rate"),
     (["eval.request_rate=fast"], "eval.request_rate"),
-    (["eval.temperature=-1"], "eval.temperature=-1: must be a number >= 0"),
+    (["eval.temperature=-1"], "eval.temperature=-1.0: must be a number >= 0"),
     (["eval.temperature=hot"], "eval.temperature"),
     (["eval.top_p=0"], "eval.top_p"),
     (["eval.top_k=-2"], "eval.top_k"),
@@ -205,10 +205,18 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
      "spec.draft_sample_method='beam': choose one of greedy, probabilistic"),
 ])
 def test_bad_input_one_clear_line(tiny_ckpt, overrides, message, capsys):
-    cfg = _cfg([f"model.path={tiny_ckpt}", "logger=none", "eval.num_prompts=2"] + overrides)
-    assert run(cfg) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    err = entry_point_error([f"model.path={tiny_ckpt}", "logger=none", "eval.num_prompts=2"] + overrides, capsys)
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def entry_point_error(argv: list[str], capsys) -> list[str]:
+    """The error lines `python train_or_eval.py ARGV` prints: the checks before Hydra's main
+    (mtpx.cli.check_overrides), else the run's own (exit code 2 either way)."""
+    error = check_overrides(argv, Path(CONF))
+    if error is not None:
+        return [f"error: {error}"]
+    assert run(_cfg(argv)) == 2
+    return capsys.readouterr().err.strip().splitlines()
 
 
 def test_malformed_data_file_names_file_and_line(tiny_ckpt, tmp_path, capsys):
@@ -303,3 +311,54 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     assert "only 4 MTP modules" in (tmp_path / "0" / "error.txt").read_text()
     assert not (tmp_path / "0" / "metrics.json").exists()
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["num_requests"] == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["+spce=mtp8"], "unknown key 'spce': did you mean +spec=NAME (the speculator group)?"),
+    (["eval.num_promts=8"], "unknown key 'eval.num_promts': did you mean eval.num_prompts?"),
+    (["+eval.num_promts=8"], "unknown key 'eval.num_promts': did you mean eval.num_prompts?"),
+    (["+spec=mtp8", "spec.num_speculative_tokens=2.5"], "spec.num_speculative_tokens=2.5: must be an integer"),
+    (["+spec=mtp8", "spec.num_speculative_tokens=abc"], "spec.num_speculative_tokens=abc: must be an integer"),
+    (["+spec=mtp8", "+spec.num_speculative_token=3"],
+     "unknown key 'spec.num_speculative_token': did you mean spec.num_speculative_tokens?"),
+    (["mode=train", "train.stpes=3"], "unknown key 'train.stpes': did you mean train.steps?"),
+    (["model.hiden_size=64"], "unknown key 'model.hiden_size': did you mean model.hidden_size?"),
+    (["engine.blok_size=4"], "unknown key 'engine.blok_size': did you mean engine.block_size?"),
+    (["data=gsm8k", "data.num_fewshots=2"], "unknown key 'data.num_fewshots': did you mean data.num_fewshot?"),
+    (["data=random", "data.input_len=ten"], "data.input_len=ten: must be an integer"),
+    (["eval.check_lossless=maybe"], "eval.check_lossless=maybe: must be true or false"),
+    (["eval.max_tokens=null"], "eval.max_tokens=null: must not be null"),
+    (["train.data_sources=gsm8k"], "train.data_sources=gsm8k: must be a list, e.g. [a,b]"),
+    (["logger=wandb", "logger.projet=x"], "unknown key 'logger.projet': did you mean logger.project?"),
+    (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens=x: must be an integer"),
+])
+def test_typos_and_wrong_types_fail_before_the_run(argv, message):
+    """Structured configs (mtpx/schema.py): an unknown key, with or without '+', or a value of the
+    wrong type, is one line naming the key and the closest valid one; each value of a sweep is checked."""
+    assert check_overrides(argv, Path(CONF)) == message
+
+
+def test_every_group_option_composes_against_its_schema():
+    """Each YAML preset matches its schema (no key missing or extra), and the values the code
+    reads come through typed."""
+    conf = Path(CONF)
+    for group in ("data", "logger", "spec", "model", "eval", "bench", "train", "engine"):
+        from mtpx.schema import group_choices
+        for name in group_choices(group, conf):
+            argv = [f"+{group}={name}" if group == "spec" else f"{group}={name}"]
+            argv += ["model.path=/some/folder"] if (group, name) == ("model", "hf") else []
+            assert check_overrides(argv, conf) is None, (group, name)
+    cfg = _cfg(["+spec=mtp8", "eval.request_rate=inf", "engine.num_blocks=32"])
+    assert cfg.spec.num_speculative_tokens == 8 and cfg.eval.request_rate == float("inf")
+    assert cfg.engine.num_blocks == 32 and cfg.engine.compile is False and cfg.get("spec") is not None
+    assert _cfg([]).get("spec") is None
+
+
+def test_entry_point_prints_one_line_for_a_typo():
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "train_or_eval.py"), "+eval.num_promts=8"],
+                         capture_output=True, text=True, cwd=root, timeout=120)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == ["error: unknown key 'eval.num_promts': did you mean eval.num_prompts?"]

@@ -207,11 +207,12 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
 
 
 def _model_fields(cfg: DictConfig) -> dict[str, Any]:
-    """cfg.model as a ModelConfig dict (without the loading keys `path`, `dtype`, `allow_pickle`)."""
+    """cfg.model as a ModelConfig dict: the fields it sets (null = ModelConfig's default,
+    mtpx/schema.py), without the loading keys `path`, `dtype`, `allow_pickle`."""
     d = OmegaConf.to_container(cfg.model, resolve=True)
     for key in ("path", "dtype", "allow_pickle"):
         d.pop(key, None)
-    return d
+    return {k: v for k, v in d.items() if v is not None}
 
 
 def _init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> tuple[MTPForCausalLM, Tokenizer]:
@@ -248,7 +249,9 @@ _RESUME_FREE_KEYS = {"steps", "out_dir", "resume", "eval_every", "eval_batches",
 def _warn_changed(section: str, saved: dict[str, Any], now: dict[str, Any], console: Console) -> None:
     """Print which fields of `section` differ from the run being resumed. Allowed (the checkpoint's
     model config wins; new train fields apply), but the run is then not an uninterrupted one."""
-    changed = sorted(k for k in set(saved) | set(now) if k not in _RESUME_FREE_KEYS and saved.get(k) != now.get(k))
+    # a key the run sets to null takes the saved value; a key the saved run lacks is newer than it
+    changed = sorted(k for k in set(saved) & set(now)
+                     if k not in _RESUME_FREE_KEYS and now[k] is not None and saved[k] != now[k])
     if changed:
         console.print(f"[yellow]resuming {section} with changed fields {changed}: the checkpoint's model config "
                       "is kept, new train fields apply; the run differs from an uninterrupted one")

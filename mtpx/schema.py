@@ -1,0 +1,381 @@
+"""Structured configs (Hydra's ConfigStore) for `train_or_eval.py`: the type and the key names of
+every config group, checked when Hydra composes the run config, so a typo (`eval.num_promts=8`,
+`+spce=mtp8`) or a wrong type (`spec.num_speculative_tokens=2.5`) stops the run before it starts.
+
+The values and their documentation stay in the YAML files of `conf/` (each pulls its schema in
+through its defaults list: `- <group>_schema`), except the engine group, whose schema is
+`mtpx.engine.config.EngineConfig` itself (defaults and docs there). Fields without a default here
+are `MISSING`: the YAML file sets them. Ranges (a batch size >= 1, a rate > 0) are checked where
+the value is used (mtpx.evaluate, mtpx.train.loop), with messages that name the key.
+
+`compose_error(argv, conf_dir)` composes the config the way `train_or_eval.py` will and turns
+Hydra's and OmegaConf's multi-line errors into one line naming the key and the closest valid one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from mtpx.engine.config import EngineConfig
+from mtpx.models.config import ModelConfig
+
+# --------------------------------------------------------------------------------------------------
+# one schema per group option (the YAML file holds the values and says what each key means)
+
+
+@dataclass
+class RunConfig:
+    """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`)."""
+    mode: str = MISSING
+    seed: int = MISSING
+    model: Any = MISSING
+    data: Any = MISSING
+    train: Any = MISSING
+    engine: Any = MISSING
+    eval: Any = MISSING
+    bench: Any = MISSING
+    logger: Any = MISSING
+    spec: Any = None
+
+
+@dataclass
+class SpecConfig:
+    method: str = MISSING
+    num_speculative_tokens: int = MISSING
+    draft_sample_method: str = "greedy"
+    verify: str = "standard"
+    draft_path: Optional[str] = None
+
+
+@dataclass
+class ClientConfig:
+    """The benchmark client of mode=bench (and the base of mode=eval's)."""
+    num_prompts: Optional[int] = MISSING
+    max_tokens: int = MISSING
+    concurrency: Optional[int] = MISSING
+    request_rate: float = MISSING
+    seed: int = MISSING
+    temperature: float = MISSING
+    top_k: int = MISSING
+    top_p: float = MISSING
+    min_p: float = MISSING
+    threads: Optional[int] = MISSING
+
+
+@dataclass
+class EvalConfig(ClientConfig):
+    check_lossless: bool = MISSING
+    tie_tolerance: float = MISSING
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = MISSING
+    steps: int = MISSING
+    batch_size: int = MISSING
+    seq_len: int = MISSING
+    lr: float = MISSING
+    min_lr: float = MISSING
+    warmup_steps: int = MISSING
+    weight_decay: float = MISSING
+    grad_clip: float = MISSING
+    mtp_loss_weight: float = MISSING
+    freeze_base: bool = MISSING
+    eval_every: int = MISSING
+    eval_batches: int = MISSING
+    save_every: int = MISSING
+    resume: bool = MISSING
+    seed: int = MISSING
+    tokenizer_vocab_size: int = MISSING
+    data_sources: list[str] = MISSING
+    gsm8k_path: str = MISSING
+    stdlib_max_bytes: Optional[int] = MISSING
+    val_fraction: float = MISSING
+    log_every: int = MISSING
+    threads: int = MISSING
+    device: str = MISSING
+    save_dtype: str = MISSING
+
+
+@dataclass
+class BuiltinData:
+    name: str = MISSING
+    prompt_tokens: int = MISSING
+
+
+@dataclass
+class FileData:
+    """A prompt set read from one file (HumanEval)."""
+    name: str = MISSING
+    path: str = MISSING
+
+
+@dataclass
+class GSM8KData(FileData):
+    num_fewshot: int = MISSING
+    fewshot_path: str = MISSING
+
+
+@dataclass
+class ChatData(FileData):
+    """MT-Bench and Spec-Bench: questions by category, through the chat template."""
+    categories: Optional[list[str]] = MISSING
+    chat_template: bool = MISSING
+
+
+@dataclass
+class RandomData:
+    name: str = MISSING
+    input_len: int = MISSING
+    output_len: int = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class HFModel:
+    path: str = MISSING
+    dtype: str = MISSING
+    allow_pickle: bool = MISSING
+
+
+def _optional(tp: Any) -> Any:
+    """A ModelConfig annotation as OmegaConf takes it, nullable (no unions of several types)."""
+    text = str(tp).replace(" ", "")
+    if text.count("|") > 1 or text.startswith("dict") or text in ("Any", "typing.Any"):
+        return Any
+    base = text.removesuffix("|None")
+    return f"Optional[{base}]"
+
+
+def _demo_model_schema() -> type:
+    """The demo model group: every ModelConfig field, null meaning ModelConfig's default (a fresh
+    model of any shape for mode=train; `mtpx.train.loop` drops the nulls), plus the loading keys
+    path, dtype and allow_pickle."""
+    fields = [(f.name, _optional(f.type), field(default=None)) for f in dataclasses.fields(ModelConfig)]
+    fields += [("path", Optional[str], field(default=None)), ("dtype", str, field(default="float32")),
+               ("allow_pickle", bool, field(default=False))]
+    return dataclasses.make_dataclass("DemoModel", fields, namespace={"__module__": __name__})
+
+
+DemoModel = _demo_model_schema()
+
+
+def _engine_schema() -> type:
+    """EngineConfig without the keys the spec group owns (verify, draft_sample_method)."""
+    kept = [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(EngineConfig)
+            if f.name not in ("verify", "draft_sample_method")]
+    return dataclasses.make_dataclass("EngineGroup", kept, namespace={"__module__": __name__})
+
+
+EngineGroup = _engine_schema()
+
+
+@dataclass
+class NoLogger:
+    name: str = MISSING
+
+
+@dataclass
+class WandbLogger:
+    name: str = MISSING
+    project: str = MISSING
+    mode: str = MISSING
+    dir: Optional[str] = MISSING
+
+
+SCHEMAS: dict[str, dict[str, type]] = {
+    "spec": {"spec_schema": SpecConfig},
+    "eval": {"eval_schema": EvalConfig},
+    "bench": {"bench_schema": ClientConfig},
+    "train": {"train_schema": TrainConfig},
+    "data": {"builtin_schema": BuiltinData, "file_schema": FileData, "gsm8k_schema": GSM8KData,
+             "chat_schema": ChatData, "random_schema": RandomData},
+    "model": {"demo_schema": DemoModel, "hf_schema": HFModel},
+    "logger": {"none_schema": NoLogger, "wandb_schema": WandbLogger},
+}
+
+
+def register() -> None:
+    """Store the schemas in Hydra's ConfigStore (idempotent). The engine group's one option,
+    `default`, is the schema itself."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    for group, options in SCHEMAS.items():
+        for name, node in options.items():
+            cs.store(group=group, name=name, node=node)
+    cs.store(group="engine", name="default", node=EngineGroup)
+
+
+register()  # on import, as Hydra's ConfigStore is meant to be filled (train_or_eval.py, tests)
+
+
+def is_schema(name: str) -> bool:
+    """Group options that are schemas, not choices a user picks."""
+    return name.endswith("_schema")
+
+
+def group_choices(group: str, conf_dir: Path) -> list[str]:
+    """The options a user can pick for `group`: its YAML files and its ConfigStore entries."""
+    names = {p.stem for p in (conf_dir / group).glob("*.yaml")}
+    if group == "engine":
+        names.add("default")
+    return sorted(n for n in names if not is_schema(n))
+
+
+# --------------------------------------------------------------------------------------------------
+# composing ahead of Hydra's main, for one-line errors
+
+
+def compose_error(argv: list[str], conf_dir: Path) -> str | None:
+    """Compose the run config from command-line overrides as `train_or_eval.py` will; None when it
+    composes, else one error line naming the key (and the closest valid one). A sweep
+    (`a=1,2`, `-m`) is checked one value at a time. Hydra's own options (`-m`, `--cfg job`,
+    `hydra.*`) are left to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if any(a in ("-cn", "--config-name", "-cp", "--config-path", "-cd", "--config-dir", "--info", "-i",
+                 "--help", "-h", "--hydra-help") or a.startswith(("--config-name=", "--config-path=",
+                                                                    "--config-dir="))
+           for a in argv):
+        return None
+    args = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
+    args = [a for i, a in enumerate(args)
+            if not (i > 0 and args[i - 1] in ("-c", "--cfg", "-p", "--package"))]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except Exception as e:  # noqa: BLE001 - Hydra's parse errors: keep their first line
+        return _first_line(e)
+    first = [_first_value(o) for o in parsed]
+    variants = [first]
+    for i, o in enumerate(parsed):
+        if o.is_sweep_override():
+            variants += [first[:i] + [v] + first[i + 1:] for v in _sweep_values(o)[1:]]
+    register()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base=None):
+            for overrides in variants:
+                try:
+                    cfg = compose("config", overrides=overrides)
+                except Exception as e:  # noqa: BLE001 - every composition error becomes one line
+                    return explain(e, overrides)
+                extra = extra_key(cfg)
+                if extra is not None:
+                    return extra
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def extra_key(cfg) -> str | None:
+    """The first key that `+key=value` added outside its node's schema (Hydra appends under
+    `open_dict`, past the struct flag), as unknown_key's line; None when there is none."""
+    from omegaconf import DictConfig, OmegaConf
+
+    def walk(node, prefix: str):
+        obj = OmegaConf.get_type(node)
+        if dataclasses.is_dataclass(obj):
+            known = {f.name for f in dataclasses.fields(obj)}
+            for key in node.keys():
+                if key not in known and not (prefix == "" and key == "hydra"):
+                    return unknown_key(f"{prefix}{key}", obj)
+        for key in node.keys():
+            if key != "hydra" and isinstance(node._get_node(key), DictConfig) and not OmegaConf.is_missing(node, key):
+                found = walk(node[key], f"{prefix}{key}.")
+                if found:
+                    return found
+        return None
+
+    return walk(cfg, "")
+
+
+def _first_value(o) -> str:
+    return o.input_line if not o.is_sweep_override() else _sweep_values(o)[0]
+
+
+def _sweep_values(o) -> list[str]:
+    """`key=a,b` -> ['key=a', 'key=b'] (with the override's + or ~ prefix)."""
+    prefix = {"append": "+", "delete": "~"}.get(getattr(o.type, "name", "").lower(), "")
+    if getattr(o.type, "name", "") == "FORCE_ADD":
+        prefix = "++"
+    key = o.get_key_element()
+    return [f"{prefix}{key}={v}" for v in o.sweep_string_iterator()]
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _root_cause(e: BaseException) -> BaseException:
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return e
+
+
+def explain(e: BaseException, overrides: list[str]) -> str:
+    """One line for a composition error `e` (the cause's full key, what is wrong, the fix)."""
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    cause = _root_cause(e)
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or ""
+        obj = getattr(cause, "object_type", None)
+        if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "not in '" in str(cause):
+            return unknown_key(key, obj)
+        if isinstance(cause, ValidationError) and key:
+            value = _override_value(key, overrides)
+            msg = getattr(cause, "msg", str(cause)).splitlines()[0]
+            want = _type_word(msg)
+            return f"{key}={value}: {want}" if want else f"{key}={value}: {msg}"
+    text = _first_line(cause if isinstance(cause, OmegaConfBaseException) else e)
+    for o in overrides:  # "Could not append to config. An item is already at 'x'" and the like
+        key = o.lstrip("+~").split("=", 1)[0]
+        if f"'{key}'" in str(e) and "already" in str(e):
+            return f"'{o}': {key} is already set; override it with '{o.lstrip('+')}'"
+    return text
+
+
+def unknown_key(full_key: str, obj: type | None) -> str:
+    """'unknown key eval.num_promts: did you mean eval.num_prompts?' (closest field of the node)."""
+    section, _, name = full_key.rpartition(".")
+    if obj is not None and dataclasses.is_dataclass(obj):
+        names = [f.name for f in dataclasses.fields(obj)]
+    else:
+        names = [f.name for f in dataclasses.fields(RunConfig)]
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+    where = f"{section}." if section else ""
+    if close:
+        hint = close[0]
+        if not section and hint == "spec":
+            return f"unknown key '{full_key}': did you mean +spec=NAME (the speculator group)?"
+        return f"unknown key '{full_key}': did you mean {where}{hint}?"
+    choices = ", ".join(sorted(names))
+    return f"unknown key '{full_key}': {'the ' + section + ' keys are' if section else 'choose one of'} {choices}"
+
+
+def _override_value(full_key: str, overrides: list[str]) -> str:
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key == full_key:
+            return value
+    return "?"
+
+
+def _type_word(msg: str) -> str | None:
+    """What OmegaConf's conversion message asks for, in a few words."""
+    for pattern, word in (("to Integer", "must be an integer"), ("to Float", "must be a number"),
+                          ("to Boolean", "must be true or false"), ("valid bool", "must be true or false"),
+                          ("to String", "must be a string"), ("is not Optional", "must not be null"),
+                          ("not a ListConfig", "must be a list, e.g. [a,b]")):
+        if pattern in msg:
+            return word
+    return None
