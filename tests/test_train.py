@@ -325,4 +325,14 @@ def test_config_errors_name_the_fix(workdir):
     cfg = run_cfg(workdir, "bad", gsm8k_path=str(workdir / "missing.jsonl"))
     with pytest.raises(FileNotFoundError, match="train.gsm8k_path"):
         train(cfg)
+    # each range names its key, before any data is read
+    for key, value, message in (("steps", 0, "train.steps=0: must be an integer >= 1"),
+                                ("batch_size", -2, "train.batch_size=-2: must be an integer >= 1"),
+                                ("lr", -1.0, "train.lr=-1.0: must be a learning rate > 0"),
+                                ("min_lr", 1.0, r"train.min_lr=1.0: must be a number in \[0, train.lr="),
+                                ("seq_len", 5000, "train.seq_len=5000 is longer than the model's "
+                                                  "max_position_embeddings=")):
+        cfg = run_cfg(workdir, "bad", **{key: value, "gsm8k_path": str(workdir / "missing.jsonl")})
+        with pytest.raises(ValueError, match=message):
+            train(cfg)
     assert not (workdir / "bad").exists()

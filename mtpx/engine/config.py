@@ -71,8 +71,9 @@ class EngineConfig:
         integer("num_blocks", self.num_blocks, 1, none_ok=True)
         integer("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         if self.max_num_batched_tokens < self.block_size:
-            raise ValueError(f"engine.max_num_batched_tokens={self.max_num_batched_tokens}: must be at "
-                             f"least engine.block_size ({self.block_size})")
+            raise ValueError(f"engine.block_size={self.block_size} is larger than engine.max_num_batched_tokens="
+                             f"{self.max_num_batched_tokens} (a step must fill at least one block): use a block "
+                             "size of 16 to 256, or raise engine.max_num_batched_tokens")
         for key, value, choices in (("verify", self.verify, VERIFY_METHODS),
                                     ("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)):
             if value not in choices:

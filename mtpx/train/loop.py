@@ -199,11 +199,31 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
     t = cfg.train
     if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
         raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
-    if t.steps < 1 or t.batch_size < 1 or t.eval_batches < 1 or t.log_every < 1 or t.threads < 1:
-        raise ValueError("train.steps, batch_size, eval_batches, log_every and threads must be >= 1")
+    for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads", "tokenizer_vocab_size"):
+        _check_number(t, key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+    for key in ("warmup_steps", "eval_every", "save_every", "seed"):
+        _check_number(t, key, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)"
+                      if key != "seed" else "an integer >= 0")
+    _check_number(t, "lr", lambda v: v > 0, "a learning rate > 0")
+    _check_number(t, "min_lr", lambda v: 0 <= v <= t.lr, f"a number in [0, train.lr={t.lr}]")
+    for key in ("weight_decay", "mtp_loss_weight"):
+        _check_number(t, key, lambda v: v >= 0, "a number >= 0")
+    _check_number(t, "grad_clip", lambda v: True, "a number (<= 0 = no clipping)")
+    if "val_fraction" in t:
+        _check_number(t, "val_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
+    max_pos = cfg.model.get("max_position_embeddings")
+    if not cfg.model.get("path") and isinstance(max_pos, int) and t.seq_len > max_pos:
+        raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings={max_pos}: "
+                         f"lower train.seq_len or raise model.max_position_embeddings")
     if t.get("save_dtype", "float32") not in _DTYPES:
         raise ValueError(f"train.save_dtype={t.save_dtype!r}: use one of {list(_DTYPES)}")
     return t
+
+
+def _check_number(t: DictConfig, key: str, ok, requirement: str) -> None:
+    value = t[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ValueError(f"train.{key}={value!r}: must be {requirement}")
 
 
 def _model_fields(cfg: DictConfig) -> dict[str, Any]:
@@ -325,6 +345,9 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
         torch.manual_seed(seed)  # the init is part of the run's determinism
         model = MTPForCausalLM(mcfg)
     model.to(device)
+    if int(t.seq_len) > model.cfg.max_position_embeddings:
+        raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings="
+                         f"{model.cfg.max_position_embeddings}: lower train.seq_len")
     num_mtp = model.cfg.num_nextn_predict_layers
     names = depth_names(num_mtp)
 
