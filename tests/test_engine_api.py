@@ -79,3 +79,45 @@ def test_bad_prompts_fail_alone_at_add_request(trained_tiny):
     while eng.has_unfinished_requests():
         eng.step()
     assert good.finish_reason == "length" and len(good.output_token_ids) == 4
+
+
+def test_bad_prompts_of_every_kind_fail_alone():
+    """What the issue's users passed: each bad prompt gets its own error, the others run."""
+    from mtpx import SamplingParams
+    from tests.helpers import make_llm, peaked_model, tiny_config
+    llm = make_llm(peaked_model(tiny_config()), tokenizer=_ByteTokenizer())
+    outs = llm.generate(["ab", "\ud800 lone surrogate", b"bytes", None, [1, 2.5], [5, True], [3, 4]],
+                        SamplingParams(max_tokens=2))
+    errors = [o.error for o in outs]
+    assert errors[0] is None and errors[6] is None and len(outs[6].output_token_ids) == 2
+    assert errors[1].startswith("prompt is not valid Unicode text (surrogates not allowed at character 0")
+    assert errors[2] == "prompt is bytes: decode it to str first (e.g. p.decode('utf-8'))"
+    assert errors[3] == "prompt has type NoneType: give a string or a list of token ids"
+    assert errors[4] == "token ids must be integers: got 2.5 (float)"
+    assert errors[5] == "token ids must be integers: got True (bool)"
+
+
+def test_sampling_params_refuse_what_they_cannot_honour():
+    from mtpx import SamplingParams
+    for kwargs, message in (({"seed": 2**70}, "seed=1180591620717411303424: must be an integer in [0, 2**64)"),
+                            ({"seed": -1}, "seed=-1: must be an integer in [0, 2**64)"),
+                            ({"max_tokens": 2.5}, "max_tokens=2.5: must be an integer >= 1"),
+                            ({"top_k": 1.5}, "top_k=1.5: must be an integer"),
+                            ({"stop_token_ids": "ab"}, "stop_token_ids='ab': must be a list of token ids")):
+        with pytest.raises(ValueError) as e:
+            SamplingParams(**kwargs)
+        assert str(e.value).startswith(message)
+    assert SamplingParams(seed=2**64 - 1).seed == 2**64 - 1
+
+
+class _ByteTokenizer:
+    """Token id = byte value + 2 (a stand-in with the tokenizers API the LLM uses)."""
+    class _Enc:
+        def __init__(self, ids):
+            self.ids = ids
+
+    def encode(self, text):
+        return self._Enc([b % 30 + 2 for b in text.encode("utf-8")])
+
+    def decode(self, ids, skip_special_tokens=True):
+        return ""

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import numbers
+
 import time
 from collections import deque
 from pathlib import Path
@@ -119,12 +121,12 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         requests, failed = [], {}
         for i, (p, sp) in enumerate(zip(prompts, params)):
-            ids = self.encode(p) if isinstance(p, str) else [int(t) for t in p]
+            ids, err = self._prompt_ids(p)
             stop = set(sp.stop_token_ids)
             if not sp.ignore_eos:
                 stop.update(self.eos_token_ids)
             req = Request(i, ids, sp, frozenset(stop))
-            err = self.engine.validate_prompt(ids)
+            err = err or self.engine.validate_prompt(ids)
             if err:
                 req.error = err
                 failed[i] = req
@@ -138,6 +140,26 @@ class LLM:
         run_client(self.engine, requests, on_finish, on_step, max_concurrency)
         by_index = {r.index: r for r in requests} | failed
         return [self._output(by_index[i]) for i in range(len(prompts))]
+
+    def _prompt_ids(self, p) -> tuple[list[int], str | None]:
+        """A prompt's token ids, or ([], why it cannot run): a str is encoded (text that is not
+        valid Unicode fails alone), a sequence must hold integer token ids."""
+        if isinstance(p, str):
+            try:
+                p.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return [], (f"prompt is not valid Unicode text ({e.reason} at character {e.start}, "
+                            f"{p[e.start]!r}): fix or drop it, e.g. text.encode('utf-8', 'replace').decode()")
+            return self.encode(p), None
+        if isinstance(p, (bytes, bytearray)):
+            return [], "prompt is bytes: decode it to str first (e.g. p.decode('utf-8'))"
+        if not isinstance(p, Sequence) and not hasattr(p, "tolist"):
+            return [], (f"prompt has type {type(p).__name__}: give a string or a list of token ids")
+        ids = p.tolist() if hasattr(p, "tolist") else list(p)
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
+        if bad is not None:
+            return [], f"token ids must be integers: got {bad!r} ({type(bad).__name__})"
+        return [int(t) for t in ids], None
 
     def _output(self, r: Request) -> RequestOutput:
         return RequestOutput(

@@ -1,6 +1,7 @@
 """Per-request generation parameters (vLLM's `SamplingParams` names)."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 
@@ -25,8 +26,18 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens}: must be >= 1")
+        def integer(value):
+            return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+        if not integer(self.max_tokens) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
+        if self.seed is not None and not (integer(self.seed) and 0 <= self.seed < 2**64):
+            raise ValueError(f"seed={self.seed!r}: must be an integer in [0, 2**64), or None")
+        if not integer(self.top_k):
+            raise ValueError(f"top_k={self.top_k!r}: must be an integer (0 or -1 = all tokens)")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not all(
+                integer(t) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (integers >= 0)")
         if not self.temperature >= 0:
             raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
         if self.top_k < -1:
