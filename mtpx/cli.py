@@ -10,7 +10,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtpx.io import atomic_write_text
+from mtpx.io import Interrupted, atomic_write_text
 from mtpx.metrics.logging import RunLogger
 from mtpx.schema import compose_error, group_choices
 
@@ -73,6 +73,13 @@ def run(cfg: DictConfig) -> int:
         print(f"error: {msg}", file=sys.stderr)
         _record_error(f"error: {msg}")
         return 2
+    except Interrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        _record_error(f"interrupted: {e}")
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted before anything finished: nothing was written", file=sys.stderr)
+        return 130
 
 
 def _record_error(line: str) -> None:
@@ -89,7 +96,8 @@ def run_train(cfg: DictConfig) -> int:
     from mtpx.train.loop import train
 
     logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True)
-    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(cfg, resolve=True))
+    used = {k: cfg[k] for k in ("mode", "seed", "model", "train", "logger") if k in cfg}  # what mode=train reads
+    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(OmegaConf.create(used), resolve=True))
     try:
         path = train(cfg, log_fn=logger.log)
     finally:

@@ -8,8 +8,9 @@ only mode=eval runs. The prompt set comes from cfg.data (mtpx.data.prompts.load_
 (Spec-Bench, MT-Bench) go through the loaded tokenizer's chat template when it has one (metrics.json
 records chat_template true/false), random prompts are token ids with a fixed output length.
 
-Writes into the run directory: outputs.jsonl (one line per request), metrics.json, the report table
-(stdout and report.txt), per_position_acceptance.png, and the same metrics to W&B (offline by
+Writes into the run directory: outputs.jsonl (one line per request, appended as each finishes, then
+rewritten in prompt order; GSM8K rows carry the gold and the extracted answer), metrics.json, the
+report table (stdout and report.txt), per_position_acceptance.png, and the same metrics to W&B (offline by
 default). Each timed pass follows a 2-token warm-up request (then the prefix cache is emptied, so
 the warm-up's blocks are not billed as hits).
 The engine is configured by cfg.engine (block_size, num_blocks, enable_prefix_caching, max_num_seqs,
@@ -25,9 +26,13 @@ with seed eval.seed + i, so a run is reproducible. At temperature > 0 outputs ar
 token-identical to plain decoding, so the lossless check (a greedy-only check) is skipped; sampled
 runs are checked against the target distribution by the engine's distribution tests. A spec's
 draft_sample_method (greedy | probabilistic) and verify (standard | block) go to the LLM.
+Ctrl-C stops the engine at the next step: the requests that finished are written as above, with
+"partial": true in metrics.json (also when only the lossless pass was cut short), and the run
+exits 130 with one line (mtpx.io.Interrupted); a second Ctrl-C stops at once.
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -35,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.progress import Progress
 
@@ -43,13 +49,14 @@ from mtpx.data.prompts import Prompt, chat_template_applies, check_data_config, 
 from mtpx.engine.config import with_overrides
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
-from mtpx.io import atomic_write_json, atomic_write_jsonl, atomic_write_text
+from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
+from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text
 from mtpx.metrics.analytics import analytics
 from mtpx.metrics.cost_model import step_costs
 from mtpx.metrics.dashboard import write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
-from mtpx.metrics.stats import RequestOutput, compute_metrics, is_failed
+from mtpx.metrics.stats import RequestOutput, aggregate_spec, compute_metrics, is_failed
 
 
 def compare_outputs(spec: list[RequestOutput], plain: list[RequestOutput], tie_tolerance: float):
@@ -171,19 +178,63 @@ def spec_args(spec: DictConfig | None) -> dict:
     return args
 
 
-def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict):
+class _Stop(Exception):
+    """Raised from on_step when Ctrl-C asked the run to stop (GracefulInterrupt)."""
+
+
+def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
+              interrupt: GracefulInterrupt, rows_file: Path | None = None):
     """Timed generation after a 2-token warm-up request (first-call allocations and lazy
     initialisation are not billed to the first measured run). The prefix cache is emptied after
     the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
-    arrival_offsets."""
+    arrival_offsets. Each finished request's row is appended to rows_file as it finishes.
+
+    Returns (outputs, seconds, interrupted): after Ctrl-C (interrupt.requested), the engine stops
+    at the next step boundary and outputs holds the requests that had finished, in index order."""
     llm.generate([prompts[0].engine_input], SamplingParams(max_tokens=2))
     llm.reset_prefix_cache()
-    with Progress(transient=True) as progress:
-        task = progress.add_task(label, total=len(prompts))
-        t0 = time.perf_counter()
-        outs = llm.generate([p.engine_input for p in prompts], params,
-                            on_finish=lambda r: progress.advance(task), **client)
-        return outs, time.perf_counter() - t0
+    done: dict[int, RequestOutput] = {}
+    sink = rows_file.open("a", encoding="utf-8") if rows_file is not None else None
+
+    def on_finish(r) -> None:
+        o = done[r.index] = llm.request_output(r)
+        progress.advance(task)
+        if sink is not None:
+            sink.write(json.dumps(_output_row(o, prompts[o.index]), ensure_ascii=False) + "\n")
+            sink.flush()
+
+    def on_step(engine) -> None:
+        if interrupt.requested:
+            raise _Stop
+
+    try:
+        with Progress(transient=True) as progress:
+            task = progress.add_task(label, total=len(prompts))
+            t0 = time.perf_counter()
+            try:
+                outs = llm.generate([p.engine_input for p in prompts], params, on_finish=on_finish,
+                                    on_step=on_step, **client)
+            except _Stop:
+                return [done[i] for i in sorted(done)], time.perf_counter() - t0, True
+            return outs, time.perf_counter() - t0, False
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+def _output_row(o: RequestOutput, p: Prompt) -> dict:
+    """One line of outputs.jsonl."""
+    row = {"index": o.index, "category": p.category, "prompt": p.text,
+           "num_prompt_tokens": len(o.prompt_token_ids), "output_token_ids": o.output_token_ids,
+           "text": o.text, "finish_reason": o.finish_reason, "error": o.error}
+    if p.answer is not None:
+        predicted = extract_predicted_answer(o.text) if not o.error else None
+        row |= {"answer": p.answer, "predicted_answer": predicted,
+                "correct": predicted is not None and score([predicted], [p.answer])[1] == 1}
+    return row | {"rounds": o.spec.rounds, "num_drafts": o.spec.num_drafts,
+                  "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
+                  "num_committed_tokens": o.spec.num_committed_tokens,
+                  "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions}
 
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> int:
@@ -211,6 +262,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     spec = cfg.get("spec")
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
+    if k == 0:                  # k = 0 is plain decoding (a point of a sweep over k)
+        method = None
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
     path = cfg.model.get("path") or DEFAULT_MODEL
@@ -222,9 +275,14 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     sampling_params(c, 0, mode)
     check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
     dtype = cfg.model.get("dtype") or "float32"
+    requested = c.get("threads")
+    if requested is not None:
+        choose_threads(None, requested, f"{mode}.threads")   # validated and set before the model loads
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
-              threads=c.get("threads"), draft_path=spec.get("draft_path") if spec is not None else None,
+              threads=requested, draft_path=spec.get("draft_path") if spec is not None else None,
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw)
+    threads = choose_threads(llm.model, requested, f"{mode}.threads")
+    print(threads.describe())
     name = method or "no spec"
     if llm.compile_stats is not None:
         cs = llm.compile_stats
@@ -241,7 +299,27 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     client = client_args(c, len(prompts), mode)
     params = sampling_params(c, len(prompts), mode, [p.output_len for p in prompts])
 
-    outs, duration = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client)
+    rows_file = out_dir / "outputs.jsonl"
+    rows_file.parent.mkdir(parents=True, exist_ok=True)
+    rows_file.unlink(missing_ok=True)
+    with GracefulInterrupt() as interrupt:
+        return _measure(cfg, out_dir, mode, llm, prompts, params, client, engine, spec_kw, chat, c,
+                        method, name, dtype, interrupt, threads)
+
+
+def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, engine, spec_kw, chat, c,
+             method, name: str, dtype: str, interrupt: GracefulInterrupt, threads: ThreadChoice) -> int:
+    """The measured pass, metrics, the lossless pass and every output file of _run. After Ctrl-C
+    the requests that finished are written (metrics.json with "partial": true) and Interrupted
+    is raised."""
+    rows_file = out_dir / "outputs.jsonl"
+    total = len(prompts)
+    outs, duration, stopped = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client,
+                                        interrupt, rows_file)
+    if stopped:
+        if not outs:
+            raise Interrupted(f"stopped before any of the {total} requests finished; nothing to keep")
+    kept = [prompts[o.index] for o in outs]  # aligned with outs (all prompts unless stopped)
     for o in outs:
         if o.error:
             print(f"error: request {o.index}: {o.error}", file=sys.stderr)
@@ -256,42 +334,51 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
                                                               llm.num_speculative_tokens).items()}
     if chat is not None:
         metrics["chat_template"] = chat
+    metrics["run"] = {"mode": mode, "model": str(cfg.model.get("path") or DEFAULT_MODEL), "dtype": dtype,
+                      "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
+                      "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
+                      "threads_reason": threads.reason, "torch": torch.__version__, "commit": source_commit()}
+    dead = dead_position_warning(aggregate_spec(o.spec for o in outs)) if method is not None else None
+    if dead:
+        print(dead, file=sys.stderr)
+        metrics["acceptance_warning"] = dead
+    contended = contention_warning(llm.model, threads)
+    if contended:
+        print(contended, file=sys.stderr)
+        metrics["contention_warning"] = contended
     if llm.compile_stats is not None:
         metrics["compile"] = llm.compile_stats
     if method is not None:
-        metrics["analytics"] = analytics([o.spec.rounds for o in outs], [p.category for p in prompts],
+        metrics["analytics"] = analytics([o.spec.rounds for o in outs], [p.category for p in kept],
                                          llm.num_speculative_tokens)
         for category, row in metrics["analytics"]["by_category"].items():  # for the report's table
             row["num_failed"] = sum(is_failed(o) for o in outs if prompts[o.index].category == category)
-    if any(p.answer is not None for p in prompts):
+    if any(p.answer is not None for p in kept):
         preds = [extract_predicted_answer(o.text) for o in outs]
-        metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in prompts])
+        metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in kept])
 
     code = 0
-    if mode == "eval" and c.check_lossless and method is not None:
-        code = _lossless_check(llm, outs, prompts, params, client, engine, c, metrics)
+    if stopped:
+        metrics["partial"] = True
+        metrics["num_prompts_requested"] = total
+    elif mode == "eval" and c.check_lossless and method is not None:
+        code = _lossless_check(llm, outs, prompts, params, client, engine, c, metrics, interrupt)
+        if interrupt.requested:  # the measured pass finished; the lossless pass did not
+            metrics["partial"], metrics["lossless_check"] = True, "interrupted"
 
-    atomic_write_jsonl(out_dir / "outputs.jsonl", [
-        {"index": o.index, "category": prompts[o.index].category, "rounds": o.spec.rounds,
-         "num_prompt_tokens": len(o.prompt_token_ids),
-         "output_token_ids": o.output_token_ids, "text": o.text,
-         "finish_reason": o.finish_reason, "error": o.error, "num_drafts": o.spec.num_drafts,
-         "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
-         "num_committed_tokens": o.spec.num_committed_tokens,
-         "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions}
-        for o in outs])
+    atomic_write_jsonl(rows_file, [_output_row(o, p) for o, p in zip(outs, kept)])
     atomic_write_json(out_dir / "metrics.json", metrics)
     k_text = f", k={llm.num_speculative_tokens}" if method is not None else ""
     if method is not None:
         k_text += (f", draft {spec_kw.get('draft_sample_method', 'greedy')}, "
                    f"verify {spec_kw.get('verify', 'standard')}")
-    setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}"]
+    setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}", f"{threads.threads} threads"]
     if client["arrival_offsets"] is not None:
         setup.append(f"{float(c.request_rate):g} req/s")
     if engine["enable_prefix_caching"]:
         setup.append("prefix caching")
-    report = format_report(metrics, f"mtpx {mode}: {name}{k_text}, {_data_text(cfg.data.name, prompts, chat)}, "
-                                    f"{len(prompts)} prompts, {_length_text(prompts, c.max_tokens)}, "
+    report = format_report(metrics, f"mtpx {mode}: {name}{k_text}, {_data_text(cfg.data.name, kept, chat)}, "
+                                    f"{_count_text(len(kept), total)}, {_length_text(kept, c.max_tokens)}, "
                                     f"{_sampling_text(params[0])}, {dtype}, {', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
@@ -305,17 +392,56 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     finally:
         logger.finish()
     print(f"run directory: {out_dir}")
+    if stopped:
+        raise Interrupted(f"{len(outs)} of {total} requests had finished; their outputs.jsonl, report and "
+                          f"metrics.json (\"partial\": true) are in {out_dir}")
+    if metrics.get("lossless_check") == "interrupted":
+        raise Interrupted(f"the measured pass of {total} requests finished and is written to {out_dir}; "
+                          "the lossless pass was interrupted (metrics.json: \"partial\": true)")
     if outs and all(o.error for o in outs):
         print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
         return 1
     return code
 
 
+def dead_position_warning(spec, min_tries: int = 20) -> str | None:
+    """A line when some draft position accepted nothing in at least `min_tries` rounds that reached
+    it (the previous position was accepted), the sign of a broken draft module (NaN weights, a
+    module trained for another target); None otherwise."""
+    counts = spec.accepted_per_position
+    for i in range(1, len(counts)):
+        if counts[i - 1] >= min_tries and counts[i] == 0:
+            return (f"warning: draft position {i + 1} accepted 0 of the {counts[i - 1]} drafts that reached it "
+                    f"(position {i} accepted them): draft module {i + 1} looks broken; check its weights")
+    return None
+
+
+def source_commit() -> str | None:
+    """The git commit of the mtpx source tree that ran ("+dirty" with uncommitted changes), or None
+    outside a git checkout."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def _count_text(n: int, total: int) -> str:
+    return f"{n} prompts" if n == total else f"{n} of {total} prompts (interrupted)"
+
+
 def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict, e: DictConfig,
-                    metrics: dict) -> int:
+                    metrics: dict, interrupt: GracefulInterrupt) -> int:
     """The lossless check of mode=eval (module doc): greedy runs are decoded again without
     speculation and compared; sampled runs skip it with one line. Adds lossless_mismatches,
-    lossless_near_ties and plain_output_throughput to metrics. Returns 1 on a mismatch, else 0."""
+    lossless_near_ties and plain_output_throughput to metrics. Returns 1 on a mismatch, else 0
+    (also when Ctrl-C stopped it: interrupt.requested is then set and nothing is added)."""
     if not params[0].greedy:
         print(f"lossless check skipped: it is a greedy-only check (eval.temperature=0); sampled runs "
               f"(eval.temperature={params[0].temperature:g}) are checked by the distribution tests")
@@ -326,8 +452,10 @@ def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict,
         metrics["compile_plain"] = plain_llm.compile_stats
         print(f"engine.compile: plain decoding (lossless check) compiled in "
               f"{plain_llm.compile_stats['compile_s']:.1f} s ({plain_llm.compile_stats['num_graphs']} graphs)")
-    plain, plain_duration = _generate(plain_llm, prompts, params,
-                                      "plain decoding (lossless check)", client)
+    plain, plain_duration, stopped = _generate(plain_llm, prompts, params,
+                                               "plain decoding (lossless check)", client, interrupt)
+    if stopped:
+        return 0
     mismatches, near_ties = compare_outputs(outs, plain, e.tie_tolerance)
     metrics["lossless_mismatches"] = len(mismatches)
     metrics["lossless_near_ties"] = near_ties    # [{index, position, gap}]; count = len

@@ -7,10 +7,14 @@ fails, the destination is left untouched and the temporary file is removed.
 
 Parent directories are created when missing. New files get the usual permissions (0o666 minus
 the process umask), not the 0o600 of ``tempfile``.
+
+`GracefulInterrupt` turns Ctrl-C into a stop at the next safe point, and `Interrupted` is how a
+run that kept what finished says so (the entry point exits 130 with its one line).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
@@ -103,6 +107,17 @@ def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], An
     tmp.mkdir()
     try:
         write(tmp)
+        mode = 0o666 & ~_umask()
+        for f in tmp.rglob("*"):   # safetensors writes 0600 files; give them the usual permissions
+            if f.is_file():
+                f.chmod(mode)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno == errno.ENOSPC:
+            raise OSError(e.errno, f"no space left to write {path} (a save writes the new folder beside the "
+                                   "old one, so it needs the checkpoint's size free again): free disk space "
+                                   "or point the output elsewhere") from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -115,6 +130,34 @@ def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], An
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def recover_folder(path: str | os.PathLike[str]) -> list[str]:
+    """Repair what an interrupted atomic_write_folder(path) left: the previous folder under
+    ``.{name}.old-XXXX`` with nothing at ``path`` (a crash between the two renames) is renamed back,
+    and leftover ``.{name}.tmp-XXXX`` folders (a save cut short) are removed. Returns one line per
+    repair, for the caller to print."""
+    path = Path(path)
+    notes = []
+    if not path.parent.is_dir():
+        return notes
+    for tmp in sorted(path.parent.glob(f".{path.name}.tmp-*")):
+        shutil.rmtree(tmp, ignore_errors=True)
+        notes.append(f"removed {tmp.name}, the leftover of an interrupted save")
+    backups = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda b: b.stat().st_mtime)
+    if backups and not path.exists():
+        os.replace(backups[-1], path)
+        notes.append(f"restored {path} from {backups[-1].name} (a save was interrupted between its renames)")
+        backups = backups[:-1]
+    for b in backups:       # a complete folder is in place: older copies are the swap's leftovers
+        shutil.rmtree(b, ignore_errors=True)
+    return notes
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _dumps(obj: Any, path: str | os.PathLike[str], indent: int | None, row: int | None = None) -> str:
@@ -147,3 +190,36 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C after writing what had finished; str(e) says what was kept."""
+
+
+class GracefulInterrupt:
+    """Ctrl-C as a request to stop at the next safe point: inside the `with` block the first SIGINT
+    only sets `requested` (the loop checks it between steps, keeps what finished and stops); a
+    second SIGINT raises KeyboardInterrupt at once. Outside the main thread (where signal handlers
+    cannot be installed) it does nothing and Ctrl-C behaves as usual."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> "GracefulInterrupt":
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None

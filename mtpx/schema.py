@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from mtpx.engine.config import EngineConfig
 from mtpx.models.config import ModelConfig
@@ -203,8 +204,10 @@ SCHEMAS: dict[str, dict[str, type]] = {
 
 def register() -> None:
     """Store the schemas in Hydra's ConfigStore (idempotent). The engine group's one option,
-    `default`, is the schema itself."""
+    `default`, is the schema itself. Also registers the `${run_id:}` resolver of the run folder
+    names (conf/config.yaml): this process's id."""
     cs = ConfigStore.instance()
+    OmegaConf.register_new_resolver("run_id", lambda: str(os.getpid()), use_cache=True, replace=True)
     cs.store(name="run_schema", node=RunConfig)
     for group, options in SCHEMAS.items():
         for name, node in options.items():

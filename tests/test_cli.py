@@ -33,7 +33,9 @@ def test_eval_writes_metrics_outputs_and_plot(tiny_ckpt, tmp_path):
     assert METRIC_KEYS <= set(metrics) and set(metrics) - METRIC_KEYS <= {"lossless_near_ties",
                                                                          "plain_output_throughput",
                                                                          "analytics", "step_costs",
-                                                                         "mean_decode_batch"}
+                                                                         "mean_decode_batch", "run"}
+    assert metrics["run"]["spec"] == "mtp8" and metrics["run"]["num_speculative_tokens"] == 4
+    assert metrics["run"]["threads"] >= 1 and metrics["run"]["data"] == "builtin"
     assert 0 < metrics["mean_decode_batch"] <= 3      # eval.concurrency=3
     assert all(int(b) <= 3 and c["verify_ms"] > 0 and c["draft_ms"] > 0 for b, c in metrics["step_costs"].items())
     assert (tmp_path / "acceptance_conditional.png").read_bytes()[:4] == b"\x89PNG"
@@ -253,7 +255,7 @@ def test_generate_api_with_token_ids_and_strings(tiny_ckpt):
 
 @pytest.mark.parametrize("kwargs,message", [({"max_num_seqs": 0}, "max_num_seqs=0"),
                                             ({"max_model_len": 5000}, "max_model_len=5000"),
-                                            ({"spec": "mtp8", "num_speculative_tokens": 0}, ">= 1")])
+                                            ({"spec": "mtp8", "num_speculative_tokens": -1}, ">= 1")])
 def test_llm_rejects_bad_engine_settings(tiny_ckpt, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(model=tiny_ckpt, **kwargs)
@@ -362,3 +364,38 @@ def test_entry_point_prints_one_line_for_a_typo():
                          capture_output=True, text=True, cwd=root, timeout=120)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == ["error: unknown key 'eval.num_promts': did you mean eval.num_prompts?"]
+
+
+def test_non_finite_weights_are_named(tiny_ckpt, tmp_path):
+    import shutil
+
+    import safetensors.torch
+
+    from mtpx.hf.loader import CheckpointError
+    bad = tmp_path / "nan"
+    shutil.copytree(tiny_ckpt, bad)
+    tensors = safetensors.torch.load_file(str(bad / "model.safetensors"))
+    tensors["mtp.2.fc.weight"][0, 0] = float("nan")
+    safetensors.torch.save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"tensor 'mtp.2.fc.weight' \(mtpx mtp.2.fc.weight\) holds NaN or Inf"):
+        LLM(model=bad)
+
+
+def test_a_position_that_never_accepts_is_flagged():
+    from mtpx.evaluate import dead_position_warning
+    from mtpx.metrics.stats import SpecDecodeCounts
+    assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 0, 0])) == (
+        "warning: draft position 3 accepted 0 of the 30 drafts that reached it (position 2 accepted them): "
+        "draft module 3 looks broken; check its weights")
+    assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 5, 0])) is None   # too few tries
+    assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 2])) is None
+
+
+def test_k_zero_is_plain_decoding_in_a_sweep(tiny_ckpt, tmp_path):
+    """spec.num_speculative_tokens=0 runs plain decoding, so a sweep over k can include it."""
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=0", "eval.num_prompts=2",
+                "eval.max_tokens=4", "logger=none"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["num_drafts"] == 0 and metrics["run"]["spec"] is None
+    assert metrics["run"]["num_speculative_tokens"] == 0 and "analytics" not in metrics

@@ -336,3 +336,39 @@ def test_config_errors_name_the_fix(workdir):
         with pytest.raises(ValueError, match=message):
             train(cfg)
     assert not (workdir / "bad").exists()
+
+
+def test_out_dir_safety(workdir):
+    """A folder that is not a training run is refused untouched; an interrupted save (only the
+    .old copy left, a stale .tmp folder) is repaired and the run resumes where it was; a place that
+    cannot be written fails before the data is read; files get the usual permissions."""
+    import os
+    keep = workdir / "notes"
+    keep.mkdir()
+    (keep / "thesis.tex").write_text("do not lose me")
+    with pytest.raises(ValueError, match=r"train.out_dir=.*notes exists and is not an mtpx training run"):
+        train(run_cfg(workdir, "notes", steps=2))
+    assert (keep / "thesis.tex").read_text() == "do not lose me" and len(list(keep.iterdir())) == 1
+
+    out = train(run_cfg(workdir, "swap", steps=4, eval_every=0))
+    assert ckpt.load_trainer_state(out)["step"] == 4
+    assert os.stat(out / "model.safetensors").st_mode & 0o777 == 0o666 & ~_umask()
+    os.replace(out, workdir / ".swap.old-1a2b3c4d")           # a crash between the two renames
+    (workdir / ".swap.tmp-99999999").mkdir()                    # and a save cut short
+    (workdir / ".swap.tmp-99999999" / "model.safetensors").write_bytes(b"partial")
+    train(run_cfg(workdir, "swap", steps=6, eval_every=0))
+    state = ckpt.load_trainer_state(out)
+    assert state["step"] == 6 and [h["step"] for h in state["loss_history"] if h["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert not list(workdir.glob(".swap.*"))
+
+    blocker = workdir / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match=r"train.out_dir=.*a_file/run: cannot write to"):
+        train(run_cfg(workdir, "a_file/run", steps=2))
+
+
+def _umask() -> int:
+    import os
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

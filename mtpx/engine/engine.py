@@ -122,6 +122,9 @@ class Engine:
         r.error = self.validate_prompt(r.prompt_token_ids)
         if r.error is not None:
             return False
+        k = self.runner.num_speculative_tokens
+        if len(r.spec.accepted_per_position) < k:   # one entry per draft position, as vLLM reports it
+            r.spec.accepted_per_position.extend([0] * (k - len(r.spec.accepted_per_position)))
         if not r.params.greedy and r.generator is None:
             r.generator = torch.Generator()
             r.generator.manual_seed(r.params.seed if r.params.seed is not None

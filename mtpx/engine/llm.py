@@ -20,6 +20,7 @@ from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.engine import Engine
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
+from mtpx.engine.stop_strings import StopStrings
 from mtpx.metrics.stats import RequestOutput
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
@@ -41,7 +42,9 @@ class LLM:
     allow_pickle: read pickle-only folders with torch.load(weights_only=True); device: where a
     checkpoint folder's weights go ("cpu", "cuda"); engine_config and **overrides: the engine's
     EngineConfig and any of its fields (max_num_seqs, block_size, enable_prefix_caching, verify,
-    compile, ...: mtpx/engine/config.py), as vLLM's LLM takes its engine arguments. With compile
+    compile, ...: mtpx/engine/config.py), as vLLM's LLM takes its engine arguments;
+    speculative_config: vLLM's form of spec + num_speculative_tokens, {"method": "mtp",
+    "num_speculative_tokens": k} (also draft_path, verify, draft_sample_method). With compile
     the decode step is compiled here by a short warm-up whose cost is in `compile_stats`.
     Raises ValueError for an unknown spec, dtype or engine setting (naming the closest), or more
     speculative tokens than multi-module MTP has modules; FileNotFoundError for a missing
@@ -51,7 +54,14 @@ class LLM:
                  num_speculative_tokens: int | None = None, dtype: str = "float32", tokenizer=None,
                  threads: int | None = None, draft_path: str | Path | None = None,
                  allow_pickle: bool = False, device: str = "cpu",
-                 engine_config: EngineConfig | None = None, **overrides):
+                 engine_config: EngineConfig | None = None, speculative_config: dict | None = None,
+                 **overrides):
+        if speculative_config is not None:
+            if spec is not None or num_speculative_tokens is not None:
+                raise ValueError("give either speculative_config or spec / num_speculative_tokens, not both")
+            spec, num_speculative_tokens, extra = _from_speculative_config(speculative_config, model)
+            draft_path = extra.pop("draft_path", draft_path)
+            overrides = {**extra, **overrides}
         config = with_overrides(engine_config, **overrides)
         if threads:
             torch.set_num_threads(threads)
@@ -103,18 +113,18 @@ class LLM:
         return "" if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def generate(self, prompts: Sequence[str | Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  on_finish=None, on_step=None, max_concurrency: int | None = None,
                  arrival_offsets: Sequence[float] | None = None) -> list[RequestOutput]:
-        """prompts: strings or lists of token ids; params: one SamplingParams for all or one per
-        prompt. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too long)
+        """prompts: strings or lists of token ids; sampling_params: one SamplingParams for all or
+        one per prompt. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too long)
         fails alone: its output has `error` set and finish_reason None; the rest are generated.
         on_finish(request) as each ends; on_step(engine) after every engine step (may call
         engine.abort); max_concurrency: requests in the engine at once (benchmark client limit);
         arrival_offsets: seconds after the start at which each prompt arrives (request rate)."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
-        params = SamplingParams() if params is None else params
+        params = SamplingParams() if sampling_params is None else sampling_params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -126,6 +136,11 @@ class LLM:
             if not sp.ignore_eos:
                 stop.update(self.eos_token_ids)
             req = Request(i, ids, sp, frozenset(stop))
+            if sp.stop and not err:
+                if self.tokenizer is None:
+                    raise ValueError("SamplingParams.stop needs a tokenizer: pass tokenizer= with the model, "
+                                     "or stop on token ids (stop_token_ids)")
+                req.stop_strings = StopStrings(sp.stop, self.decode)
             err = err or self.engine.validate_prompt(ids)
             if err:
                 req.error = err
@@ -139,7 +154,10 @@ class LLM:
                 r.arrival_offset = float(arrival_offsets[r.index])
         run_client(self.engine, requests, on_finish, on_step, max_concurrency)
         by_index = {r.index: r for r in requests} | failed
-        return [self._output(by_index[i]) for i in range(len(prompts))]
+        outs = [self.request_output(by_index[i]) for i in range(len(prompts))]
+        for o, p in zip(outs, prompts):
+            o.prompt = p if isinstance(p, str) else None
+        return outs
 
     def _prompt_ids(self, p) -> tuple[list[int], str | None]:
         """A prompt's token ids, or ([], why it cannot run): a str is encoded (text that is not
@@ -161,15 +179,49 @@ class LLM:
             return [], f"token ids must be integers: got {bad!r} ({type(bad).__name__})"
         return [int(t) for t in ids], None
 
-    def _output(self, r: Request) -> RequestOutput:
+    def request_output(self, r: Request) -> RequestOutput:
+        """What generate returns for request `r` (its text decoded), e.g. from an on_finish callback."""
+        text = self.decode(r.output_token_ids)
+        if isinstance(r.stop_reason, str) and r.stop_strings is not None:
+            text = r.stop_strings.cut(text, r.stop_reason)
         return RequestOutput(
-            index=r.index, prompt_token_ids=r.prompt_token_ids,
-            output_token_ids=r.output_token_ids, text=self.decode(r.output_token_ids),
+            index=r.index, prompt_token_ids=r.prompt_token_ids, stop_reason=r.stop_reason,
+            output_token_ids=r.output_token_ids, text=text,
             finish_reason=r.finish_reason, spec=r.spec, arrival_time=r.arrival_time,
             first_token_time=r.first_token_time, finish_time=r.finish_time, error=r.error,
             logit_gaps=r.logit_gaps if self.engine.config.record_logit_gaps else None,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
             emission_times=r.emission_times)
+
+
+SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "draft_path", "verify", "draft_sample_method")
+
+
+def _from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
+    """vLLM's speculative_config {"method": "mtp", "num_speculative_tokens": k} as (spec,
+    num_speculative_tokens, other keys). method "mtp" is multi-module MTP ("mtp8") when the model
+    has more than one MTP module, else single-module MTP ("mtp1"), as vLLM applies its MTP
+    layers; "mtp1" and "mtp8" name mtpx's speculators directly. Raises ValueError naming an
+    unknown key (and the closest) or method."""
+    import difflib
+    extra = dict(sc)
+    for key in extra:
+        if key not in SPECULATIVE_CONFIG_KEYS:
+            close = difflib.get_close_matches(key, SPECULATIVE_CONFIG_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"use {', '.join(SPECULATIVE_CONFIG_KEYS)}"
+            raise ValueError(f"unknown speculative_config key {key!r}: {hint}")
+    method = extra.pop("method", "mtp")
+    k = extra.pop("num_speculative_tokens", None)
+    if method == "mtp":
+        if isinstance(model, MTPForCausalLM):
+            n = model.cfg.num_nextn_predict_layers
+        else:
+            from mtpx.hf.loader import load_config
+            n = load_config(model).num_nextn_predict_layers
+        method = "mtp8" if n > 1 else "mtp1"
+    if method not in ("mtp1", "mtp8"):
+        raise ValueError(f"speculative_config method {method!r}: mtpx runs 'mtp' (or 'mtp1' / 'mtp8')")
+    return method, k, extra
 
 
 def run_client(engine: Engine, requests: list[Request], on_finish=None, on_step=None,

@@ -15,7 +15,9 @@ class Request:
     recurrent state are final (the batch slot is the model runner's); draft_token_ids:
     proposed, not yet verified (draft_probs: their draft distributions when sampled); generator:
     the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
-    first admission; num_preemptions: times its blocks were taken back (it recomputes).
+    first admission; num_preemptions: times its blocks were taken back (it recomputes);
+    stop_strings: the StopStrings checker of params.stop (None without stop strings); stop_reason:
+    the stop string or stop token id (of params) that ended it.
     Times (time.perf_counter() seconds): arrival_time when it entered the engine,
     first_token_time, finish_time; emission_times: one entry per step that emitted tokens
     (several accepted tokens in one step are one emission, for ITL); arrival_offset: seconds after
@@ -37,6 +39,8 @@ class Request:
     spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
     logit_gaps: list[float] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    stop_strings: object = None         # mtpx.engine.stop_strings.StopStrings, or None
     error: str | None = None
     arrival_offset: float = 0.0
     arrival_time: float = 0.0

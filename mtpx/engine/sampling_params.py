@@ -13,8 +13,10 @@ class SamplingParams:
     below min_p x the top probability; 0 = none), in that order, as vLLM applies them; seed: the
     request's own random generator (None: drawn from torch's global generator), so its output
     with a given seed does not depend on the other requests in the batch; stop_token_ids:
-    generation ends after emitting one of these (the eos id is added unless ignore_eos).
-    Raises ValueError on values the engine cannot honour."""
+    generation ends after emitting one of these (the eos id is added unless ignore_eos); stop:
+    strings that end generation once the output text contains one (the text is cut before it,
+    the token ids keep it, as vLLM does; a str is one stop string); n: completions per prompt
+    (1: mtpx generates one). Raises ValueError on values the engine cannot honour."""
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -24,6 +26,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    stop: list[str] | str | None = None
+    n: int = 1
 
     def __post_init__(self):
         def integer(value):
@@ -33,6 +37,14 @@ class SamplingParams:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if self.seed is not None and not (integer(self.seed) and 0 <= self.seed < 2**64):
             raise ValueError(f"seed={self.seed!r}: must be an integer in [0, 2**64), or None")
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        if not all(isinstance(x, str) and x for x in self.stop):
+            raise ValueError(f"stop={self.stop!r}: must be a list of non-empty strings")
+        if self.n != 1:
+            raise ValueError(f"n={self.n!r}: mtpx generates one completion per prompt; repeat the prompt "
+                             "with different seeds for several samples")
         if not integer(self.top_k):
             raise ValueError(f"top_k={self.top_k!r}: must be an integer (0 or -1 = all tokens)")
         if isinstance(self.stop_token_ids, (str, bytes)) or not all(

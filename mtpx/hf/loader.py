@@ -92,6 +92,9 @@ def require_folder(path: str | os.PathLike) -> Path:
     path = Path(path)
     if path.is_dir():
         return path
+    if path.exists():
+        raise FileNotFoundError(f"{path} is a file, not a checkpoint folder: point model.path at the folder "
+                                f"that holds config.json (here perhaps {path.parent})")
     backups = sorted(path.parent.glob(f".{path.name}.old-*")) if path.parent.is_dir() else []
     if backups:
         raise FileNotFoundError(
@@ -150,7 +153,7 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         CheckpointError: unreadable (corrupted, truncated) safetensors files, pickle weights
             without allow_pickle, missing or unexpected tensor names (listed), shapes that
             disagree with config.json, a qwen3_next/deepseek head count that disagrees with the
-            weights.
+            weights, NaN or Inf in a weight (the tensor is named).
     """
     folder = require_folder(path)
     cfg, is_hf = _read_config(folder)
@@ -189,6 +192,11 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     plan, copies = _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path)
     _load(model, plan, copies, where, dtype, device)
     _finish_ties(model, cfg, layout, num_modules)
+    for name, t in model.state_dict().items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            src = where.get(plan.get(name, name), folder)
+            raise CheckpointError(f"{src}: tensor {plan.get(name, name)!r} (mtpx {name}) holds NaN or Inf values: "
+                                  "the file is corrupted or the training run that wrote it diverged")
     return model.eval(), load_folder_tokenizer(folder, is_hf)
 
 

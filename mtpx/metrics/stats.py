@@ -29,6 +29,7 @@ import numpy as np
 __all__ = [
     "SpecDecodeCounts",
     "RequestOutput",
+    "CompletionOutput",
     "METRIC_KEYS",
     "is_failed",
     "aggregate_spec",
@@ -104,6 +105,26 @@ class SpecDecodeCounts:
 
 
 @dataclass
+class CompletionOutput:
+    """One completion of a request, in vLLM's shape (``RequestOutput.outputs[0]``).
+
+    Attributes:
+        index: the completion's index within its request (0: mtpx generates one per request).
+        text: decoded text, cut before a matched stop string.
+        token_ids: generated token ids (the tokens of a matched stop string included, as vLLM).
+        finish_reason: "stop" | "length" | "abort", or None when the request failed.
+        stop_reason: the stop string or the stop token id from ``SamplingParams`` that ended it;
+            None when it ended at the model's EOS, at a length limit, or not at all.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+@dataclass
 class RequestOutput:
     """What ``LLM.generate`` returns for one request.
 
@@ -127,6 +148,9 @@ class RequestOutput:
         num_preemptions: times the engine took its KV blocks back (it was recomputed).
         emission_times: seconds of each engine step that emitted tokens for it (several tokens
             accepted in one step are one emission), for ITL.
+        prompt: the prompt text when the prompt was given as a string.
+        stop_reason: see CompletionOutput.
+        outputs: ``[CompletionOutput]``, vLLM's view of the same completion.
     """
 
     index: int
@@ -143,6 +167,20 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     emission_times: list[float] = field(default_factory=list)
+    prompt: str | None = None
+    stop_reason: str | int | None = None
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        return [CompletionOutput(0, self.text, self.output_token_ids, self.finish_reason, self.stop_reason)]
+
+    @property
+    def request_id(self) -> str:
+        return str(self.index)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 
 METRIC_KEYS: tuple[str, ...] = (

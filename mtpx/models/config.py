@@ -20,6 +20,10 @@ MTP_STYLES = ("qwen3_next", "deepseek_v3")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
+_MAY_BE_ZERO = {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                "num_nextn_predict_layers", "decoder_sparse_step"}
+
+
 @dataclass
 class ModelConfig:
     vocab_size: int = 2048
@@ -72,6 +76,7 @@ class ModelConfig:
     model_type: str = "qwen3_next"
 
     def __post_init__(self):
+        self._check_types()
         if self.layer_types is None:
             self.layer_types = [
                 "full_attention" if (i + 1) % self.full_attention_interval == 0 else "linear_attention"
@@ -105,6 +110,25 @@ class ModelConfig:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ROPE_TYPES:
                 raise ValueError(f"rope_scaling type '{kind}' is not supported: mtpx implements {ROPE_TYPES}")
+
+    def _check_types(self) -> None:
+        """Each field of the types its annotation names (config.json may hold strings, nulls or
+        negative sizes): ValueError naming the key, before any shape arithmetic uses it."""
+        for f in dataclasses.fields(self):
+            value, kind = getattr(self, f.name), str(f.type).replace(" ", "")
+            if kind == "int":
+                ok = isinstance(value, int) and not isinstance(value, bool)
+                low = 0 if f.name in _MAY_BE_ZERO else 1
+                if not ok or value < low:
+                    raise ValueError(f"model config {f.name}={value!r}: must be an integer >= {low}")
+            elif kind == "float":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value == value:
+                    raise ValueError(f"model config {f.name}={value!r}: must be a number")
+            elif kind == "bool" and not isinstance(value, bool):
+                raise ValueError(f"model config {f.name}={value!r}: must be true or false")
+            elif kind.startswith("list[") and value is not None and not isinstance(value, (list, tuple)):
+                raise ValueError(f"model config {f.name}={value!r}: must be a list (e.g. [\"linear_attention\", "
+                                 "\"full_attention\"] for layer_types)")
 
     @property
     def rotary_dim(self) -> int:

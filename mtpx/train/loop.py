@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +39,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
+from mtpx.io import GracefulInterrupt, Interrupted, recover_folder
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.train import checkpoint as ckpt
@@ -220,6 +222,31 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
     return t
 
 
+def _prepare_out_dir(out_dir: Path, resume: bool) -> list[str]:
+    """Before any data is read: repair an interrupted save (mtpx.io.recover_folder), refuse a
+    folder that is not a training run (it would be overwritten) and a place that cannot be written.
+    Returns the lines to print."""
+    notes = recover_folder(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"train.out_dir={out_dir} is a file: choose a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not ckpt.has_trainer_state(out_dir):
+        raise ValueError(f"train.out_dir={out_dir} exists and is not an mtpx training run (no "
+                         f"{ckpt.TRAINER_STATE_FILE}); training would overwrite it: choose a new train.out_dir "
+                         "(or remove the folder)")
+    if out_dir.is_dir() and ckpt.has_trainer_state(out_dir) and not resume:
+        notes.append(f"train.resume=false: the training run in {out_dir} is replaced at the first save")
+    parent = out_dir.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        probe = parent / f".{out_dir.name}.probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ValueError(f"train.out_dir={out_dir}: cannot write to {parent} ({e.strerror}): choose a writable "
+                         "folder") from None
+    return notes
+
+
 def _check_number(t: DictConfig, key: str, ok, requirement: str) -> None:
     value = t[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
@@ -316,6 +343,8 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
     out_dir = Path(t.out_dir)
     device = torch.device(t.get("device", "cpu"))
     seed = int(t.seed)
+    for note in _prepare_out_dir(out_dir, bool(t.get("resume", True))):
+        console.print(note)
     resume = bool(t.get("resume", True)) and ckpt.has_trainer_state(out_dir)
 
     # ---- data: documents and the train/val split (per source, by document) ----
@@ -365,7 +394,9 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
     if resume:
         ckpt.load_optimizer_state(out_dir, opt)
 
-    run_config = OmegaConf.to_container(cfg, resolve=True)
+    # what training reads (the eval, bench, engine and logger groups do not shape it)
+    run_config = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], DictConfig) else cfg[k]
+                  for k in ("mode", "seed", "model", "train") if k in cfg}
     # record the architecture actually trained (a resume or model.path keeps the checkpoint's)
     run_config["model"] = {**model.cfg.to_dict(), "path": cfg.model.get("path")}
     save_dtype = _DTYPES[t.get("save_dtype", "float32")]
@@ -398,7 +429,7 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=console)
     tokens_per_step = int(t.batch_size) * int(t.seq_len)
-    with progress:
+    with progress, GracefulInterrupt() as interrupt:
         task = progress.add_task("training", total=steps, completed=start)
         t0, n_timed = time.perf_counter(), 0
         for step, batch in sampler.iterate(start):
@@ -425,4 +456,9 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
                 progress.console.print(f"step {done} val: {_fmt(v, names)}")
             if (save_every > 0 and done % save_every == 0) or done == steps:
                 save(done)
+            elif interrupt.requested:
+                save(done)
+            if interrupt.requested and done < steps:
+                raise Interrupted(f"training stopped after step {done} of {steps}; checkpoint saved to "
+                                  f"{out_dir} (run the same command to resume)")
     return out_dir

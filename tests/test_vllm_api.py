@@ -1,0 +1,67 @@
+"""vLLM's API shape: outputs[0].text / token_ids / finish_reason / stop_reason,
+generate(prompts, sampling_params=...), stop strings, speculative_config, accepted_per_position
+of length k."""
+import pytest
+
+from mtpx import LLM, CompletionOutput, SamplingParams
+
+
+def test_outputs_in_vllm_shape(tiny_ckpt):
+    llm = LLM(model=tiny_ckpt, speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    assert llm.spec == "mtp8" and llm.num_speculative_tokens == 3
+    (o,) = llm.generate(["def f(x):"], sampling_params=SamplingParams(max_tokens=5, ignore_eos=True))
+    c = o.outputs[0]
+    assert isinstance(c, CompletionOutput) and len(o.outputs) == 1
+    assert (c.text, c.token_ids, c.finish_reason, c.stop_reason) == (o.text, o.output_token_ids, "length", None)
+    assert o.prompt == "def f(x):" and o.request_id == "0" and o.finished
+    assert len(o.spec.accepted_per_position) == 3     # one entry per draft position, accepted or not
+
+
+def test_speculative_config_errors_name_the_key(tiny_ckpt):
+    with pytest.raises(ValueError, match="unknown speculative_config key 'num_speculative_token': did you mean "
+                                         "'num_speculative_tokens'"):
+        LLM(model=tiny_ckpt, speculative_config={"method": "mtp", "num_speculative_token": 2})
+    with pytest.raises(ValueError, match="method 'eagle'"):
+        LLM(model=tiny_ckpt, speculative_config={"method": "eagle"})
+    with pytest.raises(ValueError, match="not both"):
+        LLM(model=tiny_ckpt, spec="mtp1", speculative_config={"method": "mtp"})
+    assert LLM(model=tiny_ckpt, speculative_config={"method": "mtp1", "num_speculative_tokens": 2}).spec == "mtp1"
+
+
+@pytest.mark.parametrize("spec,k", [(None, None), ("mtp1", 3), ("mtp8", 4)])
+def test_stop_strings_end_where_plain_decoding_does(tiny_ckpt, spec, k):
+    """The text is cut before the first stop string and the token ids keep the token that
+    completed it; speculative decoding stops at the same token as plain decoding."""
+    plain = LLM(model=tiny_ckpt)
+    prompt = "def f(x):"
+    free = plain.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    ids, text = free.output_token_ids, free.text
+    # a stop string that starts inside the output and spans a token boundary
+    pieces = [plain.decode(ids[:i]) for i in range(len(ids) + 1)]
+    j = next(i for i in range(4, len(ids)) if len(pieces[i + 1]) - len(pieces[i]) >= 1 and len(pieces[i]) >= 2)
+    stop = text[len(pieces[j]) - 1: len(pieces[j]) + 1]
+    first = text.find(stop)
+    llm = LLM(model=tiny_ckpt, spec=spec, num_speculative_tokens=k)
+    (o,) = llm.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True, stop=[stop, "never-there"]))
+    assert o.finish_reason == "stop" and o.stop_reason == stop
+    assert o.text == text[:first] and stop not in o.text
+    end = next(i for i in range(len(ids) + 1) if stop in pieces[i])   # the first token that completes it
+    assert o.output_token_ids == ids[:end]
+    assert o.spec.num_committed_tokens == (len(o.output_token_ids) - 1 if spec else 0)
+
+
+def test_stop_token_ids_report_their_id(tiny_ckpt):
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2)
+    free = llm.generate(["def f(x):"], SamplingParams(max_tokens=20, ignore_eos=True))[0]
+    t = free.output_token_ids[5]
+    (o,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=20, ignore_eos=True, stop_token_ids=[t]))
+    assert o.finish_reason == "stop" and o.stop_reason == t
+    assert o.output_token_ids == free.output_token_ids[:free.output_token_ids.index(t) + 1]
+
+
+def test_sampling_params_stop_and_n():
+    assert SamplingParams(stop="###").stop == ["###"]
+    with pytest.raises(ValueError, match="stop=.*non-empty strings"):
+        SamplingParams(stop=[""])
+    with pytest.raises(ValueError, match="n=2: mtpx generates one completion per prompt"):
+        SamplingParams(n=2)
