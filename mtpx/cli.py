@@ -97,10 +97,25 @@ def run_train(cfg: DictConfig) -> int:
 
     logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True)
     used = {k: cfg[k] for k in ("mode", "seed", "model", "train", "logger") if k in cfg}  # what mode=train reads
-    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(OmegaConf.create(used), resolve=True))
+    run_id = _resumed_wandb_id(cfg)
+    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(OmegaConf.create(used), resolve=True),
+                       run_name=f"train-{Path(str(cfg.train.out_dir)).name}", run_id=run_id)
     try:
-        path = train(cfg, log_fn=logger.log)
+        path = train(cfg, log_fn=logger.log, extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None)
     finally:
         logger.finish()
     print(f"checkpoint: {path}")
     return 0
+
+
+def _resumed_wandb_id(cfg: DictConfig) -> str | None:
+    """The W&B run id a resumed training run logged to (its trainer_state.json), so the resumed
+    run continues that W&B run; None for a fresh run."""
+    import json
+    state = Path(str(cfg.train.out_dir)) / "trainer_state.json"
+    if not cfg.train.get("resume", True) or not state.is_file():
+        return None
+    try:
+        return json.loads(state.read_text()).get("wandb_run_id")
+    except (OSError, ValueError):
+        return None

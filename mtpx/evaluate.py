@@ -183,11 +183,13 @@ class _Stop(Exception):
 
 
 def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
-              interrupt: GracefulInterrupt, rows_file: Path | None = None):
+              interrupt: GracefulInterrupt, rows_file: Path | None = None, logger: RunLogger | None = None):
     """Timed generation after a 2-token warm-up request (first-call allocations and lazy
     initialisation are not billed to the first measured run). The prefix cache is emptied after
     the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
-    arrival_offsets. Each finished request's row is appended to rows_file as it finishes.
+    arrival_offsets. Each finished request's row is appended to rows_file as it finishes; the
+    progress bar and the W&B run (`live/*`, at most twice a second) show output tokens/s and the
+    acceptance so far.
 
     Returns (outputs, seconds, interrupted): after Ctrl-C (interrupt.requested), the engine stops
     at the next step boundary and outputs holds the requests that had finished, in index order."""
@@ -196,9 +198,25 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
     done: dict[int, RequestOutput] = {}
     sink = rows_file.open("a", encoding="utf-8") if rows_file is not None else None
 
+    live = {"tokens": 0, "drafts": 0, "committed": 0, "draft_tokens": 0, "accepted": 0, "logged": 0.0}
+
     def on_finish(r) -> None:
         o = done[r.index] = llm.request_output(r)
-        progress.advance(task)
+        live["tokens"] += len(o.output_token_ids)
+        for key, n in (("drafts", o.spec.num_drafts), ("committed", o.spec.num_committed_tokens),
+                       ("draft_tokens", o.spec.num_draft_tokens), ("accepted", o.spec.num_accepted_tokens)):
+            live[key] += n
+        elapsed = max(time.perf_counter() - t0, 1e-9)
+        stats = {"live/output_tok_s": live["tokens"] / elapsed, "live/requests_finished": len(done)}
+        if live["drafts"]:
+            stats["live/acceptance_length"] = live["committed"] / live["drafts"]
+            stats["live/acceptance_rate"] = live["accepted"] / live["draft_tokens"]
+        text = f"{label} · {stats['live/output_tok_s']:.0f} tok/s" + (
+            f" · acceptance length {stats['live/acceptance_length']:.2f}" if live["drafts"] else "")
+        progress.update(task, advance=1, description=text)
+        if logger is not None and time.perf_counter() - live["logged"] >= 0.5:
+            live["logged"] = time.perf_counter()
+            logger.log(stats)
         if sink is not None:
             sink.write(json.dumps(_output_row(o, prompts[o.index]), ensure_ascii=False) + "\n")
             sink.flush()
@@ -302,20 +320,44 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     rows_file = out_dir / "outputs.jsonl"
     rows_file.parent.mkdir(parents=True, exist_ok=True)
     rows_file.unlink(missing_ok=True)
-    with GracefulInterrupt() as interrupt:
-        return _measure(cfg, out_dir, mode, llm, prompts, params, client, engine, spec_kw, chat, c,
-                        method, name, dtype, interrupt, threads)
+    used = {key: cfg[key] for key in ("mode", "seed", "model", "data", "engine", "spec", "logger", mode)
+            if cfg.get(key) is not None}                       # the groups this mode reads
+    group, job = _sweep_group()
+    logger = RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,
+                       config=OmegaConf.to_container(OmegaConf.create(used), resolve=True), group=group,
+                       run_name=f"{method or 'plain'}-k{llm.num_speculative_tokens}-{cfg.data.name}-"
+                                f"{Path(str(path)).name}" + (f"-{job}" if job is not None else ""))
+    try:
+        with GracefulInterrupt() as interrupt:
+            return _measure(cfg, out_dir, mode, llm, prompts, params, client, engine, spec_kw, chat, c,
+                            method, name, dtype, interrupt, threads, logger)
+    finally:
+        logger.finish()
+
+
+def _sweep_group() -> tuple[str | None, int | None]:
+    """(W&B group, job number) of a Hydra multirun job: its sweep folder and number; else (None, None)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+        hc = HydraConfig.get()
+    except (ImportError, ValueError):
+        return None, None
+    if hc.mode != RunMode.MULTIRUN:
+        return None, None
+    return str(hc.sweep.dir), hc.job.num
 
 
 def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, engine, spec_kw, chat, c,
-             method, name: str, dtype: str, interrupt: GracefulInterrupt, threads: ThreadChoice) -> int:
+             method, name: str, dtype: str, interrupt: GracefulInterrupt, threads: ThreadChoice,
+             logger: RunLogger) -> int:
     """The measured pass, metrics, the lossless pass and every output file of _run. After Ctrl-C
     the requests that finished are written (metrics.json with "partial": true) and Interrupted
     is raised."""
     rows_file = out_dir / "outputs.jsonl"
     total = len(prompts)
     outs, duration, stopped = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client,
-                                        interrupt, rows_file)
+                                        interrupt, rows_file, logger)
     if stopped:
         if not outs:
             raise Interrupted(f"stopped before any of the {total} requests finished; nothing to keep")
@@ -338,7 +380,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
                       "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
                       "threads_reason": threads.reason, "torch": torch.__version__, "commit": source_commit()}
-    dead = dead_position_warning(aggregate_spec(o.spec for o in outs)) if method is not None else None
+    dead = dead_position_warning(aggregate_spec(outs)) if method is not None else None
     if dead:
         print(dead, file=sys.stderr)
         metrics["acceptance_warning"] = dead
@@ -384,13 +426,9 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     atomic_write_text(out_dir / "report.txt", report + "\n")
     if method is not None:
         plot_per_position_acceptance({name: metrics}, out_dir / "per_position_acceptance.png")
-    write_run_figures(metrics, out_dir)  # conditional acceptance, position-0 buckets, by category
-    logger = RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,
-                       config=OmegaConf.to_container(cfg, resolve=True))
-    try:
-        logger.log_metrics_summary(metrics)
-    finally:
-        logger.finish()
+    figures = write_run_figures(metrics, out_dir)  # conditional acceptance, position-0 buckets, by category
+    logger.log_metrics_summary(metrics)
+    logger.log_images([out_dir / "per_position_acceptance.png", *figures])
     print(f"run directory: {out_dir}")
     if stopped:
         raise Interrupted(f"{len(outs)} of {total} requests had finished; their outputs.jsonl, report and "

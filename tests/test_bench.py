@@ -48,7 +48,7 @@ def test_bench_spec_bench_metrics_analytics_report(tiny_ckpt, tmp_path, monkeypa
     assert sum(line.startswith("chat template:") for line in out.splitlines()) == 1
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert set(m) == (set(METRIC_KEYS) - {"lossless_mismatches"}) | {"chat_template", "analytics", "step_costs",
-                                                                  "mean_decode_batch"}
+                                                                  "mean_decode_batch", "run"}
     assert not any(k.startswith(("lossless", "plain_")) for k in m) and m["chat_template"] is False
     assert all(m[k] is not None for k in P99)
     assert m["median_ttft_ms"] <= m["p99_ttft_ms"] and m["median_e2el_ms"] <= m["p99_e2el_ms"]

@@ -399,3 +399,63 @@ def test_k_zero_is_plain_decoding_in_a_sweep(tiny_ckpt, tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["num_drafts"] == 0 and metrics["run"]["spec"] is None
     assert metrics["run"]["num_speculative_tokens"] == 0 and "analytics" not in metrics
+
+
+class _RecordingLogger:
+    """Stands in for RunLogger: records what a run sends to W&B, in order."""
+    calls: list = []
+
+    def __init__(self, cfg, run_dir=None, *, run_name=None, config=None, group=None, run_id=None):
+        self.run_id = run_id or "fresh-id"
+        _RecordingLogger.calls.append(("init", {"run_name": run_name, "config": config, "group": group,
+                                                "run_id": run_id}))
+
+    def log(self, data, step=None):
+        _RecordingLogger.calls.append(("log", data))
+
+    def log_metrics_summary(self, metrics):
+        _RecordingLogger.calls.append(("summary", metrics))
+
+    def log_images(self, paths):
+        _RecordingLogger.calls.append(("images", [p.name for p in paths]))
+
+    def finish(self):
+        _RecordingLogger.calls.append(("finish", None))
+
+
+def test_wandb_run_starts_first_logs_live_and_gets_the_figures(tiny_ckpt, tmp_path, monkeypatch):
+    import mtpx.evaluate as ev
+    _RecordingLogger.calls = []
+    monkeypatch.setattr(ev, "RunLogger", _RecordingLogger)
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "eval.num_prompts=3",
+                "eval.max_tokens=6", "eval.concurrency=1", "logger=wandb"])
+    assert run_eval(cfg, tmp_path) == 0
+    kinds = [c[0] for c in _RecordingLogger.calls]
+    assert kinds[0] == "init" and kinds[-1] == "finish" and "log" in kinds
+    assert kinds.index("log") < kinds.index("summary") < kinds.index("images")
+    init = _RecordingLogger.calls[0][1]
+    assert init["run_name"] == f"mtp8-k2-builtin-{tiny_ckpt.name}" and init["group"] is None
+    assert set(init["config"]) == {"mode", "seed", "model", "data", "engine", "spec", "logger", "eval"}
+    live = next(c[1] for c in _RecordingLogger.calls if c[0] == "log")
+    assert live["live/requests_finished"] == 1 and live["live/output_tok_s"] > 0
+    images = next(c[1] for c in _RecordingLogger.calls if c[0] == "images")
+    assert "per_position_acceptance.png" in images
+
+
+def test_resumed_training_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
+    import mtpx.cli as cli
+    from mtpx.train import checkpoint as ckpt
+    from tests.test_train import run_cfg, write_synthetic_gsm8k
+    write_synthetic_gsm8k(tmp_path / "gsm8k.jsonl")
+    _RecordingLogger.calls = []
+    monkeypatch.setattr(cli, "RunLogger", _RecordingLogger)
+    train = run_cfg(tmp_path, "out", steps=2, eval_every=0)["train"]
+    overrides = ["mode=train", "logger=wandb", "model.num_hidden_layers=2", "model.hidden_size=32",
+                 "model.intermediate_size=64", "model.num_nextn_predict_layers=2"]
+    overrides += [f"train.{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in train.items()]
+    assert cli.run(_cfg(overrides)) == 0
+    assert ckpt.load_trainer_state(tmp_path / "out")["wandb_run_id"] == "fresh-id"
+    assert cli.run(_cfg(overrides + ["train.steps=3"])) == 0
+    inits = [c[1] for c in _RecordingLogger.calls if c[0] == "init"]
+    assert [i["run_id"] for i in inits] == [None, "fresh-id"] and inits[0]["run_name"] == "train-out"
+    assert set(inits[0]["config"]) == {"mode", "seed", "model", "train", "logger"}

@@ -42,6 +42,9 @@ class RunLogger:
         run_name: display name of the W&B run (default: wandb picks one).
         config: the run config to store with the W&B run (a dict, or a ``DictConfig`` that is
             resolved to one).
+        group: W&B group (the jobs of one Hydra multirun share one).
+        run_id: resume the W&B run with this id when it exists (a resumed training run), else
+            start one under it.
 
     Raises:
         ValueError: unknown ``name`` or ``mode``, or ``name: wandb`` with neither ``dir`` nor
@@ -55,6 +58,8 @@ class RunLogger:
         *,
         run_name: str | None = None,
         config: Mapping[str, Any] | None = None,
+        group: str | None = None,
+        run_id: str | None = None,
     ) -> None:
         cfg = cfg or {}
         name = cfg.get("name", "none")
@@ -94,6 +99,9 @@ class RunLogger:
             mode=mode,
             name=run_name,
             config=config,
+            group=group,
+            id=run_id,
+            resume="allow" if run_id else None,
             settings=settings,
             reinit="create_new",
         )
@@ -107,6 +115,19 @@ class RunLogger:
         """Log a dict of values (scalars, ``wandb`` media) at ``step`` (default: wandb's next step)."""
         if self.run is not None:
             self.run.log(data, step=step)
+
+    @property
+    def run_id(self) -> str | None:
+        return None if self.run is None else self.run.id
+
+    def log_images(self, paths: list[Path]) -> None:
+        """Log PNG files as W&B images under their file names (missing files are skipped)."""
+        if self.run is None:
+            return
+        import wandb
+        images = {f"figures/{p.stem}": wandb.Image(str(p)) for p in paths if Path(p).is_file()}
+        if images:
+            self.run.log(images)
 
     def log_metrics_summary(self, metrics: dict[str, Any]) -> None:
         """Log a metrics dict from ``compute_metrics`` (plus caller keys) as the run's summary.
@@ -159,7 +180,7 @@ class RunLogger:
         b = a["position0_buckets"]
         rows = [[str(r["prev_accepted"]), r["count"], r["rate"]] for r in b["rows"]]
         rows += [["first round", b["first_round"]["count"], b["first_round"]["rate"]],
-                 ["all", b["total"]["count"], b["total"]["rate"]]]
+                 ["total", b["total"]["count"], b["total"]["rate"]]]    # row "all": every draft accepted
         out["analytics/position0_buckets"] = wandb.Table(columns=["prev_accepted", "count", "rate"], data=rows)
         out["analytics/by_category"] = wandb.Table(
             columns=["category", "num_requests", "acceptance_rate", "acceptance_length"],

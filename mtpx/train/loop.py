@@ -319,7 +319,7 @@ def _fmt_compact(losses: dict[str, float], names: list[str]) -> str:
 # the loop
 
 
-def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
+def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None) -> Path:
     """Train (or resume, or extend) a model with the joint next-token + MTP loss; see module doc.
 
     Args:
@@ -327,6 +327,8 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
         log_fn: called as log_fn(metrics, step) every log_every steps with {"train/loss",
             "train/main", "train/mtp1", ..., "train/lr", "train/grad_norm", "train/tokens_per_s"}
             and at each evaluation with {"val/loss", "val/main", "val/mtp1", ...}.
+        extra_state: JSON values kept in every saved trainer_state.json (the W&B run id, so a
+            resumed run logs to the same W&B run).
 
     Returns:
         Path of the final checkpoint folder (train.out_dir), holding the model, tokenizer,
@@ -402,7 +404,7 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None) -> Path:
     save_dtype = _DTYPES[t.get("save_dtype", "float32")]
 
     def save(step: int) -> None:
-        state = {"step": step, "loss_history": history, "config": run_config,
+        state = {**(extra_state or {}), "step": step, "loss_history": history, "config": run_config,
                  "data": {"train_tokens": train_corpus.num_tokens(), "val_tokens": val_corpus.num_tokens()}}
 
         def extras(folder: Path) -> None:
