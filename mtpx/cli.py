@@ -56,8 +56,56 @@ def run_dir() -> Path:
         return Path.cwd()
 
 
+class _LogTee:
+    """A stdout / stderr wrapper that also writes each complete line to the Hydra job's log file
+    (`train_or_eval.log` in the run folder), so the file holds the run's output. Lines that redraw
+    a live display (carriage returns, terminal escape codes) go to the terminal only."""
+
+    def __init__(self, stream, file):
+        self.stream, self.file, self.pending = stream, file, ""
+
+    def write(self, text: str) -> int:
+        n = self.stream.write(text)
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if "\r" not in line and "\x1b[" not in line:
+                self.file.write(line + "\n")
+        self.file.flush()
+        return n
+
+    def flush(self) -> None:
+        self.stream.flush()
+        self.file.flush()
+
+    def __getattr__(self, name):        # isatty, fileno, encoding ... of the real stream
+        return getattr(self.stream, name)
+
+
+def _job_log_file():
+    """The stream of the Hydra job's log file handler, or None (outside Hydra, or no file log)."""
+    import logging
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            return h.stream
+    return None
+
+
 def run(cfg: DictConfig) -> int:
-    """Dispatch on cfg.mode. Returns the process exit code."""
+    """Dispatch on cfg.mode (stdout and stderr also go to the Hydra job's log file). Returns the
+    process exit code."""
+    log = _job_log_file()
+    if log is None:
+        return _run(cfg)
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _LogTee(out, log), _LogTee(err, log)
+    try:
+        return _run(cfg)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _run(cfg: DictConfig) -> int:
     try:
         if cfg.mode == "train":
             return run_train(cfg)

@@ -53,7 +53,7 @@ from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text
 from mtpx.metrics.analytics import analytics
 from mtpx.metrics.cost_model import step_costs
-from mtpx.metrics.dashboard import write_run_figures
+from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
 from mtpx.metrics.stats import RequestOutput, aggregate_spec, compute_metrics, is_failed
@@ -425,7 +425,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
     if method is not None:
-        plot_per_position_acceptance({name: metrics}, out_dir / "per_position_acceptance.png")
+        plot_per_position_acceptance({name: metrics}, out_dir / "per_position_acceptance.png", run_identity(metrics))
     figures = write_run_figures(metrics, out_dir)  # conditional acceptance, position-0 buckets, by category
     logger.log_metrics_summary(metrics)
     logger.log_images([out_dir / "per_position_acceptance.png", *figures])

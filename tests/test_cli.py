@@ -459,3 +459,22 @@ def test_resumed_training_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     inits = [c[1] for c in _RecordingLogger.calls if c[0] == "init"]
     assert [i["run_id"] for i in inits] == [None, "fresh-id"] and inits[0]["run_name"] == "train-out"
     assert set(inits[0]["config"]) == {"mode", "seed", "model", "train", "logger"}
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"hidden_size": "128"}, "model config hidden_size='128': must be an integer >= 1"),
+    ({"hidden_size": None}, "model config hidden_size=None: must be an integer >= 1"),
+    ({"num_hidden_layers": -4}, "model config num_hidden_layers=-4: must be an integer >= 1"),
+    ({"layer_types": "linear_attention"}, "model config layer_types='linear_attention': must be a list"),
+])
+def test_bad_config_json_is_one_line_naming_the_file(tiny_ckpt, tmp_path, edit, message):
+    import shutil
+    folder = tmp_path / "bad"
+    shutil.copytree(tiny_ckpt, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(ValueError) as e:
+        LLM(model=folder)
+    assert str(e.value).startswith(f"{folder / 'config.json'}: {message}") and "\n" not in str(e.value)
+    with pytest.raises(FileNotFoundError, match="is a file, not a checkpoint folder"):
+        LLM(model=folder / "config.json")

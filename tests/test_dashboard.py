@@ -199,3 +199,32 @@ def test_compare_hf_smoke(tmp_path, capsys):
     assert [r["prompts_identical_to_transformers_greedy"] for r in res["rows"]] == [2] * 5
     md = (tmp_path / "out" / "results.md").read_text()
     assert "| mtpx | mtp8 (k=4) | 1 |" in md and "identical on 2/2 prompts" in md
+
+
+def test_figures_carry_the_run_identity_and_failed_categories(tmp_path):
+    """Titles name model, spec, k, data set and prompts; a category whose requests all failed is
+    drawn (marked) instead of dropped; mixed data sets or modes get a warning."""
+    from mtpx.metrics.dashboard import Run, mixed_runs_warning, run_identity
+    m = _metrics(["code", "gsm8k", "code"])
+    m["run"] = {"model": "/x/checkpoints/demo", "spec": "mtp8", "num_speculative_tokens": 3, "data": "gsm8k",
+                "num_prompts": 3, "mode": "eval"}
+    assert run_identity(m) == "demo · mtp8 k=3 · gsm8k · 3 prompts"
+    assert run_identity({**m, "partial": True}).endswith("(interrupted)")
+    m["analytics"]["by_category"]["writing"] = {"num_requests": 2, "num_failed": 2, "num_drafts": 0,
+                                                "acceptance_rate": None, "acceptance_length": None,
+                                                "per_position_acceptance": [None] * 3}
+    written = write_run_figures(m, tmp_path)
+    assert [p.name for p in written] == list(RUN_FIGURES) and all(p.read_bytes()[:8] == PNG for p in written)
+    runs = [Run(Path("a"), "a", {"run": {"data": "gsm8k", "mode": "eval"}}, "mtp8", 3),
+            Run(Path("b"), "b", {"run": {"data": "humaneval", "mode": "bench"}}, None, 0)]
+    assert mixed_runs_warning(runs) == ("warning: these runs mix data sets (gsm8k, humaneval) and modes (bench, eval): "
+                                        "their throughput and acceptance do not compare")
+    assert mixed_runs_warning(runs[:1]) is None
+
+
+def test_loss_curve_has_one_legend_entry_per_depth(tmp_path):
+    from mtpx.train.loop import plot_loss_curve
+    history = [{"step": s, "split": split, "main": 3.0 - s / 10, **{f"mtp{k}": 3.1 - s / 10 for k in range(1, 9)}}
+               for s in range(1, 6) for split in ("train", "val")]
+    plot_loss_curve(history, tmp_path / "loss.png", 8)
+    assert (tmp_path / "loss.png").read_bytes()[:8] == PNG

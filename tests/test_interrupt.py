@@ -47,6 +47,8 @@ def test_ctrl_c_during_eval_keeps_the_finished_requests(tiny_ckpt, tmp_path):
     assert 2 <= metrics["num_requests"] == len(kept) < 64
     assert all(r["finish_reason"] in ("stop", "length") and r["prompt"] for r in kept)
     assert (run / "report.txt").exists() and "interrupted" in (run / "report.txt").read_text()
+    log = (run / "train_or_eval.log").read_text()     # the run's output, through Hydra's job log
+    assert "threads: " in log and "interrupted: " in log and "run directory:" in log
 
 
 def test_ctrl_c_during_training_saves_a_checkpoint_first(tmp_path):

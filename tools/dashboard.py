@@ -12,7 +12,8 @@ into --out (default outputs/dashboard):
   buckets, predictions and categories, and the figures.
 It prints, for every ordered pair of spec runs (A, B), B's position-0 rate predicted from A's
 conditional rates and B's mix (mtpx.metrics.analytics.predict_position0), with B's measured rate.
-Figures without data are skipped. Names default to the spec method and k ("mtp8", "mtp1 k=3",
+Runs that mix data sets or modes get a warning line (stderr and summary.md). Figures without
+data are skipped. Names default to the spec method and k ("mtp8", "mtp1 k=3",
 "no spec"). Exit status 2, with one error line, for a directory without metrics.json.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 from mtpx.io import atomic_write_text  # noqa: E402
 from mtpx.metrics.dashboard import (  # noqa: E402
-    RunDirError, dashboard_markdown, load_runs, position0_predictions, write_comparison_figures)
+    RunDirError, dashboard_markdown, load_runs, mixed_runs_warning, position0_predictions, write_comparison_figures)
 
 
 def main(argv=None) -> int:
@@ -42,6 +43,9 @@ def main(argv=None) -> int:
     except (RunDirError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    mixed = mixed_runs_warning(runs)
+    if mixed:
+        print(mixed, file=sys.stderr)
     out = Path(args.out)
     figures = write_comparison_figures(runs, out)
     summary = atomic_write_text(out / "summary.md", dashboard_markdown(runs, figures))

@@ -62,9 +62,16 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
         d = json.loads(file.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{file} is not valid JSON ({err}): re-save the checkpoint") from None
-    if "architectures" in d:  # a Hugging Face config.json
-        return config_from_hf(d, str(file))
-    return ModelConfig.from_dict(d)
+    if not isinstance(d, dict):
+        raise ValueError(f"{file} holds a {type(d).__name__}, not a config object: re-save the checkpoint")
+    try:
+        if "architectures" in d:  # a Hugging Face config.json
+            return config_from_hf(d, str(file))
+        return ModelConfig.from_dict(d)
+    except ValueError as err:
+        if str(file) in str(err):
+            raise
+        raise ValueError(f"{file}: {err}") from None
 
 
 def load_folder_tokenizer(path: Path, is_hf: bool = False):

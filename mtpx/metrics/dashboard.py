@@ -228,8 +228,20 @@ def _buckets_have_data(buckets: dict | None) -> bool:
 
 
 def _categories_with_data(metrics: dict) -> dict[str, dict]:
-    cats = ((metrics.get("analytics") or {}).get("by_category")) or {}
-    return {c: v for c, v in cats.items() if v.get("num_drafts")}
+    """Every category of the run, those whose requests all failed (no drafts) included: the bar
+    chart marks them instead of leaving them out."""
+    return dict(((metrics.get("analytics") or {}).get("by_category")) or {})
+
+
+def run_identity(metrics: dict) -> str:
+    """'MODEL · SPEC k=K · DATA · N prompts' from metrics["run"] (mtpx.evaluate), for figure
+    titles; '' for a metrics dict without it (an older metrics.json)."""
+    r = metrics.get("run") or {}
+    if not r:
+        return ""
+    spec = f"{r['spec']} k={r['num_speculative_tokens']}" if r.get("spec") else "plain decoding"
+    partial = " (interrupted)" if metrics.get("partial") else ""
+    return f"{Path(str(r.get('model', ''))).name} · {spec} · {r.get('data')} · {r.get('num_prompts')} prompts{partial}"
 
 
 def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
@@ -244,6 +256,13 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         The paths written, in `RUN_FIGURES` order; figures without data are skipped.
     """
     out, written = Path(out_dir), []
+    identity = run_identity(metrics)
+
+    def save(fig, name: str) -> None:
+        if identity:
+            fig.suptitle(identity, fontsize=8)
+        written.append(_save(fig, out / name))
+
     a = metrics.get("analytics") or {}
     pp = a.get("per_position") or {}
     if pp.get("num_rounds") and _has(pp.get("unconditional")):
@@ -264,27 +283,28 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         ax.set_title(f"Per-position acceptance ({pp['num_rounds']} rounds)", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
-        written.append(_save(fig, out / RUN_FIGURES[0]))
+        save(fig, RUN_FIGURES[0])
     buckets = a.get("position0_buckets")
     if _buckets_have_data(buckets):
         fig, (ax,) = _figure(max(4.5, 0.6 * len(buckets["rows"]) + 3.0), 3.6)
         _draw_buckets(ax, buckets, "Position-0 acceptance by the previous round")
-        written.append(_save(fig, out / RUN_FIGURES[1]))
+        save(fig, RUN_FIGURES[1])
     cats = _categories_with_data(metrics)
     if len(cats) > 1:
         fig, (ax0, ax1) = _figure(10.0, 3.8, ncols=2)
         _draw_category_bars(ax0, {"": cats})
-        for c, v in cats.items():
+        drafted = {c: v for c, v in cats.items() if v.get("num_drafts")}
+        for c, v in drafted.items():
             ax1.plot(range(len(v["per_position_acceptance"])), _pct(v["per_position_acceptance"]),
-                     "o-", label=c)
-        ax1.set_xticks(range(len(next(iter(cats.values()))["per_position_acceptance"])))
+                     "o-", label=f"{c} (n={v['num_requests']})")
+        ax1.set_xticks(range(max((len(v["per_position_acceptance"]) for v in drafted.values()), default=0)))
         ax1.set_xlabel("draft position")
         ax1.set_ylabel("acceptance (%)")
         ax1.set_ylim(0, 105)
         ax1.set_title("Per-position acceptance by category", fontsize=10)
         ax1.grid(alpha=0.3)
         ax1.legend(fontsize=7)
-        written.append(_save(fig, out / RUN_FIGURES[2]))
+        save(fig, RUN_FIGURES[2])
     return written
 
 
@@ -297,10 +317,16 @@ def _draw_category_bars(ax, cats_by_run: dict[str, dict[str, dict]]) -> None:
         vals = [cats.get(c, {}).get("acceptance_rate") for c in categories]
         bars = ax.bar(xs, _pct(vals), width=width, label=name or None)
         for bar, c, v in zip(bars, categories, vals):
-            if v is not None:
-                ax.annotate(f"n={cats[c]['num_requests']}", (bar.get_x() + bar.get_width() / 2, v * 100),
-                            ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(range(len(categories)), categories)
+            if c not in cats:
+                continue
+            failed = cats[c].get("num_failed") or 0
+            text = (f"n={cats[c]['num_requests']}" + (f", {failed} failed" if failed else "")
+                    if v is not None else f"no drafts ({failed} of {cats[c]['num_requests']} failed)")
+            ax.annotate(text, (bar.get_x() + bar.get_width() / 2, 0 if v is None else v * 100),
+                        ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points",
+                        rotation=0 if v is not None else 90)
+    many = len(categories) > 4           # MT-Bench's 8 names overlap when set flat
+    ax.set_xticks(range(len(categories)), categories, rotation=30 if many else 0, ha="right" if many else "center")
     ax.set_ylabel("acceptance rate (%)")
     ax.set_ylim(0, 110)
     ax.set_title("Acceptance rate by category", fontsize=10)
@@ -455,14 +481,38 @@ def _category_table(runs: Sequence[Run]) -> str | None:
     return _md_table(["Category: acceptance rate / length", *cats], rows)
 
 
+def run_data(run: Run) -> str | None:
+    """The run's data set: metrics.json["run"]["data"], else .hydra/config.yaml's data.name."""
+    return (run.metrics.get("run") or {}).get("data") or ((run.config or {}).get("data") or {}).get("name")
+
+
+def run_mode(run: Run) -> str | None:
+    return (run.metrics.get("run") or {}).get("mode") or (run.config or {}).get("mode")
+
+
+def mixed_runs_warning(runs: Sequence[Run]) -> str | None:
+    """A line when the runs mix data sets or modes (eval and bench clients differ in concurrency
+    and prompt count), whose throughput and acceptance do not compare; None otherwise."""
+    parts = []
+    for what, values in (("data sets", {run_data(r) for r in runs}), ("modes", {run_mode(r) for r in runs})):
+        known = sorted(v for v in values if v)
+        if len(known) > 1:
+            parts.append(f"{what} ({', '.join(known)})")
+    if not parts:
+        return None
+    return f"warning: these runs mix {' and '.join(parts)}: their throughput and acceptance do not compare"
+
+
 def dashboard_markdown(runs: Sequence[Run], figures: Sequence[str | os.PathLike] = (),
                        title: str = "mtpx dashboard") -> str:
     """The markdown summary of `runs`: the runs, the main comparison table
     (mtpx.metrics.report.format_comparison), position-0 buckets, the position-0 predictions,
     acceptance by category, and links to `figures` (by file name: the summary sits next to them)."""
-    parts = [f"# {title}\n",
-             _md_table(["Run", "Directory", "Spec", "k"],
-                       [[r.name, str(r.path), r.method or DASH, r.k] for r in runs], align="---"),
+    mixed = mixed_runs_warning(runs)
+    parts = [f"# {title}\n", *([f"**{mixed}**\n"] if mixed else []),
+             _md_table(["Run", "Directory", "Spec", "k", "Data", "Mode"],
+                       [[r.name, str(r.path), r.method or DASH, r.k, run_data(r) or DASH, run_mode(r) or DASH]
+                        for r in runs], align="---"),
              "## Metrics\n", format_comparison({r.name: r.metrics for r in runs})]
     buckets = _buckets_table(runs)
     if buckets:

@@ -233,7 +233,7 @@ class RunLogger:
 
 
 def plot_per_position_acceptance(
-    metrics_by_run: dict[str, dict], path: str | os.PathLike[str]
+    metrics_by_run: dict[str, dict], path: str | os.PathLike[str], subtitle: str | None = None
 ) -> Path:
     """Write a PNG bar chart of per-position acceptance (%), grouped bars when several runs.
 
@@ -241,6 +241,7 @@ def plot_per_position_acceptance(
         metrics_by_run: run name -> metrics dict with ``per_position_acceptance`` (fractions;
             None entries and missing positions are drawn as gaps).
         path: destination PNG; written atomically.
+        subtitle: the run's identity above the chart (mtpx.metrics.dashboard.run_identity).
 
     Returns:
         The destination as a ``Path``.
@@ -268,7 +269,10 @@ def plot_per_position_acceptance(
     ax.set_xlabel("draft position")
     ax.set_ylabel("acceptance (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("Per-position acceptance")
+    rounds = [m.get("num_drafts") for m in metrics_by_run.values()]
+    ax.set_title("Per-position acceptance" + (f" ({rounds[0]} rounds)" if len(rounds) == 1 and rounds[0] else ""))
+    if subtitle:
+        fig.suptitle(subtitle, fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     if len(series) > 1:
         ax.legend()

@@ -163,27 +163,35 @@ def write_losses_csv(history: list[dict[str, Any]], file: Path, num_mtp: int) ->
 
 
 def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> None:
-    """PNG with one colour per depth: train loss as a thin line, val loss as a dashed line with dots."""
+    """PNG with two panels, train loss and val loss per depth: main in black, MTP depth k in a
+    viridis colour from dark (depth 1) to light (depth num_mtp), one legend entry per depth."""
     # Figure + Agg canvas directly: no pyplot global state, no display needed
+    from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8, 5), dpi=100)
+    fig = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for i, d in enumerate(depth_names(num_mtp)):
-        color = f"C{i % 10}"
-        for split, style in (("train", dict(lw=0.8, alpha=0.8)), ("val", dict(ls="--", marker="o", ms=3))):
+    axes = fig.subplots(1, 2, sharey=True)
+    names = depth_names(num_mtp)
+    cmap = colormaps["viridis"]
+    for ax, split, style in ((axes[0], "train", dict(lw=0.8)), (axes[1], "val", dict(marker="o", ms=3))):
+        for i, d in enumerate(names):
+            color = "black" if d == "main" else cmap(0.85 * (i - 1) / max(num_mtp - 1, 1))
             pts = [(h["step"], h[d]) for h in history if h["split"] == split and d in h]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, color=color, label=f"{split} {d}", **style)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
-    ax.set_title("loss per depth (main = next token, mtpk = token k+1 ahead)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+                ax.plot(xs, ys, color=color, label=d, **style)
+        ax.set_xlabel("step")
+        ax.set_title(f"{split} loss per depth", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("cross-entropy (nats/token)")
+    handles, labels = axes[1].get_legend_handles_labels()
+    if not handles:                      # no validation yet
+        handles, labels = axes[0].get_legend_handles_labels()
+    if handles:
+        axes[1].legend(handles, labels, fontsize=7, ncol=1, loc="upper right",
+                       title="main = next token, mtpk = token k+1 ahead", title_fontsize=7)
     fig.savefig(file)
 
 
@@ -264,14 +272,11 @@ def _model_fields(cfg: DictConfig) -> dict[str, Any]:
 
 def _init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> tuple[MTPForCausalLM, Tokenizer]:
     """Model and tokenizer from checkpoint `path`, with `num_nextn_predict_layers` taken from `want`
-    when it differs (new draft modules are randomly initialised with `seed`, extra ones dropped)."""
+    when it differs (new draft modules are randomly initialised with `seed`, extra ones dropped).
+    The other architecture keys of the model group are not used: the folder's config.json
+    defines the model (README)."""
     saved = ckpt.load_config(path)
     n_want = want.get("num_nextn_predict_layers", saved.num_nextn_predict_layers)
-    ignored = sorted(k for k, v in want.items()
-                     if k not in ("vocab_size", "num_nextn_predict_layers") and v is not None and getattr(saved, k, v) != v)
-    if ignored:
-        console.print(f"[yellow]model.path={path} defines the architecture (its config.json); the model group's "
-                      f"values for {ignored} differ and are not used")
     if n_want == saved.num_nextn_predict_layers:
         model, tok = ckpt.load_model(path)
         return model.train(), tok
