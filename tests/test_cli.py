@@ -186,6 +186,7 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["data.name=squad"], "unknown data set 'squad'"),
     (["data=gsm8k", "data.path=/nonexistent/test.jsonl"], "data.path="),
     (["mode=serve"], "unknown mode 'serve'"),
+    (["data=gsm8k", "data.num_fewshot=-1"], "data.num_fewshot=-1: must be an integer >= 0 (0 = zero-shot)"),
     (["engine.block_size=0"], "engine.block_size"),
     (["engine.block_size=abc"], "engine.block_size"),
     (["engine.num_blocks=0"], "engine.num_blocks"),

@@ -246,12 +246,12 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer
     if name == "builtin":
         return builtin_prompts(num_prompts, prompt_tokens_hint=data_cfg.get("prompt_tokens") or 128)
     if name == "gsm8k":
-        path = _path(data_cfg, "/path/to/gsm8k/test.jsonl")
-        rows = _take(load_gsm8k(path), num_prompts, num_prompts_key, path, "questions")
-        prefix = ""
         shots = data_cfg.get("num_fewshot") or 0
         if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
             raise ValueError(f"data.num_fewshot={shots!r}: must be an integer >= 0 (0 = zero-shot)")
+        path = _path(data_cfg, "/path/to/gsm8k/test.jsonl")
+        rows = _take(load_gsm8k(path), num_prompts, num_prompts_key, path, "questions")
+        prefix = ""
         if shots:
             fewshot_path = data_cfg.get("fewshot_path")
             if not fewshot_path:
