@@ -63,5 +63,22 @@ def test_sampling_params_stop_and_n():
     assert SamplingParams(stop="###").stop == ["###"]
     with pytest.raises(ValueError, match="stop=.*non-empty strings"):
         SamplingParams(stop=[""])
-    with pytest.raises(ValueError, match="n=2: mtpx generates one completion per prompt"):
-        SamplingParams(n=2)
+    with pytest.raises(ValueError, match=r"n=0: must be an integer >= 1"):
+        SamplingParams(n=0)
+
+
+def test_n_completions_are_seeded_as_vllm_seeds_them(tiny_ckpt):
+    """n > 1: completion j is what a lone request with seed + j generates; a bad prompt fails
+    alone with all of its completions; greedy completions are identical."""
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2)
+    sp = SamplingParams(max_tokens=8, temperature=1.0, seed=5, n=3, ignore_eos=True)
+    o, bad = llm.generate(["def f(x):", ""], sp)
+    assert [c.index for c in o.outputs] == [0, 1, 2] and o.output_token_ids == o.outputs[0].token_ids
+    for j, c in enumerate(o.outputs):
+        (alone,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=8, temperature=1.0, seed=5 + j,
+                                                               ignore_eos=True))
+        assert c.token_ids == alone.output_token_ids and c.spec.num_drafts == alone.spec.num_drafts
+    assert len({tuple(c.token_ids) for c in o.outputs}) > 1
+    assert bad.error is not None and bad.index == 1
+    (g,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=6, n=2))
+    assert g.outputs[0].token_ids == g.outputs[1].token_ids

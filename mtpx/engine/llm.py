@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 
 import time
@@ -119,9 +120,13 @@ class LLM:
         """prompts: strings or lists of token ids; sampling_params: one SamplingParams for all or
         one per prompt. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too long)
         fails alone: its output has `error` set and finish_reason None; the rest are generated.
-        on_finish(request) as each ends; on_step(engine) after every engine step (may call
-        engine.abort); max_concurrency: requests in the engine at once (benchmark client limit);
-        arrival_offsets: seconds after the start at which each prompt arrives (request rate)."""
+        With SamplingParams.n > 1 a prompt runs as n engine requests (completion j seeded with
+        seed + j, as vLLM's parallel sampling does) and its RequestOutput.outputs holds all n; the
+        top-level fields are completion 0's. on_finish(request) as each engine request ends (its
+        index is the prompt's for completion 0, a fresh id for the others); on_step(engine) after
+        every engine step (may call engine.abort); max_concurrency: requests in the engine at once
+        (benchmark client limit); arrival_offsets: seconds after the start at which each prompt
+        arrives (request rate)."""
         if isinstance(prompts, (str, bytes)):
             raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
         params = SamplingParams() if sampling_params is None else sampling_params
@@ -129,35 +134,50 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
-        requests, failed = [], {}
+        if arrival_offsets is not None and len(arrival_offsets) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
+        requests, children = [], []            # children[i]: prompt i's engine requests, in order
+        next_id = len(prompts)
         for i, (p, sp) in enumerate(zip(prompts, params)):
             ids, err = self._prompt_ids(p)
-            stop = set(sp.stop_token_ids)
-            if not sp.ignore_eos:
-                stop.update(self.eos_token_ids)
-            req = Request(i, ids, sp, frozenset(stop))
-            if sp.stop and not err:
-                if self.tokenizer is None:
-                    raise ValueError("SamplingParams.stop needs a tokenizer: pass tokenizer= with the model, "
-                                     "or stop on token ids (stop_token_ids)")
-                req.stop_strings = StopStrings(sp.stop, self.decode)
             err = err or self.engine.validate_prompt(ids)
-            if err:
-                req.error = err
-                failed[i] = req
-            else:
-                requests.append(req)
-        if arrival_offsets is not None:
-            if len(arrival_offsets) != len(prompts):
-                raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
-            for r in requests:
-                r.arrival_offset = float(arrival_offsets[r.index])
+            mine = []
+            for j in range(sp.n):
+                child = sp if sp.n == 1 else dataclasses.replace(
+                    sp, n=1, seed=None if sp.seed is None else sp.seed + j)
+                req = self._request(i if j == 0 else next_id, ids, child, err)
+                next_id += j > 0
+                if arrival_offsets is not None:
+                    req.arrival_offset = float(arrival_offsets[i])
+                mine.append(req)
+                if req.error is None:
+                    requests.append(req)
+            children.append(mine)
         run_client(self.engine, requests, on_finish, on_step, max_concurrency)
-        by_index = {r.index: r for r in requests} | failed
-        outs = [self.request_output(by_index[i]) for i in range(len(prompts))]
-        for o, p in zip(outs, prompts):
-            o.prompt = p if isinstance(p, str) else None
+        outs = []
+        for p, mine in zip(prompts, children):
+            o = self.request_output(mine[0])
+            o.index, o.prompt = mine[0].index, p if isinstance(p, str) else None
+            if len(mine) > 1:
+                o.completions = [self.request_output(r).outputs[0] for r in mine]
+                for j, c in enumerate(o.completions):
+                    c.index = j
+            outs.append(o)
         return outs
+
+    def _request(self, index: int, ids: list[int], sp: SamplingParams, error: str | None) -> Request:
+        """An engine request for prompt ids (error: why it cannot run, then it is not queued)."""
+        stop = set(sp.stop_token_ids)
+        if not sp.ignore_eos:
+            stop.update(self.eos_token_ids)
+        req = Request(index, ids, sp, frozenset(stop))
+        if sp.stop and error is None:
+            if self.tokenizer is None:
+                raise ValueError("SamplingParams.stop needs a tokenizer: pass tokenizer= with the model, "
+                                 "or stop on token ids (stop_token_ids)")
+            req.stop_strings = StopStrings(sp.stop, self.decode)
+        req.error = error
+        return req
 
     def _prompt_ids(self, p) -> tuple[list[int], str | None]:
         """A prompt's token ids, or ([], why it cannot run): a str is encoded (text that is not

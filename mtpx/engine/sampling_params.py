@@ -16,7 +16,7 @@ class SamplingParams:
     generation ends after emitting one of these (the eos id is added unless ignore_eos); stop:
     strings that end generation once the output text contains one (the text is cut before it,
     the token ids keep it, as vLLM does; a str is one stop string); n: completions per prompt
-    (1: mtpx generates one). Raises ValueError on values the engine cannot honour."""
+    (LLM.generate runs completion j with seed + j, as vLLM's parallel sampling). Raises ValueError on values the engine cannot honour."""
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -42,9 +42,8 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if not all(isinstance(x, str) and x for x in self.stop):
             raise ValueError(f"stop={self.stop!r}: must be a list of non-empty strings")
-        if self.n != 1:
-            raise ValueError(f"n={self.n!r}: mtpx generates one completion per prompt; repeat the prompt "
-                             "with different seeds for several samples")
+        if not integer(self.n) or self.n < 1:
+            raise ValueError(f"n={self.n!r}: must be an integer >= 1 (completions per prompt)")
         if not integer(self.top_k):
             raise ValueError(f"top_k={self.top_k!r}: must be an integer (0 or -1 = all tokens)")
         if isinstance(self.stop_token_ids, (str, bytes)) or not all(

@@ -109,12 +109,13 @@ class CompletionOutput:
     """One completion of a request, in vLLM's shape (``RequestOutput.outputs[0]``).
 
     Attributes:
-        index: the completion's index within its request (0: mtpx generates one per request).
+        index: the completion's index within its request (0 .. SamplingParams.n - 1).
         text: decoded text, cut before a matched stop string.
         token_ids: generated token ids (the tokens of a matched stop string included, as vLLM).
         finish_reason: "stop" | "length" | "abort", or None when the request failed.
         stop_reason: the stop string or the stop token id from ``SamplingParams`` that ended it;
             None when it ended at the model's EOS, at a length limit, or not at all.
+        spec: this completion's speculative-decoding counters.
     """
 
     index: int
@@ -122,6 +123,7 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None
     stop_reason: str | int | None = None
+    spec: SpecDecodeCounts | None = None
 
 
 @dataclass
@@ -150,7 +152,10 @@ class RequestOutput:
             accepted in one step are one emission), for ITL.
         prompt: the prompt text when the prompt was given as a string.
         stop_reason: see CompletionOutput.
-        outputs: ``[CompletionOutput]``, vLLM's view of the same completion.
+        completions: every completion when SamplingParams.n > 1 (None: the one above).
+        outputs: ``[CompletionOutput]``, vLLM's view: ``completions``, or the one completion whose
+            fields are above (with n > 1 the top-level fields and ``spec`` are completion 0's,
+            each CompletionOutput has its own ``spec``).
     """
 
     index: int
@@ -169,10 +174,14 @@ class RequestOutput:
     emission_times: list[float] = field(default_factory=list)
     prompt: str | None = None
     stop_reason: str | int | None = None
+    completions: list[CompletionOutput] | None = None
 
     @property
     def outputs(self) -> list[CompletionOutput]:
-        return [CompletionOutput(0, self.text, self.output_token_ids, self.finish_reason, self.stop_reason)]
+        if self.completions is not None:
+            return self.completions
+        return [CompletionOutput(0, self.text, self.output_token_ids, self.finish_reason, self.stop_reason,
+                                 self.spec)]
 
     @property
     def request_id(self) -> str:
