@@ -82,3 +82,33 @@ def test_n_completions_are_seeded_as_vllm_seeds_them(tiny_ckpt):
     assert bad.error is not None and bad.index == 1
     (g,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=6, n=2))
     assert g.outputs[0].token_ids == g.outputs[1].token_ids
+
+
+@pytest.mark.parametrize("spec,k,temperature", [(None, None, 0.0), ("mtp8", 3, 0.0), ("mtp8", 3, 1.0)])
+def test_logprobs_equal_a_from_scratch_forward(tiny_ckpt, spec, k, temperature):
+    """SamplingParams(logprobs=N): each output token's log-probability and rank, and the top N,
+    equal log_softmax of the target's logits from one forward over prompt + output (1e-4)."""
+    import torch
+    llm = LLM(model=tiny_ckpt, spec=spec, num_speculative_tokens=k)
+    (o,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=10, ignore_eos=True, logprobs=3,
+                                                      temperature=temperature, seed=3))
+    c = o.outputs[0]
+    ids = o.prompt_token_ids + o.output_token_ids
+    with torch.inference_mode():
+        ref = torch.log_softmax(llm.model(torch.tensor([ids])).float(), -1)[0]
+    P = len(o.prompt_token_ids)
+    assert len(c.logprobs) == len(c.token_ids) == 10
+    for i, (t, entry) in enumerate(zip(c.token_ids, c.logprobs)):
+        row = ref[P - 1 + i]
+        assert abs(entry[t].logprob - row[t].item()) < 1e-4     # raw logits, before temperature
+        assert entry[t].rank == int((row > row[t]).sum()) + 1 and (entry[t].rank == 1 or temperature > 0)
+        top = row.topk(3)
+        assert set(entry) == set(top.indices.tolist()) | {t}
+        for j, tid in enumerate(top.indices.tolist()):
+            assert abs(entry[tid].logprob - top.values[j].item()) < 1e-4
+        assert entry[t].decoded_token == llm.decode([t])
+    assert abs(c.cumulative_logprob - sum(e[t].logprob for t, e in zip(c.token_ids, c.logprobs))) < 1e-9
+    (none,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=3))
+    assert none.outputs[0].logprobs is None and none.outputs[0].cumulative_logprob is None
+    with pytest.raises(ValueError, match=r"logprobs=21: must be an integer in \[0, 20\]"):
+        SamplingParams(logprobs=21)

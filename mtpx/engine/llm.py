@@ -22,7 +22,7 @@ from mtpx.engine.engine import Engine
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.engine.stop_strings import StopStrings
-from mtpx.metrics.stats import RequestOutput
+from mtpx.metrics.stats import Logprob, RequestOutput
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
 
@@ -204,6 +204,13 @@ class LLM:
         text = self.decode(r.output_token_ids)
         if isinstance(r.stop_reason, str) and r.stop_strings is not None:
             text = r.stop_strings.cut(text, r.stop_reason)
+        logprobs = None
+        if r.params.logprobs is not None:
+            logprobs = []
+            for t, (lp, rank, top) in zip(r.output_token_ids, r.logprobs):
+                entry = {i: Logprob(v, j + 1, self.decode([i])) for j, (i, v) in enumerate(top)}
+                entry[t] = Logprob(lp, rank, self.decode([t]))
+                logprobs.append(entry)
         return RequestOutput(
             index=r.index, prompt_token_ids=r.prompt_token_ids, stop_reason=r.stop_reason,
             output_token_ids=r.output_token_ids, text=text,
@@ -211,7 +218,7 @@ class LLM:
             first_token_time=r.first_token_time, finish_time=r.finish_time, error=r.error,
             logit_gaps=r.logit_gaps if self.engine.config.record_logit_gaps else None,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
-            emission_times=r.emission_times)
+            emission_times=r.emission_times, logprobs=logprobs)
 
 
 SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "draft_path", "verify", "draft_sample_method")

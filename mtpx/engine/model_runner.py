@@ -66,6 +66,8 @@ class RequestResult:
         sampled drafts, else None. num_final_tokens: positions [0, P) whose KV is final for the
         target and every draft module if token_ids are committed (KVCacheManager.cache_blocks).
         logit_gaps: top-2 logit gap at each of token_ids (record_logit_gaps), else None.
+        logprobs: per token of token_ids, (its log-probability, its rank, [(token id,
+        log-probability)] of the top SamplingParams.logprobs), when the request asks for them.
     """
 
     token_ids: list[int]
@@ -75,6 +77,7 @@ class RequestResult:
     draft_probs: torch.Tensor | None = None
     num_final_tokens: int = 0
     logit_gaps: list[float] | None = None
+    logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
 
 
 @dataclass
@@ -189,6 +192,31 @@ class ModelRunner:
         top2 = logits.float().topk(2, dim=-1).values
         return (top2[..., 0] - top2[..., 1]).tolist()
 
+    @staticmethod
+    def _logprobs(reqs, logits: torch.Tensor, tokens: torch.Tensor):
+        """Per request of `reqs` that asks for logprobs: per position of logits [B, T, V] (raw,
+        vLLM's "raw_logprobs"), (logprob of tokens [B, T], its rank (1 = most likely), the top
+        SamplingParams.logprobs (id, logprob) pairs); None for the others, or None when nobody asks.
+        One host transfer, only in steps where some request asks."""
+        wants = [r.params.logprobs for r in reqs]
+        if all(w is None for w in wants):
+            return None
+        lp = torch.log_softmax(logits.float(), dim=-1)
+        tok = lp.gather(-1, tokens[..., None])                                    # [B, T, 1]
+        rank = (lp > tok).sum(-1) + 1
+        top = lp.topk(max(w or 0 for w in wants), dim=-1) if any(wants) else None
+        tok_l, rank_l = tok[..., 0].tolist(), rank.tolist()
+        top_v, top_i = (top.values.tolist(), top.indices.tolist()) if top is not None else (None, None)
+        out = []
+        for b, w in enumerate(wants):
+            if w is None:
+                out.append(None)
+                continue
+            out.append([(tok_l[b][t], rank_l[b][t],
+                         list(zip(top_i[b][t][:w], top_v[b][t][:w])) if w else [])
+                        for t in range(len(tok_l[b]))])
+        return out
+
     def _prefill(self, prefills: list[ScheduledPrefill], results: dict) -> None:
         if not prefills:
             return
@@ -202,7 +230,7 @@ class ModelRunner:
         h = model.model(ids, meta, cache.target)                           # [B, T, hidden]
         last = [b for b, p in enumerate(prefills) if p.is_last]
         first: dict[int, int] = {}
-        gaps = None
+        gaps = lps = None
         if last:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
@@ -212,6 +240,7 @@ class ModelRunner:
             cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
             first = dict(zip(last, tok.tolist()))
             gaps = self._gaps(logits)
+            lps = self._logprobs([reqs[b] for b in last], logits[:, None], tok[:, None])
         # with its first token a complete prompt has one more known token, and drafts
         num_tokens = [r.num_tokens + (b in first) for b, r in enumerate(reqs)]
         num_final = [s + n for s, n in zip(starts, lengths)]
@@ -232,7 +261,8 @@ class ModelRunner:
                 [first[b]] if is_last else [], num_final_tokens=num_final[b],
                 draft_token_ids=drafts[b] if drafts is not None and is_last else [],
                 draft_probs=q[b] if q is not None and is_last else None,
-                logit_gaps=[gaps[last.index(b)]] if gaps is not None and is_last else None)
+                logit_gaps=[gaps[last.index(b)]] if gaps is not None and is_last else None,
+                logprobs=lps[last.index(b)] if lps is not None and is_last else None)
 
     def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
         """The decode step (module doc); returns (verify_s, draft_s): the draft loop (with its
@@ -271,6 +301,7 @@ class ModelRunner:
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]
         cache.tokens[torch.where(keep, rows[:B, None], cache.pad_row), n[:B, None] + 1 + torch.arange(T, device=dev)] = emitted
         gaps = self._gaps(logits[:B])
+        lps = self._logprobs(reqs, logits[:B], emitted)
         t1 = t2 = self._now()
         num_tokens = n[:B] + accepted + 2                                   # known after this step
         final = n[:B] + accepted + 1                                        # target KV final below
@@ -300,5 +331,6 @@ class ModelRunner:
                 row[: m + 1], nd_host[b], m,
                 draft_token_ids=row[T + 1: T + 1 + k] if self.speculator is not None else [],
                 draft_probs=None if q is None else q[b], num_final_tokens=row[-1],
-                logit_gaps=gaps[b][: m + 1] if gaps is not None else None)
+                logit_gaps=gaps[b][: m + 1] if gaps is not None else None,
+                logprobs=lps[b][: m + 1] if lps is not None and lps[b] is not None else None)
         return self._now() - t0 - (t2 - t1), t2 - t1

@@ -38,6 +38,7 @@ class Request:
     admitted_once: bool = False
     spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
     logit_gaps: list[float] = field(default_factory=list)
+    logprobs: list = field(default_factory=list)   # per output token: RequestResult.logprobs' entries
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     stop_strings: object = None         # mtpx.engine.stop_strings.StopStrings, or None

@@ -5,6 +5,9 @@ import numbers
 from dataclasses import dataclass, field
 
 
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+
+
 @dataclass
 class SamplingParams:
     """max_tokens: output tokens at most; temperature: 0 = greedy, else sample from
@@ -16,7 +19,10 @@ class SamplingParams:
     generation ends after emitting one of these (the eos id is added unless ignore_eos); stop:
     strings that end generation once the output text contains one (the text is cut before it,
     the token ids keep it, as vLLM does; a str is one stop string); n: completions per prompt
-    (LLM.generate runs completion j with seed + j, as vLLM's parallel sampling). Raises ValueError on values the engine cannot honour."""
+    (LLM.generate runs completion j with seed + j, as vLLM's parallel sampling); logprobs:
+    the log-probabilities of each output token and of the `logprobs` most likely tokens at its
+    position (None: none; 0: the output token's only), from the target's raw logits (before
+    temperature and top-k/p, vLLM's default "raw_logprobs"). Raises ValueError on values the engine cannot honour."""
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -28,6 +34,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: list[str] | str | None = None
     n: int = 1
+    logprobs: int | None = None
 
     def __post_init__(self):
         def integer(value):
@@ -42,6 +49,9 @@ class SamplingParams:
         self.stop = list(self.stop or [])
         if not all(isinstance(x, str) and x for x in self.stop):
             raise ValueError(f"stop={self.stop!r}: must be a list of non-empty strings")
+        if self.logprobs is not None and not (integer(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs={self.logprobs!r}: must be an integer in [0, {MAX_LOGPROBS}] "
+                             "(top tokens per position besides the sampled one), or None")
         if not integer(self.n) or self.n < 1:
             raise ValueError(f"n={self.n!r}: must be an integer >= 1 (completions per prompt)")
         if not integer(self.top_k):

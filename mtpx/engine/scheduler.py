@@ -213,6 +213,8 @@ class Scheduler:
             r.output_token_ids.append(t)
             if res.logit_gaps is not None:
                 r.logit_gaps.append(res.logit_gaps[i])
+            if res.logprobs is not None:
+                r.logprobs.append(res.logprobs[i])
             emitted = i + 1
             if t in r.stop_ids:
                 r.finish_reason = "stop"

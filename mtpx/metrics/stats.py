@@ -30,6 +30,7 @@ __all__ = [
     "SpecDecodeCounts",
     "RequestOutput",
     "CompletionOutput",
+    "Logprob",
     "METRIC_KEYS",
     "is_failed",
     "aggregate_spec",
@@ -105,6 +106,16 @@ class SpecDecodeCounts:
 
 
 @dataclass
+class Logprob:
+    """vLLM's Logprob: a token's log-probability (natural log, target's raw logits), its rank
+    among all tokens (1 = the most likely) and its text."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+@dataclass
 class CompletionOutput:
     """One completion of a request, in vLLM's shape (``RequestOutput.outputs[0]``).
 
@@ -116,6 +127,9 @@ class CompletionOutput:
         stop_reason: the stop string or the stop token id from ``SamplingParams`` that ended it;
             None when it ended at the model's EOS, at a length limit, or not at all.
         spec: this completion's speculative-decoding counters.
+        logprobs: with SamplingParams.logprobs, one dict per token of ``token_ids``: token id ->
+            Logprob for the output token and the most likely ones (vLLM's shape); else None.
+        cumulative_logprob: the sum of the output tokens' log-probabilities (with logprobs).
     """
 
     index: int
@@ -124,6 +138,8 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: str | int | None = None
     spec: SpecDecodeCounts | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass
@@ -153,6 +169,7 @@ class RequestOutput:
         prompt: the prompt text when the prompt was given as a string.
         stop_reason: see CompletionOutput.
         completions: every completion when SamplingParams.n > 1 (None: the one above).
+        logprobs: see CompletionOutput.
         outputs: ``[CompletionOutput]``, vLLM's view: ``completions``, or the one completion whose
             fields are above (with n > 1 the top-level fields and ``spec`` are completion 0's,
             each CompletionOutput has its own ``spec``).
@@ -175,13 +192,16 @@ class RequestOutput:
     prompt: str | None = None
     stop_reason: str | int | None = None
     completions: list[CompletionOutput] | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
 
     @property
     def outputs(self) -> list[CompletionOutput]:
         if self.completions is not None:
             return self.completions
+        cumulative = (sum(d[t].logprob for d, t in zip(self.logprobs, self.output_token_ids))
+                      if self.logprobs is not None else None)
         return [CompletionOutput(0, self.text, self.output_token_ids, self.finish_reason, self.stop_reason,
-                                 self.spec)]
+                                 self.spec, self.logprobs, cumulative)]
 
     @property
     def request_id(self) -> str:
