@@ -18,7 +18,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
 
 GROUP_NAMES = {"spec": "spec", "data": "data set", "model": "model config", "train": "train config",
-               "engine": "engine config", "eval": "eval config", "bench": "bench config",
+               "engine": "engine config", "eval": "eval config", "bench": "bench config", "serve": "serve config",
                "logger": "logger"}
 
 
@@ -115,7 +115,10 @@ def _run(cfg: DictConfig) -> int:
         if cfg.mode == "bench":
             from mtpx.evaluate import run_bench
             return run_bench(cfg, run_dir())
-        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train, mode=eval or mode=bench")
+        if cfg.mode == "serve":
+            from mtpx.serve.server import run_serve
+            return run_serve(cfg)
+        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train, mode=eval, mode=bench or mode=serve")
     except USER_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)

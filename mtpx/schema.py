@@ -41,6 +41,7 @@ class RunConfig:
     engine: Any = MISSING
     eval: Any = MISSING
     bench: Any = MISSING
+    serve: Any = MISSING
     logger: Any = MISSING
     spec: Any = None
 
@@ -73,6 +74,14 @@ class ClientConfig:
 class EvalConfig(ClientConfig):
     check_lossless: bool = MISSING
     tie_tolerance: float = MISSING
+
+
+@dataclass
+class ServeConfig:
+    host: str = MISSING
+    port: int = MISSING
+    model_name: Optional[str] = MISSING
+    threads: Optional[int] = MISSING
 
 
 @dataclass
@@ -194,6 +203,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "spec": {"spec_schema": SpecConfig},
     "eval": {"eval_schema": EvalConfig},
     "bench": {"bench_schema": ClientConfig},
+    "serve": {"serve_schema": ServeConfig},
     "train": {"train_schema": TrainConfig},
     "data": {"builtin_schema": BuiltinData, "file_schema": FileData, "gsm8k_schema": GSM8KData,
              "chat_schema": ChatData, "random_schema": RandomData},

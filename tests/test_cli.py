@@ -185,7 +185,7 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["+spec=mtp8", "spec.method=eagle"], "unknown spec 'eagle'"),
     (["data.name=squad"], "unknown data set 'squad'"),
     (["data=gsm8k", "data.path=/nonexistent/test.jsonl"], "data.path="),
-    (["mode=serve"], "unknown mode 'serve'"),
+    (["mode=serv"], "unknown mode 'serv'"),
     (["data=gsm8k", "data.num_fewshot=-1"], "data.num_fewshot=-1: must be an integer >= 0 (0 = zero-shot)"),
     (["engine.block_size=0"], "engine.block_size"),
     (["engine.block_size=abc"], "engine.block_size"),
@@ -345,7 +345,7 @@ def test_every_group_option_composes_against_its_schema():
     """Each YAML preset matches its schema (no key missing or extra), and the values the code
     reads come through typed."""
     conf = Path(CONF)
-    for group in ("data", "logger", "spec", "model", "eval", "bench", "train", "engine"):
+    for group in ("data", "logger", "spec", "model", "eval", "bench", "train", "engine", "serve"):
         from mtpx.schema import group_choices
         for name in group_choices(group, conf):
             argv = [f"+{group}={name}" if group == "spec" else f"{group}={name}"]

@@ -94,6 +94,13 @@ class Engine:
     def max_model_len(self) -> int:
         return self.config.max_model_len
 
+    def stats(self) -> dict[str, int]:
+        """What a server reports between steps: requests running and waiting, KV blocks in the
+        pool and free (evictable prefix-cache blocks count as free), batch slots in use."""
+        return {"num_running": len(self.scheduler.running), "num_waiting": len(self.scheduler.waiting),
+                "num_kv_blocks": self.kv.num_blocks, "num_free_kv_blocks": self.kv.num_free_blocks,
+                "num_batch_slots_in_use": self.runner.num_rows_in_use}
+
     def reset_step_timings(self) -> None:
         """Forget the step timings kept so far (a client starts a measured run)."""
         self.step_timings = []

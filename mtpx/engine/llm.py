@@ -145,7 +145,7 @@ class LLM:
             for j in range(sp.n):
                 child = sp if sp.n == 1 else dataclasses.replace(
                     sp, n=1, seed=None if sp.seed is None else sp.seed + j)
-                req = self._request(i if j == 0 else next_id, ids, child, err)
+                req = self.new_request(i if j == 0 else next_id, ids, child, err)
                 next_id += j > 0
                 if arrival_offsets is not None:
                     req.arrival_offset = float(arrival_offsets[i])
@@ -165,8 +165,10 @@ class LLM:
             outs.append(o)
         return outs
 
-    def _request(self, index: int, ids: list[int], sp: SamplingParams, error: str | None) -> Request:
-        """An engine request for prompt ids (error: why it cannot run, then it is not queued)."""
+    def new_request(self, index: int, ids: list[int], sp: SamplingParams, error: str | None = None) -> Request:
+        """An engine request with id `index` for prompt ids: the stop ids (EOS unless ignore_eos)
+        and stop strings of `sp` set up; error: why it cannot run (the caller does not queue it).
+        Raises ValueError for stop strings without a tokenizer."""
         stop = set(sp.stop_token_ids)
         if not sp.ignore_eos:
             stop.update(self.eos_token_ids)

@@ -112,6 +112,11 @@ class ModelRunner:
         self.rows: dict[int, int] = {}             # request index -> batch slot
 
     # ---- batch slots ----------------------------------------------------------------------------
+    @property
+    def num_rows_in_use(self) -> int:
+        """Batch slots held by requests."""
+        return len(self.rows)
+
     def release(self, index: int) -> None:
         """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
         has none)."""

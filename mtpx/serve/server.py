@@ -1,0 +1,44 @@
+"""`mode=serve`: load the model and speculator of the run config, then serve them over HTTP
+(mtpx/serve/app.py) on serve.host:serve.port with uvicorn until Ctrl-C."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from mtpx.engine.llm import DEFAULT_MODEL, LLM
+from mtpx.engine.threads import choose_threads
+from mtpx.evaluate import engine_args, spec_args
+
+
+def load_llm(cfg: DictConfig) -> LLM:
+    """The LLM a run config describes (model, spec, engine), with threads from serve.threads."""
+    spec = cfg.get("spec")
+    k = spec.num_speculative_tokens if spec is not None else None
+    method = None if spec is None or k == 0 else spec.method
+    path = cfg.model.get("path") or DEFAULT_MODEL
+    if cfg.serve.get("threads") is not None:
+        choose_threads(None, cfg.serve.threads, "serve.threads")
+    llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=cfg.model.get("dtype") or "float32",
+              threads=cfg.serve.get("threads"), draft_path=spec.get("draft_path") if spec is not None else None,
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine_args(cfg.engine), **spec_args(spec))
+    print(choose_threads(llm.model, cfg.serve.get("threads"), "serve.threads").describe())
+    return llm
+
+
+def run_serve(cfg: DictConfig) -> int:
+    """Serve until interrupted. Returns the exit code (0)."""
+    import uvicorn
+
+    from mtpx.serve.app import build_app
+
+    s = cfg.serve
+    if not isinstance(s.port, int) or not 0 <= s.port < 65536:
+        raise ValueError(f"serve.port={s.port!r}: must be a port number in [0, 65535]")
+    llm = load_llm(cfg)
+    name = s.get("model_name") or Path(str(cfg.model.get("path") or DEFAULT_MODEL)).name
+    app = build_app(llm, name)
+    spec = f"{llm.spec} k={llm.num_speculative_tokens}" if llm.speculator is not None else "plain decoding"
+    print(f"serving {name} ({spec}) at http://{s.host}:{s.port}/v1  (Ctrl-C stops)")
+    uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning")).run()
+    return 0

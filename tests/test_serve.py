@@ -1,0 +1,201 @@
+"""mode=serve driven by real clients: the official `openai` package (streaming and not) gets the
+text and token counts of LLM.generate; concurrent streaming clients that disconnect leave no KV
+blocks or batch slots behind; /metrics parses with the Prometheus parser and its counters are the
+sums of the responses' spec-decode stats; bad requests get one 400 naming the field."""
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from mtpx import LLM, SamplingParams
+
+openai = pytest.importorskip("openai")
+uvicorn = pytest.importorskip("uvicorn")
+
+PROMPTS = ["def f(x):", "Question: what?\nAnswer:", "    return x + 1\n", "class A:"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_ckpt):
+    from mtpx.serve.app import build_app
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2, max_num_seqs=8)
+    app = build_app(llm, "tiny")
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    t0 = time.time()
+    while not srv.started:
+        assert time.time() - t0 < 60 and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", app
+    srv.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt):
+    """Plain decoding of PROMPTS in process (greedy): what every server response must equal."""
+    llm = LLM(model=tiny_ckpt)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=12))
+    return {p: o for p, o in zip(PROMPTS, outs)}
+
+
+def test_openai_client_gets_what_generate_gives(server, reference):
+    url, _ = server
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    for p in PROMPTS:
+        r = client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0)
+        ref = reference[p]
+        assert r.choices[0].text == ref.text and r.choices[0].finish_reason == ref.finish_reason
+        assert r.usage.completion_tokens == len(ref.output_token_ids)
+        assert r.usage.prompt_tokens == len(ref.prompt_token_ids)
+        assert r.model_extra["spec_decode"]["num_drafts"] >= 1
+        chunks = list(client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
+        assert chunks[-1].usage.completion_tokens == len(ref.output_token_ids)
+    ids = reference[PROMPTS[0]].prompt_token_ids
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0)
+    assert r.choices[0].text == reference[PROMPTS[0]].text
+    batch = client.completions.create(model="tiny", prompt=PROMPTS, max_tokens=12, temperature=0)
+    assert [c.text for c in batch.choices] == [reference[p].text for p in PROMPTS]
+
+
+def test_bad_requests_get_one_400_naming_the_field(server):
+    url, _ = server
+    cases = [
+        (b"{not json", None, "malformed JSON"),
+        ({"prompt": 5, "max_tokens": 3}, "prompt", "prompt"),
+        ({"prompt": "hi", "max_tokens": "many"}, "max_tokens", "max_tokens"),
+        ({"prompt": "hi", "promt": "x"}, "promt", "unknown field 'promt'"),
+        ({"prompt": ""}, "prompt", "empty prompt"),
+        ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "exceeds the model's maximum length"),
+        ({"prompt": "hi", "model": "gpt-4"}, "model", "model 'gpt-4' is not served here"),
+        ({"prompt": "hi", "n": 2}, "n", "n"),
+        ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo", "prompt scoring"),
+    ]
+    for body, param, message in cases:
+        r = httpx.post(f"{url}/v1/completions", content=body if isinstance(body, bytes) else json.dumps(body),
+                       headers={"content-type": "application/json"}, timeout=30)
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()["error"]
+        assert message in err["message"] and err["param"] == param and "\n" not in err["message"], (body, err)
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    assert r.status_code == 400 and "has no chat template" in r.json()["error"]["message"]
+
+
+def test_tokenize_detokenize_health(server, reference):
+    url, _ = server
+    assert httpx.get(f"{url}/health").status_code == 200
+    ids = reference[PROMPTS[0]].prompt_token_ids
+    r = httpx.post(f"{url}/tokenize", json={"prompt": PROMPTS[0]}).json()
+    assert r["tokens"] == ids and r["count"] == len(ids)
+    assert httpx.post(f"{url}/detokenize", json={"tokens": ids}).json()["prompt"] == PROMPTS[0]
+
+
+def test_disconnecting_stream_clients_leave_nothing_behind(server, reference):
+    """16 concurrent streaming clients, a quarter of them hanging up after their first chunk:
+    the survivors get plain decoding's text and no KV block or batch slot stays held."""
+    url, app = server
+    texts, errors = {}, []
+
+    def client(i: int) -> None:
+        p = PROMPTS[i % len(PROMPTS)]
+        body = {"prompt": p, "max_tokens": 12 if i % 4 else 200, "temperature": 0, "stream": True}
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+                got = []
+                for line in r.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    got.append(json.loads(line[6:])["choices"][0]["text"])
+                    if i % 4 == 0:
+                        return                          # hang up mid-stream
+                texts[i] = "".join(got)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    assert {i: texts[i] for i in texts} == {i: reference[PROMPTS[i % len(PROMPTS)]].text
+                                            for i in range(16) if i % 4}
+    engine = app.state.engine
+    t0 = time.time()
+    while engine.stats["num_running"] or engine.stats["num_waiting"]:
+        assert time.time() - t0 < 60
+        time.sleep(0.05)
+    stats = engine.stats
+    assert stats["num_free_kv_blocks"] == stats["num_kv_blocks"] and stats["num_batch_slots_in_use"] == 0
+
+
+def test_metrics_are_the_sums_of_the_responses(tiny_ckpt):
+    """A fresh server: /metrics parses, and its spec-decode counters equal the sums of the
+    spec_decode fields of the responses it sent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from mtpx.serve.app import build_app
+    app = build_app(LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2), "tiny")
+    from fastapi.testclient import TestClient
+    with TestClient(app) as c:
+        stats = [c.post("/v1/completions", json={"prompt": p, "max_tokens": 10, "temperature": 0}).json()["spec_decode"]
+                 for p in PROMPTS]
+        text = c.get("/metrics").text
+    values = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert values[("mtpx:spec_decode_num_drafts_total", ())] == sum(s["num_drafts"] for s in stats)
+    assert values[("mtpx:spec_decode_num_draft_tokens_total", ())] == sum(s["num_draft_tokens"] for s in stats)
+    assert values[("mtpx:spec_decode_num_accepted_tokens_total", ())] == sum(s["num_accepted_tokens"] for s in stats)
+    for pos in range(2):
+        assert values[("mtpx:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(pos)),))] == \
+            sum(s["accepted_per_position"][pos] for s in stats)
+    assert values[("mtpx:request_success_total", (("finished_reason", "length"),))] + \
+        values.get(("mtpx:request_success_total", (("finished_reason", "stop"),)), 0) == len(PROMPTS)
+    assert values[("mtpx:num_requests_running", ())] == 0 and values[("mtpx:num_speculative_tokens", ())] == 2
+
+
+def test_mode_serve_from_the_command_line(tiny_ckpt, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(root / "train_or_eval.py"), "mode=serve", f"serve.port={port}",
+                             f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
+                             f"hydra.run.dir={tmp_path}"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        t0 = time.time()
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.time() - t0 < 120
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"model": tiny_ckpt.name, "prompt": "def f(x):", "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert f"serving {tiny_ckpt.name} (mtp8 k=2) at http://127.0.0.1:{port}/v1" in out
