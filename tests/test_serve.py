@@ -105,7 +105,7 @@ def test_tokenize_detokenize_health(server, reference):
 
 
 def test_disconnecting_stream_clients_leave_nothing_behind(server, reference):
-    """16 concurrent streaming clients, a quarter of them hanging up after their first chunk:
+    """64 concurrent streaming clients, a quarter of them hanging up after their first chunk:
     the survivors get plain decoding's text and no KV block or batch slot stays held."""
     url, app = server
     texts, errors = {}, []
@@ -126,14 +126,14 @@ def test_disconnecting_stream_clients_leave_nothing_behind(server, reference):
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(64)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
     assert not errors
     assert {i: texts[i] for i in texts} == {i: reference[PROMPTS[i % len(PROMPTS)]].text
-                                            for i in range(16) if i % 4}
+                                            for i in range(64) if i % 4}
     engine = app.state.engine
     t0 = time.time()
     while engine.stats["num_running"] or engine.stats["num_waiting"]:
@@ -199,3 +199,34 @@ def test_mode_serve_from_the_command_line(tiny_ckpt, tmp_path):
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     assert f"serving {tiny_ckpt.name} (mtp8 k=2) at http://127.0.0.1:{port}/v1" in out
+
+
+def test_chat_completions_through_the_chat_template(tiny_ckpt, tmp_path):
+    """A checkpoint with a chat template: the reply (streamed or not) is what LLM.generate gives
+    for the rendered prompt's ids."""
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from mtpx.serve.app import build_app
+    from tests.test_hf_tokenizer import CHATML
+    ckpt = tmp_path / "chat"
+    shutil.copytree(tiny_ckpt, ckpt)
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template": CHATML}))
+    plain = LLM(model=ckpt)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is x?"}]
+    rendered = plain.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    ids = plain.tokenizer.encode(rendered, add_special_tokens=False).ids
+    (ref,) = plain.generate([ids], SamplingParams(max_tokens=8))
+    with TestClient(build_app(LLM(model=ckpt, spec="mtp8", num_speculative_tokens=2), "chat")) as c:
+        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "temperature": 0}).json()
+        assert r["choices"][0]["message"] == {"role": "assistant", "content": ref.text}
+        assert r["usage"] == {"prompt_tokens": len(ids), "completion_tokens": len(ref.output_token_ids),
+                              "total_tokens": len(ids) + len(ref.output_token_ids)}
+        lines = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "temperature": 0,
+                                                     "stream": True}).text.strip().split("\n\n")
+        assert lines[-1] == "data: [DONE]"
+        chunks = [json.loads(line[6:]) for line in lines[:-1]]
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks) == ref.text
+        assert c.post("/tokenize", json={"messages": messages}).json()["tokens"] == ids

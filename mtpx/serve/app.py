@@ -162,9 +162,13 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         if tok is None or getattr(tok, "chat_template", None) is None or not hasattr(tok, "apply_chat_template"):
             raise BadRequest(f"model '{model_name}' has no chat template: use /v1/completions with a plain prompt",
                              "messages")
-        rendered = tok.apply_chat_template([m.model_dump(exclude_none=True) for m in messages],
-                                           add_generation_prompt=add_generation_prompt)
-        return rendered if isinstance(rendered, list) else llm.encode(rendered)
+        try:
+            rendered = tok.apply_chat_template([m.model_dump(exclude_none=True) for m in messages],
+                                               add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
+            raise BadRequest(f"the chat template failed: {e}", "messages") from None
+        # the template holds the special tokens: encode without adding them (as transformers does)
+        return list(tok.encode(rendered, add_special_tokens=False).ids)
 
     def sampling(body: _Sampling, max_tokens: int, logprobs: int | None) -> SamplingParams:
         check_model(body.model)
