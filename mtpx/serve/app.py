@@ -288,25 +288,35 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
                 "spec_decode": choices[0]["spec_decode"] if len(choices) == 1 else
                 [c["spec_decode"] for c in choices]}
 
+    async def text_deltas(ids: list[int], sp: SamplingParams):
+        """(new text, update) per engine update of one request; a failed request ends the stream
+        with an error event (as `(None, update)`)."""
+        sent = ""
+        async for u in engine.generate(ids, sp):
+            if u.error:
+                yield None, u
+                return
+            text = text_of(u.token_ids, u, sp)
+            delta, sent = text[len(sent):], text
+            yield delta, u
+
     async def _stream_completions(rid, created, all_ids, texts, sp, body):
         if len(all_ids) != 1:
             yield _sse({"error": {"message": "streaming takes one prompt per request", "param": "prompt"}})
             yield "data: [DONE]\n\n"
             return
-        ids, sent, last = all_ids[0], "", None
+        ids, last = all_ids[0], None
         prefix = texts[0] if body.echo and texts[0] else ""
         try:
-            async for u in engine.generate(ids, sp):
+            async for delta, u in text_deltas(ids, sp):
                 last = u
-                if u.error:
+                if delta is None:
                     yield _sse({"error": {"message": u.error, "type": "server_error"}})
                     break
-                text = text_of(u.token_ids, u, sp)
-                delta, sent = prefix + text[len(sent):], text
-                if delta or u.finished:
-                    prefix = ""
-                    choice = {"index": 0, "text": delta, "logprobs": None,
+                if prefix + delta or u.finished:
+                    choice = {"index": 0, "text": prefix + delta, "logprobs": None,
                               "finish_reason": u.finish_reason if u.finished else None}
+                    prefix = ""
                     chunk = {"id": rid, "object": "text_completion", "created": created, "model": model_name,
                              "choices": [choice]}
                     if u.finished:
@@ -342,15 +352,12 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
         yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}]})
-        sent, last = "", None
-        async for u in engine.generate(ids, sp):
+        last = None
+        async for delta, u in text_deltas(ids, sp):
             last = u
-            if u.error:
+            if delta is None:
                 yield _sse({"error": {"message": u.error, "type": "server_error"}})
                 break
-            text = text_of(u.token_ids, u, sp)
-            delta = text[len(sent):]
-            sent = text
             if delta or u.finished:
                 chunk = {**base, "choices": [{"index": 0, "delta": {"content": delta} if delta else {},
                                               "finish_reason": u.finish_reason if u.finished else None}]}
