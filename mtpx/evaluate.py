@@ -292,6 +292,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     client_args(c, 0, mode)        # validate the client section before the model loads
     sampling_params(c, 0, mode)
     check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
+    if mode == "bench" and c.get("base_url"):
+        return _run_http(cfg, out_dir, c, path, num_prompts, prompts_key)
     dtype = cfg.model.get("dtype") or "float32"
     requested = c.get("threads")
     if requested is not None:
@@ -333,6 +335,53 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
                             method, name, dtype, interrupt, threads, logger)
     finally:
         logger.finish()
+
+
+def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: int | None, prompts_key: str) -> int:
+    """mode=bench with bench.base_url: the same prompts, client and report, sent to an
+    OpenAI-compatible server (mtpx.client.openai_http) instead of an in-process engine. The
+    prompts are built with the tokenizer of model.path (the served model's), and sent as token
+    ids where they have them (chat templates, random prompts), else as text."""
+    from mtpx.client.openai_http import HttpSampling, run_http_client
+    from mtpx.hf.loader import is_hf_folder, load_config, load_folder_tokenizer, require_folder
+
+    folder = require_folder(path)
+    tokenizer = load_folder_tokenizer(folder, is_hf_folder(folder))
+    prompts = load_prompts(cfg.data, num_prompts, tokenizer, load_config(folder).vocab_size,
+                           num_prompts_key=prompts_key)
+    client = client_args(c, len(prompts), "bench")
+    params = sampling_params(c, len(prompts), "bench", [p.output_len for p in prompts])
+    http = [HttpSampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
+                         top_k=p.top_k if p.top_k > 0 else -1, min_p=p.min_p, seed=p.seed, ignore_eos=p.ignore_eos)
+            for p in params]
+    t0 = time.perf_counter()
+    outs = run_http_client(c.base_url, c.get("model_name"), [p.engine_input for p in prompts], http,
+                           client["max_concurrency"], client["arrival_offsets"])
+    duration = time.perf_counter() - t0
+    for o in outs:
+        if o.error:
+            print(f"error: request {o.index}: {o.error}", file=sys.stderr)
+    k = max((len(o.spec.accepted_per_position) for o in outs), default=0)
+    metrics = compute_metrics(outs, duration, k)
+    del metrics["lossless_mismatches"]
+    metrics["run"] = {"mode": "bench", "base_url": c.base_url, "model": str(path), "spec": None if not k else "server",
+                      "num_speculative_tokens": k, "data": cfg.data.name, "num_prompts": len(prompts),
+                      "commit": source_commit()}
+    atomic_write_jsonl(out_dir / "outputs.jsonl", [_output_row(o, p) for o, p in zip(outs, prompts)])
+    atomic_write_json(out_dir / "metrics.json", metrics)
+    setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}"]
+    if client["arrival_offsets"] is not None:
+        setup.append(f"{float(c.request_rate):g} req/s")
+    report = format_report(metrics, f"mtpx bench over HTTP: {c.base_url}, {_data_text(cfg.data.name, prompts, None)}, "
+                                    f"{len(prompts)} prompts, {_length_text(prompts, c.max_tokens)}, "
+                                    f"{_sampling_text(params[0])}, {', '.join(setup)}")
+    print(report)
+    atomic_write_text(out_dir / "report.txt", report + "\n")
+    print(f"run directory: {out_dir}")
+    if outs and all(o.error for o in outs):
+        print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _sweep_group() -> tuple[str | None, int | None]:

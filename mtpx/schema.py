@@ -71,6 +71,12 @@ class ClientConfig:
 
 
 @dataclass
+class BenchConfig(ClientConfig):
+    base_url: Optional[str] = MISSING
+    model_name: Optional[str] = MISSING
+
+
+@dataclass
 class EvalConfig(ClientConfig):
     check_lossless: bool = MISSING
     tie_tolerance: float = MISSING
@@ -202,7 +208,7 @@ class WandbLogger:
 SCHEMAS: dict[str, dict[str, type]] = {
     "spec": {"spec_schema": SpecConfig},
     "eval": {"eval_schema": EvalConfig},
-    "bench": {"bench_schema": ClientConfig},
+    "bench": {"bench_schema": BenchConfig},
     "serve": {"serve_schema": ServeConfig},
     "train": {"train_schema": TrainConfig},
     "data": {"builtin_schema": BuiltinData, "file_schema": FileData, "gsm8k_schema": GSM8KData,

@@ -230,3 +230,28 @@ def test_chat_completions_through_the_chat_template(tiny_ckpt, tmp_path):
         assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
         assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks) == ref.text
         assert c.post("/tokenize", json={"messages": messages}).json()["tokens"] == ids
+
+
+def test_bench_over_http_reports_the_same_table(server, tiny_ckpt, tmp_path):
+    """mode=bench bench.base_url=...: the same prompts sent to the server; its greedy outputs are
+    the in-process ones, token counts come back exactly (return_token_ids) and the spec-decode
+    counters are the server's."""
+    from hydra import compose, initialize_config_dir
+
+    from mtpx.evaluate import run_bench
+    from tests.test_cli import CONF
+    url, _ = server
+    common = ["mode=bench", "logger=none", f"model.path={tiny_ckpt}", "bench.num_prompts=6", "bench.max_tokens=10",
+              "bench.concurrency=3"]
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        http_cfg = compose("config", overrides=common + [f"bench.base_url={url}/v1"])
+        local_cfg = compose("config", overrides=common)
+    assert run_bench(http_cfg, tmp_path / "http") == 0
+    assert run_bench(local_cfg, tmp_path / "local") == 0
+    http_rows, local_rows = ([json.loads(line) for line in open(tmp_path / d / "outputs.jsonl")] for d in ("http", "local"))
+    http_metrics = json.load(open(tmp_path / "http" / "metrics.json"))
+    assert [r["output_token_ids"] for r in http_rows] == [r["output_token_ids"] for r in local_rows]
+    assert [r["text"] for r in http_rows] == [r["text"] for r in local_rows]
+    assert http_metrics["num_requests"] == 6 and http_metrics["num_failed"] == 0
+    assert http_metrics["num_drafts"] > 0 and http_metrics["run"]["base_url"] == f"{url}/v1"
+    assert http_metrics["mean_ttft_ms"] > 0 and http_metrics["output_throughput"] > 0

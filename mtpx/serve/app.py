@@ -61,6 +61,7 @@ class _Sampling(_Body):
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool = False
+    return_token_ids: bool = False      # vLLM's extension: prompt_token_ids and token_ids in the choices
     logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
@@ -105,7 +106,7 @@ def spec_decode_stats(u: Update) -> dict[str, Any]:
     s = u.spec
     return {"num_drafts": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
             "num_accepted_tokens": s.num_accepted_tokens, "accepted_per_position": list(s.accepted_per_position),
-            "acceptance_length": s.acceptance_length}
+            "num_committed_tokens": s.num_committed_tokens, "acceptance_length": s.acceptance_length}
 
 
 def build_app(llm: LLM, model_name: str) -> FastAPI:
@@ -281,6 +282,8 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
             choices.append({"index": i, "text": (t or "") + text if body.echo else text,
                             "logprobs": logprobs_block(u.token_ids, u), "finish_reason": u.finish_reason,
                             "stop_reason": u.stop_reason, "spec_decode": spec_decode_stats(u)})
+            if body.return_token_ids:
+                choices[-1] |= {"prompt_token_ids": all_ids[i], "token_ids": u.token_ids}
         prompt_len = sum(len(ids) for ids in all_ids)
         out_len = sum(len(u.token_ids) for u in updates)
         return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
@@ -289,16 +292,17 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
                 [c["spec_decode"] for c in choices]}
 
     async def text_deltas(ids: list[int], sp: SamplingParams):
-        """(new text, update) per engine update of one request; a failed request ends the stream
-        with an error event (as `(None, update)`)."""
-        sent = ""
+        """(new text, new token ids, update) per engine update of one request; a failed request
+        ends the stream as `(None, [], update)`."""
+        sent, sent_ids = "", 0
         async for u in engine.generate(ids, sp):
             if u.error:
-                yield None, u
+                yield None, [], u
                 return
             text = text_of(u.token_ids, u, sp)
             delta, sent = text[len(sent):], text
-            yield delta, u
+            new_ids, sent_ids = u.token_ids[sent_ids:], len(u.token_ids)
+            yield delta, new_ids, u
 
     async def _stream_completions(rid, created, all_ids, texts, sp, body):
         if len(all_ids) != 1:
@@ -308,15 +312,22 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         ids, last = all_ids[0], None
         prefix = texts[0] if body.echo and texts[0] else ""
         try:
-            async for delta, u in text_deltas(ids, sp):
+            pending: list[int] = []
+            first = True
+            async for delta, new_ids, u in text_deltas(ids, sp):
                 last = u
                 if delta is None:
                     yield _sse({"error": {"message": u.error, "type": "server_error"}})
                     break
+                pending += new_ids
                 if prefix + delta or u.finished:
                     choice = {"index": 0, "text": prefix + delta, "logprobs": None,
                               "finish_reason": u.finish_reason if u.finished else None}
-                    prefix = ""
+                    if body.return_token_ids:
+                        choice["token_ids"], pending = pending, []
+                        if first:                        # the prompt's ids ride on the first chunk
+                            choice["prompt_token_ids"] = ids
+                    prefix, first = "", False
                     chunk = {"id": rid, "object": "text_completion", "created": created, "model": model_name,
                              "choices": [choice]}
                     if u.finished:
@@ -353,7 +364,7 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                          "finish_reason": None}]})
         last = None
-        async for delta, u in text_deltas(ids, sp):
+        async for delta, _, u in text_deltas(ids, sp):
             last = u
             if delta is None:
                 yield _sse({"error": {"message": u.error, "type": "server_error"}})

@@ -1,0 +1,1 @@
+"""Clients of OpenAI-compatible servers (the HTTP benchmark client of mode=bench)."""
