@@ -83,7 +83,7 @@ def test_bad_requests_get_one_400_naming_the_field(server):
         ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "exceeds the model's maximum length"),
         ({"prompt": "hi", "model": "gpt-4"}, "model", "model 'gpt-4' is not served here"),
         ({"prompt": "hi", "n": 2}, "n", "n"),
-        ({"prompt": "hi", "echo": True, "logprobs": 1}, "echo", "prompt scoring"),
+        ({"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "stream", "prompt scoring"),
     ]
     for body, param, message in cases:
         r = httpx.post(f"{url}/v1/completions", content=body if isinstance(body, bytes) else json.dumps(body),
@@ -255,3 +255,22 @@ def test_bench_over_http_reports_the_same_table(server, tiny_ckpt, tmp_path):
     assert http_metrics["num_requests"] == 6 and http_metrics["num_failed"] == 0
     assert http_metrics["num_drafts"] > 0 and http_metrics["run"]["base_url"] == f"{url}/v1"
     assert http_metrics["mean_ttft_ms"] > 0 and http_metrics["output_throughput"] > 0
+
+
+def test_echo_logprobs_score_the_prompt_as_lm_eval_asks(server, tiny_ckpt):
+    """lm-eval's loglikelihood request (token ids, echo, logprobs=1, max_tokens=1): the prompt's
+    token_logprobs equal LLM.generate's prompt_logprobs, and the greedy check lm-eval makes
+    (each token's logprob is the top one) can be computed from top_logprobs."""
+    url, _ = server
+    plain = LLM(model=tiny_ckpt)
+    ids = plain.encode("Question: what?\nAnswer: 42")
+    (ref,) = plain.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=1))
+    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 1, "logprobs": 1,
+                                                  "echo": True, "temperature": 0}, timeout=60).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    for i in range(1, len(ids)):
+        assert abs(lp["token_logprobs"][i] - ref.prompt_logprobs[i][ids[i]].logprob) < 1e-4
+        greedy = ref.prompt_logprobs[i][ids[i]].rank == 1
+        assert (lp["token_logprobs"][i] >= max(lp["top_logprobs"][i].values()) - 1e-9) == greedy
+    assert r["choices"][0]["text"].startswith(plain.decode(ids))

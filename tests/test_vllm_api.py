@@ -112,3 +112,27 @@ def test_logprobs_equal_a_from_scratch_forward(tiny_ckpt, spec, k, temperature):
     assert none.outputs[0].logprobs is None and none.outputs[0].cumulative_logprob is None
     with pytest.raises(ValueError, match=r"logprobs=21: must be an integer in \[0, 20\]"):
         SamplingParams(logprobs=21)
+
+
+def test_prompt_logprobs_score_every_prompt_token(tiny_ckpt):
+    """prompt_logprobs: x_i's log-probability given x_<i for every prompt token after the first,
+    equal to one forward over the prompt; chunked prefill and a prefix-cache hit change nothing
+    (a scoring request recomputes every position)."""
+    import torch
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2, enable_prefix_caching=True,
+              max_num_batched_tokens=16, block_size=4)
+    prompt = "def f(x):\n    return x + 1\n" * 3
+    sp = SamplingParams(max_tokens=1, prompt_logprobs=2)
+    (warm,) = llm.generate([prompt], SamplingParams(max_tokens=1))     # fills the prefix cache
+    (o,) = llm.generate([prompt], sp)
+    ids = o.prompt_token_ids
+    assert len(ids) > 16 and o.num_cached_tokens == 0                   # chunked, no cache hit
+    with torch.inference_mode():
+        ref = torch.log_softmax(llm.model(torch.tensor([ids])).float(), -1)[0]
+    assert o.prompt_logprobs[0] is None and len(o.prompt_logprobs) == len(ids)
+    for i in range(1, len(ids)):
+        entry = o.prompt_logprobs[i]
+        assert abs(entry[ids[i]].logprob - ref[i - 1, ids[i]].item()) < 1e-4
+        assert entry[ids[i]].rank == int((ref[i - 1] > ref[i - 1, ids[i]]).sum()) + 1
+        assert set(ref[i - 1].topk(2).indices.tolist()) <= set(entry)
+    assert o.output_token_ids == warm.output_token_ids

@@ -181,6 +181,13 @@ class LLM:
         req.error = error
         return req
 
+    def _logprob_dict(self, token: int, entry) -> dict[int, Logprob]:
+        """vLLM's {token id: Logprob} for one position: the top tokens, then the token itself."""
+        lp, rank, top = entry
+        out = {i: Logprob(v, j + 1, self.decode([i])) for j, (i, v) in enumerate(top)}
+        out[token] = Logprob(lp, rank, self.decode([token]))
+        return out
+
     def _prompt_ids(self, p) -> tuple[list[int], str | None]:
         """A prompt's token ids, or ([], why it cannot run): a str is encoded (text that is not
         valid Unicode fails alone), a sequence must hold integer token ids."""
@@ -206,13 +213,12 @@ class LLM:
         text = self.decode(r.output_token_ids)
         if isinstance(r.stop_reason, str) and r.stop_strings is not None:
             text = r.stop_strings.cut(text, r.stop_reason)
-        logprobs = None
+        logprobs = prompt_logprobs = None
         if r.params.logprobs is not None:
-            logprobs = []
-            for t, (lp, rank, top) in zip(r.output_token_ids, r.logprobs):
-                entry = {i: Logprob(v, j + 1, self.decode([i])) for j, (i, v) in enumerate(top)}
-                entry[t] = Logprob(lp, rank, self.decode([t]))
-                logprobs.append(entry)
+            logprobs = [self._logprob_dict(t, e) for t, e in zip(r.output_token_ids, r.logprobs)]
+        if r.params.prompt_logprobs is not None and r.error is None:
+            prompt_logprobs = [None] + [self._logprob_dict(t, r.prompt_logprobs[i]) if i in r.prompt_logprobs
+                                        else None for i, t in enumerate(r.prompt_token_ids) if i > 0]
         return RequestOutput(
             index=r.index, prompt_token_ids=r.prompt_token_ids, stop_reason=r.stop_reason,
             output_token_ids=r.output_token_ids, text=text,
@@ -220,7 +226,7 @@ class LLM:
             first_token_time=r.first_token_time, finish_time=r.finish_time, error=r.error,
             logit_gaps=r.logit_gaps if self.engine.config.record_logit_gaps else None,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
-            emission_times=r.emission_times, logprobs=logprobs)
+            emission_times=r.emission_times, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
 
 SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "draft_path", "verify", "draft_sample_method")

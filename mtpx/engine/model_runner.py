@@ -68,6 +68,8 @@ class RequestResult:
         logit_gaps: top-2 logit gap at each of token_ids (record_logit_gaps), else None.
         logprobs: per token of token_ids, (its log-probability, its rank, [(token id,
         log-probability)] of the top SamplingParams.logprobs), when the request asks for them.
+        prompt_logprobs: (prompt position i, the same entry for token x_i given x_<i) for the
+        prompt positions this prefill chunk scored (SamplingParams.prompt_logprobs).
     """
 
     token_ids: list[int]
@@ -78,6 +80,7 @@ class RequestResult:
     num_final_tokens: int = 0
     logit_gaps: list[float] | None = None
     logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
+    prompt_logprobs: list[tuple[int, tuple[float, int, list[tuple[int, float]]]]] | None = None
 
 
 @dataclass
@@ -198,12 +201,11 @@ class ModelRunner:
         return (top2[..., 0] - top2[..., 1]).tolist()
 
     @staticmethod
-    def _logprobs(reqs, logits: torch.Tensor, tokens: torch.Tensor):
-        """Per request of `reqs` that asks for logprobs: per position of logits [B, T, V] (raw,
-        vLLM's "raw_logprobs"), (logprob of tokens [B, T], its rank (1 = most likely), the top
-        SamplingParams.logprobs (id, logprob) pairs); None for the others, or None when nobody asks.
-        One host transfer, only in steps where some request asks."""
-        wants = [r.params.logprobs for r in reqs]
+    def _logprobs(wants: list[int | None], logits: torch.Tensor, tokens: torch.Tensor):
+        """For row b with wants[b] not None (how many top tokens): per position of logits
+        [B, T, V] (raw, vLLM's "raw_logprobs"), (logprob of tokens [B, T], its rank (1 = most
+        likely), the top wants[b] (id, logprob) pairs); None for the other rows, or None when no
+        row wants any. One host transfer, only in steps where some row asks."""
         if all(w is None for w in wants):
             return None
         lp = torch.log_softmax(logits.float(), dim=-1)
@@ -220,6 +222,25 @@ class ModelRunner:
             out.append([(tok_l[b][t], rank_l[b][t],
                          list(zip(top_i[b][t][:w], top_v[b][t][:w])) if w else [])
                         for t in range(len(tok_l[b]))])
+        return out
+
+    def _prompt_logprobs(self, prefills: list[ScheduledPrefill], h: torch.Tensor) -> dict:
+        """{batch row: [(prompt position i, entry for x_i)]} for the prefills that score their
+        prompt: the chunk's positions p (hidden states h[b, t], p = start + t) predict x_{p+1},
+        kept while p + 1 is a prompt position."""
+        out = {}
+        for b, p in enumerate(prefills):
+            r = p.request
+            if r.params.prompt_logprobs is None:
+                continue
+            P = len(r.prompt_token_ids)
+            n = min(p.num_tokens, P - 1 - p.start)          # positions whose next token is in the prompt
+            if n <= 0:
+                continue
+            logits = self.model.lm_head(h[b, :n])            # column t is position start + t; [n, vocab]
+            nxt = torch.tensor(r.prompt_token_ids[p.start + 1: p.start + 1 + n], device=logits.device)
+            (entries,) = self._logprobs([r.params.prompt_logprobs], logits[None], nxt[None])
+            out[b] = [(p.start + 1 + i, e) for i, e in enumerate(entries)]
         return out
 
     def _prefill(self, prefills: list[ScheduledPrefill], results: dict) -> None:
@@ -245,7 +266,8 @@ class ModelRunner:
             cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
             first = dict(zip(last, tok.tolist()))
             gaps = self._gaps(logits)
-            lps = self._logprobs([reqs[b] for b in last], logits[:, None], tok[:, None])
+            lps = self._logprobs([reqs[b].params.logprobs for b in last], logits[:, None], tok[:, None])
+        prompt_lps = self._prompt_logprobs(prefills, h)
         # with its first token a complete prompt has one more known token, and drafts
         num_tokens = [r.num_tokens + (b in first) for b, r in enumerate(reqs)]
         num_final = [s + n for s, n in zip(starts, lengths)]
@@ -267,7 +289,8 @@ class ModelRunner:
                 draft_token_ids=drafts[b] if drafts is not None and is_last else [],
                 draft_probs=q[b] if q is not None and is_last else None,
                 logit_gaps=[gaps[last.index(b)]] if gaps is not None and is_last else None,
-                logprobs=lps[last.index(b)] if lps is not None and is_last else None)
+                logprobs=lps[last.index(b)] if lps is not None and is_last else None,
+                prompt_logprobs=prompt_lps.get(b))
 
     def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
         """The decode step (module doc); returns (verify_s, draft_s): the draft loop (with its
@@ -306,7 +329,7 @@ class ModelRunner:
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]
         cache.tokens[torch.where(keep, rows[:B, None], cache.pad_row), n[:B, None] + 1 + torch.arange(T, device=dev)] = emitted
         gaps = self._gaps(logits[:B])
-        lps = self._logprobs(reqs, logits[:B], emitted)
+        lps = self._logprobs([r.params.logprobs for r in reqs], logits[:B], emitted)
         t1 = t2 = self._now()
         num_tokens = n[:B] + accepted + 2                                   # known after this step
         final = n[:B] + accepted + 1                                        # target KV final below

@@ -39,6 +39,7 @@ class Request:
     spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
     logit_gaps: list[float] = field(default_factory=list)
     logprobs: list = field(default_factory=list)   # per output token: RequestResult.logprobs' entries
+    prompt_logprobs: dict = field(default_factory=dict)  # prompt position i >= 1 -> the same entry for x_i
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     stop_strings: object = None         # mtpx.engine.stop_strings.StopStrings, or None

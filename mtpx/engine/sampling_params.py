@@ -22,7 +22,9 @@ class SamplingParams:
     (LLM.generate runs completion j with seed + j, as vLLM's parallel sampling); logprobs:
     the log-probabilities of each output token and of the `logprobs` most likely tokens at its
     position (None: none; 0: the output token's only), from the target's raw logits (before
-    temperature and top-k/p, vLLM's default "raw_logprobs"). Raises ValueError on values the engine cannot honour."""
+    temperature and top-k/p, vLLM's default "raw_logprobs"); prompt_logprobs: the same for each
+    prompt token after the first (prompt scoring; such a request skips the prefix cache, so every
+    position is computed). Raises ValueError on values the engine cannot honour."""
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -35,6 +37,7 @@ class SamplingParams:
     stop: list[str] | str | None = None
     n: int = 1
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self):
         def integer(value):
@@ -52,6 +55,10 @@ class SamplingParams:
         if self.logprobs is not None and not (integer(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs={self.logprobs!r}: must be an integer in [0, {MAX_LOGPROBS}] "
                              "(top tokens per position besides the sampled one), or None")
+        if self.prompt_logprobs is not None and not (integer(self.prompt_logprobs)
+                                                     and 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"prompt_logprobs={self.prompt_logprobs!r}: must be an integer in [0, {MAX_LOGPROBS}], "
+                             "or None")
         if not integer(self.n) or self.n < 1:
             raise ValueError(f"n={self.n!r}: must be an integer >= 1 (completions per prompt)")
         if not integer(self.top_k):

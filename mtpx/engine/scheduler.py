@@ -149,6 +149,8 @@ class Scheduler:
             r = self.waiting[0]
             tokens = r.all_token_ids
             hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens)
+            if r.params.prompt_logprobs is not None and hit:   # prompt scoring computes every position
+                hit_blocks, hit = [], 0
             remaining = len(tokens) - hit
             n = min(remaining, budget)
             if n < remaining:
@@ -187,6 +189,8 @@ class Scheduler:
             res = result.results[r.index]
             if isinstance(item, ScheduledPrefill):
                 r.num_computed_tokens = item.start + item.num_tokens
+            for position, entry in res.prompt_logprobs or []:
+                r.prompt_logprobs.setdefault(position, entry)   # a recomputed prompt keeps its first
             if res.token_ids:
                 self._append(r, res, now)
             if not r.finished:

@@ -170,6 +170,8 @@ class RequestOutput:
         stop_reason: see CompletionOutput.
         completions: every completion when SamplingParams.n > 1 (None: the one above).
         logprobs: see CompletionOutput.
+        prompt_logprobs: with SamplingParams.prompt_logprobs, one entry per prompt token: None for
+            the first, then the dict of CompletionOutput.logprobs for x_i given x_<i (vLLM's shape).
         outputs: ``[CompletionOutput]``, vLLM's view: ``completions``, or the one completion whose
             fields are above (with n > 1 the top-level fields and ``spec`` are completion 0's,
             each CompletionOutput has its own ``spec``).
@@ -193,6 +195,7 @@ class RequestOutput:
     stop_reason: str | int | None = None
     completions: list[CompletionOutput] | None = None
     logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     @property
     def outputs(self) -> list[CompletionOutput]:

@@ -8,10 +8,12 @@ cannot run gets a 400 with an OpenAI-style error body naming the field. Every re
 `usage` and a `spec_decode` field (drafts, accepted, per position, acceptance length). Streams
 are server-sent events: one chunk per engine step that produced text (several accepted tokens
 in one chunk), then `data: [DONE]`; `stream_options.include_usage` adds a last chunk with usage.
-Not supported (400): prompt scoring (`echo` with `logprobs`), penalties, `best_of`, `suffix`.
+`echo` with `logprobs` scores the prompt (lm-eval's loglikelihood requests): the logprobs cover
+the prompt's tokens then the output's. Not supported (400): penalties, `n` > 1, `best_of`, `suffix`.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -202,13 +204,30 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         hold = max((len(s) for s in sp.stop), default=1) - 1
         return text[: len(text) - hold] if hold > 0 else text
 
-    def logprobs_block(ids: list[int], u: Update, offset: int = 0) -> dict | None:
+    def logprobs_block(ids: list[int], u: Update, prompt_ids: list[int] | None = None) -> dict | None:
+        """OpenAI's completion logprobs: tokens, token_logprobs, top_logprobs (the token and the
+        top N, by text), text_offset; with echo (prompt_ids) the prompt's tokens come first, the
+        first of them without a logprob."""
         if u.logprobs is None:
             return None
-        tokens = [llm.decode([t]) for t in ids]
-        return {"tokens": tokens, "token_logprobs": [lp for lp, _, _ in u.logprobs],
-                "top_logprobs": [{llm.decode([i]): v for i, v in top} for _, _, top in u.logprobs],
-                "text_offset": list(itertools_accumulate(tokens, offset))}
+        entries = list(u.logprobs)
+        all_ids = list(ids)
+        if prompt_ids is not None:
+            scored = u.prompt_logprobs or {}
+            entries = [None] + [scored.get(i) for i in range(1, len(prompt_ids))] + entries
+            all_ids = list(prompt_ids) + all_ids
+        tokens = [llm.decode([t]) for t in all_ids]
+        token_lps, tops = [], []
+        for t, e in zip(all_ids, entries):
+            if e is None:
+                token_lps.append(None)
+                tops.append(None)
+                continue
+            lp, _, top = e
+            token_lps.append(lp)
+            tops.append({llm.decode([i]): v for i, v in top} | {llm.decode([t]): lp})
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+                "text_offset": list(itertools_accumulate(tokens, 0))}
 
     def usage(prompt_len: int, completion_len: int) -> dict[str, int]:
         return {"prompt_tokens": prompt_len, "completion_tokens": completion_len,
@@ -259,9 +278,11 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
-        if body.echo and body.logprobs is not None:
-            raise BadRequest("prompt scoring (echo with logprobs) is not supported by mtpx yet", "echo")
         sp = sampling(body, body.max_tokens or 16, body.logprobs)   # OpenAI's default: 16 tokens
+        if body.echo and body.logprobs is not None:    # prompt scoring (lm-eval's loglikelihood requests)
+            if body.stream:
+                raise BadRequest("echo with logprobs (prompt scoring) is not streamed: set stream=false", "stream")
+            sp = dataclasses.replace(sp, prompt_logprobs=body.logprobs)
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(
             body.prompt[0], int) else [body.prompt]
         if not prompts:
@@ -279,8 +300,10 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         choices = []
         for i, (u, t) in enumerate(zip(updates, texts)):
             text = text_of(u.token_ids, u, sp)
-            choices.append({"index": i, "text": (t or "") + text if body.echo else text,
-                            "logprobs": logprobs_block(u.token_ids, u), "finish_reason": u.finish_reason,
+            prefix = (t if t is not None else llm.decode(all_ids[i])) if body.echo else ""
+            choices.append({"index": i, "text": prefix + text,
+                            "logprobs": logprobs_block(u.token_ids, u, all_ids[i] if body.echo else None),
+                            "finish_reason": u.finish_reason,
                             "stop_reason": u.stop_reason, "spec_decode": spec_decode_stats(u)})
             if body.return_token_ids:
                 choices[-1] |= {"prompt_token_ids": all_ids[i], "token_ids": u.token_ids}

@@ -27,7 +27,8 @@ from mtpx.metrics.stats import SpecDecodeCounts
 @dataclass
 class Update:
     """A request's state after a step: every output token so far (token_ids), and when finished
-    its finish_reason / stop_reason, error (a failed request), spec counters, times and logprobs."""
+    its finish_reason / stop_reason, error (a failed request), spec counters, times, logprobs
+    and prompt_logprobs (the Request's entries)."""
     token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None
@@ -40,6 +41,7 @@ class Update:
     finish_time: float | None = None
     emission_times: list[float] = field(default_factory=list)
     logprobs: list | None = None
+    prompt_logprobs: dict | None = None
 
 
 class AsyncEngine:
@@ -149,6 +151,7 @@ class AsyncEngine:
             update.finish_time = req.finish_time or time.perf_counter()
             update.emission_times = list(req.emission_times)
             update.logprobs = list(req.logprobs) if req.params.logprobs is not None else None
+            update.prompt_logprobs = dict(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None
             if self.on_finish is not None and req.error is None:
                 self.on_finish(req)
         loop.call_soon_threadsafe(queue.put_nowait, update)
