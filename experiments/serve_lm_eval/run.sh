@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# lm-evaluation-harness (pip install lm-eval) against mode=serve: GSM8K test, the first 50
+# lm-evaluation-harness (pip install "lm-eval[api]") against mode=serve: GSM8K test, the first 50
 # problems, through lm-eval's local-completions client; then mtpx's own eval on the same 50
 # prompts, for the two scorers side by side. Run from anywhere; about 5 minutes on 2 cores.
 set -euo pipefail
