@@ -93,6 +93,9 @@ def test_bad_requests_get_one_400_naming_the_field(server):
         assert message in err["message"] and err["param"] == param and "\n" not in err["message"], (body, err)
     r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
     assert r.status_code == 400 and "has no chat template" in r.json()["error"]["message"]
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                       "logprobs": True}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs"
 
 
 def test_tokenize_detokenize_health(server, reference):

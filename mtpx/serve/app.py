@@ -366,11 +366,13 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
-        top = body.top_logprobs if body.top_logprobs is not None else (0 if body.logprobs else None)
+        if body.logprobs or body.top_logprobs is not None:
+            raise BadRequest("/v1/chat/completions does not return logprobs yet: use /v1/completions with "
+                             "logprobs", "logprobs")
         ids = chat_ids(body.messages)
         # no max_tokens: until the model's maximum length, as vLLM does
         sp = sampling(body, body.max_completion_tokens or body.max_tokens or max(1, llm.max_model_len - len(ids)),
-                      top)
+                      None)
         check_fits(ids, sp, "messages")
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
