@@ -1,29 +1,50 @@
-import json, sys, shutil
+"""Random-weight checkpoint folders of candidate demo shapes, for tools/bench_step.py
+(experiments/demo_deep/README.md):
+
+    python experiments/demo_deep/make_random_shapes.py OUT_DIR L16h128:16:128:384 L32h128:32:128:384
+
+Each spec is NAME:LAYERS:HIDDEN:INTERMEDIATE; the other fields are checkpoints/demo's, the layer
+pattern is 3 Gated DeltaNet : 1 gated attention, weights are stored in bf16, the tokenizer is
+the demo's.
+"""
+import json
+import shutil
+import sys
 from pathlib import Path
+
+import safetensors.torch
 import torch
-sys.path.insert(0, "/work/main")
-from mtpx.models.config import ModelConfig
-from mtpx.models.model import MTPForCausalLM
-from mtpx.train.checkpoint import save_checkpoint
-from mtpx.train.tokenizer import load_tokenizer
-base = json.load(open("/work/main/checkpoints/demo/config.json"))
-tok = load_tokenizer("/work/main/checkpoints/demo/tokenizer.json") if False else None
-def make(name, **kw):
-    d = dict(base); d.update(kw)
-    n = d["num_hidden_layers"]; fi = d["full_attention_interval"]
-    d["layer_types"] = ["full_attention" if (i + 1) % fi == 0 else "linear_attention" for i in range(n)]
-    cfg = ModelConfig.from_dict(d) if hasattr(ModelConfig, "from_dict") else ModelConfig(**d)
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from mtpx.models.config import ModelConfig  # noqa: E402
+from mtpx.models.model import MTPForCausalLM  # noqa: E402
+
+DEMO = ROOT / "checkpoints" / "demo"
+
+
+def make(out: Path, layers: int, hidden: int, intermediate: int) -> None:
+    d = json.loads((DEMO / "config.json").read_text())
+    d.update(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=intermediate, layer_types=None)
+    cfg = ModelConfig.from_dict(d)
     torch.manual_seed(0)
-    m = MTPForCausalLM(cfg)
-    out = Path("/tmp/shapes") / name
-    out.mkdir(exist_ok=True)
+    model = MTPForCausalLM(cfg)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-    import safetensors.torch
-    from mtpx.train.checkpoint import _stored_state
-    safetensors.torch.save_file({k: v.detach().to(torch.bfloat16).contiguous() for k, v in _stored_state(m).items()}, str(out / "model.safetensors"))
-    shutil.copy("/work/main/checkpoints/demo/tokenizer.json", out / "tokenizer.json")
-    nparam = sum(p.numel() for p in m.parameters())
-    print(name, nparam, (out / "model.safetensors").stat().st_size / 1e6, "MB")
-for spec in sys.argv[1:]:
-    name, L, h, i = spec.split(":")
-    make(name, num_hidden_layers=int(L), hidden_size=int(h), intermediate_size=int(i))
+    seen, tensors = set(), {}
+    for name, t in model.state_dict(keep_vars=True).items():   # tied weights are stored once
+        if id(t) not in seen:
+            seen.add(id(t))
+            tensors[name] = t.detach().to(torch.bfloat16).contiguous()
+    safetensors.torch.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(DEMO / "tokenizer.json", out / "tokenizer.json")
+    params = sum(p.numel() for p in model.parameters())
+    print(f"{out.name}: {params:,} parameters, {(out / 'model.safetensors').stat().st_size / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1])
+    for spec in sys.argv[2:]:
+        name, layers, hidden, intermediate = spec.split(":")
+        make(root / name, int(layers), int(hidden), int(intermediate))
