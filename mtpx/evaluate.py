@@ -299,7 +299,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     if requested is not None:
         choose_threads(None, requested, f"{mode}.threads")   # validated and set before the model loads
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
-              threads=requested, draft_path=spec.get("draft_path") if spec is not None else None,
+              draft_path=spec.get("draft_path") if spec is not None else None,
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw)
     threads = choose_threads(llm.model, requested, f"{mode}.threads")
     print(threads.describe())
@@ -358,9 +358,7 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
     outs = run_http_client(c.base_url, c.get("model_name"), [p.engine_input for p in prompts], http,
                            client["max_concurrency"], client["arrival_offsets"])
     duration = time.perf_counter() - t0
-    for o in outs:
-        if o.error:
-            print(f"error: request {o.index}: {o.error}", file=sys.stderr)
+    _print_request_errors(outs)
     k = max((len(o.spec.accepted_per_position) for o in outs), default=0)
     metrics = compute_metrics(outs, duration, k)
     del metrics["lossless_mismatches"]
@@ -369,19 +367,14 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
                       "commit": source_commit()}
     atomic_write_jsonl(out_dir / "outputs.jsonl", [_output_row(o, p) for o, p in zip(outs, prompts)])
     atomic_write_json(out_dir / "metrics.json", metrics)
-    setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}"]
-    if client["arrival_offsets"] is not None:
-        setup.append(f"{float(c.request_rate):g} req/s")
+    setup = _client_text(client, c)
     report = format_report(metrics, f"mtpx bench over HTTP: {c.base_url}, {_data_text(cfg.data.name, prompts, None)}, "
                                     f"{len(prompts)} prompts, {_length_text(prompts, c.max_tokens)}, "
                                     f"{_sampling_text(params[0])}, {', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
     print(f"run directory: {out_dir}")
-    if outs and all(o.error for o in outs):
-        print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if _all_failed(outs) else 0
 
 
 def _sweep_group() -> tuple[str | None, int | None]:
@@ -411,9 +404,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
         if not outs:
             raise Interrupted(f"stopped before any of the {total} requests finished; nothing to keep")
     kept = [prompts[o.index] for o in outs]  # aligned with outs (all prompts unless stopped)
-    for o in outs:
-        if o.error:
-            print(f"error: request {o.index}: {o.error}", file=sys.stderr)
+    _print_request_errors(outs)
     metrics = compute_metrics(outs, duration, llm.num_speculative_tokens,
                               engine["enable_prefix_caching"])
     if mode == "bench":
@@ -463,9 +454,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     if method is not None:
         k_text += (f", draft {spec_kw.get('draft_sample_method', 'greedy')}, "
                    f"verify {spec_kw.get('verify', 'standard')}")
-    setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}", f"{threads.threads} threads"]
-    if client["arrival_offsets"] is not None:
-        setup.append(f"{float(c.request_rate):g} req/s")
+    setup = _client_text(client, c) + [f"{threads.threads} threads"]
     if engine["enable_prefix_caching"]:
         setup.append("prefix caching")
     report = format_report(metrics, f"mtpx {mode}: {name}{k_text}, {_data_text(cfg.data.name, kept, chat)}, "
@@ -485,10 +474,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     if metrics.get("lossless_check") == "interrupted":
         raise Interrupted(f"the measured pass of {total} requests finished and is written to {out_dir}; "
                           "the lossless pass was interrupted (metrics.json: \"partial\": true)")
-    if outs and all(o.error for o in outs):
-        print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
-        return 1
-    return code
+    return 1 if _all_failed(outs) else code
 
 
 def dead_position_warning(spec, min_tries: int = 20) -> str | None:
@@ -517,6 +503,28 @@ def source_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def _print_request_errors(outs: list[RequestOutput]) -> None:
+    for o in outs:
+        if o.error:
+            print(f"error: request {o.index}: {o.error}", file=sys.stderr)
+
+
+def _all_failed(outs: list[RequestOutput]) -> bool:
+    """True (with one error line) when every request failed: the run's exit code is then 1."""
+    if outs and all(o.error for o in outs):
+        print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
+        return True
+    return False
+
+
+def _client_text(client: dict, c: DictConfig) -> list[str]:
+    """The report title's client part: concurrency, and the request rate when arrivals are timed."""
+    setup = [f"concurrency {client['max_concurrency'] or 'unlimited'}"]
+    if client["arrival_offsets"] is not None:
+        setup.append(f"{float(c.request_rate):g} req/s")
+    return setup
 
 
 def _count_text(n: int, total: int) -> str:

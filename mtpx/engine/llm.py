@@ -21,7 +21,7 @@ from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.engine import Engine
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
-from mtpx.engine.stop_strings import StopStrings
+from mtpx.engine.stop_strings import StopStrings, cut_at_stop
 from mtpx.metrics.stats import Logprob, RequestOutput
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
@@ -157,7 +157,7 @@ class LLM:
         outs = []
         for p, mine in zip(prompts, children):
             o = self.request_output(mine[0])
-            o.index, o.prompt = mine[0].index, p if isinstance(p, str) else None
+            o.prompt = p if isinstance(p, str) else None
             if len(mine) > 1:
                 o.completions = [self.request_output(r).outputs[0] for r in mine]
                 for j, c in enumerate(o.completions):
@@ -211,8 +211,8 @@ class LLM:
     def request_output(self, r: Request) -> RequestOutput:
         """What generate returns for request `r` (its text decoded), e.g. from an on_finish callback."""
         text = self.decode(r.output_token_ids)
-        if isinstance(r.stop_reason, str) and r.stop_strings is not None:
-            text = r.stop_strings.cut(text, r.stop_reason)
+        if isinstance(r.stop_reason, str):
+            text = cut_at_stop(text, r.stop_reason)
         logprobs = prompt_logprobs = None
         if r.params.logprobs is not None:
             logprobs = [self._logprob_dict(t, e) for t, e in zip(r.output_token_ids, r.logprobs)]

@@ -24,7 +24,10 @@ class StopStrings:
         tail = self.decode(output_token_ids[-self.window:])
         return next((s for s in self.stop if s in tail), None)
 
-    def cut(self, text: str, matched: str) -> str:
-        """The output text as returned: everything before the first occurrence of `matched`."""
-        at = text.find(matched)
-        return text if at < 0 else text[:at]
+
+
+def cut_at_stop(text: str, matched: str) -> str:
+    """The output text as returned after stop string `matched` ended it: everything before its
+    first occurrence (vLLM's default, include_stop_str_in_output=False)."""
+    at = text.find(matched)
+    return text if at < 0 else text[:at]

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mtpx.engine.llm import LLM
 from mtpx.engine.sampling_params import SamplingParams
+from mtpx.engine.stop_strings import cut_at_stop
 from mtpx.serve.async_engine import AsyncEngine, Update
 from mtpx.serve.metrics import ServerMetrics
 
@@ -196,10 +197,7 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         held back where a stop string may be starting and at an incomplete UTF-8 character."""
         text = llm.decode(ids)
         if u.finished:
-            if isinstance(u.stop_reason, str):
-                at = text.find(u.stop_reason)
-                text = text if at < 0 else text[:at]
-            return text
+            return cut_at_stop(text, u.stop_reason) if isinstance(u.stop_reason, str) else text
         text = text.rstrip("\ufffd")
         hold = max((len(s) for s in sp.stop), default=1) - 1
         return text[: len(text) - hold] if hold > 0 else text
@@ -327,12 +325,20 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
             new_ids, sent_ids = u.token_ids[sent_ids:], len(u.token_ids)
             yield delta, new_ids, u
 
+    def stream_end(base: dict, body: _Sampling, ids: list[int], last: Update | None) -> list[str]:
+        """A stream's last events: the usage chunk (stream_options.include_usage), then [DONE]."""
+        events = []
+        if last is not None and not last.error and body.stream_options and body.stream_options.include_usage:
+            events.append(_sse({**base, "choices": [], "usage": usage(len(ids), len(last.token_ids))}))
+        return events + ["data: [DONE]\n\n"]
+
     async def _stream_completions(rid, created, all_ids, texts, sp, body):
         if len(all_ids) != 1:
             yield _sse({"error": {"message": "streaming takes one prompt per request", "param": "prompt"}})
             yield "data: [DONE]\n\n"
             return
         ids, last = all_ids[0], None
+        base = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
         prefix = texts[0] if body.echo and texts[0] else ""
         try:
             pending: list[int] = []
@@ -351,18 +357,15 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
                         if first:                        # the prompt's ids ride on the first chunk
                             choice["prompt_token_ids"] = ids
                     prefix, first = "", False
-                    chunk = {"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                             "choices": [choice]}
+                    chunk = {**base, "choices": [choice]}
                     if u.finished:
                         choice["stop_reason"] = u.stop_reason
                         chunk["spec_decode"] = spec_decode_stats(u)
                     yield _sse(chunk)
         except ValueError as e:
             yield _sse({"error": {"message": str(e), "param": "prompt"}})
-        if last is not None and not last.error and body.stream_options and body.stream_options.include_usage:
-            yield _sse({"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                        "choices": [], "usage": usage(len(ids), len(last.token_ids))})
-        yield "data: [DONE]\n\n"
+        for event in stream_end(base, body, ids, last):
+            yield event
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
@@ -400,9 +403,8 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
                 if u.finished:
                     chunk["spec_decode"] = spec_decode_stats(u)
                 yield _sse(chunk)
-        if last is not None and not last.error and body.stream_options and body.stream_options.include_usage:
-            yield _sse({**base, "choices": [], "usage": usage(len(ids), len(last.token_ids))})
-        yield "data: [DONE]\n\n"
+        for event in stream_end(base, body, ids, last):
+            yield event
 
     return app
 

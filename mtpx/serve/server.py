@@ -20,7 +20,7 @@ def load_llm(cfg: DictConfig) -> LLM:
     if cfg.serve.get("threads") is not None:
         choose_threads(None, cfg.serve.threads, "serve.threads")
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=cfg.model.get("dtype") or "float32",
-              threads=cfg.serve.get("threads"), draft_path=spec.get("draft_path") if spec is not None else None,
+              draft_path=spec.get("draft_path") if spec is not None else None,
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine_args(cfg.engine), **spec_args(spec))
     print(choose_threads(llm.model, cfg.serve.get("threads"), "serve.threads").describe())
     return llm
