@@ -70,8 +70,10 @@ def test_static_meta_attention_equals_dynamic(tiny_model):
     torch.testing.assert_close(h_st[:3, :3][dyn.valid], h_dyn[dyn.valid], rtol=0, atol=1e-12)
     for a, b in zip(caches[0].kv_caches, caches[1].kv_caches):
         torch.testing.assert_close(a.k[: a.k.shape[0] - 1], b.k[: b.k.shape[0] - 1], rtol=0, atol=1e-12)
-    for a, b in zip(caches[0].recurrent, caches[1].recurrent):  # per-token states of real tokens
-        torch.testing.assert_close(a.pending_ssm[:, :3], b.pending_ssm[:3, :3], rtol=0, atol=1e-12)
+    bi, ti = dyn.valid.nonzero(as_tuple=True)          # the state after every real window token
+    for a, b in zip(caches[0].recurrent, caches[1].recurrent):
+        torch.testing.assert_close(a.pending_window.state_at(a.ssm[bi], bi, ti),
+                                   b.pending_window.state_at(b.ssm[bi], bi, ti), rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("spec,k", [(None, None), ("mtp1", 3), ("mtp8", 4)])
@@ -83,7 +85,8 @@ def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k
     eager, eager_one = _generate(ref), _generate(ref, PROMPTS[:1], max_tokens=12)
     llm = _llm(trained_tiny, spec, k, compile_backend="eager")
     stats = llm.engine.warmup()
-    assert stats["num_graphs"] == (1 if spec is None else 2) and stats["compile_s"] > 0
+    # verification, then for a speculator the draft loop and the Gated DeltaNet window commit
+    assert stats["num_graphs"] == (1 if spec is None else 3) and stats["compile_s"] > 0
     steps = llm.engine.num_steps
     with torch._dynamo.config.patch(error_on_recompile=True):
         _same(_generate(llm), eager)
@@ -111,7 +114,7 @@ def test_warmup_fits_a_small_pool_and_says_when_it_cannot(trained_tiny, capsys):
     request with k drafts it says so (the first decode step then compiles)."""
     torch._dynamo.reset()
     llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager", block_size=16, num_blocks=2)
-    assert llm.engine.warmup()["num_graphs"] == 2
+    assert llm.engine.warmup()["num_graphs"] == 3
     llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager", block_size=4, num_blocks=5)
     llm.engine.warmup()
     assert "warm-up could not decode" in capsys.readouterr().err
@@ -155,7 +158,7 @@ def test_compiled_moe_runs_experts_between_graphs():
 
 def test_each_engine_compiles_its_own_graphs():
     """An engine never reuses another engine's graphs: after a MoE engine (whose draft loop is
-    split at its graph breaks), a dense engine still compiles its two whole graphs."""
+    split at its graph breaks), a dense engine still compiles its three whole graphs."""
     torch._dynamo.reset()
     kw = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
               shared_expert_intermediate_size=32, num_nextn_predict_layers=2)
@@ -163,7 +166,7 @@ def test_each_engine_compiles_its_own_graphs():
     assert moe.compile_stats["num_graphs"] > 2
     dense = _llm(peaked_model(tiny_config(num_nextn_predict_layers=2), seed=1), "mtp8", 2,
                  compile_backend="eager")
-    assert dense.compile_stats["num_graphs"] == 2
+    assert dense.compile_stats["num_graphs"] == 3     # verify, window commit, draft loop
 
 
 @pytest.mark.slow
@@ -177,7 +180,7 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
     eager = _generate(_llm(trained_tiny, spec, k))
     llm = _llm(trained_tiny, spec, k, compile_backend="inductor")
     stats = llm.engine.warmup()
-    assert stats["num_graphs"] == 2
+    assert stats["num_graphs"] == 3
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = _generate(llm)
         _same(compiled, eager)

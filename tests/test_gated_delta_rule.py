@@ -1,8 +1,10 @@
-"""The chunked and recurrent gated delta rule agree; the layer's per-token states select correctly."""
+"""The chunked, recurrent and verification-window forms of the gated delta rule agree; the rebuilt window states equal the prefix states."""
 import pytest
 import torch
 
-from mtpx.models.gated_delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from mtpx.models.gated_delta_rule import (chunk_gated_delta_rule, recurrent_gated_delta_rule,
+                                          unit_lower_inverse, unit_lower_inverse_small,
+                                          window_gated_delta_rule)
 
 
 def _inputs(B, T, H, Dk, Dv, seed=0, dtype=torch.float64):
@@ -57,3 +59,31 @@ def test_kept_states_equal_prefix_states():
         _, s_t, _ = recurrent_gated_delta_rule(q[:, :t + 1], k[:, :t + 1], v[:, :t + 1],
                                                g[:, :t + 1], beta[:, :t + 1], s0)
         torch.testing.assert_close(states[:, t], s_t, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 5, 9, 16, 17])
+def test_window_matches_recurrent_and_rebuilds_every_state(T):
+    """The verification-window form: outputs equal the recurrent form's, and the state it
+    rebuilds after any token (any batch row, in any order, with repeats) equals the recurrent
+    state after exactly that prefix."""
+    q, k, v, g, beta, s0 = _inputs(3, T, 2, 8, 4, seed=T)
+    o_r, _, states = recurrent_gated_delta_rule(q, k, v, g, beta, s0, keep_all_states=True)
+    o_w, window = window_gated_delta_rule(q, k, v, g, beta, s0)
+    torch.testing.assert_close(o_w, o_r, atol=1e-10, rtol=1e-10)
+    bi = torch.tensor([2, 0, 1, 0, 2, 1]).repeat(T)
+    ti = torch.arange(T).repeat_interleave(6)
+    torch.testing.assert_close(window.state_at(s0[bi], bi, ti), states[bi, ti], atol=1e-10, rtol=1e-10)
+
+
+def test_window_padding_and_small_inverse():
+    """Padding tokens (g = beta = 0) after the real ones leave the rebuilt state of the last real
+    token alone; the log-depth inverse equals the block-doubling one."""
+    q, k, v, g, beta, s0 = _inputs(1, 9, 2, 8, 4, seed=3)
+    g[:, 4:], beta[:, 4:] = 0, 0
+    _, s_prefix, _ = recurrent_gated_delta_rule(q[:, :4], k[:, :4], v[:, :4], g[:, :4], beta[:, :4], s0)
+    _, window = window_gated_delta_rule(q, k, v, g, beta, s0)
+    for t in (3, 8):
+        idx = torch.tensor([0]), torch.tensor([t])
+        torch.testing.assert_close(window.state_at(s0, *idx), s_prefix, atol=1e-12, rtol=1e-12)
+    L = torch.randn(4, 13, 13, dtype=torch.float64).tril(-1) * 0.5
+    torch.testing.assert_close(unit_lower_inverse_small(L), unit_lower_inverse(L), atol=1e-9, rtol=1e-9)

@@ -23,8 +23,9 @@ class ForwardMeta:
     slot_mapping: [B, T] int64, that slot for each token of the grid (padding: slot of position 0,
         never written; in a static forward, the cache's pad slot, which padding writes and nothing
         reads).
-    keep_states: Gated DeltaNet keeps the recurrent and conv state after every token (verification
-        windows), so that a rejection selects a state instead of re-running the model.
+    keep_states: Gated DeltaNet keeps what rebuilds its recurrent and conv state after any token
+        of the forward (verification windows), so that a rejection selects a state instead of
+        re-running the model.
     save_states: (batch_idx [S], token_idx [S], block_ids [S]) or None: Gated DeltaNet stores its
         state after token (batch_idx, token_idx) with paged block block_ids (prefix caching of
         hybrid models: the state at every full block boundary travels with the block).

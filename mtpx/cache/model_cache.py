@@ -153,3 +153,8 @@ class ModelCache:
         boundary states `save` = (batch_idx, token_idx, block_ids)."""
         for c in self.recurrent:
             c.commit(index, save)
+
+    def save_recurrent_rows(self, rows: torch.Tensor, block_ids: torch.Tensor) -> None:
+        """Store the current Gated DeltaNet states of rows [S] as boundary states of block_ids [S]."""
+        for c in self.recurrent:
+            c.save_rows(rows, block_ids)

@@ -1,10 +1,12 @@
-"""engine.compile: the decode step (the target's verification forward and the speculator's whole
-N-step draft loop) as two functions compiled with torch.compile.
+"""engine.compile: the decode step (the target's verification forward, the Gated DeltaNet state
+commit at the accepted tokens and the speculator's whole N-step draft loop) as three functions
+compiled with torch.compile.
 
     verify(meta)                     -> verify_forward(model, cache, meta)
+    commit(accepted, save)           -> cache.commit_recurrent(accepted, save)
     draft(metas, rows, n, start, h)  -> speculator.draft_loop(cache, metas, rows, n, start, h)
 
-Both are the model runner's decode step (mtpx/engine/model_runner.py), which runs the same two
+They are the model runner's decode step (mtpx/engine/model_runner.py), which runs the same
 functions eager without engine.compile.
 
 Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
@@ -118,6 +120,9 @@ class CompiledDecode:
         self._verify = torch.compile(_own_code(self._verify_forward), backend=backend, mode=mode)
         self._draft = (None if speculator is None else
                        torch.compile(_own_code(speculator.draft_loop), backend=backend, mode=mode))
+        has_windows = speculator is not None and bool(cache.recurrent)
+        self._commit = (torch.compile(_own_code(self._commit_windows), backend=backend, mode=mode)
+                        if has_windows else None)
         if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
             for t in self._persistent_tensors():
                 torch._dynamo.mark_static_address(t)
@@ -140,6 +145,10 @@ class CompiledDecode:
 
     def _verify_forward(self, meta: ForwardMeta):
         return verify_forward(self.model, self.cache, meta)
+
+    def _commit_windows(self, index: torch.Tensor) -> None:
+        for c in self.cache.recurrent:
+            c.commit_window(index)
 
     def _call(self, fn, *args):
         self.num_calls += 1
@@ -169,3 +178,22 @@ class CompiledDecode:
             _mark_meta(m)
         _mark_batch(rows, n, target_start, target_hidden)
         return self._call(self._draft, self.cache, metas, rows, n, target_start, target_hidden)
+
+    @torch.inference_mode()
+    def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:
+        """cache.commit_recurrent with its tensor work compiled (one graph for every Gated DeltaNet
+        layer); the boundary states `save` (a few per block end, a count known on the host) are
+        stored eager first."""
+        recurrent = self.cache.recurrent
+        if self._commit is None or recurrent[0].pending_rows is None:
+            self.cache.commit_recurrent(index, save)
+            return
+        for c in recurrent:
+            if save is not None:
+                c.save_window_blocks(save)
+            w = c.pending_window
+            _mark_batch(c.pending_rows, c.pending_conv, w.k, w.v_new, w.G)
+        _mark_batch(index)
+        self._call(self._commit, index)
+        for c in recurrent:
+            c.clear_pending()

@@ -8,9 +8,10 @@ the compiled decode step.
 One step: free the batch slots of preempted requests -> admit new ones (slot, tokens, recurrent
 state from the last prefix-hit block, speculator rows) -> prefill chunks through the target, first
 tokens sampled, the speculator catches up (and drafts for prompts that are complete) -> the
-decode step: the target over static verification windows [x_n, d_1 .. d_k] keeping the Gated
-DeltaNet state after every window token, one `verify` for greedy and sampled requests, the
-recurrent state selected at the accepted position (invariant 3), the accepted tokens written to
+decode step: the target over static verification windows [x_n, d_1 .. d_k] keeping each Gated
+DeltaNet window in chunked form, one `verify` for greedy and sampled requests, the recurrent
+state rebuilt at the accepted position (invariant 3; plain decoding stores its one token's state
+in the forward), the accepted tokens written to
 the token buffer, the speculator's whole draft loop (metadata planned before it) -> one host
 transfer of emitted tokens, accepted counts, next drafts and final positions.
 
@@ -311,8 +312,9 @@ class ModelRunner:
               else min(cache.max_blocks, -(-need // self.block_size)))
         rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
         n = torch.tensor(n_host + [0] * pad, device=dev)
+        windows = k > 0        # plain decoding keeps its one token: the forward stores the state
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
-                                 rows, k + 1, nb, keep_states=True)
+                                 rows, k + 1, nb, keep_states=windows)
         ids, h, logits = (verify_forward(self.model, cache, meta) if self.compiled is None
                           else self.compiled.verify(meta))
         sampling = self._sampling(reqs)
@@ -320,10 +322,17 @@ class ModelRunner:
                                    [r.draft_probs for r in reqs], self.config.verify)
         full_accepted = torch.cat([accepted, accepted.new_zeros(pad)])
         save = self._boundaries(decodes, n_host, [1 + x for x in nd_host])
-        if save is not None:          # only the accepted window tokens' states (pad block else)
-            bi, ti, blocks = save
-            save = (bi, ti, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
-        cache.commit_recurrent(full_accepted, save)
+        if not windows:
+            if save is not None:
+                cache.save_recurrent_rows(rows[save[0]], save[2])
+        else:
+            if save is not None:      # only the accepted window tokens' states (pad block else)
+                bi, ti, blocks = save
+                save = (bi, ti, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
+            if self.compiled is not None:
+                self.compiled.commit(full_accepted, save)
+            else:
+                cache.commit_recurrent(full_accepted, save)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         T = k + 1
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from mtpx.cache.state import RecurrentState, RecurrentStateSpec
 from mtpx.models.config import ModelConfig
-from mtpx.models.gated_delta_rule import gated_delta_rule_chunked, gated_delta_rule_recurrent
+from mtpx.models.gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_recurrent,
+                                          window_gated_delta_rule)
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNormGated
 
@@ -84,8 +85,8 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, state: RecurrentState | None = None,
                 meta: ForwardMeta | None = None) -> torch.Tensor:
         """x: [B, T, hidden] -> [B, T, hidden]. With `state`, continues each request's row from its
-        stored state and stores the new one (or, with meta.keep_states, the state after every token
-        into state.pending_* for a later commit)."""
+        stored state and stores the new one (or, with meta.keep_states, keeps the window in
+        state.pending_* for a later commit at the accepted token)."""
         B, T, _ = x.shape
         q, k, v, z, b, a = self._split(x)
         mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)             # [B, C, T]
@@ -107,10 +108,8 @@ class GatedDeltaNet(nn.Module):
 
         if state is None:
             o, _ = gated_delta_rule_chunked(q, k, v, g, beta)
-        elif meta.keep_states:
-            o, _, all_ssm = gated_delta_rule_recurrent(q, k, v, g, beta, state.ssm[meta.rows],
-                                                       keep_all_states=True)
-            state.pending_ssm = all_ssm                                     # [B, T, H, Dk, Dv]
+        elif meta.keep_states:  # a verification window: the state after each token on demand
+            o, state.pending_window = window_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows])
             state.pending_conv = ext.unfold(-1, self.kernel - 1, 1)[:, :, 1:].transpose(1, 2)
             state.pending_rows = meta.rows                                  # conv: [B, T, C, K-1]
         else:

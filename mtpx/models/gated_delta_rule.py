@@ -1,8 +1,10 @@
 """The gated delta rule (Yang, Kautz, Hatamizadeh 2024, "Gated Delta Networks: Improving Mamba2 with
-Delta Rule", arXiv 2412.06464) in plain PyTorch: a recurrent form (decode, verification windows) and
-a chunked form (prefill, training). Both are the reference implementations; the chunked form uses the
-WY representation of flash-linear-attention's `chunk_gated_delta_rule`, inverting the
-unit-triangular (I + L) of each chunk directly.
+Delta Rule", arXiv 2412.06464) in plain PyTorch: a recurrent form (decode), a chunked form (prefill,
+training) and a one-chunk window form (verification windows: outputs in chunked form, and the state
+after any window token rebuilt later from what it keeps, mtpx.cache.state.WindowStates). The
+recurrent and chunked forms are the reference implementations; the chunked forms use the WY
+representation of flash-linear-attention's `chunk_gated_delta_rule`, inverting the unit-triangular
+(I + L) of each chunk directly.
 
 Per head, with state S in R^{Dk x Dv}, unit-norm k_t (L2-normalised here, as flash-linear-attention's
 `l2norm`: x * rsqrt(sum(x^2) + 1e-6), which Qwen3-Next checkpoints were trained with), q_t
@@ -49,6 +51,8 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+
+from mtpx.cache.state import WindowStates
 
 GDN_BACKENDS = ("auto", "torch", "fla")
 FLA_MODULE = "fla.ops.gated_delta_rule"
@@ -176,6 +180,41 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64,
     if return_chunk_states:
         return o.to(out_dtype), S, torch.stack(chunk_states, dim=1)
     return o.to(out_dtype), S
+
+
+def unit_lower_inverse_small(L: torch.Tensor) -> torch.Tensor:
+    """(I + L)^{-1} for strictly lower triangular L [..., T, T] in ceil(log2 T) squarings: L is
+    nilpotent (L^T = 0), so (I + L)^{-1} = sum_i (-L)^i = (I - L)(I + L^2)(I + L^4)... A fixed
+    number of matmuls whatever the values, which suits short verification windows."""
+    T = L.shape[-1]
+    eye = torch.eye(T, dtype=L.dtype, device=L.device)
+    inv, power, n = eye - L, L, 2
+    while n < T:
+        power = power @ power
+        inv = inv @ (eye + power)
+        n *= 2
+    return inv
+
+
+def window_gated_delta_rule(q, k, v, g, beta, initial_state):
+    """The gated delta rule over one short window (a verification window: the last token and
+    the drafts) as a single chunk, keeping what `WindowStates.state_at` needs to rebuild the
+    state after any window token later, instead of every token's state.
+
+    q, k: [B, T, H, Dk]; v: [B, T, H, Dv]; g, beta: [B, T, H]; initial_state: [B, H, Dk, Dv].
+    Returns (o [B, T, H, Dv] in v's dtype, WindowStates). Same outputs as
+    `recurrent_gated_delta_rule` within float rounding (tests/test_gated_delta_rule.py).
+    """
+    out_dtype = v.dtype
+    q, k, v, g, beta = (x.transpose(1, 2) for x in _prep(q, k, v, g, beta))     # [B, H, T, ...]
+    S0 = initial_state.to(q.dtype)
+    G = g.cumsum(-1)                                                             # [B, H, T]
+    decay = (G[..., :, None] - G[..., None, :]).tril().exp().tril()              # [B, H, T, T]
+    k_beta = k * beta[..., None]
+    W = unit_lower_inverse_small(((k_beta @ k.transpose(-1, -2)) * decay).tril(-1))
+    v_new = W @ (v * beta[..., None]) - (W @ (k_beta * G.exp()[..., None])) @ S0
+    o = (q * G.exp()[..., None]) @ S0 + ((q @ k.transpose(-1, -2)) * decay) @ v_new
+    return o.transpose(1, 2).to(out_dtype), WindowStates(k, v_new, G)
 
 
 # --------------------------------------------------------------------------------------------
