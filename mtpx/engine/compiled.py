@@ -117,12 +117,20 @@ class CompiledDecode:
         self.compile_s = 0.0
         self.num_graphs = 0
         self.num_calls = 0
-        self._verify = torch.compile(_own_code(self._verify_forward), backend=backend, mode=mode)
-        self._draft = (None if speculator is None else
-                       torch.compile(_own_code(speculator.draft_loop), backend=backend, mode=mode))
+        # per-call costs at batch 1 on the CPU (experiments/step_costs): no guards on the modules
+        # (an engine never swaps its model's weights, and each engine compiles its own code), and
+        # Inductor's C++ wrapper instead of a Python one that launches every kernel
+        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        if backend == "inductor" and not self.cuda:
+            options["cpp_wrapper"] = True
+
+        def compile_(fn):
+            return torch.compile(_own_code(fn), backend=backend, mode=mode, options=options)
+
+        self._verify = compile_(self._verify_forward)
+        self._draft = None if speculator is None else compile_(speculator.draft_loop)
         has_windows = speculator is not None and bool(cache.recurrent)
-        self._commit = (torch.compile(_own_code(self._commit_windows), backend=backend, mode=mode)
-                        if has_windows else None)
+        self._commit = compile_(self._commit_windows) if has_windows else None
         if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
             for t in self._persistent_tensors():
                 torch._dynamo.mark_static_address(t)
