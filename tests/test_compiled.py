@@ -204,11 +204,16 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
         live = torch.tensor([True, True, True, False])
         drafts = []
         window = [b.clone() for b in getattr(getattr(spec_, "window", None), "buf", [])]
-        for fn in (engine.compiled.draft, lambda *a: spec_.draft_loop(cache, *a)):
+        target_end = torch.where(live, num_tokens - 1, 0)
+        for compiled in (True, False):
             spec_.computed[:3] = n if spec_.computed.dim() == 1 else n[:, None]   # computed up to n
             for buf, saved in zip(getattr(getattr(spec_, "window", None), "buf", []), window):
                 buf.copy_(saved)                                  # both loops read the same window
-            target_end = torch.where(live, num_tokens - 1, 0)
-            metas = spec_.plan(cache, st.rows, num_tokens, target_end, live, k + 1, 4)
-            drafts.append(fn(metas, st.rows, num_tokens - 1, st.positions[:, 0], h_c)[:3])
+            if compiled:
+                d = engine.compiled.draft(st.block_table, st.rows, num_tokens, target_end, live,
+                                          st.positions[:, 0], h_c)
+            else:
+                metas = spec_.plan(cache, st.rows, num_tokens, target_end, live, k + 1, 4)
+                d = spec_.draft_loop(cache, metas, st.rows, num_tokens - 1, st.positions[:, 0], h_c)
+            drafts.append(d[:3])
         assert torch.equal(drafts[0], drafts[1])

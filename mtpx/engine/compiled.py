@@ -4,7 +4,7 @@ compiled with torch.compile.
 
     verify(meta)                     -> verify_forward(model, cache, meta)
     commit(accepted, save)           -> cache.commit_recurrent(accepted, save)
-    draft(metas, rows, n, start, h)  -> speculator.draft_loop(cache, metas, rows, n, start, h)
+    draft(table, rows, ...)          -> speculator.plan(...), then speculator.draft_loop(...)
 
 They are the model runner's decode step (mtpx/engine/model_runner.py), which runs the same
 functions eager without engine.compile.
@@ -86,6 +86,11 @@ def _mark_batch(*tensors: torch.Tensor) -> None:
         torch._dynamo.maybe_mark_dynamic(t, 0)
 
 
+def _mark_meta_table(block_table: torch.Tensor) -> None:
+    _mark_batch(block_table)
+    torch._dynamo.maybe_mark_dynamic(block_table, 1)
+
+
 def _mark_meta(meta: ForwardMeta) -> None:
     _mark_batch(meta.positions, meta.valid, meta.rows, meta.slot_mapping, meta.block_table)
     torch._dynamo.maybe_mark_dynamic(meta.block_table, 1)
@@ -128,7 +133,10 @@ class CompiledDecode:
             return torch.compile(_own_code(fn), backend=backend, mode=mode, options=options)
 
         self._verify = compile_(self._verify_forward)
-        self._draft = None if speculator is None else compile_(speculator.draft_loop)
+        # with the torch attention backend nothing of the plan is host-side: plan inside the graph
+        self.plan_in_graph = speculator is not None and cache.attention_backend.name == "torch"
+        self._draft = (None if speculator is None else
+                       compile_(self._plan_and_draft if self.plan_in_graph else speculator.draft_loop))
         has_windows = speculator is not None and bool(cache.recurrent)
         self._commit = compile_(self._commit_windows) if has_windows else None
         if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
@@ -153,6 +161,14 @@ class CompiledDecode:
 
     def _verify_forward(self, meta: ForwardMeta):
         return verify_forward(self.model, self.cache, meta)
+
+    def _plan_and_draft(self, block_table, rows, num_tokens, target_end, is_drafting, target_start,
+                        target_hidden):
+        k = self.speculator.num_speculative_tokens
+        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, k + 1,
+                                     block_table.shape[1])
+        return self.speculator.draft_loop(self.cache, metas, rows, num_tokens - 1, target_start,
+                                          target_hidden)
 
     def _commit_windows(self, index: torch.Tensor) -> None:
         for c in self.cache.recurrent:
@@ -179,13 +195,25 @@ class CompiledDecode:
         return self._call(self._verify, meta)
 
     @torch.inference_mode()
-    def draft(self, metas: list[ForwardMeta], rows: torch.Tensor, n: torch.Tensor,
-              target_start: torch.Tensor, target_hidden: torch.Tensor) -> torch.Tensor:
-        """speculator.draft_loop compiled (its contract); metas from speculator.plan."""
+    def draft(self, block_table: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
+              target_end: torch.Tensor, is_drafting: torch.Tensor, target_start: torch.Tensor,
+              target_hidden: torch.Tensor) -> torch.Tensor:
+        """speculator.plan (static: k + 1 columns, block_table.shape[1] blocks, block_table being
+        the verification's [Bp, blocks]) then speculator.draft_loop, compiled (their contracts).
+        The plan is part of the graph with the torch attention backend; with FlashInfer, whose
+        plans are host-side, it runs eager before the compiled loop."""
+        _mark_batch(rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
+        if self.plan_in_graph:
+            _mark_meta_table(block_table)
+            return self._call(self._draft, block_table, rows, num_tokens, target_end, is_drafting,
+                              target_start, target_hidden)
+        k = self.speculator.num_speculative_tokens
+        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, k + 1,
+                                     block_table.shape[1])
         for m in metas:
             _mark_meta(m)
-        _mark_batch(rows, n, target_start, target_hidden)
-        return self._call(self._draft, self.cache, metas, rows, n, target_start, target_hidden)
+        return self._call(self._draft, self.cache, metas, rows, num_tokens - 1, target_start,
+                          target_hidden)
 
     @torch.inference_mode()
     def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:

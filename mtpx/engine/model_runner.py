@@ -11,9 +11,9 @@ tokens sampled, the speculator catches up (and drafts for prompts that are compl
 decode step: the target over static verification windows [x_n, d_1 .. d_k] keeping each Gated
 DeltaNet window in chunked form, one `verify` for greedy and sampled requests, the recurrent
 state rebuilt at the accepted position (invariant 3; plain decoding stores its one token's state
-in the forward), the accepted tokens written to
-the token buffer, the speculator's whole draft loop (metadata planned before it) -> one host
-transfer of emitted tokens, accepted counts, next drafts and final positions.
+in the forward), the accepted tokens written to the token buffer, the speculator's whole draft
+loop (metadata planned before it) -> one host transfer of emitted tokens, accepted counts, next
+drafts and final positions.
 
 The decode step is one code path with static shapes (mtpx/engine/compiled.py): with
 engine.compile the batch is padded to a capture size and keys are read from a power-of-two block
@@ -349,11 +349,11 @@ class ModelRunner:
             nt = torch.cat([num_tokens, num_tokens.new_ones(pad)])
             target_end = torch.cat([final, final.new_zeros(pad)])
             start = meta.positions[:, 0]
-            metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, k + 1, nb)
             sampler = self._draft_sampler(sampling, is_drafting[:B])
             if self.compiled is not None and sampler is None:
-                drafts = self.compiled.draft(metas, rows, nt - 1, start, h)
+                drafts = self.compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h)
             else:
+                metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, k + 1, nb)
                 drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start, h, sampler)
             q = None if sampler is None else sampler.q
             final = torch.minimum(final, self.speculator.num_final(rows[:B], num_tokens))
