@@ -61,7 +61,7 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
     rows = torch.tensor(list(range(B)) + [cache.pad_row] * (Bp - B))
     starts = torch.full((Bp,), n)
     lengths = torch.tensor([k + 1] * B + [0] * (Bp - B))
-    meta = cache.static_meta(starts, lengths, rows, k + 1, nb, keep_states=True)
+    meta = cache.static_meta(starts, lengths, rows, k + 1, nb, keep_states=k > 0)  # as the engine's
     # plain decoding's forward (its one token's state is stored by the forward, no window kept)
     one = cache.static_meta(starts, torch.tensor([1] * B + [0] * (Bp - B)), rows, 1, nb)
     verify = (lambda: verify_forward(model, cache, meta)) if compiled is None else (lambda: compiled.verify(meta))

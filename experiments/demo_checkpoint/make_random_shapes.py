@@ -1,7 +1,7 @@
 """Random-weight checkpoint folders of candidate demo shapes, for tools/bench_step.py
-(experiments/demo_deep/README.md):
+(experiments/demo_checkpoint/README.md):
 
-    python experiments/demo_deep/make_random_shapes.py OUT_DIR L16h128:16:128:384 L32h128:32:128:384
+    python experiments/demo_checkpoint/make_random_shapes.py OUT_DIR L16h128:16:128:384 L32h128:32:128:384
 
 Each spec is NAME:LAYERS:HIDDEN:INTERMEDIATE; the other fields are checkpoints/demo's, the layer
 pattern is 3 Gated DeltaNet : 1 gated attention, weights are stored in bf16, the tokenizer is

@@ -1,0 +1,132 @@
+"""Speculation against plain decoding on real prompts, side by side in one run: output tokens/s of
+plain decoding, mtp1 and mtp8 on the same GSM8K test prompts, at concurrency 1.
+
+    python tools/bench_speedup.py [--model checkpoints/demo] [--num-prompts 128] [--max-tokens 256] \
+        [--contenders plain mtp1 mtp8] [--rounds 4] [--compile] [--threads 2] \
+        [--out experiments/speedup_gsm8k]
+
+One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
+with k = 8; `mtpK` for another k of multi-module MTP), each with max_num_seqs=1, so requests run
+one at a time (concurrency 1), greedy, at most --max-tokens each, eos ends a request. With
+--compile every engine compiles its decode step and warms up before anything is timed. The first
+--num-prompts GSM8K test questions (formatted as the eval formats them) are cut into --rounds
+chunks; for each chunk every contender generates it, in an order rotated per chunk. Output
+tokens/s of a contender = its output tokens / its generate wall time, over all chunks; the ratio
+to plain is given over all chunks and its min-max over the chunks. Every contender's greedy
+tokens are compared with plain decoding's (mismatches are counted and reported; on fp32 a
+near-tie may flip a token). Writes speedup.json and speedup.md into --out atomically.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+import torch  # noqa: E402
+
+from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
+from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mtpx.metrics.stats import aggregate_spec  # noqa: E402
+
+GSM8K_TEST = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+
+
+def _contender(name: str) -> tuple[str | None, int | None]:
+    """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K)."""
+    if name == "plain":
+        return None, None
+    if name == "mtp1":
+        return "mtp1", 1
+    if name.startswith("mtp") and name[3:].isdigit():
+        return "mtp8", int(name[3:])
+    raise SystemExit(f"error: contender {name!r}: use plain, mtp1 or mtpK (multi-module MTP, k = K)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
+    ap.add_argument("--data", default=str(GSM8K_TEST))
+    ap.add_argument("--num-prompts", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--contenders", nargs="+", default=["plain", "mtp1", "mtp8"])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="experiments/speedup_gsm8k")
+    args = ap.parse_args(argv)
+    if "plain" not in args.contenders:
+        raise SystemExit("error: --contenders must include plain (the baseline)")
+    torch.set_num_threads(args.threads)
+    prompts = [format_prompt(r["question"]) for r in load_gsm8k(args.data)[: args.num_prompts]]
+    chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
+    params = SamplingParams(max_tokens=args.max_tokens)
+    llms, compile_s = {}, {}
+    for name in args.contenders:
+        spec, k = _contender(name)
+        t0 = time.perf_counter()        # with compile, LLM() compiles and warms up the engine
+        llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k, max_num_seqs=1,
+                         compile=args.compile, max_model_len=1024)
+        if args.compile:
+            compile_s[name] = time.perf_counter() - t0
+            print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)
+    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": []} for n in args.contenders}
+    for c, chunk in enumerate(chunks):
+        order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
+        for name in order:
+            t0 = time.perf_counter()
+            outs = llms[name].generate(chunk, params)
+            dt = time.perf_counter() - t0
+            n_tok = sum(len(o.output_token_ids) for o in outs)
+            per[name]["tokens"] += n_tok
+            per[name]["seconds"] += dt
+            per[name]["chunks"].append({"tokens": n_tok, "seconds": dt})
+            per[name]["outputs"].extend(outs)
+            print(f"chunk {c}: {name} {n_tok / dt:.1f} tok/s", flush=True)
+    plain = per["plain"]
+    plain_ids = [o.output_token_ids for o in plain["outputs"]]
+    rows = []
+    for name in args.contenders:
+        p = per[name]
+        ratios = [(x["tokens"] / x["seconds"]) / (y["tokens"] / y["seconds"])
+                  for x, y in zip(p["chunks"], plain["chunks"])]
+        spec = aggregate_spec(p["outputs"]) if name != "plain" else None
+        mismatches = sum(a.output_token_ids != b for a, b in zip(p["outputs"], plain_ids))
+        rows.append({"contender": name, "output_tokens": p["tokens"], "seconds": round(p["seconds"], 3),
+                     "output_tok_s": p["tokens"] / p["seconds"],
+                     "ratio_to_plain": (p["tokens"] / p["seconds"]) / (plain["tokens"] / plain["seconds"]),
+                     "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "acceptance_length": None if spec is None else spec.acceptance_length,
+                     "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
+                     "chunks": p["chunks"]})
+    lines = [f"# Output tok/s against plain decoding, same run ({Path(args.model).name}, "
+             f"{args.num_prompts} GSM8K test prompts, concurrency 1, max {args.max_tokens} tokens, "
+             f"{'compiled' if args.compile else 'eager'}, {args.threads} threads)", "",
+             "| contender | output tok/s | vs plain (chunk min-max) | acceptance length | "
+             "output tokens | requests differing from plain |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        al = "—" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
+        lines.append(f"| {r['contender']} | {r['output_tok_s']:.1f} | {r['ratio_to_plain']:.2f}x "
+                     f"({r['ratio_min']:.2f}-{r['ratio_max']:.2f}) | {al} | {r['output_tokens']:,d} | "
+                     f"{r['mismatches_vs_plain']} |")
+    names = [r["contender"] for r in rows]
+    if "mtp1" in names and "mtp8" in names:
+        r1, r8 = rows[names.index("mtp1")], rows[names.index("mtp8")]
+        lines += ["", f"mtp8 / mtp1: {r8['output_tok_s'] / r1['output_tok_s']:.2f}x"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "speedup.json", {"args": vars(args), "platform": platform.platform(),
+                                             "torch": torch.__version__, "rows": rows})
+    atomic_write_text(out / "speedup.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
