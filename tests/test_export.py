@@ -226,13 +226,13 @@ def test_demo_exports(demo, tmp_path):
     assert loaded_tok.encode(text).ids == tok.encode(text).ids
     assert loaded_tok.eos_token_ids == [0]
 
-    # one module in the Qwen3-Next layout
-    q1 = export_checkpoint(DEFAULT_MODEL, tmp_path / "q1", "qwen3_next", num_modules=1)
-    assert json.loads((q1 / "config.json").read_text())["mtp_num_hidden_layers"] == 1
-    _assert_identical(model, load_pretrained(q1)[0], n=1, vocab=vocab)
+    # the demo's modules (mtp_style=deepseek_v3) in DeepSeek-V3's layout, all eight
+    ds = export_checkpoint(DEFAULT_MODEL, tmp_path / "ds", "deepseek_v3")
+    assert json.loads((ds / "config.json").read_text())["num_nextn_predict_layers"] == 8
+    _assert_identical(model, load_pretrained(ds)[0], vocab=vocab)
 
-    # bfloat16: the weights are the demo's rounded once; a further export keeps bfloat16
-    bf = export_checkpoint(DEFAULT_MODEL, tmp_path / "bf16", "qwen3_next", num_modules=1, dtype=torch.bfloat16)
+    # bfloat16: the demo's weights are stored in bfloat16, so an export in it is exact
+    bf = export_checkpoint(DEFAULT_MODEL, tmp_path / "bf16", "deepseek_v3", num_modules=1, dtype=torch.bfloat16)
     assert json.loads((bf / "config.json").read_text())["dtype"] == "bfloat16"
     sd = model.state_dict()
     for name, t in load_pretrained(bf, dtype=torch.bfloat16)[0].state_dict().items():
@@ -240,10 +240,10 @@ def test_demo_exports(demo, tmp_path):
     again = export_checkpoint(bf, tmp_path / "bf16.safetensors", "draft")
     assert {t.dtype for t in safetensors.torch.load_file(str(again)).values()} == {torch.bfloat16}
 
-    # all eight cannot share one fc: refused before anything is written
-    with pytest.raises(ExportError, match="--num-modules 1"):
-        export_checkpoint(DEFAULT_MODEL, tmp_path / "q8", "qwen3_next")
-    assert not (tmp_path / "q8").exists()
+    # the Qwen3-Next layout serves qwen3_next-style modules only: refused before anything is written
+    with pytest.raises(ExportError, match="--layout deepseek_v3"):
+        export_checkpoint(DEFAULT_MODEL, tmp_path / "q1", "qwen3_next", num_modules=1)
+    assert not (tmp_path / "q1").exists()
     _no_leftovers(tmp_path)
 
 
