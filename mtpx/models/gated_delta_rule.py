@@ -25,8 +25,8 @@ plain-PyTorch references, as flash-linear-attention keeps its naive forms beside
   flash-linear-attention`, the `gpu` extra), `fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`
   and `chunk_gated_delta_rule`, when the tensors are on CUDA, `fla` imports, and the call needs
   nothing those kernels lack:
-    * recurrent: no `keep_all_states` (the kernel returns only the final state; verification
-      windows need the state after every token), q/k/v of one dtype among bf16/fp16/fp32, and no
+    * recurrent: no `keep_all_states` (the kernel returns only the final state; short prefills
+      that store block-boundary states need the state after every token), q/k/v of one dtype among bf16/fp16/fp32, and no
       gradient needed (the fused recurrent kernel has no backward);
     * chunked: no `return_chunk_states` (the kernel's chunk-boundary states, at its fixed chunk
       size 64, are not returned; prefix-caching prefills need them at block ends), q/k/v of one
