@@ -195,6 +195,7 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
     at the next step boundary and outputs holds the requests that had finished, in index order."""
     llm.generate([prompts[0].engine_input], SamplingParams(max_tokens=2))
     llm.reset_prefix_cache()
+    llm.engine.draft_length.histogram.clear()     # k per step of the measured pass only
     done: dict[int, RequestOutput] = {}
     sink = rows_file.open("a", encoding="utf-8") if rows_file is not None else None
 
@@ -280,6 +281,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     spec = cfg.get("spec")
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
+    if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+        raise ValueError(f"spec.num_speculative_tokens={k!r}: give an integer >= 0 or auto")
     if k == 0:                  # k = 0 is plain decoding (a point of a sweep over k)
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
@@ -298,12 +301,17 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     requested = c.get("threads")
     if requested is not None:
         choose_threads(None, requested, f"{mode}.threads")   # validated and set before the model loads
-    llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
+    cost_file = spec.get("cost_model_file") if spec is not None and k == "auto" else None
+    llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype, cost_model_file=cost_file,
               draft_path=spec.get("draft_path") if spec is not None else None,
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw)
     threads = choose_threads(llm.model, requested, f"{mode}.threads")
     print(threads.describe())
     name = method or "no spec"
+    if llm.calibration is not None:
+        cal = llm.calibration
+        print(f"num_speculative_tokens=auto: step costs {cal['source']}"
+              + (f" in {cal['seconds']:.1f} s" if cal["seconds"] else ""))
     if llm.compile_stats is not None:
         cs = llm.compile_stats
         print(f"engine.compile: decode step compiled in {cs['compile_s']:.1f} s ({cs['num_graphs']} "
@@ -430,6 +438,10 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
         metrics["contention_warning"] = contended
     if llm.compile_stats is not None:
         metrics["compile"] = llm.compile_stats
+    policy = llm.engine.draft_length
+    if method is not None and policy.auto:    # the k chosen per decode step, and why
+        metrics["k_histogram"] = {str(k): n for k, n in sorted(policy.histogram.items())}
+        metrics["auto_k"] = {**policy.summary(), "calibration": llm.calibration}
     if method is not None:
         metrics["analytics"] = analytics([o.spec.rounds for o in outs], [p.category for p in kept],
                                          llm.num_speculative_tokens)

@@ -49,10 +49,11 @@ class RunConfig:
 @dataclass
 class SpecConfig:
     method: str = MISSING
-    num_speculative_tokens: int = MISSING
+    num_speculative_tokens: Any = MISSING     # an int >= 0 or "auto" (checked by mtpx.evaluate)
     draft_sample_method: str = "greedy"
     verify: str = "standard"
     draft_path: Optional[str] = None
+    cost_model_file: Optional[str] = None
 
 
 @dataclass

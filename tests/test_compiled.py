@@ -217,3 +217,30 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
                 d = spec_.draft_loop(cache, metas, st.rows, num_tokens - 1, st.positions[:, 0], h_c)
             drafts.append(d[:3])
         assert torch.equal(drafts[0], drafts[1])
+
+
+@pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
+def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k):
+    """Compiled with a k that changes every step (num_speculative_tokens=auto forced through a
+    schedule with stretches of k = 0): tokens equal eager's; windows of 0 < k' < k are padded to
+    k + 1, so at most 2 verification graphs (1 and k + 1 tokens), 1 commit and 3 draft-loop graphs
+    (1, k + 1 and 2k columns) are ever compiled, not one per k."""
+    from mtpx.engine.draft_length import AutoDraftLength
+    torch._dynamo.reset()
+    schedule = [k, k, 0, 0, 0, 1, k, 0, 2, 2, 0, 0, k, 1, 0] * 4
+    outs = []
+    for backend in (None, "eager"):
+        llm = _llm(trained_tiny, spec, k, compile_backend=backend)
+        policy = AutoDraftLength(k)
+        llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+        step = iter(schedule)
+        policy.forced = next(step)
+
+        def on_step(engine):
+            policy.forced = next(step, k)
+
+        ps = [SamplingParams(max_tokens=30 - i % 5, ignore_eos=True) for i in range(4)]
+        outs.append(llm.generate(PROMPTS[:4], ps, on_step=on_step))
+        assert set(policy.histogram) >= {0, 1, k}
+    _same(*outs)
+    assert llm.engine.compiled.num_graphs <= 6

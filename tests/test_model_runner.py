@@ -55,9 +55,9 @@ def test_decode_step_reads_the_device_once(trained_tiny, spec, k):
     decode = runner._decode
     counts = []
 
-    def counted(decodes, results):
+    def counted(*args):
         with SyncCounter() as counter:
-            out = decode(decodes, results)
+            out = decode(*args)
         counts.append(counter.calls)
         return out
 

@@ -3,6 +3,7 @@ update_from_output as the one writer of request progress."""
 from __future__ import annotations
 
 from mtpx.cache.kv_cache_manager import KVCacheManager
+from mtpx.engine.draft_length import AutoDraftLength, FixedDraftLength
 from mtpx.engine.model_runner import RequestResult, RunnerOutput
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
@@ -11,7 +12,8 @@ from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
 
 def make(num_blocks=32, block_size=4, budget=2048, k=0, max_num_seqs=8, prefix=False, max_model_len=100):
     kv = KVCacheManager(num_blocks, block_size, prefix, k)
-    return Scheduler(kv, max_num_seqs, budget, k, max_len=max_model_len + 2 * k + 2, max_model_len=max_model_len)
+    return Scheduler(kv, max_num_seqs, budget, FixedDraftLength(k), max_len=max_model_len + 2 * k + 2,
+                     max_model_len=max_model_len)
 
 
 def req(i, n, max_tokens=8, stop=()):
@@ -104,6 +106,27 @@ def test_draft_budget_caps_the_window():
     s2.update_from_output(out, result(out, drafts={0: [1, 2, 3, 4]}))
     out = s2.schedule()     # 6 known, max_model_len 8: 2 positions left -> 1 draft
     assert [d.num_draft_tokens for d in out.decodes] == [1]
+
+
+def test_the_steps_k_caps_the_window_and_the_policy_learns_from_each_round():
+    s = make(k=4)
+    policy = s.draft_length = AutoDraftLength(4, alpha=0.5)
+    r = req(0, 5, max_tokens=50)
+    s.add(r)
+    out = s.schedule()
+    assert out.num_speculative_tokens == 4          # no step costs yet: every step drafts max_k
+    s.update_from_output(out, result(out, drafts={0: [1, 2, 3, 4]}))
+    policy.forced = 2
+    out = s.schedule()                              # 4 drafts in hand, k = 2: verify 2
+    assert out.num_speculative_tokens == 2 and [d.num_draft_tokens for d in out.decodes] == [2]
+    res = result(out, drafts={0: [5, 6]})
+    res.results[0].num_accepted = 1                 # draft 1 accepted, draft 2 rejected
+    s.update_from_output(out, res)
+    assert policy.acceptance == [1.0, 0.5, 1.0, 1.0] and policy.num_observed == [1, 1, 0, 0]
+    assert dict(policy.histogram) == {2: 1}
+    policy.forced = 0
+    out = s.schedule()
+    assert out.num_speculative_tokens == 0 and [d.num_draft_tokens for d in out.decodes] == [0]
 
 
 def test_update_cuts_at_a_stop_and_counts_committed_tokens():

@@ -1,13 +1,15 @@
 """Speculation against plain decoding on real prompts, side by side in one run: output tokens/s of
-plain decoding, mtp1 and mtp8 on the same GSM8K test prompts, at concurrency 1.
+plain decoding, mtp1, mtp8 (and other k, and the automatic k) on the same GSM8K test prompts.
 
     python tools/bench_speedup.py [--model checkpoints/demo] [--num-prompts 128] [--max-tokens 256] \
-        [--contenders plain mtp1 mtp8] [--rounds 4] [--compile] [--threads 2] \
-        [--out experiments/speedup_gsm8k]
+        [--contenders plain mtp1 mtp8 auto] [--concurrency 1] [--rounds 4] [--compile] \
+        [--threads 2] [--out experiments/speedup_gsm8k]
 
 One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
-with k = 8; `mtpK` for another k of multi-module MTP), each with max_num_seqs=1, so requests run
-one at a time (concurrency 1), greedy, at most --max-tokens each, eos ends a request. With
+with k = 8; `mtpK` for another k of multi-module MTP; `auto` = multi-module MTP with
+num_speculative_tokens=auto, its step costs calibrated at start-up, the seconds reported), each
+with max_num_seqs = --concurrency and at most that many requests in the engine at once, greedy,
+at most --max-tokens each, eos ends a request. With
 --compile every engine compiles its decode step and warms up before anything is timed. The first
 --num-prompts GSM8K test questions (formatted as the eval formats them) are cut into --rounds
 chunks; for each chunk every contender generates it, in an order rotated per chunk. Output
@@ -38,14 +40,16 @@ GSM8K_TEST = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 
 
 def _contender(name: str) -> tuple[str | None, int | None]:
-    """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K)."""
+    """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K); 'auto' -> ("mtp8", "auto")."""
     if name == "plain":
         return None, None
+    if name == "auto":
+        return "mtp8", "auto"
     if name == "mtp1":
         return "mtp1", 1
     if name.startswith("mtp") and name[3:].isdigit():
         return "mtp8", int(name[3:])
-    raise SystemExit(f"error: contender {name!r}: use plain, mtp1 or mtpK (multi-module MTP, k = K)")
+    raise SystemExit(f"error: contender {name!r}: use plain, mtp1, mtpK (multi-module MTP, k = K) or auto")
 
 
 def main(argv=None) -> int:
@@ -55,6 +59,7 @@ def main(argv=None) -> int:
     ap.add_argument("--num-prompts", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--contenders", nargs="+", default=["plain", "mtp1", "mtp8"])
+    ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
@@ -70,17 +75,19 @@ def main(argv=None) -> int:
     for name in args.contenders:
         spec, k = _contender(name)
         t0 = time.perf_counter()        # with compile, LLM() compiles and warms up the engine
-        llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k, max_num_seqs=1,
-                         compile=args.compile, max_model_len=1024)
+        llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k,
+                         max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024)
         if args.compile:
             compile_s[name] = time.perf_counter() - t0
             print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)
+        if llms[name].calibration is not None:
+            print(f"{name}: step costs calibrated in {llms[name].calibration['seconds']:.1f} s", flush=True)
     per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": []} for n in args.contenders}
     for c, chunk in enumerate(chunks):
         order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
         for name in order:
             t0 = time.perf_counter()
-            outs = llms[name].generate(chunk, params)
+            outs = llms[name].generate(chunk, params, max_concurrency=args.concurrency)
             dt = time.perf_counter() - t0
             n_tok = sum(len(o.output_token_ids) for o in outs)
             per[name]["tokens"] += n_tok
@@ -104,8 +111,11 @@ def main(argv=None) -> int:
                      "acceptance_length": None if spec is None else spec.acceptance_length,
                      "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
                      "chunks": p["chunks"]})
+        policy = llms[name].engine.draft_length
+        if policy.auto:
+            rows[-1]["auto_k"] = {**policy.summary(), "calibration": llms[name].calibration}
     lines = [f"# Output tok/s against plain decoding, same run ({Path(args.model).name}, "
-             f"{args.num_prompts} GSM8K test prompts, concurrency 1, max {args.max_tokens} tokens, "
+             f"{args.num_prompts} GSM8K test prompts, concurrency {args.concurrency}, max {args.max_tokens} tokens, "
              f"{'compiled' if args.compile else 'eager'}, {args.threads} threads)", "",
              "| contender | output tok/s | vs plain (chunk min-max) | acceptance length | "
              "output tokens | requests differing from plain |",
@@ -119,6 +129,16 @@ def main(argv=None) -> int:
     if "mtp1" in names and "mtp8" in names:
         r1, r8 = rows[names.index("mtp1")], rows[names.index("mtp8")]
         lines += ["", f"mtp8 / mtp1: {r8['output_tok_s'] / r1['output_tok_s']:.2f}x"]
+    for r in rows:
+        if "auto_k" in r:
+            hist = r["auto_k"]["k_histogram"]
+            total = sum(hist.values()) or 1
+            fixed = [x for x in rows if x["contender"] == "plain" or x["contender"].startswith("mtp")]
+            best = max(fixed, key=lambda x: x["output_tok_s"])
+            lines += ["", f"{r['contender']}: {r['output_tok_s'] / best['output_tok_s']:.2f}x the best fixed "
+                      f"contender ({best['contender']}); k per decode step (% of steps): "
+                      + ", ".join(f"{k}: {100 * n / total:.1f}" for k, n in hist.items())
+                      + f"; step costs calibrated in {r['auto_k']['calibration']['seconds']:.1f} s"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "speedup.json", {"args": vars(args), "platform": platform.platform(),

@@ -163,10 +163,9 @@ class CompiledDecode:
         return verify_forward(self.model, self.cache, meta)
 
     def _plan_and_draft(self, block_table, rows, num_tokens, target_end, is_drafting, target_start,
-                        target_hidden):
-        k = self.speculator.num_speculative_tokens
-        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, k + 1,
-                                     block_table.shape[1])
+                        target_hidden, num_columns, num_drafts):
+        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
+                                     block_table.shape[1], num_drafts)
         return self.speculator.draft_loop(self.cache, metas, rows, num_tokens - 1, target_start,
                                           target_hidden)
 
@@ -197,19 +196,24 @@ class CompiledDecode:
     @torch.inference_mode()
     def draft(self, block_table: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
               target_end: torch.Tensor, is_drafting: torch.Tensor, target_start: torch.Tensor,
-              target_hidden: torch.Tensor) -> torch.Tensor:
-        """speculator.plan (static: k + 1 columns, block_table.shape[1] blocks, block_table being
-        the verification's [Bp, blocks]) then speculator.draft_loop, compiled (their contracts).
+              target_hidden: torch.Tensor, num_columns: int | None = None,
+              num_drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """speculator.plan (static: num_columns columns, default k + 1, one graph per value;
+        block_table.shape[1] blocks, block_table being the verification's [Bp, blocks]; num_drafts
+        a 0-d int64 tensor, None: k) then speculator.draft_loop, compiled (their contracts).
         The plan is part of the graph with the torch attention backend; with FlashInfer, whose
         plans are host-side, it runs eager before the compiled loop."""
+        k = self.speculator.num_speculative_tokens
+        num_columns = k + 1 if num_columns is None else num_columns
+        if num_drafts is None:
+            num_drafts = torch.tensor(k, device=rows.device)
         _mark_batch(rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
         if self.plan_in_graph:
             _mark_meta_table(block_table)
             return self._call(self._draft, block_table, rows, num_tokens, target_end, is_drafting,
-                              target_start, target_hidden)
-        k = self.speculator.num_speculative_tokens
-        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, k + 1,
-                                     block_table.shape[1])
+                              target_start, target_hidden, num_columns, num_drafts)
+        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
+                                     block_table.shape[1], num_drafts)
         for m in metas:
             _mark_meta(m)
         return self._call(self._draft, self.cache, metas, rows, num_tokens - 1, target_start,

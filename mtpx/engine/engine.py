@@ -26,6 +26,7 @@ import torch
 
 from mtpx.cache.kv_cache_manager import KVCacheManager
 from mtpx.engine.config import EngineConfig, with_overrides
+from mtpx.engine.draft_length import AutoDraftLength, FixedDraftLength
 from mtpx.engine.model_runner import ModelRunner, StepTiming
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
@@ -36,12 +37,16 @@ __all__ = ["Engine", "EngineConfig", "StepTiming"]
 
 class Engine:
     """model: the target with its MTP modules; speculator: None (plain decoding) or a Speculator
-    (mtpx/spec_decode/protocol.py); config: an EngineConfig, with `overrides` of its fields applied.
+    (mtpx/spec_decode/protocol.py); config: an EngineConfig, with `overrides` of its fields applied;
+    draft_length: None (every step proposes the speculator's num_speculative_tokens) or an
+    AutoDraftLength over 0 .. that many (mtpx/engine/draft_length.py; without step costs, call
+    calibrate_draft_lengths before decoding).
 
     Raises ValueError naming the config key for values it cannot run with.
     """
 
-    def __init__(self, model, speculator=None, config: EngineConfig | None = None, **overrides):
+    def __init__(self, model, speculator=None, config: EngineConfig | None = None,
+                 draft_length: AutoDraftLength | None = None, **overrides):
         config = with_overrides(config, **overrides)
         k = 0 if speculator is None else speculator.num_speculative_tokens
         limit = model.cfg.max_position_embeddings
@@ -60,7 +65,12 @@ class Engine:
         self.model, self.num_speculative_tokens = model, k
         lookahead = 0 if speculator is None else speculator.num_lookahead_tokens
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, lookahead)
-        self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, k,
+        if draft_length is None:
+            draft_length = FixedDraftLength(k)
+        elif draft_length.max_k != k:
+            raise ValueError(f"automatic k over 0..{draft_length.max_k} but the speculator drafts {k}")
+        self.draft_length = draft_length
+        self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len)
         self.runner = ModelRunner(model, speculator, config, self.max_len)
         if config.check_invariants:

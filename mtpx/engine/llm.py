@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides
+from mtpx.engine.draft_length import AutoDraftLength, calibrate_step_costs, load_step_costs, save_step_costs
 from mtpx.engine.engine import Engine
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
@@ -27,6 +28,7 @@ from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
+AUTO_MAX_SINGLE_MODULE = 4     # num_speculative_tokens=auto with mtp1: k in 0 .. this
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16}
 
@@ -37,7 +39,10 @@ class LLM:
     DeepSeek layout; mtpx.hf.loader.load_pretrained) — or an MTPForCausalLM (then pass
     `tokenizer` to use string prompts); spec: None (plain decoding), "mtp1" (single-module MTP)
     or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per step (default: 1 for mtp1,
-    all modules for mtp8); dtype: "float32", "float64", "bfloat16" or "float16" for a
+    all modules for mtp8), or "auto": each step picks k in 0 .. all modules (mtp8) or 0 .. 4 (mtp1)
+    from online acceptance and measured step costs (mtpx/engine/draft_length.py); cost_model_file:
+    with "auto", a JSON file of step costs to load, or to write after calibrating at start-up when
+    it does not exist (None: calibrate, keep in `calibration`); dtype: "float32", "float64", "bfloat16" or "float16" for a
     checkpoint folder (a model instance keeps its own dtype); threads: torch threads; draft_path:
     a safetensors file of MTP modules to attach (tools/export_checkpoint.py --layout draft);
     allow_pickle: read pickle-only folders with torch.load(weights_only=True); device: where a
@@ -56,7 +61,7 @@ class LLM:
                  threads: int | None = None, draft_path: str | Path | None = None,
                  allow_pickle: bool = False, device: str = "cpu",
                  engine_config: EngineConfig | None = None, speculative_config: dict | None = None,
-                 **overrides):
+                 cost_model_file: str | Path | None = None, **overrides):
         if speculative_config is not None:
             if spec is not None or num_speculative_tokens is not None:
                 raise ValueError("give either speculative_config or spec / num_speculative_tokens, not both")
@@ -76,10 +81,39 @@ class LLM:
             self.model, self.tokenizer = load_pretrained(model, dtype=DTYPES[dtype], draft_path=draft_path,
                                                          allow_pickle=allow_pickle, device=device)
         self.spec = spec
-        self.speculator = build_speculator(spec, self.model, num_speculative_tokens)
-        self.engine = Engine(self.model, self.speculator, config)
+        auto = num_speculative_tokens == "auto"
+        if isinstance(num_speculative_tokens, str) and not auto:
+            raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r}: give an integer or 'auto' "
+                             "(spec.num_speculative_tokens)")
+        if auto and spec is None:
+            raise ValueError("num_speculative_tokens=auto needs a speculator: add +spec=mtp8 or +spec=mtp1")
+        k = (AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto else num_speculative_tokens
+        self.speculator = build_speculator(spec, self.model, k)
+        policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
+        self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
+        self.calibration = None               # auto: {"source", "seconds", "step_costs_ms"}
+        if auto:
+            self.calibration = self._calibrate(policy, cost_model_file, device)
+
+    def _calibrate(self, policy, path, device) -> dict:
+        """Step costs for the automatic k: from `path` when it exists, else measured now (and
+        written to `path` when given)."""
+        if path is not None and Path(path).exists():
+            costs, meta = load_step_costs(path)
+            policy.set_step_costs(costs)
+            return {"source": str(path), "seconds": 0.0, **meta}
+        t0 = time.perf_counter()
+        costs = calibrate_step_costs(self.engine)
+        policy.set_step_costs(costs)
+        meta = {"model": str(self.model_path or "in-memory model"), "threads": torch.get_num_threads(),
+                "compile": self.engine.config.compile, "device": device,
+                "max_num_seqs": self.engine.config.max_num_seqs}
+        if path is not None:
+            save_step_costs(path, costs, meta)
+        return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
+                "seconds": round(time.perf_counter() - t0, 2), **meta}
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -158,9 +158,10 @@ class ModelRunner:
             self.cache.set_block_table(self.rows[item.request.index], item.block_table)
         results: dict[int, RequestResult] = {}
         t0 = self._now()
-        self._prefill(out.prefills, results)
+        k = out.num_speculative_tokens if self.speculator is not None else 0
+        self._prefill(out.prefills, results, k)
         t1 = self._now()
-        verify_s, draft_s = self._decode(out.decodes, results)
+        verify_s, draft_s = self._decode(out.decodes, results, k)
         timing = None
         if self.config.record_step_timings:
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
@@ -244,7 +245,7 @@ class ModelRunner:
             out[b] = [(p.start + 1 + i, e) for i, e in enumerate(entries)]
         return out
 
-    def _prefill(self, prefills: list[ScheduledPrefill], results: dict) -> None:
+    def _prefill(self, prefills: list[ScheduledPrefill], results: dict, num_drafts: int) -> None:
         if not prefills:
             return
         cache, model, dev = self.cache, self.model, self.device
@@ -277,9 +278,10 @@ class ModelRunner:
             is_drafting = torch.tensor([p.is_last for p in prefills], device=dev)
             nt = torch.tensor(num_tokens, device=dev)
             start_t = meta.positions[:, 0]
-            metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting)
+            metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting, num_drafts=num_drafts)
             sampler = (self._draft_sampler(self._sampling(reqs), is_drafting) if last else None)
-            drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start_t, h, sampler).tolist()
+            drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start_t, h, sampler,
+                                                num_drafts)[:, :num_drafts].tolist()
             q = None if sampler is None else sampler.q
             final = self.speculator.num_final(rows, nt).tolist()
             num_final = [min(a, b) for a, b in zip(num_final, final)]
@@ -293,9 +295,14 @@ class ModelRunner:
                 logprobs=lps[last.index(b)] if lps is not None and is_last else None,
                 prompt_logprobs=prompt_lps.get(b))
 
-    def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
-        """The decode step (module doc); returns (verify_s, draft_s): the draft loop (with its
-        plan) and the rest of the step."""
+    def _decode(self, decodes: list[ScheduledDecode], results: dict, num_drafts: int) -> tuple[float, float]:
+        """The decode step (module doc), proposing num_drafts drafts for the next; returns
+        (verify_s, draft_s): the draft loop (with its plan) and the rest of the step.
+
+        Window widths: eager, 1 + the most drafts a request verifies; compiled, 1 in a step that
+        neither verifies nor proposes a draft (automatic k at 0), else k + 1 (fewer drafts are
+        padding: two graphs per function, not one per k). The draft loop's static forwards have as many columns as any of its forwards
+        covers (Speculator.max_positions; compiled: 1, k + 1 or 2k)."""
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
@@ -312,9 +319,19 @@ class ModelRunner:
               else min(cache.max_blocks, -(-need // self.block_size)))
         rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
         n = torch.tensor(n_host + [0] * pad, device=dev)
-        windows = k > 0        # plain decoding keeps its one token: the forward stores the state
+        T = 1 + max(nd_host)
+        narrow = T == 1 and num_drafts == 0     # compiled: the only steps with a 1-token window
+        if self.compiled is not None and not narrow:
+            T = k + 1
+        columns = 1
+        if self.speculator is not None:
+            columns = max(self.speculator.max_positions(1 + nd, num_drafts, len(d.request.draft_token_ids))
+                          for nd, d in zip(nd_host, decodes))
+            if self.compiled is not None and not narrow:
+                columns = k + 1 if columns <= k + 1 else 2 * k
+        windows = T > 1        # a window of one token is always kept: the forward stores the state
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
-                                 rows, k + 1, nb, keep_states=windows)
+                                 rows, T, nb, keep_states=windows)
         ids, h, logits = (verify_forward(self.model, cache, meta) if self.compiled is None
                           else self.compiled.verify(meta))
         sampling = self._sampling(reqs)
@@ -334,7 +351,6 @@ class ModelRunner:
             else:
                 cache.commit_recurrent(full_accepted, save)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
-        T = k + 1
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]
         cache.tokens[torch.where(keep, rows[:B, None], cache.pad_row), n[:B, None] + 1 + torch.arange(T, device=dev)] = emitted
         gaps = self._gaps(logits[:B])
@@ -351,10 +367,11 @@ class ModelRunner:
             start = meta.positions[:, 0]
             sampler = self._draft_sampler(sampling, is_drafting[:B])
             if self.compiled is not None and sampler is None:
-                drafts = self.compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h)
+                drafts = self.compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h,
+                                             columns, torch.tensor(num_drafts, device=dev))
             else:
-                metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, k + 1, nb)
-                drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start, h, sampler)
+                metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, columns, nb, num_drafts)
+                drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start, h, sampler, num_drafts)
             q = None if sampler is None else sampler.q
             final = torch.minimum(final, self.speculator.num_final(rows[:B], num_tokens))
             parts.append(drafts[:B])
@@ -366,7 +383,7 @@ class ModelRunner:
             m = row[T]
             results[r.index] = RequestResult(
                 row[: m + 1], nd_host[b], m,
-                draft_token_ids=row[T + 1: T + 1 + k] if self.speculator is not None else [],
+                draft_token_ids=row[T + 1: T + 1 + num_drafts] if self.speculator is not None else [],
                 draft_probs=None if q is None else q[b], num_final_tokens=row[-1],
                 logit_gaps=gaps[b][: m + 1] if gaps is not None else None,
                 logprobs=lps[b][: m + 1] if lps is not None and lps[b] is not None else None)

@@ -52,9 +52,13 @@ class ScheduledDecode:
 
 @dataclass
 class SchedulerOutput:
+    """num_speculative_tokens: drafts every request proposes for the next step (the k of this
+    step, mtpx/engine/draft_length.py; decodes verify at most that many of their drafts)."""
+
     prefills: list[ScheduledPrefill] = field(default_factory=list)
     decodes: list[ScheduledDecode] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    num_speculative_tokens: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -64,9 +68,10 @@ class SchedulerOutput:
 
 class Scheduler:
     """kv: the block manager; max_num_seqs: running requests at most (batch slots);
-    max_num_batched_tokens: target tokens per step; num_speculative_tokens: drafts per round (0:
-    plain decoding); the scheduler also reserves slots for that many positions beyond a step's last
-    token, which the speculator writes; max_len: positions a request's block table can cover;
+    max_num_batched_tokens: target tokens per step; draft_length: FixedDraftLength or
+    AutoDraftLength (mtpx/engine/draft_length.py), which picks each step's k and learns from its
+    rounds; the scheduler reserves slots for its max_k positions beyond a step's last token, which
+    the speculator writes; max_len: positions a request's block table can cover;
     max_model_len: positions a request may reach (prompt + output).
 
     Requests are added with add(); schedule() returns one step's work (the runner frees the batch
@@ -75,11 +80,12 @@ class Scheduler:
     """
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 num_speculative_tokens: int, max_len: int, max_model_len: int):
+                 draft_length, max_len: int, max_model_len: int):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.lookahead = num_speculative_tokens
+        self.draft_length = draft_length
+        self.lookahead = draft_length.max_k
         self.max_len = max_len
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -102,13 +108,15 @@ class Scheduler:
     def _slots(self, request: Request, end: int) -> int:
         return min(self.max_len, end + self.lookahead)
 
-    def draft_budget(self, r: Request) -> int:
-        """Drafts to verify: never more than the request can still use (ARCHITECTURE.md inv. 7)."""
+    def draft_budget(self, r: Request, k: int) -> int:
+        """Drafts to verify: at most the step's k, and never more than the request can still use
+        (ARCHITECTURE.md inv. 7)."""
         room = min(r.params.max_tokens - len(r.output_token_ids), self.max_model_len - r.num_tokens)
-        return max(0, min(len(r.draft_token_ids), room - 1))
+        return max(0, min(len(r.draft_token_ids), k, room - 1))
 
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+        k = self.draft_length.choose(len(self.running))
+        out = SchedulerOutput(num_speculative_tokens=k)
         budget = self.max_num_batched_tokens
         S = self.kv.block_size
         i = 0
@@ -124,7 +132,7 @@ class Scheduler:
                     continue
                 need = r.num_computed_tokens + n
             else:
-                n = 1 + min(self.draft_budget(r), budget - 1)
+                n = 1 + min(self.draft_budget(r, k), budget - 1)
                 need = r.num_tokens - 1 + n
             while not self.kv.allocate_slots(r.index, self._slots(r, need)):
                 victim = self.running[-1]
@@ -184,6 +192,11 @@ class Scheduler:
         those that finished, their blocks already published (what is final) and freed."""
         finished = []
         now = time.perf_counter()
+        if out.decodes:
+            self.draft_length.record(out.num_speculative_tokens)
+        for d in out.decodes:
+            res = result.results[d.request.index]
+            self.draft_length.observe(res.num_draft_tokens, res.num_accepted)
         for item in out.prefills + out.decodes:
             r = item.request
             res = result.results[r.index]

@@ -66,6 +66,15 @@ class _Row(NamedTuple):
     delta: str = ""
 
 
+def _k_histogram(m: dict) -> str | None:
+    """num_speculative_tokens=auto: "k: % of decode steps" for every k chosen, e.g. "0: 12.5 · 8: 87.5"."""
+    hist = m.get("k_histogram")
+    if not hist:
+        return None
+    total = sum(hist.values())
+    return " · ".join(f"{k}: {100 * n / total:.1f}" for k, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
+
+
 PER_POSITION = "per_position_acceptance"  # this key expands to one or several rows, see below
 _ROWS: list[_Row] = [
     _Row("Successful / failed requests", "num_requests", _requests),
@@ -77,6 +86,7 @@ _ROWS: list[_Row] = [
     _Row("Accepted tokens", "num_accepted_tokens", ",d", "rel"),
     _Row("Committed tokens", "num_committed_tokens", ",d", "rel"),
     _Row("Per-position acceptance (%)", PER_POSITION, "", "pts"),
+    _Row("Drafts per step, k (% of steps)", "k_histogram", _k_histogram),
     _Row("Prefix cache hit rate", "prefix_cache_hit_rate", _hit_rate, "pts"),
     _Row("Preemptions", "num_preemptions", ",d", "rel"),
     _Row("Mean TTFT (ms)", "mean_ttft_ms", ".2f", "rel"),
@@ -99,7 +109,7 @@ _ROWS: list[_Row] = [
          else str(len(m["lossless_near_ties"]))),
     _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
 ]
-_OPTIONAL_KEYS = ("accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
+_OPTIONAL_KEYS = ("k_histogram", "accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",

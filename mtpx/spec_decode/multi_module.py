@@ -78,17 +78,29 @@ class MultiModuleMTPSpeculator:
     def persistent_buffers(self) -> list[torch.Tensor]:
         return [self.computed, *self.window.buf]
 
+    def max_positions(self, num_window_tokens: int, num_drafts: int, num_prev_drafts: int) -> int:
+        """Speculator.max_positions: a module that drafted last round re-prefills max(window, k)
+        positions; one that caught up (k > num_prev_drafts) lags k - 1 positions behind a
+        drafting one, so it covers window - 1 + k."""
+        if num_drafts <= num_prev_drafts:
+            return max(num_window_tokens, num_drafts)
+        return num_window_tokens - 1 + num_drafts
+
     def plan(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
              target_end: torch.Tensor, is_drafting: torch.Tensor,
-             num_columns: int | None = None, num_blocks: int | None = None) -> list[ForwardMeta]:
+             num_columns: int | None = None, num_blocks: int | None = None,
+             num_drafts: int | torch.Tensor | None = None) -> list[ForwardMeta]:
         """Module k covers start_k .. end_k - 1 (module doc): a drafting row re-prefills from
         min(computed_k, n - k) to n - 1 (at most num_speculative_tokens + 1 positions after a
-        verification); the others catch up. Speculator.plan's contract."""
+        verification); the others catch up. Modules after the first num_drafts catch up in a
+        drafting row too, to n - k, over its re-prefill start (their stale positions are redone).
+        Speculator.plan's contract."""
         n = num_tokens - 1
         end = target_end
         metas = []
         for module in range(1, self.num_speculative_tokens + 1):
-            end = torch.where(is_drafting, n, torch.minimum(end, num_tokens - module)).clamp(min=0)
+            drafts = is_drafting if num_drafts is None else is_drafting & (module <= num_drafts)
+            end = torch.where(drafts, n, torch.minimum(end, num_tokens - module)).clamp(min=0)
             computed = self.computed[rows, module - 1]
             redo = torch.minimum(computed, n - module) if self.reprefill else computed
             start = torch.where(is_drafting, redo, computed).clamp(min=0)
@@ -101,20 +113,22 @@ class MultiModuleMTPSpeculator:
 
     def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
                    n: torch.Tensor, target_start: torch.Tensor, target_hidden: torch.Tensor,
-                   sampler=None) -> torch.Tensor:
+                   sampler=None, num_drafts: int | None = None) -> torch.Tensor:
         """Speculator.draft_loop: module k reads module k-1's outputs of this round (or, before
-        their start, of earlier rounds from the window) and drafts d_k."""
+        their start, of earlier rounds from the window) and drafts d_k (modules after the first
+        num_drafts, an int, draw no logits)."""
         model = self.model
         prev, prev_start = target_hidden, target_start
         drafts, outs = [], []
         for module, meta in enumerate(metas, start=1):
             a = run_module(model, cache, module, meta,
                            gather_hidden(meta, prev, prev_start, self.window, module - 1))
-            logits = model.draft_logits(module - 1, last_valid(a, meta))
-            d = (logits.argmax(-1) if sampler is None
-                 else sampler(logits, module - 1))
-            cache.tokens[rows, n + module] = d                               # read by module k+1
-            drafts.append(d)
+            if num_drafts is None or module <= num_drafts:
+                logits = model.draft_logits(module - 1, last_valid(a, meta))
+                d = (logits.argmax(-1) if sampler is None
+                     else sampler(logits, module - 1))
+                cache.tokens[rows, n + module] = d                           # read by module k+1
+                drafts.append(d)
             outs.append(a)
             prev, prev_start = a, meta.positions[:, 0]
         for module, (meta, a) in enumerate(zip(metas, outs), start=1):  # after every module read

@@ -38,19 +38,28 @@ class Speculator(Protocol):
 
     def plan(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
              target_end: torch.Tensor, is_drafting: torch.Tensor,
-             num_columns: int | None = None, num_blocks: int | None = None) -> list[ForwardMeta]:
+             num_columns: int | None = None, num_blocks: int | None = None,
+             num_drafts: int | torch.Tensor | None = None) -> list[ForwardMeta]:
         """The metadata of the round's module forwards, and the bookkeeping it implies.
         num_tokens: known tokens (x_0 .. x_n, n = num_tokens - 1; for a drafting row, every
         verified token); target_end: one past the target's last computed position (rows that do
         not draft, mid-prefill, only catch up to what their inputs allow). num_columns and
         num_blocks (both or neither): static metadata of that many columns, reading that many
-        blocks; None: dynamic metadata (a forward with nothing to do is left out)."""
+        blocks; None: dynamic metadata (a forward with nothing to do is left out). num_drafts:
+        drafts this round (an int, or a 0-d tensor inside a compiled graph; None: all
+        num_speculative_tokens); every module still advances over the verified tokens."""
+
+    def max_positions(self, num_window_tokens: int, num_drafts: int, num_prev_drafts: int) -> int:
+        """Most positions one forward of a decode round's plan covers for a request that verified a
+        window of num_window_tokens, drafted num_prev_drafts the round before and drafts
+        num_drafts now (host-side, for the static plan's columns)."""
 
     def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
                    n: torch.Tensor, target_start: torch.Tensor, target_hidden: torch.Tensor,
-                   sampler=None) -> torch.Tensor:
+                   sampler=None, num_drafts: int | None = None) -> torch.Tensor:
         """Run the planned forwards; -> drafts [B, num_speculative_tokens] int64 (garbage for
-        rows that do not draft), also written to cache.tokens[rows, n + 1 ..]. sampler: None
+        rows that do not draft and beyond num_drafts, the plan's int: no logits are drawn there),
+        also written to cache.tokens[rows, n + 1 ..]. sampler: None
         (argmax drafts) or sampler(logits [B, V], draft index) -> tokens [B], an
         mtpx.spec_decode.sampler.DraftSampler (eager only)."""
 

@@ -58,12 +58,19 @@ class SingleModuleMTPSpeculator:
     def persistent_buffers(self) -> list[torch.Tensor]:
         return [self.computed]
 
+    def max_positions(self, num_window_tokens: int, num_drafts: int, num_prev_drafts: int) -> int:
+        """Speculator.max_positions: step 1 covers the window's accepted tokens, the later steps
+        one position each."""
+        return num_window_tokens
+
     def plan(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
              target_end: torch.Tensor, is_drafting: torch.Tensor,
-             num_columns: int | None = None, num_blocks: int | None = None) -> list[ForwardMeta]:
+             num_columns: int | None = None, num_blocks: int | None = None,
+             num_drafts: int | torch.Tensor | None = None) -> list[ForwardMeta]:
         """[step 1: the module over computed .. end - 1 (every position the target computed since
         the last round; at most num_speculative_tokens + 1 after a verification), steps 2..k: one
-        position each for drafting rows]. Speculator.plan's contract."""
+        position each for drafting rows] (steps 2..num_drafts only, when given: an int leaves the
+        later steps out, a tensor gives them no token). Speculator.plan's contract."""
         n = num_tokens - 1
         end = torch.where(is_drafting, n, torch.minimum(target_end, n)).clamp(min=0)
         start = torch.minimum(self.computed[rows], end)
@@ -71,18 +78,20 @@ class SingleModuleMTPSpeculator:
         if not static and not bool((end > start).any()):
             return []
         metas = [module_meta(cache, start, end - start, rows, num_columns, num_blocks)]
+        steps = self.num_speculative_tokens if not isinstance(num_drafts, int) else num_drafts
         if static or bool(is_drafting.any()):
-            one = is_drafting.long()             # one token per drafting row, none otherwise
-            metas += [module_meta(cache, n - 2 + i, one, rows, 1 if static else None, num_blocks)
-                      for i in range(2, self.num_speculative_tokens + 1)]
+            for i in range(2, steps + 1):        # one token per drafting row, none otherwise
+                one = (is_drafting if num_drafts is None else is_drafting & (i <= num_drafts)).long()
+                metas.append(module_meta(cache, n - 2 + i, one, rows, 1 if static else None, num_blocks))
         self.computed[rows] = end
         return metas
 
     def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
                    n: torch.Tensor, target_start: torch.Tensor, target_hidden: torch.Tensor,
-                   sampler=None) -> torch.Tensor:
+                   sampler=None, num_drafts: int | None = None) -> torch.Tensor:
         """Speculator.draft_loop: step 1 drafts d_1 from the module's output at n - 1; step i >= 2
-        first runs the module at position n - 2 + i on (d_{i-1}, its previous output)."""
+        first runs the module at position n - 2 + i on (d_{i-1}, its previous output). num_drafts
+        0 (an int): step 1 only advances the module's KV, no draft."""
         model, k, B = self.model, self.num_speculative_tokens, rows.shape[0]
         if not metas:
             return torch.zeros(B, k, dtype=torch.long, device=rows.device)
@@ -90,7 +99,8 @@ class SingleModuleMTPSpeculator:
         hidden = gather_hidden(meta, target_hidden, target_start)
         a = last_valid(run_module(model, cache, 1, meta, hidden), meta)        # [B, hidden]
         out = []
-        for i in range(1, len(metas) + 1):
+        last = 0 if isinstance(num_drafts, int) and num_drafts == 0 else len(metas)
+        for i in range(1, last + 1):
             if i > 1:  # position n-2+i reads d_{i-1} = x_{n+i-1} and the previous output
                 m = metas[i - 1]
                 emb = model.model.embed_tokens(out[-1][:, None])

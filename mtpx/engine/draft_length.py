@@ -1,0 +1,249 @@
+"""How many drafts each engine step proposes: a fixed num_speculative_tokens, or
+`num_speculative_tokens=auto`.
+
+Auto (`AutoDraftLength`) picks, every step, the k in {0 .. max_k} with the highest predicted
+goodput at the step's batch size B:
+
+    goodput(k, B) = B * E[tokens | k] / t_step(k, B),    E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} p_j
+
+where p_j is the conditional acceptance of draft position j (accepted, given every earlier draft
+of the round was accepted: the expected accepted count of a round is the sum of its survival
+probabilities, Leviathan et al. 2023, eq. 1, here without their i.i.d. assumption), kept online as
+an exponential moving average per position with weight `alpha` per verified draft; t_step(k, B)
+is the engine's own measured decode-step cost (Engine.calibrate_draft_lengths at start-up, or a
+saved file), linear in B between calibrated batch sizes and proportional to B beyond the largest.
+
+- The estimates start at 1 (optimistic), so the first steps try every position they can afford and
+  measure it; a position beyond the k in use keeps its last estimate, and every `probe_interval`
+  steps one step proposes one draft more than the k in use so that estimate stays current.
+- Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
+  `hysteresis` (a fraction), so k does not flap between near-equal choices.
+- A step with k = 0 still advances every draft module over the accepted tokens (the speculators'
+  catch-up, mtpx/spec_decode/multi_module.py), so the module KV is exact when drafting resumes.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+
+__all__ = ["FixedDraftLength", "AutoDraftLength", "calibrate_step_costs", "default_batch_sizes",
+           "load_step_costs", "save_step_costs"]
+
+
+class FixedDraftLength:
+    """Every step proposes k drafts (0: plain decoding). histogram: {k: steps with decodes}."""
+
+    auto = False
+
+    def __init__(self, k: int):
+        self.max_k = self.k = k
+        self.histogram: Counter = Counter()
+
+    def choose(self, batch_size: int) -> int:
+        return self.k
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        pass
+
+    def record(self, k: int) -> None:
+        self.histogram[k] += 1
+
+
+class AutoDraftLength:
+    """The automatic k (module doc).
+
+    max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
+    step ms} for every k in 0..max_k at one or more batch sizes (None: calibrate before the first
+    choose; until then every step uses max_k); alpha: EMA weight of one verified draft;
+    hysteresis: relative goodput margin to change k; probe_interval: steps between probes (0: none).
+    Raises ValueError when step_costs lacks a k at one of its batch sizes.
+    """
+
+    auto = True
+
+    def __init__(self, max_k: int, step_costs: dict | None = None, alpha: float = 0.05,
+                 hysteresis: float = 0.05, probe_interval: int = 64):
+        self.max_k, self.alpha, self.hysteresis, self.probe_interval = max_k, alpha, hysteresis, probe_interval
+        self.step_costs = None
+        self.forced: int | None = None        # calibration: every step uses this k
+        self.reset()
+        if step_costs is not None:
+            self.set_step_costs(step_costs)
+
+    def reset(self) -> None:
+        """Forget the acceptance estimates, the k in use and the histogram (not the costs)."""
+        self.acceptance = [1.0] * self.max_k         # p_j, j = 1 .. max_k
+        self.num_observed = [0] * self.max_k         # verified drafts seen per position
+        self.k = self.max_k
+        self.histogram: Counter = Counter()
+        self._steps = 0
+
+    def set_step_costs(self, step_costs: dict) -> None:
+        batches = sorted({b for _, b in step_costs})
+        missing = [(k, b) for b in batches for k in range(self.max_k + 1) if (k, b) not in step_costs]
+        if missing:
+            raise ValueError(f"step costs miss (k, batch size) {missing[:4]}: calibrate every k in "
+                             f"0..{self.max_k} at each batch size (spec.cost_model_file)")
+        self.step_costs, self._batches = dict(step_costs), batches
+
+    def cost(self, k: int, batch_size: int) -> float:
+        """Predicted step ms at k drafts and batch_size (module doc)."""
+        bs, c = self._batches, self.step_costs
+        if batch_size >= bs[-1]:
+            return c[(k, bs[-1])] * batch_size / bs[-1]
+        if batch_size <= bs[0]:
+            return c[(k, bs[0])]
+        i = bisect.bisect_right(bs, batch_size)
+        b0, b1 = bs[i - 1], bs[i]
+        w = (batch_size - b0) / (b1 - b0)
+        return (1 - w) * c[(k, b0)] + w * c[(k, b1)]
+
+    def expected_tokens(self, k: int) -> float:
+        """E[tokens per request step | k] from the current estimates."""
+        total, survive = 1.0, 1.0
+        for p in self.acceptance[:k]:
+            survive *= p
+            total += survive
+        return total
+
+    def goodput(self, k: int, batch_size: int) -> float:
+        """Predicted tokens per ms."""
+        return batch_size * self.expected_tokens(k) / self.cost(k, batch_size)
+
+    def choose(self, batch_size: int) -> int:
+        """The k for a step of batch_size requests (module doc)."""
+        if self.forced is not None:
+            return self.forced
+        if self.step_costs is None:
+            return self.max_k
+        batch_size = max(1, batch_size)
+        self._steps += 1
+        g = [self.goodput(k, batch_size) for k in range(self.max_k + 1)]
+        best = max(range(self.max_k + 1), key=g.__getitem__)
+        if g[best] > (1 + self.hysteresis) * g[self.k]:
+            self.k = best
+        if self.probe_interval and self._steps % self.probe_interval == 0 and self.k < self.max_k:
+            return self.k + 1
+        return self.k
+
+    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
+        given every earlier one was accepted; the first num_accepted were accepted."""
+        for j in range(min(num_accepted + 1, num_draft_tokens)):
+            hit = 1.0 if j < num_accepted else 0.0
+            self.acceptance[j] += self.alpha * (hit - self.acceptance[j])
+            self.num_observed[j] += 1
+
+    def record(self, k: int) -> None:
+        self.histogram[k] += 1
+
+    def summary(self) -> dict:
+        """For metrics.json: the histogram of k per step, the estimates, the costs."""
+        return {"k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
+                "conditional_acceptance": [round(p, 4) for p in self.acceptance],
+                "num_observed": list(self.num_observed),
+                "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
+                                  for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
+
+
+def default_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 4, 16, 64, ... below max_num_seqs, and max_num_seqs."""
+    sizes, b = [], 1
+    while b < max_num_seqs:
+        sizes.append(b)
+        b *= 4
+    return sizes + [max_num_seqs]
+
+
+def calibrate_step_costs(engine, batch_sizes=None, steps: int = 4, prompt_len: int = 16,
+                         seed: int = 0) -> dict:
+    """Measure the engine's own decode step at every k in 0..max_k and batch size: B requests of
+    random prompts decode together while every step is forced to k; the cost is the median of
+    verify + draft time over `steps` steps in which all B requests verified k drafts (a step after
+    a change of k, which verifies the old k's drafts, is not counted). The engine must be idle;
+    afterwards it is again (requests aborted, prefix cache and timings reset, the policy's
+    estimates forgotten). Returns {(k, B): ms}. Raises ValueError when the engine has no automatic
+    k or is busy."""
+    import statistics
+    import torch
+    from mtpx.engine.request import Request
+    from mtpx.engine.sampling_params import SamplingParams
+
+    policy = engine.draft_length
+    if not getattr(policy, "auto", False):
+        raise ValueError("calibration needs num_speculative_tokens=auto")
+    if engine.has_unfinished_requests():
+        raise ValueError("calibrate the step costs before adding requests")
+    cfg = engine.config
+    batch_sizes = default_batch_sizes(cfg.max_num_seqs) if batch_sizes is None else sorted(set(batch_sizes))
+    g = torch.Generator().manual_seed(seed)
+    vocab = engine.model.cfg.vocab_size
+    prompt_len = max(1, min(prompt_len, engine.max_model_len // 4))
+    params = SamplingParams(max_tokens=engine.max_model_len - prompt_len, ignore_eos=True)
+    costs, next_id = {}, -1
+    saved_timing = cfg.record_step_timings
+    engine.runner.config.record_step_timings = True
+    try:
+        for b in batch_sizes:
+            live = []
+            for k in range(policy.max_k + 1):
+                policy.forced = k
+                times = []
+                for _ in range(4 * steps + 8):
+                    live = [r for r in live if not r.finished]
+                    while len(live) < b:          # keep b requests decoding
+                        r = Request(next_id, torch.randint(2, vocab, (prompt_len,), generator=g).tolist(), params)
+                        next_id -= 1
+                        engine.add_request(r)
+                        live.append(r)
+                    engine.reset_step_timings()
+                    engine.step()
+                    t = engine.step_timings[-1] if engine.step_timings else None
+                    if (t is not None and t.num_decodes == b and not t.num_prefill_tokens
+                            and t.num_draft_tokens == k * b):
+                        times.append(1e3 * (t.verify_s + t.draft_s))
+                        if len(times) == steps + 1:
+                            break
+                times = times[1:]                 # the first may have compiled a graph
+                if not times:
+                    raise ValueError(f"calibration: no step at k={k}, batch {b} verified {k} drafts per "
+                                     "request (engine.max_model_len too small?)")
+                costs[(k, b)] = statistics.median(times)
+            for r in live:
+                engine.abort(r)
+            engine.pop_aborted()
+    finally:
+        policy.forced = None
+        engine.runner.config.record_step_timings = saved_timing
+        engine.reset_step_timings()
+        engine.kv.reset_prefix_cache()
+        policy.reset()
+    return costs
+
+
+def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:
+    """Write {(k, B): ms} and `meta` (model, threads, compile, device) as JSON, atomically."""
+    path = Path(path)
+    rows = [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(step_costs.items())]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({**meta, "step_costs": rows}, indent=1))
+    os.replace(tmp, path)
+
+
+def load_step_costs(path: str | Path) -> tuple[dict, dict]:
+    """-> ({(k, B): ms}, the file's other keys). Raises ValueError naming the file when it is not
+    a step-cost file (FileNotFoundError when missing)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        costs = {(int(r["k"]), int(r["batch_size"])): float(r["step_ms"]) for r in data.pop("step_costs")}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"spec.cost_model_file={path}: not a step-cost file ({e}); write one with "
+                         "Engine.calibrate_draft_lengths or delete it") from None
+    if not costs or any(not math.isfinite(v) or v <= 0 for v in costs.values()):
+        raise ValueError(f"spec.cost_model_file={path}: step costs must be positive numbers")
+    return costs, data

@@ -1,0 +1,194 @@
+"""num_speculative_tokens=auto (mtpx/engine/draft_length.py): the policy's arithmetic, and the
+engine with a k that changes every step: lossless, every proposal equal to from-scratch drafts,
+and the draft modules' KV exact after a stretch of k = 0."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from mtpx import LLM
+from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes,
+                                      load_step_costs, save_step_costs)
+from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
+                           run_checked, tiny_config)
+from tests.test_reprefill import _reference_kv, kv_at
+
+
+def costs(ms_by_k: dict[int, list[float]], batches=(1, 4)) -> dict:
+    return {(k, b): ms for k, row in ms_by_k.items() for b, ms in zip(batches, row)}
+
+
+# ---- the policy ----------------------------------------------------------------------------------
+def test_expected_tokens_is_the_sum_of_survival_probabilities():
+    p = AutoDraftLength(3)
+    p.acceptance = [0.8, 0.5, 0.25]
+    assert p.expected_tokens(0) == 1.0
+    assert p.expected_tokens(1) == pytest.approx(1.8)
+    assert p.expected_tokens(3) == pytest.approx(1 + 0.8 + 0.4 + 0.1)
+
+
+def test_step_cost_is_linear_between_batch_sizes_and_proportional_beyond():
+    p = AutoDraftLength(1, costs({0: [10.0, 16.0], 1: [12.0, 30.0]}))
+    assert p.cost(0, 1) == 10.0 and p.cost(0, 4) == 16.0
+    assert p.cost(0, 2) == pytest.approx(12.0)          # a third of the way from 1 to 4
+    assert p.cost(1, 8) == pytest.approx(60.0)          # 2x the largest batch calibrated
+
+
+def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
+    # k = 2 costs 1.5x plain at batch 1 but 4x at batch 4
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+                        probe_interval=0)
+    p.acceptance = [0.9, 0.9]
+    assert p.choose(1) == 2                              # 2.71 / 15 beats 1.9 / 12 and 1 / 10
+    assert p.choose(4) == 0                              # 1 / 10 beats 1.9 / 25 and 2.71 / 40
+    p.acceptance = [0.9, 0.3]
+    p.k = 2                                              # 1.9 / 12 = 0.158 vs 2.17 / 15 = 0.145:
+    assert p.choose(1) == 1                              # more than 5% better: switch
+    p.acceptance = [0.9, 0.56]
+    assert p.choose(1) == 1                              # k=2 now 2.404 / 15 = 0.160: within 5%, stay
+
+
+def test_probes_one_more_draft_every_probe_interval():
+    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), probe_interval=4)
+    p.acceptance = [0.5, 0.5]
+    ks = [p.choose(1) for _ in range(8)]
+    assert ks == [0, 0, 0, 1, 0, 0, 0, 1]
+
+
+def test_observe_counts_only_the_drafts_that_were_verified():
+    p = AutoDraftLength(4, alpha=0.5)
+    p.observe(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
+    assert p.acceptance == [1.0, 0.5, 1.0, 1.0] and p.num_observed == [1, 1, 0, 0]
+    p.observe(num_draft_tokens=2, num_accepted=2)        # both accepted, nothing beyond verified
+    assert p.acceptance == [1.0, 0.75, 1.0, 1.0] and p.num_observed == [2, 2, 0, 0]
+    p.observe(num_draft_tokens=0, num_accepted=0)
+    assert p.num_observed == [2, 2, 0, 0]
+
+
+def test_step_costs_must_cover_every_k_and_files_round_trip(tmp_path):
+    with pytest.raises(ValueError, match=r"miss \(k, batch size\) \[\(1, 4\)\]"):
+        AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 2.0, (0, 4): 3.0})
+    c = costs({0: [1.0, 2.0], 1: [1.5, 4.0]})
+    save_step_costs(tmp_path / "c.json", c, {"threads": 2})
+    assert load_step_costs(tmp_path / "c.json") == (c, {"threads": 2})
+    (tmp_path / "bad.json").write_text(json.dumps({"step_costs": [{"k": 0}]}))
+    with pytest.raises(ValueError, match="spec.cost_model_file=.*bad.json: not a step-cost file"):
+        load_step_costs(tmp_path / "bad.json")
+    assert default_batch_sizes(64) == [1, 4, 16, 64] and default_batch_sizes(6) == [1, 4, 6]
+
+
+# ---- the engine with a k per step -----------------------------------------------------------------
+MODEL = None
+
+
+def model():
+    global MODEL
+    if MODEL is None:
+        MODEL = peaked_model(tiny_config())
+    return MODEL
+
+
+def forced_engine(spec: str, k: int, **kw) -> tuple[LLM, AutoDraftLength]:
+    """An engine whose every step uses policy.forced (set by the test between steps)."""
+    llm = make_llm(model(), spec, k, **kw)
+    policy = AutoDraftLength(k)
+    llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+    return llm, policy
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=st.sampled_from([("mtp8", 4), ("mtp1", 3)]),
+       segments=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 12)), min_size=2, max_size=6),
+       prompt_lens=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+       prefix=st.booleans(), seed=st.integers(0, 3))
+def test_any_k_schedule_is_lossless_and_drafts_stay_exact(spec, segments, prompt_lens, prefix, seed):
+    """Greedy output identical to plain decoding, every proposal equal to the from-scratch drafts
+    of the request's tokens, for k schedules with long stretches of k = 0."""
+    name, K = spec
+    llm, policy = forced_engine(name, K, enable_prefix_caching=prefix, max_num_seqs=3)
+    checked = install_draft_check(llm, model(), name, K)
+    schedule = [min(k, K) for k, n in segments for _ in range(n)]
+    step = iter(schedule)
+    policy.forced = next(step)
+
+    def on_step(engine):
+        policy.forced = next(step, K)
+
+    g = random.Random(seed)
+    prompts = [[g.randrange(2, 64) for _ in range(n)] for n in prompt_lens]
+    prompts.append(prompts[0][: max(1, len(prompts[0]) // 2)] + [3, 4])   # shares a prefix
+    run_checked(llm, model(), prompts, [_params(g.randrange(5, 40)) for _ in prompts], on_step=on_step)
+    assert all(c[0] for c in checked), [c[1:] for c in checked if not c[0]][:2]
+    assert_clean(llm)
+
+
+@pytest.mark.parametrize("stretch", [1, 7])
+def test_module_kv_after_a_k0_stretch_equals_from_scratch(stretch):
+    """After k = K steps then `stretch` steps of k = 0, every draft module's KV at the positions
+    whose inputs are known equals its from-scratch value, so the drafts (and their acceptance)
+    after the stretch are those of a run that never stopped drafting."""
+    K = 4
+    llm, policy = forced_engine("mtp8", K)
+    checked = install_draft_check(llm, model(), "mtp8", K)
+    schedule = [K] * 3 + [0] * stretch + [K] * 3
+    seen = []
+
+    def on_step(engine):
+        i = len(seen)
+        seen.append(policy.forced)
+        if seen[-1] == 0 and i + 1 < len(schedule) and schedule[i + 1] == K:   # the stretch ends
+            (r,) = engine.scheduler.running
+            seq, row = r.all_token_ids, engine.runner.rows[r.index]
+            n = len(seq) - 1
+            ref = _reference_kv(model(), seq, K)
+            for m in range(1, K + 1):
+                final = n - m + 1                       # positions j with x_{j+m} known
+                for got, want in zip(kv_at(engine.cache, m - 1, row, final), kv_at(ref, m - 1, 0, final)):
+                    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+            on_step.compared = True
+        policy.forced = schedule[i + 1] if i + 1 < len(schedule) else K
+
+    on_step.compared = False
+    policy.forced = schedule[0]
+    run_checked(llm, model(), [[5, 9, 13, 2, 40, 41, 7]], [_params(40)], on_step=on_step)
+    assert on_step.compared
+    after = [c for c in checked if len(c[2]) == K][3:]    # proposals after the stretch
+    assert after and all(c[0] for c in checked)
+
+
+def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
+    llm = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
+              cost_model_file=tmp_path / "costs.json")
+    policy = llm.engine.draft_length
+    assert policy.auto and policy.max_k == len(model().mtp)
+    assert sorted(policy.step_costs) == [(k, b) for k in range(policy.max_k + 1) for b in (1, 4)]
+    assert all(ms > 0 for ms in policy.step_costs.values())
+    assert llm.calibration["source"].startswith("calibrated, saved to")
+    assert_clean(llm)
+    assert not policy.histogram and policy.num_observed == [0] * policy.max_k
+    again = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
+                cost_model_file=tmp_path / "costs.json")           # loads the file, measures nothing
+    assert again.calibration["seconds"] == 0.0 and again.engine.draft_length.step_costs == policy.step_costs
+    with pytest.raises(ValueError, match="calibrate the step costs before adding requests"):
+        from mtpx.engine.request import Request
+        again.engine.add_request(Request(0, [1, 2], _params(3)))
+        calibrate_step_costs(again.engine)
+
+
+def test_auto_is_lossless_end_to_end_and_records_the_k_per_step():
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4)
+    prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
+    run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
+    hist = llm.engine.draft_length.histogram
+    assert sum(hist.values()) > 0 and set(hist) <= set(range(len(model().mtp) + 1))
+
+
+def test_auto_needs_a_speculator_and_a_known_word():
+    with pytest.raises(ValueError, match="needs a speculator"):
+        LLM(model=model(), num_speculative_tokens="auto")
+    with pytest.raises(ValueError, match="give an integer or 'auto'"):
+        LLM(model=model(), spec="mtp8", num_speculative_tokens="automatic")
