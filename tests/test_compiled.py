@@ -236,7 +236,7 @@ def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k
         step = iter(schedule)
         policy.forced = next(step)
 
-        def on_step(engine):
+        def on_step(engine, policy=policy, step=step):
             policy.forced = next(step, k)
 
         ps = [SamplingParams(max_tokens=30 - i % 5, ignore_eos=True) for i in range(4)]
