@@ -282,7 +282,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
     if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-        raise ValueError(f"spec.num_speculative_tokens={k!r}: give an integer >= 0 or auto")
+        raise ValueError(f"spec.num_speculative_tokens={k!r}: give an integer >= 0, null or auto")
     if k == 0:                  # k = 0 is plain decoding (a point of a sweep over k)
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
@@ -335,7 +335,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     group, job = _sweep_group()
     logger = RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,
                        config=OmegaConf.to_container(OmegaConf.create(used), resolve=True), group=group,
-                       run_name=f"{method or 'plain'}-k{llm.num_speculative_tokens}-{cfg.data.name}-"
+                       run_name=f"{method or 'plain'}-k{'auto' if k == 'auto' else llm.num_speculative_tokens}-{cfg.data.name}-"
                                 f"{Path(str(path)).name}" + (f"-{job}" if job is not None else ""))
     try:
         with GracefulInterrupt() as interrupt:
@@ -426,9 +426,11 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
         metrics["chat_template"] = chat
     metrics["run"] = {"mode": mode, "model": str(cfg.model.get("path") or DEFAULT_MODEL), "dtype": dtype,
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
+                      "automatic_k": bool(method) and k == "auto",
                       "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
                       "threads_reason": threads.reason, "torch": torch.__version__, "commit": source_commit()}
-    dead = dead_position_warning(aggregate_spec(outs)) if method is not None else None
+    dead = (dead_position_warning(aggregate_spec(outs), rounds=[x for o in outs for x in o.spec.rounds])
+            if method is not None else None)
     if dead:
         print(dead, file=sys.stderr)
         metrics["acceptance_warning"] = dead
@@ -489,14 +491,17 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     return 1 if _all_failed(outs) else code
 
 
-def dead_position_warning(spec, min_tries: int = 20) -> str | None:
+def dead_position_warning(spec, min_tries: int = 20, rounds=None) -> str | None:
     """A line when some draft position accepted nothing in at least `min_tries` rounds that reached
-    it (the previous position was accepted), the sign of a broken draft module (NaN weights, a
+    it (the previous position was accepted, and the round drafted that far: `rounds`, the
+    (num_draft_tokens, num_accepted, ...) records of every request, counts it; without them every
+    round is assumed to draft all positions), the sign of a broken draft module (NaN weights, a
     module trained for another target); None otherwise."""
     counts = spec.accepted_per_position
     for i in range(1, len(counts)):
-        if counts[i - 1] >= min_tries and counts[i] == 0:
-            return (f"warning: draft position {i + 1} accepted 0 of the {counts[i - 1]} drafts that reached it "
+        reached = counts[i - 1] if rounds is None else sum(1 for r in rounds if r[0] > i and r[1] >= i)
+        if reached >= min_tries and counts[i] == 0:
+            return (f"warning: draft position {i + 1} accepted 0 of the {reached} drafts that reached it "
                     f"(position {i} accepted them): draft module {i + 1} looks broken; check its weights")
     return None
 

@@ -287,12 +287,23 @@ def compose_error(argv: list[str], conf_dir: Path) -> str | None:
                     cfg = compose("config", overrides=overrides)
                 except Exception as e:  # noqa: BLE001 - every composition error becomes one line
                     return explain(e, overrides)
-                extra = extra_key(cfg)
+                extra = extra_key(cfg) or spec_k_error(cfg)
                 if extra is not None:
                     return extra
     finally:
         GlobalHydra.instance().clear()
     return None
+
+
+def spec_k_error(cfg) -> str | None:
+    """spec.num_speculative_tokens is an integer, null or auto (its schema type is Any for "auto")."""
+    spec = cfg.get("spec")
+    if spec is None or OmegaConf.is_missing(spec, "num_speculative_tokens"):
+        return None
+    k = spec.num_speculative_tokens
+    if k is None or k == "auto" or (isinstance(k, int) and not isinstance(k, bool)):
+        return None
+    return f"spec.num_speculative_tokens={k}: must be an integer, null or auto"
 
 
 def extra_key(cfg) -> str | None:

@@ -52,11 +52,26 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     assert p.choose(1) == 1                              # k=2 now 2.404 / 15 = 0.160: within 5%, stay
 
 
-def test_probes_one_more_draft_every_probe_interval():
+def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
     p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), probe_interval=4)
     p.acceptance = [0.5, 0.5]
-    ks = [p.choose(1) for _ in range(8)]
-    assert ks == [0, 0, 0, 1, 0, 0, 0, 1]
+    assert [p.choose(1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 0]     # no k below 0
+    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), probe_interval=2)
+    assert [p.choose(1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
+
+
+def test_measured_step_costs_correct_the_calibration_per_k():
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), beta=0.5,
+                        probe_interval=0)
+    p.acceptance = [0.9, 0.9]
+    assert p.choose(1) == 2                              # 2.71 / 14 beats 1.9 / 12
+    p.observe_step(2, 1, 28.0)                           # k = 2 really costs twice the calibration
+    assert p.correction == {2: 2.0} and p.cost(2, 1) == 28.0
+    assert p.cost(0, 1) == 20.0                          # unmeasured ks take the median correction
+    p.observe_step(1, 1, 12.0)
+    p.observe_step(2, 1, 14.0)                           # EMA: 2 + 0.5 (1 - 2)
+    assert p.correction == {1: 1.0, 2: 1.5} and p.cost(0, 1) == 12.5
+    assert p.choose(1) == 1                              # 1.9 / 12 beats 2.71 / 21
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():

@@ -333,7 +333,8 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     (["eval.max_tokens=null"], "eval.max_tokens=null: must not be null"),
     (["train.data_sources=gsm8k"], "train.data_sources=gsm8k: must be a list, e.g. [a,b]"),
     (["logger=wandb", "logger.projet=x"], "unknown key 'logger.projet': did you mean logger.project?"),
-    (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens=x: must be an integer"),
+    (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens=x: must be an integer, null or auto"),
+    (["+spec=mtp8", "spec.num_speculative_tokens=2.5"], "spec.num_speculative_tokens=2.5: must be an integer, null or auto"),
 ])
 def test_typos_and_wrong_types_fail_before_the_run(argv, message):
     """Structured configs (mtpx/schema.py): an unknown key, with or without '+', or a value of the
@@ -390,6 +391,12 @@ def test_a_position_that_never_accepts_is_flagged():
         "draft module 3 looks broken; check its weights")
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 5, 0])) is None   # too few tries
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 2])) is None
+    # automatic k: rounds that drafted only 2 tokens never reached position 3
+    assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 0]),
+                                 rounds=[(2, 2, 3)] * 30 + [(1, 1, 2)] * 20) is None
+    assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 0]),
+                                 rounds=[(3, 2, 3)] * 30 + [(1, 1, 2)] * 20).startswith(
+        "warning: draft position 3 accepted 0 of the 30 drafts")
 
 
 def test_k_zero_is_plain_decoding_in_a_sweep(tiny_ckpt, tmp_path):
@@ -479,3 +486,20 @@ def test_bad_config_json_is_one_line_naming_the_file(tiny_ckpt, tmp_path, edit, 
     assert str(e.value).startswith(f"{folder / 'config.json'}: {message}") and "\n" not in str(e.value)
     with pytest.raises(FileNotFoundError, match="is a file, not a checkpoint folder"):
         LLM(model=folder / "config.json")
+
+
+def test_eval_with_automatic_k_records_the_k_per_step(tiny_ckpt, tmp_path):
+    """spec.num_speculative_tokens=auto: lossless, metrics.json has the k per decode step and the
+    calibrated costs, the report a row for it, and spec.cost_model_file is written for the next run."""
+    costs = tmp_path / "costs.json"
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=auto",
+                f"spec.cost_model_file={costs}", "eval.num_prompts=4", "eval.max_tokens=16", "logger=none",
+                "eval.concurrency=2", "engine.max_num_seqs=2"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["lossless_mismatches"] == 0
+    hist = metrics["k_histogram"]
+    assert sum(hist.values()) > 0 and all(0 <= int(k) <= 4 for k in hist)   # the tiny model has 4 modules
+    assert sorted((c["k"], c["batch_size"]) for c in metrics["auto_k"]["step_costs_ms"]) == \
+        [(k, b) for k in range(5) for b in (1, 2)]
+    assert costs.is_file() and "Drafts per step, k (% of steps)" in (tmp_path / "report.txt").read_text()

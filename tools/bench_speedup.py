@@ -6,7 +6,7 @@ plain decoding, mtp1, mtp8 (and other k, and the automatic k) on the same GSM8K 
         [--threads 2] [--out experiments/speedup_gsm8k]
 
 One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
-with k = 8; `mtpK` for another k of multi-module MTP; `auto` = multi-module MTP with
+with k = 8; `mtpK` or `mtp8:K` for another k of multi-module MTP; `auto` = multi-module MTP with
 num_speculative_tokens=auto, its step costs calibrated at start-up, the seconds reported), each
 with max_num_seqs = --concurrency and at most that many requests in the engine at once, greedy,
 at most --max-tokens each, eos ends a request. With
@@ -49,6 +49,8 @@ def _contender(name: str) -> tuple[str | None, int | None]:
         return "mtp1", 1
     if name.startswith("mtp") and name[3:].isdigit():
         return "mtp8", int(name[3:])
+    if name.startswith("mtp8:") and name[5:].isdigit():     # mtp8:1 = multi-module MTP with k = 1
+        return "mtp8", int(name[5:])
     raise SystemExit(f"error: contender {name!r}: use plain, mtp1, mtpK (multi-module MTP, k = K) or auto")
 
 
@@ -133,7 +135,7 @@ def main(argv=None) -> int:
         if "auto_k" in r:
             hist = r["auto_k"]["k_histogram"]
             total = sum(hist.values()) or 1
-            fixed = [x for x in rows if x["contender"] == "plain" or x["contender"].startswith("mtp")]
+            fixed = [x for x in rows if "auto_k" not in x]
             best = max(fixed, key=lambda x: x["output_tok_s"])
             lines += ["", f"{r['contender']}: {r['output_tok_s'] / best['output_tok_s']:.2f}x the best fixed "
                       f"contender ({best['contender']}); k per decode step (% of steps): "

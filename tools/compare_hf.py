@@ -18,8 +18,9 @@ configuration decodes every prompt greedily for exactly `--max-new-tokens` token
     as Qwen3NextForCausalLM (the demo's architecture): the row then says why, with no number;
   - mtpx: `LLM(checkpoint, spec=S, max_num_seqs=--batch-size).generate(ids,
     SamplingParams(max_tokens=N, ignore_eos=True))` for each S of `--specs` (none, mtp1, mtp8:
-    mtp8 drafts with every module of the checkpoint); all prompts in one call, at most
-    --batch-size in flight (continuous batching).
+    mtp8 drafts with every module of the checkpoint) and each of `--modes` (eager, compiled:
+    engine.compile, compiled and warmed up before anything is timed); all prompts in one call,
+    at most --batch-size in flight (continuous batching).
 Each configuration gets one untimed warm-up (the first prompt, a few tokens), then `--repeats`
 timed runs over all prompts, configurations alternating within a repeat. Output tok/s = prompts x
 new tokens / wall seconds of the run; the table gives the mean over repeats and the ratio to
@@ -161,7 +162,7 @@ def _pad_id(tokenizer) -> int:
 
 def build_configs(hf, llms: dict, args, pad_id: int) -> list[Config]:
     """The rows, in table order: transformers greedy (batch --batch-size, and 1), prompt lookup
-    (batch 1), then mtpx for each spec in `llms` ({spec: LLM})."""
+    (batch 1), then mtpx for each spec and mode in `llms` ({(spec, "eager" | "compiled"): LLM})."""
     b = args.batch_size
     rows = [Config("transformers", "greedy", b, lambda p, n: (hf_generate(hf, p, n, b, pad_id), None))]
     if b > 1:
@@ -170,8 +171,10 @@ def build_configs(hf, llms: dict, args, pad_id: int) -> list[Config]:
         if n_lookup > 0:
             rows.append(Config("transformers", f"prompt lookup {n_lookup}", 1, lambda p, n, k=n_lookup: (
                 hf_generate(hf, p, n, 1, pad_id, prompt_lookup_num_tokens=k), None)))
-    for spec, llm in llms.items():
+    for (spec, mode), llm in llms.items():
         setting = "no spec" if spec == "none" else f"{spec} (k={llm.num_speculative_tokens})"
+        if mode == "compiled":
+            setting += ", compiled"
         rows.append(Config("mtpx", setting, b, lambda p, n, llm=llm: mtpx_generate(llm, p, n)))
     return rows
 
@@ -244,7 +247,7 @@ def format_table(rows: list[dict], num_prompts: int) -> str:
 def check_plain(configs: list[Config], hf, prompts: list[list[int]], tie_tolerance: float) -> dict:
     """mtpx without speculation vs transformers greedy at batch 1, per prompt."""
     ref = next((c for c in configs if c.engine == "transformers" and c.setting == "greedy" and c.batch == 1), None)
-    mine = next((c for c in configs if c.engine == "mtpx" and c.setting == "no spec"), None)
+    mine = next((c for c in configs if c.engine == "mtpx" and c.setting.startswith("no spec")), None)
     if ref is None or mine is None or ref.tokens is None or mine.tokens is None:
         return {"checked": False, "reason": "needs mtpx no spec (--specs none) and transformers greedy"}
     diffs = []
@@ -273,6 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-lookup-num-tokens", type=int, nargs="+", default=[10],
                     help="transformers prompt lookup settings to run (0 = none)")
     ap.add_argument("--specs", nargs="+", choices=SPECS, default=list(SPECS), help="mtpx configurations")
+    ap.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager"],
+                    help="mtpx without and/or with engine.compile (compiled engines compile and warm up first)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per configuration")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--tie-tolerance", type=float, default=1e-3,
@@ -299,8 +304,9 @@ def main(argv=None) -> int:
 
     load_before = os.getloadavg()
     try:
-        llms = {spec: LLM(model=ckpt, spec=None if spec == "none" else spec, dtype="float32",
-                          max_num_seqs=args.batch_size) for spec in dict.fromkeys(args.specs)}
+        llms = {(spec, mode): LLM(model=ckpt, spec=None if spec == "none" else spec, dtype="float32",
+                                  max_num_seqs=args.batch_size, compile=mode == "compiled")
+                for mode in dict.fromkeys(args.modes) for spec in dict.fromkeys(args.specs)}
         llm = next(iter(llms.values()))
         prompts = load_prompt_ids(llm.encode, args.data, args.data_path, args.num_prompts)
     except (ValueError, FileNotFoundError) as err:

@@ -11,11 +11,15 @@ of the round was accepted: the expected accepted count of a round is the sum of 
 probabilities, Leviathan et al. 2023, eq. 1, here without their i.i.d. assumption), kept online as
 an exponential moving average per position with weight `alpha` per verified draft; t_step(k, B)
 is the engine's own measured decode-step cost (Engine.calibrate_draft_lengths at start-up, or a
-saved file), linear in B between calibrated batch sizes and proportional to B beyond the largest.
+saved file), linear in B between calibrated batch sizes and proportional to B beyond the largest,
+times a per-k correction learned online: an EMA (weight `beta`) of measured / calibrated cost over
+the pure decode steps at that k (context length and acceptance change a step's cost; a k not yet
+measured takes the median correction of those that were).
 
 - The estimates start at 1 (optimistic), so the first steps try every position they can afford and
-  measure it; a position beyond the k in use keeps its last estimate, and every `probe_interval`
-  steps one step proposes one draft more than the k in use so that estimate stays current.
+  measure it; a position beyond the k in use keeps its last estimate. Every `probe_interval`
+  steps one step proposes one draft more than the k in use, the next probe one fewer, so the
+  acceptance beyond k and the costs on both sides stay measured.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), so k does not flap between near-equal choices.
 - A step with k = 0 still advances every draft module over the accepted tokens (the speculators'
@@ -27,6 +31,7 @@ import bisect
 import json
 import math
 import os
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -49,6 +54,9 @@ class FixedDraftLength:
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         pass
 
+    def observe_step(self, k: int, batch_size: int, step_ms: float) -> None:
+        pass
+
     def record(self, k: int) -> None:
         self.histogram[k] += 1
 
@@ -66,8 +74,9 @@ class AutoDraftLength:
     auto = True
 
     def __init__(self, max_k: int, step_costs: dict | None = None, alpha: float = 0.05,
-                 hysteresis: float = 0.05, probe_interval: int = 64):
+                 hysteresis: float = 0.05, probe_interval: int = 32, beta: float = 0.1):
         self.max_k, self.alpha, self.hysteresis, self.probe_interval = max_k, alpha, hysteresis, probe_interval
+        self.beta = beta
         self.step_costs = None
         self.forced: int | None = None        # calibration: every step uses this k
         self.reset()
@@ -80,7 +89,8 @@ class AutoDraftLength:
         self.num_observed = [0] * self.max_k         # verified drafts seen per position
         self.k = self.max_k
         self.histogram: Counter = Counter()
-        self._steps = 0
+        self.correction: dict[int, float] = {}       # k -> EMA of measured / calibrated step cost
+        self._steps = self._probes = 0
 
     def set_step_costs(self, step_costs: dict) -> None:
         batches = sorted({b for _, b in step_costs})
@@ -92,6 +102,14 @@ class AutoDraftLength:
 
     def cost(self, k: int, batch_size: int) -> float:
         """Predicted step ms at k drafts and batch_size (module doc)."""
+        if k in self.correction:
+            factor = self.correction[k]
+        else:
+            factor = statistics.median(self.correction.values()) if self.correction else 1.0
+        return factor * self.calibrated_cost(k, batch_size)
+
+    def calibrated_cost(self, k: int, batch_size: int) -> float:
+        """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
         bs, c = self._batches, self.step_costs
         if batch_size >= bs[-1]:
             return c[(k, bs[-1])] * batch_size / bs[-1]
@@ -126,9 +144,23 @@ class AutoDraftLength:
         best = max(range(self.max_k + 1), key=g.__getitem__)
         if g[best] > (1 + self.hysteresis) * g[self.k]:
             self.k = best
-        if self.probe_interval and self._steps % self.probe_interval == 0 and self.k < self.max_k:
-            return self.k + 1
+        if self.probe_interval and self._steps % self.probe_interval == 0:
+            self._probes += 1
+            up = self._probes % 2 == 1
+            if up and self.k < self.max_k:
+                return self.k + 1
+            if not up and self.k > 0:
+                return self.k - 1
         return self.k
+
+    def observe_step(self, k: int, batch_size: int, step_ms: float) -> None:
+        """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
+        proposed k, taking step_ms: update k's cost correction (module doc)."""
+        if self.step_costs is None or self.forced is not None or batch_size < 1:
+            return
+        ratio = step_ms / self.calibrated_cost(k, batch_size)
+        old = self.correction.get(k)
+        self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
@@ -146,6 +178,7 @@ class AutoDraftLength:
         return {"k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
                 "conditional_acceptance": [round(p, 4) for p in self.acceptance],
                 "num_observed": list(self.num_observed),
+                "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
 
@@ -159,15 +192,16 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
-def calibrate_step_costs(engine, batch_sizes=None, steps: int = 4, prompt_len: int = 16,
+def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int = 2, prompt_len: int = 128,
                          seed: int = 0) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size: B requests of
-    random prompts decode together while every step is forced to k; the cost is the median of
-    verify + draft time over `steps` steps in which all B requests verified k drafts (a step after
-    a change of k, which verifies the old k's drafts, is not counted). The engine must be idle;
-    afterwards it is again (requests aborted, prefix cache and timings reset, the policy's
-    estimates forgotten). Returns {(k, B): ms}. Raises ValueError when the engine has no automatic
-    k or is busy."""
+    random prompts decode together while every step is forced to k. For each B, one untimed sweep
+    over k (first calls at new shapes are slow), then `sweeps` timed sweeps of `steps` steps per k
+    in which all B requests verified k drafts (a step after a change of k, which verifies the old
+    k's drafts, is not counted); the cost is the median of verify + draft time over them. The
+    engine must be idle; afterwards it is again (requests aborted, prefix cache and timings reset,
+    the policy's estimates forgotten). Returns {(k, B): ms}. Raises ValueError when the engine has
+    no automatic k or is busy."""
     import statistics
     import torch
     from mtpx.engine.request import Request
@@ -184,35 +218,37 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 4, prompt_len: i
     vocab = engine.model.cfg.vocab_size
     prompt_len = max(1, min(prompt_len, engine.max_model_len // 4))
     params = SamplingParams(max_tokens=engine.max_model_len - prompt_len, ignore_eos=True)
-    costs, next_id = {}, -1
+    times: dict = {}
+    next_id = -1
     saved_timing = cfg.record_step_timings
     engine.runner.config.record_step_timings = True
     try:
         for b in batch_sizes:
             live = []
-            for k in range(policy.max_k + 1):
-                policy.forced = k
-                times = []
-                for _ in range(4 * steps + 8):
-                    live = [r for r in live if not r.finished]
-                    while len(live) < b:          # keep b requests decoding
-                        r = Request(next_id, torch.randint(2, vocab, (prompt_len,), generator=g).tolist(), params)
-                        next_id -= 1
-                        engine.add_request(r)
-                        live.append(r)
-                    engine.reset_step_timings()
-                    engine.step()
-                    t = engine.step_timings[-1] if engine.step_timings else None
-                    if (t is not None and t.num_decodes == b and not t.num_prefill_tokens
-                            and t.num_draft_tokens == k * b):
-                        times.append(1e3 * (t.verify_s + t.draft_s))
-                        if len(times) == steps + 1:
-                            break
-                times = times[1:]                 # the first may have compiled a graph
-                if not times:
-                    raise ValueError(f"calibration: no step at k={k}, batch {b} verified {k} drafts per "
-                                     "request (engine.max_model_len too small?)")
-                costs[(k, b)] = statistics.median(times)
+            for sweep in range(sweeps + 1):
+                for k in range(policy.max_k + 1):
+                    policy.forced = k
+                    got = []
+                    for _ in range(4 * steps + 8):
+                        live = [r for r in live if not r.finished]
+                        while len(live) < b:          # keep b requests decoding
+                            r = Request(next_id, torch.randint(2, vocab, (prompt_len,), generator=g).tolist(), params)
+                            next_id -= 1
+                            engine.add_request(r)
+                            live.append(r)
+                        engine.reset_step_timings()
+                        engine.step()
+                        t = engine.step_timings[-1] if engine.step_timings else None
+                        if (t is not None and t.num_decodes == b and not t.num_prefill_tokens
+                                and t.num_draft_tokens == k * b):
+                            got.append(1e3 * (t.verify_s + t.draft_s))
+                            if len(got) == steps:
+                                break
+                    if not got:
+                        raise ValueError(f"calibration: no step at k={k}, batch {b} verified {k} drafts per "
+                                         "request (engine.max_model_len too small?)")
+                    if sweep:
+                        times.setdefault((k, b), []).extend(got)
             for r in live:
                 engine.abort(r)
             engine.pop_aborted()
@@ -222,7 +258,7 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 4, prompt_len: i
         engine.reset_step_timings()
         engine.kv.reset_prefix_cache()
         policy.reset()
-    return costs
+    return {key: statistics.median(v) for key, v in times.items()}
 
 
 def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:

@@ -192,8 +192,13 @@ class Scheduler:
         those that finished, their blocks already published (what is final) and freed."""
         finished = []
         now = time.perf_counter()
+        k = out.num_speculative_tokens
         if out.decodes:
-            self.draft_length.record(out.num_speculative_tokens)
+            self.draft_length.record(k)
+            t = result.timing
+            steady = all(d.num_draft_tokens == k and len(d.request.draft_token_ids) == k for d in out.decodes)
+            if t is not None and not out.prefills and steady:
+                self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s))
         for d in out.decodes:
             res = result.results[d.request.index]
             self.draft_length.observe(res.num_draft_tokens, res.num_accepted)
