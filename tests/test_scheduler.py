@@ -108,7 +108,7 @@ def test_draft_budget_caps_the_window():
     assert [d.num_draft_tokens for d in out.decodes] == [1]
 
 
-def test_the_steps_k_caps_the_window_and_the_policy_learns_from_each_round():
+def test_the_steps_k_is_what_it_proposes_and_the_policy_learns_from_each_round():
     s = make(k=4)
     policy = s.draft_length = AutoDraftLength(4, alpha=0.5)
     r = req(0, 5, max_tokens=50)
@@ -117,16 +117,19 @@ def test_the_steps_k_caps_the_window_and_the_policy_learns_from_each_round():
     assert out.num_speculative_tokens == 4          # no step costs yet: every step drafts max_k
     s.update_from_output(out, result(out, drafts={0: [1, 2, 3, 4]}))
     policy.forced = 2
-    out = s.schedule()                              # 4 drafts in hand, k = 2: verify 2
-    assert out.num_speculative_tokens == 2 and [d.num_draft_tokens for d in out.decodes] == [2]
+    out = s.schedule()                              # 4 drafts in hand: verify all 4, propose 2
+    assert out.num_speculative_tokens == 2 and [d.num_draft_tokens for d in out.decodes] == [4]
     res = result(out, drafts={0: [5, 6]})
     res.results[0].num_accepted = 1                 # draft 1 accepted, draft 2 rejected
     s.update_from_output(out, res)
     assert policy.acceptance == [1.0, 0.5, 1.0, 1.0] and policy.num_observed == [1, 1, 0, 0]
     assert dict(policy.histogram) == {2: 1}
     policy.forced = 0
+    out = s.schedule()                              # the 2 proposed are verified, none proposed
+    assert out.num_speculative_tokens == 0 and [d.num_draft_tokens for d in out.decodes] == [2]
+    s.update_from_output(out, result(out))
     out = s.schedule()
-    assert out.num_speculative_tokens == 0 and [d.num_draft_tokens for d in out.decodes] == [0]
+    assert [d.num_draft_tokens for d in out.decodes] == [0]
 
 
 def test_update_cuts_at_a_stop_and_counts_committed_tokens():

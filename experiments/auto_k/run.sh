@@ -1,12 +1,16 @@
 #!/bin/bash
 # num_speculative_tokens=auto against plain decoding and fixed k of multi-module MTP, eager, fp32,
-# GSM8K test prompts, concurrency 1, 4, 16 and 64 (one process per concurrency; contenders
-# alternated per chunk inside it). Nothing else may run on the machine meanwhile.
+# GSM8K test prompts, at most 128 tokens, concurrency 1, 4, 16 and 64 (one process per
+# concurrency; the contenders alternate per chunk inside it, in a rotated order). Nothing else
+# may run on the machine meanwhile. Then plain decoding's step costs (for predict.py).
 set -e
 cd "$(dirname "$0")/../.."
 C="plain mtp8:1 mtp2 mtp4 mtp8 auto"
-for conc_prompts in "1 16" "4 32" "16 64" "64 128"; do
-  set -- $conc_prompts
-  python tools/bench_speedup.py --num-prompts $2 --max-tokens 128 --rounds 2 --concurrency $1 \
+for conc_prompts_rounds in "1 16 2" "4 32 4" "16 64 2" "64 128 2"; do
+  set -- $conc_prompts_rounds
+  python tools/bench_speedup.py --num-prompts $2 --max-tokens 128 --rounds $3 --concurrency $1 \
     --contenders $C --threads 2 --out experiments/auto_k/conc$1
 done
+python experiments/auto_k/plain_costs.py > experiments/auto_k/plain_costs.json
+python experiments/auto_k/predict.py experiments/auto_k/plain_costs.json experiments/auto_k/conc*/speedup.json \
+  > experiments/auto_k/predicted.md

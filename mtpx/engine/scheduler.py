@@ -53,7 +53,7 @@ class ScheduledDecode:
 @dataclass
 class SchedulerOutput:
     """num_speculative_tokens: drafts every request proposes for the next step (the k of this
-    step, mtpx/engine/draft_length.py; decodes verify at most that many of their drafts)."""
+    step, mtpx/engine/draft_length.py; decodes verify the drafts the step before proposed)."""
 
     prefills: list[ScheduledPrefill] = field(default_factory=list)
     decodes: list[ScheduledDecode] = field(default_factory=list)
@@ -108,11 +108,12 @@ class Scheduler:
     def _slots(self, request: Request, end: int) -> int:
         return min(self.max_len, end + self.lookahead)
 
-    def draft_budget(self, r: Request, k: int) -> int:
-        """Drafts to verify: at most the step's k, and never more than the request can still use
-        (ARCHITECTURE.md inv. 7)."""
+    def draft_budget(self, r: Request) -> int:
+        """Drafts to verify: every draft proposed, but never more than the request can still use
+        (ARCHITECTURE.md inv. 7). (A step's k is how many it proposes; the next step verifies
+        them all, so a probe of one more draft is verified too.)"""
         room = min(r.params.max_tokens - len(r.output_token_ids), self.max_model_len - r.num_tokens)
-        return max(0, min(len(r.draft_token_ids), k, room - 1))
+        return max(0, min(len(r.draft_token_ids), room - 1))
 
     def schedule(self) -> SchedulerOutput:
         k = self.draft_length.choose(len(self.running))
@@ -132,7 +133,7 @@ class Scheduler:
                     continue
                 need = r.num_computed_tokens + n
             else:
-                n = 1 + min(self.draft_budget(r, k), budget - 1)
+                n = 1 + min(self.draft_budget(r), budget - 1)
                 need = r.num_tokens - 1 + n
             while not self.kv.allocate_slots(r.index, self._slots(r, need)):
                 victim = self.running[-1]
