@@ -75,13 +75,21 @@ def test_measured_step_costs_correct_the_calibration_per_k():
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():
-    p = AutoDraftLength(4, alpha=0.5)
+    p = AutoDraftLength(4, prior_weight=1.0, decay=0.5)
     p.observe(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
     assert p.acceptance == [1.0, 0.5, 1.0, 1.0] and p.num_observed == [1, 1, 0, 0]
     p.observe(num_draft_tokens=2, num_accepted=2)        # both accepted, nothing beyond verified
-    assert p.acceptance == [1.0, 0.75, 1.0, 1.0] and p.num_observed == [2, 2, 0, 0]
+    assert p.acceptance == [1.0, 2 / 3, 1.0, 1.0] and p.num_observed == [2, 2, 0, 0]
+    p.record(2)                                          # a new step: counts halve (2 of 2 -> 1 of 1)
+    p.observe(num_draft_tokens=2, num_accepted=1)        # position 2: (0.5 + 0 + 1) / (1 + 1 + 1)
+    assert p.acceptance[1] == pytest.approx(1.5 / 3)
     p.observe(num_draft_tokens=0, num_accepted=0)
-    assert p.num_observed == [2, 2, 0, 0]
+    assert p.num_observed == [3, 3, 0, 0]
+
+
+def test_calibrated_costs_are_made_non_decreasing_in_k():
+    p = AutoDraftLength(3, costs({0: [10.0], 1: [14.0], 2: [12.0], 3: [20.0]}, batches=(1,)))
+    assert [p.step_costs[(k, 1)] for k in range(4)] == [10.0, 13.0, 13.0, 20.0]
 
 
 def test_step_costs_must_cover_every_k_and_files_round_trip(tmp_path):

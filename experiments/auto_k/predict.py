@@ -25,15 +25,19 @@ def main(plain_path, paths):
         b = max(bs for _, bs in costs if bs <= conc)
         print(f"## concurrency {conc} (step costs at batch {b}; plain {plain[b]:.1f} ms, "
               f"the mtp8 engine at k = 0 {costs[(0, b)]:.1f} ms)")
-        print("| contender | k | measured vs plain | predicted | predicted / measured |")
-        print("|---|---:|---:|---:|---:|")
+        corr = {int(k): c for k, c in auto["auto_k"].get("cost_correction", {}).items()}
+        print("| contender | k | measured vs plain | predicted (calibration) | / measured | "
+              "predicted (x the run's learned correction of t(k)) | / measured |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             name = r["contender"]
             if "auto_k" in r or name == "plain" or name == "mtp1":
                 continue
             k = int(name.split(":")[1]) if ":" in name else int(name[3:])
             pred = (r["acceptance_length"] / costs[(k, b)]) / (1 / plain[b])
-            print(f"| {name} | {k} | {r['ratio_to_plain']:.2f}x | {pred:.2f}x | {pred / r['ratio_to_plain']:.2f} |")
+            m = r["ratio_to_plain"]
+            fixed = f"{pred / corr[k]:.2f}x | {pred / corr[k] / m:.2f}" if k in corr else "— | —"
+            print(f"| {name} | {k} | {m:.2f}x | {pred:.2f}x | {pred / m:.2f} | {fixed} |")
         print()
 
 

@@ -8,16 +8,20 @@ goodput at the step's batch size B:
 
 where p_j is the conditional acceptance of draft position j (accepted, given every earlier draft
 of the round was accepted: the expected accepted count of a round is the sum of its survival
-probabilities, Leviathan et al. 2023, eq. 1, here without their i.i.d. assumption), kept online as
-an exponential moving average per position with weight `alpha` per verified draft; t_step(k, B)
-is the engine's own measured decode-step cost (Engine.calibrate_draft_lengths at start-up, or a
-saved file), linear in B between calibrated batch sizes and proportional to B beyond the largest,
+probabilities, Leviathan et al. 2023, eq. 1, here without their i.i.d. assumption), estimated
+online from discounted counts: p_j = (accepted_j + w) / (verified_j + w), both counts multiplied
+by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any batch size) and w =
+`prior_weight` pseudo-drafts of prior acceptance 1; t_step(k, B) is the engine's own measured
+decode-step cost (calibrate_step_costs at start-up, or a saved file), made non-decreasing in k
+(pool-adjacent-violators: a step that proposes more drafts never costs less, so calibration noise
+cannot make a larger k look cheaper), linear in B between calibrated batch sizes and proportional
+to B beyond the largest,
 times a per-k correction learned online: an EMA (weight `beta`) of measured / calibrated cost over
 the pure decode steps at that k (context length and acceptance change a step's cost; a k not yet
 measured takes the median correction of those that were).
 
 - The estimates start at 1 (optimistic), so the first steps try every position they can afford and
-  measure it; a position beyond the k in use keeps its last estimate. Every `probe_interval`
+  measure it; a position beyond the k in use keeps its estimate (its counts decay together). Every `probe_interval`
   steps one step proposes one draft more than the k in use, the next probe one fewer, so the
   acceptance beyond k and the costs on both sides stay measured.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
@@ -66,17 +70,19 @@ class AutoDraftLength:
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
     step ms} for every k in 0..max_k at one or more batch sizes (None: calibrate before the first
-    choose; until then every step uses max_k); alpha: EMA weight of one verified draft;
-    hysteresis: relative goodput margin to change k; probe_interval: steps between probes (0: none).
+    choose; until then every step uses max_k); decay: per-step discount of the acceptance counts;
+    prior_weight: pseudo-drafts of acceptance 1 in each estimate; beta: EMA weight of a measured
+    step in the cost correction; hysteresis: relative goodput margin to change k; probe_interval: steps between probes (0: none).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
     auto = True
 
-    def __init__(self, max_k: int, step_costs: dict | None = None, alpha: float = 0.05,
-                 hysteresis: float = 0.05, probe_interval: int = 32, beta: float = 0.1):
-        self.max_k, self.alpha, self.hysteresis, self.probe_interval = max_k, alpha, hysteresis, probe_interval
-        self.beta = beta
+    def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
+                 prior_weight: float = 2.0, hysteresis: float = 0.05, probe_interval: int = 32,
+                 beta: float = 0.1):
+        self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
+        self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.step_costs = None
         self.forced: int | None = None        # calibration: every step uses this k
         self.reset()
@@ -87,6 +93,8 @@ class AutoDraftLength:
         """Forget the acceptance estimates, the k in use and the histogram (not the costs)."""
         self.acceptance = [1.0] * self.max_k         # p_j, j = 1 .. max_k
         self.num_observed = [0] * self.max_k         # verified drafts seen per position
+        self._accepted = [0.0] * self.max_k          # discounted counts behind p_j
+        self._verified = [0.0] * self.max_k
         self.k = self.max_k
         self.histogram: Counter = Counter()
         self.correction: dict[int, float] = {}       # k -> EMA of measured / calibrated step cost
@@ -98,7 +106,11 @@ class AutoDraftLength:
         if missing:
             raise ValueError(f"step costs miss (k, batch size) {missing[:4]}: calibrate every k in "
                              f"0..{self.max_k} at each batch size (spec.cost_model_file)")
-        self.step_costs, self._batches = dict(step_costs), batches
+        costs = {}
+        for b in batches:
+            for k, ms in enumerate(_non_decreasing([step_costs[(k, b)] for k in range(self.max_k + 1)])):
+                costs[(k, b)] = ms
+        self.step_costs, self._batches = costs, batches
 
     def cost(self, k: int, batch_size: int) -> float:
         """Predicted step ms at k drafts and batch_size (module doc)."""
@@ -165,13 +177,19 @@ class AutoDraftLength:
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
         given every earlier one was accepted; the first num_accepted were accepted."""
+        w = self.prior_weight
         for j in range(min(num_accepted + 1, num_draft_tokens)):
-            hit = 1.0 if j < num_accepted else 0.0
-            self.acceptance[j] += self.alpha * (hit - self.acceptance[j])
+            self._accepted[j] += j < num_accepted
+            self._verified[j] += 1
+            self.acceptance[j] = (self._accepted[j] + w) / (self._verified[j] + w)
             self.num_observed[j] += 1
 
     def record(self, k: int) -> None:
+        """A decode step chose k (called before its rounds are observed): count it, discount the
+        acceptance counts."""
         self.histogram[k] += 1
+        self._accepted = [x * self.decay for x in self._accepted]
+        self._verified = [x * self.decay for x in self._verified]
 
     def summary(self) -> dict:
         """For metrics.json: the histogram of k per step, the estimates, the costs."""
@@ -181,6 +199,18 @@ class AutoDraftLength:
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
+
+
+def _non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of values (pool adjacent violators)."""
+    blocks: list[list[float]] = []                 # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    return [s / n for s, n in blocks for _ in range(n)]
 
 
 def default_batch_sizes(max_num_seqs: int) -> list[int]:
