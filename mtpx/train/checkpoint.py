@@ -55,6 +55,8 @@ def save_checkpoint(
     trainer_state: dict[str, Any] | None = None,
     dtype: torch.dtype = torch.float32,
     extra_files: Callable[[Path], None] | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint folder at `path` atomically, replacing any previous one.
 
@@ -69,6 +71,11 @@ def save_checkpoint(
         dtype: floating dtype of the saved weights (e.g. torch.bfloat16 to halve the size).
         extra_files: called with the temporary folder before it is renamed into place, to add files
             that must stay consistent with the checkpoint (loss CSV, plots).
+        model_state: the weights to write instead of model.state_dict() (same names): the full
+            state gathered from a sharded model (mtpx.train.distributed.full_state); `model` still
+            gives the config and which names alias which.
+        optimizer_state: a state in optimizer.state_dict()'s format to write instead of
+            optimizer.state_dict() (gathered from shards); `optimizer` must be given too.
 
     Returns:
         `path` as a Path.
@@ -81,7 +88,7 @@ def save_checkpoint(
     def write(tmp: Path) -> None:
         (tmp / CONFIG_FILE).write_text(json.dumps(_model_cfg(model).to_dict(), indent=2) + "\n")
         tensors = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous()
-                   for k, v in _stored_state(model).items()}
+                   for k, v in _stored_state(model, model_state).items()}
         safetensors.torch.save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         if hasattr(tokenizer, "backend_tokenizer"):  # a Hugging Face model's tokenizer (mtpx.hf.tokenizer)
             tokenizer.save(tmp)
@@ -89,7 +96,7 @@ def save_checkpoint(
             save_tokenizer(tokenizer, tmp / TOKENIZER_FILE)
         state = dict(trainer_state or {})
         if optimizer is not None:
-            opt_tensors, state["optimizer"] = _flatten_optimizer(optimizer)
+            opt_tensors, state["optimizer"] = _flatten_optimizer(optimizer, optimizer_state)
             safetensors.torch.save_file(opt_tensors, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt"})
         if trainer_state is not None or optimizer is not None:
             atomic_write_json(tmp / TRAINER_STATE_FILE, state)
@@ -106,30 +113,39 @@ def _model_cfg(model: torch.nn.Module) -> ModelConfig:
     return cfg
 
 
-def _stored_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The tensors that go into model.safetensors: the state dict minus aliases.
+def _stored_state(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors that go into model.safetensors: the state dict (or `state`, same names) minus
+    aliases.
 
-    A tied lm_head.weight is dropped (it is model.embed_tokens.weight). Any other tensor that shares
-    storage with an earlier one is dropped too: safetensors refuses shared tensors, and loading the
-    first name restores both.
+    A tied lm_head.weight is dropped (it is model.embed_tokens.weight). Any other name whose
+    Parameter is an earlier name's is dropped too (safetensors refuses shared tensors, and loading
+    the first name restores both), except a tensor shared between draft modules
+    (train.mtp_share_fc): it is stored once per module, as a copy, so that the folder loads as
+    independent modules with equal weights (what a fresh MTPForCausalLM has names for).
+    Aliases are read from the live model's Parameters (`state_dict(keep_vars=True)`), which also
+    works when its parameters are FSDP2 shards.
     """
-    sd = model.state_dict()
+    live = model.state_dict(keep_vars=True)
+    sd = state if state is not None else model.state_dict()
+    owner: dict[int, str] = {}
+    out = {}
+    for name, t in live.items():
+        first = owner.setdefault(id(t), name)
+        if first == name:
+            out[name] = sd[name]
+        elif first.startswith("mtp.") and name.startswith("mtp."):
+            out[name] = sd[name].detach().clone()
     if _model_cfg(model).tie_word_embeddings:
-        sd.pop("lm_head.weight", None)
-    out, seen = {}, set()
-    for name, t in sd.items():
-        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
-        if key in seen:
-            continue
-        seen.add(key)
-        out[name] = t
+        out.pop("lm_head.weight", None)
     return out
 
 
-def _flatten_optimizer(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Split optimizer.state_dict() into named tensors {"state.{i}.{key}": tensor} and a JSON part
-    {"param_groups": [...], "state_scalars": {"{i}": {key: value}}} (non-tensor per-param entries)."""
-    sd = optimizer.state_dict()
+def _flatten_optimizer(optimizer: torch.optim.Optimizer,
+                       sd: dict[str, Any] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split optimizer.state_dict() (or `sd`, in its format) into named tensors
+    {"state.{i}.{key}": tensor} and a JSON part {"param_groups": [...], "state_scalars":
+    {"{i}": {key: value}}} (non-tensor per-param entries)."""
+    sd = optimizer.state_dict() if sd is None else sd
     tensors: dict[str, torch.Tensor] = {}
     scalars: dict[str, dict[str, Any]] = {}
     for i, st in sd["state"].items():
@@ -233,6 +249,17 @@ def load_optimizer_state(path: str | os.PathLike, optimizer: torch.optim.Optimiz
         FileNotFoundError: no trainer_state.json or optimizer.safetensors.
         CheckpointError: the saved state was made for a different number of parameters per group.
     """
+    optimizer.load_state_dict(read_optimizer_state(path, optimizer))
+
+
+def read_optimizer_state(path: str | os.PathLike, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state saved in checkpoint `path`, in optimizer.state_dict()'s format (full
+    tensors on the CPU), checked against `optimizer`'s parameter groups; `load_optimizer_state`
+    loads it, a sharded run hands it to mtpx.train.distributed.load_optimizer_full.
+
+    Raises:
+        FileNotFoundError, CheckpointError: as load_optimizer_state.
+    """
     path = require_folder(path)
     meta = load_trainer_state(path).get("optimizer")
     file = path / OPTIMIZER_FILE
@@ -254,4 +281,4 @@ def load_optimizer_state(path: str | os.PathLike, optimizer: torch.optim.Optimiz
             state.setdefault(int(i), {})[key] = f.get_tensor(name)
     for i, st in meta.get("state_scalars", {}).items():
         state.setdefault(int(i), {}).update(st)
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return {"state": state, "param_groups": meta["param_groups"]}
