@@ -144,18 +144,24 @@ def _record_error(line: str) -> None:
 
 
 def run_train(cfg: DictConfig) -> int:
+    """mode=train (also each rank of `torchrun ... mode=train`: only rank 0, RANK=0 or unset,
+    logs to W&B and prints the checkpoint line)."""
+    import os
+
     from mtpx.train.loop import train
 
-    logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True)
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True) if main_rank else {"name": "none"}
     used = {k: cfg[k] for k in ("mode", "seed", "model", "train", "logger") if k in cfg}  # what mode=train reads
-    run_id = _resumed_wandb_id(cfg)
+    run_id = _resumed_wandb_id(cfg) if main_rank else None
     logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(OmegaConf.create(used), resolve=True),
                        run_name=f"train-{Path(str(cfg.train.out_dir)).name}", run_id=run_id)
     try:
         path = train(cfg, log_fn=logger.log, extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None)
     finally:
         logger.finish()
-    print(f"checkpoint: {path}")
+    if main_rank:
+        print(f"checkpoint: {path}")
     return 0
 
 

@@ -118,6 +118,13 @@ class TrainConfig:
     threads: int = MISSING
     device: str = MISSING
     save_dtype: str = MISSING
+    # torchrun data parallelism and MTP recipes (conf/train/default.yaml documents them; the
+    # defaults here keep older train YAML files valid)
+    parallel: str = "auto"
+    dist_timeout_s: float = 120.0
+    mtp_loss_decay: float = 1.0
+    mtp_unroll: int = 0
+    mtp_share_fc: bool = False
 
 
 @dataclass

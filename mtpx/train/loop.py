@@ -10,6 +10,11 @@ A run is a pure function of (config, step): the batch of step s, the LR of step 
 of step s depend on nothing else, and the optimizer moments are saved with the weights. So a run
 killed after its checkpoint at step N and restarted reaches the same weights as one never stopped.
 
+Under torchrun the same loop runs data-parallel (mtpx/train/distributed.py): each rank trains its
+slice of the step's global batch, losses are averaged over ranks, and rank 0 alone logs, draws
+the progress bar and writes checkpoints, after gathering a sharded state. The checkpoint format
+does not depend on the world size, so a run resumes at any world size.
+
 Config (an OmegaConf DictConfig; a plain dict is accepted):
 
     model:  ModelConfig fields (vocab_size is set from the tokenizer), plus
@@ -20,7 +25,8 @@ Config (an OmegaConf DictConfig; a plain dict is accepted):
             mtp_loss_weight, freeze_base, eval_every, eval_batches, save_every, resume, seed,
             tokenizer_vocab_size, data_sources, gsm8k_path, log_every, threads
             optional: val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
-            save_dtype ("float32")
+            save_dtype ("float32"), parallel ("auto"), dist_timeout_s (120), mtp_loss_decay (1.0),
+            mtp_unroll (0), mtp_share_fc (false)
     data:   not read here (eval settings)
 """
 from __future__ import annotations
@@ -42,7 +48,9 @@ from tokenizers import Tokenizer
 from mtpx.io import GracefulInterrupt, Interrupted, recover_folder
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
+from mtpx.hf.layout import QWEN3_NEXT_SHARED
 from mtpx.train import checkpoint as ckpt
+from mtpx.train import distributed
 from mtpx.train.data import (
     BatchSampler,
     PackedCorpus,
@@ -52,6 +60,7 @@ from mtpx.train.data import (
     split_documents,
     val_batches,
 )
+from mtpx.train.losses import Objective
 from mtpx.train.tokenizer import train_tokenizer
 
 LogFn = Callable[[dict[str, float], int], None]
@@ -87,11 +96,10 @@ def build_optimizer(model: MTPForCausalLM, *, lr: float, weight_decay: float, fr
     """AdamW over the trainable parameters, in model.named_parameters() order (stable across runs,
     which optimizer.safetensors relies on). Matrices (dim >= 2: linears, embeddings) get weight
     decay; norms and biases do not (nanoGPT). With freeze_base only the MTP parameters are given to
-    the optimizer and every target parameter gets requires_grad=False."""
+    the optimizer and every target parameter gets requires_grad=False (`freeze_target`)."""
     if freeze_base:
-        for p in model.base_parameters():
-            p.requires_grad_(False)
-        mtp_ids = {id(p) for p in model.mtp_parameters()}
+        target_ids = freeze_target(model)
+        mtp_ids = {id(p) for p in model.mtp_parameters()} - target_ids
     params = [p for _, p in model.named_parameters() if p.requires_grad and (not freeze_base or id(p) in mtp_ids)]
     if not params:
         raise ValueError("no trainable parameters: with train.freeze_base=true the model needs num_nextn_predict_layers >= 1")
@@ -100,6 +108,35 @@ def build_optimizer(model: MTPForCausalLM, *, lr: float, weight_decay: float, fr
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=lr, betas=ADAM_BETAS, eps=ADAM_EPS)
+
+
+def freeze_target(model: MTPForCausalLM) -> set[int]:
+    """requires_grad=False on every target parameter (embedding, decoder layers, final norm,
+    lm_head), including one a draft module shares (a "deepseek_v3" head tied to lm_head stays the
+    target's: training it would change the target). Returns their ids."""
+    ids = set()
+    for p in [*model.model.parameters(), *model.lm_head.parameters()]:
+        p.requires_grad_(False)
+        ids.add(id(p))
+    return ids
+
+
+def share_mtp_inputs(model: MTPForCausalLM) -> None:
+    """train.mtp_share_fc: draft modules 1..N-1 use module 0's fc, pre_fc_norm_embedding,
+    pre_fc_norm_hidden and norm (the same Parameters), as Qwen3-Next stores one of each for all
+    modules (vLLM's qwen3_next_mtp.py), so that `tools/export_checkpoint.py --layout qwen3_next`
+    can write the trained modules. Modules k >= 1 take module 0's values.
+
+    Raises:
+        ValueError: the model's mtp_style is not "qwen3_next".
+    """
+    if model.cfg.mtp_style != "qwen3_next":
+        raise ValueError(f"train.mtp_share_fc=true shares the Qwen3-Next layout's fc and norms, but the model's "
+                         f"mtp_style is {model.cfg.mtp_style}: set model.mtp_style=qwen3_next (a fresh model) or drop "
+                         "train.mtp_share_fc")
+    for m in model.mtp[1:]:
+        for part in QWEN3_NEXT_SHARED:
+            setattr(m, part, model.mtp[0].get_submodule(part))
 
 
 def train_step(
@@ -111,33 +148,49 @@ def train_step(
     grad_clip: float,
     mtp_loss_weight: float,
     train_base: bool = True,
+    objective: torch.nn.Module | None = None,
 ) -> dict[str, float]:
     """One optimizer step on `batch` (LongTensor [B, T]).
 
+    objective: called as objective(batch, train_base) -> (loss, parts) (an Objective, possibly
+    wrapped by DDP or sharded by FSDP2: mtpx/train/distributed.py); None = model.training_losses
+    with mtp_loss_weight.
+
     Returns {"loss": weighted total, "grad_norm": pre-clip L2 norm, "main": CE, "mtp1".."mtpN": CE}
-    (cross-entropies in nats per token). grad_clip <= 0 disables clipping (the norm is still reported).
+    (cross-entropies in nats per token; this rank's rows). grad_clip <= 0 disables clipping (the
+    norm is still reported).
     """
     for g in optimizer.param_groups:
         g["lr"] = lr
-    loss, parts = model.training_losses(batch, mtp_loss_weight=mtp_loss_weight, train_base=train_base)
+    if objective is None:
+        loss, parts = model.training_losses(batch, mtp_loss_weight=mtp_loss_weight, train_base=train_base)
+    else:
+        loss, parts = objective(batch, train_base)
     loss.backward()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor (FSDP2 shards): the norm over all of them
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return {"loss": loss.item(), "grad_norm": float(grad_norm), **parts}
 
 
 @torch.no_grad()
-def evaluate(model: MTPForCausalLM, batches: list[torch.Tensor], mtp_loss_weight: float) -> dict[str, float]:
+def evaluate(model: MTPForCausalLM, batches: list[torch.Tensor], mtp_loss_weight: float,
+             objective: torch.nn.Module | None = None) -> dict[str, float]:
     """Mean validation losses over `batches` (each LongTensor [B, T]): {"loss", "main", "mtp1".."mtpN"}
-    in nats per token. The model is put in eval mode and restored to its previous mode."""
+    in nats per token. objective: as in train_step (None = model.training_losses). The model is put
+    in eval mode and restored to its previous mode."""
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
     for b in batches:
-        loss, parts = model.training_losses(b, mtp_loss_weight=mtp_loss_weight, train_base=True)
+        if objective is None:
+            loss, parts = model.training_losses(b, mtp_loss_weight=mtp_loss_weight, train_base=True)
+        else:
+            loss, parts = objective(b, True)
         for k, v in {"loss": loss.item(), **parts}.items():
             sums[k] = sums.get(k, 0.0) + v
     model.train(was_training)
@@ -221,6 +274,12 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
     _check_number(t, "grad_clip", lambda v: True, "a number (<= 0 = no clipping)")
     if "val_fraction" in t:
         _check_number(t, "val_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
+    if t.get("mtp_loss_decay") is not None:
+        _check_number(t, "mtp_loss_decay", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = equal weights)")
+    if t.get("mtp_unroll") is not None:
+        _check_number(t, "mtp_unroll", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
+    if t.get("dist_timeout_s") is not None:
+        _check_number(t, "dist_timeout_s", lambda v: v > 0, "a number of seconds > 0")
     max_pos = cfg.model.get("max_position_embeddings")
     if not cfg.model.get("path") and isinstance(max_pos, int) and t.seq_len > max_pos:
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings={max_pos}: "
@@ -295,7 +354,7 @@ def _init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> 
 
 # fields a resumed run may change without altering what it trains on
 _RESUME_FREE_KEYS = {"steps", "out_dir", "resume", "eval_every", "eval_batches", "save_every", "log_every", "threads",
-                     "device", "save_dtype"}
+                     "device", "save_dtype", "parallel", "dist_timeout_s"}
 
 
 def _warn_changed(section: str, saved: dict[str, Any], now: dict[str, Any], console: Console) -> None:
@@ -331,28 +390,46 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
         cfg: run config with `model` and `train` sections (DictConfig or dict).
         log_fn: called as log_fn(metrics, step) every log_every steps with {"train/loss",
             "train/main", "train/mtp1", ..., "train/lr", "train/grad_norm", "train/tokens_per_s"}
-            and at each evaluation with {"val/loss", "val/main", "val/mtp1", ...}.
+            and at each evaluation with {"val/loss", "val/main", "val/mtp1", ...} (losses averaged
+            over ranks; called on rank 0 only).
         extra_state: JSON values kept in every saved trainer_state.json (the W&B run id, so a
             resumed run logs to the same W&B run).
 
     Returns:
         Path of the final checkpoint folder (train.out_dir), holding the model, tokenizer,
-        trainer_state.json, optimizer.safetensors, losses.csv and loss_curve.png.
+        trainer_state.json, optimizer.safetensors, losses.csv and loss_curve.png (written by rank
+        0; every rank returns after it is complete).
 
     Raises:
         ValueError: missing/invalid config fields (named), bad data_sources, corpora too small for
-            seq_len; FileNotFoundError / CheckpointError from reading model.path or out_dir.
+            seq_len; FileNotFoundError / CheckpointError from reading model.path or out_dir. Under
+            torchrun, whatever one rank raises ends that rank (its process group destroyed) and
+            the others fail at their next collective, within train.dist_timeout_s.
     """
     cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     t = _check_cfg(cfg)
+    info = distributed.resolve(str(t.get("parallel", "auto")), bool(t.freeze_base), int(t.batch_size))
+    info, device = distributed.init(info, str(t.get("device", "cpu")), float(t.get("dist_timeout_s", 120)))
+    try:
+        return _train(cfg, t, info, device, log_fn if info.is_main else None, extra_state)
+    finally:
+        distributed.shutdown(info)
+
+
+def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: torch.device,
+           log_fn: LogFn | None, extra_state: dict[str, Any] | None) -> Path:
     torch.set_num_threads(int(t.threads))
-    console = Console(stderr=True)
+    console = Console(stderr=True, quiet=not info.is_main)
     out_dir = Path(t.out_dir)
-    device = torch.device(t.get("device", "cpu"))
     seed = int(t.seed)
-    for note in _prepare_out_dir(out_dir, bool(t.get("resume", True))):
+    want_resume = bool(t.get("resume", True))
+    # rank 0 repairs and checks the folder; every rank then follows rank 0's resume decision
+    for note in distributed.on_main(lambda: _prepare_out_dir(out_dir, want_resume), info):
         console.print(note)
-    resume = bool(t.get("resume", True)) and ckpt.has_trainer_state(out_dir)
+    resume = distributed.on_main(lambda: want_resume and ckpt.has_trainer_state(out_dir), info)
+    if resume and not ckpt.has_trainer_state(out_dir):
+        raise ValueError(f"rank {info.rank}: train.out_dir={out_dir} holds the run that rank 0 resumes, but this "
+                         "process cannot read it: put train.out_dir on storage that every node reads")
 
     # ---- data: documents and the train/val split (per source, by document) ----
     specs = parse_data_sources(list(t.data_sources))
@@ -376,29 +453,53 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
     elif cfg.model.get("path"):
         model, tok = _init_from(str(cfg.model.path), _model_fields(cfg), seed, console)
     else:
-        tok = train_tokenizer((d for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
+        def fit_tokenizer() -> Tokenizer:
+            return train_tokenizer((d for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
+        # under torchrun rank 0 trains it and every rank uses rank 0's (no reliance on the
+        # trainer being deterministic across processes)
+        tok = fit_tokenizer() if not info.active else Tokenizer.from_str(
+            distributed.on_main(lambda: fit_tokenizer().to_str(), info))
         mcfg = ModelConfig.from_dict({**_model_fields(cfg), "vocab_size": tok.get_vocab_size()})
         torch.manual_seed(seed)  # the init is part of the run's determinism
         model = MTPForCausalLM(mcfg)
+    if t.get("mtp_share_fc"):
+        share_mtp_inputs(model)
+    unroll = int(t.get("mtp_unroll") or 0)
+    if unroll and model.cfg.num_nextn_predict_layers != 1:
+        raise ValueError(f"train.mtp_unroll={unroll} trains module 0 applied {unroll} times (single-module MTP), but the "
+                         f"model has {model.cfg.num_nextn_predict_layers} MTP modules: set "
+                         "model.num_nextn_predict_layers=1, or train.mtp_unroll=0")
     model.to(device)
     if int(t.seq_len) > model.cfg.max_position_embeddings:
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings="
                          f"{model.cfg.max_position_embeddings}: lower train.seq_len")
-    num_mtp = model.cfg.num_nextn_predict_layers
+    objective = Objective(model, mtp_loss_weight=float(t.mtp_loss_weight),
+                          mtp_loss_decay=float(t.get("mtp_loss_decay") or 1.0), mtp_unroll=unroll)
+    num_mtp = objective.num_depths  # loss depths: the modules, or the unrolled steps of module 0
     names = depth_names(num_mtp)
 
     weights = {s.name: s.weight for s in specs}
     train_corpus: PackedCorpus = pack_corpus({n: tr for n, (tr, _) in split.items()}, weights, tok, int(t.seq_len))
     val_corpus = pack_corpus({n: va for n, (_, va) in split.items()}, weights, tok, int(t.seq_len))
     sampler = BatchSampler(train_corpus, int(t.batch_size), seed)
-    val = [b.to(device) for b in val_batches(val_corpus, int(t.batch_size), int(t.eval_batches))]
+    # this rank's rows of every validation batch (all of them without torchrun)
+    val = [distributed.rank_rows(b, info).to(device)
+           for b in val_batches(val_corpus, int(t.batch_size), int(t.eval_batches))]
     console.print(f"data: train {train_corpus.num_tokens()} tokens, val {val_corpus.num_tokens()} tokens; "
                   f"vocab {tok.get_vocab_size()}; {sum(p.numel() for p in model.parameters()):,} parameters")
+    if info.active:
+        console.print(f"{info.mode} over {info.world_size} ranks: {int(t.batch_size) // info.world_size} rows per rank "
+                      f"of the global batch {t.batch_size}")
 
-    # ---- optimizer (restored on resume) ----
+    # ---- parallel wrapper, then the optimizer (restored on resume) ----
     freeze = bool(t.freeze_base)
+    if freeze:
+        freeze_target(model)  # before wrapping: DDP and FSDP2 read requires_grad when they wrap
+    wrapped = distributed.wrap(objective, info, device)
     opt = build_optimizer(model, lr=float(t.lr), weight_decay=float(t.weight_decay), freeze_base=freeze)
-    if resume:
+    if resume and info.mode == "fsdp":
+        distributed.load_optimizer_full(objective, opt, ckpt.read_optimizer_state(out_dir, opt))
+    elif resume:
         ckpt.load_optimizer_state(out_dir, opt)
 
     # what training reads (the eval, bench, engine and logger groups do not shape it)
@@ -409,6 +510,10 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
     save_dtype = _DTYPES[t.get("save_dtype", "float32")]
 
     def save(step: int) -> None:
+        # fsdp: every rank takes part in gathering the shards onto rank 0; rank 0 alone writes
+        model_state, opt_state = distributed.full_state(wrapped, objective, opt, info)
+        if not info.is_main:
+            return
         state = {**(extra_state or {}), "step": step, "loss_history": history, "config": run_config,
                  "data": {"train_tokens": train_corpus.num_tokens(), "val_tokens": val_corpus.num_tokens()}}
 
@@ -416,10 +521,11 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
             write_losses_csv(history, folder / "losses.csv", num_mtp)
             plot_loss_curve(history, folder / "loss_curve.png", num_mtp)
 
-        ckpt.save_checkpoint(out_dir, model, tok, optimizer=opt, trainer_state=state, dtype=save_dtype, extra_files=extras)
+        ckpt.save_checkpoint(out_dir, model, tok, optimizer=opt, trainer_state=state, dtype=save_dtype,
+                             extra_files=extras, model_state=model_state, optimizer_state=opt_state)
 
     def run_eval(step: int) -> dict[str, float]:
-        v = evaluate(model, val, float(t.mtp_loss_weight))
+        v = distributed.mean_over_ranks(evaluate(model, val, float(t.mtp_loss_weight), objective=wrapped), info, device)
         history.append({"step": step, "split": "val", **v})
         if log_fn is not None:
             log_fn({f"val/{k}": x for k, x in v.items()}, step)
@@ -434,8 +540,8 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
         console.print(f"step 0 val: {_fmt(v, names)}")
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console)
-    tokens_per_step = int(t.batch_size) * int(t.seq_len)
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=not info.is_main)
+    tokens_per_step = int(t.batch_size) * int(t.seq_len)  # the global batch: the job's throughput
     with progress, GracefulInterrupt() as interrupt:
         task = progress.add_task("training", total=steps, completed=start)
         t0, n_timed = time.perf_counter(), 0
@@ -445,8 +551,10 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
             # per-step seed: the model has no dropout today, but any stochastic op stays resumable
             torch.manual_seed((seed << 32) + step)
             lr = lr_at(step, lr=float(t.lr), min_lr=float(t.min_lr), warmup_steps=int(t.warmup_steps), steps=steps)
-            m = train_step(model, opt, batch.to(device), lr=lr, grad_clip=float(t.grad_clip),
-                           mtp_loss_weight=float(t.mtp_loss_weight), train_base=not freeze)
+            m = train_step(model, opt, distributed.rank_rows(batch, info).to(device), lr=lr,
+                           grad_clip=float(t.grad_clip), mtp_loss_weight=float(t.mtp_loss_weight),
+                           train_base=not freeze, objective=wrapped)
+            m = distributed.mean_over_ranks(m, info, device)
             done = step + 1  # optimizer steps completed
             history.append({"step": done, "split": "train", "lr": lr, **m})
             n_timed += 1
@@ -461,11 +569,13 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
             if (eval_every > 0 and done % eval_every == 0) or done == steps:
                 v = run_eval(done)
                 progress.console.print(f"step {done} val: {_fmt(v, names)}")
+            stop = distributed.any_rank(interrupt.requested, info, device)  # every rank stops at the same step
             if (save_every > 0 and done % save_every == 0) or done == steps:
                 save(done)
-            elif interrupt.requested:
+            elif stop:
                 save(done)
-            if interrupt.requested and done < steps:
+            if stop and done < steps:
                 raise Interrupted(f"training stopped after step {done} of {steps}; checkpoint saved to "
                                   f"{out_dir} (run the same command to resume)")
+    distributed.barrier(info)  # the final checkpoint is complete when any rank returns
     return out_dir
