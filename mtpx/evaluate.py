@@ -426,7 +426,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
         metrics["chat_template"] = chat
     metrics["run"] = {"mode": mode, "model": str(cfg.model.get("path") or DEFAULT_MODEL), "dtype": dtype,
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
-                      "automatic_k": bool(method) and k == "auto",
+                      "automatic_k": bool(method) and llm.engine.draft_length.auto,
                       "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
                       "threads_reason": threads.reason, "torch": torch.__version__, "commit": source_commit()}
     dead = (dead_position_warning(aggregate_spec(outs), rounds=[x for o in outs for x in o.spec.rounds])
