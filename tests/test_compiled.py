@@ -219,7 +219,7 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
         assert torch.equal(drafts[0], drafts[1])
 
 
-@pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
+@pytest.mark.parametrize("spec,k", [pytest.param("mtp1", 3, marks=pytest.mark.slow), ("mtp8", 4)])
 def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k):
     """Compiled with a k that changes every step (num_speculative_tokens=auto forced through a
     schedule with stretches of k = 0): tokens equal eager's; windows of 0 < k' < k are padded to
