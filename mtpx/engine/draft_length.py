@@ -232,7 +232,6 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
     engine must be idle; afterwards it is again (requests aborted, prefix cache and timings reset,
     the policy's estimates forgotten). Returns {(k, B): ms}. Raises ValueError when the engine has
     no automatic k or is busy."""
-    import statistics
     import torch
     from mtpx.engine.request import Request
     from mtpx.engine.sampling_params import SamplingParams
@@ -309,7 +308,7 @@ def load_step_costs(path: str | Path) -> tuple[dict, dict]:
         costs = {(int(r["k"]), int(r["batch_size"])): float(r["step_ms"]) for r in data.pop("step_costs")}
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise ValueError(f"spec.cost_model_file={path}: not a step-cost file ({e}); write one with "
-                         "Engine.calibrate_draft_lengths or delete it") from None
+                         "calibrate_step_costs (LLM does at start-up) or delete it") from None
     if not costs or any(not math.isfinite(v) or v <= 0 for v in costs.values()):
         raise ValueError(f"spec.cost_model_file={path}: step costs must be positive numbers")
     return costs, data

@@ -40,7 +40,7 @@ class Engine:
     (mtpx/spec_decode/protocol.py); config: an EngineConfig, with `overrides` of its fields applied;
     draft_length: None (every step proposes the speculator's num_speculative_tokens) or an
     AutoDraftLength over 0 .. that many (mtpx/engine/draft_length.py; without step costs, call
-    calibrate_draft_lengths before decoding).
+    mtpx.engine.draft_length.calibrate_step_costs before decoding).
 
     Raises ValueError naming the config key for values it cannot run with.
     """
