@@ -1,6 +1,7 @@
 """What `train_or_eval.py` runs: mode=train trains and checkpoints, mode=eval decodes a prompt set
 and reports spec-decode metrics (with the lossless check), mode=bench is the serving benchmark
-(the bench group's client, no lossless pass). Errors a user can fix are printed as one line, exit
+(the bench group's client, no lossless pass), mode=serve the HTTP server, mode=distill writes
+self-distilled training data. Errors a user can fix are printed as one line, exit
 code 2."""
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
 GROUP_NAMES = {"spec": "spec", "data": "data set", "model": "model config", "train": "train config",
                "engine": "engine config", "eval": "eval config", "bench": "bench config", "serve": "serve config",
-               "logger": "logger"}
+               "distill": "distill config", "logger": "logger"}
 
 
 def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:
@@ -118,7 +119,10 @@ def _run(cfg: DictConfig) -> int:
         if cfg.mode == "serve":
             from mtpx.serve.server import run_serve
             return run_serve(cfg)
-        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train, mode=eval, mode=bench or mode=serve")
+        if cfg.mode == "distill":
+            from mtpx.distill import run_distill
+            return run_distill(cfg)
+        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train, mode=eval, mode=bench, mode=serve or mode=distill")
     except USER_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)

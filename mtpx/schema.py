@@ -42,6 +42,7 @@ class RunConfig:
     eval: Any = MISSING
     bench: Any = MISSING
     serve: Any = MISSING
+    distill: Any = MISSING
     logger: Any = MISSING
     spec: Any = None
 
@@ -92,6 +93,21 @@ class ServeConfig:
 
 
 @dataclass
+class DistillConfig:
+    out_dir: str = MISSING
+    num_prompts: Optional[int] = MISSING
+    shard_size: int = MISSING
+    max_tokens: int = MISSING
+    concurrency: Optional[int] = MISSING
+    seed: int = MISSING
+    temperature: float = MISSING
+    top_k: int = MISSING
+    top_p: float = MISSING
+    min_p: float = MISSING
+    threads: Optional[int] = MISSING
+
+
+@dataclass
 class TrainConfig:
     out_dir: str = MISSING
     steps: int = MISSING
@@ -125,6 +141,7 @@ class TrainConfig:
     mtp_loss_decay: float = 1.0
     mtp_unroll: int = 0
     mtp_share_fc: bool = False
+    distill_path: Optional[str] = None
 
 
 @dataclass
@@ -218,6 +235,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
     "eval": {"eval_schema": EvalConfig},
     "bench": {"bench_schema": BenchConfig},
     "serve": {"serve_schema": ServeConfig},
+    "distill": {"distill_schema": DistillConfig},
     "train": {"train_schema": TrainConfig},
     "data": {"builtin_schema": BuiltinData, "file_schema": FileData, "gsm8k_schema": GSM8KData,
              "chat_schema": ChatData, "random_schema": RandomData},

@@ -25,4 +25,9 @@ def test_gpu_check_cpu_smoke(tiny_ckpt, tmp_path):
         ("plain", 1), ("plain", 4), ("mtp8", 1), ("mtp8", 4)]
     assert all(x["tokens_identical"] and x["compiled_step_ms"] > 0 for x in c["rows"])
     assert c["compile_mtp8"]["num_graphs"] == 3
+    tr = r["training"]       # the device is the CPU here: the same step twice, bit-identical
+    assert tr["ok"] and tr["batch"] == [2, 64]
+    assert all(tr[n]["loss_rel_diff"] == 0 and tr[n]["max_weight_diff"] == 0 for n in ("joint", "frozen_target"))
+    assert set(tr["train_tokens_per_s"]) == {"float32", "bfloat16_autocast"}
+    assert all(v > 0 for v in tr["train_tokens_per_s"].values())
     assert (tmp_path / "gpu_check.md").read_text().startswith("# mtpx GPU check (cpu, float32")

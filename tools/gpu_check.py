@@ -16,6 +16,10 @@ Sections (each one says "skipped: <reason>" when its prerequisite is missing, e.
    for plain decoding and mtp8: identical greedy tokens, the decode step (verify + draft loop, ms)
    with and without compile at batch 1 and the largest batch, output tokens/s, and the compile
    time (once per engine).
+6. training: one optimizer step of the joint objective (target + heads) and of the frozen-target
+   one (heads only) on --device against the same step on the CPU (float32, TF32 off): loss and
+   updated weights within tolerance; then training tokens/s on the device in float32 and in
+   bfloat16 autocast (16 x 256-token batches, as mode=train).
 Runs in under 5 minutes on one GPU. Writes gpu_check.md and gpu_check.json into --out
 (atomically). Exit status 1 when a comparison fails its tolerance or tokens differ.
 """
@@ -192,6 +196,65 @@ def check_compiled(model, device, dtype_name, quick: bool, backend: str) -> dict
     return out
 
 
+def check_train_step(model, device, quick: bool) -> dict:
+    """Section 6 of the module doc."""
+    from mtpx.train import checkpoint as ckpt
+    from mtpx.train.loop import build_optimizer, train_step
+    from mtpx.train.losses import Objective
+
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    base, _ = ckpt.load_model(model)
+    vocab = base.cfg.vocab_size
+    B, T = (2, 64) if quick else (16, 256)
+    batch = torch.randint(0, vocab, (B, T), generator=torch.Generator().manual_seed(0))
+    out = {"batch": [B, T]}
+    ok = True
+    for name, freeze in (("joint", False), ("frozen_target", True)):
+        results = {}
+        for dev in (torch.device("cpu"), device):
+            m, _ = ckpt.load_model(model)
+            m = m.to(dev).train()
+            opt = build_optimizer(m, lr=1e-3, weight_decay=0.1, freeze_base=freeze)
+            obj = Objective(m, mtp_loss_weight=0.3)
+            stats = train_step(m, opt, batch.to(dev), lr=1e-3, grad_clip=1.0, mtp_loss_weight=0.3,
+                               train_base=not freeze, objective=obj)
+            results[dev.type] = (stats["loss"], {k: v.detach().float().cpu() for k, v in m.state_dict().items()})
+        (l_cpu, w_cpu), (l_dev, w_dev) = results["cpu"], results[device.type]
+        w_diff = max(float((w_cpu[k] - w_dev[k]).abs().max()) for k in w_cpu)
+        rel = abs(l_cpu - l_dev) / abs(l_cpu)
+        row_ok = rel < 1e-4 and w_diff < 1e-4
+        ok &= row_ok
+        out[name] = {"loss_cpu": l_cpu, "loss_device": l_dev, "loss_rel_diff": rel, "max_weight_diff": w_diff,
+                     "ok": row_ok}
+    speed = {}
+    for label, dtype in (("float32", None), ("bfloat16_autocast", torch.bfloat16)):
+        m, _ = ckpt.load_model(model)
+        m = m.to(device).train()
+        opt = build_optimizer(m, lr=1e-3, weight_decay=0.1, freeze_base=False)
+        obj = Objective(m, mtp_loss_weight=0.3)
+        b = batch.to(device)
+        times = []
+        for i in range(2 if quick else 6):
+            _sync(device)
+            t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                train_step(m, opt, b, lr=1e-3, grad_clip=1.0, mtp_loss_weight=0.3, objective=obj)
+            _sync(device)
+            if i > 0:                                  # the first step allocates
+                times.append(time.perf_counter() - t0)
+        speed[label] = B * T / (sum(times) / len(times))
+    out["train_tokens_per_s"] = speed
+    out["ok"] = ok
+    return out
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _markdown(r: dict) -> str:
     lines = [f"# mtpx GPU check ({r['device']}, {r['dtype']}, {r['model']})", "", r["environment"], ""]
     for sec in ("attention", "gated_delta_rule", "engine_tokens"):
@@ -214,6 +277,13 @@ def _markdown(r: dict) -> str:
     lines += ["", f"Decode step at batch 1: {t['decode_step_ms_batch1']:.3f} ms; weight-bandwidth floor "
               f"{t['weight_bandwidth_floor_ms']:.4f} ms ({t['weight_bytes'] / 1e6:.1f} MB of weights at "
               f"{t['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {t['decode_over_floor']:.1f}x the floor.", ""]
+    tr = r["training"]
+    lines += [f"Training step ({tr['batch'][0]} x {tr['batch'][1]} tokens), device vs CPU float32:", "",
+              "| objective | loss CPU | loss device | relative diff | max weight diff | ok |", "|---|---:|---:|---:|---:|:---:|"]
+    lines += [f"| {n} | {tr[n]['loss_cpu']:.6f} | {tr[n]['loss_device']:.6f} | {tr[n]['loss_rel_diff']:.2e} | "
+              f"{tr[n]['max_weight_diff']:.2e} | {'yes' if tr[n]['ok'] else 'NO'} |" for n in ("joint", "frozen_target")]
+    lines += ["", "Training tokens/s on the device: " + ", ".join(
+        f"{k} {v:,.0f}" for k, v in tr["train_tokens_per_s"].items()), ""]
     return "\n".join(lines)
 
 
@@ -239,13 +309,14 @@ def main(argv=None) -> int:
               "gated_delta_rule": check_gated_delta_rule(device, dtype),
               "engine_tokens": check_engine_tokens(args.model, device, dtype_name, prompts, 16),
               "timing": timing(args.model, device, dtype_name, args.quick),
-              "compiled": check_compiled(args.model, device, dtype_name, args.quick, args.compile_backend)}
+              "compiled": check_compiled(args.model, device, dtype_name, args.quick, args.compile_backend),
+              "training": check_train_step(args.model, device, args.quick)}
     result["seconds"] = time.perf_counter() - t0
     text = _markdown(result)
     print(text)
     atomic_write_text(args.out / "gpu_check.md", text)
     atomic_write_json(args.out / "gpu_check.json", result)
-    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens", "compiled")
+    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens", "compiled", "training")
               if result[s].get("ok") is False]
     if failed:
         print(f"gpu_check.py: FAILED: {', '.join(failed)}", file=sys.stderr)

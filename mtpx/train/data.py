@@ -13,6 +13,10 @@ Corpora ("sources"), chosen by the `data_sources` list of the train config:
               mtpx.data.gsm8k.format_example so training text matches the eval prompts exactly
     "stdlib"  the Python standard library's own .py files (a deterministic subset), minus the files
               that the eval prompt set holds out (mtpx.data.prompts.STDLIB_HELDOUT_MODULES)
+    "distill" self-distilled data written by mode=distill (`train.distill_path`, a folder): each
+              record's prompt followed by the target's own completion (mtpx/data/distilled.py),
+              as the target's token ids when the training tokenizer is the one that generated them
+              (equal hashes), else re-encoded from the text
 
 An entry may carry a mixing weight, "name:weight" (default 1): a batch row comes from source k with
 probability weight_k / sum(weights), whatever the source's size. So ["gsm8k", "stdlib"] trains
@@ -37,7 +41,7 @@ from tokenizers import Tokenizer
 
 from mtpx.train.tokenizer import encode_batch, eos_token_id
 
-SOURCES = ("gsm8k", "stdlib")
+SOURCES = ("gsm8k", "stdlib", "distill")
 
 # stdlib folders that are not "the library": test suites (huge, repetitive), installed third-party
 # packages, caches
@@ -87,6 +91,25 @@ def parse_data_sources(entries: Sequence[str]) -> list[SourceSpec]:
 
 # --------------------------------------------------------------------------------------------------
 # reading documents
+
+
+@dataclass(frozen=True)
+class TokenizedDocument:
+    """A document that comes with its token ids (self-distilled data: the tokens the target
+    generated, which a re-encoding of the text need not reproduce) and the hash of the tokenizer
+    they belong to (mtpx.train.tokenizer.tokenizer_sha256)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    tokenizer_sha256: str
+
+
+Document = str | TokenizedDocument
+
+
+def doc_text(doc: Document) -> str:
+    """The text of a document (what a tokenizer is trained on)."""
+    return doc.text if isinstance(doc, TokenizedDocument) else doc
 
 
 def read_gsm8k(path: str | os.PathLike) -> list[str]:
@@ -161,13 +184,41 @@ def read_stdlib(max_bytes: int | None = None, root: str | os.PathLike | None = N
     return docs
 
 
+def read_distill(path: str | os.PathLike) -> list[TokenizedDocument]:
+    """The documents of a complete mode=distill folder, in prompt order: prompt + completion, with
+    the token ids prompt_token_ids + completion_token_ids (a final eos dropped: packing appends
+    one to every document). Records whose prompt could not be generated (an `error`) are skipped.
+
+    Raises:
+        FileNotFoundError, ValueError: see mtpx.data.distilled.read_distilled (no manifest, shards
+            not all written, a bad record); ValueError when no record has a completion.
+    """
+    from mtpx.data.distilled import read_distilled
+
+    manifest, records = read_distilled(path, "train.distill_path")
+    eos = set(manifest.get("eos_token_ids") or [])
+    docs = []
+    for r in records:
+        if r.error is not None:
+            continue
+        ids = r.prompt_token_ids + r.completion_token_ids
+        if ids and ids[-1] in eos:
+            ids = ids[:-1]
+        docs.append(TokenizedDocument(r.prompt + r.completion, tuple(ids), manifest["tokenizer_sha256"]))
+    if not docs:
+        raise ValueError(f"train.distill_path={path}: no record has a completion (every prompt failed to generate)")
+    return docs
+
+
 def load_documents(
-    specs: Sequence[SourceSpec], *, gsm8k_path: str | os.PathLike | None = None, stdlib_max_bytes: int | None = None
-) -> dict[str, list[str]]:
+    specs: Sequence[SourceSpec], *, gsm8k_path: str | os.PathLike | None = None, stdlib_max_bytes: int | None = None,
+    distill_path: str | os.PathLike | None = None,
+) -> dict[str, list[Document]]:
     """Documents of every source in `specs`, keyed by source name (in `specs` order).
 
     Raises:
-        ValueError: "gsm8k" is requested but `gsm8k_path` is not set; and whatever the readers raise.
+        ValueError: "gsm8k" is requested but `gsm8k_path` is not set, or "distill" without
+            `distill_path`; and whatever the readers raise.
     """
     docs: dict[str, list[str]] = {}
     for spec in specs:
@@ -177,12 +228,17 @@ def load_documents(
             docs["gsm8k"] = read_gsm8k(gsm8k_path)
         elif spec.name == "stdlib":
             docs["stdlib"] = read_stdlib(stdlib_max_bytes)
+        elif spec.name == "distill":
+            if not distill_path:
+                raise ValueError("data source 'distill' needs train.distill_path: the folder mode=distill wrote "
+                                 "(distill.out_dir)")
+            docs["distill"] = read_distill(distill_path)
         else:  # parse_data_sources already rejects these
             raise ValueError(f"unknown data source {spec.name!r}")
     return docs
 
 
-def split_documents(docs: Sequence[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+def split_documents(docs: Sequence[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
     """Split documents into (train, val) by a seeded shuffle; at least one val document whenever
     there are two or more documents. The order inside each part is the original order.
 
@@ -265,10 +321,22 @@ class PackedCorpus:
         return p / p.sum()
 
 
+def encode_documents(tokenizer: Tokenizer, docs: Sequence[Document]) -> list[Sequence[int]]:
+    """Token ids of each document: a TokenizedDocument's own ids when they belong to `tokenizer`
+    (equal tokenizer_sha256), else the encoding of its text."""
+    from mtpx.train.tokenizer import tokenizer_sha256
+
+    sha = tokenizer_sha256(tokenizer) if any(isinstance(d, TokenizedDocument) for d in docs) else None
+    texts = [i for i, d in enumerate(docs) if not (isinstance(d, TokenizedDocument) and d.tokenizer_sha256 == sha)]
+    encoded = dict(zip(texts, encode_batch(tokenizer, [doc_text(docs[i]) for i in texts])))
+    return [encoded[i] if i in encoded else docs[i].token_ids for i in range(len(docs))]
+
+
 def pack_corpus(
-    docs: dict[str, list[str]], weights: dict[str, float], tokenizer: Tokenizer, seq_len: int
+    docs: dict[str, list[Document]], weights: dict[str, float], tokenizer: Tokenizer, seq_len: int
 ) -> PackedCorpus:
-    """Tokenize and pack each source separately (so mixing weights apply per source).
+    """Tokenize (`encode_documents`) and pack each source separately (so mixing weights apply per
+    source).
 
     Args:
         docs: source name -> documents.
@@ -283,7 +351,7 @@ def pack_corpus(
     blocks, ids = [], []
     sources = list(docs)
     for k, name in enumerate(sources):
-        b = pack_documents(encode_batch(tokenizer, docs[name]), eos, seq_len)
+        b = pack_documents(encode_documents(tokenizer, docs[name]), eos, seq_len)
         blocks.append(b)
         ids.append(torch.full((b.shape[0],), k, dtype=torch.long))
     return PackedCorpus(

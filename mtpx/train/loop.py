@@ -26,7 +26,7 @@ Config (an OmegaConf DictConfig; a plain dict is accepted):
             tokenizer_vocab_size, data_sources, gsm8k_path, log_every, threads
             optional: val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
             save_dtype ("float32"), parallel ("auto"), dist_timeout_s (120), mtp_loss_decay (1.0),
-            mtp_unroll (0), mtp_share_fc (false)
+            mtp_unroll (0), mtp_share_fc (false), distill_path (None: the folder of data source "distill")
     data:   not read here (eval settings)
 """
 from __future__ import annotations
@@ -54,6 +54,7 @@ from mtpx.train import distributed
 from mtpx.train.data import (
     BatchSampler,
     PackedCorpus,
+    doc_text,
     load_documents,
     pack_corpus,
     parse_data_sources,
@@ -61,7 +62,7 @@ from mtpx.train.data import (
     val_batches,
 )
 from mtpx.train.losses import Objective
-from mtpx.train.tokenizer import train_tokenizer
+from mtpx.train.tokenizer import tokenizer_sha256, train_tokenizer
 
 LogFn = Callable[[dict[str, float], int], None]
 
@@ -433,7 +434,8 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
 
     # ---- data: documents and the train/val split (per source, by document) ----
     specs = parse_data_sources(list(t.data_sources))
-    docs = load_documents(specs, gsm8k_path=t.get("gsm8k_path"), stdlib_max_bytes=t.get("stdlib_max_bytes"))
+    docs = load_documents(specs, gsm8k_path=t.get("gsm8k_path"), stdlib_max_bytes=t.get("stdlib_max_bytes"),
+                          distill_path=t.get("distill_path"))
     val_fraction = float(t.get("val_fraction", 0.05))
     # fixed split seed: the val set does not move with train.seed, so runs of any seed compare
     split = {name: split_documents(d, val_fraction, SPLIT_SEED) for name, d in docs.items()}
@@ -454,7 +456,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
         model, tok = _init_from(str(cfg.model.path), _model_fields(cfg), seed, console)
     else:
         def fit_tokenizer() -> Tokenizer:
-            return train_tokenizer((d for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
+            return train_tokenizer((doc_text(d) for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
         # under torchrun rank 0 trains it and every rank uses rank 0's (no reliance on the
         # trainer being deterministic across processes)
         tok = fit_tokenizer() if not info.active else Tokenizer.from_str(
@@ -478,6 +480,9 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     num_mtp = objective.num_depths  # loss depths: the modules, or the unrolled steps of module 0
     names = depth_names(num_mtp)
 
+    if "distill" in docs and docs["distill"][0].tokenizer_sha256 != tokenizer_sha256(tok):
+        console.print("[yellow]train.distill_path was generated with another tokenizer than the model's: its text is "
+                      "re-encoded, so the token sequences are not exactly the ones the target generated")
     weights = {s.name: s.weight for s in specs}
     train_corpus: PackedCorpus = pack_corpus({n: tr for n, (tr, _) in split.items()}, weights, tok, int(t.seq_len))
     val_corpus = pack_corpus({n: va for n, (_, va) in split.items()}, weights, tok, int(t.seq_len))

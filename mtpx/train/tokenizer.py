@@ -13,6 +13,7 @@ It is saved as a single `tokenizer.json` that HF `transformers` can also read.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -105,3 +106,10 @@ def _special_id(tok: Tokenizer, token: str) -> int:
     if i is None:
         raise ValueError(f"tokenizer has no {token} token: use a tokenizer made by mtpx.train.tokenizer.train_tokenizer")
     return i
+
+
+def tokenizer_sha256(tok) -> str:
+    """SHA-256 of a tokenizer's serialized form (`tokenizers.Tokenizer.to_str()`; a Hugging Face
+    checkpoint's tokenizer by its backend): equal hashes encode and decode alike."""
+    backend = getattr(tok, "backend_tokenizer", tok)
+    return hashlib.sha256(backend.to_str().encode()).hexdigest()

@@ -1,0 +1,241 @@
+"""`mode=distill`: regenerate a prompt set's answers with the target, for self-distillation.
+
+    python train_or_eval.py mode=distill data=gsm8k data.path=../shared/data/gsm8k/train.jsonl \\
+        distill.out_dir=distill/gsm8k_train +spec=mtp8
+    python train_or_eval.py mode=train train.freeze_base=true model.path=checkpoints/demo \\
+        'train.data_sources=[distill]' train.distill_path=distill/gsm8k_train ...
+
+Heads trained on the target's own outputs accept more than heads trained on human-written
+answers, since the target does not write like the data set (Medusa-2's self-distillation, arXiv
+2401.10774 §3.3; EAGLE's and SpecForge's regenerated data; FastMTP, arXiv 2509.18362 §3.1).
+
+The prompts come from the `data` group (any prompt set of mode=eval), the model from the
+`model` group, the engine from `engine`, an optional speculator from `+spec=...` (it only makes
+generation faster: greedy output is identical, rejection sampling keeps the distribution). The
+`distill` group holds the sampling settings (greedy by default; prompt i is sampled with seed
+distill.seed + i, so a shard's contents do not depend on batching, resume or the number of
+ranks), the shard size and the output folder; the format is in mtpx/data/distilled.py.
+
+Resumable: a rerun of the same command skips written shards and re-reads the finished records
+of the current ones (`.part` files); a rerun with other settings (another model, sampling, prompt
+set or shard size) is refused with the key that differs. Under torchrun each rank generates the
+shards i with i % WORLD_SIZE == RANK; no process group is needed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from mtpx.data.distilled import (
+    FORMAT,
+    MANIFEST_FILE,
+    RESUME_KEYS,
+    missing_shards,
+    part_name,
+    read_manifest,
+    read_shard,
+    shard_name,
+)
+from mtpx.data.prompts import check_data_config, load_prompts
+from mtpx.engine.llm import DEFAULT_MODEL, LLM
+from mtpx.engine.threads import choose_threads
+from mtpx.evaluate import _int_or_none, engine_args, sampling_params, source_commit, spec_args
+from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl
+from mtpx.train.tokenizer import tokenizer_sha256
+
+
+class _Stop(Exception):
+    """Raised from on_step when Ctrl-C asked the run to stop."""
+
+
+def target_sha256(model: torch.nn.Module) -> str:
+    """SHA-256 of the target's weights as loaded (names, dtypes, shapes and bytes of every
+    parameter and buffer outside the draft modules `mtp.*`, in name order): what decides the
+    generated tokens, whatever file layout they came from."""
+    h = hashlib.sha256()
+    state = model.state_dict()
+    for name in sorted(state):
+        if name.startswith("mtp."):
+            continue
+        t = state[name].detach().contiguous().cpu()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _prompts_sha256(prompts) -> str:
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(json.dumps(p.engine_input).encode() + b"\n")
+    return h.hexdigest()
+
+
+def _rank() -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) of torchrun, (0, 1) without it."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} is not in [0, WORLD_SIZE={world}): launch with torchrun")
+    return rank, world
+
+
+def _check_resume(out_dir: Path, manifest: dict) -> None:
+    """Refuse to add to a folder written with other settings (names the first differing key)."""
+    saved = read_manifest(out_dir, "distill.out_dir")
+    for key in RESUME_KEYS:
+        if saved.get(key) != manifest.get(key):
+            raise ValueError(f"distill.out_dir={out_dir} holds data generated with another {key} "
+                             f"({saved.get(key)!r}, now {manifest.get(key)!r}): use a new distill.out_dir, or rerun "
+                             "with the settings of the folder's manifest.json")
+
+
+def run_distill(cfg: DictConfig) -> int:
+    """mode=distill (see the module doc). Returns the exit code: 0 when this rank's shards are
+    written. Raises ValueError naming the key for bad settings; Interrupted after Ctrl-C (the
+    finished records are kept)."""
+    c = cfg.get("distill")
+    if c is None:
+        raise ValueError("the config has no 'distill' section: add '- distill: default' to the defaults list of "
+                         "conf/config.yaml")
+    if not c.get("out_dir"):
+        raise ValueError("distill.out_dir is required: the folder to write the shards to (e.g. distill.out_dir=distill/gsm8k)")
+    out_dir = Path(str(c.out_dir))
+    shard_size = _int_or_none("distill", c, "shard_size", 1)
+    if shard_size is None:
+        raise ValueError("distill.shard_size=None: must be an integer >= 1 (prompts per shard)")
+    num_prompts = _int_or_none("distill", c, "num_prompts", 1, "the whole data set")
+    concurrency = _int_or_none("distill", c, "concurrency", 1, "the engine's max_num_seqs")
+    sampling_params(c, 0, "distill")                      # validated before the model loads
+    check_data_config(cfg.data, num_prompts, num_prompts_key="distill.num_prompts")
+    if OmegaConf.is_missing(cfg.model, "path"):
+        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"distill.out_dir={out_dir} is a file: choose a folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
+        raise ValueError(f"distill.out_dir={out_dir} exists and was not written by mode=distill (no {MANIFEST_FILE}): "
+                         "choose a new folder")
+    rank, world = _rank()
+
+    spec = cfg.get("spec")
+    k = spec.num_speculative_tokens if spec is not None else None
+    method = None if spec is None or k == 0 else spec.method
+    path = cfg.model.get("path") or DEFAULT_MODEL
+    dtype = cfg.model.get("dtype") or "float32"
+    if c.get("threads") is not None:
+        choose_threads(None, c.threads, "distill.threads")
+    llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
+              draft_path=spec.get("draft_path") if spec is not None else None,
+              cost_model_file=spec.get("cost_model_file") if spec is not None and k == "auto" else None,
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine_args(cfg.engine), **spec_args(spec))
+    print(choose_threads(llm.model, c.get("threads"), "distill.threads").describe())
+    if llm.tokenizer is None:
+        raise ValueError(f"model.path={path} has no tokenizer: distilled data is text, so the model needs one")
+
+    prompts = load_prompts(cfg.data, num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
+                           num_prompts_key="distill.num_prompts")
+    params = sampling_params(c, len(prompts), "distill", [p.output_len for p in prompts])
+    num_shards = -(-len(prompts) // shard_size)
+    p0 = params[0]
+    manifest = {
+        "format": FORMAT,
+        "model": {"path": str(path), "dtype": dtype, "target_sha256": target_sha256(llm.model)},
+        "tokenizer_sha256": tokenizer_sha256(llm.tokenizer),
+        "data": OmegaConf.to_container(cfg.data, resolve=True),
+        "prompts_sha256": _prompts_sha256(prompts),
+        "num_prompts": len(prompts),
+        "sampling": {"max_tokens": c.max_tokens, "temperature": p0.temperature, "top_k": p0.top_k,
+                     "top_p": p0.top_p, "min_p": p0.min_p, "seed": int(c.seed),
+                     "seeds": "distill.seed + prompt index"},
+        "shard_size": shard_size,
+        "num_shards": num_shards,
+        "eos_token_ids": llm.eos_token_ids,
+        "speculator": {"method": method, "num_speculative_tokens": k},
+        "mtpx_commit": source_commit(),
+    }
+    if (out_dir / MANIFEST_FILE).is_file():
+        _check_resume(out_dir, manifest)
+    else:   # every rank writes the same manifest (atomic; the last write wins with equal content)
+        atomic_write_json(out_dir / MANIFEST_FILE, manifest)
+
+    todo = [i for i in missing_shards(out_dir, manifest) if i % world == rank]
+    print(f"distill: {len(prompts)} prompts in {num_shards} shards of {shard_size} into {out_dir}; rank {rank} of "
+          f"{world}: {len(todo)} shards to write" + (f" (of {len(range(rank, num_shards, world))})" if world > 1 else ""))
+    if not todo:
+        return 0
+    return _generate_shards(llm, prompts, params, todo, num_shards, shard_size, out_dir, concurrency)
+
+
+def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int, shard_size: int,
+                     out_dir: Path, concurrency: int | None) -> int:
+    """Generate the prompts of shards `todo` in one continuous batch; write each shard as soon as
+    all of its prompts have finished."""
+    done: dict[int, dict[int, dict]] = {}                  # shard -> index -> record
+    parts = {}
+    for i in todo:
+        part = out_dir / part_name(i, num_shards)
+        done[i] = ({r.index: dataclasses.asdict(r) for r in read_shard(part, "distill.out_dir", partial=True)}
+                   if part.is_file() else {})
+        parts[i] = part.open("a", encoding="utf-8")
+    queue = [j for i in todo for j in range(i * shard_size, min((i + 1) * shard_size, len(prompts)))
+             if j not in done[i]]
+    written = 0
+    t0 = time.perf_counter()
+    tokens = 0
+
+    def finish_shard(i: int) -> None:
+        nonlocal written
+        rows = [done[i][j] for j in sorted(done[i])]
+        atomic_write_jsonl(out_dir / shard_name(i, num_shards), rows)
+        parts[i].close()
+        (out_dir / part_name(i, num_shards)).unlink(missing_ok=True)
+        written += 1
+        rate = tokens / max(time.perf_counter() - t0, 1e-9)
+        print(f"wrote {shard_name(i, num_shards)} ({len(rows)} records; {written}/{len(todo)} shards, {rate:.0f} tok/s)")
+
+    for i in todo:                                         # a resumed shard may be complete already
+        if len(done[i]) == min(shard_size, len(prompts) - i * shard_size):
+            finish_shard(i)
+
+    def on_finish(r) -> None:
+        nonlocal tokens
+        o = llm.request_output(r)
+        tokens += len(o.output_token_ids)
+        record(queue[r.index], o)
+
+    def record(j: int, o) -> None:
+        i = j // shard_size
+        rec = {"index": j, "prompt": prompts[j].text, "prompt_token_ids": list(o.prompt_token_ids),
+               "completion": o.text, "completion_token_ids": list(o.output_token_ids),
+               "finish_reason": o.finish_reason, "error": o.error}
+        done[i][j] = rec
+        parts[i].write(json.dumps(rec, ensure_ascii=False) + "\n")
+        parts[i].flush()
+        if len(done[i]) == min(shard_size, len(prompts) - i * shard_size):
+            finish_shard(i)
+
+    with GracefulInterrupt() as interrupt:
+        def on_step(engine) -> None:
+            if interrupt.requested:
+                raise _Stop
+        try:
+            outs = llm.generate([prompts[j].engine_input for j in queue], [params[j] for j in queue],
+                                on_finish=on_finish, on_step=on_step, max_concurrency=concurrency)
+            failed = [(j, o) for j, o in zip(queue, outs) if o.error is not None]
+            for j, o in failed:          # a prompt that cannot run is kept as a record with its error
+                record(j, o)
+            if failed:
+                print(f"distill: {len(failed)} prompts could not be generated (first: prompt {failed[0][0]}: "
+                      f"{failed[0][1].error}); their records carry the error and training skips them")
+        except _Stop:
+            raise Interrupted(f"{written} shards written; the finished records of the others are kept in their "
+                              ".part files, and the same command resumes") from None
+        finally:
+            for f in parts.values():
+                f.close()
+    return 0

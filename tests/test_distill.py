@@ -1,0 +1,222 @@
+"""mode=distill (mtpx/distill.py) and the data source that reads it (train.data_sources=[distill]):
+the shards hold exactly what LLM.generate returns for the same prompts, a rerun resumes (written
+shards kept, finished records of a cut shard re-read, not regenerated), other settings are
+refused, ranks split the shards, Ctrl-C keeps what finished, and training reads the target's own
+token ids."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from mtpx import LLM, SamplingParams
+from mtpx.cli import run
+from mtpx.data.distilled import read_distilled, shard_name
+from mtpx.data.gsm8k import format_prompt
+from mtpx.distill import target_sha256
+from mtpx.train import checkpoint as ckpt
+from mtpx.train.data import TokenizedDocument, encode_documents, read_distill
+from mtpx.train.loop import train
+from mtpx.train.tokenizer import encode, tokenizer_sha256, train_tokenizer
+from tests.test_train import write_synthetic_gsm8k
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+NUM_PROMPTS, SHARD, MAX_TOKENS = 7, 3, 8
+
+
+def _cfg(tiny_ckpt, data: Path, out: Path, *extra: str):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return compose("config", overrides=[
+            "mode=distill", f"model.path={tiny_ckpt}", "data=gsm8k", f"data.path={data}", f"distill.out_dir={out}",
+            f"distill.num_prompts={NUM_PROMPTS}", f"distill.shard_size={SHARD}", f"distill.max_tokens={MAX_TOKENS}",
+            "distill.threads=1", "logger=none", *extra])
+
+
+@pytest.fixture(scope="module")
+def gsm8k(tmp_path_factory) -> Path:
+    return write_synthetic_gsm8k(tmp_path_factory.mktemp("distill") / "train.jsonl", n=20)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_ckpt, gsm8k) -> list:
+    """Plain greedy decoding of the same prompts through LLM.generate."""
+    qs = [json.loads(line)["question"] for line in gsm8k.read_text().splitlines()[:NUM_PROMPTS]]
+    llm = LLM(model=tiny_ckpt)
+    return [(format_prompt(q), o) for q, o in
+            zip(qs, llm.generate([format_prompt(q) for q in qs], SamplingParams(max_tokens=MAX_TOKENS)))]
+
+
+@pytest.fixture(scope="module")
+def distilled(tiny_ckpt, gsm8k, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("distilled") / "run"
+    assert run(_cfg(tiny_ckpt, gsm8k, out, "+spec=mtp8", "spec.num_speculative_tokens=2")) == 0
+    return out
+
+
+def _shards(out: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(out.glob("shard-*"))}
+
+
+def test_shards_hold_the_targets_greedy_outputs(distilled, reference, tiny_ckpt):
+    manifest, records = read_distilled(distilled)
+    assert sorted(_shards(distilled)) == [shard_name(i, 3) for i in range(3)]
+    assert [r.index for r in records] == list(range(NUM_PROMPTS))
+    for r, (prompt, o) in zip(records, reference):       # mtp8 speculation: token-identical to plain
+        assert r.prompt == prompt and r.prompt_token_ids == o.prompt_token_ids
+        assert r.completion_token_ids == o.output_token_ids and r.completion == o.text
+        assert r.finish_reason == o.finish_reason and r.error is None
+    model, tok = ckpt.load_model(tiny_ckpt)
+    assert manifest["model"]["target_sha256"] == target_sha256(model)
+    assert manifest["tokenizer_sha256"] == tokenizer_sha256(tok)
+    assert manifest["num_prompts"] == NUM_PROMPTS and manifest["num_shards"] == 3
+    assert manifest["sampling"]["temperature"] == 0 and manifest["sampling"]["max_tokens"] == MAX_TOKENS
+    assert manifest["speculator"] == {"method": "mtp8", "num_speculative_tokens": 2}
+
+
+def test_target_hash_ignores_draft_modules_and_sees_target_weights(tiny_ckpt):
+    model, _ = ckpt.load_model(tiny_ckpt)
+    h = target_sha256(model)
+    with torch.no_grad():
+        model.mtp[0].fc.weight.add_(1.0)
+    assert target_sha256(model) == h
+    with torch.no_grad():
+        model.lm_head.weight[0, 0] += 1e-3
+    assert target_sha256(model) != h
+
+
+def test_rerun_resumes_from_part_files_and_keeps_written_shards(distilled, tiny_ckpt, gsm8k, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in distilled.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    before = _shards(out)
+    name1 = shard_name(1, 3)
+    rows = [json.loads(line) for line in before[name1].splitlines()]
+    (out / name1).unlink()
+    kept = dict(rows[0], completion="kept from the .part file")  # a record the rerun must not regenerate
+    (out / (name1 + ".part")).write_text(json.dumps(kept) + "\n" + json.dumps(rows[1])[:20])  # + a cut line
+    (out / shard_name(0, 3)).write_text(before[shard_name(0, 3)].replace("Tom", "Tim"))  # written: not touched
+    assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
+    after = _shards(out)
+    assert after[shard_name(0, 3)] == before[shard_name(0, 3)].replace("Tom", "Tim")
+    assert after[shard_name(2, 3)] == before[shard_name(2, 3)]
+    assert [json.loads(line) for line in after[name1].splitlines()] == [kept, *rows[1:]]
+    assert not list(out.glob("*.part"))
+
+
+@pytest.mark.parametrize("override, key", [("distill.max_tokens=9", "sampling"),
+                                           ("distill.shard_size=2", "shard_size"),
+                                           ("distill.num_prompts=6", "prompts_sha256")])
+def test_rerun_with_other_settings_is_refused(distilled, tiny_ckpt, gsm8k, capsys, override, key):
+    before = _shards(distilled)
+    assert run(_cfg(tiny_ckpt, gsm8k, distilled, override)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: distill.out_dir=") and f"another {key}" in err and "new distill.out_dir" in err
+    assert _shards(distilled) == before
+
+
+def test_ranks_split_the_shards(distilled, tiny_ckpt, gsm8k, tmp_path, monkeypatch):
+    out = tmp_path / "ranks"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
+    assert sorted(_shards(out)) == [shard_name(1, 3)]
+    with pytest.raises(ValueError, match="2 of 3 shards are not written yet.*rerun the same mode=distill"):
+        read_distilled(out)
+    monkeypatch.setenv("RANK", "0")
+    assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
+    assert _shards(out) == _shards(distilled)
+
+
+def test_ctrl_c_keeps_finished_records(distilled, tiny_ckpt, gsm8k, tmp_path, monkeypatch):
+    """Ctrl-C after a few engine steps: exit 130, every finished request is in a shard or a .part
+    file, and the same command then completes the data exactly."""
+    import mtpx.distill as distill
+
+    class StopAfter:
+        steps = 0
+
+        def __init__(self):
+            pass
+
+        @property
+        def requested(self):
+            StopAfter.steps += 1
+            return StopAfter.steps > 12
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(distill, "GracefulInterrupt", StopAfter)
+    out = tmp_path / "cut"
+    assert run(_cfg(tiny_ckpt, gsm8k, out, "distill.concurrency=2")) == 130
+    finished = [json.loads(line) for p in out.glob("shard-*") for line in p.read_text().splitlines() if line]
+    assert 0 < len(finished) < NUM_PROMPTS
+    monkeypatch.undo()
+    assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
+    assert _shards(out) == _shards(distilled)
+
+
+def test_bad_distill_settings_get_one_line(tiny_ckpt, gsm8k, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine")
+    for out, extra, want in [
+        (tmp_path / "file", [], "is a file: choose a folder"),
+        (tmp_path / "other", [], "was not written by mode=distill"),
+        (tmp_path / "new", ["distill.shard_size=0"], "distill.shard_size=0: must be an integer >= 1"),
+        (tmp_path / "new", ["distill.temperature=-1"], "distill.temperature=-1"),
+    ]:
+        assert run(_cfg(tiny_ckpt, gsm8k, out, *extra)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and want in err[0], err
+    assert (tmp_path / "other" / "notes.txt").read_text() == "mine"
+
+
+# ---- the training side ------------------------------------------------------------------------------
+
+
+def test_training_uses_the_generated_token_ids(distilled, tiny_ckpt):
+    """With the generating tokenizer the documents are the target's own tokens (prompt +
+    completion, the final eos dropped: packing adds one); with another tokenizer, the text re-encoded."""
+    manifest, records = read_distilled(distilled)
+    docs = read_distill(distilled)
+    eos = set(manifest["eos_token_ids"])
+    for d, r in zip(docs, records):
+        ids = r.prompt_token_ids + r.completion_token_ids
+        assert list(d.token_ids) == (ids[:-1] if ids[-1] in eos else ids)
+        assert d.text == r.prompt + r.completion
+    _, tok = ckpt.load_model(tiny_ckpt)
+    odd = TokenizedDocument("ab", (5, 6, 7), tokenizer_sha256(tok))    # not what "ab" encodes to
+    assert encode_documents(tok, [odd, "ab"]) == [(5, 6, 7), encode(tok, "ab")]
+    other = train_tokenizer(["something else entirely " * 20], 270)
+    assert encode_documents(other, [odd]) == [encode(other, "ab")]
+
+
+def test_frozen_target_trains_heads_on_distilled_data(distilled, tiny_ckpt, tmp_path):
+    cfg = {"model": {"path": str(tiny_ckpt)}, "data": {}, "train": dict(
+        out_dir=str(tmp_path / "heads"), steps=3, batch_size=2, seq_len=16, lr=1e-3, min_lr=1e-4, warmup_steps=1,
+        weight_decay=0.0, grad_clip=1.0, mtp_loss_weight=1.0, freeze_base=True, eval_every=0, eval_batches=1,
+        save_every=0, resume=True, seed=0, tokenizer_vocab_size=300, data_sources=["distill"],
+        distill_path=str(distilled), log_every=1, threads=1, val_fraction=0.2)}
+    out = train(cfg)
+    before, _ = ckpt.load_model(tiny_ckpt)
+    after, _ = ckpt.load_model(out)
+    b, a = before.state_dict(), after.state_dict()
+    assert all(torch.equal(b[k], a[k]) for k in b if not k.startswith("mtp."))
+    assert any(not torch.equal(b[k], a[k]) for k in b if k.startswith("mtp."))
+
+
+def test_train_distill_source_errors_name_the_key(tmp_path):
+    from mtpx.train.data import load_documents, parse_data_sources
+    specs = parse_data_sources(["distill"])
+    with pytest.raises(ValueError, match="needs train.distill_path"):
+        load_documents(specs)
+    with pytest.raises(FileNotFoundError, match="train.distill_path=.*no manifest.json"):
+        load_documents(specs, distill_path=tmp_path)
