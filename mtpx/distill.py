@@ -176,12 +176,11 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
     """Generate the prompts of shards `todo` in one continuous batch; write each shard as soon as
     all of its prompts have finished."""
     done: dict[int, dict[int, dict]] = {}                  # shard -> index -> record
-    parts = {}
+    parts = {}                                             # shard -> its open .part file
     for i in todo:
         part = out_dir / part_name(i, num_shards)
         done[i] = ({r.index: dataclasses.asdict(r) for r in read_shard(part, "distill.out_dir", partial=True)}
                    if part.is_file() else {})
-        parts[i] = part.open("a", encoding="utf-8")
     queue = [j for i in todo for j in range(i * shard_size, min((i + 1) * shard_size, len(prompts)))
              if j not in done[i]]
     written = 0
@@ -192,7 +191,8 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
         nonlocal written
         rows = [done[i][j] for j in sorted(done[i])]
         atomic_write_jsonl(out_dir / shard_name(i, num_shards), rows)
-        parts[i].close()
+        if i in parts:
+            parts.pop(i).close()
         (out_dir / part_name(i, num_shards)).unlink(missing_ok=True)
         written += 1
         rate = tokens / max(time.perf_counter() - t0, 1e-9)
@@ -214,6 +214,8 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
                "completion": o.text, "completion_token_ids": list(o.output_token_ids),
                "finish_reason": o.finish_reason, "error": o.error}
         done[i][j] = rec
+        if i not in parts:
+            parts[i] = (out_dir / part_name(i, num_shards)).open("a", encoding="utf-8")
         parts[i].write(json.dumps(rec, ensure_ascii=False) + "\n")
         parts[i].flush()
         if len(done[i]) == min(shard_size, len(prompts) - i * shard_size):

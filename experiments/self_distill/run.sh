@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Self-distillation, loss decay and recursive unroll on the demo (issue 15), 2 CPU cores.
-# Usage: bash experiments/self_distill/run.sh [gen|train NAME|eval NAME SPEC|all]
+# Usage: bash experiments/self_distill/run.sh [gen|train NAME|eval NAME SPEC [K]|all]
 # Everything is written under $RUNS (default /work/runs); rerunning a step resumes it.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -10,7 +10,7 @@ DISTILL=$RUNS/distill_gsm8k_train
 gen() {  # the target's own greedy answers to the first 2048 GSM8K-train questions
   python train_or_eval.py mode=distill data=gsm8k data.path=../shared/data/gsm8k/train.jsonl \
     distill.out_dir=$DISTILL distill.num_prompts=2048 distill.shard_size=128 distill.max_tokens=256 \
-    distill.threads=2 engine.max_num_seqs=32 +spec=mtp8 logger=none
+    distill.threads=1 engine.max_num_seqs=32 +spec=mtp8 logger=none
 }
 
 # Every fine-tune: frozen demo target, heads from checkpoints/demo, 150 steps of 16 x 256 tokens.
@@ -31,13 +31,14 @@ train() {
 }
 
 # GSM8K test, first 128 questions, greedy, at most 256 tokens; acceptance does not depend on timing.
-evaluate() {
-  local name=$1 spec=$2 ckpt
+evaluate() {  # NAME SPEC [K]: K = num_speculative_tokens (default: the spec's, mtp1 1, mtp8 8)
+  local name=$1 spec=$2 k=${3:-} ckpt tag
   if [ "$name" = base ]; then ckpt=checkpoints/demo; else ckpt=$RUNS/ft_$name; fi
-  python train_or_eval.py mode=eval data=gsm8k model.path=$ckpt +spec=$spec eval.num_prompts=128 \
-    eval.max_tokens=256 eval.concurrency=16 eval.check_lossless=false logger=none \
-    hydra.run.dir=$RUNS/eval_${name}_$spec
-  cp $RUNS/eval_${name}_$spec/metrics.json experiments/self_distill/metrics/${name}_$spec.json
+  tag=${name}_$spec${k:+_k$k}
+  python train_or_eval.py mode=eval data=gsm8k model.path=$ckpt +spec=$spec ${k:+spec.num_speculative_tokens=$k} \
+    eval.num_prompts=128 eval.max_tokens=256 eval.concurrency=16 eval.check_lossless=false logger=none \
+    hydra.run.dir=$RUNS/eval_$tag
+  cp $RUNS/eval_$tag/metrics.json experiments/self_distill/metrics/$tag.json
 }
 
 mkdir -p experiments/self_distill/metrics
@@ -49,5 +50,6 @@ case ${1:-all} in
     gen
     for n in human distill distill_decay mtp1_distill mtp1_unroll; do train $n; done
     for s in mtp1 mtp8; do for n in base human distill distill_decay; do evaluate $n $s; done; done
+    for n in base distill mtp1_distill mtp1_unroll; do evaluate $n mtp1 4; done
     for n in mtp1_distill mtp1_unroll; do evaluate $n mtp1; done ;;
 esac
