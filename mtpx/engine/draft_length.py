@@ -34,10 +34,11 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import os
 import statistics
 from collections import Counter
 from pathlib import Path
+
+from mtpx.io import atomic_write_json
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "calibrate_step_costs", "default_batch_sizes",
            "load_step_costs", "save_step_costs"]
@@ -292,11 +293,8 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
 
 def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:
     """Write {(k, B): ms} and `meta` (model, threads, compile, device) as JSON, atomically."""
-    path = Path(path)
     rows = [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(step_costs.items())]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({**meta, "step_costs": rows}, indent=1))
-    os.replace(tmp, path)
+    atomic_write_json(path, {**meta, "step_costs": rows}, indent=1)
 
 
 def load_step_costs(path: str | Path) -> tuple[dict, dict]:
