@@ -142,6 +142,7 @@ class TrainConfig:
     mtp_unroll: int = 0
     mtp_share_fc: bool = False
     distill_path: Optional[str] = None
+    autocast: Optional[str] = None
 
 
 @dataclass

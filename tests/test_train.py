@@ -310,6 +310,24 @@ def test_freeze_base_trains_only_the_mtp_modules(workdir, learned_run):
     assert {"mtp1", "mtp2", "mtp3"} <= set(hist[-1])
 
 
+def test_bf16_autocast_trains_in_mixed_precision(workdir):
+    """train.autocast=bfloat16: the step-0 losses are the float32 run's within bf16 rounding
+    (relative 2e-2: a bf16 mantissa holds 8 bits, and the logits go through a few matrix
+    products), every depth's loss drops, and weights, gradients and optimizer state stay float32."""
+    ref = train(run_cfg(workdir, "amp_ref", steps=8, eval_every=0))
+    out = train(run_cfg(workdir, "amp", steps=8, eval_every=0, autocast="bfloat16"))
+    h_ref, h = (ckpt.load_trainer_state(d)["loss_history"] for d in (ref, out))
+    v_ref, v = h_ref[0], h[0]                          # step 0 validation: the same initial weights
+    assert v["split"] == "val" and all(abs(v[k] - v_ref[k]) <= 2e-2 * v_ref[k] for k in ("main", "mtp1", "mtp2"))
+    assert v != v_ref                                  # autocast did run in bf16
+    last = [x for x in h if x["split"] == "val"][-1]
+    assert all(last[k] < v[k] for k in ("main", "mtp1", "mtp2"))
+    assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values())
+    assert all(t.dtype == torch.float32 for t in load_file(out / "optimizer.safetensors").values() if t.is_floating_point())
+    with pytest.raises(ValueError, match="train.autocast='float16': use bfloat16"):
+        train(run_cfg(workdir, "amp_bad", autocast="float16"))
+
+
 def test_config_errors_name_the_fix(workdir):
     cfg = run_cfg(workdir, "bad", freeze_base=True)
     with pytest.raises(ValueError, match="freeze_base=true needs model.path"):

@@ -26,7 +26,7 @@ Config (an OmegaConf DictConfig; a plain dict is accepted):
             tokenizer_vocab_size, data_sources, gsm8k_path, log_every, threads
             optional: val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
             save_dtype ("float32"), parallel ("auto"), dist_timeout_s (120), mtp_loss_decay (1.0),
-            mtp_unroll (0), mtp_share_fc (false), distill_path (None: the folder of data source "distill")
+            mtp_unroll (0), mtp_share_fc (false), autocast (None: float32; "bfloat16"), distill_path (None: the folder of data source "distill")
     data:   not read here (eval settings)
 """
 from __future__ import annotations
@@ -76,6 +76,8 @@ ADAM_EPS = 1e-8
 SPLIT_SEED = 0  # seed of the document-level train/val split
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# train.autocast: float16 would need a gradient scaler, so bfloat16 is the one mixed precision
+_AUTOCAST = {None: None, "bfloat16": torch.bfloat16}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -150,12 +152,15 @@ def train_step(
     mtp_loss_weight: float,
     train_base: bool = True,
     objective: torch.nn.Module | None = None,
+    autocast: torch.dtype | None = None,
 ) -> dict[str, float]:
     """One optimizer step on `batch` (LongTensor [B, T]).
 
     objective: called as objective(batch, train_base) -> (loss, parts) (an Objective, possibly
     wrapped by DDP or sharded by FSDP2: mtpx/train/distributed.py); None = model.training_losses
-    with mtp_loss_weight.
+    with mtp_loss_weight. autocast: run the forward and loss in torch.autocast of this dtype on
+    the batch's device (mixed precision: weights, gradients and optimizer state stay as they are);
+    None = no autocast.
 
     Returns {"loss": weighted total, "grad_norm": pre-clip L2 norm, "main": CE, "mtp1".."mtpN": CE}
     (cross-entropies in nats per token; this rank's rows). grad_clip <= 0 disables clipping (the
@@ -163,10 +168,11 @@ def train_step(
     """
     for g in optimizer.param_groups:
         g["lr"] = lr
-    if objective is None:
-        loss, parts = model.training_losses(batch, mtp_loss_weight=mtp_loss_weight, train_base=train_base)
-    else:
-        loss, parts = objective(batch, train_base)
+    with torch.autocast(batch.device.type, dtype=autocast, enabled=autocast is not None):
+        if objective is None:
+            loss, parts = model.training_losses(batch, mtp_loss_weight=mtp_loss_weight, train_base=train_base)
+        else:
+            loss, parts = objective(batch, train_base)
     loss.backward()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     max_norm = grad_clip if grad_clip > 0 else float("inf")
@@ -180,18 +186,19 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(model: MTPForCausalLM, batches: list[torch.Tensor], mtp_loss_weight: float,
-             objective: torch.nn.Module | None = None) -> dict[str, float]:
+             objective: torch.nn.Module | None = None, autocast: torch.dtype | None = None) -> dict[str, float]:
     """Mean validation losses over `batches` (each LongTensor [B, T]): {"loss", "main", "mtp1".."mtpN"}
-    in nats per token. objective: as in train_step (None = model.training_losses). The model is put
-    in eval mode and restored to its previous mode."""
+    in nats per token. objective, autocast: as in train_step (None = model.training_losses). The
+    model is put in eval mode and restored to its previous mode."""
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
     for b in batches:
-        if objective is None:
-            loss, parts = model.training_losses(b, mtp_loss_weight=mtp_loss_weight, train_base=True)
-        else:
-            loss, parts = objective(b, True)
+        with torch.autocast(b.device.type, dtype=autocast, enabled=autocast is not None):
+            if objective is None:
+                loss, parts = model.training_losses(b, mtp_loss_weight=mtp_loss_weight, train_base=True)
+            else:
+                loss, parts = objective(b, True)
         for k, v in {"loss": loss.item(), **parts}.items():
             sums[k] = sums.get(k, 0.0) + v
     model.train(was_training)
@@ -287,6 +294,8 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
                          f"lower train.seq_len or raise model.max_position_embeddings")
     if t.get("save_dtype", "float32") not in _DTYPES:
         raise ValueError(f"train.save_dtype={t.save_dtype!r}: use one of {list(_DTYPES)}")
+    if t.get("autocast") not in _AUTOCAST:
+        raise ValueError(f"train.autocast={t.autocast!r}: use bfloat16 (mixed precision) or null (float32)")
     return t
 
 
@@ -513,6 +522,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     # record the architecture actually trained (a resume or model.path keeps the checkpoint's)
     run_config["model"] = {**model.cfg.to_dict(), "path": cfg.model.get("path")}
     save_dtype = _DTYPES[t.get("save_dtype", "float32")]
+    amp = _AUTOCAST[t.get("autocast")]
 
     def save(step: int) -> None:
         # fsdp: every rank takes part in gathering the shards onto rank 0; rank 0 alone writes
@@ -530,7 +540,8 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
                              extra_files=extras, model_state=model_state, optimizer_state=opt_state)
 
     def run_eval(step: int) -> dict[str, float]:
-        v = distributed.mean_over_ranks(evaluate(model, val, float(t.mtp_loss_weight), objective=wrapped), info, device)
+        v = distributed.mean_over_ranks(evaluate(model, val, float(t.mtp_loss_weight), objective=wrapped,
+                                                 autocast=amp), info, device)
         history.append({"step": step, "split": "val", **v})
         if log_fn is not None:
             log_fn({f"val/{k}": x for k, x in v.items()}, step)
@@ -558,7 +569,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
             lr = lr_at(step, lr=float(t.lr), min_lr=float(t.min_lr), warmup_steps=int(t.warmup_steps), steps=steps)
             m = train_step(model, opt, distributed.rank_rows(batch, info).to(device), lr=lr,
                            grad_clip=float(t.grad_clip), mtp_loss_weight=float(t.mtp_loss_weight),
-                           train_base=not freeze, objective=wrapped)
+                           train_base=not freeze, objective=wrapped, autocast=amp)
             m = distributed.mean_over_ranks(m, info, device)
             done = step + 1  # optimizer steps completed
             history.append({"step": done, "split": "train", "lr": lr, **m})
