@@ -12,7 +12,7 @@ answers, since the target does not write like the data set (Medusa-2's self-dist
 The prompts come from the `data` group (any prompt set of mode=eval), the model from the
 `model` group, the engine from `engine`, an optional speculator from `+spec=...` (it only makes
 generation faster: greedy output is identical, rejection sampling keeps the distribution). The
-`distill` group holds the sampling settings (greedy by default; prompt i is sampled with seed
+`distill` group holds the sampling settings and stop strings (greedy by default; prompt i is sampled with seed
 distill.seed + i, so a shard's contents do not depend on batching, resume or the number of
 ranks), the shard size and the output folder; the format is in mtpx/data/distilled.py.
 
@@ -85,6 +85,17 @@ def _rank() -> tuple[int, int]:
     return rank, world
 
 
+def _stop_strings(value) -> list[str]:
+    """distill.stop as a list of non-empty strings (null = none). Raises ValueError naming the key."""
+    if value is None:
+        return []
+    items = [value] if isinstance(value, str) else list(value) if OmegaConf.is_list(value) or isinstance(value, list) else None
+    if items is None or not all(isinstance(x, str) and x for x in items):
+        raise ValueError(f"distill.stop={value!r}: must be a list of non-empty strings, e.g. "
+                         "'distill.stop=[\"Question:\"]', or null")
+    return items
+
+
 def _check_resume(out_dir: Path, manifest: dict) -> None:
     """Refuse to add to a folder written with other settings (names the first differing key)."""
     saved = read_manifest(out_dir, "distill.out_dir")
@@ -112,6 +123,7 @@ def run_distill(cfg: DictConfig) -> int:
     num_prompts = _int_or_none("distill", c, "num_prompts", 1, "the whole data set")
     concurrency = _int_or_none("distill", c, "concurrency", 1, "the engine's max_num_seqs")
     sampling_params(c, 0, "distill")                      # validated before the model loads
+    _stop_strings(c.get("stop"))
     check_data_config(cfg.data, num_prompts, num_prompts_key="distill.num_prompts")
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
@@ -139,7 +151,9 @@ def run_distill(cfg: DictConfig) -> int:
 
     prompts = load_prompts(cfg.data, num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
                            num_prompts_key="distill.num_prompts")
-    params = sampling_params(c, len(prompts), "distill", [p.output_len for p in prompts])
+    stop = _stop_strings(c.get("stop"))
+    params = [dataclasses.replace(p, stop=stop) for p in
+              sampling_params(c, len(prompts), "distill", [p.output_len for p in prompts])]
     num_shards = -(-len(prompts) // shard_size)
     p0 = params[0]
     manifest = {
@@ -150,7 +164,7 @@ def run_distill(cfg: DictConfig) -> int:
         "prompts_sha256": _prompts_sha256(prompts),
         "num_prompts": len(prompts),
         "sampling": {"max_tokens": c.max_tokens, "temperature": p0.temperature, "top_k": p0.top_k,
-                     "top_p": p0.top_p, "min_p": p0.min_p, "seed": int(c.seed),
+                     "top_p": p0.top_p, "min_p": p0.min_p, "stop": stop, "seed": int(c.seed),
                      "seeds": "distill.seed + prompt index"},
         "shard_size": shard_size,
         "num_shards": num_shards,
@@ -166,13 +180,21 @@ def run_distill(cfg: DictConfig) -> int:
     todo = [i for i in missing_shards(out_dir, manifest) if i % world == rank]
     print(f"distill: {len(prompts)} prompts in {num_shards} shards of {shard_size} into {out_dir}; rank {rank} of "
           f"{world}: {len(todo)} shards to write" + (f" (of {len(range(rank, num_shards, world))})" if world > 1 else ""))
-    if not todo:
-        return 0
-    return _generate_shards(llm, prompts, params, todo, num_shards, shard_size, out_dir, concurrency)
+    if todo:
+        _generate_shards(llm, prompts, params, todo, num_shards, shard_size, out_dir, concurrency)
+    reasons: dict = {}
+    for i in range(rank, num_shards, world):
+        for r in read_shard(out_dir / shard_name(i, num_shards), "distill.out_dir"):
+            key = "error" if r.error is not None else r.finish_reason
+            reasons[key] = reasons.get(key, 0) + 1
+    print(f"distill: rank {rank}'s {sum(reasons.values())} records in {out_dir}: " +
+          ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])) +
+          f" (finish reasons; 'length' = cut at distill.max_tokens); left to write: {len(missing_shards(out_dir, manifest))} shards")
+    return 0
 
 
 def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int, shard_size: int,
-                     out_dir: Path, concurrency: int | None) -> int:
+                     out_dir: Path, concurrency: int | None) -> None:
     """Generate the prompts of shards `todo` in one continuous batch; write each shard as soon as
     all of its prompts have finished."""
     done: dict[int, dict[int, dict]] = {}                  # shard -> index -> record
@@ -240,4 +262,3 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
         finally:
             for f in parts.values():
                 f.close()
-    return 0

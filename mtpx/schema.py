@@ -105,6 +105,7 @@ class DistillConfig:
     top_p: float = MISSING
     min_p: float = MISSING
     threads: Optional[int] = MISSING
+    stop: Optional[list[str]] = None
 
 
 @dataclass

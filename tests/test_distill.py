@@ -163,6 +163,26 @@ def test_ctrl_c_keeps_finished_records(distilled, tiny_ckpt, gsm8k, tmp_path, mo
     assert _shards(out) == _shards(distilled)
 
 
+def test_stop_strings_end_completions_and_are_recorded(tiny_ckpt, gsm8k, tmp_path):
+    llm = LLM(model=tiny_ckpt)
+    _, ref = read_distilled(_plain_run(tiny_ckpt, gsm8k, tmp_path / "plain"))
+    stop = next(c for r in ref for c in r.completion[1:] if c.isalnum())   # a letter some completion writes
+    out = tmp_path / "stopped"
+    assert run(_cfg(tiny_ckpt, gsm8k, out, f"distill.stop=['{stop}']")) == 0
+    manifest, records = read_distilled(out)
+    assert manifest["sampling"]["stop"] == [stop]
+    for r, o in zip(records, ref):
+        want = llm.generate([r.prompt], SamplingParams(max_tokens=MAX_TOKENS, stop=[stop]))[0]
+        assert r.completion == want.text and stop not in r.completion
+        assert r.completion_token_ids == want.output_token_ids
+    assert any(r.finish_reason == "stop" and len(r.completion) < len(o.completion) for r, o in zip(records, ref))
+
+
+def _plain_run(tiny_ckpt, gsm8k, out: Path) -> Path:
+    assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
+    return out
+
+
 def test_bad_distill_settings_get_one_line(tiny_ckpt, gsm8k, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     (tmp_path / "other").mkdir()
@@ -172,6 +192,7 @@ def test_bad_distill_settings_get_one_line(tiny_ckpt, gsm8k, tmp_path, capsys):
         (tmp_path / "other", [], "was not written by mode=distill"),
         (tmp_path / "new", ["distill.shard_size=0"], "distill.shard_size=0: must be an integer >= 1"),
         (tmp_path / "new", ["distill.temperature=-1"], "distill.temperature=-1"),
+        (tmp_path / "new", ["distill.stop=['']"], "distill.stop="),
     ]:
         assert run(_cfg(tiny_ckpt, gsm8k, out, *extra)) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -36,7 +36,7 @@ evaluate() {  # NAME SPEC [K]: K = num_speculative_tokens (default: the spec's, 
   if [ "$name" = base ]; then ckpt=checkpoints/demo; else ckpt=$RUNS/ft_$name; fi
   tag=${name}_$spec${k:+_k$k}
   python train_or_eval.py mode=eval data=gsm8k model.path=$ckpt +spec=$spec ${k:+spec.num_speculative_tokens=$k} \
-    eval.num_prompts=128 eval.max_tokens=256 eval.concurrency=16 eval.check_lossless=false logger=none \
+    eval.num_prompts=128 eval.max_tokens=256 eval.concurrency=16 eval.check_lossless=false eval.threads=1 logger=none \
     hydra.run.dir=$RUNS/eval_$tag
   cp $RUNS/eval_$tag/metrics.json experiments/self_distill/metrics/$tag.json
 }
