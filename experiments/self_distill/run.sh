@@ -45,7 +45,7 @@ mkdir -p experiments/self_distill/metrics
 case ${1:-all} in
   gen) gen ;;
   train) train "$2" ;;
-  eval) evaluate "$2" "$3" ;;
+  eval) evaluate "$2" "$3" "${4:-}" ;;
   all)
     gen
     for n in human distill distill_decay mtp1_distill mtp1_unroll; do train $n; done

@@ -50,6 +50,13 @@ def main() -> None:
         if m:
             print(f"- {name}: " + " ".join(f"{p:.3f}" for p in m["per_position_acceptance"]))
     print()
+    print("Per-position acceptance, mtp1 k=4 (module 0 applied 4 times; position 1 .. 4):")
+    print()
+    for name in ("base", "distill", "mtp1_distill", "mtp1_unroll"):
+        m = metrics(f"{name}_mtp1_k4")
+        if m:
+            print(f"- {name}: " + " ".join(f"{p:.3f}" for p in m["per_position_acceptance"]))
+    print()
     print("Final validation loss per depth of each fine-tune (its own data's held-out 5%; nats/token):")
     print()
     for name in NAMES:
