@@ -202,8 +202,12 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
         calibrate_step_costs(again.engine)
 
 
-def test_auto_is_lossless_end_to_end_and_records_the_k_per_step():
-    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4)
+def test_auto_is_lossless_end_to_end_and_records_the_k_per_step(tmp_path):
+    # step costs from a file (the start-up calibration has its own test above): 10 ms + 4 ms per draft
+    costs = {(k, b): (10.0 + 4.0 * k) * (1 + 0.25 * b) for k in range(len(model().mtp) + 1) for b in (1, 4)}
+    save_step_costs(tmp_path / "costs.json", costs, {})
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
+    assert llm.calibration["seconds"] == 0.0
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     hist = llm.engine.draft_length.histogram

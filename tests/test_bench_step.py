@@ -9,16 +9,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_bench_step_smoke(tmp_path):
+def test_bench_step_smoke(tmp_path, tiny_ckpt):
     spec = importlib.util.spec_from_file_location("_bench_step", ROOT / "tools" / "bench_step.py")
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
     assert tool.main(["--specs", "none", "mtp1", "mtp8", "--modes", "eager", "--batch-sizes", "2",
-                      "--steps", "3", "--repeats", "2", "--mtp1-k", "2", "--out", str(tmp_path)]) == 0
+                      "--steps", "3", "--repeats", "2", "--mtp1-k", "2", "--model", str(tiny_ckpt),
+                      "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "bench_step.json").read_text())["rows"]
-    assert [(r["spec"], r["k"], r["batch_size"]) for r in rows] == [("none", 0, 2), ("mtp1", 2, 2), ("mtp8", 8, 2)]
+    assert [(r["spec"], r["k"], r["batch_size"]) for r in rows] == [("none", 0, 2), ("mtp1", 2, 2), ("mtp8", 4, 2)]  # tiny_ckpt: 4 MTP modules
     for r in rows:
         assert r["step_ms"] > 0 and r["target_k1_ms"] > 0 and r["target_1_ms"] > 0
         assert r["overhead"] == r["step_ms"] / r["forwards_ms"]
         assert ("draft_loop_ms" in r) == (r["k"] > 0)
-    assert "| mtp8 | 8 | eager | 2 |" in (tmp_path / "bench_step.md").read_text()
+    assert "| mtp8 | 4 | eager | 2 |" in (tmp_path / "bench_step.md").read_text()

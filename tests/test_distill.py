@@ -171,7 +171,7 @@ def test_stop_strings_end_completions_and_are_recorded(tiny_ckpt, gsm8k, tmp_pat
     assert run(_cfg(tiny_ckpt, gsm8k, out, f"distill.stop=['{stop}']")) == 0
     manifest, records = read_distilled(out)
     assert manifest["sampling"]["stop"] == [stop]
-    for r, o in zip(records, ref):
+    for r in records:
         want = llm.generate([r.prompt], SamplingParams(max_tokens=MAX_TOKENS, stop=[stop]))[0]
         assert r.completion == want.text and stop not in r.completion
         assert r.completion_token_ids == want.output_token_ids

@@ -3,7 +3,8 @@ test and train, and how many texts lm-eval got through the server equal mtpx's i
 
     python experiments/serve_lm_eval/summarize.py   -> results.md
 """
-import glob, json
+import glob
+import json
 from pathlib import Path
 out = Path("experiments/serve_lm_eval")
 lines = ["| problems | lm-eval strict-match (#### answer) | lm-eval flexible-extract (last number) | "
