@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mtpx.data.distilled import (
     FORMAT,
+    DistilledRecord,
     MANIFEST_FILE,
     RESUME_KEYS,
     missing_shards,
@@ -46,13 +47,9 @@ from mtpx.data.distilled import (
 from mtpx.data.prompts import check_data_config, load_prompts
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.threads import choose_threads
-from mtpx.evaluate import _int_or_none, engine_args, sampling_params, source_commit, spec_args
+from mtpx.evaluate import _int_or_none, _Stop, engine_args, sampling_params, source_commit, spec_args
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl
 from mtpx.train.tokenizer import tokenizer_sha256
-
-
-class _Stop(Exception):
-    """Raised from on_step when Ctrl-C asked the run to stop."""
 
 
 def target_sha256(model: torch.nn.Module) -> str:
@@ -198,12 +195,16 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
     """Generate the prompts of shards `todo` in one continuous batch; write each shard as soon as
     all of its prompts have finished."""
     done: dict[int, dict[int, dict]] = {}                  # shard -> index -> record
+
+    def shard_len(i: int) -> int:
+        return min(shard_size, len(prompts) - i * shard_size)
+
     parts = {}                                             # shard -> its open .part file
     for i in todo:
         part = out_dir / part_name(i, num_shards)
         done[i] = ({r.index: dataclasses.asdict(r) for r in read_shard(part, "distill.out_dir", partial=True)}
                    if part.is_file() else {})
-    queue = [j for i in todo for j in range(i * shard_size, min((i + 1) * shard_size, len(prompts)))
+    queue = [j for i in todo for j in range(i * shard_size, i * shard_size + shard_len(i))
              if j not in done[i]]
     written = 0
     t0 = time.perf_counter()
@@ -221,7 +222,7 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
         print(f"wrote {shard_name(i, num_shards)} ({len(rows)} records; {written}/{len(todo)} shards, {rate:.0f} tok/s)")
 
     for i in todo:                                         # a resumed shard may be complete already
-        if len(done[i]) == min(shard_size, len(prompts) - i * shard_size):
+        if len(done[i]) == shard_len(i):
             finish_shard(i)
 
     def on_finish(r) -> None:
@@ -232,15 +233,14 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
 
     def record(j: int, o) -> None:
         i = j // shard_size
-        rec = {"index": j, "prompt": prompts[j].text, "prompt_token_ids": list(o.prompt_token_ids),
-               "completion": o.text, "completion_token_ids": list(o.output_token_ids),
-               "finish_reason": o.finish_reason, "error": o.error}
+        rec = dataclasses.asdict(DistilledRecord(j, prompts[j].text, list(o.prompt_token_ids), o.text,
+                                                 list(o.output_token_ids), o.finish_reason, o.error))
         done[i][j] = rec
         if i not in parts:
             parts[i] = (out_dir / part_name(i, num_shards)).open("a", encoding="utf-8")
         parts[i].write(json.dumps(rec, ensure_ascii=False) + "\n")
         parts[i].flush()
-        if len(done[i]) == min(shard_size, len(prompts) - i * shard_size):
+        if len(done[i]) == shard_len(i):
             finish_shard(i)
 
     with GracefulInterrupt() as interrupt:

@@ -58,18 +58,24 @@ class SpecConfig:
 
 
 @dataclass
-class ClientConfig:
-    """The benchmark client of mode=bench (and the base of mode=eval's)."""
+class GenerationConfig:
+    """What a mode that generates from a prompt set reads (mtpx.evaluate.sampling_params and
+    the client's concurrency): the base of the bench, eval and distill groups."""
     num_prompts: Optional[int] = MISSING
     max_tokens: int = MISSING
     concurrency: Optional[int] = MISSING
-    request_rate: float = MISSING
     seed: int = MISSING
     temperature: float = MISSING
     top_k: int = MISSING
     top_p: float = MISSING
     min_p: float = MISSING
     threads: Optional[int] = MISSING
+
+
+@dataclass
+class ClientConfig(GenerationConfig):
+    """The benchmark client of mode=bench (and the base of mode=eval's)."""
+    request_rate: float = MISSING
 
 
 @dataclass
@@ -93,18 +99,9 @@ class ServeConfig:
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig(GenerationConfig):
     out_dir: str = MISSING
-    num_prompts: Optional[int] = MISSING
     shard_size: int = MISSING
-    max_tokens: int = MISSING
-    concurrency: Optional[int] = MISSING
-    seed: int = MISSING
-    temperature: float = MISSING
-    top_k: int = MISSING
-    top_p: float = MISSING
-    min_p: float = MISSING
-    threads: Optional[int] = MISSING
     stop: Optional[list[str]] = None
 
 

@@ -27,6 +27,16 @@ def cell(m: dict | None) -> str:
     return f"{m['acceptance_length']:.2f} ({m['acceptance_rate']:.3f})"
 
 
+def per_position(title: str, suffix: str, names) -> None:
+    print()
+    print(title)
+    print()
+    for name in names:
+        m = metrics(f"{name}_{suffix}")
+        if m:
+            print(f"- {name}: " + " ".join(f"{p:.3f}" for p in m["per_position_acceptance"]))
+
+
 def final_val(name: str) -> dict[str, float]:
     f = RUNS / f"ft_{name}" / "losses.csv"
     if not f.is_file():
@@ -42,20 +52,10 @@ def main() -> None:
         m8 = metrics(f"{name}_mtp8")
         acc = f"{m8['accuracy']:.3f}" if m8 and m8.get("accuracy") is not None else "-"
         print(f"| {label} | {cell(metrics(f'{name}_mtp1'))} | {cell(metrics(f'{name}_mtp1_k4'))} | {cell(m8)} | {acc} |")
-    print()
-    print("Per-position acceptance, mtp8 (position 1 .. 8):")
-    print()
-    for name in ("base", "human", "distill", "distill_decay"):
-        m = metrics(f"{name}_mtp8")
-        if m:
-            print(f"- {name}: " + " ".join(f"{p:.3f}" for p in m["per_position_acceptance"]))
-    print()
-    print("Per-position acceptance, mtp1 k=4 (module 0 applied 4 times; position 1 .. 4):")
-    print()
-    for name in ("base", "distill", "mtp1_distill", "mtp1_unroll"):
-        m = metrics(f"{name}_mtp1_k4")
-        if m:
-            print(f"- {name}: " + " ".join(f"{p:.3f}" for p in m["per_position_acceptance"]))
+    per_position("Per-position acceptance, mtp8 (position 1 .. 8):", "mtp8",
+                 ("base", "human", "distill", "distill_decay"))
+    per_position("Per-position acceptance, mtp1 k=4 (module 0 applied 4 times; position 1 .. 4):", "mtp1_k4",
+                 ("base", "distill", "mtp1_distill", "mtp1_unroll"))
     print()
     print("Final validation loss per depth of each fine-tune (its own data's held-out 5%; nats/token):")
     print()
