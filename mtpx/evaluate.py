@@ -195,7 +195,7 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
     at the next step boundary and outputs holds the requests that had finished, in index order."""
     llm.generate([prompts[0].engine_input], SamplingParams(max_tokens=2))
     llm.reset_prefix_cache()
-    llm.engine.draft_length.histogram.clear()     # k per step of the measured pass only
+    llm.engine.draft_length.reset_histograms()    # k per step, depths: the measured pass only
     done: dict[int, RequestOutput] = {}
     sink = rows_file.open("a", encoding="utf-8") if rows_file is not None else None
 

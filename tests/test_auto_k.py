@@ -149,6 +149,54 @@ def test_any_k_schedule_is_lossless_and_drafts_stay_exact(spec, segments, prompt
     assert_clean(llm)
 
 
+class ScriptedDepths(AutoDraftLength):
+    """policy.forced sets every step's k; each admitted request takes the next depth of `depths`."""
+
+    def __init__(self, max_k: int, depths):
+        super().__init__(max_k)
+        self.depths = iter(depths)
+
+    def depth(self, batch_size: int) -> int:
+        return next(self.depths, self.max_k)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(depths=st.lists(st.integers(0, 4), min_size=8, max_size=8),
+       segments=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 10)), min_size=1, max_size=4),
+       prefix=st.booleans(), seed=st.integers(0, 3))
+def test_per_request_depth_is_lossless_and_runs_no_module_beyond_it(depths, segments, prefix, seed):
+    """Requests of depths 0..K in one batch (two passes over prompts that share prefixes, so
+    blocks of one depth meet requests of another): greedy output identical to plain decoding,
+    every proposal equal to the from-scratch drafts and at most the request's depth long, and the
+    modules beyond a request's depth never advance for it."""
+    K = 4
+    llm = make_llm(model(), "mtp8", K, enable_prefix_caching=prefix, max_num_seqs=3, block_size=4)
+    policy = ScriptedDepths(K, depths)
+    llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+    llm.engine.scheduler.depth_per_request = True
+    checked = install_draft_check(llm, model(), "mtp8", K)
+    schedule = iter([min(k, K) for k, n in segments for _ in range(n)])
+    policy.forced = next(schedule)
+    spec = llm.engine.speculator
+
+    def on_step(engine):
+        for r in engine.scheduler.running:
+            row = engine.runner.rows[r.index]
+            assert len(r.draft_token_ids) <= r.draft_depth
+            assert int(spec.depth[row]) == r.draft_depth
+            assert (spec.computed[row, r.draft_depth:] == r.num_cached_tokens).all()
+        policy.forced = next(schedule, K)
+
+    g = random.Random(seed)
+    base = [g.randrange(2, 64) for _ in range(14)]
+    prompts = [base[:9] + [g.randrange(2, 64) for _ in range(3)], base, base[:5] + [7, 8], base[:13]]
+    for _ in range(2):
+        run_checked(llm, model(), prompts, [_params(g.randrange(5, 25)) for _ in prompts], on_step=on_step)
+    assert all(c[0] for c in checked), [c[1:] for c in checked if not c[0]][:2]
+    assert sorted(policy.depth_histogram.elements()) == sorted(depths)
+    assert_clean(llm)
+
+
 @pytest.mark.parametrize("stretch", [1, 7])
 def test_module_kv_after_a_k0_stretch_equals_from_scratch(stretch):
     """After k = K steps then `stretch` steps of k = 0, every draft module's KV at the positions

@@ -169,6 +169,7 @@ def test_write_side_lookahead_is_needed(trained_tiny, broken):
     llm = make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4, enable_prefix_caching=True)
     if broken:
         llm.engine.kv.num_lookahead_tokens = 0           # the manager's knob: keys without lookahead
+        llm.engine.scheduler.num_lookahead_tokens = 0     # (and every request's)
         llm.engine.speculator.num_final = lambda row, n: n  # and no module bound on the write side
         with pytest.raises(AssertionError, match="write into published prefix-cache blocks"):
             for _ in range(2):
@@ -199,6 +200,7 @@ def test_read_side_lookahead_key_is_needed(trained_tiny, broken):
     llm = make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4, enable_prefix_caching=True)
     if broken:
         llm.engine.kv.num_lookahead_tokens = 0           # blocks keyed on their own tokens only
+        llm.engine.scheduler.num_lookahead_tokens = 0
     run_checked(llm, model, first, p1)
     checked = install_draft_check(llm, model, "mtp8", 4)
     _, reqs = run_checked(llm, model, second, p2)       # greedy stays lossless either way

@@ -246,6 +246,34 @@ def test_manager_lookahead_keys_exact():
     m.check_invariants()
 
 
+def test_manager_request_depth_keys_exact():
+    """A request of depth d < L (modules 1..d exact) publishes block i under its d tokens after it;
+    a lookup of depth d hits blocks of depth d or deeper, never shallower ones."""
+    S, L = 4, 3
+    m = KVCacheManager(16, S, True, num_lookahead_tokens=L)
+    toks = list(range(50, 62))                         # 12 tokens
+    c = chain(toks, S)
+    assert m.allocate_slots("a", 12)
+    assert m.cache_blocks("a", toks, 12, num_lookahead_tokens=1) == 2   # block 2 lacks its 1 token
+    assert [m.pool.block_hash[b] for b in (0, 1)] == [lookahead_key(c[0], [54]), lookahead_key(c[1], [58])]
+    assert m.get_computed_blocks("x", toks, 3) == ([], 0)          # deeper: no hit
+    assert m.get_computed_blocks("x", toks, 1) == ([0, 1], 8)
+    assert m.get_computed_blocks("x", toks, 0) == ([0, 1], 8)      # shallower: hits
+    assert m.get_computed_blocks("x", toks[:9], 1) == ([0, 1], 8)  # 1 token after block 1 suffices
+    # a depth-3 publisher's blocks serve every depth
+    assert m.allocate_slots("b", 12)
+    assert m.cache_blocks("b", toks, 12, num_lookahead_tokens=3) == 2
+    assert m.block_table("b") == [3, 4, 5]
+    assert m.get_computed_blocks("x", toks, 3) == ([3, 4], 8)
+    assert m.get_computed_blocks("x", toks, 1) == ([3, 4], 8)      # the deepest key first
+    # 9 tokens: block 1's depth-3 key needs 11, so a's depth-1 block 1 follows b's block 0
+    assert m.get_computed_blocks("x", toks[:9], 1) == ([3, 1], 8)
+    assert m.get_computed_blocks("x", toks[:9], 2) == ([3], 4)
+    m.check_invariants()
+    with pytest.raises(ValueError, match="num_lookahead_tokens must be in"):
+        m.get_computed_blocks("x", toks, 4)
+
+
 def test_manager_prefix_caching_off():
     m = KVCacheManager(4, 2, False)
     assert m.allocate_slots("a", 4)

@@ -140,6 +140,8 @@ def main(argv=None) -> int:
             lines += ["", f"{r['contender']}: {r['output_tok_s'] / best['output_tok_s']:.2f}x the best fixed "
                       f"contender ({best['contender']}); k per decode step (% of steps): "
                       + ", ".join(f"{k}: {100 * n / total:.1f}" for k, n in hist.items())
+                      + "; depth per request (requests): "
+                      + (", ".join(f"{d}: {n}" for d, n in r["auto_k"].get("depth_histogram", {}).items()) or "—")
                       + f"; step costs calibrated in {r['auto_k']['calibration']['seconds']:.1f} s"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

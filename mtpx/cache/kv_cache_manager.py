@@ -29,6 +29,11 @@ depend on ``x_0 .. x_{e-1}`` only. Hence:
 * read side (``get_computed_blocks``): the walk stops at the first block whose key is not cached;
   no trim is needed, because a matched block's content is exact for this request, and a request
   computes its first non-hit position's hidden states itself.
+* a request that keeps only its first ``d < L`` draft modules exact (automatic k's per-request
+  depth, mtpx/engine/draft_length.py) publishes under ``lookahead_key(chain, the d tokens after
+  it)``: its blocks hold exact KV for the target and modules 1..d only. A lookup for depth ``d``
+  tries the keys of depths ``L, L - 1, .., d`` per block, since a block exact for more modules is
+  exact for fewer; a deeper request never hits a shallower block.
 """
 from __future__ import annotations
 
@@ -108,8 +113,8 @@ class KVCacheManager:
         return self._tables.get(request_id, [])
 
     # ------------------------------------------------------------------ read side
-    def get_computed_blocks(self, request_id: Hashable, token_ids: Sequence[int]
-                            ) -> tuple[list[int], int]:
+    def get_computed_blocks(self, request_id: Hashable, token_ids: Sequence[int],
+                            num_lookahead_tokens: int | None = None) -> tuple[list[int], int]:
         """Longest reusable cached prefix of ``token_ids`` (vLLM's ``get_computed_blocks``).
 
         Walks the full blocks of ``token_ids`` that have their ``L = num_lookahead_tokens`` tokens
@@ -123,25 +128,38 @@ class KVCacheManager:
         Args:
             request_id: the request (unused; kept for the vLLM-shaped API).
             token_ids: the request's tokens (prompt, plus any output tokens for a re-prefill).
+            num_lookahead_tokens: the request's depth ``d`` (module doc), 0 .. ``L``; None: ``L``.
 
         Returns:
             ``(blocks, num_hit_tokens)`` with ``num_hit_tokens == len(blocks) * block_size``;
             ``([], 0)`` when prefix caching is off.
         """
         del request_id
+        d = self._depth(num_lookahead_tokens)
         if not self.enable_prefix_caching:
             return [], 0
-        S, L = self.block_size, self.num_lookahead_tokens
-        max_blocks = max(0, min(len(token_ids) - 1, len(token_ids) - L) // S)
+        S, L, n = self.block_size, self.num_lookahead_tokens, len(token_ids)
+        max_blocks = max(0, min(n - 1, n - d) // S)
         blocks: list[int] = []
         chain: bytes | None = None
         for i in range(max_blocks):
             chain = hash_block(chain, token_ids[i * S:(i + 1) * S])
-            b = self.pool.lookup(self._key(chain, token_ids, (i + 1) * S))
+            end = (i + 1) * S
+            b = next((b for depth in range(min(L, n - end), d - 1, -1)
+                      if (b := self.pool.lookup(self._key(chain, token_ids, end, depth))) is not None),
+                     None)
             if b is None:
                 break
             blocks.append(b)
         return blocks, len(blocks) * S
+
+    def _depth(self, num_lookahead_tokens: int | None) -> int:
+        if num_lookahead_tokens is None:
+            return self.num_lookahead_tokens
+        if not 0 <= num_lookahead_tokens <= self.num_lookahead_tokens:
+            raise ValueError(f"a request's num_lookahead_tokens must be in [0, "
+                             f"{self.num_lookahead_tokens}], got {num_lookahead_tokens}")
+        return num_lookahead_tokens
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, request_id: Hashable, num_tokens: int,
@@ -199,11 +217,12 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ write side
     def cache_blocks(self, request_id: Hashable, token_ids: Sequence[int],
-                     num_final_tokens: int) -> int:
+                     num_final_tokens: int, num_lookahead_tokens: int | None = None) -> int:
         """Publish the request's full blocks whose content is final and whose key is known.
 
         Block i (positions ``[i*S, (i+1)*S)``) is published iff ``(i+1)*S <= num_final_tokens`` and
-        ``(i+1)*S + num_lookahead_tokens <= len(token_ids)``, in order, under its key (module doc).
+        ``(i+1)*S + d <= len(token_ids)``, in order, under its key (module doc), ``d`` the
+        request's depth.
         Blocks handled by an earlier call (published, or refused as duplicates of another cached
         block) or that came from a prefix hit are skipped, so repeated calls cost O(new blocks).
 
@@ -212,7 +231,9 @@ class KVCacheManager:
             token_ids: the request's committed tokens; their prefix must not change between calls.
             num_final_tokens: leading positions whose KV, for the target and every draft module,
                 was computed from ``token_ids`` (no unverified draft read) and will never be
-                rewritten; the caller decides it.
+                rewritten; the caller decides it (for depth ``d``: the target and modules 1..d).
+            num_lookahead_tokens: the request's depth ``d`` (module doc), 0 .. ``L``, the same on
+                every call for a request; None: ``L``.
 
         Returns:
             The number of blocks newly published (duplicates of content cached elsewhere are not
@@ -222,12 +243,13 @@ class KVCacheManager:
             KeyError: unknown request.
             ValueError: a block to publish lies beyond the request's block table.
         """
+        d = self._depth(num_lookahead_tokens)
         if not self.enable_prefix_caching:
             return 0
         table = self._tables[request_id]
         keys = self._keys[request_id]
         S = self.block_size
-        num_full = min(num_final_tokens, len(token_ids) - self.num_lookahead_tokens) // S
+        num_full = min(num_final_tokens, len(token_ids) - d) // S
         if num_full > len(table):
             raise ValueError(f"request {request_id!r}: cache_blocks up to block {num_full} but its "
                              f"table has only {len(table)} blocks")
@@ -240,17 +262,19 @@ class KVCacheManager:
         published = 0
         for i in range(len(keys), num_full):
             chain = hash_block(chain, token_ids[i * S:(i + 1) * S])
-            key = self._key(chain, token_ids, (i + 1) * S)
+            key = self._key(chain, token_ids, (i + 1) * S, d)
             keys.append(key)
             if self.pool.publish(table[i], key):
                 published += 1
         self._chain[request_id] = chain
         return published
 
-    def _key(self, chain: bytes, token_ids: Sequence[int], end: int) -> bytes:
-        """The publish key of the block ending at ``end`` (exclusive) with chained hash ``chain``."""
-        L = self.num_lookahead_tokens
-        return chain if L == 0 else lookahead_key(chain, token_ids[end:end + L])
+    def _key(self, chain: bytes, token_ids: Sequence[int], end: int, depth: int) -> bytes:
+        """The publish key of the block ending at ``end`` (exclusive) with chained hash ``chain``,
+        for a request of depth ``depth`` (its ``depth`` tokens after the block, module doc)."""
+        if self.num_lookahead_tokens == 0:
+            return chain
+        return lookahead_key(chain, token_ids[end:end + depth])
 
     # ------------------------------------------------------------------ release
     def free(self, request_id: Hashable) -> None:

@@ -166,9 +166,9 @@ class CompiledDecode:
         return verify_forward(self.model, self.cache, meta)
 
     def _plan_and_draft(self, block_table, rows, num_tokens, target_end, is_drafting, target_start,
-                        target_hidden, num_columns, num_drafts):
+                        target_hidden, num_columns, num_drafts, num_modules):
         metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
-                                     block_table.shape[1], num_drafts)
+                                     block_table.shape[1], num_drafts, num_modules)
         return self.speculator.draft_loop(self.cache, metas, rows, num_tokens - 1, target_start,
                                           target_hidden)
 
@@ -180,7 +180,10 @@ class CompiledDecode:
         self.num_calls += 1
         before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
-        with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False):
+        # graphs per window width and module count (automatic k's depths): up to 2 (k + 1) each
+        limit = max(torch._dynamo.config.recompile_limit, 4 * (len(self.cache.draft) + 2))
+        with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False), \
+                torch._dynamo.config.patch(recompile_limit=limit):
             out = fn(*args)
         new = counters["stats"]["unique_graphs"] - before
         if new:
@@ -200,10 +203,11 @@ class CompiledDecode:
     def draft(self, block_table: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
               target_end: torch.Tensor, is_drafting: torch.Tensor, target_start: torch.Tensor,
               target_hidden: torch.Tensor, num_columns: int | None = None,
-              num_drafts: torch.Tensor | None = None) -> torch.Tensor:
-        """speculator.plan (static: num_columns columns, default k + 1, one graph per value;
-        block_table.shape[1] blocks, block_table being the verification's [Bp, blocks]; num_drafts
-        a 0-d int64 tensor, None: k) then speculator.draft_loop, compiled (their contracts).
+              num_drafts: torch.Tensor | None = None, num_modules: int | None = None) -> torch.Tensor:
+        """speculator.plan (static: num_columns columns, default k + 1, and modules 1..num_modules,
+        default all, one graph per pair of values; block_table.shape[1] blocks, block_table being
+        the verification's [Bp, blocks]; num_drafts a 0-d int64 tensor, None: k) then
+        speculator.draft_loop, compiled (their contracts).
         The plan is part of the graph with the torch attention backend; with FlashInfer, whose
         plans are host-side, it runs eager before the compiled loop."""
         k = self.speculator.num_speculative_tokens
@@ -214,9 +218,9 @@ class CompiledDecode:
         if self.plan_in_graph:
             _mark_meta_table(block_table)
             return self._call(self._draft, block_table, rows, num_tokens, target_end, is_drafting,
-                              target_start, target_hidden, num_columns, num_drafts)
+                              target_start, target_hidden, num_columns, num_drafts, num_modules)
         metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
-                                     block_table.shape[1], num_drafts)
+                                     block_table.shape[1], num_drafts, num_modules)
         for m in metas:
             _mark_meta(m)
         return self._call(self._draft, self.cache, metas, rows, num_tokens - 1, target_start,

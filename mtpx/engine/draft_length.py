@@ -26,8 +26,17 @@ measured takes the median correction of those that were).
   acceptance beyond k and the costs on both sides stay measured.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), so k does not flap between near-equal choices.
-- A step with k = 0 still advances every draft module over the accepted tokens (the speculators'
-  catch-up, mtpx/spec_decode/multi_module.py), so the module KV is exact when drafting resumes.
+- A step with k = 0 still advances every draft module of a request's depth over the accepted
+  tokens (the speculators' catch-up, mtpx/spec_decode/multi_module.py), so the module KV is exact
+  when drafting resumes.
+- Depth: each request keeps at most `depth(B)` draft modules exact, chosen once at its first
+  admission (B: the requests running and waiting then, at most max_num_seqs): the k of highest
+  predicted goodput at that batch size, without hysteresis. A step's k is at most the largest depth
+  among the running requests, and each request drafts min(k, its depth). Multi-module MTP never
+  runs a request's modules beyond its depth, so at a batch size where k = 4 wins, a step costs
+  what a 4-module engine's step costs (each module is a full attention block). Depth only falls
+  with a request's admission, never rises within it: a module that skipped positions would have
+  to re-prefill them all. Single-module MTP has one module to keep, so its depth is max_k.
 """
 from __future__ import annotations
 
@@ -53,8 +62,17 @@ class FixedDraftLength:
         self.max_k = self.k = k
         self.histogram: Counter = Counter()
 
-    def choose(self, batch_size: int) -> int:
+    def choose(self, batch_size: int, max_k: int | None = None) -> int:
         return self.k
+
+    def depth(self, batch_size: int) -> int:
+        return self.k
+
+    def record_depth(self, depth: int) -> None:
+        pass
+
+    def reset_histograms(self) -> None:
+        self.histogram.clear()
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         pass
@@ -98,6 +116,7 @@ class AutoDraftLength:
         self._verified = [0.0] * self.max_k
         self.k = self.max_k
         self.histogram: Counter = Counter()
+        self.depth_histogram: Counter = Counter()    # depth -> requests given it
         self.correction: dict[int, float] = {}       # k -> EMA of measured / calibrated step cost
         self._steps = self._probes = 0
 
@@ -145,26 +164,50 @@ class AutoDraftLength:
         """Predicted tokens per ms."""
         return batch_size * self.expected_tokens(k) / self.cost(k, batch_size)
 
-    def choose(self, batch_size: int) -> int:
-        """The k for a step of batch_size requests (module doc)."""
+    def choose(self, batch_size: int, max_k: int | None = None) -> int:
+        """The k for a step of batch_size requests, at most max_k (the deepest running request's
+        depth; None: self.max_k) (module doc)."""
         if self.forced is not None:
             return self.forced
+        top = self.max_k if max_k is None else max(0, min(max_k, self.max_k))
         if self.step_costs is None:
-            return self.max_k
+            return top
         batch_size = max(1, batch_size)
         self._steps += 1
-        g = [self.goodput(k, batch_size) for k in range(self.max_k + 1)]
-        best = max(range(self.max_k + 1), key=g.__getitem__)
-        if g[best] > (1 + self.hysteresis) * g[self.k]:
-            self.k = best
+        g = [self.goodput(k, batch_size) for k in range(top + 1)]
+        best = max(range(top + 1), key=g.__getitem__)
+        current = min(self.k, top)
+        if g[best] > (1 + self.hysteresis) * g[current]:
+            self.k = current = best
         if self.probe_interval and self._steps % self.probe_interval == 0:
             self._probes += 1
             up = self._probes % 2 == 1
-            if up and self.k < self.max_k:
-                return self.k + 1
-            if not up and self.k > 0:
-                return self.k - 1
-        return self.k
+            if up and current < top:
+                return current + 1
+            if not up and current > 0:
+                return current - 1
+        return current
+
+    def depth(self, batch_size: int) -> int:
+        """The depth of a request admitted when batch_size requests run or wait (module doc): the
+        k of highest predicted goodput at that batch size (max_k before the costs are known)."""
+        if self.forced is not None:
+            d = self.forced
+        elif self.step_costs is None:
+            d = self.max_k
+        else:
+            batch_size = max(1, batch_size)
+            d = max(range(self.max_k + 1), key=lambda k: self.goodput(k, batch_size))
+        return d
+
+    def record_depth(self, depth: int) -> None:
+        """A request was admitted with this depth: count it."""
+        self.depth_histogram[depth] += 1
+
+    def reset_histograms(self) -> None:
+        """Forget the k per step and depth per request counted so far (a measured pass starts)."""
+        self.histogram.clear()
+        self.depth_histogram.clear()
 
     def observe_step(self, k: int, batch_size: int, step_ms: float) -> None:
         """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
@@ -195,6 +238,7 @@ class AutoDraftLength:
     def summary(self) -> dict:
         """For metrics.json: the histogram of k per step, the estimates, the costs."""
         return {"k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
+                "depth_histogram": {str(d): n for d, n in sorted(self.depth_histogram.items())},
                 "conditional_acceptance": [round(p, 4) for p in self.acceptance],
                 "num_observed": list(self.num_observed),
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
@@ -226,7 +270,8 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
 def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int = 2, prompt_len: int = 128,
                          seed: int = 0) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size: B requests of
-    random prompts decode together while every step is forced to k. For each B, one untimed sweep
+    random prompts decode together while every step is forced to k (with per-request depth, fresh
+    requests of depth k for each k: the cost of a step of a k-module engine). For each B, one untimed sweep
     over k (first calls at new shapes are slow), then `sweeps` timed sweeps of `steps` steps per k
     in which all B requests verified k drafts (a step after a change of k, which verifies the old
     k's drafts, is not counted); the cost is the median of verify + draft time over them. The
@@ -238,6 +283,7 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
     from mtpx.engine.sampling_params import SamplingParams
 
     policy = engine.draft_length
+    per_request_depth = engine.scheduler.depth_per_request
     if not getattr(policy, "auto", False):
         raise ValueError("calibration needs num_speculative_tokens=auto")
     if engine.has_unfinished_requests():
@@ -258,6 +304,11 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
             for sweep in range(sweeps + 1):
                 for k in range(policy.max_k + 1):
                     policy.forced = k
+                    if per_request_depth:       # fresh requests of depth k: a k-module step
+                        for r in live:
+                            engine.abort(r)
+                        engine.pop_aborted()
+                        live = []
                     got = []
                     for _ in range(4 * steps + 8):
                         live = [r for r in live if not r.finished]

@@ -70,8 +70,9 @@ class Engine:
         elif draft_length.max_k != k:
             raise ValueError(f"automatic k over 0..{draft_length.max_k} but the speculator drafts {k}")
         self.draft_length = draft_length
+        depth_per_request = draft_length.auto and speculator is not None and speculator.num_draft_modules > 1
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
-                                   self.max_len, max_model_len)
+                                   self.max_len, max_model_len, lookahead, depth_per_request)
         self.runner = ModelRunner(model, speculator, config, self.max_len)
         if config.check_invariants:
             self.runner.set_kv_write_guard(self._guard_published)

@@ -144,7 +144,7 @@ class ModelRunner:
             for c in cache.recurrent:
                 c.load_rows(rows, torch.tensor([block], device=self.device))
         if self.speculator is not None:
-            self.speculator.reset_rows(rows, p.start)
+            self.speculator.reset_rows(rows, p.start, r.draft_depth)
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -278,10 +278,12 @@ class ModelRunner:
             is_drafting = torch.tensor([p.is_last for p in prefills], device=dev)
             nt = torch.tensor(num_tokens, device=dev)
             start_t = meta.positions[:, 0]
-            metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting, num_drafts=num_drafts)
+            depth = max(r.draft_depth for r in reqs)
+            metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting, num_drafts=num_drafts,
+                                         num_modules=depth)
             sampler = (self._draft_sampler(self._sampling(reqs), is_drafting) if last else None)
             drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start_t, h, sampler,
-                                                num_drafts)[:, :num_drafts].tolist()
+                                                min(num_drafts, depth)).tolist()
             q = None if sampler is None else sampler.q
             final = self.speculator.num_final(rows, nt).tolist()
             num_final = [min(a, b) for a, b in zip(num_final, final)]
@@ -289,7 +291,8 @@ class ModelRunner:
             is_last = b in first
             results[r.index] = RequestResult(
                 [first[b]] if is_last else [], num_final_tokens=num_final[b],
-                draft_token_ids=drafts[b] if drafts is not None and is_last else [],
+                draft_token_ids=(drafts[b][: min(num_drafts, r.draft_depth)]
+                                 if drafts is not None and is_last else []),
                 draft_probs=q[b] if q is not None and is_last else None,
                 logit_gaps=[gaps[last.index(b)]] if gaps is not None and is_last else None,
                 logprobs=lps[last.index(b)] if lps is not None and is_last else None,
@@ -299,10 +302,12 @@ class ModelRunner:
         """The decode step (module doc), proposing num_drafts drafts for the next; returns
         (verify_s, draft_s): the draft loop (with its plan) and the rest of the step.
 
-        Window widths: eager, 1 + the most drafts a request verifies; compiled, 1 in a step that
-        neither verifies nor proposes a draft (automatic k at 0), else k + 1 (fewer drafts are
-        padding: two graphs per function, not one per k). The draft loop's static forwards have as many columns as any of its forwards
-        covers (Speculator.max_positions; compiled: 1, k + 1 or 2k)."""
+        The step runs draft modules 1..D, D the deepest request's depth (Request.draft_depth; k
+        without automatic k), and each request drafts min(num_drafts, its depth). Window widths:
+        eager, 1 + the most drafts a request verifies; compiled, 1 in a step that neither
+        verifies nor proposes a draft (automatic k at 0), else D + 1 (fewer drafts are padding:
+        graphs per D, not per k). The draft loop's static forwards have as many columns as any of
+        its forwards covers (Speculator.max_positions; compiled: D + 1 or 2D)."""
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
@@ -319,16 +324,19 @@ class ModelRunner:
               else min(cache.max_blocks, -(-need // self.block_size)))
         rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
         n = torch.tensor(n_host + [0] * pad, device=dev)
+        depth = max(min(r.draft_depth, k) for r in reqs)       # modules this step runs
+        num_drafts = min(num_drafts, depth)
         T = 1 + max(nd_host)
         narrow = T == 1 and num_drafts == 0     # compiled: the only steps with a 1-token window
         if self.compiled is not None and not narrow:
-            T = k + 1
+            T = depth + 1
         columns = 1
         if self.speculator is not None:
-            columns = max(self.speculator.max_positions(1 + nd, num_drafts, len(d.request.draft_token_ids))
+            columns = max(self.speculator.max_positions(1 + nd, min(num_drafts, d.request.draft_depth),
+                                                        len(d.request.draft_token_ids))
                           for nd, d in zip(nd_host, decodes))
             if self.compiled is not None and not narrow:
-                columns = k + 1 if columns <= k + 1 else 2 * k
+                columns = depth + 1 if columns <= depth + 1 else 2 * depth
         windows = T > 1        # a window of one token is always kept: the forward stores the state
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, nb, keep_states=windows)
@@ -360,7 +368,9 @@ class ModelRunner:
         final = n[:B] + accepted + 1                                        # target KV final below
         parts = [emitted, accepted[:, None]]
         q = None
-        if self.speculator is not None:
+        if self.speculator is not None and depth == 0:      # no module runs for these requests
+            parts.append(torch.zeros(B, k, dtype=torch.long, device=dev))
+        elif self.speculator is not None:
             is_drafting = torch.arange(Bp, device=dev) < B
             nt = torch.cat([num_tokens, num_tokens.new_ones(pad)])
             target_end = torch.cat([final, final.new_zeros(pad)])
@@ -368,9 +378,10 @@ class ModelRunner:
             sampler = self._draft_sampler(sampling, is_drafting[:B])
             if self.compiled is not None and sampler is None:
                 drafts = self.compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h,
-                                             columns, torch.tensor(num_drafts, device=dev))
+                                             columns, torch.tensor(num_drafts, device=dev), depth)
             else:
-                metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, columns, nb, num_drafts)
+                metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, columns, nb, num_drafts,
+                                             depth)
                 drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start, h, sampler, num_drafts)
             q = None if sampler is None else sampler.q
             final = torch.minimum(final, self.speculator.num_final(rows[:B], num_tokens))
@@ -383,7 +394,8 @@ class ModelRunner:
             m = row[T]
             results[r.index] = RequestResult(
                 row[: m + 1], nd_host[b], m,
-                draft_token_ids=row[T + 1: T + 1 + num_drafts] if self.speculator is not None else [],
+                draft_token_ids=(row[T + 1: T + 1 + min(num_drafts, r.draft_depth)]
+                                 if self.speculator is not None else []),
                 draft_probs=None if q is None else q[b], num_final_tokens=row[-1],
                 logit_gaps=gaps[b][: m + 1] if gaps is not None else None,
                 logprobs=lps[b][: m + 1] if lps is not None and lps[b] is not None else None)

@@ -72,7 +72,9 @@ class Scheduler:
     AutoDraftLength (mtpx/engine/draft_length.py), which picks each step's k and learns from its
     rounds; the scheduler reserves slots for its max_k positions beyond a step's last token, which
     the speculator writes; max_len: positions a request's block table can cover;
-    max_model_len: positions a request may reach (prompt + output).
+    max_model_len: positions a request may reach (prompt + output); num_lookahead_tokens: the
+    speculator's (0 without one); depth_per_request: give each request the policy's depth at its
+    admission (multi-module MTP), else every request has depth max_k.
 
     Requests are added with add(); schedule() returns one step's work (the runner frees the batch
     slots of out.preempted and assigns slots to new prefills); update_from_output() applies its
@@ -80,12 +82,15 @@ class Scheduler:
     """
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 draft_length, max_len: int, max_model_len: int):
+                 draft_length, max_len: int, max_model_len: int, num_lookahead_tokens: int = 0,
+                 depth_per_request: bool = False):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.draft_length = draft_length
         self.lookahead = draft_length.max_k
+        self.num_lookahead_tokens = num_lookahead_tokens
+        self.depth_per_request = depth_per_request
         self.max_len = max_len
         self.max_model_len = max_model_len
         self.waiting: deque[Request] = deque()
@@ -116,8 +121,8 @@ class Scheduler:
         return max(0, min(len(r.draft_token_ids), room - 1))
 
     def schedule(self) -> SchedulerOutput:
-        k = self.draft_length.choose(len(self.running))
-        out = SchedulerOutput(num_speculative_tokens=k)
+        batch_size = len(self.running)
+        out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         S = self.kv.block_size
         i = 0
@@ -152,12 +157,31 @@ class Scheduler:
                 out.decodes.append(ScheduledDecode(r, n - 1, table))
             budget -= n
             i += 1
-        if out.preempted:
-            return out
+        if not out.preempted:
+            self._admit(out, budget)
+        # after admission: a new request's first drafts come from this step's k
+        out.num_speculative_tokens = self.draft_length.choose(
+            batch_size, max((r.draft_depth for r in self.running), default=0))
+        return out
+
+    def _set_depth(self, r: Request) -> None:
+        """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
+        lookahead."""
+        if self.depth_per_request:
+            expected = min(self.max_num_seqs, len(self.running) + len(self.waiting))
+            r.draft_depth = self.draft_length.depth(expected)
+        else:
+            r.draft_depth = self.draft_length.max_k
+        r.num_lookahead_tokens = min(r.draft_depth, self.num_lookahead_tokens)
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        S = self.kv.block_size
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
             tokens = r.all_token_ids
-            hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens)
+            if not r.admitted_once:
+                self._set_depth(r)
+            hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens, r.num_lookahead_tokens)
             if r.params.prompt_logprobs is not None and hit:   # prompt scoring computes every position
                 hit_blocks, hit = [], 0
             remaining = len(tokens) - hit
@@ -171,11 +195,11 @@ class Scheduler:
             if not r.admitted_once:
                 r.num_cached_tokens = hit
                 r.admitted_once = True
+                self.draft_length.record_depth(r.draft_depth)
             self.running.append(r)
             out.prefills.append(ScheduledPrefill(r, hit, n, hit + n == len(tokens), new=True,
                                                  block_table=self.kv.block_table(r.index)))
             budget -= n
-        return out
 
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
@@ -197,7 +221,8 @@ class Scheduler:
         if out.decodes:
             self.draft_length.record(k)
             t = result.timing
-            steady = all(d.num_draft_tokens == k and len(d.request.draft_token_ids) == k for d in out.decodes)
+            steady = all(d.request.draft_depth >= k and d.num_draft_tokens == k
+                         and len(d.request.draft_token_ids) == k for d in out.decodes)
             if t is not None and not out.prefills and steady:
                 self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s))
         for d in out.decodes:
@@ -218,7 +243,7 @@ class Scheduler:
                     r.num_computed_tokens = r.num_tokens - 1
             # publish what is final; a finished request's tokens are a prefix of what the runner
             # computed with, and the manager keys and bounds blocks by them (write side)
-            self.kv.cache_blocks(r.index, r.all_token_ids, res.num_final_tokens)
+            self.kv.cache_blocks(r.index, r.all_token_ids, res.num_final_tokens, r.num_lookahead_tokens)
             if r.finished:
                 self._remove(r)
                 finished.append(r)

@@ -14,6 +14,9 @@ accepted tokens only, so it is final.
 During a chunked prefill (rows that do not draft) module k advances over the positions whose inputs
 are final, end_k = min(end_{k-1}, num_tokens - k) with end_0 the end of the target's chunk.
 
+A row of depth d (Request.draft_depth, automatic k) runs modules 1..d only: the others never advance
+for it, its KV is final where modules 1..d are (num_final), and it drafts at most d tokens.
+
 `plan` builds every module's metadata of a round before the loop (static for the decode step,
 dynamic after a prefill chunk); `draft_loop` runs them (mtpx/spec_decode/protocol.py).
 """
@@ -63,20 +66,26 @@ class MultiModuleMTPSpeculator:
         self.window = HiddenWindow(k - 1, cache.rows + 1, k + 1, self.model.cfg.hidden_size,
                                    p.dtype, p.device)
         self.computed = torch.zeros(cache.rows + 1, k, dtype=torch.long, device=p.device)  # [rows, module]
+        self.depth = torch.full((cache.rows + 1,), k, dtype=torch.long, device=p.device)   # [rows]
 
-    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
+    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0, depth: int | None = None) -> None:
         """New requests in `rows` (or resumed after preemption): their modules have computed
-        positions [0, start) (start > 0 after a prefix-cache hit)."""
+        positions [0, start) (start > 0 after a prefix-cache hit); depth: modules 1..depth run
+        for them (None: all)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)[..., None]
+        self.depth[rows] = self.num_speculative_tokens if depth is None else depth
 
     def num_final(self, rows: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
         """Module k's KV at j is final iff computed (j < computed_k) and it read no later token
-        (j + k < num_read_tokens): P = min(min_k computed_k, num_read_tokens - K)."""
-        final = torch.minimum(self.computed[rows].min(1).values, num_read_tokens - self.num_speculative_tokens)
-        return final.clamp(min=0)
+        (j + k < num_read_tokens): P = min(min_{k <= d} computed_k, num_read_tokens - d) for a row
+        of depth d."""
+        depth = self.depth[rows]
+        kept = torch.arange(self.num_speculative_tokens, device=rows.device)[None] < depth[:, None]
+        computed = torch.where(kept, self.computed[rows], num_read_tokens[:, None]).min(1).values
+        return torch.minimum(computed, num_read_tokens - depth).clamp(min=0)
 
     def persistent_buffers(self) -> list[torch.Tensor]:
-        return [self.computed, *self.window.buf]
+        return [self.computed, self.depth, *self.window.buf]
 
     def max_positions(self, num_window_tokens: int, num_drafts: int, num_prev_drafts: int) -> int:
         """Speculator.max_positions: a module that drafted last round re-prefills max(window, k)
@@ -89,21 +98,27 @@ class MultiModuleMTPSpeculator:
     def plan(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
              target_end: torch.Tensor, is_drafting: torch.Tensor,
              num_columns: int | None = None, num_blocks: int | None = None,
-             num_drafts: int | torch.Tensor | None = None) -> list[ForwardMeta]:
+             num_drafts: int | torch.Tensor | None = None,
+             num_modules: int | None = None) -> list[ForwardMeta]:
         """Module k covers start_k .. end_k - 1 (module doc): a drafting row re-prefills from
         min(computed_k, n - k) to n - 1 (at most num_speculative_tokens + 1 positions after a
         verification); the others catch up. Modules after the first num_drafts catch up in a
         drafting row too, to n - k, over its re-prefill start (their stale positions are redone).
-        Speculator.plan's contract."""
+        Modules beyond a row's depth cover nothing. Speculator.plan's contract."""
         n = num_tokens - 1
         end = target_end
+        depth = self.depth[rows]
+        drafted = depth if num_drafts is None else depth.clamp(max=num_drafts)
         metas = []
-        for module in range(1, self.num_speculative_tokens + 1):
-            drafts = is_drafting if num_drafts is None else is_drafting & (module <= num_drafts)
-            end = torch.where(drafts, n, torch.minimum(end, num_tokens - module)).clamp(min=0)
+        last = self.num_speculative_tokens if num_modules is None else num_modules
+        for module in range(1, last + 1):
+            kept = module <= depth
             computed = self.computed[rows, module - 1]
+            end = torch.where(is_drafting & (module <= drafted), n,
+                              torch.minimum(end, num_tokens - module)).clamp(min=0)
+            end = torch.where(kept, end, computed)
             redo = torch.minimum(computed, n - module) if self.reprefill else computed
-            start = torch.where(is_drafting, redo, computed).clamp(min=0)
+            start = torch.where(is_drafting & kept, redo, computed).clamp(min=0)
             start = torch.minimum(start, end)
             if num_columns is None and not bool((end > start).any()):
                 break                        # dynamic: this module and the later ones idle

@@ -28,18 +28,21 @@ class Speculator(Protocol):
     def allocate(self, cache: ModelCache) -> None:
         """Allocate per-row state for `cache`'s batch slots (and its pad row), once."""
 
-    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
-        """New or resumed requests in `rows`: every module has computed positions [0, start)."""
+    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0, depth: int | None = None) -> None:
+        """New or resumed requests in `rows`: every module has computed positions [0, start);
+        depth: they draft at most that many tokens per round and only modules 1..depth run for
+        them (None: num_speculative_tokens; Request.draft_depth)."""
 
     def num_final(self, rows: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
-        """[B] positions [0, P) whose KV is final in every module, given that x_0 ..
+        """[B] positions [0, P) whose KV is final in every module of the row's depth, given that x_0 ..
         x_{num_read_tokens - 1} are the tokens the modules read (computed, reading no later
         token); no host sync."""
 
     def plan(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
              target_end: torch.Tensor, is_drafting: torch.Tensor,
              num_columns: int | None = None, num_blocks: int | None = None,
-             num_drafts: int | torch.Tensor | None = None) -> list[ForwardMeta]:
+             num_drafts: int | torch.Tensor | None = None,
+             num_modules: int | None = None) -> list[ForwardMeta]:
         """The metadata of the round's module forwards, and the bookkeeping it implies.
         num_tokens: known tokens (x_0 .. x_n, n = num_tokens - 1; for a drafting row, every
         verified token); target_end: one past the target's last computed position (rows that do
@@ -47,7 +50,9 @@ class Speculator(Protocol):
         num_blocks (both or neither): static metadata of that many columns, reading that many
         blocks; None: dynamic metadata (a forward with nothing to do is left out). num_drafts:
         drafts this round (an int, or a 0-d tensor inside a compiled graph; None: all
-        num_speculative_tokens); every module still advances over the verified tokens."""
+        num_speculative_tokens; a row drafts at most its depth); every module of a row's depth
+        still advances over the verified tokens. num_modules: the round runs modules 1..num_modules
+        only (an int, at least every row's depth; None: all)."""
 
     def max_positions(self, num_window_tokens: int, num_drafts: int, num_prev_drafts: int) -> int:
         """Most positions one forward of a decode round's plan covers for a request that verified a

@@ -46,8 +46,9 @@ class SingleModuleMTPSpeculator:
         # module positions done per batch slot (+ the pad row)
         self.computed = torch.zeros(cache.rows + 1, dtype=torch.long, device=p.device)
 
-    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
-        """New or resumed requests in `rows`: the module has computed positions [0, start)."""
+    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0, depth: int | None = None) -> None:
+        """New or resumed requests in `rows`: the module has computed positions [0, start) (depth
+        is ignored: the one module is always kept)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)
 
     def num_final(self, rows: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,8 @@ class SingleModuleMTPSpeculator:
     def plan(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
              target_end: torch.Tensor, is_drafting: torch.Tensor,
              num_columns: int | None = None, num_blocks: int | None = None,
-             num_drafts: int | torch.Tensor | None = None) -> list[ForwardMeta]:
+             num_drafts: int | torch.Tensor | None = None,
+             num_modules: int | None = None) -> list[ForwardMeta]:
         """[step 1: the module over computed .. end - 1 (every position the target computed since
         the last round; at most num_speculative_tokens + 1 after a verification), steps 2..k: one
         position each for drafting rows] (steps 2..num_drafts only, when given: an int leaves the
