@@ -52,6 +52,22 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     assert p.choose(1) == 1                              # k=2 now 2.404 / 15 = 0.160: within 5%, stay
 
 
+def test_depth_is_the_best_k_at_admission_and_only_falls_by_the_hysteresis():
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+                        probe_interval=0)
+    p.acceptance = [0.9, 0.9]
+    assert p.depth(1) == 2 and p.depth(4) == 0          # the goodputs of the test above
+    assert p.depth(1, current=1) == 1                   # never rises
+    assert p.depth(4, current=2) == 0                   # 0.1 beats 2.71 / 40 = 0.068
+    p.acceptance = [0.9, 0.56]                          # k=1: 1.9 / 12 = 0.158, k=2: 0.160
+    assert p.depth(1) == 2
+    p.acceptance = [0.9, 0.5]                           # k=2: 2.35 / 15 = 0.157: k=1 is best,
+    assert p.depth(1) == 1 and p.depth(1, current=2) == 2   # but not by 5%
+    assert p.choose(1, max_k=1) == 1 and p.choose(4, max_k=1) == 0   # a step's k <= max_k
+    p.forced = 2
+    assert p.depth(1) == 2 and p.depth(1, current=1) == 1
+
+
 def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
     p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), probe_interval=4)
     p.acceptance = [0.5, 0.5]
@@ -150,47 +166,62 @@ def test_any_k_schedule_is_lossless_and_drafts_stay_exact(spec, segments, prompt
 
 
 class ScriptedDepths(AutoDraftLength):
-    """policy.forced sets every step's k; each admitted request takes the next depth of `depths`."""
+    """policy.forced sets every step's k; each admitted request takes the next depth of `depths`;
+    with lower_seed, a running request's depth falls by one at random steps (probability 0.2)."""
 
-    def __init__(self, max_k: int, depths):
+    def __init__(self, max_k: int, depths, lower_seed: int | None = None):
         super().__init__(max_k)
         self.depths = iter(depths)
+        self.rng = None if lower_seed is None else random.Random(lower_seed)
 
-    def depth(self, batch_size: int) -> int:
-        return next(self.depths, self.max_k)
+    def depth(self, batch_size: int, current: int | None = None) -> int:
+        if current is None:
+            return next(self.depths, self.max_k)
+        if self.rng is not None and current > 0 and self.rng.random() < 0.2:
+            return current - 1
+        return current
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(depths=st.lists(st.integers(0, 4), min_size=8, max_size=8),
        segments=st.lists(st.tuples(st.integers(0, 4), st.integers(1, 10)), min_size=1, max_size=4),
-       prefix=st.booleans(), seed=st.integers(0, 3))
-def test_per_request_depth_is_lossless_and_runs_no_module_beyond_it(depths, segments, prefix, seed):
+       prefix=st.booleans(), lower=st.booleans(), seed=st.integers(0, 3))
+def test_per_request_depth_is_lossless_and_runs_no_module_beyond_it(depths, segments, prefix, lower, seed):
     """Requests of depths 0..K in one batch (two passes over prompts that share prefixes, so
-    blocks of one depth meet requests of another): greedy output identical to plain decoding,
-    every proposal equal to the from-scratch drafts and at most the request's depth long, and the
-    modules beyond a request's depth never advance for it."""
+    blocks of one depth meet requests of another), depths falling while they run when `lower`:
+    greedy output identical to plain decoding, every proposal equal to the from-scratch drafts and
+    at most the request's depth long, and the modules beyond a request's depth never advance for
+    it (not at all when its depth never fell)."""
     K = 4
     llm = make_llm(model(), "mtp8", K, enable_prefix_caching=prefix, max_num_seqs=3, block_size=4)
-    policy = ScriptedDepths(K, depths)
+    policy = ScriptedDepths(K, depths, seed if lower else None)
     llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
     llm.engine.scheduler.depth_per_request = True
     checked = install_draft_check(llm, model(), "mtp8", K)
     schedule = iter([min(k, K) for k, n in segments for _ in range(n)])
     policy.forced = next(schedule)
     spec = llm.engine.speculator
+    before, first = {}, {}
 
     def on_step(engine):
         for r in engine.scheduler.running:
-            row = engine.runner.rows[r.index]
-            assert len(r.draft_token_ids) <= r.draft_depth
-            assert int(spec.depth[row]) == r.draft_depth
-            assert (spec.computed[row, r.draft_depth:] == r.num_cached_tokens).all()
+            row, d = engine.runner.rows[r.index], r.draft_depth
+            assert len(r.draft_token_ids) <= d
+            assert int(spec.depth[row]) == d
+            computed = spec.computed[row].clone()
+            if r.index in before:                  # the step just run had depth d
+                assert (computed[d:] == before[r.index][d:]).all()
+            if first.setdefault(r.index, d) == d:     # its depth never fell
+                assert (computed[d:] == r.num_cached_tokens).all()
+            before[r.index] = computed
         policy.forced = next(schedule, K)
 
     g = random.Random(seed)
     base = [g.randrange(2, 64) for _ in range(14)]
     prompts = [base[:9] + [g.randrange(2, 64) for _ in range(3)], base, base[:5] + [7, 8], base[:13]]
     for _ in range(2):
+        before.clear()
+        first.clear()
         run_checked(llm, model(), prompts, [_params(g.randrange(5, 25)) for _ in prompts], on_step=on_step)
     assert all(c[0] for c in checked), [c[1:] for c in checked if not c[0]][:2]
     assert sorted(policy.depth_histogram.elements()) == sorted(depths)

@@ -246,3 +246,21 @@ def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k
         assert set(policy.histogram) >= {0, 1, k}
     _same(*outs)
     assert llm.engine.compiled.num_graphs <= 6
+
+
+@pytest.mark.slow      # about 30 s: Dynamo traces a graph per depth in use
+def test_compiled_per_request_depths_equal_eager(trained_tiny):
+    """Compiled (Dynamo, eager backend) with requests of depths 0, 2 and 4 that fall while they run
+    (automatic k's per-request depth, scripted): tokens equal eager's."""
+    from tests.test_auto_k import ScriptedDepths
+    torch._dynamo.reset()
+    outs = []
+    for backend in (None, "eager"):
+        llm = _llm(trained_tiny, "mtp8", 4, compile_backend=backend)
+        policy = ScriptedDepths(4, [4, 2, 0, 4, 3, 1], lower_seed=1)
+        llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+        llm.engine.scheduler.depth_per_request = True
+        policy.forced = None
+        ps = [SamplingParams(max_tokens=24 - i % 5, ignore_eos=True) for i in range(3)]
+        outs.append(llm.generate(PROMPTS[:3], ps))
+    _same(*outs)

@@ -232,8 +232,8 @@ class KVCacheManager:
             num_final_tokens: leading positions whose KV, for the target and every draft module,
                 was computed from ``token_ids`` (no unverified draft read) and will never be
                 rewritten; the caller decides it (for depth ``d``: the target and modules 1..d).
-            num_lookahead_tokens: the request's depth ``d`` (module doc), 0 .. ``L``, the same on
-                every call for a request; None: ``L``.
+            num_lookahead_tokens: the request's depth ``d`` (module doc), 0 .. ``L``; it may fall
+                between calls for a request, never rise (handled blocks keep their keys); None: ``L``.
 
         Returns:
             The number of blocks newly published (duplicates of content cached elsewhere are not

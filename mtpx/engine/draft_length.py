@@ -29,14 +29,15 @@ measured takes the median correction of those that were).
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
   tokens (the speculators' catch-up, mtpx/spec_decode/multi_module.py), so the module KV is exact
   when drafting resumes.
-- Depth: each request keeps at most `depth(B)` draft modules exact, chosen once at its first
-  admission (B: the requests running and waiting then, at most max_num_seqs): the k of highest
-  predicted goodput at that batch size, without hysteresis. A step's k is at most the largest depth
-  among the running requests, and each request drafts min(k, its depth). Multi-module MTP never
-  runs a request's modules beyond its depth, so at a batch size where k = 4 wins, a step costs
-  what a 4-module engine's step costs (each module is a full attention block). Depth only falls
-  with a request's admission, never rises within it: a module that skipped positions would have
-  to re-prefill them all. Single-module MTP has one module to keep, so its depth is max_k.
+- Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
+  admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
+  predicted goodput at that batch size. A step's k is at most the largest depth among the running
+  requests, and each request drafts min(k, its depth). Multi-module MTP never runs a request's
+  modules beyond its depth, so at a batch size where k = 4 wins, a step costs what a 4-module
+  engine's step costs (each module is a full attention block). Every step a running request's
+  depth may fall (to the best k below it, by the hysteresis margin: the estimates of the first
+  steps are optimistic, and the batch grows), never rise: a module that skipped positions would
+  have to re-prefill them all. Single-module MTP has one module to keep, so its depth is max_k.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class FixedDraftLength:
     def choose(self, batch_size: int, max_k: int | None = None) -> int:
         return self.k
 
-    def depth(self, batch_size: int) -> int:
+    def depth(self, batch_size: int, current: int | None = None) -> int:
         return self.k
 
     def record_depth(self, depth: int) -> None:
@@ -188,17 +189,22 @@ class AutoDraftLength:
                 return current - 1
         return current
 
-    def depth(self, batch_size: int) -> int:
+    def depth(self, batch_size: int, current: int | None = None) -> int:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
-        k of highest predicted goodput at that batch size (max_k before the costs are known)."""
+        k of highest predicted goodput at that batch size (max_k before the costs are known).
+        current: a running request's depth, which only falls: the best k below it when that beats
+        it by more than the hysteresis, else current."""
+        top = self.max_k if current is None else current
         if self.forced is not None:
-            d = self.forced
-        elif self.step_costs is None:
-            d = self.max_k
-        else:
-            batch_size = max(1, batch_size)
-            d = max(range(self.max_k + 1), key=lambda k: self.goodput(k, batch_size))
-        return d
+            return min(self.forced, top)
+        if self.step_costs is None:
+            return top
+        batch_size = max(1, batch_size)
+        g = [self.goodput(k, batch_size) for k in range(top + 1)]
+        best = max(range(top + 1), key=g.__getitem__)
+        if current is None or g[best] > (1 + self.hysteresis) * g[current]:
+            return best
+        return current
 
     def record_depth(self, depth: int) -> None:
         """A request was admitted with this depth: count it."""

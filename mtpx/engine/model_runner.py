@@ -114,6 +114,7 @@ class ModelRunner:
         self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend)
                          if config.compile else None)
         self.rows: dict[int, int] = {}             # request index -> batch slot
+        self.depths: dict[int, int] = {}           # request index -> draft depth the speculator has
 
     # ---- batch slots ----------------------------------------------------------------------------
     @property
@@ -125,6 +126,7 @@ class ModelRunner:
         """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
         has none)."""
         row = self.rows.pop(index, None)
+        self.depths.pop(index, None)
         if row is not None:
             self.cache.free_row(row)
 
@@ -145,6 +147,7 @@ class ModelRunner:
                 c.load_rows(rows, torch.tensor([block], device=self.device))
         if self.speculator is not None:
             self.speculator.reset_rows(rows, p.start, r.draft_depth)
+            self.depths[r.index] = r.draft_depth
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -156,6 +159,7 @@ class ModelRunner:
                 self._admit(p)
         for item in out.prefills + out.decodes:
             self.cache.set_block_table(self.rows[item.request.index], item.block_table)
+        self._update_depths(out)
         results: dict[int, RequestResult] = {}
         t0 = self._now()
         k = out.num_speculative_tokens if self.speculator is not None else 0
@@ -167,6 +171,18 @@ class ModelRunner:
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
                                 sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s)
         return RunnerOutput(results, timing)
+
+    def _update_depths(self, out: SchedulerOutput) -> None:
+        """Requests whose depth the scheduler lowered: tell the speculator."""
+        if self.speculator is None:
+            return
+        changed = [r for r in (item.request for item in out.prefills + out.decodes)
+                   if self.depths[r.index] != r.draft_depth]
+        if changed:
+            self.speculator.set_depth(torch.tensor([self.rows[r.index] for r in changed], device=self.device),
+                                      torch.tensor([r.draft_depth for r in changed], device=self.device))
+            for r in changed:
+                self.depths[r.index] = r.draft_depth
 
     def _now(self) -> float:
         if not self.config.record_step_timings:
@@ -328,15 +344,16 @@ class ModelRunner:
         num_drafts = min(num_drafts, depth)
         T = 1 + max(nd_host)
         narrow = T == 1 and num_drafts == 0     # compiled: the only steps with a 1-token window
+        width = max(depth, T - 1)               # drafts made before a depth fell may be more
         if self.compiled is not None and not narrow:
-            T = depth + 1
+            T = width + 1
         columns = 1
         if self.speculator is not None:
             columns = max(self.speculator.max_positions(1 + nd, min(num_drafts, d.request.draft_depth),
                                                         len(d.request.draft_token_ids))
                           for nd, d in zip(nd_host, decodes))
             if self.compiled is not None and not narrow:
-                columns = depth + 1 if columns <= depth + 1 else 2 * depth
+                columns = width + 1 if columns <= width + 1 else 2 * width
         windows = T > 1        # a window of one token is always kept: the forward stores the state
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, nb, keep_states=windows)

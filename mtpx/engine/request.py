@@ -16,9 +16,9 @@ class Request:
     proposed, not yet verified (draft_probs: their draft distributions when sampled); generator:
     the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
     first admission; num_preemptions: times its blocks were taken back (it recomputes);
-    draft_depth: the most drafts it proposes per step, set at its first admission
-    (mtpx/engine/draft_length.py, "Depth"); multi-module MTP keeps its draft modules 1..draft_depth
-    exact and no others. num_lookahead_tokens: the tokens after a block that its prefix-cache key
+    draft_depth: the most drafts it proposes per step, set at its first admission and only
+    lowered afterwards (mtpx/engine/draft_length.py, "Depth"); multi-module MTP keeps its draft
+    modules 1..draft_depth exact and no others. num_lookahead_tokens: the tokens after a block that its prefix-cache key
     covers (KVCacheManager), from the depth.
     stop_strings: the StopStrings checker of params.stop (None without stop strings); stop_reason:
     the stop string or stop token id (of params) that ended it.

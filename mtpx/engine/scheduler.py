@@ -159,20 +159,36 @@ class Scheduler:
             i += 1
         if not out.preempted:
             self._admit(out, budget)
+        if self.depth_per_request:
+            self._lower_depths()
         # after admission: a new request's first drafts come from this step's k
         out.num_speculative_tokens = self.draft_length.choose(
             batch_size, max((r.draft_depth for r in self.running), default=0))
         return out
 
+    def _expected_batch(self) -> int:
+        return min(self.max_num_seqs, len(self.running) + len(self.waiting))
+
     def _set_depth(self, r: Request) -> None:
         """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
         lookahead."""
         if self.depth_per_request:
-            expected = min(self.max_num_seqs, len(self.running) + len(self.waiting))
-            r.draft_depth = self.draft_length.depth(expected)
+            r.draft_depth = self.draft_length.depth(self._expected_batch())
         else:
             r.draft_depth = self.draft_length.max_k
         r.num_lookahead_tokens = min(r.draft_depth, self.num_lookahead_tokens)
+
+    def _lower_depths(self) -> None:
+        """Running requests' depths fall where a smaller one is predicted to pay (draft_length.py,
+        "Depth"); their later blocks are keyed on the new depth."""
+        batch, new = self._expected_batch(), {}
+        for r in self.running:
+            d = r.draft_depth
+            if d not in new:
+                new[d] = self.draft_length.depth(batch, d)
+            if new[d] < d:
+                r.draft_depth = new[d]
+                r.num_lookahead_tokens = min(new[d], self.num_lookahead_tokens)
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         S = self.kv.block_size

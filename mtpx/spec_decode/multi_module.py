@@ -75,6 +75,10 @@ class MultiModuleMTPSpeculator:
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)[..., None]
         self.depth[rows] = self.num_speculative_tokens if depth is None else depth
 
+    def set_depth(self, rows: torch.Tensor, depth: torch.Tensor) -> None:
+        """Speculator.set_depth: the modules beyond the new depth stop for these rows."""
+        self.depth[rows] = depth
+
     def num_final(self, rows: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
         """Module k's KV at j is final iff computed (j < computed_k) and it read no later token
         (j + k < num_read_tokens): P = min(min_{k <= d} computed_k, num_read_tokens - d) for a row

@@ -33,6 +33,9 @@ class Speculator(Protocol):
         depth: they draft at most that many tokens per round and only modules 1..depth run for
         them (None: num_speculative_tokens; Request.draft_depth)."""
 
+    def set_depth(self, rows: torch.Tensor, depth: torch.Tensor) -> None:
+        """Running requests in `rows` have a lower depth [B] from now on (never a higher one)."""
+
     def num_final(self, rows: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
         """[B] positions [0, P) whose KV is final in every module of the row's depth, given that x_0 ..
         x_{num_read_tokens - 1} are the tokens the modules read (computed, reading no later

@@ -51,6 +51,9 @@ class SingleModuleMTPSpeculator:
         is ignored: the one module is always kept)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)
 
+    def set_depth(self, rows: torch.Tensor, depth: torch.Tensor) -> None:
+        """Speculator.set_depth: nothing to stop (one module)."""
+
     def num_final(self, rows: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
         """Computed, and reading no later token (its KV at j reads x_{j+1}; positions >= n are
         transient): P = min(computed, num_read_tokens - 1)."""
