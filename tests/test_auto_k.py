@@ -108,6 +108,18 @@ def test_calibrated_costs_are_made_non_decreasing_in_k():
     assert [p.step_costs[(k, 1)] for k in range(4)] == [10.0, 13.0, 13.0, 20.0]
 
 
+def test_calibrated_costs_of_k_from_1_are_a_least_squares_quadratic():
+    exact = {0: 10.0, **{k: 20.0 + 3.0 * k + 0.5 * k * k for k in range(1, 9)}}
+    p = AutoDraftLength(8, {(k, 1): ms for k, ms in exact.items()})
+    assert [p.step_costs[(k, 1)] for k in range(9)] == pytest.approx([exact[k] for k in range(9)])
+    noisy = {**exact, 5: exact[5] - 12.0, 6: exact[6] - 12.0, 7: exact[7] - 12.0}   # a cheap-looking dip
+    q = AutoDraftLength(8, {(k, 1): ms for k, ms in noisy.items()})
+    fitted = [q.step_costs[(k, 1)] for k in range(9)]
+    assert fitted[0] == 10.0 and all(a < b for a, b in zip(fitted[1:], fitted[2:]))
+    assert fitted[8] - fitted[7] < 0.6 * (noisy[8] - noisy[7])   # the jump after the dip is spread out
+    assert all(fitted[k] > noisy[k] for k in (5, 6, 7))
+
+
 def test_step_costs_must_cover_every_k_and_files_round_trip(tmp_path):
     with pytest.raises(ValueError, match=r"miss \(k, batch size\) \[\(1, 4\)\]"):
         AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 2.0, (0, 4): 3.0})

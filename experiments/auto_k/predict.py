@@ -5,10 +5,10 @@ measured acceptance length, beside the measured speed-up of the same run.
     python experiments/auto_k/predict.py experiments/auto_k/plain_costs.json experiments/auto_k/conc1/speedup.json ...
 
 predicted(k) = (acceptance_length_k / t(k, B)) / (1 / t_plain(B)), with t(k, B) the automatic k's
-start-up calibration in that run (the mtp8 engine's step with k drafts at batch B = the run's
-concurrency) and t_plain(B) plain decoding's step (plain_costs.json: mtpx.engine.calibration on
-an engine without a speculator). It ignores prefill and the batch's tail (requests finishing
-while others decode), which the measurement includes.
+start-up calibration in that run (a decode step of B requests of depth k, B = the run's
+concurrency: the step of an engine with k modules) and t_plain(B) plain decoding's step
+(plain_costs.json: mtpx.engine.calibration on an engine without a speculator). It ignores prefill
+and the batch's tail (requests finishing while others decode), which the measurement includes.
 """
 import json
 import sys
@@ -24,7 +24,7 @@ def main(plain_path, paths):
         costs = {(c["k"], c["batch_size"]): c["step_ms"] for c in auto["auto_k"]["step_costs_ms"]}
         b = max(bs for _, bs in costs if bs <= conc)
         print(f"## concurrency {conc} (step costs at batch {b}; plain {plain[b]:.1f} ms, "
-              f"the mtp8 engine at k = 0 {costs[(0, b)]:.1f} ms)")
+              f"auto's calibrated step at depth 0 {costs[(0, b)]:.1f} ms)")
         corr = {int(k): c for k, c in auto["auto_k"].get("cost_correction", {}).items()}
         print("| contender | k | measured vs plain | predicted (calibration) | / measured | "
               "predicted (x the run's learned correction of t(k)) | / measured |")

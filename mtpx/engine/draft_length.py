@@ -14,8 +14,9 @@ by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any bat
 `prior_weight` pseudo-drafts of prior acceptance 1; t_step(k, B) is the engine's own measured
 decode-step cost (calibrate_step_costs at start-up, or a saved file), made non-decreasing in k
 (pool-adjacent-violators: a step that proposes more drafts never costs less, so calibration noise
-cannot make a larger k look cheaper), linear in B between calibrated batch sizes and proportional
-to B beyond the largest,
+cannot make a larger k look cheaper) after a least-squares quadratic in k over k >= 1 smooths the
+calibration's noise, linear in B between calibrated batch sizes and proportional to B beyond the
+largest,
 times a per-k correction learned online: an EMA (weight `beta`) of measured / calibrated cost over
 the pure decode steps at that k (context length and acceptance change a step's cost; a k not yet
 measured takes the median correction of those that were).
@@ -129,7 +130,7 @@ class AutoDraftLength:
                              f"0..{self.max_k} at each batch size (spec.cost_model_file)")
         costs = {}
         for b in batches:
-            for k, ms in enumerate(_non_decreasing([step_costs[(k, b)] for k in range(self.max_k + 1)])):
+            for k, ms in enumerate(_smooth([step_costs[(k, b)] for k in range(self.max_k + 1)])):
                 costs[(k, b)] = ms
         self.step_costs, self._batches = costs, batches
 
@@ -250,6 +251,20 @@ class AutoDraftLength:
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
+
+
+def _smooth(values: list[float]) -> list[float]:
+    """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
+    (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
+    k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
+    positions), so that one noisy k cannot look cheaper than its neighbours; then non-decreasing."""
+    if len(values) - 1 >= 4:
+        import torch
+        k = torch.arange(1, len(values), dtype=torch.float64)
+        A = torch.stack([torch.ones_like(k), k, k * k], 1)
+        coef = torch.linalg.lstsq(A, torch.tensor(values[1:], dtype=torch.float64)[:, None]).solution
+        values = [values[0]] + (A @ coef)[:, 0].tolist()
+    return _non_decreasing(values)
 
 
 def _non_decreasing(values: list[float]) -> list[float]:
