@@ -76,18 +76,17 @@ def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
     assert [p.choose(1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
 
 
-def test_measured_step_costs_correct_the_calibration_per_k():
+def test_measured_step_costs_correct_the_calibration_by_one_factor():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), beta=0.5,
                         probe_interval=0)
     p.acceptance = [0.9, 0.9]
     assert p.choose(1) == 2                              # 2.71 / 14 beats 1.9 / 12
     p.observe_step(2, 1, 28.0)                           # k = 2 really costs twice the calibration
-    assert p.correction == {2: 2.0} and p.cost(2, 1) == 28.0
-    assert p.cost(0, 1) == 20.0                          # unmeasured ks take the median correction
-    p.observe_step(1, 1, 12.0)
-    p.observe_step(2, 1, 14.0)                           # EMA: 2 + 0.5 (1 - 2)
-    assert p.correction == {1: 1.0, 2: 1.5} and p.cost(0, 1) == 12.5
-    assert p.choose(1) == 1                              # 1.9 / 12 beats 2.71 / 21
+    assert p.correction == {2: 2.0} and p.factor == 2.0
+    assert p.cost(2, 1) == 28.0 and p.cost(0, 1) == 20.0     # every k: one factor
+    p.observe_step(1, 1, 12.0)                           # EMA: 2 + 0.5 (1 - 2)
+    assert p.correction == {1: 1.0, 2: 2.0} and p.factor == 1.5 and p.cost(1, 1) == 18.0
+    assert p.choose(1) == 2                              # the calibration's ratios decide
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():

@@ -25,9 +25,9 @@ def main(plain_path, paths):
         b = max(bs for _, bs in costs if bs <= conc)
         print(f"## concurrency {conc} (step costs at batch {b}; plain {plain[b]:.1f} ms, "
               f"auto's calibrated step at depth 0 {costs[(0, b)]:.1f} ms)")
-        corr = {int(k): c for k, c in auto["auto_k"].get("cost_correction", {}).items()}
+        factor = auto["auto_k"].get("cost_factor")
         print("| contender | k | measured vs plain | predicted (calibration) | / measured | "
-              "predicted (x the run's learned correction of t(k)) | / measured |")
+              "predicted (x the run's learned cost factor) | / measured |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             name = r["contender"]
@@ -36,7 +36,7 @@ def main(plain_path, paths):
             k = int(name.split(":")[1]) if ":" in name else int(name[3:])
             pred = (r["acceptance_length"] / costs[(k, b)]) / (1 / plain[b])
             m = r["ratio_to_plain"]
-            fixed = f"{pred / corr[k]:.2f}x | {pred / corr[k] / m:.2f}" if k in corr else "— | —"
+            fixed = f"{pred / factor:.2f}x | {pred / factor / m:.2f}" if factor else "— | —"
             print(f"| {name} | {k} | {m:.2f}x | {pred:.2f}x | {pred / m:.2f} | {fixed} |")
         print()
 

@@ -17,9 +17,10 @@ decode-step cost (calibrate_step_costs at start-up, or a saved file), made non-d
 cannot make a larger k look cheaper) after a least-squares quadratic in k over k >= 1 smooths the
 calibration's noise, linear in B between calibrated batch sizes and proportional to B beyond the
 largest,
-times a per-k correction learned online: an EMA (weight `beta`) of measured / calibrated cost over
-the pure decode steps at that k (context length and acceptance change a step's cost; a k not yet
-measured takes the median correction of those that were).
+times one correction learned online: an EMA (weight `beta`) of measured / calibrated cost over
+the pure decode steps at every k (context length changes a step's cost). The calibration's
+relative costs of the ks stay: a per-k correction, learned from a few steps at some ks only, let
+one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
 
 - The estimates start at 1 (optimistic), so the first steps try every position they can afford and
   measure it; a position beyond the k in use keeps its estimate (its counts decay together). Every `probe_interval`
@@ -119,7 +120,9 @@ class AutoDraftLength:
         self.k = self.max_k
         self.histogram: Counter = Counter()
         self.depth_histogram: Counter = Counter()    # depth -> requests given it
-        self.correction: dict[int, float] = {}       # k -> EMA of measured / calibrated step cost
+        self.correction: dict[int, float] = {}       # k -> EMA of measured / calibrated step cost (reported)
+        self.factor = 1.0                            # EMA of measured / calibrated over every k (used)
+        self._num_factor = 0
         self._steps = self._probes = 0
 
     def set_step_costs(self, step_costs: dict) -> None:
@@ -136,11 +139,7 @@ class AutoDraftLength:
 
     def cost(self, k: int, batch_size: int) -> float:
         """Predicted step ms at k drafts and batch_size (module doc)."""
-        if k in self.correction:
-            factor = self.correction[k]
-        else:
-            factor = statistics.median(self.correction.values()) if self.correction else 1.0
-        return factor * self.calibrated_cost(k, batch_size)
+        return self.factor * self.calibrated_cost(k, batch_size)
 
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
@@ -218,12 +217,14 @@ class AutoDraftLength:
 
     def observe_step(self, k: int, batch_size: int, step_ms: float) -> None:
         """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
-        proposed k, taking step_ms: update k's cost correction (module doc)."""
+        proposed k, taking step_ms: update the cost correction (and k's, reported) (module doc)."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
         ratio = step_ms / self.calibrated_cost(k, batch_size)
         old = self.correction.get(k)
         self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
+        self.factor = ratio if self._num_factor == 0 else self.factor + self.beta * (ratio - self.factor)
+        self._num_factor += 1
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
@@ -249,6 +250,7 @@ class AutoDraftLength:
                 "conditional_acceptance": [round(p, 4) for p in self.acceptance],
                 "num_observed": list(self.num_observed),
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
+                "cost_factor": round(self.factor, 3),
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
 
