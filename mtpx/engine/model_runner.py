@@ -114,7 +114,6 @@ class ModelRunner:
         self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend)
                          if config.compile else None)
         self.rows: dict[int, int] = {}             # request index -> batch slot
-        self.depths: dict[int, int] = {}           # request index -> draft depth the speculator has
 
     # ---- batch slots ----------------------------------------------------------------------------
     @property
@@ -126,7 +125,6 @@ class ModelRunner:
         """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
         has none)."""
         row = self.rows.pop(index, None)
-        self.depths.pop(index, None)
         if row is not None:
             self.cache.free_row(row)
 
@@ -147,7 +145,6 @@ class ModelRunner:
                 c.load_rows(rows, torch.tensor([block], device=self.device))
         if self.speculator is not None:
             self.speculator.reset_rows(rows, p.start, r.draft_depth)
-            self.depths[r.index] = r.draft_depth
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -159,7 +156,10 @@ class ModelRunner:
                 self._admit(p)
         for item in out.prefills + out.decodes:
             self.cache.set_block_table(self.rows[item.request.index], item.block_table)
-        self._update_depths(out)
+        lowered = out.lowered_depths
+        if lowered and self.speculator is not None:      # the scheduler lowered their depths
+            self.speculator.set_depth(torch.tensor([self.rows[r.index] for r in lowered], device=self.device),
+                                      torch.tensor([r.draft_depth for r in lowered], device=self.device))
         results: dict[int, RequestResult] = {}
         t0 = self._now()
         k = out.num_speculative_tokens if self.speculator is not None else 0
@@ -171,18 +171,6 @@ class ModelRunner:
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
                                 sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s)
         return RunnerOutput(results, timing)
-
-    def _update_depths(self, out: SchedulerOutput) -> None:
-        """Requests whose depth the scheduler lowered: tell the speculator."""
-        if self.speculator is None:
-            return
-        changed = [r for r in (item.request for item in out.prefills + out.decodes)
-                   if self.depths[r.index] != r.draft_depth]
-        if changed:
-            self.speculator.set_depth(torch.tensor([self.rows[r.index] for r in changed], device=self.device),
-                                      torch.tensor([r.draft_depth for r in changed], device=self.device))
-            for r in changed:
-                self.depths[r.index] = r.draft_depth
 
     def _now(self) -> float:
         if not self.config.record_step_timings:
@@ -340,7 +328,7 @@ class ModelRunner:
               else min(cache.max_blocks, -(-need // self.block_size)))
         rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
         n = torch.tensor(n_host + [0] * pad, device=dev)
-        depth = max(min(r.draft_depth, k) for r in reqs)       # modules this step runs
+        depth = max(r.draft_depth for r in reqs)               # modules this step runs
         num_drafts = min(num_drafts, depth)
         T = 1 + max(nd_host)
         narrow = T == 1 and num_drafts == 0     # compiled: the only steps with a 1-token window

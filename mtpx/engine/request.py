@@ -18,8 +18,7 @@ class Request:
     first admission; num_preemptions: times its blocks were taken back (it recomputes);
     draft_depth: the most drafts it proposes per step, set at its first admission and only
     lowered afterwards (mtpx/engine/draft_length.py, "Depth"); multi-module MTP keeps its draft
-    modules 1..draft_depth exact and no others. num_lookahead_tokens: the tokens after a block that its prefix-cache key
-    covers (KVCacheManager), from the depth.
+    modules 1..draft_depth exact and no others.
     stop_strings: the StopStrings checker of params.stop (None without stop strings); stop_reason:
     the stop string or stop token id (of params) that ended it.
     Times (time.perf_counter() seconds): arrival_time when it entered the engine,
@@ -41,7 +40,6 @@ class Request:
     num_preemptions: int = 0
     admitted_once: bool = False
     draft_depth: int = 0
-    num_lookahead_tokens: int = 0
     spec: SpecDecodeCounts = field(default_factory=SpecDecodeCounts)
     logit_gaps: list[float] = field(default_factory=list)
     logprobs: list = field(default_factory=list)   # per output token: RequestResult.logprobs' entries

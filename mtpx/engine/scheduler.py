@@ -59,6 +59,7 @@ class SchedulerOutput:
     decodes: list[ScheduledDecode] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     num_speculative_tokens: int = 0
+    lowered_depths: list[Request] = field(default_factory=list)   # running, draft_depth lowered
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -160,7 +161,7 @@ class Scheduler:
         if not out.preempted:
             self._admit(out, budget)
         if self.depth_per_request:
-            self._lower_depths()
+            self._lower_depths(out)
         # after admission: a new request's first drafts come from this step's k
         out.num_speculative_tokens = self.draft_length.choose(
             batch_size, max((r.draft_depth for r in self.running), default=0))
@@ -176,11 +177,15 @@ class Scheduler:
             r.draft_depth = self.draft_length.depth(self._expected_batch())
         else:
             r.draft_depth = self.draft_length.max_k
-        r.num_lookahead_tokens = min(r.draft_depth, self.num_lookahead_tokens)
 
-    def _lower_depths(self) -> None:
+    def _lookahead(self, r: Request) -> int:
+        """The tokens after a block that r's prefix-cache keys cover (KVCacheManager): its depth's."""
+        return min(r.draft_depth, self.num_lookahead_tokens)
+
+    def _lower_depths(self, out: SchedulerOutput) -> None:
         """Running requests' depths fall where a smaller one is predicted to pay (draft_length.py,
-        "Depth"); their later blocks are keyed on the new depth."""
+        "Depth"), listed in out.lowered_depths for the runner; their later blocks are keyed on the
+        new depth."""
         batch, new = self._expected_batch(), {}
         for r in self.running:
             d = r.draft_depth
@@ -188,7 +193,7 @@ class Scheduler:
                 new[d] = self.draft_length.depth(batch, d)
             if new[d] < d:
                 r.draft_depth = new[d]
-                r.num_lookahead_tokens = min(new[d], self.num_lookahead_tokens)
+                out.lowered_depths.append(r)
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         S = self.kv.block_size
@@ -197,7 +202,7 @@ class Scheduler:
             tokens = r.all_token_ids
             if not r.admitted_once:
                 self._set_depth(r)
-            hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens, r.num_lookahead_tokens)
+            hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens, self._lookahead(r))
             if r.params.prompt_logprobs is not None and hit:   # prompt scoring computes every position
                 hit_blocks, hit = [], 0
             remaining = len(tokens) - hit
@@ -259,7 +264,7 @@ class Scheduler:
                     r.num_computed_tokens = r.num_tokens - 1
             # publish what is final; a finished request's tokens are a prefix of what the runner
             # computed with, and the manager keys and bounds blocks by them (write side)
-            self.kv.cache_blocks(r.index, r.all_token_ids, res.num_final_tokens, r.num_lookahead_tokens)
+            self.kv.cache_blocks(r.index, r.all_token_ids, res.num_final_tokens, self._lookahead(r))
             if r.finished:
                 self._remove(r)
                 finished.append(r)
