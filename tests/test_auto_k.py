@@ -117,6 +117,10 @@ def test_calibrated_costs_of_k_from_1_are_a_least_squares_quadratic():
     assert fitted[0] == 10.0 and all(a < b for a, b in zip(fitted[1:], fitted[2:]))
     assert fitted[8] - fitted[7] < 0.6 * (noisy[8] - noisy[7])   # the jump after the dip is spread out
     assert all(fitted[k] > noisy[k] for k in (5, 6, 7))
+    # the fit to this noise dips to -6.85 at k = 3; held at k = 0's cost, nothing costs <= 0
+    wild = {0: 2.0, **{k: 0.1 for k in range(1, 7)}, 7: 30.0, 8: 60.0}
+    r = AutoDraftLength(8, {(k, 1): ms for k, ms in wild.items()})
+    assert r.step_costs[(0, 1)] == 2.0 and min(r.step_costs.values()) == 2.0
 
 
 def test_step_costs_must_cover_every_k_and_files_round_trip(tmp_path):

@@ -259,13 +259,15 @@ def _smooth(values: list[float]) -> list[float]:
     """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
     (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
     k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
-    positions), so that one noisy k cannot look cheaper than its neighbours; then non-decreasing."""
+    positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
+    then non-decreasing."""
     if len(values) - 1 >= 4:
         import torch
         k = torch.arange(1, len(values), dtype=torch.float64)
         A = torch.stack([torch.ones_like(k), k, k * k], 1)
         coef = torch.linalg.lstsq(A, torch.tensor(values[1:], dtype=torch.float64)[:, None]).solution
-        values = [values[0]] + (A @ coef)[:, 0].tolist()
+        # a step with drafts never costs less than one without (a fit to noise can dip below it)
+        values = [values[0]] + [max(values[0], v) for v in (A @ coef)[:, 0].tolist()]
     return _non_decreasing(values)
 
 
