@@ -296,6 +296,31 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
         calibrate_step_costs(again.engine)
 
 
+def test_calibration_lowers_the_depth_as_k_descends_with_one_prefill_per_sweep(tmp_path):
+    costs = {(k, 1): 10.0 + k for k in range(len(model().mtp) + 1)}
+    save_step_costs(tmp_path / "costs.json", costs, {})       # no start-up calibration
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
+    engine, policy = llm.engine, llm.engine.draft_length
+    seen, added = [], []
+    step, add = engine.step, engine.add_request
+
+    def checked_step():
+        out = step()
+        seen.append((policy.forced, {r.draft_depth for r in engine.scheduler.running}))
+        return out
+
+    engine.step, engine.add_request = checked_step, lambda r: (added.append(r), add(r))[1]
+    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], steps=2, sweeps=1)
+    assert sorted(measured) == [(k, b) for k in range(policy.max_k + 1) for b in (1, 4)]
+    assert all(depths == {k} for k, depths in seen)          # every step is a k-module engine's
+    forced = [k for k, _ in seen]
+    sweeps = 1 + sum(b > a for a, b in zip(forced, forced[1:]))
+    assert forced[0] == policy.max_k and forced[-1] == 0
+    assert sweeps == 2 * 2                                   # (1 untimed + 1 timed) x 2 batch sizes, each descending
+    assert len(added) == 2 * 1 + 2 * 4                       # one prefill per sweep, not one per k
+    assert_clean(llm)
+
+
 def test_auto_is_lossless_end_to_end_and_records_the_k_per_step(tmp_path):
     # step costs from a file (the start-up calibration has its own test above): 10 ms + 4 ms per draft
     costs = {(k, b): (10.0 + 4.0 * k) * (1 + 0.25 * b) for k in range(len(model().mtp) + 1) for b in (1, 4)}

@@ -295,20 +295,21 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
 def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int = 2, prompt_len: int = 128,
                          seed: int = 0) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size: B requests of
-    random prompts decode together while every step is forced to k (with per-request depth, fresh
-    requests of depth k for each k: the cost of a step of a k-module engine). For each B, one untimed sweep
-    over k (first calls at new shapes are slow), then `sweeps` timed sweeps of `steps` steps per k
-    in which all B requests verified k drafts (a step after a change of k, which verifies the old
-    k's drafts, is not counted); the cost is the median of verify + draft time over them. The
-    engine must be idle; afterwards it is again (requests aborted, prefix cache and timings reset,
-    the policy's estimates forgotten). Returns {(k, B): ms}. Raises ValueError when the engine has
-    no automatic k or is busy."""
+    random prompts decode together while every step is forced to k. For each B, one untimed sweep
+    (first calls at new shapes are slow), then `sweeps` timed sweeps; a sweep admits B fresh
+    requests and runs k = max_k, max_k - 1, .., 0 on them, `steps` steps per k in which all B
+    requests verified k drafts (a step after a change of k, which verifies the old k's drafts, is
+    not counted). With per-request depth the forced k lowers every request's depth to k as the
+    sweep descends (draft_length.py, "Depth"), so a step at k is a k-module engine's step, and one
+    prefill per sweep serves every k. The cost is the median of verify + draft time. The engine
+    must be idle; afterwards it is again (requests aborted, prefix cache and timings reset, the
+    policy's estimates forgotten). Returns {(k, B): ms}. Raises ValueError when the engine has no
+    automatic k or is busy."""
     import torch
     from mtpx.engine.request import Request
     from mtpx.engine.sampling_params import SamplingParams
 
     policy = engine.draft_length
-    per_request_depth = engine.scheduler.depth_per_request
     if not getattr(policy, "auto", False):
         raise ValueError("calibration needs num_speculative_tokens=auto")
     if engine.has_unfinished_requests():
@@ -323,17 +324,12 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
     next_id = -1
     saved_timing = cfg.record_step_timings
     engine.runner.config.record_step_timings = True
+    live: list = []
     try:
         for b in batch_sizes:
-            live = []
             for sweep in range(sweeps + 1):
-                for k in range(policy.max_k + 1):
+                for k in range(policy.max_k, -1, -1):     # depths only fall: deepest first
                     policy.forced = k
-                    if per_request_depth:       # fresh requests of depth k: a k-module step
-                        for r in live:
-                            engine.abort(r)
-                        engine.pop_aborted()
-                        live = []
                     got = []
                     for _ in range(4 * steps + 8):
                         live = [r for r in live if not r.finished]
@@ -355,10 +351,14 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
                                          "request (engine.max_model_len too small?)")
                     if sweep:
                         times.setdefault((k, b), []).extend(got)
-            for r in live:
-                engine.abort(r)
-            engine.pop_aborted()
+                for r in live:                        # the next sweep starts at max_k again
+                    engine.abort(r)
+                engine.pop_aborted()
+                live = []
     finally:
+        for r in live:
+            engine.abort(r)
+        engine.pop_aborted()
         policy.forced = None
         engine.runner.config.record_step_timings = saved_timing
         engine.reset_step_timings()
