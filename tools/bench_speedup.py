@@ -35,6 +35,7 @@ import torch  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mtpx.metrics.cost_model import step_costs  # noqa: E402
 from mtpx.metrics.stats import aggregate_spec  # noqa: E402
 
 GSM8K_TEST = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -53,6 +54,20 @@ def _contender(name: str) -> tuple[str | None, int | None]:
     if name.startswith("mtp8:") and name[5:].isdigit():     # mtp8:1 = multi-module MTP with k = 1
         return "mtp8", int(name[5:])
     raise SystemExit(f"error: contender {name!r}: use plain, mtp1, mtpK (multi-module MTP, k = K) or auto")
+
+
+def _engine_time(timings, llm) -> dict:
+    """Where a contender's generate time went, from its engine's StepTimings over every chunk:
+    seconds in prefill and in decode steps, and the median decode step (ms) at each batch size
+    over the pure decode steps that verified a full k drafts per request (fixed k; every k for
+    the automatic one), for the cost model's check (experiments/auto_k/predict.py)."""
+    policy = llm.engine.draft_length
+    ks = range(policy.max_k + 1) if policy.auto else [llm.num_speculative_tokens]
+    steady = {k: {b: round(c["step_ms"], 4) for b, c in step_costs(timings, k).items()} for k in ks}
+    return {"prefill_s": round(sum(t.prefill_s for t in timings), 3),
+            "decode_s": round(sum(t.verify_s + t.draft_s for t in timings), 3),
+            "steps": len(timings),
+            "step_ms": {str(k): {str(b): ms for b, ms in v.items()} for k, v in steady.items() if v}}
 
 
 def main(argv=None) -> int:
@@ -85,13 +100,15 @@ def main(argv=None) -> int:
             print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)
         if llms[name].calibration is not None:
             print(f"{name}: step costs calibrated in {llms[name].calibration['seconds']:.1f} s", flush=True)
-    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": []} for n in args.contenders}
+    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []} for n in args.contenders}
     for c, chunk in enumerate(chunks):
         order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
         for name in order:
+            llms[name].engine.reset_step_timings()
             t0 = time.perf_counter()
             outs = llms[name].generate(chunk, params, max_concurrency=args.concurrency)
             dt = time.perf_counter() - t0
+            per[name]["timings"].extend(llms[name].engine.step_timings)
             n_tok = sum(len(o.output_token_ids) for o in outs)
             per[name]["tokens"] += n_tok
             per[name]["seconds"] += dt
@@ -113,7 +130,7 @@ def main(argv=None) -> int:
                      "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_median": statistics.median(ratios),
                      "acceptance_length": None if spec is None else spec.acceptance_length,
                      "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
-                     "chunks": p["chunks"]})
+                     "chunks": p["chunks"], "engine_time": _engine_time(p["timings"], llms[name])})
         policy = llms[name].engine.draft_length
         if policy.auto:
             rows[-1]["auto_k"] = {**policy.summary(), "calibration": llms[name].calibration}

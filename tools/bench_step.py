@@ -13,6 +13,9 @@ engine's own cache and the same static metadata (padded batch, k + 1 window, blo
 - target(1): the same over one token (plain decoding's step);
 - draft loop: the speculator's plan + draft loop (mtp8: module k over its k + 1 window and its
   draft logits; mtp1: step 1 over k + 1, then k - 1 one-token steps);
+and, with a speculator, the rest of the verify phase: the greedy verification of the window's
+logits (mtpx.spec_decode.verification.verify) and the Gated DeltaNet commit at the accepted
+token (the engine's compiled commit in compiled mode);
 each a median of `repeats` calls (compiled mode: the engine's compiled functions). target(1) in
 compiled mode is the plain run's compiled step forward at the same batch (when --specs includes
 none; a speculator's engine compiles only its k + 1 window). overhead = engine step /
@@ -36,6 +39,8 @@ from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.engine.compiled import block_bucket, verify_forward  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
 from mtpx.metrics.cost_model import step_costs  # noqa: E402
+from mtpx.spec_decode.sampler import RequestSampling  # noqa: E402
+from mtpx.spec_decode.verification import verify as verify_drafts  # noqa: E402
 
 
 def _median_ms(fn, repeats: int) -> float:
@@ -67,6 +72,26 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
     verify = (lambda: verify_forward(model, cache, meta)) if compiled is None else (lambda: compiled.verify(meta))
     out = {"target_k1_ms": _median_ms(verify, repeats),
            "target_1_ms": _median_ms(lambda: verify_forward(model, cache, one), repeats)}
+    if spec is not None:
+        # the rest of the verify phase: the greedy verification of the window's logits, and the
+        # Gated DeltaNet commit at the accepted token (each after a fresh verification forward)
+        ids, _, logits = verify()
+        params = [SamplingParams(max_tokens=1)] * B
+        out["verification_ms"] = _median_ms(
+            lambda: verify_drafts(ids[:B], logits[:B], [k] * B, RequestSampling(params, [None] * B, ids.device),
+                                  [None] * B), repeats)
+        if cache.recurrent:
+            accepted = torch.zeros(Bp, dtype=torch.long)
+            commit = ((lambda: cache.commit_recurrent(accepted, None)) if compiled is None
+                      else (lambda: compiled.commit(accepted, None)))
+            times = []
+            for i in range(repeats + 1):                 # the first call untimed
+                verify()
+                t0 = time.perf_counter()
+                commit()
+                if i:
+                    times.append(time.perf_counter() - t0)
+            out["commit_ms"] = 1e3 * statistics.median(times)
     if spec is not None:
         _, h, _ = verify_forward(model, cache, meta)
         is_drafting = torch.arange(Bp) < B
@@ -141,12 +166,14 @@ def main(argv=None) -> int:
     lines = [f"# Engine decode step vs its forwards alone ({Path(args.model).name}, {args.threads} threads, "
              f"{args.input_len}-token prompts)", "",
              "| spec | k | mode | batch | engine step ms | verify ms | draft ms | target(k+1) ms | "
-             "target(1) ms | draft loop ms | step / forwards | target(k+1) / target(1) |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "target(1) ms | draft loop ms | verification ms | commit ms | step / forwards | "
+             "target(k+1) / target(1) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['spec']} | {r['k']} | {r['mode']} | {r['batch_size']} | {r['step_ms']:.2f} | "
                      f"{r['verify_ms']:.2f} | {r['draft_ms']:.2f} | {r['target_k1_ms']:.2f} | "
-                     f"{ms(r['target_1_ms'])} | {r.get('draft_loop_ms', 0):.2f} | {r['overhead']:.2f}x | "
+                     f"{ms(r['target_1_ms'])} | {r.get('draft_loop_ms', 0):.2f} | {ms(r.get('verification_ms'))} | "
+                     f"{ms(r.get('commit_ms'))} | {r['overhead']:.2f}x | "
                      f"{ms(r['verify_over_target_1'])}x |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
