@@ -2,7 +2,7 @@
 # num_speculative_tokens=auto against plain decoding and fixed k of multi-module MTP, eager, fp32,
 # GSM8K test prompts, at most 128 tokens, concurrency 1, 4, 16 and 64 (one process per
 # concurrency; the contenders alternate per chunk inside it, in a rotated order). Nothing else
-# may run on the machine meanwhile. Then plain decoding's step costs (for predict.py).
+# may run on the machine meanwhile. Then the cost model against the measurement (predict.py).
 set -e
 cd "$(dirname "$0")/../.."
 # Concurrency 16 and 64 have more chunks (one wave of requests each) and no mtp8:1, which never
@@ -14,6 +14,4 @@ for conc_prompts_rounds in "1 16 2" "4 32 4" "16 128 8" "64 256 4"; do
   python tools/bench_speedup.py --num-prompts $2 --max-tokens 128 --rounds $3 --concurrency $1 \
     --contenders $C --threads 2 --out experiments/auto_k/conc$1
 done
-python experiments/auto_k/plain_costs.py > experiments/auto_k/plain_costs.json
-python experiments/auto_k/predict.py experiments/auto_k/plain_costs.json experiments/auto_k/conc*/speedup.json \
-  > experiments/auto_k/predicted.md
+python experiments/auto_k/predict.py experiments/auto_k/conc{1,4,16,64}/speedup.json > experiments/auto_k/predicted.md
