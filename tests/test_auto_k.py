@@ -296,28 +296,31 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
         calibrate_step_costs(again.engine)
 
 
-def test_calibration_lowers_the_depth_as_k_descends_with_one_prefill_per_sweep(tmp_path):
+def test_calibration_measures_every_k_on_fresh_requests_of_that_depth(tmp_path):
     costs = {(k, 1): 10.0 + k for k in range(len(model().mtp) + 1)}
     save_step_costs(tmp_path / "costs.json", costs, {})       # no start-up calibration
     llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
     engine, policy = llm.engine, llm.engine.draft_length
-    seen, added = [], []
-    step, add = engine.step, engine.add_request
+    seen = []
+    step = engine.step
 
     def checked_step():
         out = step()
-        seen.append((policy.forced, {r.draft_depth for r in engine.scheduler.running}))
+        running = engine.scheduler.running
+        seen.append((policy.forced, {r.draft_depth for r in running}, min(r.num_tokens for r in running)))
         return out
 
-    engine.step, engine.add_request = checked_step, lambda r: (added.append(r), add(r))[1]
-    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], steps=2, sweeps=1)
+    engine.step = checked_step
+    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], steps=2, sweeps=1, prompt_len=8)
     assert sorted(measured) == [(k, b) for k in range(policy.max_k + 1) for b in (1, 4)]
-    assert all(depths == {k} for k, depths in seen)          # every step is a k-module engine's
-    forced = [k for k, _ in seen]
-    sweeps = 1 + sum(b > a for a, b in zip(forced, forced[1:]))
-    assert forced[0] == policy.max_k and forced[-1] == 0
-    assert sweeps == 2 * 2                                   # (1 untimed + 1 timed) x 2 batch sizes, each descending
-    assert len(added) == 2 * 1 + 2 * 4                       # one prefill per sweep, not one per k
+    assert all(depths == {k} for k, depths, _ in seen)       # every step is a k-module engine's
+    phases = []                                              # the contexts of each run of one forced k
+    for i, (k, _, n) in enumerate(seen):
+        if i == 0 or seen[i - 1][0] != k:
+            phases.append([])
+        phases[-1].append(n)
+    assert len(phases) == 2 * 2 * (policy.max_k + 1)         # (untimed + timed sweep) x 2 batch sizes x each k
+    assert all(ns[0] == 8 + 1 for ns in phases)              # each k starts on fresh 8-token prompts
     assert_clean(llm)
 
 

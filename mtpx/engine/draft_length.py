@@ -296,15 +296,15 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
                          seed: int = 0) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size: B requests of
     random prompts decode together while every step is forced to k. For each B, one untimed sweep
-    (first calls at new shapes are slow), then `sweeps` timed sweeps; a sweep admits B fresh
-    requests and runs k = max_k, max_k - 1, .., 0 on them, `steps` steps per k in which all B
-    requests verified k drafts (a step after a change of k, which verifies the old k's drafts, is
-    not counted). With per-request depth the forced k lowers every request's depth to k as the
-    sweep descends (draft_length.py, "Depth"), so a step at k is a k-module engine's step, and one
-    prefill per sweep serves every k. The cost is the median of verify + draft time. The engine
-    must be idle; afterwards it is again (requests aborted, prefix cache and timings reset, the
-    policy's estimates forgotten). Returns {(k, B): ms}. Raises ValueError when the engine has no
-    automatic k or is busy."""
+    over k (first calls at new shapes are slow), then `sweeps` timed sweeps of `steps` steps per k
+    in which all B requests verified k drafts (a step after a change of k, which verifies the old
+    k's drafts, is not counted); the cost is the median of verify + draft time over them. Each k
+    gets B fresh requests (of depth k with per-request depth: the step of a k-module engine), so
+    every k is measured at the same context length: one set of requests run from k = max_k down
+    to 0 grew from 129 to 252 tokens on the demo, and its k = 0 step read 30% dearer at batch 64
+    (experiments/auto_k). The engine must be idle; afterwards it is again (requests aborted,
+    prefix cache and timings reset, the policy's estimates forgotten). Returns {(k, B): ms}.
+    Raises ValueError when the engine has no automatic k or is busy."""
     import torch
     from mtpx.engine.request import Request
     from mtpx.engine.sampling_params import SamplingParams
@@ -328,9 +328,12 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
     try:
         for b in batch_sizes:
             for sweep in range(sweeps + 1):
-                for k in range(policy.max_k, -1, -1):     # depths only fall: deepest first
+                for k in range(policy.max_k, -1, -1):
                     policy.forced = k
-                    got = []
+                    for r in live:                    # fresh requests for every k (docstring)
+                        engine.abort(r)
+                    engine.pop_aborted()
+                    live, got = [], []
                     for _ in range(4 * steps + 8):
                         live = [r for r in live if not r.finished]
                         while len(live) < b:          # keep b requests decoding
@@ -351,10 +354,6 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
                                          "request (engine.max_model_len too small?)")
                     if sweep:
                         times.setdefault((k, b), []).extend(got)
-                for r in live:                        # the next sweep starts at max_k again
-                    engine.abort(r)
-                engine.pop_aborted()
-                live = []
     finally:
         for r in live:
             engine.abort(r)
