@@ -92,7 +92,6 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
                 if i:
                     times.append(time.perf_counter() - t0)
             out["commit_ms"] = 1e3 * statistics.median(times)
-    if spec is not None:
         _, h, _ = verify_forward(model, cache, meta)
         is_drafting = torch.arange(Bp) < B
         nt = torch.where(is_drafting, n + k + 1, 1)

@@ -34,8 +34,9 @@ def main(paths):
         plain = rows["plain"]
         plain_run = _run_cost(plain, 0, conc)
         plain_dec = plain["output_tokens"] / plain["engine_time"]["decode_s"]
+        seen = "none at full batch" if plain_run is None else f"{plain_run:.1f} ms"
         print(f"## concurrency {conc} (calibrated at batch {b}: plain step {costs[(0, b)]:.1f} ms; "
-              f"plain's median decode step in the run {plain_run:.1f} ms)")
+              f"plain's median decode step in the run {seen})")
         print("| contender | k | acceptance length | measured vs plain | decode only | "
               "predicted (calibration) | / measured | predicted (step costs in the run) | / measured |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -328,7 +328,7 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
     try:
         for b in batch_sizes:
             for sweep in range(sweeps + 1):
-                for k in range(policy.max_k, -1, -1):
+                for k in range(policy.max_k + 1):
                     policy.forced = k
                     for r in live:                    # fresh requests for every k (docstring)
                         engine.abort(r)
