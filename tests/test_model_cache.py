@@ -1,5 +1,6 @@
 """Incremental forwards with caches equal the from-scratch forward (prefill, decode, verification
 windows with state selection) on a ragged batch in float64."""
+import pytest
 import torch
 
 from mtpx.cache.model_cache import ModelCache
@@ -38,3 +39,36 @@ def test_incremental_equals_full_forward():
     h = m.model(ids, meta, cache.target)
     for b in range(3):
         torch.testing.assert_close(h[b], ref[b, lens[b]: lens[b] + 2], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("how", ["eager", "eager_one_layer_per_pass", "traced"])
+def test_grouped_commit_equals_each_layers_state(how, monkeypatch):
+    """The commit over the stacked states of every Gated DeltaNet layer (RecurrentStateGroup)
+    leaves each layer's rows at that layer's own window state after the kept token (and the conv
+    window after it), and other rows untouched: eager in one pass, eager one layer per pass, and
+    traced by Dynamo (the reduction form engine.compile runs), float64 within 1e-12."""
+    m = peaked_model(tiny_config(num_hidden_layers=6, full_attention_interval=3))
+    torch.manual_seed(2)
+    cache = ModelCache(m, rows=4, max_len=64, num_draft_modules=0, block_size=8).static_block_tables()
+    assert len(cache.recurrent_groups) == 1 and len(cache.recurrent) == 4
+    rows = torch.tensor([3, 0, 2])
+    x = torch.randint(0, 64, (3, 30))
+    meta = cache.meta(torch.zeros(3, dtype=torch.long), torch.tensor([12, 20, 7]), rows)
+    m.model(torch.where(meta.valid, x[:, :20], 0), meta, cache.target)
+    meta = cache.meta(torch.tensor([12, 20, 7]), torch.tensor([5, 3, 5]), rows, keep_states=True)
+    m.model(torch.where(meta.valid, x[:, 20:25], 0), meta, cache.target)
+    keep, b = torch.tensor([4, 1, 0]), torch.arange(3)
+    want = [(c.pending_conv[b, keep].clone(), c.pending_window.state_at(c.ssm[rows], b, keep))
+            for c in cache.recurrent]
+    untouched = [(c.conv[1].clone(), c.ssm[1].clone()) for c in cache.recurrent]
+    if how == "eager_one_layer_per_pass":
+        monkeypatch.setattr(type(cache.recurrent_groups[0]), "slice_bytes", 1)
+    if how == "traced":
+        torch._dynamo.reset()
+        torch.compile(cache.commit_windows, backend="eager", fullgraph=True)(keep)
+    else:
+        cache.commit_windows(keep)
+    for c, (conv, ssm), (conv1, ssm1) in zip(cache.recurrent, want, untouched):
+        torch.testing.assert_close(c.conv[rows], conv, rtol=0, atol=0)
+        torch.testing.assert_close(c.ssm[rows], ssm, rtol=0, atol=1e-12)
+        assert torch.equal(c.conv[1], conv1) and torch.equal(c.ssm[1], ssm1)

@@ -13,7 +13,7 @@ import torch
 from mtpx.attention.backend import get_backend
 from mtpx.attention.kv_cache import KVCache
 from mtpx.attention.meta import ForwardMeta
-from mtpx.cache.state import KVCacheSpec, RecurrentState, RecurrentStateSpec
+from mtpx.cache.state import KVCacheSpec, RecurrentState, RecurrentStateGroup, RecurrentStateSpec
 
 
 def kv_bytes_per_block(model, block_size: int, num_draft_modules: int,
@@ -41,6 +41,8 @@ class ModelCache:
     kernels every forward's metadata carries (EngineConfig's fields).
 
     target: one cache per target layer (KVCache or RecurrentState); draft: one KVCache per MTP module.
+    recurrent_groups: the Gated DeltaNet states stacked per RecurrentStateSpec (one group for a
+    Qwen3-Next-style model), whose commit after verification is one set of ops for every layer.
     tokens: [rows + 1, max_len] int64: a request's known tokens at [0, num_tokens); the slots
     after them are scratch where the speculator writes its drafts.
     block_tables: [rows + 1, ceil(max_len / block_size)] int64, the block ids of each row's request.
@@ -68,17 +70,24 @@ class ModelCache:
         self.pad_row, self.pad_block = rows, self.num_blocks
         self.pad_slot = self.num_blocks * block_size
 
-        def build(spec):
-            if isinstance(spec, KVCacheSpec):
-                return KVCache.allocate(self.num_blocks + 1, block_size, spec.num_kv_heads,
-                                        spec.head_dim, dtype, device)
-            assert isinstance(spec, RecurrentStateSpec), spec
-            return RecurrentState.allocate(rows + 1, spec.conv_dim, spec.kernel, spec.heads,
-                                           spec.key_dim, spec.value_dim, dtype, device,
-                                           self.num_blocks + 1 if boundary_states else 0)  # + pad block
+        def kv(spec):
+            return KVCache.allocate(self.num_blocks + 1, block_size, spec.num_kv_heads, spec.head_dim,
+                                    dtype, device)
 
-        self.target = [build(spec) for spec in target_specs]
-        self.draft = [build(spec) for spec in draft_specs]
+        # Gated DeltaNet layers of one spec share stacked states (one commit for all of them)
+        layers_of: dict[RecurrentStateSpec, list[int]] = {}
+        for i, spec in enumerate(target_specs):
+            if isinstance(spec, RecurrentStateSpec):
+                layers_of.setdefault(spec, []).append(i)
+        self.recurrent_groups = [
+            RecurrentStateGroup.allocate(len(idx), rows + 1, spec, dtype, device,
+                                         self.num_blocks + 1 if boundary_states else 0)  # + pad block
+            for spec, idx in layers_of.items()]
+        self.target = [kv(spec) if isinstance(spec, KVCacheSpec) else None for spec in target_specs]
+        for group, idx in zip(self.recurrent_groups, layers_of.values()):
+            for i, state in zip(idx, group.layers):
+                self.target[i] = state
+        self.draft = [kv(spec) for spec in draft_specs]
         self.tokens = torch.zeros(rows + 1, max_len, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(rows + 1, self.max_blocks, dtype=torch.long, device=device)
         self.block_tables[self.pad_row] = self.pad_block
@@ -130,8 +139,8 @@ class ModelCache:
             raise RuntimeError("no free batch slot: the engine admitted more than max_num_seqs requests")
         row = self._free.pop()
         self._num_synced[row] = 0
-        for c in self.recurrent:
-            c.reset(row)
+        for g in self.recurrent_groups:
+            g.reset(row)
         return row
 
     def free_row(self, row: int) -> None:
@@ -149,10 +158,23 @@ class ModelCache:
             self._num_synced[row] = len(blocks)
 
     def commit_recurrent(self, index: torch.Tensor, save: tuple | None = None) -> None:
-        """After a keep_states verification forward: keep the state after token index[b]; store the
-        boundary states `save` = (batch_idx, token_idx, block_ids)."""
+        """After a keep_states verification forward: keep the state after token index[b] ([B]
+        int64); store the boundary states `save` = (batch_idx, token_idx, block_ids) first. No-op
+        without pending windows."""
+        if save is not None:
+            for c in self.recurrent:
+                c.save_window_blocks(save)
+        self.commit_windows(index)
+        self.clear_pending()
+
+    def commit_windows(self, index: torch.Tensor) -> None:
+        """The tensor work of commit_recurrent (no host sync: engine.compile compiles it)."""
+        for g in self.recurrent_groups:
+            g.commit(index)
+
+    def clear_pending(self) -> None:
         for c in self.recurrent:
-            c.commit(index, save)
+            c.clear_pending()
 
     def save_recurrent_rows(self, rows: torch.Tensor, block_ids: torch.Tensor) -> None:
         """Store the current Gated DeltaNet states of rows [S] as boundary states of block_ids [S]."""

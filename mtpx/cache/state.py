@@ -3,11 +3,11 @@ RecurrentStateSpec for Gated DeltaNet; ModelCache builds from them) and the recu
 Gated DeltaNet layers. The paged KV cache itself is the attention package's
 (mtpx.attention.kv_cache.KVCache). Recurrent states are indexed by the request's batch slot (row); with prefix caching on a hybrid
 model, the state at every full block boundary is also stored per block so that a prefix hit can
-resume from it.
+resume from it. The layers of one spec keep their states stacked (RecurrentStateGroup).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,8 +49,9 @@ class WindowStates:
     (the chunked form's state update, mtpx.models.gated_delta_rule, applied to the prefix 0..t;
     exact because the WY factors are lower triangular, so v_new_j reads tokens <= j only).
 
-    k: [B, H, T, Dk] L2-normalised keys; v_new: [B, H, T, Dv]; G: [B, H, T] cumulative log
-    decay; all float32 (float64 for float64 inputs).
+    k: [..., B, H, T, Dk] L2-normalised keys; v_new: [..., B, H, T, Dv]; G: [..., B, H, T]
+    cumulative log decay; all float32 (float64 for float64 inputs). The leading dims are empty
+    for one layer and [L] for the layers of a RecurrentStateGroup stacked.
     """
 
     k: torch.Tensor
@@ -60,48 +61,73 @@ class WindowStates:
     def state_at(self, initial_state: torch.Tensor, batch_idx: torch.Tensor,
                  token_idx: torch.Tensor) -> torch.Tensor:
         """The state after token token_idx[i] of row batch_idx[i] (both [N] int64), from those
-        rows' states before the window, initial_state [N, H, Dk, Dv] -> [N, H, Dk, Dv]."""
-        G, k, v_new = self.G[batch_idx], self.k[batch_idx], self.v_new[batch_idx]
-        N, H, T = G.shape
-        G_t = G.gather(-1, token_idx.view(N, 1, 1).expand(N, H, 1))                 # [N, H, 1]
-        upto = torch.arange(T, device=G.device) <= token_idx.view(N, 1, 1)          # [N, 1, T]
-        weight = torch.where(upto, (G_t - G).exp(), 0)                              # [N, H, T]
-        return (G_t.exp()[..., None] * initial_state.to(G.dtype)
-                + (k * weight[..., None]).transpose(-1, -2) @ v_new)
+        rows' states before the window, initial_state [..., N, H, Dk, Dv] -> [..., N, H, Dk, Dv]."""
+        rows = WindowStates(self.k[..., batch_idx, :, :, :], self.v_new[..., batch_idx, :, :, :],
+                            self.G[..., batch_idx, :, :])
+        return rows.state_after(initial_state, token_idx)
+
+    def state_after(self, initial_state: torch.Tensor, token_idx: torch.Tensor) -> torch.Tensor:
+        """state_at for every row b in order (token_idx: [B] int64; initial_state
+        [..., B, H, Dk, Dv]), without gathering the window's rows.
+
+        Compiled (torch.compiler.is_compiling), the sum over the window's T tokens is written as
+        a reduction, which Inductor fuses with the decay of the initial state: one pass over the
+        states. Eager, it is a batched matmul (the reduction would materialize T states)."""
+        G = self.G
+        B, H, T = G.shape[-3:]
+        at = token_idx.view(B, 1, 1)
+        G_t = G.gather(-1, at.expand(*G.shape[:-1], 1))                             # [..., B, H, 1]
+        upto = torch.arange(T, device=G.device) <= at                               # [B, 1, T]
+        kw = self.k * torch.where(upto, (G_t - G).exp(), 0)[..., None]              # [..., B, H, T, Dk]
+        if torch.compiler.is_compiling():
+            update = (kw[..., None] * self.v_new[..., None, :]).sum(-3)
+        else:
+            update = kw.transpose(-1, -2) @ self.v_new
+        return G_t.exp()[..., None] * initial_state.to(G.dtype) + update
 
 
 @dataclass
 class RecurrentState:
-    """Gated DeltaNet state of every batch slot.
+    """Gated DeltaNet state of every batch slot for one layer: views into the stacked tensors of
+    its RecurrentStateGroup (all the layers of one spec), so that the commit after verification
+    is a few batched ops over every layer instead of a few per layer.
 
-    conv: [rows, conv_dim, kernel - 1], the last kernel-1 inputs of the short causal conv.
-    ssm: [rows, heads, key_dim, value_dim], the delta-rule memory (float32, float64 in fp64 models).
+    conv: [rows, conv_dim, kernel - 1], the last kernel-1 inputs of the short causal conv
+        (group.conv[layer]).
+    ssm: [rows, heads, key_dim, value_dim], the delta-rule memory (float32, float64 in fp64
+        models; group.ssm[layer]).
     block_conv, block_ssm: [num_blocks, ...] or None: the state after the last token of each full
         paged block (prefix caching of hybrid models).
     After a forward with keep_states (a verification window), for `pending_rows`: `pending_conv`
     [B, T, conv_dim, K-1] the conv window after every token and `pending_window` the delta-rule
-    window in chunked form (WindowStates, from window_gated_delta_rule); `commit(index)` builds
-    the state after the accepted token of each request from them (invariant 3: a rejection
-    selects a state, never re-runs the model).
+    window in chunked form (WindowStates, from window_gated_delta_rule); the group's
+    `commit(index)` builds the state after the accepted token of each request from them
+    (invariant 3: a rejection selects a state, never re-runs the model).
     """
 
-    conv: torch.Tensor
-    ssm: torch.Tensor
+    group: "RecurrentStateGroup" = field(repr=False)
+    layer: int = 0
     block_conv: torch.Tensor | None = None
     block_ssm: torch.Tensor | None = None
     pending_conv: torch.Tensor | None = None
     pending_window: WindowStates | None = None
     pending_rows: torch.Tensor | None = None
 
+    @property
+    def conv(self) -> torch.Tensor:
+        return self.group.conv[self.layer]
+
+    @property
+    def ssm(self) -> torch.Tensor:
+        return self.group.ssm[self.layer]
+
     @staticmethod
     def allocate(rows: int, conv_dim: int, kernel: int, heads: int, key_dim: int, value_dim: int,
-                 dtype, device="cpu", num_blocks: int = 0):
-        """num_blocks > 0 also allocates the per-block boundary states."""
-        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-        conv = lambda n: torch.zeros(n, conv_dim, kernel - 1, dtype=dtype, device=device)  # noqa: E731
-        ssm = lambda n: torch.zeros(n, heads, key_dim, value_dim, dtype=state_dtype, device=device)  # noqa: E731
-        return RecurrentState(conv(rows), ssm(rows), conv(num_blocks) if num_blocks else None,
-                              ssm(num_blocks) if num_blocks else None)
+                 dtype, device="cpu", num_blocks: int = 0) -> "RecurrentState":
+        """One layer's state (a group of one); num_blocks > 0 also allocates the per-block
+        boundary states."""
+        spec = RecurrentStateSpec(conv_dim, kernel, heads, key_dim, value_dim)
+        return RecurrentStateGroup.allocate(1, rows, spec, dtype, device, num_blocks).layers[0]
 
     def save_blocks(self, block_ids: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> None:
         """Store boundary states: block_ids [S]; conv [S, conv_dim, K-1]; ssm [S, H, Dk, Dv]."""
@@ -119,35 +145,15 @@ class RecurrentState:
             self.conv[rows[hit]] = self.block_conv[block_ids[hit]]
             self.ssm[rows[hit]] = self.block_ssm[block_ids[hit]]
 
-    def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:
-        """index: [B] int64, for each pending request the token after which to keep the state
-        (0 = after the first token of the window). save: (batch_idx, token_idx, block_ids) pending
-        states to store as block boundary states (the caller passes accepted tokens only). No-op
-        without a pending window."""
-        if self.pending_rows is None:
-            return
-        if save is not None:
-            self.save_window_blocks(save)
-        self.commit_window(index)
-        self.clear_pending()
-
     def save_window_blocks(self, save: tuple) -> None:
         """Store the pending window's states at (batch_idx, token_idx) [S] as the boundary states
-        of block_ids [S]; call before commit_window (it reads the states before the window)."""
+        of block_ids [S]; call before the group's commit (it reads the states before the window).
+        No-op without a pending window."""
         bi, ti, blocks = save
-        if self.block_ssm is None or blocks.numel() == 0:
+        if self.pending_rows is None or self.block_ssm is None or blocks.numel() == 0:
             return
         before = self.ssm[self.pending_rows[bi]]
         self.save_blocks(blocks, self.pending_conv[bi, ti], self.pending_window.state_at(before, bi, ti))
-
-    def commit_window(self, index: torch.Tensor) -> None:
-        """The tensor work of `commit` (no host sync, so engine.compile compiles it): the rows'
-        conv and delta-rule states become those after token index[b] of their window."""
-        b = torch.arange(index.numel(), device=index.device)
-        rows = self.pending_rows
-        before = self.ssm[rows]                               # a copy: the states before the window
-        self.conv.index_copy_(0, rows, self.pending_conv[b, index])
-        self.ssm.index_copy_(0, rows, self.pending_window.state_at(before, b, index).to(self.ssm.dtype))
 
     def clear_pending(self) -> None:
         self.pending_conv = self.pending_window = self.pending_rows = None
@@ -157,6 +163,63 @@ class RecurrentState:
         one-token decode forward, whose token is always kept)."""
         self.save_blocks(block_ids, self.conv[rows], self.ssm[rows])
 
+
+@dataclass
+class RecurrentStateGroup:
+    """The Gated DeltaNet states of L layers with one RecurrentStateSpec, stacked.
+
+    conv: [L, rows, conv_dim, kernel - 1] in the model dtype; ssm: [L, rows, heads, key_dim,
+    value_dim] float32 (float64 in fp64 models); layers: the L RecurrentStates, layer i viewing
+    conv[i] and ssm[i].
+    """
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    layers: list[RecurrentState]
+    slice_bytes = 2 << 20   # eager commit: layers per pass, by their states' size (commit)
+
+    @staticmethod
+    def allocate(num_layers: int, rows: int, spec: RecurrentStateSpec, dtype, device="cpu",
+                 num_blocks: int = 0) -> "RecurrentStateGroup":
+        """Zero states for num_layers layers of `spec`; num_blocks > 0 also allocates each layer's
+        per-block boundary states."""
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        conv_shape = (spec.conv_dim, spec.kernel - 1)
+        ssm_shape = (spec.heads, spec.key_dim, spec.value_dim)
+        group = RecurrentStateGroup(torch.zeros(num_layers, rows, *conv_shape, dtype=dtype, device=device),
+                                    torch.zeros(num_layers, rows, *ssm_shape, dtype=state_dtype, device=device), [])
+        for i in range(num_layers):
+            blocks = num_blocks > 0
+            group.layers.append(RecurrentState(
+                group, i,
+                torch.zeros(num_blocks, *conv_shape, dtype=dtype, device=device) if blocks else None,
+                torch.zeros(num_blocks, *ssm_shape, dtype=state_dtype, device=device) if blocks else None))
+        return group
+
+    def commit(self, index: torch.Tensor) -> None:
+        """After a keep_states forward of every layer: each pending row's conv and delta-rule
+        states become those after token index[b] of its window (index: [B] int64, 0 = after the
+        window's first token), for all layers in one set of batched ops (eager: in slices of
+        layers whose states fit in `slice_bytes`, so that the pass stays in cache at large batch);
+        the caller clears the pending windows. No host sync, so engine.compile compiles it. No-op
+        without a pending window."""
+        layers = self.layers
+        rows = layers[0].pending_rows
+        if rows is None:
+            return
+        b = torch.arange(index.numel(), device=index.device)
+        conv = torch.stack([c.pending_conv[b, index] for c in layers])          # [L, B, C, K-1]
+        self.conv.index_copy_(1, rows, conv.to(self.conv.dtype))
+        window = WindowStates(*(torch.stack([getattr(c.pending_window, f) for c in layers])
+                                for f in ("k", "v_new", "G")))
+        L = len(layers)
+        step = L if torch.compiler.is_compiling() else max(
+            1, self.slice_bytes // (index.numel() * self.ssm[0, 0].numel() * self.ssm.element_size()))
+        for lo in range(0, L, step):
+            part = WindowStates(window.k[lo: lo + step], window.v_new[lo: lo + step], window.G[lo: lo + step])
+            before = self.ssm[lo: lo + step, rows]            # a copy: the states before the window
+            self.ssm[lo: lo + step].index_copy_(1, rows, part.state_after(before, index).to(self.ssm.dtype))
+
     def reset(self, row: int) -> None:
-        self.conv[row].zero_()
-        self.ssm[row].zero_()
+        self.conv[:, row].zero_()
+        self.ssm[:, row].zero_()

@@ -152,9 +152,9 @@ class CompiledDecode:
         for kv in c.kv_caches:
             yield kv.k
             yield kv.v
-        for s in c.recurrent:
-            yield s.conv
-            yield s.ssm
+        for g in c.recurrent_groups:
+            yield g.conv
+            yield g.ssm
         if self.speculator is not None:
             yield from self.speculator.persistent_buffers()
 
@@ -173,8 +173,7 @@ class CompiledDecode:
                                           target_hidden)
 
     def _commit_windows(self, index: torch.Tensor) -> None:
-        for c in self.cache.recurrent:
-            c.commit_window(index)
+        self.cache.commit_windows(index)
 
     def _call(self, fn, *args):
         self.num_calls += 1
@@ -229,7 +228,7 @@ class CompiledDecode:
     @torch.inference_mode()
     def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:
         """cache.commit_recurrent with its tensor work compiled (one graph for every Gated DeltaNet
-        layer); the boundary states `save` (a few per block end, a count known on the host) are
+        layer, batched over each group's stacked states); the boundary states `save` (a few per block end, a count known on the host) are
         stored eager first."""
         recurrent = self.cache.recurrent
         if self._commit is None or recurrent[0].pending_rows is None:
@@ -242,5 +241,4 @@ class CompiledDecode:
             _mark_batch(c.pending_rows, c.pending_conv, w.k, w.v_new, w.G)
         _mark_batch(index)
         self._call(self._commit, index)
-        for c in recurrent:
-            c.clear_pending()
+        self.cache.clear_pending()
