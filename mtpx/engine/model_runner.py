@@ -322,17 +322,17 @@ class ModelRunner:
         pad = Bp - B
         n_host = [r.num_tokens - 1 for r in reqs]
         nd_host = [d.num_draft_tokens for d in decodes]
-        # every position this step touches (drafts reach n + 2k - 1) lies in the block bucket
-        need = max(n_host) + 2 * k + 2
-        nb = (block_bucket(need, self.block_size, cache.max_blocks) if self.compiled is not None
-              else min(cache.max_blocks, -(-need // self.block_size)))
-        rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
-        n = torch.tensor(n_host + [0] * pad, device=dev)
         depth = max(r.draft_depth for r in reqs)               # modules this step runs
         num_drafts = min(num_drafts, depth)
         T = 1 + max(nd_host)
         narrow = T == 1 and num_drafts == 0     # compiled: the only steps with a 1-token window
         width = max(depth, T - 1)               # drafts made before a depth fell may be more
+        # every position this step touches (drafts reach n + 2 width - 1) lies in the block bucket
+        need = max(n_host) + 2 * width + 2
+        nb = (block_bucket(need, self.block_size, cache.max_blocks) if self.compiled is not None
+              else min(cache.max_blocks, -(-need // self.block_size)))
+        rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
+        n = torch.tensor(n_host + [0] * pad, device=dev)
         if self.compiled is not None and not narrow:
             T = width + 1
         columns = 1
