@@ -106,7 +106,7 @@ class RecurrentState:
     """
 
     group: "RecurrentStateGroup" = field(repr=False)
-    layer: int = 0
+    layer: int
     block_conv: torch.Tensor | None = None
     block_ssm: torch.Tensor | None = None
     pending_conv: torch.Tensor | None = None
@@ -188,8 +188,8 @@ class RecurrentStateGroup:
         ssm_shape = (spec.heads, spec.key_dim, spec.value_dim)
         group = RecurrentStateGroup(torch.zeros(num_layers, rows, *conv_shape, dtype=dtype, device=device),
                                     torch.zeros(num_layers, rows, *ssm_shape, dtype=state_dtype, device=device), [])
+        blocks = num_blocks > 0
         for i in range(num_layers):
-            blocks = num_blocks > 0
             group.layers.append(RecurrentState(
                 group, i,
                 torch.zeros(num_blocks, *conv_shape, dtype=dtype, device=device) if blocks else None,
