@@ -210,13 +210,12 @@ class RecurrentStateGroup:
         b = torch.arange(index.numel(), device=index.device)
         conv = torch.stack([c.pending_conv[b, index] for c in layers])          # [L, B, C, K-1]
         self.conv.index_copy_(1, rows, conv.to(self.conv.dtype))
-        window = WindowStates(*(torch.stack([getattr(c.pending_window, f) for c in layers])
-                                for f in ("k", "v_new", "G")))
         L = len(layers)
         step = L if torch.compiler.is_compiling() else max(
             1, self.slice_bytes // (index.numel() * self.ssm[0, 0].numel() * self.ssm.element_size()))
         for lo in range(0, L, step):
-            part = WindowStates(window.k[lo: lo + step], window.v_new[lo: lo + step], window.G[lo: lo + step])
+            part = WindowStates(*(torch.stack([getattr(c.pending_window, f) for c in layers[lo: lo + step]])
+                                  for f in ("k", "v_new", "G")))                 # [step, B, H, T, ...]
             before = self.ssm[lo: lo + step, rows]            # a copy: the states before the window
             self.ssm[lo: lo + step].index_copy_(1, rows, part.state_after(before, index).to(self.ssm.dtype))
 

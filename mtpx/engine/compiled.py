@@ -228,8 +228,8 @@ class CompiledDecode:
     @torch.inference_mode()
     def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:
         """cache.commit_recurrent with its tensor work compiled (one graph for every Gated DeltaNet
-        layer, batched over each group's stacked states); the boundary states `save` (a few per block end, a count known on the host) are
-        stored eager first."""
+        layer, batched over each group's stacked states); the boundary states `save` (a few per
+        block end, a count known on the host) are stored eager first."""
         recurrent = self.cache.recurrent
         if self._commit is None or recurrent[0].pending_rows is None:
             self.cache.commit_recurrent(index, save)
