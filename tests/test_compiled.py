@@ -36,10 +36,10 @@ def _same(a, b):
 
 
 def test_capture_sizes_and_block_buckets():
-    assert capture_sizes(1) == [2]
-    assert capture_sizes(4) == [2, 4]
-    assert capture_sizes(20) == [2, 4, 8, 16, 20]
-    assert capture_sizes(64) == [2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(4) == [1, 2, 4]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     assert [block_bucket(p, 16, 64) for p in (1, 32, 33, 64, 65, 200, 5000)] == [2, 2, 4, 4, 8, 16, 64]
 
 
@@ -212,7 +212,7 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
                 buf.copy_(saved)                                  # both loops read the same window
             if compiled:
                 d = engine.compiled.draft(st.block_table, st.rows, num_tokens, target_end, live,
-                                          st.positions[:, 0], h_c)
+                                          st.positions[:, 0], h_c, num_modules=k)   # as the engine
             else:
                 metas = spec_.plan(cache, st.rows, num_tokens, target_end, live, k + 1, 4)
                 d = spec_.draft_loop(cache, metas, st.rows, num_tokens - 1, st.positions[:, 0], h_c)

@@ -33,5 +33,7 @@ class KVCache:
         """slots: [N] int64 flat slot ids; k, v: [N, kv_heads, head_dim]."""
         if self.guard is not None:
             self.guard(slots)
-        self.k.view(-1, *self.k.shape[2:])[slots] = k.to(self.k.dtype)
-        self.v.view(-1, *self.v.shape[2:])[slots] = v.to(self.v.dtype)
+        # index_copy_, not slot assignment: its source never broadcasts, so under torch.compile it
+        # needs no guard on N != 1 (slots repeat only at the pad slot, which nothing reads)
+        self.k.view(-1, *self.k.shape[2:]).index_copy_(0, slots, k.to(self.k.dtype))
+        self.v.view(-1, *self.v.shape[2:]).index_copy_(0, slots, v.to(self.v.dtype))

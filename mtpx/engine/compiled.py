@@ -10,7 +10,7 @@ They are the model runner's decode step (mtpx/engine/model_runner.py), which run
 functions eager without engine.compile.
 
 Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
-the next capture size (2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
+the next capture size (1, 2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
 row, every verification window and module forward has k + 1 columns (with
 num_speculative_tokens=auto: a step that neither verifies nor proposes a draft has 1, and a draft
 loop whose modules resume drafting after catching up has 2k, each a graph of its own; every other k
@@ -23,8 +23,11 @@ loop is built and planned (`speculator.plan`) before the loop, once per engine s
 One graph per function serves every batch and block count: the batch and block-table dimensions
 are marked dynamic, with size-oblivious 0/1 handling and no duck sizing, so the first decode step
 compiles and later steps never recompile (tests/test_compiled.py asserts it with torch._dynamo's
-error_on_recompile). A batch of one is padded to two: several ops guard on a batch dimension
-!= 1, so a batch of one would need a graph of its own. On CUDA the mode is "reduce-overhead" (CUDA graphs; one
+error_on_recompile). A batch of one runs unpadded in the verification and commit graphs compiled
+for larger batches (backed size-oblivious shapes, and no op that would broadcast a batch
+dimension, add no guard against 1; the warm-up compiles at batch 2 first, since a graph compiled
+at batch 1 would be specialized to it); the draft loop pads it to two, as Inductor's lowering of
+that graph guards on a batch of at least 2. On CUDA the mode is "reduce-overhead" (CUDA graphs; one
 graph is recorded per capture size and block bucket, replayed afterwards); on the CPU the default
 mode (Inductor's C++ kernels). Where the compiled code cannot follow, it runs eager inside the
 graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
@@ -55,11 +58,11 @@ def verify_forward(model, cache, meta: ForwardMeta):
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Padded batch sizes: 2, 4, 8, 16, 24, ... (vLLM's cudagraph_capture_sizes without 1, module
-    doc), up to and including max(max_num_seqs, 2)."""
-    sizes = [s for s in (2, 4) if s < max_num_seqs]
+    """Padded batch sizes: 1, 2, 4, 8, 16, 24, ... (vLLM's cudagraph_capture_sizes), up to and
+    including max_num_seqs."""
+    sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
     sizes += list(range(8, max_num_seqs, 8))
-    return sizes + [max(max_num_seqs, 2)]
+    return sizes + [max_num_seqs]
 
 
 def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
@@ -213,6 +216,15 @@ class CompiledDecode:
         num_columns = k + 1 if num_columns is None else num_columns
         if num_drafts is None:
             num_drafts = torch.tensor(k, device=rows.device)
+        target_start = target_start.contiguous()   # one stride whether or not padded below
+        if rows.shape[0] == 1:   # Inductor's draft-loop graph guards on a batch >= 2: pad a batch of one
+            c = self.cache
+            pad = (c.block_tables[c.pad_row, None, :block_table.shape[1]], rows.new_full((1,), c.pad_row),
+                   num_tokens.new_ones(1), target_end.new_zeros(1), is_drafting.new_zeros(1),
+                   target_start.new_zeros(1), target_hidden.new_zeros(1, *target_hidden.shape[1:]))
+            full = (block_table, rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
+            return self.draft(*(torch.cat([x, p]) for x, p in zip(full, pad)), num_columns, num_drafts,
+                              num_modules)[:1]
         _mark_batch(rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
         if self.plan_in_graph:
             _mark_meta_table(block_table)

@@ -98,9 +98,11 @@ class GatedDeltaNet(nn.Module):
         conv = (ext.unfold(-1, self.kernel, 1) * w[:, None, :]).sum(-1)   # [B, C, T]
         conv = F.silu(conv).transpose(1, 2)
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(B, T, self.nk, self.dk).repeat_interleave(self.nv // self.nk, dim=2)
-        k = k.reshape(B, T, self.nk, self.dk).repeat_interleave(self.nv // self.nk, dim=2)
-        v = v.reshape(B, T, self.nv, self.dv)
+        # each key head serves nv / nk value heads (repeat_interleave, as an expand: it would
+        # guard on B != 1 under torch.compile, and a batch of one shares the batch-2 graph)
+        q, k = (x.unflatten(-1, (self.nk, 1, self.dk)).expand(-1, -1, -1, self.nv // self.nk, -1)
+                .flatten(2, 3) for x in (q, k))
+        v = v.unflatten(-1, (self.nv, self.dv))
         beta = torch.sigmoid(b)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         if meta is not None:  # padding tokens: g = beta = 0 leaves the state untouched

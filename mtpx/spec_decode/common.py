@@ -9,6 +9,16 @@ from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
 
 
+def put_rows(t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
+    """t[rows, cols] = values for a contiguous t [R, C, ...] (rows, cols: int64 of one shape S;
+    values: [*S, ...]) as one index_copy_ on the flat view: its source never broadcasts, so
+    under torch.compile it adds no guard on a batch != 1 (a batch of one runs in the graph of
+    larger batches, mtpx/engine/compiled.py). Repeated (row, col) pairs keep one of their values:
+    callers repeat only the pad row."""
+    flat = t.view(-1, *t.shape[2:])
+    flat.index_copy_(0, (rows * t.shape[1] + cols).reshape(-1), values.reshape(-1, *t.shape[2:]).to(t.dtype))
+
+
 class HiddenWindow:
     """The outputs a^k of draft modules 1..levels at the last `window` positions of each batch
     slot (a ring: position p at index p % window). buf[k-1]: [rows, window, hidden].
@@ -34,7 +44,7 @@ class HiddenWindow:
         others, and padding, are written to the pad row: no shape depends on a value)."""
         keep = meta.valid & (meta.positions >= meta.ends[:, None] - self.window)
         rows = torch.where(keep, meta.rows[:, None], self.pad_row)
-        self.buf[level - 1][rows, meta.positions % self.window] = values.to(self.buf[level - 1].dtype)
+        put_rows(self.buf[level - 1], rows, meta.positions % self.window, values)
 
 
 def gather_hidden(meta: ForwardMeta, prev: torch.Tensor, prev_start: torch.Tensor,

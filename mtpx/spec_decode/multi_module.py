@@ -27,7 +27,7 @@ import torch
 from mtpx.cache.model_cache import ModelCache
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
-from mtpx.spec_decode.common import HiddenWindow, gather_hidden, last_valid, module_meta, run_module
+from mtpx.spec_decode.common import HiddenWindow, gather_hidden, last_valid, module_meta, put_rows, run_module
 
 
 class MultiModuleMTPSpeculator:
@@ -127,7 +127,7 @@ class MultiModuleMTPSpeculator:
             if num_columns is None and not bool((end > start).any()):
                 break                        # dynamic: this module and the later ones idle
             metas.append(module_meta(cache, start, end - start, rows, num_columns, num_blocks))
-            self.computed[rows, module - 1] = end
+            put_rows(self.computed, rows, torch.full_like(rows, module - 1), end)
         return metas
 
     def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
@@ -146,7 +146,7 @@ class MultiModuleMTPSpeculator:
                 logits = model.draft_logits(module - 1, last_valid(a, meta))
                 d = (logits.argmax(-1) if sampler is None
                      else sampler(logits, module - 1))
-                cache.tokens[rows, n + module] = d                           # read by module k+1
+                put_rows(cache.tokens, rows, n + module, d)                  # read by module k+1
                 drafts.append(d)
             outs.append(a)
             prev, prev_start = a, meta.positions[:, 0]

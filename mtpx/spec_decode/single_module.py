@@ -17,7 +17,7 @@ import torch
 from mtpx.cache.model_cache import ModelCache
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
-from mtpx.spec_decode.common import gather_hidden, last_valid, module_meta, run_module
+from mtpx.spec_decode.common import gather_hidden, last_valid, module_meta, put_rows, run_module
 
 
 class SingleModuleMTPSpeculator:
@@ -88,7 +88,7 @@ class SingleModuleMTPSpeculator:
             for i in range(2, steps + 1):        # one token per drafting row, none otherwise
                 one = (is_drafting if num_drafts is None else is_drafting & (i <= num_drafts)).long()
                 metas.append(module_meta(cache, n - 2 + i, one, rows, 1 if static else None, num_blocks))
-        self.computed[rows] = end
+        self.computed.index_copy_(0, rows, end)   # no broadcast: no guard on a batch != 1 (compiled)
         return metas
 
     def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
@@ -112,7 +112,7 @@ class SingleModuleMTPSpeculator:
                 a = model.mtp[0](emb, a[:, None], m.positions, cache.draft[0], m)[:, 0]
             logits = model.draft_logits(0, a)
             d = logits.argmax(-1) if sampler is None else sampler(logits, i - 1)
-            cache.tokens[rows, n + i] = d
+            put_rows(cache.tokens, rows, n + i, d)
             out.append(d)
         out += [torch.zeros_like(n)] * (k - len(out))
         return torch.stack(out, dim=1)
