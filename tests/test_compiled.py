@@ -173,18 +173,21 @@ def test_each_engine_compiles_its_own_graphs():
 @pytest.mark.slow
 @pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
 def test_inductor_decode_equals_eager(trained_tiny, spec, k):
-    """Inductor (C++ kernels on the CPU): greedy tokens are identical and the top-2 logit gaps of
-    every emitted token agree within 1e-9 (float64); no recompilation after warm-up. Then, on one
+    """Inductor (C++ kernels on the CPU): greedy tokens are identical, also for a request alone
+    (a batch of one runs unpadded in the batch-2 graphs), and the top-2 logit gaps of every
+    emitted token agree within 1e-9 (float64); no recompilation after warm-up. Then, on one
     cache state, the compiled verification logits equal the eager forward's within 1e-9 and the
     compiled draft loop drafts the same tokens as the eager one."""
     torch._dynamo.reset()
-    eager = _generate(_llm(trained_tiny, spec, k))
+    ref = _llm(trained_tiny, spec, k)
+    eager, eager_one = _generate(ref), _generate(ref, PROMPTS[:1], max_tokens=12)
     llm = _llm(trained_tiny, spec, k, compile_backend="inductor")
     stats = llm.engine.warmup()
     assert stats["num_graphs"] == 3
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = _generate(llm)
         _same(compiled, eager)
+        _same(_generate(llm, PROMPTS[:1], max_tokens=12), eager_one)   # a batch of one, unpadded
         for a, b in zip(compiled, eager):
             assert a.logit_gaps == pytest.approx(b.logit_gaps, abs=1e-9)
     # the finished requests' KV is still in the cache: verify windows of k + 1 tokens at
