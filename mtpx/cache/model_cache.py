@@ -173,8 +173,14 @@ class ModelCache:
             g.commit(index)
 
     def clear_pending(self) -> None:
-        for c in self.recurrent:
-            c.clear_pending()
+        for g in self.recurrent_groups:
+            g.clear_pending()
+
+    def reserve_windows(self, max_len: int) -> None:
+        """Allocate the Gated DeltaNet window buffers for verification windows of up to max_len
+        tokens (RecurrentStateGroup.reserve_windows); eager forwards allocate on demand."""
+        for g in self.recurrent_groups:
+            g.reserve_windows(max_len)
 
     def save_recurrent_rows(self, rows: torch.Tensor, block_ids: torch.Tensor) -> None:
         """Store the current Gated DeltaNet states of rows [S] as boundary states of block_ids [S]."""

@@ -98,20 +98,18 @@ class RecurrentState:
         models; group.ssm[layer]).
     block_conv, block_ssm: [num_blocks, ...] or None: the state after the last token of each full
         paged block (prefix caching of hybrid models).
-    After a forward with keep_states (a verification window), for `pending_rows`: `pending_conv`
-    [B, T, conv_dim, K-1] the conv window after every token and `pending_window` the delta-rule
-    window in chunked form (WindowStates, from window_gated_delta_rule); the group's
-    `commit(index)` builds the state after the accepted token of each request from them
-    (invariant 3: a rejection selects a state, never re-runs the model).
+    After a forward with keep_states (a verification window, `keep_window`), for `pending_rows`:
+    `pending_conv` [B, T, conv_dim, K-1] the conv window after every token and `pending_window`
+    the delta-rule window in chunked form (WindowStates, from window_gated_delta_rule), both read
+    from the group's window buffers; the group's `commit(index)` builds the state after the
+    accepted token of each request from them (invariant 3: a rejection selects a state, never
+    re-runs the model).
     """
 
     group: "RecurrentStateGroup" = field(repr=False)
     layer: int
     block_conv: torch.Tensor | None = None
     block_ssm: torch.Tensor | None = None
-    pending_conv: torch.Tensor | None = None
-    pending_window: WindowStates | None = None
-    pending_rows: torch.Tensor | None = None
 
     @property
     def conv(self) -> torch.Tensor:
@@ -120,6 +118,35 @@ class RecurrentState:
     @property
     def ssm(self) -> torch.Tensor:
         return self.group.ssm[self.layer]
+
+    @property
+    def pending_rows(self) -> torch.Tensor | None:
+        return self.group.pending_rows
+
+    @property
+    def pending_window(self) -> WindowStates | None:
+        """This layer's kept window ([B, H, T, ...], gathered from the group's buffers), or None."""
+        g = self.group
+        if g.pending_rows is None:
+            return None
+        rows, T, i = g.pending_rows, g.pending_len, self.layer
+        return WindowStates(g.window_k[i, rows, :, :T], g.window_v_new[i, rows, :, :T], g.window_G[i, rows, :, :T])
+
+    @property
+    def pending_conv(self) -> torch.Tensor | None:
+        """[B, T, conv_dim, K-1]: the conv window after each kept token, or None."""
+        g = self.group
+        if g.pending_rows is None:
+            return None
+        K1 = g.conv.shape[-1]
+        ext = g.window_ext[self.layer, g.pending_rows, :, : K1 + g.pending_len]
+        return ext.unfold(-1, K1, 1)[:, :, 1:].transpose(1, 2)
+
+    def keep_window(self, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
+        """Keep a verification window for the group's commit: rows [B] (batch slots), window (from
+        window_gated_delta_rule, [B, H, T, ...]) and ext [B, conv_dim, K-1+T], the conv inputs
+        (the K-1 before the window, then the window's). Copied into the group's window buffers."""
+        self.group.keep(self.layer, rows, window, ext)
 
     @staticmethod
     def allocate(rows: int, conv_dim: int, kernel: int, heads: int, key_dim: int, value_dim: int,
@@ -155,9 +182,6 @@ class RecurrentState:
         before = self.ssm[self.pending_rows[bi]]
         self.save_blocks(blocks, self.pending_conv[bi, ti], self.pending_window.state_at(before, bi, ti))
 
-    def clear_pending(self) -> None:
-        self.pending_conv = self.pending_window = self.pending_rows = None
-
     def save_rows(self, rows: torch.Tensor, block_ids: torch.Tensor) -> None:
         """Store the current states of rows [S] as the boundary states of block_ids [S] (after a
         one-token decode forward, whose token is always kept)."""
@@ -171,11 +195,24 @@ class RecurrentStateGroup:
     conv: [L, rows, conv_dim, kernel - 1] in the model dtype; ssm: [L, rows, heads, key_dim,
     value_dim] float32 (float64 in fp64 models); layers: the L RecurrentStates, layer i viewing
     conv[i] and ssm[i].
+
+    Window buffers (the last verification window of every layer, so that the commit reads a few
+    stacked tensors instead of 4 L per-layer ones; allocated by `reserve_windows`, or on first use
+    eager): window_k [L, rows, H, W, Dk], window_v_new [L, rows, H, W, Dv], window_G [L, rows, H, W]
+    in ssm's dtype, window_ext [L, rows, conv_dim, K-1+W] in conv's; W the longest window. The
+    window of a request sits at its batch slot; pending_rows [B] (the batch slots, padding rows
+    at the pad slot) and pending_len T describe the kept one (pending_rows None: none kept).
     """
 
     conv: torch.Tensor
     ssm: torch.Tensor
     layers: list[RecurrentState]
+    window_k: torch.Tensor | None = None
+    window_v_new: torch.Tensor | None = None
+    window_G: torch.Tensor | None = None
+    window_ext: torch.Tensor | None = None
+    pending_rows: torch.Tensor | None = None
+    pending_len: int = 0
     slice_bytes = 2 << 20   # eager commit: layers per pass, by their states' size (commit)
 
     @staticmethod
@@ -196,28 +233,66 @@ class RecurrentStateGroup:
                 torch.zeros(num_blocks, *ssm_shape, dtype=state_dtype, device=device) if blocks else None))
         return group
 
+    @property
+    def window_capacity(self) -> int:
+        """The longest window the buffers hold (0 before any is allocated)."""
+        return 0 if self.window_G is None else self.window_G.shape[-1]
+
+    def reserve_windows(self, max_len: int) -> None:
+        """Allocate window buffers for windows of up to max_len tokens (no-op when they hold
+        that many). Raises RuntimeError when called for more inside torch.compile (engine.compile
+        reserves the longest window before compiling)."""
+        if max_len <= self.window_capacity:
+            return
+        if torch.compiler.is_compiling():
+            raise RuntimeError(f"a {max_len}-token window exceeds the reserved {self.window_capacity}: "
+                               "call ModelCache.reserve_windows before compiling")
+        L, rows, H, Dk, Dv = self.ssm.shape
+        like = {"dtype": self.ssm.dtype, "device": self.ssm.device}
+        self.window_k = torch.zeros(L, rows, H, max_len, Dk, **like)
+        self.window_v_new = torch.zeros(L, rows, H, max_len, Dv, **like)
+        self.window_G = torch.zeros(L, rows, H, max_len, **like)
+        self.window_ext = torch.zeros(L, rows, self.conv.shape[2], self.conv.shape[3] + max_len,
+                                      dtype=self.conv.dtype, device=self.conv.device)
+
+    def keep(self, layer: int, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
+        """RecurrentState.keep_window for layer `layer` (its contract)."""
+        T = window.G.shape[-1]
+        self.reserve_windows(T)
+        # by batch slot, with index_copy_: a sliced assignment [:B] could broadcast a batch of one
+        # and a slice of a symbolic length makes Inductor guard on B >= 2 (a batch of one shares
+        # the batch-2 graphs); padding rows all write the pad row
+        self.window_k[layer, :, :, :T].index_copy_(0, rows, window.k)
+        self.window_v_new[layer, :, :, :T].index_copy_(0, rows, window.v_new)
+        self.window_G[layer, :, :, :T].index_copy_(0, rows, window.G)
+        self.window_ext[layer, :, :, : ext.shape[-1]].index_copy_(0, rows, ext.to(self.window_ext.dtype))
+        self.pending_rows, self.pending_len = rows, T
+
+    def clear_pending(self) -> None:
+        self.pending_rows = None
+
     def commit(self, index: torch.Tensor) -> None:
         """After a keep_states forward of every layer: each pending row's conv and delta-rule
         states become those after token index[b] of its window (index: [B] int64, 0 = after the
-        window's first token), for all layers in one set of batched ops (eager: in slices of
-        layers whose states fit in `slice_bytes`, so that the pass stays in cache at large batch);
-        the caller clears the pending windows. No host sync, so engine.compile compiles it. No-op
-        without a pending window."""
-        layers = self.layers
-        rows = layers[0].pending_rows
+        window's first token), for all layers in one set of batched ops over the window buffers
+        (eager: in slices of layers whose states fit in `slice_bytes`, so that the pass stays in
+        cache at large batch); the caller clears the pending windows. No host sync, so
+        engine.compile compiles it. No-op without a pending window."""
+        rows = self.pending_rows
         if rows is None:
             return
-        b = torch.arange(index.numel(), device=index.device)
-        conv = torch.stack([c.pending_conv[b, index] for c in layers])          # [L, B, C, K-1]
-        self.conv.index_copy_(1, rows, conv.to(self.conv.dtype))
-        L = len(layers)
+        B, T = rows.shape[0], self.pending_len
+        L, _, C, K1 = self.conv.shape
+        at = index.view(1, B, 1, 1) + 1 + torch.arange(K1, device=index.device)      # conv window after
+        conv = self.window_ext[:, rows].gather(-1, at.expand(L, B, C, K1))            # [L, B, C, K-1]
+        self.conv.index_copy_(1, rows, conv)
         step = L if torch.compiler.is_compiling() else max(
-            1, self.slice_bytes // (index.numel() * self.ssm[0, 0].numel() * self.ssm.element_size()))
+            1, self.slice_bytes // (B * self.ssm[0, 0].numel() * self.ssm.element_size()))
         for lo in range(0, L, step):
-            part = WindowStates(*(torch.stack([getattr(c.pending_window, f) for c in layers[lo: lo + step]])
-                                  for f in ("k", "v_new", "G")))                 # [step, B, H, T, ...]
+            part = WindowStates(*(w[lo: lo + step, rows, :, :T] for w in
+                                  (self.window_k, self.window_v_new, self.window_G)))   # [step, B, H, T, ...]
             before = self.ssm[lo: lo + step, rows]            # a copy: the states before the window
-            self.ssm[lo: lo + step].index_copy_(1, rows, part.state_after(before, index).to(self.ssm.dtype))
+            self.ssm[lo: lo + step].index_copy_(1, rows, part.state_after(before, index))
 
     def reset(self, row: int) -> None:
         self.conv[:, row].zero_()

@@ -145,8 +145,12 @@ class CompiledDecode:
                        compile_(self._plan_and_draft if self.plan_in_graph else speculator.draft_loop))
         has_windows = speculator is not None and bool(cache.recurrent)
         self._commit = compile_(self._commit_windows) if has_windows else None
-        if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
-            for t in self._persistent_tensors():
+        for t in self._persistent_tensors():
+            # static sizes: Dynamo's automatic dynamic shapes are keyed by source location, so
+            # another engine's buffers of other sizes (a window buffer of mtp1 beside mtp8's)
+            # would otherwise make these dims symbolic
+            torch._dynamo.mark_static(t)
+            if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
                 torch._dynamo.mark_static_address(t)
 
     def _persistent_tensors(self):
@@ -156,8 +160,8 @@ class CompiledDecode:
             yield kv.k
             yield kv.v
         for g in c.recurrent_groups:
-            yield g.conv
-            yield g.ssm
+            yield from (t for t in (g.conv, g.ssm, g.window_k, g.window_v_new, g.window_G, g.window_ext)
+                        if t is not None)
         if self.speculator is not None:
             yield from self.speculator.persistent_buffers()
 
@@ -242,15 +246,13 @@ class CompiledDecode:
         """cache.commit_recurrent with its tensor work compiled (one graph for every Gated DeltaNet
         layer, batched over each group's stacked states); the boundary states `save` (a few per
         block end, a count known on the host) are stored eager first."""
-        recurrent = self.cache.recurrent
-        if self._commit is None or recurrent[0].pending_rows is None:
+        groups = self.cache.recurrent_groups
+        if self._commit is None or groups[0].pending_rows is None:
             self.cache.commit_recurrent(index, save)
             return
-        for c in recurrent:
-            if save is not None:
+        if save is not None:
+            for c in self.cache.recurrent:
                 c.save_window_blocks(save)
-            w = c.pending_window
-            _mark_batch(c.pending_rows, c.pending_conv, w.k, w.v_new, w.G)
-        _mark_batch(index)
+        _mark_batch(index, *(g.pending_rows for g in groups))
         self._call(self._commit, index)
         self.cache.clear_pending()

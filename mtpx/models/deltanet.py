@@ -86,7 +86,7 @@ class GatedDeltaNet(nn.Module):
                 meta: ForwardMeta | None = None) -> torch.Tensor:
         """x: [B, T, hidden] -> [B, T, hidden]. With `state`, continues each request's row from its
         stored state and stores the new one (or, with meta.keep_states, keeps the window in
-        state.pending_* for a later commit at the accepted token)."""
+        state.keep_window for a later commit at the accepted token)."""
         B, T, _ = x.shape
         q, k, v, z, b, a = self._split(x)
         mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)             # [B, C, T]
@@ -111,9 +111,8 @@ class GatedDeltaNet(nn.Module):
         if state is None:
             o, _ = gated_delta_rule_chunked(q, k, v, g, beta)
         elif meta.keep_states:  # a verification window: the state after each token on demand
-            o, state.pending_window = window_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows])
-            state.pending_conv = ext.unfold(-1, self.kernel - 1, 1)[:, :, 1:].transpose(1, 2)
-            state.pending_rows = meta.rows                                  # conv: [B, T, C, K-1]
+            o, window = window_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows])
+            state.keep_window(meta.rows, window, ext)
         else:
             o, final = self._prefill(q, k, v, g, beta, ext, state, meta)
             state.ssm.index_copy_(0, meta.rows, final.to(state.ssm.dtype))
