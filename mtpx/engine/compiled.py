@@ -23,11 +23,10 @@ loop is built and planned (`speculator.plan`) before the loop, once per engine s
 One graph per function serves every batch and block count: the batch and block-table dimensions
 are marked dynamic, with size-oblivious 0/1 handling and no duck sizing, so the first decode step
 compiles and later steps never recompile (tests/test_compiled.py asserts it with torch._dynamo's
-error_on_recompile). A batch of one runs unpadded in the verification and commit graphs compiled
-for larger batches (backed size-oblivious shapes, and no op that would broadcast a batch
-dimension, add no guard against 1; the warm-up compiles at batch 2 first, since a graph compiled
-at batch 1 would be specialized to it); the draft loop pads it to two, as Inductor's lowering of
-that graph guards on a batch of at least 2. On CUDA the mode is "reduce-overhead" (CUDA graphs; one
+error_on_recompile). A batch of one runs unpadded in the graphs compiled for larger batches
+(backed size-oblivious shapes, and no op that would broadcast a batch dimension or slice to a
+symbolic length, add no guard against 1; no input's stride may differ at 1 either; the warm-up
+compiles at batch 2 first, since a graph compiled at batch 1 would be specialized to it). On CUDA the mode is "reduce-overhead" (CUDA graphs; one
 graph is recorded per capture size and block bucket, replayed afterwards); on the CPU the default
 mode (Inductor's C++ kernels). Where the compiled code cannot follow, it runs eager inside the
 graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
@@ -220,15 +219,9 @@ class CompiledDecode:
         num_columns = k + 1 if num_columns is None else num_columns
         if num_drafts is None:
             num_drafts = torch.tensor(k, device=rows.device)
-        target_start = target_start.contiguous()   # one stride whether or not padded below
-        if rows.shape[0] == 1:   # Inductor's draft-loop graph guards on a batch >= 2: pad a batch of one
-            c = self.cache
-            pad = (c.block_tables[c.pad_row, None, :block_table.shape[1]], rows.new_full((1,), c.pad_row),
-                   num_tokens.new_ones(1), target_end.new_zeros(1), is_drafting.new_zeros(1),
-                   target_start.new_zeros(1), target_hidden.new_zeros(1, *target_hidden.shape[1:]))
-            full = (block_table, rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
-            return self.draft(*(torch.cat([x, p]) for x, p in zip(full, pad)), num_columns, num_drafts,
-                              num_modules)[:1]
+        # a fresh [B] tensor: target_start is a column of the window's positions, and for a batch
+        # of one contiguous() would keep its stride, which the graph guards on (a recompile)
+        target_start = target_start.new_empty(target_start.shape).copy_(target_start)
         _mark_batch(rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
         if self.plan_in_graph:
             _mark_meta_table(block_table)
