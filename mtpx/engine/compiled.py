@@ -26,8 +26,9 @@ compiles and later steps never recompile (tests/test_compiled.py asserts it with
 error_on_recompile). A batch of one runs unpadded in the graphs compiled for larger batches
 (backed size-oblivious shapes, and no op that would broadcast a batch dimension or slice to a
 symbolic length, add no guard against 1; no input's stride may differ at 1 either; the warm-up
-compiles at batch 2 first, since a graph compiled at batch 1 would be specialized to it). On CUDA the mode is "reduce-overhead" (CUDA graphs; one
-graph is recorded per capture size and block bucket, replayed afterwards); on the CPU the default
+compiles at batch 2 first, since a graph compiled at batch 1 would be specialized to it). On CUDA
+the mode is "reduce-overhead" (CUDA graphs; one graph is recorded per capture size and block
+bucket, replayed afterwards); on the CPU the default
 mode (Inductor's C++ kernels). Where the compiled code cannot follow, it runs eager inside the
 graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
 CUDA graphs cut at attention the same way) and the routed experts of a MoE layer (data-dependent
@@ -145,9 +146,9 @@ class CompiledDecode:
         has_windows = speculator is not None and bool(cache.recurrent)
         self._commit = compile_(self._commit_windows) if has_windows else None
         for t in self._persistent_tensors():
-            # static sizes: Dynamo's automatic dynamic shapes are keyed by source location, so
-            # another engine's buffers of other sizes (a window buffer of mtp1 beside mtp8's)
-            # would otherwise make these dims symbolic
+            # static sizes: never symbolic through automatic dynamic shapes (in a run of several
+            # engines, mtp8's window buffers once came out symbolic after mtp1's, and Inductor
+            # failed to lower their writes)
             torch._dynamo.mark_static(t)
             if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
                 torch._dynamo.mark_static_address(t)
