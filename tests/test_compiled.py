@@ -267,3 +267,32 @@ def test_compiled_per_request_depths_equal_eager(trained_tiny):
         ps = [SamplingParams(max_tokens=24 - i % 5, ignore_eos=True) for i in range(3)]
         outs.append(llm.generate(PROMPTS[:3], ps))
     _same(*outs)
+
+
+def test_window_width_stays_static(trained_tiny):
+    """A forward graph is compiled per window width, the width a constant: the graph of a 1-token
+    forward after windows of k + 1 (automatic k's k = 0 steps) has symbolic sizes in the batch and
+    block-table dimensions only, as the first graph has (Dynamo's automatic dynamic shapes would
+    make the width symbolic on the first width change)."""
+    from mtpx.engine.compiled import _own_code
+    torch._dynamo.reset()
+    llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager")
+    cache, compiled = llm.engine.cache, llm.engine.compiled
+    num_symbolic = []
+
+    def backend(gm, example_inputs):                      # counts each graph's symbolic dims
+        num_symbolic.append(sum(isinstance(d, torch.SymInt) for n in gm.graph.nodes if n.op == "placeholder"
+                                for v in [n.meta.get("example_value")] if isinstance(v, torch.Tensor)
+                                for d in v.shape))
+        return gm.forward
+
+    compiled._verify = torch.compile(_own_code(compiled._verify_forward), backend=backend)
+    with torch.inference_mode():                          # as the model runner calls it
+        rows, starts = torch.tensor([0, 1]), torch.tensor([4, 6])
+        for width in (5, 1, 5, 1):
+            meta = cache.static_meta(starts, torch.tensor([width, width]), rows, width, 2,
+                                     keep_states=width == 5)
+            compiled.verify(meta)
+            cache.clear_pending()
+    assert len(num_symbolic) == 2 and num_symbolic[0] > 0
+    assert num_symbolic[1] == num_symbolic[0]

@@ -18,10 +18,11 @@ engine's own cache and the same static metadata (padded batch, k + 1 window, blo
 and, with a speculator, the rest of the verify phase: the greedy verification of the window's
 logits (mtpx.spec_decode.verification.verify) and the Gated DeltaNet commit at the accepted
 token (the engine's compiled commit in compiled mode);
-each a median of `repeats` calls (compiled mode: the engine's compiled functions). target(1) in
-compiled mode is the plain run's compiled step forward at the same batch (when --specs includes
-none; a speculator's engine compiles only its k + 1 window). overhead = engine step /
-(target(k+1) + draft loop alone). Writes bench_step.md and .json into --out atomically.
+each a median of `repeats` calls (compiled mode: the engine's compiled functions; target(1) is a
+second graph of the same compiled forward). target(1) and target(k+1) are timed alternately, call
+by call, and their ratio is the median of the paired ratios: timed minutes apart, in separate
+engines, the 1-token forward moved by 60% between runs. overhead = engine step / (target(k+1) +
+draft loop alone). Writes bench_step.md and .json into --out atomically.
 """
 from __future__ import annotations
 
@@ -55,6 +56,19 @@ def _median_ms(fn, repeats: int) -> float:
     return 1e3 * statistics.median(times)
 
 
+def _paired_ms(first, second, repeats: int) -> list[tuple[float, float]]:
+    """[(ms of first, ms of second)] over `repeats` alternated calls, after one untimed call of each."""
+    first(), second()
+    pairs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        first()
+        t1 = time.perf_counter()
+        second()
+        pairs.append((1e3 * (t1 - t0), 1e3 * (time.perf_counter() - t1)))
+    return pairs
+
+
 @torch.inference_mode()
 def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
     """Target and draft-loop forwards alone on the decode step's static shapes (module doc)."""
@@ -72,8 +86,18 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
     # plain decoding's forward (its one token's state is stored by the forward, no window kept)
     one = cache.static_meta(starts, torch.tensor([1] * B + [0] * (Bp - B)), rows, 1, nb)
     verify = (lambda: verify_forward(model, cache, meta)) if compiled is None else (lambda: compiled.verify(meta))
-    out = {"target_k1_ms": _median_ms(verify, repeats),
-           "target_1_ms": _median_ms(lambda: verify_forward(model, cache, one), repeats)}
+    # the 1-token forward on the same weights and cache (compiled: a second graph of the same
+    # function, as automatic k compiles for its k = 0 steps), alternated call by call with the
+    # verification forward so that both see the same machine state; the ratio is the median of
+    # the paired ratios
+    one_fwd = (lambda: verify_forward(model, cache, one)) if compiled is None else (lambda: compiled.verify(one))
+    pairs = _paired_ms(one_fwd, verify, repeats)
+    out = {"target_1_ms": statistics.median(a for a, _ in pairs),
+           "target_k1_ms": statistics.median(b for _, b in pairs),
+           "target_k1_over_1_paired": statistics.median(b / a for a, b in pairs)}
+    if k > 0:         # each back to back as well (the same graph call after call: warm caches)
+        out["target_1_back_to_back_ms"] = _median_ms(one_fwd, repeats)
+        out["target_k1_back_to_back_ms"] = _median_ms(verify, repeats)
     if spec is not None:
         # the rest of the verify phase: the greedy verification of the window's logits, and the
         # Gated DeltaNet commit at the accepted token (each after a fresh verification forward)
@@ -160,17 +184,12 @@ def main(argv=None) -> int:
                 alone = fw["target_k1_ms"] + fw.get("draft_loop_ms", 0.0)
                 row = {"spec": spec, "k": k, "mode": mode, "batch_size": B, **costs, **fw,
                        "forwards_ms": alone, "overhead": costs["step_ms"] / alone,
-                       "verify_over_target_1": fw["target_k1_ms"] / fw["target_1_ms"]}
+                       "verify_over_target_1": fw["target_k1_over_1_paired"]}
                 rows.append(row)
                 print(f"{spec} k={k} {mode} batch {B}: engine step {costs['step_ms']:.2f} ms, forwards alone "
                       f"{alone:.2f} ms ({row['overhead']:.2f}x); target({k + 1}) {fw['target_k1_ms']:.2f}, "
                       f"target(1) {fw['target_1_ms']:.2f}, draft loop {fw.get('draft_loop_ms', 0):.2f} ms",
                       flush=True)
-    plain = {r["batch_size"]: r["target_k1_ms"] for r in rows if r["spec"] == "none" and r["mode"] == "compiled"}
-    for r in rows:
-        if r["mode"] == "compiled":     # the compiled 1-token forward, from the plain engine
-            r["target_1_ms"] = plain.get(r["batch_size"])
-            r["verify_over_target_1"] = None if r["target_1_ms"] is None else r["target_k1_ms"] / r["target_1_ms"]
 
     def ms(x):
         return "—" if x is None else f"{x:.2f}"
@@ -179,7 +198,7 @@ def main(argv=None) -> int:
              f"{args.input_len}-token prompts)", "",
              "| spec | k | mode | batch | engine step ms | verify ms | draft ms | target(k+1) ms | "
              "target(1) ms | draft loop ms | after verify ms | verification ms | commit ms | step / forwards | "
-             "target(k+1) / target(1) |",
+             "target(k+1) / target(1), paired |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['spec']} | {r['k']} | {r['mode']} | {r['batch_size']} | {r['step_ms']:.2f} | "

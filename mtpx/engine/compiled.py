@@ -97,8 +97,18 @@ def _mark_meta_table(block_table: torch.Tensor) -> None:
     torch._dynamo.maybe_mark_dynamic(block_table, 1)
 
 
+def _mark_window(*tensors: torch.Tensor) -> None:
+    # a graph per window width (1, k + 1, 2k columns): without this, Dynamo's automatic dynamic
+    # shapes would recompile on the first width change into a graph with a symbolic width, which
+    # then serves every width (Inductor's code for it ran the 9-token verification of the demo
+    # 1.4x-2x slower, experiments/step_costs)
+    for t in tensors:
+        torch._dynamo.mark_static(t, 1)
+
+
 def _mark_meta(meta: ForwardMeta) -> None:
     _mark_batch(meta.positions, meta.valid, meta.rows, meta.slot_mapping, meta.block_table)
+    _mark_window(meta.positions, meta.valid, meta.slot_mapping)
     torch._dynamo.maybe_mark_dynamic(meta.block_table, 1)
 
 
@@ -186,10 +196,12 @@ class CompiledDecode:
         self.num_calls += 1
         before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
-        # graphs per window width and module count (automatic k's depths): up to 2 (k + 1) each
+        # graphs per window width and module count (automatic k's depths): up to 2 (k + 1) each;
+        # int arguments (column and module counts) constants of the graph, never symbolic (as
+        # automatic dynamic shapes would make them on their first change; see _mark_window)
         limit = max(torch._dynamo.config.recompile_limit, 4 * (len(self.cache.draft) + 2))
         with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False), \
-                torch._dynamo.config.patch(recompile_limit=limit):
+                torch._dynamo.config.patch(recompile_limit=limit, specialize_int=True):
             out = fn(*args)
         new = counters["stats"]["unique_graphs"] - before
         if new:
@@ -224,6 +236,7 @@ class CompiledDecode:
         # of one contiguous() would keep its stride, which the graph guards on (a recompile)
         target_start = target_start.new_empty(target_start.shape).copy_(target_start)
         _mark_batch(rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
+        _mark_window(target_hidden)
         if self.plan_in_graph:
             _mark_meta_table(block_table)
             return self._call(self._draft, block_table, rows, num_tokens, target_end, is_drafting,
