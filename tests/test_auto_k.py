@@ -316,11 +316,15 @@ def test_calibration_measures_every_k_on_fresh_requests_of_that_depth(tmp_path):
     assert all(depths == {k} for k, depths, _ in seen)       # every step is a k-module engine's
     phases = []                                              # the contexts of each run of one forced k
     for i, (k, _, n) in enumerate(seen):
-        if i == 0 or seen[i - 1][0] != k:
-            phases.append([])
-        phases[-1].append(n)
-    assert len(phases) == 2 * 2 * (policy.max_k + 1)         # (untimed + timed sweep) x 2 batch sizes x each k
-    assert all(ns[0] == 8 + 1 for ns in phases)              # each k starts on fresh 8-token prompts
+        if i == 0 or seen[i - 1][0] != k or seen[i - 1][2] > n:    # new k, or fresh requests
+            phases.append((k, []))
+        phases[-1][1].append(n)
+    # eager: an untimed sweep at the first batch size only; the second sweep runs k downwards
+    assert len(phases) == 3 * (policy.max_k + 1)
+    order = [k for k, _ in phases]
+    n = policy.max_k + 1
+    assert order == list(range(n)) + list(range(n))[::-1] + list(range(n))
+    assert all(ns[0] == 8 + 1 for _, ns in phases)           # each k starts on fresh 8-token prompts
     assert_clean(llm)
 
 

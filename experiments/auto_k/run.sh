@@ -7,7 +7,7 @@ set -e
 cd "$(dirname "$0")/../.."
 # Concurrency 16 and 64 have more chunks (one wave of requests each) and no mtp8:1, which never
 # wins there: the machine's noise between chunks is about 20%.
-for conc_prompts_rounds in "1 16 2" "4 32 4" "16 128 8" "64 256 4"; do
+for conc_prompts_rounds in "1 32 4" "4 64 8" "16 128 8" "64 256 4"; do
   set -- $conc_prompts_rounds
   C="plain mtp8:1 mtp2 mtp4 mtp8 auto"
   [ "$1" -ge 16 ] && C="plain mtp2 mtp4 mtp8 auto"

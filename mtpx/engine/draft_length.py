@@ -292,19 +292,22 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
-def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int = 2, prompt_len: int = 128,
+def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int = 3, prompt_len: int = 128,
                          seed: int = 0) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size: B requests of
-    random prompts decode together while every step is forced to k. For each B, one untimed sweep
-    over k (first calls at new shapes are slow), then `sweeps` timed sweeps of `steps` steps per k
-    in which all B requests verified k drafts (a step after a change of k, which verifies the old
-    k's drafts, is not counted); the cost is the median of verify + draft time over them. Each k
-    gets B fresh requests (of depth k with per-request depth: the step of a k-module engine), so
-    every k is measured at the same context length: one set of requests run from k = max_k down
-    to 0 grew from 129 to 252 tokens on the demo, and its k = 0 step read 30% dearer at batch 64
-    (experiments/auto_k). The engine must be idle; afterwards it is again (requests aborted,
-    prefix cache and timings reset, the policy's estimates forgotten). Returns {(k, B): ms}.
-    Raises ValueError when the engine has no automatic k or is busy."""
+    random prompts decode together while every step is forced to k. For each B, `sweeps` timed
+    sweeps over k, in alternating order (0 .. max_k, then max_k .. 0), of `steps` steps per k in
+    which all B requests verified k drafts (a step after a change of k, which verifies the old
+    k's drafts, is not counted); the cost is the median of verify + draft time over them. An
+    untimed sweep comes first at the first B, and at every B of a compiled engine (first calls at
+    new shapes are slow). Each k gets B fresh requests (of depth k with per-request depth: the
+    step of a k-module engine), so every k is measured at the same context length: one set of
+    requests run from k = max_k down to 0 grew from 129 to 252 tokens on the demo, and its k = 0
+    step read 30% dearer at batch 64 (experiments/auto_k). The sweeps spread each k's samples
+    over the calibration: on 2 CPU cores one k's steps measured in one stretch of a second read
+    up to 30% off the same k a minute later. The engine must be idle; afterwards it is again
+    (requests aborted, prefix cache and timings reset, the policy's estimates forgotten).
+    Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is busy."""
     import torch
     from mtpx.engine.request import Request
     from mtpx.engine.sampling_params import SamplingParams
@@ -326,9 +329,11 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
     engine.runner.config.record_step_timings = True
     live: list = []
     try:
-        for b in batch_sizes:
-            for sweep in range(sweeps + 1):
-                for k in range(policy.max_k + 1):
+        for i, b in enumerate(batch_sizes):
+            warm = i == 0 or cfg.compile
+            for sweep in range(sweeps + warm):
+                ks = range(policy.max_k + 1)
+                for k in (ks if sweep % 2 == 0 else reversed(ks)):
                     policy.forced = k
                     for r in live:                    # fresh requests for every k (docstring)
                         engine.abort(r)
@@ -352,7 +357,7 @@ def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int =
                     if not got:
                         raise ValueError(f"calibration: no step at k={k}, batch {b} verified {k} drafts per "
                                          "request (engine.max_model_len too small?)")
-                    if sweep:
+                    if sweep or not warm:
                         times.setdefault((k, b), []).extend(got)
     finally:
         for r in live:
