@@ -13,8 +13,8 @@ Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode s
 the next capture size (1, 2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
 row, every verification window and module forward has k + 1 columns (with
 num_speculative_tokens=auto: a step that neither verifies nor proposes a draft has 1, and a draft
-loop whose modules resume drafting after catching up has 2k, each a graph of its own; every other k
-is padding), and keys are read from a
+loop whose modules resume drafting after catching up has 2k, each a graph of its own, its width a
+constant; every other k is padding), and keys are read from a
 block table sliced to a power-of-two number of blocks. Nothing in the compiled code depends on a
 tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
 graph breaks on a dense model and no host syncs. The attention metadata of every step of the draft
