@@ -98,10 +98,9 @@ def _mark_meta_table(block_table: torch.Tensor) -> None:
 
 
 def _mark_window(*tensors: torch.Tensor) -> None:
-    # a graph per window width (1, k + 1, 2k columns): without this, Dynamo's automatic dynamic
-    # shapes would recompile on the first width change into a graph with a symbolic width, which
-    # then serves every width (Inductor's code for it ran the 9-token verification of the demo
-    # 1.4x-2x slower, experiments/step_costs)
+    # a graph per window width (1, k + 1, 2k columns), the width a constant: without this,
+    # Dynamo's automatic dynamic shapes recompile on the first width change into a graph with a
+    # symbolic width (seen for automatic k's 1-token forward; tests/test_compiled.py)
     for t in tensors:
         torch._dynamo.mark_static(t, 1)
 
