@@ -1,0 +1,42 @@
+"""The raw start-up calibration at one batch size beside fixed-k engines' steps, eager, demo, in
+one process, twice per prompt length (the noise of one calibration against the next).
+
+    OMP_NUM_THREADS=2 python experiments/auto_k/calib_diag.py BATCH LENGTHS   # e.g. 16 128,256
+"""
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.engine.draft_length import calibrate_step_costs, save_step_costs  # noqa: E402
+from mtpx.metrics.cost_model import step_costs  # noqa: E402
+
+torch.set_num_threads(2)
+B, lens = int(sys.argv[1]), [int(x) for x in sys.argv[2].split(",")]
+M = str(ROOT / "checkpoints" / "demo")
+fake = Path(tempfile.mkdtemp()) / "costs.json"        # skips the LLM's own start-up calibration
+save_step_costs(fake, {(k, B): 10.0 + k for k in range(9)}, {})
+auto = LLM(model=M, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=B, max_model_len=1024,
+           cost_model_file=fake)
+fixed = {k: LLM(model=M, spec=None if k == 0 else "mtp8", num_speculative_tokens=k or None, max_num_seqs=B,
+                max_model_len=1024) for k in (0, 2, 4, 8)}
+g = torch.Generator().manual_seed(1)
+res = {}
+for rep in range(2):
+    for L in lens:
+        cal = calibrate_step_costs(auto.engine, batch_sizes=[B], prompt_len=L)
+        res.setdefault(f"calibration L={L}", []).append([round(cal[(k, B)], 1) for k in range(9)])
+        row = {}
+        for k, llm in fixed.items():
+            prompts = torch.randint(2, 1000, (B, L), generator=g).tolist()
+            llm.generate(prompts, SamplingParams(max_tokens=12 * (k + 1), ignore_eos=True))
+            c = step_costs(llm.engine.step_timings, k).get(B)
+            row[k] = None if c is None else round(c["step_ms"], 1)
+        res.setdefault(f"fixed engines L={L}", []).append(row)
+        print(json.dumps(res), flush=True)
