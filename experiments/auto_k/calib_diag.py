@@ -28,7 +28,7 @@ fixed = {k: LLM(model=M, spec=None if k == 0 else "mtp8", num_speculative_tokens
                 max_model_len=1024) for k in (0, 2, 4, 8)}
 g = torch.Generator().manual_seed(1)
 res = {}
-for rep in range(2):
+for _ in range(2):
     for L in lens:
         cal = calibrate_step_costs(auto.engine, batch_sizes=[B], prompt_len=L)
         res.setdefault(f"calibration L={L}", []).append([round(cal[(k, B)], 1) for k in range(9)])
