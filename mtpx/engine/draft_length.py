@@ -262,13 +262,29 @@ def _smooth(values: list[float]) -> list[float]:
     positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
     then non-decreasing."""
     if len(values) - 1 >= 4:
-        import torch
-        k = torch.arange(1, len(values), dtype=torch.float64)
-        A = torch.stack([torch.ones_like(k), k, k * k], 1)
-        coef = torch.linalg.lstsq(A, torch.tensor(values[1:], dtype=torch.float64)[:, None]).solution
+        a, b, c = _quadratic_fit(list(range(1, len(values))), values[1:])
         # a step with drafts never costs less than one without (a fit to noise can dip below it)
-        values = [values[0]] + [max(values[0], v) for v in (A @ coef)[:, 0].tolist()]
+        values = [values[0]] + [max(values[0], a + b * k + c * k * k) for k in range(1, len(values))]
     return _non_decreasing(values)
+
+
+def _quadratic_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares (a, b, c) of y = a + b x + c x^2: the normal equations solved by Cramer's rule
+    in Python floats, so the same costs always give the same fit (a BLAS least-squares solve gave
+    results differing in the last bits between calls, and a cost file reloaded then differed from
+    the costs it was saved from)."""
+    s = [sum(x ** p for x in xs) for p in range(5)]                     # sum x^0 .. x^4
+    t = [sum(y * x ** p for x, y in zip(xs, ys)) for p in range(3)]     # sum y x^0 .. y x^2
+    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
+
+    def det(a):
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+    d = det(m)
+    return tuple(det([[t[r] if col == i else m[r][col] for col in range(3)] for r in range(3)]) / d
+                 for i in range(3))
 
 
 def _non_decreasing(values: list[float]) -> list[float]:
