@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from tests.helpers import peaked_model, tiny_config, train_tiny
@@ -23,3 +25,10 @@ def tiny_ckpt(tmp_path_factory):
     model = peaked_model(tiny_config(vocab_size=tok.get_vocab_size(), max_position_embeddings=1024)).float()
     save_checkpoint(path, model, tok)
     return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _step_cost_cache(tmp_path_factory):
+    """Start-up calibrations of num_speculative_tokens=auto are cached under MTPX_CACHE_DIR
+    (mtpx.engine.llm.LLM): the suite's go to a folder of its own, not the user's cache."""
+    os.environ["MTPX_CACHE_DIR"] = str(tmp_path_factory.mktemp("mtpx_cache"))

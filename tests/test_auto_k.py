@@ -4,7 +4,9 @@ and the draft modules' KV exact after a stretch of k = 0."""
 from __future__ import annotations
 
 import json
+import os
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -294,6 +296,49 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
         from mtpx.engine.request import Request
         again.engine.add_request(Request(0, [1, 2], _params(3)))
         calibrate_step_costs(again.engine)
+
+
+def test_start_up_calibration_is_cached_per_checkpoint_and_engine_settings(tiny_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path / "cache"))
+
+    def auto(**kw):
+        return LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=2, **kw)
+
+    first = auto()
+    source = first.calibration["source"]
+    assert source.startswith(f"calibrated, saved to {tmp_path / 'cache' / 'step_costs'}")
+    path = source.removeprefix("calibrated, saved to ")
+    again = auto()                                       # same checkpoint and settings: the cache
+    assert again.calibration["source"] == f"loaded from {path}" and again.calibration["seconds"] == 0.0
+    assert again.engine.draft_length.step_costs == first.engine.draft_length.step_costs
+    other = auto(block_size=32)                          # another engine setting: its own file
+    assert other.calibration["source"].startswith("calibrated, saved to") and path not in other.calibration["source"]
+    weights = tiny_ckpt / "model.safetensors"            # rewritten weights: calibrated again
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert auto().calibration["source"].startswith("calibrated, saved to")
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    Path(path).write_text("{not json")                    # a damaged cache file is measured again
+    assert auto().calibration["source"] == source
+    assert auto().calibration["source"] == f"loaded from {path}"
+    # an in-memory model has no fingerprint: calibrated every time, nothing cached
+    before = sorted((tmp_path / "cache" / "step_costs").iterdir())
+    mem = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1)
+    assert mem.calibration["source"] == "calibrated"
+    assert sorted((tmp_path / "cache" / "step_costs").iterdir()) == before
+
+
+def test_a_cost_file_of_another_engine_is_refused_with_the_fix(tiny_ckpt, tmp_path):
+    path = tmp_path / "costs.json"
+    LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1, cost_model_file=path)
+    with pytest.raises(ValueError, match=r"spec.cost_model_file=.*costs.json: calibrated for another engine: "
+                                         r"block_size=16 \(this run: 32\).*delete the file"):
+        LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1, block_size=32,
+            cost_model_file=path)
+    with pytest.raises(ValueError, match=r"max_num_seqs=1 \(this run: 4\)"):   # costs for batches it never measured
+        LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4, cost_model_file=path)
+    ok = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1, cost_model_file=path)
+    assert ok.calibration["source"] == f"loaded from {path}"
 
 
 def test_calibration_measures_every_k_on_fresh_requests_of_that_depth(tmp_path):

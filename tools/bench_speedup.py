@@ -7,7 +7,8 @@ plain decoding, mtp1, mtp8 (and other k, and the automatic k) on the same GSM8K 
 
 One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
 with k = 8; `mtpK` or `mtp8:K` for another k of multi-module MTP; `auto` = multi-module MTP with
-num_speculative_tokens=auto, its step costs calibrated at start-up, the seconds reported), each
+num_speculative_tokens=auto, its step costs calibrated at start-up or loaded from the step-cost
+cache of an earlier run with the same settings (mtpx.engine.llm.LLM; the source is reported)), each
 with max_num_seqs = --concurrency and at most that many requests in the engine at once, greedy,
 at most --max-tokens each, eos ends a request. With
 --compile every engine compiles its decode step and warms up before anything is timed. The first
@@ -70,6 +71,12 @@ def _engine_time(timings, llm) -> dict:
             "step_ms": {str(k): {str(b): ms for b, ms in v.items()} for k, v in steady.items() if v}}
 
 
+def _calibration_note(cal: dict) -> str:
+    if cal["source"].startswith("loaded from"):
+        return f"; step costs {cal['source']} (a calibration of an earlier run)"
+    return f"; step costs calibrated in {cal['seconds']:.1f} s"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
@@ -99,7 +106,8 @@ def main(argv=None) -> int:
             compile_s[name] = time.perf_counter() - t0
             print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)
         if llms[name].calibration is not None:
-            print(f"{name}: step costs calibrated in {llms[name].calibration['seconds']:.1f} s", flush=True)
+            cal = llms[name].calibration
+            print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
     per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []} for n in args.contenders}
     for c, chunk in enumerate(chunks):
         order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
@@ -163,7 +171,7 @@ def main(argv=None) -> int:
                       + ", ".join(f"{k}: {100 * n / total:.1f}" for k, n in hist.items())
                       + "; depth per request (requests): "
                       + (", ".join(f"{d}: {n}" for d, n in r["auto_k"].get("depth_histogram", {}).items()) or "—")
-                      + f"; step costs calibrated in {r['auto_k']['calibration']['seconds']:.1f} s"]
+                      + _calibration_note(r["auto_k"]["calibration"])]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "speedup.json", {"args": vars(args), "platform": platform.platform(),

@@ -44,8 +44,10 @@ one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import math
+import os
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -53,7 +55,7 @@ from pathlib import Path
 from mtpx.io import atomic_write_json
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "calibrate_step_costs", "default_batch_sizes",
-           "load_step_costs", "save_step_costs"]
+           "load_step_costs", "save_step_costs", "step_cost_cache_path", "check_step_cost_meta"]
 
 
 class FixedDraftLength:
@@ -406,3 +408,34 @@ def load_step_costs(path: str | Path) -> tuple[dict, dict]:
     if not costs or any(not math.isfinite(v) or v <= 0 for v in costs.values()):
         raise ValueError(f"spec.cost_model_file={path}: step costs must be positive numbers")
     return costs, data
+
+
+# What a calibration's costs depend on: a cost file whose value of one of these differs from the
+# engine's measured another engine (step_cost_cache_path, check_step_cost_meta).
+COST_META_KEYS = ("fingerprint", "spec", "max_k", "dtype", "threads", "compile", "compile_backend",
+                  "attention_backend", "gdn_backend", "block_size", "device", "device_name")
+
+
+def step_cost_cache_path(meta: dict) -> Path:
+    """Where the start-up calibration of an engine described by `meta` (COST_META_KEYS and
+    max_num_seqs) is kept between runs: $MTPX_CACHE_DIR/step_costs/<hash of meta>.json
+    (MTPX_CACHE_DIR defaults to $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx), as vLLM keeps its
+    compile cache under VLLM_CACHE_ROOT. Any change of what the costs depend on is another file."""
+    root = os.environ.get("MTPX_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpx"
+    key = {k: meta.get(k) for k in (*COST_META_KEYS, "max_num_seqs", "mtpx_version", "torch_version")}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return Path(root) / "step_costs" / f"{digest}.json"
+
+
+def check_step_cost_meta(path: str | Path, file_meta: dict, meta: dict) -> None:
+    """Raises ValueError naming spec.cost_model_file when the file was calibrated for another
+    engine: a COST_META_KEYS value both give differs, or the file's max_num_seqs is below this
+    engine's (a key the file lacks, as in a hand-written file, is not checked)."""
+    diff = [f"{k}={file_meta[k]!r} (this run: {meta[k]!r})" for k in COST_META_KEYS
+            if k in file_meta and k in meta and file_meta[k] != meta[k]]
+    if file_meta.get("max_num_seqs", math.inf) < meta.get("max_num_seqs", 0):
+        diff.append(f"max_num_seqs={file_meta['max_num_seqs']} (this run: {meta['max_num_seqs']})")
+    if diff:
+        raise ValueError(f"spec.cost_model_file={path}: calibrated for another engine: {', '.join(diff[:3])}; "
+                         "delete the file to calibrate again, or give another path")

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import numbers
 
 import time
@@ -18,7 +19,8 @@ from typing import Sequence
 import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides
-from mtpx.engine.draft_length import AutoDraftLength, calibrate_step_costs, load_step_costs, save_step_costs
+from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, check_step_cost_meta, load_step_costs,
+                                      save_step_costs, step_cost_cache_path)
 from mtpx.engine.engine import Engine
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
@@ -42,7 +44,8 @@ class LLM:
     all modules for mtp8), or "auto": each step picks k in 0 .. all modules (mtp8) or 0 .. 4 (mtp1)
     from online acceptance and measured step costs (mtpx/engine/draft_length.py); cost_model_file:
     with "auto", a JSON file of step costs to load, or to write after calibrating at start-up when
-    it does not exist (None: calibrate, keep in `calibration`); dtype: "float32", "float64", "bfloat16" or "float16" for a
+    it does not exist, refused (ValueError) when measured on another engine (None: the step-cost
+    cache, draft_length.step_cost_cache_path; the source is in `calibration`); dtype: "float32", "float64", "bfloat16" or "float16" for a
     checkpoint folder (a model instance keeps its own dtype); threads: torch threads; draft_path:
     a safetensors file of MTP modules to attach (tools/export_checkpoint.py --layout draft);
     allow_pickle: read pickle-only folders with torch.load(weights_only=True); device: where a
@@ -74,6 +77,7 @@ class LLM:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
+        self._draft_path = None if draft_path is None else Path(draft_path)
         if isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
         else:
@@ -98,22 +102,59 @@ class LLM:
             self.calibration = self._calibrate(policy, cost_model_file, device)
 
     def _calibrate(self, policy, path, device) -> dict:
-        """Step costs for the automatic k: from `path` when it exists, else measured now (and
-        written to `path` when given)."""
+        """Step costs for the automatic k: from `path` when it exists (checked against this engine:
+        draft_length.check_step_cost_meta), else measured now and written to `path`. path None:
+        the cache file of this engine's settings (draft_length.step_cost_cache_path), so only the
+        first run of a checkpoint on a machine calibrates; an in-memory model is not cached."""
+        meta = self._cost_meta(policy, device)
+        cached = path is None and self.model_path is not None
+        if cached:
+            path = step_cost_cache_path(meta)
         if path is not None and Path(path).exists():
-            costs, meta = load_step_costs(path)
-            policy.set_step_costs(costs)
-            return {"source": str(path), "seconds": 0.0, **meta}
+            try:
+                costs, file_meta = load_step_costs(path)
+                check_step_cost_meta(path, file_meta, meta)
+            except ValueError:
+                if not cached:
+                    raise
+            else:                                  # a damaged cache file is measured again below
+                policy.set_step_costs(costs)
+                return {**file_meta, "source": f"loaded from {path}", "seconds": 0.0}
         t0 = time.perf_counter()
         costs = calibrate_step_costs(self.engine)
         policy.set_step_costs(costs)
-        meta = {"model": str(self.model_path or "in-memory model"), "threads": torch.get_num_threads(),
-                "compile": self.engine.config.compile, "device": device,
-                "max_num_seqs": self.engine.config.max_num_seqs}
         if path is not None:
             save_step_costs(path, costs, meta)
         return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
                 "seconds": round(time.perf_counter() - t0, 2), **meta}
+
+    def _cost_meta(self, policy, device) -> dict:
+        """What this engine's step costs depend on (draft_length.COST_META_KEYS), and max_num_seqs."""
+        import platform
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            mtpx_version = version("mtpx")
+        except PackageNotFoundError:
+            mtpx_version = None
+        cfg = self.engine.config
+        if str(device).startswith("cuda"):
+            device_name = torch.cuda.get_device_name()
+        else:
+            device_name = platform.processor() or platform.machine()
+            try:
+                with open("/proc/cpuinfo") as f:
+                    device_name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+            except (OSError, StopIteration):
+                pass
+        return {"model": str(self.model_path or "in-memory model"),
+                "fingerprint": _fingerprint(self.model_path, self._draft_path),
+                "spec": self.spec, "max_k": policy.max_k,
+                "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(), "compile": cfg.compile,
+                "compile_backend": cfg.compile_backend, "attention_backend": cfg.attention_backend,
+                "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
+                "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
+                "mtpx_version": mtpx_version, "torch_version": torch.__version__}
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -339,3 +380,19 @@ def run_client(engine: Engine, requests: list[Request], on_finish=None, on_step=
                 on_step(engine)
             for r in engine.pop_aborted():
                 finish(r)
+
+
+def _fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None:
+    """Identifies a checkpoint's weights without reading them: the config's bytes and every file's
+    name, size and modification time (a rewritten or copied file is another fingerprint)."""
+    if model_path is None:
+        return None
+    h = hashlib.sha256()
+    files = sorted(model_path.iterdir()) if model_path.is_dir() else [model_path]
+    for f in files + ([draft_path] if draft_path is not None else []):
+        if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".pt", ".pth")):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+            if f.name == "config.json":
+                h.update(f.read_bytes())
+    return h.hexdigest()[:20]
