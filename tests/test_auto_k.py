@@ -54,7 +54,7 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     assert p.choose(1) == 1                              # k=2 now 2.404 / 15 = 0.160: within 5%, stay
 
 
-def test_depth_is_the_best_k_at_admission_and_only_falls_by_the_hysteresis():
+def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
                         probe_interval=0)
     p.acceptance = [0.9, 0.9]
@@ -64,7 +64,9 @@ def test_depth_is_the_best_k_at_admission_and_only_falls_by_the_hysteresis():
     p.acceptance = [0.9, 0.56]                          # k=1: 1.9 / 12 = 0.158, k=2: 0.160
     assert p.depth(1) == 2
     p.acceptance = [0.9, 0.5]                           # k=2: 2.35 / 15 = 0.157: k=1 is best,
-    assert p.depth(1) == 1 and p.depth(1, current=2) == 2   # but not by 5%
+    assert p.depth(1) == 2 and p.depth(1, current=2) == 2   # but not by 5% over k = 2, in use
+    p.k = 0                                             # steps draft nothing now: 0.158 beats 1 / 10
+    assert p.depth(1) == 1 and p.depth(4) == 0
     assert p.choose(1, max_k=1) == 1 and p.choose(4, max_k=1) == 0   # a step's k <= max_k
     p.forced = 2
     assert p.depth(1) == 2 and p.depth(1, current=1) == 1
@@ -102,6 +104,18 @@ def test_observe_counts_only_the_drafts_that_were_verified():
     assert p.acceptance[1] == pytest.approx(1.5 / 3)
     p.observe(num_draft_tokens=0, num_accepted=0)
     assert p.num_observed == [3, 3, 0, 0]
+
+
+def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_again():
+    p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0}, prior_weight=1.0, decay=0.5)   # k = 1 pays iff p_1 > 0.5
+    for _ in range(4):
+        p.observe(num_draft_tokens=1, num_accepted=0)    # 4 rejections: (0 + 1) / (4 + 1)
+    assert p.acceptance == [pytest.approx(1 / 5)] and p.depth(1) == 0
+    p.record(0)                                          # a step verifies nothing: counts halve
+    assert p.acceptance == [pytest.approx(1 / 3)] and p.depth(1) == 0
+    for _ in range(3):
+        p.record(0)                                      # (0 + 1) / (0.25 + 1)
+    assert p.acceptance == [pytest.approx(0.8)] and p.depth(1) == 1   # a new request drafts again
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():

@@ -23,9 +23,13 @@ relative costs of the ks stay: a per-k correction, learned from a few steps at s
 one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
 
 - The estimates start at 1 (optimistic), so the first steps try every position they can afford and
-  measure it; a position beyond the k in use keeps its estimate (its counts decay together). Every `probe_interval`
-  steps one step proposes one draft more than the k in use, the next probe one fewer, so the
-  acceptance beyond k and the costs on both sides stay measured.
+  measure it. w = 8 pseudo-drafts keep one step of a few requests from deciding alone (a depth is
+  never raised again). A position no step verifies drifts back to the prior as its counts decay,
+  so it is tried again: with every request at depth 0 nothing is verified, and on the main job's
+  workload (experiments/auto_default) estimates that stayed as the first step left them (p_1 =
+  0.5 from 22 requests, against 0.66 over the run) kept every later request at depth 0. Every
+  `probe_interval` steps one step proposes one draft more than the k in use, the next probe one
+  fewer, so the acceptance beyond k and the costs on both sides stay measured.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), so k does not flap between near-equal choices.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
@@ -33,7 +37,9 @@ one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
   when drafting resumes.
 - Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
-  predicted goodput at that batch size. A step's k is at most the largest depth among the running
+  predicted goodput at that batch size, by the hysteresis margin over the k in use (a request
+  admitted deeper than the steps draft runs its extra modules for nothing: on the main job's
+  workload requests got depth 4 while the steps stayed at k = 0). A step's k is at most the largest depth among the running
   requests, and each request drafts min(k, its depth). Multi-module MTP never runs a request's
   modules beyond its depth, so at a batch size where k = 4 wins, a step costs what a 4-module
   engine's step costs (each module is a full attention block). Every step a running request's
@@ -103,7 +109,7 @@ class AutoDraftLength:
     auto = True
 
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
-                 prior_weight: float = 2.0, hysteresis: float = 0.05, probe_interval: int = 32,
+                 prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
                  beta: float = 0.1):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
@@ -193,9 +199,11 @@ class AutoDraftLength:
 
     def depth(self, batch_size: int, current: int | None = None) -> int:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
-        k of highest predicted goodput at that batch size (max_k before the costs are known).
-        current: a running request's depth, which only falls: the best k below it when that beats
-        it by more than the hysteresis, else current."""
+        k of highest predicted goodput at that batch size when that beats the k in use by more
+        than the hysteresis, else the k in use (as a step's k changes: a request admitted deeper
+        than the steps draft would run its extra modules for nothing); max_k before the costs are
+        known. current: a running request's depth, which only falls: the best k below it when
+        that beats it by more than the hysteresis, else current."""
         top = self.max_k if current is None else current
         if self.forced is not None:
             return min(self.forced, top)
@@ -204,9 +212,10 @@ class AutoDraftLength:
         batch_size = max(1, batch_size)
         g = [self.goodput(k, batch_size) for k in range(top + 1)]
         best = max(range(top + 1), key=g.__getitem__)
-        if current is None or g[best] > (1 + self.hysteresis) * g[current]:
+        ref = self.k if current is None else current
+        if g[best] > (1 + self.hysteresis) * g[ref]:
             return best
-        return current
+        return ref
 
     def record_depth(self, depth: int) -> None:
         """A request was admitted with this depth: count it."""
@@ -240,10 +249,12 @@ class AutoDraftLength:
 
     def record(self, k: int) -> None:
         """A decode step chose k (called before its rounds are observed): count it, discount the
-        acceptance counts."""
+        acceptance counts (an estimate no round updates drifts back to the prior: module doc)."""
         self.histogram[k] += 1
         self._accepted = [x * self.decay for x in self._accepted]
         self._verified = [x * self.decay for x in self._verified]
+        w = self.prior_weight
+        self.acceptance = [(a + w) / (v + w) for a, v in zip(self._accepted, self._verified)]
 
     def summary(self) -> dict:
         """For metrics.json: the histogram of k per step, the estimates, the costs."""
