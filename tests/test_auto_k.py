@@ -65,8 +65,8 @@ def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hyst
     assert p.depth(1) == 2
     p.acceptance = [0.9, 0.5]                           # k=2: 2.35 / 15 = 0.157: k=1 is best,
     assert p.depth(1) == 2 and p.depth(1, current=2) == 2   # but not by 5% over k = 2, in use
-    p.k = 0                                             # steps draft nothing now: 0.158 beats 1 / 10
-    assert p.depth(1) == 1 and p.depth(4) == 0
+    assert p.choose(1, max_k=0) == 0 and p.k == 0       # every running request at depth 0: k = 0 in use,
+    assert p.depth(1) == 1 and p.depth(4) == 0          # and k = 1's 0.158 beats its 1 / 10 by 5%
     assert p.choose(1, max_k=1) == 1 and p.choose(4, max_k=1) == 0   # a step's k <= max_k
     p.forced = 2
     assert p.depth(1) == 2 and p.depth(1, current=1) == 1

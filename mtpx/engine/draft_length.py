@@ -185,9 +185,10 @@ class AutoDraftLength:
         self._steps += 1
         g = [self.goodput(k, batch_size) for k in range(top + 1)]
         best = max(range(top + 1), key=g.__getitem__)
-        current = min(self.k, top)
+        current = min(self.k, top)     # the k in use, at most the deepest request's depth
         if g[best] > (1 + self.hysteresis) * g[current]:
-            self.k = current = best
+            current = best
+        self.k = current
         if self.probe_interval and self._steps % self.probe_interval == 0:
             self._probes += 1
             up = self._probes % 2 == 1
