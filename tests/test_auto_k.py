@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtpx import LLM
-from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes,
+from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes, step_cost_cache_path,
                                       load_step_costs, save_step_costs)
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, tiny_config)
@@ -335,6 +335,8 @@ def test_start_up_calibration_is_cached_per_checkpoint_and_engine_settings(tiny_
     Path(path).write_text("{not json")                    # a damaged cache file is measured again
     assert auto().calibration["source"] == source
     assert auto().calibration["source"] == f"loaded from {path}"
+    assert step_cost_cache_path(first.calibration) == Path(path)       # an edit of the engine's source:
+    assert step_cost_cache_path({**first.calibration, "code": "edited"}) != Path(path)   # another file
     # an in-memory model has no fingerprint: calibrated every time, nothing cached
     before = sorted((tmp_path / "cache" / "step_costs").iterdir())
     mem = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1)

@@ -429,13 +429,14 @@ COST_META_KEYS = ("fingerprint", "spec", "max_k", "dtype", "threads", "compile",
 
 
 def step_cost_cache_path(meta: dict) -> Path:
-    """Where the start-up calibration of an engine described by `meta` (COST_META_KEYS and
-    max_num_seqs) is kept between runs: $MTPX_CACHE_DIR/step_costs/<hash of meta>.json
-    (MTPX_CACHE_DIR defaults to $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx), as vLLM keeps its
-    compile cache under VLLM_CACHE_ROOT. Any change of what the costs depend on is another file."""
+    """Where the start-up calibration of an engine described by `meta` (COST_META_KEYS,
+    max_num_seqs, the mtpx and torch versions, and `code`: a hash of the engine's source) is kept
+    between runs: $MTPX_CACHE_DIR/step_costs/<hash of those>.json (MTPX_CACHE_DIR defaults to
+    $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx), as vLLM keeps its compile cache under
+    VLLM_CACHE_ROOT. Any change of what the costs depend on is another file."""
     root = os.environ.get("MTPX_CACHE_DIR") or Path(
         os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpx"
-    key = {k: meta.get(k) for k in (*COST_META_KEYS, "max_num_seqs", "mtpx_version", "torch_version")}
+    key = {k: meta.get(k) for k in (*COST_META_KEYS, "max_num_seqs", "mtpx_version", "torch_version", "code")}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return Path(root) / "step_costs" / f"{digest}.json"
 

@@ -154,7 +154,7 @@ class LLM:
                 "compile_backend": cfg.compile_backend, "attention_backend": cfg.attention_backend,
                 "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
                 "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
-                "mtpx_version": mtpx_version, "torch_version": torch.__version__}
+                "mtpx_version": mtpx_version, "torch_version": torch.__version__, "code": _code_hash()}
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -395,4 +395,15 @@ def _fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None
             h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
             if f.name == "config.json":
                 h.update(f.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def _code_hash() -> str:
+    """A hash of the source of the packages a decode step runs (an edit there may change the step
+    costs, so the step-cost cache measures again)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for package in ("engine", "models", "spec_decode", "cache", "attention"):
+        for f in sorted((root / package).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:20]
