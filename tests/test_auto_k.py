@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtpx import LLM
-from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes, step_cost_cache_path,
-                                      load_step_costs, save_step_costs)
+from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes, least_contended,
+                                      load_step_costs, save_step_costs, step_cost_cache_path)
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, tiny_config)
 from tests.test_reprefill import _reference_kv, kv_at
@@ -116,6 +116,11 @@ def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_a
     for _ in range(3):
         p.record(0)                                      # (0 + 1) / (0.25 + 1)
     assert p.acceptance == [pytest.approx(0.8)] and p.depth(1) == 1   # a new request drafts again
+
+
+def test_a_calibrated_cost_is_the_least_contended_sweeps_median():
+    assert least_contended([[10.0, 30.0, 11.0], [15.0, 16.0, 14.0], [12.0, 10.5, 60.0]]) == 11.0
+    assert least_contended([[7.0]]) == 7.0
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():
