@@ -13,7 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtpx import LLM
-from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes, least_contended,
+from mtpx.engine.request import Request
+from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes,
                                       load_step_costs, save_step_costs, step_cost_cache_path)
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, tiny_config)
@@ -116,11 +117,6 @@ def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_a
     for _ in range(3):
         p.record(0)                                      # (0 + 1) / (0.25 + 1)
     assert p.acceptance == [pytest.approx(0.8)] and p.depth(1) == 1   # a new request drafts again
-
-
-def test_a_calibrated_cost_is_the_least_contended_sweeps_median():
-    assert least_contended([[10.0, 30.0, 11.0], [15.0, 16.0, 14.0], [12.0, 10.5, 60.0]]) == 11.0
-    assert least_contended([[7.0]]) == 7.0
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():
@@ -362,35 +358,88 @@ def test_a_cost_file_of_another_engine_is_refused_with_the_fix(tiny_ckpt, tmp_pa
     assert ok.calibration["source"] == f"loaded from {path}"
 
 
-def test_calibration_measures_every_k_on_fresh_requests_of_that_depth(tmp_path):
-    costs = {(k, 1): 10.0 + k for k in range(len(model().mtp) + 1)}
-    save_step_costs(tmp_path / "costs.json", costs, {})       # no start-up calibration
-    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
-    engine, policy = llm.engine, llm.engine.draft_length
-    seen = []
-    step = engine.step
+def _no_start_up_calibration(tmp_path, batches=(1,)) -> Path:
+    path = tmp_path / "costs.json"
+    save_step_costs(path, {(k, b): 10.0 + k for k in range(len(model().mtp) + 1) for b in batches}, {})
+    return path
 
-    def checked_step():
-        out = step()
-        running = engine.scheduler.running
-        seen.append((policy.forced, {r.draft_depth for r in running}, min(r.num_tokens for r in running)))
-        return out
 
-    engine.step = checked_step
-    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], steps=2, sweeps=1, prompt_len=8)
-    assert sorted(measured) == [(k, b) for k in range(policy.max_k + 1) for b in (1, 4)]
-    assert all(depths == {k} for k, depths, _ in seen)       # every step is a k-module engine's
-    phases = []                                              # the contexts of each run of one forced k
-    for i, (k, _, n) in enumerate(seen):
-        if i == 0 or seen[i - 1][0] != k or seen[i - 1][2] > n:    # new k, or fresh requests
-            phases.append((k, []))
-        phases[-1][1].append(n)
-    # eager: an untimed sweep at the first batch size only; the second sweep runs k downwards
-    assert len(phases) == 3 * (policy.max_k + 1)
-    order = [k for k, _ in phases]
-    n = policy.max_k + 1
-    assert order == list(range(n)) + list(range(n))[::-1] + list(range(n))
-    assert all(ns[0] == 8 + 1 for _, ns in phases)           # each k starts on fresh 8-token prompts
+def test_calibration_times_every_k_alternated_on_the_real_decode_step_without_prefill(tmp_path):
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, enable_prefix_caching=True,
+                   cost_model_file=_no_start_up_calibration(tmp_path))
+    engine, runner = llm.engine, llm.engine.runner
+    prompts = [[(5 * i + j) % 60 + 2 for j in range(20 + 3 * i)] for i in range(3)]
+    params = [_params(12)] * len(prompts)
+    first, _ = run_checked(llm, model(), prompts, params)       # published prefix-cache blocks
+    calls, decode, prefill = [], runner._decode, runner._prefill
+
+    def spy_decode(decodes, results, k):
+        calls.append((k, len(decodes), {d.request.draft_depth for d in decodes},
+                      {d.num_draft_tokens for d in decodes}, {d.request.num_tokens for d in decodes}))
+        return decode(decodes, results, k)
+
+    def no_prefill(*a):
+        raise AssertionError("the calibration prefilled a prompt")
+
+    runner._decode, runner._prefill = spy_decode, no_prefill
+    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], rounds=2, context_len=20)
+    runner._decode, runner._prefill = decode, prefill
+    n = len(model().mtp) + 1
+    assert sorted(measured) == [(k, b) for k in range(n) for b in (1, 4)]
+    assert all(ms > 0 for ms in measured.values())
+    # every call: each request at depth k verifying k drafts at 20 known tokens (a k-module engine's step)
+    assert all(depths == {k} and nd == {k} and ctx == {20} for k, _, depths, nd, ctx in calls)
+    for i, b in enumerate((1, 4)):                    # one untimed round, then 2, per batch size
+        rounds = [calls[(3 * i + j) * n: (3 * i + j + 1) * n] for j in range(3)]
+        assert all(c[1] == b for r in rounds for c in r)
+        ks = list(range(n))
+        assert [c[0] for c in rounds[0]] == ks                              # rotated, reversed on odd rounds
+        assert [c[0] for c in rounds[1]] == (ks[1:] + ks[:1])[::-1]
+        assert [c[0] for c in rounds[2]] == ks[2:] + ks[:2]
+    assert len(calls) == 2 * 3 * n
+    assert_clean(llm)                                 # no block, slot or request left behind
+    again, _ = run_checked(llm, model(), prompts, params)       # the prefix cache still serves exact KV
+    assert [o.output_token_ids for o in again] == [o.output_token_ids for o in first]
+
+
+def test_the_calibrated_step_runs_the_forwards_of_a_real_step_at_that_k(tmp_path, monkeypatch):
+    """Same verification window and block bucket, same draft-loop plan (columns, blocks, drafts,
+    modules) as a decode step of requests that were prefilled and verify k drafts at depth k."""
+    import mtpx.engine.model_runner as mr
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=3, cost_model_file=_no_start_up_calibration(tmp_path))
+    engine, policy, spec = llm.engine, llm.engine.draft_length, llm.engine.speculator
+    seen, verify_forward, plan = [], mr.verify_forward, spec.plan
+
+    def spy_verify(model_, cache, meta):
+        seen.append(("verify", tuple(meta.positions.shape), tuple(meta.block_table.shape)))
+        return verify_forward(model_, cache, meta)
+
+    def spy_plan(cache, rows, nt, target_end, is_drafting, *a, **kw):
+        seen.append(("plan", len(rows), *a, *kw.items()))
+        return plan(cache, rows, nt, target_end, is_drafting, *a, **kw)
+
+    monkeypatch.setattr(mr, "verify_forward", spy_verify)
+    monkeypatch.setattr(spec, "plan", spy_plan)
+    for k in (0, 3, len(model().mtp)):
+        policy.forced = k
+        reqs = [Request(-1 - i, [(7 * i + j) % 60 + 2 for j in range(30)], _params(40)) for i in range(3)]
+        for r in reqs:
+            engine.add_request(r)
+        while True:
+            seen.clear()
+            steady = all(r.num_computed_tokens and len(r.draft_token_ids) == k for r in reqs)
+            context = max(r.num_tokens for r in reqs)
+            engine.step()
+            if steady and all(r.draft_depth == k for r in reqs):
+                break
+        real = list(seen)
+        for r in reqs:
+            engine.abort(r)
+        engine.pop_aborted()
+        policy.forced = None
+        seen.clear()
+        engine.time_decode_steps(3, [k], context, rounds=1, warmup=0)
+        assert seen == real and real, (k, real, seen)
     assert_clean(llm)
 
 

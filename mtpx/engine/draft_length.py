@@ -60,7 +60,7 @@ from pathlib import Path
 
 from mtpx.io import atomic_write_json
 
-__all__ = ["FixedDraftLength", "AutoDraftLength", "calibrate_step_costs", "default_batch_sizes", "least_contended",
+__all__ = ["FixedDraftLength", "AutoDraftLength", "calibrate_step_costs", "default_batch_sizes",
            "load_step_costs", "save_step_costs", "step_cost_cache_path", "check_step_cost_meta"]
 
 
@@ -322,93 +322,33 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
-def calibrate_step_costs(engine, batch_sizes=None, steps: int = 3, sweeps: int = 3, prompt_len: int = 128,
-                         seed: int = 0) -> dict:
-    """Measure the engine's own decode step at every k in 0..max_k and batch size: B requests of
-    random prompts decode together while every step is forced to k. For each B, `sweeps` timed
-    sweeps over k, in alternating order (0 .. max_k, then max_k .. 0), of `steps` steps per k in
-    which all B requests verified k drafts (a step after a change of k, which verifies the old
-    k's drafts, is not counted); the cost is `least_contended` of the sweeps' samples. An
-    untimed sweep comes first at the first B, and at every B of a compiled engine (first calls at
-    new shapes are slow). Each k gets B fresh requests (of depth k with per-request depth: the
-    step of a k-module engine), so every k is measured at the same context length: one set of
-    requests run from k = max_k down to 0 grew from 129 to 252 tokens on the demo, and its k = 0
-    step read 30% dearer at batch 64 (experiments/auto_k). The sweeps spread each k's samples
-    over the calibration: on 2 CPU cores one k's steps measured in one stretch of a second read
-    up to 30% off the same k a minute later. The engine must be idle; afterwards it is again
-    (requests aborted, prefix cache and timings reset, the policy's estimates forgotten).
-    Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is busy."""
-    import torch
-    from mtpx.engine.request import Request
-    from mtpx.engine.sampling_params import SamplingParams
-
+def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0) -> dict:
+    """Measure the engine's own decode step at every k in 0..max_k and batch size B
+    (Engine.time_decode_steps): B requests at context_len known tokens verify and propose k
+    drafts (each of depth k with per-request depth: the step of a k-module engine), the ks
+    alternated call by call over `rounds` rounds after one untimed round; a k's cost is the
+    median of its rounds. No request is prefilled: the positions before the window are taken as
+    computed, as vLLM's dummy runs profile a step, since values do not change its cost. That makes
+    the calibration cheap (at max_num_seqs 64 the fresh requests' prefill was 87% of 143 s:
+    experiments/auto_default) and puts every k at the same context length; alternating the ks
+    call by call makes a burst of load from another process slow every k alike, where on 2 CPU
+    cores one k's steps measured in one stretch read up to 30% off the same k a minute later
+    (experiments/auto_k). context_len: a GSM8K request of the demo has about 100 prompt tokens
+    and decodes its first 128 tokens at 100-230 positions. The engine must be idle, and is
+    afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is
+    busy."""
     policy = engine.draft_length
     if not getattr(policy, "auto", False):
         raise ValueError("calibration needs num_speculative_tokens=auto")
     if engine.has_unfinished_requests():
         raise ValueError("calibrate the step costs before adding requests")
-    cfg = engine.config
-    batch_sizes = default_batch_sizes(cfg.max_num_seqs) if batch_sizes is None else sorted(set(batch_sizes))
-    g = torch.Generator().manual_seed(seed)
-    vocab = engine.model.cfg.vocab_size
-    prompt_len = max(1, min(prompt_len, engine.max_model_len // 4))
-    params = SamplingParams(max_tokens=engine.max_model_len - prompt_len, ignore_eos=True)
-    times: dict = {}
-    next_id = -1
-    saved_timing = cfg.record_step_timings
-    engine.runner.config.record_step_timings = True
-    live: list = []
-    try:
-        for i, b in enumerate(batch_sizes):
-            warm = i == 0 or cfg.compile
-            for sweep in range(sweeps + warm):
-                ks = range(policy.max_k + 1)
-                for k in (ks if sweep % 2 == 0 else reversed(ks)):
-                    policy.forced = k
-                    for r in live:                    # fresh requests for every k (docstring)
-                        engine.abort(r)
-                    engine.pop_aborted()
-                    live, got = [], []
-                    for _ in range(4 * steps + 8):
-                        live = [r for r in live if not r.finished]
-                        while len(live) < b:          # keep b requests decoding
-                            r = Request(next_id, torch.randint(2, vocab, (prompt_len,), generator=g).tolist(), params)
-                            next_id -= 1
-                            engine.add_request(r)
-                            live.append(r)
-                        engine.reset_step_timings()
-                        engine.step()
-                        t = engine.step_timings[-1] if engine.step_timings else None
-                        if (t is not None and t.num_decodes == b and not t.num_prefill_tokens
-                                and t.num_draft_tokens == k * b):
-                            got.append(1e3 * (t.verify_s + t.draft_s))
-                            if len(got) == steps:
-                                break
-                    if not got:
-                        raise ValueError(f"calibration: no step at k={k}, batch {b} verified {k} drafts per "
-                                         "request (engine.max_model_len too small?)")
-                    if sweep or not warm:
-                        times.setdefault((k, b), []).append(got)
-    finally:
-        for r in live:
-            engine.abort(r)
-        engine.pop_aborted()
-        policy.forced = None
-        engine.runner.config.record_step_timings = saved_timing
-        engine.reset_step_timings()
-        engine.kv.reset_prefix_cache()
-        policy.reset()
-    return {key: least_contended(v) for key, v in times.items()}
-
-
-def least_contended(sweeps: list[list[float]]) -> float:
-    """One k's calibrated step ms from its samples, one list per sweep: the smallest of the
-    sweeps' medians. Another process on the machine only adds time, in bursts of seconds that
-    can cover a whole sweep, and added time pulls the ratio of two ks' costs towards 1: at batch
-    16, plain medians over all samples put k = 8 at 1.19x-1.49x of k = 4 in three calibrations
-    and this at 1.51x-1.58x (experiments/auto_default/calibration_noise_b16.txt), where fixed
-    k = 4 and k = 8 engines in the same process read 1.24x-1.49x."""
-    return min(statistics.median(s) for s in sweeps)
+    sizes = default_batch_sizes(engine.config.max_num_seqs) if batch_sizes is None else sorted(set(batch_sizes))
+    costs = {}
+    for b in sizes:
+        times = engine.time_decode_steps(b, list(range(policy.max_k + 1)), context_len, rounds, seed=seed)
+        for k, ms in times.items():
+            costs[(k, b)] = statistics.median(ms)
+    return costs
 
 
 def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:

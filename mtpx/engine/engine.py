@@ -186,6 +186,42 @@ class Engine:
         out, self._aborted = self._aborted, []
         return out
 
+    # ---- calibration ------------------------------------------------------------------------------
+    def time_decode_steps(self, batch_size: int, ks: list[int], context_len: int, rounds: int,
+                          warmup: int = 1, seed: int = 0) -> dict[int, list[float]]:
+        """Milliseconds of the decode step of batch_size requests at context_len known tokens,
+        verifying and proposing k drafts, for each k of ks, alternated call by call over `rounds`
+        rounds after `warmup` untimed ones (ModelRunner.time_decode_steps: no prefill, the prompt
+        positions are taken as computed). With per-request depth (multi-module MTP and automatic
+        k) every request has depth k: the step of a k-module engine. context_len is lowered to
+        what the model length and the KV pool allow. Returns {k: [ms per round]}. Raises
+        ValueError when the engine has requests or the pool cannot hold the batch."""
+        if self.has_unfinished_requests():
+            raise ValueError("time the decode steps (calibrate the step costs) before adding requests")
+        c, top = self.config, max(ks)
+        per_request = c.num_blocks // batch_size * c.block_size - 2 * top - 2
+        context_len = min(context_len, c.max_model_len - 1, per_request)
+        if context_len < 1 or batch_size > c.max_num_seqs:
+            raise ValueError(f"calibration at batch {batch_size}: the engine holds at most {c.max_num_seqs} "
+                             f"requests and {c.num_blocks} KV blocks (engine.max_num_seqs, engine.num_blocks)")
+        g = torch.Generator().manual_seed(seed)
+        vocab = self.model.cfg.vocab_size
+        params = SamplingParams(max_tokens=1, ignore_eos=True)
+        reqs = [Request(-1 - i, torch.randint(2, vocab, (context_len,), generator=g).tolist(), params)
+                for i in range(batch_size)]
+        try:
+            for r in reqs:
+                if not self.kv.allocate_slots(r.index, context_len + 2 * top + 2):
+                    raise ValueError(f"calibration at batch {batch_size}: the KV pool of {c.num_blocks} blocks "
+                                     "cannot hold it (engine.num_blocks)")
+            seconds = self.runner.time_decode_steps(
+                reqs, [self.kv.block_table(r.index) for r in reqs], list(ks), rounds, warmup,
+                self.scheduler.depth_per_request)
+        finally:
+            for r in reqs:
+                self.kv.free(r.index)
+        return {k: [1e3 * s for s in v] for k, v in seconds.items()}
+
     # ---- compilation ------------------------------------------------------------------------------
     def warmup(self) -> dict | None:
         """With compile: run short dummy requests, two at once and then three at once (two

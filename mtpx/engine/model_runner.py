@@ -23,6 +23,7 @@ counts them); boundary states for prefix caching are placed from host-known posi
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -172,6 +173,54 @@ class ModelRunner:
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
                                 sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s)
         return RunnerOutput(results, timing)
+
+    # ---- calibration ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def time_decode_steps(self, reqs: list, block_tables: list[list[int]], ks: list[int], rounds: int,
+                          warmup: int, depth_per_request: bool) -> dict[int, list[float]]:
+        """Seconds of the decode step (`_decode`, the code path of every real step) of `reqs` at
+        each k of `ks`, every request verifying and proposing k drafts at depth k
+        (depth_per_request) or num_speculative_tokens; the ks alternate call by call, in an order
+        rotated and reversed every round, over `warmup` untimed then `rounds` timed rounds.
+        Positions [0, num_tokens - 1) of every request are taken as computed without running the
+        model: their KV, recurrent states and draft-module KV are whatever the cache holds (a
+        step's cost does not depend on them), and every call re-runs the same positions. The
+        requests' fields are not written (draft_token_ids and draft_depth are set on copies);
+        their rows are released afterwards. block_tables: their blocks (from the KV cache
+        manager, covering num_tokens + 2 max(ks) + 2 positions). Returns {k: [seconds per round]}.
+        The start-up calibration of automatic k (mtpx/engine/draft_length.py) runs it."""
+        cache, dev = self.cache, self.device
+        try:
+            for r, table in zip(reqs, block_tables):
+                row = self.rows[r.index] = cache.allocate_row()
+                cache.tokens[row, : r.num_tokens] = torch.tensor(r.all_token_ids, device=dev)
+                cache.set_block_table(row, table)
+            rows = torch.tensor([self.rows[r.index] for r in reqs], device=dev)
+            starts = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
+            times: dict[int, list[float]] = {k: [] for k in ks}
+            for i in range(warmup + rounds):
+                order = list(ks[i % len(ks):]) + list(ks[: i % len(ks)])
+                for k in (order if i % 2 == 0 else order[::-1]):
+                    depth = k if depth_per_request else self.num_speculative_tokens
+                    decodes = []
+                    for r, table in zip(reqs, block_tables):
+                        c = copy.copy(r)
+                        c.draft_token_ids, c.draft_depth = [1] * k, depth
+                        decodes.append(ScheduledDecode(c, k, table))
+                    if self.speculator is not None:
+                        self.speculator.reset_rows(rows, starts, depth)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    t0 = time.perf_counter()
+                    self._decode(decodes, {}, k)
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    if i >= warmup:
+                        times[k].append(time.perf_counter() - t0)
+            return times
+        finally:
+            for r in reqs:
+                self.release(r.index)
 
     def _now(self) -> float:
         if not self.config.record_step_timings:
