@@ -95,7 +95,7 @@ def test_measured_step_costs_correct_the_calibration_by_one_factor():
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():
-    p = AutoDraftLength(4, prior_weight=1.0, decay=0.5)
+    p = AutoDraftLength(4, prior_weight=1.0, decay=0.5, prior_acceptance=1.0)
     p.observe(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
     assert p.acceptance == [1.0, 0.5, 1.0, 1.0] and p.num_observed == [1, 1, 0, 0]
     p.observe(num_draft_tokens=2, num_accepted=2)        # both accepted, nothing beyond verified
@@ -108,7 +108,8 @@ def test_observe_counts_only_the_drafts_that_were_verified():
 
 
 def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_again():
-    p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0}, prior_weight=1.0, decay=0.5)   # k = 1 pays iff p_1 > 0.5
+    p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0}, prior_weight=1.0, decay=0.5,
+                        prior_acceptance=1.0)            # k = 1 pays iff p_1 > 0.5
     for _ in range(4):
         p.observe(num_draft_tokens=1, num_accepted=0)    # 4 rejections: (0 + 1) / (4 + 1)
     assert p.acceptance == [pytest.approx(1 / 5)] and p.depth(1) == 0
@@ -117,6 +118,23 @@ def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_a
     for _ in range(3):
         p.record(0)                                      # (0 + 1) / (0.25 + 1)
     assert p.acceptance == [pytest.approx(0.8)] and p.depth(1) == 1   # a new request drafts again
+
+
+def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_requests_depth():
+    # the demo's calibration at batch 1 and 64 (experiments/calibration_v2/calibrate_out.txt, run 0)
+    ms = {1: [14.2, 18.7, 20.3, 24.1, 23.7, 26.0, 25.7, 26.0, 25.4],
+          64: [42.9, 92.1, 114.3, 129.9, 142.2, 157.2, 175.0, 190.4, 213.7]}
+    step_costs = {(k, b): row[k] for b, row in ms.items() for k in range(9)}
+    p = AutoDraftLength(8, step_costs)
+    assert p.acceptance == [0.7] * 8
+    p.observe(num_draft_tokens=2, num_accepted=2)         # (1 + 8 * 0.7) / (1 + 8)
+    assert p.acceptance[:3] == [pytest.approx(6.6 / 9)] * 2 + [0.7]
+    p.reset()
+    # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so the first
+    # requests prefill no module; at batch 1 they keep all 8
+    assert p.depth(64) == 0 and p.depth(1) == 8
+    optimistic = AutoDraftLength(8, step_costs, prior_acceptance=1.0)
+    assert optimistic.depth(64) == 8
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():

@@ -110,7 +110,7 @@ def test_draft_budget_caps_the_window():
 
 def test_the_steps_k_is_what_it_proposes_and_the_policy_learns_from_each_round():
     s = make(k=4)
-    policy = s.draft_length = AutoDraftLength(4, prior_weight=1.0)
+    policy = s.draft_length = AutoDraftLength(4, prior_weight=1.0, prior_acceptance=1.0)
     r = req(0, 5, max_tokens=50)
     s.add(r)
     out = s.schedule()

@@ -110,9 +110,10 @@ class AutoDraftLength:
 
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
-                 beta: float = 0.1):
+                 beta: float = 0.1, prior_acceptance: float = 0.7):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
+        self.prior_acceptance = prior_acceptance
         self.step_costs = None
         self.forced: int | None = None        # calibration: every step uses this k
         self.reset()
@@ -121,7 +122,7 @@ class AutoDraftLength:
 
     def reset(self) -> None:
         """Forget the acceptance estimates, the k in use and the histogram (not the costs)."""
-        self.acceptance = [1.0] * self.max_k         # p_j, j = 1 .. max_k
+        self.acceptance = [self.prior_acceptance] * self.max_k     # p_j, j = 1 .. max_k
         self.num_observed = [0] * self.max_k         # verified drafts seen per position
         self._accepted = [0.0] * self.max_k          # discounted counts behind p_j
         self._verified = [0.0] * self.max_k
@@ -245,7 +246,7 @@ class AutoDraftLength:
         for j in range(min(num_accepted + 1, num_draft_tokens)):
             self._accepted[j] += j < num_accepted
             self._verified[j] += 1
-            self.acceptance[j] = (self._accepted[j] + w) / (self._verified[j] + w)
+            self.acceptance[j] = (self._accepted[j] + w * self.prior_acceptance) / (self._verified[j] + w)
             self.num_observed[j] += 1
 
     def record(self, k: int) -> None:
@@ -255,7 +256,8 @@ class AutoDraftLength:
         self._accepted = [x * self.decay for x in self._accepted]
         self._verified = [x * self.decay for x in self._verified]
         w = self.prior_weight
-        self.acceptance = [(a + w) / (v + w) for a, v in zip(self._accepted, self._verified)]
+        p0 = self.prior_acceptance
+        self.acceptance = [(a + w * p0) / (v + w) for a, v in zip(self._accepted, self._verified)]
 
     def summary(self) -> dict:
         """For metrics.json: the histogram of k per step, the estimates, the costs."""
