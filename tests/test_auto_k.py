@@ -97,14 +97,26 @@ def test_measured_step_costs_correct_the_calibration_by_one_factor():
 def test_observe_counts_only_the_drafts_that_were_verified():
     p = AutoDraftLength(4, prior_weight=1.0, decay=0.5, prior_acceptance=1.0)
     p.observe(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
-    assert p.acceptance == [1.0, 0.5, 1.0, 1.0] and p.num_observed == [1, 1, 0, 0]
+    # each position's prior is the estimate before it: (0 + 1 * 1.0) / (1 + 1), then 0.5 unverified
+    assert p.acceptance == [1.0, 0.5, 0.5, 0.5] and p.num_observed == [1, 1, 0, 0]
     p.observe(num_draft_tokens=2, num_accepted=2)        # both accepted, nothing beyond verified
-    assert p.acceptance == [1.0, 2 / 3, 1.0, 1.0] and p.num_observed == [2, 2, 0, 0]
+    assert p.acceptance == [1.0, 2 / 3, 2 / 3, 2 / 3] and p.num_observed == [2, 2, 0, 0]
     p.record(2)                                          # a new step: counts halve (2 of 2 -> 1 of 1)
-    p.observe(num_draft_tokens=2, num_accepted=1)        # position 2: (0.5 + 0 + 1) / (1 + 1 + 1)
+    p.observe(num_draft_tokens=2, num_accepted=1)        # position 2: (0.5 + 0 + 1 * 1.0) / (1 + 1 + 1)
     assert p.acceptance[1] == pytest.approx(1.5 / 3)
     p.observe(num_draft_tokens=0, num_accepted=0)
     assert p.num_observed == [3, 3, 0, 0]
+
+
+def test_an_unverified_position_takes_the_estimate_of_the_one_before_it():
+    p = AutoDraftLength(8, {(k, 1): 10.0 + k for k in range(9)})
+    for _ in range(40):                                  # rounds of 4 drafts, all accepted
+        p.observe(num_draft_tokens=4, num_accepted=4)
+    assert p.acceptance[3] == pytest.approx(1 - 8 * (1 - p.acceptance[2]) / 48)   # (40 + 8 p_3) / 48
+    assert p.acceptance[4:] == [p.acceptance[3]] * 4     # never verified: position 4's estimate
+    assert p.depth(1) == 8                               # so a new request keeps all 8 modules
+    fresh = AutoDraftLength(8, {(k, 1): 10.0 + k for k in range(9)})
+    assert fresh.acceptance == [0.7] * 8
 
 
 def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_again():
@@ -127,8 +139,9 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     step_costs = {(k, b): row[k] for b, row in ms.items() for k in range(9)}
     p = AutoDraftLength(8, step_costs)
     assert p.acceptance == [0.7] * 8
-    p.observe(num_draft_tokens=2, num_accepted=2)         # (1 + 8 * 0.7) / (1 + 8)
-    assert p.acceptance[:3] == [pytest.approx(6.6 / 9)] * 2 + [0.7]
+    p.observe(num_draft_tokens=2, num_accepted=2)         # (1 + 8 * 0.7) / (1 + 8), then its own prior
+    p1 = 6.6 / 9
+    assert p.acceptance[:3] == [pytest.approx(p1), pytest.approx((1 + 8 * p1) / 9), pytest.approx((1 + 8 * p1) / 9)]
     p.reset()
     # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so the first
     # requests prefill no module; at batch 1 they keep all 8

@@ -122,7 +122,7 @@ def test_the_steps_k_is_what_it_proposes_and_the_policy_learns_from_each_round()
     res = result(out, drafts={0: [5, 6]})
     res.results[0].num_accepted = 1                 # draft 1 accepted, draft 2 rejected
     s.update_from_output(out, res)
-    assert policy.acceptance == [1.0, 0.5, 1.0, 1.0] and policy.num_observed == [1, 1, 0, 0]
+    assert policy.acceptance == [1.0, 0.5, 0.5, 0.5] and policy.num_observed == [1, 1, 0, 0]
     assert dict(policy.histogram) == {2: 1}
     policy.forced = 0
     out = s.schedule()                              # the 2 proposed are verified, none proposed

@@ -9,9 +9,10 @@ goodput at the step's batch size B:
 where p_j is the conditional acceptance of draft position j (accepted, given every earlier draft
 of the round was accepted: the expected accepted count of a round is the sum of its survival
 probabilities, Leviathan et al. 2023, eq. 1, here without their i.i.d. assumption), estimated
-online from discounted counts: p_j = (accepted_j + w) / (verified_j + w), both counts multiplied
-by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any batch size) and w =
-`prior_weight` pseudo-drafts of prior acceptance 1; t_step(k, B) is the engine's own measured
+online from discounted counts: p_j = (accepted_j + w p_{j-1}) / (verified_j + w), both counts
+multiplied by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any batch
+size), w = `prior_weight` pseudo-drafts at the previous position's estimate and p_0 =
+`prior_acceptance`; t_step(k, B) is the engine's own measured
 decode-step cost (calibrate_step_costs at start-up, or a saved file), made non-decreasing in k
 (pool-adjacent-violators: a step that proposes more drafts never costs less, so calibration noise
 cannot make a larger k look cheaper) after a least-squares quadratic in k over k >= 1 smooths the
@@ -22,12 +23,21 @@ the pure decode steps at every k (context length changes a step's cost). The cal
 relative costs of the ks stay: a per-k correction, learned from a few steps at some ks only, let
 one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
 
-- The estimates start at 1 (optimistic), so the first steps try every position they can afford and
-  measure it. w = 8 pseudo-drafts keep one step of a few requests from deciding alone (a depth is
-  never raised again). A position no step verifies drifts back to the prior as its counts decay,
-  so it is tried again: with every request at depth 0 nothing is verified, and on the main job's
-  workload (experiments/auto_default) estimates that stayed as the first step left them (p_1 =
-  0.5 from 22 requests, against 0.66 over the run) kept every later request at depth 0. Every
+- A position with few verified drafts takes the estimate of the one before it: conditional
+  acceptance hardly falls with the position on the demo (GSM8K at concurrency 1, mostly k = 8:
+  0.75, 0.90, 0.87, 0.89, 0.91, 0.85, 0.90, 0.81 at the end of experiments/auto_k run 8), so a request admitted after the first
+  ones verified positions 1-4 may go deeper than they did (with p_0 alone for the unverified
+  positions, every request at concurrency 1 stayed at the first one's depth 4: run 9).
+- The estimates start at the prior p_0 = 0.7. With the demo's calibrated costs a request
+  admitted before any draft was verified keeps all 8 modules at batch 1 and none at batch 64,
+  where drafting pays only above a flat acceptance of about 0.8. A prior of 1 admitted the main
+  job's 64 requests at depth 8: they prefilled 8 modules and fell to depth 0 within 4 steps, and
+  auto read 0.89x plain decoding against 0.96x at 0.7 (experiments/auto_default, runs 5-6).
+  w = 8 pseudo-drafts keep one step of a few requests from deciding alone (a depth is never
+  raised again). A position no step verifies drifts back to the prior as its counts decay, so
+  where the prior pays it is tried again: with every request at depth 0 nothing is verified, and
+  on the main job's workload estimates that stayed as the first step left them (p_1 = 0.5 from
+  22 requests, against 0.66 over the run) kept every later request at depth 0. Every
   `probe_interval` steps one step proposes one draft more than the k in use, the next probe one
   fewer, so the acceptance beyond k and the costs on both sides stay measured.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
@@ -44,7 +54,7 @@ one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
   modules beyond its depth, so at a batch size where k = 4 wins, a step costs what a 4-module
   engine's step costs (each module is a full attention block). Every step a running request's
   depth may fall (to the best k below it, by the hysteresis margin: the estimates of the first
-  steps are optimistic, and the batch grows), never rise: a module that skipped positions would
+  steps are the prior's, and the batch grows), never rise: a module that skipped positions would
   have to re-prefill them all. Single-module MTP has one module to keep, so its depth is max_k.
 """
 from __future__ import annotations
@@ -101,8 +111,9 @@ class AutoDraftLength:
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
     step ms} for every k in 0..max_k at one or more batch sizes (None: calibrate before the first
     choose; until then every step uses max_k); decay: per-step discount of the acceptance counts;
-    prior_weight: pseudo-drafts of acceptance 1 in each estimate; beta: EMA weight of a measured
-    step in the cost correction; hysteresis: relative goodput margin to change k; probe_interval: steps between probes (0: none).
+    prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; beta: EMA weight
+    of a measured step in the cost correction; hysteresis: relative goodput margin to change k;
+    probe_interval: steps between probes (0: none).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -242,12 +253,20 @@ class AutoDraftLength:
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
         given every earlier one was accepted; the first num_accepted were accepted."""
-        w = self.prior_weight
-        for j in range(min(num_accepted + 1, num_draft_tokens)):
+        n = min(num_accepted + 1, num_draft_tokens)
+        for j in range(n):
             self._accepted[j] += j < num_accepted
             self._verified[j] += 1
-            self.acceptance[j] = (self._accepted[j] + w * self.prior_acceptance) / (self._verified[j] + w)
             self.num_observed[j] += 1
+        if n:
+            self._estimate()
+
+    def _estimate(self) -> None:
+        """p_j from the discounted counts, with position j - 1's estimate as position j's prior
+        (p_0 = prior_acceptance for position 1) (module doc)."""
+        prior, w = self.prior_acceptance, self.prior_weight
+        for j, (a, v) in enumerate(zip(self._accepted, self._verified)):
+            prior = self.acceptance[j] = (a + w * prior) / (v + w)
 
     def record(self, k: int) -> None:
         """A decode step chose k (called before its rounds are observed): count it, discount the
@@ -255,9 +274,7 @@ class AutoDraftLength:
         self.histogram[k] += 1
         self._accepted = [x * self.decay for x in self._accepted]
         self._verified = [x * self.decay for x in self._verified]
-        w = self.prior_weight
-        p0 = self.prior_acceptance
-        self.acceptance = [(a + w * p0) / (v + w) for a, v in zip(self._accepted, self._verified)]
+        self._estimate()
 
     def summary(self) -> dict:
         """For metrics.json: the histogram of k per step, the estimates, the costs."""
