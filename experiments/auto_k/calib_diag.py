@@ -30,7 +30,7 @@ g = torch.Generator().manual_seed(1)
 res = {}
 for _ in range(2):
     for L in lens:
-        cal = calibrate_step_costs(auto.engine, batch_sizes=[B], prompt_len=L)
+        cal = calibrate_step_costs(auto.engine, batch_sizes=[B], context_len=L)   # prompt_len=L before d4d6d20
         res.setdefault(f"calibration L={L}", []).append([round(cal[(k, B)], 1) for k in range(9)])
         row = {}
         for k, llm in fixed.items():
