@@ -25,9 +25,10 @@ one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
 
 - A position with few verified drafts takes the estimate of the one before it: conditional
   acceptance hardly falls with the position on the demo (GSM8K at concurrency 1, mostly k = 8:
-  0.75, 0.90, 0.87, 0.89, 0.91, 0.85, 0.90, 0.81 at the end of experiments/auto_k run 8), so a request admitted after the first
-  ones verified positions 1-4 may go deeper than they did (with p_0 alone for the unverified
-  positions, every request at concurrency 1 stayed at the first one's depth 4: run 9).
+  0.75, 0.90, 0.87, 0.89, 0.91, 0.85, 0.90, 0.81 at the end of experiments/auto_k run 8), so a
+  request admitted after the first ones verified positions 1-4 may go deeper than they did (with
+  p_0 alone for the unverified positions, every request at concurrency 1 stayed at the first
+  one's depth 4: run 9).
 - The estimates start at the prior p_0 = 0.7. With the demo's calibrated costs a request
   admitted before any draft was verified keeps all 8 modules at batch 1 and none at batch 64,
   where drafting pays only above a flat acceptance of about 0.8. A prior of 1 admitted the main
@@ -126,7 +127,7 @@ class AutoDraftLength:
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
-        self.forced: int | None = None        # calibration: every step uses this k
+        self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.reset()
         if step_costs is not None:
             self.set_step_costs(step_costs)
@@ -352,9 +353,8 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
     experiments/auto_default) and puts every k at the same context length; alternating the ks
     call by call makes a burst of load from another process slow every k alike, where on 2 CPU
     cores one k's steps measured in one stretch read up to 30% off the same k a minute later
-    (experiments/auto_k). context_len: a GSM8K request of the demo has about 100 prompt tokens
-    and decodes its first 128 tokens at 100-230 positions. The engine must be idle, and is
-    afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is
+    (experiments/auto_k). context_len: the middle of the main job's decode steps (prompts of
+    about 128 tokens, up to 128 output tokens). The engine must be idle, and is afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is
     busy."""
     policy = engine.draft_length
     if not getattr(policy, "auto", False):
