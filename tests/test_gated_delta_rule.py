@@ -87,3 +87,24 @@ def test_window_padding_and_small_inverse():
         torch.testing.assert_close(window.state_at(s0, *idx), s_prefix, atol=1e-12, rtol=1e-12)
     L = torch.randn(4, 13, 13, dtype=torch.float64).tril(-1) * 0.5
     torch.testing.assert_close(unit_lower_inverse_small(L), unit_lower_inverse(L), atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B,T", [(1, 1), (1, 2), (2, 9), (4, 8), (16, 5), (64, 2), (3, 40), (16, 16)])
+def test_causal_conv_forms_equal_the_depthwise_conv(dtype, B, T):
+    """Every form causal_conv picks (unfolded sum, fused taps, F.conv1d: by rows and dtype) equals
+    F.conv1d in float64 on the same inputs, in inference and with gradients."""
+    import torch.nn.functional as F
+
+    from mtpx.models.deltanet import causal_conv
+    g = torch.Generator().manual_seed(B * 100 + T)
+    C, K = 24, 4
+    ext = torch.randn(B, C, K - 1 + T, generator=g).to(dtype)
+    weight = torch.randn(C, 1, K, generator=g).to(dtype)
+    ref = F.conv1d(ext.double(), weight.double(), groups=C)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    with torch.inference_mode():
+        out = causal_conv(ext, weight)
+    assert out.shape == (B, C, T) and out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+    torch.testing.assert_close(causal_conv(ext, weight).double(), ref, atol=tol, rtol=tol)
