@@ -64,8 +64,8 @@ def test_kept_states_equal_prefix_states():
 @pytest.mark.parametrize("T", [1, 2, 3, 5, 9, 16, 17])
 def test_window_matches_recurrent_and_rebuilds_every_state(T):
     """The verification-window form: outputs equal the recurrent form's, and the state it
-    rebuilds after any token (any batch row, in any order, with repeats) equals the recurrent
-    state after exactly that prefix."""
+    rebuilds after any token (any batch row, in any order, with repeats; and in place, as the
+    eager commit does) equals the recurrent state after exactly that prefix."""
     q, k, v, g, beta, s0 = _inputs(3, T, 2, 8, 4, seed=T)
     o_r, _, states = recurrent_gated_delta_rule(q, k, v, g, beta, s0, keep_all_states=True)
     o_w, window = window_gated_delta_rule(q, k, v, g, beta, s0)
@@ -73,6 +73,10 @@ def test_window_matches_recurrent_and_rebuilds_every_state(T):
     bi = torch.tensor([2, 0, 1, 0, 2, 1]).repeat(T)
     ti = torch.arange(T).repeat_interleave(6)
     torch.testing.assert_close(window.state_at(s0[bi], bi, ti), states[bi, ti], atol=1e-10, rtol=1e-10)
+    state = s0.clone()                          # the eager commit's in-place form, every row at once
+    t = torch.tensor([T - 1, 0, T // 2])
+    window.advance_(state, t)
+    torch.testing.assert_close(state, states[torch.arange(3), t], atol=1e-10, rtol=1e-10)
 
 
 def test_window_padding_and_small_inverse():
