@@ -24,15 +24,15 @@ RECURRENT_MAX_LEN = 16  # below this many tokens the recurrent form is cheaper t
 def causal_conv(ext: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv without bias: ext [B, C, K-1+T] (the K-1 inputs before the window,
     then its T), weight [C, 1, K] -> [B, C, T]. The forms compute the same sum; the one that runs
-    is about the fastest measured on the CPU, eager (experiments/gdn_conv/forms.md: 2 cores,
-    C = 256, K = 4): one token, the sum over the unfolded taps (5-52 µs); float32 windows of
-    batch 16 or more and under 16 tokens, F.conv1d (52-80 µs at batch 64, against 510-570
-    unfolded, whose strided [B, C, T, K] view does not vectorize: at batch 64 it was a fifth of
-    a 9-token verification forward); other float32 shapes, K fused multiply-adds (15-225 µs,
-    against 17-3,200 unfolded); half precisions above 16 rows (B x T), F.conv1d (it accumulates
-    in float32, the taps would round after each). Compiled (Inductor fuses the unfolded sum
-    into one loop), on CUDA, with gradients (under autocast F.conv1d would change the dtype)
-    or mixed dtypes: the unfolded sum."""
+    is the fastest measured on the CPU, eager (experiments/gdn_conv: 2 cores, C = 256, K = 4):
+    one token, the sum over the unfolded taps (5-60 µs alone); more tokens in float32 or
+    float64, K fused multiply-adds (15-214 µs alone against 17-3,060 unfolded, whose strided
+    [B, C, T, K] view does not vectorize: at batch 64 it was a fifth of a 9-token verification
+    forward; inside the forward as fast as F.conv1d, which costs 45 µs at batch 1); half
+    precisions above 16 rows (B x T), F.conv1d (it accumulates in float32, the taps would round
+    after each). Compiled (Inductor fuses the unfolded sum into one loop), on CUDA, with
+    gradients (under autocast F.conv1d would change the dtype) or mixed dtypes: the unfolded
+    sum."""
     B, C, L = ext.shape
     K = weight.shape[-1]
     T = L - K + 1
@@ -40,7 +40,7 @@ def causal_conv(ext: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if (T == 1 or ext.device.type != "cpu" or torch.compiler.is_compiling() or torch.is_grad_enabled()
             or ext.dtype != weight.dtype or (half and B * T <= 16)):
         return (ext.unfold(-1, K, 1) * weight[:, 0, None, :]).sum(-1)
-    if half or (B >= 16 and T < 16):
+    if half:
         return F.conv1d(ext, weight, groups=C)
     w = weight[:, 0]                                                    # [C, K]
     out = ext[..., :T] * w[:, :1]
