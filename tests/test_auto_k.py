@@ -44,7 +44,7 @@ def test_step_cost_is_linear_between_batch_sizes_and_proportional_beyond():
 def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     # k = 2 costs 1.5x plain at batch 1 but 4x at batch 4
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
-                        probe_interval=0)
+                        probe_interval=0, patience=1)
     p.acceptance = [0.9, 0.9]
     assert p.choose(1) == 2                              # 2.71 / 15 beats 1.9 / 12 and 1 / 10
     assert p.choose(4) == 0                              # 1 / 10 beats 1.9 / 25 and 2.71 / 40
@@ -57,7 +57,7 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
 
 def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
-                        probe_interval=0)
+                        probe_interval=0, patience=1)
     p.acceptance = [0.9, 0.9]
     assert p.depth(1) == 2 and p.depth(4) == 0          # the goodputs of the test above
     assert p.depth(1, current=1) == 1                   # never rises
@@ -73,11 +73,39 @@ def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hyst
     assert p.depth(1) == 2 and p.depth(1, current=1) == 1
 
 
+def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row():
+    """A few steps' estimates (a request's first rounds accept less than the rest) switch
+    nothing: the k in use changes, and running requests' depths fall, only after `patience`
+    consecutive decode steps predict it; a step that does not resets the count; a depth is voted
+    once per step whatever the number of requests at it."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+                        probe_interval=0, patience=3)
+    p.acceptance = [0.9, 0.9]
+    assert [p.choose(1) for _ in range(2)] == [2, 2]     # k = 2 in use (max_k at the start)
+    p.acceptance = [0.1, 0.1]                            # now 1 / 10 beats 1.19 / 15 by far
+    assert [p.choose(1) for _ in range(2)] == [2, 2]
+    p.acceptance = [0.9, 0.9]                            # one step that does not: the count restarts
+    assert p.choose(1) == 2
+    p.acceptance = [0.1, 0.1]
+    assert [p.choose(1) for _ in range(3)] == [2, 2, 0]  # the third step in a row switches
+    # running requests at depth 2: the scheduler asks once per step and depth, several times here
+    p.acceptance = [0.9, 0.9]
+    p.choose(1)
+    p.acceptance = [0.1, 0.1]
+    falls = []
+    for _ in range(3):
+        p.choose(1)                                      # a new step
+        falls.append([p.depth(1, current=2) for _ in range(4)])
+    assert falls == [[2] * 4, [2] * 4, [0] * 4]
+    p.acceptance = [0.9, 0.9]
+    assert p.depth(1, current=2) == 2                    # not predicted any more: the count resets
+
+
 def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
-    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), probe_interval=4)
+    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), probe_interval=4, patience=1)
     p.acceptance = [0.5, 0.5]
     assert [p.choose(1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 0]     # no k below 0
-    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), probe_interval=2)
+    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), probe_interval=2, patience=1)
     assert [p.choose(1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
 
 
