@@ -2,10 +2,10 @@
 prompts in two chunks of 64 (at most 128 tokens, greedy), every depth given at admission or
 lowered and every change of a step's k, with the first four acceptance estimates they were
 decided from. PATIENCE (default: the policy's) sets AutoDraftLength.patience (1: the policy
-before patience existed). Step costs from the step-cost cache ($MTPX_CACHE_DIR), calibrated on
-the first run.
+before patience existed). Step costs from COST_FILE (spec.cost_model_file; e.g. run 12's,
+experiments/auto_k/run12/step_costs.json), else the step-cost cache ($MTPX_CACHE_DIR).
 
-    OMP_NUM_THREADS=2 python experiments/auto_k/trace64.py [PATIENCE]
+    OMP_NUM_THREADS=2 python experiments/auto_k/trace64.py [PATIENCE|default] [COST_FILE]
 """
 import sys
 from pathlib import Path
@@ -21,9 +21,9 @@ from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 torch.set_num_threads(2)
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl")]
 llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto",
-          max_num_seqs=64, max_model_len=1024)
+          max_num_seqs=64, max_model_len=1024, cost_model_file=sys.argv[2] if len(sys.argv) > 2 else None)
 policy = llm.engine.draft_length
-if len(sys.argv) > 1:
+if len(sys.argv) > 1 and sys.argv[1] != "default":
     policy.patience = int(sys.argv[1])
 print(f"patience {policy.patience}; step costs {llm.calibration['source']}")
 choose, depth = policy.choose, policy.depth
