@@ -2,7 +2,8 @@
 instrumented copy of GatedDeltaNet.forward (the same ops as mtpx/models/deltanet.py, wall-clock
 timers around each part, summed over the 24 layers) over T tokens per request (T = 1: plain
 decoding's step, its state stored; T > 1: a verification window, kept for the commit), the Ts
-alternated, medians of 10 forwards, ms. "total" is the whole target forward.
+alternated, medians of 10 forwards, ms. "total" is the whole target forward. On a tree before
+causal_conv existed it times the unfolded sum those trees ran.
 
     OMP_NUM_THREADS=2 python experiments/gdn_conv/layer_parts.py B T1,T2,...
 """
@@ -49,7 +50,7 @@ def forward(self, x, state=None, meta=None):
         mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)
         prev = state.conv[meta.rows].to(mixed.dtype)
         ext = torch.cat([prev, mixed], dim=-1)
-        conv = F.silu(deltanet.causal_conv(ext, self.conv1d.weight)).transpose(1, 2)
+        conv = F.silu(causal_conv(ext, self.conv1d.weight)).transpose(1, 2)
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
     with timed("heads and gates"):
         q, k = (t.unflatten(-1, (self.nk, 1, self.dk)).expand(-1, -1, -1, self.nv // self.nk, -1).flatten(2, 3)
@@ -72,6 +73,12 @@ def forward(self, x, state=None, meta=None):
         return self.out_proj(self.norm(o, z).reshape(B, T, self.value_dim))
 
 
+def unfolded(ext, weight):
+    """The conv before mtpx.models.deltanet.causal_conv existed (this script on an older tree)."""
+    return (ext.unfold(-1, weight.shape[-1], 1) * weight[:, 0, None, :]).sum(-1)
+
+
+causal_conv = getattr(deltanet, "causal_conv", unfolded)
 deltanet.GatedDeltaNet.forward = forward
 llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens=8,
           max_num_seqs=B, max_model_len=1024)
