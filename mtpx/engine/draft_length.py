@@ -45,9 +45,9 @@ one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
   `hysteresis` (a fraction), so k does not flap between near-equal choices, and only after
   `patience` decode steps in a row predict that; a running request's depth falls under the same
   two conditions. A request's first rounds accept less than the rest (GSM8K at concurrency 64:
-  p_1 read 0.58 after the first requests' first rounds, 0.78 a few steps later), and without
-  patience they lowered every request to depth 0 for good, where k = 3 gains 10% over plain
-  decoding (experiments/auto_k, run 12).
+  p_1 read 0.58 after the first requests' first rounds, 0.76 a few steps later), and without
+  patience they lowered every request to depth 0 for good, where a fixed k = 4 gained 1.10x over
+  plain decoding (experiments/auto_k, run 12).
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
   tokens (the speculators' catch-up, mtpx/spec_decode/multi_module.py), so the module KV is exact
   when drafting resumes.
@@ -230,7 +230,8 @@ class AutoDraftLength:
         than the hysteresis, else the k in use (as a step's k changes: a request admitted deeper
         than the steps draft would run its extra modules for nothing); max_k before the costs are
         known. current: a running request's depth, which only falls: the best k below it when
-        that beats it by more than the hysteresis, else current."""
+        that beats it by more than the hysteresis in `patience` decode steps in a row, else
+        current."""
         top = self.max_k if current is None else current
         if self.forced is not None:
             return min(self.forced, top)
@@ -239,9 +240,8 @@ class AutoDraftLength:
         batch_size = max(1, batch_size)
         g = [self.goodput(k, batch_size) for k in range(top + 1)]
         best = max(range(top + 1), key=g.__getitem__)
-        ref = self.k if current is None else current
         if current is None:
-            return best if g[best] > (1 + self.hysteresis) * g[ref] else ref
+            return best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth)
         last, streak = self._lower_streak.get(current, (-1, 0))
