@@ -66,6 +66,16 @@ class WindowStates:
                             self.G[..., batch_idx, :, :])
         return rows.state_after(initial_state, token_idx)
 
+    def _decay_and_keys(self, token_idx: torch.Tensor):
+        """(exp(G_t) [..., B, H, 1, 1], the window's keys weighted by exp(G_t - G_j) for j <= t and
+        0 after [..., B, H, T, Dk]), t = token_idx [B]: S_t = exp(G_t) S_0 + kw^T v_new."""
+        G = self.G
+        B, H, T = G.shape[-3:]
+        at = token_idx.view(B, 1, 1)
+        G_t = G.gather(-1, at.expand(*G.shape[:-1], 1))                             # [..., B, H, 1]
+        upto = torch.arange(T, device=G.device) <= at                               # [B, 1, T]
+        return G_t.exp()[..., None], self.k * torch.where(upto, (G_t - G).exp(), 0)[..., None]
+
     def state_after(self, initial_state: torch.Tensor, token_idx: torch.Tensor) -> torch.Tensor:
         """state_at for every row b in order (token_idx: [B] int64; initial_state
         [..., B, H, Dk, Dv]), without gathering the window's rows.
@@ -73,31 +83,21 @@ class WindowStates:
         Compiled (torch.compiler.is_compiling), the sum over the window's T tokens is written as
         a reduction, which Inductor fuses with the decay of the initial state: one pass over the
         states. Eager, it is a batched matmul (the reduction would materialize T states)."""
-        G = self.G
-        B, H, T = G.shape[-3:]
-        at = token_idx.view(B, 1, 1)
-        G_t = G.gather(-1, at.expand(*G.shape[:-1], 1))                             # [..., B, H, 1]
-        upto = torch.arange(T, device=G.device) <= at                               # [B, 1, T]
-        kw = self.k * torch.where(upto, (G_t - G).exp(), 0)[..., None]              # [..., B, H, T, Dk]
+        decay, kw = self._decay_and_keys(token_idx)
         if torch.compiler.is_compiling():
             update = (kw[..., None] * self.v_new[..., None, :]).sum(-3)
         else:
             update = kw.transpose(-1, -2) @ self.v_new
-        return G_t.exp()[..., None] * initial_state.to(G.dtype) + update
+        return decay * initial_state.to(self.G.dtype) + update
 
     def advance_(self, state: torch.Tensor, token_idx: torch.Tensor) -> None:
         """state_after written into `state` (contiguous, [..., B, H, Dk, Dv] in G's dtype, the
         states before the window; the caller's own copy): one scaling and one batched
         multiply-add in place, without the two state-sized temporaries of state_after (at batch
         64 the commit moved about 9 state-sized passes per layer). Eager only."""
-        G = self.G
-        B, H, T = G.shape[-3:]
-        Dk, Dv = state.shape[-2:]
-        at = token_idx.view(B, 1, 1)
-        G_t = G.gather(-1, at.expand(*G.shape[:-1], 1))                             # [..., B, H, 1]
-        upto = torch.arange(T, device=G.device) <= at                               # [B, 1, T]
-        kw = self.k * torch.where(upto, (G_t - G).exp(), 0)[..., None]              # [..., B, H, T, Dk]
-        state.mul_(G_t.exp()[..., None])
+        decay, kw = self._decay_and_keys(token_idx)
+        T, Dk, Dv = kw.shape[-2], *state.shape[-2:]
+        state.mul_(decay)
         state.view(-1, Dk, Dv).baddbmm_(kw.transpose(-1, -2).reshape(-1, Dk, T), self.v_new.reshape(-1, T, Dv))
 
 
