@@ -299,14 +299,19 @@ class RecurrentStateGroup:
         B, T = rows.shape[0], self.pending_len
         L, _, C, K1 = self.conv.shape
         at = index.view(1, B, 1, 1) + 1 + torch.arange(K1, device=index.device)      # conv window after
-        conv = self.window_ext[:, rows].gather(-1, at.expand(L, B, C, K1))            # [L, B, C, K-1]
-        self.conv.index_copy_(1, rows, conv)
         step = L if torch.compiler.is_compiling() else max(
             1, self.slice_bytes // (B * self.ssm[0, 0].numel() * self.ssm.element_size()))
         for lo in range(0, L, step):
-            part = WindowStates(*(w[lo: lo + step, rows, :, :T] for w in
+            # index_select, not w[lo: lo + step, rows]: the same gather, several times faster on
+            # the CPU eager; per slice, so that no temporary is large (at batch 64 the conv
+            # windows of all 24 layers at once were 8 MB, fresh pages every step:
+            # experiments/batch64_window)
+            n = min(step, L - lo)
+            ext = self.window_ext[lo: lo + step, :, :, : K1 + T].index_select(1, rows)
+            self.conv[lo: lo + step].index_copy_(1, rows, ext.gather(-1, at.expand(n, B, C, K1)))
+            part = WindowStates(*(w[lo: lo + step, :, :, :T].index_select(1, rows) for w in
                                   (self.window_k, self.window_v_new, self.window_G)))   # [step, B, H, T, ...]
-            state = self.ssm[lo: lo + step, rows]             # a copy: the states before the window
+            state = self.ssm[lo: lo + step].index_select(1, rows)   # a copy: the states before the window
             if torch.compiler.is_compiling():
                 state = part.state_after(state, index)
             else:

@@ -84,7 +84,7 @@ class GatedDeltaNet(nn.Module):
         """Cached forward without per-token states; stores the boundary states meta.save_states
         asks for. Those sit at block ends and every request of a prefill starts at a block
         boundary, so with chunk_size = block_size they are exactly the chunk-end states."""
-        init = state.ssm[meta.rows]
+        init = state.ssm.index_select(0, meta.rows)
         T = q.shape[1]
         if meta.save_states is None or state.block_ssm is None:
             fn = gated_delta_rule_recurrent if T <= RECURRENT_MAX_LEN else gated_delta_rule_chunked
@@ -119,7 +119,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z, b, a = self._split(x)
         mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)             # [B, C, T]
         prev = (mixed.new_zeros(B, self.conv_dim, self.kernel - 1) if state is None
-                else state.conv[meta.rows].to(mixed.dtype))
+                else state.conv.index_select(0, meta.rows).to(mixed.dtype))
         ext = torch.cat([prev, mixed], dim=-1)                            # [B, C, K-1+T]
         conv = F.silu(causal_conv(ext, self.conv1d.weight)).transpose(1, 2)
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -136,7 +136,7 @@ class GatedDeltaNet(nn.Module):
         if state is None:
             o, _ = gated_delta_rule_chunked(q, k, v, g, beta)
         elif meta.keep_states:  # a verification window: the state after each token on demand
-            o, window = window_gated_delta_rule(q, k, v, g, beta, state.ssm[meta.rows])
+            o, window = window_gated_delta_rule(q, k, v, g, beta, state.ssm.index_select(0, meta.rows))
             state.keep_window(meta.rows, window, ext)
         else:
             o, final = self._prefill(q, k, v, g, beta, ext, state, meta)
