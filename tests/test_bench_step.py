@@ -1,5 +1,5 @@
 """tools/bench_step.py on the demo checkpoint, eager, one batch size: a row per spec with the
-engine step, the forwards timed alone and their ratio."""
+engine step, the forwards timed alone and their ratio, also paired call by call."""
 from __future__ import annotations
 
 import importlib.util
@@ -22,4 +22,6 @@ def test_bench_step_smoke(tmp_path, tiny_ckpt):
         assert r["step_ms"] > 0 and r["target_k1_ms"] > 0 and r["target_1_ms"] > 0
         assert r["overhead"] == r["step_ms"] / r["forwards_ms"]
         assert ("draft_loop_ms" in r) == (r["k"] > 0)
+        lo, hi = r["step_over_forwards_quartiles"]      # the step and its forwards alternated
+        assert r["paired_step_ms"] > 0 and r["paired_forwards_ms"] > 0 and lo <= r["step_over_forwards_paired"] <= hi
     assert "| mtp8 | 4 | eager | 2 |" in (tmp_path / "bench_step.md").read_text()

@@ -22,7 +22,11 @@ each a median of `repeats` calls (compiled mode: the engine's compiled functions
 second graph of the same compiled forward). target(1) and target(k+1) are timed alternately, call
 by call, and their ratio is the median of the paired ratios: timed minutes apart, in separate
 engines, the 1-token forward moved by 60% between runs. overhead = engine step / (target(k+1) +
-draft loop alone). Writes bench_step.md and .json into --out atomically.
+draft loop alone). Last, the engine step and its forwards again, alternated call by call (the
+step from Engine.time_decode_steps, the calibration's step at the same context; the forwards:
+target(k+1), then the draft loop): "step / forwards, paired" is the median of the paired ratios
+(quartiles beside it), which the machine's drift between the two measurements above does not
+move. Writes bench_step.md and .json into --out atomically.
 """
 from __future__ import annotations
 
@@ -145,7 +149,36 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
             if i:
                 times.append(time.perf_counter() - t0)
         out["draft_loop_after_verify_ms"] = 1e3 * statistics.median(times)
+
+    def forwards():
+        verify()
+        cache.clear_pending()
+        if spec is not None:
+            draft()
+    out.update(_step_vs_forwards(llm, B, n, k, forwards, repeats))
     return out
+
+
+def _step_vs_forwards(llm: LLM, B: int, n: int, k: int, forwards, repeats: int) -> dict:
+    """The engine step (Engine.time_decode_steps: the calibration's step of B requests at n known
+    tokens, verifying and proposing k drafts) and its forwards alone (`forwards`: the
+    verification forward, then the draft loop) alternated call by call, `repeats` pairs after
+    one untimed: the median and quartiles of the paired step / forwards ratios."""
+    engine = llm.engine
+    engine.time_decode_steps(B, [k], n, rounds=1)
+    forwards()
+    pairs = []
+    for _ in range(repeats):
+        step = engine.time_decode_steps(B, [k], n, rounds=1, warmup=0)[k][0]
+        t0 = time.perf_counter()
+        forwards()
+        pairs.append((step, 1e3 * (time.perf_counter() - t0)))
+    ratios = [a / b for a, b in pairs]
+    q = statistics.quantiles(ratios, n=4)
+    return {"paired_step_ms": statistics.median(a for a, _ in pairs),
+            "paired_forwards_ms": statistics.median(b for _, b in pairs),
+            "step_over_forwards_paired": statistics.median(ratios),
+            "step_over_forwards_quartiles": [q[0], q[2]]}
 
 
 def main(argv=None) -> int:
@@ -187,7 +220,7 @@ def main(argv=None) -> int:
                        "verify_over_target_1": fw["target_k1_over_1_paired"]}
                 rows.append(row)
                 print(f"{spec} k={k} {mode} batch {B}: engine step {costs['step_ms']:.2f} ms, forwards alone "
-                      f"{alone:.2f} ms ({row['overhead']:.2f}x); target({k + 1}) {fw['target_k1_ms']:.2f}, "
+                      f"{alone:.2f} ms ({row['overhead']:.2f}x; paired {row['step_over_forwards_paired']:.2f}x); target({k + 1}) {fw['target_k1_ms']:.2f}, "
                       f"target(1) {fw['target_1_ms']:.2f}, draft loop {fw.get('draft_loop_ms', 0):.2f} ms",
                       flush=True)
 
@@ -198,14 +231,16 @@ def main(argv=None) -> int:
              f"{args.input_len}-token prompts)", "",
              "| spec | k | mode | batch | engine step ms | verify ms | draft ms | target(k+1) ms | "
              "target(1) ms | draft loop ms | after verify ms | verification ms | commit ms | step / forwards | "
-             "target(k+1) / target(1), paired |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "step / forwards, paired (quartiles) | target(k+1) / target(1), paired |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['spec']} | {r['k']} | {r['mode']} | {r['batch_size']} | {r['step_ms']:.2f} | "
                      f"{r['verify_ms']:.2f} | {r['draft_ms']:.2f} | {r['target_k1_ms']:.2f} | "
                      f"{ms(r['target_1_ms'])} | {r.get('draft_loop_ms', 0):.2f} | {ms(r.get('draft_loop_after_verify_ms'))} | "
                      f"{ms(r.get('verification_ms'))} | "
                      f"{ms(r.get('commit_ms'))} | {r['overhead']:.2f}x | "
+                     f"{r['step_over_forwards_paired']:.2f}x ({r['step_over_forwards_quartiles'][0]:.2f}-"
+                     f"{r['step_over_forwards_quartiles'][1]:.2f}) | "
                      f"{ms(r['verify_over_target_1'])}x |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
