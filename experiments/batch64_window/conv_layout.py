@@ -8,7 +8,6 @@ outputs checked equal. Not adopted: experiments/batch64_window/README.md.
     OMP_NUM_THREADS=2 python experiments/batch64_window/conv_layout.py
 """
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,22 +18,13 @@ import torch.nn.functional as F  # noqa: E402
 
 from mtpx.models.deltanet import causal_conv  # noqa: E402
 
+from timing import bench  # noqa: E402  (this folder's shared timer)
+
 torch.set_num_threads(2)
 C, K = 256, 4
 w = torch.randn(C, 1, K)
 state = torch.randn(65, C, K - 1)
 
-
-def bench(f, n=100):
-    for _ in range(10):
-        f()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    return round(1e6 * ts[len(ts) // 2], 1)
 
 
 def channels_first(q, k, v, rows):

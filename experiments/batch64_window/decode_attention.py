@@ -8,25 +8,15 @@ outputs checked equal.
 
     OMP_NUM_THREADS=2 python experiments/batch64_window/decode_attention.py
 """
-import time
 
 import torch
 import torch.nn.functional as F
 
+from timing import bench  # noqa: E402  (this folder's shared timer)
+
 torch.set_num_threads(2)
 H, Hkv, D, S = 4, 2, 32, 208
 
-
-def bench(f, n=100):
-    for _ in range(10):
-        f()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    return round(1e6 * ts[len(ts) // 2], 1)
 
 
 def sdpa(q, k, v, mask):

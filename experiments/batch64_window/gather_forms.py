@@ -7,23 +7,17 @@ states for reference.
 
     OMP_NUM_THREADS=2 python experiments/batch64_window/gather_forms.py
 """
-import time
 
 import torch
 
+from timing import bench as timed  # noqa: E402  (this folder's shared timer)
+
+
+def bench(f):
+    return timed(f, n=50, warmup=5)
+
 torch.set_num_threads(2)
 
-
-def bench(f, n=50):
-    for _ in range(5):
-        f()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    return round(1e6 * ts[len(ts) // 2], 1)
 
 
 kc = torch.randn(1200, 16, 2, 32)

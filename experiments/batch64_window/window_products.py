@@ -6,23 +6,17 @@ experiments/batch64_window/README.md.
 
     OMP_NUM_THREADS=2 python experiments/batch64_window/window_products.py
 """
-import time
 
 import torch
 
+from timing import bench as timed  # noqa: E402  (this folder's shared timer)
+
+
+def bench(f):
+    return timed(f, n=200, warmup=10)
+
 torch.set_num_threads(2)
 
-
-def bench(f, n=200):
-    for _ in range(10):
-        f()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t)
-    ts.sort()
-    return round(1e6 * ts[len(ts) // 2], 1)
 
 
 for N in (256, 64, 4):
