@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,6 +23,8 @@ def test_bench_step_smoke(tmp_path, tiny_ckpt):
         assert r["step_ms"] > 0 and r["target_k1_ms"] > 0 and r["target_1_ms"] > 0
         assert r["overhead"] == r["step_ms"] / r["forwards_ms"]
         assert ("draft_loop_ms" in r) == (r["k"] > 0)
-        lo, hi = r["step_over_forwards_quartiles"]      # the step and its forwards alternated
-        assert r["paired_step_ms"] > 0 and r["paired_forwards_ms"] > 0 and lo <= r["step_over_forwards_paired"] <= hi
+        pairs = r["paired_ms"]                   # (step, forwards) ms, alternated call by call
+        assert len(pairs) == 2 and all(a > 0 and b > 0 for a, b in pairs)
+        assert r["step_over_forwards_paired"] == statistics.median(a / b for a, b in pairs)
+        assert r["paired_step_ms"] == statistics.median(a for a, _ in pairs)
     assert "| mtp8 | 4 | eager | 2 |" in (tmp_path / "bench_step.md").read_text()

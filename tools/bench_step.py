@@ -163,7 +163,7 @@ def _step_vs_forwards(llm: LLM, B: int, n: int, k: int, forwards, repeats: int) 
     """The engine step (Engine.time_decode_steps: the calibration's step of B requests at n known
     tokens, verifying and proposing k drafts) and its forwards alone (`forwards`: the
     verification forward, then the draft loop) alternated call by call, `repeats` pairs after
-    one untimed: the median and quartiles of the paired step / forwards ratios."""
+    one untimed: the pairs (ms), and the median and quartiles of the paired step / forwards ratios."""
     engine = llm.engine
     engine.time_decode_steps(B, [k], n, rounds=1)
     forwards()
@@ -175,7 +175,8 @@ def _step_vs_forwards(llm: LLM, B: int, n: int, k: int, forwards, repeats: int) 
         pairs.append((step, 1e3 * (time.perf_counter() - t0)))
     ratios = [a / b for a, b in pairs]
     q = statistics.quantiles(ratios, n=4)
-    return {"paired_step_ms": statistics.median(a for a, _ in pairs),
+    return {"paired_ms": pairs,
+            "paired_step_ms": statistics.median(a for a, _ in pairs),
             "paired_forwards_ms": statistics.median(b for _, b in pairs),
             "step_over_forwards_paired": statistics.median(ratios),
             "step_over_forwards_quartiles": [q[0], q[2]]}

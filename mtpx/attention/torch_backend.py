@@ -32,8 +32,8 @@ def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int | None):
     nb = -(-kv_len // S)
     ids = block_table[:, :nb]
     B = ids.shape[0]
-    # index_select, not cache.k[ids]: the same gather, 4-5x faster on the CPU (advanced indexing
-    # runs TensorIterator's element-wise index kernel; experiments/batch64_window)
+    # index_select, not cache.k[ids]: the same gather, 4.7-7.3x faster on the CPU (advanced
+    # indexing runs ATen's element-wise index kernel; experiments/batch64_window)
     k = cache.k.index_select(0, ids.reshape(-1)).view(B, nb * S, *cache.k.shape[2:])[:, :kv_len]
     v = cache.v.index_select(0, ids.reshape(-1)).view(B, nb * S, *cache.v.shape[2:])[:, :kv_len]
     return k, v
