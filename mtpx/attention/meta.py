@@ -33,6 +33,9 @@ class ForwardMeta:
         every attention layer (mtpx.attention.backend); None: the torch reference.
     gdn_backend: the Gated DeltaNet kernels, "auto" | "torch" | "fla"
         (mtpx.models.gated_delta_rule; engine.gdn_backend).
+    compile_regions: under torch.compile, each decoder layer of this (static) forward runs as a
+        region compiled once per layer type and shape (mtpx.models.decoder.layer_region;
+        engine.compile_regions).
     """
 
     positions: torch.Tensor
@@ -47,6 +50,7 @@ class ForwardMeta:
     attn_backend: object | None = None
     attn_plan: object | None = None
     gdn_backend: str = "auto"
+    compile_regions: bool = False
 
     def planned(self, backend) -> "ForwardMeta":
         """Attach `backend` and its plan for this forward (once, before the layers run)."""

@@ -32,6 +32,10 @@ def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int | None):
     nb = -(-kv_len // S)
     ids = block_table[:, :nb]
     B = ids.shape[0]
+    if torch.compiler.is_compiling():
+        # Inductor writes its own gather either way; a reshape of the [B, blocks] table inside a
+        # compiled layer region would make it guard on B != 1 (a batch of one compiling again)
+        return (cache.k[ids].flatten(1, 2)[:, :kv_len], cache.v[ids].flatten(1, 2)[:, :kv_len])
     # index_select, not cache.k[ids]: the same gather, 4.7-7.3x faster on the CPU (advanced
     # indexing runs ATen's element-wise index kernel; experiments/batch64_window)
     k = cache.k.index_select(0, ids.reshape(-1)).view(B, nb * S, *cache.k.shape[2:])[:, :kv_len]

@@ -38,7 +38,8 @@ class ModelCache:
     slots (max concurrent requests); max_len: positions per request (prompt + output + drafts);
     num_blocks x block_size: the paged KV pool; boundary_states: keep the Gated DeltaNet state of
     every full block (prefix caching on a hybrid model); attention_backend, gdn_backend: the
-    kernels every forward's metadata carries (EngineConfig's fields).
+    kernels every forward's metadata carries (EngineConfig's fields); compile_regions: static
+    metadata asks for compiled decoder-layer regions (ForwardMeta.compile_regions).
 
     target: one cache per target layer (KVCache or RecurrentState); draft: one KVCache per MTP module.
     recurrent_groups: the Gated DeltaNet states stacked per RecurrentStateSpec (one group for a
@@ -56,8 +57,9 @@ class ModelCache:
 
     def __init__(self, model, rows: int, max_len: int, num_draft_modules: int,
                  block_size: int = 16, num_blocks: int | None = None, boundary_states: bool = False,
-                 attention_backend: str = "torch", gdn_backend: str = "auto"):
+                 attention_backend: str = "torch", gdn_backend: str = "auto", compile_regions: bool = False):
         p = next(model.parameters())
+        self.compile_regions = compile_regions
         dtype, device = p.dtype, p.device
         target_specs, draft_specs = model.cache_specs(num_draft_modules)
         attn = next((s for s in target_specs + draft_specs if isinstance(s, KVCacheSpec)), None)
@@ -126,7 +128,7 @@ class ModelCache:
         attention backend like `meta`; builds without a host sync (with the torch backend)."""
         meta = ForwardMeta.build(starts, lengths, rows, self.block_tables[rows, :num_blocks],
                                  self.block_size, keep_states, num_tokens, self.pad_slot)
-        meta.gdn_backend = self.gdn_backend
+        meta.gdn_backend, meta.compile_regions = self.gdn_backend, self.compile_regions
         return meta if self.attention_backend is None else meta.planned(self.attention_backend)
 
     def num_free_rows(self) -> int:

@@ -163,6 +163,22 @@ class RecurrentState:
         (the K-1 before the window, then the window's). Copied into the group's window buffers."""
         self.group.keep(self.layer, rows, window, ext)
 
+    def views(self, window_len: int = 0) -> tuple:
+        """This layer's state tensors as views of the group's: (conv, ssm, window_k, window_v_new,
+        window_G, window_ext), the window buffers [rows, ...] reserved for window_len tokens
+        first (None when 0 and none are reserved). LayerStates(*views) is what a compiled
+        decoder-layer region runs on (mtpx.models.decoder); mark_kept records its kept window."""
+        g, i = self.group, self.layer
+        if window_len:
+            g.reserve_windows(window_len)
+        buffers = (g.window_k, g.window_v_new, g.window_G, g.window_ext)
+        return (g.conv[i], g.ssm[i], *(None if b is None else b[i] for b in buffers))
+
+    def mark_kept(self, rows: torch.Tensor, window_len: int) -> None:
+        """After a keep_states forward through views(): rows [B] hold a kept window of window_len
+        tokens (what keep_window records)."""
+        self.group.pending_rows, self.group.pending_len = rows, window_len
+
     @staticmethod
     def allocate(rows: int, conv_dim: int, kernel: int, heads: int, key_dim: int, value_dim: int,
                  dtype, device="cpu", num_blocks: int = 0) -> "RecurrentState":
@@ -201,6 +217,42 @@ class RecurrentState:
         """Store the current states of rows [S] as the boundary states of block_ids [S] (after a
         one-token decode forward, whose token is always kept)."""
         self.save_blocks(block_ids, self.conv[rows], self.ssm[rows])
+
+
+def write_window(window_k: torch.Tensor, window_v_new: torch.Tensor, window_G: torch.Tensor,
+                 window_ext: torch.Tensor, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
+    """One layer's window buffers ([rows, H, W, ...], [rows, C, K-1+W]) at `rows` [B] := the
+    window [B, H, T, ...] and conv inputs ext [B, C, K-1+T]."""
+    T = window.G.shape[-1]
+    # by batch slot, with index_copy_: a sliced assignment [:B] could broadcast a batch of one
+    # and a slice of a symbolic length makes Inductor guard on B >= 2 (a batch of one shares
+    # the batch-2 graphs); padding rows all write the pad row
+    window_k[:, :, :T].index_copy_(0, rows, window.k)
+    window_v_new[:, :, :T].index_copy_(0, rows, window.v_new)
+    window_G[:, :, :T].index_copy_(0, rows, window.G)
+    window_ext[:, :, : ext.shape[-1]].index_copy_(0, rows, ext.to(window_ext.dtype))
+
+
+@dataclass
+class LayerStates:
+    """One Gated DeltaNet layer's state as plain tensors (RecurrentState.views): what a compiled
+    decoder-layer region reads and writes, touching no Python state of the group (the caller
+    records a kept window with RecurrentState.mark_kept). conv [rows, C, K-1]; ssm [rows, H, Dk,
+    Dv]; window_*: the layer's window buffers. No boundary states: a region's forward stores
+    none (block_conv, block_ssm None)."""
+
+    conv: torch.Tensor
+    ssm: torch.Tensor
+    window_k: torch.Tensor | None
+    window_v_new: torch.Tensor | None
+    window_G: torch.Tensor | None
+    window_ext: torch.Tensor | None
+    block_conv = None
+    block_ssm = None
+
+    def keep_window(self, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
+        """RecurrentState.keep_window's writes (the buffers must hold the window)."""
+        write_window(self.window_k, self.window_v_new, self.window_G, self.window_ext, rows, window, ext)
 
 
 @dataclass
@@ -274,13 +326,8 @@ class RecurrentStateGroup:
         """RecurrentState.keep_window for layer `layer` (its contract)."""
         T = window.G.shape[-1]
         self.reserve_windows(T)
-        # by batch slot, with index_copy_: a sliced assignment [:B] could broadcast a batch of one
-        # and a slice of a symbolic length makes Inductor guard on B >= 2 (a batch of one shares
-        # the batch-2 graphs); padding rows all write the pad row
-        self.window_k[layer, :, :, :T].index_copy_(0, rows, window.k)
-        self.window_v_new[layer, :, :, :T].index_copy_(0, rows, window.v_new)
-        self.window_G[layer, :, :, :T].index_copy_(0, rows, window.G)
-        self.window_ext[layer, :, :, : ext.shape[-1]].index_copy_(0, rows, ext.to(self.window_ext.dtype))
+        write_window(self.window_k[layer], self.window_v_new[layer], self.window_G[layer],
+                     self.window_ext[layer], rows, window, ext)
         self.pending_rows, self.pending_len = rows, T
 
     def clear_pending(self) -> None:

@@ -46,6 +46,7 @@ import torch.fx.experimental._config as fx_config
 from torch._dynamo.utils import counters
 
 from mtpx.attention.meta import ForwardMeta
+from mtpx.engine.compile_progress import CompileProgress, use_cache_dir
 
 
 def verify_forward(model, cache, meta: ForwardMeta):
@@ -70,6 +71,13 @@ def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
     block count seldom needs a new CUDA graph), at most max_blocks."""
     need = max(2, -(-num_positions // block_size))
     return min(max_blocks, 1 << (need - 1).bit_length())
+
+
+def depth_bucket(depth: int, k: int) -> int:
+    """The depth a compiled step's shapes are built for: the next power of two >= depth, at most
+    k (a fixed k is its own bucket), 0 for 0. Automatic k's depths 1..8 share the graphs of
+    depths 1, 2, 4 and 8."""
+    return 0 if depth <= 0 else min(k, 1 << (depth - 1).bit_length())
 
 
 def _own_code(fn):
@@ -126,8 +134,10 @@ class CompiledDecode:
     """
 
     def __init__(self, model, cache, speculator=None, backend: str = "inductor",
-                 mode: str | None = None):
+                 mode: str | None = None, report: bool = True):
         self.model, self.cache, self.speculator = model, cache, speculator
+        self.cache_dir = use_cache_dir()
+        self.progress = CompileProgress(self.expected_graphs(), enabled=report)
         device = next(model.parameters()).device
         self.cuda = device.type == "cuda"
         if mode is None:
@@ -141,8 +151,8 @@ class CompiledDecode:
         # (an engine never swaps its model's weights, and each engine compiles its own code), and
         # Inductor's C++ wrapper instead of a Python one that launches every kernel
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        if backend == "inductor" and not self.cuda:
-            options["cpp_wrapper"] = True
+        if backend == "inductor" and not self.cuda and not cache.compile_regions:
+            options["cpp_wrapper"] = True   # which has no code generation for layer regions
 
         def compile_(fn):
             return torch.compile(_own_code(fn), backend=backend, mode=mode, options=options)
@@ -191,7 +201,15 @@ class CompiledDecode:
     def _commit_windows(self, index: torch.Tensor) -> None:
         self.cache.commit_windows(index)
 
-    def _call(self, fn, *args):
+    def expected_graphs(self) -> int:
+        """Graphs the warm-up is expected to build (the total CompileProgress shows): the
+        verification forward, and with a speculator the draft loop at its two widths and the
+        Gated DeltaNet commit."""
+        if self.speculator is None:
+            return 1
+        return 3 + bool(self.cache.recurrent)
+
+    def _call(self, name: str, fn, *args):
         self.num_calls += 1
         before = counters["stats"]["unique_graphs"]
         t0 = time.perf_counter()
@@ -200,7 +218,8 @@ class CompiledDecode:
         # automatic dynamic shapes would make them on their first change; see _mark_window)
         limit = max(torch._dynamo.config.recompile_limit, 4 * (len(self.cache.draft) + 2))
         with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False), \
-                torch._dynamo.config.patch(recompile_limit=limit, specialize_int=True):
+                torch._dynamo.config.patch(recompile_limit=limit, specialize_int=True), \
+                self.progress.call(name, before, lambda: counters["stats"]["unique_graphs"]):
             out = fn(*args)
         new = counters["stats"]["unique_graphs"] - before
         if new:
@@ -214,7 +233,7 @@ class CompiledDecode:
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
         _mark_meta(meta)
-        return self._call(self._verify, meta)
+        return self._call(f"verify ({meta.positions.shape[1]}-token window)", self._verify, meta)
 
     @torch.inference_mode()
     def draft(self, block_table: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
@@ -236,15 +255,17 @@ class CompiledDecode:
         target_start = target_start.new_empty(target_start.shape).copy_(target_start)
         _mark_batch(rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
         _mark_window(target_hidden)
+        modules = len(self.cache.draft) if num_modules is None else num_modules
+        name = f"draft loop ({modules} module{'s' * (modules > 1)}, {num_columns} columns)"
         if self.plan_in_graph:
             _mark_meta_table(block_table)
-            return self._call(self._draft, block_table, rows, num_tokens, target_end, is_drafting,
+            return self._call(name, self._draft, block_table, rows, num_tokens, target_end, is_drafting,
                               target_start, target_hidden, num_columns, num_drafts, num_modules)
         metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
                                      block_table.shape[1], num_drafts, num_modules)
         for m in metas:
             _mark_meta(m)
-        return self._call(self._draft, self.cache, metas, rows, num_tokens - 1, target_start,
+        return self._call(name, self._draft, self.cache, metas, rows, num_tokens - 1, target_start,
                           target_hidden)
 
     @torch.inference_mode()
@@ -260,5 +281,5 @@ class CompiledDecode:
             for c in self.cache.recurrent:
                 c.save_window_blocks(save)
         _mark_batch(index, *(g.pending_rows for g in groups))
-        self._call(self._commit, index)
+        self._call(f"commit ({groups[0].pending_len}-token window)", self._commit, index)
         self.cache.clear_pending()

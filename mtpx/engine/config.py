@@ -43,6 +43,12 @@ class EngineConfig:
     non-CUDA tensors are an error); mtpx.models.gated_delta_rule."""
     compile: bool = False
     """Run the decode step through torch.compile with static shapes (mtpx/engine/compiled.py)."""
+    compile_regions: bool = True
+    """With compile: compile each distinct decoder layer once and reuse it for every layer of its
+    type and shape (regional compilation, torch.compiler.nested_compile_region), so building an
+    engine costs seconds instead of minutes; False: the step as one graph of every layer. Used
+    with the torch attention backend on a model without MoE layers (elsewhere a layer breaks
+    the graph, and the whole step is compiled as before)."""
     compile_backend: str = "inductor"
     """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests)."""
     record_logit_gaps: bool = False
@@ -61,7 +67,7 @@ class EngineConfig:
                 raise ValueError(f"engine.{key}={value!r}: must be an integer >= {low}"
                                  + (" or null" if none_ok else ""))
 
-        for key in ("enable_prefix_caching", "compile", "record_logit_gaps", "record_step_timings",
+        for key in ("enable_prefix_caching", "compile", "compile_regions", "record_logit_gaps", "record_step_timings",
                     "check_invariants"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key}={getattr(self, key)!r}: must be true or false")

@@ -245,6 +245,11 @@ class Engine:
                     self.step()
             self.kv.reset_prefix_cache()
             self.step_timings = []
+        stats = self.compile_stats()
+        if stats["num_graphs"]:
+            print(f"engine.compile: {stats['num_graphs']} graphs in {stats['compile_s']:.1f} s "
+                  f"({stats['num_compiled']} compiled, {stats['num_loaded']} loaded from {stats['cache_dir']})",
+                  file=sys.stderr, flush=True)
         if self.compiled.num_calls == 0:
             print(f"engine.compile: warm-up could not decode (engine.num_blocks={c.num_blocks} or "
                   f"max_model_len={c.max_model_len} is too small for a short request with {k} "
@@ -252,12 +257,15 @@ class Engine:
         return self.compile_stats()
 
     def compile_stats(self) -> dict | None:
-        """{"compile_s": seconds spent in calls that compiled, "num_graphs": graphs compiled,
+        """{"compile_s": seconds spent in calls that built a graph, "num_graphs": graphs built
+        (compiled or loaded from the cache), "num_compiled", "num_loaded", "graphs": [{"graph",
+        "seconds", "source"}], "regions": compiled layer regions on, "cache_dir",
         "capture_sizes": padded batch sizes, "mode", "backend"}, or None without compile."""
         c = self.compiled
         if c is None:
             return None
-        return {"compile_s": round(c.compile_s, 3), "num_graphs": c.num_graphs,
+        return {**c.progress.summary(), "compile_s": round(c.compile_s, 3), "num_graphs": c.num_graphs,
+                "regions": self.cache.compile_regions, "cache_dir": c.cache_dir,
                 "capture_sizes": c.sizes, "mode": c.mode or "default", "backend": c.backend}
 
     def _guard_published(self, slots: torch.Tensor) -> None:

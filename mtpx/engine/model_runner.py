@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.engine.compiled import CompiledDecode, block_bucket, verify_forward
+from mtpx.engine.compiled import CompiledDecode, block_bucket, depth_bucket, verify_forward
 from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
@@ -106,10 +106,13 @@ class ModelRunner:
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
+        # a layer region must trace whole: FlashInfer's call and routed experts break the graph
+        regions = (config.compile and config.compile_regions and config.attention_backend == "torch"
+                   and model.cfg.num_experts == 0)
         self.cache = ModelCache(model, config.max_num_seqs, max_len,
                                 0 if speculator is None else speculator.num_draft_modules,
                                 config.block_size, config.num_blocks, self.boundary_states,
-                                config.attention_backend, config.gdn_backend)
+                                config.attention_backend, config.gdn_backend, regions)
         if speculator is not None:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
@@ -359,9 +362,10 @@ class ModelRunner:
         The step runs draft modules 1..D, D the deepest request's depth (Request.draft_depth; k
         without automatic k), and each request drafts min(num_drafts, its depth). Window widths:
         eager, 1 + the most drafts a request verifies; compiled, 1 in a step that neither
-        verifies nor proposes a draft (automatic k at 0), else D + 1 (fewer drafts are padding:
-        graphs per D, not per k). The draft loop's static forwards have as many columns as any of
-        its forwards covers (Speculator.max_positions; compiled: D + 1 or 2D)."""
+        verifies nor proposes a draft (automatic k at 0), else W + 1 with W = depth_bucket(D)
+        (fewer drafts are padding, and modules D+1..W cover no position: graphs per bucket of
+        depths, not per depth or k). The draft loop's static forwards have as many columns as any
+        of its forwards covers (Speculator.max_positions; compiled: W + 1 or 2W)."""
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
@@ -377,6 +381,8 @@ class ModelRunner:
         T = 1 + max(nd_host)
         narrow = T == 1 and num_drafts == 0     # compiled: the only steps with a 1-token window
         width = max(depth, T - 1)               # drafts made before a depth fell may be more
+        if self.compiled is not None:
+            width = depth = depth_bucket(width, k)
         # every position this step touches (drafts reach n + 2 width - 1) lies in the block bucket
         need = max(n_host) + 2 * width + 2
         nb = (block_bucket(need, self.block_size, cache.max_blocks) if self.compiled is not None

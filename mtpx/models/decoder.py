@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from mtpx.attention.kv_cache import KVCache
+from mtpx.cache.state import LayerStates
 from mtpx.models.attention import GatedAttention
 from mtpx.models.config import ModelConfig
 from mtpx.models.deltanet import GatedDeltaNet
@@ -35,7 +37,27 @@ class DecoderLayer(nn.Module):
         return mixer.cache_spec()
 
     def forward(self, x, cos, sin, cache=None, meta: ForwardMeta | None = None):
-        """x: [B, T, hidden]; cache: KVCache (attention) or RecurrentState (DeltaNet) or None."""
+        """x: [B, T, hidden]; cache: KVCache (attention) or RecurrentState (DeltaNet) or None.
+        Under torch.compile with meta.compile_regions, a static forward runs as one compiled
+        region per layer type and shape (`layer_region`)."""
+        if meta is not None and meta.compile_regions and torch.compiler.is_compiling():
+            return self._region(x, cos, sin, cache, meta)
+        return self._forward(x, cos, sin, cache, meta)
+
+    def _region(self, x, cos, sin, cache, meta: ForwardMeta):
+        T = x.shape[1]
+        linear = self.layer_type == "linear_attention"
+        tensors = cache.views(T if meta.keep_states else 0) if linear else (cache.k, cache.v)
+        # the block table flat: a [B, blocks] operand's strides would make Inductor guard on B
+        # != 1 at the region's boundary (and a batch of one would compile again)
+        out = layer_region(self, x, cos, sin, tensors, meta.positions, meta.valid, meta.rows,
+                           meta.block_table, meta.slot_mapping, meta.block_size,
+                           meta.keep_states, meta.gdn_backend)
+        if linear and meta.keep_states:
+            cache.mark_kept(meta.rows, T)
+        return out
+
+    def _forward(self, x, cos, sin, cache=None, meta: ForwardMeta | None = None):
         h = self.input_layernorm(x)
         if self.layer_type == "linear_attention":
             h = self.linear_attn(h, cache, meta)
@@ -43,6 +65,21 @@ class DecoderLayer(nn.Module):
             h = self.self_attn(h, cos, sin, cache, meta)
         x = x + h
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+@torch.compiler.nested_compile_region(max_reuse_entries=32)
+def layer_region(layer: DecoderLayer, x, cos, sin, tensors: tuple, positions, valid, rows, block_ids,
+                 slot_mapping, block_size: int, keep_states: bool, gdn_backend: str) -> torch.Tensor:
+    """A decoder layer over a static forward (ForwardMeta.static, no boundary states, the torch
+    attention) from plain tensors, so that torch.compile traces and compiles it once per layer
+    type and input shapes and reuses it for every layer (regional compilation: PyTorch's
+    nested_compile_region, which needs tensor, constant and module inputs and no Python side
+    effects). tensors: (k, v) of the layer's KVCache, or RecurrentState.views(); block_ids: the
+    block table [B, blocks] flattened. Eager: a plain call."""
+    meta = ForwardMeta(positions, valid, rows, None, block_ids, block_size,
+                       slot_mapping, keep_states, gdn_backend=gdn_backend)
+    cache = LayerStates(*tensors) if layer.layer_type == "linear_attention" else KVCache(*tensors)
+    return layer._forward(x, cos, sin, cache, meta)
 
 
 class DecoderModel(nn.Module):

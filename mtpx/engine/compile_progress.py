@@ -1,0 +1,134 @@
+"""What an engine's compilation is doing, while it does it, and where its compiled code is kept.
+
+Compiling a decode graph takes seconds to a minute on a CPU. `CompileProgress` shows each graph
+being built: on a terminal a live line (rich) naming the graph, its number of the expected
+total and the elapsed seconds; without one (nohup, a pipe, CI, a cluster job) a line when a
+graph starts, one every `interval` seconds while it builds, and one when it is done. Every
+finished graph is kept in `records` (name, seconds, compiled or loaded from the cache).
+
+Compiled code is kept between runs in Inductor's FX graph and AOTAutograd caches under
+$MTPX_CACHE_DIR/inductor (`use_cache_dir`), so a second run of the same settings, a multirun's
+later jobs and the lossless check's plain engine load their graphs instead of compiling them.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from torch._dynamo.callback import callback_handler
+from torch._dynamo.utils import counters
+
+
+def mtpx_cache_dir() -> Path:
+    """$MTPX_CACHE_DIR, else $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx (vLLM's VLLM_CACHE_ROOT)."""
+    root = os.environ.get("MTPX_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpx"
+
+
+def use_cache_dir() -> str:
+    """Point Inductor's caches at $MTPX_CACHE_DIR/inductor unless the user set
+    TORCHINDUCTOR_CACHE_DIR (then that one is used); returns the directory. Inductor keys every
+    entry on the graph, the torch version and its configuration, so settings never share a wrong
+    entry."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    # Inductor writes its default into the environment on first use: that one is not the user's
+    if not current or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(mtpx_cache_dir() / "inductor")
+    return os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+_compile_started: list[threading.Event] = []    # of the calls in progress (innermost last)
+
+
+@callback_handler.register_start_callback
+def _on_compile_start(args) -> None:
+    if _compile_started:
+        _compile_started[-1].set()
+
+
+def _cache_counts() -> tuple[int, int]:
+    c = counters["inductor"]
+    return c["fxgraph_cache_hit"], c["fxgraph_cache_miss"]
+
+
+class CompileProgress:
+    """Reports the graphs one engine builds (module doc). expected: the graphs the engine is
+    expected to build (the total shown; raised when more come); stream: where lines go (stderr);
+    live: a rich live line (None: when stream is a terminal); interval: seconds between lines
+    without a terminal; enabled False: record only, print nothing."""
+
+    def __init__(self, expected: int, stream=None, live: bool | None = None, interval: float = 30.0,
+                 enabled: bool = True):
+        self.expected, self.interval, self.enabled = expected, interval, enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.live = self.stream.isatty() if live is None else live
+        self.records: list[dict] = []
+
+    def _line(self, text: str) -> None:
+        print(f"engine.compile: {text}", file=self.stream, flush=True)
+
+    @contextmanager
+    def call(self, name: str, graphs_before: int, graphs_now):
+        """Around one call of a compiled function named `name`: if it builds a graph (graphs_now()
+        > graphs_before afterwards) the graph is recorded and reported. The live report starts
+        when Dynamo starts compiling (its compile-start callback), so calls that only run a
+        compiled graph print nothing."""
+        t0 = time.perf_counter()
+        hits0, misses0 = _cache_counts()
+        number = len(self.records) + 1
+        stop, started = threading.Event(), threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(name, number, t0, started, stop), daemon=True)
+        if self.enabled:
+            watcher.start()
+        _compile_started.append(started)
+        try:
+            yield
+        finally:
+            _compile_started.remove(started)
+            stop.set()
+            if self.enabled:
+                watcher.join()
+        new = graphs_now() - graphs_before
+        if new <= 0:
+            return
+        seconds = time.perf_counter() - t0
+        hits, misses = _cache_counts()
+        source = "loaded" if hits > hits0 and misses == misses0 else "compiled"
+        for _ in range(new):
+            self.records.append({"graph": name, "seconds": round(seconds / new, 3), "source": source})
+        self.expected = max(self.expected, len(self.records))
+        if self.enabled:
+            verb = "loaded from the cache" if source == "loaded" else "compiled"
+            self._line(f"{name}: {verb} in {seconds:.1f} s (graph {len(self.records)} of {self.expected})")
+
+    def _watch(self, name: str, number: int, t0: float, started: threading.Event,
+               stop: threading.Event) -> None:
+        while not started.wait(0.1):
+            if stop.is_set():
+                return
+        total = max(self.expected, number)
+        if self.live:
+            from rich.console import Console
+            console = Console(file=self.stream)
+            with console.status(f"engine.compile: building {name} (graph {number} of {total})") as status:
+                while not stop.wait(0.2):
+                    status.update(f"engine.compile: building {name} (graph {number} of {total}), "
+                                  f"{time.perf_counter() - t0:.0f} s")
+            return
+        self._line(f"building {name} (graph {number} of {total}) ...")
+        while not stop.wait(self.interval):
+            self._line(f"still building {name} (graph {number} of {total}), {time.perf_counter() - t0:.0f} s")
+
+    def summary(self) -> dict:
+        """{"num_graphs", "num_compiled", "num_loaded", "compile_s", "graphs": records}."""
+        compiled = sum(r["source"] == "compiled" for r in self.records)
+        return {"num_graphs": len(self.records), "num_compiled": compiled,
+                "num_loaded": len(self.records) - compiled,
+                "compile_s": round(sum(r["seconds"] for r in self.records), 3), "graphs": list(self.records)}
