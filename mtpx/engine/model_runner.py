@@ -245,9 +245,10 @@ class ModelRunner:
     def _sampling(self, reqs) -> RequestSampling:
         return RequestSampling([r.params for r in reqs], [r.generator for r in reqs], self.device)
 
-    def _draft_sampler(self, sampling: RequestSampling, is_drafting: torch.Tensor):
+    def _draft_sampler(self, sampling: RequestSampling, num_drafts: list[int]):
+        """num_drafts[b]: the drafts row b proposes this step (DraftSampler)."""
         if self.config.draft_sample_method == "probabilistic" and not sampling.all_greedy:
-            return DraftSampler(sampling, is_drafting, self.num_speculative_tokens, probabilistic=True)
+            return DraftSampler(sampling, num_drafts, self.num_speculative_tokens, probabilistic=True)
         return None
 
     def _gaps(self, logits: torch.Tensor):
@@ -335,7 +336,8 @@ class ModelRunner:
             depth = max(r.draft_depth for r in reqs)
             metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting, num_drafts=num_drafts,
                                          num_modules=depth)
-            sampler = (self._draft_sampler(self._sampling(reqs), is_drafting) if last else None)
+            own = [min(num_drafts, r.draft_depth) if p.is_last else 0 for p, r in zip(prefills, reqs)]
+            sampler = self._draft_sampler(self._sampling(reqs), own) if last else None
             drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start_t, h, sampler,
                                                 min(num_drafts, depth)).tolist()
             q = None if sampler is None else sampler.q
@@ -430,7 +432,7 @@ class ModelRunner:
             nt = torch.cat([num_tokens, num_tokens.new_ones(pad)])
             target_end = torch.cat([final, final.new_zeros(pad)])
             start = meta.positions[:, 0]
-            sampler = self._draft_sampler(sampling, is_drafting[:B])
+            sampler = self._draft_sampler(sampling, [min(num_drafts, r.draft_depth) for r in reqs])
             if self.compiled is not None and sampler is None:
                 drafts = self.compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h,
                                              columns, torch.tensor(num_drafts, device=dev), depth)
