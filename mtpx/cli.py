@@ -11,7 +11,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtpx.io import Interrupted, atomic_write_text
+from mtpx.io import Interrupted, atomic_write_text, sigterm_as_ctrl_c, stop_exit_code, stop_signal_name
 from mtpx.metrics.logging import RunLogger
 from mtpx.schema import compose_error, group_choices
 
@@ -107,6 +107,15 @@ def run(cfg: DictConfig) -> int:
 
 
 def _run(cfg: DictConfig) -> int:
+    """cfg.mode's run; SIGTERM acts as Ctrl-C (mtpx.io) except in mode=serve, whose server
+    handles both itself. Returns the exit code (2: bad input; 130 / 143: Ctrl-C / SIGTERM)."""
+    if cfg.get("mode") == "serve":
+        return _dispatch(cfg)
+    with sigterm_as_ctrl_c():
+        return _dispatch(cfg)
+
+
+def _dispatch(cfg: DictConfig) -> int:
     try:
         if cfg.mode == "train":
             return run_train(cfg)
@@ -129,12 +138,17 @@ def _run(cfg: DictConfig) -> int:
         _record_error(f"error: {msg}")
         return 2
     except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        _record_error(f"interrupted: {e}")
-        return 130
+        line = f"{_interrupted()}: {e}"
     except KeyboardInterrupt:
-        print("interrupted before anything finished: nothing was written", file=sys.stderr)
-        return 130
+        line = (f"{_interrupted()}: stopped at once; the run's final files were not written (what it wrote "
+                "before, e.g. finished rows in outputs.jsonl or saved checkpoints, is kept)")
+    print(line, file=sys.stderr)
+    _record_error(line)
+    return stop_exit_code()
+
+
+def _interrupted() -> str:
+    return "interrupted" if stop_signal_name() == "SIGINT" else "interrupted by SIGTERM"
 
 
 def _record_error(line: str) -> None:

@@ -26,9 +26,9 @@ with seed eval.seed + i, so a run is reproducible. At temperature > 0 outputs ar
 token-identical to plain decoding, so the lossless check (a greedy-only check) is skipped; sampled
 runs are checked against the target distribution by the engine's distribution tests. A spec's
 draft_sample_method (greedy | probabilistic) and verify (standard | block) go to the LLM.
-Ctrl-C stops the engine at the next step: the requests that finished are written as above, with
-"partial": true in metrics.json (also when only the lossless pass was cut short), and the run
-exits 130 with one line (mtpx.io.Interrupted); a second Ctrl-C stops at once.
+Ctrl-C or SIGTERM stops the engine at the next step: the requests that finished are written as
+above, with "partial": true in metrics.json (also when only the lossless pass was cut short), and
+the run exits 130 (SIGTERM: 143) with one line (mtpx.io.Interrupted); a second one stops at once.
 """
 from __future__ import annotations
 
@@ -235,6 +235,11 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
                                     on_step=on_step, **client)
             except _Stop:
                 return [done[i] for i in sorted(done)], time.perf_counter() - t0, True
+            except KeyboardInterrupt:       # a second Ctrl-C / SIGTERM: stop at once, say what is kept
+                if not done or rows_file is None:
+                    raise
+                raise Interrupted(f"stopped at once by a second signal: the {len(done)} requests that had "
+                                  f"finished are in {rows_file}; no metrics.json or report was written") from None
             return outs, time.perf_counter() - t0, False
     finally:
         if sink is not None:

@@ -8,8 +8,10 @@ fails, the destination is left untouched and the temporary file is removed.
 Parent directories are created when missing. New files get the usual permissions (0o666 minus
 the process umask), not the 0o600 of ``tempfile``.
 
-`GracefulInterrupt` turns Ctrl-C into a stop at the next safe point, and `Interrupted` is how a
-run that kept what finished says so (the entry point exits 130 with its one line).
+`GracefulInterrupt` turns Ctrl-C or SIGTERM (timeout, docker, SLURM, Kubernetes) into a stop at the
+next safe point, `sigterm_as_ctrl_c` makes SIGTERM raise KeyboardInterrupt as Ctrl-C does outside
+those points, and `Interrupted` is how a run that kept what finished says so (the entry point
+exits `stop_exit_code()`, 130 after Ctrl-C, 143 after SIGTERM, with its one line).
 """
 
 from __future__ import annotations
@@ -193,33 +195,80 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class Interrupted(Exception):
-    """A run stopped by Ctrl-C after writing what had finished; str(e) says what was kept."""
+    """A run stopped by Ctrl-C or SIGTERM after writing what had finished; str(e) says what was kept."""
+
+
+_received: list[int] = []     # stop signals received since sigterm_as_ctrl_c was entered, in order
+
+
+def stop_signal_name() -> str:
+    """The first stop signal received: "SIGTERM", or "SIGINT" (also when none was recorded: a
+    KeyboardInterrupt from Python's own Ctrl-C handler)."""
+    import signal
+    return "SIGTERM" if _received and _received[0] == signal.SIGTERM else "SIGINT"
+
+
+def stop_exit_code() -> int:
+    """128 + the first stop signal's number, as a shell reports a process it killed: 130
+    (SIGINT), 143 (SIGTERM)."""
+    import signal
+    return 128 + int(getattr(signal, stop_signal_name()))
+
+
+def _install(handler) -> dict:
+    """handler for SIGINT and SIGTERM -> the previous handlers ({} outside the main thread, where
+    signal handlers cannot be installed)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(previous: dict) -> None:
+    import signal
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+class sigterm_as_ctrl_c:
+    """Inside the `with` block SIGTERM raises KeyboardInterrupt, as Ctrl-C does (and both are
+    recorded for stop_exit_code); the block starts with no signal recorded."""
+
+    def __enter__(self) -> "sigterm_as_ctrl_c":
+        _received.clear()
+        self._previous = _install(self._handle)
+        return self
+
+    @staticmethod
+    def _handle(signum, frame) -> None:
+        _received.append(signum)
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        _restore(self._previous)
 
 
 class GracefulInterrupt:
-    """Ctrl-C as a request to stop at the next safe point: inside the `with` block the first SIGINT
-    only sets `requested` (the loop checks it between steps, keeps what finished and stops); a
-    second SIGINT raises KeyboardInterrupt at once. Outside the main thread (where signal handlers
-    cannot be installed) it does nothing and Ctrl-C behaves as usual."""
+    """Ctrl-C or SIGTERM as a request to stop at the next safe point: inside the `with` block the
+    first SIGINT or SIGTERM only sets `requested` (the loop checks it between steps, keeps what
+    finished and stops); a second one raises KeyboardInterrupt at once. Outside the main thread
+    (where signal handlers cannot be installed) it does nothing and the signals behave as usual."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
+        _received.append(signum)
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
 
     def __enter__(self) -> "GracefulInterrupt":
-        import signal
-        import threading
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._previous = _install(self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
-        import signal
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        _restore(self._previous)
+        self._previous = {}
