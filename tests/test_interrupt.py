@@ -182,3 +182,34 @@ def test_a_second_signal_during_eval_names_the_rows_it_kept(trained_tiny, tmp_pa
     with pytest.raises(Interrupted, match=rf"the 2 requests that had finished are in {rows}"):
         _generate(llm, prompts, SamplingParams(max_tokens=4, ignore_eos=True), "x", {}, SecondSignal(), rows)
     assert len(rows.read_text().splitlines()) == 2
+
+
+def test_an_interrupted_eval_resumed_equals_an_uninterrupted_one(tiny_ckpt, tmp_path):
+    """SIGTERM after a few requests, then the same command with eval.resume=true on that folder:
+    only the others are generated, and the rows and acceptance equal an uninterrupted run's."""
+    common = [f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
+              "eval.num_prompts=12", "eval.max_tokens=40", "eval.concurrency=1", "eval.check_lossless=false"]
+    full, run = tmp_path / "full", tmp_path / "run"
+    proc = _start(common + [f"hydra.run.dir={run}"], ROOT)
+    rows = run / "outputs.jsonl"
+    _wait_for(lambda: rows.exists() and len(rows.read_text().splitlines()) >= 2, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "eval.resume=true" in err, err[-2000:]
+    kept = len(rows.read_text().splitlines())
+    assert 2 <= kept < 12
+    for folder, extra in ((run, ["eval.resume=true"]), (full, [])):
+        proc = _start(common + extra + [f"hydra.run.dir={folder}"], ROOT)
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        if extra:
+            assert f"eval.resume: {kept} of 12 requests had finished" in out
+    a, b = ([json.loads(line) for line in (f / "outputs.jsonl").read_text().splitlines()] for f in (full, run))
+    same = ("index", "prompt", "output_token_ids", "text", "finish_reason", "rounds", "num_accepted_tokens")
+    assert [{k: r[k] for k in same} for r in a] == [{k: r[k] for k in same} for r in b]
+    ma, mb = (json.loads((f / "metrics.json").read_text()) for f in (full, run))
+    assert "partial" not in mb and mb["resumed_requests"] == kept and mb["num_requests"] == 12
+    for key in ("num_drafts", "num_accepted_tokens", "num_committed_tokens", "acceptance_length",
+                "per_position_acceptance", "num_prompt_tokens", "analytics"):
+        assert ma[key] == mb[key], key
+    assert mb["mean_ttft_ms"] > 0 and mb["duration_s"] > 0
