@@ -42,8 +42,9 @@ class StopStrings:
         return next((s for s in self.stop if s in tail), None)
 
 
-def cut_at_stop(text: str, matched: str) -> str:
+def cut_at_stop(text: str, matched: str, include: bool = False) -> str:
     """The output text as returned after stop string `matched` ended it: everything before its
-    first occurrence (vLLM's default, include_stop_str_in_output=False)."""
+    first occurrence (vLLM's default), or up to its end with include (vLLM's
+    include_stop_str_in_output=True)."""
     at = text.find(matched)
-    return text if at < 0 else text[:at]
+    return text if at < 0 else text[:at + len(matched) * include]

@@ -108,7 +108,51 @@ def require_folder(path: str | os.PathLike) -> Path:
             f"checkpoint folder {path} does not exist, but {backups[-1]} does (a save was interrupted "
             f"mid-swap): rename it to {path.name}"
         )
+    if looks_like_hub_id(str(path)):
+        raise FileNotFoundError(
+            f"model.path {str(path)!r} is not a local folder; if it is a Hugging Face hub id: mtpx loads local "
+            "checkpoint folders only and downloads nothing, so download it first (e.g. `huggingface-cli "
+            f"download {path} --local-dir DIR`) and point model.path at DIR (or at a folder written by mode=train)")
     raise FileNotFoundError(f"checkpoint folder {path} does not exist: point model.path at a folder written by mode=train")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """"org/name" as a hub id is written: two parts of letters, digits, '-', '_' and '.', not a
+    relative path ('./x', '../x')."""
+    import re
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", name)) and ".." not in name
+
+
+CHECKPOINT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                     "float64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                     "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def checkpoint_dtype(path: str | os.PathLike) -> torch.dtype:
+    """The dtype checkpoint folder `path` stores (vLLM's dtype="auto"): config.json's `dtype` /
+    `torch_dtype`, else the first floating-point tensor's in the safetensors headers, else
+    float32. Raises FileNotFoundError as load_config does."""
+    folder = require_folder(path)
+    try:
+        d = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        d = {}
+    for key in ("dtype", "torch_dtype"):
+        name = d.get(key) if isinstance(d, dict) else None
+        if isinstance(name, str) and name.removeprefix("torch.") in CHECKPOINT_DTYPES:
+            return CHECKPOINT_DTYPES[name.removeprefix("torch.")]
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            n = int.from_bytes(f.open("rb").read(8), "little")
+            with f.open("rb") as fh:
+                fh.seek(8)
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError):
+            continue
+        for k, v in header.items():
+            if k != "__metadata__" and v.get("dtype") in CHECKPOINT_DTYPES:
+                return CHECKPOINT_DTYPES[v["dtype"]]
+    return torch.float32
 
 
 def show_names(names: list[str]) -> str:
