@@ -48,7 +48,7 @@ from mtpx.data.prompts import check_data_config, load_prompts
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.threads import choose_threads
 from mtpx.evaluate import _int_or_none, _Stop, engine_args, sampling_params, source_commit, spec_args
-from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl
+from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir
 from mtpx.train.tokenizer import tokenizer_sha256
 
 
@@ -129,6 +129,7 @@ def run_distill(cfg: DictConfig) -> int:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
         raise ValueError(f"distill.out_dir={out_dir} exists and was not written by mode=distill (no {MANIFEST_FILE}): "
                          "choose a new folder")
+    check_writable_dir(out_dir, "distill.out_dir")
     rank, world = _rank()
 
     spec = cfg.get("spec")

@@ -26,7 +26,70 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_jsonl",
-           "atomic_write_folder"]
+           "atomic_write_folder", "check_writable_dir", "disk_error_line", "DISK_ERRNOS"]
+
+# errors of the file system, not of the program: a one-line message names the path and the fix
+DISK_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS, errno.EACCES,
+                                    errno.EPERM) if e is not None)
+
+
+def _as_disk_error(e: BaseException) -> OSError | None:
+    """`e` as an OSError with its errno when it is one or wraps one: safetensors' SafetensorError
+    (a Rust io::Error, 'No space left on device (os error 28)') is not an OSError."""
+    if isinstance(e, OSError):
+        return e
+    text = str(e)
+    if type(e).__name__ == "SafetensorError":
+        for code, marks in ((errno.ENOSPC, ("os error 28", "No space left", "StorageFull")),
+                            (errno.EDQUOT, ("os error 122", "Disk quota exceeded")),
+                            (errno.EROFS, ("os error 30", "Read-only file system")),
+                            (errno.EACCES, ("os error 13", "Permission denied"))):
+            if any(m in text for m in marks):
+                return OSError(code, os.strerror(code))
+    return None
+
+
+def disk_error_line(e: BaseException) -> str | None:
+    """One line for a file-system error (DISK_ERRNOS: full disk, quota, read-only, permission):
+    what failed on which path and the fix; None for any other error."""
+    err = _as_disk_error(e)
+    if err is None or err.errno not in DISK_ERRNOS:
+        return None
+    if err.strerror and err.strerror != os.strerror(err.errno):
+        return err.strerror                  # already one line with its fix (atomic_write_folder)
+    where = f" ({err.filename})" if err.filename else ""
+    fix = ("free disk space or point the output elsewhere" if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+           else "point the output at a folder you can write")
+    return f"{err.strerror}{where}: {fix}"
+
+
+def check_writable_dir(path: str | os.PathLike[str], key: str, create: bool = True,
+                       shown: str | None = None) -> Path:
+    """Folder `path` (config key `key`, its value `shown` in the message, default `path`) created
+    if `create` and probed with a temporary file (without create: probed in its nearest existing
+    ancestor, nothing is created). Raises
+    ValueError naming `key` and the fix when it cannot be created or written (read-only, under
+    /proc, a file in the way, no permission)."""
+    path = Path(path)
+    probe_dir = path
+    try:
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            probe_dir = next(p for p in (path, *path.parents) if p.exists())
+            if not probe_dir.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe_dir))
+        import tempfile
+        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".mtpx-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        where = (f" in {probe_dir}" if e.filename and ".mtpx-write-test-" in str(e.filename)
+                 else f": {e.filename}" if e.filename and str(e.filename) != str(path) else "")
+        raise ValueError(f"{key}={shown or path} cannot be created or written ({reason}{where}): "
+                         f"point {key} at a folder you can write") from None
+    return path
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -101,7 +164,8 @@ def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], An
 
     Raises:
         anything ``write`` raises: the temporary folder is removed and ``path`` is untouched.
-        OSError: the parent cannot be created or written.
+        OSError: the parent cannot be created or written; ENOSPC / EDQUOT (also from a
+            SafetensorError, which is not an OSError) with a one-line message naming ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -113,15 +177,13 @@ def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], An
         for f in tmp.rglob("*"):   # safetensors writes 0600 files; give them the usual permissions
             if f.is_file():
                 f.chmod(mode)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
-            raise OSError(e.errno, f"no space left to write {path} (a save writes the new folder beside the "
-                                   "old one, so it needs the checkpoint's size free again): free disk space "
-                                   "or point the output elsewhere") from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        err = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _as_disk_error(e)
+        if err is not None and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            raise OSError(err.errno, f"no space left to write {path} (a save writes the new folder beside the "
+                                     "old one, so it needs the checkpoint's size free again; the previous one "
+                                     "is kept): free disk space or point the output elsewhere") from None
         raise
     old = None
     if path.exists():

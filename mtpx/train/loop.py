@@ -393,6 +393,21 @@ def _fmt_compact(losses: dict[str, float], names: list[str]) -> str:
 # the loop
 
 
+def _check_device(device: str) -> None:
+    """Raises ValueError naming train.device when torch cannot place tensors there (an unknown
+    name, CUDA on a build or machine without it)."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"train.device={device!r} is not a device torch knows: use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ValueError(f"train.device={device}: {why} (torch {torch.__version__}): use train.device=cpu, "
+                         "or run on a GPU machine with a CUDA build of torch")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"train.device={device!r}: mtpx trains on cpu or cuda")
+
+
 def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None) -> Path:
     """Train (or resume, or extend) a model with the joint next-token + MTP loss; see module doc.
 
@@ -418,6 +433,7 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
     """
     cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     t = _check_cfg(cfg)
+    _check_device(str(t.get("device", "cpu")))
     info = distributed.resolve(str(t.get("parallel", "auto")), bool(t.freeze_base), int(t.batch_size))
     info, device = distributed.init(info, str(t.get("device", "cpu")), float(t.get("dist_timeout_s", 120)))
     try:
