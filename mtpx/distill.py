@@ -45,9 +45,9 @@ from mtpx.data.distilled import (
     shard_name,
 )
 from mtpx.data.prompts import check_data_config, load_prompts
-from mtpx.engine.llm import DEFAULT_MODEL, LLM
+from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
-from mtpx.evaluate import _int_or_none, _Stop, engine_args, sampling_params, source_commit, spec_args
+from mtpx.evaluate import _int_or_none, _Stop, engine_args, model_path, sampling_params, source_commit, spec_args
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir
 from mtpx.train.tokenizer import tokenizer_sha256
 
@@ -135,7 +135,7 @@ def run_distill(cfg: DictConfig) -> int:
     spec = cfg.get("spec")
     k = spec.num_speculative_tokens if spec is not None else None
     method = None if spec is None or k == 0 else spec.method
-    path = cfg.model.get("path") or DEFAULT_MODEL
+    path = model_path(cfg)
     dtype = cfg.model.get("dtype") or "float32"
     if c.get("threads") is not None:
         choose_threads(None, c.threads, "distill.threads")

@@ -357,7 +357,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
-    path = cfg.model.get("path") or DEFAULT_MODEL
+    path = model_path(cfg)
     engine = engine_args(cfg.engine)
     spec_kw = spec_args(spec)
     num_prompts = _int_or_none(mode, c, "num_prompts", 1, "the whole data set")
@@ -396,6 +396,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     _check_fixed_lengths(prompts, llm.max_model_len)
     client = client_args(c, len(prompts), mode)
     params = sampling_params(c, len(prompts), mode, [p.output_len for p in prompts])
+    params, cap = _cap_max_tokens(prompts, params, llm.max_model_len, f"{mode}.max_tokens")
 
     rows_file = out_dir / "outputs.jsonl"
     rows_file.parent.mkdir(parents=True, exist_ok=True)
@@ -416,7 +417,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     try:
         with GracefulInterrupt() as interrupt:
             return _measure(cfg, out_dir, mode, llm, prompts, params, client, engine, spec_kw, chat, c,
-                            method, name, dtype, interrupt, threads, logger, restored)
+                            method, name, dtype, interrupt, threads, logger, restored, cap)
     finally:
         logger.finish()
 
@@ -476,7 +477,7 @@ def _sweep_group() -> tuple[str | None, int | None]:
 
 def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, engine, spec_kw, chat, c,
              method, name: str, dtype: str, interrupt: GracefulInterrupt, threads: ThreadChoice,
-             logger: RunLogger, restored: dict[int, RequestOutput]) -> int:
+             logger: RunLogger, restored: dict[int, RequestOutput], cap: int | None = None) -> int:
     """The measured pass, metrics, the lossless pass and every output file of _run. After Ctrl-C
     or SIGTERM the requests that finished are written (metrics.json with "partial": true) and
     Interrupted is raised. restored: requests an earlier run finished (eval.resume), not run
@@ -512,7 +513,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
                                                               llm.num_speculative_tokens).items()}
     if chat is not None:
         metrics["chat_template"] = chat
-    metrics["run"] = {"mode": mode, "model": str(cfg.model.get("path") or DEFAULT_MODEL), "dtype": dtype,
+    metrics["run"] = {"mode": mode, "model": str(model_path(cfg)), "dtype": dtype,
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
                       "automatic_k": bool(method) and llm.engine.draft_length.auto,
                       "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
@@ -562,7 +563,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     if engine["enable_prefix_caching"]:
         setup.append("prefix caching")
     report = format_report(metrics, f"mtpx {mode}: {name}{k_text}, {_data_text(cfg.data.name, kept, chat)}, "
-                                    f"{_count_text(len(kept), total)}, {_length_text(kept, c.max_tokens)}, "
+                                    f"{_count_text(len(kept), total)}, {_length_text(kept, c.max_tokens, cap)}, "
                                     f"{_sampling_text(params[0])}, {dtype}, {', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
@@ -689,11 +690,45 @@ def _data_text(name: str, prompts: list[Prompt], chat: bool | None) -> str:
     return name
 
 
-def _length_text(prompts: list[Prompt], max_tokens: int) -> str:
-    """"max_tokens 128", or "output_len 32 (ignore_eos)" for fixed-length prompts."""
+def _length_text(prompts: list[Prompt], max_tokens: int, cap: int | None = None) -> str:
+    """"max_tokens 128", "max_tokens 100000 capped to 1017 by max_model_len 1024" (cap: the most
+    output tokens any request can have, _cap_max_tokens), or "output_len 32 (ignore_eos)" for
+    fixed-length prompts."""
     if prompts[0].output_len is not None:
         return f"output_len {prompts[0].output_len} (ignore_eos)"
-    return f"max_tokens {max_tokens}"
+    return f"max_tokens {max_tokens}" + (f" (capped to {cap} by max_model_len)" if cap is not None else "")
+
+
+def model_path(cfg: DictConfig):
+    """cfg.model.path, or the demo checkpoint when it is null. Raises ValueError for an empty
+    model.path (`model.path=` on the command line), which would otherwise run the demo."""
+    path = cfg.model.get("path")
+    if path is None:
+        return DEFAULT_MODEL
+    if not str(path).strip():
+        raise ValueError("model.path is empty: give a checkpoint folder (model.path=DIR), or leave model.path out "
+                         "to run the demo checkpoint")
+    return path
+
+
+def _cap_max_tokens(prompts: list[Prompt], params: list[SamplingParams], max_model_len: int,
+                    key: str) -> tuple[list[SamplingParams], int | None]:
+    """params with max_tokens lowered to what each prompt leaves of max_model_len (the engine
+    stops there anyway, finish_reason "length"), with one warning line naming `key` when any
+    was (a prompt of max_model_len tokens or more fails alone, uncapped); returns (params, the largest capped max_tokens, or None when none was capped)."""
+    capped = [dataclasses.replace(p, max_tokens=max(1, max_model_len - len(q.engine_input)),
+                                  min_tokens=min(p.min_tokens, max(1, max_model_len - len(q.engine_input))))
+              if q.output_len is None and len(q.engine_input) < max_model_len < len(q.engine_input) + p.max_tokens
+              else p
+              for q, p in zip(prompts, params)]
+    changed = [c.max_tokens for c, p in zip(capped, params) if c is not p]
+    if not changed:
+        return params, None
+    asked = max(p.max_tokens for p in params)
+    print(f"warning: {key}={asked} exceeds max_model_len={max_model_len} (prompt + output) for {len(changed)} of "
+          f"{len(params)} prompts: they stop at {max(changed)} output tokens at most (finish_reason length); "
+          f"lower {key} or raise engine.max_model_len", file=sys.stderr)
+    return capped, max(changed)
 
 
 def _sampling_text(p: SamplingParams) -> str:

@@ -114,3 +114,49 @@ def test_hf_config_with_a_number_as_a_string_names_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"config.json: hidden_size='64' must be a number, not str: write it "
                                          r"without quotes \(\"hidden_size\": 64\)"):
         load_config(tmp_path)
+
+
+# ---- silently wrong before (issue 41 item 4) -------------------------------------------------------
+
+
+def test_eval_max_tokens_past_the_model_length_warns_and_the_header_shows_the_cap(tiny_ckpt, tmp_path):
+    run = tmp_path / "run"
+    r = _cli([f"model.path={tiny_ckpt}", "logger=none", "eval.num_prompts=2", "eval.max_tokens=100000",
+              "engine.max_model_len=512", "eval.check_lossless=false", f"hydra.run.dir={run}"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    warn = [line for line in r.stderr.splitlines() if line.startswith("warning: eval.max_tokens")]
+    assert len(warn) == 1 and "exceeds max_model_len=512 (prompt + output) for 2 of 2 prompts" in warn[0]
+    cap = int(warn[0].split("they stop at ")[1].split()[0])
+    header = " ".join((run / "report.txt").read_text().split())        # the title is wrapped
+    assert f"max_tokens 100000 (capped to {cap} by max_model_len)" in header
+    assert "UserWarning" not in r.stderr
+
+
+def test_empty_model_path_is_an_error_not_the_demo():
+    from mtpx.evaluate import DEFAULT_MODEL, model_path
+    assert model_path(OmegaConf.create({"model": {"path": None}})) == DEFAULT_MODEL
+    with pytest.raises(ValueError, match="^model.path is empty: give a checkpoint folder"):
+        model_path(OmegaConf.create({"model": {"path": ""}}))
+
+
+def _copy_ckpt(src: Path, dst: Path, **config) -> Path:
+    import shutil
+    shutil.copytree(src, dst)
+    d = json.loads((dst / "config.json").read_text())
+    d.update(config)
+    (dst / "config.json").write_text(json.dumps(d))
+    return dst
+
+
+def test_config_module_count_or_eos_that_disagree_with_the_checkpoint_are_errors(tiny_ckpt, tmp_path):
+    from mtpx.hf.loader import CheckpointError, load_pretrained
+    n = json.loads((tiny_ckpt / "config.json").read_text())["num_nextn_predict_layers"]
+    bad = _copy_ckpt(tiny_ckpt, tmp_path / "mods", num_nextn_predict_layers=n + 1)
+    with pytest.raises(CheckpointError, match=rf"declares num_nextn_predict_layers={n + 1} but the weights hold {n} "
+                                              rf"MTP module\(s\).*set num_nextn_predict_layers to {n}"):
+        load_pretrained(bad)
+    vocab = json.loads((tiny_ckpt / "config.json").read_text())["vocab_size"]
+    bad = _copy_ckpt(tiny_ckpt, tmp_path / "eos", eos_token_id=vocab + 5)
+    with pytest.raises(CheckpointError, match=rf"eos_token_id {vocab + 5} is not a token id of the vocabulary "
+                                              rf"\(0 .. {vocab - 1}\): fix eos_token_id in config.json"):
+        load_pretrained(bad)

@@ -208,6 +208,7 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     """
     folder = require_folder(path)
     cfg, is_hf = _read_config(folder)
+    _check_eos(cfg, folder, is_hf)
     files = weight_files(folder, allow_pickle)
     shapes, where = _read_headers(files)
     layout, num_modules = detect_layout(shapes, cfg.num_hidden_layers)
@@ -232,6 +233,11 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             f"{folder / 'config.json'} declares {cfg.num_nextn_predict_layers} MTP module(s) but the weights hold "
             f"{num_modules}: the MTP weights were dropped (transformers' save_pretrained drops mtp.*); "
             "re-download the checkpoint or attach modules with spec.draft_path")
+    elif not is_hf and cfg.num_nextn_predict_layers != num_modules:
+        raise CheckpointError(
+            f"{folder / 'config.json'} declares num_nextn_predict_layers={cfg.num_nextn_predict_layers} but the "
+            f"weights hold {num_modules} MTP module(s): config.json and the weights come from different saves; set "
+            f"num_nextn_predict_layers to {num_modules} in config.json or re-save the checkpoint")
     cfg.num_nextn_predict_layers = num_modules
     if layout == "deepseek_v3":
         cfg.mtp_style = "deepseek_v3"
@@ -249,6 +255,17 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             raise CheckpointError(f"{src}: tensor {plan.get(name, name)!r} (mtpx {name}) holds NaN or Inf values: "
                                   "the file is corrupted or the training run that wrote it diverged")
     return model.eval(), load_folder_tokenizer(folder, is_hf)
+
+
+def _check_eos(cfg: ModelConfig, folder: Path, is_hf: bool) -> None:
+    """Raises CheckpointError when an eos_token_id is not a token id of the vocabulary (an
+    integer in [0, vocab_size)): it could never be sampled, so no request would stop at it."""
+    eos = cfg.eos_token_id
+    for e in [] if eos is None else [eos] if isinstance(eos, int) else list(eos):
+        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < cfg.vocab_size:
+            where = "config.json (or generation_config.json)" if is_hf else "config.json"
+            raise CheckpointError(f"{folder / CONFIG_FILE}: eos_token_id {e!r} is not a token id of the vocabulary "
+                                  f"(0 .. {cfg.vocab_size - 1}): fix eos_token_id in {where}")
 
 
 def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:

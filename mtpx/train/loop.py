@@ -268,6 +268,9 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
     if missing:
         raise ValueError(f"train config lacks {missing}: add them to the train section")
     t = cfg.train
+    if cfg.model.get("path") is not None and not str(cfg.model.get("path")).strip():
+        raise ValueError("model.path is empty: give the checkpoint folder to start from (model.path=DIR), or leave "
+                         "model.path out to train a fresh model")
     if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
         raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
     for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads", "tokenizer_vocab_size"):
