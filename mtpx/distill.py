@@ -49,6 +49,7 @@ from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
 from mtpx.evaluate import _int_or_none, _Stop, engine_args, model_path, sampling_params, source_commit, spec_args
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir
+from mtpx.metrics.progress import ProgressLines
 from mtpx.train.tokenizer import tokenizer_sha256
 
 
@@ -226,10 +227,16 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
         if len(done[i]) == shard_len(i):
             finish_shard(i)
 
+    lines = ProgressLines("distill", len(queue), "prompts")
+    finished = 0
+
     def on_finish(r) -> None:
-        nonlocal tokens
+        nonlocal tokens, finished
         o = llm.request_output(r)
         tokens += len(o.output_token_ids)
+        finished += 1
+        lines.update(finished, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s",
+                     f"{written}/{len(todo)} shards written")
         record(queue[r.index], o)
 
     def record(j: int, o) -> None:
@@ -246,6 +253,7 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
 
     with GracefulInterrupt() as interrupt:
         def on_step(engine) -> None:
+            lines.tick()
             if interrupt.requested:
                 raise _Stop
         try:

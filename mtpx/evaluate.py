@@ -53,6 +53,7 @@ from mtpx.engine.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text
 from mtpx.metrics.analytics import analytics
+from mtpx.metrics.progress import ProgressLines
 from mtpx.metrics.cost_model import step_costs
 from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
@@ -191,7 +192,7 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
     the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
     arrival_offsets. Each finished request's row is appended to rows_file as it finishes; the
     progress bar and the W&B run (`live/*`, at most twice a second) show output tokens/s and the
-    acceptance so far. indices: each prompt's request index (default 0, 1, ...); clock: seconds
+    acceptance so far (without a terminal: a line every MTPX_PROGRESS_S seconds, ProgressLines). indices: each prompt's request index (default 0, 1, ...); clock: seconds
     of the run before this pass (a resumed eval): output times are seconds on the run's clock.
 
     Returns (outputs, seconds, interrupted): after Ctrl-C or SIGTERM (interrupt.requested), the
@@ -227,6 +228,8 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
         text = f"{label} · {stats['live/output_tok_s']:.0f} tok/s" + (
             f" · acceptance length {stats['live/acceptance_length']:.2f}" if live["drafts"] else "")
         progress.update(task, advance=1, description=text)
+        lines.update(len(done), f"{stats['live/output_tok_s']:.0f} tok/s",
+                     f"acceptance length {stats['live/acceptance_length']:.2f}" if live["drafts"] else None)
         if logger is not None and time.perf_counter() - live["logged"] >= 0.5:
             live["logged"] = time.perf_counter()
             logger.log(stats)
@@ -235,12 +238,14 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
             sink.flush()
 
     def on_step(engine) -> None:
+        lines.tick()
         if interrupt.requested:
             raise _Stop
 
     try:
         with Progress(transient=True) as progress:
             task = progress.add_task(label, total=len(prompts))
+            lines = ProgressLines(label, len(prompts), "requests")
             t0 = time.perf_counter()
             try:
                 outs = llm.generate([p.engine_input for p in prompts], params, on_finish=on_finish,

@@ -46,6 +46,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tokenizers import Tokenizer
 
 from mtpx.io import GracefulInterrupt, Interrupted, recover_folder
+from mtpx.metrics.progress import ProgressLines
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.hf.layout import QWEN3_NEXT_SHARED
@@ -580,6 +581,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     with progress, GracefulInterrupt() as interrupt:
         task = progress.add_task("training", total=steps, completed=start)
         t0, n_timed = time.perf_counter(), 0
+        lines = ProgressLines("train", steps, "steps", start=start, every=None if info.is_main else 0)
         for step, batch in sampler.iterate(start):
             if step >= steps:
                 break
@@ -594,6 +596,8 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
             history.append({"step": done, "split": "train", "lr": lr, **m})
             n_timed += 1
             progress.update(task, advance=1)
+            lines.update(done, f"{(done - start) * tokens_per_step / max(time.perf_counter() - lines.t0, 1e-9):.0f} tok/s",
+                         f"lr {lr:.1e}", f"loss {_fmt_compact(m, names)}")
             if done % int(t.log_every) == 0 or done == steps:
                 tok_s = n_timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9)
                 t0, n_timed = time.perf_counter(), 0
