@@ -47,7 +47,8 @@ from mtpx.data.distilled import (
 from mtpx.data.prompts import check_data_config, load_prompts
 from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
-from mtpx.evaluate import _int_or_none, _Stop, engine_args, model_path, sampling_params, source_commit, spec_args
+from mtpx.evaluate import (_int_or_none, _Stop, cap_max_tokens, engine_args, model_path, sampling_params, source_commit,
+                           spec_args)
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir
 from mtpx.metrics.progress import ProgressLines
 from mtpx.train.tokenizer import tokenizer_sha256
@@ -153,6 +154,7 @@ def run_distill(cfg: DictConfig) -> int:
     stop = _stop_strings(c.get("stop"))
     params = [dataclasses.replace(p, stop=stop) for p in
               sampling_params(c, len(prompts), "distill", [p.output_len for p in prompts])]
+    params, _ = cap_max_tokens(prompts, params, llm.max_model_len, "distill.max_tokens")
     num_shards = -(-len(prompts) // shard_size)
     p0 = params[0]
     manifest = {

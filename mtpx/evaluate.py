@@ -401,7 +401,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     _check_fixed_lengths(prompts, llm.max_model_len)
     client = client_args(c, len(prompts), mode)
     params = sampling_params(c, len(prompts), mode, [p.output_len for p in prompts])
-    params, cap = _cap_max_tokens(prompts, params, llm.max_model_len, f"{mode}.max_tokens")
+    params, cap = cap_max_tokens(prompts, params, llm.max_model_len, f"{mode}.max_tokens")
 
     rows_file = out_dir / "outputs.jsonl"
     rows_file.parent.mkdir(parents=True, exist_ok=True)
@@ -697,7 +697,7 @@ def _data_text(name: str, prompts: list[Prompt], chat: bool | None) -> str:
 
 def _length_text(prompts: list[Prompt], max_tokens: int, cap: int | None = None) -> str:
     """"max_tokens 128", "max_tokens 100000 capped to 1017 by max_model_len 1024" (cap: the most
-    output tokens any request can have, _cap_max_tokens), or "output_len 32 (ignore_eos)" for
+    output tokens any request can have, cap_max_tokens), or "output_len 32 (ignore_eos)" for
     fixed-length prompts."""
     if prompts[0].output_len is not None:
         return f"output_len {prompts[0].output_len} (ignore_eos)"
@@ -716,7 +716,7 @@ def model_path(cfg: DictConfig):
     return path
 
 
-def _cap_max_tokens(prompts: list[Prompt], params: list[SamplingParams], max_model_len: int,
+def cap_max_tokens(prompts: list[Prompt], params: list[SamplingParams], max_model_len: int,
                     key: str) -> tuple[list[SamplingParams], int | None]:
     """params with max_tokens lowered to what each prompt leaves of max_model_len (the engine
     stops there anyway, finish_reason "length"), with one warning line naming `key` when any
