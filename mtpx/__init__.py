@@ -1,6 +1,6 @@
 """mtpx: multi-token-prediction speculative decoding in plain PyTorch."""
 from mtpx.engine.llm import LLM
 from mtpx.engine.sampling_params import SamplingParams
-from mtpx.metrics.stats import CompletionOutput, RequestOutput
+from mtpx.metrics.stats import CompletionOutput, RequestMetrics, RequestOutput
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]

@@ -1,8 +1,8 @@
 """What `train_or_eval.py` runs: mode=train trains and checkpoints, mode=eval decodes a prompt set
 and reports spec-decode metrics (with the lossless check), mode=bench is the serving benchmark
 (the bench group's client, no lossless pass), mode=serve the HTTP server, mode=distill writes
-self-distilled training data. Errors a user can fix are printed as one line, exit
-code 2."""
+self-distilled training data. Errors a user can fix (bad input, a full, read-only or forbidden
+disk: mtpx.io.disk_error_line) are printed as one line, exit code 2."""
 from __future__ import annotations
 
 import sys
@@ -11,7 +11,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtpx.io import Interrupted, atomic_write_text
+from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c, stop_exit_code,
+                     stop_signal_name)
 from mtpx.metrics.logging import RunLogger
 from mtpx.schema import compose_error, group_choices
 
@@ -44,10 +45,31 @@ def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:
     return None
 
 
+def check_run_dirs(argv: list[str]) -> str | None:
+    """One error line when the folder Hydra would create for the run (hydra.run.dir, or
+    hydra.sweep.dir with -m / --multirun; default outputs/ and multirun/ under the working
+    directory) cannot be created or written (read-only, under /proc, a file in the way), which
+    Hydra reports as a traceback; None otherwise. Only the part before the first ${...} is
+    checked, and nothing is created."""
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    value = next((a.partition("=")[2] for a in argv if a.lstrip("+").startswith(key + "=")),
+                 "multirun/${now:}" if multirun else "outputs/${now:}")
+    fixed = value.split("${")[0]
+    if "${" in value:                                  # the last, partial component is unknown
+        fixed = fixed[: fixed.rfind("/") + 1] if "/" in fixed else ""
+    try:
+        check_writable_dir(Path(fixed or "."), key, create=False, shown=value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def check_overrides(argv: list[str], conf_dir: Path) -> str | None:
-    """What `train_or_eval.py` checks before Hydra's main: group options, then the composed config
-    against its schema (mtpx.schema.compose_error). One error line, or None."""
-    return check_group_overrides(argv, conf_dir) or compose_error(argv, conf_dir)
+    """What `train_or_eval.py` checks before Hydra's main: group options, the composed config
+    against its schema (mtpx.schema.compose_error), then the run folder (check_run_dirs). One
+    error line, or None."""
+    return check_group_overrides(argv, conf_dir) or compose_error(argv, conf_dir) or check_run_dirs(argv)
 
 
 def run_dir() -> Path:
@@ -107,6 +129,15 @@ def run(cfg: DictConfig) -> int:
 
 
 def _run(cfg: DictConfig) -> int:
+    """cfg.mode's run; SIGTERM acts as Ctrl-C (mtpx.io) except in mode=serve, whose server
+    handles both itself. Returns the exit code (2: bad input; 130 / 143: Ctrl-C / SIGTERM)."""
+    if cfg.get("mode") == "serve":
+        return _dispatch(cfg)
+    with sigterm_as_ctrl_c():
+        return _dispatch(cfg)
+
+
+def _dispatch(cfg: DictConfig) -> int:
     try:
         if cfg.mode == "train":
             return run_train(cfg)
@@ -129,12 +160,24 @@ def _run(cfg: DictConfig) -> int:
         _record_error(f"error: {msg}")
         return 2
     except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        _record_error(f"interrupted: {e}")
-        return 130
+        line = f"{_interrupted()}: {e}"
+    except Exception as e:           # a full, read-only or forbidden disk: one line, else the traceback
+        line = disk_error_line(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        _record_error(f"error: {line}")
+        return 2
     except KeyboardInterrupt:
-        print("interrupted before anything finished: nothing was written", file=sys.stderr)
-        return 130
+        line = (f"{_interrupted()}: stopped at once; the run's final files were not written (what it wrote "
+                "before, e.g. finished rows in outputs.jsonl or saved checkpoints, is kept)")
+    print(line, file=sys.stderr)
+    _record_error(line)
+    return stop_exit_code()
+
+
+def _interrupted() -> str:
+    return "interrupted" if stop_signal_name() == "SIGINT" else "interrupted by SIGTERM"
 
 
 def _record_error(line: str) -> None:
@@ -144,7 +187,10 @@ def _record_error(line: str) -> None:
         out = Path(HydraConfig.get().runtime.output_dir)
     except ValueError:
         return
-    atomic_write_text(out / "error.txt", line + "\n")
+    try:
+        atomic_write_text(out / "error.txt", line + "\n")
+    except OSError:                  # a full or read-only disk: the line on stderr is all there is
+        pass
 
 
 def run_train(cfg: DictConfig) -> int:

@@ -45,10 +45,12 @@ from mtpx.data.distilled import (
     shard_name,
 )
 from mtpx.data.prompts import check_data_config, load_prompts
-from mtpx.engine.llm import DEFAULT_MODEL, LLM
+from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
-from mtpx.evaluate import _int_or_none, _Stop, engine_args, sampling_params, source_commit, spec_args
-from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl
+from mtpx.evaluate import (_int_or_none, _Stop, cap_max_tokens, engine_args, model_path, sampling_params, source_commit,
+                           spec_args)
+from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir
+from mtpx.metrics.progress import ProgressLines
 from mtpx.train.tokenizer import tokenizer_sha256
 
 
@@ -129,12 +131,13 @@ def run_distill(cfg: DictConfig) -> int:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
         raise ValueError(f"distill.out_dir={out_dir} exists and was not written by mode=distill (no {MANIFEST_FILE}): "
                          "choose a new folder")
+    check_writable_dir(out_dir, "distill.out_dir")
     rank, world = _rank()
 
     spec = cfg.get("spec")
     k = spec.num_speculative_tokens if spec is not None else None
     method = None if spec is None or k == 0 else spec.method
-    path = cfg.model.get("path") or DEFAULT_MODEL
+    path = model_path(cfg)
     dtype = cfg.model.get("dtype") or "float32"
     if c.get("threads") is not None:
         choose_threads(None, c.threads, "distill.threads")
@@ -151,6 +154,7 @@ def run_distill(cfg: DictConfig) -> int:
     stop = _stop_strings(c.get("stop"))
     params = [dataclasses.replace(p, stop=stop) for p in
               sampling_params(c, len(prompts), "distill", [p.output_len for p in prompts])]
+    params, _ = cap_max_tokens(prompts, params, llm.max_model_len, "distill.max_tokens")
     num_shards = -(-len(prompts) // shard_size)
     p0 = params[0]
     manifest = {
@@ -225,10 +229,16 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
         if len(done[i]) == shard_len(i):
             finish_shard(i)
 
+    lines = ProgressLines("distill", len(queue), "prompts")
+    finished = 0
+
     def on_finish(r) -> None:
-        nonlocal tokens
+        nonlocal tokens, finished
         o = llm.request_output(r)
         tokens += len(o.output_token_ids)
+        finished += 1
+        lines.update(finished, f"{tokens / max(time.perf_counter() - t0, 1e-9):.0f} tok/s",
+                     f"{written}/{len(todo)} shards written")
         record(queue[r.index], o)
 
     def record(j: int, o) -> None:
@@ -245,6 +255,7 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
 
     with GracefulInterrupt() as interrupt:
         def on_step(engine) -> None:
+            lines.tick()
             if interrupt.requested:
                 raise _Stop
         try:

@@ -26,12 +26,13 @@ with seed eval.seed + i, so a run is reproducible. At temperature > 0 outputs ar
 token-identical to plain decoding, so the lossless check (a greedy-only check) is skipped; sampled
 runs are checked against the target distribution by the engine's distribution tests. A spec's
 draft_sample_method (greedy | probabilistic) and verify (standard | block) go to the LLM.
-Ctrl-C stops the engine at the next step: the requests that finished are written as above, with
-"partial": true in metrics.json (also when only the lossless pass was cut short), and the run
-exits 130 with one line (mtpx.io.Interrupted); a second Ctrl-C stops at once.
+Ctrl-C or SIGTERM stops the engine at the next step: the requests that finished are written as
+above, with "partial": true in metrics.json (also when only the lossless pass was cut short), and
+the run exits 130 (SIGTERM: 143) with one line (mtpx.io.Interrupted); a second one stops at once.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -52,11 +53,12 @@ from mtpx.engine.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text
 from mtpx.metrics.analytics import analytics
+from mtpx.metrics.progress import ProgressLines
 from mtpx.metrics.cost_model import step_costs
 from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
-from mtpx.metrics.stats import RequestOutput, aggregate_spec, compute_metrics, is_failed
+from mtpx.metrics.stats import RequestOutput, SpecDecodeCounts, aggregate_spec, compute_metrics, is_failed
 
 
 def compare_outputs(spec: list[RequestOutput], plain: list[RequestOutput], tie_tolerance: float):
@@ -183,16 +185,20 @@ class _Stop(Exception):
 
 
 def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
-              interrupt: GracefulInterrupt, rows_file: Path | None = None, logger: RunLogger | None = None):
+              interrupt: GracefulInterrupt, rows_file: Path | None = None, logger: RunLogger | None = None,
+              indices: list[int] | None = None, clock: float = 0.0):
     """Timed generation after a 2-token warm-up request (first-call allocations and lazy
     initialisation are not billed to the first measured run). The prefix cache is emptied after
     the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
     arrival_offsets. Each finished request's row is appended to rows_file as it finishes; the
     progress bar and the W&B run (`live/*`, at most twice a second) show output tokens/s and the
-    acceptance so far.
+    acceptance so far (without a terminal: a line every MTPX_PROGRESS_S seconds, ProgressLines). indices: each prompt's request index (default 0, 1, ...); clock: seconds
+    of the run before this pass (a resumed eval): output times are seconds on the run's clock.
 
-    Returns (outputs, seconds, interrupted): after Ctrl-C (interrupt.requested), the engine stops
-    at the next step boundary and outputs holds the requests that had finished, in index order."""
+    Returns (outputs, seconds, interrupted): after Ctrl-C or SIGTERM (interrupt.requested), the
+    engine stops at the next step boundary and outputs holds the requests that had finished, in
+    index order."""
+    indices = list(range(len(prompts))) if indices is None else indices
     llm.generate([prompts[0].engine_input], SamplingParams(max_tokens=2))
     llm.reset_prefix_cache()
     llm.engine.draft_length.reset_histograms()    # k per step, depths: the measured pass only
@@ -201,8 +207,15 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
 
     live = {"tokens": 0, "drafts": 0, "committed": 0, "draft_tokens": 0, "accepted": 0, "logged": 0.0}
 
+    def on_clock(o: RequestOutput) -> RequestOutput:
+        origin = t0 - clock
+        at = (lambda t: None if t is None else t - origin)                # noqa: E731
+        return dataclasses.replace(o, index=indices[o.index], arrival_time=o.arrival_time - origin,
+                                   first_token_time=at(o.first_token_time), finish_time=at(o.finish_time),
+                                   emission_times=[t - origin for t in o.emission_times])
+
     def on_finish(r) -> None:
-        o = done[r.index] = llm.request_output(r)
+        o = done[r.index] = on_clock(llm.request_output(r))
         live["tokens"] += len(o.output_token_ids)
         for key, n in (("drafts", o.spec.num_drafts), ("committed", o.spec.num_committed_tokens),
                        ("draft_tokens", o.spec.num_draft_tokens), ("accepted", o.spec.num_accepted_tokens)):
@@ -215,27 +228,36 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
         text = f"{label} · {stats['live/output_tok_s']:.0f} tok/s" + (
             f" · acceptance length {stats['live/acceptance_length']:.2f}" if live["drafts"] else "")
         progress.update(task, advance=1, description=text)
+        lines.update(len(done), f"{stats['live/output_tok_s']:.0f} tok/s",
+                     f"acceptance length {stats['live/acceptance_length']:.2f}" if live["drafts"] else None)
         if logger is not None and time.perf_counter() - live["logged"] >= 0.5:
             live["logged"] = time.perf_counter()
             logger.log(stats)
         if sink is not None:
-            sink.write(json.dumps(_output_row(o, prompts[o.index]), ensure_ascii=False) + "\n")
+            sink.write(json.dumps(_output_row(o, prompts[r.index]), ensure_ascii=False) + "\n")
             sink.flush()
 
     def on_step(engine) -> None:
+        lines.tick()
         if interrupt.requested:
             raise _Stop
 
     try:
         with Progress(transient=True) as progress:
             task = progress.add_task(label, total=len(prompts))
+            lines = ProgressLines(label, len(prompts), "requests")
             t0 = time.perf_counter()
             try:
                 outs = llm.generate([p.engine_input for p in prompts], params, on_finish=on_finish,
                                     on_step=on_step, **client)
             except _Stop:
                 return [done[i] for i in sorted(done)], time.perf_counter() - t0, True
-            return outs, time.perf_counter() - t0, False
+            except KeyboardInterrupt:       # a second Ctrl-C / SIGTERM: stop at once, say what is kept
+                if not done or rows_file is None:
+                    raise
+                raise Interrupted(f"stopped at once by a second signal: the {len(done)} requests that had "
+                                  f"finished are in {rows_file}; no metrics.json or report was written") from None
+            return [on_clock(o) for o in outs], time.perf_counter() - t0, False
     finally:
         if sink is not None:
             sink.close()
@@ -253,7 +275,60 @@ def _output_row(o: RequestOutput, p: Prompt) -> dict:
     return row | {"rounds": o.spec.rounds, "num_drafts": o.spec.num_drafts,
                   "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
                   "num_committed_tokens": o.spec.num_committed_tokens,
-                  "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions}
+                  "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions,
+                  "arrival_s": o.arrival_time, "first_token_s": o.first_token_time, "finish_s": o.finish_time,
+                  "emission_s": o.emission_times}
+
+
+def _restore(row: dict, p: Prompt, prompt_ids: list[int], k: int) -> RequestOutput:
+    """A finished request of an earlier pass (eval.resume) from its outputs.jsonl row: the same
+    tokens, counters and times (seconds on the run's clock)."""
+    spec = SpecDecodeCounts()
+    for nd, acc, committed in row["rounds"]:
+        spec.record_round(nd, acc, committed)
+    spec.accepted_per_position += [0] * (k - len(spec.accepted_per_position))
+    return RequestOutput(index=row["index"], prompt_token_ids=prompt_ids, output_token_ids=row["output_token_ids"],
+                         text=row["text"], finish_reason=row["finish_reason"], spec=spec,
+                         arrival_time=row["arrival_s"], first_token_time=row["first_token_s"],
+                         finish_time=row["finish_s"], emission_times=row["emission_s"],
+                         num_cached_tokens=row["num_cached_tokens"], num_preemptions=row["num_preemptions"],
+                         prompt=p.text or None)
+
+
+def finished_rows(rows_file: Path, prompts: list[Prompt], llm: LLM) -> dict[int, RequestOutput]:
+    """eval.resume: {request index: output} of the requests that finished (stop or length, no
+    error) in rows_file, an earlier run of the same command; {} without the file. A torn last
+    line is ignored. Raises ValueError (naming eval.resume) for a row of another prompt set or an
+    older outputs.jsonl without times."""
+    if not rows_file.exists():
+        return {}
+    lines = rows_file.read_text(encoding="utf-8").splitlines()
+    out = {}
+    for n, line in enumerate(lines):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if n == len(lines) - 1:
+                break                      # the line being written when the run stopped
+            raise ValueError(f"eval.resume=true: {rows_file} line {n + 1} is not JSON: delete the file "
+                             "(or the line) to start over") from None
+        i = row.get("index")
+        if row.get("finish_reason") not in ("stop", "length") or row.get("error") or not isinstance(i, int):
+            continue
+        if not 0 <= i < len(prompts) or row.get("prompt") != prompts[i].text:
+            raise ValueError(f"eval.resume=true: {rows_file} row {i} is not this run's prompt {i}: resume "
+                             "with the same data and eval settings, or use a new hydra.run.dir")
+        if "arrival_s" not in row:
+            raise ValueError(f"eval.resume=true: {rows_file} was written by an older mtpx (rows without "
+                             "times): delete it to start over")
+        p = prompts[i]
+        ids = list(p.token_ids) if p.token_ids is not None else llm.encode(p.text)
+        if row.get("num_prompt_tokens") != len(ids):
+            raise ValueError(f"eval.resume=true: {rows_file} row {i} has {row.get('num_prompt_tokens')} prompt "
+                             f"tokens, this run's prompt {i} {len(ids)}: resume with the same model and data, "
+                             "or use a new hydra.run.dir")
+        out[i] = _restore(row, p, ids, llm.num_speculative_tokens)
+    return out
 
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> int:
@@ -287,7 +362,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
-    path = cfg.model.get("path") or DEFAULT_MODEL
+    path = model_path(cfg)
     engine = engine_args(cfg.engine)
     spec_kw = spec_args(spec)
     num_prompts = _int_or_none(mode, c, "num_prompts", 1, "the whole data set")
@@ -326,10 +401,17 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     _check_fixed_lengths(prompts, llm.max_model_len)
     client = client_args(c, len(prompts), mode)
     params = sampling_params(c, len(prompts), mode, [p.output_len for p in prompts])
+    params, cap = cap_max_tokens(prompts, params, llm.max_model_len, f"{mode}.max_tokens")
 
     rows_file = out_dir / "outputs.jsonl"
     rows_file.parent.mkdir(parents=True, exist_ok=True)
-    rows_file.unlink(missing_ok=True)
+    restored = {}
+    if mode == "eval" and c.get("resume"):
+        restored = finished_rows(rows_file, prompts, llm)
+        print(f"eval.resume: {len(restored)} of {len(prompts)} requests had finished in {rows_file}"
+              + ("; generating the others" if len(restored) < len(prompts) else ""))
+    else:
+        rows_file.unlink(missing_ok=True)
     used = {key: cfg[key] for key in ("mode", "seed", "model", "data", "engine", "spec", "logger", mode)
             if cfg.get(key) is not None}                       # the groups this mode reads
     group, job = _sweep_group()
@@ -340,7 +422,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     try:
         with GracefulInterrupt() as interrupt:
             return _measure(cfg, out_dir, mode, llm, prompts, params, client, engine, spec_kw, chat, c,
-                            method, name, dtype, interrupt, threads, logger)
+                            method, name, dtype, interrupt, threads, logger, restored, cap)
     finally:
         logger.finish()
 
@@ -400,14 +482,26 @@ def _sweep_group() -> tuple[str | None, int | None]:
 
 def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, engine, spec_kw, chat, c,
              method, name: str, dtype: str, interrupt: GracefulInterrupt, threads: ThreadChoice,
-             logger: RunLogger) -> int:
+             logger: RunLogger, restored: dict[int, RequestOutput], cap: int | None = None) -> int:
     """The measured pass, metrics, the lossless pass and every output file of _run. After Ctrl-C
-    the requests that finished are written (metrics.json with "partial": true) and Interrupted
-    is raised."""
+    or SIGTERM the requests that finished are written (metrics.json with "partial": true) and
+    Interrupted is raised. restored: requests an earlier run finished (eval.resume), not run
+    again; the run's duration then adds the earlier run's (its last finish time)."""
     rows_file = out_dir / "outputs.jsonl"
     total = len(prompts)
-    outs, duration, stopped = _generate(llm, prompts, params, f"{name}: {len(prompts)} prompts", client,
-                                        interrupt, rows_file, logger)
+    todo = [i for i in range(total) if i not in restored]
+    clock = max((o.finish_time or 0.0 for o in restored.values()), default=0.0)
+    outs, duration, stopped = [], 0.0, False
+    if todo:
+        offsets = client["arrival_offsets"]
+        sub_client = {**client, "arrival_offsets": None if offsets is None else
+                      [offsets[i] - offsets[todo[0]] for i in todo]}
+        outs, duration, stopped = _generate(llm, [prompts[i] for i in todo], [params[i] for i in todo],
+                                            f"{name}: {len(todo)} prompts", sub_client, interrupt, rows_file,
+                                            logger, indices=todo, clock=clock)
+    if restored:
+        outs = sorted(outs + list(restored.values()), key=lambda o: o.index)
+        duration += clock
     if stopped:
         if not outs:
             raise Interrupted(f"stopped before any of the {total} requests finished; nothing to keep")
@@ -424,7 +518,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
                                                               llm.num_speculative_tokens).items()}
     if chat is not None:
         metrics["chat_template"] = chat
-    metrics["run"] = {"mode": mode, "model": str(cfg.model.get("path") or DEFAULT_MODEL), "dtype": dtype,
+    metrics["run"] = {"mode": mode, "model": str(model_path(cfg)), "dtype": dtype,
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
                       "automatic_k": bool(method) and llm.engine.draft_length.auto,
                       "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
@@ -453,6 +547,8 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
         preds = [extract_predicted_answer(o.text) for o in outs]
         metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in kept])
 
+    if restored:
+        metrics["resumed_requests"] = len(restored)     # finished by an earlier run (eval.resume)
     code = 0
     if stopped:
         metrics["partial"] = True
@@ -472,7 +568,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     if engine["enable_prefix_caching"]:
         setup.append("prefix caching")
     report = format_report(metrics, f"mtpx {mode}: {name}{k_text}, {_data_text(cfg.data.name, kept, chat)}, "
-                                    f"{_count_text(len(kept), total)}, {_length_text(kept, c.max_tokens)}, "
+                                    f"{_count_text(len(kept), total)}, {_length_text(kept, c.max_tokens, cap)}, "
                                     f"{_sampling_text(params[0])}, {dtype}, {', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
@@ -483,8 +579,9 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
     logger.log_images([out_dir / "per_position_acceptance.png", *figures])
     print(f"run directory: {out_dir}")
     if stopped:
+        again = " (eval.resume=true with hydra.run.dir=that folder finishes the rest)" if mode == "eval" else ""
         raise Interrupted(f"{len(outs)} of {total} requests had finished; their outputs.jsonl, report and "
-                          f"metrics.json (\"partial\": true) are in {out_dir}")
+                          f"metrics.json (\"partial\": true) are in {out_dir}{again}")
     if metrics.get("lossless_check") == "interrupted":
         raise Interrupted(f"the measured pass of {total} requests finished and is written to {out_dir}; "
                           "the lossless pass was interrupted (metrics.json: \"partial\": true)")
@@ -598,11 +695,45 @@ def _data_text(name: str, prompts: list[Prompt], chat: bool | None) -> str:
     return name
 
 
-def _length_text(prompts: list[Prompt], max_tokens: int) -> str:
-    """"max_tokens 128", or "output_len 32 (ignore_eos)" for fixed-length prompts."""
+def _length_text(prompts: list[Prompt], max_tokens: int, cap: int | None = None) -> str:
+    """"max_tokens 128", "max_tokens 100000 capped to 1017 by max_model_len 1024" (cap: the most
+    output tokens any request can have, cap_max_tokens), or "output_len 32 (ignore_eos)" for
+    fixed-length prompts."""
     if prompts[0].output_len is not None:
         return f"output_len {prompts[0].output_len} (ignore_eos)"
-    return f"max_tokens {max_tokens}"
+    return f"max_tokens {max_tokens}" + (f" (capped to {cap} by max_model_len)" if cap is not None else "")
+
+
+def model_path(cfg: DictConfig):
+    """cfg.model.path, or the demo checkpoint when it is null. Raises ValueError for an empty
+    model.path (`model.path=` on the command line), which would otherwise run the demo."""
+    path = cfg.model.get("path")
+    if path is None:
+        return DEFAULT_MODEL
+    if not str(path).strip():
+        raise ValueError("model.path is empty: give a checkpoint folder (model.path=DIR), or leave model.path out "
+                         "to run the demo checkpoint")
+    return path
+
+
+def cap_max_tokens(prompts: list[Prompt], params: list[SamplingParams], max_model_len: int,
+                    key: str) -> tuple[list[SamplingParams], int | None]:
+    """params with max_tokens lowered to what each prompt leaves of max_model_len (the engine
+    stops there anyway, finish_reason "length"), with one warning line naming `key` when any
+    was (a prompt of max_model_len tokens or more fails alone, uncapped); returns (params, the largest capped max_tokens, or None when none was capped)."""
+    capped = [dataclasses.replace(p, max_tokens=max(1, max_model_len - len(q.engine_input)),
+                                  min_tokens=min(p.min_tokens, max(1, max_model_len - len(q.engine_input))))
+              if q.output_len is None and len(q.engine_input) < max_model_len < len(q.engine_input) + p.max_tokens
+              else p
+              for q, p in zip(prompts, params)]
+    changed = [c.max_tokens for c, p in zip(capped, params) if c is not p]
+    if not changed:
+        return params, None
+    asked = max(p.max_tokens for p in params)
+    print(f"warning: {key}={asked} exceeds max_model_len={max_model_len} (prompt + output) for {len(changed)} of "
+          f"{len(params)} prompts: they stop at {max(changed)} output tokens at most (finish_reason length); "
+          f"lower {key} or raise engine.max_model_len", file=sys.stderr)
+    return capped, max(changed)
 
 
 def _sampling_text(p: SamplingParams) -> str:

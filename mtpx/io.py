@@ -8,8 +8,10 @@ fails, the destination is left untouched and the temporary file is removed.
 Parent directories are created when missing. New files get the usual permissions (0o666 minus
 the process umask), not the 0o600 of ``tempfile``.
 
-`GracefulInterrupt` turns Ctrl-C into a stop at the next safe point, and `Interrupted` is how a
-run that kept what finished says so (the entry point exits 130 with its one line).
+`GracefulInterrupt` turns Ctrl-C or SIGTERM (timeout, docker, SLURM, Kubernetes) into a stop at the
+next safe point, `sigterm_as_ctrl_c` makes SIGTERM raise KeyboardInterrupt as Ctrl-C does outside
+those points, and `Interrupted` is how a run that kept what finished says so (the entry point
+exits `stop_exit_code()`, 130 after Ctrl-C, 143 after SIGTERM, with its one line).
 """
 
 from __future__ import annotations
@@ -24,7 +26,70 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_jsonl",
-           "atomic_write_folder"]
+           "atomic_write_folder", "check_writable_dir", "disk_error_line", "DISK_ERRNOS"]
+
+# errors of the file system, not of the program: a one-line message names the path and the fix
+DISK_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS, errno.EACCES,
+                                    errno.EPERM) if e is not None)
+
+
+def _as_disk_error(e: BaseException) -> OSError | None:
+    """`e` as an OSError with its errno when it is one or wraps one: safetensors' SafetensorError
+    (a Rust io::Error, 'No space left on device (os error 28)') is not an OSError."""
+    if isinstance(e, OSError):
+        return e
+    text = str(e)
+    if type(e).__name__ == "SafetensorError":
+        for code, marks in ((errno.ENOSPC, ("os error 28", "No space left", "StorageFull")),
+                            (errno.EDQUOT, ("os error 122", "Disk quota exceeded")),
+                            (errno.EROFS, ("os error 30", "Read-only file system")),
+                            (errno.EACCES, ("os error 13", "Permission denied"))):
+            if any(m in text for m in marks):
+                return OSError(code, os.strerror(code))
+    return None
+
+
+def disk_error_line(e: BaseException) -> str | None:
+    """One line for a file-system error (DISK_ERRNOS: full disk, quota, read-only, permission):
+    what failed on which path and the fix; None for any other error."""
+    err = _as_disk_error(e)
+    if err is None or err.errno not in DISK_ERRNOS:
+        return None
+    if err.strerror and err.strerror != os.strerror(err.errno):
+        return err.strerror                  # already one line with its fix (atomic_write_folder)
+    where = f" ({err.filename})" if err.filename else ""
+    fix = ("free disk space or point the output elsewhere" if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+           else "point the output at a folder you can write")
+    return f"{err.strerror}{where}: {fix}"
+
+
+def check_writable_dir(path: str | os.PathLike[str], key: str, create: bool = True,
+                       shown: str | None = None) -> Path:
+    """Folder `path` (config key `key`, its value `shown` in the message, default `path`) created
+    if `create` and probed with a temporary file (without create: probed in its nearest existing
+    ancestor, nothing is created). Raises
+    ValueError naming `key` and the fix when it cannot be created or written (read-only, under
+    /proc, a file in the way, no permission)."""
+    path = Path(path)
+    probe_dir = path
+    try:
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            probe_dir = next(p for p in (path, *path.parents) if p.exists())
+            if not probe_dir.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(probe_dir))
+        import tempfile
+        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".mtpx-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        reason = e.strerror or str(e)
+        where = (f" in {probe_dir}" if e.filename and ".mtpx-write-test-" in str(e.filename)
+                 else f": {e.filename}" if e.filename and str(e.filename) != str(path) else "")
+        raise ValueError(f"{key}={shown or path} cannot be created or written ({reason}{where}): "
+                         f"point {key} at a folder you can write") from None
+    return path
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -99,7 +164,8 @@ def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], An
 
     Raises:
         anything ``write`` raises: the temporary folder is removed and ``path`` is untouched.
-        OSError: the parent cannot be created or written.
+        OSError: the parent cannot be created or written; ENOSPC / EDQUOT (also from a
+            SafetensorError, which is not an OSError) with a one-line message naming ``path``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,15 +177,13 @@ def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], An
         for f in tmp.rglob("*"):   # safetensors writes 0600 files; give them the usual permissions
             if f.is_file():
                 f.chmod(mode)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
-            raise OSError(e.errno, f"no space left to write {path} (a save writes the new folder beside the "
-                                   "old one, so it needs the checkpoint's size free again): free disk space "
-                                   "or point the output elsewhere") from None
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        err = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _as_disk_error(e)
+        if err is not None and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            raise OSError(err.errno, f"no space left to write {path} (a save writes the new folder beside the "
+                                     "old one, so it needs the checkpoint's size free again; the previous one "
+                                     "is kept): free disk space or point the output elsewhere") from None
         raise
     old = None
     if path.exists():
@@ -193,33 +257,80 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class Interrupted(Exception):
-    """A run stopped by Ctrl-C after writing what had finished; str(e) says what was kept."""
+    """A run stopped by Ctrl-C or SIGTERM after writing what had finished; str(e) says what was kept."""
+
+
+_received: list[int] = []     # stop signals received since sigterm_as_ctrl_c was entered, in order
+
+
+def stop_signal_name() -> str:
+    """The first stop signal received: "SIGTERM", or "SIGINT" (also when none was recorded: a
+    KeyboardInterrupt from Python's own Ctrl-C handler)."""
+    import signal
+    return "SIGTERM" if _received and _received[0] == signal.SIGTERM else "SIGINT"
+
+
+def stop_exit_code() -> int:
+    """128 + the first stop signal's number, as a shell reports a process it killed: 130
+    (SIGINT), 143 (SIGTERM)."""
+    import signal
+    return 128 + int(getattr(signal, stop_signal_name()))
+
+
+def _install(handler) -> dict:
+    """handler for SIGINT and SIGTERM -> the previous handlers ({} outside the main thread, where
+    signal handlers cannot be installed)."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore(previous: dict) -> None:
+    import signal
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
+class sigterm_as_ctrl_c:
+    """Inside the `with` block SIGTERM raises KeyboardInterrupt, as Ctrl-C does (and both are
+    recorded for stop_exit_code); the block starts with no signal recorded."""
+
+    def __enter__(self) -> "sigterm_as_ctrl_c":
+        _received.clear()
+        self._previous = _install(self._handle)
+        return self
+
+    @staticmethod
+    def _handle(signum, frame) -> None:
+        _received.append(signum)
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> None:
+        _restore(self._previous)
 
 
 class GracefulInterrupt:
-    """Ctrl-C as a request to stop at the next safe point: inside the `with` block the first SIGINT
-    only sets `requested` (the loop checks it between steps, keeps what finished and stops); a
-    second SIGINT raises KeyboardInterrupt at once. Outside the main thread (where signal handlers
-    cannot be installed) it does nothing and Ctrl-C behaves as usual."""
+    """Ctrl-C or SIGTERM as a request to stop at the next safe point: inside the `with` block the
+    first SIGINT or SIGTERM only sets `requested` (the loop checks it between steps, keeps what
+    finished and stops); a second one raises KeyboardInterrupt at once. Outside the main thread
+    (where signal handlers cannot be installed) it does nothing and the signals behave as usual."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = None
+        self._previous: dict = {}
 
     def _handle(self, signum, frame) -> None:
+        _received.append(signum)
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
 
     def __enter__(self) -> "GracefulInterrupt":
-        import signal
-        import threading
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+        self._previous = _install(self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
-        import signal
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        _restore(self._previous)
+        self._previous = {}

@@ -88,6 +88,7 @@ class BenchConfig(ClientConfig):
 class EvalConfig(ClientConfig):
     check_lossless: bool = MISSING
     tie_tolerance: float = MISSING
+    resume: bool = MISSING
 
 
 @dataclass

@@ -219,3 +219,33 @@ def _reference_multi(model, seq, drafts, k):
     full = torch.tensor([seq + drafts[: k - 1]])
     chain = model.mtp_chain(full, model.model(full), k)
     return [int(model.lm_head(chain[i][0, n - 1]).argmax()) for i in range(k)]
+
+
+def sigterm_after(reads: int):
+    """A mtpx.io.GracefulInterrupt whose `reads`-th check of `requested` sends this process a
+    real SIGTERM first (handled by the real handler), for in-process SIGTERM tests."""
+    import os
+    import signal
+    import time
+
+    from mtpx.io import GracefulInterrupt
+
+    class SigtermAfter(GracefulInterrupt):
+        count = 0
+
+        @property
+        def requested(self):
+            SigtermAfter.count += 1
+            if SigtermAfter.count == reads:
+                os.kill(os.getpid(), signal.SIGTERM)
+                for _ in range(100):            # the handler runs at the next bytecode boundary
+                    if self._flag:
+                        break
+                    time.sleep(0.001)
+            return self._flag
+
+        @requested.setter
+        def requested(self, value):
+            self._flag = value
+
+    return SigtermAfter

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from mtpx import LLM
+from mtpx import LLM, SamplingParams
 from mtpx.engine.request import Request
 from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes,
                                       load_step_costs, save_step_costs, step_cost_cache_path)
@@ -529,3 +529,37 @@ def test_quadratic_fit_is_the_least_squares_fit():
     a, b, c = _quadratic_fit(xs, [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0])     # least squares
     # numpy.polyfit(range(1, 9), [1, 2] * 4, 2): c = 0, b = 1/21, a = 9/7 (= 1.5 - 4.5 b)
     assert abs(c) < 1e-12 and abs(b - 1 / 21) < 1e-12 and abs(a - 9 / 7) < 1e-12
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mine=st.integers(1, 3), others=st.lists(st.integers(0, 4), min_size=0, max_size=2),
+       draft=st.sampled_from(["greedy", "probabilistic"]), step_k=st.sampled_from([None, 4, 3]),
+       seed=st.integers(0, 3))
+def test_seeded_request_same_alone_and_beside_other_depths(mine, others, draft, step_k, seed):
+    """A seeded sampled request at depth `mine` emits the same tokens alone and next to requests of
+    other depths (deeper ones run more modules in the step), whatever the step's k (forced; None:
+    the deepest depth), for greedy and probabilistic drafts: each row draws only the uniforms of
+    its own drafts."""
+    K = 4
+
+    def run(depths, prompts, params):
+        llm = make_llm(model(), "mtp8", K, max_num_seqs=4, draft_sample_method=draft)
+        policy = ScriptedDepths(K, depths)
+        policy.forced = None if step_k is None else max(step_k, mine)
+        llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+        llm.engine.scheduler.depth_per_request = True
+        outs = llm.generate(prompts, params)
+        assert_clean(llm)
+        return outs
+
+    g = random.Random(seed)
+    prompt = [g.randrange(2, 64) for _ in range(6)]
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=3 + seed, ignore_eos=True)
+    (alone,) = run([mine], [prompt], [params])
+    others = [K] + others                       # a deeper request runs modules beyond `mine`
+    prompts = [[g.randrange(2, 64) for _ in range(g.randrange(2, 9))] for _ in others]
+    mates = [SamplingParams(max_tokens=g.randrange(16, 30), temperature=0.8, seed=g.randrange(99),
+                            ignore_eos=True) for _ in others]
+    outs = run([mine] + others, [prompt] + prompts, [params] + mates)
+    assert outs[0].output_token_ids == alone.output_token_ids
+    assert outs[0].spec.num_drafts == alone.spec.num_drafts

@@ -160,3 +160,20 @@ def test_bench_random_longer_than_the_model(tiny_ckpt, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data.input_len=1000 + data.output_len=100 exceed the model's maximum " \
                                "length 1024" in err[0], err
+
+
+def test_sigterm_during_bench_keeps_the_finished_requests(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    """A real SIGTERM after a few engine steps: as Ctrl-C, the finished requests, the report and
+    metrics.json ("partial": true) are written, one line, exit 143."""
+    import mtpx.evaluate as evaluate
+    from tests.helpers import sigterm_after
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(evaluate, "GracefulInterrupt", sigterm_after(60))
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2",
+                "bench.num_prompts=16", "bench.max_tokens=24", "bench.concurrency=1"])
+    assert run(cfg) == 143
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith(("interrupted", "Traceback"))]
+    assert len(lines) == 1 and lines[0].startswith("interrupted by SIGTERM: ") and "of 16 requests" in lines[0]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["partial"] is True and 0 < m["num_requests"] == len(_rows(tmp_path)) < 16
+    assert (tmp_path / "report.txt").exists()

@@ -241,3 +241,20 @@ def test_train_distill_source_errors_name_the_key(tmp_path):
         load_documents(specs)
     with pytest.raises(FileNotFoundError, match="train.distill_path=.*no manifest.json"):
         load_documents(specs, distill_path=tmp_path)
+
+
+def test_sigterm_keeps_finished_records_and_exits_143(distilled, tiny_ckpt, gsm8k, tmp_path, monkeypatch, capsys):
+    """A real SIGTERM after a few engine steps (sent to this process through the real handler):
+    as Ctrl-C, exit 143 with one line, and the same command completes the data exactly."""
+    import mtpx.distill as distill
+    from tests.helpers import sigterm_after
+
+    monkeypatch.setattr(distill, "GracefulInterrupt", sigterm_after(12))
+    out = tmp_path / "cut"
+    assert run(_cfg(tiny_ckpt, gsm8k, out, "distill.concurrency=2")) == 143
+    assert "interrupted by SIGTERM: " in capsys.readouterr().err
+    finished = [json.loads(line) for p in out.glob("shard-*") for line in p.read_text().splitlines() if line]
+    assert 0 < len(finished) < NUM_PROMPTS
+    monkeypatch.undo()
+    assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
+    assert _shards(out) == _shards(distilled)

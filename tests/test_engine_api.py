@@ -92,7 +92,8 @@ def test_bad_prompts_of_every_kind_fail_alone():
     assert errors[0] is None and errors[6] is None and len(outs[6].output_token_ids) == 2
     assert errors[1].startswith("prompt is not valid Unicode text (surrogates not allowed at character 0")
     assert errors[2] == "prompt is bytes: decode it to str first (e.g. p.decode('utf-8'))"
-    assert errors[3] == "prompt has type NoneType: give a string or a list of token ids"
+    assert errors[3] == ("prompt has type NoneType: give a string, a list of token ids, {'prompt': text} or "
+                         "{'prompt_token_ids': ids}")
     assert errors[4] == "token ids must be integers: got 2.5 (float)"
     assert errors[5] == "token ids must be integers: got True (bool)"
 

@@ -136,3 +136,125 @@ def test_prompt_logprobs_score_every_prompt_token(tiny_ckpt):
         assert entry[ids[i]].rank == int((ref[i - 1] > ref[i - 1, ids[i]]).sum()) + 1
         assert set(ref[i - 1].topk(2).indices.tolist()) <= set(entry)
     assert o.output_token_ids == warm.output_token_ids
+
+
+def test_generate_takes_prompts_as_vllm_does(tiny_ckpt):
+    """A single string, a single list of ids, {"prompt": ...}, {"prompt_token_ids": [...]} and a
+    generator all generate what the equivalent list of strings / id lists does."""
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2)
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    (ref,) = llm.generate(["def f(x):"], sp)
+    ids = ref.prompt_token_ids
+    for prompts in ("def f(x):", {"prompt": "def f(x):"}, [{"prompt_token_ids": ids}], ids,
+                    (p for p in ["def f(x):"]), [{"prompt": "def f(x):"}]):
+        (o,) = llm.generate(prompts, sp)
+        assert o.error is None and o.output_token_ids == ref.output_token_ids and o.text == ref.text
+    (o,) = llm.generate({"prompt": "def f(x):"}, sp)
+    assert o.prompt == "def f(x):"
+    bad, good = llm.generate([{"prompt": "x", "multi_modal_data": {}}, {"prompt_token_ids": ids}], sp)
+    assert "exactly one of 'prompt'" in bad.error and good.output_token_ids == ref.output_token_ids
+    (bad,) = llm.generate([{"prompt_token_ids": "def"}], sp)
+    assert "use 'prompt' for text" in bad.error
+    assert llm.get_tokenizer() is llm.tokenizer and llm.get_tokenizer().encode("def f(x):").ids == ids
+
+
+def test_use_tqdm_and_request_metrics(tiny_ckpt, capsys):
+    llm = LLM(model=tiny_ckpt)
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    outs = llm.generate(["a", "b", ""], sp, use_tqdm=True)
+    assert "Processed prompts" in capsys.readouterr().err and outs[2].error is not None
+    made = []
+
+    def bar(**kw):
+        from tqdm import tqdm
+        made.append(kw["total"])
+        return tqdm(disable=True, **kw)
+    llm.generate(["a"], sp, use_tqdm=bar)
+    assert made == [1]
+    m = outs[0].metrics
+    assert m.arrival_time <= m.first_token_time <= m.last_token_time <= m.finished_time
+    assert m.finished_time == outs[0].finish_time and m.time_in_queue is None
+    with pytest.raises(ValueError, match="use_tqdm="):
+        llm.generate(["a"], sp, use_tqdm="yes")
+
+
+@pytest.mark.parametrize("spec,k", [(None, None), ("mtp8", 3)])
+def test_min_tokens_masks_eos_and_stop_ids(tiny_ckpt, spec, k):
+    """min_tokens: the stop ids (EOS, stop_token_ids) cannot end a request before min_tokens
+    output tokens, drafts included; after it the request stops at the first one, and the
+    output equals plain decoding with those ids masked up to min_tokens."""
+    llm = LLM(model=tiny_ckpt, spec=spec, num_speculative_tokens=k)
+    free = llm.generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True))[0].output_token_ids
+    t = free[2]                                   # a token that occurs early
+    (early,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=[t]))
+    assert early.output_token_ids == free[:3]
+    (o,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True, stop_token_ids=[t],
+                                                      min_tokens=10))
+    assert t not in o.output_token_ids[:9] and len(o.output_token_ids) >= 10
+    assert o.finish_reason == "length" or o.output_token_ids[-1] == t
+    plain = LLM(model=tiny_ckpt).generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True,
+                                                                         stop_token_ids=[t], min_tokens=10))[0]
+    assert o.output_token_ids == plain.output_token_ids
+    for s in (0, 30):
+        SamplingParams(max_tokens=30, min_tokens=s)
+    with pytest.raises(ValueError, match=r"min_tokens=31: must be an integer in \[0, max_tokens=30\]"):
+        SamplingParams(max_tokens=30, min_tokens=31)
+
+
+def test_include_stop_str_in_output(tiny_ckpt):
+    llm = LLM(model=tiny_ckpt)
+    text = llm.generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True))[0].text
+    stop = text[5:7]
+    first = text.find(stop)
+    (cut,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True, stop=stop))
+    (kept,) = llm.generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True, stop=stop,
+                                                         include_stop_str_in_output=True))
+    assert cut.text == text[:first] and kept.text == text[:first + 2]
+    assert kept.output_token_ids == cut.output_token_ids
+
+
+def test_sampling_params_name_the_field_of_a_wrong_type():
+    with pytest.raises(ValueError, match=r"^temperature='0.5': must be a number, not str"):
+        SamplingParams(temperature="0.5")
+    with pytest.raises(ValueError, match=r"^top_p=None: must be a number"):
+        SamplingParams(top_p=None)
+    with pytest.raises(ValueError, match="presence_penalty=0.5: mtpx applies no penalties"):
+        SamplingParams(presence_penalty=0.5)
+    SamplingParams(temperature=1, presence_penalty=0.0, frequency_penalty=0, repetition_penalty=1.0)
+
+
+def test_vllm_method_names_dtype_auto_and_bad_k(tiny_ckpt):
+    import torch
+    for method in ("deepseek_mtp", "qwen3_next_mtp", "mimo_mtp"):
+        llm = LLM(model=tiny_ckpt, speculative_config={"method": method, "num_speculative_tokens": 2})
+        assert llm.spec == "mtp8" and llm.num_speculative_tokens == 2
+    assert next(LLM(model=tiny_ckpt, dtype="auto").model.parameters()).dtype == torch.float32
+    with pytest.raises(ValueError, match=r"num_speculative_tokens=2.5: give an integer"):
+        LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2.5)
+
+
+def test_checkpoint_dtype_reads_config_then_weights(tmp_path):
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from mtpx.hf.loader import checkpoint_dtype
+    save_file({"w": torch.zeros(2, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text("{}")
+    assert checkpoint_dtype(tmp_path) == torch.bfloat16
+    (tmp_path / "config.json").write_text(json.dumps({"torch_dtype": "float16"}))
+    assert checkpoint_dtype(tmp_path) == torch.float16
+
+
+def test_hub_id_says_nothing_is_downloaded(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="mtpx loads local checkpoint folders only and downloads nothing"):
+        LLM(model="Qwen/Qwen3-Next-80B-A3B-Instruct")
+
+
+def test_max_tokens_past_max_model_len_warns(tiny_ckpt):
+    llm = LLM(model=tiny_ckpt, max_model_len=64)
+    with pytest.warns(UserWarning, match=r"max_tokens=1000000 with prompt 0's \d+ tokens exceeds max_model_len=64"):
+        (o,) = llm.generate("def f(x):", SamplingParams(max_tokens=10**6, ignore_eos=True))
+    assert o.finish_reason == "length" and len(o.prompt_token_ids) + len(o.output_token_ids) == 64

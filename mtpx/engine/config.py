@@ -50,7 +50,8 @@ class EngineConfig:
     with the torch attention backend on a model without MoE layers (elsewhere a layer breaks
     the graph, and the whole step is compiled as before)."""
     compile_backend: str = "inductor"
-    """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests)."""
+    """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests); any
+    name in torch._dynamo.list_backends(exclude_tags=()), else ValueError."""
     record_logit_gaps: bool = False
     """Keep the top-2 logit gap of every emitted token (lossless checks, near-tie analysis)."""
     record_step_timings: bool = True
@@ -84,6 +85,18 @@ class EngineConfig:
                                     ("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)):
             if value not in choices:
                 raise ValueError(f"{key}={value!r}: choose one of {list(choices)} (spec.{key})")
+        if self.compile_backend not in ("inductor", "eager", "aot_eager"):
+            if not isinstance(self.compile_backend, str):
+                raise ValueError(f"engine.compile_backend={self.compile_backend!r}: give a torch.compile backend "
+                                 "name, e.g. inductor")
+            import torch._dynamo
+            backends = torch._dynamo.list_backends(exclude_tags=())
+            if self.compile_backend not in backends:
+                usual = sorted({*torch._dynamo.list_backends(), "eager", "aot_eager"})
+                close = difflib.get_close_matches(self.compile_backend, usual, n=1)
+                hint = f"did you mean {close[0]}? " if close else ""
+                raise ValueError(f"engine.compile_backend={self.compile_backend!r} is not a torch.compile backend: "
+                                 f"{hint}choose one of {', '.join(usual)} (torch._dynamo.list_backends())")
         if self.gdn_backend not in GDN_BACKENDS:
             raise ValueError(f"engine.gdn_backend={self.gdn_backend!r}: choose one of {', '.join(GDN_BACKENDS)}")
 

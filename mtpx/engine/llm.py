@@ -10,11 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import numbers
-
+import sys
 import time
+import warnings
 from collections import deque
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
@@ -32,7 +33,10 @@ from mtpx.spec_decode import build_speculator
 DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
 AUTO_MAX_SINGLE_MODULE = 4     # num_speculative_tokens=auto with mtp1: k in 0 .. this
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-          "float16": torch.float16}
+          "float16": torch.float16, "auto": None}     # auto: the checkpoint's own dtype
+# vLLM's per-model MTP method names, which vLLM rewrites to "mtp" (mtpx: the same)
+MTP_METHOD_ALIASES = ("deepseek_mtp", "mimo_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "ernie_mtp",
+                      "longcat_flash_mtp", "pangu_ultra_moe_mtp", "qwen3_5_mtp")
 
 
 class LLM:
@@ -45,19 +49,22 @@ class LLM:
     from online acceptance and measured step costs (mtpx/engine/draft_length.py); cost_model_file:
     with "auto", a JSON file of step costs to load, or to write after calibrating at start-up when
     it does not exist, refused (ValueError) when measured on another engine (None: the step-cost
-    cache, draft_length.step_cost_cache_path; the source is in `calibration`); dtype: "float32", "float64", "bfloat16" or "float16" for a
-    checkpoint folder (a model instance keeps its own dtype); threads: torch threads; draft_path:
+    cache, draft_length.step_cost_cache_path; the source is in `calibration`); dtype: "float32",
+    "float64", "bfloat16", "float16" or "auto" (the checkpoint's own: mtpx.hf.loader.checkpoint_dtype)
+    for a checkpoint folder (a model instance keeps its own dtype); threads: torch threads; draft_path:
     a safetensors file of MTP modules to attach (tools/export_checkpoint.py --layout draft);
     allow_pickle: read pickle-only folders with torch.load(weights_only=True); device: where a
     checkpoint folder's weights go ("cpu", "cuda"); engine_config and **overrides: the engine's
     EngineConfig and any of its fields (max_num_seqs, block_size, enable_prefix_caching, verify,
     compile, ...: mtpx/engine/config.py), as vLLM's LLM takes its engine arguments;
     speculative_config: vLLM's form of spec + num_speculative_tokens, {"method": "mtp",
-    "num_speculative_tokens": k} (also draft_path, verify, draft_sample_method). With compile
+    "num_speculative_tokens": k} (also draft_path, verify, draft_sample_method; vLLM's per-model
+    method names, "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", ..., mean "mtp"). With compile
     the decode step is compiled here by a short warm-up whose cost is in `compile_stats`.
     Raises ValueError for an unknown spec, dtype or engine setting (naming the closest), or more
-    speculative tokens than multi-module MTP has modules; FileNotFoundError for a missing
-    checkpoint."""
+    speculative tokens than multi-module MTP has modules, or a num_speculative_tokens that is not
+    an integer or "auto"; FileNotFoundError for a missing checkpoint (a hub id is named as one:
+    nothing is downloaded)."""
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
                  num_speculative_tokens: int | None = None, dtype: str = "float32", tokenizer=None,
@@ -76,13 +83,18 @@ class LLM:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
+        if num_speculative_tokens is not None and num_speculative_tokens != "auto" and (
+                isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, numbers.Integral)):
+            raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r}: give an integer >= 1 or 'auto' "
+                             "(spec.num_speculative_tokens)")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
         self._draft_path = None if draft_path is None else Path(draft_path)
         if isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
         else:
-            from mtpx.hf.loader import load_pretrained
-            self.model, self.tokenizer = load_pretrained(model, dtype=DTYPES[dtype], draft_path=draft_path,
+            from mtpx.hf.loader import checkpoint_dtype, load_pretrained
+            torch_dtype = checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype]
+            self.model, self.tokenizer = load_pretrained(model, dtype=torch_dtype, draft_path=draft_path,
                                                          allow_pickle=allow_pickle, device=device)
         self.spec = spec
         auto = num_speculative_tokens == "auto"
@@ -165,6 +177,12 @@ class LLM:
         nothing, while a request holds blocks."""
         return self.engine.kv.reset_prefix_cache()
 
+    def get_tokenizer(self):
+        """The tokenizer string prompts are encoded with (vLLM's LLM.get_tokenizer): mtpx's own or
+        an mtpx.hf.tokenizer.HFTokenizer, both with encode(text).ids and decode(ids); None for a
+        model without one."""
+        return self.tokenizer
+
     @property
     def eos_token_id(self) -> int | None:
         """The model's end-of-sequence id (the first one when the checkpoint lists several)."""
@@ -188,34 +206,51 @@ class LLM:
     def decode(self, ids: Sequence[int]) -> str:
         return "" if self.tokenizer is None else self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
-    def generate(self, prompts: Sequence[str | Sequence[int]],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 on_finish=None, on_step=None, max_concurrency: int | None = None,
+    def generate(self, prompts, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm=False, on_finish=None, on_step=None, max_concurrency: int | None = None,
                  arrival_offsets: Sequence[float] | None = None) -> list[RequestOutput]:
-        """prompts: strings or lists of token ids; sampling_params: one SamplingParams for all or
-        one per prompt. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too long)
-        fails alone: its output has `error` set and finish_reason None; the rest are generated.
-        With SamplingParams.n > 1 a prompt runs as n engine requests (completion j seeded with
+        """prompts, as vLLM takes them: one prompt or a list (or any iterable, a generator
+        included) of prompts, each a string, a list of token ids, {"prompt": str} (TextPrompt) or
+        {"prompt_token_ids": [...]} (TokensPrompt); a list of integers is one prompt of token ids.
+        sampling_params: one SamplingParams for all or one per prompt. use_tqdm: True for a tqdm
+        bar of finished prompts on stderr, or a callable taking tqdm's arguments (vLLM's); mtpx's
+        default is False. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too
+        long, a dict without a prompt) fails alone: its output has `error` set and finish_reason
+        None; the rest are generated. A prompt whose length plus max_tokens exceeds max_model_len
+        stops at max_model_len (finish_reason "length") with one warning naming both. With
+        SamplingParams.n > 1 a prompt runs as n engine requests (completion j seeded with
         seed + j, as vLLM's parallel sampling does) and its RequestOutput.outputs holds all n; the
         top-level fields are completion 0's. on_finish(request) as each engine request ends (its
         index is the prompt's for completion 0, a fresh id for the others); on_step(engine) after
         every engine step (may call engine.abort); max_concurrency: requests in the engine at once
         (benchmark client limit); arrival_offsets: seconds after the start at which each prompt
         arrives (request rate)."""
-        if isinstance(prompts, (str, bytes)):
-            raise TypeError("generate takes a list of prompts: wrap a single prompt in a list")
+        prompts = _prompt_list(prompts)
         params = SamplingParams() if sampling_params is None else sampling_params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
+        params = list(params)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         if arrival_offsets is not None and len(arrival_offsets) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
+        bar = _progress_bar(use_tqdm, len(prompts))
+        if bar is not None:
+            user_finish = on_finish
+
+            def on_finish(r, _user=user_finish):
+                if r.index < len(prompts):
+                    bar.update(1)
+                if _user is not None:
+                    _user(r)
         requests, children = [], []            # children[i]: prompt i's engine requests, in order
         next_id = len(prompts)
+        over = []                              # (prompt index, prompt length, max_tokens) past max_model_len
         for i, (p, sp) in enumerate(zip(prompts, params)):
             ids, err = self._prompt_ids(p)
             err = err or self.engine.validate_prompt(ids)
+            if err is None and len(ids) + sp.max_tokens > self.max_model_len:
+                over.append((i, len(ids), sp.max_tokens))
             mine = []
             for j in range(sp.n):
                 child = sp if sp.n == 1 else dataclasses.replace(
@@ -228,11 +263,25 @@ class LLM:
                 if req.error is None:
                     requests.append(req)
             children.append(mine)
-        run_client(self.engine, requests, on_finish, on_step, max_concurrency)
+        if over:
+            i, n, m = over[0]
+            more = f" (and {len(over) - 1} more prompts)" if len(over) > 1 else ""
+            warnings.warn(f"SamplingParams.max_tokens={m} with prompt {i}'s {n} tokens exceeds max_model_len="
+                          f"{self.max_model_len}{more}: it stops at {self.max_model_len - n} output tokens "
+                          "(finish_reason 'length'); lower max_tokens or raise engine.max_model_len",
+                          stacklevel=2)
+        if bar is not None:
+            bar.update(sum(mine[0].error is not None for mine in children))
+        try:
+            run_client(self.engine, requests, on_finish, on_step, max_concurrency)
+        finally:
+            if bar is not None:
+                bar.close()
         outs = []
         for p, mine in zip(prompts, children):
             o = self.request_output(mine[0])
-            o.prompt = p if isinstance(p, str) else None
+            text = p.get("prompt") if isinstance(p, dict) else p
+            o.prompt = text if isinstance(text, str) else None
             if len(mine) > 1:
                 o.completions = [self.request_output(r).outputs[0] for r in mine]
                 for j, c in enumerate(o.completions):
@@ -265,7 +314,8 @@ class LLM:
 
     def _prompt_ids(self, p) -> tuple[list[int], str | None]:
         """A prompt's token ids, or ([], why it cannot run): a str is encoded (text that is not
-        valid Unicode fails alone), a sequence must hold integer token ids."""
+        valid Unicode fails alone), a sequence must hold integer token ids, a dict is vLLM's
+        TextPrompt {"prompt": str} or TokensPrompt {"prompt_token_ids": [...]}."""
         if isinstance(p, str):
             try:
                 p.encode("utf-8")
@@ -273,10 +323,22 @@ class LLM:
                 return [], (f"prompt is not valid Unicode text ({e.reason} at character {e.start}, "
                             f"{p[e.start]!r}): fix or drop it, e.g. text.encode('utf-8', 'replace').decode()")
             return self.encode(p), None
+        if isinstance(p, dict):
+            keys = set(p) - {"prompt", "prompt_token_ids"}
+            if keys or ("prompt" in p) == ("prompt_token_ids" in p):
+                return [], (f"a dict prompt holds exactly one of 'prompt' (text) or 'prompt_token_ids' "
+                            f"(vLLM's TextPrompt / TokensPrompt); got keys {sorted(p)}")
+            inner = p.get("prompt", p.get("prompt_token_ids"))
+            if "prompt" in p and not isinstance(inner, str):
+                return [], f"'prompt' must be a string, got {type(inner).__name__}: use 'prompt_token_ids' for ids"
+            if "prompt_token_ids" in p and isinstance(inner, str):
+                return [], "'prompt_token_ids' must be a list of token ids, got a string: use 'prompt' for text"
+            return self._prompt_ids(inner)
         if isinstance(p, (bytes, bytearray)):
             return [], "prompt is bytes: decode it to str first (e.g. p.decode('utf-8'))"
         if not isinstance(p, Sequence) and not hasattr(p, "tolist"):
-            return [], (f"prompt has type {type(p).__name__}: give a string or a list of token ids")
+            return [], (f"prompt has type {type(p).__name__}: give a string, a list of token ids, "
+                        "{'prompt': text} or {'prompt_token_ids': ids}")
         ids = p.tolist() if hasattr(p, "tolist") else list(p)
         bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
         if bad is not None:
@@ -287,7 +349,7 @@ class LLM:
         """What generate returns for request `r` (its text decoded), e.g. from an on_finish callback."""
         text = self.decode(r.output_token_ids)
         if isinstance(r.stop_reason, str):
-            text = cut_at_stop(text, r.stop_reason)
+            text = cut_at_stop(text, r.stop_reason, r.params.include_stop_str_in_output)
         logprobs = prompt_logprobs = None
         if r.params.logprobs is not None:
             logprobs = [self._logprob_dict(t, e) for t, e in zip(r.output_token_ids, r.logprobs)]
@@ -311,7 +373,8 @@ def _from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
     """vLLM's speculative_config {"method": "mtp", "num_speculative_tokens": k} as (spec,
     num_speculative_tokens, other keys). method "mtp" is multi-module MTP ("mtp8") when the model
     has more than one MTP module, else single-module MTP ("mtp1"), as vLLM applies its MTP
-    layers; "mtp1" and "mtp8" name mtpx's speculators directly. Raises ValueError naming an
+    layers (vLLM's per-model names, MTP_METHOD_ALIASES, mean "mtp"); "mtp1" and "mtp8" name
+    mtpx's speculators directly. Raises ValueError naming an
     unknown key (and the closest) or method."""
     import difflib
     extra = dict(sc)
@@ -321,6 +384,8 @@ def _from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
             hint = f"did you mean {close[0]!r}?" if close else f"use {', '.join(SPECULATIVE_CONFIG_KEYS)}"
             raise ValueError(f"unknown speculative_config key {key!r}: {hint}")
     method = extra.pop("method", "mtp")
+    if method in MTP_METHOD_ALIASES:          # vLLM rewrites these to "mtp" too
+        method = "mtp"
     k = extra.pop("num_speculative_tokens", None)
     if method == "mtp":
         if isinstance(model, MTPForCausalLM):
@@ -330,8 +395,38 @@ def _from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
             n = load_config(model).num_nextn_predict_layers
         method = "mtp8" if n > 1 else "mtp1"
     if method not in ("mtp1", "mtp8"):
-        raise ValueError(f"speculative_config method {method!r}: mtpx runs 'mtp' (or 'mtp1' / 'mtp8')")
+        raise ValueError(f"speculative_config method {method!r}: mtpx runs 'mtp' (or 'mtp1' / 'mtp8', or vLLM's "
+                         f"{', '.join(MTP_METHOD_ALIASES)})")
     return method, k, extra
+
+
+def _prompt_list(prompts) -> list:
+    """generate's prompts as a list: one prompt (a str, a dict, a list of integers) becomes a list
+    of one; any other iterable (a generator included) is read into a list. Raises TypeError for
+    something that is neither."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, torch.Tensor):
+        return [prompts] if prompts.dim() == 1 else list(prompts)
+    if not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts has type {type(prompts).__name__}: give a string, a list of token ids, "
+                        "a dict prompt, or a list of these")
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompts):
+        return [prompts]                      # one prompt of token ids, as vLLM reads a list of ints
+    return prompts
+
+
+def _progress_bar(use_tqdm, total: int):
+    """generate's progress bar: None for use_tqdm False, tqdm (or the callable given) else."""
+    if use_tqdm is False or use_tqdm is None:
+        return None
+    if callable(use_tqdm):
+        return use_tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
+    if use_tqdm is not True:
+        raise ValueError(f"use_tqdm={use_tqdm!r}: give True, False or a tqdm-like callable")
+    from tqdm import tqdm
+    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, file=sys.stderr)
 
 
 def run_client(engine: Engine, requests: list[Request], on_finish=None, on_step=None,

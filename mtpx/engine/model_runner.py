@@ -248,10 +248,29 @@ class ModelRunner:
     def _sampling(self, reqs) -> RequestSampling:
         return RequestSampling([r.params for r in reqs], [r.generator for r in reqs], self.device)
 
-    def _draft_sampler(self, sampling: RequestSampling, is_drafting: torch.Tensor):
+    def _draft_sampler(self, sampling: RequestSampling, num_drafts: list[int]):
+        """num_drafts[b]: the drafts row b proposes this step (DraftSampler)."""
         if self.config.draft_sample_method == "probabilistic" and not sampling.all_greedy:
-            return DraftSampler(sampling, is_drafting, self.num_speculative_tokens, probabilistic=True)
+            return DraftSampler(sampling, num_drafts, self.num_speculative_tokens, probabilistic=True)
         return None
+
+    @staticmethod
+    def _mask_min_tokens(reqs, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] or [B, T, V] of requests `reqs` (column j: output token len(output) + j)
+        -> a copy with each request's stop ids (EOS, stop_token_ids) at -inf in the columns
+        before params.min_tokens output tokens (SamplingParams.min_tokens), or `logits` itself
+        when no column is masked. Verification against the masked target stays exact: a draft
+        of a masked id has target probability 0 and is rejected."""
+        masks = [(b, j, sorted(r.stop_ids)) for b, r in enumerate(reqs) if r.stop_ids
+                 for j in range(max(0, min(r.params.min_tokens - len(r.output_token_ids),
+                                           1 if logits.dim() == 2 else logits.shape[1])))]
+        if not masks:
+            return logits
+        out = logits.clone()
+        view = out[:, None] if out.dim() == 2 else out
+        for b, j, ids in masks:
+            view[b, j, [i for i in ids if i < view.shape[-1]]] = float("-inf")
+        return out
 
     def _gaps(self, logits: torch.Tensor):
         if not self.config.record_logit_gaps:
@@ -320,8 +339,9 @@ class ModelRunner:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
             sampling = self._sampling([reqs[b] for b in last])
-            tok = (logits.argmax(-1) if sampling.all_greedy
-                   else sample(sampling.probs(logits), sampling.uniforms([1] * len(last))[:, 0]))
+            masked = self._mask_min_tokens([reqs[b] for b in last], logits)
+            tok = (masked.argmax(-1) if sampling.all_greedy
+                   else sample(sampling.probs(masked), sampling.uniforms([1] * len(last))[:, 0]))
             cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
             first = dict(zip(last, tok.tolist()))
             gaps = self._gaps(logits)
@@ -338,7 +358,8 @@ class ModelRunner:
             depth = max(r.draft_depth for r in reqs)
             metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting, num_drafts=num_drafts,
                                          num_modules=depth)
-            sampler = (self._draft_sampler(self._sampling(reqs), is_drafting) if last else None)
+            own = [min(num_drafts, r.draft_depth) if p.is_last else 0 for p, r in zip(prefills, reqs)]
+            sampler = self._draft_sampler(self._sampling(reqs), own) if last else None
             drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start_t, h, sampler,
                                                 min(num_drafts, depth)).tolist()
             q = None if sampler is None else sampler.q
@@ -404,7 +425,7 @@ class ModelRunner:
         ids, h, logits = (verify_forward(self.model, cache, meta) if self.compiled is None
                           else self.compiled.verify(meta))
         sampling = self._sampling(reqs)
-        accepted, emitted = verify(ids[:B], logits[:B], nd_host, sampling,
+        accepted, emitted = verify(ids[:B], self._mask_min_tokens(reqs, logits[:B]), nd_host, sampling,
                                    [r.draft_probs for r in reqs], self.config.verify)
         full_accepted = torch.cat([accepted, accepted.new_zeros(pad)])
         save = self._boundaries(decodes, n_host, [1 + x for x in nd_host])
@@ -436,7 +457,7 @@ class ModelRunner:
             nt = torch.cat([num_tokens, num_tokens.new_ones(pad)])
             target_end = torch.cat([final, final.new_zeros(pad)])
             start = meta.positions[:, 0]
-            sampler = self._draft_sampler(sampling, is_drafting[:B])
+            sampler = self._draft_sampler(sampling, [min(num_drafts, r.draft_depth) for r in reqs])
             if self.compiled is not None and sampler is None:
                 drafts = self.compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h,
                                              columns, torch.tensor(num_drafts, device=dev), depth)

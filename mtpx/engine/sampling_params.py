@@ -24,7 +24,12 @@ class SamplingParams:
     position (None: none; 0: the output token's only), from the target's raw logits (before
     temperature and top-k/p, vLLM's default "raw_logprobs"); prompt_logprobs: the same for each
     prompt token after the first (prompt scoring; such a request skips the prefix cache, so every
-    position is computed). Raises ValueError on values the engine cannot honour."""
+    position is computed); min_tokens: no EOS or stop_token_ids may be sampled (their logits are
+    masked, drafts included) and no stop string ends the request before this many output tokens;
+    include_stop_str_in_output: keep the stop string that ended the request in its text.
+    presence_penalty, frequency_penalty, repetition_penalty: vLLM's names, accepted at their
+    neutral values only (mtpx applies no penalties). Raises ValueError, naming the field, on a
+    value of the wrong type or one the engine cannot honour."""
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -38,11 +43,28 @@ class SamplingParams:
     n: int = 1
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         def integer(value):
             return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
+        for key in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ValueError(f"{key}={value!r}: must be a number, not {type(value).__name__} "
+                                 f"(e.g. SamplingParams({key}=0.5))")
+        for key, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, key) != neutral:
+                raise ValueError(f"{key}={getattr(self, key)!r}: mtpx applies no penalties; leave it at "
+                                 f"{neutral} (vLLM's default)")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise ValueError(f"include_stop_str_in_output={self.include_stop_str_in_output!r}: must be True or False")
         if not integer(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if self.seed is not None and not (integer(self.seed) and 0 <= self.seed < 2**64):
@@ -59,6 +81,8 @@ class SamplingParams:
                                                      and 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
             raise ValueError(f"prompt_logprobs={self.prompt_logprobs!r}: must be an integer in [0, {MAX_LOGPROBS}], "
                              "or None")
+        if not integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in [0, max_tokens={self.max_tokens}]")
         if not integer(self.n) or self.n < 1:
             raise ValueError(f"n={self.n!r}: must be an integer >= 1 (completions per prompt)")
         if not integer(self.top_k):

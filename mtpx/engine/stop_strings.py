@@ -9,25 +9,42 @@ class StopStrings:
     """stop: the strings; decode(ids) -> str: the tokenizer's decoding of output token ids.
 
     `check(output_token_ids)` after each appended token returns the stop string the output text
-    now contains, or None. It decodes only the last 4 x len(longest stop) + 2 tokens: every token
-    decodes to at least one byte and a character is at most 4 bytes, so a stop string that the
-    newest token completes lies inside that window. Checking after every token finds the token
-    that completes the first match, so speculative and plain decoding stop at the same token.
+    now contains, or None. It decodes a tail holding at least len(longest stop) + MARGIN
+    characters (or the whole output): the last 4 x len(longest stop) + 2 tokens, reaching back
+    further while they decode to fewer characters (tokens that decode to "", e.g. special tokens
+    that decode skips). MARGIN covers what a cut inside a character or a stripped leading space
+    garbles at the tail's start. `start`, where the last tail began, is where a short tail reaches
+    back to first. Checking after every token finds the token that completes the first match, so
+    speculative and plain decoding stop at the same token.
     """
+
+    MARGIN = 4
 
     def __init__(self, stop: Sequence[str], decode: Callable[[list[int]], str]):
         self.stop = list(stop)
         self.decode = decode
-        self.window = 4 * max(len(s) for s in self.stop) + 2
+        self.longest = max(len(s) for s in self.stop)
+        self.window = 4 * self.longest + 2
+        self.start = 0          # a tail from here held enough characters at the last check
 
     def check(self, output_token_ids: list[int]) -> str | None:
-        tail = self.decode(output_token_ids[-self.window:])
+        ids, need = output_token_ids, self.longest + self.MARGIN
+        n = len(ids)
+        self.start = min(self.start, n)
+        begin = max(self.start, n - self.window)
+        tail = self.decode(ids[begin:])
+        while len(tail) < need and begin > 0:
+            floor = self.start if begin > self.start else 0     # self.start first: enough last time
+            begin = max(floor, n - 2 * (n - begin))
+            tail = self.decode(ids[begin:])
+        if len(tail) >= need:
+            self.start = begin
         return next((s for s in self.stop if s in tail), None)
 
 
-
-def cut_at_stop(text: str, matched: str) -> str:
+def cut_at_stop(text: str, matched: str, include: bool = False) -> str:
     """The output text as returned after stop string `matched` ended it: everything before its
-    first occurrence (vLLM's default, include_stop_str_in_output=False)."""
+    first occurrence (vLLM's default), or up to its end with include (vLLM's
+    include_stop_str_in_output=True)."""
     at = text.find(matched)
-    return text if at < 0 else text[:at]
+    return text if at < 0 else text[:at + len(matched) * include]

@@ -94,6 +94,7 @@ def config_from_hf(d: dict, file: str = "config.json") -> ModelConfig:
             f"{file}: model_type '{family}' is not supported: mtpx loads {sorted(FAMILIES)} targets "
             "(DeepSeek-style MTP heads are read on any of them)")
     _refuse(d, file)
+    _check_types(d, file)
     missing = [k for k in REQUIRED if d.get(k) is None]
     if missing:
         raise UnsupportedConfigError(f"{file} lacks {missing}: a checkpoint's config.json must give its sizes; "
@@ -122,6 +123,24 @@ def config_from_hf(d: dict, file: str = "config.json") -> ModelConfig:
         return ModelConfig(**out)
     except (TypeError, ValueError) as err:
         raise UnsupportedConfigError(f"{file}: {err}") from None
+
+
+_BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob")
+_NUMBER_KEYS = tuple(k for k in _COPIED if k not in _BOOL_KEYS + ("mlp_only_layers", "eos_token_id", "bos_token_id")) + (
+    "rope_theta", "partial_rotary_factor", "mtp_num_hidden_layers", "num_nextn_predict_layers")
+
+
+def _check_types(d: dict, file: str) -> None:
+    """Raises UnsupportedConfigError naming a size or flag of the wrong JSON type ("64" for 64)."""
+    for k in _NUMBER_KEYS:
+        v = d.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise UnsupportedConfigError(f"{file}: {k}={v!r} must be a number, not {type(v).__name__}: "
+                                         f"write it without quotes (\"{k}\": {v if isinstance(v, str) else 0})")
+    for k in _BOOL_KEYS:
+        v = d.get(k)
+        if v is not None and not isinstance(v, bool):
+            raise UnsupportedConfigError(f"{file}: {k}={v!r} must be true or false")
 
 
 def _refuse(d: dict, file: str) -> None:

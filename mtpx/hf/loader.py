@@ -108,7 +108,51 @@ def require_folder(path: str | os.PathLike) -> Path:
             f"checkpoint folder {path} does not exist, but {backups[-1]} does (a save was interrupted "
             f"mid-swap): rename it to {path.name}"
         )
+    if looks_like_hub_id(str(path)):
+        raise FileNotFoundError(
+            f"model.path {str(path)!r} is not a local folder; if it is a Hugging Face hub id: mtpx loads local "
+            "checkpoint folders only and downloads nothing, so download it first (e.g. `huggingface-cli "
+            f"download {path} --local-dir DIR`) and point model.path at DIR (or at a folder written by mode=train)")
     raise FileNotFoundError(f"checkpoint folder {path} does not exist: point model.path at a folder written by mode=train")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """"org/name" as a hub id is written: two parts of letters, digits, '-', '_' and '.', not a
+    relative path ('./x', '../x')."""
+    import re
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", name)) and ".." not in name
+
+
+CHECKPOINT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+                     "float64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+                     "BF16": torch.bfloat16, "F64": torch.float64}
+
+
+def checkpoint_dtype(path: str | os.PathLike) -> torch.dtype:
+    """The dtype checkpoint folder `path` stores (vLLM's dtype="auto"): config.json's `dtype` /
+    `torch_dtype`, else the first floating-point tensor's in the safetensors headers, else
+    float32. Raises FileNotFoundError as load_config does."""
+    folder = require_folder(path)
+    try:
+        d = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        d = {}
+    for key in ("dtype", "torch_dtype"):
+        name = d.get(key) if isinstance(d, dict) else None
+        if isinstance(name, str) and name.removeprefix("torch.") in CHECKPOINT_DTYPES:
+            return CHECKPOINT_DTYPES[name.removeprefix("torch.")]
+    for f in sorted(folder.glob("*.safetensors")):
+        try:
+            n = int.from_bytes(f.open("rb").read(8), "little")
+            with f.open("rb") as fh:
+                fh.seek(8)
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError):
+            continue
+        for k, v in header.items():
+            if k != "__metadata__" and v.get("dtype") in CHECKPOINT_DTYPES:
+                return CHECKPOINT_DTYPES[v["dtype"]]
+    return torch.float32
 
 
 def show_names(names: list[str]) -> str:
@@ -164,6 +208,7 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     """
     folder = require_folder(path)
     cfg, is_hf = _read_config(folder)
+    _check_eos(cfg, folder, is_hf)
     files = weight_files(folder, allow_pickle)
     shapes, where = _read_headers(files)
     layout, num_modules = detect_layout(shapes, cfg.num_hidden_layers)
@@ -188,6 +233,11 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             f"{folder / 'config.json'} declares {cfg.num_nextn_predict_layers} MTP module(s) but the weights hold "
             f"{num_modules}: the MTP weights were dropped (transformers' save_pretrained drops mtp.*); "
             "re-download the checkpoint or attach modules with spec.draft_path")
+    elif not is_hf and cfg.num_nextn_predict_layers != num_modules:
+        raise CheckpointError(
+            f"{folder / 'config.json'} declares num_nextn_predict_layers={cfg.num_nextn_predict_layers} but the "
+            f"weights hold {num_modules} MTP module(s): config.json and the weights come from different saves; set "
+            f"num_nextn_predict_layers to {num_modules} in config.json or re-save the checkpoint")
     cfg.num_nextn_predict_layers = num_modules
     if layout == "deepseek_v3":
         cfg.mtp_style = "deepseek_v3"
@@ -205,6 +255,17 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             raise CheckpointError(f"{src}: tensor {plan.get(name, name)!r} (mtpx {name}) holds NaN or Inf values: "
                                   "the file is corrupted or the training run that wrote it diverged")
     return model.eval(), load_folder_tokenizer(folder, is_hf)
+
+
+def _check_eos(cfg: ModelConfig, folder: Path, is_hf: bool) -> None:
+    """Raises CheckpointError when an eos_token_id is not a token id of the vocabulary (an
+    integer in [0, vocab_size)): it could never be sampled, so no request would stop at it."""
+    eos = cfg.eos_token_id
+    for e in [] if eos is None else [eos] if isinstance(eos, int) else list(eos):
+        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < cfg.vocab_size:
+            where = "config.json (or generation_config.json)" if is_hf else "config.json"
+            raise CheckpointError(f"{folder / CONFIG_FILE}: eos_token_id {e!r} is not a token id of the vocabulary "
+                                  f"(0 .. {cfg.vocab_size - 1}): fix eos_token_id in {where}")
 
 
 def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from mtpx.io import atomic_write_bytes
+from mtpx.io import atomic_write_bytes, check_writable_dir
 
 __all__ = ["RunLogger", "plot_per_position_acceptance"]
 
@@ -78,7 +78,7 @@ class RunLogger:
         directory = cfg.get("dir") or run_dir
         if directory is None:
             raise ValueError("wandb needs a directory: set logger.dir=PATH or pass the run directory")
-        Path(directory).mkdir(parents=True, exist_ok=True)
+        check_writable_dir(directory, "logger.dir" if cfg.get("dir") else "hydra.run.dir")
 
         import wandb  # imported here so that logger=none never pays for it
 

@@ -143,6 +143,26 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """vLLM's ``RequestOutput.metrics`` fields from what mtpx records, in ``time.perf_counter()``
+    seconds (vLLM: ``time.time()``; differences are comparable): arrival_time, first_token_time,
+    last_token_time (the last step that emitted tokens), finished_time; None where it never
+    happened. first_scheduled_time, time_in_queue, scheduler_time, model_forward_time and
+    model_execute_time are None: mtpx does not record them per request (the engine's step
+    timings are per step)."""
+
+    arrival_time: float
+    last_token_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    first_scheduled_time: float | None = None
+    time_in_queue: float | None = None
+    scheduler_time: float | None = None
+    model_forward_time: float | None = None
+    model_execute_time: float | None = None
+
+
+@dataclass
 class RequestOutput:
     """What ``LLM.generate`` returns for one request.
 
@@ -209,6 +229,12 @@ class RequestOutput:
     @property
     def request_id(self) -> str:
         return str(self.index)
+
+    @property
+    def metrics(self) -> RequestMetrics:
+        """vLLM's RequestMetrics view of this request's times (RequestMetrics)."""
+        last = self.emission_times[-1] if self.emission_times else None
+        return RequestMetrics(self.arrival_time, last, self.first_token_time, self.finish_time)
 
     @property
     def finished(self) -> bool:

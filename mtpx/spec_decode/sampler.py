@@ -94,21 +94,23 @@ class DraftSampler:
     greedy drafts (draft_sample_method="greedy", vLLM's default): the argmax, whose draft
     distribution q is one-hot. probabilistic: a sample from the draft distribution processed with
     the request's own temperature/top-k/top-p/min-p, q kept in `q` [B, k, V] for verification.
-    Rows with is_drafting[b] False (mid-prefill) draw no uniform."""
+    num_drafts[b]: the drafts row b proposes (0 mid-prefill); row b draws one uniform for each
+    draft index i < num_drafts[b] and none for the later ones the step computes for deeper rows,
+    so its generator advances the same whatever the rest of the batch."""
 
-    def __init__(self, sampling: RequestSampling, is_drafting: torch.Tensor, k: int,
-                 probabilistic: bool):
+    def __init__(self, sampling: RequestSampling, num_drafts: list[int], k: int, probabilistic: bool):
         self.sampling, self.probabilistic, self.num_speculative_tokens = sampling, probabilistic, k
-        self.counts = [1 if d else 0 for d in is_drafting.tolist()]
+        self.num_drafts = list(num_drafts)
         self.q: torch.Tensor | None = None
 
     def __call__(self, logits: torch.Tensor, i: int) -> torch.Tensor:
         if not self.probabilistic:
             return logits.argmax(-1)
-        B = len(self.counts)
+        B = len(self.num_drafts)
         probs = self.sampling.probs(logits[:B])
         if self.q is None:
             self.q = torch.zeros(B, self.num_speculative_tokens, logits.shape[-1], dtype=probs.dtype, device=probs.device)
         self.q[:, i] = probs
-        tokens = sample(probs, self.sampling.uniforms(self.counts, 1)[:, 0])
+        counts = [1 if i < n else 0 for n in self.num_drafts]
+        tokens = sample(probs, self.sampling.uniforms(counts, 1)[:, 0])
         return torch.cat([tokens, logits[B:].argmax(-1)])

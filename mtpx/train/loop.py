@@ -46,6 +46,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tokenizers import Tokenizer
 
 from mtpx.io import GracefulInterrupt, Interrupted, recover_folder
+from mtpx.metrics.progress import ProgressLines
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.hf.layout import QWEN3_NEXT_SHARED
@@ -268,6 +269,9 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
     if missing:
         raise ValueError(f"train config lacks {missing}: add them to the train section")
     t = cfg.train
+    if cfg.model.get("path") is not None and not str(cfg.model.get("path")).strip():
+        raise ValueError("model.path is empty: give the checkpoint folder to start from (model.path=DIR), or leave "
+                         "model.path out to train a fresh model")
     if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
         raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
     for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads", "tokenizer_vocab_size"):
@@ -393,6 +397,21 @@ def _fmt_compact(losses: dict[str, float], names: list[str]) -> str:
 # the loop
 
 
+def _check_device(device: str) -> None:
+    """Raises ValueError naming train.device when torch cannot place tensors there (an unknown
+    name, CUDA on a build or machine without it)."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"train.device={device!r} is not a device torch knows: use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+        raise ValueError(f"train.device={device}: {why} (torch {torch.__version__}): use train.device=cpu, "
+                         "or run on a GPU machine with a CUDA build of torch")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"train.device={device!r}: mtpx trains on cpu or cuda")
+
+
 def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None) -> Path:
     """Train (or resume, or extend) a model with the joint next-token + MTP loss; see module doc.
 
@@ -418,6 +437,7 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
     """
     cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
     t = _check_cfg(cfg)
+    _check_device(str(t.get("device", "cpu")))
     info = distributed.resolve(str(t.get("parallel", "auto")), bool(t.freeze_base), int(t.batch_size))
     info, device = distributed.init(info, str(t.get("device", "cpu")), float(t.get("dist_timeout_s", 120)))
     try:
@@ -561,6 +581,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     with progress, GracefulInterrupt() as interrupt:
         task = progress.add_task("training", total=steps, completed=start)
         t0, n_timed = time.perf_counter(), 0
+        lines = ProgressLines("train", steps, "steps", start=start, every=None if info.is_main else 0)
         for step, batch in sampler.iterate(start):
             if step >= steps:
                 break
@@ -575,6 +596,8 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
             history.append({"step": done, "split": "train", "lr": lr, **m})
             n_timed += 1
             progress.update(task, advance=1)
+            lines.update(done, f"{(done - start) * tokens_per_step / max(time.perf_counter() - lines.t0, 1e-9):.0f} tok/s",
+                         f"lr {lr:.1e}", f"loss {_fmt_compact(m, names)}")
             if done % int(t.log_every) == 0 or done == steps:
                 tok_s = n_timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9)
                 t0, n_timed = time.perf_counter(), 0
