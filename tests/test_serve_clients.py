@@ -310,3 +310,36 @@ def test_a_non_streaming_client_that_disconnects_aborts_its_request(live, llm):
     assert _metric(url, "mtpx:generation_tokens_total") - tokens < body["max_tokens"]
     stats = app.state.engine.stats
     assert stats["num_running"] == 0 and stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
+
+
+def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live):
+    """A 1 MB prompt is tokenized off the event loop: /health and a concurrent stream keep going
+    while it is (then it is a 400: longer than the model)."""
+    url, _ = live
+    chunks, health, big = [], [], []
+
+    def stream():
+        body = {"prompt": PROMPT, "max_tokens": 600, "ignore_eos": True, "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(time.perf_counter())
+
+    t = threading.Thread(target=stream)
+    t.start()
+    while len(chunks) < 3:
+        time.sleep(0.01)
+    post = threading.Thread(target=lambda: big.append(httpx.post(
+        f"{url}/v1/completions", json={"prompt": "Answer: 1234 " * 80_000}, timeout=120)))
+    t0 = time.perf_counter()
+    post.start()
+    while post.is_alive():
+        h0 = time.perf_counter()
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+        health.append(time.perf_counter() - h0)
+        time.sleep(0.05)
+    t1 = time.perf_counter()
+    t.join(timeout=120)
+    assert big[0].status_code == 400 and big[0].json()["error"]["param"] == "prompt"
+    during = [b - a for a, b in zip(chunks, chunks[1:]) if t0 <= b <= t1]
+    assert t1 - t0 > 0.5 and during and max(health) < 0.5 and max(during) < 0.5, (t1 - t0, max(health), during)

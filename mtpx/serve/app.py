@@ -182,6 +182,8 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"{param} is not valid Unicode text", param) from None
+        if len(text) > 4096:    # encode_batch releases the GIL (encode does not): the event loop runs on
+            return list(tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def chat_ids(messages: list[ChatMessage], add_generation_prompt: bool = True, add_special_tokens: bool = False,
