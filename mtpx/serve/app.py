@@ -37,6 +37,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtpx.engine.llm import LLM
 from mtpx.engine.sampling_params import SamplingParams
@@ -162,6 +163,10 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         if len(field_loc) < len(loc):
             return _error(f"{param}={err.get('input')!r}: wrong type for this field", param)
         return _error(f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return _error(f"{exc.detail}: {request.method} {request.url.path}", None, exc.status_code)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest):
