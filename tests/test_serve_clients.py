@@ -277,12 +277,14 @@ def test_stream_logprobs_echo_and_several_prompts(client, llm):
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
 
 
-def test_body_limit_is_a_413_in_the_openai_shape(chat_ckpt):
+def test_body_limit_and_http_errors_in_the_openai_shape(chat_ckpt):
     with TestClient(build_app(LLM(model=chat_ckpt), "tiny", max_body_bytes=2000)) as c:
         r = c.post("/v1/completions", json={"prompt": "x" * 5000})
         assert r.status_code == 413 and r.json()["error"]["code"] == 413
         assert "serve.max_body_bytes" in r.json()["error"]["message"]
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+        r = c.get("/v2/nothing")
+        assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "/v2/nothing" in r.json()["error"]["message"]
 
 
 def _metric(url: str, name: str) -> float:
