@@ -97,6 +97,7 @@ class ServeConfig:
     port: int = MISSING
     model_name: Optional[str] = MISSING
     threads: Optional[int] = MISSING
+    max_body_bytes: int = MISSING
 
 
 @dataclass

@@ -82,7 +82,8 @@ def test_bad_requests_get_one_400_naming_the_field(server):
         ({"prompt": ""}, "prompt", "empty prompt"),
         ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "exceeds the model's maximum length"),
         ({"prompt": "hi", "model": "gpt-4"}, "model", "model 'gpt-4' is not served here"),
-        ({"prompt": "hi", "n": 2}, "n", "n"),
+        ({"prompt": "hi", "n": 0}, "n", "n"),
+        ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "not supported yet"),
         ({"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "stream", "prompt scoring"),
     ]
     for body, param, message in cases:

@@ -53,6 +53,7 @@ import torch
 from mtpx.hf.config import config_to_hf
 from mtpx.hf.layout import QWEN3_NEXT_SHARED, from_mtpx
 from mtpx.hf.loader import _safe_open, load_pretrained, require_folder, weight_files
+from mtpx.hf.tokenizer import load_tokenizer, tokenizer_config
 from mtpx.io import atomic_write_bytes, atomic_write_folder, atomic_write_json
 from mtpx.models.model import MTPForCausalLM
 
@@ -305,9 +306,7 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
             shutil.copytree(src / name, dst / name)
             written.append(name)
     if "tokenizer.json" in written and "tokenizer_config.json" not in written and _is_mtpx_tokenizer(dst / "tokenizer.json"):
-        atomic_write_json(dst / "tokenizer_config.json", {
-            "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
-            "pad_token": "<|pad|>", "model_max_length": None, "clean_up_tokenization_spaces": False})
+        atomic_write_json(dst / "tokenizer_config.json", tokenizer_config(load_tokenizer(dst / "tokenizer.json")))
         written.append("tokenizer_config.json")
     return written
 

@@ -111,11 +111,7 @@ class HFTokenizer:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.backend_tokenizer.save(str(folder / TOKENIZER_FILE))
-        config = dict(self.special_tokens)
-        if self.chat_templates:
-            config["chat_template"] = (self.chat_template if list(self.chat_templates) == ["default"] else
-                                       [{"name": k, "template": v} for k, v in self.chat_templates.items()])
-        (folder / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        write_tokenizer_config(folder, self)
         gen = {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_ids or None,
                "pad_token_id": self.pad_token_id}
         (folder / GENERATION_CONFIG_FILE).write_text(json.dumps({k: v for k, v in gen.items() if v is not None}) + "\n")
@@ -360,6 +356,30 @@ def _compile(template: str, source: str) -> jinja2.Template:
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
 SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN)  # ids 0 and 1, in this order
+
+
+def tokenizer_config(tok) -> dict:
+    """The tokenizer_config.json that makes transformers' AutoTokenizer load `tok`'s folder as
+    this tokenizer (PreTrainedTokenizerFast over tokenizer.json: no Qwen2 / Llama pre-splitting
+    guessed from config.json): the named special tokens and chat template(s) of an HFTokenizer,
+    or `<|endoftext|>` (eos) and `<|pad|>` (pad) for mtpx's own tokenizer (a plain
+    tokenizers.Tokenizer)."""
+    config: dict = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    if isinstance(tok, HFTokenizer):
+        config |= tok.special_tokens
+        if tok.chat_templates:
+            config["chat_template"] = (tok.chat_template if list(tok.chat_templates) == ["default"] else
+                                       [{"name": k, "template": v} for k, v in tok.chat_templates.items()])
+    else:
+        config |= {"eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN}
+    return config | {"model_max_length": None, "clean_up_tokenization_spaces": False}
+
+
+def write_tokenizer_config(folder: str | os.PathLike, tok) -> Path:
+    """Write `tokenizer_config(tok)` as `folder`/tokenizer_config.json. Returns its path. Raises OSError."""
+    path = Path(folder) / TOKENIZER_CONFIG_FILE
+    path.write_text(json.dumps(tokenizer_config(tok), indent=2, ensure_ascii=False) + "\n")
+    return path
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:

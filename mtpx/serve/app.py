@@ -1,107 +1,71 @@
 """The OpenAI-compatible HTTP API of `mode=serve` (FastAPI on uvicorn).
 
 Routes: POST /v1/completions, POST /v1/chat/completions (through the model's chat template),
-GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /metrics (Prometheus text).
-Request bodies follow OpenAI's API with vLLM's extensions (top_k, min_p, stop_token_ids,
-ignore_eos); an unknown field, a field of the wrong type, malformed JSON or a prompt the engine
-cannot run gets a 400 with an OpenAI-style error body naming the field. Every response carries
-`usage` and a `spec_decode` field (drafts, accepted, per position, acceptance length). Streams
-are server-sent events: one chunk per engine step that produced text (several accepted tokens
-in one chunk), then `data: [DONE]`; `stream_options.include_usage` adds a last chunk with usage.
+GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /tokenizer_info (the
+tokenizer_config.json of the served tokenizer, as vLLM's and lm-eval's remote tokenizer read it),
+GET /metrics (Prometheus text).
+
+Request bodies take every field of vLLM's OpenAI server (mtpx/serve/protocol.py): n > 1
+(completion j seeded with seed + j, as LLM.generate), best_of = n, stream_options
+(include_usage, continuous_usage_stats: usage in every chunk), skip_special_tokens,
+include_stop_str_in_output, truncate_prompt_tokens, prompt_logprobs, add_special_tokens,
+return_token_ids, return_tokens_as_token_ids; penalties, min_tokens, logit_bias, guided decoding
+and the like only at their neutral values. An unknown field, a field of the wrong type or an
+unsupported value, malformed JSON or a prompt the engine cannot run gets a 400 with an
+OpenAI-style error body naming the field; a body over `max_body_bytes` a 413. Every response
+carries `usage` and a `spec_decode` field (drafts, accepted, per position, acceptance length).
+
+Streams are server-sent events: a chunk per engine step that produced text, then
+`data: [DONE]`; their deltas concatenate to the non-streamed text (mtpx/serve/detokenize.py:
+text that may still be a stop string is held back), each chunk carries the logprobs of its
+tokens, echo rides on the first chunk, and several prompts or n > 1 interleave choices by index.
+Tokenization and chat templates run off the event loop. A client that disconnects aborts its
+requests, streamed or not.
 `echo` with `logprobs` scores the prompt (lm-eval's loglikelihood requests): the logprobs cover
-the prompt's tokens then the output's. Not supported (400): penalties, `n` > 1, `best_of`, `suffix`.
+the prompt's tokens then the output's.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
 import uuid
-from typing import Any, Literal
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtpx.engine.llm import LLM
 from mtpx.engine.sampling_params import SamplingParams
-from mtpx.engine.stop_strings import cut_at_stop
+from mtpx.hf.tokenizer import tokenizer_config
 from mtpx.serve.async_engine import AsyncEngine, Update
+from mtpx.serve.detokenize import IncrementalText, final_text
 from mtpx.serve.metrics import ServerMetrics
+from mtpx.serve.protocol import (ChatMessage, ChatRequest, CompletionRequest, DetokenizeRequest, SamplingFields,
+                                 TokenizeRequest, unsupported_field)
 
-
-_TYPE_WORDS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StreamOptions(_Body):
-    include_usage: bool = False
-
-
-class _Sampling(_Body):
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=-1, ge=-1)
-    min_p: float = Field(default=0.0, ge=0, le=1)
-    seed: int | None = Field(default=None, ge=0, lt=2**64)
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    n: Literal[1] = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    frequency_penalty: float = Field(default=0.0, ge=0, le=0)   # penalties are not implemented: 0 only
-    presence_penalty: float = Field(default=0.0, ge=0, le=0)
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
-    return_token_ids: bool = False      # vLLM's extension: prompt_token_ids and token_ids in the choices
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-
-
-class ChatMessage(_Body):
-    role: str
-    content: str
-    name: str | None = None
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage] = Field(min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-
-
-class TokenizeRequest(_Body):
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
-
-
-class DetokenizeRequest(_Body):
-    model: str | None = None
-    tokens: list[int]
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+_TYPE_WORDS = {"str", "int", "float", "bool", "list", "dict", "none", "literal", "any"}
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None):
+    def __init__(self, message: str, param: str | None = None, status: int = 400):
         super().__init__(message)
-        self.message, self.param = message, param
+        self.message, self.param, self.status = message, param, status
+
+
+class _ClientGone(Exception):
+    """The client of a non-streamed request disconnected: its requests were aborted."""
 
 
 def _error(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": "invalid_request_error", "param": param,
-                                   "code": status}}, status_code=status)
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                        status_code=status)
 
 
 def spec_decode_stats(u: Update) -> dict[str, Any]:
@@ -112,9 +76,62 @@ def spec_decode_stats(u: Update) -> dict[str, Any]:
             "num_committed_tokens": s.num_committed_tokens, "acceptance_length": s.acceptance_length}
 
 
-def build_app(llm: LLM, model_name: str) -> FastAPI:
-    """The FastAPI app serving `llm` under the model id `model_name`. Its engine loop starts with
-    the app (lifespan) and stops with it."""
+@dataclasses.dataclass
+class _Run:
+    """One engine request of an HTTP request: choice `index`, prompt ids, its params, the text
+    echoed before its output ("" without echo) and whether it is its prompt's first completion."""
+    index: int
+    ids: list[int]
+    sp: SamplingParams
+    echo: str = ""
+    first_of_prompt: bool = True
+
+
+class BodyLimit:
+    """ASGI middleware: reads each HTTP body whole, answering 413 (OpenAI error shape) once it
+    passes `max_bytes`, then hands it to `app` (later receive() calls go to the client, so
+    disconnects are still seen)."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._too_large(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self._too_large(scope, receive, send)
+            if not message.get("more_body"):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _too_large(self, scope, receive, send):
+        response = _error(f"request body is larger than the server's limit of {self.max_bytes} bytes "
+                          "(serve.max_body_bytes): send a shorter prompt", None, 413)
+        await response(scope, receive, send)
+
+
+def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The FastAPI app serving `llm` under the model id `model_name`; request bodies over
+    `max_body_bytes` get a 413. Its engine loop starts with the app (lifespan) and stops with it."""
     from contextlib import asynccontextmanager
 
     metrics = ServerMetrics(llm.num_speculative_tokens, lambda: engine.stats)
@@ -127,8 +144,10 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
         engine.shutdown()
 
     app = FastAPI(title="mtpx", lifespan=lifespan)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.state.engine = engine
     tok = llm.tokenizer
+    vocab_size = llm.model.cfg.vocab_size
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
@@ -145,42 +164,61 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
             return _error(f"{param}={err.get('input')!r}: wrong type for this field", param)
         return _error(f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        return _error(f"{exc.detail}: {request.method} {request.url.path}", None, exc.status_code)
+
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest):
-        return _error(exc.message, exc.param)
+        return _error(exc.message, exc.param, exc.status)
+
+    @app.exception_handler(_ClientGone)
+    async def client_gone(request: Request, exc: _ClientGone):
+        return Response(status_code=499)          # nginx's "client closed request": nobody reads it
 
     def check_model(name: str | None) -> None:
         if name is not None and name != model_name:
             raise BadRequest(f"model '{name}' is not served here: use '{model_name}' (GET /v1/models)", "model")
 
-    def encode(text: str, param: str) -> list[int]:
+    def encode(text: str, param: str, add_special_tokens: bool = True) -> list[int]:
         if tok is None:
             raise BadRequest("this model has no tokenizer: send token ids", param)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"{param} is not valid Unicode text", param) from None
-        return llm.encode(text)
+        if len(text) > 4096:    # encode_batch releases the GIL (encode does not): the event loop runs on
+            return list(tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
+        return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
-    def chat_ids(messages: list[ChatMessage], add_generation_prompt: bool = True) -> list[int]:
-        if tok is None or getattr(tok, "chat_template", None) is None or not hasattr(tok, "apply_chat_template"):
-            raise BadRequest(f"model '{model_name}' has no chat template: use /v1/completions with a plain prompt",
-                             "messages")
+    def chat_ids(messages: list[ChatMessage], add_generation_prompt: bool = True, add_special_tokens: bool = False,
+                 chat_template: str | None = None, documents: list | None = None,
+                 kwargs: dict | None = None) -> list[int]:
+        if tok is None or not hasattr(tok, "apply_chat_template") or (
+                chat_template is None and getattr(tok, "chat_template", None) is None):
+            raise BadRequest(f"model '{model_name}' has no chat template: use /v1/completions with a plain prompt "
+                             "(or send chat_template)", "messages")
         try:
-            rendered = tok.apply_chat_template([m.model_dump(exclude_none=True) for m in messages],
-                                               add_generation_prompt=add_generation_prompt)
+            rendered = tok.apply_chat_template([m.as_dict() for m in messages],
+                                               add_generation_prompt=add_generation_prompt,
+                                               chat_template=chat_template, documents=documents, **(kwargs or {}))
         except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
-            raise BadRequest(f"the chat template failed: {e}", "messages") from None
+            raise BadRequest(f"the chat template failed: {e}".replace("\n", " "), "messages") from None
         # the template holds the special tokens: encode without adding them (as transformers does)
-        return list(tok.encode(rendered, add_special_tokens=False).ids)
+        return list(tok.encode(rendered, add_special_tokens=add_special_tokens).ids)
 
-    def sampling(body: _Sampling, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def check_fields(body: SamplingFields) -> None:
         check_model(body.model)
+        bad = unsupported_field(body)
+        if bad:
+            raise BadRequest(*bad)
+
+    def sampling(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
         try:
-            return SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p,
-                                  top_k=body.top_k, min_p=body.min_p, seed=body.seed, stop=body.stop,
-                                  stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
-                                  logprobs=logprobs)
+            return SamplingParams(max_tokens=max_tokens, temperature=_or(body.temperature, 1.0),
+                                  top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, -1), min_p=_or(body.min_p, 0.0),
+                                  seed=body.seed, stop=body.stop, stop_token_ids=list(body.stop_token_ids or []),
+                                  ignore_eos=body.ignore_eos, logprobs=logprobs)
         except ValueError as e:
             raise BadRequest(str(e)) from None
 
@@ -192,55 +230,157 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
             raise BadRequest(f"max_tokens={sp.max_tokens} with a {len(ids)}-token prompt exceeds the model's "
                              f"maximum length {llm.max_model_len}: lower max_tokens", "max_tokens")
 
-    def text_of(ids: list[int], u: Update, sp: SamplingParams) -> str:
-        """The output text as the client sees it: cut before a matched stop string; while running,
-        held back where a stop string may be starting and at an incomplete UTF-8 character."""
-        text = llm.decode(ids)
-        if u.finished:
-            return cut_at_stop(text, u.stop_reason) if isinstance(u.stop_reason, str) else text
-        text = text.rstrip("\ufffd")
-        hold = max((len(s) for s in sp.stop), default=1) - 1
-        return text[: len(text) - hold] if hold > 0 else text
+    def runs_for(prompts_ids: list[list[int]], echoes: list[str], sp: SamplingParams, body: SamplingFields,
+                 param: str) -> list[_Run]:
+        """The engine requests of n completions per prompt, choice index prompt * n + j."""
+        runs = []
+        for i, (ids, echo) in enumerate(zip(prompts_ids, echoes)):
+            if body.truncate_prompt_tokens is not None:
+                ids = ids[-body.truncate_prompt_tokens:]
+            check_fits(ids, sp, param)
+            for j in range(body.n):
+                child = sp if j == 0 or sp.seed is None else dataclasses.replace(sp, seed=sp.seed + j)
+                runs.append(_Run(i * body.n + j, ids, child, echo, j == 0))
+        return runs
 
-    def logprobs_block(ids: list[int], u: Update, prompt_ids: list[int] | None = None) -> dict | None:
-        """OpenAI's completion logprobs: tokens, token_logprobs, top_logprobs (the token and the
-        top N, by text), text_offset; with echo (prompt_ids) the prompt's tokens come first, the
-        first of them without a logprob."""
-        if u.logprobs is None:
-            return None
-        entries = list(u.logprobs)
-        all_ids = list(ids)
-        if prompt_ids is not None:
-            scored = u.prompt_logprobs or {}
-            entries = [None] + [scored.get(i) for i in range(1, len(prompt_ids))] + entries
-            all_ids = list(prompt_ids) + all_ids
-        tokens = [llm.decode([t]) for t in all_ids]
+    def output_text(run: _Run, u: Update, body: SamplingFields) -> str:
+        """All output tokens decoded so far; without skip_special_tokens a finishing stop token
+        (EOS, stop_token_ids) is left out of the text, as vLLM does."""
+        ids = u.token_ids
+        if body.skip_special_tokens:
+            return llm.decode(ids)
+        if u.finished and u.finish_reason == "stop" and not isinstance(u.stop_reason, str):
+            ids = ids[:-1]
+        return "" if tok is None else tok.decode(list(ids), skip_special_tokens=False)
+
+    def token_str(t: int, as_ids: bool) -> str:
+        return f"token_id:{t}" if as_ids else llm.decode([t])
+
+    def logprobs_block(ids: list[int], entries: list, offset: int, as_ids: bool) -> dict:
+        """OpenAI's completion logprobs of tokens `ids` with their entries (None: the first prompt
+        token): tokens, token_logprobs, top_logprobs (the token and the top N, by text),
+        text_offset (characters, from `offset`)."""
+        tokens = [token_str(t, as_ids) for t in ids]
         token_lps, tops = [], []
-        for t, e in zip(all_ids, entries):
+        for t, e in zip(ids, entries):
             if e is None:
                 token_lps.append(None)
                 tops.append(None)
                 continue
             lp, _, top = e
             token_lps.append(lp)
-            tops.append({llm.decode([i]): v for i, v in top} | {llm.decode([t]): lp})
-        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
-                "text_offset": list(itertools_accumulate(tokens, 0))}
+            tops.append({token_str(i, as_ids): v for i, v in top} | {token_str(t, as_ids): lp})
+        offsets = []
+        for t in tokens:
+            offsets.append(offset)
+            offset += len(t)
+        return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
+
+    def prompt_logprobs_list(ids: list[int], scored: dict) -> list:
+        """vLLM's prompt_logprobs: None for the first token, then {token id: {logprob, rank,
+        decoded_token}} with the top tokens and the prompt token."""
+        out: list = [None]
+        for i in range(1, len(ids)):
+            e = scored.get(i)
+            if e is None:
+                out.append(None)
+                continue
+            lp, rank, top = e
+            d = {str(t): {"logprob": v, "rank": j + 1, "decoded_token": llm.decode([t])} for j, (t, v) in enumerate(top)}
+            d[str(ids[i])] = {"logprob": lp, "rank": rank, "decoded_token": llm.decode([ids[i]])}
+            out.append(d)
+        return out
 
     def usage(prompt_len: int, completion_len: int) -> dict[str, int]:
         return {"prompt_tokens": prompt_len, "completion_tokens": completion_len,
                 "total_tokens": prompt_len + completion_len}
 
-    async def run_one(ids: list[int], sp: SamplingParams) -> Update:
+    def total_usage(runs: list[_Run], updates: list[Update]) -> dict[str, int]:
+        return usage(sum(len(r.ids) for r in runs if r.first_of_prompt), sum(len(u.token_ids) for u in updates))
+
+    async def run_one(run: _Run) -> Update:
         last = None
         try:
-            async for u in engine.generate(ids, sp):
+            async for u in engine.generate(run.ids, run.sp):
                 last = u
         except ValueError as e:
             raise BadRequest(str(e), "prompt") from None
         if last.error:
             raise BadRequest(last.error)
         return last
+
+    async def run_all(request: Request, runs: list[_Run]) -> list[Update]:
+        """Every run to its end; a client that disconnects first aborts them all (_ClientGone)."""
+        task = asyncio.ensure_future(asyncio.gather(*(run_one(r) for r in runs)))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.1)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    raise _ClientGone()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    async def stream_updates(run: _Run, body: SamplingFields) -> AsyncIterator[tuple]:
+        """(text delta, token ids, logprob entries, update) per engine update of `run` that has
+        text to send or finishes; tokens whose text is held back ride on the next one. A failed
+        request ends it as (None, [], None, update)."""
+        text = IncrementalText(run.sp.stop, body.include_stop_str_in_output)
+        sent_ids = 0
+        async for u in engine.generate(run.ids, run.sp):
+            if u.error:
+                yield None, [], None, u
+                return
+            delta = text.delta(output_text(run, u, body), u.finished, u.stop_reason)
+            if delta or u.finished:
+                lps = u.logprobs[sent_ids:] if u.logprobs is not None else None
+                yield delta, u.token_ids[sent_ids:], lps, u
+                sent_ids = len(u.token_ids)
+
+    async def merged(runs: list[_Run], body: SamplingFields) -> AsyncIterator[tuple[_Run, tuple]]:
+        """stream_updates of every run, interleaved as they come; closing it aborts them all."""
+        if len(runs) == 1:
+            async for item in stream_updates(runs[0], body):
+                yield runs[0], item
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump(run: _Run) -> None:
+            try:
+                async for item in stream_updates(run, body):
+                    await queue.put((run, item))
+            finally:
+                queue.put_nowait((run, done))
+
+        tasks = [asyncio.ensure_future(pump(r)) for r in runs]
+        try:
+            left = len(tasks)
+            while left:
+                run, item = await queue.get()
+                if item is done:
+                    left -= 1
+                    continue
+                yield run, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def stream_end(base: dict, body: SamplingFields, runs: list[_Run], last: dict[int, Update]) -> list[str]:
+        """A stream's last events: the usage chunk (stream_options.include_usage), then [DONE]."""
+        events = []
+        so = body.stream_options
+        if so is not None and so.include_usage and len(last) == len(runs) and not any(u.error for u in last.values()):
+            events.append(_sse({**base, "choices": [], "usage": total_usage(runs, list(last.values()))}))
+        return events + ["data: [DONE]\n\n"]
+
+    def continuous_usage(body: SamplingFields) -> bool:
+        so = body.stream_options
+        return bool(so is not None and so.include_usage and so.continuous_usage_stats)
 
     # ---- routes ------------------------------------------------------------------------------------
     @app.get("/health")
@@ -256,166 +396,201 @@ def build_app(llm: LLM, model_name: str) -> FastAPI:
     async def prometheus():
         return PlainTextResponse(metrics.exposition().decode(), media_type="text/plain; version=0.0.4")
 
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        if tok is None:
+            raise BadRequest("this model has no tokenizer: send token ids", None, 404)
+        info = tokenizer_config(tok)
+        return info | {"model_max_length": llm.max_model_len, "vocab_size": tok.get_vocab_size(),
+                       "eos_token_id": llm.eos_token_id}
+
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise BadRequest("give exactly one of prompt or messages", "prompt")
-        ids = encode(body.prompt, "prompt") if body.prompt is not None else chat_ids(body.messages,
-                                                                                   body.add_generation_prompt)
-        return {"tokens": ids, "count": len(ids), "max_model_len": llm.max_model_len}
+        if body.continue_final_message:
+            raise BadRequest("continue_final_message=True is not supported yet", "continue_final_message")
+        if body.tools:
+            raise BadRequest("tools are not supported yet (no tool calling): drop the field", "tools")
+        if body.prompt is not None:
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+            ids = await asyncio.to_thread(encode, body.prompt, "prompt", special)
+        else:
+            ids = await asyncio.to_thread(chat_ids, body.messages, body.add_generation_prompt,
+                                          bool(body.add_special_tokens), body.chat_template, None,
+                                          body.chat_template_kwargs)
+        out = {"tokens": ids, "count": len(ids), "max_model_len": llm.max_model_len}
+        if body.return_token_strs:
+            out["token_strs"] = [tok.id_to_token(i) for i in ids]
+        return out
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         check_model(body.model)
-        bad = [t for t in body.tokens if not 0 <= t < llm.model.cfg.vocab_size]
+        bad = [t for t in body.tokens if not 0 <= t < vocab_size]
         if bad:
-            raise BadRequest(f"token ids {bad[:5]} are outside the vocabulary [0, {llm.model.cfg.vocab_size})",
-                             "tokens")
+            raise BadRequest(f"token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})", "tokens")
         return {"prompt": llm.decode(body.tokens)}
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    def prepare_completion(body: CompletionRequest) -> list[_Run]:
+        """Tokenize and check a completion request (runs off the event loop)."""
         sp = sampling(body, body.max_tokens or 16, body.logprobs)   # OpenAI's default: 16 tokens
         if body.echo and body.logprobs is not None:    # prompt scoring (lm-eval's loglikelihood requests)
-            if body.stream:
-                raise BadRequest("echo with logprobs (prompt scoring) is not streamed: set stream=false", "stream")
             sp = dataclasses.replace(sp, prompt_logprobs=body.logprobs)
+        if body.prompt_logprobs is not None:
+            sp = dataclasses.replace(sp, prompt_logprobs=max(body.prompt_logprobs, sp.prompt_logprobs or 0))
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(
             body.prompt[0], int) else [body.prompt]
         if not prompts:
             raise BadRequest("prompt is empty: give at least one token", "prompt")
-        texts = [p if isinstance(p, str) else None for p in prompts]
-        all_ids = [encode(p, "prompt") if isinstance(p, str) else list(p) for p in prompts]
-        for ids in all_ids:
-            check_fits(ids, sp, "prompt")
-        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        all_ids = [encode(p, "prompt", body.add_special_tokens) if isinstance(p, str) else list(p) for p in prompts]
+        echoes = [(p if isinstance(p, str) else llm.decode(ids)) if body.echo else "" for p, ids in zip(prompts, all_ids)]
+        return runs_for(all_ids, echoes, sp, body, "prompt")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        check_fields(body)
+        if body.stream and body.echo and body.logprobs is not None:
+            raise BadRequest("echo with logprobs (prompt scoring) is not streamed: set stream=false", "stream")
+        if body.stream and body.prompt_logprobs is not None:
+            raise BadRequest("prompt_logprobs are not streamed: set stream=false", "prompt_logprobs")
+        runs = await asyncio.to_thread(prepare_completion, body)
+        rid = f"cmpl-{body.request_id or uuid.uuid4().hex}"
+        created = int(time.time())
         if body.stream:
-            return StreamingResponse(_stream_completions(rid, created, all_ids, texts, sp, body),
-                                     media_type="text/event-stream")
-        import asyncio
-        updates = await asyncio.gather(*(run_one(ids, sp) for ids in all_ids))
+            return StreamingResponse(_stream_completions(rid, created, runs, body), media_type="text/event-stream")
+        updates = await run_all(request, runs)
         choices = []
-        for i, (u, t) in enumerate(zip(updates, texts)):
-            text = text_of(u.token_ids, u, sp)
-            prefix = (t if t is not None else llm.decode(all_ids[i])) if body.echo else ""
-            choices.append({"index": i, "text": prefix + text,
-                            "logprobs": logprobs_block(u.token_ids, u, all_ids[i] if body.echo else None),
-                            "finish_reason": u.finish_reason,
-                            "stop_reason": u.stop_reason, "spec_decode": spec_decode_stats(u)})
+        for run, u in zip(runs, updates):
+            text = final_text(output_text(run, u, body), u.stop_reason, body.include_stop_str_in_output)
+            lp = None
+            if u.logprobs is not None:
+                entries, ids = list(u.logprobs), list(u.token_ids)
+                if body.echo:
+                    scored = u.prompt_logprobs or {}
+                    entries = [None] + [scored.get(i) for i in range(1, len(run.ids))] + entries
+                    ids = list(run.ids) + ids
+                lp = logprobs_block(ids, entries, 0, bool(body.return_tokens_as_token_ids))
+            choice = {"index": run.index, "text": run.echo + text, "logprobs": lp, "finish_reason": u.finish_reason,
+                      "stop_reason": u.stop_reason, "spec_decode": spec_decode_stats(u)}
+            if body.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs_list(run.ids, u.prompt_logprobs or {})
             if body.return_token_ids:
-                choices[-1] |= {"prompt_token_ids": all_ids[i], "token_ids": u.token_ids}
-        prompt_len = sum(len(ids) for ids in all_ids)
-        out_len = sum(len(u.token_ids) for u in updates)
+                choice |= {"prompt_token_ids": run.ids, "token_ids": u.token_ids}
+            choices.append(choice)
         return {"id": rid, "object": "text_completion", "created": created, "model": model_name,
-                "choices": choices, "usage": usage(prompt_len, out_len),
+                "choices": choices, "usage": total_usage(runs, updates),
                 "spec_decode": choices[0]["spec_decode"] if len(choices) == 1 else
                 [c["spec_decode"] for c in choices]}
 
-    async def text_deltas(ids: list[int], sp: SamplingParams):
-        """(new text, new token ids, update) per engine update of one request; a failed request
-        ends the stream as `(None, [], update)`."""
-        sent, sent_ids = "", 0
-        async for u in engine.generate(ids, sp):
-            if u.error:
-                yield None, [], u
-                return
-            text = text_of(u.token_ids, u, sp)
-            delta, sent = text[len(sent):], text
-            new_ids, sent_ids = u.token_ids[sent_ids:], len(u.token_ids)
-            yield delta, new_ids, u
-
-    def stream_end(base: dict, body: _Sampling, ids: list[int], last: Update | None) -> list[str]:
-        """A stream's last events: the usage chunk (stream_options.include_usage), then [DONE]."""
-        events = []
-        if last is not None and not last.error and body.stream_options and body.stream_options.include_usage:
-            events.append(_sse({**base, "choices": [], "usage": usage(len(ids), len(last.token_ids))}))
-        return events + ["data: [DONE]\n\n"]
-
-    async def _stream_completions(rid, created, all_ids, texts, sp, body):
-        if len(all_ids) != 1:
-            yield _sse({"error": {"message": "streaming takes one prompt per request", "param": "prompt"}})
-            yield "data: [DONE]\n\n"
-            return
-        ids, last = all_ids[0], None
+    async def _stream_completions(rid: str, created: int, runs: list[_Run], body: CompletionRequest):
         base = {"id": rid, "object": "text_completion", "created": created, "model": model_name}
-        prefix = texts[0] if body.echo and texts[0] else ""
-        try:
-            pending: list[int] = []
-            first = True
-            async for delta, new_ids, u in text_deltas(ids, sp):
-                last = u
-                if delta is None:
-                    yield _sse({"error": {"message": u.error, "type": "server_error"}})
-                    break
-                pending += new_ids
-                if prefix + delta or u.finished:
-                    choice = {"index": 0, "text": prefix + delta, "logprobs": None,
-                              "finish_reason": u.finish_reason if u.finished else None}
-                    if body.return_token_ids:
-                        choice["token_ids"], pending = pending, []
-                        if first:                        # the prompt's ids ride on the first chunk
-                            choice["prompt_token_ids"] = ids
-                    prefix, first = "", False
-                    chunk = {**base, "choices": [choice]}
-                    if u.finished:
-                        choice["stop_reason"] = u.stop_reason
-                        chunk["spec_decode"] = spec_decode_stats(u)
-                    yield _sse(chunk)
-        except ValueError as e:
-            yield _sse({"error": {"message": str(e), "param": "prompt"}})
-        for event in stream_end(base, body, ids, last):
+        last: dict[int, Update] = {}
+        first = {r.index: True for r in runs}
+        offsets = {r.index: 0 for r in runs}
+        as_ids = bool(body.return_tokens_as_token_ids)
+        async for run, (delta, new_ids, lps, u) in merged(runs, body):
+            last[run.index] = u
+            if delta is None:
+                yield _sse({"error": {"message": u.error, "type": "server_error", "param": None, "code": 500}})
+                break
+            lp = None
+            if lps is not None:
+                lp = logprobs_block(new_ids, lps, offsets[run.index], as_ids)
+                if lp["tokens"]:
+                    offsets[run.index] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+            choice = {"index": run.index, "text": (run.echo if first[run.index] else "") + delta, "logprobs": lp,
+                      "finish_reason": u.finish_reason if u.finished else None}
+            if body.return_token_ids:
+                choice["token_ids"] = new_ids
+                if first[run.index]:                     # the prompt's ids ride on the first chunk
+                    choice["prompt_token_ids"] = run.ids
+            first[run.index] = False
+            chunk = {**base, "choices": [choice]}
+            if u.finished:
+                choice["stop_reason"] = u.stop_reason
+                chunk["spec_decode"] = spec_decode_stats(u)
+            if continuous_usage(body):
+                chunk["usage"] = usage(len(run.ids), len(u.token_ids))
+            yield _sse(chunk)
+        for event in stream_end(base, body, runs, last):
             yield event
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest):
-        if body.logprobs or body.top_logprobs is not None:
-            raise BadRequest("/v1/chat/completions does not return logprobs yet: use /v1/completions with "
-                             "logprobs", "logprobs")
-        ids = chat_ids(body.messages)
+    def prepare_chat(body: ChatRequest) -> list[_Run]:
+        ids = chat_ids(body.messages, body.add_generation_prompt, body.add_special_tokens, body.chat_template,
+                       body.documents, body.chat_template_kwargs)
+        if body.truncate_prompt_tokens is not None:
+            ids = ids[-body.truncate_prompt_tokens:]
         # no max_tokens: until the model's maximum length, as vLLM does
         sp = sampling(body, body.max_completion_tokens or body.max_tokens or max(1, llm.max_model_len - len(ids)),
                       None)
-        check_fits(ids, sp, "messages")
-        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-        if body.stream:
-            return StreamingResponse(_stream_chat(rid, created, ids, sp, body), media_type="text/event-stream")
-        u = await run_one(ids, sp)
-        stats = spec_decode_stats(u)
-        return {"id": rid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text_of(u.token_ids, u, sp)},
-                             "finish_reason": u.finish_reason, "stop_reason": u.stop_reason}],
-                "usage": usage(len(ids), len(u.token_ids)), "spec_decode": stats}
+        return runs_for([ids], [""], sp, body, "messages")
 
-    async def _stream_chat(rid, created, ids, sp, body):
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        check_fields(body)
+        if body.logprobs:
+            raise BadRequest("/v1/chat/completions does not return logprobs yet: use /v1/completions with "
+                             "logprobs", "logprobs")
+        if body.top_logprobs:
+            raise BadRequest("top_logprobs needs logprobs, which /v1/chat/completions does not return yet",
+                             "top_logprobs")
+        if body.prompt_logprobs is not None:
+            raise BadRequest("prompt_logprobs are returned by /v1/completions only (send the rendered prompt)",
+                             "prompt_logprobs")
+        runs = await asyncio.to_thread(prepare_chat, body)
+        rid = f"chatcmpl-{body.request_id or uuid.uuid4().hex}"
+        created = int(time.time())
+        if body.stream:
+            return StreamingResponse(_stream_chat(rid, created, runs, body), media_type="text/event-stream")
+        updates = await run_all(request, runs)
+        choices = []
+        for run, u in zip(runs, updates):
+            text = final_text(output_text(run, u, body), u.stop_reason, body.include_stop_str_in_output)
+            choice = {"index": run.index, "message": {"role": "assistant", "content": text},
+                      "finish_reason": u.finish_reason, "stop_reason": u.stop_reason}
+            if body.return_token_ids:
+                choice["token_ids"] = u.token_ids
+            choices.append(choice)
+        stats = [spec_decode_stats(u) for u in updates]
+        out = {"id": rid, "object": "chat.completion", "created": created, "model": model_name, "choices": choices,
+               "usage": total_usage(runs, updates), "spec_decode": stats[0] if len(stats) == 1 else stats}
+        if body.return_token_ids:
+            out["prompt_token_ids"] = runs[0].ids
+        return out
+
+    async def _stream_chat(rid: str, created: int, runs: list[_Run], body: ChatRequest):
         base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
-        yield _sse({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                         "finish_reason": None}]})
-        last = None
-        async for delta, _, u in text_deltas(ids, sp):
-            last = u
+        for run in runs:
+            yield _sse({**base, "choices": [{"index": run.index, "delta": {"role": "assistant", "content": ""},
+                                             "finish_reason": None}]})
+        last: dict[int, Update] = {}
+        async for run, (delta, new_ids, _, u) in merged(runs, body):
+            last[run.index] = u
             if delta is None:
-                yield _sse({"error": {"message": u.error, "type": "server_error"}})
+                yield _sse({"error": {"message": u.error, "type": "server_error", "param": None, "code": 500}})
                 break
-            if delta or u.finished:
-                chunk = {**base, "choices": [{"index": 0, "delta": {"content": delta} if delta else {},
-                                              "finish_reason": u.finish_reason if u.finished else None}]}
-                if u.finished:
-                    chunk["spec_decode"] = spec_decode_stats(u)
-                yield _sse(chunk)
-        for event in stream_end(base, body, ids, last):
+            choice = {"index": run.index, "delta": {"content": delta} if delta else {},
+                      "finish_reason": u.finish_reason if u.finished else None}
+            if body.return_token_ids:
+                choice["token_ids"] = new_ids
+            chunk = {**base, "choices": [choice]}
+            if u.finished:
+                choice["stop_reason"] = u.stop_reason
+                chunk["spec_decode"] = spec_decode_stats(u)
+            if continuous_usage(body):
+                chunk["usage"] = usage(len(run.ids), len(u.token_ids))
+            yield _sse(chunk)
+        for event in stream_end(base, body, runs, last):
             yield event
 
     return app
 
 
+def _or(value, default):
+    return default if value is None else value
+
+
 def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def itertools_accumulate(tokens: list[str], offset: int):
-    """Character offsets of each token's text (OpenAI's text_offset)."""
-    pos = offset
-    for t in tokens:
-        yield pos
-        pos += len(t)

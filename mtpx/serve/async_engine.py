@@ -27,8 +27,8 @@ from mtpx.metrics.stats import SpecDecodeCounts
 @dataclass
 class Update:
     """A request's state after a step: every output token so far (token_ids), and when finished
-    its finish_reason / stop_reason, error (a failed request), spec counters, times, logprobs
-    and prompt_logprobs (the Request's entries)."""
+    its finish_reason / stop_reason, error (a failed request), spec counters, times and
+    prompt_logprobs; logprobs (one entry per output token so far) on every update."""
     token_ids: list[int]
     finished: bool = False
     finish_reason: str | None = None
@@ -144,13 +144,13 @@ class AsyncEngine:
             else:
                 self._streams[req.index] = (loop, queue, req, len(req.output_token_ids))
         update = Update(list(req.output_token_ids), finished=final)
+        update.logprobs = list(req.logprobs) if req.params.logprobs is not None else None
         if final:
             update.finish_reason, update.stop_reason, update.error = req.finish_reason, req.stop_reason, req.error
             update.spec, update.num_cached_tokens = req.spec, req.num_cached_tokens
             update.arrival_time, update.first_token_time = req.arrival_time, req.first_token_time
             update.finish_time = req.finish_time or time.perf_counter()
             update.emission_times = list(req.emission_times)
-            update.logprobs = list(req.logprobs) if req.params.logprobs is not None else None
             update.prompt_logprobs = dict(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None
             if self.on_finish is not None and req.error is None:
                 self.on_finish(req)

@@ -37,7 +37,9 @@ def run_serve(cfg: DictConfig) -> int:
         raise ValueError(f"serve.port={s.port!r}: must be a port number in [0, 65535]")
     llm = load_llm(cfg)
     name = s.get("model_name") or Path(str(cfg.model.get("path") or DEFAULT_MODEL)).name
-    app = build_app(llm, name)
+    if not isinstance(s.max_body_bytes, int) or s.max_body_bytes < 1:
+        raise ValueError(f"serve.max_body_bytes={s.max_body_bytes!r}: must be a positive number of bytes")
+    app = build_app(llm, name, max_body_bytes=s.max_body_bytes)
     spec = f"{llm.spec} k={llm.num_speculative_tokens}" if llm.speculator is not None else "plain decoding"
     print(f"serving {name} ({spec}) at http://{s.host}:{s.port}/v1  (Ctrl-C stops)")
     uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning")).run()
