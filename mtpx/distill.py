@@ -45,6 +45,7 @@ from mtpx.data.distilled import (
     shard_name,
 )
 from mtpx.data.prompts import check_data_config, load_prompts
+from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
 from mtpx.evaluate import (_int_or_none, _Stop, cap_max_tokens, engine_args, model_path, sampling_params, source_commit,
@@ -139,12 +140,16 @@ def run_distill(cfg: DictConfig) -> int:
     method = None if spec is None or k == 0 else spec.method
     path = model_path(cfg)
     dtype = cfg.model.get("dtype") or "float32"
+    engine = engine_args(cfg.engine)
+    n, m = c.get("num_prompts"), c.get("max_tokens")
+    engine["compile"] = resolve_compile(engine.get("compile"), "distill",
+                                        n * m if isinstance(n, int) and isinstance(m, int) else None)
     if c.get("threads") is not None:
         choose_threads(None, c.threads, "distill.threads")
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
               draft_path=spec.get("draft_path") if spec is not None else None,
               cost_model_file=spec.get("cost_model_file") if spec is not None and k == "auto" else None,
-              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine_args(cfg.engine), **spec_args(spec))
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec))
     print(choose_threads(llm.model, c.get("threads"), "distill.threads").describe())
     if llm.tokenizer is None:
         raise ValueError(f"model.path={path} has no tokenizer: distilled data is text, so the model needs one")

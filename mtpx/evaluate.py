@@ -47,7 +47,7 @@ from rich.progress import Progress
 
 from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt, chat_template_applies, check_data_config, load_prompts
-from mtpx.engine.config import with_overrides
+from mtpx.engine.config import resolve_compile, with_overrides
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
@@ -366,6 +366,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     engine = engine_args(cfg.engine)
     spec_kw = spec_args(spec)
     num_prompts = _int_or_none(mode, c, "num_prompts", 1, "the whole data set")
+    engine["compile"] = resolve_compile(engine.get("compile"), mode, None if num_prompts is None else
+                                        num_prompts * _int_or_none(mode, c, "max_tokens", 1))
     prompts_key = f"{mode}.num_prompts"
     client_args(c, 0, mode)        # validate the client section before the model loads
     sampling_params(c, 0, mode)
@@ -389,8 +391,9 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
               + (f" in {cal['seconds']:.1f} s" if cal["seconds"] else ""))
     if llm.compile_stats is not None:
         cs = llm.compile_stats
-        print(f"engine.compile: decode step compiled in {cs['compile_s']:.1f} s ({cs['num_graphs']} "
-              f"graphs, torch.compile mode {cs['mode']}, capture sizes {cs['capture_sizes']})")
+        print(f"engine.compile: decode step built in {cs['compile_s']:.1f} s ({cs['num_graphs']} graphs: "
+              f"{cs['num_compiled']} compiled, {cs['num_loaded']} loaded from the cache; layer regions "
+              f"{'on' if cs['regions'] else 'off'}, torch.compile mode {cs['mode']})")
 
     prompts = load_prompts(cfg.data, num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
                            num_prompts_key=prompts_key)

@@ -296,3 +296,67 @@ def test_window_width_stays_static(trained_tiny):
             cache.clear_pending()
     assert len(num_symbolic) == 2 and num_symbolic[0] > 0
     assert num_symbolic[1] == num_symbolic[0]
+
+
+def _subgraph_calls(compiled, attribute: str):
+    """Recompile compiled.<attribute> with a backend that records, per Dynamo graph, the
+    invoke_subgraph calls (the compiled layer regions) and the distinct subgraphs they call."""
+    from mtpx.engine.compiled import _own_code
+    seen = []
+
+    def backend(gm, example_inputs):
+        calls = [n for n in gm.graph.nodes if n.op == "call_function"
+                 and n.target is torch.ops.higher_order.invoke_subgraph]
+        seen.append((len(calls), len({n.args[0].target for n in calls})))
+        return gm.forward
+
+    fn = {"_verify": compiled._verify_forward, "_draft": compiled._plan_and_draft}[attribute]
+    setattr(compiled, attribute, torch.compile(_own_code(fn), backend=backend))
+    return seen
+
+
+@pytest.mark.parametrize("regions", [True, False])
+def test_layer_regions_are_traced_once_per_layer_type(trained_tiny, regions):
+    """engine.compile_regions: the verification graph calls one compiled region per target layer,
+    and the tiny hybrid's 4 layers are 2 distinct regions (Gated DeltaNet, attention); the draft
+    loop's 4 MTP modules share 1. Off: no region, every layer inlined in one graph. The tokens
+    are the same either way, and equal eager's."""
+    torch._dynamo.reset()
+    ref = _generate(_llm(trained_tiny, "mtp8", 4), PROMPTS[:3], max_tokens=12)
+    llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager", compile_regions=regions)
+    compiled = llm.engine.compiled
+    verify, draft = _subgraph_calls(compiled, "_verify"), _subgraph_calls(compiled, "_draft")
+    _same(_generate(llm, PROMPTS[:3], max_tokens=12), ref)
+    layers = trained_tiny.cfg.num_hidden_layers
+    assert verify and set(verify) == ({(layers, 2)} if regions else {(0, 0)})
+    assert draft and set(draft) == ({(4, 1)} if regions else {(0, 0)})
+    assert llm.engine.compile_stats()["regions"] is regions
+
+
+def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trained_tiny):
+    """num_speculative_tokens=auto, compiled (regions): the warm-up builds the graphs of every
+    depth bucket (compiled.depth_bucket: 0, 1, 2, 4 for k = 4), so requests whose depths change
+    while they run (scripted) decode with error_on_recompile; tokens equal eager's."""
+    from tests.test_auto_k import ScriptedDepths
+    torch._dynamo.reset()
+    outs = []
+    for backend in (None, "eager"):
+        llm = _llm(trained_tiny, "mtp8", 4, compile_backend=backend)
+        llm.engine.scheduler.depth_per_request = True
+        if backend is not None:
+            stats = llm.engine.warmup()
+            assert stats["num_graphs"] <= 13      # verify 5, commit 4, draft loop 4
+        policy = ScriptedDepths(4, [4, 2, 0, 4, 3, 1], lower_seed=1)
+        llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+        policy.forced = None
+        ps = [SamplingParams(max_tokens=24 - i % 5, ignore_eos=True) for i in range(3)]
+        with torch._dynamo.config.patch(error_on_recompile=backend is not None):
+            outs.append(llm.generate(PROMPTS[:3], ps))
+    _same(*outs)
+
+
+def test_depth_buckets():
+    from mtpx.engine.compiled import depth_bucket
+    assert [depth_bucket(d, 8) for d in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
+    assert [depth_bucket(d, 3) for d in range(4)] == [0, 1, 2, 3]
+    assert [depth_bucket(d, 6) for d in range(7)] == [0, 1, 2, 4, 4, 6, 6]

@@ -25,6 +25,7 @@ import sys
 import torch
 
 from mtpx.cache.kv_cache_manager import KVCacheManager
+from mtpx.engine.compiled import depth_bucket
 from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.draft_length import AutoDraftLength, FixedDraftLength
 from mtpx.engine.model_runner import ModelRunner, StepTiming
@@ -225,9 +226,10 @@ class Engine:
     # ---- compilation ------------------------------------------------------------------------------
     def warmup(self) -> dict | None:
         """With compile: run short dummy requests, two at once and then three at once (two
-        capture sizes: code after a graph break compiles again as dynamic on the second), so the
-        compiled functions exist before anything is timed; the prefix cache is reset afterwards.
-        Returns compile_stats() (None without compile)."""
+        capture sizes: code after a graph break compiles again as dynamic on the second), and
+        with per-request depths (automatic k) one decode step at each depth bucket
+        (compiled.depth_bucket), so the compiled functions exist before anything is timed; the
+        prefix cache is reset afterwards. Returns compile_stats() (None without compile)."""
         if self.compiled is None:
             return None
         c, k = self.config, self.num_speculative_tokens
@@ -245,6 +247,14 @@ class Engine:
                     self.step()
             self.kv.reset_prefix_cache()
             self.step_timings = []
+        if self.scheduler.depth_per_request and length >= 1:
+            # automatic k: every depth bucket's graphs now, not when a request first reaches it
+            ks = sorted({depth_bucket(d, k) for d in range(k + 1)})
+            try:
+                self.time_decode_steps(min(2, c.max_num_seqs), ks, length, rounds=0, warmup=1)
+            except ValueError as err:
+                print(f"engine.compile: warm-up of the depths {ks} skipped ({err}): they compile when "
+                      "first used", file=sys.stderr)
         stats = self.compile_stats()
         if stats["num_graphs"]:
             print(f"engine.compile: {stats['num_graphs']} graphs in {stats['compile_s']:.1f} s "

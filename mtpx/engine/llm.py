@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from mtpx.engine.config import EngineConfig, with_overrides
+from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
 from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, check_step_cost_meta, load_step_costs,
                                       save_step_costs, step_cost_cache_path)
 from mtpx.engine.engine import Engine
@@ -79,6 +79,8 @@ class LLM:
             draft_path = extra.pop("draft_path", draft_path)
             overrides = {**extra, **overrides}
         config = with_overrides(engine_config, **overrides)
+        if config.compile is None:                  # the API runs eager unless asked (EngineConfig.compile)
+            config = with_overrides(config, compile=resolve_compile(None, "api"))
         if threads:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:

@@ -107,7 +107,7 @@ class ModelRunner:
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
         # a layer region must trace whole: FlashInfer's call and routed experts break the graph
-        regions = (config.compile and config.compile_regions and config.attention_backend == "torch"
+        regions = (bool(config.compile) and config.compile_regions and config.attention_backend == "torch"
                    and model.cfg.num_experts == 0)
         self.cache = ModelCache(model, config.max_num_seqs, max_len,
                                 0 if speculator is None else speculator.num_draft_modules,

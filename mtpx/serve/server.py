@@ -6,6 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.threads import choose_threads
 from mtpx.evaluate import engine_args, spec_args
@@ -17,11 +18,13 @@ def load_llm(cfg: DictConfig) -> LLM:
     k = spec.num_speculative_tokens if spec is not None else None
     method = None if spec is None or k == 0 else spec.method
     path = cfg.model.get("path") or DEFAULT_MODEL
+    engine = engine_args(cfg.engine)
+    engine["compile"] = resolve_compile(engine.get("compile"), "serve")
     if cfg.serve.get("threads") is not None:
         choose_threads(None, cfg.serve.threads, "serve.threads")
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=cfg.model.get("dtype") or "float32",
               draft_path=spec.get("draft_path") if spec is not None else None,
-              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine_args(cfg.engine), **spec_args(spec))
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec))
     print(choose_threads(llm.model, cfg.serve.get("threads"), "serve.threads").describe())
     return llm
 

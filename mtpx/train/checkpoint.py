@@ -33,7 +33,7 @@ from tokenizers import Tokenizer
 from mtpx.hf.loader import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, check_names,  # noqa: F401
                             is_hf_folder, load_config, load_folder_tokenizer, load_pretrained,
                             require_folder)
-from mtpx.hf.tokenizer import TOKENIZER_FILE
+from mtpx.hf.tokenizer import TOKENIZER_FILE, write_tokenizer_config
 from mtpx.io import atomic_write_folder, atomic_write_json
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
@@ -94,6 +94,7 @@ def save_checkpoint(
             tokenizer.save(tmp)
         else:
             save_tokenizer(tokenizer, tmp / TOKENIZER_FILE)
+            write_tokenizer_config(tmp, tokenizer)    # AutoTokenizer loads the folder as this tokenizer
         state = dict(trainer_state or {})
         if optimizer is not None:
             opt_tensors, state["optimizer"] = _flatten_optimizer(optimizer, optimizer_state)
