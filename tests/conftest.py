@@ -4,6 +4,10 @@ import pytest
 
 from tests.helpers import peaked_model, tiny_config, train_tiny
 
+# engine.compile=null means eager in the tests, their subprocesses included (tests about
+# compilation pass compile=True; tests of the rule unset this)
+os.environ["MTPX_COMPILE"] = "0"
+
 
 @pytest.fixture
 def tiny_model():

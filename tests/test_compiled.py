@@ -360,3 +360,22 @@ def test_depth_buckets():
     assert [depth_bucket(d, 8) for d in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
     assert [depth_bucket(d, 3) for d in range(4)] == [0, 1, 2, 3]
     assert [depth_bucket(d, 6) for d in range(7)] == [0, 1, 2, 4, 4, 6, 6]
+
+
+def test_compile_default_is_decided_by_mode(monkeypatch):
+    """engine.compile=null (EngineConfig.compile): serve and bench compile, eval and distill from
+    COMPILE_MIN_TOKENS output tokens (the whole data set counts as enough), the API runs eager;
+    true / false win; MTPX_COMPILE=0/1 overrides null only."""
+    from mtpx.engine.config import COMPILE_MIN_TOKENS, EngineConfig, resolve_compile
+    monkeypatch.delenv("MTPX_COMPILE", raising=False)
+    assert EngineConfig().compile is None
+    assert resolve_compile(None, "serve") and resolve_compile(None, "bench")
+    assert resolve_compile(None, "eval", 64 * 128) and resolve_compile(None, "eval", None)
+    assert not resolve_compile(None, "eval", COMPILE_MIN_TOKENS - 1)
+    assert resolve_compile(None, "distill", COMPILE_MIN_TOKENS)
+    assert not resolve_compile(None, "api")
+    assert not resolve_compile(False, "serve") and resolve_compile(True, "api")
+    monkeypatch.setenv("MTPX_COMPILE", "0")
+    assert not resolve_compile(None, "serve") and resolve_compile(True, "eval", 1)
+    with pytest.raises(ValueError, match="engine.compile='yes'"):
+        EngineConfig(compile="yes")

@@ -3,15 +3,17 @@ and speculator at several batch sizes.
 
     python tools/bench_compile.py [--model checkpoints/demo] [--spec mtp8] [--batch-sizes 1 16] \
         [--input-len 64] [--output-len 128] [--repeats 3] [--device cpu] [--dtype float32] \
-        [--out experiments/compile_bench]
+        [--contenders eager whole regions] [--out experiments/compile_bench]
 
-Two LLMs share one model: eager, and compiled (warmed up first; the compile time is reported
+LLMs share one model: eager, and compiled as one graph ("whole", engine.compile_regions=false)
+and with layer regions ("regions", the default), each warmed up first (build times reported
 once). For each batch size, `batch` random prompts of input-len tokens generate exactly
-output-len tokens (ignore_eos, greedy) with every request in the engine at once; the two engines
-alternate for `repeats` rounds after one untimed round each. Decode tokens/s = output tokens after
-the first of each request / (time from the last first token to the last finish), i.e. the
-steady decode phase; output tokens/s over the whole run is reported beside it. The greedy tokens of
-both engines must be identical (exit status 1 otherwise). Writes bench_compile.md and .json into
+output-len tokens (ignore_eos, greedy) with every request in the engine at once; the engines
+alternate (the order reversed every round) for `repeats` rounds after one untimed round each.
+Decode tokens/s = output tokens after the first of each request / (time from the last first
+token to the last finish), i.e. the steady decode phase; output tokens/s over the whole run is
+reported beside it, and regions / whole as the median of the per-round ratios. The greedy tokens
+of all engines must be identical (exit status 1 otherwise). Writes bench_compile.md and .json into
 --out (atomically).
 """
 from __future__ import annotations
@@ -58,6 +60,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--contenders", nargs="+", default=["eager", "whole", "regions"],
+                    choices=["eager", "whole", "regions"], help="eager is always included")
     ap.add_argument("--out", default="experiments/compile_bench")
     args = ap.parse_args(argv)
     spec = None if args.spec == "none" else args.spec
@@ -66,51 +70,71 @@ def main(argv=None) -> int:
               dtype=args.dtype, device=args.device,
               max_model_len=args.input_len + args.output_len + 16)
     eager = LLM(model=args.model, **kw)
-    compiled = LLM(model=eager.model, tokenizer=eager.tokenizer, compile=True, **{
-        k: v for k, v in kw.items() if k not in ("dtype", "device")})
-    cs = compiled.compile_stats
-    print(f"compiled in {cs['compile_s']:.1f} s ({cs['num_graphs']} graphs, mode {cs['mode']})", flush=True)
+    shared = {k: v for k, v in kw.items() if k not in ("dtype", "device")}
+    engines, compile_stats = {"eager": eager}, {}
+    for name in args.contenders:
+        if name == "eager":
+            continue
+        llm = LLM(model=eager.model, tokenizer=eager.tokenizer, compile=True,
+                  compile_regions=name == "regions", **shared)
+        engines[name], compile_stats[name] = llm, llm.compile_stats
+        cs = llm.compile_stats
+        print(f"{name}: built in {cs['compile_s']:.1f} s ({cs['num_graphs']} graphs, mode {cs['mode']})", flush=True)
+    names = list(engines)
     g = torch.Generator().manual_seed(args.seed)
     vocab = eager.model.cfg.vocab_size
     rows, ok = [], True
     for B in args.batch_sizes:
         prompts = torch.randint(1, vocab, (B, args.input_len), generator=g).tolist()
-        _round(eager, prompts, args.output_len)                     # untimed
-        _round(compiled, prompts, args.output_len)
-        runs = {"eager": [], "compiled": []}
-        for _ in range(args.repeats):
-            for name, llm in (("eager", eager), ("compiled", compiled)):
-                runs[name].append(_round(llm, prompts, args.output_len))
-        same = all(a["tokens"] == b["tokens"] for a, b in zip(runs["eager"], runs["compiled"]))
+        for llm in engines.values():
+            _round(llm, prompts, args.output_len)                   # untimed
+        runs = {n: [] for n in names}
+        for i in range(args.repeats):
+            for n in (names if i % 2 == 0 else names[::-1]):        # alternated, order reversed each repeat
+                runs[n].append(_round(engines[n], prompts, args.output_len))
+        same = all(r["tokens"] == runs["eager"][0]["tokens"] for rs in runs.values() for r in rs)
         ok &= same
         med = {n: {m: statistics.median(r[m] for r in rs) for m in ("decode_tok_s", "output_tok_s")}
                for n, rs in runs.items()}
-        row = {"batch_size": B, "eager": med["eager"], "compiled": med["compiled"],
-               "decode_ratio": med["compiled"]["decode_tok_s"] / med["eager"]["decode_tok_s"],
-               "output_ratio": med["compiled"]["output_tok_s"] / med["eager"]["output_tok_s"],
+        paired = {}
+        if "regions" in runs and "whole" in runs:           # regions / whole per repeat
+            ratios = [a["decode_tok_s"] / b["decode_tok_s"] for a, b in zip(runs["regions"], runs["whole"])]
+            paired = {"regions_over_whole": statistics.median(ratios),
+                      "regions_over_whole_range": [min(ratios), max(ratios)]}
+        row = {"batch_size": B, **{n: med[n] for n in names},
+               "decode_over_eager": {n: med[n]["decode_tok_s"] / med["eager"]["decode_tok_s"] for n in names},
+               **paired,
                "decode_tok_s_runs": {n: [round(r["decode_tok_s"], 1) for r in rs] for n, rs in runs.items()},
                "acceptance_length": runs["eager"][0]["acceptance_length"], "tokens_identical": same}
         rows.append(row)
-        print(f"batch {B}: decode tok/s eager {med['eager']['decode_tok_s']:.1f}, compiled "
-              f"{med['compiled']['decode_tok_s']:.1f} ({row['decode_ratio']:.2f}x); tokens identical: {same}",
-              flush=True)
+        print(f"batch {B}: decode tok/s " + ", ".join(f"{n} {med[n]['decode_tok_s']:.1f}" for n in names)
+              + (f"; regions / whole {paired['regions_over_whole']:.3f}" if paired else "")
+              + f"; tokens identical: {same}", flush=True)
     result = {"model": args.model, "spec": args.spec, "num_speculative_tokens": eager.num_speculative_tokens,
               "device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads(),
               "torch": torch.__version__, "platform": platform.platform(), "input_len": args.input_len,
-              "output_len": args.output_len, "repeats": args.repeats, "compile": cs, "rows": rows}
+              "output_len": args.output_len, "repeats": args.repeats, "compile": compile_stats, "rows": rows}
     lines = [f"# engine.compile on vs off ({args.spec}, k={eager.num_speculative_tokens}, {args.device}, "
              f"{args.dtype}, {torch.get_num_threads()} threads, torch {torch.__version__})", "",
              f"{args.input_len}-token random prompts, exactly {args.output_len} output tokens, greedy, "
-             f"all requests at once; medians of {args.repeats} alternating repeats. Compile (once, at "
-             f"warm-up): {cs['compile_s']:.1f} s, {cs['num_graphs']} graphs, mode {cs['mode']}.", "",
-             "| batch | eager decode tok/s | compiled decode tok/s | ratio | eager output tok/s | "
-             "compiled output tok/s | ratio | acceptance length | tokens identical |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+             f"all requests at once; medians of {args.repeats} alternating repeats. Contenders: eager; "
+             "whole (engine.compile_regions=false: the step as one graph, C++ wrapper); regions "
+             "(engine.compile_regions=true: one compiled region per layer type, Python wrapper). Build: "
+             + "; ".join(f"{n} {cs['compile_s']:.1f} s, {cs['num_graphs']} graphs" for n, cs in compile_stats.items())
+             + ".", "",
+             "| batch | " + " | ".join(f"{n} decode tok/s" for n in names) + " | "
+             + " | ".join(f"{n} / eager" for n in names if n != "eager")
+             + (" | regions / whole (paired median, range)" if "regions" in names and "whole" in names else "")
+             + " | acceptance length | tokens identical |",
+             "|---:|" + "---:|" * (2 * len(names) - 1 + ("regions" in names and "whole" in names)) + "---:|:---:|"]
     for r in rows:
-        lines.append(f"| {r['batch_size']} | {r['eager']['decode_tok_s']:.1f} | {r['compiled']['decode_tok_s']:.1f} "
-                     f"| {r['decode_ratio']:.2f}x | {r['eager']['output_tok_s']:.1f} | "
-                     f"{r['compiled']['output_tok_s']:.1f} | {r['output_ratio']:.2f}x | "
-                     f"{r['acceptance_length']:.2f} | {'yes' if r['tokens_identical'] else 'NO'} |")
+        cells = [f"{r[n]['decode_tok_s']:.1f}" for n in names]
+        cells += [f"{r['decode_over_eager'][n]:.2f}x" for n in names if n != "eager"]
+        if "regions_over_whole" in r:
+            lo, hi = r["regions_over_whole_range"]
+            cells.append(f"{r['regions_over_whole']:.3f} ({lo:.3f}-{hi:.3f})")
+        lines.append(f"| {r['batch_size']} | " + " | ".join(cells)
+                     + f" | {r['acceptance_length']:.2f} | {'yes' if r['tokens_identical'] else 'NO'} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "bench_compile.md", "\n".join(lines) + "\n")

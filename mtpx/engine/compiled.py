@@ -9,12 +9,25 @@ compiled with torch.compile.
 They are the model runner's decode step (mtpx/engine/model_runner.py), which runs the same
 functions eager without engine.compile.
 
+Regional compilation (engine.compile_regions, on by default): every decoder layer of a static
+forward is a torch.compiler.nested_compile_region (mtpx.models.decoder.layer_region), so Dynamo
+traces, and Inductor compiles, one region per layer type and shape and calls it for every layer:
+the demo's 32 target layers are 2 regions, its 8 MTP modules' layers 1 per window width. A
+build costs about the two layers' compile instead of the 32 layers' (cold plain decoding on the
+demo: 34 s instead of 4 minutes; experiments/compile_time). Inductor's C++ wrapper has no code
+generation for regions, so they run with its Python wrapper. Off, or where a layer breaks the
+graph (FlashInfer, MoE experts), the whole step is one graph as before.
+
+Compiled code is kept between runs in Inductor's caches under $MTPX_CACHE_DIR/inductor
+(mtpx/engine/compile_progress.py), which also shows each graph as it is built.
+
 Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
 the next capture size (1, 2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
 row, every verification window and module forward has k + 1 columns (with
 num_speculative_tokens=auto: a step that neither verifies nor proposes a draft has 1, and a draft
 loop whose modules resume drafting after catching up has 2k, each a graph of its own, its width a
-constant; every other k is padding), and keys are read from a
+constant; every other k is padding; with per-request depths the step is built for the depth
+bucket of its deepest request, `depth_bucket`: 1, 2, 4, ..., k), and keys are read from a
 block table sliced to a power-of-two number of blocks. Nothing in the compiled code depends on a
 tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
 graph breaks on a dense model and no host syncs. The attention metadata of every step of the draft

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 from dataclasses import dataclass
 
 VERIFY_METHODS = ("standard", "block")
@@ -117,9 +118,12 @@ eager): 4,096 tokens pay for a cold build of plain decoding, and for mtp8 from i
 def resolve_compile(compile: bool | None, mode: str, num_output_tokens: int | None = None) -> bool:
     """engine.compile for a run of `mode` ("eval", "bench", "serve", "distill" or "api"):
     true or false as given; None (the default) by the rule of EngineConfig.compile, with
-    num_output_tokens the run's num_prompts x max_tokens (None: the whole data set)."""
+    num_output_tokens the run's num_prompts x max_tokens (None: the whole data set), unless the
+    environment sets MTPX_COMPILE=0 or 1 (the test suite runs eager with 0)."""
     if compile is not None:
         return compile
+    if os.environ.get("MTPX_COMPILE") in ("0", "1"):
+        return os.environ["MTPX_COMPILE"] == "1"
     if mode in ("serve", "bench"):
         return True
     if mode in ("eval", "distill"):

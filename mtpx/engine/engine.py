@@ -225,8 +225,9 @@ class Engine:
 
     # ---- compilation ------------------------------------------------------------------------------
     def warmup(self) -> dict | None:
-        """With compile: run short dummy requests, two at once and then three at once (two
-        capture sizes: code after a graph break compiles again as dynamic on the second), and
+        """With compile: run short dummy requests, two at once, three at once (two capture sizes:
+        code after a graph break compiles again as dynamic on the second), then one alone (a
+        graph Inductor specialized to batches of two or more compiles for one now), and
         with per-request depths (automatic k) one decode step at each depth bucket
         (compiled.depth_bucket), so the compiled functions exist before anything is timed; the
         prefix cache is reset afterwards. Returns compile_stats() (None without compile)."""
@@ -240,7 +241,7 @@ class Engine:
         if length >= 1:
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
             vocab = self.model.cfg.vocab_size
-            for batch in (2, 3):
+            for batch in (2, 3, 1):
                 for i in range(batch):
                     self.add_request(Request(i, [(7 * i + j) % vocab for j in range(length)], params))
                 while self.has_unfinished_requests():

@@ -24,6 +24,7 @@ import torch.nn as nn
 
 from mtpx.models.config import ModelConfig
 from mtpx.models.decoder import DecoderLayer
+from mtpx.attention.kv_cache import KVCache
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNorm
 from mtpx.models.rope import rope_cos_sin
@@ -51,7 +52,15 @@ class MTPModule(nn.Module):
     def forward(self, emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache=None, meta: ForwardMeta | None = None) -> torch.Tensor:
         """emb: [B, T, hidden] embeddings of x_{j+k}; hidden: [B, T, hidden] a^{k-1}_j;
-        positions: [B, T] int64 (j) -> a^k: [B, T, hidden]."""
+        positions: [B, T] int64 (j) -> a^k: [B, T, hidden]. Under torch.compile with
+        meta.compile_regions, one compiled region serves every module of the same shapes
+        (`module_region`)."""
+        if meta is not None and meta.compile_regions and torch.compiler.is_compiling():
+            return module_region(self, emb, hidden, positions, cache.k, cache.v, meta.positions, meta.valid,
+                                 meta.rows, meta.block_table, meta.slot_mapping, meta.block_size)
+        return self._forward(emb, hidden, positions, cache, meta)
+
+    def _forward(self, emb, hidden, positions, cache=None, meta: ForwardMeta | None = None):
         if self.prenorm_output:  # DeepSeek convention (module doc)
             emb = emb.masked_fill((positions == 0)[..., None], 0.0)
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], -1))
@@ -64,3 +73,14 @@ class MTPModule(nn.Module):
         """a: [..., hidden], this module's output -> [..., vocab] (module doc: lm_head(a) for
         "qwen3_next", head(norm(a)) for "deepseek_v3")."""
         return self.head(self.norm(a)) if self.prenorm_output else lm_head(a)
+
+
+@torch.compiler.nested_compile_region(max_reuse_entries=32)
+def module_region(module: MTPModule, emb, hidden, positions, k, v, meta_positions, valid, rows, block_table,
+                  slot_mapping, block_size: int) -> torch.Tensor:
+    """An MTP module over a static forward (ForwardMeta.static, the torch attention) from plain
+    tensors, compiled once and reused by every module of the same shapes (regional compilation,
+    as mtpx.models.decoder.layer_region, which it contains: its layer runs inline). k, v: the
+    module's KVCache. Eager: a plain call."""
+    meta = ForwardMeta(meta_positions, valid, rows, None, block_table, block_size, slot_mapping)
+    return module._forward(emb, hidden, positions, KVCache(k, v), meta)
