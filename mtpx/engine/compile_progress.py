@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torch._dynamo.callback import callback_handler
@@ -44,13 +45,29 @@ def use_cache_dir() -> str:
     return os.environ["TORCHINDUCTOR_CACHE_DIR"]
 
 
-_compile_started: list[threading.Event] = []    # of the calls in progress (innermost last)
+@dataclass
+class _Frame:
+    """A compiled call in progress (CompileProgress.call)."""
+
+    progress: "CompileProgress"
+    name: str
+    number: int
+    t0: float
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+_calls: list[_Frame] = []      # the compiled calls in progress, innermost last
 
 
 @callback_handler.register_start_callback
 def _on_compile_start(args) -> None:
-    if _compile_started:
-        _compile_started[-1].set()
+    """Dynamo starts compiling inside a reported call: show it (once per call)."""
+    if not _calls or _calls[-1].thread is not None or not _calls[-1].progress.enabled:
+        return
+    f = _calls[-1]
+    f.thread = threading.Thread(target=f.progress._watch, args=(f.name, f.number, f.t0, f.stop), daemon=True)
+    f.thread.start()
 
 
 def _cache_counts() -> tuple[int, int]:
@@ -78,23 +95,19 @@ class CompileProgress:
     def call(self, name: str, graphs_before: int, graphs_now):
         """Around one call of a compiled function named `name`: if it builds a graph (graphs_now()
         > graphs_before afterwards) the graph is recorded and reported. The live report starts
-        when Dynamo starts compiling (its compile-start callback), so calls that only run a
-        compiled graph print nothing."""
+        when Dynamo starts compiling (its compile-start callback starts a thread), so a call that
+        only runs compiled code costs a few microseconds here."""
         t0 = time.perf_counter()
         hits0, misses0 = _cache_counts()
-        number = len(self.records) + 1
-        stop, started = threading.Event(), threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(name, number, t0, started, stop), daemon=True)
-        if self.enabled:
-            watcher.start()
-        _compile_started.append(started)
+        frame = _Frame(self, name, len(self.records) + 1, t0)
+        _calls.append(frame)
         try:
             yield
         finally:
-            _compile_started.remove(started)
-            stop.set()
-            if self.enabled:
-                watcher.join()
+            _calls.pop()
+            if frame.thread is not None:
+                frame.stop.set()
+                frame.thread.join()
         new = graphs_now() - graphs_before
         if new <= 0:
             return
@@ -108,11 +121,7 @@ class CompileProgress:
             verb = "loaded from the cache" if source == "loaded" else "compiled"
             self._line(f"{name}: {verb} in {seconds:.1f} s (graph {len(self.records)} of {self.expected})")
 
-    def _watch(self, name: str, number: int, t0: float, started: threading.Event,
-               stop: threading.Event) -> None:
-        while not started.wait(0.1):
-            if stop.is_set():
-                return
+    def _watch(self, name: str, number: int, t0: float, stop: threading.Event) -> None:
         total = max(self.expected, number)
         if self.live:
             from rich.console import Console
