@@ -517,7 +517,7 @@ def test_auto_is_lossless_end_to_end_and_records_the_k_per_step(tmp_path):
 def test_auto_needs_a_speculator_and_a_known_word():
     with pytest.raises(ValueError, match="needs a speculator"):
         LLM(model=model(), num_speculative_tokens="auto")
-    with pytest.raises(ValueError, match="give an integer or 'auto'"):
+    with pytest.raises(ValueError, match="give an integer >= 1 or 'auto'"):
         LLM(model=model(), spec="mtp8", num_speculative_tokens="automatic")
 
 

@@ -47,7 +47,8 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
 def test_round_trip_is_exact(tmp_path, tok):
     model = tiny_model()
     out = save_checkpoint(tmp_path / "ck", model, tok)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json",
+                                                     "tokenizer_config.json"]
     loaded, tok2 = load_model(out)
     assert_same_weights(model, loaded)
     assert loaded.cfg == model.cfg and not loaded.training

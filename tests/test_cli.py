@@ -353,7 +353,7 @@ def test_every_group_option_composes_against_its_schema():
             assert check_overrides(argv, conf) is None, (group, name)
     cfg = _cfg(["+spec=mtp8", "eval.request_rate=inf", "engine.num_blocks=32"])
     assert cfg.spec.num_speculative_tokens == 8 and cfg.eval.request_rate == float("inf")
-    assert cfg.engine.num_blocks == 32 and cfg.engine.compile is False and cfg.get("spec") is not None
+    assert cfg.engine.num_blocks == 32 and cfg.engine.compile is None and cfg.get("spec") is not None
     assert _cfg([]).get("spec") is None
 
 
