@@ -149,8 +149,9 @@ def run_distill(cfg: DictConfig) -> int:
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype,
               draft_path=spec.get("draft_path") if spec is not None else None,
               cost_model_file=spec.get("cost_model_file") if spec is not None and k == "auto" else None,
-              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec))
-    print(choose_threads(llm.model, c.get("threads"), "distill.threads").describe())
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec),
+              threads=lambda model: choose_threads(model, c.get("threads"), "distill.threads"))
+    print(llm.thread_choice.describe())
     if llm.tokenizer is None:
         raise ValueError(f"model.path={path} has no tokenizer: distilled data is text, so the model needs one")
 

@@ -381,8 +381,9 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     cost_file = spec.get("cost_model_file") if spec is not None and k == "auto" else None
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype, cost_model_file=cost_file,
               draft_path=spec.get("draft_path") if spec is not None else None,
-              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw)
-    threads = choose_threads(llm.model, requested, f"{mode}.threads")
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_kw,
+              threads=lambda model: choose_threads(model, requested, f"{mode}.threads"))
+    threads = llm.thread_choice
     print(threads.describe())
     name = method or "no spec"
     if llm.calibration is not None:

@@ -379,3 +379,24 @@ def test_compile_default_is_decided_by_mode(monkeypatch):
     assert not resolve_compile(None, "serve") and resolve_compile(True, "eval", 1)
     with pytest.raises(ValueError, match="engine.compile='yes'"):
         EngineConfig(compile="yes")
+
+
+def test_threads_chosen_from_the_loaded_model_before_compiling(trained_tiny):
+    """LLM(threads=callable): called with the loaded model before the warm-up compiles (Dynamo
+    guards on the thread count: setting it afterwards, as eval's measured choice did, compiled
+    every graph again); its result is kept as thread_choice."""
+    before = torch.get_num_threads()
+    seen = []
+
+    def choose(model):
+        seen.append((model is trained_tiny, torch._dynamo.utils.counters["stats"]["unique_graphs"]))
+        torch.set_num_threads(1)
+        return "one"
+
+    try:
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        llm = _llm(trained_tiny, None, None, compile_backend="eager", threads=choose)
+        assert llm.thread_choice == "one" and seen == [(True, graphs)]
+        assert llm.compile_stats["num_graphs"] == 1 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

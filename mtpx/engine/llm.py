@@ -15,7 +15,7 @@ import time
 import warnings
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -51,7 +51,10 @@ class LLM:
     it does not exist, refused (ValueError) when measured on another engine (None: the step-cost
     cache, draft_length.step_cost_cache_path; the source is in `calibration`); dtype: "float32",
     "float64", "bfloat16", "float16" or "auto" (the checkpoint's own: mtpx.hf.loader.checkpoint_dtype)
-    for a checkpoint folder (a model instance keeps its own dtype); threads: torch threads; draft_path:
+    for a checkpoint folder (a model instance keeps its own dtype); threads: torch threads, or a
+    callable threads(model) that sets them once the model is loaded and before anything is
+    compiled or calibrated (its result is kept as `thread_choice`; torch.compile guards on the
+    thread count, so changing it later would compile every graph again); draft_path:
     a safetensors file of MTP modules to attach (tools/export_checkpoint.py --layout draft);
     allow_pickle: read pickle-only folders with torch.load(weights_only=True); device: where a
     checkpoint folder's weights go ("cpu", "cuda"); engine_config and **overrides: the engine's
@@ -68,7 +71,7 @@ class LLM:
 
     def __init__(self, model: str | Path | MTPForCausalLM = DEFAULT_MODEL, spec: str | None = None,
                  num_speculative_tokens: int | None = None, dtype: str = "float32", tokenizer=None,
-                 threads: int | None = None, draft_path: str | Path | None = None,
+                 threads: int | Callable | None = None, draft_path: str | Path | None = None,
                  allow_pickle: bool = False, device: str = "cpu",
                  engine_config: EngineConfig | None = None, speculative_config: dict | None = None,
                  cost_model_file: str | Path | None = None, **overrides):
@@ -81,7 +84,7 @@ class LLM:
         config = with_overrides(engine_config, **overrides)
         if config.compile is None:                  # the API runs eager unless asked (EngineConfig.compile)
             config = with_overrides(config, compile=resolve_compile(None, "api"))
-        if threads:
+        if threads and not callable(threads):
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
@@ -98,6 +101,7 @@ class LLM:
             torch_dtype = checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype]
             self.model, self.tokenizer = load_pretrained(model, dtype=torch_dtype, draft_path=draft_path,
                                                          allow_pickle=allow_pickle, device=device)
+        self.thread_choice = threads(self.model) if callable(threads) else None
         self.spec = spec
         auto = num_speculative_tokens == "auto"
         if isinstance(num_speculative_tokens, str) and not auto:

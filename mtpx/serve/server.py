@@ -24,8 +24,9 @@ def load_llm(cfg: DictConfig) -> LLM:
         choose_threads(None, cfg.serve.threads, "serve.threads")
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=cfg.model.get("dtype") or "float32",
               draft_path=spec.get("draft_path") if spec is not None else None,
-              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec))
-    print(choose_threads(llm.model, cfg.serve.get("threads"), "serve.threads").describe())
+              allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec),
+              threads=lambda model: choose_threads(model, cfg.serve.get("threads"), "serve.threads"))
+    print(llm.thread_choice.describe())
     return llm
 
 
