@@ -182,8 +182,10 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
     ref = _llm(trained_tiny, spec, k)
     eager, eager_one = _generate(ref), _generate(ref, PROMPTS[:1], max_tokens=12)
     llm = _llm(trained_tiny, spec, k, compile_backend="inductor")
-    stats = llm.engine.warmup()
-    assert stats["num_graphs"] == 3
+    stats = llm.compile_stats
+    # verify, commit, draft loop; Inductor specializes the multi-module draft graph to batches of
+    # two or more, so the warm-up's request alone builds its batch-1 graph too
+    assert stats["num_graphs"] == (3 if spec == "mtp1" else 4)
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = _generate(llm)
         _same(compiled, eager)
