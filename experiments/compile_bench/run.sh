@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# engine.compile on vs off on the demo checkpoint, side by side in one run per speculator
-# (2 CPU threads; about 5 minutes each including the one-time compile).
+# eager, one graph and layer regions side by side (experiments/compile_bench/README.md)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export OMP_NUM_THREADS=2
-python tools/bench_compile.py --spec mtp8 --batch-sizes 1 16 --out experiments/compile_bench
-python tools/bench_compile.py --spec mtp1 --batch-sizes 1 16 --out experiments/compile_bench/mtp1
-python tools/bench_compile.py --spec none --batch-sizes 1 16 --out experiments/compile_bench/plain
+for spec in none mtp8; do
+  python tools/bench_compile.py --spec "$spec" --batch-sizes 1 64 --output-len 64 --repeats 3 \
+      --out "experiments/compile_bench/$spec"
+done
