@@ -1,4 +1,4 @@
-"""What the prefix cache holds (ARCHITECTURE.md invariant 4): every published block's target KV,
+"""What the prefix cache holds (docs/architecture.md, invariant 4): every published block's target KV,
 draft-module KV and Gated DeltaNet boundary state equal a from-scratch computation over the
 committed tokens its key covers, after every engine step; every proposal equals a from-scratch
 chain.

@@ -28,7 +28,12 @@ def _free_port() -> int:
 def server(tiny_ckpt):
     from mtpx.serve.app import build_app
     llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2, max_num_seqs=8)
-    app = build_app(llm, "tiny")
+    yield from running(build_app(llm, "tiny"))
+
+
+def running(app):
+    """Serve `app` with uvicorn on a free local port in a thread; yields (base url, app) and
+    stops the server afterwards (a fixture's body)."""
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)

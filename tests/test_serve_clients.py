@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mtpx import LLM, SamplingParams
 from mtpx.serve.detokenize import IncrementalText, final_text, held_back
-from tests.test_serve import _free_port
+from tests.test_serve import running
 
 uvicorn = pytest.importorskip("uvicorn")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -49,18 +49,7 @@ def client(llm):
 def live(chat_ckpt):
     """A real uvicorn server (for streams and disconnects), on an LLM of its own: one engine
     loop per engine."""
-    app = build_app(LLM(model=chat_ckpt, spec="mtp8", num_speculative_tokens=2, max_num_seqs=8), "tiny")
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    t0 = time.time()
-    while not srv.started:
-        assert time.time() - t0 < 60 and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", app
-    srv.should_exit = True
-    thread.join(timeout=30)
+    yield from running(build_app(LLM(model=chat_ckpt, spec="mtp8", num_speculative_tokens=2, max_num_seqs=8), "tiny"))
 
 
 def _events(text: str) -> list:

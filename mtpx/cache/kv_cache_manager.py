@@ -10,7 +10,7 @@ block_size + p % block_size``.
 
 What a block's content depends on, and so what its key must cover. Draft module ``k`` (1-based)
 computes its KV at position ``j`` from the target hidden state at ``j`` and the token ``x_{j+k}``
-(ARCHITECTURE.md, "MTP semantics"), so with ``L = num_lookahead_tokens`` modules a block that ends
+(docs/architecture.md, "MTP semantics"), so with ``L = num_lookahead_tokens`` modules a block that ends
 at position ``e - 1`` holds KV computed from the tokens ``x_0 .. x_{e-1+L}``: its own tokens, every
 token before it, and the ``L`` tokens after it. The target's KV and the recurrent boundary state
 depend on ``x_0 .. x_{e-1}`` only. Hence:

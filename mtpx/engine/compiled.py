@@ -51,7 +51,6 @@ chunks and the catch-up drafting after them.
 """
 from __future__ import annotations
 
-import time
 import types
 
 import torch
@@ -157,8 +156,6 @@ class CompiledDecode:
             mode = "reduce-overhead" if self.cuda and backend == "inductor" else None
         self.mode, self.backend = mode, backend
         self.sizes = capture_sizes(cache.rows)
-        self.compile_s = 0.0
-        self.num_graphs = 0
         self.num_calls = 0
         # per-call costs at batch 1 on the CPU (experiments/step_costs): no guards on the modules
         # (an engine never swaps its model's weights, and each engine compiles its own code), and
@@ -214,6 +211,16 @@ class CompiledDecode:
     def _commit_windows(self, index: torch.Tensor) -> None:
         self.cache.commit_windows(index)
 
+    @property
+    def num_graphs(self) -> int:
+        """Graphs built by this object's functions (compiled or loaded from the cache)."""
+        return len(self.progress.records)
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds spent in calls that built a graph."""
+        return sum(r["seconds"] for r in self.progress.records)
+
     def expected_graphs(self) -> int:
         """Graphs the warm-up is expected to build (the total CompileProgress shows): the
         verification forward, and with a speculator the draft loop at its two widths and the
@@ -225,7 +232,6 @@ class CompiledDecode:
     def _call(self, name: str, fn, *args):
         self.num_calls += 1
         before = counters["stats"]["unique_graphs"]
-        t0 = time.perf_counter()
         # graphs per window width and module count (automatic k's depths): up to 2 (k + 1) each;
         # int arguments (column and module counts) constants of the graph, never symbolic (as
         # automatic dynamic shapes would make them on their first change; see _mark_window)
@@ -233,12 +239,7 @@ class CompiledDecode:
         with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False), \
                 torch._dynamo.config.patch(recompile_limit=limit, specialize_int=True), \
                 self.progress.call(name, before, lambda: counters["stats"]["unique_graphs"]):
-            out = fn(*args)
-        new = counters["stats"]["unique_graphs"] - before
-        if new:
-            self.num_graphs += new
-            self.compile_s += time.perf_counter() - t0
-        return out
+            return fn(*args)
 
     @torch.inference_mode()
     def verify(self, meta: ForwardMeta):

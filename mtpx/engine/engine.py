@@ -1,7 +1,7 @@
 """The decoding engine: continuous batching over a paged KV cache with prefix caching and MTP.
 
 An online API, as vLLM's LLMEngine: `add_request`, `step`, `abort`, `has_unfinished_requests`.
-One step has one direction (ARCHITECTURE.md, "Data flow"):
+One step has one direction (docs/architecture.md):
 
     out = scheduler.schedule()                  # token budget, KV blocks, preemption
     result = runner.execute(out)                # RunnerOutput: tokens, accepted, drafts, final
@@ -275,8 +275,7 @@ class Engine:
         c = self.compiled
         if c is None:
             return None
-        return {**c.progress.summary(), "compile_s": round(c.compile_s, 3), "num_graphs": c.num_graphs,
-                "regions": self.cache.compile_regions, "cache_dir": c.cache_dir,
+        return {**c.progress.summary(), "regions": self.cache.compile_regions, "cache_dir": c.cache_dir,
                 "capture_sizes": c.sizes, "mode": c.mode or "default", "backend": c.backend}
 
     def _guard_published(self, slots: torch.Tensor) -> None:

@@ -116,7 +116,7 @@ class Scheduler:
 
     def draft_budget(self, r: Request) -> int:
         """Drafts to verify: every draft proposed, but never more than the request can still use
-        (ARCHITECTURE.md inv. 7). (A step's k is how many it proposes; the next step verifies
+        (docs/architecture.md, invariant 7). (A step's k is how many it proposes; the next step verifies
         them all, so a probe of one more draft is verified too.)"""
         room = min(r.params.max_tokens - len(r.output_token_ids), self.max_model_len - r.num_tokens)
         return max(0, min(len(r.draft_token_ids), room - 1))

@@ -11,8 +11,8 @@ tokens the round appended). From them:
 - **Position 0 by the previous round.** A round's position-0 outcome, bucketed by the accepted
   count of the same request's previous round: 0 .. k-1 (that round ended in a rejection) or
   "all" (it accepted every draft it offered: the chain never broke). The first round of a request
-  has no previous round and is counted apart. This is the investigation of the reference design
-  (shared/seeds/000_e4f98b62aede27ed.txt, last section): position 0 is drafted after every round,
+  has no previous round and is counted apart. This is the multi-module MTP reference design's
+  investigation of position 0: it is drafted after every round,
   so its rate depends on how often the previous round ended in a rejection, which depends on k.
 - **Prediction across runs.** Run B's position-0 rate predicted from run A's conditional rates and
   run B's mix: share_after_rejection(B) * rate_after_rejection(A) + share_after_full(B) *

@@ -1,6 +1,6 @@
 """Speculative-decoding counters per request and the benchmark metrics computed from them.
 
-Definitions follow vLLM (ARCHITECTURE.md invariant 7):
+Definitions follow vLLM (docs/architecture.md, invariant 7):
 
 - vLLM ``vllm/v1/spec_decode/metrics.py`` (``SpecDecodingStats`` / ``SpecDecodingLogging``):
   ``num_drafts`` counts verification rounds with at least one draft token; acceptance rate =

@@ -507,13 +507,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
                 if first[run.index]:                     # the prompt's ids ride on the first chunk
                     choice["prompt_token_ids"] = run.ids
             first[run.index] = False
-            chunk = {**base, "choices": [choice]}
-            if u.finished:
-                choice["stop_reason"] = u.stop_reason
-                chunk["spec_decode"] = spec_decode_stats(u)
-            if continuous_usage(body):
-                chunk["usage"] = usage(len(run.ids), len(u.token_ids))
-            yield _sse(chunk)
+            yield _sse(stream_chunk(base, choice, body, run, u))
         for event in stream_end(base, body, runs, last):
             yield event
 
@@ -560,6 +554,17 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
             out["prompt_token_ids"] = runs[0].ids
         return out
 
+    def stream_chunk(base: dict, choice: dict, body, run: _Run, u: Update) -> dict:
+        """One streamed chunk of `choice` (completions and chat alike): the stop reason and
+        spec-decode counts on a finished choice, usage with continuous_usage_stats."""
+        chunk = {**base, "choices": [choice]}
+        if u.finished:
+            choice["stop_reason"] = u.stop_reason
+            chunk["spec_decode"] = spec_decode_stats(u)
+        if continuous_usage(body):
+            chunk["usage"] = usage(len(run.ids), len(u.token_ids))
+        return chunk
+
     async def _stream_chat(rid: str, created: int, runs: list[_Run], body: ChatRequest):
         base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model_name}
         for run in runs:
@@ -575,13 +580,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
                       "finish_reason": u.finish_reason if u.finished else None}
             if body.return_token_ids:
                 choice["token_ids"] = new_ids
-            chunk = {**base, "choices": [choice]}
-            if u.finished:
-                choice["stop_reason"] = u.stop_reason
-                chunk["spec_decode"] = spec_decode_stats(u)
-            if continuous_usage(body):
-                chunk["usage"] = usage(len(run.ids), len(u.token_ids))
-            yield _sse(chunk)
+            yield _sse(stream_chunk(base, choice, body, run, u))
         for event in stream_end(base, body, runs, last):
             yield event
 

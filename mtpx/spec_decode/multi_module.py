@@ -1,13 +1,13 @@
 """Multi-module MTP: module k drafts the k-th token and reads module k-1's hidden states.
 
-Known tokens x_0..x_n, target hidden h_j for j <= n-1 (ARCHITECTURE.md, "MTP semantics"). Module k
+Known tokens x_0..x_n, target hidden h_j for j <= n-1 (docs/architecture.md, "MTP semantics"). Module k
 at position j reads x_{j+k} and a^{k-1}_j, so at j = n-1 it reads draft d_{k-1} (k >= 2), and its KV
 at positions j > n-k was computed from drafts. After verification accepts m of the drafts, those
 positions whose draft was rejected hold stale KV: module k re-prefills from
     start_k = min(computed_k, n' - k)          (n' = the new last known index)
 to n' - 1: besides the m + 1 new positions, the k - 1 - m stale ones (when positive), so at most
 num_speculative_tokens - 1 re-prefilled positions (the re-prefill of the reference design,
-shared/seeds/000_*). The a^{k-1} it needs at start_k that module k-1 does not recompute this round
+docs/architecture.md). The a^{k-1} it needs at start_k that module k-1 does not recompute this round
 (one position, n' - k) comes from a window of each module's last outputs: it was computed from
 accepted tokens only, so it is final.
 
