@@ -202,7 +202,7 @@ def run_train(cfg: DictConfig) -> int:
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
     logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True) if main_rank else {"name": "none"}
-    used = {k: cfg[k] for k in ("mode", "seed", "model", "train", "logger") if k in cfg}  # what mode=train reads
+    used = {k: cfg[k] for k in ("mode", "seed", "data_dir", "model", "train", "logger") if k in cfg}  # what mode=train reads
     run_id = _resumed_wandb_id(cfg) if main_rank else None
     logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(OmegaConf.create(used), resolve=True),
                        run_name=f"train-{Path(str(cfg.train.out_dir)).name}", run_id=run_id)

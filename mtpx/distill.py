@@ -1,6 +1,6 @@
 """`mode=distill`: regenerate a prompt set's answers with the target, for self-distillation.
 
-    python train_or_eval.py mode=distill data=gsm8k data.path=../shared/data/gsm8k/train.jsonl \\
+    python train_or_eval.py mode=distill data=gsm8k data.path=/path/to/gsm8k/train.jsonl \\
         distill.out_dir=distill/gsm8k_train +spec=mtp8
     python train_or_eval.py mode=train train.freeze_base=true model.path=checkpoints/demo \\
         'train.data_sources=[distill]' train.distill_path=distill/gsm8k_train ...

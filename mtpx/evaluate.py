@@ -416,7 +416,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
               + ("; generating the others" if len(restored) < len(prompts) else ""))
     else:
         rows_file.unlink(missing_ok=True)
-    used = {key: cfg[key] for key in ("mode", "seed", "model", "data", "engine", "spec", "logger", mode)
+    used = {key: cfg[key] for key in ("mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", mode)
             if cfg.get(key) is not None}                       # the groups this mode reads
     group, job = _sweep_group()
     logger = RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,

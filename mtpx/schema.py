@@ -35,6 +35,7 @@ class RunConfig:
     """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`)."""
     mode: str = MISSING
     seed: int = MISSING
+    data_dir: str = MISSING
     model: Any = MISSING
     data: Any = MISSING
     train: Any = MISSING

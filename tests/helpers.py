@@ -1,6 +1,7 @@
 """Helpers shared by the test modules: tiny models, draft checks, a dynamic draft round."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -60,16 +61,20 @@ def train_tiny(**overrides) -> MTPForCausalLM:
     return model.double().eval()
 
 
-def _shared_data():
-    """shared/data next to the checkout (../shared/data, the configs' default) or inside it."""
-    here = Path(__file__).resolve().parents[1]
-    for root in (here.parent / "shared" / "data", here / "shared" / "data", Path("/work/shared/data")):
-        if root.is_dir():
-            return root
-    return here.parent / "shared" / "data"
+def _data_dir() -> Path:
+    """The data directory the data-dependent tests read (the public GSM8K, Spec-Bench, MT-Bench and
+    HumanEval files): MTPX_DATA_DIR when set, else the run config's `data_dir` default
+    (conf/config.yaml), a relative path taken from the repository root, as a run started there
+    takes it. Tests that need a file skip when it is absent."""
+    from omegaconf import OmegaConf
+
+    root = Path(__file__).resolve().parents[1]
+    value = os.environ.get("MTPX_DATA_DIR") or OmegaConf.load(root / "conf" / "config.yaml").data_dir
+    path = Path(value)
+    return path if path.is_absolute() else (root / path).resolve()
 
 
-SHARED_DATA = _shared_data()
+DATA_DIR = _data_dir()
 
 
 

@@ -442,7 +442,7 @@ def test_wandb_run_starts_first_logs_live_and_gets_the_figures(tiny_ckpt, tmp_pa
     assert kinds.index("log") < kinds.index("summary") < kinds.index("images")
     init = _RecordingLogger.calls[0][1]
     assert init["run_name"] == f"mtp8-k2-builtin-{tiny_ckpt.name}" and init["group"] is None
-    assert set(init["config"]) == {"mode", "seed", "model", "data", "engine", "spec", "logger", "eval"}
+    assert set(init["config"]) == {"mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", "eval"}
     live = next(c[1] for c in _RecordingLogger.calls if c[0] == "log")
     assert live["live/requests_finished"] == 1 and live["live/output_tok_s"] > 0
     images = next(c[1] for c in _RecordingLogger.calls if c[0] == "images")
@@ -465,7 +465,7 @@ def test_resumed_training_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     assert cli.run(_cfg(overrides + ["train.steps=3"])) == 0
     inits = [c[1] for c in _RecordingLogger.calls if c[0] == "init"]
     assert [i["run_id"] for i in inits] == [None, "fresh-id"] and inits[0]["run_name"] == "train-out"
-    assert set(inits[0]["config"]) == {"mode", "seed", "model", "train", "logger"}
+    assert set(inits[0]["config"]) == {"mode", "seed", "data_dir", "model", "train", "logger"}
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -29,13 +29,13 @@ from mtpx.data import (
     score,
 )
 
-from tests.helpers import SHARED_DATA
+from tests.helpers import DATA_DIR
 
-GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
-needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason="shared/data/gsm8k is absent")
-SPEC_BENCH = SHARED_DATA / "spec_bench" / "question.jsonl"
-MT_BENCH = SHARED_DATA / "mt_bench" / "question.jsonl"
-HUMANEVAL = SHARED_DATA / "humaneval" / "HumanEval.jsonl.gz"
+GSM8K_TEST = DATA_DIR / "gsm8k" / "test.jsonl"
+needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason=f"{GSM8K_TEST} is absent (the data directory: MTPX_DATA_DIR or conf data_dir)")
+SPEC_BENCH = DATA_DIR / "spec_bench" / "question.jsonl"
+MT_BENCH = DATA_DIR / "mt_bench" / "question.jsonl"
+HUMANEVAL = DATA_DIR / "humaneval" / "HumanEval.jsonl.gz"
 
 
 def test_prompt_format():
@@ -235,7 +235,7 @@ def test_chat_sets_errors(tmp_path):
     with pytest.raises(ValueError, match=r"data.chat_template='yes': must be true"):
         load_prompts({**cfg, "chat_template": "yes"}, None)
     with pytest.raises(FileNotFoundError, match=r"Spec-Bench file not found: .*data\.path=.*"
-                                                r"\.\./shared/data/spec_bench/question\.jsonl"):
+                                                r"spec_bench/question\.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR"):
         load_prompts({**cfg, "path": str(tmp_path / "nope.jsonl")}, None)
     with pytest.raises(ValueError, match=r"data=mt_bench needs a file: set data.path="):
         load_prompts({"name": "mt_bench", "path": None}, None)
@@ -353,7 +353,7 @@ def test_check_data_config_reads_files_without_a_tokenizer(tmp_path):
         check_data_config({"name": "mt_bench", "path": str(tmp_path / "nope.jsonl")}, 2)
 
 
-needs = {name: pytest.mark.skipif(not path.is_file(), reason=f"{path} is absent (shared/data not mounted)")
+needs = {name: pytest.mark.skipif(not path.is_file(), reason=f"{path} is absent (the data directory: MTPX_DATA_DIR or conf data_dir)")
          for name, path in (("spec_bench", SPEC_BENCH), ("mt_bench", MT_BENCH), ("humaneval", HUMANEVAL))}
 
 

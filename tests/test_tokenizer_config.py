@@ -12,18 +12,19 @@ import pytest
 
 from mtpx.hf.loader import load_folder_tokenizer
 from mtpx.hf.tokenizer import load_hf_tokenizer, load_tokenizer, tokenizer_config, write_tokenizer_config
+from tests.helpers import DATA_DIR
 
 transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "checkpoints" / "demo"
-DATA = ROOT.parent / "shared" / "data"
+DATA = DATA_DIR
 
 
 def _texts() -> list[str]:
     """GSM8K questions and answers, HumanEval prompts and solutions, and stdlib source."""
     if not DATA.is_dir():
-        pytest.skip(f"{DATA} (the shared data sets) is absent")
+        pytest.skip(f"{DATA} (the data directory: MTPX_DATA_DIR or conf data_dir) is absent")
     texts = []
     with open(DATA / "gsm8k" / "test.jsonl") as f:
         for line, _ in zip(f, range(100)):
@@ -44,7 +45,7 @@ def test_committed_demo_config_is_the_generated_one():
     assert json.loads((DEMO / "tokenizer_config.json").read_text()) == want
 
 
-def test_autotokenizer_ids_equal_mtpx_ids_on_the_shared_data():
+def test_autotokenizer_ids_equal_mtpx_ids_on_the_data_sets():
     auto = transformers.AutoTokenizer.from_pretrained(str(DEMO))
     mtpx_tok = load_folder_tokenizer(DEMO)              # what LLM(model=checkpoints/demo) uses
     plain = load_tokenizer(DEMO / "tokenizer.json")     # mtpx's own tokenizer, as trained

@@ -14,7 +14,8 @@ Categories:
 
 Sources: lm-sys/FastChat ``fastchat/llm_judge/data/mt_bench/question.jsonl`` (Zheng et al. 2023,
 arXiv:2306.05685); hemingkx/Spec-Bench ``data/spec_bench/question.jsonl`` (Xia et al. 2024,
-arXiv:2401.07851). Copies are in shared/data/{mt_bench,spec_bench}.
+arXiv:2401.07851). The configs read them from the data directory (`data_dir`, conf/config.yaml):
+``DATA_DIR/{mt_bench,spec_bench}/question.jsonl``.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "ex
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 _RECORD = "an object with string 'category' and 'turns' (a non-empty list of user turns)"
-_WHERE = {"MT-Bench": "the shared copy is at ../shared/data/mt_bench/question.jsonl",
-          "Spec-Bench": "the shared copy is at ../shared/data/spec_bench/question.jsonl"}
+_WHERE = {"MT-Bench": "by default mt_bench/question.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR; the file is FastChat's "
+                       "fastchat/llm_judge/data/mt_bench/question.jsonl",
+          "Spec-Bench": "by default spec_bench/question.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR; the file is "
+                         "Spec-Bench's data/spec_bench/question.jsonl"}
 
 
 def load_questions(path: str | os.PathLike[str], what: str = "MT-Bench",

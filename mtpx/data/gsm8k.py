@@ -1,7 +1,7 @@
 """GSM8K: loading the JSONL files, the prompt format, and answer scoring.
 
-Source: openai/grade-school-math (Cobbe et al. 2021, arXiv:2110.14168); a copy is in
-shared/data/gsm8k. Each line is ``{"question": str, "answer": str}``; the answer's final line is
+Source: openai/grade-school-math (Cobbe et al. 2021, arXiv:2110.14168), read from the
+data directory's gsm8k/ by default (`data_dir`, conf/config.yaml). Each line is ``{"question": str, "answer": str}``; the answer's final line is
 ``#### <number>``. Scoring compares the final number exactly, after normalization ("1,000" ->
 "1000", "5.0" -> "5").
 """
@@ -55,7 +55,8 @@ def load_gsm8k(path: str | os.PathLike[str], option: str = "data.path") -> list[
     """
     rows: list[dict[str, str]] = []
     for lineno, obj in read_jsonl(path, option, "GSM8K", _RECORD,
-                                  "the shared data sets are at ../shared/data/gsm8k/{train,test}.jsonl"):
+                                  "by default gsm8k/{train,test}.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR; the files are "
+                                  "grade-school-math's data/{train,test}.jsonl"):
         check_fields(obj, {"question": str, "answer": str}, path, lineno, "GSM8K", _RECORD)
         if _ANSWER_MARK not in obj["answer"]:
             raise ValueError(f"{path}:{lineno}: the answer has no '{_ANSWER_MARK}' line with the "

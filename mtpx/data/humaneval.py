@@ -1,7 +1,7 @@
 """HumanEval: the 164 code-completion prompts (function signature plus docstring).
 
-Source: openai/human-eval ``data/HumanEval.jsonl.gz`` (Chen et al. 2021, arXiv:2107.03374); a copy
-is in shared/data/humaneval. Each line is ``{"task_id", "prompt", "entry_point",
+Source: openai/human-eval ``data/HumanEval.jsonl.gz`` (Chen et al. 2021, arXiv:2107.03374), read from
+the data directory's humaneval/ by default (`data_dir`, conf/config.yaml). Each line is ``{"task_id", "prompt", "entry_point",
 "canonical_solution", "test"}``. Only ``prompt`` is used, as raw text (code completion, as
 HumanEval is run); nothing from the file is ever executed.
 """
@@ -28,7 +28,7 @@ def load_humaneval(path: str | os.PathLike[str], option: str = "data.path") -> l
     """
     rows = []
     for lineno, obj in read_jsonl(path, option, "HumanEval", _RECORD,
-                                  "the shared copy is at ../shared/data/humaneval/HumanEval.jsonl.gz"):
+                                  "by default humaneval/HumanEval.jsonl.gz in the data directory, data_dir=DIR or MTPX_DATA_DIR"):
         check_fields(obj, {"task_id": str, "prompt": str}, path, lineno, "HumanEval", _RECORD)
         rows.append({"task_id": obj["task_id"], "prompt": obj["prompt"]})
     return rows

@@ -28,7 +28,7 @@ def read_jsonl(path: str | os.PathLike[str], option: str, what: str, record: str
         option: the config key naming the file (``data.path``), quoted in error messages.
         what: the data set's name for messages ("GSM8K", "Spec-Bench", ...).
         record: what one line must be, for messages ("an object with 'question' and 'answer'").
-        where: where the shared copy lives, for the missing-file message.
+        where: where the file is by default and where it comes from, for the missing-file message.
 
     Raises:
         FileNotFoundError: ``path`` does not exist (the message names ``option`` and ``where``).

@@ -224,7 +224,7 @@ def load_documents(
     for spec in specs:
         if spec.name == "gsm8k":
             if not gsm8k_path:
-                raise ValueError("data source 'gsm8k' needs train.gsm8k_path (e.g. ../shared/data/gsm8k/train.jsonl)")
+                raise ValueError("data source 'gsm8k' needs train.gsm8k_path=/path/to/gsm8k/train.jsonl (GSM8K's train split)")
             docs["gsm8k"] = read_gsm8k(gsm8k_path)
         elif spec.name == "stdlib":
             docs["stdlib"] = read_stdlib(stdlib_max_bytes)
