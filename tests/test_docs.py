@@ -1,0 +1,93 @@
+"""The documentation: docs/configuration.md is what tools/gen_config_docs.py generates from the
+structured configs; every page is in mkdocs.yml's nav and every nav entry is a page; README.md
+stays a landing page (at most 250 lines) whose links resolve; nothing in mtpx/, tests/, conf/,
+docs/ or README.md points at a file outside the repository. (`mkdocs build --strict` itself runs
+in .ci/run.)"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_config_docs", ROOT / "tools" / "gen_config_docs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_configuration_page_is_generated_from_the_configs():
+    gen = _generator()
+    text = gen.render()
+    assert (DOCS / "configuration.md").read_text() == text, "run python tools/gen_config_docs.py"
+    # one row per key of every group, with the meaning from its single source
+    assert "| `engine.max_num_seqs` | int | `64` | Running requests at most (batch slots). |" in text
+    assert "| `eval.max_tokens` | int | `128` | output tokens per request |" in text
+    assert "| `spec.num_speculative_tokens` | any | `8` | drafts per step; auto = each step picks k" in text
+    for group in ("model", "data", "spec", "engine", "eval", "bench", "serve", "train", "distill", "logger"):
+        assert f"## `{group}`" in text
+
+
+def test_generator_reads_docstrings_before_yaml_comments(tmp_path, monkeypatch):
+    gen = _generator()
+    src = tmp_path / "conf_mod.py"
+    src.write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass C:\n"
+                   "    a: int = 1\n    \"\"\"the docstring of a\"\"\"\n"
+                   "    b: int = 2  # the comment of b\n    c: int = 3\n")
+    spec = importlib.util.spec_from_file_location("conf_mod", src)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "conf_mod", module)     # inspect.getsource finds it there
+    spec.loader.exec_module(module)
+    rows = gen.table((module.C,), module.C, {"c": 30}, {"a": "yaml a", "b": "yaml b", "c": "yaml c"}, "g.")
+    assert rows[2:] == ["| `g.a` | int | `1` | the docstring of a |",
+                        "| `g.b` | int | `2` | yaml b |",
+                        "| `g.c` | int | `30` | yaml c |"]
+
+
+def _nav_pages(node) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [p for v in node.values() for p in _nav_pages(v)]
+    return [p for v in node for p in _nav_pages(v)]
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = _nav_pages(config["nav"])
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
+    assert sorted(nav) == pages
+    assert len(nav) == len(set(nav))
+
+
+def test_readme_is_a_landing_page_whose_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert "docs/getting_started.md" in local and "docs/configuration.md" in local
+    for link in local:
+        assert (ROOT / link).exists(), link
+    # the commands a newcomer runs, as .ci/run runs them
+    assert "python -m pip install torch==2.13.0" in text and 'python -m pip install -e ".[dev]"' in text
+    assert "python train_or_eval.py +spec=mtp8" in text and "python -m pytest -q" in text
+
+
+def test_nothing_points_outside_the_repository():
+    # the two patterns are joined from parts so that this file does not match itself
+    patterns = ["ARCHITECTURE" + ".md", "shared" + "/"]
+    out = subprocess.run(["git", "grep", "--untracked", "-n", "-e", patterns[0], "-e", patterns[1], "--",
+                          "mtpx", "tests", "conf", "docs", "README.md"],
+                         cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    # the one exception: the data directory's default, where this project's runs find the public
+    # data sets (MTPX_DATA_DIR or data_dir=DIR sets it anywhere else)
+    assert [line for line in out
+            if not (line.startswith("conf/config.yaml:") and "data_dir: ${oc.env:MTPX_DATA_DIR," in line)] == []
