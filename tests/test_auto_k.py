@@ -161,7 +161,7 @@ def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_a
 
 
 def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_requests_depth():
-    # the demo's calibration at batch 1 and 64 (experiments/calibration_v2/calibrate_out.txt, run 0)
+    # the demo's calibration at batch 1 and 64 (experiments/auto_k/calibration/calibrate_out.txt, run 0)
     ms = {1: [14.2, 18.7, 20.3, 24.1, 23.7, 26.0, 25.7, 26.0, 25.4],
           64: [42.9, 92.1, 114.3, 129.9, 142.2, 157.2, 175.0, 190.4, 213.7]}
     step_costs = {(k, b): row[k] for b, row in ms.items() for k in range(9)}

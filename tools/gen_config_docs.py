@@ -144,6 +144,9 @@ def _type(tp: Any) -> str:
 def _value(v: Any) -> str:
     if v is dataclasses.MISSING or v == "???":
         return "(required)"
+    env = re.fullmatch(r"\$\{oc\.env:(\w+),.*\}", v) if isinstance(v, str) else None
+    if env:      # a default that depends on the machine: the variable that sets it
+        return f"`${env.group(1)}` (else this project's default, conf/config.yaml)"
     if isinstance(v, str):
         return f"`{v}`"
     return f"`{json.dumps(v)}`"

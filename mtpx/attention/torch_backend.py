@@ -37,7 +37,7 @@ def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int | None):
         # compiled layer region would make it guard on B != 1 (a batch of one compiling again)
         return (cache.k[ids].flatten(1, 2)[:, :kv_len], cache.v[ids].flatten(1, 2)[:, :kv_len])
     # index_select, not cache.k[ids]: the same gather, 4.7-7.3x faster on the CPU (advanced
-    # indexing runs ATen's element-wise index kernel; experiments/batch64_window)
+    # indexing runs ATen's element-wise index kernel; experiments/step_costs/batch64_window)
     k = cache.k.index_select(0, ids.reshape(-1)).view(B, nb * S, *cache.k.shape[2:])[:, :kv_len]
     v = cache.v.index_select(0, ids.reshape(-1)).view(B, nb * S, *cache.v.shape[2:])[:, :kv_len]
     return k, v

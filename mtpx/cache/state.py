@@ -352,7 +352,7 @@ class RecurrentStateGroup:
             # index_select, not w[lo: lo + step, rows]: the same gather, several times faster on
             # the CPU eager; per slice, so that no temporary is large (at batch 64 the conv
             # windows of all 24 layers at once were 8 MB, fresh pages every step:
-            # experiments/batch64_window)
+            # experiments/step_costs/batch64_window)
             n = min(step, L - lo)
             ext = self.window_ext[lo: lo + step, :, :, : K1 + T].index_select(1, rows)
             self.conv[lo: lo + step].index_copy_(1, rows, ext.gather(-1, at.expand(n, B, C, K1)))

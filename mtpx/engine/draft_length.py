@@ -33,7 +33,7 @@ one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
   admitted before any draft was verified keeps all 8 modules at batch 1 and none at batch 64,
   where drafting pays only above a flat acceptance of about 0.8. A prior of 1 admitted the main
   job's 64 requests at depth 8: they prefilled 8 modules and fell to depth 0 within 4 steps, and
-  auto read 0.89x plain decoding against 0.96x at 0.7 (experiments/auto_default, runs 5-6).
+  auto read 0.89x plain decoding against 0.96x at 0.7 (experiments/auto_k/main_job, runs 5-6).
   w = 8 pseudo-drafts keep one step of a few requests from deciding alone (a depth is never
   raised again). A position no step verifies drifts back to the prior as its counts decay, so
   where the prior pays it is tried again: with every request at depth 0 nothing is verified, and
@@ -372,7 +372,7 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
     median of its rounds. No request is prefilled: the positions before the window are taken as
     computed, as vLLM's dummy runs profile a step, since values do not change its cost. That makes
     the calibration cheap (at max_num_seqs 64 the fresh requests' prefill was 87% of 143 s:
-    experiments/auto_default) and puts every k at the same context length; alternating the ks
+    experiments/auto_k/main_job) and puts every k at the same context length; alternating the ks
     call by call makes a burst of load from another process slow every k alike, where on 2 CPU
     cores one k's steps measured in one stretch read up to 30% off the same k a minute later
     (experiments/auto_k). context_len: the middle of the main job's decode steps (prompts of

@@ -24,7 +24,7 @@ RECURRENT_MAX_LEN = 16  # below this many tokens the recurrent form is cheaper t
 def causal_conv(ext: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv without bias: ext [B, C, K-1+T] (the K-1 inputs before the window,
     then its T), weight [C, 1, K] -> [B, C, T]. The forms compute the same sum; the one that runs
-    is the fastest measured on the CPU, eager (experiments/gdn_conv: 2 cores, C = 256, K = 4):
+    is the fastest measured on the CPU, eager (experiments/step_costs/gdn_conv: 2 cores, C = 256, K = 4):
     one token, the sum over the unfolded taps (5-60 µs alone); more tokens in float32 or
     float64, K fused multiply-adds (15-214 µs alone against 17-3,060 unfolded, whose strided
     [B, C, T, K] view does not vectorize: at batch 64 it was a fifth of a 9-token verification
