@@ -145,7 +145,7 @@ def test_compiled_sampling_matches_eager(trained_tiny, draft_sample_method):
     _same(compiled, eager)
 
 
-@pytest.mark.slow      # about 35 s on 2 cores; the default suite's time (README, Tests)
+@pytest.mark.slow      # about 35 s on 2 cores; the default suite's time (README.md, the two commands)
 def test_compiled_moe_runs_experts_between_graphs():
     """A MoE target: the routed experts run eager between graphs; the tokens are unchanged."""
     torch._dynamo.reset()

@@ -347,7 +347,7 @@ def _init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> 
     """Model and tokenizer from checkpoint `path`, with `num_nextn_predict_layers` taken from `want`
     when it differs (new draft modules are randomly initialised with `seed`, extra ones dropped).
     The other architecture keys of the model group are not used: the folder's config.json
-    defines the model (README)."""
+    defines the model (docs/checkpoints.md)."""
     saved = ckpt.load_config(path)
     n_want = want.get("num_nextn_predict_layers", saved.num_nextn_predict_layers)
     if n_want == saved.num_nextn_predict_layers:
