@@ -267,6 +267,16 @@ def is_schema(name: str) -> bool:
     return name.endswith("_schema")
 
 
+def data_dir(conf_dir: Path) -> Path:
+    """The data directory (the run config's `data_dir`: MTPX_DATA_DIR when set, else the default
+    in `conf_dir`/config.yaml) as an absolute path; a relative one is taken from `conf_dir`'s
+    parent, the repository root that runs start in. Tools and tests find the public data sets
+    (GSM8K, Spec-Bench, MT-Bench, HumanEval) here."""
+    conf_dir = Path(conf_dir).resolve()
+    path = Path(OmegaConf.load(conf_dir / "config.yaml").data_dir)
+    return path if path.is_absolute() else (conf_dir.parent / path).resolve()
+
+
 def group_choices(group: str, conf_dir: Path) -> list[str]:
     """The options a user can pick for `group`: its YAML files and its ConfigStore entries."""
     names = {p.stem for p in (conf_dir / group).glob("*.yaml")}

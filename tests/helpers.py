@@ -1,7 +1,6 @@
 """Helpers shared by the test modules: tiny models, draft checks, a dynamic draft round."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -9,6 +8,7 @@ import torch
 import pytest
 
 from mtpx import LLM, SamplingParams
+from mtpx.schema import data_dir
 from mtpx.models import ModelConfig, MTPForCausalLM
 
 
@@ -61,20 +61,9 @@ def train_tiny(**overrides) -> MTPForCausalLM:
     return model.double().eval()
 
 
-def _data_dir() -> Path:
-    """The data directory the data-dependent tests read (the public GSM8K, Spec-Bench, MT-Bench and
-    HumanEval files): MTPX_DATA_DIR when set, else the run config's `data_dir` default
-    (conf/config.yaml), a relative path taken from the repository root, as a run started there
-    takes it. Tests that need a file skip when it is absent."""
-    from omegaconf import OmegaConf
-
-    root = Path(__file__).resolve().parents[1]
-    value = os.environ.get("MTPX_DATA_DIR") or OmegaConf.load(root / "conf" / "config.yaml").data_dir
-    path = Path(value)
-    return path if path.is_absolute() else (root / path).resolve()
-
-
-DATA_DIR = _data_dir()
+# the data directory the data-dependent tests read (MTPX_DATA_DIR, else conf/config.yaml's
+# data_dir); tests that need one of its files skip when it is absent
+DATA_DIR = data_dir(Path(__file__).resolve().parents[1] / "conf")
 
 
 

@@ -38,8 +38,9 @@ from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
 from mtpx.metrics.cost_model import step_costs  # noqa: E402
 from mtpx.metrics.stats import aggregate_spec  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402
 
-GSM8K_TEST = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl"   # MTPX_DATA_DIR or conf/config.yaml data_dir
 
 
 def _contender(name: str) -> tuple[str | None, int | None]:

@@ -53,6 +53,7 @@ import torch  # noqa: E402
 
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
 from mtpx.metrics.stats import aggregate_spec  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402
 
 
 def _import_bench():
@@ -69,10 +70,8 @@ def _import_bench():
 bench = _import_bench()
 
 DEFAULT_CHECKPOINT = ROOT / "checkpoints" / "demo"
-# the configs' default (../shared/data next to the checkout), else shared/data inside it
-DEFAULT_GSM8K = next((p for p in (ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl",
-                                  ROOT / "shared" / "data" / "gsm8k" / "test.jsonl") if p.is_file()),
-                     ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl")
+# in the data directory (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
+DEFAULT_GSM8K = data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl"
 SPECS = ("none", "mtp1", "mtp8")
 WARMUP_TOKENS = 4
 

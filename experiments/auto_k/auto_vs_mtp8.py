@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.engine.draft_length import save_step_costs  # noqa: E402
 from mtpx.metrics.cost_model import step_costs  # noqa: E402
@@ -26,7 +27,7 @@ save_step_costs(cost_file, {(k, b): 10.0 + 0.1 * k for k in range(9) for b in (1
 llms = {"mtp8": LLM(model=M, spec="mtp8", max_num_seqs=B, max_model_len=1024),
         "auto": LLM(model=M, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=B, max_model_len=1024,
                     cost_model_file=cost_file)}
-data = ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+data = data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl"
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(data)[:8 * B]]
 tok_s = {n: [] for n in llms}
 steps = {n: [] for n in llms}

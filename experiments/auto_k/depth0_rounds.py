@@ -19,10 +19,11 @@ import torch  # noqa: E402
 
 os.environ['MTPX_CACHE_DIR'] = tempfile.mkdtemp()
 from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
 torch.set_num_threads(2)
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(ROOT.parent / 'shared' / 'data' / 'gsm8k' / 'test.jsonl')][:64]
+prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")][:64]
 kw = dict(model=str(ROOT / 'checkpoints' / 'demo'), max_num_seqs=64, max_model_len=1024, record_step_timings=True)
 plain = LLM(**kw)
 auto = LLM(spec='mtp8', num_speculative_tokens='auto', **kw)

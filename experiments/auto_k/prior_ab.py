@@ -23,6 +23,7 @@ os.environ.setdefault("MTPX_CACHE_DIR", tempfile.mkdtemp())
 import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.data.prompts import load_prompts  # noqa: E402
 
@@ -38,7 +39,7 @@ for prior in (0.7, 0.8):
     engines[f"auto {prior}"] = llm
     print(f"auto {prior}: step costs {llm.calibration['source']} ({llm.calibration['seconds']:.1f} s)", flush=True)
 if workload == "gsm8k":
-    questions = load_gsm8k(ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl")
+    questions = load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")
     work = [[format_prompt(r["question"]) for r in questions[c * 64:(c + 1) * 64]] for c in range(chunks)]
 else:
     llm0 = engines["plain"]

@@ -16,10 +16,11 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
 torch.set_num_threads(2)
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl")]
+prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")]
 llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto",
           max_num_seqs=64, max_model_len=1024, cost_model_file=sys.argv[2] if len(sys.argv) > 2 else None)
 policy = llm.engine.draft_length

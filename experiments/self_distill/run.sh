@@ -8,7 +8,7 @@ RUNS=${RUNS:-/work/runs}
 DISTILL=$RUNS/distill_gsm8k_train
 
 gen() {  # the target's own greedy answers to the first 2048 GSM8K-train questions
-  python train_or_eval.py mode=distill data=gsm8k data.path=../shared/data/gsm8k/train.jsonl \
+  python train_or_eval.py mode=distill data=gsm8k data.path='${data_dir}/gsm8k/train.jsonl' \
     distill.out_dir=$DISTILL distill.num_prompts=2048 distill.shard_size=128 distill.max_tokens=256 \
     distill.threads=1 engine.max_num_seqs=32 +spec=mtp8 logger=none
 }

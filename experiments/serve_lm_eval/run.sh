@@ -16,7 +16,7 @@ run_split() {  # TASK SPLIT LIMIT SUFFIX: lm-eval through the server, then mtpx'
   lm_eval --model local-completions \
     --model_args "model=demo,base_url=http://127.0.0.1:$PORT/v1/completions,num_concurrent=8,tokenized_requests=False,tokenizer_backend=None,max_retries=1" \
     --tasks $1 --include_path $OUT --limit $3 --output_path $OUT/lm_eval$4 --log_samples
-  python train_or_eval.py data=gsm8k data.path=../shared/data/gsm8k/$2.jsonl eval.num_prompts=$3 eval.max_tokens=256 \
+  python train_or_eval.py data=gsm8k data.path='${data_dir}'/gsm8k/$2.jsonl eval.num_prompts=$3 eval.max_tokens=256 \
     eval.concurrency=8 eval.threads=1 +spec=mtp8 logger=none hydra.run.dir=$OUT/mtpx_eval$4 > /dev/null
 }
 run_split gsm8k_local test 50 ""

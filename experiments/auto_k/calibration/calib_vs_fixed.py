@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.engine.draft_length import AutoDraftLength, calibrate_step_costs, save_step_costs  # noqa: E402
 
@@ -26,7 +27,7 @@ torch.set_num_threads(2)
 B = int(sys.argv[1])
 R = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 KS = (2, 4, 8)
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(ROOT.parent / "shared" / "data" / "gsm8k" / "test.jsonl")]
+prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")]
 fake = Path(tempfile.mkdtemp()) / "costs.json"          # skips the LLM's own start-up calibration
 save_step_costs(fake, {(k, 1): 10.0 + k for k in range(9)}, {})
 kw = dict(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=B, max_model_len=1024, record_step_timings=True)
