@@ -119,13 +119,42 @@ def run(cfg: DictConfig) -> int:
     process exit code."""
     log = _job_log_file()
     if log is None:
-        return _run(cfg)
-    out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _LogTee(out, log), _LogTee(err, log)
+        code = _run(cfg)
+    else:
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _LogTee(out, log), _LogTee(err, log)
+        try:
+            code = _run(cfg)
+        finally:
+            sys.stdout, sys.stderr = out, err
+    if code == 2:
+        _drop_empty_run_dir()
+    return code
+
+
+HYDRA_FILES = {".hydra", "train_or_eval.log", "error.txt"}   # what a run folder holds before the run writes
+
+
+def _drop_empty_run_dir() -> None:
+    """After a bad-input error (exit 2) of a single run, remove its Hydra run folder when it holds
+    nothing but Hydra's own files and error.txt (the error line was printed), so a failed start
+    leaves no empty run behind. A multirun keeps its job folders (the sweep table reads
+    error.txt), and a folder with anything else (an earlier run's outputs) is kept."""
+    import shutil
+
+    from hydra.types import RunMode
     try:
-        return _run(cfg)
-    finally:
-        sys.stdout, sys.stderr = out, err
+        hc = HydraConfig.get()
+    except ValueError:               # outside Hydra (tests, the API)
+        return
+    if hc.mode != RunMode.RUN:
+        return
+    out = Path(hc.runtime.output_dir)
+    try:
+        if out.is_dir() and {p.name for p in out.iterdir()} <= HYDRA_FILES:
+            shutil.rmtree(out)
+    except OSError:
+        pass
 
 
 def _run(cfg: DictConfig) -> int:

@@ -461,6 +461,8 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
                       "commit": source_commit()}
     atomic_write_jsonl(out_dir / "outputs.jsonl", [_output_row(o, p) for o, p in zip(outs, prompts)])
     atomic_write_json(out_dir / "metrics.json", metrics)
+    if _all_failed(outs, f"; no report (outputs.jsonl and metrics.json in {out_dir} hold the errors)"):
+        return 1
     setup = _client_text(client, c)
     report = format_report(metrics, f"mtpx bench over HTTP: {c.base_url}, {_data_text(cfg.data.name, prompts, None)}, "
                                     f"{len(prompts)} prompts, {_length_text(prompts, c.max_tokens)}, "
@@ -468,7 +470,7 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
     print(f"run directory: {out_dir}")
-    return 1 if _all_failed(outs) else 0
+    return 0
 
 
 def _sweep_group() -> tuple[str | None, int | None]:
@@ -527,6 +529,16 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
                       "automatic_k": bool(method) and llm.engine.draft_length.auto,
                       "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
                       "threads_reason": threads.reason, "torch": torch.__version__, "commit": source_commit()}
+    if not stopped and outs and all(o.error for o in outs):
+        # nothing to report or plot: the error lines above say why; the rows and counts are kept
+        if "lossless_mismatches" in metrics:
+            metrics["lossless_mismatches"] = None                 # not checked
+        atomic_write_jsonl(rows_file, [_output_row(o, p) for o, p in zip(outs, kept)])
+        atomic_write_json(out_dir / "metrics.json", metrics)
+        logger.log_metrics_summary(metrics)
+        _all_failed(outs, f"; no report, figures or lossless check (outputs.jsonl and metrics.json in {out_dir} "
+                          "hold the errors)")
+        return 1
     dead = (dead_position_warning(aggregate_spec(outs), rounds=[x for o in outs for x in o.spec.rounds])
             if method is not None else None)
     if dead:
@@ -602,8 +614,9 @@ def dead_position_warning(spec, min_tries: int = 20, rounds=None) -> str | None:
     for i in range(1, len(counts)):
         reached = counts[i - 1] if rounds is None else sum(1 for r in rounds if r[0] > i and r[1] >= i)
         if reached >= min_tries and counts[i] == 0:
-            return (f"warning: draft position {i + 1} accepted 0 of the {reached} drafts that reached it "
-                    f"(position {i} accepted them): draft module {i + 1} looks broken; check its weights")
+            return (f"warning: draft position {i} (counted from 0, as in per_position_acceptance and the figures) "
+                    f"accepted 0 of the {reached} drafts that reached it (position {i - 1} accepted them): "
+                    f"check the weights of the module that drafts it (mtp.{i} with one module per position)")
     return None
 
 
@@ -629,10 +642,11 @@ def _print_request_errors(outs: list[RequestOutput]) -> None:
             print(f"error: request {o.index}: {o.error}", file=sys.stderr)
 
 
-def _all_failed(outs: list[RequestOutput]) -> bool:
-    """True (with one error line) when every request failed: the run's exit code is then 1."""
+def _all_failed(outs: list[RequestOutput], what: str = "") -> bool:
+    """True (with one error line, `what` appended) when every request failed: the run's exit code
+    is then 1."""
     if outs and all(o.error for o in outs):
-        print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
+        print(f"error: all {len(outs)} requests failed (the error lines above say why){what}", file=sys.stderr)
         return True
     return False
 

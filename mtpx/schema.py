@@ -251,6 +251,7 @@ def register() -> None:
     names (conf/config.yaml): this process's id."""
     cs = ConfigStore.instance()
     OmegaConf.register_new_resolver("run_id", lambda: str(os.getpid()), use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("config_groups", lambda: config_groups_text(CONF_DIR), replace=True)
     cs.store(name="run_schema", node=RunConfig)
     for group, options in SCHEMAS.items():
         for name, node in options.items():
@@ -264,6 +265,16 @@ register()  # on import, as Hydra's ConfigStore is meant to be filled (train_or_
 def is_schema(name: str) -> bool:
     """Group options that are schemas, not choices a user picks."""
     return name.endswith("_schema")
+
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"   # train_or_eval.py's config folder
+
+
+def config_groups_text(conf_dir: Path) -> str:
+    """`--help`'s list of config groups, one line each ("data: builtin, gsm8k, ..."), without the
+    schema entries (conf/config.yaml's hydra.help.template reads it as `${config_groups:}`)."""
+    groups = sorted({p.name for p in conf_dir.iterdir() if p.is_dir()} | {"engine"})
+    return "\n".join(f"{'+' if g == 'spec' else ''}{g}: {', '.join(group_choices(g, conf_dir))}" for g in groups)
 
 
 def group_choices(group: str, conf_dir: Path) -> list[str]:

@@ -34,6 +34,11 @@ def test_explicit_then_env_then_measured(keep_threads, monkeypatch):
     assert "threads: 2 (measured fastest; 2 CPUs available; forward at 1 x 16 tokens 1: 5.00 ms, 2: 2.00 ms)" \
         == th.choose_threads(model).describe()
 
+    monkeypatch.setattr(th, "available_cpus", lambda: 1)
+    fake[1] = 3.0
+    assert th.choose_threads(model).describe() == "threads: 1 (the only CPU available; forward at 1 x 16 tokens 1: 3.00 ms)"
+    assert th.ThreadChoice(1, "eval.threads", 1).describe() == "threads: 1 (eval.threads; 1 CPU available)"
+
 
 def test_contention_warning_when_the_forward_got_slower(keep_threads, monkeypatch):
     model = peaked_model(tiny_config())
