@@ -11,8 +11,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c, stop_exit_code,
-                     stop_signal_name)
+from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c, source_commit,
+                     stop_exit_code, stop_signal_name)
 from mtpx.metrics.logging import RunLogger
 from mtpx.schema import compose_error, group_choices
 
@@ -233,10 +233,13 @@ def run_train(cfg: DictConfig) -> int:
     logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True) if main_rank else {"name": "none"}
     used = {k: cfg[k] for k in ("mode", "seed", "model", "train", "logger") if k in cfg}  # what mode=train reads
     run_id = _resumed_wandb_id(cfg) if main_rank else None
-    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(OmegaConf.create(used), resolve=True),
+    config = {**OmegaConf.to_container(OmegaConf.create(used), resolve=True), "commit": source_commit()}
+    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=config,
                        run_name=f"train-{Path(str(cfg.train.out_dir)).name}", run_id=run_id)
-    try:
-        path = train(cfg, log_fn=logger.log, extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None)
+    try:   # on_config: the architecture trained (a checkpoint's with model.path) and the thread count
+        path = train(cfg, log_fn=logger.log, extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None,
+                     on_config=logger.update_config)
+        logger.log_images([Path(path) / "loss_curve.png"])
     finally:
         logger.finish()
     if main_rank:

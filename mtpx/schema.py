@@ -131,7 +131,7 @@ class TrainConfig:
     stdlib_max_bytes: Optional[int] = MISSING
     val_fraction: float = MISSING
     log_every: int = MISSING
-    threads: int = MISSING
+    threads: Optional[int] = MISSING
     device: str = MISSING
     save_dtype: str = MISSING
     # torchrun data parallelism and MTP recipes (conf/train/default.yaml documents them; the

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from mtpx import LLM, SamplingParams
@@ -353,6 +354,13 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     assert "only 4 MTP modules" in (tmp_path / "0" / "error.txt").read_text()
     assert not (tmp_path / "0" / "metrics.json").exists()
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["num_requests"] == 2
+    # the sweep table at the end (Hydra callback), in the sweep folder too
+    from mtpx.metrics.sweep import sweep_table
+    table = (tmp_path / "sweep.md").read_text()
+    assert table == sweep_table(tmp_path) and res.stdout.endswith(f"\n{table}\nsweep table: {tmp_path / 'sweep.md'}\n")
+    assert "2 job(s), 1 with metrics, 1 with problems." in table
+    assert ("- job 0 (`spec.num_speculative_tokens=9`): failed before writing metrics.json: error: "
+            "num_speculative_tokens=9 but the model has only 4 MTP modules") in table
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -466,6 +474,9 @@ class _RecordingLogger:
     def log_images(self, paths):
         _RecordingLogger.calls.append(("images", [p.name for p in paths]))
 
+    def update_config(self, values):
+        _RecordingLogger.calls.append(("config", values))
+
     def finish(self):
         _RecordingLogger.calls.append(("finish", None))
 
@@ -482,7 +493,14 @@ def test_wandb_run_starts_first_logs_live_and_gets_the_figures(tiny_ckpt, tmp_pa
     assert kinds.index("log") < kinds.index("summary") < kinds.index("images")
     init = _RecordingLogger.calls[0][1]
     assert init["run_name"] == f"mtp8-k2-builtin-{tiny_ckpt.name}" and init["group"] is None
-    assert set(init["config"]) == {"mode", "seed", "model", "data", "engine", "spec", "logger", "eval"}
+    assert set(init["config"]) == {"mode", "seed", "model", "data", "engine", "spec", "logger", "eval", "commit",
+                                   "threads", "threads_reason"}
+    # the W&B model config is the loaded checkpoint's architecture, not the demo YAML's
+    loaded = json.loads((tiny_ckpt / "config.json").read_text())
+    assert init["config"]["model"]["hidden_size"] == loaded["hidden_size"] != _cfg([]).model.hidden_size
+    assert init["config"]["model"]["path"] == str(tiny_ckpt) and init["config"]["threads"] == torch.get_num_threads()
+    from mtpx.io import source_commit
+    assert init["config"]["commit"] == source_commit()
     live = next(c[1] for c in _RecordingLogger.calls if c[0] == "log")
     assert live["live/requests_finished"] == 1 and live["live/output_tok_s"] > 0
     images = next(c[1] for c in _RecordingLogger.calls if c[0] == "images")
@@ -505,7 +523,13 @@ def test_resumed_training_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     assert cli.run(_cfg(overrides + ["train.steps=3"])) == 0
     inits = [c[1] for c in _RecordingLogger.calls if c[0] == "init"]
     assert [i["run_id"] for i in inits] == [None, "fresh-id"] and inits[0]["run_name"] == "train-out"
-    assert set(inits[0]["config"]) == {"mode", "seed", "model", "train", "logger"}
+    assert set(inits[0]["config"]) == {"mode", "seed", "model", "train", "logger", "commit"}
+    configs = [c[1] for c in _RecordingLogger.calls if c[0] == "config"]
+    assert len(configs) == 2 and configs[0]["model"]["hidden_size"] == 32 and configs[0]["threads"] == 1
+    assert configs[0]["model"]["num_nextn_predict_layers"] == 2 and configs[0]["threads_reason"] == "train.threads"
+    assert configs[1]["threads_reason"] == "train.threads"
+    images = [c[1] for c in _RecordingLogger.calls if c[0] == "images"]
+    assert images == [["loss_curve.png"], ["loss_curve.png"]]
 
 
 @pytest.mark.parametrize("edit, message", [
