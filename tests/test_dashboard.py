@@ -306,6 +306,9 @@ def test_run_figures_carry_date_commit_intervals_and_explain_colours(tmp_path, m
                          "previous round ended in a rejection (0 .. k-1 accepted)",
                          "previous round accepted every draft"] and texts[3].startswith("every round after the first")
     assert bax.get_legend().get_window_extent().y1 <= bax.get_window_extent().y0
+    # a position never accepted (interval [0, high]) and positions never reached (no interval)
+    zero = _metrics(["code"], rounds=[[(3, 0, 1)] * 4], k=3)
+    assert write_run_figures(zero, tmp_path / "zero")[0].name == "acceptance_conditional.png"
 
 
 def test_throughput_vs_k_never_joins_two_runs_of_one_k(tmp_path, monkeypatch):

@@ -308,9 +308,11 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         bars = ax.bar([i + 0.2 for i in x], _pct(pp["conditional"]), width=0.4,
                       label="conditional (/ rounds reaching the position), 95% Wilson interval")
         rates = _pct(pp["conditional"])
-        ax.errorbar([i + 0.2 for i in x], rates,
-                    yerr=[[r - v for r, v in zip(rates, _pct(lo))], [v - r for r, v in zip(rates, _pct(hi))]],
-                    fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+        nan = float("nan")   # no interval where no round reached the position; rounding never gives one < 0
+        below = [nan if r != r or v != v else max(0.0, r - v) for r, v in zip(rates, _pct(lo))]
+        above = [nan if r != r or v != v else max(0.0, v - r) for r, v in zip(rates, _pct(hi))]
+        ax.errorbar([i + 0.2 for i in x], rates, yerr=[below, above], fmt="none", ecolor="black", elinewidth=0.8,
+                    capsize=2)
         for bar, reached, top in zip(bars, pp["reached"], hi):
             ax.annotate(f"n={reached}", (bar.get_x() + bar.get_width() / 2, 0 if top is None else top * 100),
                         ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
