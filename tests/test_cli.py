@@ -566,3 +566,12 @@ def test_eval_with_automatic_k_records_the_k_per_step(tiny_ckpt, tmp_path):
     assert sorted((c["k"], c["batch_size"]) for c in metrics["auto_k"]["step_costs_ms"]) == \
         [(k, b) for k in range(5) for b in (1, 2)]
     assert costs.is_file() and "Drafts per step, k (% of steps)" in (tmp_path / "report.txt").read_text()
+
+
+def test_run_folders_end_with_the_process_id():
+    """Runs started in the same second get their own folders (the slow
+    tests/test_interrupt.py::test_runs_started_in_the_same_second_get_their_own_folders starts two)."""
+    import os
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        hydra = compose("config", return_hydra_config=True).hydra
+    assert hydra.run.dir.endswith(f"-{os.getpid()}") and hydra.sweep.dir.endswith(f"-{os.getpid()}")

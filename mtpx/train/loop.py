@@ -278,20 +278,23 @@ def _choose_threads(t: DictConfig, model: MTPForCausalLM, info: distributed.Dist
                     resumed: int | None) -> ThreadChoice:
     """train.threads, chosen as eval's (mtpx.engine.threads.choose_threads): an explicit count,
     then OMP_NUM_THREADS, then the count a resumed run used (so the resume computes as the run
-    did), then the fastest count measured on the model; under torchrun with several ranks on a
-    node, the node's CPUs shared between them instead of a measurement (the ranks run at once)."""
+    did), then the fastest count measured on the model (on a GPU: every CPU, unmeasured); under
+    torchrun with several ranks on a node, the node's CPUs shared between them instead of a
+    measurement (the ranks run at once)."""
     requested = t.get("threads")
     env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if requested is None and not (env.isdigit() and int(env) >= 1):
-        if resumed is not None:
-            torch.set_num_threads(int(resumed))
-            return ThreadChoice(int(resumed), "the count the resumed run started with", available_cpus())
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-        if info.active and local > 1:
-            n = max(1, available_cpus() // local)
-            torch.set_num_threads(n)
-            return ThreadChoice(n, f"the node's CPUs shared by its {local} ranks", available_cpus())
-    return choose_threads(model, requested, "train.threads")
+    if requested is not None or (env.isdigit() and int(env) >= 1):
+        return choose_threads(None, requested, "train.threads")     # set, nothing to measure
+    if resumed is not None:
+        torch.set_num_threads(int(resumed))
+        return ThreadChoice(int(resumed), "the count the resumed run started with", available_cpus())
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if info.active and local > 1:
+        n = max(1, available_cpus() // local)
+        torch.set_num_threads(n)
+        return ThreadChoice(n, f"the node's CPUs shared by its {local} ranks", available_cpus())
+    on_gpu = next(model.parameters()).device.type != "cpu"       # the CPU threads barely matter: no measurement
+    return choose_threads(None if on_gpu else model, requested, "train.threads")
 
 
 def _check_cfg(cfg: DictConfig) -> DictConfig:
