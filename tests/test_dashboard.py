@@ -333,3 +333,18 @@ def test_throughput_vs_k_never_joins_two_runs_of_one_k(tmp_path, monkeypatch):
         for line in ax.get_lines():
             xs = list(line.get_xdata())
             assert len(xs) == len(set(xs)), line.get_label()
+
+
+def test_comparison_buckets_explain_the_colours_once(tmp_path, monkeypatch):
+    from mtpx.metrics.dashboard import Run, write_comparison_figures
+    figs = _capture_figures(monkeypatch)
+    runs = [Run(Path(n), n, _metrics(["code"] * 3), "mtp8", 3) for n in ("a", "b")]
+    write_comparison_figures(runs, tmp_path)
+    fig = figs["position0_buckets.png"]
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "first round (no previous round)", "previous round ended in a rejection (0 .. k-1 accepted)",
+        "previous round accepted every draft"]
+    assert all(legend.get_window_extent().y1 <= ax.get_window_extent().y0 for ax in fig.axes)
+    assert [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes] == [
+        ["every round after the first: 83.3%"]] * 2

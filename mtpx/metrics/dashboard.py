@@ -215,7 +215,15 @@ BUCKET_LEGEND = (("first", "first round (no previous round)"),
                  ("all", "previous round accepted every draft"))
 
 
-def _draw_buckets(ax, buckets: dict, title: str) -> None:
+def _bucket_patches() -> list:
+    from matplotlib.patches import Patch
+    return [Patch(color=BUCKET_COLORS[key], label=text) for key, text in BUCKET_LEGEND]
+
+
+def _draw_buckets(ax, buckets: dict, title: str, colours_legend: bool = True) -> None:
+    """The position-0 bars on `ax`. colours_legend: the colours and the dashed line explained in a
+    legend below the axes (one run's figure); else only the dashed line, inside (the comparison
+    figure explains the colours once for all its panels)."""
     rows = _bucket_rows(buckets)
     labels = [r[0] for r in rows]
     colors = [BUCKET_COLORS["first"]] + [BUCKET_COLORS["rejection"]] * (len(rows) - 2) + [BUCKET_COLORS["all"]]
@@ -224,14 +232,16 @@ def _draw_buckets(ax, buckets: dict, title: str) -> None:
         y = 0 if rate is None else rate * 100
         ax.annotate(f"n={count}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom",
                     fontsize=7, xytext=(0, 2), textcoords="offset points")
-    from matplotlib.patches import Patch
-    handles = [Patch(color=BUCKET_COLORS[key], label=text) for key, text in BUCKET_LEGEND]
+    handles = _bucket_patches() if colours_legend else []
     total = buckets["total"]["rate"]
     if total is not None:
         handles.append(ax.axhline(total * 100, color="black", lw=0.8, ls="--",
                                   label=f"every round after the first: {total * 100:.1f}%"))
-    ax.legend(handles=handles, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2,
-              frameon=False)   # below the axes: explains the colours, hides no bar
+    if colours_legend:
+        ax.legend(handles=handles, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2,
+                  frameon=False)   # below the axes: explains the colours, hides no bar
+    elif handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper left")   # above the 100% line (ylim 125)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_xlabel("previous round: drafts accepted")
     ax.set_ylabel("position-0 acceptance (%)")
@@ -434,9 +444,10 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
         written.append(_save(fig, out / COMPARISON_FIGURES[0]))
     with_buckets = [r for r in spec if _buckets_have_data((r.analytics or {}).get("position0_buckets"))]
     if with_buckets:
-        fig, axes = _figure(max(4.5, sum(0.55 * r.k + 2.5 for r in with_buckets)), 3.8, ncols=len(with_buckets))
+        fig, axes = _figure(max(9.0, sum(0.55 * r.k + 2.5 for r in with_buckets)), 4.0, ncols=len(with_buckets))
         for ax, r in zip(axes, with_buckets):
-            _draw_buckets(ax, r.analytics["position0_buckets"], r.name)
+            _draw_buckets(ax, r.analytics["position0_buckets"], r.name, colours_legend=False)
+        fig.legend(handles=_bucket_patches(), fontsize=7, loc="outside lower center", ncols=3, frameon=False)
         written.append(_save(fig, out / COMPARISON_FIGURES[1]))
     if any(r.metrics.get("output_throughput") is not None for r in runs):
         fig, (ax0, ax1) = _figure(10.0, 3.8, ncols=2)
