@@ -341,6 +341,9 @@ def test_comparison_buckets_explain_the_colours_once(tmp_path, monkeypatch):
     runs = [Run(Path(n), n, _metrics(["code"] * 3), "mtp8", 3) for n in ("a", "b")]
     write_comparison_figures(runs, tmp_path)
     fig = figs["position0_buckets.png"]
+    from mtpx.io import source_commit
+    assert {f._suptitle.get_text().split(" · ")[0] for f in figs.values()} == {"runs: a, b"}
+    assert all(f" UTC · commit {source_commit()[:9]}" in f._suptitle.get_text() for f in figs.values())
     (legend,) = fig.legends
     assert [t.get_text() for t in legend.get_texts()] == [
         "first round (no previous round)", "previous round ended in a rejection (0 .. k-1 accepted)",

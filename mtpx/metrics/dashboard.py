@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtpx.io import atomic_write_bytes
+from mtpx.io import atomic_write_bytes, source_commit, utc_now
 from mtpx.metrics.analytics import predict_position0, wilson_interval
 from mtpx.metrics.report import DASH, format_comparison
 
@@ -424,6 +424,14 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
     """
     out, written = Path(out_dir), []
     spec = [r for r in runs if r.is_spec]
+    # the runs compared, and when and with which commit the figure was drawn (each run's own date
+    # and commit are in its figures and in the dashboard's table)
+    heading = f"runs: {', '.join(r.name for r in runs)}{provenance(utc_now(), source_commit())}"
+
+    def save(fig, name: str) -> Path:
+        fig.suptitle(heading, fontsize=8)
+        return _save(fig, out / name)
+
     if any(_has(r.metrics.get("per_position_acceptance")) for r in spec):
         fig, (ax0, ax1) = _figure(11.0, 4.0, ncols=2)
         kmax = max(r.k for r in spec)
@@ -441,14 +449,14 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=7, loc="lower left")
-        written.append(_save(fig, out / COMPARISON_FIGURES[0]))
+        written.append(save(fig, COMPARISON_FIGURES[0]))
     with_buckets = [r for r in spec if _buckets_have_data((r.analytics or {}).get("position0_buckets"))]
     if with_buckets:
         fig, axes = _figure(max(9.0, sum(0.55 * r.k + 2.5 for r in with_buckets)), 4.0, ncols=len(with_buckets))
         for ax, r in zip(axes, with_buckets):
             _draw_buckets(ax, r.analytics["position0_buckets"], r.name, colours_legend=False)
         fig.legend(handles=_bucket_patches(), fontsize=7, loc="outside lower center", ncols=3, frameon=False)
-        written.append(_save(fig, out / COMPARISON_FIGURES[1]))
+        written.append(save(fig, COMPARISON_FIGURES[1]))
     if any(r.metrics.get("output_throughput") is not None for r in runs):
         fig, (ax0, ax1) = _figure(10.0, 3.8, ncols=2)
         series = k_series(spec)
@@ -471,13 +479,13 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
         if ks:
             for ax in (ax0, ax1):
                 ax.set_xticks(ks)
-        written.append(_save(fig, out / COMPARISON_FIGURES[2]))
+        written.append(save(fig, COMPARISON_FIGURES[2]))
     cats = {r.name: _categories_with_data(r.metrics) for r in spec}
     cats = {n: c for n, c in cats.items() if c}
     if len({c for v in cats.values() for c in v}) > 1:
         fig, (ax,) = _figure(max(5.0, 1.2 * len({c for v in cats.values() for c in v}) * len(cats) + 2), 3.8)
         _draw_category_bars(ax, cats)
-        written.append(_save(fig, out / COMPARISON_FIGURES[3]))
+        written.append(save(fig, COMPARISON_FIGURES[3]))
     return written
 
 
