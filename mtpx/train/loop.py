@@ -23,8 +23,8 @@ Config (an OmegaConf DictConfig; a plain dict is accepted):
             (missing draft modules start from random init, extra ones are dropped).
     train:  out_dir, steps, batch_size, seq_len, lr, min_lr, warmup_steps, weight_decay, grad_clip,
             mtp_loss_weight, freeze_base, eval_every, eval_batches, save_every, resume, seed,
-            tokenizer_vocab_size, data_sources, gsm8k_path, log_every, threads
-            optional: val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
+            tokenizer_vocab_size, data_sources, gsm8k_path, log_every
+            optional: threads (None: measured, _choose_threads), val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
             save_dtype ("float32"), parallel ("auto"), dist_timeout_s (120), mtp_loss_decay (1.0),
             mtp_unroll (0), mtp_share_fc (false), autocast (None: float32; "bfloat16"), distill_path (None: the folder of data source "distill")
     data:   not read here (eval settings)
@@ -45,7 +45,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
-from mtpx.io import GracefulInterrupt, Interrupted, recover_folder
+from mtpx.engine.threads import ThreadChoice, available_cpus, choose_threads
+from mtpx.io import GracefulInterrupt, Interrupted, recover_folder, source_commit, utc_now
+from mtpx.metrics.dashboard import provenance
 from mtpx.metrics.progress import ProgressLines
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
@@ -70,7 +72,7 @@ LogFn = Callable[[dict[str, float], int], None]
 REQUIRED_TRAIN_KEYS = (
     "out_dir", "steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay",
     "grad_clip", "mtp_loss_weight", "freeze_base", "eval_every", "eval_batches", "save_every", "seed",
-    "tokenizer_vocab_size", "data_sources", "log_every", "threads",
+    "tokenizer_vocab_size", "data_sources", "log_every",
 )
 ADAM_BETAS = (0.9, 0.95)  # nanoGPT / GPT-3: a shorter second-moment memory is more stable at small batch
 ADAM_EPS = 1e-8
@@ -224,9 +226,10 @@ def write_losses_csv(history: list[dict[str, Any]], file: Path, num_mtp: int) ->
         w.writerows(history)
 
 
-def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> None:
+def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int, identity: str | None = None) -> None:
     """PNG with two panels, train loss and val loss per depth: main in black, MTP depth k in a
-    viridis colour from dark (depth 1) to light (depth num_mtp), one legend entry per depth."""
+    viridis colour from dark (depth 1) to light (depth num_mtp), one legend entry per depth;
+    identity: the run's line above them (`loss_curve_identity`)."""
     # Figure + Agg canvas directly: no pyplot global state, no display needed
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -248,6 +251,8 @@ def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> 
         ax.set_title(f"{split} loss per depth", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("cross-entropy (nats/token)")
+    if identity:
+        fig.suptitle(identity, fontsize=8)
     handles, labels = axes[1].get_legend_handles_labels()
     if not handles:                      # no validation yet
         handles, labels = axes[0].get_legend_handles_labels()
@@ -257,8 +262,39 @@ def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> 
     fig.savefig(file)
 
 
+def loss_curve_identity(out_dir: Path, mcfg: ModelConfig, t: DictConfig, step: int) -> str:
+    """loss_curve.png's title: 'OUT_DIR · L layers x H, N MTP modules (style) · data SOURCES ·
+    step S of STEPS · DATE UTC · commit C'."""
+    return (f"{out_dir.name} · {mcfg.num_hidden_layers} layers x {mcfg.hidden_size}, "
+            f"{mcfg.num_nextn_predict_layers} MTP modules ({mcfg.mtp_style}) · data {','.join(map(str, t.data_sources))}"
+            f" · step {step} of {t.steps}{provenance(utc_now(), source_commit())}")
+
+
 # --------------------------------------------------------------------------------------------------
 # setup helpers
+
+
+def _choose_threads(t: DictConfig, model: MTPForCausalLM, info: distributed.DistInfo,
+                    resumed: int | None) -> ThreadChoice:
+    """train.threads, chosen as eval's (mtpx.engine.threads.choose_threads): an explicit count,
+    then OMP_NUM_THREADS, then the count a resumed run used (so the resume computes as the run
+    did), then the fastest count measured on the model (on a GPU: every CPU, unmeasured); under
+    torchrun with several ranks on a node, the node's CPUs shared between them instead of a
+    measurement (the ranks run at once)."""
+    requested = t.get("threads")
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if requested is not None or (env.isdigit() and int(env) >= 1):
+        return choose_threads(None, requested, "train.threads")     # set, nothing to measure
+    if resumed is not None:
+        torch.set_num_threads(int(resumed))
+        return ThreadChoice(int(resumed), "the count the resumed run started with", available_cpus())
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if info.active and local > 1:
+        n = max(1, available_cpus() // local)
+        torch.set_num_threads(n)
+        return ThreadChoice(n, f"the node's CPUs shared by its {local} ranks", available_cpus())
+    on_gpu = next(model.parameters()).device.type != "cpu"       # the CPU threads barely matter: no measurement
+    return choose_threads(None if on_gpu else model, requested, "train.threads")
 
 
 def _check_cfg(cfg: DictConfig) -> DictConfig:
@@ -274,8 +310,11 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
                          "model.path out to train a fresh model")
     if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
         raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
-    for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads", "tokenizer_vocab_size"):
+    for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "tokenizer_vocab_size"):
         _check_number(t, key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+    if t.get("threads") is not None:
+        _check_number(t, "threads", lambda v: isinstance(v, int) and v >= 1,
+                      "an integer >= 1, or null (measured at start-up)")
     for key in ("warmup_steps", "eval_every", "save_every", "seed"):
         _check_number(t, key, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)"
                       if key != "seed" else "an integer >= 0")
@@ -412,7 +451,8 @@ def _check_device(device: str) -> None:
         raise ValueError(f"train.device={device!r}: mtpx trains on cpu or cuda")
 
 
-def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None) -> Path:
+def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None,
+          on_config: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Train (or resume, or extend) a model with the joint next-token + MTP loss; see module doc.
 
     Args:
@@ -423,6 +463,9 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
             over ranks; called on rank 0 only).
         extra_state: JSON values kept in every saved trainer_state.json (the W&B run id, so a
             resumed run logs to the same W&B run).
+        on_config: called once the model is built (rank 0) with what the run config cannot say
+            beforehand: {"model": the architecture trained (a checkpoint's, with model.path),
+            "threads": the torch thread count, "threads_reason"} (the W&B run config's).
 
     Returns:
         Path of the final checkpoint folder (train.out_dir), holding the model, tokenizer,
@@ -441,15 +484,18 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
     info = distributed.resolve(str(t.get("parallel", "auto")), bool(t.freeze_base), int(t.batch_size))
     info, device = distributed.init(info, str(t.get("device", "cpu")), float(t.get("dist_timeout_s", 120)))
     try:
-        return _train(cfg, t, info, device, log_fn if info.is_main else None, extra_state)
+        return _train(cfg, t, info, device, log_fn if info.is_main else None, extra_state,
+                      on_config if info.is_main else None)
     finally:
         distributed.shutdown(info)
 
 
 def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: torch.device,
-           log_fn: LogFn | None, extra_state: dict[str, Any] | None) -> Path:
-    torch.set_num_threads(int(t.threads))
+           log_fn: LogFn | None, extra_state: dict[str, Any] | None,
+           on_config: Callable[[dict[str, Any]], None] | None = None) -> Path:
     console = Console(stderr=True, quiet=not info.is_main)
+    if t.get("threads") is not None:
+        torch.set_num_threads(int(t.threads))   # before the data and tokenizer are prepared
     out_dir = Path(t.out_dir)
     seed = int(t.seed)
     want_resume = bool(t.get("resume", True))
@@ -501,6 +547,11 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
                          f"model has {model.cfg.num_nextn_predict_layers} MTP modules: set "
                          "model.num_nextn_predict_layers=1, or train.mtp_unroll=0")
     model.to(device)
+    threads = _choose_threads(t, model, info, ckpt.load_trainer_state(out_dir).get("threads") if resume else None)
+    console.print(threads.describe())
+    if on_config is not None:
+        on_config({"model": {**model.cfg.to_dict(), "path": cfg.model.get("path")}, "threads": threads.threads,
+                   "threads_reason": threads.reason})
     if int(t.seq_len) > model.cfg.max_position_embeddings:
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings="
                          f"{model.cfg.max_position_embeddings}: lower train.seq_len")
@@ -550,11 +601,13 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
         if not info.is_main:
             return
         state = {**(extra_state or {}), "step": step, "loss_history": history, "config": run_config,
+                 "threads": threads.threads,
                  "data": {"train_tokens": train_corpus.num_tokens(), "val_tokens": val_corpus.num_tokens()}}
 
         def extras(folder: Path) -> None:
             write_losses_csv(history, folder / "losses.csv", num_mtp)
-            plot_loss_curve(history, folder / "loss_curve.png", num_mtp)
+            plot_loss_curve(history, folder / "loss_curve.png", num_mtp,
+                            loss_curve_identity(out_dir, model.cfg, t, step))
 
         ckpt.save_checkpoint(out_dir, model, tok, optimizer=opt, trainer_state=state, dtype=save_dtype,
                              extra_files=extras, model_state=model_state, optimizer_state=opt_state)
