@@ -276,7 +276,7 @@ def test_window_width_stays_static(trained_tiny):
     forward after windows of k + 1 (automatic k's k = 0 steps) has symbolic sizes in the batch and
     block-table dimensions only, as the first graph has (Dynamo's automatic dynamic shapes would
     make the width symbolic on the first width change)."""
-    from mtpx.engine.compiled import _own_code
+    from mtpx.engine.compiled import _own_code, verify_forward
     torch._dynamo.reset()
     llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager")
     cache, compiled = llm.engine.cache, llm.engine.compiled
@@ -288,7 +288,7 @@ def test_window_width_stays_static(trained_tiny):
                                 for d in v.shape))
         return gm.forward
 
-    compiled._verify = torch.compile(_own_code(compiled._verify_forward), backend=backend)
+    compiled._verify = torch.compile(_own_code(verify_forward), backend=backend)
     with torch.inference_mode():                          # as the model runner calls it
         rows, starts = torch.tensor([0, 1]), torch.tensor([4, 6])
         for width in (5, 1, 5, 1):
@@ -303,7 +303,7 @@ def test_window_width_stays_static(trained_tiny):
 def _subgraph_calls(compiled, attribute: str):
     """Recompile compiled.<attribute> with a backend that records, per Dynamo graph, the
     invoke_subgraph calls (the compiled layer regions) and the distinct subgraphs they call."""
-    from mtpx.engine.compiled import _own_code
+    from mtpx.engine.compiled import _own_code, plan_and_draft, verify_forward
     seen = []
 
     def backend(gm, example_inputs):
@@ -312,7 +312,7 @@ def _subgraph_calls(compiled, attribute: str):
         seen.append((len(calls), len({n.args[0].target for n in calls})))
         return gm.forward
 
-    fn = {"_verify": compiled._verify_forward, "_draft": compiled._plan_and_draft}[attribute]
+    fn = {"_verify": verify_forward, "_draft": plan_and_draft}[attribute]
     setattr(compiled, attribute, torch.compile(_own_code(fn), backend=backend))
     return seen
 
