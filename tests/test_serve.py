@@ -88,7 +88,10 @@ def test_bad_requests_get_one_400_naming_the_field(server):
         ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "exceeds the model's maximum length"),
         ({"prompt": "hi", "model": "gpt-4"}, "model", "model 'gpt-4' is not served here"),
         ({"prompt": "hi", "n": 0}, "n", "n"),
-        ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "not supported yet"),
+        ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty", "must be in [-2, 2]"),
+        ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias", "is not a token id"),
+        ({"prompt": "hi", "logit_bias": {"99999": 1}}, "logit_bias", "outside the vocabulary"),
+        ({"prompt": "hi", "max_tokens": 2, "min_tokens": 3}, "min_tokens", "max_tokens=2"),
         ({"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "stream", "prompt scoring"),
     ]
     for body, param, message in cases:

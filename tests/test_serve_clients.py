@@ -115,8 +115,7 @@ def test_every_vllm_field_is_accepted_at_its_neutral_value(client):
     assert r.json()["id"] == "cmpl-abc"
 
 
-UNSUPPORTED = [("frequency_penalty", 0.5), ("presence_penalty", -1.0), ("repetition_penalty", 1.1),
-               ("min_tokens", 3), ("logit_bias", {"5": 10.0}), ("best_of", 2), ("use_beam_search", True),
+UNSUPPORTED = [("best_of", 2), ("use_beam_search", True),
                ("suffix", "end"), ("guided_regex", "a+"), ("guided_json", {"type": "object"}),
                ("response_format", {"type": "json_object"}), ("allowed_token_ids", [1, 2]), ("priority", 1),
                ("cache_salt", "s"), ("logits_processors", ["x.y"]), ("length_penalty", 0.5)]
@@ -156,6 +155,29 @@ def test_n_completions_are_the_python_apis(client, chat_ckpt):
                                                "temperature": 0}).json()
     assert [c["index"] for c in two["choices"]] == [0, 1, 2, 3]
     assert two["choices"][0]["text"] == two["choices"][1]["text"]
+
+
+def test_penalties_min_tokens_and_logit_bias_are_the_python_apis(client, chat_ckpt):
+    """Completions and chat apply vLLM's penalties, min_tokens and logit_bias (biases clamped to
+    [-100, 100]) as LLM.generate does on the same engine settings."""
+    llm = LLM(model=chat_ckpt, spec="mtp8", num_speculative_tokens=2)
+    free = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                                "ignore_eos": True, "return_token_ids": True}).json()
+    banned = free["choices"][0]["token_ids"][1]
+    fields = {"repetition_penalty": 1.4, "frequency_penalty": 0.7, "presence_penalty": 0.2,
+              "logit_bias": {str(banned): -500}, "min_tokens": 5}
+    sp = SamplingParams(max_tokens=12, repetition_penalty=1.4, frequency_penalty=0.7, presence_penalty=0.2,
+                        logit_bias={banned: -100.0}, min_tokens=5)
+    (want,) = llm.generate([PROMPT], sp)
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                             "return_token_ids": True, **fields}).json()["choices"][0]
+    assert r["token_ids"] == want.output_token_ids and r["text"] == want.text
+    assert banned not in r["token_ids"] and r["token_ids"] != free["choices"][0]["token_ids"]
+    ids = llm.tokenizer.apply_chat_template(MESSAGES, tokenize=True)
+    (chat_want,) = llm.generate([{"prompt_token_ids": ids}], sp)
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 12, "temperature": 0,
+                                                  "return_token_ids": True, **fields}).json()["choices"][0]
+    assert r["token_ids"] == chat_want.output_token_ids
 
 
 def test_output_options(client, llm):

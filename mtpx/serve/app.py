@@ -9,8 +9,9 @@ Request bodies take every field of vLLM's OpenAI server (mtpx/serve/protocol.py)
 (completion j seeded with seed + j, as LLM.generate), best_of = n, stream_options
 (include_usage, continuous_usage_stats: usage in every chunk), skip_special_tokens,
 include_stop_str_in_output, truncate_prompt_tokens, prompt_logprobs, add_special_tokens,
-return_token_ids, return_tokens_as_token_ids; penalties, min_tokens, logit_bias, guided decoding
-and the like only at their neutral values. An unknown field, a field of the wrong type or an
+return_token_ids, return_tokens_as_token_ids, min_tokens, repetition_penalty, frequency_penalty,
+presence_penalty and logit_bias (biases clamped to [-100, 100], as vLLM does); beam search,
+guided decoding and the like only at their neutral values. An unknown field, a field of the wrong type or an
 unsupported value, malformed JSON or a prompt the engine cannot run gets a 400 with an
 OpenAI-style error body naming the field; a body over `max_body_bytes` a 413. Every response
 carries `usage` and a `spec_decode` field (drafts, accepted, per position, acceptance length).
@@ -213,19 +214,37 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         if bad:
             raise BadRequest(*bad)
 
+    def logit_bias(body: SamplingFields) -> dict[int, float] | None:
+        """OpenAI's logit_bias ({"token id": bias}) as token ids, biases clamped to [-100, 100]."""
+        if not body.logit_bias:
+            return None
+        bad = [k for k in body.logit_bias if not k.strip().isdigit()]
+        if bad:
+            raise BadRequest(f"logit_bias key {bad[0]!r} is not a token id: keys are token ids such as "
+                             "\"50256\" (POST /tokenize gives them)", "logit_bias")
+        return {int(k): min(100.0, max(-100.0, v)) for k, v in body.logit_bias.items()}
+
     def sampling(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=_or(body.temperature, 1.0),
                                   top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, -1), min_p=_or(body.min_p, 0.0),
                                   seed=body.seed, stop=body.stop, stop_token_ids=list(body.stop_token_ids or []),
-                                  ignore_eos=body.ignore_eos, logprobs=logprobs)
+                                  ignore_eos=body.ignore_eos, logprobs=logprobs,
+                                  min_tokens=body.min_tokens,
+                                  repetition_penalty=_or(body.repetition_penalty, 1.0),
+                                  frequency_penalty=_or(body.frequency_penalty, 0.0),
+                                  presence_penalty=_or(body.presence_penalty, 0.0), logit_bias=logit_bias(body))
         except ValueError as e:
-            raise BadRequest(str(e)) from None
+            message = str(e)
+            raise BadRequest(message, message.split("=", 1)[0] if "=" in message.split(":")[0] else None) from None
 
     def check_fits(ids: list[int], sp: SamplingParams, param: str) -> None:
         error = llm.engine.validate_prompt(ids)
         if error:
             raise BadRequest(error, param)
+        error = llm.engine.validate_params(sp)
+        if error:
+            raise BadRequest(error, "logit_bias")
         if len(ids) + sp.max_tokens > llm.max_model_len:
             raise BadRequest(f"max_tokens={sp.max_tokens} with a {len(ids)}-token prompt exceeds the model's "
                              f"maximum length {llm.max_model_len}: lower max_tokens", "max_tokens")
