@@ -21,7 +21,8 @@ DATA = ROOT.parent / "shared" / "data"
 
 
 def _texts() -> list[str]:
-    """GSM8K questions and answers, HumanEval prompts and solutions, and stdlib source."""
+    """A sample of every shared data set (GSM8K questions and answers, HumanEval prompts and
+    solutions, MT-Bench and Spec-Bench turns, Tiny Shakespeare passages) and stdlib source."""
     if not DATA.is_dir():
         pytest.skip(f"{DATA} (the shared data sets) is absent")
     texts = []
@@ -33,6 +34,12 @@ def _texts() -> list[str]:
         for line, _ in zip(f, range(50)):
             row = json.loads(line)
             texts += [row["prompt"], row["prompt"] + row["canonical_solution"]]
+    for name in ("mt_bench", "spec_bench"):
+        with open(DATA / name / "question.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+        texts += [turn for row in rows[::8] for turn in row["turns"]]
+    shakespeare = (DATA / "tinyshakespeare" / "input.txt").read_text()
+    texts += [shakespeare[i: i + 2000] for i in range(0, len(shakespeare), len(shakespeare) // 40)]
     source = inspect.getsource(json.decoder)
     texts += [source] + source.split("\n\n")
     texts += ["Answer: 12345 + 67 = 12412", " leading space", "<|endoftext|>x<|pad|>", "émoji 🙂 中文"]

@@ -130,12 +130,15 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              latency_buckets=None) -> FastAPI:
     """The FastAPI app serving `llm` under the model id `model_name`; request bodies over
-    `max_body_bytes` get a 413. Its engine loop starts with the app (lifespan) and stops with it."""
+    `max_body_bytes` get a 413; latency_buckets: the latency histograms' bounds in seconds (None:
+    mtpx.serve.metrics.DEFAULT_LATENCY_BUCKETS). Its engine loop starts with the app (lifespan)
+    and stops with it, after its current step."""
     from contextlib import asynccontextmanager
 
-    metrics = ServerMetrics(llm.num_speculative_tokens, lambda: engine.stats)
+    metrics = ServerMetrics(llm.num_speculative_tokens, lambda: engine.stats, latency_buckets)
     engine = AsyncEngine(llm, on_finish=metrics.record)
 
     @asynccontextmanager
@@ -158,7 +161,12 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         field_loc = [x for x in loc if x.isdigit() or (x.isidentifier() and x not in _TYPE_WORDS)]
         param = ".".join(field_loc) or None
         if err.get("type") == "json_invalid":
-            return _error(f"malformed JSON body: {err.get('msg')}", None)
+            why = (err.get("ctx") or {}).get("error")
+            return _error(f"malformed JSON body: {why or err.get('msg')}", None)
+        if not loc:                         # the body as a whole: empty, not an object, not JSON
+            got = "an empty body" if err.get("type") == "missing" else f"{type(err.get('input')).__name__}"
+            return _error(f"the request body must be a JSON object with content-type: application/json "
+                          f"(got {got})", None)
         if err.get("type") == "extra_forbidden":
             return _error(f"unknown field '{param}'", param)
         if len(field_loc) < len(loc):
