@@ -20,7 +20,8 @@ Streams are server-sent events: a chunk per engine step that produced text, then
 `data: [DONE]`; their deltas concatenate to the non-streamed text (mtpx/serve/detokenize.py:
 text that may still be a stop string is held back), each chunk carries the logprobs of its
 tokens, echo rides on the first chunk, and several prompts or n > 1 interleave choices by index.
-Tokenization and chat templates run off the event loop. A client that disconnects aborts its
+Tokenization and chat templates run off the event loop, and a text certainly longer than the
+model (more bytes than 4 x the longest token's x max_model_len) is a 400 before tokenizing. A client that disconnects aborts its
 requests, streamed or not.
 `echo` with `logprobs` scores the prompt (lm-eval's loglikelihood requests): the logprobs cover
 the prompt's tokens then the output's.
@@ -189,20 +190,36 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         if name is not None and name != model_name:
             raise BadRequest(f"model '{name}' is not served here: use '{model_name}' (GET /v1/models)", "model")
 
-    def encode(text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    # the most bytes of text one token stands for (special tokens included), for check_size
+    max_token_bytes = 1 if tok is None else max(
+        len(tok.decode([i], skip_special_tokens=False).encode("utf-8")) for i in range(tok.get_vocab_size()))
+
+    def check_size(text: str, param: str) -> None:
+        """A text with more UTF-8 bytes than 4 x max_token_bytes x max_model_len holds more tokens
+        than the model takes (with 4x room for normalizers): a 400 at once, not after tokenizing
+        megabytes."""
+        size = len(text.encode("utf-8"))
+        if size > 4 * max_token_bytes * llm.max_model_len:
+            raise BadRequest(f"{param} has {size} bytes of text, at least {size // (4 * max_token_bytes)} tokens, "
+                             f"but the model's maximum length is {llm.max_model_len} (max_model_len): shorten it "
+                             "(or set truncate_prompt_tokens)", param)
+
+    def encode(text: str, param: str, add_special_tokens: bool = True, truncates: bool = False) -> list[int]:
         if tok is None:
             raise BadRequest("this model has no tokenizer: send token ids", param)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"{param} is not valid Unicode text", param) from None
+        if not truncates:
+            check_size(text, param)
         if len(text) > 4096:    # encode_batch releases the GIL (encode does not): the event loop runs on
             return list(tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def chat_ids(messages: list[ChatMessage], add_generation_prompt: bool = True, add_special_tokens: bool = False,
                  chat_template: str | None = None, documents: list | None = None,
-                 kwargs: dict | None = None) -> list[int]:
+                 kwargs: dict | None = None, truncates: bool = False) -> list[int]:
         if tok is None or not hasattr(tok, "apply_chat_template") or (
                 chat_template is None and getattr(tok, "chat_template", None) is None):
             raise BadRequest(f"model '{model_name}' has no chat template: use /v1/completions with a plain prompt "
@@ -214,7 +231,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
             raise BadRequest(f"the chat template failed: {e}".replace("\n", " "), "messages") from None
         # the template holds the special tokens: encode without adding them (as transformers does)
-        return list(tok.encode(rendered, add_special_tokens=add_special_tokens).ids)
+        return encode(rendered, "messages", add_special_tokens, truncates)
 
     def check_fields(body: SamplingFields) -> None:
         check_model(body.model)
@@ -337,19 +354,25 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         return last
 
     async def run_all(request: Request, runs: list[_Run]) -> list[Update]:
-        """Every run to its end; a client that disconnects first aborts them all (_ClientGone)."""
+        """Every run to its end; a client that disconnects first aborts them all (_ClientGone) at
+        once: its http.disconnect is awaited, not polled, so the engine runs at most the step in
+        progress for it."""
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
         task = asyncio.ensure_future(asyncio.gather(*(run_one(r) for r in runs)))
+        gone = asyncio.ensure_future(disconnected())
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.1)
-                if done:
-                    return task.result()
-                if await request.is_disconnected():
-                    raise _ClientGone()
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise _ClientGone()
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            for t in (task, gone):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(task, gone, return_exceptions=True)
 
     async def stream_updates(run: _Run, body: SamplingFields) -> AsyncIterator[tuple]:
         """(text delta, token ids, logprob entries, update) per engine update of `run` that has
@@ -471,7 +494,9 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
             body.prompt[0], int) else [body.prompt]
         if not prompts:
             raise BadRequest("prompt is empty: give at least one token", "prompt")
-        all_ids = [encode(p, "prompt", body.add_special_tokens) if isinstance(p, str) else list(p) for p in prompts]
+        truncates = body.truncate_prompt_tokens is not None
+        all_ids = [encode(p, "prompt", body.add_special_tokens, truncates) if isinstance(p, str) else list(p)
+                   for p in prompts]
         echoes = [(p if isinstance(p, str) else llm.decode(ids)) if body.echo else "" for p, ids in zip(prompts, all_ids)]
         return runs_for(all_ids, echoes, sp, body, "prompt")
 
@@ -540,7 +565,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
 
     def prepare_chat(body: ChatRequest) -> list[_Run]:
         ids = chat_ids(body.messages, body.add_generation_prompt, body.add_special_tokens, body.chat_template,
-                       body.documents, body.chat_template_kwargs)
+                       body.documents, body.chat_template_kwargs, body.truncate_prompt_tokens is not None)
         if body.truncate_prompt_tokens is not None:
             ids = ids[-body.truncate_prompt_tokens:]
         # no max_tokens: until the model's maximum length, as vLLM does

@@ -62,7 +62,8 @@ def run_serve(cfg: DictConfig) -> int:
     app = build_app(llm, name, max_body_bytes=s.max_body_bytes, latency_buckets=buckets)
     spec = f"{llm.spec} k={llm.num_speculative_tokens}" if llm.speculator is not None else "plain decoding"
     print(f"serving {name} ({spec}) at http://{s.host}:{s.port}/v1  (Ctrl-C stops)", flush=True)
-    Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning",
+    # log_config=None: uvicorn's dictConfig would close the handlers of the run's log file
+    Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", log_config=None,
                           timeout_graceful_shutdown=timeout)).run()
     print("server stopped")
     return 0
