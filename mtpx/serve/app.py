@@ -87,6 +87,7 @@ class _Run:
     sp: SamplingParams
     echo: str = ""
     first_of_prompt: bool = True
+    arrival_time: float | None = None     # perf_counter() when the HTTP request arrived
 
 
 class BodyLimit:
@@ -100,6 +101,8 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        # TTFT and E2EL count from here, as a client sees them (body, parsing and tokenization included)
+        scope.setdefault("state", {})["arrival_time"] = time.perf_counter()
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await self._too_large(scope, receive, send)
@@ -287,6 +290,10 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
                 runs.append(_Run(i * body.n + j, ids, child, echo, j == 0))
         return runs
 
+    def arrived(runs: list[_Run], request: Request) -> None:
+        for run in runs:
+            run.arrival_time = getattr(request.state, "arrival_time", None)
+
     def output_text(run: _Run, u: Update, body: SamplingFields) -> str:
         """All output tokens decoded so far; without skip_special_tokens a finishing stop token
         (EOS, stop_token_ids) is left out of the text, as vLLM does."""
@@ -345,7 +352,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
     async def run_one(run: _Run) -> Update:
         last = None
         try:
-            async for u in engine.generate(run.ids, run.sp):
+            async for u in engine.generate(run.ids, run.sp, run.arrival_time):
                 last = u
         except ValueError as e:
             raise BadRequest(str(e), "prompt") from None
@@ -380,7 +387,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         request ends it as (None, [], None, update)."""
         text = IncrementalText(run.sp.stop, body.include_stop_str_in_output)
         sent_ids = 0
-        async for u in engine.generate(run.ids, run.sp):
+        async for u in engine.generate(run.ids, run.sp, run.arrival_time):
             if u.error:
                 yield None, [], None, u
                 return
@@ -508,6 +515,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         if body.stream and body.prompt_logprobs is not None:
             raise BadRequest("prompt_logprobs are not streamed: set stream=false", "prompt_logprobs")
         runs = await asyncio.to_thread(prepare_completion, body)
+        arrived(runs, request)
         rid = f"cmpl-{body.request_id or uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:
@@ -586,6 +594,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
             raise BadRequest("prompt_logprobs are returned by /v1/completions only (send the rendered prompt)",
                              "prompt_logprobs")
         runs = await asyncio.to_thread(prepare_chat, body)
+        arrived(runs, request)
         rid = f"chatcmpl-{body.request_id or uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:

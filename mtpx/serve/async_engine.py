@@ -85,8 +85,10 @@ class AsyncEngine:
         self._thread.join(timeout=timeout)
 
     # ---- the asyncio side --------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Update]:
-        """Run one request; yields an Update after every step that changed it, the last one with
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       arrival_time: float | None = None) -> AsyncIterator[Update]:
+        """Run one request (arrival_time: time.perf_counter() when its HTTP request arrived, for
+        TTFT and E2EL; None: now); yields an Update after every step that changed it, the last one with
         finished=True. Leaving the iteration early (a disconnected client) aborts the request.
         Raises ValueError before queueing when the engine cannot run the prompt (one line)."""
         error = self.engine.validate_prompt(prompt_ids)
@@ -94,7 +96,7 @@ class AsyncEngine:
             raise ValueError(error)
         rid = next(self._ids)
         req = self.llm.new_request(rid, prompt_ids, params)
-        req.arrival_time = time.perf_counter()
+        req.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         queue: asyncio.Queue[Update] = asyncio.Queue()
         with self._lock:
             self._streams[rid] = (asyncio.get_running_loop(), queue, req, 0)

@@ -5,10 +5,12 @@ Names follow vLLM's with an `mtpx:` prefix: the spec-decode counters
 `..._num_accepted_tokens_per_pos{position}`; prometheus_client exposes counters with a `_total`
 suffix, as vLLM's are), request and token counters, TTFT / TPOT / ITL / E2EL histograms (the
 definitions of mtpx.metrics.stats), running / waiting requests, KV blocks in use, prefix-cache
-hits and queries (prompt tokens), and the speculative tokens per step.
+hits and queries (prompt tokens), and the speculative tokens per step. TTFT and E2EL count from
+the HTTP request's arrival (reading its body, parsing and tokenization included), as a client sees
+them.
 
 Latency buckets: by default a geometric grid, 2**(1/4) apart (19% per bucket) from 0.5 ms to
-about 20 minutes (DEFAULT_LATENCY_BUCKETS), so a quantile interpolated from them is within one
+about 17 minutes (DEFAULT_LATENCY_BUCKETS), so a quantile interpolated from them is within one
 bucket's 19% at any model speed (the old 5 -> 10 -> 30 s steps were not); `serve.latency_buckets`
 (a list of upper bounds in seconds) replaces them.
 """
