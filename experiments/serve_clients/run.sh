@@ -38,4 +38,6 @@ $CLIENTS/bin/aiperf profile --model demo --url http://127.0.0.1:$PORT --endpoint
 tail -30 $OUT/aiperf.log
 
 kill -TERM $SERVER
-wait $SERVER && echo "server exit status 0 after SIGTERM" | tee $OUT/server_exit.txt
+set +e
+wait $SERVER
+echo "server exit status $? after SIGTERM" | tee -a $OUT/server.log
