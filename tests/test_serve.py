@@ -352,3 +352,20 @@ def test_sigterm_under_load_exits_0_within_shutdown_timeout(tiny_ckpt, tmp_path)
     assert streams[4][-1] == "[DONE]" and json.loads(streams[4][-2])["choices"][0]["finish_reason"] == "length"
     for i in range(4):
         assert streams[i][-1] != "[DONE]" and len(streams[i]) < 1000, streams[i][-3:]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("serve.shutdown_timeout=-1", "error: serve.shutdown_timeout=-1.0: must be seconds >= 0"),
+    ("serve.latency_buckets=[1,0.5]", "error: serve.latency_buckets=[1.0, 0.5]: must be a non-empty increasing list"),
+])
+def test_bad_serve_settings_are_one_line_before_loading(tiny_ckpt, tmp_path, override, message):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "train_or_eval.py"), "mode=serve", f"model.path={tiny_ckpt}",
+                        override, "logger=none", f"hydra.run.dir={tmp_path}"], cwd=root, capture_output=True,
+                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "threads:" not in r.stdout                     # checked before the model was loaded
