@@ -201,7 +201,10 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         """A text with more UTF-8 bytes than 4 x max_token_bytes x max_model_len holds more tokens
         than the model takes (with 4x room for normalizers): a 400 at once, not after tokenizing
         megabytes."""
-        size = len(text.encode("utf-8"))
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise BadRequest(f"{param} is not valid Unicode text", param) from None
         if size > 4 * max_token_bytes * llm.max_model_len:
             raise BadRequest(f"{param} has {size} bytes of text, at least {size // (4 * max_token_bytes)} tokens, "
                              f"but the model's maximum length is {llm.max_model_len} (max_model_len): shorten it "
@@ -210,12 +213,13 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
     def encode(text: str, param: str, add_special_tokens: bool = True, truncates: bool = False) -> list[int]:
         if tok is None:
             raise BadRequest("this model has no tokenizer: send token ids", param)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadRequest(f"{param} is not valid Unicode text", param) from None
         if not truncates:
-            check_size(text, param)
+            check_size(text, param)          # also raises for text that is not valid Unicode
+        else:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{param} is not valid Unicode text", param) from None
         if len(text) > 4096:    # encode_batch releases the GIL (encode does not): the event loop runs on
             return list(tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
