@@ -99,6 +99,8 @@ class ServeConfig:
     model_name: Optional[str] = MISSING
     threads: Optional[int] = MISSING
     max_body_bytes: int = MISSING
+    shutdown_timeout: float = MISSING
+    latency_buckets: Optional[list[float]] = MISSING
 
 
 @dataclass

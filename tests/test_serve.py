@@ -88,7 +88,10 @@ def test_bad_requests_get_one_400_naming_the_field(server):
         ({"prompt": "hi", "max_tokens": 100000}, "max_tokens", "exceeds the model's maximum length"),
         ({"prompt": "hi", "model": "gpt-4"}, "model", "model 'gpt-4' is not served here"),
         ({"prompt": "hi", "n": 0}, "n", "n"),
-        ({"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty", "not supported yet"),
+        ({"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty", "must be in [-2, 2]"),
+        ({"prompt": "hi", "logit_bias": {"x": 1}}, "logit_bias", "is not a token id"),
+        ({"prompt": "hi", "logit_bias": {"99999": 1}}, "logit_bias", "outside the vocabulary"),
+        ({"prompt": "hi", "max_tokens": 2, "min_tokens": 3}, "min_tokens", "max_tokens=2"),
         ({"prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "stream", "prompt scoring"),
     ]
     for body, param, message in cases:
@@ -283,3 +286,86 @@ def test_echo_logprobs_score_the_prompt_as_lm_eval_asks(server, tiny_ckpt):
         greedy = ref.prompt_logprobs[i][ids[i]].rank == 1
         assert (lp["token_logprobs"][i] >= max(lp["top_logprobs"][i].values()) - 1e-9) == greedy
     assert r["choices"][0]["text"].startswith(plain.decode(ids))
+
+
+def test_sigterm_under_load_exits_0_within_shutdown_timeout(tiny_ckpt, tmp_path):
+    """SIGTERM with requests in flight: a short one drains to its end, the long ones are aborted
+    when serve.shutdown_timeout runs out (their streams end without [DONE]); the process exits 0
+    within the timeout plus an engine step and teardown."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    port, timeout = _free_port(), 3
+    proc = subprocess.Popen([sys.executable, str(root / "train_or_eval.py"), "mode=serve", f"serve.port={port}",
+                             f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
+                             f"serve.shutdown_timeout={timeout}", "engine.compile=false",
+                             f"hydra.run.dir={tmp_path}"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    streams: dict[int, list] = {}
+
+    def stream(i: int, max_tokens: int):
+        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+                "stream": True}
+        streams[i] = []
+        try:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        streams[i].append(line[len("data: "):])
+        except httpx.HTTPError as e:
+            streams[i].append(f"error: {type(e).__name__}")
+
+    try:
+        t0 = time.time()
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.time() - t0 < 120
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        threads = [threading.Thread(target=stream, args=(i, 1000)) for i in range(4)]
+        threads.append(threading.Thread(target=stream, args=(4, 12)))
+        for t in threads:
+            t.start()
+        while len(streams) < 5 or any(len(c) < 2 for i, c in streams.items() if i < 4):
+            assert time.time() - t0 < 120
+            time.sleep(0.02)
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        elapsed = time.time() - sent
+        for t in threads:
+            t.join(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert elapsed < timeout + 5, elapsed
+    assert "server stopped" in out
+    assert streams[4][-1] == "[DONE]" and json.loads(streams[4][-2])["choices"][0]["finish_reason"] == "length"
+    for i in range(4):
+        assert streams[i][-1] != "[DONE]" and len(streams[i]) < 1000, streams[i][-3:]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("serve.shutdown_timeout=-1", "error: serve.shutdown_timeout=-1.0: must be seconds >= 0"),
+    ("serve.latency_buckets=[1,0.5]", "error: serve.latency_buckets=[1.0, 0.5]: must be a non-empty increasing list"),
+])
+def test_bad_serve_settings_are_one_line_before_loading(tiny_ckpt, tmp_path, override, message):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "train_or_eval.py"), "mode=serve", f"model.path={tiny_ckpt}",
+                        override, "logger=none", f"hydra.run.dir={tmp_path}"], cwd=root, capture_output=True,
+                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "threads:" not in r.stdout                     # checked before the model was loaded

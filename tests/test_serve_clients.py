@@ -115,8 +115,7 @@ def test_every_vllm_field_is_accepted_at_its_neutral_value(client):
     assert r.json()["id"] == "cmpl-abc"
 
 
-UNSUPPORTED = [("frequency_penalty", 0.5), ("presence_penalty", -1.0), ("repetition_penalty", 1.1),
-               ("min_tokens", 3), ("logit_bias", {"5": 10.0}), ("best_of", 2), ("use_beam_search", True),
+UNSUPPORTED = [("best_of", 2), ("use_beam_search", True),
                ("suffix", "end"), ("guided_regex", "a+"), ("guided_json", {"type": "object"}),
                ("response_format", {"type": "json_object"}), ("allowed_token_ids", [1, 2]), ("priority", 1),
                ("cache_salt", "s"), ("logits_processors", ["x.y"]), ("length_penalty", 0.5)]
@@ -156,6 +155,29 @@ def test_n_completions_are_the_python_apis(client, chat_ckpt):
                                                "temperature": 0}).json()
     assert [c["index"] for c in two["choices"]] == [0, 1, 2, 3]
     assert two["choices"][0]["text"] == two["choices"][1]["text"]
+
+
+def test_penalties_min_tokens_and_logit_bias_are_the_python_apis(client, chat_ckpt):
+    """Completions and chat apply vLLM's penalties, min_tokens and logit_bias (biases clamped to
+    [-100, 100]) as LLM.generate does on the same engine settings."""
+    llm = LLM(model=chat_ckpt, spec="mtp8", num_speculative_tokens=2)
+    free = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                                "ignore_eos": True, "return_token_ids": True}).json()
+    banned = free["choices"][0]["token_ids"][1]
+    fields = {"repetition_penalty": 1.4, "frequency_penalty": 0.7, "presence_penalty": 0.2,
+              "logit_bias": {str(banned): -500}, "min_tokens": 5}
+    sp = SamplingParams(max_tokens=12, repetition_penalty=1.4, frequency_penalty=0.7, presence_penalty=0.2,
+                        logit_bias={banned: -100.0}, min_tokens=5)
+    (want,) = llm.generate([PROMPT], sp)
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                             "return_token_ids": True, **fields}).json()["choices"][0]
+    assert r["token_ids"] == want.output_token_ids and r["text"] == want.text
+    assert banned not in r["token_ids"] and r["token_ids"] != free["choices"][0]["token_ids"]
+    ids = llm.tokenizer.apply_chat_template(MESSAGES, tokenize=True)
+    (chat_want,) = llm.generate([{"prompt_token_ids": ids}], sp)
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 12, "temperature": 0,
+                                                  "return_token_ids": True, **fields}).json()["choices"][0]
+    assert r["token_ids"] == chat_want.output_token_ids
 
 
 def test_output_options(client, llm):
@@ -286,27 +308,111 @@ def _metric(url: str, name: str) -> float:
     return total
 
 
-def test_a_non_streaming_client_that_disconnects_aborts_its_request(live, llm):
-    """A client that times out: its request ends as 'abort' well before its max_tokens."""
+class StepLog:
+    """Wraps the served engine's step and abort (monkeypatch): end times and durations of steps,
+    the step count at each abort; gate (set by default) holds the next step while cleared."""
+
+    def __init__(self, engine, monkeypatch):
+        self.ends, self.durations, self.aborts = [], [], []
+        self.gate = threading.Event()
+        self.gate.set()
+        step, abort = engine.step, engine.abort
+
+        def timed_step():
+            self.gate.wait()
+            t0 = time.perf_counter()
+            out = step()
+            self.ends.append(time.perf_counter())
+            self.durations.append(self.ends[-1] - t0)
+            return out
+
+        def counted_abort(r):
+            self.aborts.append(len(self.ends))
+            return abort(r)
+        monkeypatch.setattr(engine, "step", timed_step)
+        monkeypatch.setattr(engine, "abort", counted_abort)
+
+
+def test_a_non_streaming_client_that_times_out_frees_its_request_within_one_step(live, llm, monkeypatch):
+    """A client that times out: its request is aborted after at most the step in progress when
+    it left (and one that began before its disconnect reached the event loop), not polled later;
+    its blocks and batch slot are free."""
     url, app = live
+    log = StepLog(app.state.engine.engine, monkeypatch)
     aborted = _metric(url, "abort")
-    tokens = _metric(url, "mtpx:generation_tokens_total")
     body = {"prompt": PROMPT, "max_tokens": llm.max_model_len - 8, "ignore_eos": True, "temperature": 0}
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{url}/v1/completions", json=body, timeout=0.3)
+        httpx.post(f"{url}/v1/completions", json=body, timeout=0.5)
+    left = len(log.ends)
     t0 = time.time()
-    while _metric(url, "abort") == aborted:
+    while not log.aborts:
         assert time.time() - t0 < 10, "the request was not aborted"
-        time.sleep(0.05)
-    assert _metric(url, "mtpx:generation_tokens_total") - tokens < body["max_tokens"]
+        time.sleep(0.01)
+    assert log.aborts[0] - left <= 2, (left, log.aborts)
+    while _metric(url, "abort") == aborted:
+        time.sleep(0.02)
     stats = app.state.engine.stats
     assert stats["num_running"] == 0 and stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
 
 
-def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live):
-    """A 1 MB prompt is tokenized off the event loop: /health and a concurrent stream keep going
-    while it is (then it is a 400: longer than the model)."""
-    url, _ = live
+def test_gauges_count_requests_when_they_arrive_and_leave(live, monkeypatch):
+    """While a step runs (held here), requests that arrive are counted as waiting at once and one
+    whose client leaves is no longer counted; after the step they run and finish."""
+    url, app = live
+    log = StepLog(app.state.engine.engine, monkeypatch)
+    log.gate.clear()
+    codes = []
+
+    def post(timeout):
+        try:
+            codes.append(httpx.post(f"{url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 4},
+                                    timeout=timeout).status_code)
+        except httpx.TimeoutException:
+            codes.append("timeout")
+
+    def gauges():
+        return _metric(url, "mtpx:num_requests_waiting"), _metric(url, "mtpx:num_requests_running")
+
+    threads = [threading.Thread(target=post, args=(t,)) for t in (60, 60, 60, 1.0)]
+    for t in threads:
+        t.start()
+    t0 = time.time()
+    while gauges() != (4, 0):
+        assert time.time() - t0 < 10, gauges()
+        time.sleep(0.02)
+    threads[-1].join()                                  # its client gave up while the step is held
+    t0 = time.time()
+    while gauges() != (3, 0):
+        assert time.time() - t0 < 10, gauges()
+        time.sleep(0.02)
+    assert log.ends == []
+    log.gate.set()
+    for t in threads:
+        t.join()
+    assert sorted(codes, key=str) == [200, 200, 200, "timeout"]
+    assert gauges() == (0, 0)
+
+
+def test_latency_buckets_are_fine_or_configured(chat_ckpt):
+    from mtpx.serve.metrics import DEFAULT_LATENCY_BUCKETS, check_buckets
+    assert DEFAULT_LATENCY_BUCKETS[0] == 0.0005 and DEFAULT_LATENCY_BUCKETS[-1] > 1000
+    assert all(1.18 < b / a < 1.2 for a, b in zip(DEFAULT_LATENCY_BUCKETS, DEFAULT_LATENCY_BUCKETS[1:]))
+    with TestClient(build_app(LLM(model=chat_ckpt), "tiny", latency_buckets=[0.01, 0.1, 1])) as c:
+        c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        text = c.get("/metrics").text
+    les = [line.split('le="')[1].split('"')[0] for line in text.splitlines()
+           if line.startswith("mtpx:time_to_first_token_seconds_bucket")]
+    assert les == ["0.01", "0.1", "1.0", "+Inf"]
+    with pytest.raises(ValueError, match=r"serve.latency_buckets=\[1, 0.5\]: must be a non-empty increasing"):
+        check_buckets([1, 0.5])
+
+
+def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live, monkeypatch):
+    """A 10 MB prompt (a 400: certainly longer than the model, known from its size before
+    tokenizing) delays neither /health nor a concurrent stream's chunks by more than one engine
+    step; a 1 MB chat message with truncate_prompt_tokens is tokenized off the event loop."""
+    url, app = live
+    log = StepLog(app.state.engine.engine, monkeypatch)
     chunks, health, big = [], [], []
 
     def stream():
@@ -320,8 +426,12 @@ def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live):
     t.start()
     while len(chunks) < 3:
         time.sleep(0.01)
-    post = threading.Thread(target=lambda: big.append(httpx.post(
-        f"{url}/v1/completions", json={"prompt": "Answer: 1234 " * 80_000}, timeout=120)))
+    def post():
+        big.append(httpx.post(f"{url}/v1/completions", json={"prompt": "Answer: 1234 " * 800_000}, timeout=120))
+        big.append(httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "Answer: 1234 " * 80_000}], "truncate_prompt_tokens": 8,
+            "max_tokens": 2}))
+    post = threading.Thread(target=post)
     t0 = time.perf_counter()
     post.start()
     while post.is_alive():
@@ -332,5 +442,11 @@ def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live):
     t1 = time.perf_counter()
     t.join(timeout=120)
     assert big[0].status_code == 400 and big[0].json()["error"]["param"] == "prompt"
+    assert "at least" in big[0].json()["error"]["message"] and big[1].status_code == 200, big[1].text
+    assert big[1].json()["usage"]["prompt_tokens"] == 8
     during = [b - a for a, b in zip(chunks, chunks[1:]) if t0 <= b <= t1]
-    assert t1 - t0 > 0.5 and during and max(health) < 0.5 and max(during) < 0.5, (t1 - t0, max(health), during)
+    step = max(d for e, d in zip(log.ends, log.durations) if t0 <= e <= t1)
+    assert t1 - t0 > 0.5 and during and max(health) < 0.5, (t1 - t0, max(health))
+    # a chunk comes one step after the last; delayed by at most one more step (the 10 MB body is
+    # read and parsed as JSON on the event loop, about 0.1 s here)
+    assert max(during) < 2 * step, (max(during), step)

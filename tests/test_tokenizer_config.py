@@ -22,7 +22,8 @@ DATA = DATA_DIR
 
 
 def _texts() -> list[str]:
-    """GSM8K questions and answers, HumanEval prompts and solutions, and stdlib source."""
+    """A sample of every shared data set (GSM8K questions and answers, HumanEval prompts and
+    solutions, MT-Bench and Spec-Bench turns, Tiny Shakespeare passages) and stdlib source."""
     if not DATA.is_dir():
         pytest.skip(f"{DATA} (the data directory: MTPX_DATA_DIR or conf data_dir) is absent")
     texts = []
@@ -34,6 +35,12 @@ def _texts() -> list[str]:
         for line, _ in zip(f, range(50)):
             row = json.loads(line)
             texts += [row["prompt"], row["prompt"] + row["canonical_solution"]]
+    for name in ("mt_bench", "spec_bench"):
+        with open(DATA / name / "question.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+        texts += [turn for row in rows[::8] for turn in row["turns"]]
+    shakespeare = (DATA / "tinyshakespeare" / "input.txt").read_text()
+    texts += [shakespeare[i: i + 2000] for i in range(0, len(shakespeare), len(shakespeare) // 40)]
     source = inspect.getsource(json.decoder)
     texts += [source] + source.split("\n\n")
     texts += ["Answer: 12345 + 67 = 12412", " leading space", "<|endoftext|>x<|pad|>", "émoji 🙂 中文"]

@@ -218,9 +218,9 @@ def test_sampling_params_name_the_field_of_a_wrong_type():
         SamplingParams(temperature="0.5")
     with pytest.raises(ValueError, match=r"^top_p=None: must be a number"):
         SamplingParams(top_p=None)
-    with pytest.raises(ValueError, match="presence_penalty=0.5: mtpx applies no penalties"):
-        SamplingParams(presence_penalty=0.5)
-    SamplingParams(temperature=1, presence_penalty=0.0, frequency_penalty=0, repetition_penalty=1.0)
+    with pytest.raises(ValueError, match=r"^presence_penalty='0.5': must be a number"):
+        SamplingParams(presence_penalty="0.5")
+    SamplingParams(temperature=1, presence_penalty=0.5, frequency_penalty=-1, repetition_penalty=1.2)
 
 
 def test_vllm_method_names_dtype_auto_and_bad_k(tiny_ckpt):
@@ -302,3 +302,70 @@ def test_chat_errors_are_one_line(tiny_ckpt):
         llm.chat(conv, chat_template="{{ raise_exception('no roles') }}")
     with pytest.raises(ValueError, match="set add_generation_prompt=False"):
         llm.chat(conv, chat_template=CHAT_TEMPLATE, continue_final_message=True)
+
+
+@pytest.fixture(scope="module")
+def demo_plain():
+    from mtpx.engine.llm import DEFAULT_MODEL
+    from tests.test_demo_checkpoint import PROMPTS
+    llm = LLM(model=DEFAULT_MODEL, dtype="float64")
+    free = [o.output_token_ids for o in llm.generate(PROMPTS, SamplingParams(max_tokens=40))]
+    bias = {free[0][3]: -100.0, free[2][5]: 2.0}
+    sp = ([SamplingParams(max_tokens=40, repetition_penalty=1.5, logit_bias=bias)] * 3
+          + [SamplingParams(max_tokens=40, frequency_penalty=2.0, presence_penalty=0.1)] * 2)
+    return llm, PROMPTS, sp, free, [o.output_token_ids for o in llm.generate(PROMPTS, sp)]
+
+
+@pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 8), ("mtp8", "auto")])
+def test_penalties_and_logit_bias_with_speculation_equal_plain_decoding(demo_plain, spec, k, monkeypatch):
+    """Greedy output with penalties and logit_bias: speculation commits exactly what plain decoding
+    does (each window position is penalized with the drafts before it counted), with drafts
+    accepted; processing every window position with the committed output only (the bug class of
+    SGLang PR #33643) would not."""
+    import torch
+    from mtpx.engine.model_runner import ModelRunner
+    base, prompts, sp, free, expected = demo_plain
+    assert expected != free                                   # the penalties change the output
+    assert all(t not in o for t, b in sp[0].logit_bias.items() if b < 0 for o in expected[:3])
+    llm = LLM(model=base.model, tokenizer=base.tokenizer, spec=spec, num_speculative_tokens=k)
+    outs = llm.generate(prompts, sp)
+    assert [o.output_token_ids for o in outs] == expected
+    assert sum(o.spec.num_accepted_tokens for o in outs) > 20
+    if k == 8:
+        right = ModelRunner._process_logits
+
+        def stale(reqs, logits, ids=None):     # every column sees the committed output only
+            if ids is None:
+                return right(reqs, logits)
+            return torch.cat([right(reqs, logits[:, j:j + 1], ids[:, :1]) for j in range(logits.shape[1])], 1)
+        monkeypatch.setattr(ModelRunner, "_process_logits", staticmethod(stale))
+        wrong = LLM(model=base.model, tokenizer=base.tokenizer, spec=spec, num_speculative_tokens=k)
+        assert [o.output_token_ids for o in wrong.generate(prompts, sp)] != expected
+
+
+def test_penalties_follow_vllms_formulas(tiny_ckpt):
+    """One step by hand: the first output token is the argmax of the processed logits (repetition
+    over the prompt; frequency/presence over no output yet), and bad values name the field."""
+    import torch
+    from mtpx.engine.model_runner import ModelRunner
+    from mtpx.engine.request import Request
+    logits = torch.tensor([[2.0, -1.0, 0.5, 1.9, 0.0]], dtype=torch.float64)
+    r = Request(0, [0, 1], SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25,
+                                          logit_bias={4: 0.75}))
+    r.output_token_ids = [2, 2, 3]
+    out = ModelRunner._process_logits([r], logits)
+    # 0: prompt, 2 / 2 = 1; 1: prompt, -1 * 2 = -2; 2: output twice: 0.5 / 2 - 2 * 0.5 - 0.25;
+    # 3: output once: 1.9 / 2 - 0.5 - 0.25; 4: bias only
+    assert out.tolist() == [[1.0, -2.0, 0.25 - 1.0 - 0.25, 0.95 - 0.5 - 0.25, 0.75]]
+    window = torch.zeros(1, 3, 5)
+    ids = torch.tensor([[3, 4, 4]])                           # x_n, d_1 = 4, d_2 = 4
+    r2 = Request(0, [0], SamplingParams(frequency_penalty=1.0))
+    r2.output_token_ids = [3]
+    assert ModelRunner._process_logits([r2], window, ids)[0, :, 4].tolist() == [0.0, -1.0, -2.0]
+    for kw, msg in (({"presence_penalty": 2.5}, r"presence_penalty=2.5: must be in \[-2, 2\]"),
+                    ({"repetition_penalty": 0}, r"repetition_penalty=0: must be > 0"),
+                    ({"logit_bias": {"a": 1}}, "logit_bias=")):
+        with pytest.raises(ValueError, match=msg):
+            SamplingParams(**kw)
+    (o,) = LLM(model=tiny_ckpt).generate(["x"], SamplingParams(max_tokens=2, logit_bias={10**6: 1.0}))
+    assert o.error.startswith("logit_bias token ids [1000000] are outside the vocabulary [0, ")

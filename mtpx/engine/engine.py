@@ -132,13 +132,23 @@ class Engine:
             return f"token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
         return None
 
+    def validate_params(self, params) -> str | None:
+        """Why the engine cannot honour SamplingParams `params` (a logit_bias token outside the
+        vocabulary), as one line; None when it can."""
+        vocab = self.model.cfg.vocab_size
+        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
+        if bad:
+            return f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+        return None
+
     def add_request(self, r: Request) -> bool:
         """Queue a request. Returns False, setting r.error, when the engine cannot run its prompt
-        (validate_prompt) or it can never fit the KV pool: it fails alone. Raises ValueError for
+        (validate_prompt) or honour its params (validate_params) or it can never fit the KV pool:
+        it fails alone. Raises ValueError for
         a request that already ran or whose id is in the engine."""
         if r.finished or r.output_token_ids:
             raise ValueError(f"request {r.index!r} was already run: pass a new Request")
-        r.error = self.validate_prompt(r.prompt_token_ids)
+        r.error = self.validate_prompt(r.prompt_token_ids) or self.validate_params(r.params)
         if r.error is not None:
             return False
         k = self.runner.num_speculative_tokens

@@ -255,21 +255,49 @@ class ModelRunner:
         return None
 
     @staticmethod
-    def _mask_min_tokens(reqs, logits: torch.Tensor) -> torch.Tensor:
-        """logits [B, V] or [B, T, V] of requests `reqs` (column j: output token len(output) + j)
-        -> a copy with each request's stop ids (EOS, stop_token_ids) at -inf in the columns
-        before params.min_tokens output tokens (SamplingParams.min_tokens), or `logits` itself
-        when no column is masked. Verification against the masked target stays exact: a draft
-        of a masked id has target probability 0 and is rejected."""
+    def _process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The target's logits as each request samples from them (SamplingParams, "Logits
+        processing"; vLLM's order): logit_bias added, then each request's stop ids (EOS,
+        stop_token_ids) at -inf before params.min_tokens output tokens, then the repetition,
+        frequency and presence penalties. logits: [B, V] (the next token of each request) or
+        [B, T, V], verification windows ids [B, T] = [x_n, d_1 .. d_{T-1}]: column j is output
+        token len(output) + j, processed as if d_1 .. d_j were committed (they are, if column j is
+        reached), so speculation commits what plain decoding would. Returns a copy (float32 for
+        16-bit logits), or
+        `logits` itself when no request asks for anything. Verification against the processed
+        target stays exact: a draft the target gives probability 0 is rejected."""
+        window = logits.dim() == 3
+        T = logits.shape[1] if window else 1
         masks = [(b, j, sorted(r.stop_ids)) for b, r in enumerate(reqs) if r.stop_ids
-                 for j in range(max(0, min(r.params.min_tokens - len(r.output_token_ids),
-                                           1 if logits.dim() == 2 else logits.shape[1])))]
-        if not masks:
+                 for j in range(max(0, min(r.params.min_tokens - len(r.output_token_ids), T)))]
+        biased = [b for b, r in enumerate(reqs) if r.params.logit_bias]
+        penalized = [b for b, r in enumerate(reqs) if r.params.has_penalties]
+        if not (masks or biased or penalized):
             return logits
-        out = logits.clone()
-        view = out[:, None] if out.dim() == 2 else out
-        for b, j, ids in masks:
-            view[b, j, [i for i in ids if i < view.shape[-1]]] = float("-inf")
+        out = (logits if logits.dtype in (torch.float32, torch.float64) else logits.float()).clone()
+        view = out if window else out[:, None]                                    # [B, T, V]
+        V, dev, dtype = view.shape[-1], view.device, view.dtype
+        for b in biased:
+            bias = reqs[b].params.logit_bias
+            view[b, :, torch.tensor(list(bias), device=dev)] += torch.tensor(list(bias.values()), dtype=dtype, device=dev)
+        for b, j, stop in masks:
+            view[b, j, [i for i in stop if i < V]] = float("-inf")
+        for b in penalized:
+            r, p = reqs[b], reqs[b].params
+            counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.long, device=dev),
+                                    minlength=V).to(dtype)[None].expand(T, V)        # [T, V]
+            if window and T > 1:           # column j also counts drafts d_1 .. d_j
+                seen = torch.nn.functional.one_hot(ids[b, 1:], V).to(dtype).cumsum(0)
+                counts = counts + torch.cat([torch.zeros(1, V, dtype=dtype, device=dev), seen])
+            x = view[b]
+            if p.repetition_penalty != 1:
+                prompt = torch.zeros(V, dtype=torch.bool, device=dev)
+                prompt[torch.tensor(r.prompt_token_ids, dtype=torch.long, device=dev)] = True
+                seen = prompt[None] | (counts > 0)
+                scaled = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+                x = torch.where(seen, scaled, x)
+            x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(dtype)
+            view[b] = x
         return out
 
     def _gaps(self, logits: torch.Tensor):
@@ -339,7 +367,7 @@ class ModelRunner:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
             sampling = self._sampling([reqs[b] for b in last])
-            masked = self._mask_min_tokens([reqs[b] for b in last], logits)
+            masked = self._process_logits([reqs[b] for b in last], logits)
             tok = (masked.argmax(-1) if sampling.all_greedy
                    else sample(sampling.probs(masked), sampling.uniforms([1] * len(last))[:, 0]))
             cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
@@ -425,7 +453,7 @@ class ModelRunner:
         ids, h, logits = (verify_forward(self.model, cache, meta) if self.compiled is None
                           else self.compiled.verify(meta))
         sampling = self._sampling(reqs)
-        accepted, emitted = verify(ids[:B], self._mask_min_tokens(reqs, logits[:B]), nd_host, sampling,
+        accepted, emitted = verify(ids[:B], self._process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
                                    [r.draft_probs for r in reqs], self.config.verify)
         full_accepted = torch.cat([accepted, accepted.new_zeros(pad)])
         save = self._boundaries(decodes, n_host, [1 + x for x in nd_host])

@@ -1,6 +1,7 @@
 """Per-request generation parameters (vLLM's `SamplingParams` names)."""
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 
@@ -27,9 +28,18 @@ class SamplingParams:
     position is computed); min_tokens: no EOS or stop_token_ids may be sampled (their logits are
     masked, drafts included) and no stop string ends the request before this many output tokens;
     include_stop_str_in_output: keep the stop string that ended the request in its text.
-    presence_penalty, frequency_penalty, repetition_penalty: vLLM's names, accepted at their
-    neutral values only (mtpx applies no penalties). Raises ValueError, naming the field, on a
-    value of the wrong type or one the engine cannot honour."""
+    Logits processing, as vLLM's sampler applies it to the target's logits before temperature
+    (first logit_bias and the min_tokens mask, then the penalties): logit_bias: {token id: bias}
+    added to those logits (OpenAI's logit_bias; the server clamps biases to [-100, 100] as vLLM
+    does); repetition_penalty (> 0, 1 = none): a logit of a token that occurs in the prompt or the
+    output so far is divided by it when positive, multiplied when not; frequency_penalty and
+    presence_penalty (in [-2, 2], 0 = none): subtract penalty x (times the token occurs in the
+    output so far) and penalty x (1 if it occurs in the output) (vLLM's apply_penalties). Each
+    output token is processed with the output before it, also inside a speculative window (a
+    draft position's logits count the drafts before it, which are exactly the tokens committed if
+    it is reached), so greedy output with speculation equals plain decoding with the same
+    penalties. logprobs stay those of the raw logits (vLLM's default "raw_logprobs").
+    Raises ValueError, naming the field, on a value of the wrong type or out of range."""
 
     max_tokens: int = 128
     temperature: float = 0.0
@@ -48,6 +58,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self):
         def integer(value):
@@ -59,10 +70,18 @@ class SamplingParams:
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise ValueError(f"{key}={value!r}: must be a number, not {type(value).__name__} "
                                  f"(e.g. SamplingParams({key}=0.5))")
-        for key, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-            if getattr(self, key) != neutral:
-                raise ValueError(f"{key}={getattr(self, key)!r}: mtpx applies no penalties; leave it at "
-                                 f"{neutral} (vLLM's default)")
+        for key in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, key) <= 2:
+                raise ValueError(f"{key}={getattr(self, key)!r}: must be in [-2, 2] (0 = no penalty)")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty!r}: must be > 0 (1 = no penalty)")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    integer(t) and t >= 0 and isinstance(v, numbers.Real) and not isinstance(v, bool)
+                    and math.isfinite(v) for t, v in self.logit_bias.items()):
+                raise ValueError(f"logit_bias={self.logit_bias!r}: must be a dict of token id (integer >= 0) "
+                                 "-> finite bias, e.g. {50256: -100}")
+            self.logit_bias = {int(t): float(v) for t, v in self.logit_bias.items()} or None
         if not isinstance(self.include_stop_str_in_output, bool):
             raise ValueError(f"include_stop_str_in_output={self.include_stop_str_in_output!r}: must be True or False")
         if not integer(self.max_tokens) or self.max_tokens < 1:
@@ -102,3 +121,8 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Any of repetition_penalty, frequency_penalty, presence_penalty away from neutral."""
+        return self.repetition_penalty != 1 or self.frequency_penalty != 0 or self.presence_penalty != 0

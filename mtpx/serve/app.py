@@ -9,8 +9,9 @@ Request bodies take every field of vLLM's OpenAI server (mtpx/serve/protocol.py)
 (completion j seeded with seed + j, as LLM.generate), best_of = n, stream_options
 (include_usage, continuous_usage_stats: usage in every chunk), skip_special_tokens,
 include_stop_str_in_output, truncate_prompt_tokens, prompt_logprobs, add_special_tokens,
-return_token_ids, return_tokens_as_token_ids; penalties, min_tokens, logit_bias, guided decoding
-and the like only at their neutral values. An unknown field, a field of the wrong type or an
+return_token_ids, return_tokens_as_token_ids, min_tokens, repetition_penalty, frequency_penalty,
+presence_penalty and logit_bias (biases clamped to [-100, 100], as vLLM does); beam search,
+guided decoding and the like only at their neutral values. An unknown field, a field of the wrong type or an
 unsupported value, malformed JSON or a prompt the engine cannot run gets a 400 with an
 OpenAI-style error body naming the field; a body over `max_body_bytes` a 413. Every response
 carries `usage` and a `spec_decode` field (drafts, accepted, per position, acceptance length).
@@ -19,7 +20,8 @@ Streams are server-sent events: a chunk per engine step that produced text, then
 `data: [DONE]`; their deltas concatenate to the non-streamed text (mtpx/serve/detokenize.py:
 text that may still be a stop string is held back), each chunk carries the logprobs of its
 tokens, echo rides on the first chunk, and several prompts or n > 1 interleave choices by index.
-Tokenization and chat templates run off the event loop. A client that disconnects aborts its
+Tokenization and chat templates run off the event loop, and a text certainly longer than the
+model (more bytes than 4 x the longest token's x max_model_len) is a 400 before tokenizing. A client that disconnects aborts its
 requests, streamed or not.
 `echo` with `logprobs` scores the prompt (lm-eval's loglikelihood requests): the logprobs cover
 the prompt's tokens then the output's.
@@ -85,6 +87,7 @@ class _Run:
     sp: SamplingParams
     echo: str = ""
     first_of_prompt: bool = True
+    arrival_time: float | None = None     # perf_counter() when the HTTP request arrived
 
 
 class BodyLimit:
@@ -98,6 +101,8 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        # TTFT and E2EL count from here, as a client sees them (body, parsing and tokenization included)
+        scope.setdefault("state", {})["arrival_time"] = time.perf_counter()
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await self._too_large(scope, receive, send)
@@ -129,12 +134,15 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+              latency_buckets=None) -> FastAPI:
     """The FastAPI app serving `llm` under the model id `model_name`; request bodies over
-    `max_body_bytes` get a 413. Its engine loop starts with the app (lifespan) and stops with it."""
+    `max_body_bytes` get a 413; latency_buckets: the latency histograms' bounds in seconds (None:
+    mtpx.serve.metrics.DEFAULT_LATENCY_BUCKETS). Its engine loop starts with the app (lifespan)
+    and stops with it, after its current step."""
     from contextlib import asynccontextmanager
 
-    metrics = ServerMetrics(llm.num_speculative_tokens, lambda: engine.stats)
+    metrics = ServerMetrics(llm.num_speculative_tokens, lambda: engine.stats, latency_buckets)
     engine = AsyncEngine(llm, on_finish=metrics.record)
 
     @asynccontextmanager
@@ -157,7 +165,12 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         field_loc = [x for x in loc if x.isdigit() or (x.isidentifier() and x not in _TYPE_WORDS)]
         param = ".".join(field_loc) or None
         if err.get("type") == "json_invalid":
-            return _error(f"malformed JSON body: {err.get('msg')}", None)
+            why = (err.get("ctx") or {}).get("error")
+            return _error(f"malformed JSON body: {why or err.get('msg')}", None)
+        if not loc:                         # the body as a whole: empty, not an object, not JSON
+            got = "an empty body" if err.get("type") == "missing" else f"{type(err.get('input')).__name__}"
+            return _error(f"the request body must be a JSON object with content-type: application/json "
+                          f"(got {got})", None)
         if err.get("type") == "extra_forbidden":
             return _error(f"unknown field '{param}'", param)
         if len(field_loc) < len(loc):
@@ -180,20 +193,40 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         if name is not None and name != model_name:
             raise BadRequest(f"model '{name}' is not served here: use '{model_name}' (GET /v1/models)", "model")
 
-    def encode(text: str, param: str, add_special_tokens: bool = True) -> list[int]:
-        if tok is None:
-            raise BadRequest("this model has no tokenizer: send token ids", param)
+    # the most bytes of text one token stands for (special tokens included), for check_size
+    max_token_bytes = 1 if tok is None else max(
+        len(tok.decode([i], skip_special_tokens=False).encode("utf-8")) for i in range(tok.get_vocab_size()))
+
+    def check_size(text: str, param: str) -> None:
+        """A text with more UTF-8 bytes than 4 x max_token_bytes x max_model_len holds more tokens
+        than the model takes (with 4x room for normalizers): a 400 at once, not after tokenizing
+        megabytes."""
         try:
-            text.encode("utf-8")
+            size = len(text.encode("utf-8"))
         except UnicodeEncodeError:
             raise BadRequest(f"{param} is not valid Unicode text", param) from None
+        if size > 4 * max_token_bytes * llm.max_model_len:
+            raise BadRequest(f"{param} has {size} bytes of text, at least {size // (4 * max_token_bytes)} tokens, "
+                             f"but the model's maximum length is {llm.max_model_len} (max_model_len): shorten it "
+                             "(or set truncate_prompt_tokens)", param)
+
+    def encode(text: str, param: str, add_special_tokens: bool = True, truncates: bool = False) -> list[int]:
+        if tok is None:
+            raise BadRequest("this model has no tokenizer: send token ids", param)
+        if not truncates:
+            check_size(text, param)          # also raises for text that is not valid Unicode
+        else:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{param} is not valid Unicode text", param) from None
         if len(text) > 4096:    # encode_batch releases the GIL (encode does not): the event loop runs on
             return list(tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def chat_ids(messages: list[ChatMessage], add_generation_prompt: bool = True, add_special_tokens: bool = False,
                  chat_template: str | None = None, documents: list | None = None,
-                 kwargs: dict | None = None) -> list[int]:
+                 kwargs: dict | None = None, truncates: bool = False) -> list[int]:
         if tok is None or not hasattr(tok, "apply_chat_template") or (
                 chat_template is None and getattr(tok, "chat_template", None) is None):
             raise BadRequest(f"model '{model_name}' has no chat template: use /v1/completions with a plain prompt "
@@ -205,7 +238,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
             raise BadRequest(f"the chat template failed: {e}".replace("\n", " "), "messages") from None
         # the template holds the special tokens: encode without adding them (as transformers does)
-        return list(tok.encode(rendered, add_special_tokens=add_special_tokens).ids)
+        return encode(rendered, "messages", add_special_tokens, truncates)
 
     def check_fields(body: SamplingFields) -> None:
         check_model(body.model)
@@ -213,19 +246,37 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         if bad:
             raise BadRequest(*bad)
 
+    def logit_bias(body: SamplingFields) -> dict[int, float] | None:
+        """OpenAI's logit_bias ({"token id": bias}) as token ids, biases clamped to [-100, 100]."""
+        if not body.logit_bias:
+            return None
+        bad = [k for k in body.logit_bias if not k.strip().isdigit()]
+        if bad:
+            raise BadRequest(f"logit_bias key {bad[0]!r} is not a token id: keys are token ids such as "
+                             "\"50256\" (POST /tokenize gives them)", "logit_bias")
+        return {int(k): min(100.0, max(-100.0, v)) for k, v in body.logit_bias.items()}
+
     def sampling(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=_or(body.temperature, 1.0),
                                   top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, -1), min_p=_or(body.min_p, 0.0),
                                   seed=body.seed, stop=body.stop, stop_token_ids=list(body.stop_token_ids or []),
-                                  ignore_eos=body.ignore_eos, logprobs=logprobs)
+                                  ignore_eos=body.ignore_eos, logprobs=logprobs,
+                                  min_tokens=body.min_tokens,
+                                  repetition_penalty=_or(body.repetition_penalty, 1.0),
+                                  frequency_penalty=_or(body.frequency_penalty, 0.0),
+                                  presence_penalty=_or(body.presence_penalty, 0.0), logit_bias=logit_bias(body))
         except ValueError as e:
-            raise BadRequest(str(e)) from None
+            message = str(e)
+            raise BadRequest(message, message.split("=", 1)[0] if "=" in message.split(":")[0] else None) from None
 
     def check_fits(ids: list[int], sp: SamplingParams, param: str) -> None:
         error = llm.engine.validate_prompt(ids)
         if error:
             raise BadRequest(error, param)
+        error = llm.engine.validate_params(sp)
+        if error:
+            raise BadRequest(error, "logit_bias")
         if len(ids) + sp.max_tokens > llm.max_model_len:
             raise BadRequest(f"max_tokens={sp.max_tokens} with a {len(ids)}-token prompt exceeds the model's "
                              f"maximum length {llm.max_model_len}: lower max_tokens", "max_tokens")
@@ -242,6 +293,10 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
                 child = sp if j == 0 or sp.seed is None else dataclasses.replace(sp, seed=sp.seed + j)
                 runs.append(_Run(i * body.n + j, ids, child, echo, j == 0))
         return runs
+
+    def arrived(runs: list[_Run], request: Request) -> None:
+        for run in runs:
+            run.arrival_time = getattr(request.state, "arrival_time", None)
 
     def output_text(run: _Run, u: Update, body: SamplingFields) -> str:
         """All output tokens decoded so far; without skip_special_tokens a finishing stop token
@@ -301,7 +356,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
     async def run_one(run: _Run) -> Update:
         last = None
         try:
-            async for u in engine.generate(run.ids, run.sp):
+            async for u in engine.generate(run.ids, run.sp, run.arrival_time):
                 last = u
         except ValueError as e:
             raise BadRequest(str(e), "prompt") from None
@@ -310,19 +365,25 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         return last
 
     async def run_all(request: Request, runs: list[_Run]) -> list[Update]:
-        """Every run to its end; a client that disconnects first aborts them all (_ClientGone)."""
+        """Every run to its end; a client that disconnects first aborts them all (_ClientGone) at
+        once: its http.disconnect is awaited, not polled, so the engine runs at most the step in
+        progress for it."""
+        async def disconnected() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+
         task = asyncio.ensure_future(asyncio.gather(*(run_one(r) for r in runs)))
+        gone = asyncio.ensure_future(disconnected())
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.1)
-                if done:
-                    return task.result()
-                if await request.is_disconnected():
-                    raise _ClientGone()
+            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return task.result()
+            raise _ClientGone()
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            for t in (task, gone):
+                if not t.done():
+                    t.cancel()
+            await asyncio.gather(task, gone, return_exceptions=True)
 
     async def stream_updates(run: _Run, body: SamplingFields) -> AsyncIterator[tuple]:
         """(text delta, token ids, logprob entries, update) per engine update of `run` that has
@@ -330,7 +391,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         request ends it as (None, [], None, update)."""
         text = IncrementalText(run.sp.stop, body.include_stop_str_in_output)
         sent_ids = 0
-        async for u in engine.generate(run.ids, run.sp):
+        async for u in engine.generate(run.ids, run.sp, run.arrival_time):
             if u.error:
                 yield None, [], None, u
                 return
@@ -444,7 +505,9 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
             body.prompt[0], int) else [body.prompt]
         if not prompts:
             raise BadRequest("prompt is empty: give at least one token", "prompt")
-        all_ids = [encode(p, "prompt", body.add_special_tokens) if isinstance(p, str) else list(p) for p in prompts]
+        truncates = body.truncate_prompt_tokens is not None
+        all_ids = [encode(p, "prompt", body.add_special_tokens, truncates) if isinstance(p, str) else list(p)
+                   for p in prompts]
         echoes = [(p if isinstance(p, str) else llm.decode(ids)) if body.echo else "" for p, ids in zip(prompts, all_ids)]
         return runs_for(all_ids, echoes, sp, body, "prompt")
 
@@ -456,6 +519,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         if body.stream and body.prompt_logprobs is not None:
             raise BadRequest("prompt_logprobs are not streamed: set stream=false", "prompt_logprobs")
         runs = await asyncio.to_thread(prepare_completion, body)
+        arrived(runs, request)
         rid = f"cmpl-{body.request_id or uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:
@@ -513,7 +577,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
 
     def prepare_chat(body: ChatRequest) -> list[_Run]:
         ids = chat_ids(body.messages, body.add_generation_prompt, body.add_special_tokens, body.chat_template,
-                       body.documents, body.chat_template_kwargs)
+                       body.documents, body.chat_template_kwargs, body.truncate_prompt_tokens is not None)
         if body.truncate_prompt_tokens is not None:
             ids = ids[-body.truncate_prompt_tokens:]
         # no max_tokens: until the model's maximum length, as vLLM does
@@ -534,6 +598,7 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
             raise BadRequest("prompt_logprobs are returned by /v1/completions only (send the rendered prompt)",
                              "prompt_logprobs")
         runs = await asyncio.to_thread(prepare_chat, body)
+        arrived(runs, request)
         rid = f"chatcmpl-{body.request_id or uuid.uuid4().hex}"
         created = int(time.time())
         if body.stream:

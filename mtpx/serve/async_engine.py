@@ -59,19 +59,36 @@ class AsyncEngine:
         self._stop = False
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="mtpx-engine", daemon=True)
-        self.stats: dict[str, int] = self.engine.stats()
+        self._snapshot: dict[str, int] = self.engine.stats()
+        self._running_ids: set[int] = set()      # in the engine's batch at the last step
+        self._waiting_ids: set[int] = set()      # in the engine's queue (added or preempted)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Engine.stats() of the last step, with num_running / num_waiting counted now: a request
+        that arrived waits from its arrival (also while a step runs), and one whose client left
+        counts no more from that moment, not only after the next step."""
+        with self._lock:
+            s = dict(self._snapshot)
+            gone = set(self._aborts)
+            s["num_running"] = len(self._running_ids - gone)
+            s["num_waiting"] = len(self._waiting_ids - gone) + sum(r.index not in gone for r in self._new)
+        return s
 
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop thread after its current step (waiting at most `timeout` seconds)."""
         self._stop = True
         self._wake.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=timeout)
 
     # ---- the asyncio side --------------------------------------------------------------------------
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[Update]:
-        """Run one request; yields an Update after every step that changed it, the last one with
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       arrival_time: float | None = None) -> AsyncIterator[Update]:
+        """Run one request (arrival_time: time.perf_counter() when its HTTP request arrived, for
+        TTFT and E2EL; None: now); yields an Update after every step that changed it, the last one with
         finished=True. Leaving the iteration early (a disconnected client) aborts the request.
         Raises ValueError before queueing when the engine cannot run the prompt (one line)."""
         error = self.engine.validate_prompt(prompt_ids)
@@ -79,7 +96,7 @@ class AsyncEngine:
             raise ValueError(error)
         rid = next(self._ids)
         req = self.llm.new_request(rid, prompt_ids, params)
-        req.arrival_time = time.perf_counter()
+        req.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         queue: asyncio.Queue[Update] = asyncio.Queue()
         with self._lock:
             self._streams[rid] = (asyncio.get_running_loop(), queue, req, 0)
@@ -100,22 +117,29 @@ class AsyncEngine:
                 self._wake.set()
 
     # ---- the loop thread ---------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """The gauges' snapshot (call with the lock held, in the loop thread)."""
+        self._snapshot = self.engine.stats()
+        self._running_ids = {r.index for r in self.engine.scheduler.running}
+        self._waiting_ids = {r.index for r in self.engine.scheduler.waiting}
+
     def _run(self) -> None:
         while not self._stop:
-            with self._lock:
+            failed = []
+            with self._lock:              # new requests move into the engine's queue: still waiting
                 new, self._new = list(self._new), deque()
                 aborts, self._aborts = list(self._aborts), deque()
-            for req in new:
-                if not self.engine.add_request(req):        # can never fit the KV pool: fails alone
-                    self._publish(req, final=True)
-            for rid in aborts:
-                entry = self._streams.get(rid)
-                if entry is not None:
-                    self.engine.abort(entry[2])
-            for req in self.engine.pop_aborted():
+                for req in new:
+                    if not self.engine.add_request(req):    # can never fit the KV pool: fails alone
+                        failed.append(req)
+                for rid in aborts:
+                    entry = self._streams.get(rid)
+                    if entry is not None:
+                        self.engine.abort(entry[2])
+                self._refresh()
+            for req in failed + self.engine.pop_aborted():
                 self._publish(req, final=True)
             if not self.engine.has_unfinished_requests():
-                self.stats = self.engine.stats()
                 self._wake.wait(timeout=0.05)
                 self._wake.clear()
                 continue
@@ -124,7 +148,8 @@ class AsyncEngine:
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 self._fail_running(f"engine step failed: {type(e).__name__}: {e}")
                 continue
-            self.stats = self.engine.stats()
+            with self._lock:
+                self._refresh()
             with self._lock:
                 entries = list(self._streams.values())
             for _, _, req, sent in entries:

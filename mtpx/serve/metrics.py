@@ -5,7 +5,14 @@ Names follow vLLM's with an `mtpx:` prefix: the spec-decode counters
 `..._num_accepted_tokens_per_pos{position}`; prometheus_client exposes counters with a `_total`
 suffix, as vLLM's are), request and token counters, TTFT / TPOT / ITL / E2EL histograms (the
 definitions of mtpx.metrics.stats), running / waiting requests, KV blocks in use, prefix-cache
-hits and queries (prompt tokens), and the speculative tokens per step.
+hits and queries (prompt tokens), and the speculative tokens per step. TTFT and E2EL count from
+the HTTP request's arrival (reading its body, parsing and tokenization included), as a client sees
+them.
+
+Latency buckets: by default a geometric grid, 2**(1/4) apart (19% per bucket) from 0.5 ms to
+about 17 minutes (DEFAULT_LATENCY_BUCKETS), so a quantile interpolated from them is within one
+bucket's 19% at any model speed (the old 5 -> 10 -> 30 s steps were not); `serve.latency_buckets`
+(a list of upper bounds in seconds) replaces them.
 """
 from __future__ import annotations
 
@@ -13,14 +20,27 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from mtpx.engine.request import Request
 
-_LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DEFAULT_LATENCY_BUCKETS = tuple(round(0.0005 * 2 ** (i / 4), 6) for i in range(4 * 21 + 1))   # 0.5 ms .. 1049 s
+
+
+def check_buckets(buckets, key: str = "serve.latency_buckets") -> tuple[float, ...]:
+    """A list of histogram upper bounds (seconds, increasing, > 0) as a tuple; ValueError naming
+    `key` otherwise."""
+    values = list(buckets)
+    if not values or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in values) \
+            or any(b >= c for b, c in zip(values, values[1:])):
+        raise ValueError(f"{key}={values!r}: must be a non-empty increasing list of seconds > 0 "
+                         "(e.g. [0.01, 0.02, 0.05, 0.1]), or null for the default grid")
+    return tuple(float(b) for b in values)
 
 
 class ServerMetrics:
-    """num_speculative_tokens: the k the engine drafts per step; stats(): Engine.stats() of the
-    last step (read when /metrics is scraped)."""
+    """num_speculative_tokens: the k the engine drafts per step; stats(): AsyncEngine.stats (read
+    when /metrics is scraped); latency_buckets: the histograms' upper bounds in seconds (None:
+    DEFAULT_LATENCY_BUCKETS)."""
 
-    def __init__(self, num_speculative_tokens: int, stats):
+    def __init__(self, num_speculative_tokens: int, stats, latency_buckets=None):
+        buckets = DEFAULT_LATENCY_BUCKETS if latency_buckets is None else check_buckets(latency_buckets)
         r = self.registry = CollectorRegistry()
         p = "mtpx:"
         self.num_drafts = Counter(f"{p}spec_decode_num_drafts", "Verification rounds with >= 1 draft.", registry=r)
@@ -33,12 +53,12 @@ class ServerMetrics:
         self.generation_tokens = Counter(f"{p}generation_tokens", "Output tokens of finished requests.", registry=r)
         self.prefix_hits = Counter(f"{p}prefix_cache_hits", "Prompt tokens served by the prefix cache.", registry=r)
         self.prefix_queries = Counter(f"{p}prefix_cache_queries", "Prompt tokens looked up.", registry=r)
-        self.ttft = Histogram(f"{p}time_to_first_token_seconds", "Time to first token.", buckets=_LATENCY, registry=r)
+        self.ttft = Histogram(f"{p}time_to_first_token_seconds", "Time to first token.", buckets=buckets, registry=r)
         self.tpot = Histogram(f"{p}time_per_output_token_seconds", "(E2EL - TTFT) / (output tokens - 1).",
-                              buckets=_LATENCY, registry=r)
+                              buckets=buckets, registry=r)
         self.itl = Histogram(f"{p}inter_token_latency_seconds", "Gaps between a request's emissions.",
-                             buckets=_LATENCY, registry=r)
-        self.e2el = Histogram(f"{p}e2e_request_latency_seconds", "Arrival to last token.", buckets=_LATENCY,
+                             buckets=buckets, registry=r)
+        self.e2el = Histogram(f"{p}e2e_request_latency_seconds", "Arrival to last token.", buckets=buckets,
                               registry=r)
         for name, key, doc in (("num_requests_running", "num_running", "Requests in the batch."),
                                ("num_requests_waiting", "num_waiting", "Requests waiting for a slot or blocks."),

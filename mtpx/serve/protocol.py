@@ -2,9 +2,10 @@
 /v1/completions, /v1/chat/completions, /tokenize and /detokenize (vLLM's
 entrypoints/openai/protocol.py names and defaults).
 
-An unknown field is still a 400 (a typo is never ignored). A known field that mtpx cannot honour
-is accepted only at its neutral value (`NEUTRAL`: penalties 0 / 1.0, min_tokens 0, logit_bias {},
-guided decoding unset, ...); any other value is a 400 naming the field (`unsupported_field`).
+An unknown field is still a 400 (a typo is never ignored). Penalties, min_tokens and logit_bias
+are applied (SamplingParams). A known field that mtpx cannot honour is accepted only at its
+neutral value (`NEUTRAL`: no beam search, guided decoding unset, no tools, ...); any other value is
+a 400 naming the field (`unsupported_field`).
 """
 from __future__ import annotations
 
@@ -48,12 +49,12 @@ class SamplingFields(Body):
     return_token_ids: bool | None = False
     return_tokens_as_token_ids: bool | None = None
     request_id: str | None = None
-    # accepted at their neutral value only (NEUTRAL)
     frequency_penalty: float | None = 0.0
     presence_penalty: float | None = 0.0
     repetition_penalty: float | None = None
-    min_tokens: int = 0
-    logit_bias: dict[str, float] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    logit_bias: dict[str, float] | None = None     # token id (a string, as OpenAI's JSON) -> bias
+    # accepted at their neutral value only (NEUTRAL)
     use_beam_search: bool = False
     length_penalty: float = 1.0
     allowed_token_ids: list[int] | None = None
@@ -146,8 +147,7 @@ class DetokenizeRequest(Body):
 _UNSET = (None,)
 # field -> the values accepted (anything else is a 400): what mtpx's engine cannot do yet
 NEUTRAL: dict[str, tuple] = {
-    "frequency_penalty": (None, 0.0), "presence_penalty": (None, 0.0), "repetition_penalty": (None, 1.0),
-    "min_tokens": (0,), "logit_bias": (None, {}), "use_beam_search": (False,), "length_penalty": (1.0,),
+    "use_beam_search": (False,), "length_penalty": (1.0,),
     "allowed_token_ids": _UNSET, "response_format": (None, {"type": "text"}), "guided_json": _UNSET,
     "guided_regex": _UNSET, "guided_choice": _UNSET, "guided_grammar": _UNSET,
     "guided_decoding_backend": _UNSET, "guided_whitespace_pattern": _UNSET, "priority": (0,),
@@ -156,9 +156,7 @@ NEUTRAL: dict[str, tuple] = {
     "reasoning_effort": _UNSET, "echo@chat": (False,), "continue_final_message": (False,),
     "mm_processor_kwargs": (None, {}), "bad_words": (None, []), "structural_tag": _UNSET,
 }
-_WHY = {"min_tokens": "(EOS and stop tokens would have to be masked)",
-        "logit_bias": "(the sampler takes no per-request bias): send {} or drop it",
-        "use_beam_search": "(no beam search)", "length_penalty": "(beam search only)",
+_WHY = {"use_beam_search": "(no beam search)", "length_penalty": "(beam search only)",
         "suffix": "(no fill-in-the-middle)", "cache_salt": "(the prefix cache is not salted)",
         "continue_final_message": "(use /v1/completions with the rendered prompt)"}
 
