@@ -404,7 +404,7 @@ def test_threads_chosen_from_the_loaded_model_before_compiling(trained_tiny):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("spec,k", [(None, None), ("mtp8", 3)])
+@pytest.mark.parametrize("spec,k", [pytest.param(None, None, marks=pytest.mark.slow), ("mtp8", 3)])
 def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, spec, k, tmp_path, monkeypatch):
     """engine.compile_cache (mtpx/engine/precompile.py): the first engine compiles every graph
     and saves it under $MTPX_CACHE_DIR/precompiled; a second engine of the same settings (Dynamo
@@ -427,6 +427,20 @@ def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, s
     _same(_generate(second), eager)
     _same(_generate(first), eager)
     assert sorted((tmp_path / "precompiled").rglob("*.bin")) == files     # nothing compiled after warm-up
+    # the saved graphs read the weights at run time: other weights of the same shapes load the
+    # same files and decode as that model does eager
+    import copy
+    other = copy.deepcopy(trained_tiny)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=p.dtype) * 0.05)
+    other_eager = _generate(_llm(other, spec, k))
+    assert [o.output_token_ids for o in other_eager] != [o.output_token_ids for o in eager]
+    torch._dynamo.reset()
+    loaded = _llm(other, spec, k, compile_backend="aot_eager", compile_regions=False)
+    assert loaded.compile_stats["num_compiled"] == 0
+    _same(_generate(loaded), other_eager)
     # other settings (a larger batch: other buffer shapes) get a folder of their own
     third = _llm(trained_tiny, spec, k, compile_backend="aot_eager", compile_regions=False, max_num_seqs=8)
     assert third.compile_stats["num_loaded"] == 0

@@ -18,8 +18,11 @@ demo: 34 s instead of 4 minutes; experiments/compile_time). Inductor's C++ wrapp
 generation for regions, so they run with its Python wrapper. Off, or where a layer breaks the
 graph (FlashInfer, MoE experts), the whole step is one graph as before.
 
-Compiled code is kept between runs in Inductor's caches under $MTPX_CACHE_DIR/inductor
-(mtpx/engine/compile_progress.py), which also shows each graph as it is built.
+Compiled code is kept between runs: each graph whole, Dynamo's bytecode and guards with Inductor's
+code, under $MTPX_CACHE_DIR/precompiled (engine.compile_cache; mtpx/engine/precompile.py), so a
+later run of the same settings loads it without tracing; and Inductor's caches under
+$MTPX_CACHE_DIR/inductor (mtpx/engine/compile_progress.py, which also shows each graph as it is
+built).
 
 Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
 the next capture size (1, 2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
@@ -156,10 +159,13 @@ class CompiledDecode:
     model, cache, speculator: the engine's (speculator None: plain decoding, only the
     verification forward of one token); backend: torch.compile's backend ("inductor"; tests use
     "eager" or "aot_eager" to check tracing without code generation); mode: None for the device's
-    default ("reduce-overhead" on CUDA, Inductor's default on the CPU).
+    default ("reduce-overhead" on CUDA, Inductor's default on the CPU); report: show the build
+    (CompileProgress); precompile: save and load whole graphs (engine.compile_cache).
 
     Attributes: compile_s (seconds spent in calls that compiled a graph), num_graphs (graphs
-    compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes).
+    compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes),
+    precompile_dir (where whole graphs are saved and loaded, None where they cannot be: CUDA,
+    FlashInfer, MoE, engine.compile_cache=false), cache_dir (that folder, else Inductor's).
     Call verify and draft under torch.inference_mode, as the model runner does: the grad mode and the
     kind of tensor are guards, so another mode would compile the functions again.
     """
@@ -192,6 +198,7 @@ class CompiledDecode:
         if (precompile and savable and not self.cuda and cache.attention_backend.name == "torch"
                 and getattr(model.cfg, "num_experts", 0) == 0):
             self.precompile_dir = mtpx_cache_dir() / "precompiled" / precompile_key(self._key_parts(options))
+            self.cache_dir = str(self.precompile_dir)
 
         def compile_(fn):
             fn = _own_code(fn)
