@@ -54,7 +54,7 @@ from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
 from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text
 from mtpx.metrics.analytics import analytics
 from mtpx.metrics.progress import ProgressLines
-from mtpx.metrics.cost_model import step_costs
+from mtpx.engine.auto_k.costs import step_costs
 from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
@@ -515,7 +515,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
                               engine["enable_prefix_caching"])
     if mode == "bench":
         del metrics["lossless_mismatches"]  # bench never runs the lossless pass
-    # measured step costs (mtpx.metrics.cost_model): decode steps with a full k drafts, by batch size
+    # measured step costs (mtpx.engine.auto_k.costs): decode steps with a full k drafts, by batch size
     decodes = [t.num_decodes for t in llm.engine.step_timings if t.num_decodes]
     metrics["mean_decode_batch"] = sum(decodes) / len(decodes) if decodes else None
     metrics["step_costs"] = {str(b): c for b, c in step_costs(llm.engine.step_timings,
