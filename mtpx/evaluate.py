@@ -55,6 +55,8 @@ from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_wr
 from mtpx.metrics.analytics import analytics
 from mtpx.metrics.progress import ProgressLines
 from mtpx.engine.auto_k.costs import step_costs
+from mtpx import schema
+from mtpx.schema.groups import ClientConfig, GenerationConfig, SpecConfig
 from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
@@ -91,19 +93,6 @@ def poisson_arrival_offsets(n: int, request_rate: float, seed: int) -> list[floa
     return [0.0, *np.cumsum(gaps).tolist()][:n]
 
 
-def _int_or_none(section: str, cfg: DictConfig, key: str, minimum: int,
-                 null_means: str | None = None) -> int | None:
-    """cfg[key] as an int >= minimum, or None when null is allowed (null_means says what it
-    means); ValueError naming section.key otherwise."""
-    value = cfg.get(key)
-    if value is None and null_means is not None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        null = f", or null ({null_means})" if null_means is not None else ""
-        raise ValueError(f"{section}.{key}={value!r}: must be an integer >= {minimum}{null}")
-    return value
-
-
 def engine_args(engine: DictConfig) -> dict:
     """LLM keyword arguments from the engine config group, validated once by EngineConfig
     (mtpx.engine.config.with_overrides: one line naming the key, or the closest one); ranges
@@ -116,68 +105,36 @@ def engine_args(engine: DictConfig) -> dict:
 def client_args(e: DictConfig, num_prompts: int, section: str = "eval") -> dict:
     """generate() keyword arguments of the benchmark client from its config section (eval or
     bench): max_concurrency (concurrency) and arrival_offsets (request_rate, seed). Raises
-    ValueError naming section.key."""
-    raw = e.get("request_rate")
-    try:
-        rate = float(raw)
-    except (TypeError, ValueError):
-        rate = math.nan
-    if isinstance(raw, bool) or not rate > 0:
-        raise ValueError(f"{section}.request_rate={raw!r}: must be a number of requests per second "
-                         "> 0, or inf (all requests at once)")
-    seed = _int_or_none(section, e, "seed", 0)
-    return dict(max_concurrency=_int_or_none(section, e, "concurrency", 1, "no limit"),
-                arrival_offsets=poisson_arrival_offsets(num_prompts, rate, seed))
-
-
-def _number(section: str, cfg: DictConfig, key: str, ok, requirement: str) -> float:
-    """cfg[key] as a float for which ok(value) holds; ValueError naming section.key otherwise."""
-    raw = cfg.get(key)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = math.nan
-    if isinstance(raw, bool) or not ok(value):
-        raise ValueError(f"{section}.{key}={raw!r}: must be {requirement}")
-    return value
+    ValueError naming section.key (mtpx.schema.groups.ClientConfig.client)."""
+    v = ClientConfig.client(section, e)
+    return dict(max_concurrency=v["concurrency"],
+                arrival_offsets=poisson_arrival_offsets(num_prompts, v["request_rate"], v["seed"]))
 
 
 def sampling_params(e: DictConfig, num_prompts: int, section: str = "eval",
                     output_lens: Sequence[int | None] | None = None) -> list[SamplingParams]:
     """One SamplingParams per prompt from the client's config section (eval or bench):
     max_tokens, temperature, top_k, top_p, min_p, and seed = seed + prompt index (reproducible
-    sampled runs). output_lens[i], when not None, fixes prompt i's output length instead of
+    sampled runs), checked by mtpx.schema.groups.GenerationConfig.sampling. output_lens[i], when not None, fixes prompt i's output length instead of
     max_tokens, with ignore_eos (random prompts). Raises ValueError naming section.key."""
-    temperature = _number(section, e, "temperature", lambda v: 0 <= v < math.inf,
-                          "a number >= 0 (0 = greedy)")
-    top_p = _number(section, e, "top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = all tokens)")
-    min_p = _number(section, e, "min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)")
-    top_k = _int_or_none(section, e, "top_k", -1)
-    max_tokens = _int_or_none(section, e, "max_tokens", 1)
-    seed = _int_or_none(section, e, "seed", 0)
+    v = GenerationConfig.sampling(section, e)
+    max_tokens, seed = v["max_tokens"], v["seed"]
     lens = list(output_lens) if output_lens is not None else [None] * num_prompts
     if len(lens) != num_prompts:
         raise ValueError(f"{num_prompts} prompts but {len(lens)} output lengths")
-    return [SamplingParams(max_tokens=n or max_tokens, temperature=temperature, top_k=top_k,
-                           top_p=top_p, min_p=min_p, seed=seed + i, ignore_eos=n is not None)
+    return [SamplingParams(max_tokens=n or max_tokens, temperature=v["temperature"], top_k=v["top_k"],
+                           top_p=v["top_p"], min_p=v["min_p"], seed=seed + i, ignore_eos=n is not None)
             for i, n in enumerate(lens)]
-
-
-SPEC_CHOICES = {"draft_sample_method": ("greedy", "probabilistic"), "verify": ("standard", "block")}
 
 
 def spec_args(spec: DictConfig | None) -> dict:
     """LLM keyword arguments from the spec config: draft_sample_method and verify (absent keys take
-    the first choice); {} without a spec. Raises ValueError naming spec.KEY and the choices."""
+    SpecConfig's defaults); {} without a spec. Raises ValueError naming spec.KEY and the fix
+    (mtpx.schema.groups.SpecConfig.check)."""
     if spec is None:
         return {}
-    args = {}
-    for key, choices in SPEC_CHOICES.items():
-        value = spec.get(key, choices[0])
-        if value not in choices:
-            raise ValueError(f"spec.{key}={value!r}: choose one of {', '.join(choices)}")
-        args[key] = value
-    return args
+    schema.check("spec", spec)
+    return {key: spec.get(key, getattr(SpecConfig, key)) for key in ("draft_sample_method", "verify")}
 
 
 class _Stop(Exception):
@@ -354,23 +311,20 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
         raise ValueError(f"the config has no '{mode}' section: add '- {mode}: default' to the "
                          "defaults list of conf/config.yaml")
     spec = cfg.get("spec")
+    spec_kw = spec_args(spec)          # the spec section's checks (mtpx/schema/groups.py)
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
-    if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-        raise ValueError(f"spec.num_speculative_tokens={k!r}: give an integer >= 0, null or auto")
     if k == 0:                  # k = 0 is plain decoding (a point of a sweep over k)
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
     path = model_path(cfg)
     engine = engine_args(cfg.engine)
-    spec_kw = spec_args(spec)
-    num_prompts = _int_or_none(mode, c, "num_prompts", 1, "the whole data set")
+    schema.check(mode, c)          # the client section's checks, before the model loads
+    num_prompts = c.get("num_prompts")
     engine["compile"] = resolve_compile(engine.get("compile"), mode, None if num_prompts is None else
-                                        num_prompts * _int_or_none(mode, c, "max_tokens", 1))
+                                        num_prompts * c.max_tokens)
     prompts_key = f"{mode}.num_prompts"
-    client_args(c, 0, mode)        # validate the client section before the model loads
-    sampling_params(c, 0, mode)
     check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
     if mode == "bench" and c.get("base_url"):
         return _run_http(cfg, out_dir, c, path, num_prompts, prompts_key)

@@ -45,6 +45,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
+from mtpx import schema
 from mtpx.io import GracefulInterrupt, Interrupted, recover_folder
 from mtpx.metrics.progress import ProgressLines
 from mtpx.models.config import ModelConfig
@@ -67,11 +68,6 @@ from mtpx.train.tokenizer import tokenizer_sha256, train_tokenizer
 
 LogFn = Callable[[dict[str, float], int], None]
 
-REQUIRED_TRAIN_KEYS = (
-    "out_dir", "steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay",
-    "grad_clip", "mtp_loss_weight", "freeze_base", "eval_every", "eval_batches", "save_every", "seed",
-    "tokenizer_vocab_size", "data_sources", "log_every", "threads",
-)
 ADAM_BETAS = (0.9, 0.95)  # nanoGPT / GPT-3: a shorter second-moment memory is more stable at small batch
 ADAM_EPS = 1e-8
 SPLIT_SEED = 0  # seed of the document-level train/val split
@@ -265,41 +261,17 @@ def _check_cfg(cfg: DictConfig) -> DictConfig:
     for section in ("model", "train"):
         if section not in cfg:
             raise ValueError(f"config has no '{section}' section: pass the full run config (model, train, data)")
-    missing = [k for k in REQUIRED_TRAIN_KEYS if k not in cfg.train or cfg.train[k] is None]
-    if missing:
-        raise ValueError(f"train config lacks {missing}: add them to the train section")
+    schema.check("train", cfg.train)         # the section's own checks (mtpx/schema/groups.py)
     t = cfg.train
     if cfg.model.get("path") is not None and not str(cfg.model.get("path")).strip():
         raise ValueError("model.path is empty: give the checkpoint folder to start from (model.path=DIR), or leave "
                          "model.path out to train a fresh model")
     if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
         raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
-    for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads", "tokenizer_vocab_size"):
-        _check_number(t, key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
-    for key in ("warmup_steps", "eval_every", "save_every", "seed"):
-        _check_number(t, key, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)"
-                      if key != "seed" else "an integer >= 0")
-    _check_number(t, "lr", lambda v: v > 0, "a learning rate > 0")
-    _check_number(t, "min_lr", lambda v: 0 <= v <= t.lr, f"a number in [0, train.lr={t.lr}]")
-    for key in ("weight_decay", "mtp_loss_weight"):
-        _check_number(t, key, lambda v: v >= 0, "a number >= 0")
-    _check_number(t, "grad_clip", lambda v: True, "a number (<= 0 = no clipping)")
-    if "val_fraction" in t:
-        _check_number(t, "val_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
-    if t.get("mtp_loss_decay") is not None:
-        _check_number(t, "mtp_loss_decay", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = equal weights)")
-    if t.get("mtp_unroll") is not None:
-        _check_number(t, "mtp_unroll", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
-    if t.get("dist_timeout_s") is not None:
-        _check_number(t, "dist_timeout_s", lambda v: v > 0, "a number of seconds > 0")
     max_pos = cfg.model.get("max_position_embeddings")
     if not cfg.model.get("path") and isinstance(max_pos, int) and t.seq_len > max_pos:
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings={max_pos}: "
                          f"lower train.seq_len or raise model.max_position_embeddings")
-    if t.get("save_dtype", "float32") not in _DTYPES:
-        raise ValueError(f"train.save_dtype={t.save_dtype!r}: use one of {list(_DTYPES)}")
-    if t.get("autocast") not in _AUTOCAST:
-        raise ValueError(f"train.autocast={t.autocast!r}: use bfloat16 (mixed precision) or null (float32)")
     return t
 
 
@@ -328,15 +300,9 @@ def _prepare_out_dir(out_dir: Path, resume: bool) -> list[str]:
     return notes
 
 
-def _check_number(t: DictConfig, key: str, ok, requirement: str) -> None:
-    value = t[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ValueError(f"train.{key}={value!r}: must be {requirement}")
-
-
 def _model_fields(cfg: DictConfig) -> dict[str, Any]:
     """cfg.model as a ModelConfig dict: the fields it sets (null = ModelConfig's default,
-    mtpx/schema.py), without the loading keys `path`, `dtype`, `allow_pickle`."""
+    mtpx/schema/), without the loading keys `path`, `dtype`, `allow_pickle`."""
     d = OmegaConf.to_container(cfg.model, resolve=True)
     for key in ("path", "dtype", "allow_pickle"):
         d.pop(key, None)
