@@ -87,7 +87,7 @@ def test_logger_dir_and_distill_out_dir_unwritable(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine can train on cuda")
 def test_train_device_cuda_without_cuda_is_one_line():
-    from mtpx.train.loop import _check_device
+    from mtpx.train.setup import check_device as _check_device
     with pytest.raises(ValueError, match=r"^train.device=cuda: (this torch build has no CUDA|no CUDA GPU is visible)"):
         _check_device("cuda")
     with pytest.raises(ValueError, match="train.device='gpu' is not a device torch knows"):
