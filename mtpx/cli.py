@@ -11,8 +11,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c, stop_exit_code,
-                     stop_signal_name)
+from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c, source_commit,
+                     stop_exit_code, stop_signal_name)
 from mtpx.metrics.logging import RunLogger
 from mtpx.schema import compose_error, group_choices
 
@@ -119,13 +119,42 @@ def run(cfg: DictConfig) -> int:
     process exit code."""
     log = _job_log_file()
     if log is None:
-        return _run(cfg)
-    out, err = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _LogTee(out, log), _LogTee(err, log)
+        code = _run(cfg)
+    else:
+        out, err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _LogTee(out, log), _LogTee(err, log)
+        try:
+            code = _run(cfg)
+        finally:
+            sys.stdout, sys.stderr = out, err
+    if code == 2:
+        _drop_empty_run_dir()
+    return code
+
+
+HYDRA_FILES = {".hydra", "train_or_eval.log", "error.txt"}   # what a run folder holds before the run writes
+
+
+def _drop_empty_run_dir() -> None:
+    """After a bad-input error (exit 2) of a single run, remove its Hydra run folder when it holds
+    nothing but Hydra's own files and error.txt (the error line was printed), so a failed start
+    leaves no empty run behind. A multirun keeps its job folders (the sweep table reads
+    error.txt), and a folder with anything else (an earlier run's outputs) is kept."""
+    import shutil
+
+    from hydra.types import RunMode
     try:
-        return _run(cfg)
-    finally:
-        sys.stdout, sys.stderr = out, err
+        hc = HydraConfig.get()
+    except ValueError:               # outside Hydra (tests, the API)
+        return
+    if hc.mode != RunMode.RUN:
+        return
+    out = Path(hc.runtime.output_dir)
+    try:
+        if out.is_dir() and {p.name for p in out.iterdir()} <= HYDRA_FILES:
+            shutil.rmtree(out)
+    except OSError:
+        pass
 
 
 def _run(cfg: DictConfig) -> int:
@@ -204,10 +233,13 @@ def run_train(cfg: DictConfig) -> int:
     logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True) if main_rank else {"name": "none"}
     used = {k: cfg[k] for k in ("mode", "seed", "data_dir", "model", "train", "logger") if k in cfg}  # what mode=train reads
     run_id = _resumed_wandb_id(cfg) if main_rank else None
-    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=OmegaConf.to_container(OmegaConf.create(used), resolve=True),
+    config = {**OmegaConf.to_container(OmegaConf.create(used), resolve=True), "commit": source_commit()}
+    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=config,
                        run_name=f"train-{Path(str(cfg.train.out_dir)).name}", run_id=run_id)
-    try:
-        path = train(cfg, log_fn=logger.log, extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None)
+    try:   # on_config: the architecture trained (a checkpoint's with model.path) and the thread count
+        path = train(cfg, log_fn=logger.log, extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None,
+                     on_config=logger.update_config)
+        logger.log_images([Path(path) / "loss_curve.png"])
     finally:
         logger.finish()
     if main_rank:

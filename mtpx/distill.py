@@ -49,9 +49,9 @@ from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
 from mtpx import schema
-from mtpx.evaluate import (_Stop, cap_max_tokens, engine_args, model_path, sampling_params, source_commit,
-                           spec_args)
-from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir
+from mtpx.evaluate import _Stop, cap_max_tokens, engine_args, model_path, sampling_params, spec_args
+from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir,
+                     source_commit)
 from mtpx.metrics.progress import ProgressLines
 from mtpx.train.tokenizer import tokenizer_sha256
 

@@ -51,7 +51,8 @@ from mtpx.engine.config import resolve_compile, with_overrides
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
-from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text
+from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text,
+                     source_commit, utc_now)
 from mtpx.metrics.analytics import analytics
 from mtpx.metrics.progress import ProgressLines
 from mtpx.engine.auto_k.costs import step_costs
@@ -373,8 +374,13 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     used = {key: cfg[key] for key in ("mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", mode)
             if cfg.get(key) is not None}                       # the groups this mode reads
     group, job = _sweep_group()
+    wandb_config = OmegaConf.to_container(OmegaConf.create(used), resolve=True)
+    # the architecture loaded (the model group's YAML describes only a fresh model), commit, threads
+    wandb_config["model"] = {**llm.model.cfg.to_dict(), "path": str(path)}
+    wandb_config.update(commit=source_commit(), threads=threads.threads if threads else None,
+                        threads_reason=threads.reason if threads else None)
     logger = RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,
-                       config=OmegaConf.to_container(OmegaConf.create(used), resolve=True), group=group,
+                       config=wandb_config, group=group,
                        run_name=f"{method or 'plain'}-k{'auto' if k == 'auto' else llm.num_speculative_tokens}-{cfg.data.name}-"
                                 f"{Path(str(path)).name}" + (f"-{job}" if job is not None else ""))
     try:
@@ -412,9 +418,11 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
     del metrics["lossless_mismatches"]
     metrics["run"] = {"mode": "bench", "base_url": c.base_url, "model": str(path), "spec": None if not k else "server",
                       "num_speculative_tokens": k, "data": cfg.data.name, "num_prompts": len(prompts),
-                      "commit": source_commit()}
+                      "commit": source_commit(), "date": utc_now()}
     atomic_write_jsonl(out_dir / "outputs.jsonl", [_output_row(o, p) for o, p in zip(outs, prompts)])
     atomic_write_json(out_dir / "metrics.json", metrics)
+    if _all_failed(outs, f"; no report (outputs.jsonl and metrics.json in {out_dir} hold the errors)"):
+        return 1
     setup = _client_text(client, c)
     report = format_report(metrics, f"mtpx bench over HTTP: {c.base_url}, {_data_text(cfg.data.name, prompts, None)}, "
                                     f"{len(prompts)} prompts, {_length_text(prompts, c.max_tokens)}, "
@@ -422,7 +430,7 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
     print(f"run directory: {out_dir}")
-    return 1 if _all_failed(outs) else 0
+    return 0
 
 
 def _sweep_group() -> tuple[str | None, int | None]:
@@ -480,7 +488,17 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
                       "automatic_k": bool(method) and llm.engine.draft_length.auto,
                       "data": cfg.data.name, "num_prompts": total, "threads": threads.threads,
-                      "threads_reason": threads.reason, "torch": torch.__version__, "commit": source_commit()}
+                      "threads_reason": threads.reason, "torch": torch.__version__, "commit": source_commit(), "date": utc_now()}
+    if not stopped and outs and all(o.error for o in outs):
+        # nothing to report or plot: the error lines above say why; the rows and counts are kept
+        if "lossless_mismatches" in metrics:
+            metrics["lossless_mismatches"] = None                 # not checked
+        atomic_write_jsonl(rows_file, [_output_row(o, p) for o, p in zip(outs, kept)])
+        atomic_write_json(out_dir / "metrics.json", metrics)
+        logger.log_metrics_summary(metrics)
+        _all_failed(outs, f"; no report, figures or lossless check (outputs.jsonl and metrics.json in {out_dir} "
+                          "hold the errors)")
+        return 1
     dead = (dead_position_warning(aggregate_spec(outs), rounds=[x for o in outs for x in o.spec.rounds])
             if method is not None else None)
     if dead:
@@ -556,25 +574,10 @@ def dead_position_warning(spec, min_tries: int = 20, rounds=None) -> str | None:
     for i in range(1, len(counts)):
         reached = counts[i - 1] if rounds is None else sum(1 for r in rounds if r[0] > i and r[1] >= i)
         if reached >= min_tries and counts[i] == 0:
-            return (f"warning: draft position {i + 1} accepted 0 of the {reached} drafts that reached it "
-                    f"(position {i} accepted them): draft module {i + 1} looks broken; check its weights")
+            return (f"warning: draft position {i} (counted from 0, as in per_position_acceptance and the figures) "
+                    f"accepted 0 of the {reached} drafts that reached it (position {i - 1} accepted them): "
+                    f"check the weights of the module that drafts it (mtp.{i} with one module per position)")
     return None
-
-
-def source_commit() -> str | None:
-    """The git commit of the mtpx source tree that ran ("+dirty" with uncommitted changes), or None
-    outside a git checkout."""
-    import subprocess
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if head.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def _print_request_errors(outs: list[RequestOutput]) -> None:
@@ -583,10 +586,11 @@ def _print_request_errors(outs: list[RequestOutput]) -> None:
             print(f"error: request {o.index}: {o.error}", file=sys.stderr)
 
 
-def _all_failed(outs: list[RequestOutput]) -> bool:
-    """True (with one error line) when every request failed: the run's exit code is then 1."""
+def _all_failed(outs: list[RequestOutput], what: str = "") -> bool:
+    """True (with one error line, `what` appended) when every request failed: the run's exit code
+    is then 1."""
     if outs and all(o.error for o in outs):
-        print(f"error: all {len(outs)} requests failed (see the error lines above)", file=sys.stderr)
+        print(f"error: all {len(outs)} requests failed (the error lines above say why){what}", file=sys.stderr)
         return True
     return False
 

@@ -17,6 +17,7 @@ exits `stop_exit_code()`, 130 after Ctrl-C, 143 after SIGTERM, with its one line
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import secrets
@@ -334,3 +335,27 @@ class GracefulInterrupt:
     def __exit__(self, *exc) -> None:
         _restore(self._previous)
         self._previous = {}
+
+
+@functools.lru_cache(maxsize=1)
+def source_commit() -> str | None:
+    """The git commit of the mtpx source tree that ran ("+dirty" with uncommitted changes), or None
+    outside a git checkout (read once per process)."""
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def utc_now() -> str:
+    """The current time in UTC, ISO 8601 to the second ("2026-12-03T16:40:05Z"): run dates in
+    metrics.json and figure titles."""
+    import datetime
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from mtpx import LLM, SamplingParams
@@ -104,8 +105,26 @@ def test_eval_exits_1_when_every_request_fails(tiny_ckpt, tmp_path, capsys):
                 "engine.block_size=4", "engine.num_blocks=2", "eval.check_lossless=false"])
     assert run_eval(cfg, tmp_path) == 1
     err = capsys.readouterr().err
-    assert err.count("engine.num_blocks") == 3 and "all 3 requests failed" in err
+    assert err.count("engine.num_blocks") == 3
+    assert err.splitlines()[-1] == (f"error: all 3 requests failed (the error lines above say why); no report, figures "
+                                    f"or lossless check (outputs.jsonl and metrics.json in {tmp_path} hold the errors)")
     assert json.loads((tmp_path / "metrics.json").read_text())["num_failed"] == 3
+    assert not (tmp_path / "report.txt").exists() and not list(tmp_path.glob("*.png"))
+
+
+def test_a_spec_eval_where_every_request_fails_ends_with_one_line(tiny_ckpt, tmp_path, capsys):
+    """engine.max_model_len below every prompt: each request's error, then one line; no report of
+    dashes, no 'nothing to plot'."""
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=3", "eval.num_prompts=2",
+                "logger=none", "engine.max_model_len=4"])
+    assert run_eval(cfg, tmp_path) == 1
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["error"] * 3 and "maximum length is 4" in lines[0]
+    assert lines[-1].startswith("error: all 2 requests failed (the error lines above say why)")
+    assert "Acceptance" not in captured.out and "nothing to plot" not in captured.err
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert (m["num_failed"], m["lossless_mismatches"]) == (2, None) and not (tmp_path / "report.txt").exists()
 
 
 def test_eval_with_request_rate(tiny_ckpt, tmp_path):
@@ -299,6 +318,27 @@ def test_model_hf_runs_a_hugging_face_folder(tiny_ckpt, tmp_path, capsys):
     assert "unknown dtype 'float8'" in capsys.readouterr().err
 
 
+def test_help_lists_the_group_options_without_schemas():
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        text = compose("config", return_hydra_config=True).hydra.help.template
+    assert "\ndata: builtin, gsm8k, humaneval, mt_bench, random, spec_bench\n" in text
+    assert "\n+spec: mtp1, mtp8, mtp8_block\n" in text and "_schema" not in text
+
+
+def test_a_run_that_fails_on_bad_input_leaves_no_empty_run_folder(tmp_path):
+    """An error after Hydra has created the run folder (a missing checkpoint): one line, exit 2,
+    and the folder (only Hydra's files and error.txt) is removed."""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "train_or_eval.py"), f"model.path={tmp_path / 'none'}",
+                          "logger=none", f"hydra.run.dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, cwd=root, timeout=120)
+    assert res.returncode == 2 and res.stderr.strip().splitlines()[-1].startswith(
+        f"error: checkpoint folder {tmp_path / 'none'} does not exist")
+    assert not (tmp_path / "run").exists()
+
+
 def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     """A job that fails (exit 2) records why in its folder (error.txt) and the sweep runs the next
     job; the sweep's exit status reports the failure."""
@@ -314,6 +354,13 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     assert "only 4 MTP modules" in (tmp_path / "0" / "error.txt").read_text()
     assert not (tmp_path / "0" / "metrics.json").exists()
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["num_requests"] == 2
+    # the sweep table at the end (Hydra callback), in the sweep folder too
+    from mtpx.metrics.sweep import sweep_table
+    table = (tmp_path / "sweep.md").read_text()
+    assert table == sweep_table(tmp_path) and res.stdout.endswith(f"\n{table}\nsweep table: {tmp_path / 'sweep.md'}\n")
+    assert "2 job(s), 1 with metrics, 1 with problems." in table
+    assert ("- job 0 (`spec.num_speculative_tokens=9`): failed before writing metrics.json: error: "
+            "num_speculative_tokens=9 but the model has only 4 MTP modules") in table
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -386,8 +433,9 @@ def test_a_position_that_never_accepts_is_flagged():
     from mtpx.evaluate import dead_position_warning
     from mtpx.metrics.stats import SpecDecodeCounts
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 0, 0])) == (
-        "warning: draft position 3 accepted 0 of the 30 drafts that reached it (position 2 accepted them): "
-        "draft module 3 looks broken; check its weights")
+        "warning: draft position 2 (counted from 0, as in per_position_acceptance and the figures) accepted 0 of "
+        "the 30 drafts that reached it (position 1 accepted them): check the weights of the module that drafts it "
+        "(mtp.2 with one module per position)")
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 5, 0])) is None   # too few tries
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 2])) is None
     # automatic k: rounds that drafted only 2 tokens never reached position 3
@@ -395,7 +443,7 @@ def test_a_position_that_never_accepts_is_flagged():
                                  rounds=[(2, 2, 3)] * 30 + [(1, 1, 2)] * 20) is None
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 0]),
                                  rounds=[(3, 2, 3)] * 30 + [(1, 1, 2)] * 20).startswith(
-        "warning: draft position 3 accepted 0 of the 30 drafts")
+        "warning: draft position 2 (counted from 0")
 
 
 def test_k_zero_is_plain_decoding_in_a_sweep(tiny_ckpt, tmp_path):
@@ -426,6 +474,9 @@ class _RecordingLogger:
     def log_images(self, paths):
         _RecordingLogger.calls.append(("images", [p.name for p in paths]))
 
+    def update_config(self, values):
+        _RecordingLogger.calls.append(("config", values))
+
     def finish(self):
         _RecordingLogger.calls.append(("finish", None))
 
@@ -442,7 +493,14 @@ def test_wandb_run_starts_first_logs_live_and_gets_the_figures(tiny_ckpt, tmp_pa
     assert kinds.index("log") < kinds.index("summary") < kinds.index("images")
     init = _RecordingLogger.calls[0][1]
     assert init["run_name"] == f"mtp8-k2-builtin-{tiny_ckpt.name}" and init["group"] is None
-    assert set(init["config"]) == {"mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", "eval"}
+    assert set(init["config"]) == {"mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", "eval", "commit",
+                                   "threads", "threads_reason"}
+    # the W&B model config is the loaded checkpoint's architecture, not the demo YAML's
+    loaded = json.loads((tiny_ckpt / "config.json").read_text())
+    assert init["config"]["model"]["hidden_size"] == loaded["hidden_size"] != _cfg([]).model.hidden_size
+    assert init["config"]["model"]["path"] == str(tiny_ckpt) and init["config"]["threads"] == torch.get_num_threads()
+    from mtpx.io import source_commit
+    assert init["config"]["commit"] == source_commit()
     live = next(c[1] for c in _RecordingLogger.calls if c[0] == "log")
     assert live["live/requests_finished"] == 1 and live["live/output_tok_s"] > 0
     images = next(c[1] for c in _RecordingLogger.calls if c[0] == "images")
@@ -465,7 +523,13 @@ def test_resumed_training_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     assert cli.run(_cfg(overrides + ["train.steps=3"])) == 0
     inits = [c[1] for c in _RecordingLogger.calls if c[0] == "init"]
     assert [i["run_id"] for i in inits] == [None, "fresh-id"] and inits[0]["run_name"] == "train-out"
-    assert set(inits[0]["config"]) == {"mode", "seed", "data_dir", "model", "train", "logger"}
+    assert set(inits[0]["config"]) == {"mode", "seed", "data_dir", "model", "train", "logger", "commit"}
+    configs = [c[1] for c in _RecordingLogger.calls if c[0] == "config"]
+    assert len(configs) == 2 and configs[0]["model"]["hidden_size"] == 32 and configs[0]["threads"] == 1
+    assert configs[0]["model"]["num_nextn_predict_layers"] == 2 and configs[0]["threads_reason"] == "train.threads"
+    assert configs[1]["threads_reason"] == "train.threads"
+    images = [c[1] for c in _RecordingLogger.calls if c[0] == "images"]
+    assert images == [["loss_curve.png"], ["loss_curve.png"]]
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -502,3 +566,12 @@ def test_eval_with_automatic_k_records_the_k_per_step(tiny_ckpt, tmp_path):
     assert sorted((c["k"], c["batch_size"]) for c in metrics["auto_k"]["step_costs_ms"]) == \
         [(k, b) for k in range(5) for b in (1, 2)]
     assert costs.is_file() and "Drafts per step, k (% of steps)" in (tmp_path / "report.txt").read_text()
+
+
+def test_run_folders_end_with_the_process_id():
+    """Runs started in the same second get their own folders (the slow
+    tests/test_interrupt.py::test_runs_started_in_the_same_second_get_their_own_folders starts two)."""
+    import os
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        hydra = compose("config", return_hydra_config=True).hydra
+    assert hydra.run.dir.endswith(f"-{os.getpid()}") and hydra.sweep.dir.endswith(f"-{os.getpid()}")

@@ -402,3 +402,50 @@ def test_threads_chosen_from_the_loaded_model_before_compiling(trained_tiny):
         assert llm.compile_stats["num_graphs"] == 1 and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("spec,k", [(None, None), ("mtp8", 3)])
+def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, spec, k, tmp_path, monkeypatch):
+    """engine.compile_cache (mtpx/engine/precompile.py): the first engine compiles every graph
+    and saves it under $MTPX_CACHE_DIR/precompiled; a second engine of the same settings (Dynamo
+    reset, as in a new process) loads every one of them, compiles none, and both give eager's
+    tokens. aot_eager: the same save and load path as Inductor without generating code (without
+    layer regions, which torch cannot run loaded under aot_eager; the slow Inductor test loads
+    them)."""
+    monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
+    eager = _generate(_llm(trained_tiny, spec, k))
+    torch._dynamo.reset()
+    first = _llm(trained_tiny, spec, k, compile_backend="aot_eager", compile_regions=False)
+    s1 = first.compile_stats
+    assert s1["num_graphs"] == (1 if spec is None else 3) and s1["num_loaded"] == 0
+    files = sorted((tmp_path / "precompiled").rglob("*.bin"))
+    assert len(files) == s1["num_graphs"]
+    torch._dynamo.reset()
+    second = _llm(trained_tiny, spec, k, compile_backend="aot_eager", compile_regions=False)
+    s2 = second.compile_stats
+    assert (s2["num_loaded"], s2["num_compiled"]) == (s1["num_graphs"], 0)
+    _same(_generate(second), eager)
+    _same(_generate(first), eager)
+    assert sorted((tmp_path / "precompiled").rglob("*.bin")) == files     # nothing compiled after warm-up
+    # other settings (a larger batch: other buffer shapes) get a folder of their own
+    third = _llm(trained_tiny, spec, k, compile_backend="aot_eager", compile_regions=False, max_num_seqs=8)
+    assert third.compile_stats["num_loaded"] == 0
+    assert len({f.parent for f in (tmp_path / "precompiled").rglob("*.bin")}) == 2
+
+
+def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch, capsys):
+    """When saving a graph fails, that function runs through torch.compile for the rest of the
+    run, with one line saying so, and the tokens are eager's."""
+    from mtpx.engine import precompile
+    monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
+
+    def fail(*args, **kwargs):
+        raise torch._dynamo.exc.PackageError("MODULE_MATCH guard cannot be serialized.")
+    monkeypatch.setattr(precompile.Precompiled, "_compile", fail)
+    eager = _generate(_llm(trained_tiny, "mtp1", 2))
+    torch._dynamo.reset()
+    llm = _llm(trained_tiny, "mtp1", 2, compile_backend="aot_eager", compile_regions=False)
+    err = capsys.readouterr().err
+    assert "cannot be saved for later runs (PackageError: MODULE_MATCH guard cannot be serialized.)" in err
+    assert llm.compile_stats["num_compiled"] == 3
+    _same(_generate(llm), eager)

@@ -154,15 +154,16 @@ Common overrides: `eval.num_prompts=4` `logger=none`
 
 ## Failed or incomplete jobs
 
-- job 1 (`+spec=mtp1 spec.num_speculative_tokens=2 eval.num_prompts=4 logger=none`): lossless check failed: 1 request(s) differ from plain decoding (the job exited with status 1); 1 of 4 requests failed (their error is in outputs.jsonl)
-- job 2 (`+spec=mtp8 spec.num_speculative_tokens=1 eval.num_prompts=4 logger=none`): no metrics.json: the job failed before writing it, or is still running (train_or_eval.py prints a job's error to the sweep's stderr, not into the job folder)
-- job 3 (`+spec=mtp8 spec.num_speculative_tokens=2 eval.num_prompts=4 logger=none`): not started: the sweep stopped before this job (train_or_eval.py exits the whole multirun when a job exits with an error)
+- job 1 (`+spec=mtp1 spec.num_speculative_tokens=2`): lossless check failed: 1 request(s) differ from plain decoding (the job exited with status 1); 1 of 4 requests failed (their error is in outputs.jsonl)
+- job 2 (`+spec=mtp8 spec.num_speculative_tokens=1`): no metrics.json: the job stopped before writing it (killed, or a crash with a traceback on the sweep's stderr), or is still running
+- job 3 (`+spec=mtp8 spec.num_speculative_tokens=2`): not started: the sweep was stopped before this job (a failed job does not stop it: train_or_eval.py runs the next one), or is still running
 """
     assert (tmp_path / "sweep.md").read_text() == expected
     assert capsys.readouterr().out.startswith(expected)
     failed = _run_dir(tmp_path / "other" / "0", None, ["+spec=mtp8"])  # the reason from the job's log
     (failed / "train_or_eval.log").write_text("[2026-01-01][mtpx][ERROR] - error: boom\n")
-    assert collect_sweep(tmp_path / "other")[0].problems[0].endswith("; log: [2026-01-01][mtpx][ERROR] - error: boom")
+    assert collect_sweep(tmp_path / "other")[0].problems == [
+        "failed before writing metrics.json: [2026-01-01][mtpx][ERROR] - error: boom"]
     assert sweep_table.main([str(tmp_path / "empty")]) == 2
     assert "not a directory" in capsys.readouterr().err
 
@@ -228,3 +229,125 @@ def test_loss_curve_has_one_legend_entry_per_depth(tmp_path):
                for s in range(1, 6) for split in ("train", "val")]
     plot_loss_curve(history, tmp_path / "loss.png", 8)
     assert (tmp_path / "loss.png").read_bytes()[:8] == PNG
+
+
+def test_loss_curve_names_the_run(tmp_path):
+    from omegaconf import OmegaConf
+
+    from mtpx.io import source_commit
+    from mtpx.models.config import ModelConfig
+    from mtpx.train.loop import loss_curve_identity
+    t = OmegaConf.create({"data_sources": ["gsm8k", "stdlib:0.5"], "steps": 200})
+    line = loss_curve_identity(Path("/x/ds_heads"), ModelConfig(num_hidden_layers=4, hidden_size=64,
+                                                                num_nextn_predict_layers=8, mtp_style="deepseek_v3"), t, 100)
+    assert line.startswith("ds_heads · 4 layers x 64, 8 MTP modules (deepseek_v3) · data gsm8k,stdlib:0.5 · "
+                           "step 100 of 200 · 20") and " UTC · commit " + source_commit()[:9] in line
+
+
+def _capture_figures(monkeypatch):
+    """The matplotlib Figures the dashboard saves, by file name (drawn on an Agg canvas)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    import mtpx.metrics.dashboard as dash
+    figs = {}
+
+    def save(fig, path):
+        FigureCanvasAgg(fig)
+        fig.canvas.draw()
+        figs[Path(path).name] = fig
+        return Path(path)
+    monkeypatch.setattr(dash, "_save", save)
+    return figs
+
+
+def test_wilson_interval_solves_the_score_equation():
+    """Each bound p solves (x/n - p)^2 = z^2 p (1 - p) / n (Wilson's score interval), inside [0, 1]."""
+    from mtpx.metrics.analytics import wilson_interval
+    z = 1.96
+    for x, n in ((0, 5), (5, 5), (3, 6), (81, 263), (1, 4)):
+        lo, hi = wilson_interval(x, n)
+        assert 0 <= lo < x / n < hi <= 1 or (x in (0, n) and lo <= x / n <= hi)
+        for p in (lo, hi):
+            if 0 < p < 1:
+                assert abs((x / n - p) ** 2 - z * z * p * (1 - p) / n) < 1e-12
+    assert wilson_interval(0, 5)[1] == pytest.approx(z * z / (5 + z * z))
+    assert wilson_interval(3, 0) is None
+
+
+def test_run_figures_carry_date_commit_intervals_and_explain_colours(tmp_path, monkeypatch):
+    """acceptance_conditional.png: 95% Wilson intervals on every conditional bar (positions
+    reached by a handful of rounds too), the legend below the axes (it hides no bar); the
+    position-0 buckets' colours are in a legend; every title names the date and the commit."""
+    from mtpx.metrics.analytics import wilson_interval
+    figs = _capture_figures(monkeypatch)
+    m = _metrics(["code", "gsm8k", "code"])
+    m["run"] = {"model": "/x/checkpoints/demo", "spec": "mtp8", "num_speculative_tokens": 3, "data": "gsm8k",
+                "num_prompts": 3, "mode": "eval", "date": "2026-12-03T16:40:05Z",
+                "commit": "04292ad1f2f3c4b5a6978877665544332211aabb+dirty"}
+    write_run_figures(m, tmp_path)
+    title = "demo · mtp8 k=3 · gsm8k · 3 prompts · 2026-12-03 16:40 UTC · commit 04292ad1f+dirty"
+    assert {f._suptitle.get_text() for f in figs.values()} == {title}
+    fig = figs["acceptance_conditional.png"]
+    (ax,) = fig.axes
+    pp = m["analytics"]["per_position"]
+    assert pp["reached"] == [9, 7, 4]                      # few rounds reach the last positions
+    (errorbars,) = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    segments = errorbars.lines[2][0].get_segments()
+    expected = [wilson_interval(a, n) for a, n in zip(pp["accepted"], pp["reached"])]
+    assert len(segments) == 3
+    for seg, (lo, hi) in zip(segments, expected):
+        assert seg[0][1] == pytest.approx(lo * 100) and seg[1][1] == pytest.approx(hi * 100)
+    (legend,) = fig.legends
+    assert legend.get_window_extent().y1 <= ax.get_window_extent().y0      # below the axes
+    assert "95% Wilson interval" in " ".join(t.get_text() for t in legend.get_texts())
+    (bax,) = figs["position0_buckets.png"].axes
+    texts = [t.get_text() for t in bax.get_legend().get_texts()]
+    assert texts[:3] == ["first round (no previous round)",
+                         "previous round ended in a rejection (0 .. k-1 accepted)",
+                         "previous round accepted every draft"] and texts[3].startswith("every round after the first")
+    assert bax.get_legend().get_window_extent().y1 <= bax.get_window_extent().y0
+    # a position never accepted (interval [0, high]) and positions never reached (no interval)
+    zero = _metrics(["code"], rounds=[[(3, 0, 1)] * 4], k=3)
+    assert write_run_figures(zero, tmp_path / "zero")[0].name == "acceptance_conditional.png"
+
+
+def test_throughput_vs_k_never_joins_two_runs_of_one_k(tmp_path, monkeypatch):
+    from mtpx.metrics.dashboard import Run, k_series, write_comparison_figures
+
+    def run(name, k, data, tok_s, overrides=()):
+        return Run(Path(name), name, {"run": {"data": data, "mode": "eval"}, "output_throughput": tok_s,
+                                      "median_tpot_ms": 1000 / tok_s}, "mtp8", k, None,
+                   [*overrides, f"spec.num_speculative_tokens={k}"])
+    a2, a4, a8 = run("a2", 2, "gsm8k", 50.0), run("a4", 4, "gsm8k", 60.0), run("a8", 8, "gsm8k", 70.0)
+    h8 = run("h8", 8, "humaneval", 40.0)
+    series = k_series([a2, a4, a8, h8])
+    assert {label: [r.name for r in rs] for label, rs in series.items()} == {
+        "mtp8 (gsm8k, eval)": ["a2", "a4", "a8"], "mtp8 (humaneval, eval)": ["h8"]}
+    again = run("a8 again", 8, "gsm8k", 65.0)          # a repeat at k = 8: points of their own
+    assert {label: [r.name for r in rs] for label, rs in k_series([a2, a8, again]).items()} == {
+        "a2": ["a2"], "a8": ["a8"], "a8 again": ["a8 again"]}
+    assert list(k_series([a2, a4])) == ["mtp8"]
+    figs = _capture_figures(monkeypatch)
+    write_comparison_figures([a2, a4, a8, h8, again], tmp_path)
+    for ax in figs["throughput_vs_k.png"].axes:
+        for line in ax.get_lines():
+            xs = list(line.get_xdata())
+            assert len(xs) == len(set(xs)), line.get_label()
+
+
+def test_comparison_buckets_explain_the_colours_once(tmp_path, monkeypatch):
+    from mtpx.metrics.dashboard import Run, write_comparison_figures
+    figs = _capture_figures(monkeypatch)
+    runs = [Run(Path(n), n, _metrics(["code"] * 3), "mtp8", 3) for n in ("a", "b")]
+    write_comparison_figures(runs, tmp_path)
+    fig = figs["position0_buckets.png"]
+    from mtpx.io import source_commit
+    assert {f._suptitle.get_text().split(" · ")[0] for f in figs.values()} == {"runs: a, b"}
+    assert all(f" UTC · commit {source_commit()[:9]}" in f._suptitle.get_text() for f in figs.values())
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "first round (no previous round)", "previous round ended in a rejection (0 .. k-1 accepted)",
+        "previous round accepted every draft"]
+    assert all(legend.get_window_extent().y1 <= ax.get_window_extent().y0 for ax in fig.axes)
+    assert [[t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes] == [
+        ["every round after the first: 83.3%"]] * 2

@@ -258,3 +258,47 @@ def test_max_tokens_past_max_model_len_warns(tiny_ckpt):
     with pytest.warns(UserWarning, match=r"max_tokens=1000000 with prompt 0's \d+ tokens exceeds max_model_len=64"):
         (o,) = llm.generate("def f(x):", SamplingParams(max_tokens=10**6, ignore_eos=True))
     assert o.finish_reason == "length" and len(o.prompt_token_ids) + len(o.output_token_ids) == 64
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_chat_renders_with_the_chat_template_as_vllm_does(tiny_ckpt, tmp_path):
+    """LLM.chat: one conversation or a list of them, rendered by the folder's chat template
+    (chat_template.jinja) or the chat_template argument, encoded without special tokens, and
+    generated as generate() would the rendered ids; prompt is the rendered text."""
+    import shutil
+    folder = tmp_path / "chat"
+    shutil.copytree(tiny_ckpt, folder)
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    llm = LLM(model=folder, spec="mtp8", num_speculative_tokens=2)
+    sp = SamplingParams(max_tokens=6, ignore_eos=True)
+    conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def f(x):"}]
+    rendered = "<|system|>be brief\n<|user|>def f(x):\n<|assistant|>"
+    (ref,) = llm.generate({"prompt_token_ids": llm.get_tokenizer().encode(rendered, add_special_tokens=False).ids}, sp)
+    (one,) = llm.chat(conv, sp)
+    two = llm.chat([conv, [{"role": "user", "content": "x"}]], sp, use_tqdm=False)
+    assert one.prompt == rendered and one.output_token_ids == ref.output_token_ids and one.error is None
+    assert [o.prompt for o in two] == [rendered, "<|user|>x\n<|assistant|>"]
+    assert two[0].output_token_ids == ref.output_token_ids
+    (cont,) = llm.chat(conv + [{"role": "assistant", "content": "ret"}], sp, add_generation_prompt=False,
+                       continue_final_message=True)
+    assert cont.prompt == rendered + "ret"
+    (other,) = LLM(model=tiny_ckpt).chat(conv, sp, chat_template="{{ messages[-1].content }}")
+    assert other.prompt == "def f(x):"
+
+
+def test_chat_errors_are_one_line(tiny_ckpt):
+    llm = LLM(model=tiny_ckpt)
+    conv = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match=r"has no chat template: .* or pass chat_template=<jinja source>"):
+        llm.chat(conv)
+    with pytest.raises(ValueError, match=r"^messages has type str: give a conversation"):
+        llm.chat("hi", chat_template=CHAT_TEMPLATE)
+    with pytest.raises(ValueError, match=r"^conversation 1 must be a non-empty list of"):
+        llm.chat([conv, []], chat_template=CHAT_TEMPLATE)
+    with pytest.raises(ValueError, match=r"^messages: the chat template failed: .*no roles"):
+        llm.chat(conv, chat_template="{{ raise_exception('no roles') }}")
+    with pytest.raises(ValueError, match="set add_generation_prompt=False"):
+        llm.chat(conv, chat_template=CHAT_TEMPLATE, continue_final_message=True)

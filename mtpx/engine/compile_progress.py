@@ -91,35 +91,52 @@ class CompileProgress:
     def _line(self, text: str) -> None:
         print(f"engine.compile: {text}", file=self.stream, flush=True)
 
+    def _record(self, name: str, seconds: float, source: str, count: int = 1) -> None:
+        for _ in range(count):
+            self.records.append({"graph": name, "seconds": round(seconds / count, 3), "source": source})
+        self.expected = max(self.expected, len(self.records))
+        if self.enabled:
+            verb = "loaded from the cache" if source == "loaded" else "compiled"
+            self._line(f"{name}: {verb} in {seconds:.1f} s (graph {len(self.records)} of {self.expected})")
+
     @contextmanager
-    def call(self, name: str, graphs_before: int, graphs_now):
-        """Around one call of a compiled function named `name`: if it builds a graph (graphs_now()
-        > graphs_before afterwards) the graph is recorded and reported. The live report starts
-        when Dynamo starts compiling (its compile-start callback starts a thread), so a call that
-        only runs compiled code costs a few microseconds here."""
-        t0 = time.perf_counter()
-        hits0, misses0 = _cache_counts()
-        frame = _Frame(self, name, len(self.records) + 1, t0)
+    def _frame(self, name: str, start_now: bool):
+        frame = _Frame(self, name, len(self.records) + 1, time.perf_counter())
         _calls.append(frame)
+        if start_now and self.enabled:
+            _on_compile_start(None)
         try:
-            yield
+            yield frame
         finally:
             _calls.pop()
             if frame.thread is not None:
                 frame.stop.set()
                 frame.thread.join()
-        new = graphs_now() - graphs_before
-        if new <= 0:
-            return
-        seconds = time.perf_counter() - t0
-        hits, misses = _cache_counts()
-        source = "loaded" if hits > hits0 and misses == misses0 else "compiled"
-        for _ in range(new):
-            self.records.append({"graph": name, "seconds": round(seconds / new, 3), "source": source})
-        self.expected = max(self.expected, len(self.records))
-        if self.enabled:
-            verb = "loaded from the cache" if source == "loaded" else "compiled"
-            self._line(f"{name}: {verb} in {seconds:.1f} s (graph {len(self.records)} of {self.expected})")
+
+    @contextmanager
+    def call(self, name: str):
+        """Around one call of a torch.compile'd function named `name`: if it builds a graph
+        (Dynamo's unique graph count grows) the graph is recorded and reported, as compiled or
+        loaded from Inductor's cache. The live report starts when Dynamo starts compiling (its
+        compile-start callback starts a thread), so a call that only runs compiled code costs a
+        few microseconds here."""
+        before = counters["stats"]["unique_graphs"]
+        hits0, misses0 = _cache_counts()
+        with self._frame(name, start_now=False) as frame:
+            yield
+        new = counters["stats"]["unique_graphs"] - before
+        if new > 0:
+            hits, misses = _cache_counts()
+            source = "loaded" if hits > hits0 and misses == misses0 else "compiled"
+            self._record(name, time.perf_counter() - frame.t0, source, new)
+
+    @contextmanager
+    def build(self, name: str, source: str):
+        """Around building one graph (`source` "compiled" or "loaded", from a saved file): shown
+        from the start, recorded at the end if it succeeds."""
+        with self._frame(name, start_now=True) as frame:
+            yield
+        self._record(name, time.perf_counter() - frame.t0, source)
 
     def _watch(self, name: str, number: int, t0: float, stop: threading.Event) -> None:
         total = max(self.expected, number)

@@ -51,14 +51,15 @@ chunks and the catch-up drafting after them.
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
 import torch.fx.experimental._config as fx_config
-from torch._dynamo.utils import counters
 
 from mtpx.attention.meta import ForwardMeta
-from mtpx.engine.compile_progress import CompileProgress, use_cache_dir
+from mtpx.engine.compile_progress import CompileProgress, mtpx_cache_dir, use_cache_dir
+from mtpx.engine.precompile import Precompiled, precompile_key
 
 
 def verify_forward(model, cache, meta: ForwardMeta):
@@ -68,6 +69,24 @@ def verify_forward(model, cache, meta: ForwardMeta):
     ids = torch.where(meta.valid, cache.tokens[meta.rows[:, None], meta.positions], 0)
     h = model.model(ids, meta, cache.target)
     return ids, h, model.lm_head(h)
+
+
+def commit_windows(cache, index: torch.Tensor) -> None:
+    """cache.commit_windows (ModelCache's contract): the compiled Gated DeltaNet commit."""
+    cache.commit_windows(index)
+
+
+def plan_and_draft(speculator, cache, block_table, rows, num_tokens, target_end, is_drafting, target_start,
+                   target_hidden, num_columns, num_drafts, num_modules):
+    """speculator.plan then speculator.draft_loop (their contracts), as one graph."""
+    metas = speculator.plan(cache, rows, num_tokens, target_end, is_drafting, num_columns,
+                            block_table.shape[1], num_drafts, num_modules)
+    return speculator.draft_loop(cache, metas, rows, num_tokens - 1, target_start, target_hidden)
+
+
+def draft_loop(speculator, cache, metas, rows, num_done, target_start, target_hidden):
+    """speculator.draft_loop (its contract), its plans made eager before (FlashInfer)."""
+    return speculator.draft_loop(cache, metas, rows, num_done, target_start, target_hidden)
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -146,7 +165,7 @@ class CompiledDecode:
     """
 
     def __init__(self, model, cache, speculator=None, backend: str = "inductor",
-                 mode: str | None = None, report: bool = True):
+                 mode: str | None = None, report: bool = True, precompile: bool = True):
         self.model, self.cache, self.speculator = model, cache, speculator
         self.cache_dir = use_cache_dir()
         self.progress = CompileProgress(self.expected_graphs(), enabled=report)
@@ -163,17 +182,45 @@ class CompiledDecode:
         options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
         if backend == "inductor" and not self.cuda and not cache.compile_regions:
             options["cpp_wrapper"] = True   # which has no code generation for layer regions
-
-        def compile_(fn):
-            return torch.compile(_own_code(fn), backend=backend, mode=mode, options=options)
-
-        self._verify = compile_(self._verify_forward)
         # with the torch attention backend nothing of the plan is host-side: plan inside the graph
         self.plan_in_graph = speculator is not None and cache.attention_backend.name == "torch"
+        # whole graphs saved across runs (precompile.py): on the CPU, where nothing breaks the graph
+        self.precompile_dir = None
+        # (aot_eager: the same path without code generation, for the tests; torch 2.13 cannot
+        # run a loaded aot_eager graph with layer regions)
+        savable = backend == "inductor" or (backend == "aot_eager" and not cache.compile_regions)
+        if (precompile and savable and not self.cuda and cache.attention_backend.name == "torch"
+                and getattr(model.cfg, "num_experts", 0) == 0):
+            self.precompile_dir = mtpx_cache_dir() / "precompiled" / precompile_key(self._key_parts(options))
+
+        def compile_(fn):
+            fn = _own_code(fn)
+            if self.precompile_dir is not None:
+                return Precompiled(fn, self.precompile_dir, backend, options, self._patches,
+                                   self._persistent_tensors, self._mark_persistent)
+            return torch.compile(fn, backend=backend, mode=mode, options=options)
+
+        self._verify = compile_(verify_forward)
         self._draft = (None if speculator is None else
-                       compile_(self._plan_and_draft if self.plan_in_graph else speculator.draft_loop))
+                       compile_(plan_and_draft if self.plan_in_graph else draft_loop))
         has_windows = speculator is not None and bool(cache.recurrent)
-        self._commit = compile_(self._commit_windows) if has_windows else None
+        self._commit = compile_(commit_windows) if has_windows else None
+        if self.precompile_dir is None:
+            self._mark_persistent()
+
+    def _key_parts(self, options: dict) -> dict:
+        """What the saved graphs depend on (precompile_key adds torch, threads and mtpx's source)."""
+        model, cache, spec = self.model, self.cache, self.speculator
+        p = next(model.parameters())
+        return {"model": repr(model.cfg), "dtype": str(p.dtype), "device": str(p.device),
+                "tensors": [(tuple(t.shape), str(t.dtype)) for t in self._persistent_tensors()],
+                "speculator": None if spec is None else (type(spec).__name__, spec.num_speculative_tokens),
+                "draft_modules": len(cache.draft), "regions": cache.compile_regions,
+                "attention": cache.attention_backend.name, "gdn": cache.gdn_backend,
+                "backend": self.backend, "mode": self.mode,
+                "options": sorted(k for k in options if k != "guard_filter_fn")}
+
+    def _mark_persistent(self) -> None:
         for t in self._persistent_tensors():
             # static sizes: never symbolic through automatic dynamic shapes (in a run of several
             # engines, mtp8's window buffers once came out symbolic after mtp1's, and Inductor
@@ -181,6 +228,16 @@ class CompiledDecode:
             torch._dynamo.mark_static(t)
             if self.cuda:  # CUDA graphs may mutate these in place: give them fixed addresses
                 torch._dynamo.mark_static_address(t)
+
+    def _patches(self):
+        # graphs per window width and module count (automatic k's depths): up to 2 (k + 1) each;
+        # int arguments (column and module counts) constants of the graph, never symbolic (as
+        # automatic dynamic shapes would make them on their first change; see _mark_window)
+        limit = max(torch._dynamo.config.recompile_limit, 4 * (len(self.cache.draft) + 2))
+        stack = contextlib.ExitStack()
+        stack.enter_context(fx_config.patch(backed_size_oblivious=True, use_duck_shape=False))
+        stack.enter_context(torch._dynamo.config.patch(recompile_limit=limit, specialize_int=True))
+        return stack
 
     def _persistent_tensors(self):
         c = self.cache
@@ -197,19 +254,6 @@ class CompiledDecode:
     def padded_batch(self, batch: int) -> int:
         """The capture size a batch of `batch` requests is padded to."""
         return next(s for s in self.sizes if s >= batch)
-
-    def _verify_forward(self, meta: ForwardMeta):
-        return verify_forward(self.model, self.cache, meta)
-
-    def _plan_and_draft(self, block_table, rows, num_tokens, target_end, is_drafting, target_start,
-                        target_hidden, num_columns, num_drafts, num_modules):
-        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
-                                     block_table.shape[1], num_drafts, num_modules)
-        return self.speculator.draft_loop(self.cache, metas, rows, num_tokens - 1, target_start,
-                                          target_hidden)
-
-    def _commit_windows(self, index: torch.Tensor) -> None:
-        self.cache.commit_windows(index)
 
     @property
     def num_graphs(self) -> int:
@@ -229,16 +273,15 @@ class CompiledDecode:
             return 1
         return 3 + bool(self.cache.recurrent)
 
-    def _call(self, name: str, fn, *args):
+    def _call(self, name: str, fn, args: tuple, mark):
+        """fn(*args), reported as `name` if it builds a graph; mark() applies the arguments'
+        dimension marks (before every call of a torch.compile'd function; a precompiled one
+        applies them only to compile)."""
         self.num_calls += 1
-        before = counters["stats"]["unique_graphs"]
-        # graphs per window width and module count (automatic k's depths): up to 2 (k + 1) each;
-        # int arguments (column and module counts) constants of the graph, never symbolic (as
-        # automatic dynamic shapes would make them on their first change; see _mark_window)
-        limit = max(torch._dynamo.config.recompile_limit, 4 * (len(self.cache.draft) + 2))
-        with fx_config.patch(backed_size_oblivious=True, use_duck_shape=False), \
-                torch._dynamo.config.patch(recompile_limit=limit, specialize_int=True), \
-                self.progress.call(name, before, lambda: counters["stats"]["unique_graphs"]):
+        if isinstance(fn, Precompiled):
+            return fn.call(name, args, mark, self.progress)
+        mark()
+        with self._patches(), self.progress.call(name):
             return fn(*args)
 
     @torch.inference_mode()
@@ -246,8 +289,8 @@ class CompiledDecode:
         """verify_forward compiled (its contract)."""
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        _mark_meta(meta)
-        return self._call(f"verify ({meta.positions.shape[1]}-token window)", self._verify, meta)
+        return self._call(f"verify ({meta.positions.shape[1]}-token window)", self._verify,
+                          (self.model, self.cache, meta), lambda: _mark_meta(meta))
 
     @torch.inference_mode()
     def draft(self, block_table: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
@@ -267,20 +310,27 @@ class CompiledDecode:
         # a fresh [B] tensor: target_start is a column of the window's positions, and for a batch
         # of one contiguous() would keep its stride, which the graph guards on (a recompile)
         target_start = target_start.new_empty(target_start.shape).copy_(target_start)
-        _mark_batch(rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
-        _mark_window(target_hidden)
+        batch = (rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
         modules = len(self.cache.draft) if num_modules is None else num_modules
         name = f"draft loop ({modules} module{'s' * (modules > 1)}, {num_columns} columns)"
         if self.plan_in_graph:
-            _mark_meta_table(block_table)
-            return self._call(name, self._draft, block_table, rows, num_tokens, target_end, is_drafting,
-                              target_start, target_hidden, num_columns, num_drafts, num_modules)
+            def mark():
+                _mark_batch(*batch)
+                _mark_window(target_hidden)
+                _mark_meta_table(block_table)
+            return self._call(name, self._draft, (self.speculator, self.cache, block_table, rows, num_tokens,
+                                                  target_end, is_drafting, target_start, target_hidden,
+                                                  num_columns, num_drafts, num_modules), mark)
         metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
                                      block_table.shape[1], num_drafts, num_modules)
-        for m in metas:
-            _mark_meta(m)
-        return self._call(name, self._draft, self.cache, metas, rows, num_tokens - 1, target_start,
-                          target_hidden)
+
+        def mark_eager_plan():
+            _mark_batch(*batch)
+            _mark_window(target_hidden)
+            for m in metas:
+                _mark_meta(m)
+        return self._call(name, self._draft, (self.speculator, self.cache, metas, rows, num_tokens - 1,
+                                              target_start, target_hidden), mark_eager_plan)
 
     @torch.inference_mode()
     def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:
@@ -294,6 +344,6 @@ class CompiledDecode:
         if save is not None:
             for c in self.cache.recurrent:
                 c.save_window_blocks(save)
-        _mark_batch(index, *(g.pending_rows for g in groups))
-        self._call(f"commit ({groups[0].pending_len}-token window)", self._commit, index)
+        self._call(f"commit ({groups[0].pending_len}-token window)", self._commit, (self.cache, index),
+                   lambda: _mark_batch(index, *(g.pending_rows for g in groups)))
         self.cache.clear_pending()

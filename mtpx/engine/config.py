@@ -54,6 +54,12 @@ class EngineConfig:
     engine costs seconds instead of minutes; False: the step as one graph of every layer. Used
     with the torch attention backend on a model without MoE layers (elsewhere a layer breaks
     the graph, and the whole step is compiled as before)."""
+    compile_cache: bool = True
+    """With compile on the CPU: save each compiled graph whole (Dynamo's bytecode and guards with
+    Inductor's code; torch.compile's AOT precompile) under $MTPX_CACHE_DIR/precompiled, keyed by
+    the model, the engine's shapes, torch, the thread count and mtpx's source, and load it in a
+    later run instead of tracing and compiling again (mtpx/engine/precompile.py). False: only
+    Inductor's caches are kept, and every run traces its graphs again."""
     compile_backend: str = "inductor"
     """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests); any
     name in torch._dynamo.list_backends(exclude_tags=()), else ValueError."""
@@ -75,7 +81,7 @@ class EngineConfig:
 
         if self.compile is not None and not isinstance(self.compile, bool):
             raise ValueError(f"engine.compile={self.compile!r}: must be true, false or null (decided by the mode)")
-        for key in ("enable_prefix_caching", "compile_regions", "record_logit_gaps", "record_step_timings",
+        for key in ("enable_prefix_caching", "compile_regions", "compile_cache", "record_logit_gaps", "record_step_timings",
                     "check_invariants"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key}={getattr(self, key)!r}: must be true or false")

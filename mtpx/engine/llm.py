@@ -242,6 +242,61 @@ class LLM:
             outs.append(o)
         return outs
 
+    def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm=False, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to conversations, as vLLM's LLM.chat: messages is one conversation (a
+        list of {"role", "content"} dicts) or a list of them. Each is rendered with the tokenizer's
+        chat template (tokenizer_config.json's chat_template or chat_template.jinja; the same
+        rendering as mode=serve's /v1/chat/completions and the chat data sets, mtpx.data.chat),
+        or with `chat_template` (a jinja source, or the name of one of the tokenizer's templates),
+        encoded without adding special tokens (the template holds them) and generated as
+        `generate` does (sampling_params and use_tqdm alike). continue_final_message: render the
+        last (assistant) message open, to be continued (add_generation_prompt must then be False).
+        tools and chat_template_kwargs (e.g. {"enable_thinking": False}) go to the template.
+        Returns one RequestOutput per conversation; its `prompt` is the rendered text.
+
+        Raises ValueError (naming the conversation) when the model has no tokenizer, the
+        tokenizer has no chat template and none is given, a conversation is empty or not a list of
+        dicts, or the template fails."""
+        from mtpx.hf.tokenizer import HFTokenizer
+        if self.tokenizer is None:
+            raise ValueError("chat() needs a tokenizer with a chat template: pass tokenizer= with the model, or "
+                             "use generate() with token ids")
+        if continue_final_message and add_generation_prompt:
+            raise ValueError("continue_final_message=True continues the last message: set add_generation_prompt=False")
+        tok = self.tokenizer if hasattr(self.tokenizer, "apply_chat_template") else HFTokenizer(
+            self.tokenizer, source=str(self.model_path or "the model's tokenizer"))
+        if isinstance(messages, dict) or not isinstance(messages, Sequence) or isinstance(messages, str):
+            raise ValueError(f"messages has type {type(messages).__name__}: give a conversation (a list of "
+                             "{'role': ..., 'content': ...} dicts) or a list of conversations")
+        conversations = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
+        prompts = []
+        for i, conv in enumerate(conversations):
+            where = f"conversation {i}" if len(conversations) > 1 else "messages"
+            if isinstance(conv, (str, dict)) or not isinstance(conv, Sequence) or not conv or \
+                    not all(isinstance(m, dict) for m in conv):
+                raise ValueError(f"{where} must be a non-empty list of {{'role': ..., 'content': ...}} dicts, "
+                                 f"got {conv!r:.80}")
+            try:
+                text = tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt,
+                                               chat_template=chat_template, tools=tools,
+                                               **(chat_template_kwargs or {}))
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+            except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
+                raise ValueError(f"{where}: the chat template failed: {e}".replace("\n", " ")) from None
+            if continue_final_message:
+                last = conv[-1].get("content")
+                if isinstance(last, str) and last and last in text:
+                    text = text[: text.rindex(last) + len(last)]    # cut the template's end-of-turn
+            prompts.append((text, list(tok.encode(text, add_special_tokens=False).ids)))
+        outs = self.generate([{"prompt_token_ids": ids} for _, ids in prompts], sampling_params, use_tqdm=use_tqdm)
+        for o, (text, _) in zip(outs, prompts):
+            o.prompt = text
+        return outs
+
     def new_request(self, index: int, ids: list[int], sp: SamplingParams, error: str | None = None) -> Request:
         """An engine request with id `index` for prompt ids: the stop ids (EOS unless ignore_eos)
         and stop strings of `sp` set up; error: why it cannot run (the caller does not queue it).

@@ -116,8 +116,8 @@ class ModelRunner:
         if speculator is not None:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
-        self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend)
-                         if config.compile else None)
+        self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
+                                        precompile=config.compile_cache) if config.compile else None)
         self.rows: dict[int, int] = {}             # request index -> batch slot
 
     # ---- batch slots ----------------------------------------------------------------------------

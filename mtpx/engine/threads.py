@@ -18,6 +18,9 @@ from pathlib import Path
 import torch
 
 
+ONE_CPU = "the only CPU available"   # the reason when there is nothing to choose
+
+
 @dataclass
 class ThreadChoice:
     """threads: the count set; reason: why (one phrase, for the run header); forward_ms: the
@@ -29,7 +32,8 @@ class ThreadChoice:
 
     def describe(self) -> str:
         measured = ", ".join(f"{n}: {ms:.2f} ms" for n, ms in sorted(self.forward_ms.items()))
-        return (f"threads: {self.threads} ({self.reason}; {self.cpus} CPUs available"
+        cpus = "" if self.reason == ONE_CPU else f"; {self.cpus} CPU{'' if self.cpus == 1 else 's'} available"
+        return (f"threads: {self.threads} ({self.reason}{cpus}"
                 + (f"; forward at 1 x 16 tokens {measured}" if measured else "") + ")")
 
 
@@ -77,7 +81,7 @@ def choose_threads(model: torch.nn.Module | None, requested: int | None = None, 
             times = {n: forward_ms(model, n, repeats) for n in candidates}
             best = min(times.values())
             pick = min(n for n, ms in times.items() if ms <= 1.1 * best)   # fewer threads within 10%
-            choice = ThreadChoice(pick, "measured fastest" if len(candidates) > 1 else "1 CPU available",
+            choice = ThreadChoice(pick, "measured fastest" if len(candidates) > 1 else ONE_CPU,
                                   cpus, times)
     if model is not None and choice.threads not in choice.forward_ms:
         choice.forward_ms[choice.threads] = forward_ms(model, choice.threads, repeats)

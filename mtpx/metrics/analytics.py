@@ -25,13 +25,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["per_position", "position0_buckets", "predict_position0", "by_category", "analytics"]
+__all__ = ["per_position", "position0_buckets", "predict_position0", "by_category", "analytics", "wilson_interval"]
 
 Rounds = Sequence[tuple[int, int, int]]  # one request's (num_draft_tokens, num_accepted, num_committed)
 
 
 def _rate(num: int, den: int) -> float | None:
     return num / den if den else None
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float] | None:
+    """The Wilson score interval (Wilson 1927) of a rate successes / n, as (low, high) fractions
+    (z = 1.96: 95%); None for n = 0. Unlike the normal approximation it stays inside [0, 1] and is
+    not empty at 0 or n successes, so it suits the few rounds that reach late draft positions."""
+    if n <= 0:
+        return None
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: need 0 <= successes <= n, got {successes} of {n}")
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z / (1 + z2 / n) * (p * (1 - p) / n + z2 / (4 * n * n)) ** 0.5
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def per_position(requests: Sequence[Rounds], k: int) -> dict:

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtpx.io import atomic_write_bytes
-from mtpx.metrics.analytics import predict_position0
+from mtpx.io import atomic_write_bytes, source_commit, utc_now
+from mtpx.metrics.analytics import predict_position0, wilson_interval
 from mtpx.metrics.report import DASH, format_comparison
 
 __all__ = [
@@ -185,6 +185,14 @@ def _save(fig, path: Path) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
+def conditional_intervals(pp: dict) -> tuple[list[float | None], list[float | None]]:
+    """95% Wilson intervals (mtpx.metrics.analytics.wilson_interval) of the conditional
+    per-position rates of analytics' per_position (accepted / reached): (lows, highs), None where
+    no round reached the position."""
+    cis = [wilson_interval(a, n) for a, n in zip(pp["accepted"], pp["reached"])]
+    return [None if c is None else c[0] for c in cis], [None if c is None else c[1] for c in cis]
+
+
 def _pct(values: Sequence[float | None]) -> list[float]:
     """Fractions as percentages; None as NaN (a gap in lines, no bar)."""
     return [float("nan") if v is None else v * 100 for v in values]
@@ -201,19 +209,39 @@ def _bucket_rows(buckets: dict) -> list[tuple[str, int, float | None]]:
     return rows
 
 
-def _draw_buckets(ax, buckets: dict, title: str) -> None:
+BUCKET_COLORS = {"first": "#999999", "rejection": "#d62728", "all": "#2ca02c"}
+BUCKET_LEGEND = (("first", "first round (no previous round)"),
+                 ("rejection", "previous round ended in a rejection (0 .. k-1 accepted)"),
+                 ("all", "previous round accepted every draft"))
+
+
+def _bucket_patches() -> list:
+    from matplotlib.patches import Patch
+    return [Patch(color=BUCKET_COLORS[key], label=text) for key, text in BUCKET_LEGEND]
+
+
+def _draw_buckets(ax, buckets: dict, title: str, colours_legend: bool = True) -> None:
+    """The position-0 bars on `ax`. colours_legend: the colours and the dashed line explained in a
+    legend below the axes (one run's figure); else only the dashed line, inside (the comparison
+    figure explains the colours once for all its panels)."""
     rows = _bucket_rows(buckets)
     labels = [r[0] for r in rows]
-    colors = ["#999999"] + ["#d62728"] * (len(rows) - 2) + ["#2ca02c"]
+    colors = [BUCKET_COLORS["first"]] + [BUCKET_COLORS["rejection"]] * (len(rows) - 2) + [BUCKET_COLORS["all"]]
     bars = ax.bar(range(len(rows)), _pct([r[2] for r in rows]), color=colors)
     for bar, (_, count, rate) in zip(bars, rows):
         y = 0 if rate is None else rate * 100
         ax.annotate(f"n={count}", (bar.get_x() + bar.get_width() / 2, y), ha="center", va="bottom",
                     fontsize=7, xytext=(0, 2), textcoords="offset points")
+    handles = _bucket_patches() if colours_legend else []
     total = buckets["total"]["rate"]
     if total is not None:
-        ax.axhline(total * 100, color="black", lw=0.8, ls="--", label=f"all after round 1: {total * 100:.1f}%")
-        ax.legend(fontsize=7, loc="upper left")
+        handles.append(ax.axhline(total * 100, color="black", lw=0.8, ls="--",
+                                  label=f"every round after the first: {total * 100:.1f}%"))
+    if colours_legend:
+        ax.legend(handles=handles, fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2,
+                  frameon=False)   # below the axes: explains the colours, hides no bar
+    elif handles:
+        ax.legend(handles=handles, fontsize=7, loc="upper left")   # above the 100% line (ylim 125)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_xlabel("previous round: drafts accepted")
     ax.set_ylabel("position-0 acceptance (%)")
@@ -234,14 +262,29 @@ def _categories_with_data(metrics: dict) -> dict[str, dict]:
 
 
 def run_identity(metrics: dict) -> str:
-    """'MODEL · SPEC k=K · DATA · N prompts' from metrics["run"] (mtpx.evaluate), for figure
-    titles; '' for a metrics dict without it (an older metrics.json)."""
+    """'MODEL · SPEC k=K · DATA · N prompts · DATE · commit C' from metrics["run"]
+    (mtpx.evaluate), for figure titles; the date (UTC, to the minute) and the commit's first 9
+    hex digits ("+dirty" kept) when recorded; '' for a metrics dict without "run" (an older
+    metrics.json)."""
     r = metrics.get("run") or {}
     if not r:
         return ""
     spec = f"{r['spec']} k={r['num_speculative_tokens']}" if r.get("spec") else "plain decoding"
     partial = " (interrupted)" if metrics.get("partial") else ""
-    return f"{Path(str(r.get('model', ''))).name} · {spec} · {r.get('data')} · {r.get('num_prompts')} prompts{partial}"
+    return (f"{Path(str(r.get('model', ''))).name} · {spec} · {r.get('data')} · {r.get('num_prompts')} prompts"
+            f"{partial}{provenance(r.get('date'), r.get('commit'))}")
+
+
+def provenance(date: str | None, commit: str | None) -> str:
+    """' · 2026-12-03 16:40 UTC · commit 04292ad1f' (the parts that are known), for figure titles.
+    date: ISO 8601 in UTC (mtpx.io.utc_now); commit: mtpx.io.source_commit's."""
+    parts = []
+    if date:
+        parts.append(f"{str(date)[:16].replace('T', ' ')} UTC")
+    if commit:
+        head, dirty = str(commit).partition("+")[::2]
+        parts.append(f"commit {head[:9]}" + (f"+{dirty}" if dirty else ""))
+    return "".join(f" · {p}" for p in parts)
 
 
 def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
@@ -267,26 +310,33 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
     pp = a.get("per_position") or {}
     if pp.get("num_rounds") and _has(pp.get("unconditional")):
         k = len(pp["unconditional"])
-        fig, (ax,) = _figure(max(4.5, 0.8 * k + 2.5), 3.6)
+        fig, (ax,) = _figure(max(6.0, 0.8 * k + 2.5), 4.0)    # 6 inches: the title's identity line fits
         x = list(range(k))
         ax.bar([i - 0.2 for i in x], _pct(pp["unconditional"]), width=0.4,
                label="unconditional (/ all rounds)")
+        lo, hi = conditional_intervals(pp)
         bars = ax.bar([i + 0.2 for i in x], _pct(pp["conditional"]), width=0.4,
-                      label="conditional (/ rounds reaching the position)")
-        for bar, reached, rate in zip(bars, pp["reached"], pp["conditional"]):
-            ax.annotate(f"n={reached}", (bar.get_x() + bar.get_width() / 2, 0 if rate is None else rate * 100),
+                      label="conditional (/ rounds reaching the position), 95% Wilson interval")
+        rates = _pct(pp["conditional"])
+        nan = float("nan")   # no interval where no round reached the position; rounding never gives one < 0
+        below = [nan if r != r or v != v else max(0.0, r - v) for r, v in zip(rates, _pct(lo))]
+        above = [nan if r != r or v != v else max(0.0, v - r) for r, v in zip(rates, _pct(hi))]
+        ax.errorbar([i + 0.2 for i in x], rates, yerr=[below, above], fmt="none", ecolor="black", elinewidth=0.8,
+                    capsize=2)
+        for bar, reached, top in zip(bars, pp["reached"], hi):
+            ax.annotate(f"n={reached}", (bar.get_x() + bar.get_width() / 2, 0 if top is None else top * 100),
                         ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
         ax.set_xticks(x)
         ax.set_xlabel("draft position")
         ax.set_ylabel("acceptance (%)")
-        ax.set_ylim(0, 115)
+        ax.set_ylim(0, 110)
         ax.set_title(f"Per-position acceptance ({pp['num_rounds']} rounds)", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        fig.legend(fontsize=7, loc="outside lower center", ncols=1)   # below the axes: hides no bar
         save(fig, RUN_FIGURES[0])
     buckets = a.get("position0_buckets")
     if _buckets_have_data(buckets):
-        fig, (ax,) = _figure(max(4.5, 0.6 * len(buckets["rows"]) + 3.0), 3.6)
+        fig, (ax,) = _figure(max(6.0, 0.6 * len(buckets["rows"]) + 3.0), 4.0)
         _draw_buckets(ax, buckets, "Position-0 acceptance by the previous round")
         save(fig, RUN_FIGURES[1])
     cats = _categories_with_data(metrics)
@@ -306,6 +356,37 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         ax1.legend(fontsize=7)
         save(fig, RUN_FIGURES[2])
     return written
+
+
+_K_KEYS = ("spec.num_speculative_tokens", "+spec.num_speculative_tokens")
+
+
+def k_series(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """The spec runs of throughput_vs_k.png as series (lines over k): runs of one method and
+    verification whose settings other than k agree (their data set, mode and command-line
+    overrides), labelled by the method (and what sets a series apart). A series never holds two
+    runs of the same k: such runs (a repeat, another machine) become points of their own,
+    labelled by run name, instead of one line zigzagging between them."""
+    def setting(r: Run) -> tuple:
+        spec = (r.config or {}).get("spec") or {}
+        others = tuple(sorted(o for o in (r.overrides or []) if not o.lstrip("+~").startswith(_K_KEYS[0])
+                              and not o.startswith("hydra.")))
+        return (r.method or "spec", spec.get("verify") == "block", run_data(r), run_mode(r), others)
+
+    groups: dict[tuple, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(setting(r), []).append(r)
+    methods = [key[0] + (" block" if key[1] else "") for key in groups]
+    out: dict[str, list[Run]] = {}
+    for (key, rs), method in zip(groups.items(), methods):
+        label = method
+        if methods.count(method) > 1:          # the same method in several settings: say which
+            label += f" ({', '.join(str(x) for x in (key[2], key[3], *key[4]) if x)})"
+        if len({r.k for r in rs}) == len(rs):
+            out[label] = rs
+        else:
+            out.update({r.name: [r] for r in rs})
+    return out
 
 
 def _draw_category_bars(ax, cats_by_run: dict[str, dict[str, dict]]) -> None:
@@ -343,6 +424,14 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
     """
     out, written = Path(out_dir), []
     spec = [r for r in runs if r.is_spec]
+    # the runs compared, and when and with which commit the figure was drawn (each run's own date
+    # and commit are in its figures and in the dashboard's table)
+    heading = f"runs: {', '.join(r.name for r in runs)}{provenance(utc_now(), source_commit())}"
+
+    def save(fig, name: str) -> Path:
+        fig.suptitle(heading, fontsize=8)
+        return _save(fig, out / name)
+
     if any(_has(r.metrics.get("per_position_acceptance")) for r in spec):
         fig, (ax0, ax1) = _figure(11.0, 4.0, ncols=2)
         kmax = max(r.k for r in spec)
@@ -360,27 +449,23 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
             ax.grid(alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=7, loc="lower left")
-        written.append(_save(fig, out / COMPARISON_FIGURES[0]))
+        written.append(save(fig, COMPARISON_FIGURES[0]))
     with_buckets = [r for r in spec if _buckets_have_data((r.analytics or {}).get("position0_buckets"))]
     if with_buckets:
-        fig, axes = _figure(max(4.5, sum(0.55 * r.k + 2.5 for r in with_buckets)), 3.8, ncols=len(with_buckets))
+        fig, axes = _figure(max(9.0, sum(0.55 * r.k + 2.5 for r in with_buckets)), 4.0, ncols=len(with_buckets))
         for ax, r in zip(axes, with_buckets):
-            _draw_buckets(ax, r.analytics["position0_buckets"], r.name)
-        written.append(_save(fig, out / COMPARISON_FIGURES[1]))
+            _draw_buckets(ax, r.analytics["position0_buckets"], r.name, colours_legend=False)
+        fig.legend(handles=_bucket_patches(), fontsize=7, loc="outside lower center", ncols=3, frameon=False)
+        written.append(save(fig, COMPARISON_FIGURES[1]))
     if any(r.metrics.get("output_throughput") is not None for r in runs):
         fig, (ax0, ax1) = _figure(10.0, 3.8, ncols=2)
-        groups: dict[str, list[Run]] = {}
-        for r in spec:
-            key = r.method or "spec"
-            if ((r.config or {}).get("spec") or {}).get("verify") == "block":
-                key += " block"
-            groups.setdefault(key, []).append(r)
+        series = k_series(spec)
         for ax, key, label in ((ax0, "output_throughput", "output throughput (tok/s)"),
                                (ax1, "median_tpot_ms", "median TPOT (ms)")):
-            for g, rs in groups.items():
+            for g, rs in series.items():
                 pts = sorted((r.k, r.metrics[key]) for r in rs if r.metrics.get(key) is not None)
                 if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=g)
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if len(pts) > 1 else "o", label=g)
             for i, r in enumerate(x for x in runs if not x.is_spec and x.metrics.get(key) is not None):
                 ax.axhline(r.metrics[key], color="gray", ls="--", lw=1, label=r.name if i == 0 else None)
             ax.set_xlabel("num_speculative_tokens")
@@ -394,13 +479,13 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
         if ks:
             for ax in (ax0, ax1):
                 ax.set_xticks(ks)
-        written.append(_save(fig, out / COMPARISON_FIGURES[2]))
+        written.append(save(fig, COMPARISON_FIGURES[2]))
     cats = {r.name: _categories_with_data(r.metrics) for r in spec}
     cats = {n: c for n, c in cats.items() if c}
     if len({c for v in cats.values() for c in v}) > 1:
         fig, (ax,) = _figure(max(5.0, 1.2 * len({c for v in cats.values() for c in v}) * len(cats) + 2), 3.8)
         _draw_category_bars(ax, cats)
-        written.append(_save(fig, out / COMPARISON_FIGURES[3]))
+        written.append(save(fig, COMPARISON_FIGURES[3]))
     return written
 
 

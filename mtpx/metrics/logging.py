@@ -116,6 +116,12 @@ class RunLogger:
         if self.run is not None:
             self.run.log(data, step=step)
 
+    def update_config(self, values: Mapping[str, Any]) -> None:
+        """Replace or add run-config entries once they are known (the loaded model's architecture,
+        the thread count): W&B's run.config.update with allow_val_change."""
+        if self.run is not None:
+            self.run.config.update(dict(values), allow_val_change=True)
+
     @property
     def run_id(self) -> str | None:
         return None if self.run is None else self.run.id

@@ -1,6 +1,7 @@
 """A Hydra multirun as one table (`sweep_table`, used by tools/sweep_table.py): one markdown row
 per job, the overrides that vary first, and the failed, incomplete or never-started jobs with
-their reason."""
+their reason. `SweepTableCallback` (conf/config.yaml's hydra.callbacks) prints it when a multirun
+ends and writes it into the sweep folder (sweep.md)."""
 from __future__ import annotations
 
 import os
@@ -9,10 +10,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hydra.experimental.callback import Callback
+
 from mtpx.metrics.dashboard import RunDirError, md_row, read_metrics, read_yaml
 from mtpx.metrics.report import DASH
 
-__all__ = ["SweepJob", "collect_sweep", "sweep_table"]
+__all__ = ["SweepJob", "collect_sweep", "sweep_table", "SweepTableCallback"]
 
 
 @dataclass
@@ -27,10 +30,11 @@ class SweepJob:
     problems: list[str] = field(default_factory=list)
 
 
-_NO_METRICS = ("no metrics.json: the job failed before writing it, or is still running "
-               "(train_or_eval.py prints a job's error to the sweep's stderr, not into the job folder)")
-_NOT_STARTED = ("not started: the sweep stopped before this job (train_or_eval.py exits the whole "
-                "multirun when a job exits with an error)")
+_NO_METRICS = ("no metrics.json: the job stopped before writing it (killed, or a crash with a traceback "
+               "on the sweep's stderr), or is still running")
+_FAILED = "failed before writing metrics.json: "   # + the error line the job recorded (error.txt, its log)
+_NOT_STARTED = ("not started: the sweep was stopped before this job (a failed job does not stop it: "
+                "train_or_eval.py runs the next one), or is still running")
 
 
 def _job_num(path: Path, root: Path) -> int | None:
@@ -99,7 +103,7 @@ def collect_sweep(multirun_dir: str | os.PathLike) -> list[SweepJob]:
                 job.problems.append(str(err))
             else:
                 error = _log_error(d)
-                job.problems.append(_NO_METRICS + (f"; log: {error}" if error else ""))
+                job.problems.append(_FAILED + error if error else _NO_METRICS)
         if job.metrics is not None:
             m = job.metrics
             if m.get("lossless_mismatches"):
@@ -165,7 +169,31 @@ def sweep_table(multirun_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None
     problems = [j for j in jobs if j.problems]
     if problems:
         out.append("## Failed or incomplete jobs\n")
-        out.append("".join(
-            f"- job {DASH if j.num is None else j.num} (`{' '.join(j.overrides) or 'no overrides'}`): "
-            f"{'; '.join(j.problems)}\n" for j in problems))
+        def own(j: SweepJob) -> str:   # the job's overrides less the common ones (listed above)
+            return " ".join(o for o in j.overrides if o not in common) or "no overrides"
+        out.append("".join(f"- job {DASH if j.num is None else j.num} (`{own(j)}`): {'; '.join(j.problems)}\n"
+                           for j in problems))
     return "\n".join(out)
+
+
+class SweepTableCallback(Callback):
+    """Hydra callback: at the end of a multirun, print the sweep table and write it into the
+    sweep folder as sweep.md (tools/sweep_table.py does the same for any multirun folder). A
+    folder that cannot be read or written gets one line on stderr instead."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        import sys
+
+        from mtpx.io import atomic_write_text, disk_error_line
+        root = Path(str(config.hydra.sweep.dir))
+        try:
+            text = sweep_table(root, collect_sweep(root))
+            out = atomic_write_text(root / "sweep.md", text)
+        except RunDirError as err:
+            print(f"sweep table: {err}", file=sys.stderr)
+            return
+        except OSError as err:
+            print(f"sweep table: not written: {disk_error_line(err) or err}", file=sys.stderr)
+            return
+        print("\n" + text, end="")
+        print(f"\nsweep table: {out}")

@@ -119,6 +119,7 @@ def register() -> None:
     names (conf/config.yaml): this process's id."""
     cs = ConfigStore.instance()
     OmegaConf.register_new_resolver("run_id", lambda: str(os.getpid()), use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("config_groups", lambda: config_groups_text(CONF_DIR), replace=True)
     cs.store(name="run_schema", node=omegaconf_node(RunConfig))
     for group, options in SCHEMAS.items():
         for name, node in options.items():
@@ -142,6 +143,16 @@ def data_dir(conf_dir: Path) -> Path:
     conf_dir = Path(conf_dir).resolve()
     path = Path(OmegaConf.load(conf_dir / "config.yaml").data_dir)
     return path if path.is_absolute() else (conf_dir.parent / path).resolve()
+
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"   # train_or_eval.py's config folder
+
+
+def config_groups_text(conf_dir: Path) -> str:
+    """`--help`'s list of config groups, one line each ("data: builtin, gsm8k, ..."), without the
+    schema entries (conf/config.yaml's hydra.help.template reads it as `${config_groups:}`)."""
+    groups = sorted({p.name for p in conf_dir.iterdir() if p.is_dir()} | {"engine"})
+    return "\n".join(f"{'+' if g == 'spec' else ''}{g}: {', '.join(group_choices(g, conf_dir))}" for g in groups)
 
 
 def group_choices(group: str, conf_dir: Path) -> list[str]:

@@ -328,8 +328,9 @@ class TrainConfig(_Group):
     """Documents of each source held out for validation."""
     log_every: int = 10
     """A progress line / W&B point every this many steps."""
-    threads: int = 2
-    """Torch threads."""
+    threads: Optional[int] = None
+    """Torch threads (null = measured at start-up as eval's: the fastest count the CPUs allow;
+    OMP_NUM_THREADS wins; a resume keeps the run's count)."""
     device: str = "cpu"
     """cpu | cuda."""
     save_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -355,7 +356,7 @@ class TrainConfig(_Group):
     _choose = "use one of"
     REQUIRED = ("out_dir", "steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay",
                 "grad_clip", "mtp_loss_weight", "freeze_base", "eval_every", "eval_batches", "save_every",
-                "seed", "tokenizer_vocab_size", "data_sources", "log_every", "threads")
+                "seed", "tokenizer_vocab_size", "data_sources", "log_every")
 
     @classmethod
     def check(cls, section: str, t) -> None:
@@ -370,8 +371,10 @@ class TrainConfig(_Group):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
                 raise ValueError(f"{section}.{key}={value!r}: must be {requirement}")
 
-        for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "threads", "tokenizer_vocab_size"):
+        for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "tokenizer_vocab_size"):
             check(key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+        if t.get("threads") is not None:
+            check("threads", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1, or null (measured at start-up)")
         for key in ("warmup_steps", "eval_every", "save_every", "seed"):
             check(key, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)"
                   if key != "seed" else "an integer >= 0")

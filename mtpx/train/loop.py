@@ -23,8 +23,8 @@ Config (an OmegaConf DictConfig; a plain dict is accepted):
             (missing draft modules start from random init, extra ones are dropped).
     train:  out_dir, steps, batch_size, seq_len, lr, min_lr, warmup_steps, weight_decay, grad_clip,
             mtp_loss_weight, freeze_base, eval_every, eval_batches, save_every, resume, seed,
-            tokenizer_vocab_size, data_sources, gsm8k_path, log_every, threads
-            optional: val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
+            tokenizer_vocab_size, data_sources, gsm8k_path, log_every
+            optional: threads (None: measured, setup.choose_train_threads), val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
             save_dtype ("float32"), parallel ("auto"), dist_timeout_s (120), mtp_loss_decay (1.0),
             mtp_unroll (0), mtp_share_fc (false), autocast (None: float32; "bfloat16"), distill_path (None: the folder of data source "distill")
     data:   not read here (eval settings)
@@ -61,8 +61,10 @@ from mtpx.train.data import (
     val_batches,
 )
 from mtpx.train.losses import Objective
-from mtpx.train.records import depth_names, format_losses, format_losses_compact, plot_loss_curve, write_losses_csv
-from mtpx.train.setup import check_cfg, check_device, init_from, model_fields, prepare_out_dir, warn_changed
+from mtpx.train.records import (depth_names, format_losses, format_losses_compact, loss_curve_identity,
+                                plot_loss_curve, write_losses_csv)
+from mtpx.train.setup import (check_cfg, check_device, choose_train_threads, init_from, model_fields,
+                              prepare_out_dir, warn_changed)
 from mtpx.train.tokenizer import tokenizer_sha256, train_tokenizer
 
 LogFn = Callable[[dict[str, float], int], None]
@@ -205,7 +207,8 @@ def evaluate(model: MTPForCausalLM, batches: list[torch.Tensor], mtp_loss_weight
 # the loop
 
 
-def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None) -> Path:
+def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None,
+          on_config: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Train (or resume, or extend) a model with the joint next-token + MTP loss; see module doc.
 
     Args:
@@ -216,6 +219,9 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
             over ranks; called on rank 0 only).
         extra_state: JSON values kept in every saved trainer_state.json (the W&B run id, so a
             resumed run logs to the same W&B run).
+        on_config: called once the model is built (rank 0) with what the run config cannot say
+            beforehand: {"model": the architecture trained (a checkpoint's, with model.path),
+            "threads": the torch thread count, "threads_reason"} (the W&B run config's).
 
     Returns:
         Path of the final checkpoint folder (train.out_dir), holding the model, tokenizer,
@@ -234,15 +240,18 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
     info = distributed.resolve(str(t.get("parallel", "auto")), bool(t.freeze_base), int(t.batch_size))
     info, device = distributed.init(info, str(t.get("device", "cpu")), float(t.get("dist_timeout_s", 120)))
     try:
-        return _train(cfg, t, info, device, log_fn if info.is_main else None, extra_state)
+        return _train(cfg, t, info, device, log_fn if info.is_main else None, extra_state,
+                      on_config if info.is_main else None)
     finally:
         distributed.shutdown(info)
 
 
 def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: torch.device,
-           log_fn: LogFn | None, extra_state: dict[str, Any] | None) -> Path:
-    torch.set_num_threads(int(t.threads))
+           log_fn: LogFn | None, extra_state: dict[str, Any] | None,
+           on_config: Callable[[dict[str, Any]], None] | None = None) -> Path:
     console = Console(stderr=True, quiet=not info.is_main)
+    if t.get("threads") is not None:
+        torch.set_num_threads(int(t.threads))   # before the data and tokenizer are prepared
     out_dir = Path(t.out_dir)
     seed = int(t.seed)
     want_resume = bool(t.get("resume", True))
@@ -294,6 +303,11 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
                          f"model has {model.cfg.num_nextn_predict_layers} MTP modules: set "
                          "model.num_nextn_predict_layers=1, or train.mtp_unroll=0")
     model.to(device)
+    threads = choose_train_threads(t, model, info, ckpt.load_trainer_state(out_dir).get("threads") if resume else None)
+    console.print(threads.describe())
+    if on_config is not None:
+        on_config({"model": {**model.cfg.to_dict(), "path": cfg.model.get("path")}, "threads": threads.threads,
+                   "threads_reason": threads.reason})
     if int(t.seq_len) > model.cfg.max_position_embeddings:
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings="
                          f"{model.cfg.max_position_embeddings}: lower train.seq_len")
@@ -343,11 +357,13 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
         if not info.is_main:
             return
         state = {**(extra_state or {}), "step": step, "loss_history": history, "config": run_config,
+                 "threads": threads.threads,
                  "data": {"train_tokens": train_corpus.num_tokens(), "val_tokens": val_corpus.num_tokens()}}
 
         def extras(folder: Path) -> None:
             write_losses_csv(history, folder / "losses.csv", num_mtp)
-            plot_loss_curve(history, folder / "loss_curve.png", num_mtp)
+            plot_loss_curve(history, folder / "loss_curve.png", num_mtp,
+                            loss_curve_identity(out_dir, model.cfg, t, step))
 
         ckpt.save_checkpoint(out_dir, model, tok, optimizer=opt, trainer_state=state, dtype=save_dtype,
                              extra_files=extras, model_state=model_state, optimizer_state=opt_state)

@@ -1,10 +1,17 @@
-"""What a training run writes and prints about its losses: losses.csv, loss_curve.png, and the
-loss lines of the log and the progress bar (mtpx.train.loop calls them)."""
+"""What a training run writes and prints about its losses: losses.csv, loss_curve.png (and its
+title line), and the loss lines of the log and the progress bar (mtpx.train.loop calls them)."""
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 from typing import Any
+
+from omegaconf import DictConfig
+
+from mtpx.io import source_commit, utc_now
+from mtpx.metrics.dashboard import provenance
+from mtpx.models.config import ModelConfig
+
 
 
 def depth_names(num_mtp: int) -> list[str]:
@@ -21,9 +28,10 @@ def write_losses_csv(history: list[dict[str, Any]], file: Path, num_mtp: int) ->
         w.writerows(history)
 
 
-def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> None:
+def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int, identity: str | None = None) -> None:
     """PNG with two panels, train loss and val loss per depth: main in black, MTP depth k in a
-    viridis colour from dark (depth 1) to light (depth num_mtp), one legend entry per depth."""
+    viridis colour from dark (depth 1) to light (depth num_mtp), one legend entry per depth;
+    identity: the run's line above them (`loss_curve_identity`)."""
     # Figure + Agg canvas directly: no pyplot global state, no display needed
     from matplotlib import colormaps
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -45,6 +53,8 @@ def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> 
         ax.set_title(f"{split} loss per depth", fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("cross-entropy (nats/token)")
+    if identity:
+        fig.suptitle(identity, fontsize=8)
     handles, labels = axes[1].get_legend_handles_labels()
     if not handles:                      # no validation yet
         handles, labels = axes[0].get_legend_handles_labels()
@@ -52,6 +62,14 @@ def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int) -> 
         axes[1].legend(handles, labels, fontsize=7, ncol=1, loc="upper right",
                        title="main = next token, mtpk = token k+1 ahead", title_fontsize=7)
     fig.savefig(file)
+
+
+def loss_curve_identity(out_dir: Path, mcfg: ModelConfig, t: DictConfig, step: int) -> str:
+    """loss_curve.png's title: 'OUT_DIR · L layers x H, N MTP modules (style) · data SOURCES ·
+    step S of STEPS · DATE UTC · commit C'."""
+    return (f"{out_dir.name} · {mcfg.num_hidden_layers} layers x {mcfg.hidden_size}, "
+            f"{mcfg.num_nextn_predict_layers} MTP modules ({mcfg.mtp_style}) · data {','.join(map(str, t.data_sources))}"
+            f" · step {step} of {t.steps}{provenance(utc_now(), source_commit())}")
 
 
 def format_losses(losses: dict[str, float], names: list[str]) -> str:

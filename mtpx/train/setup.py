@@ -1,6 +1,7 @@
 """The checks and state a training run starts from: the config's train section (its own checks are
-mtpx.schema's TrainConfig.check; here those across sections), the device, the output folder, the
-model from model.path, and the fields a resumed run changed (mtpx.train.loop calls them)."""
+mtpx.schema's TrainConfig.check; here those across sections), the device, the thread count, the
+output folder, the model from model.path, and the fields a resumed run changed (mtpx.train.loop
+calls them)."""
 from __future__ import annotations
 
 import os
@@ -13,18 +14,45 @@ from rich.console import Console
 from tokenizers import Tokenizer
 
 from mtpx import schema
+from mtpx.engine.threads import ThreadChoice, available_cpus, choose_threads
 from mtpx.io import recover_folder
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.train import checkpoint as ckpt
+from mtpx.train import distributed
 
+
+
+def choose_train_threads(t: DictConfig, model: MTPForCausalLM, info: distributed.DistInfo,
+                    resumed: int | None) -> ThreadChoice:
+    """train.threads, chosen as eval's (mtpx.engine.threads.choose_threads): an explicit count,
+    then OMP_NUM_THREADS, then the count a resumed run used (so the resume computes as the run
+    did), then the fastest count measured on the model (on a GPU: every CPU, unmeasured); under
+    torchrun with several ranks on a node, the node's CPUs shared between them instead of a
+    measurement (the ranks run at once)."""
+    requested = t.get("threads")
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if requested is not None or (env.isdigit() and int(env) >= 1):
+        return choose_threads(None, requested, "train.threads")     # set, nothing to measure
+    if resumed is not None:
+        torch.set_num_threads(int(resumed))
+        return ThreadChoice(int(resumed), "the count the resumed run started with", available_cpus())
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    if info.active and local > 1:
+        n = max(1, available_cpus() // local)
+        torch.set_num_threads(n)
+        return ThreadChoice(n, f"the node's CPUs shared by its {local} ranks", available_cpus())
+    on_gpu = next(model.parameters()).device.type != "cpu"       # the CPU threads barely matter: no measurement
+    return choose_threads(None if on_gpu else model, requested, "train.threads")
 
 
 def check_cfg(cfg: DictConfig) -> DictConfig:
+    """The run config's train section, checked: its own keys by mtpx.schema (TrainConfig.check),
+    here those across sections (model.path, freeze_base, seq_len against the model)."""
     for section in ("model", "train"):
         if section not in cfg:
             raise ValueError(f"config has no '{section}' section: pass the full run config (model, train, data)")
-    schema.check("train", cfg.train)         # the section's own checks (mtpx/schema/groups.py)
+    schema.check("train", cfg.train)
     t = cfg.train
     if cfg.model.get("path") is not None and not str(cfg.model.get("path")).strip():
         raise ValueError("model.path is empty: give the checkpoint folder to start from (model.path=DIR), or leave "

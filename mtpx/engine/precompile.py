@@ -1,0 +1,174 @@
+"""Whole compiled functions saved and loaded across runs (torch.compile's AOT precompile), so a
+second run of the same settings neither traces nor compiles.
+
+Inductor's caches (compile_progress.use_cache_dir) spare a warm run the code generation, but
+Dynamo still traces every graph again: 2-7 s a graph on the demo's CPU, most of a warm start. A
+`Precompiled` function instead keeps each graph it builds as one file, Dynamo's bytecode, its
+guards and Inductor's compiled code together (`torch.compile(...).aot_compile`,
+`torch.compiler.load_compiled_function`), and a later run loads the file and calls it.
+
+    fn = Precompiled(verify_forward, folder, options, persistent)
+    fn.call("verify (1-token window)", (model, cache, meta), mark, progress)
+
+A graph is found by the name of the call (which carries its static widths) and by its guards:
+the files of one name are the variants compiled for it (a graph Inductor specialized to
+batches of two or more gets a batch-1 sibling), and the first whose guards pass the arguments
+runs. None passing: a new variant is compiled, saved atomically and loaded back, so a run that
+compiled calls the same deserialized code as a later run that loads it.
+
+`folder` is keyed by everything the saved code depends on (`precompile_key`): the model's
+configuration, dtypes, the cache's geometry, the speculator and k, the compile settings, torch's
+version, the thread count and a hash of mtpx's own source, so a change to any of them compiles
+afresh. Guards on nn.Module identities, globals and dict versions cannot be serialized and are
+not kept (the engine never swaps its weights, and its code is in the key); tensor shapes,
+strides and dtypes are. Dimension marks (mark_dynamic / mark_static) are applied only while
+compiling and removed after, because a loaded guard set treats a marked tensor as a different
+input. Anything the precompile path cannot do (a graph break, an unserializable guard) makes
+that function fall back to plain torch.compile for the rest of the run, with one line saying so.
+CPU only: CUDA graphs are recorded by the process that runs them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+import torch._dynamo.package as dynamo_package
+from torch._dynamo.guards import CheckFunctionManager
+
+_UNSERIALIZABLE = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+
+
+def _source_hash() -> str:
+    """sha256 of mtpx's Python source (the saved bytecode calls into it)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def precompile_key(parts: dict) -> str:
+    """A short hash of `parts` (JSON-able) with torch's version, the thread count and mtpx's
+    source hash added."""
+    full = {**parts, "torch": torch.__version__, "threads": torch.get_num_threads(), "mtpx": _source_hash()}
+    return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def guard_filter(entries):
+    """torch.compile's guard_filter_fn for saved graphs: no nn.Module guards (as the engine's
+    other compiled code), and none of the kinds that cannot be serialized."""
+    keep = torch.compiler.skip_guard_on_all_nn_modules_unsafe(entries)
+    return [k and not (g.is_global or g.guard_type in _UNSERIALIZABLE
+                       or any(t in _UNSERIALIZABLE for t in (g.derived_guard_types or ())))
+            for k, g in zip(keep, entries)]
+
+
+def _tensors(obj, depth: int = 0):
+    """The tensors in an argument: a tensor, a list / tuple of arguments, or a dataclass's fields."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 3 and isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from _tensors(x, depth + 1)
+    elif depth < 3 and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, f.name), depth + 1)
+
+
+def unmark(tensors) -> None:
+    """Remove Dynamo's dimension marks (mark_dynamic, mark_static, ...) from tensors."""
+    for t in tensors:
+        for attr in [a for a in vars(t) if a.startswith("_dynamo_") or a == "_has_dynamo_dim_marking"]:
+            delattr(t, attr)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
+
+
+class Precompiled:
+    """One function compiled graph by graph into files under `folder` (module doc).
+
+    fn: a module-level function whose inputs are all arguments; options / patches: torch.compile's
+    options and the config context managers to trace under (a callable returning one);
+    persistent: a callable giving the tensors that are read through the arguments' attributes
+    and must be marked static while compiling (marked by mark_persistent)."""
+
+    def __init__(self, fn, folder: Path, backend: str, options: dict, patches, persistent, mark_persistent):
+        self.fn, self.folder, self.backend, self.fallback_options = fn, Path(folder), backend, options
+        self.options = {**options, "guard_filter_fn": guard_filter}
+        self.patches, self.persistent, self.mark_persistent = patches, persistent, mark_persistent
+        self.variants: dict[str, list] = {}
+        self.fallback = None        # torch.compile'd fn after the precompile path failed
+
+    def _load(self, path: Path, args: tuple):
+        """load_compiled_function with the guard state's locals set to the real arguments: its
+        pickled guard tree holds no nn.Modules, and rebuilding the guards reads through them."""
+        scope = inspect.signature(self.fn).bind(*args).arguments
+        original = dynamo_package.load_guards_state
+
+        def load_guards_state(data):
+            state = original(data)
+            state.output_graph.local_scope.update(scope)
+            return state
+
+        dynamo_package.load_guards_state = load_guards_state
+        try:
+            with open(path, "rb") as fh, torch._guards.tracing(torch._guards.TracingContext(None)):
+                f = torch.compiler.load_compiled_function(fh, f_globals=self.fn.__globals__)
+        finally:
+            dynamo_package.load_guards_state = original
+        f.disable_guard_check()     # call() checks the guards itself, once
+        return f
+
+    def _compile(self, name: str, args: tuple, mark, progress):
+        path = self.folder / f"{_slug(name)}.{len(self.variants[name])}.bin"
+        with progress.build(name, "compiled"):
+            mark()
+            self.mark_persistent()
+            compiled = torch.compile(self.fn, backend=self.backend, fullgraph=True, options=self.options)
+            with self.patches():
+                f = compiled.aot_compile((args, {}))
+            self.folder.mkdir(parents=True, exist_ok=True)
+            f.save_compiled_function(str(path))     # written atomically
+            unmark([*self.persistent(), *_tensors(args)])
+            return self._load(path, args)
+
+    def call(self, name: str, args: tuple, mark, progress):
+        """fn(*args) through the first saved or compiled graph of `name` whose guards pass;
+        mark() applies the arguments' dimension marks (called only when compiling)."""
+        if self.fallback is not None:
+            mark()
+            self.mark_persistent()
+            with self.patches(), progress.call(name):
+                return self.fallback(*args)
+        variants = self.variants.get(name)
+        if variants is None:
+            variants = self.variants[name] = []
+            for path in sorted(self.folder.glob(f"{_slug(name)}.*.bin")):
+                try:
+                    with progress.build(name, "loaded"):
+                        variants.append(self._load(path, args))
+                except Exception as err:  # noqa: BLE001 - a stale or foreign file: compile instead
+                    print(f"engine.compile: {path} could not be loaded ({type(err).__name__}: {err}); "
+                          "compiling it again", file=sys.stderr)
+        for f in variants:
+            if f.guard_check(*args):
+                return f(*args)
+        try:
+            f = self._compile(name, args, mark, progress)
+        except Exception as err:  # noqa: BLE001 - the precompile path is an optimisation
+            print(f"engine.compile: {name}: cannot be saved for later runs ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0] if str(err) else ''}); compiling it with torch.compile "
+                  "(a later run traces it again)", file=sys.stderr, flush=True)
+            self.fallback = torch.compile(self.fn, backend=self.backend, options=self.fallback_options)
+            return self.call(name, args, mark, progress)
+        variants.append(f)
+        return f(*args)
