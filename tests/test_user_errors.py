@@ -133,7 +133,8 @@ def test_eval_max_tokens_past_the_model_length_warns_and_the_header_shows_the_ca
 
 
 def test_empty_model_path_is_an_error_not_the_demo():
-    from mtpx.evaluate import DEFAULT_MODEL, model_path
+    from mtpx.engine.llm import DEFAULT_MODEL
+    from mtpx.evaluate import model_path
     assert model_path(OmegaConf.create({"model": {"path": None}})) == DEFAULT_MODEL
     with pytest.raises(ValueError, match="^model.path is empty: give a checkpoint folder"):
         model_path(OmegaConf.create({"model": {"path": ""}}))
