@@ -48,8 +48,8 @@ from mtpx.data.prompts import check_data_config, load_prompts
 from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
-from mtpx.evaluate import (_int_or_none, _Stop, cap_max_tokens, engine_args, model_path, sampling_params,
-                           spec_args)
+from mtpx import schema
+from mtpx.evaluate import _Stop, cap_max_tokens, engine_args, model_path, sampling_params, spec_args
 from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir,
                      source_commit)
 from mtpx.metrics.progress import ProgressLines
@@ -118,12 +118,8 @@ def run_distill(cfg: DictConfig) -> int:
     if not c.get("out_dir"):
         raise ValueError("distill.out_dir is required: the folder to write the shards to (e.g. distill.out_dir=distill/gsm8k)")
     out_dir = Path(str(c.out_dir))
-    shard_size = _int_or_none("distill", c, "shard_size", 1)
-    if shard_size is None:
-        raise ValueError("distill.shard_size=None: must be an integer >= 1 (prompts per shard)")
-    num_prompts = _int_or_none("distill", c, "num_prompts", 1, "the whole data set")
-    concurrency = _int_or_none("distill", c, "concurrency", 1, "the engine's max_num_seqs")
-    sampling_params(c, 0, "distill")                      # validated before the model loads
+    schema.check("distill", c)                            # mtpx/schema/groups.py, before the model loads
+    shard_size, num_prompts, concurrency = c.shard_size, c.get("num_prompts"), c.get("concurrency")
     _stop_strings(c.get("stop"))
     check_data_config(cfg.data, num_prompts, num_prompts_key="distill.num_prompts")
     if OmegaConf.is_missing(cfg.model, "path"):

@@ -1,8 +1,9 @@
-"""num_speculative_tokens=auto (mtpx/engine/draft_length.py): the policy's arithmetic, and the
+"""num_speculative_tokens=auto (mtpx/engine/auto_k/): the policy's arithmetic, and the
 engine with a k that changes every step: lossless, every proposal equal to from-scratch drafts,
 and the draft modules' KV exact after a stretch of k = 0."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -14,8 +15,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtpx import LLM, SamplingParams
 from mtpx.engine.request import Request
-from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, default_batch_sizes,
-                                      load_step_costs, save_step_costs, step_cost_cache_path)
+from mtpx.engine.auto_k.costs import calibrate_step_costs, default_batch_sizes
+from mtpx.engine.auto_k.policy import AutoDraftLength
+from mtpx.engine.auto_k.store import load_step_costs, save_step_costs, step_cost_cache_path
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, tiny_config)
 from tests.test_reprefill import _reference_kv, kv_at
@@ -23,6 +25,20 @@ from tests.test_reprefill import _reference_kv, kv_at
 
 def costs(ms_by_k: dict[int, list[float]], batches=(1, 4)) -> dict:
     return {(k, b): ms for k, row in ms_by_k.items() for b, ms in zip(batches, row)}
+
+
+def step(p, batch_size: int, max_k: int | None = None) -> int:
+    """One step's k as the scheduler takes it: decide, then commit."""
+    choice = p.decide(batch_size, max_k)
+    p.commit(choice)
+    return choice.k
+
+
+def lower(p, batch_size: int, current: int) -> int:
+    """A running depth as the scheduler lowers it: decide_depth, then commit_depth (its vote)."""
+    choice = p.decide_depth(batch_size, current)
+    p.commit_depth(choice)
+    return choice.depth
 
 
 # ---- the policy ----------------------------------------------------------------------------------
@@ -46,13 +62,13 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
                         probe_interval=0, patience=1)
     p.acceptance = [0.9, 0.9]
-    assert p.choose(1) == 2                              # 2.71 / 15 beats 1.9 / 12 and 1 / 10
-    assert p.choose(4) == 0                              # 1 / 10 beats 1.9 / 25 and 2.71 / 40
+    assert step(p, 1) == 2                              # 2.71 / 15 beats 1.9 / 12 and 1 / 10
+    assert step(p, 4) == 0                              # 1 / 10 beats 1.9 / 25 and 2.71 / 40
     p.acceptance = [0.9, 0.3]
     p.k = 2                                              # 1.9 / 12 = 0.158 vs 2.17 / 15 = 0.145:
-    assert p.choose(1) == 1                              # more than 5% better: switch
+    assert step(p, 1) == 1                              # more than 5% better: switch
     p.acceptance = [0.9, 0.56]
-    assert p.choose(1) == 1                              # k=2 now 2.404 / 15 = 0.160: within 5%, stay
+    assert step(p, 1) == 1                              # k=2 now 2.404 / 15 = 0.160: within 5%, stay
 
 
 def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
@@ -66,9 +82,9 @@ def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hyst
     assert p.depth(1) == 2
     p.acceptance = [0.9, 0.5]                           # k=2: 2.35 / 15 = 0.157: k=1 is best,
     assert p.depth(1) == 2 and p.depth(1, current=2) == 2   # but not by 5% over k = 2, in use
-    assert p.choose(1, max_k=0) == 0 and p.k == 0       # every running request at depth 0: k = 0 in use,
+    assert step(p, 1, max_k=0) == 0 and p.k == 0       # every running request at depth 0: k = 0 in use,
     assert p.depth(1) == 1 and p.depth(4) == 0          # and k = 1's 0.158 beats its 1 / 10 by 5%
-    assert p.choose(1, max_k=1) == 1 and p.choose(4, max_k=1) == 0   # a step's k <= max_k
+    assert step(p, 1, max_k=1) == 1 and step(p, 4, max_k=1) == 0   # a step's k <= max_k
     p.forced = 2
     assert p.depth(1) == 2 and p.depth(1, current=1) == 1
 
@@ -81,21 +97,21 @@ def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row()
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
                         probe_interval=0, patience=3)
     p.acceptance = [0.9, 0.9]
-    assert [p.choose(1) for _ in range(2)] == [2, 2]     # k = 2 in use (max_k at the start)
+    assert [step(p, 1) for _ in range(2)] == [2, 2]     # k = 2 in use (max_k at the start)
     p.acceptance = [0.1, 0.1]                            # now 1 / 10 beats 1.19 / 15 by far
-    assert [p.choose(1) for _ in range(2)] == [2, 2]
+    assert [step(p, 1) for _ in range(2)] == [2, 2]
     p.acceptance = [0.9, 0.9]                            # one step that does not: the count restarts
-    assert p.choose(1) == 2
+    assert step(p, 1) == 2
     p.acceptance = [0.1, 0.1]
-    assert [p.choose(1) for _ in range(3)] == [2, 2, 0]  # the third step in a row switches
+    assert [step(p, 1) for _ in range(3)] == [2, 2, 0]  # the third step in a row switches
     # running requests at depth 2: the scheduler asks once per step and depth, several times here
     p.acceptance = [0.9, 0.9]
-    p.choose(1)
+    step(p, 1)
     p.acceptance = [0.1, 0.1]
     falls = []
     for _ in range(3):
-        p.choose(1)                                      # a new step
-        falls.append([p.depth(1, current=2) for _ in range(4)])
+        step(p, 1)                                      # a new step
+        falls.append([lower(p, 1, 2) for _ in range(4)])
     assert falls == [[2] * 4, [2] * 4, [0] * 4]
     p.acceptance = [0.9, 0.9]
     assert p.depth(1, current=2) == 2                    # not predicted any more: the count resets
@@ -104,22 +120,39 @@ def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row()
 def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
     p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), probe_interval=4, patience=1)
     p.acceptance = [0.5, 0.5]
-    assert [p.choose(1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 0]     # no k below 0
+    assert [step(p, 1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 0]     # no k below 0
     p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), probe_interval=2, patience=1)
-    assert [p.choose(1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
+    assert [step(p, 1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
+
+
+def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide_returned():
+    """choose / depth / decide / decide_depth are queries: asked any number of times they answer
+    the same and change nothing; commit and commit_depth apply the decision (auto_k/policy.py)."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+                        probe_interval=2, patience=2)
+    p.acceptance = [0.1, 0.1]                            # k = 0 pays: a switch from k = 2 is predicted
+    state = copy.deepcopy(vars(p))
+    assert [p.choose(1) for _ in range(5)] == [2] * 5 and [p.depth(1, current=2) for _ in range(5)] == [2] * 5
+    assert p.decide(1) == p.decide(1) and p.decide_depth(1, 2) == p.decide_depth(1, 2)
+    assert vars(p) == state
+    # step 1: a streak of 1; step 2 switches the k in use to 0 and probes one above it; step 3: 0
+    assert [step(p, 1) for _ in range(3)] == [2, 1, 0] and p.k == 0 and p._steps == 3
+    assert [lower(p, 1, 2) for _ in range(3)] == [2, 2, 2]   # one vote this step, however often asked
+    step(p, 1)
+    assert lower(p, 1, 2) == 0                           # the second step in a row
 
 
 def test_measured_step_costs_correct_the_calibration_by_one_factor():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), beta=0.5,
                         probe_interval=0)
     p.acceptance = [0.9, 0.9]
-    assert p.choose(1) == 2                              # 2.71 / 14 beats 1.9 / 12
+    assert step(p, 1) == 2                              # 2.71 / 14 beats 1.9 / 12
     p.observe_step(2, 1, 28.0)                           # k = 2 really costs twice the calibration
     assert p.correction == {2: 2.0} and p.factor == 2.0
     assert p.cost(2, 1) == 28.0 and p.cost(0, 1) == 20.0     # every k: one factor
     p.observe_step(1, 1, 12.0)                           # EMA: 2 + 0.5 (1 - 2)
     assert p.correction == {1: 1.0, 2: 2.0} and p.factor == 1.5 and p.cost(1, 1) == 18.0
-    assert p.choose(1) == 2                              # the calibration's ratios decide
+    assert step(p, 1) == 2                              # the calibration's ratios decide
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():
@@ -522,7 +555,7 @@ def test_auto_needs_a_speculator_and_a_known_word():
 
 
 def test_quadratic_fit_is_the_least_squares_fit():
-    from mtpx.engine.draft_length import _quadratic_fit
+    from mtpx.engine.auto_k.costs import _quadratic_fit
     xs = list(range(1, 9))
     a, b, c = _quadratic_fit(xs, [3.0 + 2.0 * x + 0.5 * x * x for x in xs])   # an exact quadratic
     assert abs(a - 3.0) < 1e-9 and abs(b - 2.0) < 1e-9 and abs(c - 0.5) < 1e-9

@@ -383,7 +383,7 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens=x: must be an integer, null or auto"),
 ])
 def test_typos_and_wrong_types_fail_before_the_run(argv, message):
-    """Structured configs (mtpx/schema.py): an unknown key, with or without '+', or a value of the
+    """Structured configs (mtpx/schema/): an unknown key, with or without '+', or a value of the
     wrong type, is one line naming the key and the closest valid one; each value of a sweep is checked."""
     assert check_overrides(argv, Path(CONF)) == message
 

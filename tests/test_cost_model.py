@@ -1,10 +1,9 @@
-"""Cost model: step-cost medians, throughput prediction and the k recommendation on synthetic
-costs (exact values), and a calibration smoke run through the engine."""
+"""Cost model (mtpx/engine/auto_k/costs.py): step-cost medians, throughput prediction and the k
+recommendation on synthetic costs (exact values), and the calibration the tools run."""
 import pytest
 
 from mtpx.engine.engine import StepTiming
-from mtpx.engine.calibration import calibrate
-from mtpx.metrics.cost_model import predict, recommend, step_costs, tokens_per_round
+from mtpx.engine.auto_k.costs import measure_step_costs, predict, recommend, step_costs, tokens_per_round
 
 
 def test_step_costs_take_medians_of_full_pure_decode_steps():
@@ -38,11 +37,12 @@ def test_prediction_and_recommendation():
         tokens_per_round(acc, 8)
 
 
-def test_calibrate_measures_every_k_and_batch(trained_tiny):
-    rows = calibrate(trained_tiny, "mtp8", ks=[0, 2], batch_sizes=[1, 3], prompt_len=8, steps=4)
-    assert [(r["k"], r["batch_size"]) for r in rows] == [(0, 1), (0, 3), (2, 1), (2, 3)]
-    assert all(r["steps"] >= 1 and r["verify_ms"] > 0 for r in rows)
-    assert all(r["draft_ms"] == 0 for r in rows if r["k"] == 0) and all(r["draft_ms"] > 0 for r in rows if r["k"])
+def test_measure_step_costs_times_every_k_and_batch(trained_tiny):
+    """The tools' calibration is automatic k's own (calibrate_step_costs on a fresh engine)."""
+    rows = measure_step_costs(trained_tiny, "mtp8", batch_sizes=[3, 1], num_speculative_tokens=2,
+                              rounds=2, context_len=8)
+    assert [(r["k"], r["batch_size"]) for r in rows] == [(0, 1), (0, 3), (1, 1), (1, 3), (2, 1), (2, 3)]
+    assert all(set(r) == {"k", "batch_size", "step_ms"} and r["step_ms"] > 0 for r in rows)
 
 
 def test_step_timings_can_be_turned_off(trained_tiny):

@@ -31,8 +31,10 @@ def test_configuration_page_is_generated_from_the_configs():
     assert (DOCS / "configuration.md").read_text() == text, "run python tools/gen_config_docs.py"
     # one row per key of every group, with the meaning from its single source
     assert "| `engine.max_num_seqs` | int | `64` | Running requests at most (batch slots). |" in text
-    assert "| `eval.max_tokens` | int | `128` | output tokens per request |" in text
-    assert "| `spec.num_speculative_tokens` | any | `8` | drafts per step; auto = each step picks k" in text
+    assert "| `eval.max_tokens` | int | `128` | Output tokens per request at most (data=random: exactly" in text
+    assert "| `bench.concurrency` | int \\| None | `16` | Requests in flight at most" in text   # the YAML's override
+    assert "| `spec.num_speculative_tokens` | any | `8` | Drafts per step (an integer >= 1), or auto" in text
+    assert '| `spec.verify` | "standard" \\| "block" | `block` |' in text                    # +spec=mtp8_block
     for group in ("model", "data", "spec", "engine", "eval", "bench", "serve", "train", "distill", "logger"):
         assert f"## `{group}`" in text
 

@@ -3,7 +3,7 @@ update_from_output as the one writer of request progress."""
 from __future__ import annotations
 
 from mtpx.cache.kv_cache_manager import KVCacheManager
-from mtpx.engine.draft_length import AutoDraftLength, FixedDraftLength
+from mtpx.engine.auto_k.policy import AutoDraftLength, FixedDraftLength
 from mtpx.engine.model_runner import RequestResult, RunnerOutput
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams

@@ -60,21 +60,21 @@ def test_train_threads_are_chosen_as_evals(keep_threads, monkeypatch):
     the measured fastest; torchrun ranks on one node share its CPUs."""
     from omegaconf import OmegaConf
 
-    from mtpx.train import loop
+    from mtpx.train import setup
     from mtpx.train.distributed import DistInfo
     model = peaked_model(tiny_config())
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(th, "available_cpus", lambda: 4)
-    monkeypatch.setattr(loop, "available_cpus", lambda: 4)
+    monkeypatch.setattr(setup, "available_cpus", lambda: 4)
     monkeypatch.setattr(th, "forward_ms", lambda m, n, repeats=5: {1: 9.0, 2: 5.0, 4: 4.9}.get(n, 7.0))
     one = DistInfo()
-    c = loop._choose_threads(OmegaConf.create({"threads": None}), model, one, None)
+    c = setup.choose_train_threads(OmegaConf.create({"threads": None}), model, one, None)
     assert (c.threads, c.reason, torch.get_num_threads()) == (2, "measured fastest", 2)
-    assert loop._choose_threads(OmegaConf.create({"threads": 3}), model, one, 1).threads == 3
-    c = loop._choose_threads(OmegaConf.create({"threads": None}), model, one, 1)
+    assert setup.choose_train_threads(OmegaConf.create({"threads": 3}), model, one, 1).threads == 3
+    c = setup.choose_train_threads(OmegaConf.create({"threads": None}), model, one, 1)
     assert (c.threads, c.reason) == (1, "the count the resumed run started with")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    c = loop._choose_threads(OmegaConf.create({"threads": None}), model, DistInfo(mode="ddp", world_size=2), None)
+    c = setup.choose_train_threads(OmegaConf.create({"threads": None}), model, DistInfo(mode="ddp", world_size=2), None)
     assert (c.threads, c.reason) == (2, "the node's CPUs shared by its 2 ranks")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert loop._choose_threads(OmegaConf.create({"threads": None}), model, one, 2).reason == "OMP_NUM_THREADS"
+    assert setup.choose_train_threads(OmegaConf.create({"threads": None}), model, one, 2).reason == "OMP_NUM_THREADS"

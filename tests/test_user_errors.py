@@ -87,7 +87,7 @@ def test_logger_dir_and_distill_out_dir_unwritable(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine can train on cuda")
 def test_train_device_cuda_without_cuda_is_one_line():
-    from mtpx.train.loop import _check_device
+    from mtpx.train.setup import check_device as _check_device
     with pytest.raises(ValueError, match=r"^train.device=cuda: (this torch build has no CUDA|no CUDA GPU is visible)"):
         _check_device("cuda")
     with pytest.raises(ValueError, match="train.device='gpu' is not a device torch knows"):
@@ -133,7 +133,8 @@ def test_eval_max_tokens_past_the_model_length_warns_and_the_header_shows_the_ca
 
 
 def test_empty_model_path_is_an_error_not_the_demo():
-    from mtpx.evaluate import DEFAULT_MODEL, model_path
+    from mtpx.engine.llm import DEFAULT_MODEL
+    from mtpx.evaluate import model_path
     assert model_path(OmegaConf.create({"model": {"path": None}})) == DEFAULT_MODEL
     with pytest.raises(ValueError, match="^model.path is empty: give a checkpoint folder"):
         model_path(OmegaConf.create({"model": {"path": ""}}))

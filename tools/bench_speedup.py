@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.metrics.cost_model import step_costs  # noqa: E402
+from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
 from mtpx.metrics.stats import aggregate_spec  # noqa: E402
 from mtpx.schema import data_dir  # noqa: E402
 

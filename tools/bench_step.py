@@ -45,7 +45,7 @@ import torch  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.engine.compiled import block_bucket, verify_forward  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.metrics.cost_model import step_costs  # noqa: E402
+from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
 from mtpx.spec_decode.sampler import RequestSampling  # noqa: E402
 from mtpx.spec_decode.verification import verify as verify_drafts  # noqa: E402
 

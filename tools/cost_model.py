@@ -7,7 +7,9 @@ throughput for every k from a run's per-position acceptance, recommend k, and co
 RUN_DIR is a run folder of `train_or_eval.py` (its metrics.json gives per_position_acceptance; use
 a run with the largest k). Each --measured run's output throughput is compared with the prediction
 at its k and mean decode batch (added to the batch sizes). The model and its assumptions:
-mtpx/metrics/cost_model.py. Writes cost_model.md and cost_model.json into --out (atomically).
+mtpx/engine/auto_k/costs.py. The step costs are automatic k's start-up calibration
+(calibrate_step_costs: every k from 0 to the largest of --ks at each batch size). Writes
+cost_model.md and cost_model.json into --out (atomically).
 Exit status: 0, or 1 with a one-line error.
 """
 from __future__ import annotations
@@ -22,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from omegaconf import OmegaConf  # noqa: E402
 
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.engine.calibration import calibrate  # noqa: E402
-from mtpx.metrics.cost_model import predict, recommend  # noqa: E402
+from mtpx.engine.auto_k.costs import measure_step_costs, predict, recommend  # noqa: E402
+from mtpx.hf.loader import load_pretrained  # noqa: E402
 
 
 def _run(run_dir: Path) -> dict:
@@ -54,10 +56,10 @@ def main(argv=None) -> int:
     ap.add_argument("--acceptance", required=True, type=Path, help="run folder whose per-position acceptance is used")
     ap.add_argument("--model", default="checkpoints/demo")
     ap.add_argument("--spec", default="mtp8", choices=["mtp1", "mtp8"])
-    ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8])
+    ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8], help="ks to report (all are measured)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--measured", type=Path, nargs="*", default=[])
-    ap.add_argument("--steps", type=int, default=12, help="decode steps measured per (k, batch size)")
+    ap.add_argument("--rounds", type=int, default=8, help="timed decode steps per (k, batch size); the median is kept")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
@@ -71,15 +73,16 @@ def main(argv=None) -> int:
         measured = [_run(d) for d in args.measured]
         sizes = sorted(set(args.batch_sizes) | {r["batch"] for r in measured if r["batch"]})
         ks = sorted(set(args.ks) | {r["k"] for r in measured})
-        costs = calibrate(args.model, args.spec, ks, sizes, steps=args.steps)
+        model, _ = load_pretrained(args.model)
+        costs = [c for c in measure_step_costs(model, args.spec, sizes, max(ks), rounds=args.rounds) if c["k"] in ks]
         preds = predict(acc, costs)
         best = recommend(preds)
     except (OSError, ValueError) as err:
         print(f"cost_model.py: error: {err}", file=sys.stderr)
         return 1
-    table = _md([[p["k"], p["batch_size"], f"{p['verify_ms']:.1f}", f"{p['draft_ms']:.1f}",
+    table = _md([[p["k"], p["batch_size"], f"{p['step_ms']:.1f}",
                   f"{p['tokens_per_round']:.2f}", f"{p['predicted_throughput']:.0f}"] for p in preds],
-                ["k", "batch", "verify ms/step", "draft ms/step", "tokens/round", "predicted tok/s"])
+                ["k", "batch", "ms/step", "tokens/round", "predicted tok/s"])
     rec = "\n".join(f"- batch {b}: k = {k}" for b, k in best.items())
     by_key = {(p["k"], p["batch_size"]): p for p in preds}
     cmp_rows = []

@@ -9,7 +9,7 @@ Sections (each one says "skipped: <reason>" when its prerequisite is missing, e.
 2. gated delta rule: flash-linear-attention's kernels vs the plain-PyTorch forms (recurrent, T=1;
    chunked, T=256): max |difference|.
 3. engine: greedy tokens of mtp8 with engine.attention_backend=flashinfer vs torch, identical.
-4. timing: the decode-step cost (verify, draft) per k at batch 1 and 64 (mtpx.metrics.cost_model),
+4. timing: the decode-step cost per k at batch 1 and 64 (automatic k's calibration, mtpx.engine.auto_k.costs),
    output tokens/s of plain decoding and mtp8 at batch 1 and 64, and the decode step at batch 1
    against the weight-bandwidth floor (weight bytes / measured copy bandwidth).
 5. compiled: engine.compile (torch.compile "reduce-overhead", CUDA graphs, on CUDA) against eager,
@@ -43,8 +43,7 @@ from mtpx.attention.torch_backend import TorchBackend  # noqa: E402
 from mtpx.attention.kv_cache import KVCache  # noqa: E402
 from mtpx.hf.loader import load_pretrained  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.engine.calibration import calibrate  # noqa: E402
-from mtpx.metrics.cost_model import step_costs  # noqa: E402
+from mtpx.engine.auto_k.costs import measure_step_costs, step_costs  # noqa: E402
 from mtpx.attention.meta import ForwardMeta  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -148,7 +147,8 @@ def timing(model, device, dtype_name, quick: bool) -> dict:
     vocab = m.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, vocab, (64,), generator=g).tolist() for _ in range(max(sizes))]
-    costs = calibrate(m, "mtp8", ks, sizes, prompt_len=32 if quick else 64, steps=4 if quick else 12)
+    costs = [c for c in measure_step_costs(m, "mtp8", sizes, max(ks), rounds=4 if quick else 12, context_len=32 if quick else 64)
+             if c["k"] in ks]
     new = 8 if quick else 64
     tput = {}
     for b in sizes:
@@ -157,7 +157,7 @@ def timing(model, device, dtype_name, quick: bool) -> dict:
             tput[f"{spec or 'plain'}@{b}"] = _throughput(runner, prompts[:b], new)
     weight_bytes = sum(p.numel() * p.element_size() for p in m.parameters())
     bw = _copy_bandwidth(device, 64 << 20 if quick else 1 << 30)
-    plain1 = next(c for c in costs if c["k"] == 0 and c["batch_size"] == 1)["verify_ms"]
+    plain1 = next(c for c in costs if c["k"] == 0 and c["batch_size"] == 1)["step_ms"]
     floor_ms = 1e3 * weight_bytes / bw
     return {"step_costs": costs, "output_tokens_per_s": tput, "weight_bytes": weight_bytes,
             "copy_bandwidth_GBps": bw / 1e9, "decode_step_ms_batch1": plain1,
@@ -268,8 +268,8 @@ def _markdown(r: dict) -> str:
     for sec in ("attention", "gated_delta_rule", "engine_tokens"):
         lines.append(f"- **{sec}**: {r[sec]}")
     t = r["timing"]
-    lines += ["", "| k | batch | verify ms/step | draft ms/step | step ms |", "|---:|---:|---:|---:|---:|"]
-    lines += [f"| {c['k']} | {c['batch_size']} | {c['verify_ms']:.2f} | {c['draft_ms']:.2f} | {c['step_ms']:.2f} |"
+    lines += ["", "| k | batch | step ms |", "|---:|---:|---:|"]
+    lines += [f"| {c['k']} | {c['batch_size']} | {c['step_ms']:.2f} |"
               for c in t["step_costs"]]
     lines += ["", "| run | output tok/s |", "|---|---:|"]
     lines += [f"| {k} | {v:.1f} |" for k, v in t["output_tokens_per_s"].items()]

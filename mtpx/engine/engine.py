@@ -27,7 +27,7 @@ import torch
 from mtpx.cache.kv_cache_manager import KVCacheManager
 from mtpx.engine.compiled import depth_bucket
 from mtpx.engine.config import EngineConfig, with_overrides
-from mtpx.engine.draft_length import AutoDraftLength, FixedDraftLength
+from mtpx.engine.auto_k.policy import AutoDraftLength, FixedDraftLength
 from mtpx.engine.model_runner import ModelRunner, StepTiming
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
@@ -40,8 +40,8 @@ class Engine:
     """model: the target with its MTP modules; speculator: None (plain decoding) or a Speculator
     (mtpx/spec_decode/protocol.py); config: an EngineConfig, with `overrides` of its fields applied;
     draft_length: None (every step proposes the speculator's num_speculative_tokens) or an
-    AutoDraftLength over 0 .. that many (mtpx/engine/draft_length.py; without step costs, call
-    mtpx.engine.draft_length.calibrate_step_costs before decoding).
+    AutoDraftLength over 0 .. that many (mtpx/engine/auto_k/policy.py; without step costs, call
+    mtpx.engine.auto_k.costs.calibrate_step_costs before decoding).
 
     Raises ValueError naming the config key for values it cannot run with.
     """

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import numbers
 import sys
 import time
@@ -20,8 +19,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
-from mtpx.engine.draft_length import (AutoDraftLength, calibrate_step_costs, check_step_cost_meta, load_step_costs,
-                                      save_step_costs, step_cost_cache_path)
+from mtpx.engine.auto_k.policy import AutoDraftLength
+from mtpx.engine.auto_k.store import cost_meta, load_or_calibrate, step_cost_cache_path
 from mtpx.engine.engine import Engine
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
@@ -46,10 +45,10 @@ class LLM:
     `tokenizer` to use string prompts); spec: None (plain decoding), "mtp1" (single-module MTP)
     or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per step (default: 1 for mtp1,
     all modules for mtp8), or "auto": each step picks k in 0 .. all modules (mtp8) or 0 .. 4 (mtp1)
-    from online acceptance and measured step costs (mtpx/engine/draft_length.py); cost_model_file:
+    from online acceptance and measured step costs (mtpx/engine/auto_k/); cost_model_file:
     with "auto", a JSON file of step costs to load, or to write after calibrating at start-up when
     it does not exist, refused (ValueError) when measured on another engine (None: the step-cost
-    cache, draft_length.step_cost_cache_path; the source is in `calibration`); dtype: "float32",
+    cache, auto_k.store.step_cost_cache_path; the source is in `calibration`); dtype: "float32",
     "float64", "bfloat16", "float16" or "auto" (the checkpoint's own: mtpx.hf.loader.checkpoint_dtype)
     for a checkpoint folder (a model instance keeps its own dtype); threads: torch threads, or a
     callable threads(model) that sets them once the model is loaded and before anything is
@@ -116,63 +115,11 @@ class LLM:
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
         self.calibration = None               # auto: {"source", "seconds", "step_costs_ms"}
-        if auto:
-            self.calibration = self._calibrate(policy, cost_model_file, device)
-
-    def _calibrate(self, policy, path, device) -> dict:
-        """Step costs for the automatic k: from `path` when it exists (checked against this engine:
-        draft_length.check_step_cost_meta), else measured now and written to `path`. path None:
-        the cache file of this engine's settings (draft_length.step_cost_cache_path), so only the
-        first run of a checkpoint on a machine calibrates; an in-memory model is not cached."""
-        meta = self._cost_meta(policy, device)
-        cached = path is None and self.model_path is not None
-        if cached:
-            path = step_cost_cache_path(meta)
-        if path is not None and Path(path).exists():
-            try:
-                costs, file_meta = load_step_costs(path)
-                check_step_cost_meta(path, file_meta, meta)
-            except ValueError:
-                if not cached:
-                    raise
-            else:                                  # a damaged cache file is measured again below
-                policy.set_step_costs(costs)
-                return {**file_meta, "source": f"loaded from {path}", "seconds": 0.0}
-        t0 = time.perf_counter()
-        costs = calibrate_step_costs(self.engine)
-        policy.set_step_costs(costs)
-        if path is not None:
-            save_step_costs(path, costs, meta)
-        return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
-                "seconds": round(time.perf_counter() - t0, 2), **meta}
-
-    def _cost_meta(self, policy, device) -> dict:
-        """What this engine's step costs depend on (draft_length.COST_META_KEYS), and max_num_seqs."""
-        import platform
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            mtpx_version = version("mtpx")
-        except PackageNotFoundError:
-            mtpx_version = None
-        cfg = self.engine.config
-        if str(device).startswith("cuda"):
-            device_name = torch.cuda.get_device_name()
-        else:
-            device_name = platform.processor() or platform.machine()
-            try:
-                with open("/proc/cpuinfo") as f:
-                    device_name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-            except (OSError, StopIteration):
-                pass
-        return {"model": str(self.model_path or "in-memory model"),
-                "fingerprint": _fingerprint(self.model_path, self._draft_path),
-                "spec": self.spec, "max_k": policy.max_k,
-                "dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-                "threads": torch.get_num_threads(), "compile": cfg.compile,
-                "compile_backend": cfg.compile_backend, "attention_backend": cfg.attention_backend,
-                "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
-                "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
-                "mtpx_version": mtpx_version, "torch_version": torch.__version__, "code": _code_hash()}
+        if auto:     # step costs from cost_model_file, else the cache, else calibrated now (auto_k/store.py)
+            meta = cost_meta(self.engine, self.model_path, self._draft_path, spec, device)
+            cached = cost_model_file is None and self.model_path is not None
+            path = step_cost_cache_path(meta) if cached else cost_model_file
+            self.calibration = load_or_calibrate(self.engine, path, meta, cached)
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -536,30 +483,3 @@ def run_client(engine: Engine, requests: list[Request], on_finish=None, on_step=
                 on_step(engine)
             for r in engine.pop_aborted():
                 finish(r)
-
-
-def _fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None:
-    """Identifies a checkpoint's weights without reading them: the config's bytes and every file's
-    name, size and modification time (a rewritten or copied file is another fingerprint)."""
-    if model_path is None:
-        return None
-    h = hashlib.sha256()
-    files = sorted(model_path.iterdir()) if model_path.is_dir() else [model_path]
-    for f in files + ([draft_path] if draft_path is not None else []):
-        if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".pt", ".pth")):
-            st = f.stat()
-            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
-            if f.name == "config.json":
-                h.update(f.read_bytes())
-    return h.hexdigest()[:20]
-
-
-def _code_hash() -> str:
-    """A hash of the source of the packages a decode step runs (an edit there may change the step
-    costs, so the step-cost cache measures again)."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for package in ("engine", "models", "spec_decode", "cache", "attention"):
-        for f in sorted((root / package).rglob("*.py")):
-            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:20]

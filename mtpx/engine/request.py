@@ -17,7 +17,7 @@ class Request:
     the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
     first admission; num_preemptions: times its blocks were taken back (it recomputes);
     draft_depth: the most drafts it proposes per step, set at its first admission and only
-    lowered afterwards (mtpx/engine/draft_length.py, "Depth"); multi-module MTP keeps its draft
+    lowered afterwards (mtpx/engine/auto_k/policy.py, "Depth"); multi-module MTP keeps its draft
     modules 1..draft_depth exact and no others.
     stop_strings: the StopStrings checker of params.stop (None without stop strings); stop_reason:
     the stop string or stop token id (of params) that ended it.

@@ -24,16 +24,14 @@ Config (an OmegaConf DictConfig; a plain dict is accepted):
     train:  out_dir, steps, batch_size, seq_len, lr, min_lr, warmup_steps, weight_decay, grad_clip,
             mtp_loss_weight, freeze_base, eval_every, eval_batches, save_every, resume, seed,
             tokenizer_vocab_size, data_sources, gsm8k_path, log_every
-            optional: threads (None: measured, _choose_threads), val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
+            optional: threads (None: measured, setup.choose_train_threads), val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
             save_dtype ("float32"), parallel ("auto"), dist_timeout_s (120), mtp_loss_decay (1.0),
             mtp_unroll (0), mtp_share_fc (false), autocast (None: float32; "bfloat16"), distill_path (None: the folder of data source "distill")
     data:   not read here (eval settings)
 """
 from __future__ import annotations
 
-import csv
 import math
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,9 +43,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
-from mtpx.engine.threads import ThreadChoice, available_cpus, choose_threads
-from mtpx.io import GracefulInterrupt, Interrupted, recover_folder, source_commit, utc_now
-from mtpx.metrics.dashboard import provenance
+from mtpx.io import GracefulInterrupt, Interrupted
 from mtpx.metrics.progress import ProgressLines
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
@@ -65,15 +61,14 @@ from mtpx.train.data import (
     val_batches,
 )
 from mtpx.train.losses import Objective
+from mtpx.train.records import (depth_names, format_losses, format_losses_compact, loss_curve_identity,
+                                plot_loss_curve, write_losses_csv)
+from mtpx.train.setup import (check_cfg, check_device, choose_train_threads, init_from, model_fields,
+                              prepare_out_dir, warn_changed)
 from mtpx.train.tokenizer import tokenizer_sha256, train_tokenizer
 
 LogFn = Callable[[dict[str, float], int], None]
 
-REQUIRED_TRAIN_KEYS = (
-    "out_dir", "steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay",
-    "grad_clip", "mtp_loss_weight", "freeze_base", "eval_every", "eval_batches", "save_every", "seed",
-    "tokenizer_vocab_size", "data_sources", "log_every",
-)
 ADAM_BETAS = (0.9, 0.95)  # nanoGPT / GPT-3: a shorter second-moment memory is more stable at small batch
 ADAM_EPS = 1e-8
 SPLIT_SEED = 0  # seed of the document-level train/val split
@@ -209,246 +204,7 @@ def evaluate(model: MTPForCausalLM, batches: list[torch.Tensor], mtp_loss_weight
 
 
 # --------------------------------------------------------------------------------------------------
-# loss history -> CSV and PNG
-
-
-def depth_names(num_mtp: int) -> list[str]:
-    """["main", "mtp1", ..., "mtpN"]."""
-    return ["main"] + [f"mtp{k}" for k in range(1, num_mtp + 1)]
-
-
-def write_losses_csv(history: list[dict[str, Any]], file: Path, num_mtp: int) -> None:
-    """One row per history entry: step, split (train|val), lr, loss, grad_norm, main, mtp1..mtpN."""
-    cols = ["step", "split", "lr", "loss", "grad_norm", *depth_names(num_mtp)]
-    with file.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(history)
-
-
-def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int, identity: str | None = None) -> None:
-    """PNG with two panels, train loss and val loss per depth: main in black, MTP depth k in a
-    viridis colour from dark (depth 1) to light (depth num_mtp), one legend entry per depth;
-    identity: the run's line above them (`loss_curve_identity`)."""
-    # Figure + Agg canvas directly: no pyplot global state, no display needed
-    from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.5), dpi=100, layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(1, 2, sharey=True)
-    names = depth_names(num_mtp)
-    cmap = colormaps["viridis"]
-    for ax, split, style in ((axes[0], "train", dict(lw=0.8)), (axes[1], "val", dict(marker="o", ms=3))):
-        for i, d in enumerate(names):
-            color = "black" if d == "main" else cmap(0.85 * (i - 1) / max(num_mtp - 1, 1))
-            pts = [(h["step"], h[d]) for h in history if h["split"] == split and d in h]
-            if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, color=color, label=d, **style)
-        ax.set_xlabel("step")
-        ax.set_title(f"{split} loss per depth", fontsize=10)
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("cross-entropy (nats/token)")
-    if identity:
-        fig.suptitle(identity, fontsize=8)
-    handles, labels = axes[1].get_legend_handles_labels()
-    if not handles:                      # no validation yet
-        handles, labels = axes[0].get_legend_handles_labels()
-    if handles:
-        axes[1].legend(handles, labels, fontsize=7, ncol=1, loc="upper right",
-                       title="main = next token, mtpk = token k+1 ahead", title_fontsize=7)
-    fig.savefig(file)
-
-
-def loss_curve_identity(out_dir: Path, mcfg: ModelConfig, t: DictConfig, step: int) -> str:
-    """loss_curve.png's title: 'OUT_DIR · L layers x H, N MTP modules (style) · data SOURCES ·
-    step S of STEPS · DATE UTC · commit C'."""
-    return (f"{out_dir.name} · {mcfg.num_hidden_layers} layers x {mcfg.hidden_size}, "
-            f"{mcfg.num_nextn_predict_layers} MTP modules ({mcfg.mtp_style}) · data {','.join(map(str, t.data_sources))}"
-            f" · step {step} of {t.steps}{provenance(utc_now(), source_commit())}")
-
-
-# --------------------------------------------------------------------------------------------------
-# setup helpers
-
-
-def _choose_threads(t: DictConfig, model: MTPForCausalLM, info: distributed.DistInfo,
-                    resumed: int | None) -> ThreadChoice:
-    """train.threads, chosen as eval's (mtpx.engine.threads.choose_threads): an explicit count,
-    then OMP_NUM_THREADS, then the count a resumed run used (so the resume computes as the run
-    did), then the fastest count measured on the model (on a GPU: every CPU, unmeasured); under
-    torchrun with several ranks on a node, the node's CPUs shared between them instead of a
-    measurement (the ranks run at once)."""
-    requested = t.get("threads")
-    env = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if requested is not None or (env.isdigit() and int(env) >= 1):
-        return choose_threads(None, requested, "train.threads")     # set, nothing to measure
-    if resumed is not None:
-        torch.set_num_threads(int(resumed))
-        return ThreadChoice(int(resumed), "the count the resumed run started with", available_cpus())
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    if info.active and local > 1:
-        n = max(1, available_cpus() // local)
-        torch.set_num_threads(n)
-        return ThreadChoice(n, f"the node's CPUs shared by its {local} ranks", available_cpus())
-    on_gpu = next(model.parameters()).device.type != "cpu"       # the CPU threads barely matter: no measurement
-    return choose_threads(None if on_gpu else model, requested, "train.threads")
-
-
-def _check_cfg(cfg: DictConfig) -> DictConfig:
-    for section in ("model", "train"):
-        if section not in cfg:
-            raise ValueError(f"config has no '{section}' section: pass the full run config (model, train, data)")
-    missing = [k for k in REQUIRED_TRAIN_KEYS if k not in cfg.train or cfg.train[k] is None]
-    if missing:
-        raise ValueError(f"train config lacks {missing}: add them to the train section")
-    t = cfg.train
-    if cfg.model.get("path") is not None and not str(cfg.model.get("path")).strip():
-        raise ValueError("model.path is empty: give the checkpoint folder to start from (model.path=DIR), or leave "
-                         "model.path out to train a fresh model")
-    if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
-        raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
-    for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "tokenizer_vocab_size"):
-        _check_number(t, key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
-    if t.get("threads") is not None:
-        _check_number(t, "threads", lambda v: isinstance(v, int) and v >= 1,
-                      "an integer >= 1, or null (measured at start-up)")
-    for key in ("warmup_steps", "eval_every", "save_every", "seed"):
-        _check_number(t, key, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)"
-                      if key != "seed" else "an integer >= 0")
-    _check_number(t, "lr", lambda v: v > 0, "a learning rate > 0")
-    _check_number(t, "min_lr", lambda v: 0 <= v <= t.lr, f"a number in [0, train.lr={t.lr}]")
-    for key in ("weight_decay", "mtp_loss_weight"):
-        _check_number(t, key, lambda v: v >= 0, "a number >= 0")
-    _check_number(t, "grad_clip", lambda v: True, "a number (<= 0 = no clipping)")
-    if "val_fraction" in t:
-        _check_number(t, "val_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
-    if t.get("mtp_loss_decay") is not None:
-        _check_number(t, "mtp_loss_decay", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = equal weights)")
-    if t.get("mtp_unroll") is not None:
-        _check_number(t, "mtp_unroll", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
-    if t.get("dist_timeout_s") is not None:
-        _check_number(t, "dist_timeout_s", lambda v: v > 0, "a number of seconds > 0")
-    max_pos = cfg.model.get("max_position_embeddings")
-    if not cfg.model.get("path") and isinstance(max_pos, int) and t.seq_len > max_pos:
-        raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings={max_pos}: "
-                         f"lower train.seq_len or raise model.max_position_embeddings")
-    if t.get("save_dtype", "float32") not in _DTYPES:
-        raise ValueError(f"train.save_dtype={t.save_dtype!r}: use one of {list(_DTYPES)}")
-    if t.get("autocast") not in _AUTOCAST:
-        raise ValueError(f"train.autocast={t.autocast!r}: use bfloat16 (mixed precision) or null (float32)")
-    return t
-
-
-def _prepare_out_dir(out_dir: Path, resume: bool) -> list[str]:
-    """Before any data is read: repair an interrupted save (mtpx.io.recover_folder), refuse a
-    folder that is not a training run (it would be overwritten) and a place that cannot be written.
-    Returns the lines to print."""
-    notes = recover_folder(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ValueError(f"train.out_dir={out_dir} is a file: choose a folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not ckpt.has_trainer_state(out_dir):
-        raise ValueError(f"train.out_dir={out_dir} exists and is not an mtpx training run (no "
-                         f"{ckpt.TRAINER_STATE_FILE}); training would overwrite it: choose a new train.out_dir "
-                         "(or remove the folder)")
-    if out_dir.is_dir() and ckpt.has_trainer_state(out_dir) and not resume:
-        notes.append(f"train.resume=false: the training run in {out_dir} is replaced at the first save")
-    parent = out_dir.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        probe = parent / f".{out_dir.name}.probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ValueError(f"train.out_dir={out_dir}: cannot write to {parent} ({e.strerror}): choose a writable "
-                         "folder") from None
-    return notes
-
-
-def _check_number(t: DictConfig, key: str, ok, requirement: str) -> None:
-    value = t[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ValueError(f"train.{key}={value!r}: must be {requirement}")
-
-
-def _model_fields(cfg: DictConfig) -> dict[str, Any]:
-    """cfg.model as a ModelConfig dict: the fields it sets (null = ModelConfig's default,
-    mtpx/schema.py), without the loading keys `path`, `dtype`, `allow_pickle`."""
-    d = OmegaConf.to_container(cfg.model, resolve=True)
-    for key in ("path", "dtype", "allow_pickle"):
-        d.pop(key, None)
-    return {k: v for k, v in d.items() if v is not None}
-
-
-def _init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> tuple[MTPForCausalLM, Tokenizer]:
-    """Model and tokenizer from checkpoint `path`, with `num_nextn_predict_layers` taken from `want`
-    when it differs (new draft modules are randomly initialised with `seed`, extra ones dropped).
-    The other architecture keys of the model group are not used: the folder's config.json
-    defines the model (docs/checkpoints.md)."""
-    saved = ckpt.load_config(path)
-    n_want = want.get("num_nextn_predict_layers", saved.num_nextn_predict_layers)
-    if n_want == saved.num_nextn_predict_layers:
-        model, tok = ckpt.load_model(path)
-        return model.train(), tok
-    # different number of draft modules: load the saved model, graft its weights into a new one
-    src, tok = ckpt.load_model(path)
-    new_cfg = ModelConfig.from_dict({**saved.to_dict(), "num_nextn_predict_layers": n_want})
-    torch.manual_seed(seed)
-    model = MTPForCausalLM(new_cfg)
-    kept = {k: v for k, v in src.state_dict().items()
-            if not k.startswith("mtp.") or int(k.split(".")[1]) < n_want}
-    model.load_state_dict(kept, strict=False)
-    console.print(f"model.path={path} has {saved.num_nextn_predict_layers} MTP modules; training {n_want} "
-                  f"({max(0, n_want - saved.num_nextn_predict_layers)} freshly initialised)")
-    return model.train(), tok
-
-
-# fields a resumed run may change without altering what it trains on
-_RESUME_FREE_KEYS = {"steps", "out_dir", "resume", "eval_every", "eval_batches", "save_every", "log_every", "threads",
-                     "device", "save_dtype", "parallel", "dist_timeout_s"}
-
-
-def _warn_changed(section: str, saved: dict[str, Any], now: dict[str, Any], console: Console) -> None:
-    """Print which fields of `section` differ from the run being resumed. Allowed (the checkpoint's
-    model config wins; new train fields apply), but the run is then not an uninterrupted one."""
-    # a key the run sets to null takes the saved value; a key the saved run lacks is newer than it
-    changed = sorted(k for k in set(saved) & set(now)
-                     if k not in _RESUME_FREE_KEYS and now[k] is not None and saved[k] != now[k])
-    if changed:
-        console.print(f"[yellow]resuming {section} with changed fields {changed}: the checkpoint's model config "
-                      "is kept, new train fields apply; the run differs from an uninterrupted one")
-
-
-def _fmt(losses: dict[str, float], names: list[str]) -> str:
-    """'main 3.210 mtp1 3.502 ...' (eval lines)."""
-    return " ".join(f"{n} {losses[n]:.3f}" for n in names if n in losses)
-
-
-def _fmt_compact(losses: dict[str, float], names: list[str]) -> str:
-    """'main 3.21 mtp1-8 3.50 3.61 ...': fits a progress bar line even with 8 depths."""
-    mtp = [f"{losses[n]:.2f}" for n in names[1:]]
-    return f"main {losses['main']:.2f}" + (f" mtp1-{len(mtp)} " + " ".join(mtp) if mtp else "")
-
-
-# --------------------------------------------------------------------------------------------------
 # the loop
-
-
-def _check_device(device: str) -> None:
-    """Raises ValueError naming train.device when torch cannot place tensors there (an unknown
-    name, CUDA on a build or machine without it)."""
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise ValueError(f"train.device={device!r} is not a device torch knows: use cpu or cuda") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-        raise ValueError(f"train.device={device}: {why} (torch {torch.__version__}): use train.device=cpu, "
-                         "or run on a GPU machine with a CUDA build of torch")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"train.device={device!r}: mtpx trains on cpu or cuda")
 
 
 def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict[str, Any] | None = None,
@@ -479,8 +235,8 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
             the others fail at their next collective, within train.dist_timeout_s.
     """
     cfg = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(cfg)
-    t = _check_cfg(cfg)
-    _check_device(str(t.get("device", "cpu")))
+    t = check_cfg(cfg)
+    check_device(str(t.get("device", "cpu")))
     info = distributed.resolve(str(t.get("parallel", "auto")), bool(t.freeze_base), int(t.batch_size))
     info, device = distributed.init(info, str(t.get("device", "cpu")), float(t.get("dist_timeout_s", 120)))
     try:
@@ -500,7 +256,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     seed = int(t.seed)
     want_resume = bool(t.get("resume", True))
     # rank 0 repairs and checks the folder; every rank then follows rank 0's resume decision
-    for note in distributed.on_main(lambda: _prepare_out_dir(out_dir, want_resume), info):
+    for note in distributed.on_main(lambda: prepare_out_dir(out_dir, want_resume), info):
         console.print(note)
     resume = distributed.on_main(lambda: want_resume and ckpt.has_trainer_state(out_dir), info)
     if resume and not ckpt.has_trainer_state(out_dir):
@@ -526,9 +282,9 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
         console.print(f"resuming {out_dir} at step {start}")
         saved_cfg = state.get("config", {})
         for section in ("model", "train"):
-            _warn_changed(section, saved_cfg.get(section, {}), OmegaConf.to_container(cfg[section], resolve=True), console)
+            warn_changed(section, saved_cfg.get(section, {}), OmegaConf.to_container(cfg[section], resolve=True), console)
     elif cfg.model.get("path"):
-        model, tok = _init_from(str(cfg.model.path), _model_fields(cfg), seed, console)
+        model, tok = init_from(str(cfg.model.path), model_fields(cfg), seed, console)
     else:
         def fit_tokenizer() -> Tokenizer:
             return train_tokenizer((doc_text(d) for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
@@ -536,7 +292,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
         # trainer being deterministic across processes)
         tok = fit_tokenizer() if not info.active else Tokenizer.from_str(
             distributed.on_main(lambda: fit_tokenizer().to_str(), info))
-        mcfg = ModelConfig.from_dict({**_model_fields(cfg), "vocab_size": tok.get_vocab_size()})
+        mcfg = ModelConfig.from_dict({**model_fields(cfg), "vocab_size": tok.get_vocab_size()})
         torch.manual_seed(seed)  # the init is part of the run's determinism
         model = MTPForCausalLM(mcfg)
     if t.get("mtp_share_fc"):
@@ -547,7 +303,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
                          f"model has {model.cfg.num_nextn_predict_layers} MTP modules: set "
                          "model.num_nextn_predict_layers=1, or train.mtp_unroll=0")
     model.to(device)
-    threads = _choose_threads(t, model, info, ckpt.load_trainer_state(out_dir).get("threads") if resume else None)
+    threads = choose_train_threads(t, model, info, ckpt.load_trainer_state(out_dir).get("threads") if resume else None)
     console.print(threads.describe())
     if on_config is not None:
         on_config({"model": {**model.cfg.to_dict(), "path": cfg.model.get("path")}, "threads": threads.threads,
@@ -626,7 +382,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
         return out_dir
     if start == 0:
         v = run_eval(0)
-        console.print(f"step 0 val: {_fmt(v, names)}")
+        console.print(f"step 0 val: {format_losses(v, names)}")
 
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=not info.is_main)
@@ -650,17 +406,17 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
             n_timed += 1
             progress.update(task, advance=1)
             lines.update(done, f"{(done - start) * tokens_per_step / max(time.perf_counter() - lines.t0, 1e-9):.0f} tok/s",
-                         f"lr {lr:.1e}", f"loss {_fmt_compact(m, names)}")
+                         f"lr {lr:.1e}", f"loss {format_losses_compact(m, names)}")
             if done % int(t.log_every) == 0 or done == steps:
                 tok_s = n_timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9)
                 t0, n_timed = time.perf_counter(), 0
-                progress.update(task, description=f"step {done} lr {lr:.1e} {_fmt_compact(m, names)}")
+                progress.update(task, description=f"step {done} lr {lr:.1e} {format_losses_compact(m, names)}")
                 if log_fn is not None:
                     log_fn({**{f"train/{k}": v for k, v in m.items()}, "train/lr": lr,
                             "train/tokens_per_s": tok_s}, done)
             if (eval_every > 0 and done % eval_every == 0) or done == steps:
                 v = run_eval(done)
-                progress.console.print(f"step {done} val: {_fmt(v, names)}")
+                progress.console.print(f"step {done} val: {format_losses(v, names)}")
             stop = distributed.any_rank(interrupt.requested, info, device)  # every rank stops at the same step
             if (save_every > 0 and done % save_every == 0) or done == steps:
                 save(done)

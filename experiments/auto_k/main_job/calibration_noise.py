@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 import mtpx.engine.draft_length as draft_length  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
-from mtpx.metrics.cost_model import step_costs  # noqa: E402
+from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
 
 torch.set_num_threads(2)
 B = int(sys.argv[1])

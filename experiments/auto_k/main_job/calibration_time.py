@@ -14,7 +14,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM  # noqa: E402
-from mtpx.engine.draft_length import calibrate_step_costs, save_step_costs  # noqa: E402
+from mtpx.engine.auto_k.costs import calibrate_step_costs  # noqa: E402
+from mtpx.engine.auto_k.store import save_step_costs  # noqa: E402
 
 torch.set_num_threads(2)
 B = int(sys.argv[1])

@@ -2,11 +2,10 @@
 every config group, checked when Hydra composes the run config, so a typo (`eval.num_promts=8`,
 `+spce=mtp8`) or a wrong type (`spec.num_speculative_tokens=2.5`) stops the run before it starts.
 
-The values and their documentation stay in the YAML files of `conf/` (each pulls its schema in
-through its defaults list: `- <group>_schema`), except the engine group, whose schema is
-`mtpx.engine.config.EngineConfig` itself (defaults and docs there). Fields without a default here
-are `MISSING`: the YAML file sets them. Ranges (a batch size >= 1, a rate > 0) are checked where
-the value is used (mtpx.evaluate, mtpx.train.loop), with messages that name the key.
+Each group's dataclass (mtpx/schema/groups.py; the engine group: mtpx.engine.config.EngineConfig)
+gives every key its type, default and docstring, and holds the group's checks (`check(section,
+cfg)`: ranges and Literal choices, one line naming the key); the YAML files of `conf/` pull their
+schema in through their defaults list (`- <group>_schema`) and only override.
 
 `compose_error(argv, conf_dir)` composes the config the way `train_or_eval.py` will and turns
 Hydra's and OmegaConf's multi-line errors into one line naming the key and the closest valid one.
@@ -16,177 +15,22 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any, Optional
+import typing
+from typing import Any, Literal, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import OmegaConf
 
 from mtpx.engine.config import EngineConfig
 from mtpx.models.config import ModelConfig
+from mtpx.schema.groups import literal_choices
 
-# --------------------------------------------------------------------------------------------------
-# one schema per group option (the YAML file holds the values and says what each key means)
-
-
-@dataclass
-class RunConfig:
-    """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`)."""
-    mode: str = MISSING
-    seed: int = MISSING
-    data_dir: str = MISSING
-    model: Any = MISSING
-    data: Any = MISSING
-    train: Any = MISSING
-    engine: Any = MISSING
-    eval: Any = MISSING
-    bench: Any = MISSING
-    serve: Any = MISSING
-    distill: Any = MISSING
-    logger: Any = MISSING
-    spec: Any = None
-
-
-@dataclass
-class SpecConfig:
-    method: str = MISSING
-    num_speculative_tokens: Any = MISSING     # an int >= 0 or "auto" (checked by mtpx.evaluate)
-    draft_sample_method: str = "greedy"
-    verify: str = "standard"
-    draft_path: Optional[str] = None
-    cost_model_file: Optional[str] = None
-
-
-@dataclass
-class GenerationConfig:
-    """What a mode that generates from a prompt set reads (mtpx.evaluate.sampling_params and
-    the client's concurrency): the base of the bench, eval and distill groups."""
-    num_prompts: Optional[int] = MISSING
-    max_tokens: int = MISSING
-    concurrency: Optional[int] = MISSING
-    seed: int = MISSING
-    temperature: float = MISSING
-    top_k: int = MISSING
-    top_p: float = MISSING
-    min_p: float = MISSING
-    threads: Optional[int] = MISSING
-
-
-@dataclass
-class ClientConfig(GenerationConfig):
-    """The benchmark client of mode=bench (and the base of mode=eval's)."""
-    request_rate: float = MISSING
-
-
-@dataclass
-class BenchConfig(ClientConfig):
-    base_url: Optional[str] = MISSING
-    model_name: Optional[str] = MISSING
-
-
-@dataclass
-class EvalConfig(ClientConfig):
-    check_lossless: bool = MISSING
-    tie_tolerance: float = MISSING
-    resume: bool = MISSING
-
-
-@dataclass
-class ServeConfig:
-    host: str = MISSING
-    port: int = MISSING
-    model_name: Optional[str] = MISSING
-    threads: Optional[int] = MISSING
-    max_body_bytes: int = MISSING
-    shutdown_timeout: float = MISSING
-    latency_buckets: Optional[list[float]] = MISSING
-
-
-@dataclass
-class DistillConfig(GenerationConfig):
-    out_dir: str = MISSING
-    shard_size: int = MISSING
-    stop: Optional[list[str]] = None
-
-
-@dataclass
-class TrainConfig:
-    out_dir: str = MISSING
-    steps: int = MISSING
-    batch_size: int = MISSING
-    seq_len: int = MISSING
-    lr: float = MISSING
-    min_lr: float = MISSING
-    warmup_steps: int = MISSING
-    weight_decay: float = MISSING
-    grad_clip: float = MISSING
-    mtp_loss_weight: float = MISSING
-    freeze_base: bool = MISSING
-    eval_every: int = MISSING
-    eval_batches: int = MISSING
-    save_every: int = MISSING
-    resume: bool = MISSING
-    seed: int = MISSING
-    tokenizer_vocab_size: int = MISSING
-    data_sources: list[str] = MISSING
-    gsm8k_path: str = MISSING
-    stdlib_max_bytes: Optional[int] = MISSING
-    val_fraction: float = MISSING
-    log_every: int = MISSING
-    threads: Optional[int] = MISSING
-    device: str = MISSING
-    save_dtype: str = MISSING
-    # torchrun data parallelism and MTP recipes (conf/train/default.yaml documents them; the
-    # defaults here keep older train YAML files valid)
-    parallel: str = "auto"
-    dist_timeout_s: float = 120.0
-    mtp_loss_decay: float = 1.0
-    mtp_unroll: int = 0
-    mtp_share_fc: bool = False
-    distill_path: Optional[str] = None
-    autocast: Optional[str] = None
-
-
-@dataclass
-class BuiltinData:
-    name: str = MISSING
-    prompt_tokens: int = MISSING
-
-
-@dataclass
-class FileData:
-    """A prompt set read from one file (HumanEval)."""
-    name: str = MISSING
-    path: str = MISSING
-
-
-@dataclass
-class GSM8KData(FileData):
-    num_fewshot: int = MISSING
-    fewshot_path: str = MISSING
-
-
-@dataclass
-class ChatData(FileData):
-    """MT-Bench and Spec-Bench: questions by category, through the chat template."""
-    categories: Optional[list[str]] = MISSING
-    chat_template: bool = MISSING
-
-
-@dataclass
-class RandomData:
-    name: str = MISSING
-    input_len: int = MISSING
-    output_len: int = MISSING
-    seed: int = MISSING
-
-
-@dataclass
-class HFModel:
-    path: str = MISSING
-    dtype: str = MISSING
-    allow_pickle: bool = MISSING
+from mtpx.schema.groups import (BenchConfig, BuiltinData, ChatData, ClientConfig, DistillConfig,  # noqa: F401
+                                EvalConfig, FileData, GenerationConfig, GSM8KData, HFModel, NoLogger,
+                                RandomData, RunConfig, ServeConfig, SpecConfig, TrainConfig, WandbLogger,
+                                check_group)
 
 
 def _optional(tp: Any) -> Any:
@@ -221,19 +65,6 @@ def _engine_schema() -> type:
 EngineGroup = _engine_schema()
 
 
-@dataclass
-class NoLogger:
-    name: str = MISSING
-
-
-@dataclass
-class WandbLogger:
-    name: str = MISSING
-    project: str = MISSING
-    mode: str = MISSING
-    dir: Optional[str] = MISSING
-
-
 SCHEMAS: dict[str, dict[str, type]] = {
     "spec": {"spec_schema": SpecConfig},
     "eval": {"eval_schema": EvalConfig},
@@ -248,6 +79,40 @@ SCHEMAS: dict[str, dict[str, type]] = {
 }
 
 
+_NODES: dict[type, type] = {}
+
+
+def omegaconf_node(cls: type) -> type:
+    """`cls` as OmegaConf takes it: the same fields and defaults, with `str` for each Literal
+    annotation (OmegaConf has none; the group's `check` tests the choices). Cached per class."""
+    if cls not in _NODES:
+        hints = typing.get_type_hints(cls)
+        if not literal_choices(cls):
+            _NODES[cls] = cls
+        else:
+            def plain(tp):
+                if typing.get_origin(tp) is Literal:
+                    return str
+                args = typing.get_args(tp)
+                if args and any(typing.get_origin(a) is Literal for a in args):
+                    return Optional[str]
+                return tp
+
+            fields = [(f.name, plain(hints[f.name]), field(default=f.default, default_factory=f.default_factory))
+                      for f in dataclasses.fields(cls)]
+            _NODES[cls] = dataclasses.make_dataclass(cls.__name__, fields, namespace={"__module__": __name__})
+    return _NODES[cls]
+
+
+def check(section: str, cfg, option: str | None = None) -> None:
+    """The checks of the `section` group (mtpx/schema/groups.py) on its composed node `cfg`:
+    ValueError with one line naming SECTION.KEY. option: the group option whose schema applies
+    (None: the group's first)."""
+    options = SCHEMAS[section]
+    cls = options[option] if option is not None else next(iter(options.values()))
+    check_group(section, cls, cfg)
+
+
 def register() -> None:
     """Store the schemas in Hydra's ConfigStore (idempotent). The engine group's one option,
     `default`, is the schema itself. Also registers the `${run_id:}` resolver of the run folder
@@ -255,10 +120,10 @@ def register() -> None:
     cs = ConfigStore.instance()
     OmegaConf.register_new_resolver("run_id", lambda: str(os.getpid()), use_cache=True, replace=True)
     OmegaConf.register_new_resolver("config_groups", lambda: config_groups_text(CONF_DIR), replace=True)
-    cs.store(name="run_schema", node=RunConfig)
+    cs.store(name="run_schema", node=omegaconf_node(RunConfig))
     for group, options in SCHEMAS.items():
         for name, node in options.items():
-            cs.store(group=group, name=name, node=node)
+            cs.store(group=group, name=name, node=omegaconf_node(node))
     cs.store(group="engine", name="default", node=EngineGroup)
 
 
@@ -280,7 +145,7 @@ def data_dir(conf_dir: Path) -> Path:
     return path if path.is_absolute() else (conf_dir.parent / path).resolve()
 
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"   # train_or_eval.py's config folder
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"   # train_or_eval.py's config folder
 
 
 def config_groups_text(conf_dir: Path) -> str:

@@ -1,5 +1,8 @@
-"""How many drafts each engine step proposes: a fixed num_speculative_tokens, or
-`num_speculative_tokens=auto`.
+"""The depth policy: how many drafts each engine step proposes, a fixed num_speculative_tokens
+or `num_speculative_tokens=auto`. No I/O and no measurement (costs.py measures and fits the step
+costs, store.py keeps them between runs). Queries (`decide`, `choose`, `decide_depth`, `depth`,
+`goodput`, ...) never change state; `commit` and `commit_depth` apply a decision, and `record`,
+`observe`, `observe_step` learn from a step (the scheduler calls them once per step).
 
 Auto (`AutoDraftLength`) picks, every step, the k in {0 .. max_k} with the highest predicted
 goodput at the step's batch size B:
@@ -13,7 +16,7 @@ online from discounted counts: p_j = (accepted_j + w p_{j-1}) / (verified_j + w)
 multiplied by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any batch
 size), w = `prior_weight` pseudo-drafts at the previous position's estimate and p_0 =
 `prior_acceptance`; t_step(k, B) is the engine's own measured
-decode-step cost (calibrate_step_costs at start-up, or a saved file), made non-decreasing in k
+decode-step cost (costs.calibrate_step_costs at start-up, or a saved file: store.py), made non-decreasing in k
 (pool-adjacent-violators: a step that proposes more drafts never costs less, so calibration noise
 cannot make a larger k look cheaper) after a least-squares quadratic in k over k >= 1 smooths the
 calibration's noise, linear in B between calibrated batch sizes and proportional to B beyond the
@@ -66,18 +69,35 @@ one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
 from __future__ import annotations
 
 import bisect
-import hashlib
-import json
-import math
-import os
-import statistics
 from collections import Counter
-from pathlib import Path
+from dataclasses import dataclass
 
-from mtpx.io import atomic_write_json
+from mtpx.engine.auto_k.costs import smooth_step_costs
 
-__all__ = ["FixedDraftLength", "AutoDraftLength", "calibrate_step_costs", "default_batch_sizes",
-           "load_step_costs", "save_step_costs", "step_cost_cache_path", "check_step_cost_meta"]
+__all__ = ["FixedDraftLength", "AutoDraftLength", "StepChoice", "DepthChoice"]
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """One step's decision (`decide`): k drafts to propose; k_in_use, steps, probes and
+    switch_streak: the policy's state once it is committed (None: nothing to commit)."""
+
+    k: int
+    k_in_use: int | None = None
+    steps: int | None = None
+    probes: int | None = None
+    switch_streak: int | None = None
+
+
+@dataclass(frozen=True)
+class DepthChoice:
+    """A depth decision (`decide_depth`): the depth; current: the running depth asked about
+    (None: an admission); streak: (step, steps in a row) of the vote to count for current, or
+    None when there is nothing to count."""
+
+    depth: int
+    current: int | None = None
+    streak: tuple[int, int] | None = None
 
 
 class FixedDraftLength:
@@ -89,11 +109,23 @@ class FixedDraftLength:
         self.max_k = self.k = k
         self.histogram: Counter = Counter()
 
+    def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
+        return StepChoice(self.k)
+
     def choose(self, batch_size: int, max_k: int | None = None) -> int:
         return self.k
 
+    def commit(self, choice: StepChoice) -> None:
+        pass
+
+    def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
+        return DepthChoice(self.k, current)
+
     def depth(self, batch_size: int, current: int | None = None) -> int:
         return self.k
+
+    def commit_depth(self, choice: DepthChoice) -> None:
+        pass
 
     def record_depth(self, depth: int) -> None:
         pass
@@ -163,7 +195,7 @@ class AutoDraftLength:
                              f"0..{self.max_k} at each batch size (spec.cost_model_file)")
         costs = {}
         for b in batches:
-            for k, ms in enumerate(_smooth([step_costs[(k, b)] for k in range(self.max_k + 1)])):
+            for k, ms in enumerate(smooth_step_costs([step_costs[(k, b)] for k in range(self.max_k + 1)])):
                 costs[(k, b)] = ms
         self.step_costs, self._batches = costs, batches
 
@@ -195,63 +227,85 @@ class AutoDraftLength:
         """Predicted tokens per ms."""
         return batch_size * self.expected_tokens(k) / self.cost(k, batch_size)
 
-    def choose(self, batch_size: int, max_k: int | None = None) -> int:
+    def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
         """The k for a step of batch_size requests, at most max_k (the deepest running request's
-        depth; None: self.max_k) (module doc)."""
+        depth; None: self.max_k), and the k in use, switch streak and probe count it leaves (module
+        doc). A query: `commit` applies it."""
         if self.forced is not None:
-            return self.forced
+            return StepChoice(self.forced)
         top = self.max_k if max_k is None else max(0, min(max_k, self.max_k))
         if self.step_costs is None:
-            return top
+            return StepChoice(top)
         batch_size = max(1, batch_size)
-        self._steps += 1
+        steps, probes, streak = self._steps + 1, self._probes, self._switch_streak
         g = [self.goodput(k, batch_size) for k in range(top + 1)]
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
         if g[best] > (1 + self.hysteresis) * g[current]:
-            self._switch_streak += 1
-            if self._switch_streak >= self.patience:
-                current, self._switch_streak = best, 0
+            streak += 1
+            if streak >= self.patience:
+                current, streak = best, 0
         else:
-            self._switch_streak = 0
-        self.k = current
-        if self.probe_interval and self._steps % self.probe_interval == 0:
-            self._probes += 1
-            up = self._probes % 2 == 1
+            streak = 0
+        k = current
+        if self.probe_interval and steps % self.probe_interval == 0:
+            probes += 1
+            up = probes % 2 == 1
             if up and current < top:
-                return current + 1
-            if not up and current > 0:
-                return current - 1
-        return current
+                k = current + 1
+            elif not up and current > 0:
+                k = current - 1
+        return StepChoice(k, current, steps, probes, streak)
 
-    def depth(self, batch_size: int, current: int | None = None) -> int:
+    def choose(self, batch_size: int, max_k: int | None = None) -> int:
+        """decide(batch_size, max_k).k: the k the next step would propose (no state changes)."""
+        return self.decide(batch_size, max_k).k
+
+    def commit(self, choice: StepChoice) -> None:
+        """Apply a step's decision (from `decide` on the current state): the k in use, the step
+        count, the probe count and the switch streak."""
+        if choice.steps is None:          # forced, or no step costs yet: nothing to advance
+            return
+        self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
+        self._switch_streak = choice.switch_streak
+
+    def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
         k of highest predicted goodput at that batch size when that beats the k in use by more
         than the hysteresis, else the k in use (as a step's k changes: a request admitted deeper
         than the steps draft would run its extra modules for nothing); max_k before the costs are
         known. current: a running request's depth, which only falls: the best k below it when
         that beats it by more than the hysteresis in `patience` decode steps in a row, else
-        current."""
+        current; the vote this step casts for it is in the result (`commit_depth` counts it). A
+        query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
-            return min(self.forced, top)
+            return DepthChoice(min(self.forced, top), current)
         if self.step_costs is None:
-            return top
+            return DepthChoice(top, current)
         batch_size = max(1, batch_size)
         g = [self.goodput(k, batch_size) for k in range(top + 1)]
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
-            return best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
+            return DepthChoice(best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth)
         last, streak = self._lower_streak.get(current, (-1, 0))
         if g[best] <= (1 + self.hysteresis) * g[current]:
-            self._lower_streak[current] = (self._steps, 0)
-            return current
+            return DepthChoice(current, current, (self._steps, 0))
         if last != self._steps:
             streak += 1
-            self._lower_streak[current] = (self._steps, streak)
-        return best if streak >= self.patience else current
+            return DepthChoice(best if streak >= self.patience else current, current, (self._steps, streak))
+        return DepthChoice(best if streak >= self.patience else current, current)
+
+    def depth(self, batch_size: int, current: int | None = None) -> int:
+        """decide_depth(batch_size, current).depth (no state changes)."""
+        return self.decide_depth(batch_size, current).depth
+
+    def commit_depth(self, choice: DepthChoice) -> None:
+        """Count a running depth's vote of this step (from `decide_depth` on the current state)."""
+        if choice.streak is not None:
+            self._lower_streak[choice.current] = choice.streak
 
     def record_depth(self, depth: int) -> None:
         """A request was admitted with this depth: count it."""
@@ -309,137 +363,3 @@ class AutoDraftLength:
                 "cost_factor": round(self.factor, 3),
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
-
-
-def _smooth(values: list[float]) -> list[float]:
-    """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
-    (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
-    k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
-    positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
-    then non-decreasing."""
-    if len(values) - 1 >= 4:
-        a, b, c = _quadratic_fit(list(range(1, len(values))), values[1:])
-        # a step with drafts never costs less than one without (a fit to noise can dip below it)
-        values = [values[0]] + [max(values[0], a + b * k + c * k * k) for k in range(1, len(values))]
-    return _non_decreasing(values)
-
-
-def _quadratic_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least-squares (a, b, c) of y = a + b x + c x^2: the normal equations solved by Cramer's rule
-    in Python floats, so the same costs always give the same fit (a BLAS least-squares solve gave
-    results differing in the last bits between calls, and a cost file reloaded then differed from
-    the costs it was saved from)."""
-    s = [sum(x ** p for x in xs) for p in range(5)]                     # sum x^0 .. x^4
-    t = [sum(y * x ** p for x, y in zip(xs, ys)) for p in range(3)]     # sum y x^0 .. y x^2
-    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
-
-    def det(a):
-        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-
-    d = det(m)
-    return tuple(det([[t[r] if col == i else m[r][col] for col in range(3)] for r in range(3)]) / d
-                 for i in range(3))
-
-
-def _non_decreasing(values: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of values (pool adjacent violators)."""
-    blocks: list[list[float]] = []                 # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, n = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += n
-    return [s / n for s, n in blocks for _ in range(n)]
-
-
-def default_batch_sizes(max_num_seqs: int) -> list[int]:
-    """1, 4, 16, 64, ... below max_num_seqs, and max_num_seqs."""
-    sizes, b = [], 1
-    while b < max_num_seqs:
-        sizes.append(b)
-        b *= 4
-    return sizes + [max_num_seqs]
-
-
-def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0) -> dict:
-    """Measure the engine's own decode step at every k in 0..max_k and batch size B
-    (Engine.time_decode_steps): B requests at context_len known tokens verify and propose k
-    drafts (each of depth k with per-request depth: the step of a k-module engine), the ks
-    alternated call by call over `rounds` rounds after one untimed round; a k's cost is the
-    median of its rounds. No request is prefilled: the positions before the window are taken as
-    computed, as vLLM's dummy runs profile a step, since values do not change its cost. That makes
-    the calibration cheap (at max_num_seqs 64 the fresh requests' prefill was 87% of 143 s:
-    experiments/auto_k/main_job) and puts every k at the same context length; alternating the ks
-    call by call makes a burst of load from another process slow every k alike, where on 2 CPU
-    cores one k's steps measured in one stretch read up to 30% off the same k a minute later
-    (experiments/auto_k). context_len: the middle of the main job's decode steps (prompts of
-    about 128 tokens, up to 128 output tokens). The engine must be idle, and is afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is
-    busy."""
-    policy = engine.draft_length
-    if not getattr(policy, "auto", False):
-        raise ValueError("calibration needs num_speculative_tokens=auto")
-    if engine.has_unfinished_requests():
-        raise ValueError("calibrate the step costs before adding requests")
-    sizes = default_batch_sizes(engine.config.max_num_seqs) if batch_sizes is None else sorted(set(batch_sizes))
-    costs = {}
-    for b in sizes:
-        times = engine.time_decode_steps(b, list(range(policy.max_k + 1)), context_len, rounds, seed=seed)
-        for k, ms in times.items():
-            costs[(k, b)] = statistics.median(ms)
-    return costs
-
-
-def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:
-    """Write {(k, B): ms} and `meta` (model, threads, compile, device) as JSON, atomically."""
-    rows = [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(step_costs.items())]
-    atomic_write_json(path, {**meta, "step_costs": rows}, indent=1)
-
-
-def load_step_costs(path: str | Path) -> tuple[dict, dict]:
-    """-> ({(k, B): ms}, the file's other keys). Raises ValueError naming the file when it is not
-    a step-cost file (FileNotFoundError when missing)."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-        costs = {(int(r["k"]), int(r["batch_size"])): float(r["step_ms"]) for r in data.pop("step_costs")}
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        raise ValueError(f"spec.cost_model_file={path}: not a step-cost file ({e}); write one with "
-                         "calibrate_step_costs (LLM does at start-up) or delete it") from None
-    if not costs or any(not math.isfinite(v) or v <= 0 for v in costs.values()):
-        raise ValueError(f"spec.cost_model_file={path}: step costs must be positive numbers")
-    return costs, data
-
-
-# What a calibration's costs depend on: a cost file whose value of one of these differs from the
-# engine's measured another engine (step_cost_cache_path, check_step_cost_meta).
-COST_META_KEYS = ("fingerprint", "spec", "max_k", "dtype", "threads", "compile", "compile_backend",
-                  "attention_backend", "gdn_backend", "block_size", "device", "device_name")
-
-
-def step_cost_cache_path(meta: dict) -> Path:
-    """Where the start-up calibration of an engine described by `meta` (COST_META_KEYS,
-    max_num_seqs, the mtpx and torch versions, and `code`: a hash of the engine's source) is kept
-    between runs: $MTPX_CACHE_DIR/step_costs/<hash of those>.json (MTPX_CACHE_DIR defaults to
-    $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx), as vLLM keeps its compile cache under
-    VLLM_CACHE_ROOT. Any change of what the costs depend on is another file."""
-    root = os.environ.get("MTPX_CACHE_DIR") or Path(
-        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpx"
-    key = {k: meta.get(k) for k in (*COST_META_KEYS, "max_num_seqs", "mtpx_version", "torch_version", "code")}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return Path(root) / "step_costs" / f"{digest}.json"
-
-
-def check_step_cost_meta(path: str | Path, file_meta: dict, meta: dict) -> None:
-    """Raises ValueError naming spec.cost_model_file when the file was calibrated for another
-    engine: a COST_META_KEYS value both give differs, or the file's max_num_seqs is below this
-    engine's (a key the file lacks, as in a hand-written file, is not checked)."""
-    diff = [f"{k}={file_meta[k]!r} (this run: {meta[k]!r})" for k in COST_META_KEYS
-            if k in file_meta and k in meta and file_meta[k] != meta[k]]
-    if file_meta.get("max_num_seqs", math.inf) < meta.get("max_num_seqs", 0):
-        diff.append(f"max_num_seqs={file_meta['max_num_seqs']} (this run: {meta['max_num_seqs']})")
-    if diff:
-        raise ValueError(f"spec.cost_model_file={path}: calibrated for another engine: {', '.join(diff[:3])}; "
-                         "delete the file to calibrate again, or give another path")

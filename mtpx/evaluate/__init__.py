@@ -32,34 +32,31 @@ the run exits 130 (SIGTERM: 143) with one line (mtpx.io.Interrupted); a second o
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from rich.progress import Progress
 
 from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt, chat_template_applies, check_data_config, load_prompts
-from mtpx.engine.config import resolve_compile, with_overrides
-from mtpx.engine.llm import DEFAULT_MODEL, LLM
+from mtpx.engine.config import resolve_compile
+from mtpx.engine.llm import LLM
 from mtpx.engine.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
 from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text,
                      source_commit, utc_now)
 from mtpx.metrics.analytics import analytics
-from mtpx.metrics.progress import ProgressLines
-from mtpx.metrics.cost_model import step_costs
+from mtpx.engine.auto_k.costs import step_costs
+from mtpx import schema
 from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
 from mtpx.metrics.report import format_report
-from mtpx.metrics.stats import RequestOutput, SpecDecodeCounts, aggregate_spec, compute_metrics, is_failed
+from mtpx.metrics.stats import RequestOutput, aggregate_spec, compute_metrics, is_failed
+from mtpx.evaluate.args import (cap_max_tokens, client_args, engine_args, model_path,  # noqa: F401  (API)
+                                poisson_arrival_offsets, sampling_params, spec_args)
+from mtpx.evaluate.generate import _generate, _output_row, _Stop, finished_rows  # noqa: F401  (API)
 
 
 def compare_outputs(spec: list[RequestOutput], plain: list[RequestOutput], tie_tolerance: float):
@@ -79,257 +76,6 @@ def compare_outputs(spec: list[RequestOutput], plain: list[RequestOutput], tie_t
         entry = {"index": s.index, "position": pos, "gap": gap}
         (near_ties if gap is not None and gap < tie_tolerance else mismatches).append(entry)
     return mismatches, near_ties
-
-
-def poisson_arrival_offsets(n: int, request_rate: float, seed: int) -> list[float] | None:
-    """Arrival times (seconds after the start) of n requests at request_rate requests/s, as vLLM's
-    benchmark client sends them: the first at 0, then exponential gaps of mean 1 / request_rate
-    (a Poisson process), from numpy's generator seeded with `seed`. None for an infinite rate
-    (all requests at once)."""
-    if math.isinf(request_rate):
-        return None
-    gaps = np.random.default_rng(seed).exponential(1.0 / request_rate, size=max(n - 1, 0))
-    return [0.0, *np.cumsum(gaps).tolist()][:n]
-
-
-def _int_or_none(section: str, cfg: DictConfig, key: str, minimum: int,
-                 null_means: str | None = None) -> int | None:
-    """cfg[key] as an int >= minimum, or None when null is allowed (null_means says what it
-    means); ValueError naming section.key otherwise."""
-    value = cfg.get(key)
-    if value is None and null_means is not None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        null = f", or null ({null_means})" if null_means is not None else ""
-        raise ValueError(f"{section}.{key}={value!r}: must be an integer >= {minimum}{null}")
-    return value
-
-
-def engine_args(engine: DictConfig) -> dict:
-    """LLM keyword arguments from the engine config group, validated once by EngineConfig
-    (mtpx.engine.config.with_overrides: one line naming the key, or the closest one); ranges
-    that depend on the model or the speculator are checked by the engine."""
-    values = OmegaConf.to_container(engine, resolve=True)
-    with_overrides(None, **values)
-    return values
-
-
-def client_args(e: DictConfig, num_prompts: int, section: str = "eval") -> dict:
-    """generate() keyword arguments of the benchmark client from its config section (eval or
-    bench): max_concurrency (concurrency) and arrival_offsets (request_rate, seed). Raises
-    ValueError naming section.key."""
-    raw = e.get("request_rate")
-    try:
-        rate = float(raw)
-    except (TypeError, ValueError):
-        rate = math.nan
-    if isinstance(raw, bool) or not rate > 0:
-        raise ValueError(f"{section}.request_rate={raw!r}: must be a number of requests per second "
-                         "> 0, or inf (all requests at once)")
-    seed = _int_or_none(section, e, "seed", 0)
-    return dict(max_concurrency=_int_or_none(section, e, "concurrency", 1, "no limit"),
-                arrival_offsets=poisson_arrival_offsets(num_prompts, rate, seed))
-
-
-def _number(section: str, cfg: DictConfig, key: str, ok, requirement: str) -> float:
-    """cfg[key] as a float for which ok(value) holds; ValueError naming section.key otherwise."""
-    raw = cfg.get(key)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = math.nan
-    if isinstance(raw, bool) or not ok(value):
-        raise ValueError(f"{section}.{key}={raw!r}: must be {requirement}")
-    return value
-
-
-def sampling_params(e: DictConfig, num_prompts: int, section: str = "eval",
-                    output_lens: Sequence[int | None] | None = None) -> list[SamplingParams]:
-    """One SamplingParams per prompt from the client's config section (eval or bench):
-    max_tokens, temperature, top_k, top_p, min_p, and seed = seed + prompt index (reproducible
-    sampled runs). output_lens[i], when not None, fixes prompt i's output length instead of
-    max_tokens, with ignore_eos (random prompts). Raises ValueError naming section.key."""
-    temperature = _number(section, e, "temperature", lambda v: 0 <= v < math.inf,
-                          "a number >= 0 (0 = greedy)")
-    top_p = _number(section, e, "top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = all tokens)")
-    min_p = _number(section, e, "min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)")
-    top_k = _int_or_none(section, e, "top_k", -1)
-    max_tokens = _int_or_none(section, e, "max_tokens", 1)
-    seed = _int_or_none(section, e, "seed", 0)
-    lens = list(output_lens) if output_lens is not None else [None] * num_prompts
-    if len(lens) != num_prompts:
-        raise ValueError(f"{num_prompts} prompts but {len(lens)} output lengths")
-    return [SamplingParams(max_tokens=n or max_tokens, temperature=temperature, top_k=top_k,
-                           top_p=top_p, min_p=min_p, seed=seed + i, ignore_eos=n is not None)
-            for i, n in enumerate(lens)]
-
-
-SPEC_CHOICES = {"draft_sample_method": ("greedy", "probabilistic"), "verify": ("standard", "block")}
-
-
-def spec_args(spec: DictConfig | None) -> dict:
-    """LLM keyword arguments from the spec config: draft_sample_method and verify (absent keys take
-    the first choice); {} without a spec. Raises ValueError naming spec.KEY and the choices."""
-    if spec is None:
-        return {}
-    args = {}
-    for key, choices in SPEC_CHOICES.items():
-        value = spec.get(key, choices[0])
-        if value not in choices:
-            raise ValueError(f"spec.{key}={value!r}: choose one of {', '.join(choices)}")
-        args[key] = value
-    return args
-
-
-class _Stop(Exception):
-    """Raised from on_step when Ctrl-C asked the run to stop (GracefulInterrupt)."""
-
-
-def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
-              interrupt: GracefulInterrupt, rows_file: Path | None = None, logger: RunLogger | None = None,
-              indices: list[int] | None = None, clock: float = 0.0):
-    """Timed generation after a 2-token warm-up request (first-call allocations and lazy
-    initialisation are not billed to the first measured run). The prefix cache is emptied after
-    the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
-    arrival_offsets. Each finished request's row is appended to rows_file as it finishes; the
-    progress bar and the W&B run (`live/*`, at most twice a second) show output tokens/s and the
-    acceptance so far (without a terminal: a line every MTPX_PROGRESS_S seconds, ProgressLines). indices: each prompt's request index (default 0, 1, ...); clock: seconds
-    of the run before this pass (a resumed eval): output times are seconds on the run's clock.
-
-    Returns (outputs, seconds, interrupted): after Ctrl-C or SIGTERM (interrupt.requested), the
-    engine stops at the next step boundary and outputs holds the requests that had finished, in
-    index order."""
-    indices = list(range(len(prompts))) if indices is None else indices
-    llm.generate([prompts[0].engine_input], SamplingParams(max_tokens=2))
-    llm.reset_prefix_cache()
-    llm.engine.draft_length.reset_histograms()    # k per step, depths: the measured pass only
-    done: dict[int, RequestOutput] = {}
-    sink = rows_file.open("a", encoding="utf-8") if rows_file is not None else None
-
-    live = {"tokens": 0, "drafts": 0, "committed": 0, "draft_tokens": 0, "accepted": 0, "logged": 0.0}
-
-    def on_clock(o: RequestOutput) -> RequestOutput:
-        origin = t0 - clock
-        at = (lambda t: None if t is None else t - origin)                # noqa: E731
-        return dataclasses.replace(o, index=indices[o.index], arrival_time=o.arrival_time - origin,
-                                   first_token_time=at(o.first_token_time), finish_time=at(o.finish_time),
-                                   emission_times=[t - origin for t in o.emission_times])
-
-    def on_finish(r) -> None:
-        o = done[r.index] = on_clock(llm.request_output(r))
-        live["tokens"] += len(o.output_token_ids)
-        for key, n in (("drafts", o.spec.num_drafts), ("committed", o.spec.num_committed_tokens),
-                       ("draft_tokens", o.spec.num_draft_tokens), ("accepted", o.spec.num_accepted_tokens)):
-            live[key] += n
-        elapsed = max(time.perf_counter() - t0, 1e-9)
-        stats = {"live/output_tok_s": live["tokens"] / elapsed, "live/requests_finished": len(done)}
-        if live["drafts"]:
-            stats["live/acceptance_length"] = live["committed"] / live["drafts"]
-            stats["live/acceptance_rate"] = live["accepted"] / live["draft_tokens"]
-        text = f"{label} · {stats['live/output_tok_s']:.0f} tok/s" + (
-            f" · acceptance length {stats['live/acceptance_length']:.2f}" if live["drafts"] else "")
-        progress.update(task, advance=1, description=text)
-        lines.update(len(done), f"{stats['live/output_tok_s']:.0f} tok/s",
-                     f"acceptance length {stats['live/acceptance_length']:.2f}" if live["drafts"] else None)
-        if logger is not None and time.perf_counter() - live["logged"] >= 0.5:
-            live["logged"] = time.perf_counter()
-            logger.log(stats)
-        if sink is not None:
-            sink.write(json.dumps(_output_row(o, prompts[r.index]), ensure_ascii=False) + "\n")
-            sink.flush()
-
-    def on_step(engine) -> None:
-        lines.tick()
-        if interrupt.requested:
-            raise _Stop
-
-    try:
-        with Progress(transient=True) as progress:
-            task = progress.add_task(label, total=len(prompts))
-            lines = ProgressLines(label, len(prompts), "requests")
-            t0 = time.perf_counter()
-            try:
-                outs = llm.generate([p.engine_input for p in prompts], params, on_finish=on_finish,
-                                    on_step=on_step, **client)
-            except _Stop:
-                return [done[i] for i in sorted(done)], time.perf_counter() - t0, True
-            except KeyboardInterrupt:       # a second Ctrl-C / SIGTERM: stop at once, say what is kept
-                if not done or rows_file is None:
-                    raise
-                raise Interrupted(f"stopped at once by a second signal: the {len(done)} requests that had "
-                                  f"finished are in {rows_file}; no metrics.json or report was written") from None
-            return [on_clock(o) for o in outs], time.perf_counter() - t0, False
-    finally:
-        if sink is not None:
-            sink.close()
-
-
-def _output_row(o: RequestOutput, p: Prompt) -> dict:
-    """One line of outputs.jsonl."""
-    row = {"index": o.index, "category": p.category, "prompt": p.text,
-           "num_prompt_tokens": len(o.prompt_token_ids), "output_token_ids": o.output_token_ids,
-           "text": o.text, "finish_reason": o.finish_reason, "error": o.error}
-    if p.answer is not None:
-        predicted = extract_predicted_answer(o.text) if not o.error else None
-        row |= {"answer": p.answer, "predicted_answer": predicted,
-                "correct": predicted is not None and score([predicted], [p.answer])[1] == 1}
-    return row | {"rounds": o.spec.rounds, "num_drafts": o.spec.num_drafts,
-                  "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
-                  "num_committed_tokens": o.spec.num_committed_tokens,
-                  "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions,
-                  "arrival_s": o.arrival_time, "first_token_s": o.first_token_time, "finish_s": o.finish_time,
-                  "emission_s": o.emission_times}
-
-
-def _restore(row: dict, p: Prompt, prompt_ids: list[int], k: int) -> RequestOutput:
-    """A finished request of an earlier pass (eval.resume) from its outputs.jsonl row: the same
-    tokens, counters and times (seconds on the run's clock)."""
-    spec = SpecDecodeCounts()
-    for nd, acc, committed in row["rounds"]:
-        spec.record_round(nd, acc, committed)
-    spec.accepted_per_position += [0] * (k - len(spec.accepted_per_position))
-    return RequestOutput(index=row["index"], prompt_token_ids=prompt_ids, output_token_ids=row["output_token_ids"],
-                         text=row["text"], finish_reason=row["finish_reason"], spec=spec,
-                         arrival_time=row["arrival_s"], first_token_time=row["first_token_s"],
-                         finish_time=row["finish_s"], emission_times=row["emission_s"],
-                         num_cached_tokens=row["num_cached_tokens"], num_preemptions=row["num_preemptions"],
-                         prompt=p.text or None)
-
-
-def finished_rows(rows_file: Path, prompts: list[Prompt], llm: LLM) -> dict[int, RequestOutput]:
-    """eval.resume: {request index: output} of the requests that finished (stop or length, no
-    error) in rows_file, an earlier run of the same command; {} without the file. A torn last
-    line is ignored. Raises ValueError (naming eval.resume) for a row of another prompt set or an
-    older outputs.jsonl without times."""
-    if not rows_file.exists():
-        return {}
-    lines = rows_file.read_text(encoding="utf-8").splitlines()
-    out = {}
-    for n, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            if n == len(lines) - 1:
-                break                      # the line being written when the run stopped
-            raise ValueError(f"eval.resume=true: {rows_file} line {n + 1} is not JSON: delete the file "
-                             "(or the line) to start over") from None
-        i = row.get("index")
-        if row.get("finish_reason") not in ("stop", "length") or row.get("error") or not isinstance(i, int):
-            continue
-        if not 0 <= i < len(prompts) or row.get("prompt") != prompts[i].text:
-            raise ValueError(f"eval.resume=true: {rows_file} row {i} is not this run's prompt {i}: resume "
-                             "with the same data and eval settings, or use a new hydra.run.dir")
-        if "arrival_s" not in row:
-            raise ValueError(f"eval.resume=true: {rows_file} was written by an older mtpx (rows without "
-                             "times): delete it to start over")
-        p = prompts[i]
-        ids = list(p.token_ids) if p.token_ids is not None else llm.encode(p.text)
-        if row.get("num_prompt_tokens") != len(ids):
-            raise ValueError(f"eval.resume=true: {rows_file} row {i} has {row.get('num_prompt_tokens')} prompt "
-                             f"tokens, this run's prompt {i} {len(ids)}: resume with the same model and data, "
-                             "or use a new hydra.run.dir")
-        out[i] = _restore(row, p, ids, llm.num_speculative_tokens)
-    return out
 
 
 def run_eval(cfg: DictConfig, out_dir: Path) -> int:
@@ -355,23 +101,20 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
         raise ValueError(f"the config has no '{mode}' section: add '- {mode}: default' to the "
                          "defaults list of conf/config.yaml")
     spec = cfg.get("spec")
+    spec_kw = spec_args(spec)          # the spec section's checks (mtpx/schema/groups.py)
     method = spec.method if spec is not None else None
     k = spec.num_speculative_tokens if spec is not None else None
-    if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-        raise ValueError(f"spec.num_speculative_tokens={k!r}: give an integer >= 0, null or auto")
     if k == 0:                  # k = 0 is plain decoding (a point of a sweep over k)
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
     path = model_path(cfg)
     engine = engine_args(cfg.engine)
-    spec_kw = spec_args(spec)
-    num_prompts = _int_or_none(mode, c, "num_prompts", 1, "the whole data set")
+    schema.check(mode, c)          # the client section's checks, before the model loads
+    num_prompts = c.get("num_prompts")
     engine["compile"] = resolve_compile(engine.get("compile"), mode, None if num_prompts is None else
-                                        num_prompts * _int_or_none(mode, c, "max_tokens", 1))
+                                        num_prompts * c.max_tokens)
     prompts_key = f"{mode}.num_prompts"
-    client_args(c, 0, mode)        # validate the client section before the model loads
-    sampling_params(c, 0, mode)
     check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
     if mode == "bench" and c.get("base_url"):
         return _run_http(cfg, out_dir, c, path, num_prompts, prompts_key)
@@ -523,7 +266,7 @@ def _measure(cfg, out_dir: Path, mode: str, llm: LLM, prompts, params, client, e
                               engine["enable_prefix_caching"])
     if mode == "bench":
         del metrics["lossless_mismatches"]  # bench never runs the lossless pass
-    # measured step costs (mtpx.metrics.cost_model): decode steps with a full k drafts, by batch size
+    # measured step costs (mtpx.engine.auto_k.costs): decode steps with a full k drafts, by batch size
     decodes = [t.num_decodes for t in llm.engine.step_timings if t.num_decodes]
     metrics["mean_decode_batch"] = sum(decodes) / len(decodes) if decodes else None
     metrics["step_costs"] = {str(b): c for b, c in step_costs(llm.engine.step_timings,
@@ -710,38 +453,6 @@ def _length_text(prompts: list[Prompt], max_tokens: int, cap: int | None = None)
     if prompts[0].output_len is not None:
         return f"output_len {prompts[0].output_len} (ignore_eos)"
     return f"max_tokens {max_tokens}" + (f" (capped to {cap} by max_model_len)" if cap is not None else "")
-
-
-def model_path(cfg: DictConfig):
-    """cfg.model.path, or the demo checkpoint when it is null. Raises ValueError for an empty
-    model.path (`model.path=` on the command line), which would otherwise run the demo."""
-    path = cfg.model.get("path")
-    if path is None:
-        return DEFAULT_MODEL
-    if not str(path).strip():
-        raise ValueError("model.path is empty: give a checkpoint folder (model.path=DIR), or leave model.path out "
-                         "to run the demo checkpoint")
-    return path
-
-
-def cap_max_tokens(prompts: list[Prompt], params: list[SamplingParams], max_model_len: int,
-                    key: str) -> tuple[list[SamplingParams], int | None]:
-    """params with max_tokens lowered to what each prompt leaves of max_model_len (the engine
-    stops there anyway, finish_reason "length"), with one warning line naming `key` when any
-    was (a prompt of max_model_len tokens or more fails alone, uncapped); returns (params, the largest capped max_tokens, or None when none was capped)."""
-    capped = [dataclasses.replace(p, max_tokens=max(1, max_model_len - len(q.engine_input)),
-                                  min_tokens=min(p.min_tokens, max(1, max_model_len - len(q.engine_input))))
-              if q.output_len is None and len(q.engine_input) < max_model_len < len(q.engine_input) + p.max_tokens
-              else p
-              for q, p in zip(prompts, params)]
-    changed = [c.max_tokens for c, p in zip(capped, params) if c is not p]
-    if not changed:
-        return params, None
-    asked = max(p.max_tokens for p in params)
-    print(f"warning: {key}={asked} exceeds max_model_len={max_model_len} (prompt + output) for {len(changed)} of "
-          f"{len(params)} prompts: they stop at {max(changed)} output tokens at most (finish_reason length); "
-          f"lower {key} or raise engine.max_model_len", file=sys.stderr)
-    return capped, max(changed)
 
 
 def _sampling_text(p: SamplingParams) -> str:

@@ -1,0 +1,184 @@
+"""Step costs of automatic k: measure the engine's decode step (`calibrate_step_costs`, at
+start-up), fit the cost curve over k (`smooth_step_costs`: a least-squares quadratic, then
+non-decreasing), and goodput (`predict`, `recommend`: which k maximises output throughput from a
+run's per-position acceptance, offline; the online goodput is AutoDraftLength.goodput).
+
+At steady state with B requests decoding, one engine step verifies a window of k+1 tokens per
+request and drafts the next k, and emits on average
+
+    tokens_per_round(k) = 1 + sum_{i<k} a_i
+
+tokens per request, where a_i is the unconditional per-position acceptance (rounds whose i-th
+draft was accepted / rounds: the expected number of accepted drafts is their sum; Leviathan et al.
+2023, eq. 1, without their i.i.d. assumption). So
+
+    throughput(k, B) = B * tokens_per_round(k) / (verify_s(k, B) + draft_s(k, B))
+
+with verify_s and draft_s the measured step costs (`mtpx.engine.engine.StepTiming`):
+`measure_step_costs` times the engine's decode step at each (k, B) (calibrate_step_costs: no
+prefill, the ks alternated call by call), and `step_costs` takes the medians of a run's own pure
+decode steps. The acceptance a_i comes from a run with k >= every k predicted (positions beyond a run's k are unknown). The model ignores prefill time and assumes a_i
+does not depend on k, which the position-0 analytics (mtpx.metrics.analytics) show is only
+approximately true: position 0 is drafted after every round, and a longer k changes how often the
+previous round ended in a rejection.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+__all__ = ["calibrate_step_costs", "default_batch_sizes", "smooth_step_costs", "measure_step_costs",
+           "step_costs", "tokens_per_round", "predict", "recommend"]
+
+
+def smooth_step_costs(values: list[float]) -> list[float]:
+    """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
+    (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
+    k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
+    positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
+    then non-decreasing (policy.py's module doc)."""
+    if len(values) - 1 >= 4:
+        a, b, c = _quadratic_fit(list(range(1, len(values))), values[1:])
+        # a step with drafts never costs less than one without (a fit to noise can dip below it)
+        values = [values[0]] + [max(values[0], a + b * k + c * k * k) for k in range(1, len(values))]
+    return _non_decreasing(values)
+
+
+def _quadratic_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares (a, b, c) of y = a + b x + c x^2: the normal equations solved by Cramer's rule
+    in Python floats, so the same costs always give the same fit (a BLAS least-squares solve gave
+    results differing in the last bits between calls, and a cost file reloaded then differed from
+    the costs it was saved from)."""
+    s = [sum(x ** p for x in xs) for p in range(5)]                     # sum x^0 .. x^4
+    t = [sum(y * x ** p for x, y in zip(xs, ys)) for p in range(3)]     # sum y x^0 .. y x^2
+    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
+
+    def det(a):
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+    d = det(m)
+    return tuple(det([[t[r] if col == i else m[r][col] for col in range(3)] for r in range(3)]) / d
+                 for i in range(3))
+
+
+def _non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of values (pool adjacent violators)."""
+    blocks: list[list[float]] = []                 # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    return [s / n for s, n in blocks for _ in range(n)]
+
+
+def default_batch_sizes(max_num_seqs: int) -> list[int]:
+    """1, 4, 16, 64, ... below max_num_seqs, and max_num_seqs."""
+    sizes, b = [], 1
+    while b < max_num_seqs:
+        sizes.append(b)
+        b *= 4
+    return sizes + [max_num_seqs]
+
+
+def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0) -> dict:
+    """Measure the engine's own decode step at every k in 0..max_k and batch size B
+    (Engine.time_decode_steps): B requests at context_len known tokens verify and propose k
+    drafts (each of depth k with per-request depth: the step of a k-module engine), the ks
+    alternated call by call over `rounds` rounds after one untimed round; a k's cost is the
+    median of its rounds. No request is prefilled: the positions before the window are taken as
+    computed, as vLLM's dummy runs profile a step, since values do not change its cost. That makes
+    the calibration cheap (at max_num_seqs 64 the fresh requests' prefill was 87% of 143 s:
+    experiments/auto_k/main_job) and puts every k at the same context length; alternating the ks
+    call by call makes a burst of load from another process slow every k alike, where on 2 CPU
+    cores one k's steps measured in one stretch read up to 30% off the same k a minute later
+    (experiments/auto_k). context_len: the middle of the main job's decode steps (prompts of
+    about 128 tokens, up to 128 output tokens). The engine must be idle, and is afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is
+    busy."""
+    policy = engine.draft_length
+    if not getattr(policy, "auto", False):
+        raise ValueError("calibration needs num_speculative_tokens=auto")
+    if engine.has_unfinished_requests():
+        raise ValueError("calibrate the step costs before adding requests")
+    sizes = default_batch_sizes(engine.config.max_num_seqs) if batch_sizes is None else sorted(set(batch_sizes))
+    costs = {}
+    for b in sizes:
+        times = engine.time_decode_steps(b, list(range(policy.max_k + 1)), context_len, rounds, seed=seed)
+        for k, ms in times.items():
+            costs[(k, b)] = statistics.median(ms)
+    return costs
+
+
+def measure_step_costs(model, spec: str, batch_sizes, num_speculative_tokens: int | None = None,
+                       rounds: int = 8, context_len: int = 192, **engine_kwargs) -> list[dict]:
+    """The start-up calibration of automatic k (calibrate_step_costs) on a fresh engine over
+    `model` (an MTPForCausalLM) with speculator `spec` ("mtp1" | "mtp8") drafting up to
+    num_speculative_tokens (None: the speculator's default), as offline tools use it. Returns
+    [{"k", "batch_size", "step_ms"}] for every k in 0 .. that many and each batch size, sorted,
+    step_ms the raw median (not smoothed). Raises ValueError as calibrate_step_costs does."""
+    from mtpx.engine.auto_k.policy import AutoDraftLength
+    from mtpx.engine.engine import Engine
+    from mtpx.spec_decode import build_speculator
+
+    sizes = sorted(set(batch_sizes))
+    speculator = build_speculator(spec, model, num_speculative_tokens)
+    engine = Engine(model, speculator, max_num_seqs=max(sizes), draft_length=AutoDraftLength(
+        speculator.num_speculative_tokens), **engine_kwargs)
+    costs = calibrate_step_costs(engine, sizes, rounds=rounds, context_len=context_len)
+    return [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(costs.items())]
+
+
+def step_costs(timings, k: int) -> dict[int, dict]:
+    """Median verify/draft cost of pure decode steps with a full k drafts per request, by batch.
+
+    timings: `StepTiming`s of one engine run with num_speculative_tokens = k.
+    Returns {batch size B: {"verify_ms", "draft_ms", "step_ms", "steps"}} over steps without
+    prefill tokens whose every request verified k drafts; each is a median over those steps
+    (step_ms is the median of verify + draft per step, not the sum of the two medians).
+    """
+    by_batch: dict[int, list] = {}
+    for t in timings:
+        if t.num_decodes and not t.num_prefill_tokens and t.num_draft_tokens == k * t.num_decodes:
+            by_batch.setdefault(t.num_decodes, []).append(t)
+    return {b: {"verify_ms": 1e3 * statistics.median(t.verify_s for t in ts),
+                "draft_ms": 1e3 * statistics.median(t.draft_s for t in ts),
+                "step_ms": 1e3 * statistics.median(t.verify_s + t.draft_s for t in ts),
+                "steps": len(ts)}
+            for b, ts in sorted(by_batch.items())}
+
+
+def tokens_per_round(per_position_acceptance: Sequence[float], k: int) -> float:
+    """1 + sum of the first k per-position acceptance rates (module doc). Raises ValueError when
+    k exceeds the positions measured."""
+    if k > len(per_position_acceptance):
+        raise ValueError(f"k={k} but acceptance was measured for {len(per_position_acceptance)} positions: "
+                         "use a run with num_speculative_tokens >= k")
+    return 1.0 + sum(per_position_acceptance[:k])
+
+
+def predict(per_position_acceptance: Sequence[float], costs: Sequence[dict]) -> list[dict]:
+    """Predicted output throughput (tokens/s) for every calibrated (k, B) (module doc).
+
+    costs: `measure_step_costs`'s rows (or any with k, batch_size, step_ms). Returns them with "tokens_per_round" and "predicted_throughput"
+    added (rows with k beyond the measured positions are left out)."""
+    out = []
+    for c in costs:
+        if c["k"] > len(per_position_acceptance):
+            continue
+        tpr = tokens_per_round(per_position_acceptance, c["k"])
+        out.append({**c, "tokens_per_round": tpr,
+                    "predicted_throughput": c["batch_size"] * tpr / (c["step_ms"] / 1e3)})
+    return out
+
+
+def recommend(predictions: Sequence[dict]) -> dict[int, int]:
+    """{batch size: the k with the highest predicted throughput}."""
+    best: dict[int, dict] = {}
+    for p in predictions:
+        b = p["batch_size"]
+        if b not in best or p["predicted_throughput"] > best[b]["predicted_throughput"]:
+            best[b] = p
+    return {b: p["k"] for b, p in sorted(best.items())}

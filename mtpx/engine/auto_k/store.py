@@ -1,0 +1,158 @@
+"""Where automatic k's step costs are kept between runs: the cache path under $MTPX_CACHE_DIR,
+the metadata that says which engine a file was measured on, load and save, and
+`load_or_calibrate` (the start-up path LLM takes: a matching file, else a calibration written
+for the next run)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import time
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import torch
+
+from mtpx.engine.auto_k.costs import calibrate_step_costs
+from mtpx.io import atomic_write_json
+
+__all__ = ["COST_META_KEYS", "save_step_costs", "load_step_costs", "step_cost_cache_path",
+           "check_step_cost_meta", "cost_meta", "load_or_calibrate", "fingerprint", "code_hash"]
+
+
+def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:
+    """Write {(k, B): ms} and `meta` (model, threads, compile, device) as JSON, atomically."""
+    rows = [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(step_costs.items())]
+    atomic_write_json(path, {**meta, "step_costs": rows}, indent=1)
+
+
+def load_step_costs(path: str | Path) -> tuple[dict, dict]:
+    """-> ({(k, B): ms}, the file's other keys). Raises ValueError naming the file when it is not
+    a step-cost file (FileNotFoundError when missing)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        costs = {(int(r["k"]), int(r["batch_size"])): float(r["step_ms"]) for r in data.pop("step_costs")}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"spec.cost_model_file={path}: not a step-cost file ({e}); write one with "
+                         "calibrate_step_costs (LLM does at start-up) or delete it") from None
+    if not costs or any(not math.isfinite(v) or v <= 0 for v in costs.values()):
+        raise ValueError(f"spec.cost_model_file={path}: step costs must be positive numbers")
+    return costs, data
+
+
+# What a calibration's costs depend on: a cost file whose value of one of these differs from the
+# engine's measured another engine (step_cost_cache_path, check_step_cost_meta).
+COST_META_KEYS = ("fingerprint", "spec", "max_k", "dtype", "threads", "compile", "compile_backend",
+                  "attention_backend", "gdn_backend", "block_size", "device", "device_name")
+
+
+def step_cost_cache_path(meta: dict) -> Path:
+    """Where the start-up calibration of an engine described by `meta` (COST_META_KEYS,
+    max_num_seqs, the mtpx and torch versions, and `code`: a hash of the engine's source) is kept
+    between runs: $MTPX_CACHE_DIR/step_costs/<hash of those>.json (MTPX_CACHE_DIR defaults to
+    $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx), as vLLM keeps its compile cache under
+    VLLM_CACHE_ROOT. Any change of what the costs depend on is another file."""
+    root = os.environ.get("MTPX_CACHE_DIR") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpx"
+    key = {k: meta.get(k) for k in (*COST_META_KEYS, "max_num_seqs", "mtpx_version", "torch_version", "code")}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return Path(root) / "step_costs" / f"{digest}.json"
+
+
+def check_step_cost_meta(path: str | Path, file_meta: dict, meta: dict) -> None:
+    """Raises ValueError naming spec.cost_model_file when the file was calibrated for another
+    engine: a COST_META_KEYS value both give differs, or the file's max_num_seqs is below this
+    engine's (a key the file lacks, as in a hand-written file, is not checked)."""
+    diff = [f"{k}={file_meta[k]!r} (this run: {meta[k]!r})" for k in COST_META_KEYS
+            if k in file_meta and k in meta and file_meta[k] != meta[k]]
+    if file_meta.get("max_num_seqs", math.inf) < meta.get("max_num_seqs", 0):
+        diff.append(f"max_num_seqs={file_meta['max_num_seqs']} (this run: {meta['max_num_seqs']})")
+    if diff:
+        raise ValueError(f"spec.cost_model_file={path}: calibrated for another engine: {', '.join(diff[:3])}; "
+                         "delete the file to calibrate again, or give another path")
+
+
+def cost_meta(engine, model_path: Path | None, draft_path: Path | None, spec: str | None, device) -> dict:
+    """What `engine`'s step costs depend on (COST_META_KEYS), its max_num_seqs, and the model,
+    mtpx and torch versions and code hash that name its cache file. model_path: the checkpoint
+    folder (None: an in-memory model, not cached); draft_path: an attached draft file."""
+    try:
+        mtpx_version = version("mtpx")
+    except PackageNotFoundError:
+        mtpx_version = None
+    cfg = engine.config
+    if str(device).startswith("cuda"):
+        device_name = torch.cuda.get_device_name()
+    else:
+        device_name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                device_name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    return {"model": str(model_path or "in-memory model"),
+            "fingerprint": fingerprint(model_path, draft_path),
+            "spec": spec, "max_k": engine.draft_length.max_k,
+            "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
+            "threads": torch.get_num_threads(), "compile": cfg.compile,
+            "compile_backend": cfg.compile_backend, "attention_backend": cfg.attention_backend,
+            "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
+            "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
+            "mtpx_version": mtpx_version, "torch_version": torch.__version__, "code": code_hash()}
+
+
+def load_or_calibrate(engine, path: str | Path | None, meta: dict, cached: bool) -> dict:
+    """Give engine.draft_length its step costs: from `path` when it exists (checked against
+    `meta`: check_step_cost_meta), else measured now (calibrate_step_costs) and written to `path`
+    (None: not written). cached: `path` is the cache file (step_cost_cache_path), so a damaged or
+    mismatched file is measured again instead of refused. Returns {"source", "seconds", and the
+    file's or this engine's metadata}. Raises ValueError for a given file that is not a step-cost
+    file or was measured on another engine."""
+    policy = engine.draft_length
+    if path is not None and Path(path).exists():
+        try:
+            costs, file_meta = load_step_costs(path)
+            check_step_cost_meta(path, file_meta, meta)
+        except ValueError:
+            if not cached:
+                raise
+        else:                                  # a damaged cache file is measured again below
+            policy.set_step_costs(costs)
+            return {**file_meta, "source": f"loaded from {path}", "seconds": 0.0}
+    t0 = time.perf_counter()
+    costs = calibrate_step_costs(engine)
+    policy.set_step_costs(costs)
+    if path is not None:
+        save_step_costs(path, costs, meta)
+    return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
+            "seconds": round(time.perf_counter() - t0, 2), **meta}
+
+
+def fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None:
+    """Identifies a checkpoint's weights without reading them: the config's bytes and every file's
+    name, size and modification time (a rewritten or copied file is another fingerprint)."""
+    if model_path is None:
+        return None
+    h = hashlib.sha256()
+    files = sorted(model_path.iterdir()) if model_path.is_dir() else [model_path]
+    for f in files + ([draft_path] if draft_path is not None else []):
+        if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".pt", ".pth")):
+            st = f.stat()
+            h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+            if f.name == "config.json":
+                h.update(f.read_bytes())
+    return h.hexdigest()[:20]
+
+
+def code_hash() -> str:
+    """A hash of the source of the packages a decode step runs (an edit there may change the step
+    costs, so the step-cost cache measures again)."""
+    root = Path(__file__).resolve().parents[2]        # mtpx/
+    h = hashlib.sha256()
+    for package in ("engine", "models", "spec_decode", "cache", "attention"):
+        for f in sorted((root / package).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:20]

@@ -1,0 +1,489 @@
+"""The config groups' structured configs, torchtitan-style: a default and a docstring per field,
+`Literal` for the keys with fixed choices, and every range check of a group in its `check`
+classmethod (one line naming the key and the fix). The YAML files of conf/ only override these
+defaults. The engine group is mtpx.engine.config.EngineConfig (checked in its __post_init__), the
+demo model group mtpx.models.config.ModelConfig's fields (mtpx/schema/__init__.py).
+
+OmegaConf has no `Literal`: the ConfigStore gets a copy of each class with `str` in its place
+(mtpx.schema.omegaconf_node), and `check` tests the choices.
+"""
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Optional
+
+from omegaconf import MISSING
+
+__all__ = ["RunConfig", "SpecConfig", "GenerationConfig", "ClientConfig", "BenchConfig", "EvalConfig",
+           "ServeConfig", "DistillConfig", "TrainConfig", "BuiltinData", "FileData", "GSM8KData",
+           "ChatData", "RandomData", "HFModel", "NoLogger", "WandbLogger", "int_or_none", "number",
+           "literal_choices", "check_group"]
+
+
+# --------------------------------------------------------------------------------------------------
+# the checks every group uses (each raises ValueError with one line naming SECTION.KEY)
+
+
+def int_or_none(section: str, cfg, key: str, minimum: int, null_means: str | None = None) -> int | None:
+    """cfg[key] as an int >= minimum, or None when null is allowed (null_means says what it
+    means); ValueError naming section.key otherwise."""
+    value = cfg.get(key)
+    if value is None and null_means is not None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        null = f", or null ({null_means})" if null_means is not None else ""
+        raise ValueError(f"{section}.{key}={value!r}: must be an integer >= {minimum}{null}")
+    return value
+
+
+def number(section: str, cfg, key: str, ok: Callable[[float], bool], requirement: str) -> float:
+    """cfg[key] as a float for which ok(value) holds; ValueError naming section.key otherwise."""
+    raw = cfg.get(key)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(raw, bool) or not ok(value):
+        raise ValueError(f"{section}.{key}={raw!r}: must be {requirement}")
+    return value
+
+
+def literal_choices(cls: type) -> dict[str, tuple]:
+    """{field: its choices} for the fields of `cls` annotated Literal[...] or Optional[Literal[...]]
+    (None among the choices when optional)."""
+    out = {}
+    for name, tp in typing.get_type_hints(cls).items():
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) is Literal:
+            out[name] = args
+        elif args and any(typing.get_origin(a) is Literal for a in args):      # Optional[Literal[...]]
+            lit = next(a for a in args if typing.get_origin(a) is Literal)
+            out[name] = typing.get_args(lit) + ((None,) if type(None) in args else ())
+    return out
+
+
+class _Group:
+    """check(section, cfg): the group's checks on a DictConfig (or dict) of its keys; the base
+    checks every Literal field's choices ("SECTION.KEY='x': choose one of a, b")."""
+
+    _choose = "choose one of"
+
+    @classmethod
+    def check(cls, section: str, cfg) -> None:
+        for key, choices in literal_choices(cls).items():
+            if key in cfg and cfg.get(key) not in choices:
+                shown = ", ".join("null" if c is None else str(c) for c in choices)
+                raise ValueError(f"{section}.{key}={cfg.get(key)!r}: {cls._choose} {shown}")
+
+
+def check_group(section: str, cls: type, cfg) -> None:
+    """Run `cls.check(section, cfg)` when cls has checks (the schemas of mtpx/schema)."""
+    if issubclass(cls, _Group):
+        cls.check(section, cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# the root and the speculator
+
+
+@dataclass
+class RunConfig:
+    """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`)."""
+    mode: str = "eval"
+    """eval | bench | train | serve | distill."""
+    seed: int = 0
+    """The run's seed (model init and data order in mode=train)."""
+    data_dir: str = MISSING
+    """The data directory of the public data sets (gsm8k/, spec_bench/, mt_bench/, humaneval/),
+    which the data and train groups' paths start from; MTPX_DATA_DIR or data_dir=DIR sets it."""
+    model: Any = MISSING
+    data: Any = MISSING
+    train: Any = MISSING
+    engine: Any = MISSING
+    eval: Any = MISSING
+    bench: Any = MISSING
+    serve: Any = MISSING
+    distill: Any = MISSING
+    logger: Any = MISSING
+    spec: Any = None
+
+
+@dataclass
+class SpecConfig(_Group):
+    """The speculator (`+spec=NAME`)."""
+    method: str = MISSING
+    """mtp1 (single-module MTP: module 0 applied num_speculative_tokens times) or mtp8
+    (multi-module MTP: module i drafts the i-th token)."""
+    num_speculative_tokens: Any = MISSING
+    """Drafts per step (an integer >= 1), or auto: each step picks k in 0 .. every module (mtp1:
+    0 .. 4) from online acceptance and measured step costs (mtpx/engine/auto_k/)."""
+    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
+    """How drafts are proposed at temperature > 0 (greedy decoding ignores it): greedy = the
+    draft's argmax, verified as a one-hot draft distribution (as vLLM does); probabilistic =
+    drafts sampled from the draft distribution."""
+    verify: Literal["standard", "block"] = "standard"
+    """How the target verifies them at temperature > 0: standard = token-level rejection sampling
+    (Leviathan et al.); block = block verification (Sun et al., arXiv 2403.10444): as many
+    accepted tokens or more on average."""
+    draft_path: Optional[str] = None
+    """A safetensors file of MTP modules to attach to the target (a head trained in mtpx and
+    exported with tools/export_checkpoint.py --layout draft, or any file in the mtpx, Qwen3-Next
+    or DeepSeek layout); they replace the checkpoint's own modules. null = the checkpoint's."""
+    cost_model_file: Optional[str] = None
+    """With num_speculative_tokens=auto: a JSON file of the engine's step costs per (k, batch
+    size); loaded when it exists, else written after the start-up calibration. null = the
+    step-cost cache, $MTPX_CACHE_DIR/step_costs (~/.cache/mtpx by default), one file per
+    checkpoint and engine setting."""
+
+    @classmethod
+    def check(cls, section: str, cfg) -> None:
+        k = cfg.get("num_speculative_tokens")
+        if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise ValueError(f"{section}.num_speculative_tokens={k!r}: give an integer >= 0, null or auto")
+        super().check(section, cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# the modes that generate: eval, bench, distill
+
+
+@dataclass
+class GenerationConfig(_Group):
+    """What a mode that generates from a prompt set reads (mtpx.evaluate.sampling_params and
+    the client's concurrency): the base of the bench, eval and distill groups."""
+    num_prompts: Optional[int] = 64
+    """Requests: the first this many prompts of the data set (null = the whole data set)."""
+    max_tokens: int = 128
+    """Output tokens per request at most (data=random: exactly data.output_len)."""
+    concurrency: Optional[int] = 64
+    """Requests in flight at most (vLLM bench's --max-concurrency; null = no limit, in mode=distill
+    the engine's max_num_seqs)."""
+    seed: int = 0
+    """Request i samples with seed + i (and the seed of the Poisson arrival times)."""
+    temperature: float = 0.0
+    """0 = greedy; > 0 samples from softmax(logits / temperature)."""
+    top_k: int = 0
+    """Keep the k most likely tokens (0 or -1 = all)."""
+    top_p: float = 1.0
+    """Nucleus: keep the smallest set reaching this probability (1 = all)."""
+    min_p: float = 0.0
+    """Drop tokens below min_p x the top probability (0 = none)."""
+    threads: Optional[int] = None
+    """Torch threads (null = measured at start-up: the fastest count the CPUs allow;
+    OMP_NUM_THREADS wins)."""
+
+    _concurrency_null = "no limit"
+
+    @classmethod
+    def check(cls, section: str, cfg) -> None:
+        super().check(section, cfg)
+        int_or_none(section, cfg, "num_prompts", 1, "the whole data set")
+        int_or_none(section, cfg, "concurrency", 1, cls._concurrency_null)
+        cls.sampling(section, cfg)
+
+    @staticmethod
+    def sampling(section: str, cfg) -> dict:
+        """The checked sampling keys: {temperature, top_p, min_p, top_k, max_tokens, seed}."""
+        return dict(
+            temperature=number(section, cfg, "temperature", lambda v: 0 <= v < math.inf,
+                               "a number >= 0 (0 = greedy)"),
+            top_p=number(section, cfg, "top_p", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = all tokens)"),
+            min_p=number(section, cfg, "min_p", lambda v: 0 <= v <= 1, "a number in [0, 1] (0 = off)"),
+            top_k=int_or_none(section, cfg, "top_k", -1),
+            max_tokens=int_or_none(section, cfg, "max_tokens", 1),
+            seed=int_or_none(section, cfg, "seed", 0))
+
+
+@dataclass
+class ClientConfig(GenerationConfig):
+    """The benchmark client of mode=bench (and the base of mode=eval's)."""
+    request_rate: float = math.inf
+    """Requests per second: inf = all at once, else Poisson arrivals at this mean rate."""
+
+    @classmethod
+    def check(cls, section: str, cfg) -> None:
+        cls.client(section, cfg)
+        super().check(section, cfg)
+
+    @staticmethod
+    def client(section: str, cfg) -> dict:
+        """The checked client keys: {request_rate, seed, concurrency}."""
+        raw = cfg.get("request_rate")
+        try:
+            rate = float(raw)
+        except (TypeError, ValueError):
+            rate = math.nan
+        if isinstance(raw, bool) or not rate > 0:
+            raise ValueError(f"{section}.request_rate={raw!r}: must be a number of requests per second "
+                             "> 0, or inf (all requests at once)")
+        return dict(request_rate=rate, seed=int_or_none(section, cfg, "seed", 0),
+                    concurrency=int_or_none(section, cfg, "concurrency", 1, "no limit"))
+
+
+@dataclass
+class BenchConfig(ClientConfig):
+    """mode=bench: the serving benchmark client (vLLM `bench serve`'s knobs)."""
+    base_url: Optional[str] = None
+    """An OpenAI-compatible server (http://host:port/v1: mode=serve, vllm serve, SGLang); null =
+    the engine in process."""
+    model_name: Optional[str] = None
+    """The model id sent with base_url (null = the first one the server lists)."""
+
+
+@dataclass
+class EvalConfig(ClientConfig):
+    """mode=eval: the benchmark client and the checks."""
+    check_lossless: bool = True
+    """Also decode without speculation; exit non-zero if tokens differ (greedy only)."""
+    tie_tolerance: float = 1.0e-4
+    """A divergence where the plain run's top-2 logit gap is below this is a near-tie."""
+    resume: bool = False
+    """true: keep the requests that finished in this run folder's outputs.jsonl
+    (hydra.run.dir=the interrupted run's folder) and generate only the others."""
+
+
+@dataclass
+class DistillConfig(GenerationConfig):
+    """mode=distill: the target regenerates the answers of the data group's prompt set."""
+    out_dir: str = "distill/run"
+    """The folder of manifest.json + shards; rerunning the same command resumes."""
+    shard_size: int = 256
+    """Prompts per shard file (written atomically once all its prompts finished)."""
+    stop: Optional[list[str]] = None
+    """Stop strings, e.g. '["Question:"]' (null = none; eos always stops)."""
+
+    _concurrency_null = "the engine's max_num_seqs"
+
+    @classmethod
+    def check(cls, section: str, cfg) -> None:
+        int_or_none(section, cfg, "shard_size", 1)
+        super().check(section, cfg)
+
+
+@dataclass
+class ServeConfig(_Group):
+    """mode=serve: the OpenAI-compatible HTTP server (mtpx/serve/)."""
+    host: str = "127.0.0.1"
+    """The address to listen on (0.0.0.0: every interface)."""
+    port: int = 8000
+    """The TCP port."""
+    model_name: Optional[str] = None
+    """The id clients send as "model" (null = the checkpoint folder's name)."""
+    threads: Optional[int] = None
+    """Torch threads (null = measured at start-up; OMP_NUM_THREADS wins)."""
+    max_body_bytes: int = 33554432
+    """A request body over this many bytes gets a 413 (32 MiB)."""
+    shutdown_timeout: float = 10.0
+    """SIGTERM / Ctrl-C: in-flight requests get this many seconds to finish, then are aborted;
+    the server exits 0 (vLLM's --shutdown-timeout)."""
+    latency_buckets: Optional[list[float]] = None
+    """TTFT/TPOT/ITL/E2EL histogram bounds in seconds (null = 0.5 ms .. about 17 min, 19% apart)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+@dataclass
+class TrainConfig(_Group):
+    """mode=train: joint next-token + MTP training (or MTP modules alone with freeze_base=true)."""
+    out_dir: str = "checkpoints/run"
+    """Checkpoint folder (config.json, model.safetensors, tokenizer.json)."""
+    steps: int = 2000
+    """Optimizer steps in all (a rerun with more resumes)."""
+    batch_size: int = 16
+    """The GLOBAL batch: rows per optimizer step over all torchrun ranks."""
+    seq_len: int = 256
+    """Tokens per training row."""
+    lr: float = 3.0e-3
+    """Peak learning rate (AdamW), after warmup_steps of linear warm-up."""
+    min_lr: float = 3.0e-4
+    """The cosine schedule's final learning rate."""
+    warmup_steps: int = 100
+    """Linear warm-up steps."""
+    weight_decay: float = 0.1
+    """AdamW's decoupled weight decay."""
+    grad_clip: float = 1.0
+    """Gradient norm clip (<= 0 = no clipping)."""
+    mtp_loss_weight: float = 0.3
+    """loss = main + mtp_loss_weight * sum over MTP depths."""
+    freeze_base: bool = False
+    """true: train the MTP modules only, on a frozen target (needs model.path)."""
+    eval_every: int = 200
+    """Validation loss every this many steps (0 = off)."""
+    eval_batches: int = 8
+    """Batches per validation."""
+    save_every: int = 200
+    """A checkpoint every this many steps (and at the end; 0 = at the end only)."""
+    resume: bool = True
+    """Continue from out_dir's checkpoint when there is one."""
+    seed: int = 0
+    """Initialisation and data order."""
+    tokenizer_vocab_size: int = 2048
+    """The byte-level BPE tokenizer trained for a fresh model."""
+    data_sources: list[str] = field(default_factory=lambda: ["gsm8k", "stdlib"])
+    """gsm8k | stdlib | distill, each optionally name:weight."""
+    gsm8k_path: str = "${data_dir}/gsm8k/train.jsonl"
+    """Data source 'gsm8k': GSM8K's train split."""
+    stdlib_max_bytes: Optional[int] = 4000000
+    """Data source 'stdlib': bytes of the Python standard library's source at most."""
+    val_fraction: float = 0.05
+    """Documents of each source held out for validation."""
+    log_every: int = 10
+    """A progress line / W&B point every this many steps."""
+    threads: Optional[int] = None
+    """Torch threads (null = measured at start-up as eval's: the fastest count the CPUs allow;
+    OMP_NUM_THREADS wins; a resume keeps the run's count)."""
+    device: str = "cpu"
+    """cpu | cuda."""
+    save_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the saved weights."""
+    parallel: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+    """auto (ddp under torchrun with > 1 rank) | none | ddp | fsdp (freeze_base=true: the target
+    sharded); mtpx/train/distributed.py."""
+    dist_timeout_s: float = 120.0
+    """Bound on every collective: a dead or hung rank ends the job."""
+    mtp_loss_decay: float = 1.0
+    """Depth k weighs mtp_loss_weight * decay^(k-1), in (0, 1] (FastMTP; 1 = equal)."""
+    mtp_unroll: int = 0
+    """> 0: module 0 applied this many times on its own outputs (single-module MTP; needs
+    model.num_nextn_predict_layers=1)."""
+    mtp_share_fc: bool = False
+    """Modules share module 0's fc and norms (Qwen3-Next layout; mtp_style=qwen3_next)."""
+    distill_path: Optional[str] = None
+    """Data source 'distill': a folder written by mode=distill (distill.out_dir)."""
+    autocast: Optional[Literal["bfloat16"]] = None
+    """bfloat16: forward + loss in torch.autocast (weights, grads, AdamW state stay float32);
+    null = float32 (float16 would need a gradient scaler)."""
+
+    _choose = "use one of"
+    REQUIRED = ("out_dir", "steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay",
+                "grad_clip", "mtp_loss_weight", "freeze_base", "eval_every", "eval_batches", "save_every",
+                "seed", "tokenizer_vocab_size", "data_sources", "log_every")
+
+    @classmethod
+    def check(cls, section: str, t) -> None:
+        """The train section's own checks (those across sections, and those that read the output
+        folder, are mtpx.train.loop's)."""
+        missing = [k for k in cls.REQUIRED if k not in t or t[k] is None]
+        if missing:
+            raise ValueError(f"train config lacks {missing}: add them to the train section")
+
+        def check(key, ok, requirement):
+            value = t[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+                raise ValueError(f"{section}.{key}={value!r}: must be {requirement}")
+
+        for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "tokenizer_vocab_size"):
+            check(key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+        if t.get("threads") is not None:
+            check("threads", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1, or null (measured at start-up)")
+        for key in ("warmup_steps", "eval_every", "save_every", "seed"):
+            check(key, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)"
+                  if key != "seed" else "an integer >= 0")
+        check("lr", lambda v: v > 0, "a learning rate > 0")
+        check("min_lr", lambda v: 0 <= v <= t.lr, f"a number in [0, {section}.lr={t.lr}]")
+        for key in ("weight_decay", "mtp_loss_weight"):
+            check(key, lambda v: v >= 0, "a number >= 0")
+        check("grad_clip", lambda v: True, "a number (<= 0 = no clipping)")
+        if "val_fraction" in t:
+            check("val_fraction", lambda v: 0 < v < 1, "a fraction in (0, 1)")
+        if t.get("mtp_loss_decay") is not None:
+            check("mtp_loss_decay", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = equal weights)")
+        if t.get("mtp_unroll") is not None:
+            check("mtp_unroll", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
+        if t.get("dist_timeout_s") is not None:
+            check("dist_timeout_s", lambda v: v > 0, "a number of seconds > 0")
+        dtypes = literal_choices(cls)["save_dtype"]
+        if t.get("save_dtype", "float32") not in dtypes:
+            raise ValueError(f"{section}.save_dtype={t.save_dtype!r}: use one of {list(dtypes)}")
+        if t.get("autocast") not in literal_choices(cls)["autocast"]:
+            raise ValueError(f"{section}.autocast={t.autocast!r}: use bfloat16 (mixed precision) or null (float32)")
+        super().check(section, t)
+
+
+# --------------------------------------------------------------------------------------------------
+# prompt sets, models loaded from a folder, loggers
+
+
+@dataclass
+class BuiltinData:
+    """Built-in prompts: code cut from held-out files of the Python standard library."""
+    name: str = "builtin"
+    """The prompt set's name (fixed per option)."""
+    prompt_tokens: int = 128
+    """Approximate prompt length in tokens."""
+
+
+@dataclass
+class FileData:
+    """A prompt set read from one file (HumanEval)."""
+    name: str = MISSING
+    """The prompt set's name (fixed per option)."""
+    path: str = MISSING
+    """The file of the prompt set."""
+
+
+@dataclass
+class GSM8KData(FileData):
+    """GSM8K's test set, scored against the #### answers."""
+    num_fewshot: int = 0
+    """Few-shot: prepend this many solved train examples (the same prefix for every question)."""
+    fewshot_path: str = "${data_dir}/gsm8k/train.jsonl"
+    """The solved examples' file."""
+
+
+@dataclass
+class ChatData(FileData):
+    """MT-Bench and Spec-Bench: questions by category, through the chat template."""
+    categories: Optional[list[str]] = None
+    """Keep only these categories, e.g. [coding,math]; null = all."""
+    chat_template: bool = True
+    """Through the model's chat template when it has one (false = raw turn text)."""
+
+
+@dataclass
+class RandomData:
+    """Random prompts (vLLM bench's random dataset)."""
+    name: str = "random"
+    """The prompt set's name (fixed per option)."""
+    input_len: int = 256
+    """Prompt tokens per request."""
+    output_len: int = 128
+    """Output tokens per request, exactly."""
+    seed: int = 0
+    """Seed of the prompts' token ids."""
+
+
+@dataclass
+class HFModel:
+    """A Hugging Face-format checkpoint folder (`model=hf model.path=DIR`)."""
+    path: str = MISSING
+    """Required: the checkpoint folder."""
+    dtype: str = "float32"
+    """float32 | bfloat16 | float16 | float64 | auto (the checkpoint's own): weights are converted
+    tensor by tensor (checked by mtpx.engine.llm.LLM)."""
+    allow_pickle: bool = False
+    """true: read pytorch_model.bin with torch.load(weights_only=True) when no safetensors exist."""
+
+
+@dataclass
+class NoLogger:
+    """No logging besides the run folder's files."""
+    name: str = "none"
+    """The logger's name (fixed per option)."""
+
+
+@dataclass
+class WandbLogger:
+    """Weights & Biases, offline by default (into the run folder)."""
+    name: str = "wandb"
+    """The logger's name (fixed per option)."""
+    project: str = "mtpx"
+    """The W&B project."""
+    mode: str = "offline"
+    """offline (files in the run folder; `wandb sync` later) | online."""
+    dir: Optional[str] = None
+    """null = the run directory."""
