@@ -40,7 +40,7 @@ from mtpx.spec_decode.verification import verify
 @dataclass
 class StepTiming:
     """Wall time of one engine step's phases (seconds; on CUDA the device is synchronized at each
-    boundary, so the times are device times), for the cost model (mtpx.metrics.cost_model).
+    boundary, so the times are device times), for the cost model (mtpx.engine.auto_k.costs).
 
     num_decodes: requests verified; num_draft_tokens: draft tokens verified, summed over them;
     num_prefill_tokens: prompt tokens prefilled; prefill_s: the prefill forward, its first
@@ -191,7 +191,7 @@ class ModelRunner:
         requests' fields are not written (draft_token_ids and draft_depth are set on copies);
         their rows are released afterwards. block_tables: their blocks (from the KV cache
         manager, covering num_tokens + 2 max(ks) + 2 positions). Returns {k: [seconds per round]}.
-        The start-up calibration of automatic k (mtpx/engine/draft_length.py) runs it."""
+        The start-up calibration of automatic k (mtpx/engine/auto_k/costs.py) runs it."""
         cache, dev = self.cache, self.device
         try:
             for r, table in zip(reqs, block_tables):
