@@ -12,6 +12,7 @@ the two commits agree). run.sh alternates the two checkouts' processes.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -31,7 +32,8 @@ from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
 torch.set_num_threads(args.threads)
-data = "/work/shared/data/gsm8k/test.jsonl"
+data = os.path.join(os.environ.get("MTPX_DATA_DIR", os.path.join(args.root, "..", "shared", "data")),
+                    "gsm8k", "test.jsonl")
 questions = [format_prompt(q["question"]) for q in load_gsm8k(data)[:64]]
 params = SamplingParams(max_tokens=args.max_tokens)
 import inspect  # noqa: E402
