@@ -94,7 +94,24 @@ class LLM:
                              "(spec.num_speculative_tokens)")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
         self._draft_path = None if draft_path is None else Path(draft_path)
-        if isinstance(model, MTPForCausalLM):
+        self._tp_driver = None
+        if config.tensor_parallel_size > 1:             # docs/tensor_parallel.md
+            from mtpx.engine import tensor_parallel
+            from mtpx.hf.loader import checkpoint_dtype
+            if isinstance(model, MTPForCausalLM):
+                raise ValueError(f"engine.tensor_parallel_size={config.tensor_parallel_size} needs a checkpoint "
+                                 "folder (model=PATH): each rank reads its own shard of it; an in-memory model "
+                                 "cannot be split across processes")
+            auto, tp_dtype = num_speculative_tokens == "auto", checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype]
+            self._tp_driver = tensor_parallel.start(dict(
+                path=model, dtype=tp_dtype, device=device,
+                draft_path=draft_path, allow_pickle=allow_pickle, spec=spec, auto=auto, config=config,
+                num_speculative_tokens=(AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto
+                else num_speculative_tokens, threads=torch.get_num_threads()))
+            self.model, self.tokenizer = tensor_parallel.load_shard(model, self._tp_driver.tp, tp_dtype, device,
+                                                                    draft_path, allow_pickle)
+            self.model.eval()
+        elif isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
         else:
             from mtpx.hf.loader import checkpoint_dtype, load_pretrained
@@ -113,6 +130,9 @@ class LLM:
         self.speculator = build_speculator(spec, self.model, k)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
+        if self._tp_driver is not None:
+            from mtpx.engine.tensor_parallel import TensorParallelRunner
+            self.engine.runner = TensorParallelRunner(self.engine.runner, self._tp_driver)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
         self.calibration = None               # auto: {"source", "seconds", "step_costs_ms"}
@@ -173,6 +193,12 @@ class LLM:
                 "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
                 "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
                 "mtpx_version": mtpx_version, "torch_version": torch.__version__, "code": _code_hash()}
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (engine.tensor_parallel_size > 1; also at exit);
+        no-op otherwise. The LLM cannot generate afterwards."""
+        if self._tp_driver is not None:
+            self._tp_driver.close()
 
     @property
     def num_speculative_tokens(self) -> int:
