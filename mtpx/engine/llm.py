@@ -94,23 +94,18 @@ class LLM:
                              "(spec.num_speculative_tokens)")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
         self._draft_path = None if draft_path is None else Path(draft_path)
-        self._tp_driver = None
-        if config.tensor_parallel_size > 1:             # docs/tensor_parallel.md
+        self._tp_driver, self._tp_owner = None, False
+        tp_size = config.tensor_parallel_size
+        if tp_size > 1 or getattr(model, "tp", None) is not None:      # docs/tensor_parallel.md
+            self._tp_driver, self._tp_owner = self._tensor_parallel(model, tp_size, dtype, device, draft_path,
+                                                                    allow_pickle)
+        if self._tp_owner:
             from mtpx.engine import tensor_parallel
             from mtpx.hf.loader import checkpoint_dtype
-            if isinstance(model, MTPForCausalLM):
-                raise ValueError(f"engine.tensor_parallel_size={config.tensor_parallel_size} needs a checkpoint "
-                                 "folder (model=PATH): each rank reads its own shard of it; an in-memory model "
-                                 "cannot be split across processes")
-            auto, tp_dtype = num_speculative_tokens == "auto", checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype]
-            self._tp_driver = tensor_parallel.start(dict(
-                path=model, dtype=tp_dtype, device=device,
-                draft_path=draft_path, allow_pickle=allow_pickle, spec=spec, auto=auto, config=config,
-                num_speculative_tokens=(AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto
-                else num_speculative_tokens, threads=torch.get_num_threads()))
-            self.model, self.tokenizer = tensor_parallel.load_shard(model, self._tp_driver.tp, tp_dtype, device,
-                                                                    draft_path, allow_pickle)
-            self.model.eval()
+            self.model, self.tokenizer = tensor_parallel.load_shard(
+                model, self._tp_driver.tp, checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype], device,
+                draft_path, allow_pickle)
+            self.model.eval().tp_driver = self._tp_driver
         elif isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
         else:
@@ -118,7 +113,8 @@ class LLM:
             torch_dtype = checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype]
             self.model, self.tokenizer = load_pretrained(model, dtype=torch_dtype, draft_path=draft_path,
                                                          allow_pickle=allow_pickle, device=device)
-        self.thread_choice = threads(self.model) if callable(threads) else None
+        # a forward of one rank alone would wait for the others: a tensor-parallel model is not timed
+        self.thread_choice = (threads(None if self._tp_driver else self.model) if callable(threads) else None)
         self.spec = spec
         auto = num_speculative_tokens == "auto"
         if isinstance(num_speculative_tokens, str) and not auto:
@@ -132,7 +128,7 @@ class LLM:
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
         if self._tp_driver is not None:
             from mtpx.engine.tensor_parallel import TensorParallelRunner
-            self.engine.runner = TensorParallelRunner(self.engine.runner, self._tp_driver)
+            self.engine.runner = TensorParallelRunner(self.engine.runner, self._tp_driver, spec, k, auto, config)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
         self.calibration = None               # auto: {"source", "seconds", "step_costs_ms"}
@@ -194,11 +190,33 @@ class LLM:
                 "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
                 "mtpx_version": mtpx_version, "torch_version": torch.__version__, "code": _code_hash()}
 
+    def _tensor_parallel(self, model, tp_size: int, dtype, device, draft_path, allow_pickle):
+        """(the Driver of the tensor-parallel ranks, whether this LLM started them): started here
+        for a checkpoint folder; for a model an LLM sharded before (its `tp_driver`), that LLM's
+        ranks, which build this engine too. Raises ValueError (one line) otherwise."""
+        from mtpx.engine import tensor_parallel
+        if isinstance(model, MTPForCausalLM):
+            driver, world = getattr(model, "tp_driver", None), getattr(getattr(model, "tp", None), "world_size", 1)
+            if driver is None or driver.closed or world != tp_size:
+                raise ValueError(f"engine.tensor_parallel_size={tp_size} needs a checkpoint folder (model=PATH): each "
+                                 "rank reads its own shard of it; an in-memory model cannot be split across processes"
+                                 + (f" (this model is split over {world} ranks)" if world > 1 else ""))
+            return driver, False
+        from mtpx.hf.loader import checkpoint_dtype
+        return tensor_parallel.start(tp_size, dict(
+            path=model, dtype=checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype], device=device,
+            draft_path=draft_path, allow_pickle=allow_pickle, threads=torch.get_num_threads())), True
+
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers (engine.tensor_parallel_size > 1; also at exit);
-        no-op otherwise. The LLM cannot generate afterwards."""
-        if self._tp_driver is not None:
+        """engine.tensor_parallel_size > 1: stop the worker processes (also done at exit) when this
+        LLM started them, else free its engine on them; no-op otherwise. The LLM (and any other
+        over the same workers) cannot generate afterwards."""
+        if self._tp_driver is None:
+            return
+        if self._tp_owner:
             self._tp_driver.close()
+        else:
+            self.engine.runner.drop()
 
     @property
     def num_speculative_tokens(self) -> int:

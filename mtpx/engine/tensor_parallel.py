@@ -22,11 +22,11 @@ import torch.distributed as dist
 
 from mtpx.engine.engine import Engine
 from mtpx.engine.scheduler import SchedulerOutput
-from mtpx.parallel import TPGroup, check_shardable
+from mtpx.parallel import check_shardable
 from mtpx.parallel.load import load_shard
 from mtpx.parallel.spmd import Driver, TensorParallelError, init_group, serve, start_workers, under_torchrun
 
-__all__ = ["TensorParallelRunner", "TensorParallelError", "start", "worker_main"]
+__all__ = ["TensorParallelRunner", "TensorParallelError", "build_engine", "start", "worker_main"]
 
 
 def _lean(r):
@@ -56,12 +56,19 @@ def lean_output(out: SchedulerOutput) -> SchedulerOutput:
 class TensorParallelRunner:
     """Rank 0's model runner (module doc): execute, release and time_decode_steps reach every
     rank; anything else (cache, compiled, speculator, ...) is rank 0's ModelRunner's. A failed
-    collective or a dead worker raises TensorParallelError (one line naming the worker)."""
+    collective or a dead worker raises TensorParallelError (one line naming the worker).
 
-    def __init__(self, runner, driver: Driver):
+    The workers build their engine `engine_id` here (build_engine on their model shard with the
+    same spec, num_speculative_tokens, auto and config), so several engines (LLMs) over one
+    model share the workers: mode=eval's lossless check decodes with a plain engine beside the
+    speculative one."""
+
+    def __init__(self, runner, driver: Driver, spec, num_speculative_tokens, auto: bool, config):
         self._runner, self.driver = runner, driver
+        self.engine_id = driver.new_id()
         self._released: list[int] = []
         self.driver.broadcast("set_num_threads", torch.get_num_threads())
+        self.driver.broadcast("build", self.engine_id, spec, num_speculative_tokens, auto, config)
 
     def __getattr__(self, name):
         return getattr(self._runner, name)
@@ -80,9 +87,12 @@ class TensorParallelRunner:
                 raise self.driver.failure(err) from None
             raise
 
-    def execute(self, out: SchedulerOutput):
+    def _released_now(self) -> list[int]:
         released, self._released = self._released, []
-        self.driver.broadcast("execute", released, lean_output(out))
+        return released
+
+    def execute(self, out: SchedulerOutput):
+        self.driver.broadcast("execute", self.engine_id, self._released_now(), lean_output(out))
         return self._run(self._runner.execute, out)
 
     def release(self, index: int) -> None:
@@ -90,75 +100,81 @@ class TensorParallelRunner:
         self._released.append(index)
 
     def time_decode_steps(self, reqs, block_tables, ks, rounds, warmup, depth_per_request):
-        released, self._released = self._released, []
-        self.driver.broadcast("time_decode_steps", released, [_lean(r) for r in reqs], block_tables, list(ks),
-                              rounds, warmup, depth_per_request)
+        self.driver.broadcast("time_decode_steps", self.engine_id, self._released_now(), [_lean(r) for r in reqs],
+                              block_tables, list(ks), rounds, warmup, depth_per_request)
         return self._run(self._runner.time_decode_steps, reqs, block_tables, ks, rounds, warmup,
                          depth_per_request)
 
-    def close(self) -> None:
-        self.driver.close()
+    def drop(self) -> None:
+        """Free this engine on the workers (its caches); no-op once the workers are gone."""
+        if not self.driver.closed:
+            self.driver.broadcast("drop", self.engine_id)
+
+
+def build_engine(model, spec, num_speculative_tokens, auto: bool, config):
+    """(speculator, Engine) over `model` as LLM builds them: build_speculator(spec, model,
+    num_speculative_tokens), an AutoDraftLength policy when `auto`, Engine(config)."""
+    from mtpx.engine.draft_length import AutoDraftLength
+    from mtpx.spec_decode import build_speculator
+    speculator = build_speculator(spec, model, num_speculative_tokens)
+    policy = AutoDraftLength(speculator.num_speculative_tokens) if auto else None
+    return speculator, Engine(model, speculator, config, draft_length=policy)
 
 
 class _Worker:
-    """What a worker runs for each broadcast call (TensorParallelRunner's counterparts)."""
+    """What a worker runs for each broadcast call: its model shard and one ModelRunner per engine
+    rank 0 built (TensorParallelRunner's counterparts)."""
 
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, model):
+        self.model, self.runners = model, {}
 
     def set_num_threads(self, n: int) -> None:
         torch.set_num_threads(n)
 
-    def execute(self, released: list[int], out: SchedulerOutput) -> None:
+    def build(self, engine_id: int, spec, num_speculative_tokens, auto: bool, config) -> None:
+        self.runners[engine_id] = build_engine(self.model, spec, num_speculative_tokens, auto, config)[1].runner
+
+    def drop(self, engine_id: int) -> None:
+        self.runners.pop(engine_id, None)
+
+    def execute(self, engine_id: int, released: list[int], out: SchedulerOutput) -> None:
+        runner = self.runners[engine_id]
         for i in released:
-            self.runner.release(i)
-        self.runner.execute(out)
+            runner.release(i)
+        runner.execute(out)
 
-    def time_decode_steps(self, released, reqs, block_tables, ks, rounds, warmup, depth_per_request) -> None:
+    def time_decode_steps(self, engine_id: int, released, reqs, block_tables, ks, rounds, warmup,
+                          depth_per_request) -> None:
+        runner = self.runners[engine_id]
         for i in released:
-            self.runner.release(i)
-        self.runner.time_decode_steps(reqs, block_tables, ks, rounds, warmup, depth_per_request)
-
-
-def build_engine(tp: TPGroup, build: dict):
-    """(model shard, tokenizer, speculator, draft-length policy, Engine) of rank tp.rank, as LLM
-    builds them: build holds path, dtype, draft_path, allow_pickle, device, spec,
-    num_speculative_tokens, auto and config (the resolved EngineConfig)."""
-    from mtpx.engine.draft_length import AutoDraftLength
-    from mtpx.spec_decode import build_speculator
-    model, tokenizer = load_shard(build["path"], tp, build["dtype"], build["device"], build["draft_path"],
-                                  build["allow_pickle"])
-    model.eval()
-    speculator = build_speculator(build["spec"], model, build["num_speculative_tokens"])
-    policy = AutoDraftLength(speculator.num_speculative_tokens) if build["auto"] else None
-    return model, tokenizer, speculator, policy, Engine(model, speculator, build["config"], draft_length=policy)
+            runner.release(i)
+        runner.time_decode_steps(reqs, block_tables, ks, rounds, warmup, depth_per_request)
 
 
 def worker_main(rank: int, world_size: int, port: int | None, build: dict) -> None:
-    """A worker process (spawned by `start`, or a torchrun rank > 0): join the group, build the
-    rank's engine, run the broadcast calls until shutdown."""
+    """A worker process (started by `start`, or a torchrun rank > 0): join the group, load the
+    rank's shard (build: path, dtype, device, draft_path, allow_pickle, threads), then run the
+    broadcast calls until shutdown."""
     torch.set_num_threads(build["threads"])
     tp = init_group(rank, world_size, port, build["device"])
     try:
-        runner = build_engine(tp, build)[4].runner
+        model, _ = load_shard(build["path"], tp, build["dtype"], build["device"], build["draft_path"],
+                              build["allow_pickle"])
     except Exception as err:  # noqa: BLE001 - one line, then exit: rank 0 reports the dead worker
         print(f"mtpx tensor-parallel worker rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         sys.exit(1)
-    serve(_Worker(runner), tp)
+    serve(_Worker(model.eval()), tp)
 
 
-def start(build: dict) -> Driver:
-    """Start the engine's other ranks (module doc of mtpx.parallel.spmd) for
-    build["config"].tensor_parallel_size N and join them as rank 0: spawned worker processes,
-    or, under torchrun with WORLD_SIZE = N, the other torchrun processes (on a rank > 0 this
-    runs the worker and exits the process when rank 0 shuts down). Raises ValueError (one line)
-    for a model that is not a checkpoint folder, a config that cannot be split, or a torchrun
-    world of another size."""
+def start(world_size: int, build: dict) -> Driver:
+    """Start the other ranks of a world_size-way tensor-parallel engine (module doc of
+    mtpx.parallel.spmd) and join them as rank 0: worker processes started here, or, under
+    torchrun with WORLD_SIZE = world_size, the other torchrun processes (on a rank > 0 this
+    runs the worker and exits the process when rank 0 shuts down). build: what worker_main
+    reads. Raises ValueError (one line) for a config that cannot be split or a torchrun world
+    of another size."""
     from mtpx.hf.loader import load_config
-    N = build["config"].tensor_parallel_size
-    if not isinstance(build["path"], (str, os.PathLike)):
-        raise ValueError(f"engine.tensor_parallel_size={N} needs a checkpoint folder (model=PATH): each rank reads "
-                         "its own shard of it; an in-memory model cannot be split across processes")
+    N = world_size
     check_shardable(load_config(build["path"]), N)
     if under_torchrun():
         world = int(os.environ["WORLD_SIZE"])

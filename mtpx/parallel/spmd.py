@@ -121,7 +121,13 @@ class Driver:
 
     def __init__(self, tp: TPGroup, procs: list | None = None):
         self.tp, self.procs, self.closed = tp, procs, False
+        self._ids = 0
         atexit.register(self.close)
+
+    def new_id(self) -> int:
+        """A fresh id for an object the workers keep (an engine)."""
+        self._ids += 1
+        return self._ids
 
     def broadcast(self, method: str, *args) -> None:
         self.check()
