@@ -262,3 +262,58 @@ def test_tensor_parallel_size_is_validated(tiny_model):
     with pytest.raises(ValueError, match=r"engine.tensor_parallel_size=2 needs a checkpoint folder \(model=PATH\)"):
         LLM(model=tiny_model, tensor_parallel_size=2)
     check_shardable(tiny_config(), 2)                  # the tiny model splits
+
+
+# ---- mode=serve ------------------------------------------------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker's pid in /proc")
+def test_serve_tp2_answers_openai_like_tp1_and_exits_when_a_worker_dies(tiny_ckpt, tmp_path):
+    """`mode=serve engine.tensor_parallel_size=2` answers the openai client with the text of
+    TP=1's LLM.generate; after its worker is killed, the next request fails with the
+    TensorParallelError line and the server exits with code 1 instead of hanging."""
+    import signal
+    import time
+
+    import httpx
+    openai = pytest.importorskip("openai")
+    prompt = "def f(x):"
+    (ref,) = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2).generate(
+        [prompt], SamplingParams(max_tokens=12, ignore_eos=True))
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train_or_eval.py"), "mode=serve", f"serve.port={port}",
+                             f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
+                             "engine.tensor_parallel_size=2", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        t0 = time.time()
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.time() - t0 < 180, "the server did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        r = client.completions.create(model=tiny_ckpt.name, prompt=prompt, max_tokens=12, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        assert r.choices[0].text == ref.text
+        (worker,) = _children(proc.pid)
+        os.kill(worker, signal.SIGKILL)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                       json={"model": tiny_ckpt.name, "prompt": prompt, "max_tokens": 4})
+        assert r.status_code >= 400
+        message = r.json()["error"]["message"]
+        assert message.startswith(f"engine step failed: TensorParallelError: tensor-parallel worker rank 1 (pid {worker}) "
+                                  "exited with code -9: the engine cannot continue"), message
+        assert proc.wait(timeout=60) == 1
+        assert "mode=serve stopped: engine step failed: TensorParallelError" in proc.communicate()[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -416,7 +416,7 @@ def load_step_costs(path: str | Path) -> tuple[dict, dict]:
 # What a calibration's costs depend on: a cost file whose value of one of these differs from the
 # engine's measured another engine (step_cost_cache_path, check_step_cost_meta).
 COST_META_KEYS = ("fingerprint", "spec", "max_k", "dtype", "threads", "compile", "compile_backend",
-                  "attention_backend", "gdn_backend", "block_size", "device", "device_name")
+                  "attention_backend", "gdn_backend", "block_size", "device", "device_name", "tensor_parallel_size")
 
 
 def step_cost_cache_path(meta: dict) -> Path:

@@ -187,6 +187,7 @@ class LLM:
                 "threads": torch.get_num_threads(), "compile": cfg.compile,
                 "compile_backend": cfg.compile_backend, "attention_backend": cfg.attention_backend,
                 "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
+                "tensor_parallel_size": cfg.tensor_parallel_size,
                 "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
                 "mtpx_version": mtpx_version, "torch_version": torch.__version__, "code": _code_hash()}
 
@@ -548,7 +549,7 @@ def _code_hash() -> str:
     costs, so the step-cost cache measures again)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for package in ("engine", "models", "spec_decode", "cache", "attention"):
+    for package in ("engine", "models", "spec_decode", "cache", "attention", "parallel"):
         for f in sorted((root / package).rglob("*.py")):
             h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:20]

@@ -33,7 +33,10 @@ TIMEOUT_S = 300
 
 
 class TensorParallelError(RuntimeError):
-    """A tensor-parallel worker died or stopped answering: the engine cannot continue."""
+    """A tensor-parallel worker died or stopped answering: the engine cannot continue (`fatal`:
+    mode=serve fails its requests and stops)."""
+
+    fatal = True
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 (mtpx/serve/app.py) on serve.host:serve.port with uvicorn until Ctrl-C."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -31,7 +32,8 @@ def load_llm(cfg: DictConfig) -> LLM:
 
 
 def run_serve(cfg: DictConfig) -> int:
-    """Serve until interrupted. Returns the exit code (0)."""
+    """Serve until interrupted. Returns the exit code (0; 1 when the engine failed for good: a
+    dead tensor-parallel worker)."""
     import uvicorn
 
     from mtpx.serve.app import build_app
@@ -47,4 +49,7 @@ def run_serve(cfg: DictConfig) -> int:
     spec = f"{llm.spec} k={llm.num_speculative_tokens}" if llm.speculator is not None else "plain decoding"
     print(f"serving {name} ({spec}) at http://{s.host}:{s.port}/v1  (Ctrl-C stops)")
     uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning")).run()
+    if app.state.engine.fatal_error is not None:      # e.g. a tensor-parallel worker died
+        print(f"mode=serve stopped: {app.state.engine.fatal_error}", file=sys.stderr)
+        return 1
     return 0
