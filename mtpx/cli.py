@@ -89,6 +89,8 @@ class _LogTee:
 
     def write(self, text: str) -> int:
         n = self.stream.write(text)
+        if self.file.closed:        # uvicorn's logging setup (mode=serve) closes the job's log handler
+            return n
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
@@ -99,7 +101,8 @@ class _LogTee:
 
     def flush(self) -> None:
         self.stream.flush()
-        self.file.flush()
+        if not self.file.closed:
+            self.file.flush()
 
     def __getattr__(self, name):        # isatty, fileno, encoding ... of the real stream
         return getattr(self.stream, name)

@@ -8,7 +8,7 @@
 set -e
 cd "$(dirname "$0")/../.."
 OUT=experiments/tensor_parallel/runs
-export OMP_NUM_THREADS=1
+export OMP_NUM_THREADS=1 PYTHONPATH=$PWD
 run() {  # name tp spec concurrency num_prompts [extra overrides]
   local name=$1 tp=$2 spec=$3 conc=$4 n=$5; shift 5
   local specarg=(); [ "$spec" != plain ] && specarg=(+spec=$spec)
@@ -27,4 +27,7 @@ done
 # prefix caching on, multi-module MTP
 for tp in 1 2; do run mtp8_prefix_tp${tp}_c64 $tp mtp8 64 32 engine.enable_prefix_caching=true; done
 python experiments/tensor_parallel/memory.py > experiments/tensor_parallel/memory.txt
+python experiments/tensor_parallel/compare.py > experiments/tensor_parallel/results.md
+# automatic k (start-up calibration of the step costs runs on both ranks), multi-module MTP
+for tp in 1 2; do run mtp8_auto_tp${tp}_c64 $tp mtp8 64 32 spec.num_speculative_tokens=auto; done
 python experiments/tensor_parallel/compare.py > experiments/tensor_parallel/results.md

@@ -104,7 +104,6 @@ def check_shardable(cfg: ModelConfig, world_size: int) -> None:
 class _Sharder:
     def __init__(self, model: nn.Module, tp: TPGroup):
         self.tp, self.r, self.N = tp, tp.rank, tp.world_size
-        self.names = {id(p): n for n, p in model.named_parameters(remove_duplicate=False)}
         self.all_names: dict[int, list[str]] = {}
         for n, p in model.named_parameters(remove_duplicate=False):
             self.all_names.setdefault(id(p), []).append(n)

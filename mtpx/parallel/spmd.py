@@ -150,6 +150,9 @@ class Driver:
     def failure(self, err: BaseException | None) -> TensorParallelError:
         """The error to raise after a collective failed with `err` (None: a worker was seen dead)."""
         dead = [p for p in self.procs or [] if not p.is_alive()]
+        for p in [] if dead or err is None else self.procs or []:   # a peer's sockets close before it is reaped
+            p.join(2)
+            dead += [] if p.is_alive() else [p]
         if dead:
             p = dead[0]
             who = f"tensor-parallel worker {p.name} (pid {p.pid}) exited with code {p.exitcode}"

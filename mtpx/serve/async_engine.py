@@ -8,15 +8,13 @@ arrive together. A handler that stops reading (the client disconnected) aborts i
 loop thread calls `engine.abort` before its next step, which frees the blocks and the batch slot.
 An exception in a step fails the requests of that step with its message; the loop goes on,
 unless the exception is `fatal` (a dead tensor-parallel worker: mtpx.parallel.spmd): then the
-requests fail with its message, the loop ends and the server is stopped (SIGTERM to this process,
-so uvicorn sends the failed responses, then exits; `fatal_error` holds the message).
+requests fail with its message, `fatal_error` holds it, the loop ends and `on_fatal()` is called
+(mode=serve stops its uvicorn server: the failed responses are sent, then the process exits).
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
-import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -63,6 +61,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._stop = False
         self.fatal_error: str | None = None
+        self.on_fatal: Callable[[], None] | None = None
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="mtpx-engine", daemon=True)
         self.stats: dict[str, int] = self.engine.stats()
@@ -133,14 +132,14 @@ class AsyncEngine:
                 self._fail_running(f"engine step failed: {type(e).__name__}: {e}")
                 if getattr(e, "fatal", False):      # the engine cannot step again: stop serving
                     self.fatal_error = f"engine step failed: {type(e).__name__}: {e}"
-                    print(f"mode=serve: {self.fatal_error}; the server stops", file=sys.stderr, flush=True)
                     self._stop = True
                     with self._lock:
                         new, self._new = list(self._new), deque()
                     for req in new:
                         req.error = self.fatal_error
                         self._publish(req, final=True)
-                    signal.raise_signal(signal.SIGTERM)
+                    if self.on_fatal is not None:
+                        self.on_fatal()
                     return
                 continue
             self.stats = self.engine.stats()

@@ -48,7 +48,9 @@ def run_serve(cfg: DictConfig) -> int:
     app = build_app(llm, name, max_body_bytes=s.max_body_bytes)
     spec = f"{llm.spec} k={llm.num_speculative_tokens}" if llm.speculator is not None else "plain decoding"
     print(f"serving {name} ({spec}) at http://{s.host}:{s.port}/v1  (Ctrl-C stops)")
-    uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning")).run()
+    server = uvicorn.Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning"))
+    app.state.engine.on_fatal = lambda: setattr(server, "should_exit", True)    # a dead tensor-parallel worker
+    server.run()
     if app.state.engine.fatal_error is not None:      # e.g. a tensor-parallel worker died
         print(f"mode=serve stopped: {app.state.engine.fatal_error}", file=sys.stderr)
         return 1
