@@ -317,3 +317,30 @@ def test_serve_tp2_answers_openai_like_tp1_and_exits_when_a_worker_dies(tiny_ckp
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+_TORCHRUN_SCRIPT = """
+import json, os, sys
+from mtpx import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], spec="mtp8", dtype="float64", threads=1, tensor_parallel_size=2)
+outs = llm.generate(json.loads(sys.argv[2]), SamplingParams(max_tokens=16, ignore_eos=True))
+print("RANK", os.environ["RANK"], json.dumps([o.output_token_ids for o in outs]))
+llm.shutdown()
+"""
+
+
+def test_torchrun_ranks_run_one_engine(tiny_ckpt, tmp_path):
+    """Under `torchrun --nproc_per_node=2` rank 0 runs the script and rank 1 becomes the worker
+    when it builds its LLM (and exits with 0 at rank 0's shutdown): only rank 0 prints, with
+    TP=1's tokens."""
+    ref = LLM(model=tiny_ckpt, spec="mtp8", dtype="float64").generate(
+        PROMPTS[:2], SamplingParams(max_tokens=16, ignore_eos=True))
+    script = tmp_path / "run.py"
+    script.write_text(_TORCHRUN_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                           f"--master_port={free_port()}", str(script), str(tiny_ckpt), json.dumps(PROMPTS[:2])],
+                          capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RANK")]
+    assert lines == ["RANK 0 " + json.dumps([o.output_token_ids for o in ref])]
