@@ -62,7 +62,9 @@ class LLM:
     compile, ...: mtpx/engine/config.py), as vLLM's LLM takes its engine arguments;
     speculative_config: vLLM's form of spec + num_speculative_tokens, {"method": "mtp",
     "num_speculative_tokens": k} (also draft_path, verify, draft_sample_method; vLLM's per-model
-    method names, "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", ..., mean "mtp"). With compile
+    method names, "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", ..., mean "mtp");
+    tensor_parallel_size (an engine setting): split a checkpoint folder's model over that many
+    processes, started here (docs/tensor_parallel.md; `shutdown()` stops them). With compile
     the decode step is compiled here by a short warm-up whose cost is in `compile_stats`.
     Raises ValueError for an unknown spec, dtype or engine setting (naming the closest), or more
     speculative tokens than multi-module MTP has modules, or a num_speculative_tokens that is not
@@ -198,10 +200,13 @@ class LLM:
         from mtpx.engine import tensor_parallel
         if isinstance(model, MTPForCausalLM):
             driver, world = getattr(model, "tp_driver", None), getattr(getattr(model, "tp", None), "world_size", 1)
-            if driver is None or driver.closed or world != tp_size:
+            if world > 1 and world != tp_size:
+                raise ValueError(f"engine.tensor_parallel_size={tp_size} but this model is split over {world} ranks: "
+                                 f"pass tensor_parallel_size={world}")
+            if driver is None or driver.closed:
                 raise ValueError(f"engine.tensor_parallel_size={tp_size} needs a checkpoint folder (model=PATH): each "
                                  "rank reads its own shard of it; an in-memory model cannot be split across processes"
-                                 + (f" (this model is split over {world} ranks)" if world > 1 else ""))
+                                 + (" (this model's workers were shut down)" if driver is not None else ""))
             return driver, False
         from mtpx.hf.loader import checkpoint_dtype
         return tensor_parallel.start(tp_size, dict(
