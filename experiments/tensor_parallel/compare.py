@@ -17,25 +17,33 @@ def load(name: str):
     return outs, json.loads((d / "metrics.json").read_text())
 
 
+def present(specs) -> tuple:
+    """The specs whose TP=1 and TP=2 concurrency-64 runs exist (the compiled pair is optional)."""
+    return tuple(s for s in specs if all((RUNS / f"{s}_tp{n}_c64").is_dir() for n in (1, 2)))
+
+
+SPECS = ("plain", "mtp1", "mtp8", "mtp8_prefix", "mtp8_auto", "mtp8_compiled")
+
+
 def main() -> None:
     print("## Tokens: TP=2 against TP=1 (GSM8K test, first 32 prompts, greedy, max 256 tokens, concurrency 64)\n")
     print("| run | requests | identical | differing | tokens compared |")
     print("|---|---:|---:|---:|---:|")
-    for spec in ("plain", "mtp1", "mtp8", "mtp8_prefix", "mtp8_auto"):
+    for spec in present(SPECS):
         one, _ = load(f"{spec}_tp1_c64")
         two, _ = load(f"{spec}_tp2_c64")
         same = sum(one[i] == two[i] for i in one)
         print(f"| {spec} | {len(one)} | {same} | {len(one) - same} | {sum(len(t) for t in one.values()):,} |")
-    for spec in ("plain", "mtp1", "mtp8", "mtp8_prefix", "mtp8_auto"):     # every run decodes the same greedy tokens (lossless)
+    for spec in present(SPECS):     # every run decodes the same greedy tokens (lossless)
         one, _ = load(f"{spec}_tp1_c64")
         base, _ = load("plain_tp1_c64")
         assert one == base, f"{spec} differs from plain decoding"
     print("\nEvery run's tokens also equal plain TP=1's (the speculative runs are lossless).\n")
-    print("## Output tok/s (eager, 1 thread per process; indicative: other jobs share the 2 cores)\n")
+    print("## Output tok/s (eager but mtp8_compiled, 1 thread per process; indicative: other jobs share the 2 cores)\n")
     print("| run | concurrency | prompts | TP=1 tok/s | TP=2 tok/s | TP=2 / TP=1 | acceptance length TP=1 / TP=2 |")
     print("|---|---:|---:|---:|---:|---:|---|")
     for conc, n in ((1, 4), (64, 32)):
-        for spec in ("plain", "mtp1", "mtp8") + (("mtp8_prefix", "mtp8_auto") if conc == 64 else ()):
+        for spec in ("plain", "mtp1", "mtp8") if conc == 1 else present(SPECS):
             _, m1 = load(f"{spec}_tp1_c{conc}")
             _, m2 = load(f"{spec}_tp2_c{conc}")
             t1, t2 = m1["output_throughput"], m2["output_throughput"]
