@@ -16,6 +16,7 @@ def test_gpu_check_cpu_smoke(tiny_ckpt, tmp_path):
     r = json.loads((tmp_path / "gpu_check.json").read_text())
     assert "skipped" in r["attention"] and "skipped" in r["gated_delta_rule"] and "skipped" in r["engine_tokens"]
     assert "CUDA" in r["engine_tokens"]["skipped"]
+    assert r["tensor_parallel"]["skipped"].startswith("tensor parallelism over NCCL needs CUDA devices")
     t = r["timing"]
     assert [(c["k"], c["batch_size"]) for c in t["step_costs"]] == [(0, 1), (0, 4), (1, 1), (1, 4), (2, 1), (2, 4)]
     assert set(t["output_tokens_per_s"]) == {"plain@1", "mtp8@1", "plain@4", "mtp8@4"}

@@ -21,6 +21,8 @@ Sections (each one says "skipped: <reason>" when its prerequisite is missing, e.
    one (heads only) on --device against the same step on the CPU (float32, TF32 off): loss and
    updated weights within tolerance; then training tokens/s on the device in float32 and in
    bfloat16 autocast (16 x 256-token batches, as mode=train).
+7. tensor parallel: greedy mtp8 tokens with engine.tensor_parallel_size=2 over NCCL (two
+   processes, one GPU each) against one process, identical; skipped with fewer than 2 GPUs.
 Runs in under 5 minutes on one GPU. Writes gpu_check.md and gpu_check.json into --out
 (atomically). Exit status 1 when a comparison fails its tolerance or tokens differ.
 """
@@ -114,6 +116,21 @@ def check_engine_tokens(model, device, dtype_name, prompts, max_tokens) -> dict:
     p = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     ref = LLM(model=fi.model, tokenizer=fi.tokenizer, spec="mtp8").generate(prompts, p)
     got = fi.generate(prompts, p)
+    same = sum(a.output_token_ids == b.output_token_ids for a, b in zip(ref, got))
+    return {"identical_requests": same, "num_requests": len(prompts), "ok": same == len(prompts)}
+
+
+def check_tensor_parallel(model, device, dtype_name, prompts, max_tokens) -> dict:
+    """mtp8's greedy tokens with tensor_parallel_size=2 (NCCL, GPUs 0 and 1) against TP=1."""
+    if device.type != "cuda":
+        return {"skipped": "tensor parallelism over NCCL needs CUDA devices (the CPU path, gloo, is in the test suite)"}
+    if torch.cuda.device_count() < 2:
+        return {"skipped": f"tensor_parallel_size=2 needs 2 GPUs; {torch.cuda.device_count()} visible"}
+    p = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    ref = LLM(model=model, spec="mtp8", dtype=dtype_name, device=device).generate(prompts, p)
+    tp = LLM(model=model, spec="mtp8", dtype=dtype_name, device=device, tensor_parallel_size=2)
+    got = tp.generate(prompts, p)
+    tp.shutdown()
     same = sum(a.output_token_ids == b.output_token_ids for a, b in zip(ref, got))
     return {"identical_requests": same, "num_requests": len(prompts), "ok": same == len(prompts)}
 
@@ -265,7 +282,7 @@ def _sync(device) -> None:
 
 def _markdown(r: dict) -> str:
     lines = [f"# mtpx GPU check ({r['device']}, {r['dtype']}, {r['model']})", "", r["environment"], ""]
-    for sec in ("attention", "gated_delta_rule", "engine_tokens"):
+    for sec in ("attention", "gated_delta_rule", "engine_tokens", "tensor_parallel"):
         lines.append(f"- **{sec}**: {r[sec]}")
     t = r["timing"]
     lines += ["", "| k | batch | step ms |", "|---:|---:|---:|"]
@@ -322,13 +339,14 @@ def main(argv=None) -> int:
               "engine_tokens": check_engine_tokens(args.model, device, dtype_name, prompts, 16),
               "timing": timing(args.model, device, dtype_name, args.quick),
               "compiled": check_compiled(args.model, device, dtype_name, args.quick, args.compile_backend),
-              "training": check_train_step(args.model, device, args.quick)}
+              "training": check_train_step(args.model, device, args.quick),
+              "tensor_parallel": check_tensor_parallel(args.model, device, dtype_name, prompts, 16)}
     result["seconds"] = time.perf_counter() - t0
     text = _markdown(result)
     print(text)
     atomic_write_text(args.out / "gpu_check.md", text)
     atomic_write_json(args.out / "gpu_check.json", result)
-    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens", "compiled", "training")
+    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens", "compiled", "training", "tensor_parallel")
               if result[s].get("ok") is False]
     if failed:
         print(f"gpu_check.py: FAILED: {', '.join(failed)}", file=sys.stderr)

@@ -165,7 +165,7 @@ class CompiledDecode:
     Attributes: compile_s (seconds spent in calls that compiled a graph), num_graphs (graphs
     compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes),
     precompile_dir (where whole graphs are saved and loaded, None where they cannot be: CUDA,
-    FlashInfer, MoE, engine.compile_cache=false), cache_dir (that folder, else Inductor's).
+    FlashInfer, MoE, tensor parallelism, engine.compile_cache=false), cache_dir (that folder, else Inductor's).
     Call verify and draft under torch.inference_mode, as the model runner does: the grad mode and the
     kind of tensor are guards, so another mode would compile the functions again.
     """
@@ -195,8 +195,10 @@ class CompiledDecode:
         # (aot_eager: the same path without code generation, for the tests; torch 2.13 cannot
         # run a loaded aot_eager graph with layer regions)
         savable = backend == "inductor" or (backend == "aot_eager" and not cache.compile_regions)
-        if (precompile and savable and not self.cuda and cache.attention_backend.name == "torch"
-                and getattr(model.cfg, "num_experts", 0) == 0):
+        # not under tensor parallelism (its graphs hold collectives; not yet tried saved)
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if (precompile and savable and not self.cuda and not distributed
+                and cache.attention_backend.name == "torch" and getattr(model.cfg, "num_experts", 0) == 0):
             self.precompile_dir = mtpx_cache_dir() / "precompiled" / precompile_key(self._key_parts(options))
             self.cache_dir = str(self.precompile_dir)
 

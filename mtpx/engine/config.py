@@ -63,6 +63,10 @@ class EngineConfig:
     compile_backend: str = "inductor"
     """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests); any
     name in torch._dynamo.list_backends(exclude_tags=()), else ValueError."""
+    tensor_parallel_size: int = 1
+    """Ranks (processes) the model is split over by tensor parallelism (vLLM's name;
+    docs/tensor_parallel.md): rank 0 runs the scheduler and starts the other N-1 itself, or all
+    N run under `torchrun --nproc_per_node=N`. Needs a checkpoint folder."""
     record_logit_gaps: bool = False
     """Keep the top-2 logit gap of every emitted token (lossless checks, near-tie analysis)."""
     record_step_timings: bool = True
@@ -90,6 +94,7 @@ class EngineConfig:
         integer("block_size", self.block_size, 1)
         integer("num_blocks", self.num_blocks, 1, none_ok=True)
         integer("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        integer("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError(f"engine.block_size={self.block_size} is larger than engine.max_num_batched_tokens="
                              f"{self.max_num_batched_tokens} (a step must fill at least one block): use a block "

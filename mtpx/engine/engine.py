@@ -49,6 +49,11 @@ class Engine:
     def __init__(self, model, speculator=None, config: EngineConfig | None = None,
                  draft_length: AutoDraftLength | None = None, **overrides):
         config = with_overrides(config, **overrides)
+        tp = getattr(model, "tp", None)
+        if (1 if tp is None else tp.world_size) != config.tensor_parallel_size:
+            raise ValueError(f"engine.tensor_parallel_size={config.tensor_parallel_size} but the model is split over "
+                             f"{1 if tp is None else tp.world_size} rank(s): build it with LLM(model=PATH, "
+                             "tensor_parallel_size=N), which shards the checkpoint and starts the ranks")
         k = 0 if speculator is None else speculator.num_speculative_tokens
         limit = model.cfg.max_position_embeddings
         max_model_len = limit if config.max_model_len is None else config.max_model_len

@@ -61,7 +61,9 @@ class LLM:
     compile, ...: mtpx/engine/config.py), as vLLM's LLM takes its engine arguments;
     speculative_config: vLLM's form of spec + num_speculative_tokens, {"method": "mtp",
     "num_speculative_tokens": k} (also draft_path, verify, draft_sample_method; vLLM's per-model
-    method names, "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", ..., mean "mtp"). With compile
+    method names, "deepseek_mtp", "qwen3_next_mtp", "mimo_mtp", ..., mean "mtp");
+    tensor_parallel_size (an engine setting): split a checkpoint folder's model over that many
+    processes, started here (docs/tensor_parallel.md; `shutdown()` stops them). With compile
     the decode step is compiled here by a short warm-up whose cost is in `compile_stats`.
     Raises ValueError for an unknown spec, dtype or engine setting (naming the closest), or more
     speculative tokens than multi-module MTP has modules, or a num_speculative_tokens that is not
@@ -93,14 +95,27 @@ class LLM:
                              "(spec.num_speculative_tokens)")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
         self._draft_path = None if draft_path is None else Path(draft_path)
-        if isinstance(model, MTPForCausalLM):
+        self._tp_driver, self._tp_owner = None, False
+        tp_size = config.tensor_parallel_size
+        if tp_size > 1 or getattr(model, "tp", None) is not None:      # docs/tensor_parallel.md
+            self._tp_driver, self._tp_owner = self._tensor_parallel(model, tp_size, dtype, device, draft_path,
+                                                                    allow_pickle)
+        if self._tp_owner:
+            from mtpx.engine import tensor_parallel
+            from mtpx.hf.loader import checkpoint_dtype
+            self.model, self.tokenizer = tensor_parallel.load_shard(
+                model, self._tp_driver.tp, checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype], device,
+                draft_path, allow_pickle)
+            self.model.eval().tp_driver = self._tp_driver
+        elif isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
         else:
             from mtpx.hf.loader import checkpoint_dtype, load_pretrained
             torch_dtype = checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype]
             self.model, self.tokenizer = load_pretrained(model, dtype=torch_dtype, draft_path=draft_path,
                                                          allow_pickle=allow_pickle, device=device)
-        self.thread_choice = threads(self.model) if callable(threads) else None
+        # a forward of one rank alone would wait for the others: a tensor-parallel model is not timed
+        self.thread_choice = (threads(None if self._tp_driver else self.model) if callable(threads) else None)
         self.spec = spec
         auto = num_speculative_tokens == "auto"
         if isinstance(num_speculative_tokens, str) and not auto:
@@ -112,6 +127,9 @@ class LLM:
         self.speculator = build_speculator(spec, self.model, k)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
+        if self._tp_driver is not None:
+            from mtpx.engine.tensor_parallel import TensorParallelRunner
+            self.engine.runner = TensorParallelRunner(self.engine.runner, self._tp_driver, spec, k, auto, config)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
         self.calibration = None               # auto: {"source", "seconds", "step_costs_ms"}
@@ -120,6 +138,37 @@ class LLM:
             cached = cost_model_file is None and self.model_path is not None
             path = step_cost_cache_path(meta) if cached else cost_model_file
             self.calibration = load_or_calibrate(self.engine, path, meta, cached)
+
+    def _tensor_parallel(self, model, tp_size: int, dtype, device, draft_path, allow_pickle):
+        """(the Driver of the tensor-parallel ranks, whether this LLM started them): started here
+        for a checkpoint folder; for a model an LLM sharded before (its `tp_driver`), that LLM's
+        ranks, which build this engine too. Raises ValueError (one line) otherwise."""
+        from mtpx.engine import tensor_parallel
+        if isinstance(model, MTPForCausalLM):
+            driver, world = getattr(model, "tp_driver", None), getattr(getattr(model, "tp", None), "world_size", 1)
+            if world > 1 and world != tp_size:
+                raise ValueError(f"engine.tensor_parallel_size={tp_size} but this model is split over {world} ranks: "
+                                 f"pass tensor_parallel_size={world}")
+            if driver is None or driver.closed:
+                raise ValueError(f"engine.tensor_parallel_size={tp_size} needs a checkpoint folder (model=PATH): each "
+                                 "rank reads its own shard of it; an in-memory model cannot be split across processes"
+                                 + (" (this model's workers were shut down)" if driver is not None else ""))
+            return driver, False
+        from mtpx.hf.loader import checkpoint_dtype
+        return tensor_parallel.start(tp_size, dict(
+            path=model, dtype=checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype], device=device,
+            draft_path=draft_path, allow_pickle=allow_pickle, threads=torch.get_num_threads())), True
+
+    def shutdown(self) -> None:
+        """engine.tensor_parallel_size > 1: stop the worker processes (also done at exit) when this
+        LLM started them, else free its engine on them; no-op otherwise. The LLM (and any other
+        over the same workers) cannot generate afterwards."""
+        if self._tp_driver is None:
+            return
+        if self._tp_owner:
+            self._tp_driver.close()
+        else:
+            self.engine.runner.drop()
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -181,7 +181,7 @@ _IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # buffers older checkpoints stored
 
 def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
                     device: str | torch.device = "cpu", draft_path: str | os.PathLike | None = None,
-                    allow_pickle: bool = False):
+                    allow_pickle: bool = False, shard=None):
     """Load checkpoint folder `path` (module doc) with its MTP modules and tokenizer.
 
     Args:
@@ -193,6 +193,10 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
             any layout; they replace any modules in `path`.
         allow_pickle: read pickle weights with torch.load(weights_only=True) when the folder has
             no safetensors (off by default: pickle files are refused).
+        shard: tensor parallelism (mtpx.parallel.shard.shard_model): shard(model) turns the model,
+            still on the meta device, into one rank's shard and returns its plan (`shards`:
+            {name: Shard}, `source(name)`: the unsharded name); each sharded tensor is then read
+            as that slice only (safetensors get_slice), so no rank reads the whole model.
 
     Returns:
         (model in eval mode, tokenizer or None when the folder has no tokenizer.json). For a
@@ -247,7 +251,12 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     with torch.device("meta"):
         model = MTPForCausalLM(cfg)
     plan, copies = _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path)
-    _load(model, plan, copies, where, dtype, device)
+    shards = {}
+    if shard is not None:           # checked against the full shapes above, then cut to the rank's
+        sp = shard(model)
+        shards = sp.shards
+        plan = {n: plan[sp.source(n)] for n in model.state_dict(keep_vars=True) if sp.source(n) in plan}
+    _load(model, plan, copies, where, dtype, device, shards)
     _finish_ties(model, cfg, layout, num_modules)
     for name, t in model.state_dict().items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
@@ -420,32 +429,37 @@ def _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path=Non
 
 
 def _load(model: nn.Module, plan: dict[str, str], copies: list[str], where: dict[str, Path],
-          dtype: torch.dtype, device) -> None:
-    """Read each planned tensor once, file by file, and set it as the parameter(s) it feeds."""
-    by_file: dict[Path, set[str]] = {}
-    for ckpt_name in list(plan.values()) + copies:
-        by_file.setdefault(where[ckpt_name], set()).add(ckpt_name)
-    params: dict[str, nn.Parameter] = {}
-    for f, names in by_file.items():
+          dtype: torch.dtype, device, shards: dict | None = None) -> None:
+    """Read each planned tensor once, file by file, and set it as the parameter(s) it feeds;
+    shards: {parameter name: Shard} of a tensor-parallel rank, whose tensors are read as that
+    slice only."""
+    shards = shards or {}
+    embed = shards.get("model.embed_tokens.weight")
+    keys = {(c, shards.get(t)) for t, c in plan.items()} | {(n, embed) for n in copies}
+    by_file: dict[Path, list] = {}
+    for key in sorted(keys, key=lambda k: (k[0], repr(k[1]))):
+        by_file.setdefault(where[key[0]], []).append(key)
+    params: dict[tuple, nn.Parameter] = {}
+    for f, wanted in by_file.items():
         if f.suffix == ".safetensors":
             with _safe_open(f) as h:
-                for n in sorted(names):
-                    params[n] = _convert(_get(h, n, f), dtype, device)
+                for n, sh in wanted:
+                    params[n, sh] = _convert(_get(h, n, f, sh), dtype, device)
         else:
             sd = _torch_load(f)
-            for n in sorted(names):
-                params[n] = _convert(sd[n], dtype, device)
+            for n, sh in wanted:
+                params[n, sh] = _convert(sd[n] if sh is None else sh.take(sd[n]), dtype, device)
     for target, ckpt_name in plan.items():
-        _set_param(model, target, params[ckpt_name])
+        _set_param(model, target, params[ckpt_name, shards.get(target)])
     for n in copies:  # DeepSeek's per-module embedding copy must be the target's embedding
-        if not torch.equal(params[n], model.model.embed_tokens.weight):
+        if not torch.equal(params[n, embed], model.model.embed_tokens.weight):
             raise CheckpointError(f"{n} differs from model.embed_tokens.weight: mtpx's MTP modules share the "
                                   "target's embedding; dedicated MTP embeddings are not supported")
 
 
-def _get(h, name: str, f: Path) -> torch.Tensor:
+def _get(h, name: str, f: Path, shard=None) -> torch.Tensor:
     try:
-        return h.get_tensor(name)
+        return h.get_tensor(name) if shard is None else shard.read(h.get_slice(name))
     except (safetensors.SafetensorError, OSError, ValueError) as err:
         raise CheckpointError(f"{f}: tensor {name} cannot be read ({err}): the file is corrupted; download it again") from None
 

@@ -6,7 +6,10 @@ loop thread publishes one `Update` per request that gained tokens or finished, a
 request's asyncio queue (`loop.call_soon_threadsafe`), so several tokens accepted in one step
 arrive together. A handler that stops reading (the client disconnected) aborts its request: the
 loop thread calls `engine.abort` before its next step, which frees the blocks and the batch slot.
-An exception in a step fails the requests of that step with its message; the loop goes on.
+An exception in a step fails the requests of that step with its message; the loop goes on,
+unless the exception is `fatal` (a dead tensor-parallel worker: mtpx.parallel.spmd): then the
+requests fail with its message, `fatal_error` holds it, the loop ends and `on_fatal()` is called
+(mode=serve stops its uvicorn server: the failed responses are sent, then the process exits).
 """
 from __future__ import annotations
 
@@ -57,6 +60,8 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
+        self.fatal_error: str | None = None
+        self.on_fatal: Callable[[], None] | None = None
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name="mtpx-engine", daemon=True)
         self._snapshot: dict[str, int] = self.engine.stats()
@@ -91,6 +96,8 @@ class AsyncEngine:
         TTFT and E2EL; None: now); yields an Update after every step that changed it, the last one with
         finished=True. Leaving the iteration early (a disconnected client) aborts the request.
         Raises ValueError before queueing when the engine cannot run the prompt (one line)."""
+        if self.fatal_error is not None:
+            raise RuntimeError(self.fatal_error)
         error = self.engine.validate_prompt(prompt_ids)
         if error:
             raise ValueError(error)
@@ -147,6 +154,17 @@ class AsyncEngine:
                 finished = {r.index for r in self.engine.step()}
             except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
                 self._fail_running(f"engine step failed: {type(e).__name__}: {e}")
+                if getattr(e, "fatal", False):      # the engine cannot step again: stop serving
+                    self.fatal_error = f"engine step failed: {type(e).__name__}: {e}"
+                    self._stop = True
+                    with self._lock:
+                        new, self._new = list(self._new), deque()
+                    for req in new:
+                        req.error = self.fatal_error
+                        self._publish(req, final=True)
+                    if self.on_fatal is not None:
+                        self.on_fatal()
+                    return
                 continue
             with self._lock:
                 self._refresh()

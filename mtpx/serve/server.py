@@ -7,6 +7,7 @@ the rest (their streams end, their blocks are freed), stops the engine after its
 exits 0. A second Ctrl-C quits at once."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -37,7 +38,8 @@ def load_llm(cfg: DictConfig) -> LLM:
 
 
 def run_serve(cfg: DictConfig) -> int:
-    """Serve until interrupted (module doc). Returns the exit code (0)."""
+    """Serve until interrupted (module doc). Returns the exit code (0; 1 when the engine failed for
+    good: a dead tensor-parallel worker)."""
     import uvicorn
 
     class Server(uvicorn.Server):
@@ -63,7 +65,12 @@ def run_serve(cfg: DictConfig) -> int:
     spec = f"{llm.spec} k={llm.num_speculative_tokens}" if llm.speculator is not None else "plain decoding"
     print(f"serving {name} ({spec}) at http://{s.host}:{s.port}/v1  (Ctrl-C stops)", flush=True)
     # log_config=None: uvicorn's dictConfig would close the handlers of the run's log file
-    Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", log_config=None,
-                          timeout_graceful_shutdown=timeout)).run()
+    server = Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", log_config=None,
+                                   timeout_graceful_shutdown=timeout))
+    app.state.engine.on_fatal = lambda: setattr(server, "should_exit", True)    # a dead tensor-parallel worker
+    server.run()
+    if app.state.engine.fatal_error is not None:      # e.g. a tensor-parallel worker died
+        print(f"mode=serve stopped: {app.state.engine.fatal_error}", file=sys.stderr)
+        return 1
     print("server stopped")
     return 0

@@ -1,0 +1,190 @@
+"""The engine side of tensor parallelism (docs/tensor_parallel.md; sharding and processes are
+mtpx.parallel's).
+
+Every rank holds a shard of the model and runs the same ModelRunner calls on it (SPMD): rank 0
+owns the scheduler, the requests and the client side; `TensorParallelRunner` stands in for its
+ModelRunner, broadcasting each call (the step's SchedulerOutput, with lean copies of its
+requests) to the workers before running it locally. Every rank then computes the same step:
+the sharded forwards end in an all-reduce or an all-gather, so hidden states and logits are the
+same tensors on every rank, greedy argmaxes agree, and a sampled request's torch.Generator
+travels pickled with the request, so every rank draws the same uniforms (same seeds, same
+state). Only rank 0's RunnerOutput is used. Batch slots freed on rank 0 (finished, aborted,
+preempted requests) are freed on the workers before their next call, in the same order.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from mtpx.engine.engine import Engine
+from mtpx.engine.scheduler import SchedulerOutput
+from mtpx.parallel import check_shardable
+from mtpx.parallel.load import load_shard
+from mtpx.parallel.spmd import Driver, TensorParallelError, init_group, serve, start_workers, under_torchrun
+
+__all__ = ["TensorParallelRunner", "TensorParallelError", "build_engine", "start", "worker_main"]
+
+
+def _lean(r):
+    """A copy of request r with what the model runner reads (tokens, params, generator, drafts,
+    depth, stop ids), without the client's state (stop-string checker, logprobs, times)."""
+    return dataclasses.replace(r, stop_strings=None, logprobs=[], prompt_logprobs={}, logit_gaps=[],
+                               emission_times=[])
+
+
+def lean_output(out: SchedulerOutput) -> SchedulerOutput:
+    """The SchedulerOutput the workers receive: the same items over lean request copies (one copy
+    per request, shared where the output names a request twice)."""
+    copies: dict[int, object] = {}
+
+    def lean(r):
+        if id(r) not in copies:
+            copies[id(r)] = _lean(r)
+        return copies[id(r)]
+
+    return SchedulerOutput(
+        prefills=[dataclasses.replace(p, request=lean(p.request)) for p in out.prefills],
+        decodes=[dataclasses.replace(d, request=lean(d.request)) for d in out.decodes],
+        preempted=[lean(r) for r in out.preempted], num_speculative_tokens=out.num_speculative_tokens,
+        lowered_depths=[lean(r) for r in out.lowered_depths])
+
+
+class TensorParallelRunner:
+    """Rank 0's model runner (module doc): execute, release and time_decode_steps reach every
+    rank; anything else (cache, compiled, speculator, ...) is rank 0's ModelRunner's. A failed
+    collective or a dead worker raises TensorParallelError (one line naming the worker).
+
+    The workers build their engine `engine_id` here (build_engine on their model shard with the
+    same spec, num_speculative_tokens, auto and config), so several engines (LLMs) over one
+    model share the workers: mode=eval's lossless check decodes with a plain engine beside the
+    speculative one."""
+
+    def __init__(self, runner, driver: Driver, spec, num_speculative_tokens, auto: bool, config):
+        self._runner, self.driver = runner, driver
+        self.engine_id = driver.new_id()
+        self._released: list[int] = []
+        self.driver.broadcast("set_num_threads", torch.get_num_threads())
+        self.driver.broadcast("build", self.engine_id, spec, num_speculative_tokens, auto, config)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.driver.tp.world_size
+
+    def _run(self, fn, *args):
+        try:
+            return fn(*args)
+        except TensorParallelError:
+            raise
+        except Exception as err:  # a collective failed: a worker died or hung
+            if isinstance(err, dist.DistError) or any(not p.is_alive() for p in self.driver.procs or []):
+                raise self.driver.failure(err) from None
+            raise
+
+    def _released_now(self) -> list[int]:
+        released, self._released = self._released, []
+        return released
+
+    def execute(self, out: SchedulerOutput):
+        self.driver.broadcast("execute", self.engine_id, self._released_now(), lean_output(out))
+        return self._run(self._runner.execute, out)
+
+    def release(self, index: int) -> None:
+        self._runner.release(index)
+        self._released.append(index)
+
+    def time_decode_steps(self, reqs, block_tables, ks, rounds, warmup, depth_per_request):
+        self.driver.broadcast("time_decode_steps", self.engine_id, self._released_now(), [_lean(r) for r in reqs],
+                              block_tables, list(ks), rounds, warmup, depth_per_request)
+        return self._run(self._runner.time_decode_steps, reqs, block_tables, ks, rounds, warmup,
+                         depth_per_request)
+
+    def drop(self) -> None:
+        """Free this engine on the workers (its caches); no-op once the workers are gone."""
+        if not self.driver.closed:
+            self.driver.broadcast("drop", self.engine_id)
+
+
+def build_engine(model, spec, num_speculative_tokens, auto: bool, config):
+    """(speculator, Engine) over `model` as LLM builds them: build_speculator(spec, model,
+    num_speculative_tokens), an AutoDraftLength policy when `auto`, Engine(config)."""
+    from mtpx.engine.draft_length import AutoDraftLength
+    from mtpx.spec_decode import build_speculator
+    speculator = build_speculator(spec, model, num_speculative_tokens)
+    policy = AutoDraftLength(speculator.num_speculative_tokens) if auto else None
+    return speculator, Engine(model, speculator, config, draft_length=policy)
+
+
+class _Worker:
+    """What a worker runs for each broadcast call: its model shard and one ModelRunner per engine
+    rank 0 built (TensorParallelRunner's counterparts)."""
+
+    def __init__(self, model):
+        self.model, self.runners = model, {}
+
+    def set_num_threads(self, n: int) -> None:
+        torch.set_num_threads(n)
+
+    def build(self, engine_id: int, spec, num_speculative_tokens, auto: bool, config) -> None:
+        self.runners[engine_id] = build_engine(self.model, spec, num_speculative_tokens, auto, config)[1].runner
+
+    def drop(self, engine_id: int) -> None:
+        self.runners.pop(engine_id, None)
+
+    def execute(self, engine_id: int, released: list[int], out: SchedulerOutput) -> None:
+        runner = self.runners[engine_id]
+        for i in released:
+            runner.release(i)
+        runner.execute(out)
+
+    def time_decode_steps(self, engine_id: int, released, reqs, block_tables, ks, rounds, warmup,
+                          depth_per_request) -> None:
+        runner = self.runners[engine_id]
+        for i in released:
+            runner.release(i)
+        runner.time_decode_steps(reqs, block_tables, ks, rounds, warmup, depth_per_request)
+
+
+def worker_main(rank: int, world_size: int, port: int | None, build: dict) -> None:
+    """A worker process (started by `start`, or a torchrun rank > 0): join the group, load the
+    rank's shard (build: path, dtype, device, draft_path, allow_pickle, threads), then run the
+    broadcast calls until shutdown."""
+    torch.set_num_threads(build["threads"])
+    tp = init_group(rank, world_size, port, build["device"])
+    try:
+        model, _ = load_shard(build["path"], tp, build["dtype"], build["device"], build["draft_path"],
+                              build["allow_pickle"])
+    except Exception as err:  # noqa: BLE001 - one line, then exit: rank 0 reports the dead worker
+        print(f"mtpx tensor-parallel worker rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    serve(_Worker(model.eval()), tp)
+
+
+def start(world_size: int, build: dict) -> Driver:
+    """Start the other ranks of a world_size-way tensor-parallel engine (module doc of
+    mtpx.parallel.spmd) and join them as rank 0: worker processes started here, or, under
+    torchrun with WORLD_SIZE = world_size, the other torchrun processes (on a rank > 0 this
+    runs the worker and exits the process when rank 0 shuts down). build: what worker_main
+    reads. Raises ValueError (one line) for a config that cannot be split or a torchrun world
+    of another size."""
+    from mtpx.hf.loader import load_config
+    N = world_size
+    check_shardable(load_config(build["path"]), N)
+    if under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])
+        if world != N:
+            raise ValueError(f"engine.tensor_parallel_size={N} but torchrun started {world} processes: "
+                             f"run torchrun --nproc_per_node={N}")
+        rank = int(os.environ["RANK"])
+        if rank != 0:
+            worker_main(rank, N, None, build)
+            sys.exit(0)
+        return Driver(init_group(0, N, None, build["device"]))
+    procs, port = start_workers("mtpx.engine.tensor_parallel:worker_main", N, (build,))
+    return Driver(init_group(0, N, port, build["device"]), procs)
