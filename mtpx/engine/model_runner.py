@@ -97,9 +97,10 @@ class RunnerOutput:
 class ModelRunner:
     """model: the target with its MTP modules; speculator: None or a Speculator
     (mtpx/spec_decode/protocol.py); config: the engine's EngineConfig (resolved: max_model_len and
-    num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts)."""
+    num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts);
+    precompile: False keeps compiled graphs out of engine.compile_cache (automatic k)."""
 
-    def __init__(self, model, speculator, config, max_len: int):
+    def __init__(self, model, speculator, config, max_len: int, precompile: bool = True):
         self.model, self.speculator, self.config = model, speculator, config
         self.device = next(model.parameters()).device
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
@@ -117,7 +118,8 @@ class ModelRunner:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
         self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
-                                        precompile=config.compile_cache) if config.compile else None)
+                                        precompile=config.compile_cache and precompile)
+                         if config.compile else None)
         self.rows: dict[int, int] = {}             # request index -> batch slot
 
     # ---- batch slots ----------------------------------------------------------------------------

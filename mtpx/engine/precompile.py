@@ -42,6 +42,9 @@ import torch._dynamo.package as dynamo_package
 from torch._dynamo.guards import CheckFunctionManager
 
 _UNSERIALIZABLE = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
+MAX_VARIANTS = 4
+"""Saved graphs of one name at most; a name whose inputs keep failing their guards is compiled
+by torch.compile for the rest of the run (its dynamic shapes cover them)."""
 
 
 def _source_hash() -> str:
@@ -162,6 +165,11 @@ class Precompiled:
         for f in variants:
             if f.guard_check(*args):
                 return f(*args)
+        if len(variants) >= MAX_VARIANTS:      # guards that keep failing: stop saving more
+            print(f"engine.compile: {name}: {len(variants)} saved graphs and none fits these inputs; "
+                  "compiling it with torch.compile for the rest of the run", file=sys.stderr, flush=True)
+            self.fallback = torch.compile(self.fn, backend=self.backend, options=self.fallback_options)
+            return self.call(name, args, mark, progress)
         try:
             f = self._compile(name, args, mark, progress)
         except Exception as err:  # noqa: BLE001 - the precompile path is an optimisation
