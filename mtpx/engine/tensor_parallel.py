@@ -114,7 +114,7 @@ class TensorParallelRunner:
 def build_engine(model, spec, num_speculative_tokens, auto: bool, config):
     """(speculator, Engine) over `model` as LLM builds them: build_speculator(spec, model,
     num_speculative_tokens), an AutoDraftLength policy when `auto`, Engine(config)."""
-    from mtpx.engine.draft_length import AutoDraftLength
+    from mtpx.engine.auto_k.policy import AutoDraftLength
     from mtpx.spec_decode import build_speculator
     speculator = build_speculator(spec, model, num_speculative_tokens)
     policy = AutoDraftLength(speculator.num_speculative_tokens) if auto else None
