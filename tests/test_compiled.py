@@ -317,7 +317,7 @@ def _subgraph_calls(compiled, attribute: str):
     return seen
 
 
-@pytest.mark.parametrize("regions", [True, False])
+@pytest.mark.parametrize("regions", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_layer_regions_are_traced_once_per_layer_type(trained_tiny, regions):
     """engine.compile_regions: the verification graph calls one compiled region per target layer,
     and the tiny hybrid's 4 layers are 2 distinct regions (Gated DeltaNet, attention); the draft
@@ -404,7 +404,7 @@ def test_threads_chosen_from_the_loaded_model_before_compiling(trained_tiny):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("spec,k", [pytest.param(None, None, marks=pytest.mark.slow), ("mtp8", 3)])
+@pytest.mark.parametrize("spec,k", [(None, None), pytest.param("mtp8", 3, marks=pytest.mark.slow)])   # mtp8: 52 s
 def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, spec, k, tmp_path, monkeypatch):
     """engine.compile_cache (mtpx/engine/precompile.py): the first engine compiles every graph
     and saves it under $MTPX_CACHE_DIR/precompiled; a second engine of the same settings (Dynamo

@@ -271,6 +271,7 @@ def _children(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the worker's pid in /proc")
+@pytest.mark.slow      # about 8-11 s: subprocesses
 def test_serve_tp2_answers_openai_like_tp1_and_exits_when_a_worker_dies(tiny_ckpt, tmp_path):
     """`mode=serve engine.tensor_parallel_size=2` answers the openai client with the text of
     TP=1's LLM.generate; after its worker is killed, the next request fails with the
@@ -329,6 +330,7 @@ llm.shutdown()
 """
 
 
+@pytest.mark.slow      # about 8-11 s: subprocesses
 def test_torchrun_ranks_run_one_engine(tiny_ckpt, tmp_path):
     """Under `torchrun --nproc_per_node=2` rank 0 runs the script and rank 1 becomes the worker
     when it builds its LLM (and exits with 0 at rank 0's shutdown): only rank 0 prints, with

@@ -316,7 +316,8 @@ def demo_plain():
     return llm, PROMPTS, sp, free, [o.output_token_ids for o in llm.generate(PROMPTS, sp)]
 
 
-@pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 8), ("mtp8", "auto")])
+@pytest.mark.parametrize("spec,k", [("mtp1", 3), pytest.param("mtp8", 8, marks=pytest.mark.slow),
+                                    pytest.param("mtp8", "auto", marks=pytest.mark.slow)])   # slow: 26 and 55 s
 def test_penalties_and_logit_bias_with_speculation_equal_plain_decoding(demo_plain, spec, k, monkeypatch):
     """Greedy output with penalties and logit_bias: speculation commits exactly what plain decoding
     does (each window position is penalized with the drafts before it counted), with drafts
