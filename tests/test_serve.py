@@ -18,6 +18,19 @@ uvicorn = pytest.importorskip("uvicorn")
 PROMPTS = ["def f(x):", "Question: what?\nAnswer:", "    return x + 1\n", "class A:"]
 
 
+
+def _wait_healthy(proc, url: str, limit_s: float = 120) -> None:
+    """Until a server subprocess answers GET url/health with 200 (its stderr if it exits first)."""
+    t0 = time.time()
+    while True:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert time.time() - t0 < limit_s
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -195,15 +208,7 @@ def test_mode_serve_from_the_command_line(tiny_ckpt, tmp_path):
                              f"hydra.run.dir={tmp_path}"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
-        t0 = time.time()
-        while True:
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.time() - t0 < 120
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        _wait_healthy(proc, f"http://127.0.0.1:{port}")
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
                        json={"model": tiny_ckpt.name, "prompt": "def f(x):", "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
@@ -320,15 +325,8 @@ def test_sigterm_under_load_exits_0_within_shutdown_timeout(tiny_ckpt, tmp_path)
             streams[i].append(f"error: {type(e).__name__}")
 
     try:
+        _wait_healthy(proc, url)
         t0 = time.time()
-        while True:
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            assert time.time() - t0 < 120
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         threads = [threading.Thread(target=stream, args=(i, 1000)) for i in range(4)]
         threads.append(threading.Thread(target=stream, args=(4, 12)))
         for t in threads:
