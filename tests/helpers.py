@@ -10,6 +10,7 @@ import pytest
 from mtpx import LLM, SamplingParams
 from mtpx.schema import data_dir
 from mtpx.models import ModelConfig, MTPForCausalLM
+from mtpx.spec_decode.protocol import DraftBatch
 
 
 def tiny_config(**overrides) -> ModelConfig:
@@ -69,12 +70,13 @@ DATA_DIR = data_dir(Path(__file__).resolve().parents[1] / "conf")
 
 def propose(speculator, cache, rows, num_tokens, target_meta, hidden, is_drafting=None):
     """One draft round with dynamic metadata (what the runner does after a prefill chunk):
-    plan + draft_loop over the target's newly computed positions (target_meta, hidden
+    Speculator.propose over the target's newly computed positions (target_meta, hidden
     [B, T, H]); is_drafting defaults to every row. -> drafts [B, k]."""
     if is_drafting is None:
         is_drafting = torch.ones_like(rows, dtype=torch.bool)
-    metas = speculator.plan(cache, rows, num_tokens, target_meta.ends, is_drafting)
-    return speculator.draft_loop(cache, metas, rows, num_tokens - 1, target_meta.positions[:, 0], hidden)
+    depth = torch.full_like(rows, speculator.num_speculative_tokens)
+    batch = DraftBatch(rows, num_tokens, target_meta.ends, is_drafting, depth, target_meta.positions[:, 0], hidden)
+    return speculator.propose(cache, batch).tokens
 
 
 def install_draft_check(llm, model, spec: str, k: int) -> list:

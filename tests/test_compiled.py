@@ -10,7 +10,8 @@ import torch
 
 from mtpx import LLM, SamplingParams
 from mtpx.cache.model_cache import ModelCache
-from mtpx.engine.compiled import block_bucket, capture_sizes
+from mtpx.engine.decode_step import block_bucket, capture_sizes
+from mtpx.spec_decode.protocol import DraftBatch
 from tests.helpers import peaked_model, tiny_config
 
 PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17], [40, 42, 44],
@@ -215,13 +216,10 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
             spec_.computed[:3] = n if spec_.computed.dim() == 1 else n[:, None]   # computed up to n
             for buf, saved in zip(getattr(getattr(spec_, "window", None), "buf", []), window):
                 buf.copy_(saved)                                  # both loops read the same window
-            if compiled:
-                d = engine.compiled.draft(st.block_table, st.rows, num_tokens, target_end, live,
-                                          st.positions[:, 0], h_c, num_modules=k)   # as the engine
-            else:
-                metas = spec_.plan(cache, st.rows, num_tokens, target_end, live, k + 1, 4)
-                d = spec_.draft_loop(cache, metas, st.rows, num_tokens - 1, st.positions[:, 0], h_c)
-            drafts.append(d[:3])
+            batch = DraftBatch(st.rows, num_tokens, target_end, live, torch.where(live, k, 0), st.positions[:, 0],
+                               h_c, k, k, k + 1, 4)                                   # as the engine
+            d = engine.compiled.draft(batch) if compiled else spec_.propose(cache, batch)
+            drafts.append(d.tokens[:3])
         assert torch.equal(drafts[0], drafts[1])
 
 

@@ -462,15 +462,15 @@ def test_freeing_side_blocks_outlive_the_last_draft_write(trained_tiny):
     run_checked(make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4), model, prompts, params)
     llm = make_llm(model, "mtp8", 4, max_num_seqs=4, block_size=4)
     spec, kv = llm.engine.speculator, llm.engine.kv
-    draft_loop = spec.draft_loop
+    propose = spec.propose
 
-    def free_first(cache, metas, rows, *args, **kw):   # a request's blocks freed too early
+    def free_first(cache, batch, *args, **kw):   # a request's blocks freed too early
         for r in list(llm.engine.scheduler.running):
             if r.output_token_ids and kv.block_table(r.index):
                 kv.free(r.index)
                 break
-        return draft_loop(cache, metas, rows, *args, **kw)
+        return propose(cache, batch, *args, **kw)
 
-    spec.draft_loop = free_first
+    spec.propose = free_first
     with pytest.raises(AssertionError, match="write into free KV blocks"):
         llm.generate(prompts, params)

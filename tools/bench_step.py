@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
-from mtpx.engine.compiled import block_bucket, verify_forward  # noqa: E402
+from mtpx.engine.decode_step import block_bucket, verify_forward  # noqa: E402
+from mtpx.spec_decode.protocol import DraftBatch  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
 from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
 from mtpx.spec_decode.sampler import RequestSampling  # noqa: E402
@@ -78,10 +79,10 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
     """Target and draft-loop forwards alone on the decode step's static shapes (module doc)."""
     runner = llm.engine.runner
     cache, model, spec, k = runner.cache, llm.model, runner.speculator, runner.num_speculative_tokens
-    compiled = runner.compiled
-    Bp = B if compiled is None else compiled.padded_batch(B)
+    step = runner.step                  # the engine's DecodeStep, eager or compiled
+    Bp = step.padded_batch(B)
     need = n + 2 * k + 2
-    nb = (block_bucket(need, cache.block_size, cache.max_blocks) if compiled is not None
+    nb = (block_bucket(need, cache.block_size, cache.max_blocks) if step.static
           else min(cache.max_blocks, -(-need // cache.block_size)))
     rows = torch.tensor(list(range(B)) + [cache.pad_row] * (Bp - B))
     starts = torch.full((Bp,), n)
@@ -89,12 +90,12 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
     meta = cache.static_meta(starts, lengths, rows, k + 1, nb, keep_states=k > 0)  # as the engine's
     # plain decoding's forward (its one token's state is stored by the forward, no window kept)
     one = cache.static_meta(starts, torch.tensor([1] * B + [0] * (Bp - B)), rows, 1, nb)
-    verify = (lambda: verify_forward(model, cache, meta)) if compiled is None else (lambda: compiled.verify(meta))
+    verify = lambda: step.verify(meta)  # noqa: E731
     # the 1-token forward on the same weights and cache (compiled: a second graph of the same
     # function, as automatic k compiles for its k = 0 steps), alternated call by call with the
     # verification forward so that both see the same machine state; the ratio is the median of
     # the paired ratios
-    one_fwd = (lambda: verify_forward(model, cache, one)) if compiled is None else (lambda: compiled.verify(one))
+    one_fwd = lambda: step.verify(one)  # noqa: E731
     pairs = _paired_ms(one_fwd, verify, repeats)
     out = {"target_1_ms": statistics.median(a for a, _ in pairs),
            "target_k1_ms": statistics.median(b for _, b in pairs),
@@ -112,8 +113,7 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
                                   [None] * B), repeats)
         if cache.recurrent:
             accepted = torch.zeros(Bp, dtype=torch.long)
-            commit = ((lambda: cache.commit_recurrent(accepted, None)) if compiled is None
-                      else (lambda: compiled.commit(accepted, None)))
+            commit = lambda: step.commit(accepted, None)  # noqa: E731
             times = []
             for i in range(repeats + 1):                 # the first call untimed
                 verify()
@@ -130,12 +130,12 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
         spec.reset_rows(rows, n)                             # the modules computed [0, n)
         saved = spec.computed.clone()
 
+        batch = DraftBatch(rows, nt, target_end, is_drafting, torch.where(is_drafting, k, 0), start, h,
+                           k, k, k + 1, nb)
+
         def draft():
             spec.computed.copy_(saved)                       # every call re-prefills the same window
-            if compiled is not None:
-                return compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h)
-            metas = spec.plan(cache, rows, nt, target_end, is_drafting, k + 1, nb)
-            return spec.draft_loop(cache, metas, rows, nt - 1, start, h)
+            return step.draft(batch)
 
         out["draft_loop_ms"] = _median_ms(draft, repeats)
         # as in the engine step: each call right after a verification forward (untimed), whose

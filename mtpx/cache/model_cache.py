@@ -16,6 +16,16 @@ from mtpx.attention.meta import ForwardMeta
 from mtpx.cache.state import KVCacheSpec, RecurrentState, RecurrentStateGroup, RecurrentStateSpec
 
 
+def put_rows(t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
+    """t[rows, cols] = values for a contiguous t [R, C, ...] (rows, cols: int64 of one shape S;
+    values: [*S, ...]) as one index_copy_ on the flat view: its source never broadcasts, so
+    under torch.compile it adds no guard on a batch != 1 (a batch of one runs in the graph of
+    larger batches, mtpx/engine/compiled.py). Repeated (row, col) pairs keep one of their values:
+    callers repeat only the pad row."""
+    flat = t.view(-1, *t.shape[2:])
+    flat.index_copy_(0, (rows * t.shape[1] + cols).reshape(-1), values.reshape(-1, *t.shape[2:]).to(t.dtype))
+
+
 def kv_bytes_per_block(model, block_size: int, num_draft_modules: int,
                        boundary_states: bool) -> int:
     """Bytes one paged block costs across every attention layer (target + draft modules), plus
@@ -45,7 +55,8 @@ class ModelCache:
     recurrent_groups: the Gated DeltaNet states stacked per RecurrentStateSpec (one group for a
     Qwen3-Next-style model), whose commit after verification is one set of ops for every layer.
     tokens: [rows + 1, max_len] int64: a request's known tokens at [0, num_tokens); the slots
-    after them are scratch where the speculator writes its drafts.
+    after them are scratch where the speculator writes its drafts. `write_tokens` is its one
+    writer.
     block_tables: [rows + 1, ceil(max_len / block_size)] int64, the block ids of each row's request.
 
     Padding (the static-shape decode step, mtpx/engine/compiled.py, pads its batch to a capture
@@ -130,6 +141,14 @@ class ModelCache:
                                  self.block_size, keep_states, num_tokens, self.pad_slot)
         meta.gdn_backend, meta.compile_regions = self.gdn_backend, self.compile_regions
         return meta if self.attention_backend is None else meta.planned(self.attention_backend)
+
+    def write_tokens(self, rows: torch.Tensor, positions: torch.Tensor, ids: torch.Tensor) -> None:
+        """tokens[rows, positions] = ids (rows [B] or the shape of positions; positions and ids of
+        one shape S, int64), through put_rows: no shape depends on a value, so the compiled step
+        calls it too; entries aimed at the pad row are scratch."""
+        if rows.dim() < positions.dim():
+            rows = rows.reshape(*rows.shape, *[1] * (positions.dim() - rows.dim())).expand_as(positions)
+        put_rows(self.tokens, rows, positions, ids)
 
     def num_free_rows(self) -> int:
         return len(self._free)

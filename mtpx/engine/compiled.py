@@ -1,13 +1,11 @@
 """engine.compile: the decode step (the target's verification forward, the Gated DeltaNet state
-commit at the accepted tokens and the speculator's whole N-step draft loop) as three functions
-compiled with torch.compile.
+commit at the accepted tokens and the speculator's whole N-step draft round) as three functions
+compiled with torch.compile, behind the DecodeStep interface (mtpx/engine/decode_step.py, whose
+EagerStep runs the same functions eager without engine.compile):
 
     verify(meta)                     -> verify_forward(model, cache, meta)
     commit(accepted, save)           -> cache.commit_recurrent(accepted, save)
-    draft(table, rows, ...)          -> speculator.plan(...), then speculator.draft_loop(...)
-
-They are the model runner's decode step (mtpx/engine/model_runner.py), which runs the same
-functions eager without engine.compile.
+    draft(batch)                     -> speculator.propose(cache, batch)
 
 Regional compilation (engine.compile_regions, on by default): every decoder layer of a static
 forward is a torch.compiler.nested_compile_region (mtpx.models.decoder.layer_region), so Dynamo
@@ -24,15 +22,9 @@ later run of the same settings loads it without tracing; and Inductor's caches u
 $MTPX_CACHE_DIR/inductor (mtpx/engine/compile_progress.py, which also shows each graph as it is
 built).
 
-Static shapes (gpt-fast's recipe, vLLM's capture sizes): the batch of a decode step is padded to
-the next capture size (1, 2, 4, 8, then multiples of 8, up to max_num_seqs) with ModelCache's pad
-row, every verification window and module forward has k + 1 columns (with
-num_speculative_tokens=auto: a step that neither verifies nor proposes a draft has 1, and a draft
-loop whose modules resume drafting after catching up has 2k, each a graph of its own, its width a
-constant; every other k is padding; with per-request depths the step is built for the depth
-bucket of its deepest request, `depth_bucket`: 1, 2, 4, ..., k), and keys are read from a
-block table sliced to a power-of-two number of blocks. Nothing in the compiled code depends on a
-tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
+Static shapes (StepShapes in decode_step.py): padded batches, window and column counts per depth
+bucket, power-of-two block counts; each width a graph of its own, its width a constant. Nothing in
+the compiled code depends on a tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
 graph breaks on a dense model and no host syncs. The attention metadata of every step of the draft
 loop is built and planned (`speculator.plan`) before the loop, once per engine step.
 
@@ -62,16 +54,10 @@ import torch.fx.experimental._config as fx_config
 
 from mtpx.attention.meta import ForwardMeta
 from mtpx.engine.compile_progress import CompileProgress, mtpx_cache_dir, use_cache_dir
+from mtpx.engine.decode_step import (block_bucket, capture_sizes, depth_bucket,  # noqa: F401 (re-exported)
+                                     verify_forward)
 from mtpx.engine.precompile import Precompiled, precompile_key
-
-
-def verify_forward(model, cache, meta: ForwardMeta):
-    """The target over static verification windows (ModelCache.static_meta with keep_states):
-    -> (ids [Bp, T] int64, the windows' tokens (0 for padding), hidden [Bp, T, H], logits
-    [Bp, T, V]); Gated DeltaNet keeps its per-token states for commit_recurrent."""
-    ids = torch.where(meta.valid, cache.tokens[meta.rows[:, None], meta.positions], 0)
-    h = model.model(ids, meta, cache.target)
-    return ids, h, model.lm_head(h)
+from mtpx.spec_decode.protocol import DraftBatch, Drafts
 
 
 def commit_windows(cache, index: torch.Tensor) -> None:
@@ -79,39 +65,23 @@ def commit_windows(cache, index: torch.Tensor) -> None:
     cache.commit_windows(index)
 
 
-def plan_and_draft(speculator, cache, block_table, rows, num_tokens, target_end, is_drafting, target_start,
-                   target_hidden, num_columns, num_drafts, num_modules):
-    """speculator.plan then speculator.draft_loop (their contracts), as one graph."""
-    metas = speculator.plan(cache, rows, num_tokens, target_end, is_drafting, num_columns,
-                            block_table.shape[1], num_drafts, num_modules)
-    return speculator.draft_loop(cache, metas, rows, num_tokens - 1, target_start, target_hidden)
+def plan_and_draft(speculator, cache, block_table, rows, num_tokens, target_end, is_drafting, depth,
+                   target_start, target_hidden, num_columns, num_drafts, num_modules):
+    """speculator.propose (its contract) over a static DraftBatch built here, as one graph:
+    -> (Drafts.tokens, Drafts.num_final)."""
+    batch = DraftBatch(rows, num_tokens, target_end, is_drafting, depth, target_start, target_hidden,
+                       num_drafts, num_modules, num_columns, block_table.shape[1])
+    drafts = speculator.propose(cache, batch)
+    return drafts.tokens, drafts.num_final
 
 
-def draft_loop(speculator, cache, metas, rows, num_done, target_start, target_hidden):
-    """speculator.draft_loop (its contract), its plans made eager before (FlashInfer)."""
-    return speculator.draft_loop(cache, metas, rows, num_done, target_start, target_hidden)
-
-
-def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Padded batch sizes: 1, 2, 4, 8, 16, 24, ... (vLLM's cudagraph_capture_sizes), up to and
-    including max_num_seqs."""
-    sizes = [s for s in (1, 2, 4) if s < max_num_seqs]
-    sizes += list(range(8, max_num_seqs, 8))
-    return sizes + [max_num_seqs]
-
-
-def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
-    """Blocks to read for positions 0 .. num_positions - 1: the next power of two >= 2 (so a
-    block count seldom needs a new CUDA graph), at most max_blocks."""
-    need = max(2, -(-num_positions // block_size))
-    return min(max_blocks, 1 << (need - 1).bit_length())
-
-
-def depth_bucket(depth: int, k: int) -> int:
-    """The depth a compiled step's shapes are built for: the next power of two >= depth, at most
-    k (a fixed k is its own bucket), 0 for 0. Automatic k's depths 1..8 share the graphs of
-    depths 1, 2, 4 and 8."""
-    return 0 if depth <= 0 else min(k, 1 << (depth - 1).bit_length())
+def propose_planned(speculator, cache, plan, rows, num_tokens, target_end, is_drafting, depth,
+                    target_start, target_hidden):
+    """speculator.propose (its contract) with its plan made eager before (FlashInfer):
+    -> (Drafts.tokens, Drafts.num_final)."""
+    batch = DraftBatch(rows, num_tokens, target_end, is_drafting, depth, target_start, target_hidden)
+    drafts = speculator.propose(cache, batch, plan)
+    return drafts.tokens, drafts.num_final
 
 
 def _own_code(fn):
@@ -154,7 +124,8 @@ def _mark_meta(meta: ForwardMeta) -> None:
 
 
 class CompiledDecode:
-    """The compiled verification forward and draft loop of one engine (module doc).
+    """The compiled verification forward and draft loop of one engine (module doc); a DecodeStep
+    (mtpx/engine/decode_step.py) with static shapes.
 
     model, cache, speculator: the engine's (speculator None: plain decoding, only the
     verification forward of one token); backend: torch.compile's backend ("inductor"; tests use
@@ -169,6 +140,8 @@ class CompiledDecode:
     Call verify and draft under torch.inference_mode, as the model runner does: the grad mode and the
     kind of tensor are guards, so another mode would compile the functions again.
     """
+
+    static = True
 
     def __init__(self, model, cache, speculator=None, backend: str = "inductor",
                  mode: str | None = None, report: bool = True, precompile: bool = True):
@@ -211,7 +184,7 @@ class CompiledDecode:
 
         self._verify = compile_(verify_forward)
         self._draft = (None if speculator is None else
-                       compile_(plan_and_draft if self.plan_in_graph else draft_loop))
+                       compile_(plan_and_draft if self.plan_in_graph else propose_planned))
         has_windows = speculator is not None and bool(cache.recurrent)
         self._commit = compile_(commit_windows) if has_windows else None
         if self.precompile_dir is None:
@@ -258,7 +231,7 @@ class CompiledDecode:
             yield from (t for t in (g.conv, g.ssm, g.window_k, g.window_v_new, g.window_G, g.window_ext)
                         if t is not None)
         if self.speculator is not None:
-            yield from self.speculator.persistent_buffers()
+            yield from self.speculator.buffers
 
     def padded_batch(self, batch: int) -> int:
         """The capture size a batch of `batch` requests is padded to."""
@@ -302,44 +275,44 @@ class CompiledDecode:
                           (self.model, self.cache, meta), lambda: _mark_meta(meta))
 
     @torch.inference_mode()
-    def draft(self, block_table: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
-              target_end: torch.Tensor, is_drafting: torch.Tensor, target_start: torch.Tensor,
-              target_hidden: torch.Tensor, num_columns: int | None = None,
-              num_drafts: torch.Tensor | None = None, num_modules: int | None = None) -> torch.Tensor:
-        """speculator.plan (static: num_columns columns, default k + 1, and modules 1..num_modules,
-        default all, one graph per pair of values; block_table.shape[1] blocks, block_table being
-        the verification's [Bp, blocks]; num_drafts a 0-d int64 tensor, None: k) then
-        speculator.draft_loop, compiled (their contracts).
-        The plan is part of the graph with the torch attention backend; with FlashInfer, whose
-        plans are host-side, it runs eager before the compiled loop."""
-        k = self.speculator.num_speculative_tokens
-        num_columns = k + 1 if num_columns is None else num_columns
-        if num_drafts is None:
-            num_drafts = torch.tensor(k, device=rows.device)
+    def draft(self, batch: DraftBatch) -> Drafts:
+        """speculator.propose compiled (its contract), for a static batch (num_columns and
+        num_blocks set; num_drafts an int, passed to the graph as a 0-d tensor; num_modules None:
+        all): one graph
+        per pair of column and module counts. The plan is part of the graph with the torch
+        attention backend; with FlashInfer, whose plans are host-side, it runs eager before the
+        compiled round. A batch with a sampler (probabilistic drafts) runs eager."""
+        if batch.sampler is not None:
+            return self.speculator.propose(self.cache, batch)
+        k, b = self.speculator.num_speculative_tokens, batch
+        num_drafts = torch.tensor(k if b.num_drafts is None else b.num_drafts, device=b.rows.device)
         # a fresh [B] tensor: target_start is a column of the window's positions, and for a batch
         # of one contiguous() would keep its stride, which the graph guards on (a recompile)
-        target_start = target_start.new_empty(target_start.shape).copy_(target_start)
-        batch = (rows, num_tokens, target_end, is_drafting, target_start, target_hidden)
-        modules = len(self.cache.draft) if num_modules is None else num_modules
-        name = f"draft loop ({modules} module{'s' * (modules > 1)}, {num_columns} columns)"
+        target_start = b.target_start.new_empty(b.target_start.shape).copy_(b.target_start)
+        rows = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start)
+        modules = len(self.cache.draft) if b.num_modules is None else b.num_modules
+        name = f"draft loop ({modules} module{'s' * (modules > 1)}, {b.num_columns} columns)"
+        block_table = self.cache.block_tables[b.rows, : b.num_blocks]
         if self.plan_in_graph:
             def mark():
-                _mark_batch(*batch)
-                _mark_window(target_hidden)
+                _mark_batch(*rows, b.target_hidden)
+                _mark_window(b.target_hidden)
                 _mark_meta_table(block_table)
-            return self._call(name, self._draft, (self.speculator, self.cache, block_table, rows, num_tokens,
-                                                  target_end, is_drafting, target_start, target_hidden,
-                                                  num_columns, num_drafts, num_modules), mark)
-        metas = self.speculator.plan(self.cache, rows, num_tokens, target_end, is_drafting, num_columns,
-                                     block_table.shape[1], num_drafts, num_modules)
+            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, block_table, *rows,
+                                                               b.target_hidden, b.num_columns, num_drafts,
+                                                               b.num_modules), mark)
+        else:
+            plan = self.speculator.plan(self.cache, DraftBatch(*rows, b.target_hidden, num_drafts, b.num_modules,
+                                                               b.num_columns, b.num_blocks))
 
-        def mark_eager_plan():
-            _mark_batch(*batch)
-            _mark_window(target_hidden)
-            for m in metas:
-                _mark_meta(m)
-        return self._call(name, self._draft, (self.speculator, self.cache, metas, rows, num_tokens - 1,
-                                              target_start, target_hidden), mark_eager_plan)
+            def mark_eager_plan():
+                _mark_batch(*rows, b.target_hidden)
+                _mark_window(b.target_hidden)
+                for m in plan.metas:
+                    _mark_meta(m)
+            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, plan, *rows,
+                                                               b.target_hidden), mark_eager_plan)
+        return Drafts(tokens, None, num_final)
 
     @torch.inference_mode()
     def commit(self, index: torch.Tensor, save: tuple | None = None) -> None:

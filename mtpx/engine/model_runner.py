@@ -30,9 +30,11 @@ from dataclasses import dataclass
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.engine.compiled import CompiledDecode, block_bucket, depth_bucket, verify_forward
+from mtpx.engine.compiled import CompiledDecode
+from mtpx.engine.decode_step import EagerStep, StepShapes
 from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
+from mtpx.spec_decode.protocol import DraftBatch, Drafts
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
 from mtpx.spec_decode.verification import verify
 
@@ -117,10 +119,15 @@ class ModelRunner:
         if speculator is not None:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
-        self.compiled = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
-                                        precompile=config.compile_cache and precompile)
-                         if config.compile else None)
+        self.step = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
+                                    precompile=config.compile_cache and precompile)
+                     if config.compile else EagerStep(model, self.cache, speculator))
         self.rows: dict[int, int] = {}             # request index -> batch slot
+
+    @property
+    def compiled(self) -> CompiledDecode | None:
+        """The compiled decode step (its build statistics), None when eager."""
+        return self.step if self.step.static else None
 
     # ---- batch slots ----------------------------------------------------------------------------
     @property
@@ -143,15 +150,15 @@ class ModelRunner:
     def _admit(self, p: ScheduledPrefill) -> None:
         r, cache = p.request, self.cache
         row = self.rows[r.index] = cache.allocate_row()
-        tokens = r.all_token_ids
-        cache.tokens[row, : len(tokens)] = torch.tensor(tokens, device=self.device)
+        tokens = torch.tensor(r.all_token_ids, device=self.device)
         rows = torch.tensor([row], device=self.device)
+        cache.write_tokens(rows, torch.arange(len(tokens), device=self.device)[None], tokens[None])
         if p.start > 0:               # resume the recurrence from the last hit block's state
             block = p.block_table[p.start // self.block_size - 1]
             for c in cache.recurrent:
                 c.load_rows(rows, torch.tensor([block], device=self.device))
         if self.speculator is not None:
-            self.speculator.reset_rows(rows, p.start, r.draft_depth)
+            self.speculator.reset_rows(rows, p.start)
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -163,10 +170,6 @@ class ModelRunner:
                 self._admit(p)
         for item in out.prefills + out.decodes:
             self.cache.set_block_table(self.rows[item.request.index], item.block_table)
-        lowered = out.lowered_depths
-        if lowered and self.speculator is not None:      # the scheduler lowered their depths
-            self.speculator.set_depth(torch.tensor([self.rows[r.index] for r in lowered], device=self.device),
-                                      torch.tensor([r.draft_depth for r in lowered], device=self.device))
         results: dict[int, RequestResult] = {}
         t0 = self._now()
         k = out.num_speculative_tokens if self.speculator is not None else 0
@@ -198,7 +201,8 @@ class ModelRunner:
         try:
             for r, table in zip(reqs, block_tables):
                 row = self.rows[r.index] = cache.allocate_row()
-                cache.tokens[row, : r.num_tokens] = torch.tensor(r.all_token_ids, device=dev)
+                cache.write_tokens(torch.tensor([row], device=dev), torch.arange(r.num_tokens, device=dev)[None],
+                                   torch.tensor(r.all_token_ids, device=dev)[None])
                 cache.set_block_table(row, table)
             rows = torch.tensor([self.rows[r.index] for r in reqs], device=dev)
             starts = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
@@ -213,7 +217,7 @@ class ModelRunner:
                         c.draft_token_ids, c.draft_depth = [1] * k, depth
                         decodes.append(ScheduledDecode(c, k, table))
                     if self.speculator is not None:
-                        self.speculator.reset_rows(rows, starts, depth)
+                        self.speculator.reset_rows(rows, starts)
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
                     t0 = time.perf_counter()
@@ -372,7 +376,7 @@ class ModelRunner:
             masked = self._process_logits([reqs[b] for b in last], logits)
             tok = (masked.argmax(-1) if sampling.all_greedy
                    else sample(sampling.probs(masked), sampling.uniforms([1] * len(last))[:, 0]))
-            cache.tokens[rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev)] = tok
+            cache.write_tokens(rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev), tok)
             first = dict(zip(last, tok.tolist()))
             gaps = self._gaps(logits)
             lps = self._logprobs([reqs[b].params.logprobs for b in last], logits[:, None], tok[:, None])
@@ -382,19 +386,14 @@ class ModelRunner:
         num_final = [s + n for s, n in zip(starts, lengths)]
         drafts, q = None, None
         if self.speculator is not None:
-            is_drafting = torch.tensor([p.is_last for p in prefills], device=dev)
-            nt = torch.tensor(num_tokens, device=dev)
-            start_t = meta.positions[:, 0]
-            depth = max(r.draft_depth for r in reqs)
-            metas = self.speculator.plan(cache, rows, nt, meta.ends, is_drafting, num_drafts=num_drafts,
-                                         num_modules=depth)
             own = [min(num_drafts, r.draft_depth) if p.is_last else 0 for p, r in zip(prefills, reqs)]
-            sampler = self._draft_sampler(self._sampling(reqs), own) if last else None
-            drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start_t, h, sampler,
-                                                min(num_drafts, depth)).tolist()
-            q = None if sampler is None else sampler.q
-            final = self.speculator.num_final(rows, nt).tolist()
-            num_final = [min(a, b) for a, b in zip(num_final, final)]
+            batch = self._draft_batch(reqs, rows, torch.tensor(num_tokens, device=dev), meta.ends,
+                                      [p.is_last for p in prefills], meta.positions[:, 0], h,
+                                      min(num_drafts, max(r.draft_depth for r in reqs)),
+                                      self._draft_sampler(self._sampling(reqs), own) if last else None)
+            proposed = self.speculator.propose(cache, batch)          # dynamic shapes: always eager
+            drafts, q = proposed.tokens.tolist(), proposed.probs
+            num_final = [min(a, b) for a, b in zip(num_final, proposed.num_final.tolist())]
         for b, r in enumerate(reqs):
             is_last = b in first
             results[r.index] = RequestResult(
@@ -406,109 +405,102 @@ class ModelRunner:
                 logprobs=lps[last.index(b)] if lps is not None and is_last else None,
                 prompt_logprobs=prompt_lps.get(b))
 
-    def _decode(self, decodes: list[ScheduledDecode], results: dict, num_drafts: int) -> tuple[float, float]:
-        """The decode step (module doc), proposing num_drafts drafts for the next; returns
-        (verify_s, draft_s): the draft loop (with its plan) and the rest of the step.
+    def _draft_batch(self, reqs, rows: torch.Tensor, num_tokens: torch.Tensor, target_end: torch.Tensor,
+                     is_drafting: list[bool], target_start: torch.Tensor, hidden: torch.Tensor,
+                     num_drafts: int, sampler=None, shapes: StepShapes | None = None) -> DraftBatch:
+        """The DraftBatch of `reqs` (their depths; rows beyond len(reqs) are padding: depth 0, not
+        drafting): static with `shapes` (the decode step's columns, blocks and modules), else
+        dynamic over modules 1..the deepest request's depth."""
+        pad, dev = rows.shape[0] - len(reqs), self.device
+        depth = torch.tensor([r.draft_depth for r in reqs] + [0] * pad, device=dev)
+        drafting = torch.tensor(list(is_drafting) + [False] * pad, device=dev)
+        static = (dict(num_modules=max(r.draft_depth for r in reqs)) if shapes is None else
+                  dict(num_modules=shapes.depth, num_columns=shapes.draft_columns, num_blocks=shapes.num_blocks))
+        return DraftBatch(rows, num_tokens, target_end, drafting, depth, target_start, hidden, num_drafts,
+                          sampler=sampler, **static)
 
-        The step runs draft modules 1..D, D the deepest request's depth (Request.draft_depth; k
-        without automatic k), and each request drafts min(num_drafts, its depth). Window widths:
-        eager, 1 + the most drafts a request verifies; compiled, 1 in a step that neither
-        verifies nor proposes a draft (automatic k at 0), else W + 1 with W = depth_bucket(D)
-        (fewer drafts are padding, and modules D+1..W cover no position: graphs per bucket of
-        depths, not per depth or k). The draft loop's static forwards have as many columns as any
-        of its forwards covers (Speculator.max_positions; compiled: W + 1 or 2W)."""
+    def _decode(self, decodes: list[ScheduledDecode], results: dict, num_drafts: int) -> tuple[float, float]:
+        """The decode step (module doc, shapes by StepShapes), proposing num_drafts drafts for the
+        next (each request at most its depth); returns (verify_s, draft_s): the rest of the step
+        and the draft round."""
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
-        cache, dev, k = self.cache, self.device, self.num_speculative_tokens
+        cache, dev, step = self.cache, self.device, self.step
         reqs = [d.request for d in decodes]
-        B = len(reqs)
-        Bp = B if self.compiled is None else self.compiled.padded_batch(B)
-        pad = Bp - B
         n_host = [r.num_tokens - 1 for r in reqs]
         nd_host = [d.num_draft_tokens for d in decodes]
-        depth = max(r.draft_depth for r in reqs)               # modules this step runs
-        num_drafts = min(num_drafts, depth)
-        T = 1 + max(nd_host)
-        narrow = T == 1 and num_drafts == 0     # compiled: the only steps with a 1-token window
-        width = max(depth, T - 1)               # drafts made before a depth fell may be more
-        if self.compiled is not None:
-            width = depth = depth_bucket(width, k)
-        # every position this step touches (drafts reach n + 2 width - 1) lies in the block bucket
-        need = max(n_host) + 2 * width + 2
-        nb = (block_bucket(need, self.block_size, cache.max_blocks) if self.compiled is not None
-              else min(cache.max_blocks, -(-need // self.block_size)))
+        shapes = StepShapes.plan([r.num_tokens for r in reqs], nd_host, [r.draft_depth for r in reqs],
+                                 [len(r.draft_token_ids) for r in reqs], num_drafts,
+                                 k=self.num_speculative_tokens,
+                                 num_draft_modules=0 if self.speculator is None else self.speculator.num_draft_modules,
+                                 block_size=self.block_size, max_blocks=cache.max_blocks,
+                                 padded_batch=step.padded_batch(len(reqs)), static=step.static)
+        B, T = shapes.batch, shapes.window
+        pad = shapes.padded_batch - B
         rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
         n = torch.tensor(n_host + [0] * pad, device=dev)
-        if self.compiled is not None and not narrow:
-            T = width + 1
-        columns = 1
-        if self.speculator is not None:
-            columns = max(self.speculator.max_positions(1 + nd, min(num_drafts, d.request.draft_depth),
-                                                        len(d.request.draft_token_ids))
-                          for nd, d in zip(nd_host, decodes))
-            if self.compiled is not None and not narrow:
-                columns = width + 1 if columns <= width + 1 else 2 * width
-        windows = T > 1        # a window of one token is always kept: the forward stores the state
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
-                                 rows, T, nb, keep_states=windows)
-        ids, h, logits = (verify_forward(self.model, cache, meta) if self.compiled is None
-                          else self.compiled.verify(meta))
+                                 rows, T, shapes.num_blocks, keep_states=shapes.keep_states)
+        ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
         accepted, emitted = verify(ids[:B], self._process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
                                    [r.draft_probs for r in reqs], self.config.verify)
-        full_accepted = torch.cat([accepted, accepted.new_zeros(pad)])
-        save = self._boundaries(decodes, n_host, [1 + x for x in nd_host])
-        if not windows:
-            if save is not None:
-                cache.save_recurrent_rows(rows[save[0]], save[2])
-        else:
-            if save is not None:      # only the accepted window tokens' states (pad block else)
-                bi, ti, blocks = save
-                save = (bi, ti, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
-            if self.compiled is not None:
-                self.compiled.commit(full_accepted, save)
-            else:
-                cache.commit_recurrent(full_accepted, save)
+        self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]
-        cache.tokens[torch.where(keep, rows[:B, None], cache.pad_row), n[:B, None] + 1 + torch.arange(T, device=dev)] = emitted
+        cache.write_tokens(torch.where(keep, rows[:B, None], cache.pad_row),
+                           n[:B, None] + 1 + torch.arange(T, device=dev), emitted)
         gaps = self._gaps(logits[:B])
         lps = self._logprobs([r.params.logprobs for r in reqs], logits[:B], emitted)
         t1 = t2 = self._now()
         num_tokens = n[:B] + accepted + 2                                   # known after this step
         final = n[:B] + accepted + 1                                        # target KV final below
-        parts = [emitted, accepted[:, None]]
-        q = None
-        if self.speculator is not None and depth == 0:      # no module runs for these requests
-            parts.append(torch.zeros(B, k, dtype=torch.long, device=dev))
-        elif self.speculator is not None:
-            is_drafting = torch.arange(Bp, device=dev) < B
-            nt = torch.cat([num_tokens, num_tokens.new_ones(pad)])
-            target_end = torch.cat([final, final.new_zeros(pad)])
-            start = meta.positions[:, 0]
-            sampler = self._draft_sampler(sampling, [min(num_drafts, r.draft_depth) for r in reqs])
-            if self.compiled is not None and sampler is None:
-                drafts = self.compiled.draft(meta.block_table, rows, nt, target_end, is_drafting, start, h,
-                                             columns, torch.tensor(num_drafts, device=dev), depth)
-            else:
-                metas = self.speculator.plan(cache, rows, nt, target_end, is_drafting, columns, nb, num_drafts,
-                                             depth)
-                drafts = self.speculator.draft_loop(cache, metas, rows, nt - 1, start, h, sampler, num_drafts)
-            q = None if sampler is None else sampler.q
-            final = torch.minimum(final, self.speculator.num_final(rows[:B], num_tokens))
-            parts.append(drafts[:B])
+        drafts = None
+        if self.speculator is not None and shapes.depth > 0:   # else no module runs for these requests
+            sampler = self._draft_sampler(sampling, [min(shapes.num_drafts, r.draft_depth) for r in reqs])
+            batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
+                                      torch.cat([final, final.new_zeros(pad)]), [True] * B, meta.positions[:, 0],
+                                      h, shapes.num_drafts, sampler, shapes)
+            drafts = step.draft(batch)
+            final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()
+        self._decode_results(decodes, results, emitted, accepted, final, drafts, shapes, gaps, lps)
+        return self._now() - t0 - (t2 - t1), t2 - t1
+
+    def _commit_states(self, decodes, n_host: list[int], nd_host: list[int], rows: torch.Tensor,
+                       accepted: torch.Tensor, shapes: StepShapes) -> None:
+        """The Gated DeltaNet states after verification: kept at each row's accepted token, and
+        the boundary states of the accepted window tokens stored with their blocks (a 1-token
+        window stored its state in the forward: only its boundary states are copied)."""
+        save = self._boundaries(decodes, n_host, [1 + x for x in nd_host])
+        if not shapes.keep_states:
+            if save is not None:
+                self.cache.save_recurrent_rows(rows[save[0]], save[2])
+            return
+        if save is not None:      # only the accepted window tokens' states (pad block else)
+            bi, ti, blocks = save
+            save = (bi, ti, torch.where(ti <= accepted[bi], blocks, self.cache.pad_block))
+        self.step.commit(torch.cat([accepted, accepted.new_zeros(shapes.padded_batch - shapes.batch)]), save)
+
+    def _decode_results(self, decodes, results: dict, emitted, accepted, final, drafts: Drafts | None,
+                        shapes: StepShapes, gaps, lps) -> None:
+        """One RequestResult per decode, from one device -> host transfer of the emitted tokens,
+        accepted counts, next drafts and final positions."""
+        B, T, k = shapes.batch, shapes.window, self.num_speculative_tokens
+        parts = [emitted, accepted[:, None]]
+        if k:
+            parts.append(drafts.tokens[:B] if drafts is not None
+                         else torch.zeros(B, k, dtype=torch.long, device=self.device))
         parts.append(final[:, None])
         packed = torch.cat(parts, 1).tolist()       # the step's one device -> host transfer
-        for b, r in enumerate(reqs):
-            row = packed[b]
+        q = None if drafts is None else drafts.probs
+        for b, d in enumerate(decodes):
+            r, row = d.request, packed[b]
             m = row[T]
             results[r.index] = RequestResult(
-                row[: m + 1], nd_host[b], m,
-                draft_token_ids=(row[T + 1: T + 1 + min(num_drafts, r.draft_depth)]
-                                 if self.speculator is not None else []),
+                row[: m + 1], d.num_draft_tokens, m,
+                draft_token_ids=row[T + 1: T + 1 + min(shapes.num_drafts, r.draft_depth)] if k else [],
                 draft_probs=None if q is None else q[b], num_final_tokens=row[-1],
                 logit_gaps=gaps[b][: m + 1] if gaps is not None else None,
                 logprobs=lps[b][: m + 1] if lps is not None and lps[b] is not None else None)
-        return self._now() - t0 - (t2 - t1), t2 - t1

@@ -59,7 +59,6 @@ class SchedulerOutput:
     decodes: list[ScheduledDecode] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     num_speculative_tokens: int = 0
-    lowered_depths: list[Request] = field(default_factory=list)   # running, draft_depth lowered
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -161,7 +160,7 @@ class Scheduler:
         if not out.preempted:
             self._admit(out, budget)
         if self.depth_per_request:
-            self._lower_depths(out)
+            self._lower_depths()
         # after admission: a new request's first drafts come from this step's k
         choice = self.draft_length.decide(batch_size, max((r.draft_depth for r in self.running), default=0))
         self.draft_length.commit(choice)
@@ -183,10 +182,10 @@ class Scheduler:
         """The tokens after a block that r's prefix-cache keys cover (KVCacheManager): its depth's."""
         return min(r.draft_depth, self.num_lookahead_tokens)
 
-    def _lower_depths(self, out: SchedulerOutput) -> None:
+    def _lower_depths(self) -> None:
         """Running requests' depths fall where a smaller one is predicted to pay (auto_k/policy.py,
-        "Depth"), listed in out.lowered_depths for the runner; their later blocks are keyed on the
-        new depth."""
+        "Depth"); the runner reads the new depth from the request (its one copy); their later blocks
+        are keyed on the new depth."""
         batch, new = self._expected_batch(), {}
         for r in self.running:
             d = r.draft_depth
@@ -196,7 +195,6 @@ class Scheduler:
                 new[d] = choice.depth
             if new[d] < d:
                 r.draft_depth = new[d]
-                out.lowered_depths.append(r)
 
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         S = self.kv.block_size

@@ -49,8 +49,7 @@ def lean_output(out: SchedulerOutput) -> SchedulerOutput:
     return SchedulerOutput(
         prefills=[dataclasses.replace(p, request=lean(p.request)) for p in out.prefills],
         decodes=[dataclasses.replace(d, request=lean(d.request)) for d in out.decodes],
-        preempted=[lean(r) for r in out.preempted], num_speculative_tokens=out.num_speculative_tokens,
-        lowered_depths=[lean(r) for r in out.lowered_depths])
+        preempted=[lean(r) for r in out.preempted], num_speculative_tokens=out.num_speculative_tokens)
 
 
 class TensorParallelRunner:

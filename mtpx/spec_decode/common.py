@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from mtpx.cache.model_cache import ModelCache
+from mtpx.cache.model_cache import ModelCache, put_rows
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
-
-
-def put_rows(t: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
-    """t[rows, cols] = values for a contiguous t [R, C, ...] (rows, cols: int64 of one shape S;
-    values: [*S, ...]) as one index_copy_ on the flat view: its source never broadcasts, so
-    under torch.compile it adds no guard on a batch != 1 (a batch of one runs in the graph of
-    larger batches, mtpx/engine/compiled.py). Repeated (row, col) pairs keep one of their values:
-    callers repeat only the pad row."""
-    flat = t.view(-1, *t.shape[2:])
-    flat.index_copy_(0, (rows * t.shape[1] + cols).reshape(-1), values.reshape(-1, *t.shape[2:]).to(t.dtype))
 
 
 class HiddenWindow:
@@ -75,6 +65,20 @@ def module_meta(cache: ModelCache, starts: torch.Tensor, lengths: torch.Tensor, 
     if num_columns is None:
         return cache.meta(starts, lengths, rows)
     return cache.static_meta(starts, lengths, rows, num_columns, num_blocks)
+
+
+def max_module_positions(num_window_tokens: int, num_drafts: int, num_prev_drafts: int,
+                         num_draft_modules: int) -> int:
+    """Most positions one module forward of a decode round covers (host-side, for the static
+    plan's columns), for a request that verified a window of num_window_tokens, drafted
+    num_prev_drafts the round before and drafts num_drafts now, with num_draft_modules modules.
+    Module m re-prefills max(window, m) positions when it drafted last round; one that only
+    caught up (m > num_prev_drafts) lags m - 1 positions behind, so it covers window - 1 + m
+    (multi_module.py). With one module (single-module MTP) both are the window."""
+    m = min(num_drafts, num_draft_modules)
+    if num_drafts <= num_prev_drafts:
+        return max(num_window_tokens, m)
+    return num_window_tokens - 1 + m
 
 
 def last_valid(x: torch.Tensor, meta: ForwardMeta) -> torch.Tensor:

@@ -18,16 +18,17 @@ A row of depth d (Request.draft_depth, automatic k) runs modules 1..d only: the 
 for it, its KV is final where modules 1..d are (num_final), and it drafts at most d tokens.
 
 `plan` builds every module's metadata of a round before the loop (static for the decode step,
-dynamic after a prefill chunk); `draft_loop` runs them (mtpx/spec_decode/protocol.py).
+dynamic after a prefill chunk); `propose` runs them and records each module's progress
+(mtpx/spec_decode/protocol.py).
 """
 from __future__ import annotations
 
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.attention.meta import ForwardMeta
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode.common import HiddenWindow, gather_hidden, last_valid, module_meta, put_rows, run_module
+from mtpx.spec_decode.protocol import DraftBatch, DraftPlan, Drafts
 
 
 class MultiModuleMTPSpeculator:
@@ -66,92 +67,72 @@ class MultiModuleMTPSpeculator:
         self.window = HiddenWindow(k - 1, cache.rows + 1, k + 1, self.model.cfg.hidden_size,
                                    p.dtype, p.device)
         self.computed = torch.zeros(cache.rows + 1, k, dtype=torch.long, device=p.device)  # [rows, module]
-        self.depth = torch.full((cache.rows + 1,), k, dtype=torch.long, device=p.device)   # [rows]
+        self.buffers = [self.computed, *self.window.buf]
 
-    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0, depth: int | None = None) -> None:
+    def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
         """New requests in `rows` (or resumed after preemption): their modules have computed
-        positions [0, start) (start > 0 after a prefix-cache hit); depth: modules 1..depth run
-        for them (None: all)."""
+        positions [0, start) (start > 0 after a prefix-cache hit)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)[..., None]
-        self.depth[rows] = self.num_speculative_tokens if depth is None else depth
 
-    def set_depth(self, rows: torch.Tensor, depth: torch.Tensor) -> None:
-        """Speculator.set_depth: the modules beyond the new depth stop for these rows."""
-        self.depth[rows] = depth
-
-    def num_final(self, rows: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
-        """Module k's KV at j is final iff computed (j < computed_k) and it read no later token
-        (j + k < num_read_tokens): P = min(min_{k <= d} computed_k, num_read_tokens - d) for a row
-        of depth d."""
-        depth = self.depth[rows]
+    def _num_final(self, rows: torch.Tensor, depth: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
+        """Drafts.num_final: module k's KV at j is final iff computed (j < computed_k) and it read
+        no later token (j + k < num_read_tokens): P = min(min_{k <= d} computed_k,
+        num_read_tokens - d) for a row of depth d."""
         kept = torch.arange(self.num_speculative_tokens, device=rows.device)[None] < depth[:, None]
         computed = torch.where(kept, self.computed[rows], num_read_tokens[:, None]).min(1).values
         return torch.minimum(computed, num_read_tokens - depth).clamp(min=0)
 
-    def persistent_buffers(self) -> list[torch.Tensor]:
-        return [self.computed, self.depth, *self.window.buf]
-
-    def max_positions(self, num_window_tokens: int, num_drafts: int, num_prev_drafts: int) -> int:
-        """Speculator.max_positions: a module that drafted last round re-prefills max(window, k)
-        positions; one that caught up (k > num_prev_drafts) lags k - 1 positions behind a
-        drafting one, so it covers window - 1 + k."""
-        if num_drafts <= num_prev_drafts:
-            return max(num_window_tokens, num_drafts)
-        return num_window_tokens - 1 + num_drafts
-
-    def plan(self, cache: ModelCache, rows: torch.Tensor, num_tokens: torch.Tensor,
-             target_end: torch.Tensor, is_drafting: torch.Tensor,
-             num_columns: int | None = None, num_blocks: int | None = None,
-             num_drafts: int | torch.Tensor | None = None,
-             num_modules: int | None = None) -> list[ForwardMeta]:
+    def plan(self, cache: ModelCache, batch: DraftBatch) -> DraftPlan:
         """Module k covers start_k .. end_k - 1 (module doc): a drafting row re-prefills from
         min(computed_k, n - k) to n - 1 (at most num_speculative_tokens + 1 positions after a
         verification); the others catch up. Modules after the first num_drafts catch up in a
         drafting row too, to n - k, over its re-prefill start (their stale positions are redone).
         Modules beyond a row's depth cover nothing. Speculator.plan's contract."""
-        n = num_tokens - 1
-        end = target_end
-        depth = self.depth[rows]
-        drafted = depth if num_drafts is None else depth.clamp(max=num_drafts)
-        metas = []
-        last = self.num_speculative_tokens if num_modules is None else num_modules
+        b = batch
+        n = b.num_tokens - 1
+        end = b.target_end
+        drafted = b.depth if b.num_drafts is None else b.depth.clamp(max=b.num_drafts)
+        plan = DraftPlan([], [])
+        last = self.num_speculative_tokens if b.num_modules is None else b.num_modules
         for module in range(1, last + 1):
-            kept = module <= depth
-            computed = self.computed[rows, module - 1]
-            end = torch.where(is_drafting & (module <= drafted), n,
-                              torch.minimum(end, num_tokens - module)).clamp(min=0)
+            kept = module <= b.depth
+            computed = self.computed[b.rows, module - 1]
+            end = torch.where(b.is_drafting & (module <= drafted), n,
+                              torch.minimum(end, b.num_tokens - module)).clamp(min=0)
             end = torch.where(kept, end, computed)
             redo = torch.minimum(computed, n - module) if self.reprefill else computed
-            start = torch.where(is_drafting & kept, redo, computed).clamp(min=0)
+            start = torch.where(b.is_drafting & kept, redo, computed).clamp(min=0)
             start = torch.minimum(start, end)
-            if num_columns is None and not bool((end > start).any()):
+            if b.num_columns is None and not bool((end > start).any()):
                 break                        # dynamic: this module and the later ones idle
-            metas.append(module_meta(cache, start, end - start, rows, num_columns, num_blocks))
-            put_rows(self.computed, rows, torch.full_like(rows, module - 1), end)
-        return metas
+            plan.metas.append(module_meta(cache, start, end - start, b.rows, b.num_columns, b.num_blocks))
+            plan.computed.append(end)
+        return plan
 
-    def draft_loop(self, cache: ModelCache, metas: list[ForwardMeta], rows: torch.Tensor,
-                   n: torch.Tensor, target_start: torch.Tensor, target_hidden: torch.Tensor,
-                   sampler=None, num_drafts: int | None = None) -> torch.Tensor:
-        """Speculator.draft_loop: module k reads module k-1's outputs of this round (or, before
+    def propose(self, cache: ModelCache, batch: DraftBatch, plan: DraftPlan | None = None) -> Drafts:
+        """Speculator.propose: module k reads module k-1's outputs of this round (or, before
         their start, of earlier rounds from the window) and drafts d_k (modules after the first
         num_drafts, an int, draw no logits)."""
-        model = self.model
-        prev, prev_start = target_hidden, target_start
+        b, model = batch, self.model
+        plan = self.plan(cache, b) if plan is None else plan
+        limit = b.num_drafts if isinstance(b.num_drafts, int) else None
+        n = b.num_tokens - 1
+        prev, prev_start = b.target_hidden, b.target_start
         drafts, outs = [], []
-        for module, meta in enumerate(metas, start=1):
+        for module, meta in enumerate(plan.metas, start=1):
             a = run_module(model, cache, module, meta,
                            gather_hidden(meta, prev, prev_start, self.window, module - 1))
-            if num_drafts is None or module <= num_drafts:
+            if limit is None or module <= limit:
                 logits = model.draft_logits(module - 1, last_valid(a, meta))
-                d = (logits.argmax(-1) if sampler is None
-                     else sampler(logits, module - 1))
-                put_rows(cache.tokens, rows, n + module, d)                  # read by module k+1
+                d = logits.argmax(-1) if b.sampler is None else b.sampler(logits, module - 1)
+                cache.write_tokens(b.rows, n + module, d)                  # read by module k+1
                 drafts.append(d)
             outs.append(a)
             prev, prev_start = a, meta.positions[:, 0]
-        for module, (meta, a) in enumerate(zip(metas, outs), start=1):  # after every module read
-            if module < self.num_speculative_tokens:
+        for module, (meta, a, end) in enumerate(zip(plan.metas, outs, plan.computed), start=1):
+            if module < self.num_speculative_tokens:   # after every module read the window
                 self.window.write(module, meta, a)
+            put_rows(self.computed, b.rows, torch.full_like(b.rows, module - 1), end)
         drafts += [torch.zeros_like(n)] * (self.num_speculative_tokens - len(drafts))
-        return torch.stack(drafts, dim=1)
+        return Drafts(torch.stack(drafts, dim=1), getattr(b.sampler, "q", None),
+                      self._num_final(b.rows, b.depth, b.num_tokens))
