@@ -324,7 +324,7 @@ def test_penalties_and_logit_bias_with_speculation_equal_plain_decoding(demo_pla
     accepted; processing every window position with the committed output only (the bug class of
     SGLang PR #33643) would not."""
     import torch
-    from mtpx.engine.model_runner import ModelRunner
+    import mtpx.engine.model_runner as model_runner
     base, prompts, sp, free, expected = demo_plain
     assert expected != free                                   # the penalties change the output
     assert all(t not in o for t, b in sp[0].logit_bias.items() if b < 0 for o in expected[:3])
@@ -333,13 +333,13 @@ def test_penalties_and_logit_bias_with_speculation_equal_plain_decoding(demo_pla
     assert [o.output_token_ids for o in outs] == expected
     assert sum(o.spec.num_accepted_tokens for o in outs) > 20
     if k == 8:
-        right = ModelRunner._process_logits
+        right = model_runner.process_logits
 
         def stale(reqs, logits, ids=None):     # every column sees the committed output only
             if ids is None:
                 return right(reqs, logits)
             return torch.cat([right(reqs, logits[:, j:j + 1], ids[:, :1]) for j in range(logits.shape[1])], 1)
-        monkeypatch.setattr(ModelRunner, "_process_logits", staticmethod(stale))
+        monkeypatch.setattr(model_runner, "process_logits", stale)
         wrong = LLM(model=base.model, tokenizer=base.tokenizer, spec=spec, num_speculative_tokens=k)
         assert [o.output_token_ids for o in wrong.generate(prompts, sp)] != expected
 
@@ -348,13 +348,13 @@ def test_penalties_follow_vllms_formulas(tiny_ckpt):
     """One step by hand: the first output token is the argmax of the processed logits (repetition
     over the prompt; frequency/presence over no output yet), and bad values name the field."""
     import torch
-    from mtpx.engine.model_runner import ModelRunner
+    from mtpx.engine.logits import process_logits
     from mtpx.engine.request import Request
     logits = torch.tensor([[2.0, -1.0, 0.5, 1.9, 0.0]], dtype=torch.float64)
     r = Request(0, [0, 1], SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25,
                                           logit_bias={4: 0.75}))
     r.output_token_ids = [2, 2, 3]
-    out = ModelRunner._process_logits([r], logits)
+    out = process_logits([r], logits)
     # 0: prompt, 2 / 2 = 1; 1: prompt, -1 * 2 = -2; 2: output twice: 0.5 / 2 - 2 * 0.5 - 0.25;
     # 3: output once: 1.9 / 2 - 0.5 - 0.25; 4: bias only
     assert out.tolist() == [[1.0, -2.0, 0.25 - 1.0 - 0.25, 0.95 - 0.5 - 0.25, 0.75]]
@@ -362,7 +362,7 @@ def test_penalties_follow_vllms_formulas(tiny_ckpt):
     ids = torch.tensor([[3, 4, 4]])                           # x_n, d_1 = 4, d_2 = 4
     r2 = Request(0, [0], SamplingParams(frequency_penalty=1.0))
     r2.output_token_ids = [3]
-    assert ModelRunner._process_logits([r2], window, ids)[0, :, 4].tolist() == [0.0, -1.0, -2.0]
+    assert process_logits([r2], window, ids)[0, :, 4].tolist() == [0.0, -1.0, -2.0]
     for kw, msg in (({"presence_penalty": 2.5}, r"presence_penalty=2.5: must be in \[-2, 2\]"),
                     ({"repetition_penalty": 0}, r"repetition_penalty=0: must be > 0"),
                     ({"logit_bias": {"a": 1}}, "logit_bias=")):

@@ -3,23 +3,22 @@
 `execute(scheduler_output)` runs one engine step and returns a `RunnerOutput`; it reads the
 scheduled requests and writes none of their fields (the scheduler owns request progress). It owns
 the ModelCache (KV, recurrent states, token buffer, block tables, batch slots), the speculator and
-the compiled decode step.
+the decode step.
 
 One step: free the batch slots of preempted requests -> admit new ones (slot, tokens, recurrent
 state from the last prefix-hit block, speculator rows) -> prefill chunks through the target, first
 tokens sampled, the speculator catches up (and drafts for prompts that are complete) -> the
-decode step: the target over static verification windows [x_n, d_1 .. d_k] keeping each Gated
+decode step: the target over the verification windows [x_n, d_1 .. d_k] keeping each Gated
 DeltaNet window in chunked form, one `verify` for greedy and sampled requests, the recurrent
 state rebuilt at the accepted position (invariant 3; plain decoding stores its one token's state
-in the forward), the accepted tokens written to the token buffer, the speculator's whole draft
-loop (metadata planned before it) -> one host transfer of emitted tokens, accepted counts, next
-drafts and final positions.
+in the forward), the accepted tokens written to the token buffer, the speculator's round -> one
+host transfer of emitted tokens, accepted counts, next drafts and final positions.
 
-The decode step is one code path with static shapes (mtpx/engine/compiled.py): with
-engine.compile the batch is padded to a capture size and keys are read from a power-of-two block
-bucket, so one graph serves every step; eager, the batch is not padded and the bucket is exact.
-Inside it nothing reads a tensor on the host but that one transfer (tests/test_model_runner.py
-counts them); boundary states for prefix caching are placed from host-known positions.
+The decode step's shapes come from StepShapes and its three calls from a DecodeStep, eager or
+compiled behind one interface (mtpx/engine/decode_step.py, mtpx/engine/compiled.py); prefill and
+decode hand the speculator the same DraftBatch. Inside the decode step nothing reads a tensor on
+the host but that one transfer (tests/test_model_runner.py counts them); boundary states for
+prefix caching are placed from host-known positions.
 """
 from __future__ import annotations
 
@@ -32,6 +31,7 @@ import torch
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.compiled import CompiledDecode
 from mtpx.engine.decode_step import EagerStep, StepShapes
+from mtpx.engine.logits import logprobs, process_logits
 from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
@@ -260,81 +260,11 @@ class ModelRunner:
             return DraftSampler(sampling, num_drafts, self.num_speculative_tokens, probabilistic=True)
         return None
 
-    @staticmethod
-    def _process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        """The target's logits as each request samples from them (SamplingParams, "Logits
-        processing"; vLLM's order): logit_bias added, then each request's stop ids (EOS,
-        stop_token_ids) at -inf before params.min_tokens output tokens, then the repetition,
-        frequency and presence penalties. logits: [B, V] (the next token of each request) or
-        [B, T, V], verification windows ids [B, T] = [x_n, d_1 .. d_{T-1}]: column j is output
-        token len(output) + j, processed as if d_1 .. d_j were committed (they are, if column j is
-        reached), so speculation commits what plain decoding would. Returns a copy (float32 for
-        16-bit logits), or
-        `logits` itself when no request asks for anything. Verification against the processed
-        target stays exact: a draft the target gives probability 0 is rejected."""
-        window = logits.dim() == 3
-        T = logits.shape[1] if window else 1
-        masks = [(b, j, sorted(r.stop_ids)) for b, r in enumerate(reqs) if r.stop_ids
-                 for j in range(max(0, min(r.params.min_tokens - len(r.output_token_ids), T)))]
-        biased = [b for b, r in enumerate(reqs) if r.params.logit_bias]
-        penalized = [b for b, r in enumerate(reqs) if r.params.has_penalties]
-        if not (masks or biased or penalized):
-            return logits
-        out = (logits if logits.dtype in (torch.float32, torch.float64) else logits.float()).clone()
-        view = out if window else out[:, None]                                    # [B, T, V]
-        V, dev, dtype = view.shape[-1], view.device, view.dtype
-        for b in biased:
-            bias = reqs[b].params.logit_bias
-            view[b, :, torch.tensor(list(bias), device=dev)] += torch.tensor(list(bias.values()), dtype=dtype, device=dev)
-        for b, j, stop in masks:
-            view[b, j, [i for i in stop if i < V]] = float("-inf")
-        for b in penalized:
-            r, p = reqs[b], reqs[b].params
-            counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.long, device=dev),
-                                    minlength=V).to(dtype)[None].expand(T, V)        # [T, V]
-            if window and T > 1:           # column j also counts drafts d_1 .. d_j
-                seen = torch.nn.functional.one_hot(ids[b, 1:], V).to(dtype).cumsum(0)
-                counts = counts + torch.cat([torch.zeros(1, V, dtype=dtype, device=dev), seen])
-            x = view[b]
-            if p.repetition_penalty != 1:
-                prompt = torch.zeros(V, dtype=torch.bool, device=dev)
-                prompt[torch.tensor(r.prompt_token_ids, dtype=torch.long, device=dev)] = True
-                seen = prompt[None] | (counts > 0)
-                scaled = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
-                x = torch.where(seen, scaled, x)
-            x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(dtype)
-            view[b] = x
-        return out
-
     def _gaps(self, logits: torch.Tensor):
         if not self.config.record_logit_gaps:
             return None
         top2 = logits.float().topk(2, dim=-1).values
         return (top2[..., 0] - top2[..., 1]).tolist()
-
-    @staticmethod
-    def _logprobs(wants: list[int | None], logits: torch.Tensor, tokens: torch.Tensor):
-        """For row b with wants[b] not None (how many top tokens): per position of logits
-        [B, T, V] (raw, vLLM's "raw_logprobs"), (logprob of tokens [B, T], its rank (1 = most
-        likely), the top wants[b] (id, logprob) pairs); None for the other rows, or None when no
-        row wants any. One host transfer, only in steps where some row asks."""
-        if all(w is None for w in wants):
-            return None
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        tok = lp.gather(-1, tokens[..., None])                                    # [B, T, 1]
-        rank = (lp > tok).sum(-1) + 1
-        top = lp.topk(max(w or 0 for w in wants), dim=-1) if any(wants) else None
-        tok_l, rank_l = tok[..., 0].tolist(), rank.tolist()
-        top_v, top_i = (top.values.tolist(), top.indices.tolist()) if top is not None else (None, None)
-        out = []
-        for b, w in enumerate(wants):
-            if w is None:
-                out.append(None)
-                continue
-            out.append([(tok_l[b][t], rank_l[b][t],
-                         list(zip(top_i[b][t][:w], top_v[b][t][:w])) if w else [])
-                        for t in range(len(tok_l[b]))])
-        return out
 
     def _prompt_logprobs(self, prefills: list[ScheduledPrefill], h: torch.Tensor) -> dict:
         """{batch row: [(prompt position i, entry for x_i)]} for the prefills that score their
@@ -351,7 +281,7 @@ class ModelRunner:
                 continue
             logits = self.model.lm_head(h[b, :n])            # column t is position start + t; [n, vocab]
             nxt = torch.tensor(r.prompt_token_ids[p.start + 1: p.start + 1 + n], device=logits.device)
-            (entries,) = self._logprobs([r.params.prompt_logprobs], logits[None], nxt[None])
+            (entries,) = logprobs([r.params.prompt_logprobs], logits[None], nxt[None])
             out[b] = [(p.start + 1 + i, e) for i, e in enumerate(entries)]
         return out
 
@@ -373,13 +303,13 @@ class ModelRunner:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
             sampling = self._sampling([reqs[b] for b in last])
-            masked = self._process_logits([reqs[b] for b in last], logits)
+            masked = process_logits([reqs[b] for b in last], logits)
             tok = (masked.argmax(-1) if sampling.all_greedy
                    else sample(sampling.probs(masked), sampling.uniforms([1] * len(last))[:, 0]))
             cache.write_tokens(rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev), tok)
             first = dict(zip(last, tok.tolist()))
             gaps = self._gaps(logits)
-            lps = self._logprobs([reqs[b].params.logprobs for b in last], logits[:, None], tok[:, None])
+            lps = logprobs([reqs[b].params.logprobs for b in last], logits[:, None], tok[:, None])
         prompt_lps = self._prompt_logprobs(prefills, h)
         # with its first token a complete prompt has one more known token, and drafts
         num_tokens = [r.num_tokens + (b in first) for b, r in enumerate(reqs)]
@@ -444,7 +374,7 @@ class ModelRunner:
                                  rows, T, shapes.num_blocks, keep_states=shapes.keep_states)
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
-        accepted, emitted = verify(ids[:B], self._process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
+        accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
                                    [r.draft_probs for r in reqs], self.config.verify)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
@@ -452,7 +382,7 @@ class ModelRunner:
         cache.write_tokens(torch.where(keep, rows[:B, None], cache.pad_row),
                            n[:B, None] + 1 + torch.arange(T, device=dev), emitted)
         gaps = self._gaps(logits[:B])
-        lps = self._logprobs([r.params.logprobs for r in reqs], logits[:B], emitted)
+        lps = logprobs([r.params.logprobs for r in reqs], logits[:B], emitted)
         t1 = t2 = self._now()
         num_tokens = n[:B] + accepted + 2                                   # known after this step
         final = n[:B] + accepted + 1                                        # target KV final below

@@ -273,7 +273,7 @@ class Scheduler:
 
     def _append(self, r: Request, res, now: float) -> None:
         """Append verified tokens; stop at a stop token, a stop string (from params.min_tokens
-        output tokens on; stop ids are masked before, ModelRunner._process_logits), max_tokens or
+        output tokens on; stop ids are masked before, mtpx.engine.logits.process_logits), max_tokens or
         max_model_len. Tokens after the stop are dropped: the round's raw accepted count stays, its
         committed count is what was appended (SpecDecodeCounts.record_round)."""
         if r.first_token_time is None:

@@ -1,0 +1,76 @@
+"""What the model runner does with the target's logits besides verifying: each request's logits
+processing before sampling and verification (SamplingParams, "Logits processing"), and the
+logprobs it returns."""
+from __future__ import annotations
+
+import torch
+
+
+def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The target's logits as each request samples from them (SamplingParams, "Logits
+    processing"; vLLM's order): logit_bias added, then each request's stop ids (EOS,
+    stop_token_ids) at -inf before params.min_tokens output tokens, then the repetition,
+    frequency and presence penalties. logits: [B, V] (the next token of each request) or
+    [B, T, V], verification windows ids [B, T] = [x_n, d_1 .. d_{T-1}]: column j is output
+    token len(output) + j, processed as if d_1 .. d_j were committed (they are, if column j is
+    reached), so speculation commits what plain decoding would. Returns a copy (float32 for
+    16-bit logits), or
+    `logits` itself when no request asks for anything. Verification against the processed
+    target stays exact: a draft the target gives probability 0 is rejected."""
+    window = logits.dim() == 3
+    T = logits.shape[1] if window else 1
+    masks = [(b, j, sorted(r.stop_ids)) for b, r in enumerate(reqs) if r.stop_ids
+             for j in range(max(0, min(r.params.min_tokens - len(r.output_token_ids), T)))]
+    biased = [b for b, r in enumerate(reqs) if r.params.logit_bias]
+    penalized = [b for b, r in enumerate(reqs) if r.params.has_penalties]
+    if not (masks or biased or penalized):
+        return logits
+    out = (logits if logits.dtype in (torch.float32, torch.float64) else logits.float()).clone()
+    view = out if window else out[:, None]                                    # [B, T, V]
+    V, dev, dtype = view.shape[-1], view.device, view.dtype
+    for b in biased:
+        bias = reqs[b].params.logit_bias
+        view[b, :, torch.tensor(list(bias), device=dev)] += torch.tensor(list(bias.values()), dtype=dtype, device=dev)
+    for b, j, stop in masks:
+        view[b, j, [i for i in stop if i < V]] = float("-inf")
+    for b in penalized:
+        r, p = reqs[b], reqs[b].params
+        counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.long, device=dev),
+                                minlength=V).to(dtype)[None].expand(T, V)        # [T, V]
+        if window and T > 1:           # column j also counts drafts d_1 .. d_j
+            seen = torch.nn.functional.one_hot(ids[b, 1:], V).to(dtype).cumsum(0)
+            counts = counts + torch.cat([torch.zeros(1, V, dtype=dtype, device=dev), seen])
+        x = view[b]
+        if p.repetition_penalty != 1:
+            prompt = torch.zeros(V, dtype=torch.bool, device=dev)
+            prompt[torch.tensor(r.prompt_token_ids, dtype=torch.long, device=dev)] = True
+            seen = prompt[None] | (counts > 0)
+            scaled = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+            x = torch.where(seen, scaled, x)
+        x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(dtype)
+        view[b] = x
+    return out
+
+
+def logprobs(wants: list[int | None], logits: torch.Tensor, tokens: torch.Tensor):
+    """For row b with wants[b] not None (how many top tokens): per position of logits
+    [B, T, V] (raw, vLLM's "raw_logprobs"), (logprob of tokens [B, T], its rank (1 = most
+    likely), the top wants[b] (id, logprob) pairs); None for the other rows, or None when no
+    row wants any. One host transfer, only in steps where some row asks."""
+    if all(w is None for w in wants):
+        return None
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    tok = lp.gather(-1, tokens[..., None])                                    # [B, T, 1]
+    rank = (lp > tok).sum(-1) + 1
+    top = lp.topk(max(w or 0 for w in wants), dim=-1) if any(wants) else None
+    tok_l, rank_l = tok[..., 0].tolist(), rank.tolist()
+    top_v, top_i = (top.values.tolist(), top.indices.tolist()) if top is not None else (None, None)
+    out = []
+    for b, w in enumerate(wants):
+        if w is None:
+            out.append(None)
+            continue
+        out.append([(tok_l[b][t], rank_l[b][t],
+                     list(zip(top_i[b][t][:w], top_v[b][t][:w])) if w else [])
+                    for t in range(len(tok_l[b]))])
+    return out
