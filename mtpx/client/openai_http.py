@@ -123,7 +123,7 @@ async def _request(client, base_url: str, model: str, index: int, prompt, p: Htt
 
 
 def _spec(d: dict) -> SpecDecodeCounts:
-    """A response's spec_decode field (mtpx/serve/app.py) as counters."""
+    """A response's spec_decode field (mtpx/serve/responses.py) as counters."""
     return SpecDecodeCounts(num_drafts=d["num_drafts"], num_draft_tokens=d["num_draft_tokens"],
                             num_accepted_tokens=d["num_accepted_tokens"],
                             accepted_per_position=list(d["accepted_per_position"]),

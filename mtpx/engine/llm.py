@@ -4,26 +4,30 @@
     llm = LLM(model="checkpoints/demo", spec="mtp8")
     outs = llm.generate(["def add(a, b):"], SamplingParams(max_tokens=64))
     outs[0].text, outs[0].output_token_ids, outs[0].finish_reason, outs[0].spec.num_accepted_tokens
+
+Its parts: prompt forms and chat rendering (mtpx/engine/prompts.py), vLLM's speculative_config
+(mtpx/engine/speculative_config.py), the client that drives the engine (mtpx/engine/bench_client.py),
+automatic k's step costs at start-up (mtpx/engine/auto_k/store.py).
 """
 from __future__ import annotations
 
 import dataclasses
 import numbers
-import sys
-import time
 import warnings
-from collections import deque
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
 from mtpx.engine.auto_k.policy import AutoDraftLength
-from mtpx.engine.auto_k.store import cost_meta, load_or_calibrate, step_cost_cache_path
+from mtpx.engine.auto_k.store import startup_step_costs
+from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
+from mtpx.engine.prompts import prompt_ids, prompt_list, render_conversations
 from mtpx.engine.request import Request
 from mtpx.engine.sampling_params import SamplingParams
+from mtpx.engine.speculative_config import from_speculative_config
 from mtpx.engine.stop_strings import StopStrings, cut_at_stop
 from mtpx.metrics.stats import Logprob, RequestOutput
 from mtpx.models.model import MTPForCausalLM
@@ -33,9 +37,6 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
 AUTO_MAX_SINGLE_MODULE = 4     # num_speculative_tokens=auto with mtp1: k in 0 .. this
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "auto": None}     # auto: the checkpoint's own dtype
-# vLLM's per-model MTP method names, which vLLM rewrites to "mtp" (mtpx: the same)
-MTP_METHOD_ALIASES = ("deepseek_mtp", "mimo_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "ernie_mtp",
-                      "longcat_flash_mtp", "pangu_ultra_moe_mtp", "qwen3_5_mtp")
 
 
 class LLM:
@@ -79,7 +80,7 @@ class LLM:
         if speculative_config is not None:
             if spec is not None or num_speculative_tokens is not None:
                 raise ValueError("give either speculative_config or spec / num_speculative_tokens, not both")
-            spec, num_speculative_tokens, extra = _from_speculative_config(speculative_config, model)
+            spec, num_speculative_tokens, extra = from_speculative_config(speculative_config, model)
             draft_path = extra.pop("draft_path", draft_path)
             overrides = {**extra, **overrides}
         config = with_overrides(engine_config, **overrides)
@@ -132,12 +133,9 @@ class LLM:
             self.engine.runner = TensorParallelRunner(self.engine.runner, self._tp_driver, spec, k, auto, config)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
-        self.calibration = None               # auto: {"source", "seconds", "step_costs_ms"}
-        if auto:     # step costs from cost_model_file, else the cache, else calibrated now (auto_k/store.py)
-            meta = cost_meta(self.engine, self.model_path, self._draft_path, spec, device)
-            cached = cost_model_file is None and self.model_path is not None
-            path = step_cost_cache_path(meta) if cached else cost_model_file
-            self.calibration = load_or_calibrate(self.engine, path, meta, cached)
+        # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else calibrated now
+        self.calibration = startup_step_costs(self.engine, self.model_path, self._draft_path, spec, device,
+                                              cost_model_file) if auto else None
 
     def _tensor_parallel(self, model, tp_size: int, dtype, device, draft_path, allow_pickle):
         """(the Driver of the tensor-parallel ranks, whether this LLM started them): started here
@@ -227,7 +225,7 @@ class LLM:
         every engine step (may call engine.abort); max_concurrency: requests in the engine at once
         (benchmark client limit); arrival_offsets: seconds after the start at which each prompt
         arrives (request rate)."""
-        prompts = _prompt_list(prompts)
+        prompts = prompt_list(prompts)
         params = SamplingParams() if sampling_params is None else sampling_params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -236,7 +234,7 @@ class LLM:
             raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
         if arrival_offsets is not None and len(arrival_offsets) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
-        bar = _progress_bar(use_tqdm, len(prompts))
+        bar = progress_bar(use_tqdm, len(prompts))
         if bar is not None:
             user_finish = on_finish
 
@@ -245,11 +243,26 @@ class LLM:
                     bar.update(1)
                 if _user is not None:
                     _user(r)
+        requests, children = self._engine_requests(prompts, params, arrival_offsets)
+        if bar is not None:
+            bar.update(sum(mine[0].error is not None for mine in children))
+        try:
+            run_client(self.engine, requests, on_finish, on_step, max_concurrency)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [self._prompt_output(p, mine) for p, mine in zip(prompts, children)]
+
+    def _engine_requests(self, prompts: list, params: list[SamplingParams],
+                         arrival_offsets: Sequence[float] | None) -> tuple[list[Request], list[list[Request]]]:
+        """generate's engine requests: (those that can run, in order; children[i]: prompt i's n
+        requests, a failed one included with its error), warning once about prompts whose length
+        plus max_tokens exceeds max_model_len."""
         requests, children = [], []            # children[i]: prompt i's engine requests, in order
         next_id = len(prompts)
         over = []                              # (prompt index, prompt length, max_tokens) past max_model_len
         for i, (p, sp) in enumerate(zip(prompts, params)):
-            ids, err = self._prompt_ids(p)
+            ids, err = prompt_ids(p, self.encode)
             err = err or self.engine.validate_prompt(ids)
             if err is None and len(ids) + sp.max_tokens > self.max_model_len:
                 over.append((i, len(ids), sp.max_tokens))
@@ -271,25 +284,20 @@ class LLM:
             warnings.warn(f"SamplingParams.max_tokens={m} with prompt {i}'s {n} tokens exceeds max_model_len="
                           f"{self.max_model_len}{more}: it stops at {self.max_model_len - n} output tokens "
                           "(finish_reason 'length'); lower max_tokens or raise engine.max_model_len",
-                          stacklevel=2)
-        if bar is not None:
-            bar.update(sum(mine[0].error is not None for mine in children))
-        try:
-            run_client(self.engine, requests, on_finish, on_step, max_concurrency)
-        finally:
-            if bar is not None:
-                bar.close()
-        outs = []
-        for p, mine in zip(prompts, children):
-            o = self.request_output(mine[0])
-            text = p.get("prompt") if isinstance(p, dict) else p
-            o.prompt = text if isinstance(text, str) else None
-            if len(mine) > 1:
-                o.completions = [self.request_output(r).outputs[0] for r in mine]
-                for j, c in enumerate(o.completions):
-                    c.index = j
-            outs.append(o)
-        return outs
+                          stacklevel=3)        # the caller of generate
+        return requests, children
+
+    def _prompt_output(self, p, mine: list[Request]) -> RequestOutput:
+        """generate's RequestOutput of prompt `p` from its engine requests (n > 1: all n in
+        `completions`)."""
+        o = self.request_output(mine[0])
+        text = p.get("prompt") if isinstance(p, dict) else p
+        o.prompt = text if isinstance(text, str) else None
+        if len(mine) > 1:
+            o.completions = [self.request_output(r).outputs[0] for r in mine]
+            for j, c in enumerate(o.completions):
+                c.index = j
+        return o
 
     def chat(self, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm=False, chat_template: str | None = None, add_generation_prompt: bool = True,
@@ -317,30 +325,8 @@ class LLM:
             raise ValueError("continue_final_message=True continues the last message: set add_generation_prompt=False")
         tok = self.tokenizer if hasattr(self.tokenizer, "apply_chat_template") else HFTokenizer(
             self.tokenizer, source=str(self.model_path or "the model's tokenizer"))
-        if isinstance(messages, dict) or not isinstance(messages, Sequence) or isinstance(messages, str):
-            raise ValueError(f"messages has type {type(messages).__name__}: give a conversation (a list of "
-                             "{'role': ..., 'content': ...} dicts) or a list of conversations")
-        conversations = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
-        prompts = []
-        for i, conv in enumerate(conversations):
-            where = f"conversation {i}" if len(conversations) > 1 else "messages"
-            if isinstance(conv, (str, dict)) or not isinstance(conv, Sequence) or not conv or \
-                    not all(isinstance(m, dict) for m in conv):
-                raise ValueError(f"{where} must be a non-empty list of {{'role': ..., 'content': ...}} dicts, "
-                                 f"got {conv!r:.80}")
-            try:
-                text = tok.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt,
-                                               chat_template=chat_template, tools=tools,
-                                               **(chat_template_kwargs or {}))
-            except ValueError as e:
-                raise ValueError(f"{where}: {e}") from None
-            except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
-                raise ValueError(f"{where}: the chat template failed: {e}".replace("\n", " ")) from None
-            if continue_final_message:
-                last = conv[-1].get("content")
-                if isinstance(last, str) and last and last in text:
-                    text = text[: text.rindex(last) + len(last)]    # cut the template's end-of-turn
-            prompts.append((text, list(tok.encode(text, add_special_tokens=False).ids)))
+        prompts = render_conversations(tok, messages, add_generation_prompt, chat_template, continue_final_message,
+                                       tools, chat_template_kwargs)
         outs = self.generate([{"prompt_token_ids": ids} for _, ids in prompts], sampling_params, use_tqdm=use_tqdm)
         for o, (text, _) in zip(outs, prompts):
             o.prompt = text
@@ -369,39 +355,6 @@ class LLM:
         out[token] = Logprob(lp, rank, self.decode([token]))
         return out
 
-    def _prompt_ids(self, p) -> tuple[list[int], str | None]:
-        """A prompt's token ids, or ([], why it cannot run): a str is encoded (text that is not
-        valid Unicode fails alone), a sequence must hold integer token ids, a dict is vLLM's
-        TextPrompt {"prompt": str} or TokensPrompt {"prompt_token_ids": [...]}."""
-        if isinstance(p, str):
-            try:
-                p.encode("utf-8")
-            except UnicodeEncodeError as e:
-                return [], (f"prompt is not valid Unicode text ({e.reason} at character {e.start}, "
-                            f"{p[e.start]!r}): fix or drop it, e.g. text.encode('utf-8', 'replace').decode()")
-            return self.encode(p), None
-        if isinstance(p, dict):
-            keys = set(p) - {"prompt", "prompt_token_ids"}
-            if keys or ("prompt" in p) == ("prompt_token_ids" in p):
-                return [], (f"a dict prompt holds exactly one of 'prompt' (text) or 'prompt_token_ids' "
-                            f"(vLLM's TextPrompt / TokensPrompt); got keys {sorted(p)}")
-            inner = p.get("prompt", p.get("prompt_token_ids"))
-            if "prompt" in p and not isinstance(inner, str):
-                return [], f"'prompt' must be a string, got {type(inner).__name__}: use 'prompt_token_ids' for ids"
-            if "prompt_token_ids" in p and isinstance(inner, str):
-                return [], "'prompt_token_ids' must be a list of token ids, got a string: use 'prompt' for text"
-            return self._prompt_ids(inner)
-        if isinstance(p, (bytes, bytearray)):
-            return [], "prompt is bytes: decode it to str first (e.g. p.decode('utf-8'))"
-        if not isinstance(p, Sequence) and not hasattr(p, "tolist"):
-            return [], (f"prompt has type {type(p).__name__}: give a string, a list of token ids, "
-                        "{'prompt': text} or {'prompt_token_ids': ids}")
-        ids = p.tolist() if hasattr(p, "tolist") else list(p)
-        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)), None)
-        if bad is not None:
-            return [], f"token ids must be integers: got {bad!r} ({type(bad).__name__})"
-        return [int(t) for t in ids], None
-
     def request_output(self, r: Request) -> RequestOutput:
         """What generate returns for request `r` (its text decoded), e.g. from an on_finish callback."""
         text = self.decode(r.output_token_ids)
@@ -421,114 +374,3 @@ class LLM:
             logit_gaps=r.logit_gaps if self.engine.config.record_logit_gaps else None,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
             emission_times=r.emission_times, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-
-
-SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "draft_path", "verify", "draft_sample_method")
-
-
-def _from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
-    """vLLM's speculative_config {"method": "mtp", "num_speculative_tokens": k} as (spec,
-    num_speculative_tokens, other keys). method "mtp" is multi-module MTP ("mtp8") when the model
-    has more than one MTP module, else single-module MTP ("mtp1"), as vLLM applies its MTP
-    layers (vLLM's per-model names, MTP_METHOD_ALIASES, mean "mtp"); "mtp1" and "mtp8" name
-    mtpx's speculators directly. Raises ValueError naming an
-    unknown key (and the closest) or method."""
-    import difflib
-    extra = dict(sc)
-    for key in extra:
-        if key not in SPECULATIVE_CONFIG_KEYS:
-            close = difflib.get_close_matches(key, SPECULATIVE_CONFIG_KEYS, n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"use {', '.join(SPECULATIVE_CONFIG_KEYS)}"
-            raise ValueError(f"unknown speculative_config key {key!r}: {hint}")
-    method = extra.pop("method", "mtp")
-    if method in MTP_METHOD_ALIASES:          # vLLM rewrites these to "mtp" too
-        method = "mtp"
-    k = extra.pop("num_speculative_tokens", None)
-    if method == "mtp":
-        if isinstance(model, MTPForCausalLM):
-            n = model.cfg.num_nextn_predict_layers
-        else:
-            from mtpx.hf.loader import load_config
-            n = load_config(model).num_nextn_predict_layers
-        method = "mtp8" if n > 1 else "mtp1"
-    if method not in ("mtp1", "mtp8"):
-        raise ValueError(f"speculative_config method {method!r}: mtpx runs 'mtp' (or 'mtp1' / 'mtp8', or vLLM's "
-                         f"{', '.join(MTP_METHOD_ALIASES)})")
-    return method, k, extra
-
-
-def _prompt_list(prompts) -> list:
-    """generate's prompts as a list: one prompt (a str, a dict, a list of integers) becomes a list
-    of one; any other iterable (a generator included) is read into a list. Raises TypeError for
-    something that is neither."""
-    if isinstance(prompts, (str, dict)):
-        return [prompts]
-    if isinstance(prompts, torch.Tensor):
-        return [prompts] if prompts.dim() == 1 else list(prompts)
-    if not isinstance(prompts, Iterable):
-        raise TypeError(f"prompts has type {type(prompts).__name__}: give a string, a list of token ids, "
-                        "a dict prompt, or a list of these")
-    prompts = list(prompts)
-    if prompts and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompts):
-        return [prompts]                      # one prompt of token ids, as vLLM reads a list of ints
-    return prompts
-
-
-def _progress_bar(use_tqdm, total: int):
-    """generate's progress bar: None for use_tqdm False, tqdm (or the callable given) else."""
-    if use_tqdm is False or use_tqdm is None:
-        return None
-    if callable(use_tqdm):
-        return use_tqdm(total=total, desc="Processed prompts", dynamic_ncols=True)
-    if use_tqdm is not True:
-        raise ValueError(f"use_tqdm={use_tqdm!r}: give True, False or a tqdm-like callable")
-    from tqdm import tqdm
-    return tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, file=sys.stderr)
-
-
-def run_client(engine: Engine, requests: list[Request], on_finish=None, on_step=None,
-               max_concurrency: int | None = None) -> None:
-    """The benchmark client over the engine's online API: requests arrive at their arrival_offset
-    (seconds after the start) with at most max_concurrency in the engine at once (None = no
-    limit); each one's arrival_time is when it arrived, or when the client got a free slot,
-    whichever is later. on_finish(request) after the step it ended in (stop, length, abort, or a
-    request that can never fit); on_step(engine) after every step (both may call engine.abort).
-    Runs under torch.inference_mode, so a compiled decode step never recompiles for the caller's
-    grad mode. Raises ValueError for max_concurrency < 1."""
-    if max_concurrency is not None and max_concurrency < 1:
-        raise ValueError(f"max_concurrency={max_concurrency}: must be >= 1 or None (eval.concurrency)")
-    pending = deque(sorted(requests, key=lambda r: r.arrival_offset))
-    start = time.perf_counter()
-    in_flight, slot_freed = 0, start
-    engine.reset_step_timings()
-
-    def finish(r: Request) -> None:
-        nonlocal in_flight, slot_freed
-        in_flight -= 1
-        slot_freed = time.perf_counter()
-        if on_finish is not None:
-            on_finish(r)
-
-    with torch.inference_mode():
-        while pending or engine.has_unfinished_requests():
-            now = time.perf_counter()
-            while pending and (max_concurrency is None or in_flight < max_concurrency) \
-                    and pending[0].arrival_offset <= now - start:
-                r = pending.popleft()
-                if not r.finished:          # not aborted before it arrived
-                    r.arrival_time = min(now, max(start + r.arrival_offset, slot_freed))
-                    if engine.add_request(r):
-                        in_flight += 1
-                        continue
-                if on_finish is not None:   # aborted, or it can never fit the pool (r.error)
-                    on_finish(r)
-            if not engine.has_unfinished_requests():
-                if pending and (max_concurrency is None or in_flight < max_concurrency):
-                    time.sleep(max(0.0, pending[0].arrival_offset - (now - start)))
-                continue
-            for r in engine.step() + engine.pop_aborted():
-                finish(r)
-            if on_step is not None:
-                on_step(engine)
-            for r in engine.pop_aborted():
-                finish(r)

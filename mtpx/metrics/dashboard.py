@@ -16,7 +16,9 @@ tools/dashboard.py): per-position curves side by side, each run's position-0 buc
 throughput and median TPOT against num_speculative_tokens, acceptance by category, and the
 position-0 prediction of every ordered pair of spec runs (`position0_predictions`).
 
-A Hydra multirun's table is mtpx.metrics.sweep's.
+Reading run directories is mtpx.metrics.run_dirs's, the markdown summary
+mtpx.metrics.dashboard_summary's (both re-exported here), a Hydra multirun's table
+mtpx.metrics.sweep's.
 
 Figures use matplotlib's object API (``Figure`` with the Agg canvas, no pyplot global state) and
 are written atomically (mtpx.io.atomic_write_bytes). Rates are fractions in the metrics dicts and
@@ -25,150 +27,28 @@ percentages in figures and tables.
 from __future__ import annotations
 
 import io
-import json
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mtpx.io import atomic_write_bytes, source_commit, utc_now
-from mtpx.metrics.analytics import predict_position0, wilson_interval
-from mtpx.metrics.report import DASH, format_comparison
+from mtpx.metrics.analytics import wilson_interval
+from mtpx.metrics.dashboard_summary import (dashboard_markdown, format_position0_prediction, md_row,
+                                            position0_predictions)
+from mtpx.metrics.run_dirs import (Run, RunDirError, bucket_rows, buckets_have_data, categories_with_data,
+                                   load_run, load_runs, mixed_runs_warning, provenance, read_metrics, read_yaml,
+                                   run_data, run_identity, run_mode)
 
 __all__ = [
     "RUN_FIGURES", "COMPARISON_FIGURES", "RunDirError", "Run", "load_run", "load_runs",
     "write_run_figures", "write_comparison_figures", "format_position0_prediction",
-    "position0_predictions", "dashboard_markdown",
+    "position0_predictions", "dashboard_markdown", "k_series", "mixed_runs_warning", "run_identity",
+    "provenance", "run_data", "run_mode", "md_row", "read_metrics", "read_yaml",
 ]
 
 RUN_FIGURES = ("acceptance_conditional.png", "position0_buckets.png", "acceptance_by_category.png")
 COMPARISON_FIGURES = ("per_position_acceptance.png", "position0_buckets.png", "throughput_vs_k.png",
                       "acceptance_by_category.png")
-
-
-class RunDirError(ValueError):
-    """A run directory that cannot be read (no metrics.json, unreadable JSON); one-line message."""
-
-
-# --------------------------------------------------------------------------------------------------
-# runs
-
-
-@dataclass
-class Run:
-    """One eval run directory.
-
-    Attributes:
-        path: the run directory.
-        name: display name (`--names`, else from the spec method and k, e.g. "mtp8", "mtp1 k=3",
-            "no spec"; made unique by `load_runs`).
-        metrics: metrics.json.
-        method: the spec method ("mtp1", "mtp8"), None without speculation.
-        k: num_speculative_tokens: len(per_position_acceptance) when the run has it, else the
-            config's spec.num_speculative_tokens, else 0.
-        config: .hydra/config.yaml as a dict (None when absent).
-        overrides: .hydra/overrides.yaml (None when absent).
-    """
-
-    path: Path
-    name: str
-    metrics: dict
-    method: str | None
-    k: int
-    config: dict | None = None
-    overrides: list[str] | None = None
-
-    @property
-    def analytics(self) -> dict | None:
-        return self.metrics.get("analytics") or None
-
-    @property
-    def is_spec(self) -> bool:
-        return self.k > 0
-
-
-def read_yaml(path: Path) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
-        return None
-
-
-def read_metrics(run_dir: Path) -> dict:
-    file = run_dir / "metrics.json"
-    if not run_dir.is_dir():
-        raise RunDirError(f"{run_dir} is not a directory: pass run directories written by mode=eval")
-    if not file.is_file():
-        raise RunDirError(f"{file} not found: pass run directories written by mode=eval "
-                          "(python train_or_eval.py [+spec=...]), after the run has finished")
-    try:
-        metrics = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise RunDirError(f"{file} is not readable JSON ({err}): rerun the eval") from err
-    if not isinstance(metrics, dict):
-        raise RunDirError(f"{file} holds a {type(metrics).__name__}, not a metrics object: rerun the eval")
-    return metrics
-
-
-def _default_name(method: str | None, k: int, config: dict | None) -> str:
-    if not k:
-        return "no spec"
-    spec = (config or {}).get("spec") or {}
-    name = method or "spec"
-    if not ((method == "mtp1" and k == 1) or (method == "mtp8" and k == 8)):
-        name += f" k={k}"
-    if spec.get("verify") == "block":
-        name += " block"
-    return name
-
-
-def load_run(run_dir: str | os.PathLike, name: str | None = None) -> Run:
-    """Read one eval run directory (metrics.json, and .hydra/config.yaml and overrides.yaml when
-    present). Raises RunDirError with a one-line message when metrics.json is missing or unreadable."""
-    path = Path(run_dir)
-    metrics = read_metrics(path)
-    config = read_yaml(path / ".hydra" / "config.yaml")
-    config = config if isinstance(config, dict) else None
-    overrides = read_yaml(path / ".hydra" / "overrides.yaml")
-    overrides = [str(o) for o in overrides] if isinstance(overrides, list) else None
-    spec = (config or {}).get("spec") or {}
-    k = len(metrics.get("per_position_acceptance") or [])
-    if not k and isinstance(spec.get("num_speculative_tokens"), int) and metrics.get("num_drafts"):
-        k = spec["num_speculative_tokens"]
-    method = spec.get("method") if k else None
-    return Run(path, name or _default_name(method, k, config), metrics, method, k, config, overrides)
-
-
-def load_runs(run_dirs: Sequence[str | os.PathLike], names: Sequence[str] | None = None) -> list[Run]:
-    """`load_run` for each directory; default names that collide get the directory name appended.
-
-    Raises:
-        RunDirError: a directory without a readable metrics.json.
-        ValueError: `names` given with a different length, or with duplicates.
-    """
-    if names is not None:
-        if len(names) != len(run_dirs):
-            raise ValueError(f"{len(names)} names for {len(run_dirs)} run directories: give one name per run")
-        if len(set(names)) != len(names):
-            raise ValueError(f"duplicate run names in {list(names)}: give each run its own name")
-    runs = [load_run(d, None if names is None else names[i]) for i, d in enumerate(run_dirs)]
-    if names is None:
-        for run in runs:
-            if sum(r.name == run.name for r in runs) > 1:
-                run.name = f"{run.name} ({run.path.name})"
-        seen: dict[str, int] = {}
-        for run in runs:
-            n = seen[run.name] = seen.get(run.name, 0) + 1
-            if n > 1:
-                run.name = f"{run.name} #{n}"
-    return runs
-
-
-# --------------------------------------------------------------------------------------------------
-# figures
 
 
 def _figure(width: float, height: float, ncols: int = 1):
@@ -202,12 +82,6 @@ def _has(values: Sequence[float | None] | None) -> bool:
     return bool(values) and any(v is not None for v in values)
 
 
-def _bucket_rows(buckets: dict) -> list[tuple[str, int, float | None]]:
-    """(label, count, rate) for the first round, each previous-round bucket and "all"."""
-    rows = [("first", buckets["first_round"]["count"], buckets["first_round"]["rate"])]
-    rows += [(str(r["prev_accepted"]), r["count"], r["rate"]) for r in buckets["rows"]]
-    return rows
-
 
 BUCKET_COLORS = {"first": "#999999", "rejection": "#d62728", "all": "#2ca02c"}
 BUCKET_LEGEND = (("first", "first round (no previous round)"),
@@ -224,7 +98,7 @@ def _draw_buckets(ax, buckets: dict, title: str, colours_legend: bool = True) ->
     """The position-0 bars on `ax`. colours_legend: the colours and the dashed line explained in a
     legend below the axes (one run's figure); else only the dashed line, inside (the comparison
     figure explains the colours once for all its panels)."""
-    rows = _bucket_rows(buckets)
+    rows = bucket_rows(buckets)
     labels = [r[0] for r in rows]
     colors = [BUCKET_COLORS["first"]] + [BUCKET_COLORS["rejection"]] * (len(rows) - 2) + [BUCKET_COLORS["all"]]
     bars = ax.bar(range(len(rows)), _pct([r[2] for r in rows]), color=colors)
@@ -249,42 +123,6 @@ def _draw_buckets(ax, buckets: dict, title: str, colours_legend: bool = True) ->
     ax.set_yticks(range(0, 101, 20))
     ax.set_title(title, fontsize=10)
     ax.grid(axis="y", alpha=0.3)
-
-
-def _buckets_have_data(buckets: dict | None) -> bool:
-    return bool(buckets) and any(count for _, count, _ in _bucket_rows(buckets))
-
-
-def _categories_with_data(metrics: dict) -> dict[str, dict]:
-    """Every category of the run, those whose requests all failed (no drafts) included: the bar
-    chart marks them instead of leaving them out."""
-    return dict(((metrics.get("analytics") or {}).get("by_category")) or {})
-
-
-def run_identity(metrics: dict) -> str:
-    """'MODEL · SPEC k=K · DATA · N prompts · DATE · commit C' from metrics["run"]
-    (mtpx.evaluate), for figure titles; the date (UTC, to the minute) and the commit's first 9
-    hex digits ("+dirty" kept) when recorded; '' for a metrics dict without "run" (an older
-    metrics.json)."""
-    r = metrics.get("run") or {}
-    if not r:
-        return ""
-    spec = f"{r['spec']} k={r['num_speculative_tokens']}" if r.get("spec") else "plain decoding"
-    partial = " (interrupted)" if metrics.get("partial") else ""
-    return (f"{Path(str(r.get('model', ''))).name} · {spec} · {r.get('data')} · {r.get('num_prompts')} prompts"
-            f"{partial}{provenance(r.get('date'), r.get('commit'))}")
-
-
-def provenance(date: str | None, commit: str | None) -> str:
-    """' · 2026-12-03 16:40 UTC · commit 04292ad1f' (the parts that are known), for figure titles.
-    date: ISO 8601 in UTC (mtpx.io.utc_now); commit: mtpx.io.source_commit's."""
-    parts = []
-    if date:
-        parts.append(f"{str(date)[:16].replace('T', ' ')} UTC")
-    if commit:
-        head, dirty = str(commit).partition("+")[::2]
-        parts.append(f"commit {head[:9]}" + (f"+{dirty}" if dirty else ""))
-    return "".join(f" · {p}" for p in parts)
 
 
 def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
@@ -335,11 +173,11 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         fig.legend(fontsize=7, loc="outside lower center", ncols=1)   # below the axes: hides no bar
         save(fig, RUN_FIGURES[0])
     buckets = a.get("position0_buckets")
-    if _buckets_have_data(buckets):
+    if buckets_have_data(buckets):
         fig, (ax,) = _figure(max(6.0, 0.6 * len(buckets["rows"]) + 3.0), 4.0)
         _draw_buckets(ax, buckets, "Position-0 acceptance by the previous round")
         save(fig, RUN_FIGURES[1])
-    cats = _categories_with_data(metrics)
+    cats = categories_with_data(metrics)
     if len(cats) > 1:
         fig, (ax0, ax1) = _figure(10.0, 3.8, ncols=2)
         _draw_category_bars(ax0, {"": cats})
@@ -356,6 +194,7 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         ax1.legend(fontsize=7)
         save(fig, RUN_FIGURES[2])
     return written
+
 
 
 _K_KEYS = ("spec.num_speculative_tokens", "+spec.num_speculative_tokens")
@@ -450,7 +289,7 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
             if ax.lines:
                 ax.legend(fontsize=7, loc="lower left")
         written.append(save(fig, COMPARISON_FIGURES[0]))
-    with_buckets = [r for r in spec if _buckets_have_data((r.analytics or {}).get("position0_buckets"))]
+    with_buckets = [r for r in spec if buckets_have_data((r.analytics or {}).get("position0_buckets"))]
     if with_buckets:
         fig, axes = _figure(max(9.0, sum(0.55 * r.k + 2.5 for r in with_buckets)), 4.0, ncols=len(with_buckets))
         for ax, r in zip(axes, with_buckets):
@@ -480,140 +319,10 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
             for ax in (ax0, ax1):
                 ax.set_xticks(ks)
         written.append(save(fig, COMPARISON_FIGURES[2]))
-    cats = {r.name: _categories_with_data(r.metrics) for r in spec}
+    cats = {r.name: categories_with_data(r.metrics) for r in spec}
     cats = {n: c for n, c in cats.items() if c}
     if len({c for v in cats.values() for c in v}) > 1:
         fig, (ax,) = _figure(max(5.0, 1.2 * len({c for v in cats.values() for c in v}) * len(cats) + 2), 3.8)
         _draw_category_bars(ax, cats)
         written.append(save(fig, COMPARISON_FIGURES[3]))
     return written
-
-
-# --------------------------------------------------------------------------------------------------
-# position-0 predictions and the dashboard summary
-
-
-def format_position0_prediction(name_a: str, buckets_a: dict, name_b: str, buckets_b: dict) -> str:
-    """One line: run B's position-0 rate predicted from run A's conditional rates and B's mix
-    (mtpx.metrics.analytics.predict_position0), and B's measured rate, e.g. "predicted mtp8
-    position-0 from mtp1's conditional rates: 0.771 x 0.704 + 0.229 x 0.857 = 0.739; measured 0.756"."""
-    p = predict_position0(buckets_a, buckets_b)
-    measured = DASH if p["measured"] is None else f"{p['measured']:.3f}"
-    return f"predicted {name_b} position-0 from {name_a}'s conditional rates: {p['formula']}; measured {measured}"
-
-
-def position0_predictions(runs: Sequence[Run]) -> list[str]:
-    """`format_position0_prediction` for every ordered pair (A, B), A != B, of runs with
-    position-0 buckets, in run order."""
-    have = [r for r in runs if r.is_spec and (r.analytics or {}).get("position0_buckets")]
-    return [format_position0_prediction(a.name, a.analytics["position0_buckets"],
-                                        b.name, b.analytics["position0_buckets"])
-            for a in have for b in have if a is not b]
-
-
-def md_row(cells: Sequence[Any]) -> str:
-    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-
-
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "---:") -> str:
-    lines = [md_row(header), "| --- |" + f" {align} |" * (len(header) - 1)]
-    return "\n".join(lines + [md_row(r) for r in rows]) + "\n"
-
-
-def _rate_n(rate: float | None, count: int | None) -> str:
-    if rate is None:
-        return DASH if not count else f"{DASH} (n={count})"
-    return f"{rate * 100:.1f}% (n={count})"
-
-
-def _buckets_table(runs: Sequence[Run]) -> str | None:
-    have = [r for r in runs if _buckets_have_data((r.analytics or {}).get("position0_buckets"))]
-    if not have:
-        return None
-    labels: list[str] = ["first round"]
-    labels += [str(i) for i in range(max(r.k for r in have))] + ["all"]
-    cells: dict[str, dict[str, str]] = {}
-    for r in have:
-        b = r.analytics["position0_buckets"]
-        col = {"first round": _rate_n(b["first_round"]["rate"], b["first_round"]["count"])}
-        col.update({str(x["prev_accepted"]): _rate_n(x["rate"], x["count"]) for x in b["rows"]})
-        col["after a rejection (0 .. k-1)"] = _rate_n(b["after_rejection"]["rate"], b["after_rejection"]["count"])
-        col["after round 1, all"] = _rate_n(b["total"]["rate"], b["total"]["count"])
-        s = b["share_after_rejection"]
-        col["share after a rejection"] = DASH if s is None else f"{s:.3f}"
-        cells[r.name] = col
-    labels += ["after a rejection (0 .. k-1)", "after round 1, all", "share after a rejection"]
-    rows = [[("previous round accepted " + lab) if lab.isdigit() or lab == "all" else lab,
-             *(cells[r.name].get(lab, DASH) for r in have)] for lab in labels]
-    return _md_table(["Position 0", *(r.name for r in have)], rows)
-
-
-def _category_table(runs: Sequence[Run]) -> str | None:
-    cats = {r.name: ((r.analytics or {}).get("by_category") or {}) for r in runs if r.is_spec}
-    cats = {n: c for n, c in cats.items() if c}
-    categories = list(dict.fromkeys(c for v in cats.values() for c in v))
-    if not categories:
-        return None
-
-    def cell(v: dict | None) -> str:
-        if not v:
-            return DASH
-        rate = DASH if v.get("acceptance_rate") is None else f"{v['acceptance_rate'] * 100:.2f}%"
-        length = DASH if v.get("acceptance_length") is None else f"{v['acceptance_length']:.2f}"
-        return f"{rate} / {length} (n={v['num_requests']})"
-
-    rows = [[c, *(cell(cats[n].get(c)) for n in cats)] for c in categories]
-    return _md_table(["Category: acceptance rate / length", *cats], rows)
-
-
-def run_data(run: Run) -> str | None:
-    """The run's data set: metrics.json["run"]["data"], else .hydra/config.yaml's data.name."""
-    return (run.metrics.get("run") or {}).get("data") or ((run.config or {}).get("data") or {}).get("name")
-
-
-def run_mode(run: Run) -> str | None:
-    return (run.metrics.get("run") or {}).get("mode") or (run.config or {}).get("mode")
-
-
-def mixed_runs_warning(runs: Sequence[Run]) -> str | None:
-    """A line when the runs mix data sets or modes (eval and bench clients differ in concurrency
-    and prompt count), whose throughput and acceptance do not compare; None otherwise."""
-    parts = []
-    for what, values in (("data sets", {run_data(r) for r in runs}), ("modes", {run_mode(r) for r in runs})):
-        known = sorted(v for v in values if v)
-        if len(known) > 1:
-            parts.append(f"{what} ({', '.join(known)})")
-    if not parts:
-        return None
-    return f"warning: these runs mix {' and '.join(parts)}: their throughput and acceptance do not compare"
-
-
-def dashboard_markdown(runs: Sequence[Run], figures: Sequence[str | os.PathLike] = (),
-                       title: str = "mtpx dashboard") -> str:
-    """The markdown summary of `runs`: the runs, the main comparison table
-    (mtpx.metrics.report.format_comparison), position-0 buckets, the position-0 predictions,
-    acceptance by category, and links to `figures` (by file name: the summary sits next to them)."""
-    mixed = mixed_runs_warning(runs)
-    parts = [f"# {title}\n", *([f"**{mixed}**\n"] if mixed else []),
-             _md_table(["Run", "Directory", "Spec", "k", "Data", "Mode"],
-                       [[r.name, str(r.path), r.method or DASH, r.k, run_data(r) or DASH, run_mode(r) or DASH]
-                        for r in runs], align="---"),
-             "## Metrics\n", format_comparison({r.name: r.metrics for r in runs})]
-    buckets = _buckets_table(runs)
-    if buckets:
-        parts += ["## Position 0 by the previous round\n",
-                  "Position-0 acceptance (n = rounds) by how many drafts the same request's "
-                  "previous round accepted; the first round of a request has no previous round.\n",
-                  buckets]
-    predictions = position0_predictions(runs)
-    if predictions:
-        parts += ["## Position-0 predictions\n",
-                  "Run B's position-0 rate from run A's rates after a rejection and after a full "
-                  "acceptance, weighted by B's share of rounds after a rejection.\n",
-                  "".join(f"- {p}\n" for p in predictions)]
-    cats = _category_table(runs)
-    if cats:
-        parts += ["## Acceptance by category\n", cats]
-    if figures:
-        parts += ["## Figures\n", "".join(f"![{Path(f).stem}]({Path(f).name})\n\n" for f in figures).rstrip() + "\n"]
-    return "\n".join(parts)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
-from mtpx.metrics.dashboard import RunDirError, md_row, read_metrics, read_yaml
+from mtpx.metrics.dashboard_summary import md_row
+from mtpx.metrics.run_dirs import RunDirError, read_metrics, read_yaml
 from mtpx.metrics.report import DASH
 
 __all__ = ["SweepJob", "collect_sweep", "sweep_table", "SweepTableCallback"]

@@ -1,5 +1,5 @@
 """A request's output text as a stream of deltas whose concatenation is exactly the text a
-non-streamed response returns (mtpx/serve/app.py).
+non-streamed response returns (mtpx/serve/responses.py, mtpx/serve/runner.py).
 
 While the request runs, the tail of the text that could still become a stop string is held back
 (the longest suffix that is a proper prefix of one), and so is an incomplete UTF-8 character

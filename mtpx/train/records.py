@@ -9,7 +9,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from mtpx.io import source_commit, utc_now
-from mtpx.metrics.dashboard import provenance
+from mtpx.metrics.run_dirs import provenance
 from mtpx.models.config import ModelConfig
 
 

@@ -6,7 +6,7 @@
 - costs.py: measure the decode step's cost per k and batch size (calibrate_step_costs), fit the
   cost curve over k (smooth_step_costs), and the offline goodput model (predict, recommend).
 - store.py: the step-cost files: cache path under $MTPX_CACHE_DIR, metadata, load and save, and
-  the start-up path (load_or_calibrate).
+  the start-up path (startup_step_costs, load_or_calibrate).
 
 Import the module you need (this package imports none of them, so the scheduler's policy import
 does not pull in torch).

@@ -1,7 +1,7 @@
 """Where automatic k's step costs are kept between runs: the cache path under $MTPX_CACHE_DIR,
 the metadata that says which engine a file was measured on, load and save, and
-`load_or_calibrate` (the start-up path LLM takes: a matching file, else a calibration written
-for the next run)."""
+`load_or_calibrate` (the start-up path LLM takes, `startup_step_costs`: a matching file, else a
+calibration written for the next run)."""
 from __future__ import annotations
 
 import hashlib
@@ -19,7 +19,8 @@ from mtpx.engine.auto_k.costs import calibrate_step_costs
 from mtpx.io import atomic_write_json
 
 __all__ = ["COST_META_KEYS", "save_step_costs", "load_step_costs", "step_cost_cache_path",
-           "check_step_cost_meta", "cost_meta", "load_or_calibrate", "fingerprint", "code_hash"]
+           "check_step_cost_meta", "cost_meta", "load_or_calibrate", "startup_step_costs", "fingerprint",
+           "code_hash"]
 
 
 def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:
@@ -131,6 +132,16 @@ def load_or_calibrate(engine, path: str | Path | None, meta: dict, cached: bool)
     return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
             "seconds": round(time.perf_counter() - t0, 2), **meta}
 
+
+def startup_step_costs(engine, model_path: Path | None, draft_path: Path | None, spec: str | None, device,
+                       cost_model_file: str | Path | None) -> dict:
+    """LLM's start-up with num_speculative_tokens=auto: step costs from `cost_model_file`, else
+    (a checkpoint folder) the step-cost cache (step_cost_cache_path), else calibrated now without
+    saving (an in-memory model); load_or_calibrate does the loading and returns its dict."""
+    meta = cost_meta(engine, model_path, draft_path, spec, device)
+    cached = cost_model_file is None and model_path is not None
+    path = step_cost_cache_path(meta) if cached else cost_model_file
+    return load_or_calibrate(engine, path, meta, cached)
 
 def fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None:
     """Identifies a checkpoint's weights without reading them: the config's bytes and every file's

@@ -1,0 +1,218 @@
+"""Request bodies (mtpx/serve/protocol.py) to engine runs: the checks a route makes before
+anything runs, tokenization and chat templating, and SamplingParams.
+
+`RequestParser` holds what the checks need of the served model (its name, tokenizer and
+max_model_len); every check raises `BadRequest` (mtpx/serve/errors.py) with a one-line message
+naming the field. Tokenization runs off the event loop (the routes call `prepare_completion` /
+`prepare_chat` / `encode` / `chat_ids` through asyncio.to_thread), and a text certainly longer
+than the model (more UTF-8 bytes than 4 x the longest token's x max_model_len) is refused before
+it is tokenized.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from mtpx.engine.llm import LLM
+from mtpx.engine.sampling_params import SamplingParams
+from mtpx.serve.errors import BadRequest
+from mtpx.serve.protocol import (ChatMessage, ChatRequest, CompletionRequest, SamplingFields, TokenizeRequest,
+                                 unsupported_field)
+
+
+@dataclasses.dataclass
+class Run:
+    """One engine request of an HTTP request: choice `index`, prompt ids, its params, the text
+    echoed before its output ("" without echo) and whether it is its prompt's first completion."""
+    index: int
+    ids: list[int]
+    sp: SamplingParams
+    echo: str = ""
+    first_of_prompt: bool = True
+    arrival_time: float | None = None     # perf_counter() when the HTTP request arrived
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def logit_bias(body: SamplingFields) -> dict[int, float] | None:
+    """OpenAI's logit_bias ({"token id": bias}) as token ids, biases clamped to [-100, 100]."""
+    if not body.logit_bias:
+        return None
+    bad = [k for k in body.logit_bias if not k.strip().isdigit()]
+    if bad:
+        raise BadRequest(f"logit_bias key {bad[0]!r} is not a token id: keys are token ids such as "
+                         "\"50256\" (POST /tokenize gives them)", "logit_bias")
+    return {int(k): min(100.0, max(-100.0, v)) for k, v in body.logit_bias.items()}
+
+
+def sampling(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """The body's SamplingParams (OpenAI's defaults for unset fields); BadRequest naming the field
+    SamplingParams refuses."""
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=_or(body.temperature, 1.0),
+                              top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, -1), min_p=_or(body.min_p, 0.0),
+                              seed=body.seed, stop=body.stop, stop_token_ids=list(body.stop_token_ids or []),
+                              ignore_eos=body.ignore_eos, logprobs=logprobs,
+                              min_tokens=body.min_tokens,
+                              repetition_penalty=_or(body.repetition_penalty, 1.0),
+                              frequency_penalty=_or(body.frequency_penalty, 0.0),
+                              presence_penalty=_or(body.presence_penalty, 0.0), logit_bias=logit_bias(body))
+    except ValueError as e:
+        message = str(e)
+        raise BadRequest(message, message.split("=", 1)[0] if "=" in message.split(":")[0] else None) from None
+
+
+class RequestParser:
+    """The checks and tokenization of requests for `llm` served as `model_name`."""
+
+    def __init__(self, llm: LLM, model_name: str):
+        self.llm, self.model_name, self.tok = llm, model_name, llm.tokenizer
+        tok = self.tok
+        # the most bytes of text one token stands for (special tokens included), for check_size
+        self.max_token_bytes = 1 if tok is None else max(
+            len(tok.decode([i], skip_special_tokens=False).encode("utf-8")) for i in range(tok.get_vocab_size()))
+
+    # ---- checks on the event loop, before tokenizing ----------------------------------------------
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise BadRequest(f"model '{name}' is not served here: use '{self.model_name}' (GET /v1/models)", "model")
+
+    def check_fields(self, body: SamplingFields) -> None:
+        """The model name and every field mtpx cannot honour (protocol.unsupported_field)."""
+        self.check_model(body.model)
+        bad = unsupported_field(body)
+        if bad:
+            raise BadRequest(*bad)
+
+    def check_completion(self, body: CompletionRequest) -> None:
+        self.check_fields(body)
+        if body.stream and body.echo and body.logprobs is not None:
+            raise BadRequest("echo with logprobs (prompt scoring) is not streamed: set stream=false", "stream")
+        if body.stream and body.prompt_logprobs is not None:
+            raise BadRequest("prompt_logprobs are not streamed: set stream=false", "prompt_logprobs")
+
+    def check_chat(self, body: ChatRequest) -> None:
+        self.check_fields(body)
+        if body.logprobs:
+            raise BadRequest("/v1/chat/completions does not return logprobs yet: use /v1/completions with "
+                             "logprobs", "logprobs")
+        if body.top_logprobs:
+            raise BadRequest("top_logprobs needs logprobs, which /v1/chat/completions does not return yet",
+                             "top_logprobs")
+        if body.prompt_logprobs is not None:
+            raise BadRequest("prompt_logprobs are returned by /v1/completions only (send the rendered prompt)",
+                             "prompt_logprobs")
+
+    def check_tokenize(self, body: TokenizeRequest) -> None:
+        self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise BadRequest("give exactly one of prompt or messages", "prompt")
+        if body.continue_final_message:
+            raise BadRequest("continue_final_message=True is not supported yet", "continue_final_message")
+        if body.tools:
+            raise BadRequest("tools are not supported yet (no tool calling): drop the field", "tools")
+
+    # ---- tokenization (off the event loop) --------------------------------------------------------
+    def check_size(self, text: str, param: str) -> None:
+        """A text with more UTF-8 bytes than 4 x max_token_bytes x max_model_len holds more tokens
+        than the model takes (with 4x room for normalizers): a 400 at once, not after tokenizing
+        megabytes."""
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise BadRequest(f"{param} is not valid Unicode text", param) from None
+        max_model_len = self.llm.max_model_len
+        if size > 4 * self.max_token_bytes * max_model_len:
+            raise BadRequest(f"{param} has {size} bytes of text, at least {size // (4 * self.max_token_bytes)} "
+                             f"tokens, but the model's maximum length is {max_model_len} (max_model_len): "
+                             "shorten it (or set truncate_prompt_tokens)", param)
+
+    def encode(self, text: str, param: str, add_special_tokens: bool = True, truncates: bool = False) -> list[int]:
+        """`text`'s token ids; truncates: the prompt will be cut to its last tokens (no size check)."""
+        tok = self.tok
+        if tok is None:
+            raise BadRequest("this model has no tokenizer: send token ids", param)
+        if not truncates:
+            self.check_size(text, param)          # also raises for text that is not valid Unicode
+        else:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{param} is not valid Unicode text", param) from None
+        if len(text) > 4096:    # encode_batch releases the GIL (encode does not): the event loop runs on
+            return list(tok.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
+        return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def chat_ids(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                 add_special_tokens: bool = False, chat_template: str | None = None, documents: list | None = None,
+                 kwargs: dict | None = None, truncates: bool = False) -> list[int]:
+        """The token ids of `messages` rendered with the chat template (the model's, or `chat_template`)."""
+        tok = self.tok
+        if tok is None or not hasattr(tok, "apply_chat_template") or (
+                chat_template is None and getattr(tok, "chat_template", None) is None):
+            raise BadRequest(f"model '{self.model_name}' has no chat template: use /v1/completions with a plain "
+                             "prompt (or send chat_template)", "messages")
+        try:
+            rendered = tok.apply_chat_template([m.as_dict() for m in messages],
+                                               add_generation_prompt=add_generation_prompt,
+                                               chat_template=chat_template, documents=documents, **(kwargs or {}))
+        except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
+            raise BadRequest(f"the chat template failed: {e}".replace("\n", " "), "messages") from None
+        # the template holds the special tokens: encode without adding them (as transformers does)
+        return self.encode(rendered, "messages", add_special_tokens, truncates)
+
+    # ---- runs -------------------------------------------------------------------------------------
+    def check_fits(self, ids: list[int], sp: SamplingParams, param: str) -> None:
+        llm = self.llm
+        error = llm.engine.validate_prompt(ids)
+        if error:
+            raise BadRequest(error, param)
+        error = llm.engine.validate_params(sp)
+        if error:
+            raise BadRequest(error, "logit_bias")
+        if len(ids) + sp.max_tokens > llm.max_model_len:
+            raise BadRequest(f"max_tokens={sp.max_tokens} with a {len(ids)}-token prompt exceeds the model's "
+                             f"maximum length {llm.max_model_len}: lower max_tokens", "max_tokens")
+
+    def runs_for(self, prompts_ids: list[list[int]], echoes: list[str], sp: SamplingParams, body: SamplingFields,
+                 param: str) -> list[Run]:
+        """The engine requests of n completions per prompt, choice index prompt * n + j."""
+        runs = []
+        for i, (ids, echo) in enumerate(zip(prompts_ids, echoes)):
+            if body.truncate_prompt_tokens is not None:
+                ids = ids[-body.truncate_prompt_tokens:]
+            self.check_fits(ids, sp, param)
+            for j in range(body.n):
+                child = sp if j == 0 or sp.seed is None else dataclasses.replace(sp, seed=sp.seed + j)
+                runs.append(Run(i * body.n + j, ids, child, echo, j == 0))
+        return runs
+
+    def prepare_completion(self, body: CompletionRequest) -> list[Run]:
+        """Tokenize and check a completion request (runs off the event loop)."""
+        sp = sampling(body, body.max_tokens or 16, body.logprobs)   # OpenAI's default: 16 tokens
+        if body.echo and body.logprobs is not None:    # prompt scoring (lm-eval's loglikelihood requests)
+            sp = dataclasses.replace(sp, prompt_logprobs=body.logprobs)
+        if body.prompt_logprobs is not None:
+            sp = dataclasses.replace(sp, prompt_logprobs=max(body.prompt_logprobs, sp.prompt_logprobs or 0))
+        prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(
+            body.prompt[0], int) else [body.prompt]
+        if not prompts:
+            raise BadRequest("prompt is empty: give at least one token", "prompt")
+        truncates = body.truncate_prompt_tokens is not None
+        all_ids = [self.encode(p, "prompt", body.add_special_tokens, truncates) if isinstance(p, str) else list(p)
+                   for p in prompts]
+        echoes = [(p if isinstance(p, str) else self.llm.decode(ids)) if body.echo else ""
+                  for p, ids in zip(prompts, all_ids)]
+        return self.runs_for(all_ids, echoes, sp, body, "prompt")
+
+    def prepare_chat(self, body: ChatRequest) -> list[Run]:
+        """Render, tokenize and check a chat request (runs off the event loop)."""
+        ids = self.chat_ids(body.messages, body.add_generation_prompt, body.add_special_tokens, body.chat_template,
+                            body.documents, body.chat_template_kwargs, body.truncate_prompt_tokens is not None)
+        if body.truncate_prompt_tokens is not None:
+            ids = ids[-body.truncate_prompt_tokens:]
+        # no max_tokens: until the model's maximum length, as vLLM does
+        sp = sampling(body, body.max_completion_tokens or body.max_tokens or max(1, self.llm.max_model_len - len(ids)),
+                      None)
+        return self.runs_for([ids], [""], sp, body, "messages")
