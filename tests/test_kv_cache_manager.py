@@ -1,5 +1,5 @@
-"""Paged KV block pool + per-request block tables with prefix caching (mtpx.cache.block_pool,
-mtpx.cache.kv_cache_manager): exact-value unit tests and a hypothesis state-machine test against an
+"""Paged KV block pool + per-request block tables with prefix caching (mtpx.core.block_pool,
+mtpx.core.kv_cache_manager): exact-value unit tests and a hypothesis state-machine test against an
 independent model (prefix tuples instead of hashes, a plain list as the LRU free queue)."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
 
-from mtpx.cache.block_pool import ROOT_HASH, BlockPool, NoFreeBlocksError, hash_block, lookahead_key
-from mtpx.cache.kv_cache_manager import KVCacheManager
+from mtpx.core.block_pool import ROOT_HASH, BlockPool, NoFreeBlocksError, hash_block, lookahead_key
+from mtpx.core.kv_cache_manager import KVCacheManager
 
 
 def chain(token_ids, block_size):
@@ -193,7 +193,7 @@ def test_manager_allocate_cache_hit_free_exact():
 
 def test_lookahead_key_exact():
     c = hash_block(None, [1, 2])
-    marker = hashlib.sha256(b"mtpx.cache.block_pool.lookahead").digest()
+    marker = hashlib.sha256(b"mtpx.core.block_pool.lookahead").digest()
     assert lookahead_key(c, [3, 4]) == hashlib.sha256(marker + c + struct.pack("<2q", 3, 4)).digest()
     assert lookahead_key(c, [3, 4]) != hash_block(c, [3, 4])       # never a chained hash
     assert lookahead_key(c, [3, 4]) != lookahead_key(c, [3, 5])

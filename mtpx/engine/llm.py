@@ -19,13 +19,13 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
-from mtpx.engine.auto_k.policy import AutoDraftLength
+from mtpx.core.draft_length import AutoDraftLength
 from mtpx.engine.auto_k.store import cost_meta, load_or_calibrate, step_cost_cache_path
 from mtpx.engine.engine import Engine
-from mtpx.engine.request import Request
-from mtpx.engine.sampling_params import SamplingParams
-from mtpx.engine.stop_strings import StopStrings, cut_at_stop
-from mtpx.metrics.stats import Logprob, RequestOutput
+from mtpx.core.request import Request
+from mtpx.core.sampling_params import SamplingParams
+from mtpx.core.stop_strings import StopStrings, cut_at_stop
+from mtpx.outputs import Logprob, RequestOutput
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
 

@@ -31,7 +31,7 @@ import torch
 
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.compiled import CompiledDecode, block_bucket, depth_bucket, verify_forward
-from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
+from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
 from mtpx.spec_decode.verification import verify

@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mtpx.engine.llm import LLM
-from mtpx.engine.sampling_params import SamplingParams
+from mtpx.core.sampling_params import SamplingParams
 from mtpx.hf.tokenizer import tokenizer_config
 from mtpx.serve.async_engine import AsyncEngine, Update
 from mtpx.serve.detokenize import IncrementalText, final_text
