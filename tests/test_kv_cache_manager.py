@@ -191,9 +191,23 @@ def test_manager_allocate_cache_hit_free_exact():
     m.check_invariants()
 
 
+def test_check_writes_names_published_and_free_blocks():
+    """The engine's KV-write guard (check_invariants): a write may land in the writer's own
+    unpublished blocks and in pad slots (ids >= num_blocks), never in a published or free block."""
+    m = KVCacheManager(4, 2, True)
+    toks = [7, 8, 9]
+    assert m.allocate_slots("a", 3) is True and m.block_table("a") == [0, 1]
+    m.check_writes([1, 1, 4, 9])                      # a's open block, pad ids skipped
+    assert m.cache_blocks("a", toks, 3) == 1           # block 0 published
+    with pytest.raises(AssertionError, match=r"^write into published prefix-cache blocks \[0\]$"):
+        m.check_writes([1, 0, 4])
+    with pytest.raises(AssertionError, match=r"^write into free KV blocks \[2, 3\]$"):
+        m.check_writes([1, 2, 3])
+
+
 def test_lookahead_key_exact():
     c = hash_block(None, [1, 2])
-    marker = hashlib.sha256(b"mtpx.core.block_pool.lookahead").digest()
+    marker = hashlib.sha256(b"mtpx.cache.block_pool.lookahead").digest()
     assert lookahead_key(c, [3, 4]) == hashlib.sha256(marker + c + struct.pack("<2q", 3, 4)).digest()
     assert lookahead_key(c, [3, 4]) != hash_block(c, [3, 4])       # never a chained hash
     assert lookahead_key(c, [3, 4]) != lookahead_key(c, [3, 5])

@@ -12,6 +12,7 @@ The scheduler side (mtpx/core: Scheduler, KVCacheManager, Request, the draft-len
 imports no tensor code; the worker side (ModelRunner, the compiled step, mtpx/cache's ModelCache
 and states) owns every tensor; this class holds one of each (docs/architecture.md, "Scheduler side
 and worker side").
+
 Callbacks belong to the caller and run after `step` returns (the client loop of
 mtpx/engine/llm.py). Where the prefix-caching rules live: what a block may hold and its key,
 KVCacheManager (mtpx/core/kv_cache_manager.py); which positions are final, the runner and the
