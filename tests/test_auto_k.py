@@ -14,9 +14,9 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtpx import LLM, SamplingParams
-from mtpx.engine.request import Request
+from mtpx.core.request import Request
 from mtpx.engine.auto_k.costs import calibrate_step_costs, default_batch_sizes
-from mtpx.engine.auto_k.policy import AutoDraftLength
+from mtpx.core.draft_length import AutoDraftLength
 from mtpx.engine.auto_k.store import load_step_costs, save_step_costs, step_cost_cache_path
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, tiny_config)
@@ -127,7 +127,7 @@ def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
 
 def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide_returned():
     """choose / depth / decide / decide_depth are queries: asked any number of times they answer
-    the same and change nothing; commit and commit_depth apply the decision (auto_k/policy.py)."""
+    the same and change nothing; commit and commit_depth apply the decision (mtpx/core/draft_length.py)."""
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
                         probe_interval=2, patience=2)
     p.acceptance = [0.1, 0.1]                            # k = 0 pays: a switch from k = 2 is predicted
@@ -399,7 +399,7 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
                 cost_model_file=tmp_path / "costs.json")           # loads the file, measures nothing
     assert again.calibration["seconds"] == 0.0 and again.engine.draft_length.step_costs == policy.step_costs
     with pytest.raises(ValueError, match="calibrate the step costs before adding requests"):
-        from mtpx.engine.request import Request
+        from mtpx.core.request import Request
         again.engine.add_request(Request(0, [1, 2], _params(3)))
         calibrate_step_costs(again.engine)
 
@@ -554,7 +554,7 @@ def test_auto_needs_a_speculator_and_a_known_word():
 
 
 def test_quadratic_fit_is_the_least_squares_fit():
-    from mtpx.engine.auto_k.costs import _quadratic_fit
+    from mtpx.core.draft_length import _quadratic_fit
     xs = list(range(1, 9))
     a, b, c = _quadratic_fit(xs, [3.0 + 2.0 * x + 0.5 * x * x for x in xs])   # an exact quadratic
     assert abs(a - 3.0) < 1e-9 and abs(b - 2.0) < 1e-9 and abs(c - 0.5) < 1e-9

@@ -230,7 +230,7 @@ def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k
     schedule with stretches of k = 0): tokens equal eager's; windows of 0 < k' < k are padded to
     k + 1, so at most 2 verification graphs (1 and k + 1 tokens), 1 commit and 3 draft-loop graphs
     (1, k + 1 and 2k columns) are ever compiled, not one per k."""
-    from mtpx.engine.auto_k.policy import AutoDraftLength
+    from mtpx.core.draft_length import AutoDraftLength
     torch._dynamo.reset()
     schedule = [k, k, 0, 0, 0, 1, k, 0, 2, 2, 0, 0, k, 1, 0] * 2
     outs = []

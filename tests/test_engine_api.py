@@ -6,7 +6,7 @@ import pytest
 
 from mtpx import SamplingParams
 from mtpx.engine.engine import Engine, EngineConfig
-from mtpx.engine.request import Request
+from mtpx.core.request import Request
 from mtpx.spec_decode import build_speculator
 from tests.helpers import reference
 

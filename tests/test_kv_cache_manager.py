@@ -1,5 +1,5 @@
-"""Paged KV block pool + per-request block tables with prefix caching (mtpx.cache.block_pool,
-mtpx.cache.kv_cache_manager): exact-value unit tests and a hypothesis state-machine test against an
+"""Paged KV block pool + per-request block tables with prefix caching (mtpx.core.block_pool,
+mtpx.core.kv_cache_manager): exact-value unit tests and a hypothesis state-machine test against an
 independent model (prefix tuples instead of hashes, a plain list as the LRU free queue)."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
                                  rule)
 
-from mtpx.cache.block_pool import ROOT_HASH, BlockPool, NoFreeBlocksError, hash_block, lookahead_key
-from mtpx.cache.kv_cache_manager import KVCacheManager
+from mtpx.core.block_pool import ROOT_HASH, BlockPool, NoFreeBlocksError, hash_block, lookahead_key
+from mtpx.core.kv_cache_manager import KVCacheManager
 
 
 def chain(token_ids, block_size):
@@ -189,6 +189,20 @@ def test_manager_allocate_cache_hit_free_exact():
     assert m.get_computed_blocks("d", toks + [5]) == ([0, 1], 8)
     m.free("c")
     m.check_invariants()
+
+
+def test_check_writes_names_published_and_free_blocks():
+    """The engine's KV-write guard (check_invariants): a write may land in the writer's own
+    unpublished blocks and in pad slots (ids >= num_blocks), never in a published or free block."""
+    m = KVCacheManager(4, 2, True)
+    toks = [7, 8, 9]
+    assert m.allocate_slots("a", 3) is True and m.block_table("a") == [0, 1]
+    m.check_writes([1, 1, 4, 9])                      # a's open block, pad ids skipped
+    assert m.cache_blocks("a", toks, 3) == 1           # block 0 published
+    with pytest.raises(AssertionError, match=r"^write into published prefix-cache blocks \[0\]$"):
+        m.check_writes([1, 0, 4])
+    with pytest.raises(AssertionError, match=r"^write into free KV blocks \[2, 3\]$"):
+        m.check_writes([1, 2, 3])
 
 
 def test_lookahead_key_exact():

@@ -1,7 +1,9 @@
-"""Package layers: serving never imports the trainer (the import-linter contracts in
-pyproject.toml state the whole layering; .ci/run checks them with lint-imports)."""
+"""Package layers: serving never imports the trainer, and the scheduler side imports no tensor,
+metrics or config library (the import-linter contracts in pyproject.toml state the whole
+layering; .ci/run checks them with lint-imports; these tests check what an import loads)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -19,3 +21,40 @@ def test_serving_imports_nothing_from_training():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+HEAVY = ("torch", "numpy", "rich", "omegaconf", "matplotlib")
+
+
+def _loaded_after(statement: str) -> dict:
+    """The heavy packages (HEAVY) and mtpx modules in sys.modules of a fresh interpreter after
+    `statement`."""
+    code = (f"import sys, json\n{statement}\n"
+            f"print(json.dumps({{'heavy': sorted(m for m in {HEAVY!r} if m in sys.modules), "
+            "'mtpx': sorted(m for m in sys.modules if m.startswith('mtpx'))}))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_scheduler_side_imports_no_tensor_code_metrics_or_config_libraries():
+    """vLLM's core / worker split (docs/architecture.md): the engine's Request, the scheduler, the
+    KV cache manager and the draft-length policy load without torch, numpy, rich, omegaconf or
+    matplotlib, and without any worker-side module."""
+    loaded = _loaded_after("from mtpx.core.request import Request\n"
+                           "from mtpx.core.scheduler import Scheduler, SchedulerOutput\n"
+                           "from mtpx.core.draft_length import AutoDraftLength\n"
+                           "from mtpx.outputs import RequestOutput")
+    assert loaded["heavy"] == []
+    assert loaded["mtpx"] == ["mtpx", "mtpx.core", "mtpx.core.block_pool", "mtpx.core.draft_length",
+                              "mtpx.core.kv_cache_manager", "mtpx.core.request", "mtpx.core.sampling_params",
+                              "mtpx.core.scheduler", "mtpx.outputs"]
+
+
+def test_the_engine_imports_no_metrics_rich_or_omegaconf():
+    """The engine takes its output types from mtpx.outputs, not mtpx.metrics (whose report and
+    logging pull in rich and omegaconf); `from mtpx import SamplingParams` loads the core only."""
+    loaded = _loaded_after("from mtpx.engine.engine import Engine")
+    assert not any(m.startswith("mtpx.metrics") for m in loaded["mtpx"])
+    assert not {"rich", "omegaconf", "matplotlib"} & set(loaded["heavy"])
+    assert _loaded_after("from mtpx import SamplingParams")["heavy"] == []

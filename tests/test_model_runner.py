@@ -6,7 +6,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from mtpx import LLM, SamplingParams
-from mtpx.engine.request import Request
+from mtpx.core.request import Request
 
 # Tensor operations that read a value on the host (a device sync on CUDA) or whose output shape
 # depends on values (the same, to size the output)

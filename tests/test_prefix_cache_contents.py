@@ -4,7 +4,7 @@ committed tokens its key covers, after every engine step; every proposal equals 
 chain.
 
 A block is keyed on its tokens, every token before it and the num_lookahead_tokens tokens after it
-(mtpx.cache.kv_cache_manager), so the key names the exact token sequence its content must have
+(mtpx.core.kv_cache_manager), so the key names the exact token sequence its content must have
 been computed from: the checker rebuilds every key from the requests' committed tokens and
 compares the block with that sequence's from-scratch values. A published key that no committed
 sequence produces is an error too.
@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from mtpx.cache.block_pool import hash_block, lookahead_key
+from mtpx.core.block_pool import hash_block, lookahead_key
 from mtpx.cache.model_cache import ModelCache
 from mtpx.attention.kv_cache import KVCache
 from mtpx.spec_decode.common import run_module

@@ -2,12 +2,12 @@
 update_from_output as the one writer of request progress."""
 from __future__ import annotations
 
-from mtpx.cache.kv_cache_manager import KVCacheManager
-from mtpx.engine.auto_k.policy import AutoDraftLength, FixedDraftLength
+from mtpx.core.kv_cache_manager import KVCacheManager
+from mtpx.core.draft_length import AutoDraftLength, FixedDraftLength
 from mtpx.engine.model_runner import RequestResult, RunnerOutput
-from mtpx.engine.request import Request
-from mtpx.engine.sampling_params import SamplingParams
-from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
+from mtpx.core.request import Request
+from mtpx.core.sampling_params import SamplingParams
+from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, Scheduler
 
 
 def make(num_blocks=32, block_size=4, budget=2048, k=0, max_num_seqs=8, prefix=False, max_model_len=100):

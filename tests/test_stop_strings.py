@@ -1,4 +1,4 @@
-"""Stop strings (mtpx/engine/stop_strings.py): the window the checker decodes is measured in
+"""Stop strings (mtpx/core/stop_strings.py): the window the checker decodes is measured in
 text, so a stop string whose characters are separated by tokens that decode to "" (special
 tokens, which decode skips) still ends the request at the token that completes it, in plain and
 speculative decoding alike."""
@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 
 from mtpx import LLM, SamplingParams
-from mtpx.engine.stop_strings import StopStrings
+from mtpx.core.stop_strings import StopStrings
 from tests.helpers import tiny_config
 
 V = 64

@@ -349,7 +349,7 @@ def test_penalties_follow_vllms_formulas(tiny_ckpt):
     over the prompt; frequency/presence over no output yet), and bad values name the field."""
     import torch
     from mtpx.engine.logits import process_logits
-    from mtpx.engine.request import Request
+    from mtpx.core.request import Request
     logits = torch.tensor([[2.0, -1.0, 0.5, 1.9, 0.0]], dtype=torch.float64)
     r = Request(0, [0, 1], SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25,
                                           logit_bias={4: 0.75}))

@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mtpx.metrics.stats import RequestOutput, SpecDecodeCounts
+from mtpx.outputs import RequestOutput, SpecDecodeCounts
 
 
 @dataclass

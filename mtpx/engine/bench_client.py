@@ -10,7 +10,7 @@ from collections import deque
 import torch
 
 from mtpx.engine.engine import Engine
-from mtpx.engine.request import Request
+from mtpx.core.request import Request
 
 
 def progress_bar(use_tqdm, total: int):

@@ -26,7 +26,7 @@ class EngineConfig:
     """KV blocks in the pool (None: enough for max_num_seqs requests of max_model_len, so nothing
     is ever preempted)."""
     enable_prefix_caching: bool = False
-    """Share full KV blocks between requests by content (mtpx/cache/kv_cache_manager.py)."""
+    """Share full KV blocks between requests by content (mtpx/core/kv_cache_manager.py)."""
     max_num_batched_tokens: int = 2048
     """Target tokens per engine step; prompts are prefilled in chunks to fit."""
     verify: str = "standard"

@@ -8,9 +8,14 @@ One step has one direction (docs/architecture.md):
     finished = scheduler.update_from_output(out, result)   # progress, stops, publish, free
     runner.release(finished)                    # their batch slots
 
+The scheduler side (mtpx/core: Scheduler, KVCacheManager, Request, the draft-length policy)
+imports no tensor code; the worker side (ModelRunner, the compiled step, mtpx/cache's ModelCache
+and states) owns every tensor; this class holds one of each (docs/architecture.md, "Scheduler side
+and worker side").
+
 Callbacks belong to the caller and run after `step` returns (the client loop of
 mtpx/engine/llm.py). Where the prefix-caching rules live: what a block may hold and its key,
-KVCacheManager (mtpx/cache/kv_cache_manager.py); which positions are final, the runner and the
+KVCacheManager (mtpx/core/kv_cache_manager.py); which positions are final, the runner and the
 speculator (Speculator.num_final); freeing side: blocks go back only when a request leaves the
 running set, and a re-prefill writes only positions inside the request's accepted sequence, so
 every block it writes is still the request's own (check_invariants asserts it on every write).
@@ -20,18 +25,16 @@ block (ModelCache boundary states), so a hit resumes the recurrence exactly.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import torch
 
-from mtpx.cache.kv_cache_manager import KVCacheManager
-from mtpx.engine.compiled import depth_bucket
+from mtpx.core.draft_length import AutoDraftLength, FixedDraftLength
+from mtpx.core.kv_cache_manager import KVCacheManager
+from mtpx.core.request import Request
+from mtpx.core.scheduler import Scheduler
 from mtpx.engine.config import EngineConfig, with_overrides
-from mtpx.engine.auto_k.policy import AutoDraftLength, FixedDraftLength
 from mtpx.engine.model_runner import ModelRunner, StepTiming
-from mtpx.engine.request import Request
-from mtpx.engine.sampling_params import SamplingParams
-from mtpx.engine.scheduler import Scheduler
+from mtpx.engine.warmup import compile_stats, time_decode_steps, warm_up
 
 __all__ = ["Engine", "EngineConfig", "StepTiming"]
 
@@ -40,7 +43,7 @@ class Engine:
     """model: the target with its MTP modules; speculator: None (plain decoding) or a Speculator
     (mtpx/spec_decode/protocol.py); config: an EngineConfig, with `overrides` of its fields applied;
     draft_length: None (every step proposes the speculator's num_speculative_tokens) or an
-    AutoDraftLength over 0 .. that many (mtpx/engine/auto_k/policy.py; without step costs, call
+    AutoDraftLength over 0 .. that many (mtpx/core/draft_length.py; without step costs, call
     mtpx.engine.auto_k.costs.calibrate_step_costs before decoding).
 
     Raises ValueError naming the config key for values it cannot run with.
@@ -82,8 +85,9 @@ class Engine:
         # automatic k's calibration and depth changes fail a saved graph's guards again and again
         # (each failure compiled one more saved variant): its graphs go through torch.compile
         self.runner = ModelRunner(model, speculator, config, self.max_len, precompile=not draft_length.auto)
-        if config.check_invariants:
-            self.runner.set_kv_write_guard(self._guard_published)
+        if config.check_invariants:   # before every KV write: no published or free block is written
+            self.runner.set_kv_write_guard(
+                lambda slots: kv.check_writes(torch.unique(slots // config.block_size).tolist()))
         self.num_steps = 0
         self.step_timings: list[StepTiming] = []   # one per step since reset_step_timings()
         self._aborted: list[Request] = []
@@ -207,100 +211,19 @@ class Engine:
     # ---- calibration ------------------------------------------------------------------------------
     def time_decode_steps(self, batch_size: int, ks: list[int], context_len: int, rounds: int,
                           warmup: int = 1, seed: int = 0) -> dict[int, list[float]]:
-        """Milliseconds of the decode step of batch_size requests at context_len known tokens,
-        verifying and proposing k drafts, for each k of ks, alternated call by call over `rounds`
-        rounds after `warmup` untimed ones (ModelRunner.time_decode_steps: no prefill, the prompt
-        positions are taken as computed). With per-request depth (multi-module MTP and automatic
-        k) every request has depth k: the step of a k-module engine. context_len is lowered to
-        what the model length and the KV pool allow. Returns {k: [ms per round]}. Raises
-        ValueError when the engine has requests or the pool cannot hold the batch."""
-        if self.has_unfinished_requests():
-            raise ValueError("time the decode steps (calibrate the step costs) before adding requests")
-        c, top = self.config, max(ks)
-        per_request = c.num_blocks // batch_size * c.block_size - 2 * top - 2
-        context_len = min(context_len, c.max_model_len - 1, per_request)
-        if context_len < 1 or batch_size > c.max_num_seqs:
-            raise ValueError(f"calibration at batch {batch_size}: the engine holds at most {c.max_num_seqs} "
-                             f"requests and {c.num_blocks} KV blocks (engine.max_num_seqs, engine.num_blocks)")
-        g = torch.Generator().manual_seed(seed)
-        vocab = self.model.cfg.vocab_size
-        params = SamplingParams(max_tokens=1, ignore_eos=True)
-        reqs = [Request(-1 - i, torch.randint(2, vocab, (context_len,), generator=g).tolist(), params)
-                for i in range(batch_size)]
-        try:
-            for r in reqs:
-                if not self.kv.allocate_slots(r.index, context_len + 2 * top + 2):
-                    raise ValueError(f"calibration at batch {batch_size}: the KV pool of {c.num_blocks} blocks "
-                                     "cannot hold it (engine.num_blocks)")
-            seconds = self.runner.time_decode_steps(
-                reqs, [self.kv.block_table(r.index) for r in reqs], list(ks), rounds, warmup,
-                self.scheduler.depth_per_request)
-        finally:
-            for r in reqs:
-                self.kv.free(r.index)
-        return {k: [1e3 * s for s in v] for k, v in seconds.items()}
+        """Milliseconds of the decode step of batch_size requests at context_len known tokens for
+        each k of ks, over `rounds` rounds after `warmup` untimed ones, without prefill
+        (mtpx/engine/warmup.py, time_decode_steps). Returns {k: [ms per round]}. Raises
+        ValueError when the engine has requests or cannot hold the batch."""
+        return time_decode_steps(self, batch_size, ks, context_len, rounds, warmup, seed)
 
     # ---- compilation ------------------------------------------------------------------------------
     def warmup(self) -> dict | None:
-        """With compile: run short dummy requests, two at once, three at once (two capture sizes:
-        code after a graph break compiles again as dynamic on the second), then one alone (a
-        graph Inductor specialized to batches of two or more compiles for one now), and
-        with per-request depths (automatic k) one decode step at each depth bucket
-        (compiled.depth_bucket), so the compiled functions exist before anything is timed; the
-        prefix cache is reset afterwards. Returns compile_stats() (None without compile)."""
-        if self.compiled is None:
-            return None
-        c, k = self.config, self.num_speculative_tokens
-        max_tokens = 2 * k + 3
-        # a prompt that fits the model length and, with its output and drafts, the KV pool
-        room = min(c.max_model_len - 1, c.num_blocks * c.block_size - 2 * k - 2) - max_tokens
-        length = min(c.block_size + 1, room)
-        if length >= 1:
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-            vocab = self.model.cfg.vocab_size
-            for batch in (2, 3, 1):
-                for i in range(batch):
-                    self.add_request(Request(i, [(7 * i + j) % vocab for j in range(length)], params))
-                while self.has_unfinished_requests():
-                    self.step()
-            self.kv.reset_prefix_cache()
-            self.step_timings = []
-        if self.scheduler.depth_per_request and length >= 1:
-            # automatic k: every depth bucket's graphs now, not when a request first reaches it
-            ks = sorted({depth_bucket(d, k) for d in range(k + 1)})
-            try:
-                self.time_decode_steps(min(2, c.max_num_seqs), ks, length, rounds=0, warmup=1)
-            except ValueError as err:
-                print(f"engine.compile: warm-up of the depths {ks} skipped ({err}): they compile when "
-                      "first used", file=sys.stderr)
-        stats = self.compile_stats()
-        if stats["num_graphs"]:
-            print(f"engine.compile: {stats['num_graphs']} graphs in {stats['compile_s']:.1f} s "
-                  f"({stats['num_compiled']} compiled, {stats['num_loaded']} loaded from {stats['cache_dir']})",
-                  file=sys.stderr, flush=True)
-        if self.compiled.num_calls == 0:
-            print(f"engine.compile: warm-up could not decode (engine.num_blocks={c.num_blocks} or "
-                  f"max_model_len={c.max_model_len} is too small for a short request with {k} "
-                  "drafts): the first decode step will compile", file=sys.stderr)
-        return self.compile_stats()
+        """With compile: build every graph of the decode step before anything is timed
+        (mtpx/engine/warmup.py, warm_up). Returns compile_stats() (None without compile)."""
+        return warm_up(self)
 
     def compile_stats(self) -> dict | None:
-        """{"compile_s": seconds spent in calls that built a graph, "num_graphs": graphs built
-        (compiled or loaded from the cache), "num_compiled", "num_loaded", "graphs": [{"graph",
-        "seconds", "source"}], "regions": compiled layer regions on, "cache_dir",
-        "capture_sizes": padded batch sizes, "mode", "backend"}, or None without compile."""
-        c = self.compiled
-        if c is None:
-            return None
-        return {**c.progress.summary(), "regions": self.cache.compile_regions, "cache_dir": c.cache_dir,
-                "capture_sizes": c.sizes, "mode": c.mode or "default", "backend": c.backend}
-
-    def _guard_published(self, slots: torch.Tensor) -> None:
-        """check_invariants: no KV write lands in a published block (invariant 4) or in a block
-        nobody holds (a freed block: invariant 5, the freeing side)."""
-        num_blocks = self.config.num_blocks
-        blocks = [b for b in torch.unique(slots // self.config.block_size).tolist() if b < num_blocks]
-        bad = [b for b in blocks if self.kv.pool.is_published(b)]
-        assert not bad, f"write into published prefix-cache blocks {bad}"
-        free = [b for b in blocks if self.kv.pool.ref_cnt[b] == 0]
-        assert not free, f"write into free KV blocks {free}"
+        """The compiled step's graphs and build times (mtpx/engine/warmup.py, compile_stats), or
+        None without compile."""
+        return compile_stats(self)

@@ -20,16 +20,16 @@ from typing import Callable, Sequence
 import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
-from mtpx.engine.auto_k.policy import AutoDraftLength
+from mtpx.core.draft_length import AutoDraftLength
+from mtpx.core.request import Request
+from mtpx.core.sampling_params import SamplingParams
+from mtpx.core.stop_strings import StopStrings, cut_at_stop
 from mtpx.engine.auto_k.store import startup_step_costs
 from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
 from mtpx.engine.prompts import prompt_ids, prompt_list, render_conversations
-from mtpx.engine.request import Request
-from mtpx.engine.sampling_params import SamplingParams
 from mtpx.engine.speculative_config import from_speculative_config
-from mtpx.engine.stop_strings import StopStrings, cut_at_stop
-from mtpx.metrics.stats import Logprob, RequestOutput
+from mtpx.outputs import Logprob, RequestOutput
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
 

@@ -32,7 +32,7 @@ from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.compiled import CompiledDecode
 from mtpx.engine.decode_step import EagerStep, StepShapes
 from mtpx.engine.logits import logprobs, process_logits
-from mtpx.engine.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
+from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from mtpx.engine.engine import Engine
-from mtpx.engine.scheduler import SchedulerOutput
+from mtpx.core.scheduler import SchedulerOutput
 from mtpx.parallel import check_shardable
 from mtpx.parallel.load import load_shard
 from mtpx.parallel.spmd import Driver, TensorParallelError, init_group, serve, start_workers, under_torchrun
@@ -113,7 +113,7 @@ class TensorParallelRunner:
 def build_engine(model, spec, num_speculative_tokens, auto: bool, config):
     """(speculator, Engine) over `model` as LLM builds them: build_speculator(spec, model,
     num_speculative_tokens), an AutoDraftLength policy when `auto`, Engine(config)."""
-    from mtpx.engine.auto_k.policy import AutoDraftLength
+    from mtpx.core.draft_length import AutoDraftLength
     from mtpx.spec_decode import build_speculator
     speculator = build_speculator(spec, model, num_speculative_tokens)
     policy = AutoDraftLength(speculator.num_speculative_tokens) if auto else None

@@ -43,7 +43,7 @@ from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt, chat_template_applies, check_data_config, load_prompts
 from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
-from mtpx.engine.sampling_params import SamplingParams
+from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, choose_threads, contention_warning
 from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text,
                      source_commit, utc_now)

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtpx.data.prompts import Prompt
 from mtpx.engine.config import with_overrides
 from mtpx.engine.llm import DEFAULT_MODEL
-from mtpx.engine.sampling_params import SamplingParams
+from mtpx.core.sampling_params import SamplingParams
 from mtpx import schema
 from mtpx.schema.groups import ClientConfig, GenerationConfig, SpecConfig
 

@@ -15,11 +15,11 @@ from rich.progress import Progress
 from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt
 from mtpx.engine.llm import LLM
-from mtpx.engine.sampling_params import SamplingParams
+from mtpx.core.sampling_params import SamplingParams
 from mtpx.io import GracefulInterrupt, Interrupted
 from mtpx.metrics.progress import ProgressLines
 from mtpx.metrics.logging import RunLogger
-from mtpx.metrics.stats import RequestOutput, SpecDecodeCounts
+from mtpx.outputs import RequestOutput, SpecDecodeCounts
 
 
 class _Stop(Exception):

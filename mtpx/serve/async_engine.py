@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from mtpx.engine.llm import LLM
-from mtpx.engine.request import Request
-from mtpx.engine.sampling_params import SamplingParams
-from mtpx.metrics.stats import SpecDecodeCounts
+from mtpx.core.request import Request
+from mtpx.core.sampling_params import SamplingParams
+from mtpx.outputs import SpecDecodeCounts
 
 
 @dataclass

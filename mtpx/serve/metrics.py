@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from mtpx.engine.request import Request
+from mtpx.core.request import Request
 
 DEFAULT_LATENCY_BUCKETS = tuple(round(0.0005 * 2 ** (i / 4), 6) for i in range(4 * 21 + 1))   # 0.5 ms .. 1049 s
 

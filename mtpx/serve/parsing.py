@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from mtpx.engine.llm import LLM
-from mtpx.engine.sampling_params import SamplingParams
+from mtpx.core.sampling_params import SamplingParams
 from mtpx.serve.errors import BadRequest
 from mtpx.serve.protocol import (ChatMessage, ChatRequest, CompletionRequest, SamplingFields, TokenizeRequest,
                                  unsupported_field)

@@ -18,8 +18,8 @@ import torch  # noqa: E402
 
 from mtpx import LLM  # noqa: E402
 from mtpx.engine.auto_k.store import save_step_costs  # noqa: E402
-from mtpx.engine.request import Request  # noqa: E402
-from mtpx.engine.sampling_params import SamplingParams  # noqa: E402
+from mtpx.core.request import Request  # noqa: E402
+from mtpx.core.sampling_params import SamplingParams  # noqa: E402
 
 torch.set_num_threads(2)
 B = int(sys.argv[1])

@@ -1,6 +1,6 @@
 """Step costs of automatic k: measure the engine's decode step (`calibrate_step_costs`, at
-start-up), fit the cost curve over k (`smooth_step_costs`: a least-squares quadratic, then
-non-decreasing), and goodput (`predict`, `recommend`: which k maximises output throughput from a
+start-up), fit the cost curve over k (`smooth_step_costs`, re-exported from the scheduler side's
+mtpx.core.draft_length: a least-squares quadratic, then non-decreasing), and goodput (`predict`, `recommend`: which k maximises output throughput from a
 run's per-position acceptance, offline; the online goodput is AutoDraftLength.goodput).
 
 At steady state with B requests decoding, one engine step verifies a window of k+1 tokens per
@@ -27,52 +27,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from mtpx.core.draft_length import smooth_step_costs
+
 __all__ = ["calibrate_step_costs", "default_batch_sizes", "smooth_step_costs", "measure_step_costs",
            "step_costs", "tokens_per_round", "predict", "recommend"]
-
-
-def smooth_step_costs(values: list[float]) -> list[float]:
-    """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
-    (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
-    k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
-    positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
-    then non-decreasing (policy.py's module doc)."""
-    if len(values) - 1 >= 4:
-        a, b, c = _quadratic_fit(list(range(1, len(values))), values[1:])
-        # a step with drafts never costs less than one without (a fit to noise can dip below it)
-        values = [values[0]] + [max(values[0], a + b * k + c * k * k) for k in range(1, len(values))]
-    return _non_decreasing(values)
-
-
-def _quadratic_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least-squares (a, b, c) of y = a + b x + c x^2: the normal equations solved by Cramer's rule
-    in Python floats, so the same costs always give the same fit (a BLAS least-squares solve gave
-    results differing in the last bits between calls, and a cost file reloaded then differed from
-    the costs it was saved from)."""
-    s = [sum(x ** p for x in xs) for p in range(5)]                     # sum x^0 .. x^4
-    t = [sum(y * x ** p for x, y in zip(xs, ys)) for p in range(3)]     # sum y x^0 .. y x^2
-    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
-
-    def det(a):
-        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-
-    d = det(m)
-    return tuple(det([[t[r] if col == i else m[r][col] for col in range(3)] for r in range(3)]) / d
-                 for i in range(3))
-
-
-def _non_decreasing(values: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of values (pool adjacent violators)."""
-    blocks: list[list[float]] = []                 # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, n = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += n
-    return [s / n for s, n in blocks for _ in range(n)]
 
 
 def default_batch_sizes(max_num_seqs: int) -> list[int]:
@@ -119,7 +77,7 @@ def measure_step_costs(model, spec: str, batch_sizes, num_speculative_tokens: in
     num_speculative_tokens (None: the speculator's default), as offline tools use it. Returns
     [{"k", "batch_size", "step_ms"}] for every k in 0 .. that many and each batch size, sorted,
     step_ms the raw median (not smoothed). Raises ValueError as calibrate_step_costs does."""
-    from mtpx.engine.auto_k.policy import AutoDraftLength
+    from mtpx.core.draft_length import AutoDraftLength
     from mtpx.engine.engine import Engine
     from mtpx.spec_decode import build_speculator
 

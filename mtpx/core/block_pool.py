@@ -26,7 +26,8 @@ from typing import Iterable, Sequence
 __all__ = ["BlockPool", "NoFreeBlocksError", "hash_block", "lookahead_key", "ROOT_HASH"]
 
 #: Parent digest used for the first block of a sequence (no parent). A fixed 32-byte marker, so the
-#: first block's hash is computed exactly like every other block's.
+#: first block's hash is computed exactly like every other block's. (The seed names the module's
+#: former path, mtpx.cache: hashes stay what they were.)
 ROOT_HASH: bytes = hashlib.sha256(b"mtpx.cache.block_pool.root").digest()
 
 

@@ -1,8 +1,10 @@
 """The depth policy: how many drafts each engine step proposes, a fixed num_speculative_tokens
-or `num_speculative_tokens=auto`. No I/O and no measurement (costs.py measures and fits the step
-costs, store.py keeps them between runs). Queries (`decide`, `choose`, `decide_depth`, `depth`,
-`goodput`, ...) never change state; `commit` and `commit_depth` apply a decision, and `record`,
-`observe`, `observe_step` learn from a step (the scheduler calls them once per step).
+or `num_speculative_tokens=auto`: the scheduler side's draft-length policy (no torch). No I/O and
+no measurement (mtpx/engine/auto_k/costs.py measures the step costs, smooth_step_costs below fits
+them, mtpx/engine/auto_k/store.py keeps them between runs). Queries (`decide`, `choose`,
+`decide_depth`, `depth`, `goodput`, ...) never change state; `commit` and `commit_depth` apply a
+decision, and `record`, `observe`, `observe_step` learn from a step (the scheduler calls them once
+per step).
 
 Auto (`AutoDraftLength`) picks, every step, the k in {0 .. max_k} with the highest predicted
 goodput at the step's batch size B:
@@ -16,7 +18,7 @@ online from discounted counts: p_j = (accepted_j + w p_{j-1}) / (verified_j + w)
 multiplied by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any batch
 size), w = `prior_weight` pseudo-drafts at the previous position's estimate and p_0 =
 `prior_acceptance`; t_step(k, B) is the engine's own measured
-decode-step cost (costs.calibrate_step_costs at start-up, or a saved file: store.py), made non-decreasing in k
+decode-step cost (auto_k.costs.calibrate_step_costs at start-up, or a saved file: auto_k.store), made non-decreasing in k
 (pool-adjacent-violators: a step that proposes more drafts never costs less, so calibration noise
 cannot make a larger k look cheaper) after a least-squares quadratic in k over k >= 1 smooths the
 calibration's noise, linear in B between calibrated batch sizes and proportional to B beyond the
@@ -72,9 +74,7 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass
 
-from mtpx.engine.auto_k.costs import smooth_step_costs
-
-__all__ = ["FixedDraftLength", "AutoDraftLength", "StepChoice", "DepthChoice"]
+__all__ = ["FixedDraftLength", "AutoDraftLength", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
 @dataclass(frozen=True)
@@ -363,3 +363,47 @@ class AutoDraftLength:
                 "cost_factor": round(self.factor, 3),
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
+
+
+def smooth_step_costs(values: list[float]) -> list[float]:
+    """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
+    (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
+    k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
+    positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
+    then non-decreasing (module doc)."""
+    if len(values) - 1 >= 4:
+        a, b, c = _quadratic_fit(list(range(1, len(values))), values[1:])
+        # a step with drafts never costs less than one without (a fit to noise can dip below it)
+        values = [values[0]] + [max(values[0], a + b * k + c * k * k) for k in range(1, len(values))]
+    return _non_decreasing(values)
+
+
+def _quadratic_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares (a, b, c) of y = a + b x + c x^2: the normal equations solved by Cramer's rule
+    in Python floats, so the same costs always give the same fit (a BLAS least-squares solve gave
+    results differing in the last bits between calls, and a cost file reloaded then differed from
+    the costs it was saved from)."""
+    s = [sum(x ** p for x in xs) for p in range(5)]                     # sum x^0 .. x^4
+    t = [sum(y * x ** p for x, y in zip(xs, ys)) for p in range(3)]     # sum y x^0 .. y x^2
+    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
+
+    def det(a):
+        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
+                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
+                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
+
+    d = det(m)
+    return tuple(det([[t[r] if col == i else m[r][col] for col in range(3)] for r in range(3)]) / d
+                 for i in range(3))
+
+
+def _non_decreasing(values: list[float]) -> list[float]:
+    """The least-squares non-decreasing fit of values (pool adjacent violators)."""
+    blocks: list[list[float]] = []                 # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, n = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += n
+    return [s / n for s, n in blocks for _ in range(n)]

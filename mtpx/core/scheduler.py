@@ -20,8 +20,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from mtpx.cache.kv_cache_manager import KVCacheManager
-from mtpx.engine.request import Request
+from mtpx.core.kv_cache_manager import KVCacheManager
+from mtpx.core.request import Request
 
 
 @dataclass
@@ -53,7 +53,7 @@ class ScheduledDecode:
 @dataclass
 class SchedulerOutput:
     """num_speculative_tokens: drafts every request proposes for the next step (the k of this
-    step, mtpx/engine/auto_k/policy.py; decodes verify the drafts the step before proposed)."""
+    step, mtpx/core/draft_length.py; decodes verify the drafts the step before proposed)."""
 
     prefills: list[ScheduledPrefill] = field(default_factory=list)
     decodes: list[ScheduledDecode] = field(default_factory=list)
@@ -69,7 +69,7 @@ class SchedulerOutput:
 class Scheduler:
     """kv: the block manager; max_num_seqs: running requests at most (batch slots);
     max_num_batched_tokens: target tokens per step; draft_length: FixedDraftLength or
-    AutoDraftLength (mtpx/engine/auto_k/policy.py), which picks each step's k and learns from its
+    AutoDraftLength (mtpx/core/draft_length.py), which picks each step's k and learns from its
     rounds; the scheduler reserves slots for its max_k positions beyond a step's last token, which
     the speculator writes; max_len: positions a request's block table can cover;
     max_model_len: positions a request may reach (prompt + output); num_lookahead_tokens: the
@@ -171,7 +171,7 @@ class Scheduler:
         return min(self.max_num_seqs, len(self.running) + len(self.waiting))
 
     def _set_depth(self, r: Request) -> None:
-        """At a request's first admission: its depth (auto_k/policy.py, "Depth") and prefix-cache
+        """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
         lookahead."""
         if self.depth_per_request:
             r.draft_depth = self.draft_length.depth(self._expected_batch())
@@ -183,7 +183,7 @@ class Scheduler:
         return min(r.draft_depth, self.num_lookahead_tokens)
 
     def _lower_depths(self) -> None:
-        """Running requests' depths fall where a smaller one is predicted to pay (auto_k/policy.py,
+        """Running requests' depths fall where a smaller one is predicted to pay (draft_length.py,
         "Depth"); the runner reads the new depth from the request (its one copy); their later blocks
         are keyed on the new depth."""
         batch, new = self._expected_batch(), {}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mtpx.engine.sampling_params import SamplingParams
-from mtpx.metrics.stats import SpecDecodeCounts
+from mtpx.core.sampling_params import SamplingParams
+from mtpx.outputs import SpecDecodeCounts
 
 
 @dataclass(eq=False)
@@ -17,7 +17,7 @@ class Request:
     the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
     first admission; num_preemptions: times its blocks were taken back (it recomputes);
     draft_depth: the most drafts it proposes per step, set at its first admission and only
-    lowered afterwards (mtpx/engine/auto_k/policy.py, "Depth"); multi-module MTP keeps its draft
+    lowered afterwards (mtpx/core/draft_length.py, "Depth"); multi-module MTP keeps its draft
     modules 1..draft_depth exact and no others.
     stop_strings: the StopStrings checker of params.stop (None without stop strings); stop_reason:
     the stop string or stop token id (of params) that ended it.
@@ -46,7 +46,7 @@ class Request:
     prompt_logprobs: dict = field(default_factory=dict)  # prompt position i >= 1 -> the same entry for x_i
     finish_reason: str | None = None
     stop_reason: str | int | None = None
-    stop_strings: object = None         # mtpx.engine.stop_strings.StopStrings, or None
+    stop_strings: object = None         # mtpx.core.stop_strings.StopStrings, or None
     error: str | None = None
     arrival_offset: float = 0.0
     arrival_time: float = 0.0

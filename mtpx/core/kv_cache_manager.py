@@ -2,7 +2,7 @@
 
 Design source: vLLM v1's ``KVCacheManager`` (vllm/v1/core/kv_cache_manager.py:
 ``get_computed_blocks`` / ``allocate_slots`` / ``cache_blocks`` / ``free``) on top of its
-``BlockPool`` (see ``mtpx.cache.block_pool``). Pure bookkeeping: no tensors.
+``BlockPool`` (see ``mtpx.core.block_pool``). Pure bookkeeping: no tensors.
 
 One block table per request, shared by every attention layer of the target model and of every MTP
 draft module: they all write position ``p`` of a request at slot ``table[p // block_size] *
@@ -30,7 +30,7 @@ depend on ``x_0 .. x_{e-1}`` only. Hence:
   no trim is needed, because a matched block's content is exact for this request, and a request
   computes its first non-hit position's hidden states itself.
 * a request that keeps only its first ``d < L`` draft modules exact (automatic k's per-request
-  depth, mtpx/engine/auto_k/policy.py) publishes under ``lookahead_key(chain, the d tokens after
+  depth, mtpx/core/draft_length.py) publishes under ``lookahead_key(chain, the d tokens after
   it)``: its blocks hold exact KV for the target and modules 1..d only. A lookup for depth ``d``
   tries the keys of depths ``L, L - 1, .., d`` per block, since a block exact for more modules is
   exact for fewer; a deeper request never hits a shallower block.
@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Hashable, Sequence
 
-from mtpx.cache.block_pool import BlockPool, hash_block, lookahead_key
+from mtpx.core.block_pool import BlockPool, hash_block, lookahead_key
 
 __all__ = ["KVCacheManager"]
 
@@ -332,6 +332,18 @@ class KVCacheManager:
                 bh = pool.block_hash[table[i]]
                 if bh is not None and bh != h:
                     raise AssertionError(f"request {rid!r} block {i} published under another hash")
+
+    def check_writes(self, block_ids: Sequence[int]) -> None:
+        """The write side of check_invariants, before a KV write into blocks `block_ids` (ids at or
+        past num_blocks, the runner's pad slots, are skipped): raise ``AssertionError`` when one is
+        published (invariant 4) or held by no table (a freed block: invariant 5, the freeing side)."""
+        blocks = [b for b in block_ids if b < self.num_blocks]
+        bad = [b for b in blocks if self.pool.is_published(b)]
+        if bad:
+            raise AssertionError(f"write into published prefix-cache blocks {bad}")
+        free = [b for b in blocks if self.pool.ref_cnt[b] == 0]
+        if free:
+            raise AssertionError(f"write into free KV blocks {free}")
 
     def __repr__(self) -> str:
         return (f"KVCacheManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
