@@ -178,7 +178,7 @@ class _Target:
     """The loaded engine and what the manifest records of how it was loaded."""
 
     llm: LLM
-    path: object                  # model.path as model_path resolved it
+    path: str | Path              # model.path as model_path resolved it
     dtype: str
     method: str | None            # the speculator (None: plain decoding)
     k: int | str | None           # spec.num_speculative_tokens as configured
