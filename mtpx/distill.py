@@ -112,6 +112,46 @@ def run_distill(cfg: DictConfig) -> int:
     written. Raises ValueError naming the key for bad settings; Interrupted after Ctrl-C (the
     finished records are kept)."""
     c = cfg.get("distill")
+    settings = _check_settings(cfg, c)
+    out_dir, shard_size = settings.out_dir, settings.shard_size
+    rank, world = _rank()
+    target = _load_target(cfg, c)
+    llm = target.llm
+    prompts = load_prompts(cfg.data, settings.num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
+                           num_prompts_key="distill.num_prompts")
+    stop = _stop_strings(c.get("stop"))
+    params = [dataclasses.replace(p, stop=stop) for p in
+              sampling_params(c, len(prompts), "distill", [p.output_len for p in prompts])]
+    params, _ = cap_max_tokens(prompts, params, llm.max_model_len, "distill.max_tokens")
+    num_shards = -(-len(prompts) // shard_size)
+    manifest = _manifest(cfg, c, target, prompts, params[0], stop, shard_size, num_shards)
+    if (out_dir / MANIFEST_FILE).is_file():
+        _check_resume(out_dir, manifest)
+    else:   # every rank writes the same manifest (atomic; the last write wins with equal content)
+        atomic_write_json(out_dir / MANIFEST_FILE, manifest)
+
+    todo = [i for i in missing_shards(out_dir, manifest) if i % world == rank]
+    print(f"distill: {len(prompts)} prompts in {num_shards} shards of {shard_size} into {out_dir}; rank {rank} of "
+          f"{world}: {len(todo)} shards to write" + (f" (of {len(range(rank, num_shards, world))})" if world > 1 else ""))
+    if todo:
+        _generate_shards(llm, prompts, params, todo, num_shards, shard_size, out_dir, settings.concurrency)
+    _print_finish_reasons(out_dir, manifest, rank, world, num_shards)
+    return 0
+
+
+@dataclasses.dataclass
+class _Settings:
+    """The distill section's values run_distill reads after checking them."""
+
+    out_dir: Path
+    shard_size: int
+    num_prompts: int | None
+    concurrency: int | None
+
+
+def _check_settings(cfg: DictConfig, c: DictConfig | None) -> _Settings:
+    """Check the distill section (c), the data set, model.path and the output folder before the
+    model loads. Raises ValueError naming the key and the fix."""
     if c is None:
         raise ValueError("the config has no 'distill' section: add '- distill: default' to the defaults list of "
                          "conf/config.yaml")
@@ -119,9 +159,9 @@ def run_distill(cfg: DictConfig) -> int:
         raise ValueError("distill.out_dir is required: the folder to write the shards to (e.g. distill.out_dir=distill/gsm8k)")
     out_dir = Path(str(c.out_dir))
     schema.check("distill", c)                            # mtpx/schema/groups.py, before the model loads
-    shard_size, num_prompts, concurrency = c.shard_size, c.get("num_prompts"), c.get("concurrency")
+    settings = _Settings(out_dir, c.shard_size, c.get("num_prompts"), c.get("concurrency"))
     _stop_strings(c.get("stop"))
-    check_data_config(cfg.data, num_prompts, num_prompts_key="distill.num_prompts")
+    check_data_config(cfg.data, settings.num_prompts, num_prompts_key="distill.num_prompts")
     if OmegaConf.is_missing(cfg.model, "path"):
         raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
     if out_dir.exists() and not out_dir.is_dir():
@@ -130,8 +170,23 @@ def run_distill(cfg: DictConfig) -> int:
         raise ValueError(f"distill.out_dir={out_dir} exists and was not written by mode=distill (no {MANIFEST_FILE}): "
                          "choose a new folder")
     check_writable_dir(out_dir, "distill.out_dir")
-    rank, world = _rank()
+    return settings
 
+
+@dataclasses.dataclass
+class _Target:
+    """The loaded engine and what the manifest records of how it was loaded."""
+
+    llm: LLM
+    path: str | Path              # model.path as model_path resolved it
+    dtype: str
+    method: str | None            # the speculator (None: plain decoding)
+    k: int | str | None           # spec.num_speculative_tokens as configured
+
+
+def _load_target(cfg: DictConfig, c: DictConfig) -> _Target:
+    """The LLM of the model, engine and spec groups (threads from distill.threads), with its
+    thread choice printed. Raises ValueError when the model has no tokenizer."""
     spec = cfg.get("spec")
     k = spec.num_speculative_tokens if spec is not None else None
     method = None if spec is None or k == 0 else spec.method
@@ -151,18 +206,17 @@ def run_distill(cfg: DictConfig) -> int:
     print(llm.thread_choice.describe())
     if llm.tokenizer is None:
         raise ValueError(f"model.path={path} has no tokenizer: distilled data is text, so the model needs one")
+    return _Target(llm, path, dtype, method, k)
 
-    prompts = load_prompts(cfg.data, num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
-                           num_prompts_key="distill.num_prompts")
-    stop = _stop_strings(c.get("stop"))
-    params = [dataclasses.replace(p, stop=stop) for p in
-              sampling_params(c, len(prompts), "distill", [p.output_len for p in prompts])]
-    params, _ = cap_max_tokens(prompts, params, llm.max_model_len, "distill.max_tokens")
-    num_shards = -(-len(prompts) // shard_size)
-    p0 = params[0]
-    manifest = {
+
+def _manifest(cfg: DictConfig, c: DictConfig, target: _Target, prompts, p0, stop: list[str], shard_size: int,
+              num_shards: int) -> dict:
+    """manifest.json of the output folder (format: mtpx/data/distilled.py); p0: the sampling
+    parameters of prompt 0 (every prompt's but the seed)."""
+    llm = target.llm
+    return {
         "format": FORMAT,
-        "model": {"path": str(path), "dtype": dtype, "target_sha256": target_sha256(llm.model)},
+        "model": {"path": str(target.path), "dtype": target.dtype, "target_sha256": target_sha256(llm.model)},
         "tokenizer_sha256": tokenizer_sha256(llm.tokenizer),
         "data": OmegaConf.to_container(cfg.data, resolve=True),
         "prompts_sha256": _prompts_sha256(prompts),
@@ -173,19 +227,14 @@ def run_distill(cfg: DictConfig) -> int:
         "shard_size": shard_size,
         "num_shards": num_shards,
         "eos_token_ids": llm.eos_token_ids,
-        "speculator": {"method": method, "num_speculative_tokens": k},
+        "speculator": {"method": target.method, "num_speculative_tokens": target.k},
         "mtpx_commit": source_commit(),
     }
-    if (out_dir / MANIFEST_FILE).is_file():
-        _check_resume(out_dir, manifest)
-    else:   # every rank writes the same manifest (atomic; the last write wins with equal content)
-        atomic_write_json(out_dir / MANIFEST_FILE, manifest)
 
-    todo = [i for i in missing_shards(out_dir, manifest) if i % world == rank]
-    print(f"distill: {len(prompts)} prompts in {num_shards} shards of {shard_size} into {out_dir}; rank {rank} of "
-          f"{world}: {len(todo)} shards to write" + (f" (of {len(range(rank, num_shards, world))})" if world > 1 else ""))
-    if todo:
-        _generate_shards(llm, prompts, params, todo, num_shards, shard_size, out_dir, concurrency)
+
+def _print_finish_reasons(out_dir: Path, manifest: dict, rank: int, world: int, num_shards: int) -> None:
+    """One line: the finish reasons of this rank's written records, most frequent first, and the
+    shards left to write."""
     reasons: dict = {}
     for i in range(rank, num_shards, world):
         for r in read_shard(out_dir / shard_name(i, num_shards), "distill.out_dir"):
@@ -194,7 +243,6 @@ def run_distill(cfg: DictConfig) -> int:
     print(f"distill: rank {rank}'s {sum(reasons.values())} records in {out_dir}: " +
           ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])) +
           f" (finish reasons; 'length' = cut at distill.max_tokens); left to write: {len(missing_shards(out_dir, manifest))} shards")
-    return 0
 
 
 def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int, shard_size: int,

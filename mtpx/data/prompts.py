@@ -246,52 +246,76 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer
     if name == "builtin":
         return builtin_prompts(num_prompts, prompt_tokens_hint=data_cfg.get("prompt_tokens") or 128)
     if name == "gsm8k":
-        shots = data_cfg.get("num_fewshot") or 0
-        if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
-            raise ValueError(f"data.num_fewshot={shots!r}: must be an integer >= 0 (0 = zero-shot)")
-        path = _path(data_cfg, "/path/to/gsm8k/test.jsonl")
-        rows = _take(load_gsm8k(path), num_prompts, num_prompts_key, path, "questions")
-        prefix = ""
-        if shots:
-            fewshot_path = data_cfg.get("fewshot_path")
-            if not fewshot_path:
-                raise ValueError("data.num_fewshot needs solved examples: set "
-                                 "data.fewshot_path=/path/to/gsm8k/train.jsonl")
-            train = load_gsm8k(fewshot_path, option="data.fewshot_path")
-            if not 0 < shots <= len(train):
-                raise ValueError(f"data.num_fewshot={shots}: {fewshot_path} has {len(train)} examples")
-            prefix = "".join(format_example(r["question"], r["answer"]) + "\n\n" for r in train[:shots])
-        return [
-            Prompt(prefix + format_prompt(r["question"]), extract_reference_answer(r["answer"]), "gsm8k")
-            for r in rows
-        ]
+        return _gsm8k_prompts(data_cfg, num_prompts, num_prompts_key)
     if name in CHAT_SETS:
-        what = "Spec-Bench" if name == "spec_bench" else "MT-Bench"
-        path = _path(data_cfg, f"/path/to/{name}/question.jsonl")
-        rows = _select_categories(load_questions(path, what), data_cfg.get("categories"), path)
-        rows = _take(interleave_categories(rows, lambda r: r["category"]), num_prompts,
-                     num_prompts_key, path, "questions")
-        if not chat_template_applies(data_cfg, tokenizer):
-            return [Prompt(r["turns"][0], None, r["category"]) for r in rows]
-        prompts = []
-        for r in rows:
-            text, ids = render_chat(r["turns"][0], tokenizer)
-            prompts.append(Prompt(text, None, r["category"], token_ids=ids))
-        return prompts
+        return _chat_prompts(data_cfg, num_prompts, tokenizer, num_prompts_key)
     if name == "humaneval":
         path = _path(data_cfg, "/path/to/humaneval/HumanEval.jsonl.gz")
         rows = _take(load_humaneval(path), num_prompts, num_prompts_key, path, "problems")
         return [Prompt(r["prompt"], None, "humaneval") for r in rows]
     if name == "random":
-        input_len, output_len, seed = _random_args(data_cfg, num_prompts, num_prompts_key)
-        sizes = [v for v in (vocab_size, tokenizer.get_vocab_size() if tokenizer is not None else None)
-                 if v is not None]
-        if not sizes:
-            raise ValueError("random prompts need the vocabulary: pass vocab_size= (the model's) "
-                             "or tokenizer=")
-        ids = random_token_ids(num_prompts, input_len, min(sizes), seed, special_token_ids(tokenizer))
-        return [Prompt("", None, "random", token_ids=x, output_len=output_len) for x in ids]
+        return _random_prompts(data_cfg, num_prompts, tokenizer, vocab_size, num_prompts_key)
     raise ValueError(f"unknown data set '{name}': choose one of {', '.join(DATA_SETS)} (data=NAME)")
+
+
+def _gsm8k_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, num_prompts_key: str) -> list[Prompt]:
+    """data=gsm8k (:func:`load_prompts`): the questions, after the few-shot prefix."""
+    shots = data_cfg.get("num_fewshot") or 0
+    if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
+        raise ValueError(f"data.num_fewshot={shots!r}: must be an integer >= 0 (0 = zero-shot)")
+    path = _path(data_cfg, "/path/to/gsm8k/test.jsonl")
+    rows = _take(load_gsm8k(path), num_prompts, num_prompts_key, path, "questions")
+    prefix = _fewshot_prefix(data_cfg, shots) if shots else ""
+    return [
+        Prompt(prefix + format_prompt(r["question"]), extract_reference_answer(r["answer"]), "gsm8k")
+        for r in rows
+    ]
+
+
+def _fewshot_prefix(data_cfg: Mapping[str, Any], shots: int) -> str:
+    """The first ``shots`` (>= 1) solved examples of ``data.fewshot_path``, each followed by a blank
+    line; ValueError naming the key when it is not set or has fewer examples."""
+    fewshot_path = data_cfg.get("fewshot_path")
+    if not fewshot_path:
+        raise ValueError("data.num_fewshot needs solved examples: set "
+                         "data.fewshot_path=/path/to/gsm8k/train.jsonl")
+    train = load_gsm8k(fewshot_path, option="data.fewshot_path")
+    if not 0 < shots <= len(train):
+        raise ValueError(f"data.num_fewshot={shots}: {fewshot_path} has {len(train)} examples")
+    return "".join(format_example(r["question"], r["answer"]) + "\n\n" for r in train[:shots])
+
+
+def _chat_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer: Any,
+                  num_prompts_key: str) -> list[Prompt]:
+    """data=spec_bench / mt_bench (:func:`load_prompts`): first turns, round-robin over the
+    categories, through the chat template when :func:`chat_template_applies`."""
+    name = data_cfg.get("name")
+    what = "Spec-Bench" if name == "spec_bench" else "MT-Bench"
+    path = _path(data_cfg, f"/path/to/{name}/question.jsonl")
+    rows = _select_categories(load_questions(path, what), data_cfg.get("categories"), path)
+    rows = _take(interleave_categories(rows, lambda r: r["category"]), num_prompts,
+                 num_prompts_key, path, "questions")
+    if not chat_template_applies(data_cfg, tokenizer):
+        return [Prompt(r["turns"][0], None, r["category"]) for r in rows]
+    prompts = []
+    for r in rows:
+        text, ids = render_chat(r["turns"][0], tokenizer)
+        prompts.append(Prompt(text, None, r["category"], token_ids=ids))
+    return prompts
+
+
+def _random_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer: Any,
+                    vocab_size: int | None, num_prompts_key: str) -> list[Prompt]:
+    """data=random (:func:`load_prompts`): token ids below the smaller of ``vocab_size`` and the
+    tokenizer's vocabulary, without its special tokens."""
+    input_len, output_len, seed = _random_args(data_cfg, num_prompts, num_prompts_key)
+    sizes = [v for v in (vocab_size, tokenizer.get_vocab_size() if tokenizer is not None else None)
+             if v is not None]
+    if not sizes:
+        raise ValueError("random prompts need the vocabulary: pass vocab_size= (the model's) "
+                         "or tokenizer=")
+    ids = random_token_ids(num_prompts, input_len, min(sizes), seed, special_token_ids(tokenizer))
+    return [Prompt("", None, "random", token_ids=x, output_len=output_len) for x in ids]
 
 
 def check_data_config(data_cfg: Mapping[str, Any], num_prompts: int | None, *,

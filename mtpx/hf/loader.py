@@ -1,7 +1,8 @@
 """Checkpoint folders, read: the one owner of folder checks, config reading, tokenizer loading
 and safetensors opening, and `load_pretrained`, which loads a Hugging Face-format folder (or an
 mtpx one) into `MTPForCausalLM`. Writing mtpx checkpoints with trainer state is
-mtpx.train.checkpoint's; layouts and config translation are mtpx.hf.layout's and .config's.
+mtpx.train.checkpoint's; layouts and config translation are mtpx.hf.layout's and .config's; which
+tensor feeds which parameter, checked against config.json, is mtpx.hf.tensor_plan's.
 
     folder/
       config.json                        Hugging Face (has "architectures") or mtpx ModelConfig
@@ -26,25 +27,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import safetensors
 import torch
 import torch.nn as nn
 
 from mtpx.hf.config import config_from_hf
-from mtpx.hf.layout import detect_layout, is_mtp, to_mtpx
+from mtpx.hf.layout import detect_layout, is_mtp
+from mtpx.hf.tensor_plan import CheckpointError, check_names, plan_tensors, show_names  # noqa: F401  (API)
 from mtpx.hf.tokenizer import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, load_hf_tokenizer, load_tokenizer
 from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-_MAX_NAMES = 10  # names listed per category in a mismatch error
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder exists but its contents disagree with what is expected."""
 
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
@@ -155,28 +151,9 @@ def checkpoint_dtype(path: str | os.PathLike) -> torch.dtype:
     return torch.float32
 
 
-def show_names(names: list[str]) -> str:
-    """"[a, b, ... (+N more)]": at most 10 tensor names for an error message."""
-    more = f", ... (+{len(names) - _MAX_NAMES} more)" if len(names) > _MAX_NAMES else ""
-    return "[" + ", ".join(names[:_MAX_NAMES]) + more + "]"
-
-
-def check_names(file: Path, expected: dict[str, Any], stored: dict[str, Any]) -> None:
-    missing = sorted(set(expected) - set(stored))
-    unexpected = sorted(set(stored) - set(expected))
-    if not missing and not unexpected:
-        return
-    raise CheckpointError(
-        f"{file} does not match config.json: {len(missing)} missing tensor(s) {show_names(missing)}; "
-        f"{len(unexpected)} unexpected tensor(s) {show_names(unexpected)}: "
-        "config.json and weights come from different models (e.g. num_nextn_predict_layers); re-save the checkpoint"
-    )
-
-
 SAFE_INDEX = "model.safetensors.index.json"
 SAFE_SINGLE = WEIGHTS_FILE
 PICKLE_PATTERNS = ("pytorch_model*.bin", "*.pt", "*.pth", "*.bin", "*.ckpt")
-_IGNORED_TENSORS = ("rotary_emb.inv_freq",)  # buffers older checkpoints stored
 
 
 def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
@@ -217,31 +194,9 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     shapes, where = _read_headers(files)
     layout, num_modules = detect_layout(shapes, cfg.num_hidden_layers)
     if draft_path is not None:  # the draft file's modules replace the folder's
-        shapes = {n: s for n, s in shapes.items() if not is_mtp(n, cfg.num_hidden_layers)}
-        dfiles = _draft_files(Path(draft_path), allow_pickle)
-        for f in dfiles:
-            if not f.is_file():
-                raise FileNotFoundError(f"spec.draft_path {f} does not exist: point it at a safetensors file of MTP modules")
-        dshapes, dwhere = _read_headers(dfiles)
-        layout, num_modules = detect_layout(dshapes, cfg.num_hidden_layers)
-        if layout is None:
-            raise CheckpointError(f"{draft_path} holds no MTP module tensors (mtp.* or model.layers.N.eh_proj ...): "
-                                  "export one with tools/export_checkpoint.py --layout draft")
-        shapes.update(dshapes)
-        where.update(dwhere)
-        style = _metadata(dfiles[0]).get("mtp_style")
-        if style:
-            cfg.mtp_style = style
-    elif is_hf and cfg.num_nextn_predict_layers not in (0, num_modules):
-        raise CheckpointError(
-            f"{folder / 'config.json'} declares {cfg.num_nextn_predict_layers} MTP module(s) but the weights hold "
-            f"{num_modules}: the MTP weights were dropped (transformers' save_pretrained drops mtp.*); "
-            "re-download the checkpoint or attach modules with spec.draft_path")
-    elif not is_hf and cfg.num_nextn_predict_layers != num_modules:
-        raise CheckpointError(
-            f"{folder / 'config.json'} declares num_nextn_predict_layers={cfg.num_nextn_predict_layers} but the "
-            f"weights hold {num_modules} MTP module(s): config.json and the weights come from different saves; set "
-            f"num_nextn_predict_layers to {num_modules} in config.json or re-save the checkpoint")
+        shapes, layout, num_modules = _attach_draft(draft_path, cfg, shapes, where, allow_pickle)
+    else:
+        _check_module_count(cfg, folder, is_hf, num_modules)
     cfg.num_nextn_predict_layers = num_modules
     if layout == "deepseek_v3":
         cfg.mtp_style = "deepseek_v3"
@@ -250,7 +205,7 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
 
     with torch.device("meta"):
         model = MTPForCausalLM(cfg)
-    plan, copies = _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path)
+    plan, copies = plan_tensors(model, shapes, layout, num_modules, where, folder, cfg, draft_path)
     shards = {}
     if shard is not None:           # checked against the full shapes above, then cut to the rank's
         sp = shard(model)
@@ -258,12 +213,55 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
         plan = {n: plan[sp.source(n)] for n in model.state_dict(keep_vars=True) if sp.source(n) in plan}
     _load(model, plan, copies, where, dtype, device, shards)
     _finish_ties(model, cfg, layout, num_modules)
+    _check_finite(model, plan, where, folder)
+    return model.eval(), load_folder_tokenizer(folder, is_hf)
+
+
+def _attach_draft(draft_path: str | os.PathLike, cfg: ModelConfig, shapes: dict[str, tuple], where: dict[str, Path],
+                  allow_pickle: bool) -> tuple[dict[str, tuple], str, int]:
+    """The tensor shapes with the folder's MTP modules replaced by the draft file's, and the draft's
+    (layout, number of modules); `where` gets the draft tensors' file, cfg the draft's mtp_style.
+    Raises FileNotFoundError (no draft file) and CheckpointError (no MTP tensors in it)."""
+    shapes = {n: s for n, s in shapes.items() if not is_mtp(n, cfg.num_hidden_layers)}
+    dfiles = _draft_files(Path(draft_path), allow_pickle)
+    for f in dfiles:
+        if not f.is_file():
+            raise FileNotFoundError(f"spec.draft_path {f} does not exist: point it at a safetensors file of MTP modules")
+    dshapes, dwhere = _read_headers(dfiles)
+    layout, num_modules = detect_layout(dshapes, cfg.num_hidden_layers)
+    if layout is None:
+        raise CheckpointError(f"{draft_path} holds no MTP module tensors (mtp.* or model.layers.N.eh_proj ...): "
+                              "export one with tools/export_checkpoint.py --layout draft")
+    shapes.update(dshapes)
+    where.update(dwhere)
+    style = _metadata(dfiles[0]).get("mtp_style")
+    if style:
+        cfg.mtp_style = style
+    return shapes, layout, num_modules
+
+
+def _check_module_count(cfg: ModelConfig, folder: Path, is_hf: bool, num_modules: int) -> None:
+    """Raises CheckpointError when config.json's num_nextn_predict_layers disagrees with the
+    `num_modules` MTP modules the weights hold (a Hugging Face folder may also declare 0)."""
+    if is_hf and cfg.num_nextn_predict_layers not in (0, num_modules):
+        raise CheckpointError(
+            f"{folder / 'config.json'} declares {cfg.num_nextn_predict_layers} MTP module(s) but the weights hold "
+            f"{num_modules}: the MTP weights were dropped (transformers' save_pretrained drops mtp.*); "
+            "re-download the checkpoint or attach modules with spec.draft_path")
+    if not is_hf and cfg.num_nextn_predict_layers != num_modules:
+        raise CheckpointError(
+            f"{folder / 'config.json'} declares num_nextn_predict_layers={cfg.num_nextn_predict_layers} but the "
+            f"weights hold {num_modules} MTP module(s): config.json and the weights come from different saves; set "
+            f"num_nextn_predict_layers to {num_modules} in config.json or re-save the checkpoint")
+
+
+def _check_finite(model: nn.Module, plan: dict[str, str], where: dict[str, Path], folder: Path) -> None:
+    """Raises CheckpointError naming the first floating-point tensor that holds NaN or Inf."""
     for name, t in model.state_dict().items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             src = where.get(plan.get(name, name), folder)
             raise CheckpointError(f"{src}: tensor {plan.get(name, name)!r} (mtpx {name}) holds NaN or Inf values: "
                                   "the file is corrupted or the training run that wrote it diverged")
-    return model.eval(), load_folder_tokenizer(folder, is_hf)
 
 
 def _check_eos(cfg: ModelConfig, folder: Path, is_hf: bool) -> None:
@@ -380,52 +378,6 @@ def _draft_files(path: Path, allow_pickle: bool) -> list[Path]:
     except FileNotFoundError:
         raise FileNotFoundError(f"spec.draft_path {path} is a folder without {SAFE_SINGLE}: point it at the "
                                 "safetensors file of MTP modules (tools/export_checkpoint.py --layout draft)") from None
-
-
-def _plan(model, shapes, layout, num_modules, where, folder, cfg, draft_path=None) -> tuple[dict[str, str], list[str]]:
-    """mtpx parameter name -> checkpoint tensor name (several parameters may read one tensor:
-    Qwen3-Next's shared MTP tensors), after checking names and shapes; plus the names of
-    DeepSeek's per-module embedding copies."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict(keep_vars=True).items()}
-    optional = {f"mtp.{k}.head.weight" for k in range(num_modules)}  # tied to lm_head when absent
-    if cfg.tie_word_embeddings:
-        optional.add("lm_head.weight")  # transformers ignores a stored copy of a tied head
-    plan: dict[str, str] = {}
-    unexpected, copies = [], []
-    for name in shapes:
-        if name.endswith(_IGNORED_TENSORS):
-            continue
-        targets = to_mtpx(name, layout, cfg.num_hidden_layers, num_modules)
-        if not targets:
-            copies.append(name)
-        for t in targets:
-            if t in expected:
-                plan[t] = name
-            else:
-                unexpected.append(name)
-    if cfg.tie_word_embeddings:
-        plan.pop("lm_head.weight", None)
-    missing = sorted(set(expected) - set(plan) - optional)
-    if (missing or unexpected) and draft_path is not None and all(
-            n.startswith("mtp.") for n in missing) and all(is_mtp(n, cfg.num_hidden_layers) for n in unexpected):
-        raise CheckpointError(
-            f"spec.draft_path {draft_path} does not fit the target {folder} ({cfg.model_type}): "
-            f"{len(missing)} missing MTP tensor(s) {show_names(missing)}; {len(unexpected)} unexpected "
-            f"{show_names(sorted(unexpected))}: the draft modules were trained for a different target "
-            "(attention q/k norms, MoE or dense MLP follow the target's config.json)")
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{folder}: the weights do not match config.json: {len(missing)} missing tensor(s) "
-            f"{show_names(missing)}; {len(unexpected)} unexpected tensor(s) {show_names(sorted(unexpected))} "
-            f"(MTP layout: {layout}, {num_modules} module(s)): config.json and the weights come from "
-            "different models, or the download is incomplete")
-    for name, ckpt_name in plan.items():
-        if shapes[ckpt_name] != expected[name]:
-            raise CheckpointError(
-                f"{where[ckpt_name]}: tensor {ckpt_name} has shape {list(shapes[ckpt_name])} but config.json "
-                f"implies {list(expected[name])}: config.json and the weights come from different models "
-                "(check hidden_size, intermediate_size, head counts, head_dim, vocab_size, num_experts)")
-    return plan, copies
 
 
 def _load(model: nn.Module, plan: dict[str, str], copies: list[str], where: dict[str, Path],

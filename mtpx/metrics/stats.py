@@ -22,6 +22,7 @@ Definitions follow vLLM (docs/architecture.md, invariant 7):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -159,6 +160,50 @@ def compute_metrics(
         raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
 
     spec = aggregate_spec(outputs)
+    acc = _acceptance(spec, num_speculative_tokens)
+    ok = [o for o in outputs if not is_failed(o)]
+    return {
+        "num_requests": len(outputs),
+        "num_failed": len(outputs) - len(ok),
+        "num_drafts": spec.num_drafts,
+        "num_draft_tokens": spec.num_draft_tokens,
+        "num_accepted_tokens": spec.num_accepted_tokens,
+        "num_committed_tokens": spec.num_committed_tokens,
+        "acceptance_rate": acc.rate,
+        "acceptance_length": acc.length,
+        "per_position_acceptance": acc.per_position,
+        **_prefix_cache_metrics(ok, enable_prefix_caching),
+        "num_preemptions": sum(o.num_preemptions for o in outputs),
+        "output_throughput": sum(len(o.output_token_ids) for o in ok) / duration_s,
+        "request_throughput": len(ok) / duration_s,
+        **_latency_metrics(ok),
+        "duration_s": duration_s,
+        "lossless_mismatches": None,
+    }
+
+
+@dataclass
+class _Acceptance:
+    """A run's acceptance metrics (vLLM's definitions, module doc); all None without drafts.
+
+    Attributes:
+        rate: accepted / draft tokens, in [0, 1].
+        length: committed tokens / num_drafts (1 + accepted / num_drafts without stops).
+        per_position: ``k`` fractions, ``[i]`` = rounds whose i-th draft was accepted / num_drafts.
+    """
+
+    rate: float | None
+    length: float | None
+    per_position: list[float | None]
+
+
+def _acceptance(spec: SpecDecodeCounts, num_speculative_tokens: int) -> _Acceptance:
+    """The acceptance metrics of the aggregate counters ``spec`` of a run with k =
+    ``num_speculative_tokens``.
+
+    Raises:
+        ValueError: a draft was accepted at a position >= ``num_speculative_tokens``.
+    """
     if len(spec.accepted_per_position) > num_speculative_tokens:
         raise ValueError(
             f"a request accepted a draft at position {len(spec.accepted_per_position) - 1} but "
@@ -167,15 +212,27 @@ def compute_metrics(
     per_position: list[int] = spec.accepted_per_position + [0] * (
         num_speculative_tokens - len(spec.accepted_per_position)
     )
-    if spec.num_drafts > 0:
-        acceptance_rate = spec.num_accepted_tokens / spec.num_draft_tokens
-        acceptance_length = spec.acceptance_length
-        per_position_acceptance: list[float | None] = [n / spec.num_drafts for n in per_position]
-    else:
-        acceptance_rate = acceptance_length = None
-        per_position_acceptance = [None] * num_speculative_tokens
+    if spec.num_drafts == 0:
+        return _Acceptance(None, None, [None] * num_speculative_tokens)
+    return _Acceptance(spec.num_accepted_tokens / spec.num_draft_tokens, spec.acceptance_length,
+                       [n / spec.num_drafts for n in per_position])
 
-    ok = [o for o in outputs if not is_failed(o)]
+
+def _prefix_cache_metrics(ok: Sequence[RequestOutput], enable_prefix_caching: bool) -> dict:
+    """num_prompt_tokens, num_cached_tokens and prefix_cache_hit_rate (:func:`compute_metrics`)
+    over the successful requests ``ok``."""
+    num_prompt_tokens = sum(len(o.prompt_token_ids) for o in ok)
+    num_cached_tokens = sum(o.num_cached_tokens for o in ok)
+    hit_rate = (
+        num_cached_tokens / num_prompt_tokens if enable_prefix_caching and num_prompt_tokens else None
+    )
+    return {"num_prompt_tokens": num_prompt_tokens, "num_cached_tokens": num_cached_tokens,
+            "prefix_cache_hit_rate": hit_rate}
+
+
+def _latency_metrics(ok: Sequence[RequestOutput]) -> dict[str, float | None]:
+    """Mean, median and p99 of TTFT, TPOT, ITL and E2EL in ms over the successful requests ``ok``
+    (definitions in :func:`compute_metrics`), keyed as :data:`METRIC_KEYS` names them, in its order."""
     ttfts = [
         (o.first_token_time - o.arrival_time) * 1000.0 for o in ok if o.first_token_time is not None
     ]
@@ -188,42 +245,12 @@ def compute_metrics(
     itls = [
         (b - a) * 1000.0 for o in ok for a, b in zip(o.emission_times, o.emission_times[1:])
     ]
-    num_prompt_tokens = sum(len(o.prompt_token_ids) for o in ok)
-    num_cached_tokens = sum(o.num_cached_tokens for o in ok)
-    hit_rate = (
-        num_cached_tokens / num_prompt_tokens if enable_prefix_caching and num_prompt_tokens else None
-    )
-    return {
-        "num_requests": len(outputs),
-        "num_failed": len(outputs) - len(ok),
-        "num_drafts": spec.num_drafts,
-        "num_draft_tokens": spec.num_draft_tokens,
-        "num_accepted_tokens": spec.num_accepted_tokens,
-        "num_committed_tokens": spec.num_committed_tokens,
-        "acceptance_rate": acceptance_rate,
-        "acceptance_length": acceptance_length,
-        "per_position_acceptance": per_position_acceptance,
-        "num_prompt_tokens": num_prompt_tokens,
-        "num_cached_tokens": num_cached_tokens,
-        "prefix_cache_hit_rate": hit_rate,
-        "num_preemptions": sum(o.num_preemptions for o in outputs),
-        "output_throughput": sum(len(o.output_token_ids) for o in ok) / duration_s,
-        "request_throughput": len(ok) / duration_s,
-        "mean_ttft_ms": _mean(ttfts),
-        "median_ttft_ms": _percentile(ttfts, 50),
-        "p99_ttft_ms": _percentile(ttfts, 99),
-        "mean_tpot_ms": _mean(tpots),
-        "median_tpot_ms": _percentile(tpots, 50),
-        "p99_tpot_ms": _percentile(tpots, 99),
-        "mean_itl_ms": _mean(itls),
-        "median_itl_ms": _percentile(itls, 50),
-        "p99_itl_ms": _percentile(itls, 99),
-        "mean_e2el_ms": _mean(e2els),
-        "median_e2el_ms": _percentile(e2els, 50),
-        "p99_e2el_ms": _percentile(e2els, 99),
-        "duration_s": duration_s,
-        "lossless_mismatches": None,
-    }
+    out: dict[str, float | None] = {}
+    for name, values in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        out[f"mean_{name}_ms"] = _mean(values)
+        out[f"median_{name}_ms"] = _percentile(values, 50)
+        out[f"p99_{name}_ms"] = _percentile(values, 99)
+    return out
 
 
 def _mean(values: list[float]) -> float | None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
+from mtpx.engine.threads import ThreadChoice
 from mtpx.io import GracefulInterrupt, Interrupted
 from mtpx.metrics.progress import ProgressLines
-from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.hf.layout import QWEN3_NEXT_SHARED
 from mtpx.train import checkpoint as ckpt
@@ -53,7 +54,6 @@ from mtpx.train import distributed
 from mtpx.train.data import (
     BatchSampler,
     PackedCorpus,
-    doc_text,
     load_documents,
     pack_corpus,
     parse_data_sources,
@@ -63,9 +63,8 @@ from mtpx.train.data import (
 from mtpx.train.losses import Objective
 from mtpx.train.records import (depth_names, format_losses, format_losses_compact, loss_curve_identity,
                                 plot_loss_curve, write_losses_csv)
-from mtpx.train.setup import (check_cfg, check_device, choose_train_threads, init_from, model_fields,
-                              prepare_out_dir, warn_changed)
-from mtpx.train.tokenizer import tokenizer_sha256, train_tokenizer
+from mtpx.train.setup import check_cfg, check_device, choose_train_threads, resume_decision, start_state
+from mtpx.train.tokenizer import tokenizer_sha256
 
 LogFn = Callable[[dict[str, float], int], None]
 
@@ -249,52 +248,68 @@ def train(cfg: DictConfig | dict, log_fn: LogFn | None = None, extra_state: dict
 def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: torch.device,
            log_fn: LogFn | None, extra_state: dict[str, Any] | None,
            on_config: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """train() once the process group is up: start-up (folder, data, model, corpora, optimizer),
+    the step-0 evaluation of a fresh run, then the steps (see train for the arguments)."""
     console = Console(stderr=True, quiet=not info.is_main)
     if t.get("threads") is not None:
         torch.set_num_threads(int(t.threads))   # before the data and tokenizer are prepared
-    out_dir = Path(t.out_dir)
-    seed = int(t.seed)
-    want_resume = bool(t.get("resume", True))
-    # rank 0 repairs and checks the folder; every rank then follows rank 0's resume decision
-    for note in distributed.on_main(lambda: prepare_out_dir(out_dir, want_resume), info):
-        console.print(note)
-    resume = distributed.on_main(lambda: want_resume and ckpt.has_trainer_state(out_dir), info)
-    if resume and not ckpt.has_trainer_state(out_dir):
-        raise ValueError(f"rank {info.rank}: train.out_dir={out_dir} holds the run that rank 0 resumes, but this "
-                         "process cannot read it: put train.out_dir on storage that every node reads")
+    out_dir, resume = resume_decision(t, info, console)
+    specs, docs, split = _load_data(t)
+    model, tok, start, history = start_state(cfg, t, info, out_dir, resume, split, console)
+    threads, objective = _prepare_model(cfg, t, info, device, model, out_dir, resume, console, on_config)
+    data = _corpora(t, info, device, specs, docs, split, tok, model, console)
 
-    # ---- data: documents and the train/val split (per source, by document) ----
+    # ---- parallel wrapper, then the optimizer (restored on resume) ----
+    freeze = bool(t.freeze_base)
+    if freeze:
+        freeze_target(model)  # before wrapping: DDP and FSDP2 read requires_grad when they wrap
+    wrapped = distributed.wrap(objective, info, device)
+    opt = build_optimizer(model, lr=float(t.lr), weight_decay=float(t.weight_decay), freeze_base=freeze)
+    if resume and info.mode == "fsdp":
+        distributed.load_optimizer_full(objective, opt, ckpt.read_optimizer_state(out_dir, opt))
+    elif resume:
+        ckpt.load_optimizer_state(out_dir, opt)
+
+    # what training reads (the eval, bench, engine and logger groups do not shape it)
+    run_config = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], DictConfig) else cfg[k]
+                  for k in ("mode", "seed", "model", "train") if k in cfg}
+    # record the architecture actually trained (a resume or model.path keeps the checkpoint's)
+    run_config["model"] = {**model.cfg.to_dict(), "path": cfg.model.get("path")}
+    run = _Trainer(t, info, device, out_dir, console, model, tok, objective, wrapped, opt, data, history, threads,
+                   run_config, log_fn, extra_state, freeze, objective.num_depths,
+                   _DTYPES[t.get("save_dtype", "float32")], _AUTOCAST[t.get("autocast")])
+
+    steps = int(t.steps)
+    if start >= steps:
+        console.print(f"{out_dir} is already at step {start} >= train.steps={steps}: nothing to do")
+        return out_dir
+    if start == 0:
+        v = run.validate(0)
+        console.print(f"step 0 val: {format_losses(v, run.names)}")
+    _train_steps(run, start)
+    distributed.barrier(info)  # the final checkpoint is complete when any rank returns
+    return out_dir
+
+
+def _load_data(t: DictConfig) -> tuple[list, dict, dict]:
+    """(data source specs, documents by source, (train, val) documents by source): the
+    train/val split is per source, by document."""
     specs = parse_data_sources(list(t.data_sources))
     docs = load_documents(specs, gsm8k_path=t.get("gsm8k_path"), stdlib_max_bytes=t.get("stdlib_max_bytes"),
                           distill_path=t.get("distill_path"))
     val_fraction = float(t.get("val_fraction", 0.05))
     # fixed split seed: the val set does not move with train.seed, so runs of any seed compare
     split = {name: split_documents(d, val_fraction, SPLIT_SEED) for name, d in docs.items()}
+    return specs, docs, split
 
-    # ---- model, tokenizer, history: resume | init from model.path | fresh ----
-    history: list[dict[str, Any]] = []
-    start = 0
-    if resume:
-        state = ckpt.load_trainer_state(out_dir)
-        start, history = int(state["step"]), list(state.get("loss_history", []))
-        model, tok = ckpt.load_model(out_dir)
-        model.train()
-        console.print(f"resuming {out_dir} at step {start}")
-        saved_cfg = state.get("config", {})
-        for section in ("model", "train"):
-            warn_changed(section, saved_cfg.get(section, {}), OmegaConf.to_container(cfg[section], resolve=True), console)
-    elif cfg.model.get("path"):
-        model, tok = init_from(str(cfg.model.path), model_fields(cfg), seed, console)
-    else:
-        def fit_tokenizer() -> Tokenizer:
-            return train_tokenizer((doc_text(d) for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
-        # under torchrun rank 0 trains it and every rank uses rank 0's (no reliance on the
-        # trainer being deterministic across processes)
-        tok = fit_tokenizer() if not info.active else Tokenizer.from_str(
-            distributed.on_main(lambda: fit_tokenizer().to_str(), info))
-        mcfg = ModelConfig.from_dict({**model_fields(cfg), "vocab_size": tok.get_vocab_size()})
-        torch.manual_seed(seed)  # the init is part of the run's determinism
-        model = MTPForCausalLM(mcfg)
+
+def _prepare_model(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: torch.device,
+                   model: MTPForCausalLM, out_dir: Path, resume: bool, console: Console,
+                   on_config: Callable[[dict[str, Any]], None] | None) -> tuple[ThreadChoice, Objective]:
+    """Share the MTP inputs (train.mtp_share_fc), move the model to `device`, choose the threads
+    (printed; reported to on_config with the architecture) and build the objective. Raises
+    ValueError naming the key for mtp_unroll with several modules, or seq_len past the model's
+    max_position_embeddings."""
     if t.get("mtp_share_fc"):
         share_mtp_inputs(model)
     unroll = int(t.get("mtp_unroll") or 0)
@@ -313,16 +328,31 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
                          f"{model.cfg.max_position_embeddings}: lower train.seq_len")
     objective = Objective(model, mtp_loss_weight=float(t.mtp_loss_weight),
                           mtp_loss_decay=float(t.get("mtp_loss_decay") or 1.0), mtp_unroll=unroll)
-    num_mtp = objective.num_depths  # loss depths: the modules, or the unrolled steps of module 0
-    names = depth_names(num_mtp)
+    return threads, objective
 
+
+@dataclass
+class _Corpora:
+    """The packed token streams of a run: the train corpus and its batch sampler, the val corpus
+    and this rank's rows of every validation batch (on the device)."""
+
+    train: PackedCorpus
+    val: PackedCorpus
+    sampler: BatchSampler
+    val_batches: list[torch.Tensor]
+
+
+def _corpora(t: DictConfig, info: distributed.DistInfo, device: torch.device, specs: list, docs: dict,
+             split: dict, tok: Tokenizer, model: MTPForCausalLM, console: Console) -> _Corpora:
+    """Pack the split documents with the model's tokenizer (source weights from the specs) and
+    print their sizes (a warning first when the distilled data has another tokenizer)."""
     if "distill" in docs and docs["distill"][0].tokenizer_sha256 != tokenizer_sha256(tok):
         console.print("[yellow]train.distill_path was generated with another tokenizer than the model's: its text is "
                       "re-encoded, so the token sequences are not exactly the ones the target generated")
     weights = {s.name: s.weight for s in specs}
     train_corpus: PackedCorpus = pack_corpus({n: tr for n, (tr, _) in split.items()}, weights, tok, int(t.seq_len))
     val_corpus = pack_corpus({n: va for n, (_, va) in split.items()}, weights, tok, int(t.seq_len))
-    sampler = BatchSampler(train_corpus, int(t.batch_size), seed)
+    sampler = BatchSampler(train_corpus, int(t.batch_size), int(t.seed))
     # this rank's rows of every validation batch (all of them without torchrun)
     val = [distributed.rank_rows(b, info).to(device)
            for b in val_batches(val_corpus, int(t.batch_size), int(t.eval_batches))]
@@ -331,78 +361,95 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     if info.active:
         console.print(f"{info.mode} over {info.world_size} ranks: {int(t.batch_size) // info.world_size} rows per rank "
                       f"of the global batch {t.batch_size}")
+    return _Corpora(train_corpus, val_corpus, sampler, val)
 
-    # ---- parallel wrapper, then the optimizer (restored on resume) ----
-    freeze = bool(t.freeze_base)
-    if freeze:
-        freeze_target(model)  # before wrapping: DDP and FSDP2 read requires_grad when they wrap
-    wrapped = distributed.wrap(objective, info, device)
-    opt = build_optimizer(model, lr=float(t.lr), weight_decay=float(t.weight_decay), freeze_base=freeze)
-    if resume and info.mode == "fsdp":
-        distributed.load_optimizer_full(objective, opt, ckpt.read_optimizer_state(out_dir, opt))
-    elif resume:
-        ckpt.load_optimizer_state(out_dir, opt)
 
-    # what training reads (the eval, bench, engine and logger groups do not shape it)
-    run_config = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], DictConfig) else cfg[k]
-                  for k in ("mode", "seed", "model", "train") if k in cfg}
-    # record the architecture actually trained (a resume or model.path keeps the checkpoint's)
-    run_config["model"] = {**model.cfg.to_dict(), "path": cfg.model.get("path")}
-    save_dtype = _DTYPES[t.get("save_dtype", "float32")]
-    amp = _AUTOCAST[t.get("autocast")]
+@dataclass
+class _Trainer:
+    """A run after start-up: what the steps, the evaluations and the checkpoints share."""
 
-    def save(step: int) -> None:
-        # fsdp: every rank takes part in gathering the shards onto rank 0; rank 0 alone writes
-        model_state, opt_state = distributed.full_state(wrapped, objective, opt, info)
-        if not info.is_main:
+    t: DictConfig
+    info: distributed.DistInfo
+    device: torch.device
+    out_dir: Path
+    console: Console
+    model: MTPForCausalLM
+    tok: Tokenizer
+    objective: Objective
+    wrapped: torch.nn.Module            # the objective as DDP or FSDP2 wrapped it (itself without torchrun)
+    opt: torch.optim.Optimizer
+    data: _Corpora
+    history: list[dict[str, Any]]       # train and val records, saved in trainer_state.json
+    threads: ThreadChoice
+    run_config: dict[str, Any]
+    log_fn: LogFn | None
+    extra_state: dict[str, Any] | None
+    freeze: bool
+    num_mtp: int                        # loss depths: the modules, or the unrolled steps of module 0
+    save_dtype: torch.dtype
+    amp: torch.dtype | None
+
+    def save(self, step: int) -> None:
+        """Checkpoint out_dir at `step` (with losses.csv and loss_curve.png). fsdp: every rank takes
+        part in gathering the shards onto rank 0; rank 0 alone writes."""
+        model_state, opt_state = distributed.full_state(self.wrapped, self.objective, self.opt, self.info)
+        if not self.info.is_main:
             return
-        state = {**(extra_state or {}), "step": step, "loss_history": history, "config": run_config,
-                 "threads": threads.threads,
-                 "data": {"train_tokens": train_corpus.num_tokens(), "val_tokens": val_corpus.num_tokens()}}
+        history, num_mtp, out_dir = self.history, self.num_mtp, self.out_dir
+        state = {**(self.extra_state or {}), "step": step, "loss_history": history, "config": self.run_config,
+                 "threads": self.threads.threads,
+                 "data": {"train_tokens": self.data.train.num_tokens(), "val_tokens": self.data.val.num_tokens()}}
 
         def extras(folder: Path) -> None:
             write_losses_csv(history, folder / "losses.csv", num_mtp)
             plot_loss_curve(history, folder / "loss_curve.png", num_mtp,
-                            loss_curve_identity(out_dir, model.cfg, t, step))
+                            loss_curve_identity(out_dir, self.model.cfg, self.t, step))
 
-        ckpt.save_checkpoint(out_dir, model, tok, optimizer=opt, trainer_state=state, dtype=save_dtype,
-                             extra_files=extras, model_state=model_state, optimizer_state=opt_state)
+        ckpt.save_checkpoint(out_dir, self.model, self.tok, optimizer=self.opt, trainer_state=state,
+                             dtype=self.save_dtype, extra_files=extras, model_state=model_state,
+                             optimizer_state=opt_state)
 
-    def run_eval(step: int) -> dict[str, float]:
-        v = distributed.mean_over_ranks(evaluate(model, val, float(t.mtp_loss_weight), objective=wrapped,
-                                                 autocast=amp), info, device)
-        history.append({"step": step, "split": "val", **v})
-        if log_fn is not None:
-            log_fn({f"val/{k}": x for k, x in v.items()}, step)
+    @property
+    def names(self) -> list[str]:
+        """The loss names of the depths: "main", "mtp1", ... (depth_names)."""
+        return depth_names(self.num_mtp)
+
+    def validate(self, step: int) -> dict[str, float]:
+        """The validation losses at `step`, averaged over ranks, added to the history and logged."""
+        v = distributed.mean_over_ranks(evaluate(self.model, self.data.val_batches, float(self.t.mtp_loss_weight),
+                                                 objective=self.wrapped, autocast=self.amp), self.info, self.device)
+        self.history.append({"step": step, "split": "val", **v})
+        if self.log_fn is not None:
+            self.log_fn({f"val/{k}": x for k, x in v.items()}, step)
         return v
 
-    steps, eval_every, save_every = int(t.steps), int(t.eval_every), int(t.save_every)
-    if start >= steps:
-        console.print(f"{out_dir} is already at step {start} >= train.steps={steps}: nothing to do")
-        return out_dir
-    if start == 0:
-        v = run_eval(0)
-        console.print(f"step 0 val: {format_losses(v, names)}")
 
+def _train_steps(run: _Trainer, start: int) -> None:
+    """Steps start .. train.steps - 1 with the progress bar (rank 0) or lines, logging every
+    log_every steps, evaluating every eval_every and saving every save_every (and at the last
+    step). Ctrl-C or SIGTERM on any rank: every rank stops after the same step, saves, and
+    Interrupted is raised."""
+    t, info, device, names = run.t, run.info, run.device, run.names
+    seed, steps, eval_every, save_every = int(t.seed), int(t.steps), int(t.eval_every), int(t.save_every)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=console, disable=not info.is_main)
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=run.console, disable=not info.is_main)
     tokens_per_step = int(t.batch_size) * int(t.seq_len)  # the global batch: the job's throughput
     with progress, GracefulInterrupt() as interrupt:
         task = progress.add_task("training", total=steps, completed=start)
         t0, n_timed = time.perf_counter(), 0
         lines = ProgressLines("train", steps, "steps", start=start, every=None if info.is_main else 0)
-        for step, batch in sampler.iterate(start):
+        for step, batch in run.data.sampler.iterate(start):
             if step >= steps:
                 break
             # per-step seed: the model has no dropout today, but any stochastic op stays resumable
             torch.manual_seed((seed << 32) + step)
             lr = lr_at(step, lr=float(t.lr), min_lr=float(t.min_lr), warmup_steps=int(t.warmup_steps), steps=steps)
-            m = train_step(model, opt, distributed.rank_rows(batch, info).to(device), lr=lr,
+            m = train_step(run.model, run.opt, distributed.rank_rows(batch, info).to(device), lr=lr,
                            grad_clip=float(t.grad_clip), mtp_loss_weight=float(t.mtp_loss_weight),
-                           train_base=not freeze, objective=wrapped, autocast=amp)
+                           train_base=not run.freeze, objective=run.wrapped, autocast=run.amp)
             m = distributed.mean_over_ranks(m, info, device)
             done = step + 1  # optimizer steps completed
-            history.append({"step": done, "split": "train", "lr": lr, **m})
+            run.history.append({"step": done, "split": "train", "lr": lr, **m})
             n_timed += 1
             progress.update(task, advance=1)
             lines.update(done, f"{(done - start) * tokens_per_step / max(time.perf_counter() - lines.t0, 1e-9):.0f} tok/s",
@@ -411,19 +458,17 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
                 tok_s = n_timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9)
                 t0, n_timed = time.perf_counter(), 0
                 progress.update(task, description=f"step {done} lr {lr:.1e} {format_losses_compact(m, names)}")
-                if log_fn is not None:
-                    log_fn({**{f"train/{k}": v for k, v in m.items()}, "train/lr": lr,
-                            "train/tokens_per_s": tok_s}, done)
+                if run.log_fn is not None:
+                    run.log_fn({**{f"train/{k}": v for k, v in m.items()}, "train/lr": lr,
+                                "train/tokens_per_s": tok_s}, done)
             if (eval_every > 0 and done % eval_every == 0) or done == steps:
-                v = run_eval(done)
+                v = run.validate(done)
                 progress.console.print(f"step {done} val: {format_losses(v, names)}")
             stop = distributed.any_rank(interrupt.requested, info, device)  # every rank stops at the same step
             if (save_every > 0 and done % save_every == 0) or done == steps:
-                save(done)
+                run.save(done)
             elif stop:
-                save(done)
+                run.save(done)
             if stop and done < steps:
                 raise Interrupted(f"training stopped after step {done} of {steps}; checkpoint saved to "
-                                  f"{out_dir} (run the same command to resume)")
-    distributed.barrier(info)  # the final checkpoint is complete when any rank returns
-    return out_dir
+                                  f"{run.out_dir} (run the same command to resume)")

@@ -1,7 +1,7 @@
 """The checks and state a training run starts from: the config's train section (its own checks are
 mtpx.schema's TrainConfig.check; here those across sections), the device, the thread count, the
-output folder, the model from model.path, and the fields a resumed run changed (mtpx.train.loop
-calls them)."""
+output folder and whether the run resumes from it, the starting model (resumed, from model.path, or
+fresh), and the fields a resumed run changed (mtpx.train.loop calls them)."""
 from __future__ import annotations
 
 import os
@@ -20,6 +20,8 @@ from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.train import checkpoint as ckpt
 from mtpx.train import distributed
+from mtpx.train.data import doc_text
+from mtpx.train.tokenizer import train_tokenizer
 
 
 
@@ -152,3 +154,49 @@ def check_device(device: str) -> None:
                          "or run on a GPU machine with a CUDA build of torch")
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"train.device={device!r}: mtpx trains on cpu or cuda")
+
+
+def resume_decision(t: DictConfig, info: distributed.DistInfo, console: Console) -> tuple[Path, bool]:
+    """(train.out_dir, whether the run resumes from it): rank 0 repairs and checks the folder;
+    every rank then follows rank 0's resume decision. Raises ValueError when this rank cannot
+    read the folder rank 0 resumes."""
+    out_dir = Path(t.out_dir)
+    want_resume = bool(t.get("resume", True))
+    for note in distributed.on_main(lambda: prepare_out_dir(out_dir, want_resume), info):
+        console.print(note)
+    resume = distributed.on_main(lambda: want_resume and ckpt.has_trainer_state(out_dir), info)
+    if resume and not ckpt.has_trainer_state(out_dir):
+        raise ValueError(f"rank {info.rank}: train.out_dir={out_dir} holds the run that rank 0 resumes, but this "
+                         "process cannot read it: put train.out_dir on storage that every node reads")
+    return out_dir, resume
+
+
+def start_state(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, out_dir: Path, resume: bool,
+                split: dict, console: Console) -> tuple[MTPForCausalLM, Tokenizer, int, list[dict[str, Any]]]:
+    """(model, tokenizer, first step, loss history) of the run: resumed from out_dir, initialised
+    from model.path, or fresh (a tokenizer trained on the training documents, a seeded init)."""
+    seed = int(t.seed)
+    history: list[dict[str, Any]] = []
+    start = 0
+    if resume:
+        state = ckpt.load_trainer_state(out_dir)
+        start, history = int(state["step"]), list(state.get("loss_history", []))
+        model, tok = ckpt.load_model(out_dir)
+        model.train()
+        console.print(f"resuming {out_dir} at step {start}")
+        saved_cfg = state.get("config", {})
+        for section in ("model", "train"):
+            warn_changed(section, saved_cfg.get(section, {}), OmegaConf.to_container(cfg[section], resolve=True), console)
+    elif cfg.model.get("path"):
+        model, tok = init_from(str(cfg.model.path), model_fields(cfg), seed, console)
+    else:
+        def fit_tokenizer() -> Tokenizer:
+            return train_tokenizer((doc_text(d) for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
+        # under torchrun rank 0 trains it and every rank uses rank 0's (no reliance on the
+        # trainer being deterministic across processes)
+        tok = fit_tokenizer() if not info.active else Tokenizer.from_str(
+            distributed.on_main(lambda: fit_tokenizer().to_str(), info))
+        mcfg = ModelConfig.from_dict({**model_fields(cfg), "vocab_size": tok.get_vocab_size()})
+        torch.manual_seed(seed)  # the init is part of the run's determinism
+        model = MTPForCausalLM(mcfg)
+    return model, tok, start, history
