@@ -58,3 +58,18 @@ def test_the_engine_imports_no_metrics_rich_or_omegaconf():
     assert not any(m.startswith("mtpx.metrics") for m in loaded["mtpx"])
     assert not {"rich", "omegaconf", "matplotlib"} & set(loaded["heavy"])
     assert _loaded_after("from mtpx import SamplingParams")["heavy"] == []
+
+
+def test_no_module_over_500_lines_and_no_function_over_80():
+    """Sizes a reader can follow (docs/architecture.md, "Sizes"): every module of mtpx at most 500
+    lines, every function at most 80."""
+    import ast
+    over = []
+    for path in sorted((ROOT / "mtpx").rglob("*.py")):
+        source = path.read_text()
+        if source.count("\n") > 500:
+            over.append(f"{path.relative_to(ROOT)}: {source.count(chr(10))} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
+                over.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert over == []
