@@ -155,6 +155,68 @@ def test_measured_step_costs_correct_the_calibration_by_one_factor():
     assert step(p, 1) == 2                              # the calibration's ratios decide
 
 
+def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucket():
+    """auto_k.cost_model (mtpx/core/cost_model_log.py): per power-of-two batch bucket, the speed-up over
+    k = 0 the policy predicted for its steps against the one their measured ms and committed
+    tokens give, over the bucket's own k = 0 steps when it had some, else the calibration's."""
+    p = AutoDraftLength(2, costs({0: [10.0, 20.0], 1: [12.0, 24.0], 2: [14.0, 28.0]}), beta=0.5,
+                        probe_interval=0, prior_acceptance=0.5, min_cost_observations=100)
+    assert p.expected_tokens(2) == 1.75                 # no round observed: the prior 0.5 stays
+    for k, b, ms, tokens in [(2, 4, 21.0, 7),            # predicted 28 ms (factor 1), plain 20; factor -> 0.75
+                             (2, 5, 26.25, 9),           # 28 * 5 / 4 * 0.75 = 26.25, plain 18.75 (calibrated 25)
+                             (0, 4, 16.0, 4),            # predicted 15 ms; a plain step: 16 / 20 = 0.8; factor -> 0.775
+                             (2, 1, 10.5, 3)]:           # predicted 0.775 * 14 = 10.85, plain 7.75 (calibrated 10)
+        p.observe_step(k, b, ms, tokens)
+        p.record(k, b)
+    p.record(2, 1)                                       # a decode step not compared (a prefill in it)
+    p.record(1, 16)
+    assert p.summary()["cost_model"] == {
+        "1": {"decode_steps": 2, "steps": 1, "predicted_tokens_per_request": 1.75,
+              "measured_tokens_per_request": 3.0, "predicted_step_ms": 10.85, "measured_step_ms": 10.5,
+              "predicted_speedup": 1.25,                 # 1.75 * 7.75 / 10.85
+              "measured_speedup": 2.8571,                # (3 / 10.5) / (1 / 10): no plain step in the bucket
+              "plain_step_ms_source": "calibrated", "plain_steps": 0},
+        "4-7": {"decode_steps": 3, "steps": 3,
+                "predicted_tokens_per_request": 1.5192,    # (4 * 1.75 + 5 * 1.75 + 4 * 1) / 13 = 19.75 / 13
+                "measured_tokens_per_request": 1.5385,     # (7 + 9 + 4) / 13
+                "predicted_step_ms": 23.0833,              # (28 + 26.25 + 15) / 3
+                "measured_step_ms": 21.0833,               # (21 + 26.25 + 16) / 3
+                "predicted_speedup": 1.1792,               # (19.75 / 69.25) / (13 / (20 + 18.75 + 15))
+                "measured_speedup": 1.2648,                # (20 / 63.25) / (13 / (0.8 * (20 + 25 + 20)))
+                "plain_step_ms_source": "measured", "plain_steps": 1},
+        "16-31": {"decode_steps": 1, "steps": 0, "predicted_tokens_per_request": None,
+                  "measured_tokens_per_request": None, "predicted_step_ms": None, "measured_step_ms": None,
+                  "predicted_speedup": None, "measured_speedup": None, "plain_step_ms_source": None,
+                  "plain_steps": 0}}
+    assert p.factor == 0.7625                            # the last step: 0.775 + 0.5 (10.5 / 14 - 0.775)
+    p.reset_histograms()                                 # a measured pass starts: the log restarts,
+    assert p.summary()["cost_model"] == {} and p.factor == 0.7625   # the correction stays
+
+
+def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
+    """Calibrated costs say k = 1 is best at batch 4; steps at k = 3 measured at half their
+    calibrated cost make k = 3 the choice once min_cost_observations of them were seen (before,
+    the ks measured enough in the bucket, k = 1 alone, scale every k alike)."""
+    p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}),
+                        beta=0.5, probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8)
+    p.acceptance = [0.8, 0.5, 0.5]                       # E[tokens | k] = 1, 1.8, 2.2, 2.4
+    assert step(p, 4) == 1                               # 1.8 / 20 beats 2.2 / 28 and 2.4 / 32
+    for _ in range(8):
+        p.observe_step(1, 4, 20.0)                       # k = 1 as calibrated
+    for _ in range(7):
+        p.observe_step(3, 4, 16.0)                       # k = 3 at half its calibrated 32 ms
+    assert p.cost_curve(4) == [16.0, 20.0, 28.0, 32.0]   # 7 steps: k = 1's ratio 1 for every k
+    assert step(p, 4) == 1
+    p.observe_step(3, 4, 16.0)
+    # ratios 1, 1, 0.75 (between k = 1 and k = 3), 0.5: 16, 20, 21, 16, then non-decreasing: 20, 21
+    # and 16 pool to 19
+    assert p.cost_curve(4) == [16.0, 19.0, 19.0, 19.0]
+    assert step(p, 4) == 3                               # 2.4 / 19 beats 1.8 / 19 by far
+    assert p.summary()["bucket_cost_correction"] == [{"k": 1, "batch_bucket": "4-7", "ratio": 1.0, "steps": 8},
+                                                     {"k": 3, "batch_bucket": "4-7", "ratio": 0.5, "steps": 8}]
+    assert p.cost_curve(1) == [p.factor * c for c in (8.0, 10.0, 14.0, 16.0)]   # bucket 1: the one factor
+
+
 def test_observe_counts_only_the_drafts_that_were_verified():
     p = AutoDraftLength(4, prior_weight=1.0, decay=0.5, prior_acceptance=1.0)
     p.observe(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
@@ -544,6 +606,42 @@ def test_auto_is_lossless_end_to_end_and_records_the_k_per_step(tmp_path):
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     hist = llm.engine.draft_length.histogram
     assert sum(hist.values()) > 0 and set(hist) <= set(range(len(model().mtp) + 1))
+
+
+def test_the_engine_logs_each_steady_decode_step_with_its_measured_ms_and_committed_tokens(tmp_path, monkeypatch):
+    """The scheduler feeds the policy every pure decode step at a steady k with the runner's step
+    time and the tokens its verification committed. The clock is scripted: 1 s per reading, so a
+    decode step that drafts reads 3000 ms (verify 2 readings, draft 1) and one that does not 2000."""
+    n = len(model().mtp)
+    costs = {(k, b): 3000.0 for k in range(n + 1) for b in (1, 2, 3, 4)}    # flat: k = n pays most
+    save_step_costs(tmp_path / "costs.json", costs, {})
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
+    policy, scheduler, clock = llm.engine.draft_length, llm.engine.scheduler, iter(range(10 ** 6))
+    monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
+    seen, pairs = [], []
+    observe_step, update = policy.observe_step, scheduler.update_from_output
+    monkeypatch.setattr(policy, "observe_step", lambda *a: (seen.append(a), observe_step(*a)))
+
+    def update_from_output(out, result):
+        observed = len(seen)
+        finished = update(out, result)
+        if len(seen) > observed:        # (tokens logged, tokens the step's decodes verified)
+            pairs.append((seen[-1][3], sum(len(result.results[d.request.index].token_ids) for d in out.decodes)))
+        return finished
+
+    monkeypatch.setattr(scheduler, "update_from_output", update_from_output)
+    prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
+    run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
+    assert seen and all(ms == 3000.0 and 1 <= b <= 4 and b <= tokens <= b * (k + 1) for k, b, ms, tokens in seen)
+    assert len(pairs) == len(seen) and all(logged == verified for logged, verified in pairs)
+    log = policy.summary()["cost_model"]
+    assert sum(r["decode_steps"] for r in log.values()) == sum(policy.histogram.values())
+    assert sum(r["steps"] for r in log.values()) == len(seen)
+    for row in log.values():           # every cost 3000 ms, predicted and measured: speed-up = tokens per request
+        if row["steps"]:
+            assert row["measured_step_ms"] == row["predicted_step_ms"] == 3000.0
+            assert row["measured_speedup"] == row["measured_tokens_per_request"]
+            assert row["predicted_speedup"] == row["predicted_tokens_per_request"]
 
 
 def test_auto_needs_a_speculator_and_a_known_word():

@@ -566,6 +566,39 @@ def test_eval_with_automatic_k_records_the_k_per_step(tiny_ckpt, tmp_path):
     assert sorted((c["k"], c["batch_size"]) for c in metrics["auto_k"]["step_costs_ms"]) == \
         [(k, b) for k in range(5) for b in (1, 2)]
     assert costs.is_file() and "Drafts per step, k (% of steps)" in (tmp_path / "report.txt").read_text()
+    # the per-request depths and the cost model against the running engine (issue 37)
+    auto_k = metrics["auto_k"]
+    assert sum(auto_k["depth_histogram"].values()) == 4 and all(0 <= int(d) <= 4 for d in auto_k["depth_histogram"])
+    model = auto_k["cost_model"]
+    assert set(model) <= {"1", "2-3"} and sum(r["decode_steps"] for r in model.values()) == sum(hist.values())
+    compared = [r for r in model.values() if r["steps"]]
+    assert compared and all(r["predicted_speedup"] > 0 and r["measured_speedup"] > 0 and r["measured_step_ms"] > 0
+                            and r["plain_step_ms_source"] in ("measured", "calibrated") for r in compared)
+    report = (tmp_path / "report.txt").read_text()
+    assert "Cost model: predicted vs measured speed-up over k = 0, per batch size" in report
+    assert "Draft depth per request (% of requests)" in report
+    assert (tmp_path / "cost_model.png").is_file() and (tmp_path / "auto_k_histograms.png").is_file()
+
+
+def test_eval_with_automatic_k_that_never_drafts_writes_its_report(tiny_ckpt, tmp_path):
+    """Step costs where no draft pays (each one 100x plain): every request is admitted at depth 0
+    and every step has k = 0, so nothing is drafted; the run still writes its report, its cost
+    model (every compared step plain: predicted and measured speed-up 1) and figures, without the
+    per-position figure it has no data for."""
+    from mtpx.engine.auto_k.store import save_step_costs
+    costs = tmp_path / "costs.json"
+    save_step_costs(costs, {(k, b): 1.0 + 100.0 * k for k in range(5) for b in (1, 2)}, {})
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=auto",
+                f"spec.cost_model_file={costs}", "eval.num_prompts=4", "eval.max_tokens=16", "logger=none",
+                "eval.concurrency=2", "engine.max_num_seqs=2"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["lossless_mismatches"] == 0 and set(metrics["k_histogram"]) == {"0"}
+    assert metrics["auto_k"]["depth_histogram"] == {"0": 4}
+    rows = [r for r in metrics["auto_k"]["cost_model"].values() if r["steps"]]
+    assert rows and all(r["predicted_speedup"] == 1.0 and r["measured_speedup"] == 1.0
+                        and r["plain_step_ms_source"] == "measured" and r["plain_steps"] == r["steps"] for r in rows)
+    assert (tmp_path / "cost_model.png").is_file() and not (tmp_path / "per_position_acceptance.png").exists()
 
 
 def test_run_folders_end_with_the_process_id():

@@ -48,6 +48,24 @@ def test_write_run_figures(tmp_path):
     assert write_run_figures(plain, tmp_path / "c") == [] and not (tmp_path / "c").exists()
 
 
+def test_run_figures_of_automatic_k(tmp_path):
+    """num_speculative_tokens=auto: the k and depth histograms and the cost model's predicted vs
+    measured speed-up per batch size follow the acceptance figures; a bucket without compared
+    steps is not drawn, and without one at all there is no cost-model figure."""
+    from mtpx.metrics.cost_model_figure import AUTO_K_FIGURES
+    row = {"decode_steps": 5, "steps": 4, "predicted_speedup": 1.2, "measured_speedup": 1.1,
+           "plain_step_ms_source": "calibrated", "plain_steps": 0}
+    auto_k = {"k_histogram": {"0": 2, "3": 6}, "depth_histogram": {"3": 3},
+              "cost_model": {"1": row, "4-7": dict(row, plain_step_ms_source="measured", plain_steps=2),
+                             "16-31": {"decode_steps": 1, "steps": 0}}}
+    written = write_run_figures(_metrics(["code"] * 3, auto_k=auto_k), tmp_path / "a")
+    assert [p.name for p in written] == ["acceptance_conditional.png", "position0_buckets.png", *AUTO_K_FIGURES]
+    assert all(p.read_bytes()[:8] == PNG for p in written)
+    no_steps = dict(auto_k, cost_model={"16-31": {"decode_steps": 1, "steps": 0}})
+    assert [p.name for p in write_run_figures(_metrics(["code"] * 3, auto_k=no_steps), tmp_path / "b")][2:] == \
+        ["auto_k_histograms.png"]
+
+
 def test_wandb_charts_over_the_analytics_tables():
     pytest.importorskip("wandb")
     a = _metrics(["code", "gsm8k", "code"])["analytics"]

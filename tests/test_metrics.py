@@ -464,3 +464,32 @@ def test_format_report_acceptance_by_category():
     one = dict(m, analytics={"by_category": {"qa": _by_category()["qa"]}})
     assert "Acceptance by category" not in format_report(one, "bench")
     assert "Acceptance by category" not in format_report(compute_metrics(_trace(), 2.0, K), "eval")
+
+
+def _cost_model():
+    return {"1": {"decode_steps": 2, "steps": 1, "predicted_tokens_per_request": 1.75,
+                  "measured_tokens_per_request": 3.0, "predicted_step_ms": 10.85, "measured_step_ms": 10.5,
+                  "predicted_speedup": 1.25, "measured_speedup": 2.8571, "plain_step_ms_source": "calibrated",
+                  "plain_steps": 0},
+            "4-7": {"decode_steps": 3, "steps": 3, "predicted_tokens_per_request": 1.5192,
+                    "measured_tokens_per_request": 1.5385, "predicted_step_ms": 23.0833, "measured_step_ms": 21.0833,
+                    "predicted_speedup": 1.1792, "measured_speedup": 1.2648, "plain_step_ms_source": "measured",
+                    "plain_steps": 1},
+            "16-31": {"decode_steps": 1, "steps": 0, "predicted_speedup": None, "measured_speedup": None}}
+
+
+def test_format_report_automatic_k_depths_and_cost_model_table():
+    """num_speculative_tokens=auto: a row of draft depths per request, and the cost model's
+    predicted vs measured speed-up per batch bucket after the main table (buckets without compared
+    steps left out); a fixed k: neither."""
+    m = dict(compute_metrics(_trace(), 2.0, K), k_histogram={"0": 1, "3": 3},
+             auto_k={"depth_histogram": {"3": 3, "1": 1}, "cost_model": _cost_model()})
+    text = format_report(m, "eval")
+    main, _, table = text.partition("Cost model: predicted vs measured speed-up over k = 0, per batch size")
+    assert any(line.split() == ["Draft", "depth", "per", "request", "(%", "of", "requests)", "1:", "25.0", "·",
+                                "3:", "75.0"] for line in main.splitlines())
+    rows = [line.split() for line in table.splitlines() if line.strip()]
+    assert rows[-2:] == [["1", "2", "1", "1.250x", "2.857x", "10.85", "10.50", "calibrated"],
+                         ["4-7", "3", "3", "1.179x", "1.265x", "23.08", "21.08", "measured", "(1)"]]
+    fixed = format_report(compute_metrics(_trace(), 2.0, K), "eval")
+    assert "Cost model" not in fixed and "Draft depth per request" not in fixed

@@ -5,6 +5,8 @@ and the bookkeeping around it, in plain Python over token ids and block ids, no 
 - scheduler.py: Scheduler and its SchedulerOutput (ScheduledPrefill, ScheduledDecode).
 - kv_cache_manager.py, block_pool.py: block tables, reference counts, prefix-cache hashes.
 - draft_length.py: how many drafts a step proposes (FixedDraftLength, AutoDraftLength).
+- cost_model_log.py: what AutoDraftLength's cost model predicted for each step against what the
+  engine measured, per batch bucket (CostModelLog).
 - sampling_params.py, stop_strings.py: what a request asks for and the stop-string check.
 
 Nothing here imports torch, numpy, rich, omegaconf or the worker side (mtpx.engine's runner and

@@ -23,10 +23,29 @@ decode-step cost (auto_k.costs.calibrate_step_costs at start-up, or a saved file
 cannot make a larger k look cheaper) after a least-squares quadratic in k over k >= 1 smooths the
 calibration's noise, linear in B between calibrated batch sizes and proportional to B beyond the
 largest,
-times one correction learned online: an EMA (weight `beta`) of measured / calibrated cost over
-the pure decode steps at every k (context length changes a step's cost). The calibration's
-relative costs of the ks stay: a per-k correction, learned from a few steps at some ks only, let
-one noisily cheap k win (measured at concurrency 16, experiments/auto_k).
+times a correction learned online from the engine's pure decode steps (`observe_step`: no
+prefill, every request verifying and proposing the step's k):
+
+- per (k, batch bucket) (power-of-two ranges of B: cost_model_log.batch_bucket), the mean of measured /
+  calibrated cost over that k's steps in the bucket, an EMA of weight `beta` once more than
+  1 / beta steps were seen; a k with `min_cost_observations` steps measured in B's bucket takes
+  its own ratio, a k between two such ks the linear interpolation of theirs, a k below or above
+  them all the nearest one's (so with one k measured every k scales alike, and the
+  calibration's relative costs stay where nothing says otherwise);
+- with no k measured enough in the bucket, one factor: the EMA (weight `beta`) of measured /
+  calibrated over the steps at every k and batch size (context length changes a step's cost);
+- then the corrected costs over k = 0 .. max_k at B are made non-decreasing in k
+  (pool-adjacent-violators, as the calibration is: a step with more drafts never costs less),
+  so a k measured cheaper than calibrated can win, but never by looking cheaper than a smaller
+  k; an uncorrected smaller k with a stale calibration above it is pooled with it.
+
+A per-k correction from a few steps let one noisily cheap k win (measured at concurrency 16,
+experiments/auto_k); `min_cost_observations` and the non-decreasing envelope keep that out. The
+steps that feed it are the steady ones at the k in use (a probe's step verifies the k before it,
+so it is not steady), so a k's correction is learned while that k is in use.
+Every observed step also records the prediction it was chosen with against its measurement,
+per batch bucket (cost_model_log.CostModelLog: predicted vs measured speed-up over k = 0, in
+metrics.json's auto_k.cost_model).
 
 - A position with few verified drafts takes the estimate of the one before it: conditional
   acceptance hardly falls with the position on the demo (GSM8K at concurrency 1, mostly k = 8:
@@ -73,6 +92,8 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass
+
+from mtpx.core.cost_model_log import CostModelLog, batch_bucket, bucket_label
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
@@ -136,10 +157,10 @@ class FixedDraftLength:
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         pass
 
-    def observe_step(self, k: int, batch_size: int, step_ms: float) -> None:
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
         pass
 
-    def record(self, k: int) -> None:
+    def record(self, k: int, batch_size: int | None = None) -> None:
         self.histogram[k] += 1
 
 
@@ -152,7 +173,9 @@ class AutoDraftLength:
     prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; beta: EMA weight
     of a measured step in the cost correction; hysteresis: relative goodput margin to change k;
     probe_interval: steps between probes (0: none); patience: consecutive steps that must predict
-    a change of the k in use, or a running depth's fall, before it happens.
+    a change of the k in use, or a running depth's fall, before it happens;
+    min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
+    applies (module doc).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -160,9 +183,10 @@ class AutoDraftLength:
 
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
-                 beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8):
+                 beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
+                 min_cost_observations: int = 8):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
-        self.patience = patience
+        self.patience, self.min_cost_observations = patience, min_cost_observations
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -183,6 +207,8 @@ class AutoDraftLength:
         self.correction: dict[int, float] = {}       # k -> EMA of measured / calibrated step cost (reported)
         self.factor = 1.0                            # EMA of measured / calibrated over every k (used)
         self._num_factor = 0
+        self.bucket_correction: dict[tuple[int, int], tuple[float, int]] = {}  # (k, bucket) -> (ratio, steps)
+        self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
         self._switch_streak = 0                      # consecutive steps predicting another k in use
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
@@ -201,7 +227,16 @@ class AutoDraftLength:
 
     def cost(self, k: int, batch_size: int) -> float:
         """Predicted step ms at k drafts and batch_size (module doc)."""
-        return self.factor * self.calibrated_cost(k, batch_size)
+        return self.cost_curve(batch_size)[k]
+
+    def cost_curve(self, batch_size: int) -> list[float]:
+        """Predicted step ms at batch_size for k = 0 .. max_k: the calibrated costs times the
+        online correction, made non-decreasing in k (pool-adjacent-violators) (module doc)."""
+        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
+        known = [(k, r) for k in range(self.max_k + 1)
+                 for r, n in [self.bucket_correction.get((k, bucket), (0.0, 0))] if n >= least]
+        return _non_decreasing([_interpolate(known, k, self.factor) * self.calibrated_cost(k, batch_size)
+                               for k in range(self.max_k + 1)])
 
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
@@ -227,6 +262,11 @@ class AutoDraftLength:
         """Predicted tokens per ms."""
         return batch_size * self.expected_tokens(k) / self.cost(k, batch_size)
 
+    def _goodputs(self, batch_size: int, top: int) -> list[float]:
+        """goodput(k, batch_size) for k = 0 .. top (one cost curve)."""
+        curve = self.cost_curve(batch_size)
+        return [batch_size * self.expected_tokens(k) / curve[k] for k in range(top + 1)]
+
     def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
         """The k for a step of batch_size requests, at most max_k (the deepest running request's
         depth; None: self.max_k), and the k in use, switch streak and probe count it leaves (module
@@ -238,7 +278,7 @@ class AutoDraftLength:
             return StepChoice(top)
         batch_size = max(1, batch_size)
         steps, probes, streak = self._steps + 1, self._probes, self._switch_streak
-        g = [self.goodput(k, batch_size) for k in range(top + 1)]
+        g = self._goodputs(batch_size, top)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
         if g[best] > (1 + self.hysteresis) * g[current]:
@@ -284,7 +324,7 @@ class AutoDraftLength:
         if self.step_costs is None:
             return DepthChoice(top, current)
         batch_size = max(1, batch_size)
-        g = [self.goodput(k, batch_size) for k in range(top + 1)]
+        g = self._goodputs(batch_size, top)
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
             return DepthChoice(best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k, None)
@@ -312,20 +352,33 @@ class AutoDraftLength:
         self.depth_histogram[depth] += 1
 
     def reset_histograms(self) -> None:
-        """Forget the k per step and depth per request counted so far (a measured pass starts)."""
+        """Forget the k per step, depth per request and predicted-vs-measured log counted so far
+        (a measured pass starts; the learned cost correction stays)."""
         self.histogram.clear()
         self.depth_histogram.clear()
+        self.cost_log.clear()
 
-    def observe_step(self, k: int, batch_size: int, step_ms: float) -> None:
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
         """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
-        proposed k, taking step_ms: update the cost correction (and k's, reported) (module doc)."""
+        proposed k, taking step_ms and committing num_tokens (None: not logged): log the prediction
+        the step's k was chosen with against the measurement (cost_log; call this before `record`
+        and `observe` change the estimates), then update the cost corrections (module doc)."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
-        ratio = step_ms / self.calibrated_cost(k, batch_size)
+        calibrated = self.calibrated_cost(k, batch_size)
+        if num_tokens is not None:
+            curve = self.cost_curve(batch_size)
+            self.cost_log.add(k, batch_size, self.expected_tokens(k), curve[k], curve[0],
+                              self.calibrated_cost(0, batch_size), num_tokens, step_ms)
+        ratio = step_ms / calibrated
         old = self.correction.get(k)
         self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
         self.factor = ratio if self._num_factor == 0 else self.factor + self.beta * (ratio - self.factor)
         self._num_factor += 1
+        key = (k, batch_bucket(batch_size))
+        mean, n = self.bucket_correction.get(key, (0.0, 0))
+        n += 1        # the mean of the first 1 / beta steps, then an EMA of weight beta
+        self.bucket_correction[key] = (mean + max(self.beta, 1 / n) * (ratio - mean), n)
 
     def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
@@ -345,22 +398,29 @@ class AutoDraftLength:
         for j, (a, v) in enumerate(zip(self._accepted, self._verified)):
             prior = self.acceptance[j] = (a + w * prior) / (v + w)
 
-    def record(self, k: int) -> None:
-        """A decode step chose k (called before its rounds are observed): count it, discount the
-        acceptance counts (an estimate no round updates drifts back to the prior: module doc)."""
+    def record(self, k: int, batch_size: int | None = None) -> None:
+        """A decode step of batch_size requests (None: not counted per bucket) chose k (called
+        before its rounds are observed): count it, discount the acceptance counts (an estimate no
+        round updates drifts back to the prior: module doc)."""
         self.histogram[k] += 1
+        if batch_size:
+            self.cost_log.count_decode_step(batch_size)
         self._accepted = [x * self.decay for x in self._accepted]
         self._verified = [x * self.decay for x in self._verified]
         self._estimate()
 
     def summary(self) -> dict:
-        """For metrics.json: the histogram of k per step, the estimates, the costs."""
+        """For metrics.json: the histograms of k per step and depth per request, the estimates,
+        the costs and their corrections, and the predicted-vs-measured log (cost_model)."""
         return {"k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
                 "depth_histogram": {str(d): n for d, n in sorted(self.depth_histogram.items())},
                 "conditional_acceptance": [round(p, 4) for p in self.acceptance],
                 "num_observed": list(self.num_observed),
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "cost_factor": round(self.factor, 3),
+                "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r, 4), "steps": n}
+                                           for (k, b), (r, n) in sorted(self.bucket_correction.items())],
+                "cost_model": self.cost_log.summary(),
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
 
@@ -407,3 +467,16 @@ def _non_decreasing(values: list[float]) -> list[float]:
             blocks[-1][0] += s
             blocks[-1][1] += n
     return [s / n for s, n in blocks for _ in range(n)]
+
+
+def _interpolate(known: list[tuple[int, float]], k: int, default: float) -> float:
+    """The ratio at k from [(k, ratio)] sorted by k: linear between two, the nearest's beyond
+    them, default without any."""
+    if not known:
+        return default
+    if k <= known[0][0]:
+        return known[0][1]
+    for (k0, r0), (k1, r1) in zip(known, known[1:]):
+        if k <= k1:
+            return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
+    return known[-1][1]

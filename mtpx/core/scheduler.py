@@ -241,12 +241,13 @@ class Scheduler:
         now = time.perf_counter()
         k = out.num_speculative_tokens
         if out.decodes:
-            self.draft_length.record(k)
             t = result.timing
             steady = all(d.request.draft_depth >= k and d.num_draft_tokens == k
                          and len(d.request.draft_token_ids) == k for d in out.decodes)
-            if t is not None and not out.prefills and steady:
-                self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s))
+            if t is not None and not out.prefills and steady:   # before record: the estimates k was chosen with
+                committed = sum(len(result.results[d.request.index].token_ids) for d in out.decodes)
+                self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s), committed)
+            self.draft_length.record(k, len(out.decodes))
         for d in out.decodes:
             res = result.results[d.request.index]
             self.draft_length.observe(res.num_draft_tokens, res.num_accepted)

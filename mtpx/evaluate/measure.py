@@ -237,10 +237,11 @@ def _write_outputs(run: _Run, outs: list[RequestOutput], kept: list[Prompt], met
                                     f"{_sampling_text(run.params[0])}, {run.dtype}, {', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
-    if method is not None:
+    if method is not None and any(v is not None for v in metrics["per_position_acceptance"]):
+        # (automatic k may choose k = 0 at every step: then nothing was drafted and there is nothing to plot)
         plot_per_position_acceptance({run.name: metrics}, out_dir / "per_position_acceptance.png",
                                      run_identity(metrics))
-    figures = write_run_figures(metrics, out_dir)  # conditional acceptance, position-0 buckets, by category
+    figures = write_run_figures(metrics, out_dir)  # acceptance; with automatic k its histograms, cost model
     run.logger.log_metrics_summary(metrics)
     run.logger.log_images([out_dir / "per_position_acceptance.png", *figures])
     print(f"run directory: {out_dir}")

@@ -10,6 +10,8 @@ One run (`write_run_figures`, called at the end of an eval): from ``metrics["ana
 - ``acceptance_by_category.png``: acceptance rate and per-position acceptance per prompt category
   (only when the run has more than one category).
 A figure without data (a run without speculation, or with one category) is not written.
+With automatic k, mtpx.metrics.cost_model_figure's figures follow (k and depth histograms, the
+cost model's predicted vs measured speed-up per batch size).
 
 Several runs (`load_run`, `write_comparison_figures`, `dashboard_markdown`, used by
 tools/dashboard.py): per-position curves side by side, each run's position-0 buckets, output
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from mtpx.io import atomic_write_bytes, source_commit, utc_now
 from mtpx.metrics.analytics import wilson_interval
+from mtpx.metrics.cost_model_figure import write_auto_k_figures
 from mtpx.metrics.dashboard_summary import (dashboard_markdown, format_position0_prediction, md_row,
                                             position0_predictions)
 from mtpx.metrics.run_dirs import (Run, RunDirError, bucket_rows, buckets_have_data, categories_with_data,
@@ -193,6 +196,7 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         ax1.grid(alpha=0.3)
         ax1.legend(fontsize=7)
         save(fig, RUN_FIGURES[2])
+    written += write_auto_k_figures(metrics, out, identity)   # automatic k (mtpx/metrics/cost_model_figure.py)
     return written
 
 

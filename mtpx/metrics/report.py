@@ -17,7 +17,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["format_report", "format_category_table", "format_comparison", "DASH"]
+__all__ = ["format_report", "format_category_table", "format_cost_model_table", "format_comparison", "DASH"]
 
 DASH = "—"
 
@@ -75,6 +75,16 @@ def _k_histogram(m: dict) -> str | None:
     return " · ".join(f"{k}: {100 * n / total:.1f}" for k, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
+def _depth_histogram(m: dict) -> str | None:
+    """num_speculative_tokens=auto: "depth: % of requests" for every draft depth a request was
+    admitted with (metrics["auto_k"]["depth_histogram"]), e.g. "2: 25.0 · 4: 75.0"."""
+    hist = (m.get("auto_k") or {}).get("depth_histogram")
+    if not hist:
+        return None
+    total = sum(hist.values())
+    return " · ".join(f"{d}: {100 * n / total:.1f}" for d, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
+
+
 PER_POSITION = "per_position_acceptance"  # this key expands to one or several rows, see below
 _ROWS: list[_Row] = [
     _Row("Successful / failed requests", "num_requests", _requests),
@@ -87,6 +97,7 @@ _ROWS: list[_Row] = [
     _Row("Committed tokens", "num_committed_tokens", ",d", "rel"),
     _Row("Per-position acceptance (%)", PER_POSITION, "", "pts"),
     _Row("Drafts per step, k (% of steps)", "k_histogram", _k_histogram),
+    _Row("Draft depth per request (% of requests)", "depth_histogram", _depth_histogram),
     _Row("Prefix cache hit rate", "prefix_cache_hit_rate", _hit_rate, "pts"),
     _Row("Preemptions", "num_preemptions", ",d", "rel"),
     _Row("Mean TTFT (ms)", "mean_ttft_ms", ".2f", "rel"),
@@ -109,7 +120,7 @@ _ROWS: list[_Row] = [
          else str(len(m["lossless_near_ties"]))),
     _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
 ]
-_OPTIONAL_KEYS = ("k_histogram", "accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
+_OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",
@@ -193,7 +204,39 @@ def format_report(metrics: dict, title: str, width: int = 100) -> str:
     by_category = (metrics.get("analytics") or {}).get("by_category") or {}
     if len(by_category) > 1:
         text += "\n" + format_category_table(by_category, width)
+    cost_model = (metrics.get("auto_k") or {}).get("cost_model") or {}
+    if any(row.get("steps") for row in cost_model.values()):
+        text += "\n" + format_cost_model_table(cost_model, width)
     return text
+
+
+def format_cost_model_table(cost_model: dict[str, dict], width: int = 100) -> str:
+    """Automatic k's cost model against the running engine: one row per batch bucket with
+    compared steps (metrics["auto_k"]["cost_model"], mtpx/core/cost_model_log.py): the decode
+    steps and the pure decode steps compared, the predicted and measured speed-up over k = 0, the
+    mean predicted and measured step ms, and where the measured speed-up's k = 0 step comes from
+    ("measured (n)" over the bucket's n k = 0 steps, or "calibrated").
+
+    Args:
+        cost_model: ``{bucket label: {"decode_steps", "steps", "predicted_speedup", ...}}``.
+        width: console width in characters.
+    """
+    table = Table(title="Cost model: predicted vs measured speed-up over k = 0, per batch size",
+                  box=box.SIMPLE_HEAD, title_justify="left")
+    for name in ("Batch size", "Decode steps", "Compared", "Predicted speed-up", "Measured speed-up",
+                 "Predicted ms", "Measured ms", "k = 0 step"):
+        table.add_column(name, justify="left" if name in ("Batch size", "k = 0 step") else "right",
+                         no_wrap=name == "k = 0 step")
+    for label, row in cost_model.items():
+        if not row.get("steps"):
+            continue
+        plain = row["plain_step_ms_source"]
+        if plain == "measured":
+            plain += f" ({row['plain_steps']})"
+        table.add_row(label, str(row["decode_steps"]), str(row["steps"]), f"{row['predicted_speedup']:.3f}x",
+                      f"{row['measured_speedup']:.3f}x", f"{row['predicted_step_ms']:.2f}",
+                      f"{row['measured_step_ms']:.2f}", plain)
+    return _render(table, width)
 
 
 def format_category_table(by_category: dict[str, dict], width: int = 100) -> str:

@@ -1,0 +1,97 @@
+"""Figures of automatic k (`num_speculative_tokens=auto`) for a run's folder, from
+``metrics["auto_k"]`` (mtpx/core/draft_length.py, AutoDraftLength.summary); `write_auto_k_figures` is called by
+mtpx.metrics.dashboard.write_run_figures:
+
+- ``auto_k_histograms.png``: the k per decode step and the draft depth per request (% of steps,
+  % of requests);
+- ``cost_model.png``: "cost model: predicted vs measured speed-up per batch size": per batch
+  bucket, the speed-up over plain decoding (k = 0) the policy predicted for its steps next to the
+  one measured (auto_k.cost_model, mtpx/core/cost_model_log.py), each pair annotated with its
+  step count and where the measured plain step comes from.
+
+A figure without data (a fixed k, no pure decode step compared) is not written. matplotlib's
+object API (``Figure``, no pyplot state); files written atomically.
+"""
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from mtpx.io import atomic_write_bytes
+
+__all__ = ["AUTO_K_FIGURES", "write_auto_k_figures"]
+
+AUTO_K_FIGURES = ("auto_k_histograms.png", "cost_model.png")
+
+
+def _percent(hist: dict) -> tuple[list[int], list[float]]:
+    """{str(k): count} -> (sorted ks, % of the total)."""
+    total = sum(hist.values())
+    keys = sorted(int(k) for k in hist)
+    return keys, [100 * hist[str(k)] / total for k in keys]
+
+
+def write_auto_k_figures(metrics: dict, out_dir: str | os.PathLike, identity: str = "") -> list[Path]:
+    """Write the automatic-k figures (module doc) of one run's metrics into out_dir.
+
+    Args:
+        metrics: a metrics dict; without ``auto_k`` nothing is written.
+        out_dir: destination folder (created if needed).
+        identity: a line above each figure (mtpx.metrics.dashboard.run_identity), "" for none.
+
+    Returns:
+        The paths written, in `AUTO_K_FIGURES` order; figures without data are skipped.
+    """
+    from matplotlib.figure import Figure  # Agg canvas, no pyplot global state
+
+    auto_k, out, written = metrics.get("auto_k") or {}, Path(out_dir), []
+
+    def save(fig, name: str) -> None:
+        if identity:
+            fig.suptitle(identity, fontsize=8)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        written.append(atomic_write_bytes(out / name, buf.getvalue()))
+
+    steps, depths = auto_k.get("k_histogram") or {}, auto_k.get("depth_histogram") or {}
+    if steps or depths:
+        fig = Figure(figsize=(7.0, 3.8), layout="constrained")
+        ax = fig.subplots()
+        width = 0.4 if steps and depths else 0.8
+        for hist, label, shift in ((steps, f"k per decode step ({sum(steps.values())} steps)", -1),
+                                   (depths, f"draft depth per request ({sum(depths.values())} requests)", 1)):
+            if hist:
+                ks, pct = _percent(hist)
+                offset = shift * width / 2 if steps and depths else 0.0
+                ax.bar([k + offset for k in ks], pct, width=width, label=label)
+        ax.set_xticks(range(max(int(k) for k in (*steps, *depths)) + 1))
+        ax.set_xlabel("drafts (k, depth)")
+        ax.set_ylabel("% of steps / requests")
+        ax.set_title("Automatic k: drafts per step and draft depth per request", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+        save(fig, AUTO_K_FIGURES[0])
+    rows = {b: r for b, r in (auto_k.get("cost_model") or {}).items() if r.get("steps")}
+    if rows:
+        fig = Figure(figsize=(max(6.0, 1.1 * len(rows) + 3.0), 4.0), layout="constrained")
+        ax = fig.subplots()
+        x = list(range(len(rows)))
+        predicted = [r["predicted_speedup"] for r in rows.values()]
+        measured = [r["measured_speedup"] for r in rows.values()]
+        ax.bar([i - 0.2 for i in x], predicted, width=0.4, label="predicted (policy's cost model)")
+        bars = ax.bar([i + 0.2 for i in x], measured, width=0.4, label="measured (step wall time)")
+        for bar, r in zip(bars, rows.values()):
+            plain = "plain measured" if r["plain_step_ms_source"] == "measured" else "plain calibrated"
+            ax.annotate(f"n={r['steps']}\n{plain}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        ha="center", va="bottom", fontsize=6, xytext=(0, 2), textcoords="offset points")
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xticks(x, list(rows))
+        ax.set_xlabel("batch size (requests decoding)")
+        ax.set_ylabel("speed-up over k = 0")
+        ax.set_ylim(0, 1.25 * max(predicted + measured + [1.0]))
+        ax.set_title("Cost model: predicted vs measured speed-up per batch size", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        fig.legend(fontsize=7, loc="outside lower center", ncols=2)
+        save(fig, AUTO_K_FIGURES[1])
+    return written
