@@ -19,7 +19,10 @@ ranks), the shard size and the output folder; the format is in mtpx/data/distill
 Resumable: a rerun of the same command skips written shards and re-reads the finished records
 of the current ones (`.part` files); a rerun with other settings (another model, sampling, prompt
 set or shard size) is refused with the key that differs. Under torchrun each rank generates the
-shards i with i % WORLD_SIZE == RANK; no process group is needed.
+shards i with i % WORLD_SIZE == RANK; no process group is needed. With
+engine.tensor_parallel_size > 1 the torchrun processes, if any, are the ranks of one engine
+instead: rank 0 writes every shard (docs/tensor_parallel.md), and the target hash is of the
+whole model gathered from the ranks, equal to one process's.
 """
 from __future__ import annotations
 
