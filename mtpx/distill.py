@@ -19,7 +19,10 @@ ranks), the shard size and the output folder; the format is in mtpx/data/distill
 Resumable: a rerun of the same command skips written shards and re-reads the finished records
 of the current ones (`.part` files); a rerun with other settings (another model, sampling, prompt
 set or shard size) is refused with the key that differs. Under torchrun each rank generates the
-shards i with i % WORLD_SIZE == RANK; no process group is needed.
+shards i with i % WORLD_SIZE == RANK; no process group is needed. With
+engine.tensor_parallel_size > 1 the torchrun processes, if any, are the ranks of one engine
+instead: rank 0 writes every shard (docs/tensor_parallel.md), and the target hash is of the
+whole model gathered from the ranks, equal to one process's.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from mtpx.data.distilled import (
 from mtpx.data.prompts import check_data_config, load_prompts
 from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
+from mtpx.engine.tensor_parallel import full_state
 from mtpx.engine.threads import choose_threads
 from mtpx import schema
 from mtpx.evaluate import _Stop, cap_max_tokens, engine_args, model_path, sampling_params, spec_args
@@ -59,13 +63,12 @@ from mtpx.train.tokenizer import tokenizer_sha256
 def target_sha256(model: torch.nn.Module) -> str:
     """SHA-256 of the target's weights as loaded (names, dtypes, shapes and bytes of every
     parameter and buffer outside the draft modules `mtp.*`, in name order): what decides the
-    generated tokens, whatever file layout they came from."""
+    generated tokens, whatever file layout they came from. For rank 0's shard of a
+    tensor-parallel LLM, of the whole model's tensors gathered from the ranks: the same hash
+    as one process's, for any tensor_parallel_size."""
     h = hashlib.sha256()
-    state = model.state_dict()
-    for name in sorted(state):
-        if name.startswith("mtp."):
-            continue
-        t = state[name].detach().contiguous().cpu()
+    for name, t in full_state(model, exclude=("mtp.",)):
+        t = t.detach().contiguous().cpu()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
@@ -78,12 +81,19 @@ def _prompts_sha256(prompts) -> str:
     return h.hexdigest()
 
 
-def _rank() -> tuple[int, int]:
-    """(RANK, WORLD_SIZE) of torchrun, (0, 1) without it."""
+def _tensor_parallel(cfg: DictConfig) -> bool:
+    """engine.tensor_parallel_size > 1: the torchrun processes, if any, are the ranks of one
+    tensor-parallel engine (rank 0 writes every shard; the others become its workers)."""
+    tp = cfg.engine.get("tensor_parallel_size") if cfg.get("engine") is not None else None
+    return isinstance(tp, int) and not isinstance(tp, bool) and tp > 1
+
+
+def _rank(cfg: DictConfig) -> tuple[int, int]:
+    """(RANK, WORLD_SIZE) of torchrun, (0, 1) without it or with tensor parallelism."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if not 0 <= rank < world:
         raise ValueError(f"RANK={rank} is not in [0, WORLD_SIZE={world}): launch with torchrun")
-    return rank, world
+    return (0, 1) if _tensor_parallel(cfg) else (rank, world)
 
 
 def _stop_strings(value) -> list[str]:
@@ -112,9 +122,13 @@ def run_distill(cfg: DictConfig) -> int:
     written. Raises ValueError naming the key for bad settings; Interrupted after Ctrl-C (the
     finished records are kept)."""
     c = cfg.get("distill")
-    settings = _check_settings(cfg, c)
+    worker = _tensor_parallel(cfg) and int(os.environ.get("RANK", "0")) > 0
+    settings = _check_settings(cfg, c, probe=not worker)
+    if worker:      # a torchrun rank > 0: its LLM serves rank 0's engine, then exits the process
+        _load_target(cfg, c)
+        return 0
     out_dir, shard_size = settings.out_dir, settings.shard_size
-    rank, world = _rank()
+    rank, world = _rank(cfg)
     target = _load_target(cfg, c)
     llm = target.llm
     prompts = load_prompts(cfg.data, settings.num_prompts, llm.tokenizer, llm.model.cfg.vocab_size,
@@ -149,9 +163,10 @@ class _Settings:
     concurrency: int | None
 
 
-def _check_settings(cfg: DictConfig, c: DictConfig | None) -> _Settings:
+def _check_settings(cfg: DictConfig, c: DictConfig | None, probe: bool = True) -> _Settings:
     """Check the distill section (c), the data set, model.path and the output folder before the
-    model loads. Raises ValueError naming the key and the fix."""
+    model loads; probe: create the folder and check it is writable (not on a tensor-parallel
+    worker, which writes nothing). Raises ValueError naming the key and the fix."""
     if c is None:
         raise ValueError("the config has no 'distill' section: add '- distill: default' to the defaults list of "
                          "conf/config.yaml")
@@ -169,7 +184,8 @@ def _check_settings(cfg: DictConfig, c: DictConfig | None) -> _Settings:
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
         raise ValueError(f"distill.out_dir={out_dir} exists and was not written by mode=distill (no {MANIFEST_FILE}): "
                          "choose a new folder")
-    check_writable_dir(out_dir, "distill.out_dir")
+    if probe:
+        check_writable_dir(out_dir, "distill.out_dir")
     return settings
 
 

@@ -6,6 +6,9 @@ token ids."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,16 +26,20 @@ from mtpx.train.loop import train
 from mtpx.train.tokenizer import encode, tokenizer_sha256, train_tokenizer
 from tests.test_train import write_synthetic_gsm8k
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+ROOT = Path(__file__).resolve().parents[1]
+CONF = str(ROOT / "conf")
 NUM_PROMPTS, SHARD, MAX_TOKENS = 7, 3, 8
+
+
+def _overrides(tiny_ckpt, data: Path, out: Path, *extra: str) -> list[str]:
+    return ["mode=distill", f"model.path={tiny_ckpt}", "data=gsm8k", f"data.path={data}", f"distill.out_dir={out}",
+            f"distill.num_prompts={NUM_PROMPTS}", f"distill.shard_size={SHARD}", f"distill.max_tokens={MAX_TOKENS}",
+            "distill.threads=1", "logger=none", *extra]
 
 
 def _cfg(tiny_ckpt, data: Path, out: Path, *extra: str):
     with initialize_config_dir(config_dir=CONF, version_base=None):
-        return compose("config", overrides=[
-            "mode=distill", f"model.path={tiny_ckpt}", "data=gsm8k", f"data.path={data}", f"distill.out_dir={out}",
-            f"distill.num_prompts={NUM_PROMPTS}", f"distill.shard_size={SHARD}", f"distill.max_tokens={MAX_TOKENS}",
-            "distill.threads=1", "logger=none", *extra])
+        return compose("config", overrides=_overrides(tiny_ckpt, data, out, *extra))
 
 
 @pytest.fixture(scope="module")
@@ -258,3 +265,73 @@ def test_sigterm_keeps_finished_records_and_exits_143(distilled, tiny_ckpt, gsm8
     monkeypatch.undo()
     assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
     assert _shards(out) == _shards(distilled)
+
+
+# ---- tensor parallelism ------------------------------------------------------------------------------
+
+SPEC = ("+spec=mtp8", "spec.num_speculative_tokens=2")       # the `distilled` fixture's speculator
+
+
+def _distill_tp2(tiny_ckpt, gsm8k, out: Path, run_dir: Path, *launcher: str) -> str:
+    """`python train_or_eval.py mode=distill ... engine.tensor_parallel_size=2` (or under
+    `launcher`, e.g. torchrun) in a subprocess with _cfg's settings; returns its stdout."""
+    cmd = [*(launcher or [sys.executable]), str(ROOT / "train_or_eval.py"),
+           *_overrides(tiny_ckpt, gsm8k, out, *SPEC, "engine.tensor_parallel_size=2", f"hydra.run.dir={run_dir}")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_tensor_parallel_distill_equals_one_process(distilled, tiny_ckpt, gsm8k, tmp_path):
+    """engine.tensor_parallel_size=2 (a worker process started by rank 0) writes TP=1's shards
+    byte for byte and the same manifest: the target hash is of the whole model gathered from
+    both ranks, not of rank 0's shard, so either run resumes the other's folder."""
+    out = tmp_path / "tp2"
+    stdout = _distill_tp2(tiny_ckpt, gsm8k, out, tmp_path / "run")
+    assert "rank 0 of 1: 3 shards to write" in stdout
+    assert _shards(out) == _shards(distilled)
+    tp1, tp2 = read_distilled(distilled)[0], read_distilled(out)[0]
+    assert tp2["model"]["target_sha256"] == tp1["model"]["target_sha256"] == target_sha256(ckpt.load_model(tiny_ckpt)[0])
+    assert tp2 == tp1
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + sorted(_shards(distilled))
+
+
+@pytest.mark.slow      # about 10 s: a tensor-parallel subprocess
+def test_tensor_parallel_distill_resumes_an_interrupted_folder(distilled, tiny_ckpt, gsm8k, tmp_path):
+    """TP=2 resumes a folder cut short (one shard written, one with a .part file holding one
+    finished record and a cut line, one not started) as TP=1 does: the written shard and the
+    .part record are kept, the rest is generated with TP=1's tokens."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for f in distilled.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    before = _shards(out)
+    name0, name1, name2 = (shard_name(i, 3) for i in range(3))
+    rows = [json.loads(line) for line in before[name1].splitlines()]
+    (out / name1).unlink()
+    (out / name2).unlink()
+    kept = dict(rows[0], completion="kept from the .part file")
+    (out / (name1 + ".part")).write_text(json.dumps(kept) + "\n" + json.dumps(rows[1])[:20])
+    (out / name0).write_text(before[name0].replace("Tom", "Tim"))
+    stdout = _distill_tp2(tiny_ckpt, gsm8k, out, tmp_path / "hydra")
+    assert "2 shards to write" in stdout
+    after = _shards(out)
+    assert after[name0] == before[name0].replace("Tom", "Tim")
+    assert [json.loads(line) for line in after[name1].splitlines()] == [kept, *rows[1:]]
+    assert after[name2] == before[name2]
+    assert not list(out.glob("*.part"))
+
+
+@pytest.mark.slow      # about 12 s: torchrun
+def test_tensor_parallel_distill_under_torchrun(distilled, tiny_ckpt, gsm8k, tmp_path):
+    """`torchrun --nproc_per_node=2 ... engine.tensor_parallel_size=2`: the two processes are the
+    ranks of one engine (not two distill ranks splitting the shards): rank 0 writes every shard,
+    TP=1's, and rank 1 (the worker) writes nothing."""
+    from mtpx.parallel.spmd import free_port
+    out = tmp_path / "tp2"
+    _distill_tp2(tiny_ckpt, gsm8k, out, tmp_path / "run", sys.executable, "-m", "torch.distributed.run",
+                 "--nproc_per_node=2", f"--master_port={free_port()}")
+    assert _shards(out) == _shards(distilled)
+    assert read_distilled(out)[0] == read_distilled(distilled)[0]
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + sorted(_shards(distilled))

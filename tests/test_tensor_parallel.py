@@ -90,6 +90,79 @@ def test_sharded_forward_equals_unsharded(tmp_path):
         assert results["dense"]["specs"] == ["KVCacheSpec(num_heads=2, num_kv_heads=1, head_dim=16)"] * 8
 
 
+# target_sha256 of the unsharded models of GATHER_MODELS as mode=distill computed it before tensor
+# parallelism (one process's state_dict in name order): the TP=2 hash must be this very value, so
+# distill folders written before keep resuming.
+GATHER_MODELS = {  # name -> (tiny_config overrides, dtype, target_sha256 of the unsharded model)
+    "hybrid": ({}, torch.float64, "ba393818c8eda5b3e4755214306d99d303073d5f7bb5cf689d43078c8d92b2c8"),
+    "dense": (LLAMA_FLAGS, torch.float64, "c681d11f5c118e98e51f0b0823ef938a11c895a2336bc685222f8f8df123b248"),
+    "moe": (MODELS["moe"], torch.float32, "4f42cdb160806adc82fd1cda9649cb379d912f10a5473e682cc347879fced294"),
+    "kv_replicated": (MODELS["kv_replicated"], torch.float64,
+                      "78d9d06852d731754810df2c06323adba715361b25c502e106b3b226651abdd8"),
+    "moe_tied": (dict(num_experts=4, tie_word_embeddings=True), torch.float32,
+                 "e068340277ba476a9b171068c4d3e9f9ef1942d1c6ad1cc816c1b568f9add1c4"),
+    "hybrid_bf16": ({}, torch.bfloat16, None),
+}
+
+
+class _Rank0Driver:
+    """Rank 0's tp_driver in _gather_rank: rank 1 calls gather_state itself, so nothing to broadcast."""
+
+    procs = None
+
+    def broadcast(self, method, *args):
+        assert method == "gather_state" and args == (("mtp.",),)
+
+
+def _gather_rank(rank: int, port: int, out_dir: str) -> None:
+    from mtpx.distill import target_sha256
+    from mtpx.parallel import gather_state
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tp, results = TPGroup(rank, 2), {}
+    for name, (overrides, dtype, _) in GATHER_MODELS.items():
+        full = peaked_model(tiny_config(**overrides)).to(dtype)
+        sharded = copy.deepcopy(full)
+        shard_model(sharded, tp)
+        gathered = list(gather_state(sharded))                  # every tensor, mtp.* included
+        if rank == 0:
+            sharded.tp_driver = _Rank0Driver()
+            state = full.state_dict()
+            results[name] = {
+                "names": [n for n, _ in gathered] == sorted(state),
+                "equal": [n for n, t in gathered if not (t.dtype == state[n].dtype and torch.equal(t, state[n]))],
+                "hash": target_sha256(sharded), "full_hash": target_sha256(full),
+                "shard_smaller": sharded.model.embed_tokens.weight.shape[0] * 2 == full.cfg.vocab_size}
+        else:
+            for _ in gather_state(sharded, ("mtp.",)):         # target_sha256's gather on rank 0
+                pass
+            results[name] = {"yielded": gathered}
+        if name == "hybrid":        # closed after one tensor: the rest is still received (no hang)
+            it = gather_state(sharded)
+            next(it, None)
+            it.close()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def test_gather_state_rebuilds_the_unsharded_model_and_its_target_hash(tmp_path):
+    """gather_state over 2 gloo ranks yields on rank 0 every tensor of the unsharded model's state
+    dict, equal bit for bit and in name order (dense, hybrid, MoE with whole experts per rank,
+    one KV head replicated on both ranks, tied embeddings, bfloat16), and nothing on rank 1; so
+    mode=distill's target_sha256 of rank 0's shard is the unsharded model's, which is the hash
+    distill recorded before tensor parallelism."""
+    mp.spawn(_gather_rank, args=(free_port(), str(tmp_path)), nprocs=2)
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    assert set(r0) == set(r1) == set(GATHER_MODELS)
+    for name, (_, _, want) in GATHER_MODELS.items():
+        assert r0[name]["names"] and r0[name]["equal"] == [] and r0[name]["shard_smaller"], (name, r0[name])
+        assert r0[name]["hash"] == r0[name]["full_hash"], name
+        if want is not None:
+            assert r0[name]["hash"] == want, name
+        assert r1[name] == {"yielded": []}
+
+
 class _CountingHandle:
     """A safe_open handle that adds the bytes of every tensor it hands out to `counter`."""
 

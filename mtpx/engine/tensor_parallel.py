@@ -16,17 +16,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
 from mtpx.engine.engine import Engine
 from mtpx.core.scheduler import SchedulerOutput
-from mtpx.parallel import check_shardable
+from mtpx.parallel import check_shardable, gather_state
 from mtpx.parallel.load import load_shard
 from mtpx.parallel.spmd import Driver, TensorParallelError, init_group, serve, start_workers, under_torchrun
 
-__all__ = ["TensorParallelRunner", "TensorParallelError", "build_engine", "start", "worker_main"]
+__all__ = ["TensorParallelRunner", "TensorParallelError", "build_engine", "full_state", "start", "worker_main"]
 
 
 def _lean(r):
@@ -148,6 +149,30 @@ class _Worker:
         for i in released:
             runner.release(i)
         runner.time_decode_steps(reqs, block_tables, ks, rounds, warmup, depth_per_request)
+
+    def gather_state(self, exclude: tuple[str, ...]) -> None:
+        for _ in gather_state(self.model, exclude):        # sends this rank's slices to rank 0
+            pass
+
+
+def full_state(model, exclude: tuple[str, ...] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of the whole model's state dict in name order, names starting with one of
+    `exclude` left out: a model in one process's, or, for rank 0's shard of a tensor-parallel
+    LLM (model.tp_driver), the unsharded tensors rebuilt from every rank's slices, one at a time
+    (mtpx.parallel.gather; equal bit for bit to the unsharded model's). Iterate it to the end.
+    Raises TensorParallelError when a worker dies meanwhile."""
+    driver = getattr(model, "tp_driver", None)
+    if driver is None:
+        state = model.state_dict()
+        yield from ((n, state[n]) for n in sorted(state) if not n.startswith(exclude))
+        return
+    driver.broadcast("gather_state", tuple(exclude))
+    try:
+        yield from gather_state(model, tuple(exclude))
+    except Exception as err:  # a collective failed: a worker died or hung
+        if isinstance(err, dist.DistError) or any(not p.is_alive() for p in driver.procs or []):
+            raise driver.failure(err) from None
+        raise
 
 
 def worker_main(rank: int, world_size: int, port: int | None, build: dict) -> None:

@@ -8,9 +8,12 @@ where a sharded product is summed or gathered. docs/tensor_parallel.md is the us
   with experts split across ranks).
 - shard: which slice of every parameter a rank holds (ShardPlan) and shard_model, which turns an
   MTPForCausalLM (loaded, or on the meta device) into the rank's shard.
+- gather: the unsharded model's tensors rebuilt on rank 0 from the ranks' shards (gather_state).
 - spmd: the driver's proxy (rank 0 broadcasts each runner call) and the workers' loop.
 """
+from mtpx.parallel.gather import gather_state
 from mtpx.parallel.group import TPGroup, all_gather_last, all_reduce
 from mtpx.parallel.shard import Shard, ShardPlan, check_shardable, shard_model
 
-__all__ = ["TPGroup", "all_gather_last", "all_reduce", "Shard", "ShardPlan", "check_shardable", "shard_model"]
+__all__ = ["gather_state", "TPGroup", "all_gather_last", "all_reduce", "Shard", "ShardPlan", "check_shardable",
+           "shard_model"]

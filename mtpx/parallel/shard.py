@@ -212,8 +212,9 @@ class ShardPlan:
 
 def shard_model(model: nn.Module, tp: TPGroup) -> ShardPlan:
     """Turn `model` (an MTPForCausalLM, with weights or on the meta device) into rank tp.rank's
-    shard in place (module doc) and return its ShardPlan. world_size 1: nothing changes (an
-    empty plan). Raises ValueError when the config cannot be split (check_shardable)."""
+    shard in place (module doc) and return its ShardPlan, also kept as model.tp_plan (with
+    model.tp: what gather.gather_state reads). world_size 1: nothing changes (an empty plan).
+    Raises ValueError when the config cannot be split (check_shardable)."""
     check_shardable(model.cfg, tp.world_size)
     if tp.world_size == 1:
         return ShardPlan({}, {})
@@ -238,5 +239,5 @@ def shard_model(model: nn.Module, tp: TPGroup) -> ShardPlan:
     for m in model.mtp:
         if m.head is not None:
             s.vocab(m.head, embedding=False)
-    model.tp = tp
-    return ShardPlan(s.plan, sources)
+    model.tp, model.tp_plan = tp, ShardPlan(s.plan, sources)
+    return model.tp_plan
