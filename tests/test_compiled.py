@@ -445,35 +445,6 @@ def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, s
     assert len({f.parent for f in (tmp_path / "precompiled").rglob("*.bin")}) == 2
 
 
-@pytest.mark.slow      # about 70 s: the warm-up traces 10 graphs (a verification, commit and draft graph per depth bucket)
-def test_automatic_k_saves_its_graphs_and_a_later_engine_loads_them(trained_tiny, tmp_path, monkeypatch):
-    """num_speculative_tokens=auto with engine.compile_cache: the warm-up compiles and saves the
-    graphs of every depth bucket, a second engine (Dynamo reset) loads all of them and compiles
-    none, and both decode eager's tokens while the scripted depths change."""
-    from mtpx.engine.auto_k.store import save_step_costs
-    from tests.test_auto_k import ScriptedDepths
-    monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
-    costs = tmp_path / "costs.json"
-    save_step_costs(costs, {(k, b): 10.0 + 3 * k * (b > 1) for k in range(5) for b in (1, 4)}, {})
-    outs, stats = [], []
-    for backend in (None, "aot_eager", "aot_eager"):
-        torch._dynamo.reset()
-        llm = _llm(trained_tiny, "mtp8", "auto", compile_backend=backend, compile_regions=False,
-                   cost_model_file=costs)
-        if backend is not None:
-            stats.append(llm.compile_stats)
-        llm.engine.scheduler.depth_per_request = True
-        policy = ScriptedDepths(4, [4, 2, 0, 4, 3, 1], lower_seed=1)
-        llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
-        policy.forced = None
-        outs.append(llm.generate(PROMPTS[:3], [SamplingParams(max_tokens=24 - i % 5, ignore_eos=True)
-                                               for i in range(3)]))
-    _same(outs[0], outs[1])
-    _same(outs[0], outs[2])
-    assert stats[0]["num_compiled"] == stats[0]["num_graphs"] > 0 and stats[0]["num_loaded"] == 0
-    assert (stats[1]["num_loaded"], stats[1]["num_compiled"]) == (stats[0]["num_graphs"], 0)
-
-
 def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch, capsys):
     """When saving a graph fails, that function runs through torch.compile for the rest of the
     run, with one line saying so, and the tokens are eager's."""

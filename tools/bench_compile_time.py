@@ -106,6 +106,7 @@ def main(argv=None) -> int:
                   f"first token {warm['first_token_s']} s, {warm['num_loaded']} loaded | identical {same}",
                   flush=True)
     if args.out:
+        sys.path.insert(0, str(ROOT))
         from mtpx.io import atomic_write_json, atomic_write_text
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
