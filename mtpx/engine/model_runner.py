@@ -345,10 +345,10 @@ class ModelRunner:
         pad, dev = rows.shape[0] - len(reqs), self.device
         depth = torch.tensor([r.draft_depth for r in reqs] + [0] * pad, device=dev)
         drafting = torch.tensor(list(is_drafting) + [False] * pad, device=dev)
-        static = (dict(num_modules=max(r.draft_depth for r in reqs)) if shapes is None else
+        extent = (dict(num_modules=max(r.draft_depth for r in reqs)) if shapes is None else
                   dict(num_modules=shapes.depth, num_columns=shapes.draft_columns, num_blocks=shapes.num_blocks))
         return DraftBatch(rows, num_tokens, target_end, drafting, depth, target_start, hidden, num_drafts,
-                          sampler=sampler, **static)
+                          sampler=sampler, **extent)
 
     def _decode(self, decodes: list[ScheduledDecode], results: dict, num_drafts: int) -> tuple[float, float]:
         """The decode step (module doc, shapes by StepShapes), proposing num_drafts drafts for the
