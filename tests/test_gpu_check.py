@@ -31,4 +31,11 @@ def test_gpu_check_cpu_smoke(tiny_ckpt, tmp_path):
     assert all(tr[n]["loss_rel_diff"] == 0 and tr[n]["max_weight_diff"] == 0 for n in ("joint", "frozen_target"))
     assert set(tr["train_tokens_per_s"]) == {"float32", "bfloat16_autocast"}
     assert all(v > 0 for v in tr["train_tokens_per_s"].values())
+    ref = r["reference"]     # section 8: GSM8K at concurrency 4 here (64 on a GPU), when the data is there
+    if "skipped" not in ref:
+        assert set(ref["rows"]) == {"plain", "mtp1", "mtp8", "auto"} and ref["concurrency"] == 4
+        assert ref["rows"]["plain"]["differing_from_plain"] == 0 and all(x["tok_s"] > 0 for x in ref["rows"].values())
+        assert ref["mtp8_over_plain"] == ref["rows"]["mtp8"]["tok_s"] / ref["rows"]["plain"]["tok_s"]
+    else:
+        assert "GSM8K" in ref["skipped"]
     assert (tmp_path / "gpu_check.md").read_text().startswith("# mtpx GPU check (cpu, float32")

@@ -23,6 +23,11 @@ Sections (each one says "skipped: <reason>" when its prerequisite is missing, e.
    bfloat16 autocast (16 x 256-token batches, as mode=train).
 7. tensor parallel: greedy mtp8 tokens with engine.tensor_parallel_size=2 over NCCL (two
    processes, one GPU each) against one process, identical; skipped with fewer than 2 GPUs.
+8. reference comparison: the reference design's own benchmark, mtp8 against mtp1 and plain
+   decoding at concurrency 64 on GSM8K (the first 128 test questions, greedy, at most 128 tokens,
+   eager), with automatic k beside them: output tok/s, mtp8 / mtp1, mtp8 / plain, auto / the best
+   fixed contender, and the requests whose tokens differ from plain decoding (bf16 near-ties can
+   flip a token; counted, not failed); skipped without the GSM8K test set.
 Runs in under 5 minutes on one GPU. Writes gpu_check.md and gpu_check.json into --out
 (atomically). Exit status 1 when a comparison fails its tolerance or tokens differ.
 """
@@ -133,6 +138,38 @@ def check_tensor_parallel(model, device, dtype_name, prompts, max_tokens) -> dic
     tp.shutdown()
     same = sum(a.output_token_ids == b.output_token_ids for a, b in zip(ref, got))
     return {"identical_requests": same, "num_requests": len(prompts), "ok": same == len(prompts)}
+
+
+def reference_comparison(model, device, dtype_name, quick: bool) -> dict:
+    """Section 8 of the module doc (quick: 4 questions at concurrency 4, 8 tokens)."""
+    from mtpx.data.gsm8k import format_prompt, load_gsm8k
+    from mtpx.schema import CONF_DIR, data_dir
+    path = data_dir(CONF_DIR) / "gsm8k" / "test.jsonl"
+    if not path.exists():
+        return {"skipped": f"no GSM8K test set at {path} (MTPX_DATA_DIR sets the data directory)"}
+    concurrency, num, new = (4, 4, 8) if quick else (64, 128, 128)
+    prompts = [format_prompt(q["question"]) for q in load_gsm8k(path)[:num]]
+    params = SamplingParams(max_tokens=new)
+    rows, tokens = {}, {}
+    for name, spec, k in (("plain", None, None), ("mtp1", "mtp1", 1), ("mtp8", "mtp8", None),
+                          ("auto", "mtp8", "auto")):
+        llm = LLM(model=model, spec=spec, num_speculative_tokens=k, dtype=dtype_name, device=device,
+                  max_num_seqs=concurrency)
+        llm.generate(prompts[:1], SamplingParams(max_tokens=2))          # warm
+        _sync(device)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params, max_concurrency=concurrency)
+        _sync(device)
+        seconds = time.perf_counter() - t0
+        tokens[name] = [o.output_token_ids for o in outs]
+        rows[name] = {"tok_s": sum(map(len, tokens[name])) / seconds,
+                      "differing_from_plain": sum(a != b for a, b in zip(tokens[name], tokens["plain"]))}
+        del llm
+    best = max(("plain", "mtp1", "mtp8"), key=lambda n: rows[n]["tok_s"])
+    return {"concurrency": concurrency, "num_prompts": num, "max_tokens": new, "rows": rows,
+            "mtp8_over_mtp1": rows["mtp8"]["tok_s"] / rows["mtp1"]["tok_s"],
+            "mtp8_over_plain": rows["mtp8"]["tok_s"] / rows["plain"]["tok_s"],
+            "best_fixed": best, "auto_over_best": rows["auto"]["tok_s"] / rows[best]["tok_s"]}
 
 
 def _throughput(llm, prompts, max_tokens) -> float:
@@ -304,6 +341,16 @@ def _markdown(r: dict) -> str:
     lines += ["", f"Decode step at batch 1: {t['decode_step_ms_batch1']:.3f} ms; weight-bandwidth floor "
               f"{t['weight_bandwidth_floor_ms']:.4f} ms ({t['weight_bytes'] / 1e6:.1f} MB of weights at "
               f"{t['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {t['decode_over_floor']:.1f}x the floor.", ""]
+    ref = r["reference"]
+    if "skipped" in ref:
+        lines += [f"Reference comparison: skipped: {ref['skipped']}", ""]
+    else:
+        lines += [f"Reference comparison (GSM8K, {ref['num_prompts']} questions, concurrency {ref['concurrency']}, "
+                  f"greedy, at most {ref['max_tokens']} tokens, eager): mtp8 / mtp1 {ref['mtp8_over_mtp1']:.2f}x, "
+                  f"mtp8 / plain {ref['mtp8_over_plain']:.2f}x, auto / {ref['best_fixed']} {ref['auto_over_best']:.2f}x",
+                  "", "| contender | output tok/s | requests differing from plain |", "|---|---:|---:|"]
+        lines += [f"| {n} | {x['tok_s']:.1f} | {x['differing_from_plain']} |" for n, x in ref["rows"].items()]
+        lines.append("")
     tr = r["training"]
     lines += [f"Training step ({tr['batch'][0]} x {tr['batch'][1]} tokens), device vs CPU float32:", "",
               "| objective | loss CPU | loss device | relative diff | max weight diff | ok |", "|---|---:|---:|---:|---:|:---:|"]
@@ -340,7 +387,8 @@ def main(argv=None) -> int:
               "timing": timing(args.model, device, dtype_name, args.quick),
               "compiled": check_compiled(args.model, device, dtype_name, args.quick, args.compile_backend),
               "training": check_train_step(args.model, device, args.quick),
-              "tensor_parallel": check_tensor_parallel(args.model, device, dtype_name, prompts, 16)}
+              "tensor_parallel": check_tensor_parallel(args.model, device, dtype_name, prompts, 16),
+              "reference": reference_comparison(args.model, device, dtype_name, args.quick)}
     result["seconds"] = time.perf_counter() - t0
     text = _markdown(result)
     print(text)
