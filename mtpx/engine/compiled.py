@@ -289,28 +289,28 @@ class CompiledDecode:
         # a fresh [B] tensor: target_start is a column of the window's positions, and for a batch
         # of one contiguous() would keep its stride, which the graph guards on (a recompile)
         target_start = b.target_start.new_empty(b.target_start.shape).copy_(b.target_start)
-        rows = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start)
+        per_row = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start)
         modules = len(self.cache.draft) if b.num_modules is None else b.num_modules
         name = f"draft loop ({modules} module{'s' * (modules > 1)}, {b.num_columns} columns)"
         block_table = self.cache.block_tables[b.rows, : b.num_blocks]
         if self.plan_in_graph:
             def mark():
-                _mark_batch(*rows, b.target_hidden)
+                _mark_batch(*per_row, b.target_hidden)
                 _mark_window(b.target_hidden)
                 _mark_meta_table(block_table)
-            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, block_table, *rows,
+            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, block_table, *per_row,
                                                                b.target_hidden, b.num_columns, num_drafts,
                                                                b.num_modules), mark)
         else:
-            plan = self.speculator.plan(self.cache, DraftBatch(*rows, b.target_hidden, num_drafts, b.num_modules,
+            plan = self.speculator.plan(self.cache, DraftBatch(*per_row, b.target_hidden, num_drafts, b.num_modules,
                                                                b.num_columns, b.num_blocks))
 
             def mark_eager_plan():
-                _mark_batch(*rows, b.target_hidden)
+                _mark_batch(*per_row, b.target_hidden)
                 _mark_window(b.target_hidden)
                 for m in plan.metas:
                     _mark_meta(m)
-            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, plan, *rows,
+            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, plan, *per_row,
                                                                b.target_hidden), mark_eager_plan)
         return Drafts(tokens, None, num_final)
 
