@@ -109,6 +109,7 @@ def main(argv=None) -> int:
         if llms[name].calibration is not None:
             cal = llms[name].calibration
             print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
+        llms[name].engine.draft_length.reset_histograms()   # count the timed chunks only, not the warm-up
     per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []} for n in args.contenders}
     for c, chunk in enumerate(chunks):
         order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
