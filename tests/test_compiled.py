@@ -217,7 +217,7 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
             for buf, saved in zip(getattr(getattr(spec_, "window", None), "buf", []), window):
                 buf.copy_(saved)                                  # both loops read the same window
             batch = DraftBatch(st.rows, num_tokens, target_end, live, torch.where(live, k, 0), st.positions[:, 0],
-                               h_c, k, k, k + 1, 4)                                   # as the engine
+                               h_c, k, k, k + 1, st.block_table)                                   # as the engine
             d = engine.compiled.draft(batch) if compiled else spec_.propose(cache, batch)
             drafts.append(d.tokens[:3])
         assert torch.equal(drafts[0], drafts[1])

@@ -131,7 +131,7 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
         saved = spec.computed.clone()
 
         batch = DraftBatch(rows, nt, target_end, is_drafting, torch.where(is_drafting, k, 0), start, h,
-                           k, k, k + 1, nb)
+                           k, k, k + 1, meta.block_table)
 
         def draft():
             spec.computed.copy_(saved)                       # every call re-prefills the same window

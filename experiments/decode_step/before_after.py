@@ -1,7 +1,8 @@
-"""Eager and compiled plain and mtp8 decoding of one mtpx checkout, for comparing two commits.
+"""Eager and compiled plain and mtp8 decoding of one mtpx checkout, for comparing two commits
+(the experiments' one harness for that: decode_step/ and compile_time/vs_previous/ use it).
 
     python experiments/decode_step/before_after.py --root CHECKOUT --out FILE.json \
-        [--c1-prompts 4] [--c64-prompts 64] [--max-tokens 128] [--threads 2]
+        [--modes eager compiled] [--c1-prompts 4] [--c64-prompts 64] [--max-tokens 128] [--threads 2]
 
 Imports mtpx from --root (the same script measures the commit before the decode-step redesign
 and the redesign), builds plain and mtp8 engines of the demo (max_num_seqs 64), eager and with
@@ -24,6 +25,7 @@ ap.add_argument("--c1-prompts", type=int, default=4)
 ap.add_argument("--c64-prompts", type=int, default=64)
 ap.add_argument("--max-tokens", type=int, default=128)
 ap.add_argument("--threads", type=int, default=2)
+ap.add_argument("--modes", nargs="+", default=["eager", "compiled"], choices=["eager", "compiled"])
 args = ap.parse_args()
 sys.path.insert(0, args.root)
 
@@ -37,13 +39,16 @@ data = os.path.join(os.environ.get("MTPX_DATA_DIR", os.path.join(args.root, ".."
                     "gsm8k", "test.jsonl")
 questions = [format_prompt(q["question"]) for q in load_gsm8k(data)[:max(args.c1_prompts, args.c64_prompts)]]
 params = SamplingParams(max_tokens=args.max_tokens)
+import inspect  # noqa: E402
+# checkouts before LLM(threads=) set the threads above only
+kw = {"threads": args.threads} if "threads" in inspect.signature(LLM.__init__).parameters else {}
 rows, tokens, builds = [], {}, {}
-for mode in ("eager", "compiled"):
+for mode in args.modes:
     engines = {}
     for name, spec in (("plain", None), ("mtp8", "mtp8")):
         t0 = time.perf_counter()
         engines[name] = LLM(args.root + "/checkpoints/demo", spec=spec, compile=mode == "compiled",
-                            max_num_seqs=64, threads=args.threads)
+                            max_num_seqs=64, **kw)
         builds[f"{name}-{mode}"] = round(time.perf_counter() - t0, 1)
         print(f"{name} {mode}: built in {builds[f'{name}-{mode}']} s", flush=True)
     for conc, n_prompts in ((1, args.c1_prompts), (64, args.c64_prompts)):

@@ -70,7 +70,7 @@ def plan_and_draft(speculator, cache, block_table, rows, num_tokens, target_end,
     """speculator.propose (its contract) over a static DraftBatch built here, as one graph:
     -> (Drafts.tokens, Drafts.num_final)."""
     batch = DraftBatch(rows, num_tokens, target_end, is_drafting, depth, target_start, target_hidden,
-                       num_drafts, num_modules, num_columns, block_table.shape[1])
+                       num_drafts, num_modules, num_columns, block_table)
     drafts = speculator.propose(cache, batch)
     return drafts.tokens, drafts.num_final
 
@@ -277,7 +277,7 @@ class CompiledDecode:
     @torch.inference_mode()
     def draft(self, batch: DraftBatch) -> Drafts:
         """speculator.propose compiled (its contract), for a static batch (num_columns and
-        num_blocks set; num_drafts an int, passed to the graph as a 0-d tensor; num_modules None:
+        block_table set; num_drafts an int, passed to the graph as a 0-d tensor; num_modules None:
         all): one graph
         per pair of column and module counts. The plan is part of the graph with the torch
         attention backend; with FlashInfer, whose plans are host-side, it runs eager before the
@@ -292,7 +292,7 @@ class CompiledDecode:
         per_row = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start)
         modules = len(self.cache.draft) if b.num_modules is None else b.num_modules
         name = f"draft loop ({modules} module{'s' * (modules > 1)}, {b.num_columns} columns)"
-        block_table = self.cache.block_tables[b.rows, : b.num_blocks]
+        block_table = b.block_table
         if self.plan_in_graph:
             def mark():
                 _mark_batch(*per_row, b.target_hidden)
@@ -303,7 +303,7 @@ class CompiledDecode:
                                                                b.num_modules), mark)
         else:
             plan = self.speculator.plan(self.cache, DraftBatch(*per_row, b.target_hidden, num_drafts, b.num_modules,
-                                                               b.num_columns, b.num_blocks))
+                                                               b.num_columns, block_table))
 
             def mark_eager_plan():
                 _mark_batch(*per_row, b.target_hidden)

@@ -338,15 +338,17 @@ class ModelRunner:
 
     def _draft_batch(self, reqs, rows: torch.Tensor, num_tokens: torch.Tensor, target_end: torch.Tensor,
                      is_drafting: list[bool], target_start: torch.Tensor, hidden: torch.Tensor,
-                     num_drafts: int, sampler=None, shapes: StepShapes | None = None) -> DraftBatch:
+                     num_drafts: int, sampler=None, shapes: StepShapes | None = None,
+                     block_table: torch.Tensor | None = None) -> DraftBatch:
         """The DraftBatch of `reqs` (their depths; rows beyond len(reqs) are padding: depth 0, not
-        drafting): static with `shapes` (the decode step's columns, blocks and modules), else
-        dynamic over modules 1..the deepest request's depth."""
+        drafting): static with `shapes` and block_table (the decode step's columns and modules,
+        the verification's [Bp, num_blocks] block table), else dynamic over modules 1..the deepest
+        request's depth."""
         pad, dev = rows.shape[0] - len(reqs), self.device
         depth = torch.tensor([r.draft_depth for r in reqs] + [0] * pad, device=dev)
         drafting = torch.tensor(list(is_drafting) + [False] * pad, device=dev)
         extent = (dict(num_modules=max(r.draft_depth for r in reqs)) if shapes is None else
-                  dict(num_modules=shapes.depth, num_columns=shapes.draft_columns, num_blocks=shapes.num_blocks))
+                  dict(num_modules=shapes.depth, num_columns=shapes.draft_columns, block_table=block_table))
         return DraftBatch(rows, num_tokens, target_end, drafting, depth, target_start, hidden, num_drafts,
                           sampler=sampler, **extent)
 
@@ -392,7 +394,7 @@ class ModelRunner:
             sampler = self._draft_sampler(sampling, [min(shapes.num_drafts, r.draft_depth) for r in reqs])
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
                                       torch.cat([final, final.new_zeros(pad)]), [True] * B, meta.positions[:, 0],
-                                      h, shapes.num_drafts, sampler, shapes)
+                                      h, shapes.num_drafts, sampler, shapes, meta.block_table)
             drafts = step.draft(batch)
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()

@@ -39,8 +39,10 @@ class DraftBatch:
         num_speculative_tokens; a row drafts at most its depth, and every module of its depth
         still advances over the verified tokens.
     num_modules: the round runs modules 1..num_modules only (an int, at least every row's depth;
-        None: all). num_columns, num_blocks (both or neither): static metadata of that many
-        columns, reading that many blocks; None: dynamic (a forward with nothing to do is left out).
+        None: all). num_columns, block_table (both or neither): static metadata of num_columns
+        columns reading the blocks of block_table [B, num_blocks] (the verification forward's, whose
+        width is the static forwards' block count); None: dynamic (a forward with nothing to do is
+        left out).
     sampler: None (argmax drafts) or a mtpx.spec_decode.sampler.DraftSampler (eager only).
     """
 
@@ -54,8 +56,13 @@ class DraftBatch:
     num_drafts: int | torch.Tensor | None = None
     num_modules: int | None = None
     num_columns: int | None = None
-    num_blocks: int | None = None
+    block_table: torch.Tensor | None = None
     sampler: object | None = None
+
+    @property
+    def num_blocks(self) -> int | None:
+        """Blocks the static forwards read (block_table's width), None when dynamic."""
+        return None if self.block_table is None else self.block_table.shape[1]
 
 
 @dataclass
