@@ -381,11 +381,18 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     (["train.data_sources=gsm8k"], "train.data_sources=gsm8k: must be a list, e.g. [a,b]"),
     (["logger=wandb", "logger.projet=x"], "unknown key 'logger.projet': did you mean logger.project?"),
     (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens=x: must be an integer, null or auto"),
+    (["engine.compile_depths=x"], "engine.compile_depths=x: must be a list, e.g. [a,b]"),
 ])
 def test_typos_and_wrong_types_fail_before_the_run(argv, message):
     """Structured configs (mtpx/schema/): an unknown key, with or without '+', or a value of the
     wrong type, is one line naming the key and the closest valid one; each value of a sweep is checked."""
     assert check_overrides(argv, Path(CONF)) == message
+
+
+@pytest.mark.parametrize("argv", [["--cfg", "job"], ["+spec=mtp8", "-c", "job"], ["--cfg", "all", "engine.block_size=4"]])
+def test_hydras_own_flags_pass_the_check(argv):
+    """README's `python train_or_eval.py --cfg job`: the flag's value is Hydra's, not an override."""
+    assert check_overrides(argv, Path(CONF)) is None
 
 
 def test_every_group_option_composes_against_its_schema():

@@ -184,9 +184,9 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
     eager, eager_one = _generate(ref), _generate(ref, PROMPTS[:1], max_tokens=12)
     llm = _llm(trained_tiny, spec, k, compile_backend="inductor")
     stats = llm.compile_stats
-    # verify, commit, draft loop; Inductor specializes the multi-module draft graph to batches of
-    # two or more, so the warm-up's request alone builds its batch-1 graph too
-    assert stats["num_graphs"] == (3 if spec == "mtp1" else 4)
+    # verify, commit, draft loop; the warm-up's request alone runs in the batch-2 graphs (the
+    # multi-module draft graph once guarded on B >= 2 and compiled a batch-1 copy)
+    assert stats["num_graphs"] == 3
     with torch._dynamo.config.patch(error_on_recompile=True):
         compiled = _generate(llm)
         _same(compiled, eager)
@@ -333,19 +333,21 @@ def test_layer_regions_are_traced_once_per_layer_type(trained_tiny, regions):
     assert llm.engine.compile_stats()["regions"] is regions
 
 
-def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trained_tiny):
+@pytest.mark.parametrize("depths,graphs", [(None, 4), pytest.param([0, 1, 2, 4], 10, marks=pytest.mark.slow)])
+def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trained_tiny, depths, graphs):
     """num_speculative_tokens=auto, compiled (regions): the warm-up builds the graphs of every
-    depth bucket (compiled.depth_bucket: 0, 1, 2, 4 for k = 4), so requests whose depths change
+    depth bucket (engine.compile_depths; default 0 and k = 4: verify 1 and 5 tokens, commit,
+    draft loop; [0, 1, 2, 4]: verify 4, commit 3, draft loop 3), so requests whose depths change
     while they run (scripted) decode with error_on_recompile; tokens equal eager's."""
     from tests.test_auto_k import ScriptedDepths
     torch._dynamo.reset()
     outs = []
     for backend in (None, "eager"):
-        llm = _llm(trained_tiny, "mtp8", 4, compile_backend=backend)
+        llm = _llm(trained_tiny, "mtp8", 4, compile_backend=backend, compile_depths=depths)
         llm.engine.scheduler.depth_per_request = True
         if backend is not None:
             stats = llm.engine.warmup()
-            assert stats["num_graphs"] <= 13      # verify 5, commit 4, draft loop 4
+            assert stats["num_graphs"] == graphs
         policy = ScriptedDepths(4, [4, 2, 0, 4, 3, 1], lower_seed=1)
         llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
         policy.forced = None
@@ -357,9 +359,12 @@ def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trai
 
 def test_depth_buckets():
     from mtpx.engine.compiled import depth_bucket
-    assert [depth_bucket(d, 8) for d in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
-    assert [depth_bucket(d, 3) for d in range(4)] == [0, 1, 2, 3]
-    assert [depth_bucket(d, 6) for d in range(7)] == [0, 1, 2, 4, 4, 6, 6]
+    assert [depth_bucket(d, 8) for d in range(9)] == [0] + [8] * 8           # default: 0 and k
+    powers = [0, 1, 2, 4, 8]
+    assert [depth_bucket(d, 8, powers) for d in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
+    assert [depth_bucket(d, 3, powers) for d in range(4)] == [0, 1, 2, 3]
+    assert [depth_bucket(d, 6, powers) for d in range(7)] == [0, 1, 2, 4, 4, 6, 6]
+    assert [depth_bucket(d, 8, [2, 20]) for d in range(9)] == [0, 2, 2] + [8] * 6
 
 
 def test_compile_default_is_decided_by_mode(monkeypatch):

@@ -16,10 +16,11 @@ from tests.helpers import make_llm
 PROMPTS = [[5, 9, 13, 2, 7], [3, 4, 5, 6, 7, 8, 9, 10, 11], [20, 21, 22]]
 
 
-def _plan(static: bool, num_tokens, num_draft_tokens, depths, prev, num_drafts, k=8, modules=8, batch=None):
+def _plan(static: bool, num_tokens, num_draft_tokens, depths, prev, num_drafts, k=8, modules=8, batch=None,
+          buckets=(0, 1, 2, 4, 8)):
     return StepShapes.plan(num_tokens, num_draft_tokens, depths, prev, num_drafts, k=k,
                            num_draft_modules=modules, block_size=16, max_blocks=64,
-                           padded_batch=batch or len(num_tokens), static=static)
+                           padded_batch=batch or len(num_tokens), static=static, depth_buckets=buckets)
 
 
 def test_step_shapes_eager_are_exact_and_static_are_bucketed():
@@ -34,6 +35,8 @@ def test_step_shapes_eager_are_exact_and_static_are_bucketed():
     assert (eager.window, eager.depth, eager.num_drafts, eager.draft_columns) == (2, 3, 3, 4)
     static = _plan(True, [30, 30], [1, 1], [1, 3], [1, 1], 3, batch=2)
     assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (5, 4, 3, 5)   # bucket 4
+    static = _plan(True, [30, 30], [1, 1], [1, 3], [1, 1], 3, batch=2, buckets=None)      # buckets 0 and k
+    assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (9, 8, 3, 9)
     # a module that catches up behind 3 verified drafts covers 4 - 1 + 4 positions: 2 x 4 columns
     eager = _plan(False, [30, 30], [3, 3], [3, 4], [3, 3], 4)
     assert (eager.window, eager.draft_columns) == (4, 7)

@@ -253,7 +253,7 @@ class CompiledDecode:
         Gated DeltaNet commit."""
         if self.speculator is None:
             return 1
-        return 3 + bool(self.cache.recurrent)
+        return 2 + bool(self.cache.recurrent)
 
     def _call(self, name: str, fn, args: tuple, mark):
         """fn(*args), reported as `name` if it builds a graph; mark() applies the arguments'

@@ -60,6 +60,13 @@ class EngineConfig:
     the model, the engine's shapes, torch, the thread count and mtpx's source, and load it in a
     later run instead of tracing and compiling again (mtpx/engine/precompile.py). False: only
     Inductor's caches are kept, and every run traces its graphs again."""
+    compile_depths: list[int] | None = None
+    """With compile and automatic k: the draft depths the compiled step is built for; a step's
+    verification window and draft round are padded to the next of them above its deepest
+    request. None: 0 and num_speculative_tokens, so automatic k builds the graphs of plain
+    decoding and of the fixed k (4 against 3 on the demo) and picks per request between no draft
+    and every draft; [0, 1, 2, 4, 8]: every power of two (13 graphs, several minutes more cold;
+    experiments/compile_time). Eager steps are never padded."""
     compile_backend: str = "inductor"
     """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests); any
     name in torch._dynamo.list_backends(exclude_tags=()), else ValueError."""
@@ -103,6 +110,11 @@ class EngineConfig:
                                     ("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)):
             if value not in choices:
                 raise ValueError(f"{key}={value!r}: choose one of {list(choices)} (spec.{key})")
+        if self.compile_depths is not None and (
+                isinstance(self.compile_depths, (str, bytes)) or not hasattr(self.compile_depths, "__iter__")
+                or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in self.compile_depths)):
+            raise ValueError(f"engine.compile_depths={self.compile_depths!r}: give a list of draft depths "
+                             ">= 0, e.g. [0, 2, 8], or null (0 and num_speculative_tokens)")
         if self.compile_backend not in ("inductor", "eager", "aot_eager"):
             if not isinstance(self.compile_backend, str):
                 raise ValueError(f"engine.compile_backend={self.compile_backend!r}: give a torch.compile backend "

@@ -12,8 +12,8 @@ Shapes (`StepShapes.plan`): eager, the batch is not padded, a window has 1 + the
 request verifies, and keys are read from exactly the blocks the step touches. Static (compiled),
 gpt-fast's recipe and vLLM's capture sizes: the batch is padded to a capture size (1, 2, 4, 8, then
 multiples of 8), the window and the draft round are built for the depth bucket of the deepest
-request (1, 2, 4, ..., k: fewer drafts are padding), a step that neither verifies nor proposes a
-draft has a 1-token window, the draft round's forwards have width + 1 or 2 width columns, and keys
+request (depth_bucket: 0 or k unless engine.compile_depths adds more; fewer drafts are
+padding), a step that neither verifies nor proposes a draft has a 1-token window, the draft round's forwards have width + 1 or 2 width columns, and keys
 are read from a power-of-two number of blocks: a few graphs serve every step.
 """
 from __future__ import annotations
@@ -52,11 +52,13 @@ def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
     return min(max_blocks, 1 << (need - 1).bit_length())
 
 
-def depth_bucket(depth: int, k: int) -> int:
-    """The depth a compiled step's shapes are built for: the next power of two >= depth, at most
-    k (a fixed k is its own bucket), 0 for 0. Automatic k's depths 1..8 share the graphs of
-    depths 1, 2, 4 and 8."""
-    return 0 if depth <= 0 else min(k, 1 << (depth - 1).bit_length())
+def depth_bucket(depth: int, k: int, depths=None) -> int:
+    """The depth a compiled step's shapes are built for: the smallest of `depths`
+    (EngineConfig.compile_depths) >= depth, at most k (a fixed k is its own bucket); 0 for 0.
+    depths None: k (automatic k builds plain decoding's graphs and the fixed k's)."""
+    if depth <= 0:
+        return 0
+    return min([d for d in (depths or ()) if depth <= d < k] + [k])
 
 
 @dataclass
@@ -85,18 +87,20 @@ class StepShapes:
     @staticmethod
     def plan(num_tokens: list[int], num_draft_tokens: list[int], depths: list[int],
              num_prev_drafts: list[int], num_drafts: int, *, k: int, num_draft_modules: int,
-             block_size: int, max_blocks: int, padded_batch: int, static: bool) -> "StepShapes":
+             block_size: int, max_blocks: int, padded_batch: int, static: bool,
+             depth_buckets=None) -> "StepShapes":
         """num_tokens, num_draft_tokens, depths, num_prev_drafts: per request (known tokens,
         drafts it verifies, Request.draft_depth, drafts it holds); num_drafts: drafts asked for
         (the scheduler's k); k: the speculator's num_speculative_tokens (0: plain decoding);
-        padded_batch: the form's padded batch; static: compiled shapes (module doc)."""
+        padded_batch: the form's padded batch; static: compiled shapes (module doc);
+        depth_buckets: EngineConfig.compile_depths (depth_bucket)."""
         depth = max(depths)
         num_drafts = min(num_drafts, depth)
         window = 1 + max(num_draft_tokens)
         narrow = window == 1 and num_drafts == 0       # static: the only 1-token windows
         width = max(depth, window - 1)                 # drafts made before a depth fell may be more
         if static:
-            width = depth = depth_bucket(width, k)
+            width = depth = depth_bucket(width, k, depth_buckets)
         need = max(num_tokens) - 1 + 2 * width + 2     # drafts reach n + 2 width - 1
         num_blocks = (block_bucket(need, block_size, max_blocks) if static
                       else min(max_blocks, -(-need // block_size)))

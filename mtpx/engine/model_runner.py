@@ -368,7 +368,8 @@ class ModelRunner:
                                  k=self.num_speculative_tokens,
                                  num_draft_modules=0 if self.speculator is None else self.speculator.num_draft_modules,
                                  block_size=self.block_size, max_blocks=cache.max_blocks,
-                                 padded_batch=step.padded_batch(len(reqs)), static=step.static)
+                                 padded_batch=step.padded_batch(len(reqs)), static=step.static,
+                                 depth_buckets=self.config.compile_depths)
         B, T = shapes.batch, shapes.window
         pad = shapes.padded_batch - B
         rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)

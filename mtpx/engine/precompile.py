@@ -11,8 +11,8 @@ guards and Inductor's compiled code together (`torch.compile(...).aot_compile`,
     fn.call("verify (1-token window)", (model, cache, meta), mark, progress)
 
 A graph is found by the name of the call (which carries its static widths) and by its guards:
-the files of one name are the variants compiled for it (a graph Inductor specialized to
-batches of two or more gets a batch-1 sibling), and the first whose guards pass the arguments
+the files of one name are the variants compiled for it (a graph whose guards fail for
+some arguments gets a sibling for them), and the first whose guards pass the arguments
 runs. None passing: a new variant is compiled, saved atomically and loaded back, so a run that
 compiled calls the same deserialized code as a later run that loads it.
 

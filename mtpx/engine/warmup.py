@@ -19,7 +19,8 @@ __all__ = ["warm_up", "compile_stats", "time_decode_steps"]
 def warm_up(engine) -> dict | None:
     """With compile: run short dummy requests through `engine` (an Engine), two at once, three at
     once (two capture sizes: code after a graph break compiles again as dynamic on the second),
-    then one alone (a graph Inductor specialized to batches of two or more compiles for one now),
+    then one alone (which must run in the graphs compiled at batch 2; a guard on B >= 2 would
+    compile it again, tests/test_compiled.py),
     and with per-request depths (automatic k) one decode step at each depth bucket
     (compiled.depth_bucket), so the compiled functions exist before anything is timed; the prefix
     cache and the step timings are reset afterwards. Returns compile_stats(engine) (None without
@@ -43,7 +44,7 @@ def warm_up(engine) -> dict | None:
         engine.reset_step_timings()
     if engine.scheduler.depth_per_request and length >= 1:
         # automatic k: every depth bucket's graphs now, not when a request first reaches it
-        ks = sorted({depth_bucket(d, k) for d in range(k + 1)})
+        ks = sorted({depth_bucket(d, k, c.compile_depths) for d in range(k + 1)})
         try:
             engine.time_decode_steps(min(2, c.max_num_seqs), ks, length, rounds=0, warmup=1)
         except ValueError as err:

@@ -181,9 +181,9 @@ def compose_error(argv: list[str], conf_dir: Path) -> str | None:
                                                                     "--config-dir="))
            for a in argv):
         return None
-    args = [a for a in argv if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")]
-    args = [a for i, a in enumerate(args)
-            if not (i > 0 and args[i - 1] in ("-c", "--cfg", "-p", "--package"))]
+    args = [a for i, a in enumerate(argv)
+            if not a.startswith("-") and not a.lstrip("+~").startswith("hydra")
+            and not (i > 0 and argv[i - 1] in ("-c", "--cfg", "-p", "--package"))]
     try:
         parsed = OverridesParser.create().parse_overrides(args)
     except Exception as e:  # noqa: BLE001 - Hydra's parse errors: keep their first line

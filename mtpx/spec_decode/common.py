@@ -32,7 +32,10 @@ class HiddenWindow:
     def write(self, level: int, meta: ForwardMeta, values: torch.Tensor) -> None:
         """values [B, T, hidden] at meta's positions; only each row's last `window` are kept (the
         others, and padding, are written to the pad row: no shape depends on a value)."""
-        keep = meta.valid & (meta.positions >= meta.ends[:, None] - self.window)
+        # positions[:, :1], not meta.ends' positions[:, 0]: Inductor lowers a select of a batched
+        # column to a view that guards on B != 1 (a batch of one would compile the round again)
+        ends = meta.positions[:, :1] + meta.lengths[:, None]
+        keep = meta.valid & (meta.positions >= ends - self.window)
         rows = torch.where(keep, meta.rows[:, None], self.pad_row)
         put_rows(self.buf[level - 1], rows, meta.positions % self.window, values)
 
@@ -40,9 +43,9 @@ class HiddenWindow:
 def gather_hidden(meta: ForwardMeta, prev: torch.Tensor, prev_start: torch.Tensor,
                   window: HiddenWindow | None = None, level: int = 0) -> torch.Tensor:
     """The hidden-state input a^{level}_j at meta's positions j: from `prev` ([B, T', hidden], this
-    round's outputs at positions prev_start[b] + t) where j >= prev_start, else from `window`
-    (earlier rounds). -> [B, T, hidden]."""
-    idx = meta.positions - prev_start[:, None]
+    round's outputs at positions prev_start[b, 0] + t; prev_start [B, 1] int64) where
+    j >= prev_start, else from `window` (earlier rounds). -> [B, T, hidden]."""
+    idx = meta.positions - prev_start
     cur = prev.gather(1, idx.clamp(0, prev.shape[1] - 1)[..., None].expand(-1, -1, prev.shape[-1]))
     if window is None or level == 0:
         return cur

@@ -117,7 +117,7 @@ class MultiModuleMTPSpeculator:
         plan = self.plan(cache, b) if plan is None else plan
         limit = b.num_drafts if isinstance(b.num_drafts, int) else None
         n = b.num_tokens - 1
-        prev, prev_start = b.target_hidden, b.target_start
+        prev, prev_start = b.target_hidden, b.target_start[:, None]
         drafts, outs = [], []
         for module, meta in enumerate(plan.metas, start=1):
             a = run_module(model, cache, module, meta,
@@ -128,7 +128,7 @@ class MultiModuleMTPSpeculator:
                 cache.write_tokens(b.rows, n + module, d)                  # read by module k+1
                 drafts.append(d)
             outs.append(a)
-            prev, prev_start = a, meta.positions[:, 0]
+            prev, prev_start = a, meta.positions[:, :1]     # [B, 1]: gather_hidden
         for module, (meta, a, end) in enumerate(zip(plan.metas, outs, plan.computed), start=1):
             if module < self.num_speculative_tokens:   # after every module read the window
                 self.window.write(module, meta, a)

@@ -84,7 +84,7 @@ class SingleModuleMTPSpeculator:
         out = []
         if plan.metas:
             meta = plan.metas[0]
-            hidden = gather_hidden(meta, b.target_hidden, b.target_start)
+            hidden = gather_hidden(meta, b.target_hidden, b.target_start[:, None])
             a = last_valid(run_module(model, cache, 1, meta, hidden), meta)        # [B, hidden]
             last = 0 if isinstance(b.num_drafts, int) and b.num_drafts == 0 else len(plan.metas)
             for i in range(1, last + 1):

@@ -28,6 +28,7 @@ import statistics
 from collections.abc import Sequence
 
 from mtpx.core.draft_length import smooth_step_costs
+from mtpx.engine.decode_step import depth_bucket
 
 __all__ = ["calibrate_step_costs", "default_batch_sizes", "smooth_step_costs", "measure_step_costs",
            "step_costs", "tokens_per_round", "predict", "recommend"]
@@ -54,19 +55,25 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
     call by call makes a burst of load from another process slow every k alike, where on 2 CPU
     cores one k's steps measured in one stretch read up to 30% off the same k a minute later
     (experiments/auto_k). context_len: the middle of the main job's decode steps (prompts of
-    about 128 tokens, up to 128 output tokens). The engine must be idle, and is afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or is
-    busy."""
+    about 128 tokens, up to 128 output tokens). A compiled engine times only its depth buckets
+    (decode_step.depth_bucket), each k costing its bucket's step. The engine must be idle, and
+    is afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or
+    is busy."""
     policy = engine.draft_length
     if not getattr(policy, "auto", False):
         raise ValueError("calibration needs num_speculative_tokens=auto")
     if engine.has_unfinished_requests():
         raise ValueError("calibrate the step costs before adding requests")
     sizes = default_batch_sizes(engine.config.max_num_seqs) if batch_sizes is None else sorted(set(batch_sizes))
+    # a compiled step pads a k to its depth bucket, so a bucket's cost is each of its ks'
+    bucket = {k: k for k in range(policy.max_k + 1)}
+    if engine.compiled is not None:
+        bucket = {k: depth_bucket(k, policy.max_k, engine.config.compile_depths) for k in bucket}
     costs = {}
     for b in sizes:
-        times = engine.time_decode_steps(b, list(range(policy.max_k + 1)), context_len, rounds, seed=seed)
-        for k, ms in times.items():
-            costs[(k, b)] = statistics.median(ms)
+        times = engine.time_decode_steps(b, sorted(set(bucket.values())), context_len, rounds, seed=seed)
+        for k, top in bucket.items():
+            costs[(k, b)] = statistics.median(times[top])
     return costs
 
 
