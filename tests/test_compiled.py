@@ -451,8 +451,9 @@ def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, s
 
 
 def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch, capsys):
-    """When saving a graph fails, that function runs through torch.compile for the rest of the
-    run, with one line saying so, and the tokens are eager's."""
+    """When saving a graph fails, that graph runs through torch.compile for the rest of the run,
+    with one line saying so, and the tokens are eager's; a later run goes to torch.compile
+    directly."""
     from mtpx.engine import precompile
     monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
 
@@ -466,3 +467,12 @@ def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, 
     assert "cannot be saved for later runs (PackageError: MODULE_MATCH guard cannot be serialized.)" in err
     assert llm.compile_stats["num_compiled"] == 3
     _same(_generate(llm), eager)
+    # a later run reads the markers and compiles those functions with torch.compile at once
+    def must_not_save(*args, **kwargs):
+        raise AssertionError("tried to save a graph marked unsavable")
+    monkeypatch.setattr(precompile.Precompiled, "_compile", must_not_save)
+    torch._dynamo.reset()
+    again = _llm(trained_tiny, "mtp1", 2, compile_backend="aot_eager", compile_regions=False)
+    assert "cannot be saved" not in capsys.readouterr().err
+    assert again.compile_stats["num_compiled"] == 3
+    _same(_generate(again), eager)

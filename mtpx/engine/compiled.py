@@ -47,7 +47,6 @@ chunks and the catch-up drafting after them.
 from __future__ import annotations
 
 import contextlib
-import types
 
 import torch
 import torch.fx.experimental._config as fx_config
@@ -56,7 +55,7 @@ from mtpx.attention.meta import ForwardMeta
 from mtpx.engine.compile_progress import CompileProgress, mtpx_cache_dir, use_cache_dir
 from mtpx.engine.decode_step import (block_bucket, capture_sizes, depth_bucket,  # noqa: F401 (re-exported)
                                      verify_forward)
-from mtpx.engine.precompile import Precompiled, precompile_key
+from mtpx.engine.precompile import Precompiled, own_code as _own_code, precompile_key  # noqa: F401 (tests)
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
 
 
@@ -82,19 +81,6 @@ def propose_planned(speculator, cache, plan, rows, num_tokens, target_end, is_dr
     batch = DraftBatch(rows, num_tokens, target_end, is_drafting, depth, target_start, target_hidden)
     drafts = speculator.propose(cache, batch, plan)
     return drafts.tokens, drafts.num_final
-
-
-def _own_code(fn):
-    """fn (a function or bound method) with a code object of its own. Dynamo keeps its compiled
-    graphs per code object, so with a copy per engine no engine reuses another's graphs (a graph
-    compiled for a MoE model, split at its graph breaks, would otherwise be reused for a dense
-    model whose guards it passes) and several engines in one process (a Hydra multirun, the
-    lossless check's plain engine, calibration over k) never share Dynamo's recompile limit."""
-    f = getattr(fn, "__func__", fn)
-    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__,
-                              f.__closure__)
-    copy.__kwdefaults__, copy.__qualname__ = f.__kwdefaults__, f.__qualname__
-    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") else copy
 
 
 def _mark_batch(*tensors: torch.Tensor) -> None:

@@ -82,9 +82,7 @@ class Engine:
         depth_per_request = draft_length.auto and speculator is not None and speculator.num_draft_modules > 1
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len, lookahead, depth_per_request)
-        # automatic k's calibration and depth changes fail a saved graph's guards again and again
-        # (each failure compiled one more saved variant): its graphs go through torch.compile
-        self.runner = ModelRunner(model, speculator, config, self.max_len, precompile=not draft_length.auto)
+        self.runner = ModelRunner(model, speculator, config, self.max_len)
         if config.check_invariants:   # before every KV write: no published or free block is written
             self.runner.set_kv_write_guard(
                 lambda slots: kv.check_writes(torch.unique(slots // config.block_size).tolist()))

@@ -35,6 +35,7 @@ import inspect
 import json
 import re
 import sys
+import types
 from pathlib import Path
 
 import torch
@@ -62,6 +63,21 @@ def precompile_key(parts: dict) -> str:
     source hash added."""
     full = {**parts, "torch": torch.__version__, "threads": torch.get_num_threads(), "mtpx": _source_hash()}
     return hashlib.sha256(json.dumps(full, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def own_code(fn):
+    """fn (a function or bound method) with a code object of its own. Dynamo keeps its compiled
+    graphs per code object, so with a copy per engine no engine reuses another's graphs (a graph
+    compiled for a MoE model, split at its graph breaks, would otherwise be reused for a dense
+    model whose guards it passes) and several engines in one process (a Hydra multirun, the
+    lossless check's plain engine, calibration over k) never share Dynamo's recompile limit.
+    Precompiled compiles each variant from a fresh copy too: torch 2.13 applies the guard filter
+    only to a code object's first graph, and a later variant kept guards that cannot be saved."""
+    f = getattr(fn, "__func__", fn)
+    copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__,
+                              f.__closure__)
+    copy.__kwdefaults__, copy.__qualname__ = f.__kwdefaults__, f.__qualname__
+    return types.MethodType(copy, fn.__self__) if hasattr(fn, "__self__") else copy
 
 
 def guard_filter(entries):
@@ -92,6 +108,15 @@ def unmark(tensors) -> None:
             delattr(t, attr)
 
 
+def _failed_guard(f, args: tuple) -> str:
+    """The first guard of a loaded graph `f` that `args` fail, as Dynamo writes it."""
+    try:
+        info = f._artifacts.guard_manager.check_verbose(f.prepare_f_locals(*args))
+        return "; ".join(info.verbose_code_parts)[:300] or "unknown guard"
+    except Exception as err:  # noqa: BLE001 - torch internals: the reason is only for the log
+        return f"guard not shown: {type(err).__name__}"
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_")
 
@@ -109,7 +134,7 @@ class Precompiled:
         self.options = {**options, "guard_filter_fn": guard_filter}
         self.patches, self.persistent, self.mark_persistent = patches, persistent, mark_persistent
         self.variants: dict[str, list] = {}
-        self.fallback = None        # torch.compile'd fn after the precompile path failed
+        self.fallbacks: dict[str, object] = {}     # name -> torch.compile'd fn where saving failed
 
     def _load(self, path: Path, args: tuple):
         """load_compiled_function with the guard state's locals set to the real arguments: its
@@ -136,7 +161,7 @@ class Precompiled:
         with progress.build(name, "compiled"):
             mark()
             self.mark_persistent()
-            compiled = torch.compile(self.fn, backend=self.backend, fullgraph=True, options=self.options)
+            compiled = torch.compile(own_code(self.fn), backend=self.backend, fullgraph=True, options=self.options)
             with self.patches():
                 f = compiled.aot_compile((args, {}))
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -146,12 +171,20 @@ class Precompiled:
 
     def call(self, name: str, args: tuple, mark, progress):
         """fn(*args) through the first saved or compiled graph of `name` whose guards pass;
-        mark() applies the arguments' dimension marks (called only when compiling)."""
-        if self.fallback is not None:
+        mark() applies the arguments' dimension marks (called only when compiling). A name whose
+        graph cannot be saved (a marker file says so to later runs) or whose inputs keep failing
+        the saved guards goes through torch.compile instead, alone: the other names stay saved."""
+        fallback = self.fallbacks.get(name)
+        if fallback is None and (self.folder / f"{_slug(name)}.unsavable").exists():
+            fallback = self._fall_back(name, None)
+        if fallback is not None:
             mark()
             self.mark_persistent()
-            with self.patches(), progress.call(name):
-                return self.fallback(*args)
+            try:
+                with self.patches(), progress.call(name):
+                    return fallback(*args)
+            finally:    # marks left on the shared cache tensors would fail other graphs' saved guards
+                unmark([*self.persistent(), *_tensors(args)])
         variants = self.variants.get(name)
         if variants is None:
             variants = self.variants[name] = []
@@ -166,17 +199,29 @@ class Precompiled:
             if f.guard_check(*args):
                 return f(*args)
         if len(variants) >= MAX_VARIANTS:      # guards that keep failing: stop saving more
-            print(f"engine.compile: {name}: {len(variants)} saved graphs and none fits these inputs; "
-                  "compiling it with torch.compile for the rest of the run", file=sys.stderr, flush=True)
-            self.fallback = torch.compile(self.fn, backend=self.backend, options=self.fallback_options)
+            self._fall_back(name, f"{len(variants)} saved graphs and none fits these inputs")
             return self.call(name, args, mark, progress)
+        if variants:
+            print(f"engine.compile: {name}: no saved graph fits these inputs ({_failed_guard(variants[-1], args)}); "
+                  "compiling another", file=sys.stderr, flush=True)
         try:
             f = self._compile(name, args, mark, progress)
         except Exception as err:  # noqa: BLE001 - the precompile path is an optimisation
-            print(f"engine.compile: {name}: cannot be saved for later runs ({type(err).__name__}: "
-                  f"{str(err).splitlines()[0] if str(err) else ''}); compiling it with torch.compile "
-                  "(a later run traces it again)", file=sys.stderr, flush=True)
-            self.fallback = torch.compile(self.fn, backend=self.backend, options=self.fallback_options)
+            unmark([*self.persistent(), *_tensors(args)])
+            self.folder.mkdir(parents=True, exist_ok=True)
+            (self.folder / f"{_slug(name)}.unsavable").write_text(f"{type(err).__name__}: {err}\n")
+            self._fall_back(name, f"cannot be saved for later runs ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0] if str(err) else ''})")
             return self.call(name, args, mark, progress)
         variants.append(f)
         return f(*args)
+
+    def _fall_back(self, name: str, reason: str | None):
+        """Compile `name` with torch.compile from now on (reason: the line to print; None: a
+        marker of an earlier run said so)."""
+        if reason is not None:
+            print(f"engine.compile: {name}: {reason}; compiling it with torch.compile (a later run "
+                  "traces it again)", file=sys.stderr, flush=True)
+        f = self.fallbacks[name] = torch.compile(own_code(self.fn), backend=self.backend,
+                                                 options=self.fallback_options)
+        return f
