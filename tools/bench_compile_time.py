@@ -74,7 +74,9 @@ def run_child(spec: str, regions: str, cache: str, threads: int, model: str, max
     if proc.returncode != 0 or line is None:
         sys.stderr.write(proc.stderr[-3000:])
         raise SystemExit(f"{spec} (regions {regions}) failed with exit status {proc.returncode}")
-    return {**json.loads(line[len("RESULT "):]), "process_s": round(wall, 2)}
+    log = [ln for ln in proc.stderr.splitlines()    # what each graph did (compiled, loaded, why not)
+           if ln.startswith("engine.compile:") and " building " not in ln and " still building " not in ln]
+    return {**json.loads(line[len("RESULT "):]), "process_s": round(wall, 2), "compile_log": log}
 
 
 def main(argv=None) -> int:
