@@ -99,11 +99,9 @@ class RunnerOutput:
 class ModelRunner:
     """model: the target with its MTP modules; speculator: None or a Speculator
     (mtpx/spec_decode/protocol.py); config: the engine's EngineConfig (resolved: max_model_len and
-    num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts);
-    precompile: False keeps compiled graphs out of engine.compile_cache (automatic k: on the demo
-    its saved graphs multiplied into variants, experiments/compile_time/auto_saved)."""
+    num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts)."""
 
-    def __init__(self, model, speculator, config, max_len: int, precompile: bool = True):
+    def __init__(self, model, speculator, config, max_len: int):
         self.model, self.speculator, self.config = model, speculator, config
         self.device = next(model.parameters()).device
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
@@ -121,7 +119,7 @@ class ModelRunner:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
         self.step = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
-                                    precompile=config.compile_cache and precompile)
+                                    precompile=config.compile_cache)
                      if config.compile else EagerStep(model, self.cache, speculator))
         self.rows: dict[int, int] = {}             # request index -> batch slot
 

@@ -23,8 +23,9 @@ afresh. Guards on nn.Module identities, globals and dict versions cannot be seri
 not kept (the engine never swaps its weights, and its code is in the key); tensor shapes,
 strides and dtypes are. Dimension marks (mark_dynamic / mark_static) are applied only while
 compiling and removed after, because a loaded guard set treats a marked tensor as a different
-input. Anything the precompile path cannot do (a graph break, an unserializable guard) makes
-that function fall back to plain torch.compile for the rest of the run, with one line saying so.
+input. A graph the precompile path cannot save (a graph break, an unserializable guard) falls
+back to plain torch.compile, that graph alone, with one line saying so and a marker file
+(`<graph>.unsavable`) that sends later runs to torch.compile directly.
 CPU only: CUDA graphs are recorded by the process that runs them.
 """
 from __future__ import annotations
