@@ -191,6 +191,7 @@ class AutoDraftLength:
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
+        self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
         self.reset()
         if step_costs is not None:
             self.set_step_costs(step_costs)
@@ -320,7 +321,7 @@ class AutoDraftLength:
         query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
-            return DepthChoice(min(self.forced, top), current)
+            return DepthChoice(min(self.forced if self.forced_depth is None else self.forced_depth, top), current)
         if self.step_costs is None:
             return DepthChoice(top, current)
         batch_size = max(1, batch_size)

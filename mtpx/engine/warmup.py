@@ -22,7 +22,8 @@ def warm_up(engine) -> dict | None:
     then one alone (which must run in the graphs compiled at batch 2; a guard on B >= 2 would
     compile it again, tests/test_compiled.py),
     and with per-request depths (automatic k) one decode step at each depth bucket
-    (compiled.depth_bucket), so the compiled functions exist before anything is timed; the prefix
+    (compiled.depth_bucket) and steps of k = 0 for requests that keep their depth
+    (_steps_without_drafts), so the compiled functions exist before anything is timed; the prefix
     cache and the step timings are reset afterwards. Returns compile_stats(engine) (None without
     compile)."""
     if engine.compiled is None:
@@ -50,6 +51,7 @@ def warm_up(engine) -> dict | None:
         except ValueError as err:
             print(f"engine.compile: warm-up of the depths {ks} skipped ({err}): they compile when "
                   "first used", file=sys.stderr)
+        _steps_without_drafts(engine, k, length)
     stats = compile_stats(engine)
     if stats["num_graphs"]:
         print(f"engine.compile: {stats['num_graphs']} graphs in {stats['compile_s']:.1f} s "
@@ -60,6 +62,31 @@ def warm_up(engine) -> dict | None:
               f"max_model_len={c.max_model_len} is too small for a short request with {k} "
               "drafts): the first decode step will compile", file=sys.stderr)
     return compile_stats(engine)
+
+
+def _steps_without_drafts(engine, k: int, length: int) -> None:
+    """Automatic k: two dummy requests of depth k decode steps of k = 0 and k - 1 between steps
+    of k, so the draft rounds those need exist before anything is timed: the modules' catch-up
+    over a 1-token window, and over 2k columns when a step drafts more than the one before
+    (unbuilt, both compiled in the first timed requests: experiments/auto_k/compiled_c1)."""
+    policy = engine.draft_length
+    if not hasattr(policy, "forced_depth"):
+        return
+    saved = policy.forced, policy.forced_depth
+    schedule = iter([0, k, 0, 0, k, max(k - 1, 0), k, k])
+    policy.forced, policy.forced_depth = k, k
+    try:
+        params = SamplingParams(max_tokens=8 * (k + 1), ignore_eos=True)
+        vocab = engine.model.cfg.vocab_size
+        for i in range(2):
+            engine.add_request(Request(i, [(5 * i + j) % vocab for j in range(length)], params))
+        while engine.has_unfinished_requests():
+            engine.step()
+            policy.forced = next(schedule, k)
+    finally:
+        policy.forced, policy.forced_depth = saved
+    engine.kv.reset_prefix_cache()
+    engine.reset_step_timings()
 
 
 def compile_stats(engine) -> dict | None:
