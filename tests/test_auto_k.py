@@ -87,6 +87,8 @@ def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hyst
     assert step(p, 1, max_k=1) == 1 and step(p, 4, max_k=1) == 0   # a step's k <= max_k
     p.forced = 2
     assert p.depth(1) == 2 and p.depth(1, current=1) == 1
+    p.forced, p.forced_depth = 0, 2                     # k = 0 steps, depths kept (the compiled warm-up)
+    assert step(p, 1) == 0 and p.depth(1) == 2 and p.depth(1, current=2) == 2
 
 
 def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row():

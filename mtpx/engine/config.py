@@ -64,7 +64,7 @@ class EngineConfig:
     """With compile and automatic k: the draft depths the compiled step is built for; a step's
     verification window and draft round are padded to the next of them above its deepest
     request. None: 0 and num_speculative_tokens, so automatic k builds the graphs of plain
-    decoding and of the fixed k (4 against 3 on the demo) and picks per request between no draft
+    decoding and of the fixed k (6 against 3 on the demo) and picks per request between no draft
     and every draft; [0, 1, 2, 4, 8]: every power of two (13 graphs, several minutes more cold;
     experiments/compile_time). Eager steps are never padded."""
     compile_backend: str = "inductor"
