@@ -13,8 +13,9 @@ request verifies, and keys are read from exactly the blocks the step touches. St
 gpt-fast's recipe and vLLM's capture sizes: the batch is padded to a capture size (1, 2, 4, 8, then
 multiples of 8), the window and the draft round are built for the depth bucket of the deepest
 request (depth_bucket: 0 or k unless engine.compile_depths adds more; fewer drafts are
-padding), a step that neither verifies nor proposes a draft has a 1-token window, the draft round's forwards have width + 1 or 2 width columns, and keys
-are read from a power-of-two number of blocks: a few graphs serve every step.
+padding), a step that neither verifies nor proposes a draft has a 1-token window, the draft
+round's forwards have width + 1 or 2 width columns, and keys are read from a power-of-two
+number of blocks: a few graphs serve every step.
 """
 from __future__ import annotations
 

@@ -43,6 +43,8 @@ import torch
 import torch._dynamo.package as dynamo_package
 from torch._dynamo.guards import CheckFunctionManager
 
+from mtpx.io import atomic_write_text
+
 _UNSERIALIZABLE = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
 MAX_VARIANTS = 4
 """Saved graphs of one name at most; a name whose inputs keep failing their guards is compiled
@@ -71,9 +73,8 @@ def own_code(fn):
     graphs per code object, so with a copy per engine no engine reuses another's graphs (a graph
     compiled for a MoE model, split at its graph breaks, would otherwise be reused for a dense
     model whose guards it passes) and several engines in one process (a Hydra multirun, the
-    lossless check's plain engine, calibration over k) never share Dynamo's recompile limit.
-    Precompiled compiles each variant from a fresh copy too: torch 2.13 applies the guard filter
-    only to a code object's first graph, and a later variant kept guards that cannot be saved."""
+    lossless check's plain engine, calibration over k) never share Dynamo's recompile limit;
+    Precompiled's torch.compile fallbacks get one per graph name."""
     f = getattr(fn, "__func__", fn)
     copy = types.FunctionType(f.__code__.replace(), f.__globals__, f.__name__, f.__defaults__,
                               f.__closure__)
@@ -162,7 +163,7 @@ class Precompiled:
         with progress.build(name, "compiled"):
             mark()
             self.mark_persistent()
-            compiled = torch.compile(own_code(self.fn), backend=self.backend, fullgraph=True, options=self.options)
+            compiled = torch.compile(self.fn, backend=self.backend, fullgraph=True, options=self.options)
             with self.patches():
                 f = compiled.aot_compile((args, {}))
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -175,9 +176,19 @@ class Precompiled:
         mark() applies the arguments' dimension marks (called only when compiling). A name whose
         graph cannot be saved (a marker file says so to later runs) or whose inputs keep failing
         the saved guards goes through torch.compile instead, alone: the other names stay saved."""
+        variants = self.variants.get(name)
+        if variants is None:        # the first call of `name`: its marker, else its saved files
+            variants = self.variants[name] = []
+            if (self.folder / f"{_slug(name)}.unsavable").exists():
+                self._fall_back(name, None)
+            for path in [] if name in self.fallbacks else sorted(self.folder.glob(f"{_slug(name)}.*.bin")):
+                try:
+                    with progress.build(name, "loaded"):
+                        variants.append(self._load(path, args))
+                except Exception as err:  # noqa: BLE001 - a stale or foreign file: compile instead
+                    print(f"engine.compile: {path} could not be loaded ({type(err).__name__}: {err}); "
+                          "compiling it again", file=sys.stderr)
         fallback = self.fallbacks.get(name)
-        if fallback is None and (self.folder / f"{_slug(name)}.unsavable").exists():
-            fallback = self._fall_back(name, None)
         if fallback is not None:
             mark()
             self.mark_persistent()
@@ -186,16 +197,6 @@ class Precompiled:
                     return fallback(*args)
             finally:    # marks left on the shared cache tensors would fail other graphs' saved guards
                 unmark([*self.persistent(), *_tensors(args)])
-        variants = self.variants.get(name)
-        if variants is None:
-            variants = self.variants[name] = []
-            for path in sorted(self.folder.glob(f"{_slug(name)}.*.bin")):
-                try:
-                    with progress.build(name, "loaded"):
-                        variants.append(self._load(path, args))
-                except Exception as err:  # noqa: BLE001 - a stale or foreign file: compile instead
-                    print(f"engine.compile: {path} could not be loaded ({type(err).__name__}: {err}); "
-                          "compiling it again", file=sys.stderr)
         for f in variants:
             if f.guard_check(*args):
                 return f(*args)
@@ -209,8 +210,7 @@ class Precompiled:
             f = self._compile(name, args, mark, progress)
         except Exception as err:  # noqa: BLE001 - the precompile path is an optimisation
             unmark([*self.persistent(), *_tensors(args)])
-            self.folder.mkdir(parents=True, exist_ok=True)
-            (self.folder / f"{_slug(name)}.unsavable").write_text(f"{type(err).__name__}: {err}\n")
+            atomic_write_text(self.folder / f"{_slug(name)}.unsavable", f"{type(err).__name__}: {err}\n")
             self._fall_back(name, f"cannot be saved for later runs ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''})")
             return self.call(name, args, mark, progress)
