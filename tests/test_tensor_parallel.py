@@ -238,7 +238,8 @@ def test_sharded_loading_reads_only_the_ranks_bytes(tmp_path, monkeypatch, layou
 # ---- the engine ------------------------------------------------------------------------------------
 
 PROMPTS = [[5, 17, 42, 9, 9, 100], [7] * 20, list(range(30, 70)), [250, 3, 4]]
-RUNS = (("plain", {}), ("mtp1+prefix", {"enable_prefix_caching": True}), ("mtp8", {}))
+RUNS = (("plain", {}), ("mtp1+prefix", {"enable_prefix_caching": True}), ("mtp8", {}),
+        ("mtp8+preempt", {"num_blocks": 8}))    # a pool of 8 blocks: requests are preempted
 
 
 def generate_all(folder, tp: int) -> dict:
@@ -253,6 +254,8 @@ def generate_all(folder, tp: int) -> dict:
             llm = LLM(model=folder, spec=None if spec == "plain" else spec, dtype="float64", threads=1,
                       tensor_parallel_size=tp, max_num_seqs=4, **kw)
             out[name] = [o.output_token_ids for o in llm.generate(PROMPTS + PROMPTS[:1], params)]
+            if name == "mtp8+preempt":
+                assert llm.engine.num_preemptions > 0, "the small pool preempted nothing"
             if name == "mtp8":      # a second engine over the same model (and ranks): eval's lossless check
                 plain = LLM(model=llm.model, dtype="float64", tensor_parallel_size=tp, max_num_seqs=4)
                 out["plain, same model"] = [o.output_token_ids for o in plain.generate(PROMPTS + PROMPTS[:1], params)]
@@ -276,7 +279,8 @@ def _generate_tp2(folder) -> dict:
 
 def test_engine_tokens_tp2_equal_tp1(tiny_ckpt):
     """The engine's tokens with tensor_parallel_size=2 (a second process started by LLM) equal
-    one process's: plain decoding, single-module MTP (prefix caching on), multi-module MTP, and
+    one process's: plain decoding, single-module MTP (prefix caching on), multi-module MTP (also
+    with preemption), and
     plain decoding by a second LLM over the mtp8 LLM's model (the same worker processes); greedy
     prompts and one sampled (seeded) request."""
     one, two = generate_all(tiny_ckpt, 1), _generate_tp2(tiny_ckpt)
