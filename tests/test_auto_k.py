@@ -617,7 +617,9 @@ def test_the_engine_logs_each_steady_decode_step_with_its_measured_ms_and_commit
     n = len(model().mtp)
     costs = {(k, b): 3000.0 for k in range(n + 1) for b in (1, 2, 3, 4)}    # flat: k = n pays most
     save_step_costs(tmp_path / "costs.json", costs, {})
-    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
+    # the padded step's batch-wide k (per-request k logs its allocations: tests/test_ragged.py)
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
+                   ragged_batch=False)
     policy, scheduler, clock = llm.engine.draft_length, llm.engine.scheduler, iter(range(10 ** 6))
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
     seen, pairs = [], []
@@ -654,7 +656,7 @@ def test_auto_needs_a_speculator_and_a_known_word():
 
 
 def test_quadratic_fit_is_the_least_squares_fit():
-    from mtpx.core.draft_length import _quadratic_fit
+    from mtpx.core.cost_curve import _quadratic_fit
     xs = list(range(1, 9))
     a, b, c = _quadratic_fit(xs, [3.0 + 2.0 * x + 0.5 * x * x for x in xs])   # an exact quadratic
     assert abs(a - 3.0) < 1e-9 and abs(b - 2.0) < 1e-9 and abs(c - 0.5) < 1e-9

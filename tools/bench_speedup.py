@@ -8,7 +8,8 @@ plain decoding, mtp1, mtp8 (and other k, and the automatic k) on the same GSM8K 
 One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
 with k = 8; `mtpK` or `mtp8:K` for another k of multi-module MTP; `auto` = multi-module MTP with
 num_speculative_tokens=auto, its step costs calibrated at start-up or loaded from the step-cost
-cache of an earlier run with the same settings (mtpx.engine.llm.LLM; the source is reported)), each
+cache of an earlier run with the same settings (mtpx.engine.llm.LLM; the source is reported);
+`NAME+key=value` adds an engine setting, e.g. `auto+ragged_batch=false`), each
 with max_num_seqs = --concurrency and at most that many requests in the engine at once, greedy,
 at most --max-tokens each, eos ends a request. With
 --compile every engine compiles its decode step and warms up before anything is timed. The first
@@ -43,8 +44,21 @@ from mtpx.schema import data_dir  # noqa: E402
 GSM8K_TEST = data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl"   # MTPX_DATA_DIR or conf/config.yaml data_dir
 
 
+def _overrides(name: str) -> tuple[str, dict]:
+    """'auto+ragged_batch=false' -> ("auto", {"ragged_batch": False}): engine settings after '+'
+    (EngineConfig keys; true/false and integers parsed), so one run can compare a contender with
+    and without one."""
+    base, *pairs = name.split("+")
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        out[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+    return base, out
+
+
 def _contender(name: str) -> tuple[str | None, int | None]:
     """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K); 'auto' -> ("mtp8", "auto")."""
+    name = _overrides(name)[0]
     if name == "plain":
         return None, None
     if name == "auto":
@@ -102,7 +116,8 @@ def main(argv=None) -> int:
         spec, k = _contender(name)
         t0 = time.perf_counter()        # with compile, LLM() compiles and warms up the engine
         llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k,
-                         max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024)
+                         max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024,
+                         **_overrides(name)[1])
         if args.compile:
             compile_s[name] = time.perf_counter() - t0
             print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)

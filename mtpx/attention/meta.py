@@ -36,6 +36,12 @@ class ForwardMeta:
     compile_regions: under torch.compile, each decoder layer of this (static) forward runs as a
         region compiled once per layer type and shape (mtpx.models.decoder.layer_region;
         engine.compile_regions).
+    packed: [N] int64 or None: the ragged layout (`pack_valid`). The indices of the N real tokens
+        in the flattened [B * T] grid, row-major. Set, the decoder's token-wise work (embedding,
+        norms, projections, MLP, lm_head) runs on the [N, hidden] tokens alone, and only the
+        token mixers (attention, the Gated DeltaNet conv and recurrence) see the grid (`unpack`,
+        `pack`): a step costs its tokens, not B times its widest window (vLLM's flattened batch).
+        Eager forwards only; a static (compiled) forward keeps the grid.
     """
 
     positions: torch.Tensor
@@ -51,6 +57,7 @@ class ForwardMeta:
     attn_plan: object | None = None
     gdn_backend: str = "auto"
     compile_regions: bool = False
+    packed: torch.Tensor | None = None
 
     def planned(self, backend) -> "ForwardMeta":
         """Attach `backend` and its plan for this forward (once, before the layers run)."""
@@ -92,12 +99,35 @@ class ForwardMeta:
 
     def select(self, idx: torch.Tensor) -> "ForwardMeta":
         """The metadata of a subset of the requests (idx: [B'] int64 batch indices); save_states
-        is dropped (it refers to the full batch); the attention backend plans the subset anew."""
+        and packed are dropped (they refer to the full batch); the attention backend plans the
+        subset anew."""
         pick = lambda x: None if x is None else x[idx]  # noqa: E731
         sub = ForwardMeta(self.positions[idx], self.valid[idx], self.rows[idx], self.kv_len,
                           pick(self.block_table), self.block_size, pick(self.slot_mapping),
                           self.keep_states, gdn_backend=self.gdn_backend)
         return sub if self.attn_backend is None else sub.planned(self.attn_backend)
+
+    def pack_valid(self, lengths: list[int] | None = None) -> "ForwardMeta":
+        """Use the ragged layout (`packed`) for this forward. lengths: each request's real tokens
+        when the host knows them (no device read); None reads meta.valid."""
+        T = self.positions.shape[1]
+        if lengths is None:
+            idx = self.valid.flatten().nonzero()[:, 0]
+        else:
+            idx = torch.tensor([b * T + t for b, n in enumerate(lengths) for t in range(n)],
+                               dtype=torch.long, device=self.positions.device)
+        self.packed = idx
+        return self
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, T, ...] -> [N, ...]: the real tokens of the grid (`packed`)."""
+        return x.flatten(0, 1).index_select(0, self.packed)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, ...] -> [B, T, ...]: the real tokens back on the grid, zeros at padding."""
+        B, T = self.positions.shape
+        out = x.new_zeros(B * T, *x.shape[1:])
+        return out.index_copy_(0, self.packed, x).view(B, T, *x.shape[1:])
 
     @property
     def lengths(self) -> torch.Tensor:

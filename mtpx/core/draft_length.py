@@ -39,53 +39,33 @@ prefill, every request verifying and proposing the step's k):
   so a k measured cheaper than calibrated can win, but never by looking cheaper than a smaller
   k; an uncorrected smaller k with a stale calibration above it is pooled with it.
 
-A per-k correction from a few steps let one noisily cheap k win (measured at concurrency 16,
-experiments/auto_k); `min_cost_observations` and the non-decreasing envelope keep that out. The
-steps that feed it are the steady ones at the k in use (a probe's step verifies the k before it,
-so it is not steady), so a k's correction is learned while that k is in use.
+The steps that feed it are the steady ones at the k in use (a probe's step is not steady).
 Every observed step also records the prediction it was chosen with against its measurement,
 per batch bucket (cost_model_log.CostModelLog: predicted vs measured speed-up over k = 0, in
 metrics.json's auto_k.cost_model).
 
-- A position with few verified drafts takes the estimate of the one before it: conditional
-  acceptance hardly falls with the position on the demo (GSM8K at concurrency 1, mostly k = 8:
-  0.75, 0.90, 0.87, 0.89, 0.91, 0.85, 0.90, 0.81 at the end of experiments/auto_k run 8), so a
-  request admitted after the first ones verified positions 1-4 may go deeper than they did (with
-  p_0 alone for the unverified positions, every request at concurrency 1 stayed at the first
-  one's depth 4: run 9).
-- The estimates start at the prior p_0 = 0.7. With the demo's calibrated costs a request
-  admitted before any draft was verified keeps all 8 modules at batch 1 and none at batch 64,
-  where drafting pays only above a flat acceptance of about 0.8. A prior of 1 admitted the main
-  job's 64 requests at depth 8: they prefilled 8 modules and fell to depth 0 within 4 steps, and
-  auto read 0.89x plain decoding against 0.96x at 0.7 (experiments/auto_k/main_job, runs 5-6).
-  w = 8 pseudo-drafts keep one step of a few requests from deciding alone (a depth is never
-  raised again). A position no step verifies drifts back to the prior as its counts decay, so
-  where the prior pays it is tried again: with every request at depth 0 nothing is verified, and
-  on the main job's workload estimates that stayed as the first step left them (p_1 = 0.5 from
-  22 requests, against 0.66 over the run) kept every later request at depth 0. Every
-  `probe_interval` steps one step proposes one draft more than the k in use, the next probe one
-  fewer, so the acceptance beyond k and the costs on both sides stay measured.
+- A position with few verified drafts takes the estimate of the one before it (conditional
+  acceptance hardly falls with the position on the demo); the estimates start at the prior
+  p_0 = 0.7 with w = 8 pseudo-drafts, and a position no step verifies drifts back to it as its
+  counts decay. Every `probe_interval` steps one step proposes one draft more than the k in use,
+  the next probe one fewer. Why these values: docs/automatic_k.md.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
-  `hysteresis` (a fraction), so k does not flap between near-equal choices, and only after
-  `patience` decode steps in a row predict that; a running request's depth falls under the same
-  two conditions. A request's first rounds accept less than the rest (GSM8K at concurrency 64:
-  p_1 read 0.58 after the first requests' first rounds, 0.76 a few steps later), and without
-  patience they lowered every request to depth 0 for good, where a fixed k = 4 gained 1.10x over
-  plain decoding (experiments/auto_k, run 12).
+  `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
+  running request's depth falls under the same two conditions.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
-  tokens (the speculators' catch-up, mtpx/spec_decode/multi_module.py), so the module KV is exact
-  when drafting resumes.
+  tokens (the speculators' catch-up), so the module KV is exact when drafting resumes.
 - Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
-  predicted goodput at that batch size, by the hysteresis margin over the k in use (a request
-  admitted deeper than the steps draft runs its extra modules for nothing: on the main job's
-  workload requests got depth 4 while the steps stayed at k = 0). A step's k is at most the largest depth among the running
-  requests, and each request drafts min(k, its depth). Multi-module MTP never runs a request's
-  modules beyond its depth, so at a batch size where k = 4 wins, a step costs what a 4-module
-  engine's step costs (each module is a full attention block). Every step a running request's
-  depth may fall (to the best k below it, by the hysteresis margin: the estimates of the first
-  steps are the prior's, and the batch grows), never rise: a module that skipped positions would
-  have to re-prefill them all. Single-module MTP has one module to keep, so its depth is max_k.
+  predicted goodput at that batch size, by the hysteresis margin over the k in use. A step's k
+  is at most the largest running depth and each request drafts min(k, its depth); modules
+  beyond a request's depth never run for it. A running depth may fall, never rise (a module
+  that skipped positions would have to re-prefill them all). Single-module MTP: max_k.
+- Per request (`per_request`: eager ragged steps, EngineConfig.ragged_batch): a step costs its
+  tokens, so each request verifies the drafts `allocate` gives it from its own estimates
+  (mtpx/core/request_k.py), every request is admitted at depth max_k and proposes up to its
+  depth, and its depth falls to what it was allocated (`lower_request_depth`). Every decision
+  adds the overhead a decode step pays beyond its forwards, learned from the running engine
+  (`observe_overhead`).
 """
 from __future__ import annotations
 
@@ -93,9 +73,11 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass
 
+from mtpx.core.cost_curve import _interpolate, _non_decreasing, smooth_step_costs
 from mtpx.core.cost_model_log import CostModelLog, batch_bucket, bucket_label
+from mtpx.core.request_k import Allocation, RequestEstimates, allocate
 
-__all__ = ["FixedDraftLength", "AutoDraftLength", "StepChoice", "DepthChoice", "smooth_step_costs"]
+__all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
 @dataclass(frozen=True)
@@ -125,6 +107,7 @@ class FixedDraftLength:
     """Every step proposes k drafts (0: plain decoding). histogram: {k: steps with decodes}."""
 
     auto = False
+    per_request = False
 
     def __init__(self, k: int):
         self.max_k = self.k = k
@@ -154,7 +137,13 @@ class FixedDraftLength:
     def reset_histograms(self) -> None:
         self.histogram.clear()
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
+        pass
+
+    def forget(self, key) -> None:
+        pass
+
+    def observe_overhead(self, batch_size: int, ms: float) -> None:
         pass
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
@@ -192,6 +181,8 @@ class AutoDraftLength:
         self.step_costs = None
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
+        self.per_request = False   # ragged verification: each request verifies its own k (`allocate`)
+        self.explore = True        # allocate from a draw of each request's acceptance (Thompson sampling)
         self.reset()
         if step_costs is not None:
             self.set_step_costs(step_costs)
@@ -209,10 +200,13 @@ class AutoDraftLength:
         self.factor = 1.0                            # EMA of measured / calibrated over every k (used)
         self._num_factor = 0
         self.bucket_correction: dict[tuple[int, int], tuple[float, int]] = {}  # (k, bucket) -> (ratio, steps)
+        self.overhead: dict[int, tuple[float, int]] = {}  # batch bucket -> (ms a step costs beyond its forwards, steps)
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
         self._switch_streak = 0                      # consecutive steps predicting another k in use
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
+        self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
+        self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
 
     def set_step_costs(self, step_costs: dict) -> None:
         batches = sorted({b for _, b in step_costs})
@@ -239,6 +233,21 @@ class AutoDraftLength:
         return _non_decreasing([_interpolate(known, k, self.factor) * self.calibrated_cost(k, batch_size)
                                for k in range(self.max_k + 1)])
 
+    def observe_overhead(self, batch_size: int, ms: float) -> None:
+        """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
+        bucket, the mean of the first 1 / beta steps then an EMA of weight beta; the decisions add
+        it to every k's cost (`step_cost_curve`)."""
+        key = batch_bucket(batch_size)
+        mean, n = self.overhead.get(key, (0.0, 0))
+        n += 1
+        self.overhead[key] = (mean + max(self.beta, 1 / n) * (max(0.0, ms) - mean), n)
+
+    def step_cost_curve(self, batch_size: int) -> list[float]:
+        """What the decisions compare: cost_curve plus the step's learned overhead at its batch
+        bucket (`observe_overhead`; 0 before any step)."""
+        extra = self.overhead.get(batch_bucket(batch_size), (0.0, 0))[0]
+        return [c + extra for c in self.cost_curve(batch_size)]
+
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
         bs, c = self._batches, self.step_costs
@@ -260,13 +269,50 @@ class AutoDraftLength:
         return total
 
     def goodput(self, k: int, batch_size: int) -> float:
-        """Predicted tokens per ms."""
-        return batch_size * self.expected_tokens(k) / self.cost(k, batch_size)
+        """Predicted tokens per ms (the step's learned overhead included)."""
+        return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
 
     def _goodputs(self, batch_size: int, top: int) -> list[float]:
-        """goodput(k, batch_size) for k = 0 .. top (one cost curve)."""
-        curve = self.cost_curve(batch_size)
+        """goodput(k, batch_size) for k = 0 .. top (one cost curve, the overhead included)."""
+        curve = self.step_cost_curve(batch_size)
         return [batch_size * self.expected_tokens(k) / curve[k] for k in range(top + 1)]
+
+    def request_acceptance(self, key) -> list[float]:
+        """p_j, j = 1 .. max_k, of one request (RequestEstimates.acceptance)."""
+        return self.requests.acceptance(key, self.acceptance)
+
+    def ragged_cost(self, mean_drafts: float, batch_size: int, overhead: bool = True) -> float:
+        """Predicted ms of a ragged step (EngineConfig.ragged_batch) whose batch_size requests
+        verify mean_drafts drafts each on average: the cost curve linear between the two integer
+        ks around it (a ragged step costs its tokens, B (1 + mean_drafts)); overhead: with the
+        step's learned overhead (step_cost_curve), else the forwards' alone (cost_curve)."""
+        curve = self.step_cost_curve(batch_size) if overhead else self.cost_curve(batch_size)
+        lo = min(int(mean_drafts), self.max_k)
+        hi = min(lo + 1, self.max_k)
+        return curve[lo] + (mean_drafts - lo) * (curve[hi] - curve[lo])
+
+    def allocate(self, requests: list[tuple[object, int]]) -> Allocation:
+        """Per-request k of a ragged step (per_request): requests [(key, drafts held)] ->
+        Allocation (mtpx/core/request_k.py, `allocate`) over each request's own estimates (with
+        `explore`, a draw from their posterior: RequestEstimates.sample) and the ragged step
+        cost; every draft held before the costs are known. A query but for the draw."""
+        held = [max(0, min(n, self.max_k)) for _, n in requests]
+        if self.step_costs is None or self.forced is not None or not requests:
+            return Allocation(held, sum(held) / max(1, len(held)), 0.0, 0.0)
+        B = len(requests)
+        draw = ((lambda key: self.requests.sample(key, self.acceptance)) if self.explore
+                else self.request_acceptance)
+        alloc = allocate(held, [draw(key) for key, _ in requests], lambda x: self.ragged_cost(x, B))
+        return Allocation(alloc.num_drafts, alloc.mean_drafts, alloc.expected_tokens,
+                          self.ragged_cost(alloc.mean_drafts, B, overhead=False))
+
+    def lower_request_depth(self, key, depth: int, allocated: int) -> int:
+        """A running request's depth under per_request (RequestEstimates.lower_depth)."""
+        return self.requests.lower_depth(key, depth, allocated, self.patience)
+
+    def forget(self, key) -> None:
+        """A request left the engine: drop its own counts."""
+        self.requests.forget(key)
 
     def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
         """The k for a step of batch_size requests, at most max_k (the deepest running request's
@@ -357,6 +403,7 @@ class AutoDraftLength:
         (a measured pass starts; the learned cost correction stays)."""
         self.histogram.clear()
         self.depth_histogram.clear()
+        self.verified_histogram.clear()
         self.cost_log.clear()
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
@@ -366,12 +413,31 @@ class AutoDraftLength:
         and `observe` change the estimates), then update the cost corrections (module doc)."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
-        calibrated = self.calibrated_cost(k, batch_size)
         if num_tokens is not None:
             curve = self.cost_curve(batch_size)
             self.cost_log.add(k, batch_size, self.expected_tokens(k), curve[k], curve[0],
                               self.calibrated_cost(0, batch_size), num_tokens, step_ms)
-        ratio = step_ms / calibrated
+        self._learn_cost(k, batch_size, step_ms / self.calibrated_cost(k, batch_size))
+
+    def observe_allocation(self, allocation: "Allocation", step_ms: float, num_tokens: int) -> None:
+        """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
+        prediction it was allocated with against step_ms and num_tokens committed; its cost
+        corrections are kept under the nearest integer k."""
+        B = len(allocation.num_drafts)
+        if self.step_costs is None or self.forced is not None or B < 1:
+            return
+        x = allocation.mean_drafts
+        k = min(self.max_k, round(x))
+        curve = self.cost_curve(B)
+        self.cost_log.add(k, B, allocation.expected_tokens / B, allocation.predicted_ms, curve[0],
+                          self.calibrated_cost(0, B), num_tokens, step_ms)
+        lo = min(int(x), self.max_k)
+        hi = min(lo + 1, self.max_k)
+        calibrated = self.calibrated_cost(lo, B) + (x - lo) * (self.calibrated_cost(hi, B) - self.calibrated_cost(lo, B))
+        self._learn_cost(k, B, step_ms / calibrated)
+
+    def _learn_cost(self, k: int, batch_size: int, ratio: float) -> None:
+        """One measured / calibrated ratio at k drafts: the corrections (module doc)."""
         old = self.correction.get(k)
         self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
         self.factor = ratio if self._num_factor == 0 else self.factor + self.beta * (ratio - self.factor)
@@ -381,10 +447,14 @@ class AutoDraftLength:
         n += 1        # the mean of the first 1 / beta steps, then an EMA of weight beta
         self.bucket_correction[key] = (mean + max(self.beta, 1 / n) * (ratio - mean), n)
 
-    def observe(self, num_draft_tokens: int, num_accepted: int) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
-        given every earlier one was accepted; the first num_accepted were accepted."""
+        given every earlier one was accepted; the first num_accepted were accepted. key: the
+        request's (its own counts, request_acceptance), None: engine-wide only."""
         n = min(num_accepted + 1, num_draft_tokens)
+        if key is not None and self.per_request:
+            self.verified_histogram[num_draft_tokens] += 1
+            self.requests.observe(key, n, num_accepted)
         for j in range(n):
             self._accepted[j] += j < num_accepted
             self._verified[j] += 1
@@ -415,69 +485,16 @@ class AutoDraftLength:
         the costs and their corrections, and the predicted-vs-measured log (cost_model)."""
         return {"k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
                 "depth_histogram": {str(d): n for d, n in sorted(self.depth_histogram.items())},
+                "per_request": self.per_request,
+                "verified_histogram": {str(d): n for d, n in sorted(self.verified_histogram.items())},
                 "conditional_acceptance": [round(p, 4) for p in self.acceptance],
                 "num_observed": list(self.num_observed),
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "cost_factor": round(self.factor, 3),
+                "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m, 3), "steps": n}
+                                     for b, (m, n) in sorted(self.overhead.items())],
                 "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r, 4), "steps": n}
                                            for (k, b), (r, n) in sorted(self.bucket_correction.items())],
                 "cost_model": self.cost_log.summary(),
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
-
-
-def smooth_step_costs(values: list[float]) -> list[float]:
-    """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
-    (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
-    k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
-    positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
-    then non-decreasing (module doc)."""
-    if len(values) - 1 >= 4:
-        a, b, c = _quadratic_fit(list(range(1, len(values))), values[1:])
-        # a step with drafts never costs less than one without (a fit to noise can dip below it)
-        values = [values[0]] + [max(values[0], a + b * k + c * k * k) for k in range(1, len(values))]
-    return _non_decreasing(values)
-
-
-def _quadratic_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least-squares (a, b, c) of y = a + b x + c x^2: the normal equations solved by Cramer's rule
-    in Python floats, so the same costs always give the same fit (a BLAS least-squares solve gave
-    results differing in the last bits between calls, and a cost file reloaded then differed from
-    the costs it was saved from)."""
-    s = [sum(x ** p for x in xs) for p in range(5)]                     # sum x^0 .. x^4
-    t = [sum(y * x ** p for x, y in zip(xs, ys)) for p in range(3)]     # sum y x^0 .. y x^2
-    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
-
-    def det(a):
-        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-
-    d = det(m)
-    return tuple(det([[t[r] if col == i else m[r][col] for col in range(3)] for r in range(3)]) / d
-                 for i in range(3))
-
-
-def _non_decreasing(values: list[float]) -> list[float]:
-    """The least-squares non-decreasing fit of values (pool adjacent violators)."""
-    blocks: list[list[float]] = []                 # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            s, n = blocks.pop()
-            blocks[-1][0] += s
-            blocks[-1][1] += n
-    return [s / n for s, n in blocks for _ in range(n)]
-
-
-def _interpolate(known: list[tuple[int, float]], k: int, default: float) -> float:
-    """The ratio at k from [(k, ratio)] sorted by k: linear between two, the nearest's beyond
-    them, default without any."""
-    if not known:
-        return default
-    if k <= known[0][0]:
-        return known[0][1]
-    for (k0, r0), (k1, r1) in zip(known, known[1:]):
-        if k <= k1:
-            return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
-    return known[-1][1]

@@ -58,6 +58,7 @@ class SchedulerOutput:
     prefills: list[ScheduledPrefill] = field(default_factory=list)
     decodes: list[ScheduledDecode] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
+    allocation: object | None = None      # the decodes' per-request ks (AutoDraftLength.allocate)
     num_speculative_tokens: int = 0
 
     @property
@@ -157,15 +158,40 @@ class Scheduler:
                 out.decodes.append(ScheduledDecode(r, n - 1, table))
             budget -= n
             i += 1
+        per_request = self.draft_length.per_request
+        if per_request and out.decodes:
+            budget += self._allocate(out)
         if not out.preempted:
             self._admit(out, budget)
-        if self.depth_per_request:
+        if self.depth_per_request and not per_request:
             self._lower_depths()
         # after admission: a new request's first drafts come from this step's k
-        choice = self.draft_length.decide(batch_size, max((r.draft_depth for r in self.running), default=0))
-        self.draft_length.commit(choice)
-        out.num_speculative_tokens = choice.k
+        deepest = max((r.draft_depth for r in self.running), default=0)
+        if per_request and self.depth_per_request:
+            # each request verifies its own k (`_allocate`), so each proposes what its depth allows
+            out.num_speculative_tokens = deepest
+        else:
+            choice = self.draft_length.decide(batch_size, deepest)
+            self.draft_length.commit(choice)
+            out.num_speculative_tokens = choice.k
         return out
+
+    def _allocate(self, out: SchedulerOutput) -> int:
+        """Per-request k (draft_length.py, AutoDraftLength.allocate): each decode verifies the
+        drafts the policy allocates it (at most those it holds); with per-request depth a request
+        whose allocation stays below its depth has its depth lowered. Returns the token budget
+        freed."""
+        policy = self.draft_length
+        allocation = policy.allocate([(d.request.index, d.num_draft_tokens) for d in out.decodes])
+        out.allocation = allocation
+        freed = 0
+        for d, n in zip(out.decodes, allocation.num_drafts):
+            freed += d.num_draft_tokens - n
+            d.num_draft_tokens = n
+            r = d.request
+            if self.depth_per_request:
+                r.draft_depth = min(r.draft_depth, policy.lower_request_depth(r.index, r.draft_depth, n))
+        return freed
 
     def _expected_batch(self) -> int:
         return min(self.max_num_seqs, len(self.running) + len(self.waiting))
@@ -173,7 +199,11 @@ class Scheduler:
     def _set_depth(self, r: Request) -> None:
         """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
         lookahead."""
-        if self.depth_per_request:
+        if self.depth_per_request and self.draft_length.per_request:
+            # every module: the request's own allocations lower it (`_allocate`), never raise it
+            r.draft_depth = self.draft_length.max_k if self.draft_length.forced is None else \
+                self.draft_length.depth(self._expected_batch())
+        elif self.depth_per_request:
             r.draft_depth = self.draft_length.depth(self._expected_batch())
         else:
             r.draft_depth = self.draft_length.max_k
@@ -244,13 +274,15 @@ class Scheduler:
             t = result.timing
             steady = all(d.request.draft_depth >= k and d.num_draft_tokens == k
                          and len(d.request.draft_token_ids) == k for d in out.decodes)
-            if t is not None and not out.prefills and steady:   # before record: the estimates k was chosen with
-                committed = sum(len(result.results[d.request.index].token_ids) for d in out.decodes)
+            committed = sum(len(result.results[d.request.index].token_ids) for d in out.decodes)
+            if t is not None and not out.prefills and out.allocation is not None:
+                self.draft_length.observe_allocation(out.allocation, 1e3 * (t.verify_s + t.draft_s), committed)
+            elif t is not None and not out.prefills and steady:   # before record: the estimates k was chosen with
                 self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s), committed)
             self.draft_length.record(k, len(out.decodes))
         for d in out.decodes:
             res = result.results[d.request.index]
-            self.draft_length.observe(res.num_draft_tokens, res.num_accepted)
+            self.draft_length.observe(res.num_draft_tokens, res.num_accepted, d.request.index)
         for item in out.prefills + out.decodes:
             r = item.request
             res = result.results[r.index]
@@ -313,6 +345,7 @@ class Scheduler:
 
     def _remove(self, r: Request) -> None:
         self._ids.discard(r.index)
+        self.draft_length.forget(r.index)
         if r in self.running:
             self.running.remove(r)
         elif r in self.waiting:

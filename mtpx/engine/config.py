@@ -48,6 +48,13 @@ class EngineConfig:
     compile; mode=eval and mode=distill compile when they decode at least COMPILE_MIN_TOKENS
     output tokens (num_prompts x max_tokens; the whole data set counts as enough); the Python
     API (LLM) runs eager (pass compile=True for long runs)."""
+    ragged_batch: bool = True
+    """Eager forwards run their token-wise work (embedding, norms, projections, MLP, lm_head) on
+    the real tokens alone, flattened (ForwardMeta.packed), so a decode step whose requests verify
+    different numbers of drafts, or a prefill of chunks of different lengths, costs its tokens
+    rather than B times its widest window; attention and the Gated DeltaNet recurrence still see
+    the padded grid. False: every op sees the [B, T] grid (the reference). The compiled step keeps
+    its static grid either way."""
     compile_regions: bool = True
     """With compile: compile each distinct decoder layer once and reuse it for every layer of its
     type and shape (regional compilation, torch.compiler.nested_compile_region), so building an
@@ -92,7 +99,7 @@ class EngineConfig:
 
         if self.compile is not None and not isinstance(self.compile, bool):
             raise ValueError(f"engine.compile={self.compile!r}: must be true, false or null (decided by the mode)")
-        for key in ("enable_prefix_caching", "compile_regions", "compile_cache", "record_logit_gaps", "record_step_timings",
+        for key in ("enable_prefix_caching", "ragged_batch", "compile_regions", "compile_cache", "record_logit_gaps", "record_step_timings",
                     "check_invariants"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key}={getattr(self, key)!r}: must be true or false")

@@ -32,9 +32,13 @@ from mtpx.spec_decode.protocol import DraftBatch, Drafts
 def verify_forward(model, cache, meta: ForwardMeta):
     """The target over static verification windows (ModelCache.static_meta with keep_states):
     -> (ids [Bp, T] int64, the windows' tokens (0 for padding), hidden [Bp, T, H], logits
-    [Bp, T, V]); Gated DeltaNet keeps its per-token states for commit_recurrent."""
+    [Bp, T, V]); Gated DeltaNet keeps its per-token states for commit_recurrent. With
+    meta.packed (eager: the ragged layout) the model and lm_head run on the real tokens alone and
+    the results come back on the grid, zeros at padding."""
     ids = torch.where(meta.valid, cache.tokens[meta.rows[:, None], meta.positions], 0)
     h = model.model(ids, meta, cache.target)
+    if meta.packed is not None:
+        return ids, meta.unpack(h), meta.unpack(model.lm_head(h))
     return ids, h, model.lm_head(h)
 
 

@@ -25,6 +25,7 @@ block (ModelCache boundary states), so a hit resumes the recurrence exactly.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
@@ -80,6 +81,9 @@ class Engine:
             raise ValueError(f"automatic k over 0..{draft_length.max_k} but the speculator drafts {k}")
         self.draft_length = draft_length
         depth_per_request = draft_length.auto and speculator is not None and speculator.num_draft_modules > 1
+        # ragged eager steps cost their tokens: each request verifies its own k (draft_length.py)
+        draft_length.per_request = (draft_length.auto and speculator is not None and config.ragged_batch
+                                    and not config.compile)
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len, lookahead, depth_per_request)
         self.runner = ModelRunner(model, speculator, config, self.max_len)
@@ -181,6 +185,7 @@ class Engine:
 
     def step(self) -> list[Request]:
         """One engine step; returns the requests that finished in it (stop or length)."""
+        t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.num_steps += 1
         with torch.inference_mode():
@@ -188,8 +193,12 @@ class Engine:
         finished = self.scheduler.update_from_output(out, result)
         for r in finished:
             self.runner.release(r.index)
-        if result.timing is not None:
-            self.step_timings.append(result.timing)
+        t = result.timing
+        if t is not None:
+            self.step_timings.append(t)
+            if out.decodes and not out.prefills:   # what a decode step costs beyond its forwards
+                self.draft_length.observe_overhead(len(out.decodes), 1e3 * (
+                    time.perf_counter() - t0 - t.verify_s - t.draft_s))
         if self.config.check_invariants:
             self.kv.check_invariants()
         return finished

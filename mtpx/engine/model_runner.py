@@ -230,6 +230,11 @@ class ModelRunner:
             for r in reqs:
                 self.release(r.index)
 
+    def _ragged(self, grid_tokens: int, real_tokens: int, static: bool = False) -> bool:
+        """Whether a forward of real_tokens on a grid of grid_tokens runs ragged
+        (EngineConfig.ragged_batch: eager, and only when the grid has padding)."""
+        return self.config.ragged_batch and not static and real_tokens < grid_tokens
+
     def _now(self) -> float:
         if not self.config.record_step_timings:
             return 0.0
@@ -294,7 +299,10 @@ class ModelRunner:
         meta = cache.meta(torch.tensor(starts, device=dev), torch.tensor(lengths, device=dev), rows)
         meta.save_states = self._boundaries(prefills, starts, lengths)
         ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)
-        h = model.model(ids, meta, cache.target)                           # [B, T, hidden]
+        h = model.model(ids, meta.pack_valid(lengths) if self._ragged(len(lengths) * max(lengths), sum(lengths))
+                        else meta, cache.target)
+        if meta.packed is not None:
+            h = meta.unpack(h)                                             # [B, T, hidden]
         last = [b for b, p in enumerate(prefills) if p.is_last]
         first: dict[int, int] = {}
         gaps = lps = None
@@ -374,6 +382,8 @@ class ModelRunner:
         n = torch.tensor(n_host + [0] * pad, device=dev)
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, shapes.num_blocks, keep_states=shapes.keep_states)
+        if self._ragged(B * T, B + sum(nd_host), step.static):
+            meta.pack_valid([1 + x for x in nd_host])
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
         accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,

@@ -46,23 +46,29 @@ class GatedAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None = None, meta: ForwardMeta | None = None) -> torch.Tensor:
-        """x: [B, T, hidden]; cos, sin: [B, T, rotary_dim]. Without a cache: causal over T."""
-        B, T, _ = x.shape
+        """x: [B, T, hidden]; cos, sin: [B, T, rotary_dim] (x [N, hidden] and cos, sin [N,
+        rotary_dim] when meta.packed: the projections run on the real tokens, the attention on
+        the grid). Without a cache: causal over T."""
+        lead = x.shape[:-1]
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         if self.gated:
-            q, gate = self.q_proj(x).view(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q, gate = self.q_proj(x).view(*lead, H, 2 * D).chunk(2, dim=-1)
         else:
-            q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+            q = self.q_proj(x).view(*lead, H, D)
+        k = self.k_proj(x).view(*lead, Hkv, D)
+        v = self.v_proj(x).view(*lead, Hkv, D)
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
+        packed = meta is not None and meta.packed is not None
+        if packed:
+            q, k, v = meta.unpack(q), meta.unpack(k), meta.unpack(v)
         if cache is None:
             out = causal_attention(q, k, v)
         elif meta.attn_backend is not None:
             out = meta.attn_backend.forward(q, k, v, cache, meta)
         else:
             out = cached_attention(q, k, v, cache, meta)
-        out = out.reshape(B, T, -1)
+        out = (meta.pack(out) if packed else out).reshape(*lead, -1)
         if self.gated:
-            out = out * torch.sigmoid(gate.reshape(B, T, -1))
+            out = out * torch.sigmoid(gate.reshape(*lead, -1))
         return self.o_proj(out)

@@ -37,7 +37,8 @@ class DecoderLayer(nn.Module):
         return mixer.cache_spec()
 
     def forward(self, x, cos, sin, cache=None, meta: ForwardMeta | None = None):
-        """x: [B, T, hidden]; cache: KVCache (attention) or RecurrentState (DeltaNet) or None.
+        """x: [B, T, hidden] ([N, hidden] when meta.packed); cache: KVCache (attention) or
+        RecurrentState (DeltaNet) or None.
         Under torch.compile with meta.compile_regions, a static forward runs as one compiled
         region per layer type and shape (`layer_region`)."""
         if meta is not None and meta.compile_regions and torch.compiler.is_compiling():
@@ -95,14 +96,19 @@ class DecoderModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, meta: ForwardMeta | None = None,
                 caches: list | None = None) -> torch.Tensor:
-        """input_ids: [B, T] int64 -> final hidden states after `norm`, [B, T, hidden].
+        """input_ids: [B, T] int64 -> final hidden states after `norm`, [B, T, hidden], or
+        [N, hidden] for the N real tokens when meta.packed (the ragged layout: ForwardMeta.packed;
+        meta.unpack puts them on the grid).
 
         Without caches: a plain causal forward from position 0 (training, reference).
         With caches (one per layer) and meta: an incremental forward (prefill, verification).
         """
+        if meta is not None and meta.packed is not None:
+            input_ids, positions = meta.pack(input_ids), meta.pack(meta.positions)
+        else:
+            positions = (torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
+                         if meta is None else meta.positions)
         x = self.embed_tokens(input_ids)
-        positions = (torch.arange(input_ids.shape[1], device=input_ids.device)[None].expand_as(input_ids)
-                     if meta is None else meta.positions)
         cos, sin = rope_cos_sin(positions, self.cfg.rotary_dim, self.cfg.rope_theta, x.dtype,
                                 self.cfg.rope_scaling)
         for i, layer in enumerate(self.layers):

@@ -70,13 +70,14 @@ class GatedDeltaNet(nn.Module):
         self.norm = RMSNormGated(self.dv, cfg.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
 
-    def _split(self, x):
-        """Hugging Face's per-key-head grouping of in_proj_qkvz / in_proj_ba outputs."""
-        B, T, _ = x.shape
+    def _split(self, qkvz, ba):
+        """Hugging Face's per-key-head grouping of the in_proj_qkvz / in_proj_ba outputs (each
+        [B, T, out_features])."""
+        B, T, _ = qkvz.shape
         r = self.nv // self.nk
-        qkvz = self.in_proj_qkvz(x).view(B, T, self.nk, 2 * self.dk + 2 * r * self.dv)
+        qkvz = qkvz.view(B, T, self.nk, 2 * self.dk + 2 * r * self.dv)
         q, k, v, z = qkvz.split([self.dk, self.dk, r * self.dv, r * self.dv], dim=-1)
-        b, a = self.in_proj_ba(x).view(B, T, self.nk, 2 * r).split([r, r], dim=-1)
+        b, a = ba.view(B, T, self.nk, 2 * r).split([r, r], dim=-1)
         return (q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1),
                 z.reshape(B, T, self.nv, self.dv), b.reshape(B, T, self.nv), a.reshape(B, T, self.nv))
 
@@ -112,11 +113,17 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, state: RecurrentState | None = None,
                 meta: ForwardMeta | None = None) -> torch.Tensor:
-        """x: [B, T, hidden] -> [B, T, hidden]. With `state`, continues each request's row from its
-        stored state and stores the new one (or, with meta.keep_states, keeps the window in
-        state.keep_window for a later commit at the accepted token)."""
-        B, T, _ = x.shape
-        q, k, v, z, b, a = self._split(x)
+        """x: [B, T, hidden] -> [B, T, hidden] ([N, hidden] -> [N, hidden] when meta.packed: the
+        projections run on the real tokens, the conv and the recurrence on the grid). With
+        `state`, continues each request's row from its stored state and stores the new one (or,
+        with meta.keep_states, keeps the window in state.keep_window for a later commit at the
+        accepted token)."""
+        packed = meta is not None and meta.packed is not None
+        qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        if packed:
+            qkvz, ba = meta.unpack(qkvz), meta.unpack(ba)
+        B, T, _ = qkvz.shape
+        q, k, v, z, b, a = self._split(qkvz, ba)
         mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)             # [B, C, T]
         prev = (mixed.new_zeros(B, self.conv_dim, self.kernel - 1) if state is None
                 else state.conv.index_select(0, meta.rows).to(mixed.dtype))
@@ -146,5 +153,7 @@ class GatedDeltaNet(nn.Module):
             new_conv = ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype)
             state.conv.index_copy_(0, meta.rows, new_conv)
 
+        if packed:
+            o, z = meta.pack(o), meta.pack(z)
         o = self.norm(o, z)
-        return self.out_proj(o.reshape(B, T, self.value_dim))
+        return self.out_proj(o.flatten(-2))

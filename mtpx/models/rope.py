@@ -51,8 +51,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos, sin: [B, T, R] with R <= D -> x with dims [:R] rotated."""
+    """x: [..., H, D]; cos, sin: [..., R] with R <= D (the same leading dims: [B, T] or the
+    packed [N]) -> x with dims [:R] rotated."""
     r = cos.shape[-1]
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
     x_rot, x_pass = x[..., :r], x[..., r:]
     return torch.cat([x_rot * cos + _rotate_half(x_rot) * sin, x_pass], dim=-1)
