@@ -24,25 +24,13 @@ cannot make a larger k look cheaper) after a least-squares quadratic in k over k
 calibration's noise, linear in B between calibrated batch sizes and proportional to B beyond the
 largest,
 times a correction learned online from the engine's pure decode steps (`observe_step`: no
-prefill, every request verifying and proposing the step's k):
-
-- per (k, batch bucket) (power-of-two ranges of B: cost_model_log.batch_bucket), the mean of measured /
-  calibrated cost over that k's steps in the bucket, an EMA of weight `beta` once more than
-  1 / beta steps were seen; a k with `min_cost_observations` steps measured in B's bucket takes
-  its own ratio, a k between two such ks the linear interpolation of theirs, a k below or above
-  them all the nearest one's (so with one k measured every k scales alike, and the
-  calibration's relative costs stay where nothing says otherwise);
-- with no k measured enough in the bucket, one factor: the EMA (weight `beta`) of measured /
-  calibrated over the steps at every k and batch size (context length changes a step's cost);
-- then the corrected costs over k = 0 .. max_k at B are made non-decreasing in k
-  (pool-adjacent-violators, as the calibration is: a step with more drafts never costs less),
-  so a k measured cheaper than calibrated can win, but never by looking cheaper than a smaller
-  k; an uncorrected smaller k with a stale calibration above it is pooled with it.
-
-The steps that feed it are the steady ones at the k in use (a probe's step is not steady).
-Every observed step also records the prediction it was chosen with against its measurement,
-per batch bucket (cost_model_log.CostModelLog: predicted vs measured speed-up over k = 0, in
-metrics.json's auto_k.cost_model).
+prefill, every request verifying and proposing the step's k): per (k, batch bucket), measured /
+calibrated (mean, then an EMA of weight `beta`), used once a k has `min_cost_observations` steps
+in B's bucket (ks between two such ks interpolate, ks beyond them take the nearest one's); with
+none, one factor over every step; then non-decreasing in k again, so a k measured cheaper can
+win but never look cheaper than a smaller k. Every observed step also records its prediction
+against its measurement per batch bucket (cost_model_log.CostModelLog, metrics.json's
+auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
 
 - A position with few verified drafts takes the estimate of the one before it (conditional
   acceptance hardly falls with the position on the demo); the estimates start at the prior
@@ -62,8 +50,9 @@ metrics.json's auto_k.cost_model).
   that skipped positions would have to re-prefill them all). Single-module MTP: max_k.
 - Per request (`per_request`: eager ragged steps, EngineConfig.ragged_batch): a step costs its
   tokens, so each request verifies the drafts `allocate` gives it from its own estimates
-  (mtpx/core/request_k.py), every request is admitted at depth max_k and proposes up to its
-  depth, and its depth falls to what it was allocated (`lower_request_depth`). Every decision
+  (mtpx/core/request_k.py), is admitted at the best k at the engine-wide estimates
+  (`admission_depth`), proposes up to its depth, and its depth falls to what it was allocated
+  (`lower_request_depth`). Every decision
   adds the overhead a decode step pays beyond its forwards, learned from the running engine
   (`observe_overhead`).
 """
@@ -305,6 +294,15 @@ class AutoDraftLength:
         alloc = allocate(held, [draw(key) for key, _ in requests], lambda x: self.ragged_cost(x, B))
         return Allocation(alloc.num_drafts, alloc.mean_drafts, alloc.expected_tokens,
                           self.ragged_cost(alloc.mean_drafts, B, overhead=False))
+
+    def admission_depth(self, batch_size: int) -> int:
+        """A request's depth at admission under per_request: the k of best predicted goodput at
+        batch_size from the engine-wide estimates (each module costs its prefill too); its own
+        allocations lower it later. max_k before the costs are known."""
+        if self.step_costs is None:
+            return self.max_k
+        g = self._goodputs(max(1, batch_size), self.max_k)
+        return max(range(self.max_k + 1), key=lambda k: (g[k], k))
 
     def lower_request_depth(self, key, depth: int, allocated: int) -> int:
         """A running request's depth under per_request (RequestEstimates.lower_depth)."""

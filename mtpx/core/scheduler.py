@@ -199,10 +199,9 @@ class Scheduler:
     def _set_depth(self, r: Request) -> None:
         """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
         lookahead."""
-        if self.depth_per_request and self.draft_length.per_request:
-            # every module: the request's own allocations lower it (`_allocate`), never raise it
-            r.draft_depth = self.draft_length.max_k if self.draft_length.forced is None else \
-                self.draft_length.depth(self._expected_batch())
+        if self.depth_per_request and self.draft_length.per_request and self.draft_length.forced is None:
+            # the best k at the engine's estimates: the request's own allocations lower it (`_allocate`)
+            r.draft_depth = self.draft_length.admission_depth(self._expected_batch())
         elif self.depth_per_request:
             r.draft_depth = self.draft_length.depth(self._expected_batch())
         else:

@@ -2,8 +2,8 @@
 ``metrics["auto_k"]`` (mtpx/core/draft_length.py, AutoDraftLength.summary); `write_auto_k_figures` is called by
 mtpx.metrics.dashboard.write_run_figures:
 
-- ``auto_k_histograms.png``: the k per decode step and the draft depth per request (% of steps,
-  % of requests);
+- ``auto_k_histograms.png``: the k per decode step, the draft depth per request and (per-request k)
+  the drafts each request verified per step (% of steps, requests, request-steps);
 - ``cost_model.png``: "cost model: predicted vs measured speed-up per batch size": per batch
   bucket, the speed-up over plain decoding (k = 0) the policy predicted for its steps next to the
   one measured (auto_k.cost_model, mtpx/core/cost_model_log.py), each pair annotated with its
@@ -55,20 +55,23 @@ def write_auto_k_figures(metrics: dict, out_dir: str | os.PathLike, identity: st
         written.append(atomic_write_bytes(out / name, buf.getvalue()))
 
     steps, depths = auto_k.get("k_histogram") or {}, auto_k.get("depth_histogram") or {}
-    if steps or depths:
+    verified = auto_k.get("verified_histogram") or {}
+    series = [(h, label) for h, label in (
+        (steps, f"k per decode step ({sum(steps.values())} steps)"),
+        (depths, f"draft depth per request ({sum(depths.values())} requests)"),
+        (verified, f"drafts verified per request and step ({sum(verified.values())})")) if h]
+    if series:
         fig = Figure(figsize=(7.0, 3.8), layout="constrained")
         ax = fig.subplots()
-        width = 0.4 if steps and depths else 0.8
-        for hist, label, shift in ((steps, f"k per decode step ({sum(steps.values())} steps)", -1),
-                                   (depths, f"draft depth per request ({sum(depths.values())} requests)", 1)):
-            if hist:
-                ks, pct = _percent(hist)
-                offset = shift * width / 2 if steps and depths else 0.0
-                ax.bar([k + offset for k in ks], pct, width=width, label=label)
-        ax.set_xticks(range(max(int(k) for k in (*steps, *depths)) + 1))
+        width = 0.8 / len(series)
+        for n, (hist, label) in enumerate(series):
+            ks, pct = _percent(hist)
+            offset = (n - (len(series) - 1) / 2) * width
+            ax.bar([k + offset for k in ks], pct, width=width, label=label)
+        ax.set_xticks(range(max(int(k) for h, _ in series for k in h) + 1))
         ax.set_xlabel("drafts (k, depth)")
         ax.set_ylabel("% of steps / requests")
-        ax.set_title("Automatic k: drafts per step and draft depth per request", fontsize=10)
+        ax.set_title("Automatic k: drafts per step, per request and draft depth", fontsize=10)
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=7)
         save(fig, AUTO_K_FIGURES[0])

@@ -85,6 +85,16 @@ def _depth_histogram(m: dict) -> str | None:
     return " · ".join(f"{d}: {100 * n / total:.1f}" for d, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
+def _verified_histogram(m: dict) -> str | None:
+    """Per-request k (automatic k, ragged steps): "drafts: % of request-steps" for the drafts each
+    request verified in each step (metrics["auto_k"]["verified_histogram"]), e.g. "0: 20.0 · 4: 80.0"."""
+    hist = (m.get("auto_k") or {}).get("verified_histogram")
+    if not hist:
+        return None
+    total = sum(hist.values())
+    return " · ".join(f"{d}: {100 * n / total:.1f}" for d, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
+
+
 PER_POSITION = "per_position_acceptance"  # this key expands to one or several rows, see below
 _ROWS: list[_Row] = [
     _Row("Successful / failed requests", "num_requests", _requests),
@@ -98,6 +108,7 @@ _ROWS: list[_Row] = [
     _Row("Per-position acceptance (%)", PER_POSITION, "", "pts"),
     _Row("Drafts per step, k (% of steps)", "k_histogram", _k_histogram),
     _Row("Draft depth per request (% of requests)", "depth_histogram", _depth_histogram),
+    _Row("Drafts verified per request and step (%)", "verified_histogram", _verified_histogram),
     _Row("Prefix cache hit rate", "prefix_cache_hit_rate", _hit_rate, "pts"),
     _Row("Preemptions", "num_preemptions", ",d", "rel"),
     _Row("Mean TTFT (ms)", "mean_ttft_ms", ".2f", "rel"),
@@ -120,7 +131,7 @@ _ROWS: list[_Row] = [
          else str(len(m["lossless_near_ties"]))),
     _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
 ]
-_OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
+_OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "verified_histogram", "accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",
