@@ -64,7 +64,8 @@ from dataclasses import dataclass
 
 from mtpx.core.cost_curve import _interpolate, _non_decreasing, smooth_step_costs
 from mtpx.core.cost_model_log import CostModelLog, batch_bucket, bucket_label
-from mtpx.core.request_k import Allocation, RequestEstimates, allocate
+from mtpx.core.request_k import (Allocation, RequestEstimates, allocate, best_depth, curve_at,
+                                 draw_engine_wide)
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
@@ -120,8 +121,7 @@ class FixedDraftLength:
     def commit_depth(self, choice: DepthChoice) -> None:
         pass
 
-    def record_depth(self, depth: int) -> None:
-        pass
+    record_depth = commit_depth
 
     def reset_histograms(self) -> None:
         self.histogram.clear()
@@ -129,13 +129,12 @@ class FixedDraftLength:
     def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
         pass
 
-    def forget(self, key) -> None:
+    def forget(self, key) -> None: pass  # noqa: E704
+
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
         pass
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
-        pass
-
-    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
         pass
 
     def record(self, k: int, batch_size: int | None = None) -> None:
@@ -271,14 +270,10 @@ class AutoDraftLength:
         return self.requests.acceptance(key, self.acceptance)
 
     def ragged_cost(self, mean_drafts: float, batch_size: int, overhead: bool = True) -> float:
-        """Predicted ms of a ragged step (EngineConfig.ragged_batch) whose batch_size requests
-        verify mean_drafts drafts each on average: the cost curve linear between the two integer
-        ks around it (a ragged step costs its tokens, B (1 + mean_drafts)); overhead: with the
-        step's learned overhead (step_cost_curve), else the forwards' alone (cost_curve)."""
-        curve = self.step_cost_curve(batch_size) if overhead else self.cost_curve(batch_size)
-        lo = min(int(mean_drafts), self.max_k)
-        hi = min(lo + 1, self.max_k)
-        return curve[lo] + (mean_drafts - lo) * (curve[hi] - curve[lo])
+        """Predicted ms of a ragged step of batch_size requests verifying mean_drafts drafts each on
+        average (it costs its tokens): request_k.curve_at of step_cost_curve (overhead), else of
+        cost_curve."""
+        return curve_at(self.step_cost_curve(batch_size) if overhead else self.cost_curve(batch_size), mean_drafts)
 
     def allocate(self, requests: list[tuple[object, int]]) -> Allocation:
         """Per-request k of a ragged step (per_request): requests [(key, drafts held)] ->
@@ -289,27 +284,34 @@ class AutoDraftLength:
         if self.step_costs is None or self.forced is not None or not requests:
             return Allocation(held, sum(held) / max(1, len(held)), 0.0, 0.0)
         B = len(requests)
-        draw = ((lambda key: self.requests.sample(key, self.acceptance)) if self.explore
-                else self.request_acceptance)
-        alloc = allocate(held, [draw(key) for key, _ in requests], lambda x: self.ragged_cost(x, B))
+        if self.explore:                 # Thompson: the engine-wide p_j drawn, then each request's
+            q = self._draw()
+            ps = [self.requests.sample(key, q) for key, _ in requests]
+        else:
+            ps = [self.request_acceptance(key) for key, _ in requests]
+        alloc = allocate(held, ps, lambda x: self.ragged_cost(x, B))
         return Allocation(alloc.num_drafts, alloc.mean_drafts, alloc.expected_tokens,
                           self.ragged_cost(alloc.mean_drafts, B, overhead=False))
 
     def admission_depth(self, batch_size: int) -> int:
         """A request's depth at admission under per_request: the k of best predicted goodput at
-        batch_size from the engine-wide estimates (each module costs its prefill too); its own
-        allocations lower it later. max_k before the costs are known."""
+        batch_size from the engine-wide estimates (with `explore`, a draw of them; each module
+        costs its prefill too); its own allocations lower it later. max_k before the costs."""
         if self.step_costs is None:
             return self.max_k
-        g = self._goodputs(max(1, batch_size), self.max_k)
-        return max(range(self.max_k + 1), key=lambda k: (g[k], k))
+        return best_depth(self._draw() if self.explore else self.acceptance,
+                          self.step_cost_curve(max(1, batch_size)))
+
+    def _draw(self) -> list[float]:
+        """The engine-wide p_j drawn from their posterior (request_k.draw_engine_wide)."""
+        return draw_engine_wide(self._accepted, self._verified, self.prior_acceptance, self.prior_weight,
+                                self.requests.rng)
 
     def lower_request_depth(self, key, depth: int, allocated: int) -> int:
         """A running request's depth under per_request (RequestEstimates.lower_depth)."""
         return self.requests.lower_depth(key, depth, allocated, self.patience)
 
     def forget(self, key) -> None:
-        """A request left the engine: drop its own counts."""
         self.requests.forget(key)
 
     def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:

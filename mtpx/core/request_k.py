@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Allocation", "RequestEstimates", "allocate"]
+__all__ = ["Allocation", "RequestEstimates", "allocate", "best_depth", "curve_at", "draw_engine_wide"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,21 @@ class RequestEstimates:
         self._below.pop(key, None)
 
 
+def draw_engine_wide(accepted: list[float], verified: list[float], prior: float, weight: float,
+                     rng) -> list[float]:
+    """A draw of the engine-wide p_j from its posterior: Beta(a_j + w m_j, v_j - a_j + w (1 - m_j))
+    with a_j, v_j the (discounted) counts of position j, w `weight` pseudo-drafts and m_j the draw
+    of position j - 1 (`prior` for position 1), the chain the mean estimates use. Early in a run
+    the draws spread widely, so requests sometimes verify drafts the prior alone would not give
+    them and the estimates learn; with many rounds seen they tighten (rng: a random.Random)."""
+    out, m = [], prior
+    for a, v in zip(accepted, verified):
+        m = min(max(m, 1e-3), 1 - 1e-3)
+        m = rng.betavariate(a + weight * m, max(v - a, 0.0) + weight * (1 - m))
+        out.append(m)
+    return out
+
+
 def allocate(held: list[int], acceptance: list[list[float]], cost: Callable[[float], float]) -> Allocation:
     """The drafts each request verifies: held[i] drafts request i holds, acceptance[i] its p_j,
     cost(x) the step's ms when the B requests verify x drafts each on average. Draft j of
@@ -115,3 +130,22 @@ def allocate(held: list[int], acceptance: list[list[float]], cost: Callable[[flo
         out[i] = max(out[i], j)
     x = take / B
     return Allocation(out, x, B + sum(it[0] for it in items[:take]), cost(x))
+
+
+def best_depth(acceptance: list[float], curve: list[float]) -> int:
+    """The k of best goodput (1 + sum_{i<=k} p_1 ... p_i) / curve[k] over k = 0 .. len(curve) - 1
+    (ties: the larger k); acceptance: p_j, curve: step ms per k."""
+    total, survive, best = 1.0, 1.0, (0.0, 0)
+    for k, ms in enumerate(curve):
+        if k:
+            survive *= acceptance[k - 1]
+            total += survive
+        best = max(best, (total / ms, k))
+    return best[1]
+
+
+def curve_at(curve: list[float], x: float) -> float:
+    """curve (ms per integer k) at a mean of x drafts per request: linear between the ks around it."""
+    lo = min(int(x), len(curve) - 1)
+    hi = min(lo + 1, len(curve) - 1)
+    return curve[lo] + (x - lo) * (curve[hi] - curve[lo])
