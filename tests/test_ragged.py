@@ -172,16 +172,6 @@ def test_allocate_gives_drafts_to_the_request_that_accepts_them():
     assert policy.request_acceptance("a") == policy.acceptance
 
 
-def test_a_request_depth_falls_to_its_allocations_after_patience_steps():
-    policy = _policy([10, 12, 14, 16, 18])
-    depth = 4
-    for step in range(policy.patience - 1):
-        depth = policy.lower_request_depth("r", depth, [1, 2, 0][step % 3])
-        assert depth == 4
-    assert policy.lower_request_depth("r", 4, 1) == 2            # the most allocated in the streak
-    assert policy.lower_request_depth("s", 4, 4) == 4
-
-
 def test_the_engine_runs_per_request_k_eager_and_logs_each_ragged_step(tmp_path, monkeypatch):
     """Automatic k on an eager engine: per-request k on (ragged_batch), each pure decode step
     logged with the allocation it was chosen with against its measured ms (scripted clock: a step

@@ -49,12 +49,9 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
   that skipped positions would have to re-prefill them all). Single-module MTP: max_k.
 - Per request (`per_request`: eager ragged steps, EngineConfig.ragged_batch): a step costs its
-  tokens, so each request verifies the drafts `allocate` gives it from its own estimates
-  (mtpx/core/request_k.py), is admitted at the best k at the engine-wide estimates
-  (`admission_depth`), proposes up to its depth, and its depth falls to what it was allocated
-  (`lower_request_depth`). Every decision
-  adds the overhead a decode step pays beyond its forwards, learned from the running engine
-  (`observe_overhead`).
+  tokens, so of the drafts the step before proposed each request verifies those `allocate`
+  gives it from its own estimates (mtpx/core/request_k.py). Every decision adds the overhead a
+  decode step pays beyond its forwards, learned from the running engine (`observe_overhead`).
 """
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ from dataclasses import dataclass
 
 from mtpx.core.cost_curve import _interpolate, _non_decreasing, smooth_step_costs
 from mtpx.core.cost_model_log import CostModelLog, batch_bucket, bucket_label
-from mtpx.core.request_k import (Allocation, RequestEstimates, allocate, best_depth, curve_at,
-                                 draw_engine_wide)
+from mtpx.core.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
@@ -129,7 +125,8 @@ class FixedDraftLength:
     def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
         pass
 
-    def forget(self, key) -> None: pass  # noqa: E704
+    def forget(self, key) -> None:
+        pass
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
         pass
@@ -293,23 +290,10 @@ class AutoDraftLength:
         return Allocation(alloc.num_drafts, alloc.mean_drafts, alloc.expected_tokens,
                           self.ragged_cost(alloc.mean_drafts, B, overhead=False))
 
-    def admission_depth(self, batch_size: int) -> int:
-        """A request's depth at admission under per_request: the k of best predicted goodput at
-        batch_size from the engine-wide estimates (with `explore`, a draw of them; each module
-        costs its prefill too); its own allocations lower it later. max_k before the costs."""
-        if self.step_costs is None:
-            return self.max_k
-        return best_depth(self._draw() if self.explore else self.acceptance,
-                          self.step_cost_curve(max(1, batch_size)))
-
     def _draw(self) -> list[float]:
         """The engine-wide p_j drawn from their posterior (request_k.draw_engine_wide)."""
         return draw_engine_wide(self._accepted, self._verified, self.prior_acceptance, self.prior_weight,
                                 self.requests.rng)
-
-    def lower_request_depth(self, key, depth: int, allocated: int) -> int:
-        """A running request's depth under per_request (RequestEstimates.lower_depth)."""
-        return self.requests.lower_depth(key, depth, allocated, self.patience)
 
     def forget(self, key) -> None:
         self.requests.forget(key)

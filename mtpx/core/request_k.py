@@ -8,7 +8,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Allocation", "RequestEstimates", "allocate", "best_depth", "curve_at", "draw_engine_wide"]
+__all__ = ["Allocation", "RequestEstimates", "allocate", "curve_at", "draw_engine_wide"]
 
 
 @dataclass(frozen=True)
@@ -25,19 +25,18 @@ class Allocation:
 
 class RequestEstimates:
     """Each running request's accepted / verified counts per draft position (undiscounted: a
-    request's rounds are few and alike), its estimates shrunk towards the engine-wide ones, and
-    the streaks that lower its depth. Keys are request indices."""
+    request's rounds are few and alike) and its estimates shrunk towards the engine-wide ones.
+    Keys are request indices."""
 
     def __init__(self, max_k: int, prior_weight: float = 4.0, seed: int = 0):
         self.max_k, self.prior_weight = max_k, prior_weight
         self._counts: dict = {}                   # key -> ([accepted], [verified]) per position
-        self._below: dict = {}                    # key -> (most drafts allocated, steps below depth)
         self.rng = random.Random(seed)            # the draws of `sample`
 
     def __eq__(self, other) -> bool:
         return isinstance(other, RequestEstimates) and (
-            (self.max_k, self.prior_weight, self._counts, self._below, self.rng.getstate())
-            == (other.max_k, other.prior_weight, other._counts, other._below, other.rng.getstate()))
+            (self.max_k, self.prior_weight, self._counts, self.rng.getstate())
+            == (other.max_k, other.prior_weight, other._counts, other.rng.getstate()))
 
     def observe(self, key, num_verified: int, num_accepted: int) -> None:
         """A round of `key` verified drafts 1 .. num_verified (each given the ones before it
@@ -69,24 +68,8 @@ class RequestEstimates:
             out.append(self.rng.betavariate(a + w * q, v - a + w * (1 - q)))
         return out
 
-    def lower_depth(self, key, depth: int, allocated: int, patience: int) -> int:
-        """A running request's depth: it falls to the most drafts allocated to it over the last
-        `patience` steps when every one of them was below its depth (a module kept for drafts
-        never verified costs every step), else it stays. Counts the step."""
-        most, streak = self._below.get(key, (0, 0))
-        if allocated >= depth:
-            self._below[key] = (0, 0)
-            return depth
-        most, streak = max(most, allocated), streak + 1
-        if streak >= patience:
-            self._below[key] = (0, 0)
-            return most
-        self._below[key] = (most, streak)
-        return depth
-
     def forget(self, key) -> None:
         self._counts.pop(key, None)
-        self._below.pop(key, None)
 
 
 def draw_engine_wide(accepted: list[float], verified: list[float], prior: float, weight: float,
@@ -130,18 +113,6 @@ def allocate(held: list[int], acceptance: list[list[float]], cost: Callable[[flo
         out[i] = max(out[i], j)
     x = take / B
     return Allocation(out, x, B + sum(it[0] for it in items[:take]), cost(x))
-
-
-def best_depth(acceptance: list[float], curve: list[float]) -> int:
-    """The k of best goodput (1 + sum_{i<=k} p_1 ... p_i) / curve[k] over k = 0 .. len(curve) - 1
-    (ties: the larger k); acceptance: p_j, curve: step ms per k."""
-    total, survive, best = 1.0, 1.0, (0.0, 0)
-    for k, ms in enumerate(curve):
-        if k:
-            survive *= acceptance[k - 1]
-            total += survive
-        best = max(best, (total / ms, k))
-    return best[1]
 
 
 def curve_at(curve: list[float], x: float) -> float:

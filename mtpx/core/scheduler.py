@@ -158,39 +158,26 @@ class Scheduler:
                 out.decodes.append(ScheduledDecode(r, n - 1, table))
             budget -= n
             i += 1
-        per_request = self.draft_length.per_request
-        if per_request and out.decodes:
+        if self.draft_length.per_request and out.decodes:
             budget += self._allocate(out)
         if not out.preempted:
             self._admit(out, budget)
-        if self.depth_per_request and not per_request:
+        if self.depth_per_request:
             self._lower_depths()
         # after admission: a new request's first drafts come from this step's k
-        deepest = max((r.draft_depth for r in self.running), default=0)
-        if per_request and self.depth_per_request:
-            # each request verifies its own k (`_allocate`), so each proposes what its depth allows
-            out.num_speculative_tokens = deepest
-        else:
-            choice = self.draft_length.decide(batch_size, deepest)
-            self.draft_length.commit(choice)
-            out.num_speculative_tokens = choice.k
+        choice = self.draft_length.decide(batch_size, max((r.draft_depth for r in self.running), default=0))
+        self.draft_length.commit(choice)
+        out.num_speculative_tokens = choice.k
         return out
 
     def _allocate(self, out: SchedulerOutput) -> int:
         """Per-request k (draft_length.py, AutoDraftLength.allocate): each decode verifies the
-        drafts the policy allocates it (at most those it holds); with per-request depth a request
-        whose allocation stays below its depth has its depth lowered. Returns the token budget
-        freed."""
-        policy = self.draft_length
-        allocation = policy.allocate([(d.request.index, d.num_draft_tokens) for d in out.decodes])
-        out.allocation = allocation
+        drafts the policy allocates it, at most those it holds. Returns the token budget freed."""
+        out.allocation = self.draft_length.allocate([(d.request.index, d.num_draft_tokens) for d in out.decodes])
         freed = 0
-        for d, n in zip(out.decodes, allocation.num_drafts):
+        for d, n in zip(out.decodes, out.allocation.num_drafts):
             freed += d.num_draft_tokens - n
             d.num_draft_tokens = n
-            r = d.request
-            if self.depth_per_request:
-                r.draft_depth = min(r.draft_depth, policy.lower_request_depth(r.index, r.draft_depth, n))
         return freed
 
     def _expected_batch(self) -> int:
@@ -199,10 +186,7 @@ class Scheduler:
     def _set_depth(self, r: Request) -> None:
         """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
         lookahead."""
-        if self.depth_per_request and self.draft_length.per_request and self.draft_length.forced is None:
-            # the best k at the engine's estimates: the request's own allocations lower it (`_allocate`)
-            r.draft_depth = self.draft_length.admission_depth(self._expected_batch())
-        elif self.depth_per_request:
+        if self.depth_per_request:
             r.draft_depth = self.draft_length.depth(self._expected_batch())
         else:
             r.draft_depth = self.draft_length.max_k
