@@ -198,3 +198,40 @@ def test_the_engine_runs_per_request_k_eager_and_logs_each_ragged_step(tmp_path,
     log = summary["cost_model"]
     assert sum(r["steps"] for r in log.values()) == len(seen)
     assert_clean(llm)
+
+
+def test_the_step_overhead_is_learned_per_batch_bucket_and_added_to_every_k():
+    """observe_overhead: the mean of the first 1 / beta steps, then an EMA of weight beta, per
+    batch bucket; step_cost_curve adds it to cost_curve's every k, and goodput uses it."""
+    policy = _policy([10, 12, 14, 16, 18])
+    policy.beta = 0.5
+    assert policy.step_cost_curve(2) == policy.cost_curve(2)            # nothing learned yet
+    policy.observe_overhead(2, 4.0)
+    policy.observe_overhead(3, 8.0)                                     # bucket 2-3 as well
+    assert policy.overhead == {2: (6.0, 2)}
+    policy.observe_overhead(2, 2.0)                                     # EMA: 6 + 0.5 (2 - 6)
+    assert policy.overhead == {2: (4.0, 3)}
+    assert policy.step_cost_curve(2) == [c + 4.0 for c in policy.cost_curve(2)]
+    assert policy.goodput(0, 2) == pytest.approx(2 / 14.0)
+    assert policy.ragged_cost(0.5, 2) == pytest.approx(15.0) and policy.ragged_cost(0.5, 2, overhead=False) == 11.0
+    assert policy.step_cost_curve(1) == policy.cost_curve(1)            # another bucket: none
+
+
+def test_thompson_draws_tighten_with_the_rounds_seen():
+    """request_k.draw_engine_wide and RequestEstimates.sample: with 10,000 rounds at acceptance
+    0.8 every draw is within 0.02 of it; with none they spread around the prior (seeded, so the
+    same draws every run)."""
+    import random as _random
+    from mtpx.core.request_k import RequestEstimates, draw_engine_wide
+    rng = _random.Random(1)
+    sure = [draw_engine_wide([8000.0, 6400.0], [10000.0, 8000.0], 0.7, 8.0, rng) for _ in range(200)]
+    assert all(abs(p1 - 0.8) < 0.02 and abs(p2 - 0.8) < 0.02 for p1, p2 in sure)
+    unsure = [draw_engine_wide([0.0, 0.0], [0.0, 0.0], 0.7, 8.0, rng)[0] for _ in range(200)]
+    mean = sum(unsure) / len(unsure)
+    assert abs(mean - 0.7) < 0.05 and max(unsure) - min(unsure) > 0.4
+    est = RequestEstimates(2, seed=3)
+    for _ in range(5000):
+        est.observe("r", 2, 1)                   # position 1 always accepted, position 2 never
+    draws = [est.sample("r", [0.5, 0.5]) for _ in range(100)]
+    assert all(p1 > 0.99 and p2 < 0.01 for p1, p2 in draws)
+    assert RequestEstimates(2, seed=3).sample("new", [0.5, 0.5]) == RequestEstimates(2, seed=3).sample("new", [0.5, 0.5])
