@@ -97,7 +97,7 @@ def _mark_meta_table(block_table: torch.Tensor) -> None:
 
 
 def _mark_window(*tensors: torch.Tensor) -> None:
-    # a graph per window width (1, k + 1, 2k columns), the width a constant: without this,
+    # a graph per window width (1 or k + 1 tokens), the width a constant: without this,
     # Dynamo's automatic dynamic shapes recompile on the first width change into a graph with a
     # symbolic width (seen for automatic k's 1-token forward; tests/test_compiled.py)
     for t in tensors:
@@ -167,7 +167,7 @@ class CompiledDecode:
             if self.precompile_dir is not None:
                 return Precompiled(fn, self.precompile_dir, backend, options, self._patches,
                                    self._persistent_tensors, self._mark_persistent)
-            return torch.compile(fn, backend=backend, mode=mode, options=options)
+            return torch.compile(fn, backend=backend, mode=mode, options=dict(options))   # (it pops keys)
 
         self._verify = compile_(verify_forward)
         self._draft = (None if speculator is None else
