@@ -452,6 +452,30 @@ def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, s
     assert len({f.parent for f in (tmp_path / "precompiled").rglob("*.bin")}) == 2
 
 
+def test_every_saved_graph_is_traced_with_the_guard_filter(trained_tiny, tmp_path, monkeypatch):
+    """torch.compile pops guard_filter_fn from the options dict it is given: each graph of a
+    function gets a copy, so a function's second graph (automatic k's 1-token verification after
+    the k + 1 one) is traced with the filter too, and is saved (it once kept guards that cannot
+    be serialized, and was compiled twice)."""
+    monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
+    real, filtered = torch.compile, []
+
+    def spy(fn, **kw):
+        filtered.append("guard_filter_fn" in (kw.get("options") or {}))
+        return real(fn, **kw)
+    monkeypatch.setattr(torch, "compile", spy)
+    torch._dynamo.reset()
+    llm = _llm(trained_tiny, "mtp8", 4, compile_backend="aot_eager", compile_regions=False)
+    cache, compiled = llm.engine.cache, llm.engine.compiled
+    with torch.inference_mode():                  # a 1-token window after the warm-up's 5-token one
+        meta = cache.static_meta(torch.tensor([4, 6]), torch.tensor([1, 1]), torch.tensor([0, 1]), 1, 2)
+        compiled.verify(meta)
+    assert len(filtered) == 4 and all(filtered)
+    folder = compiled.precompile_dir
+    assert sorted(p.name for p in folder.glob("verify*")) == ["verify_1_token_window.0.bin",
+                                                              "verify_5_token_window.0.bin"]
+
+
 def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch, capsys):
     """When saving a graph fails, that graph runs through torch.compile for the rest of the run,
     with one line saying so, and the tokens are eager's; a later run goes to torch.compile
