@@ -449,6 +449,53 @@ def test_module_kv_after_a_k0_stretch_equals_from_scratch(stretch):
     assert after and all(c[0] for c in checked)
 
 
+@pytest.mark.parametrize("middle,catch_up", [([0, 0, 0], False), ([3, 4, 3, 4, 2, 0, 2, 4], True)])
+def test_compiled_module_kv_stays_exact_in_one_draft_graph(trained_tiny, middle, catch_up):
+    """Compiled (Dynamo's eager backend: the static shapes) with k = K, then `middle`, then K:
+    k = 0 steps run the modules' catch-up padded into the K + 1 columns' round, and a step
+    drafting more than the one before, after a verification that accepted a drafts, first runs
+    a round without drafts in the same graph (StepShapes.catch_up; the lagging module covers
+    a + K positions, up to 2K - 1). After every step each draft module's KV at the positions
+    whose inputs are known equals its from-scratch value, every proposal equals the from-scratch
+    drafts, and every round has K + 1 columns. (The trained model accepts drafts: a catch-up
+    left out gives wrong proposals here.)"""
+    K = 4
+    torch._dynamo.reset()
+    llm = make_llm(trained_tiny, "mtp8", K, compile=True, compile_backend="eager")
+    policy = AutoDraftLength(K)
+    llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+    checked = install_draft_check(llm, trained_tiny, "mtp8", K)
+    step, rounds = llm.engine.runner.step, []
+    draft = step.draft
+
+    def spy(batch):
+        rounds.append((batch.num_columns, batch.catch_up))
+        return draft(batch)
+    step.draft = spy
+    schedule = [K] * 2 + middle + [K] * 2
+    seen = []
+
+    def on_step(engine):
+        seen.append(policy.forced)
+        for r in engine.scheduler.running:
+            seq, row = r.all_token_ids, engine.runner.rows[r.index]
+            if len(seq) <= K + 1:
+                continue
+            ref = _reference_kv(trained_tiny, seq, K)
+            for m in range(1, K + 1):
+                final = len(seq) - m                    # positions j with x_{j+m} known
+                for got, want in zip(kv_at(engine.cache, m - 1, row, final), kv_at(ref, m - 1, 0, final)):
+                    torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+        policy.forced = schedule[len(seen) % len(schedule)]
+
+    policy.forced = schedule[0]
+    prompts = [[5, 8, 11, 14], [20, 22, 24], [3, 4, 5, 6, 7, 8, 9], [40, 42, 44]]
+    run_checked(llm, trained_tiny, prompts, [_params(40 - 3 * i) for i in range(4)], on_step=on_step)
+    assert len(seen) > len(schedule) and checked and all(c[0] for c in checked)
+    assert {c for c, _ in rounds} == {K + 1}
+    assert any(c for _, c in rounds) == catch_up
+
+
 def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     llm = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
               cost_model_file=tmp_path / "costs.json")

@@ -223,13 +223,15 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
         assert torch.equal(drafts[0], drafts[1])
 
 
-@pytest.mark.slow      # about 30 s: Dynamo traces up to six graphs per engine
+@pytest.mark.slow      # about 30 s: Dynamo traces four graphs per engine
 @pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
 def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k):
     """Compiled with a k that changes every step (num_speculative_tokens=auto forced through a
     schedule with stretches of k = 0): tokens equal eager's; windows of 0 < k' < k are padded to
-    k + 1, so at most 2 verification graphs (1 and k + 1 tokens), 1 commit and 3 draft-loop graphs
-    (1, k + 1 and 2k columns) are ever compiled, not one per k."""
+    k + 1 and every draft round has k + 1 columns (a 1-token window's catch-up padded, a longer
+    catch-up split into two rounds), so 2 verification graphs (1 and k + 1 tokens), 1 commit and
+    1 draft-loop graph are compiled, not one per k (before: 3 draft-loop graphs, 1, k + 1 and 2k
+    columns)."""
     from mtpx.core.draft_length import AutoDraftLength
     torch._dynamo.reset()
     schedule = [k, k, 0, 0, 0, 1, k, 0, 2, 2, 0, 0, k, 1, 0] * 2
@@ -248,7 +250,7 @@ def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k
         outs.append(llm.generate(PROMPTS[:3], ps, on_step=on_step))
         assert set(policy.histogram) >= {0, 1, k}
     _same(*outs)
-    assert llm.engine.compiled.num_graphs <= 6
+    assert llm.engine.compiled.num_graphs == 4
 
 
 @pytest.mark.slow      # about 30 s: Dynamo traces a graph per depth in use
@@ -448,6 +450,30 @@ def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, s
     third = _llm(trained_tiny, spec, k, compile_backend="aot_eager", compile_regions=False, max_num_seqs=8)
     assert third.compile_stats["num_loaded"] == 0
     assert len({f.parent for f in (tmp_path / "precompiled").rglob("*.bin")}) == 2
+
+
+def test_every_saved_graph_is_traced_with_the_guard_filter(trained_tiny, tmp_path, monkeypatch):
+    """torch.compile pops guard_filter_fn from the options dict it is given: each graph of a
+    function gets a copy, so a function's second graph (automatic k's 1-token verification after
+    the k + 1 one) is traced with the filter too, and is saved (it once kept guards that cannot
+    be serialized, and was compiled twice)."""
+    monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
+    real, filtered = torch.compile, []
+
+    def spy(fn, **kw):
+        filtered.append("guard_filter_fn" in (kw.get("options") or {}))
+        return real(fn, **kw)
+    monkeypatch.setattr(torch, "compile", spy)
+    torch._dynamo.reset()
+    llm = _llm(trained_tiny, "mtp8", 4, compile_backend="aot_eager", compile_regions=False)
+    cache, compiled = llm.engine.cache, llm.engine.compiled
+    with torch.inference_mode():                  # a 1-token window after the warm-up's 5-token one
+        meta = cache.static_meta(torch.tensor([4, 6]), torch.tensor([1, 1]), torch.tensor([0, 1]), 1, 2)
+        compiled.verify(meta)
+    assert len(filtered) == 4 and all(filtered)
+    folder = compiled.precompile_dir
+    assert sorted(p.name for p in folder.glob("verify*")) == ["verify_1_token_window.0.bin",
+                                                              "verify_5_token_window.0.bin"]
 
 
 def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch, capsys):

@@ -37,13 +37,19 @@ def test_step_shapes_eager_are_exact_and_static_are_bucketed():
     assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (5, 4, 3, 5)   # bucket 4
     static = _plan(True, [30, 30], [1, 1], [1, 3], [1, 1], 3, batch=2, buckets=None)      # buckets 0 and k
     assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (9, 8, 3, 9)
-    # a module that catches up behind 3 verified drafts covers 4 - 1 + 4 positions: 2 x 4 columns
+    # a module that catches up behind 3 verified drafts covers 4 - 1 + 4 positions: eager 7
+    # columns; static, a round without drafts first, then both rounds in 4 + 1 columns
     eager = _plan(False, [30, 30], [3, 3], [3, 4], [3, 3], 4)
-    assert (eager.window, eager.draft_columns) == (4, 7)
-    assert _plan(True, [30, 30], [3, 3], [3, 4], [3, 3], 4, batch=2).draft_columns == 8
+    assert (eager.window, eager.draft_columns, eager.catch_up) == (4, 7, False)
+    static = _plan(True, [30, 30], [3, 3], [3, 4], [3, 3], 4, batch=2)
+    assert (static.window, static.draft_columns, static.catch_up) == (5, 5, True)
     # a step that neither verifies nor proposes (k = 0): 1-token windows, no state kept
     narrow = _plan(True, [30], [0], [0], [0], 0)
     assert (narrow.window, narrow.depth, narrow.keep_states) == (1, 0, False)
+    # ... whose requests keep their depth: the modules' catch-up in the round of k + 1 columns
+    narrow = _plan(True, [30], [0], [8], [0], 0, buckets=None)
+    assert (narrow.window, narrow.depth, narrow.draft_columns, narrow.catch_up) == (1, 8, 9, False)
+    assert _plan(False, [30], [0], [8], [0], 0).draft_columns == 1
     # single-module MTP: one module, the window bounds every forward
     single = _plan(False, [30], [3], [3], [1], 3, k=3, modules=1)
     assert single.draft_columns == 4

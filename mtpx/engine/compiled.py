@@ -47,6 +47,7 @@ chunks and the catch-up drafting after them.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 import torch.fx.experimental._config as fx_config
@@ -54,7 +55,7 @@ import torch.fx.experimental._config as fx_config
 from mtpx.attention.meta import ForwardMeta
 from mtpx.engine.compile_progress import CompileProgress, mtpx_cache_dir, use_cache_dir
 from mtpx.engine.decode_step import (block_bucket, capture_sizes, depth_bucket,  # noqa: F401 (re-exported)
-                                     verify_forward)
+                                     draft_rounds, verify_forward)
 from mtpx.engine.precompile import Precompiled, own_code as _own_code, precompile_key  # noqa: F401 (tests)
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
 
@@ -96,7 +97,7 @@ def _mark_meta_table(block_table: torch.Tensor) -> None:
 
 
 def _mark_window(*tensors: torch.Tensor) -> None:
-    # a graph per window width (1, k + 1, 2k columns), the width a constant: without this,
+    # a graph per window width (1 or k + 1 tokens), the width a constant: without this,
     # Dynamo's automatic dynamic shapes recompile on the first width change into a graph with a
     # symbolic width (seen for automatic k's 1-token forward; tests/test_compiled.py)
     for t in tensors:
@@ -166,7 +167,7 @@ class CompiledDecode:
             if self.precompile_dir is not None:
                 return Precompiled(fn, self.precompile_dir, backend, options, self._patches,
                                    self._persistent_tensors, self._mark_persistent)
-            return torch.compile(fn, backend=backend, mode=mode, options=options)
+            return torch.compile(fn, backend=backend, mode=mode, options=dict(options))   # (it pops keys)
 
         self._verify = compile_(verify_forward)
         self._draft = (None if speculator is None else
@@ -267,10 +268,19 @@ class CompiledDecode:
         all): one graph
         per pair of column and module counts. The plan is part of the graph with the torch
         attention backend; with FlashInfer, whose plans are host-side, it runs eager before the
-        compiled round. A batch with a sampler (probabilistic drafts) runs eager."""
+        compiled round. A batch with a sampler (probabilistic drafts) runs eager. A catch-up
+        round first where batch.catch_up (decode_step.draft_rounds: the same graph twice); the
+        hidden states of a 1-token window are padded to the round's columns (never read)."""
+        return draft_rounds(self._draft_round, batch)
+
+    def _draft_round(self, batch: DraftBatch) -> Drafts:
         if batch.sampler is not None:
             return self.speculator.propose(self.cache, batch)
         k, b = self.speculator.num_speculative_tokens, batch
+        width = b.target_hidden.shape[1]
+        if width < b.num_columns:     # a 1-token window in the round of k + 1 columns: one graph
+            b = dataclasses.replace(b, target_hidden=torch.nn.functional.pad(
+                b.target_hidden, (0, 0, 0, b.num_columns - width)))
         num_drafts = torch.tensor(k if b.num_drafts is None else b.num_drafts, device=b.rows.device)
         # a fresh [B] tensor: target_start is a column of the window's positions, and for a batch
         # of one contiguous() would keep its stride, which the graph guards on (a recompile)

@@ -14,10 +14,15 @@ gpt-fast's recipe and vLLM's capture sizes: the batch is padded to a capture siz
 multiples of 8), the window and the draft round are built for the depth bucket of the deepest
 request (depth_bucket: 0 or k unless engine.compile_depths adds more; fewer drafts are
 padding), a step that neither verifies nor proposes a draft has a 1-token window, the draft
-round's forwards have width + 1 or 2 width columns, and keys are read from a power-of-two
-number of blocks: a few graphs serve every step.
+round's forwards have width + 1 columns (a 1-token window's round too: one draft graph), and
+keys are read from a power-of-two number of blocks: a few graphs serve every step. A round
+whose modules' catch-up needs more than width + 1 columns (a step drafting more than the one
+before) is two rounds of the same graph: first one without drafts (StepShapes.catch_up,
+draft_rounds), after which width + 1 columns suffice.
 """
 from __future__ import annotations
+
+import dataclasses
 
 from dataclasses import dataclass
 from typing import Protocol
@@ -73,8 +78,10 @@ class StepShapes:
     batch: requests verified; padded_batch: rows of the step's tensors (padding rows after them);
     window: tokens per verification window (T); depth: draft modules the round runs (1..depth);
     num_drafts: drafts proposed per request (at most its own depth); draft_columns: columns of the
-    draft round's forwards; num_blocks: blocks of keys read. keep_states: the windows keep the
-    per-token Gated DeltaNet states (window > 1; a 1-token window stores its state in the forward).
+    draft round's forwards; num_blocks: blocks of keys read; catch_up: (static) the modules'
+    catch-up needs more than draft_columns, so a round without drafts runs first (draft_rounds).
+    keep_states: the windows keep the per-token Gated DeltaNet states (window > 1; a 1-token
+    window stores its state in the forward).
     """
 
     batch: int
@@ -84,6 +91,7 @@ class StepShapes:
     num_drafts: int
     draft_columns: int
     num_blocks: int
+    catch_up: bool = False
 
     @property
     def keep_states(self) -> bool:
@@ -115,9 +123,25 @@ class StepShapes:
         if k:
             columns = max(max_module_positions(1 + nd, min(num_drafts, d), prev, num_draft_modules)
                           for nd, d, prev in zip(num_draft_tokens, depths, num_prev_drafts))
-            if static and not narrow:
-                columns = width + 1 if columns <= width + 1 else 2 * width
-        return StepShapes(len(num_tokens), padded_batch, window, depth, num_drafts, columns, num_blocks)
+        catch_up = False
+        if static and width:
+            # every round in width + 1 columns (a 1-token window's too, its padding inert); a
+            # module that lagged behind drafts that it now makes first catches up in a round
+            # without drafts, which covers at most the window (multi_module.py)
+            catch_up, columns = columns > width + 1, width + 1
+        return StepShapes(len(num_tokens), padded_batch, window, depth, num_drafts, columns, num_blocks,
+                          catch_up)
+
+
+def draft_rounds(propose, batch: DraftBatch) -> Drafts:
+    """propose(batch) (Speculator.propose's contract), preceded when batch.catch_up by a round
+    without drafts (num_drafts 0, argmax; its drafts are dropped, and overwritten where read): it
+    brings every module to the positions its final inputs allow, after which module m of the
+    drafting round covers at most m positions (StepShapes.catch_up)."""
+    if batch.catch_up:
+        batch = dataclasses.replace(batch, catch_up=False)
+        propose(dataclasses.replace(batch, num_drafts=0, sampler=None))
+    return propose(batch)
 
 
 class DecodeStep(Protocol):
@@ -156,4 +180,4 @@ class EagerStep:
         self.cache.commit_recurrent(index, save)
 
     def draft(self, batch: DraftBatch) -> Drafts:
-        return self.speculator.propose(self.cache, batch)
+        return draft_rounds(lambda b: self.speculator.propose(self.cache, b), batch)

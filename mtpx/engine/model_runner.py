@@ -354,7 +354,8 @@ class ModelRunner:
         depth = torch.tensor([r.draft_depth for r in reqs] + [0] * pad, device=dev)
         drafting = torch.tensor(list(is_drafting) + [False] * pad, device=dev)
         extent = (dict(num_modules=max(r.draft_depth for r in reqs)) if shapes is None else
-                  dict(num_modules=shapes.depth, num_columns=shapes.draft_columns, block_table=block_table))
+                  dict(num_modules=shapes.depth, num_columns=shapes.draft_columns, block_table=block_table,
+                       catch_up=shapes.catch_up))
         return DraftBatch(rows, num_tokens, target_end, drafting, depth, target_start, hidden, num_drafts,
                           sampler=sampler, **extent)
 

@@ -163,7 +163,10 @@ class Precompiled:
         with progress.build(name, "compiled"):
             mark()
             self.mark_persistent()
-            compiled = torch.compile(self.fn, backend=self.backend, fullgraph=True, options=self.options)
+            # a copy: torch.compile pops guard_filter_fn from the dict it is given, so a second graph
+            # of this function traced with the same dict kept every guard (automatic k's 1-token
+            # verification failed to save on a pytree-registry guard)
+            compiled = torch.compile(self.fn, backend=self.backend, fullgraph=True, options=dict(self.options))
             with self.patches():
                 f = compiled.aot_compile((args, {}))
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -224,5 +227,5 @@ class Precompiled:
             print(f"engine.compile: {name}: {reason}; compiling it with torch.compile (a later run "
                   "traces it again)", file=sys.stderr, flush=True)
         f = self.fallbacks[name] = torch.compile(own_code(self.fn), backend=self.backend,
-                                                 options=self.fallback_options)
+                                                 options=dict(self.fallback_options))
         return f

@@ -66,9 +66,11 @@ def warm_up(engine) -> dict | None:
 
 def _steps_without_drafts(engine, k: int, length: int) -> None:
     """Automatic k: two dummy requests of depth k decode steps of k = 0 and k - 1 between steps
-    of k, so the draft rounds those need exist before anything is timed: the modules' catch-up
-    over a 1-token window, and over 2k columns when a step drafts more than the one before
-    (unbuilt, both compiled in the first timed requests: experiments/auto_k/compiled_c1)."""
+    of k, so the draft rounds those need have run before anything is timed: the modules' catch-up
+    after a 1-token window (padded to k + 1 columns) and, when a step drafts more than the one
+    before, a round without drafts first (StepShapes.catch_up). Both run in the k + 1 columns'
+    draft graph; they once were graphs of their own (1 and 2k columns), compiled in the first timed
+    requests (experiments/auto_k/compiled_c1)."""
     policy = engine.draft_length
     if not hasattr(policy, "forced_depth"):
         return

@@ -44,6 +44,8 @@ class DraftBatch:
         width is the static forwards' block count); None: dynamic (a forward with nothing to do is
         left out).
     sampler: None (argmax drafts) or a mtpx.spec_decode.sampler.DraftSampler (eager only).
+    catch_up: (static) the modules' catch-up needs more than num_columns columns: the decode
+        step runs a round without drafts first (mtpx.engine.decode_step.draft_rounds).
     """
 
     rows: torch.Tensor
@@ -58,6 +60,7 @@ class DraftBatch:
     num_columns: int | None = None
     block_table: torch.Tensor | None = None
     sampler: object | None = None
+    catch_up: bool = False
 
     @property
     def num_blocks(self) -> int | None:
