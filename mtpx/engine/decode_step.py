@@ -23,7 +23,6 @@ draft_rounds), after which width + 1 columns suffice.
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass
 from typing import Protocol
 
