@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from mtpx.cache.model_cache import ModelCache
+from mtpx.cache.state import batch_rows
 from mtpx.engine.compiled import CompiledDecode
 from mtpx.engine.decode_step import EagerStep, StepShapes
 from mtpx.engine.logits import logprobs, process_logits
@@ -370,7 +371,7 @@ class ModelRunner:
                                  depth_buckets=self.config.compile_depths)
         B, T = shapes.batch, shapes.window
         pad = shapes.padded_batch - B
-        rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
+        rows = batch_rows([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, dev)   # runs noted
         n = torch.tensor(n_host + [0] * pad, device=dev)
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, shapes.num_blocks, keep_states=shapes.keep_states)
