@@ -33,6 +33,7 @@ from mtpx.cache.state import batch_rows
 from mtpx.engine.compiled import CompiledDecode
 from mtpx.engine.decode_step import EagerStep, StepShapes
 from mtpx.engine.logits import logprobs, process_logits
+from mtpx.engine.malloc import tune_malloc
 from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
@@ -105,6 +106,8 @@ class ModelRunner:
     def __init__(self, model, speculator, config, max_len: int):
         self.model, self.speculator, self.config = model, speculator, config
         self.device = next(model.parameters()).device
+        if config.tune_malloc and self.device.type == "cpu":
+            tune_malloc()
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
