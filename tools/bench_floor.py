@@ -18,7 +18,10 @@ The floor is one torch.mm [M, hidden] x [hidden, N] with M = B x (K + 1) (the ve
 rows) and N chosen so that 2 M hidden N equals the step's FLOPs, into a preallocated output (a
 fresh [M, N] output, 98 MB at batch 64 with k = 4, costs its page faults, not FLOPs). Step and mm alternate, one call
 each per pair, `pairs` pairs after 2 untimed; printed: medians with quartiles of step_ms and
-floor_ms and the median of the paired ratios step / floor.
+floor_ms and of the paired ratios step / floor, in wall time and in the process's CPU time
+(time.process_time around ModelRunner._decode and around the mm: with --threads 1 what each
+computed, which other processes on shared cores move less than wall time; with more threads it
+also counts the workers' waiting).
 """
 from __future__ import annotations
 
@@ -95,23 +98,39 @@ def bench_case(model_path: str, batch: int, case: str, context: int, pairs: int)
     N = max(1, round(flops["total"] / (2 * M * hidden)))
     a, b, c = torch.randn(M, hidden), torch.randn(hidden, N), torch.empty(M, N)
 
-    def mm_ms() -> float:
-        t0 = time.perf_counter()
+    def mm_ms() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
         torch.mm(a, b, out=c)
-        return 1e3 * (time.perf_counter() - t0)
+        return 1e3 * (time.perf_counter() - t0), 1e3 * (time.process_time() - c0)
 
-    steps, floors = [], []
-    for i in range(pairs + 2):
-        s = e.time_decode_steps(batch, [k], context, rounds=1, warmup=0)[k][0]
-        f = mm_ms()
-        if i >= 2:
-            steps.append(s)
-            floors.append(f)
+    decode, step_cpu = e.runner._decode, []
+
+    def timed_decode(*args):
+        c0 = time.process_time()
+        out = decode(*args)
+        step_cpu.append(1e3 * (time.process_time() - c0))
+        return out
+
+    e.runner._decode = timed_decode
+    steps, floors, steps_cpu, floors_cpu = [], [], [], []
+    try:
+        for i in range(pairs + 2):
+            s = e.time_decode_steps(batch, [k], context, rounds=1, warmup=0)[k][0]
+            f, f_cpu = mm_ms()
+            if i >= 2:
+                steps.append(s)
+                floors.append(f)
+                steps_cpu.append(step_cpu[-1])
+                floors_cpu.append(f_cpu)
+    finally:
+        e.runner._decode = decode
     ratios = [s / f for s, f in zip(steps, floors)]
+    ratios_cpu = [s / f for s, f in zip(steps_cpu, floors_cpu)]
     row = {"batch": batch, "case": case, "k": k, "context": context, "pairs": pairs,
            "flops": flops, "mm_shape": [M, hidden, N],
            "step_ms": quartiles(steps), "floor_ms": quartiles(floors), "ratio": quartiles(ratios),
-           "step_ms_all": steps, "floor_ms_all": floors}
+           "step_cpu_ms": quartiles(steps_cpu), "floor_cpu_ms": quartiles(floors_cpu),
+           "ratio_cpu": quartiles(ratios_cpu), "step_ms_all": steps, "floor_ms_all": floors}
     if case == "plain":
         row["config_linear_flops"] = config_linear_flops(e.model, batch)
     return row
@@ -130,8 +149,8 @@ def main():
     torch.set_num_threads(args.threads)
     print(f"# torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}")
     print("| batch | case | GFLOP (linear + attention) | config check | step ms (q1-q3) | floor ms (q1-q3) "
-          "| step / floor (q1-q3) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "| step / floor (q1-q3) | step CPU ms | floor CPU ms | step / floor, CPU |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
     for B in args.batch_sizes:
         for case in args.cases:
@@ -143,7 +162,8 @@ def main():
             fmt = lambda q: f"{q[1]:.2f} ({q[0]:.2f}-{q[2]:.2f})"  # noqa: E731
             print(f"| {B} | {case} | {fl['total'] / 1e9:.3f} ({fl['linear'] / 1e9:.3f} + "
                   f"{fl['attention'] / 1e9:.3f}) | {check} | {fmt(r['step_ms'])} | {fmt(r['floor_ms'])} "
-                  f"| {fmt(r['ratio'])} |", flush=True)
+                  f"| {fmt(r['ratio'])} | {fmt(r['step_cpu_ms'])} | {fmt(r['floor_cpu_ms'])} "
+                  f"| {fmt(r['ratio_cpu'])} |", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 

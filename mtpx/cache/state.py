@@ -386,8 +386,9 @@ class RecurrentStateGroup:
         (eager: in slices of layers whose states fit in `slice_bytes`, so that the pass stays in
         cache at large batch); the caller clears the pending windows. No host sync, so
         engine.compile compiles it. No-op without a pending window. Eager, when the rows are an
-        ascending run of batch slots (row_run), the states are advanced in place, one layer at a
-        time, without gathering and scattering them (the same values)."""
+        ascending run of batch slots (row_run), the delta-rule states are advanced in place, one
+        layer at a time, without gathering and scattering them (the same values; the conv
+        windows keep the gather: gathering the taps from the strided view was slower)."""
         rows = self.pending_rows
         if rows is None:
             return
@@ -395,13 +396,6 @@ class RecurrentStateGroup:
         L, _, C, K1 = self.conv.shape
         at = index.view(1, B, 1, 1) + 1 + torch.arange(K1, device=index.device)      # conv window after
         run = None if torch.compiler.is_compiling() else row_run(rows)
-        if run is not None:
-            ext = self.window_ext[:, run, :, : K1 + T]
-            self.conv[:, run] = ext.gather(-1, at.expand(L, B, C, K1))
-            for i in range(L):
-                WindowStates(*(w[i, run, :, :T] for w in (self.window_k, self.window_v_new, self.window_G))
-                             ).advance_(self.ssm[i, run], index)
-            return
         step = L if torch.compiler.is_compiling() else max(
             1, self.slice_bytes // (B * self.ssm[0, 0].numel() * self.ssm.element_size()))
         for lo in range(0, L, step):
@@ -412,6 +406,11 @@ class RecurrentStateGroup:
             n = min(step, L - lo)
             ext = self.window_ext[lo: lo + step, :, :, : K1 + T].index_select(1, rows)
             self.conv[lo: lo + step].index_copy_(1, rows, ext.gather(-1, at.expand(n, B, C, K1)))
+            if run is not None:   # the delta-rule states in place, layer by layer (contiguous views)
+                for i in range(lo, lo + n):
+                    WindowStates(*(w[i, run, :, :T] for w in (self.window_k, self.window_v_new, self.window_G))
+                                 ).advance_(self.ssm[i, run], index)
+                continue
             part = WindowStates(*(w[lo: lo + step, :, :, :T].index_select(1, rows) for w in
                                   (self.window_k, self.window_v_new, self.window_G)))   # [step, B, H, T, ...]
             state = self.ssm[lo: lo + step].index_select(1, rows)   # a copy: the states before the window
