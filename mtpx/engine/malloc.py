@@ -4,7 +4,7 @@ By default glibc serves allocations above a threshold (128 KiB, raised as large 
 freed) with fresh mmap'ed pages and gives the top of its heap back to the system once more than
 twice that is free. An eager decode step at batch 64 allocates and frees megabytes of
 temporaries per layer (the paged-KV gather, the Gated DeltaNet state products), so it faulted in
-fresh zeroed pages every step: about a third of the plain step's time on 2 cores
+fresh zeroed pages every step: about a third of the plain step's time at 1 thread
 (experiments/lean_step). `tune_malloc` sets, once per process, the same three knobs as the
 MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ and MALLOC_TOP_PAD_ environment variables: blocks
 up to 32 MiB (glibc's largest threshold) come from the heap, which is trimmed only above 1 GiB
