@@ -8,6 +8,8 @@ fixed run of blocks, which is the contiguous cache as one allocator of the same 
 """
 from __future__ import annotations
 
+import heapq
+
 import torch
 
 from mtpx.attention.backend import get_backend
@@ -104,7 +106,7 @@ class ModelCache:
         self.tokens = torch.zeros(rows + 1, max_len, dtype=torch.long, device=device)
         self.block_tables = torch.zeros(rows + 1, self.max_blocks, dtype=torch.long, device=device)
         self.block_tables[self.pad_row] = self.pad_block
-        self._free = list(range(rows - 1, -1, -1))
+        self._free = list(range(rows))     # a heap: the lowest free slot goes first (allocate_row)
         self._num_synced = [0] * rows      # block-table entries already copied, per row
 
     @property
@@ -154,18 +156,19 @@ class ModelCache:
         return len(self._free)
 
     def allocate_row(self) -> int:
-        """Take a free batch slot and clear its recurrent state. Raises RuntimeError when none is
-        free."""
+        """Take the lowest free batch slot and clear its recurrent state: requests admitted
+        together get an ascending run of slots, whose Gated DeltaNet states a forward reads and
+        writes in place (mtpx.cache.state.row_run). Raises RuntimeError when none is free."""
         if not self._free:
             raise RuntimeError("no free batch slot: the engine admitted more than max_num_seqs requests")
-        row = self._free.pop()
+        row = heapq.heappop(self._free)
         self._num_synced[row] = 0
         for g in self.recurrent_groups:
             g.reset(row)
         return row
 
     def free_row(self, row: int) -> None:
-        self._free.append(row)
+        heapq.heappush(self._free, row)
 
     def set_block_table(self, row: int, blocks: list[int]) -> None:
         """Copy a request's block ids (from the KV cache manager, which only appends to a running

@@ -7,6 +7,7 @@ resume from it. The layers of one spec keep their states stacked (RecurrentState
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +38,51 @@ class RecurrentStateSpec:
     def bytes_per_state(self, element_size: int) -> int:
         """One boundary state: the conv window in the model dtype plus the fp32 memory."""
         return self.conv_dim * (self.kernel - 1) * element_size + self.heads * self.key_dim * self.value_dim * 4
+
+
+_runs: dict[int, tuple] = {}   # id(rows) -> (weakref to rows, slice): the runs batch_rows saw
+
+
+def batch_rows(rows: list[int], device=None) -> torch.Tensor:
+    """torch.tensor(rows) [B] int64 (batch slots), remembered as slice(a, a + B) when the host
+    list is an ascending run a, a + 1, ..., a + B - 1 with B > 1 (row_run), so that the forwards
+    over it read and write the Gated DeltaNet states of those slots as views, without reading
+    the tensor on the host. The tensor must not be changed in place afterwards."""
+    t = torch.tensor(rows, dtype=torch.long, device=device)
+    if len(rows) > 1 and rows == list(range(rows[0], rows[0] + len(rows))):
+        if len(_runs) > 8:
+            for key in [key for key, (ref, _) in _runs.items() if ref() is None]:
+                del _runs[key]
+        _runs[id(t)] = (weakref.ref(t), slice(rows[0], rows[0] + len(rows)))
+    return t
+
+
+def row_run(rows: torch.Tensor) -> slice | None:
+    """The ascending run of batch slots `rows` [B] int64 is, as a slice, when batch_rows made it
+    from such a run; None for any other tensor and under torch.compile (no host read either way)."""
+    if torch.compiler.is_compiling():
+        return None
+    entry = _runs.get(id(rows))
+    return entry[1] if entry is not None and entry[0]() is rows else None
+
+
+def read_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """t[rows] for t [R, ...] and rows [B] int64: a view of t when rows are an ascending run
+    (row_run; writing it writes t), else a copy (index_select)."""
+    run = row_run(rows)
+    return t.index_select(0, rows) if run is None else t[run]
+
+
+def write_rows(t: torch.Tensor, rows: torch.Tensor, value: torch.Tensor) -> None:
+    """t[rows] := value ([B, ...], cast to t's dtype); nothing to do when value is already
+    read_rows(t, rows)'s view (updated in place)."""
+    run = row_run(rows)
+    if run is None:
+        t.index_copy_(0, rows, value.to(t.dtype))
+        return
+    view = t[run]
+    if value.data_ptr() != view.data_ptr() or value.shape != view.shape or value.stride() != view.stride():
+        view.copy_(value)
 
 
 @dataclass
@@ -339,13 +385,17 @@ class RecurrentStateGroup:
         window's first token), for all layers in one set of batched ops over the window buffers
         (eager: in slices of layers whose states fit in `slice_bytes`, so that the pass stays in
         cache at large batch); the caller clears the pending windows. No host sync, so
-        engine.compile compiles it. No-op without a pending window."""
+        engine.compile compiles it. No-op without a pending window. Eager, when the rows are an
+        ascending run of batch slots (row_run), the delta-rule states are advanced in place, one
+        layer at a time, without gathering and scattering them (the same values; the conv
+        windows keep the gather: gathering the taps from the strided view was slower)."""
         rows = self.pending_rows
         if rows is None:
             return
         B, T = rows.shape[0], self.pending_len
         L, _, C, K1 = self.conv.shape
         at = index.view(1, B, 1, 1) + 1 + torch.arange(K1, device=index.device)      # conv window after
+        run = None if torch.compiler.is_compiling() else row_run(rows)
         step = L if torch.compiler.is_compiling() else max(
             1, self.slice_bytes // (B * self.ssm[0, 0].numel() * self.ssm.element_size()))
         for lo in range(0, L, step):
@@ -356,6 +406,11 @@ class RecurrentStateGroup:
             n = min(step, L - lo)
             ext = self.window_ext[lo: lo + step, :, :, : K1 + T].index_select(1, rows)
             self.conv[lo: lo + step].index_copy_(1, rows, ext.gather(-1, at.expand(n, B, C, K1)))
+            if run is not None:   # the delta-rule states in place, layer by layer (contiguous views)
+                for i in range(lo, lo + n):
+                    WindowStates(*(w[i, run, :, :T] for w in (self.window_k, self.window_v_new, self.window_G))
+                                 ).advance_(self.ssm[i, run], index)
+                continue
             part = WindowStates(*(w[lo: lo + step, :, :, :T].index_select(1, rows) for w in
                                   (self.window_k, self.window_v_new, self.window_G)))   # [step, B, H, T, ...]
             state = self.ssm[lo: lo + step].index_select(1, rows)   # a copy: the states before the window

@@ -29,9 +29,11 @@ from dataclasses import dataclass
 import torch
 
 from mtpx.cache.model_cache import ModelCache
+from mtpx.cache.state import batch_rows
 from mtpx.engine.compiled import CompiledDecode
 from mtpx.engine.decode_step import EagerStep, StepShapes
 from mtpx.engine.logits import logprobs, process_logits
+from mtpx.engine.malloc import tune_malloc
 from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
@@ -104,6 +106,8 @@ class ModelRunner:
     def __init__(self, model, speculator, config, max_len: int):
         self.model, self.speculator, self.config = model, speculator, config
         self.device = next(model.parameters()).device
+        if config.tune_malloc and self.device.type == "cpu":
+            tune_malloc()
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
@@ -379,7 +383,7 @@ class ModelRunner:
                                  depth_buckets=self.config.compile_depths)
         B, T = shapes.batch, shapes.window
         pad = shapes.padded_batch - B
-        rows = torch.tensor([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, device=dev)
+        rows = batch_rows([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, dev)   # runs noted
         n = torch.tensor(n_host + [0] * pad, device=dev)
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, shapes.num_blocks, keep_states=shapes.keep_states)

@@ -11,10 +11,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtpx.cache.state import RecurrentState, RecurrentStateSpec
+from mtpx.cache.state import RecurrentState, RecurrentStateSpec, read_rows, write_rows
 from mtpx.models.config import ModelConfig
 from mtpx.models.gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_recurrent,
-                                          window_gated_delta_rule)
+                                          recurrent_step_, recurrent_step_in_place, window_gated_delta_rule)
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNormGated
 
@@ -84,10 +84,14 @@ class GatedDeltaNet(nn.Module):
     def _prefill(self, q, k, v, g, beta, ext, state: RecurrentState, meta: ForwardMeta):
         """Cached forward without per-token states; stores the boundary states meta.save_states
         asks for. Those sit at block ends and every request of a prefill starts at a block
-        boundary, so with chunk_size = block_size they are exactly the chunk-end states."""
-        init = state.ssm.index_select(0, meta.rows)
+        boundary, so with chunk_size = block_size they are exactly the chunk-end states. One
+        token without boundary states updates the rows' states in place (read_rows: a view of
+        the state when the rows are an ascending run) and returns them as the final state."""
+        init = read_rows(state.ssm, meta.rows)
         T = q.shape[1]
         if meta.save_states is None or state.block_ssm is None:
+            if recurrent_step_in_place(q, init, meta.gdn_backend):
+                return recurrent_step_(init, q, k, v, g, beta), init
             fn = gated_delta_rule_recurrent if T <= RECURRENT_MAX_LEN else gated_delta_rule_chunked
             return fn(q, k, v, g, beta, init, backend=meta.gdn_backend)[:2]
         bi, ti, blocks = meta.save_states
@@ -126,7 +130,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z, b, a = self._split(qkvz, ba)
         mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)             # [B, C, T]
         prev = (mixed.new_zeros(B, self.conv_dim, self.kernel - 1) if state is None
-                else state.conv.index_select(0, meta.rows).to(mixed.dtype))
+                else read_rows(state.conv, meta.rows).to(mixed.dtype))
         ext = torch.cat([prev, mixed], dim=-1)                            # [B, C, K-1+T]
         conv = F.silu(causal_conv(ext, self.conv1d.weight)).transpose(1, 2)
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -143,15 +147,15 @@ class GatedDeltaNet(nn.Module):
         if state is None:
             o, _ = gated_delta_rule_chunked(q, k, v, g, beta)
         elif meta.keep_states:  # a verification window: the state after each token on demand
-            o, window = window_gated_delta_rule(q, k, v, g, beta, state.ssm.index_select(0, meta.rows))
+            o, window = window_gated_delta_rule(q, k, v, g, beta, read_rows(state.ssm, meta.rows))
             state.keep_window(meta.rows, window, ext)
         else:
             o, final = self._prefill(q, k, v, g, beta, ext, state, meta)
-            state.ssm.index_copy_(0, meta.rows, final.to(state.ssm.dtype))
+            write_rows(state.ssm, meta.rows, final)
             last = meta.lengths                                             # window ends at len-1
             idx = last[:, None, None] + torch.arange(self.kernel - 1, device=x.device)
             new_conv = ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype)
-            state.conv.index_copy_(0, meta.rows, new_conv)
+            write_rows(state.conv, meta.rows, new_conv)
 
         if packed:
             o, z = meta.pack(o), meta.pack(z)

@@ -97,6 +97,22 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, keep_all_st
     return o, S, (torch.stack(states, dim=1) if keep_all_states else None)
 
 
+def recurrent_step_(state, q, k, v, g, beta):
+    """One token of `recurrent_gated_delta_rule` written into `state` in place: the same ops in
+    the same order, so the same values (tests/test_gated_delta_rule.py), without its state-sized
+    temporaries. state: [B, H, Dk, Dv] float32 (float64 for float64 inputs), updated; q, k:
+    [B, 1, H, Dk]; v: [B, 1, H, Dv]; g, beta: [B, 1, H]. Returns o [B, 1, H, Dv] in v's dtype."""
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prep(q, k, v, g, beta)
+    if state.dtype != q.dtype:
+        raise ValueError(f"state is {state.dtype}, the step computes in {q.dtype}")
+    state.mul_(g[:, 0].exp()[..., None, None])
+    kv_mem = torch.einsum("bhk,bhkv->bhv", k[:, 0], state)
+    delta = (v[:, 0] - kv_mem) * beta[:, 0, :, None]
+    state.add_(k[:, 0, :, :, None] * delta[:, :, None, :])
+    return torch.einsum("bhk,bhkv->bhv", q[:, 0], state)[:, None].to(out_dtype)
+
+
 def unit_lower_inverse(L: torch.Tensor, block: int = 16) -> torch.Tensor:
     """(I + L)^{-1} for strictly lower triangular L [..., C, C], any C.
 
@@ -279,6 +295,15 @@ def gated_delta_rule_recurrent(q, k, v, g, beta, initial_state=None, keep_all_st
         return recurrent_gated_delta_rule(q, k, v, g, beta, initial_state, keep_all_states=keep_all_states)
     o, final = _fla_call(ops.fused_recurrent_gated_delta_rule, q, k, v, g, beta, initial_state)
     return o, final, None
+
+
+def recurrent_step_in_place(q, state, backend: str = "auto") -> bool:
+    """Whether gated_delta_rule_recurrent of one token would run the torch form on these
+    tensors, so that recurrent_step_ on `state` gives its values: no fla kernel, no gradient,
+    state in the dtype the step computes in."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return (state.dtype == dtype and not torch.is_grad_enabled() and q.shape[1] == 1
+            and _fla_for(q, q, q, (torch.bfloat16, torch.float16, torch.float32), backend) is None)
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, initial_state=None, chunk_size=64,
