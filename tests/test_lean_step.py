@@ -10,7 +10,7 @@ import mtpx.attention.torch_backend as torch_backend
 import mtpx.engine.malloc as malloc
 from mtpx.attention.torch_backend import gather_kv
 from mtpx.cache.model_cache import ModelCache
-from mtpx.cache.state import batch_rows, read_rows, row_run, write_rows
+from mtpx.cache.state import ascending_run, read_rows, write_rows
 from mtpx.models.gated_delta_rule import recurrent_gated_delta_rule, recurrent_step_
 from tests.helpers import peaked_model, tiny_config
 
@@ -32,46 +32,54 @@ def test_recurrent_step_in_place_equals_the_recurrent_form(dtype):
         recurrent_step_(s0.half(), q, k, v, gate, beta)
 
 
-def test_batch_rows_notes_ascending_runs_only():
-    assert row_run(batch_rows([3, 4, 5, 6])) == slice(3, 7)
+def test_ascending_runs_are_read_and_written_as_views():
+    assert ascending_run([3, 4, 5, 6]) == slice(3, 7)
     for rows in ([3, 5, 6], [4, 3], [2, 2], [7]):
-        assert row_run(batch_rows(rows)) is None
-    assert row_run(torch.tensor([0, 1, 2])) is None          # not made by batch_rows: no host read
+        assert ascending_run(rows) is None
     t = torch.arange(6).float().view(6, 1)
-    view = read_rows(t, batch_rows([1, 2, 3]))
+    rows = torch.tensor([1, 2, 3])
+    view = read_rows(t, rows, ascending_run([1, 2, 3]))
     assert view.data_ptr() == t[1].data_ptr()                 # a view: written in place
-    rows = batch_rows([1, 2, 3])
-    write_rows(t, rows, torch.tensor([[10.0], [11.0], [12.0]]))
+    assert read_rows(t, rows).data_ptr() != t[1].data_ptr()   # no run given: a copy
+    write_rows(t, rows, torch.tensor([[10.0], [11.0], [12.0]]), ascending_run([1, 2, 3]))
     assert t[:, 0].tolist() == [0, 10, 11, 12, 4, 5]
-    rows = batch_rows([5, 0])
+    rows = torch.tensor([5, 0])
     assert read_rows(t, rows)[:, 0].tolist() == [5, 0]        # a copy
     write_rows(t, rows, torch.tensor([[-5.0], [-1.0]]))
     assert t[:, 0].tolist() == [-1, 10, 11, 12, 4, -5]
 
 
-def _decode_run(rows_of, dtype):
+def _decode_run(as_views: bool, dtype):
     """Prefill 3 requests, 3 one-token decode steps and a kept verification window of 4 tokens
-    committed at per-row tokens, the rows [1, 2, 3] of a 5-row cache given as rows_of(list);
-    returns the hidden states of every forward and the final states (float32: exact compare)."""
+    committed at per-row tokens, the rows [1, 2, 3] of a 5-row cache, their states read as views
+    (as_views: ForwardMeta.row_run) or gathered; returns the hidden states of every forward and
+    the final states (float32: exact compare)."""
+    def rows_of(rows):
+        return torch.tensor(rows)
+
+    def run(meta):
+        meta.row_run = ascending_run([1, 2, 3]) if as_views else None
+        return meta
+
     m = peaked_model(tiny_config(num_hidden_layers=6, full_attention_interval=3)).to(dtype)
     torch.manual_seed(1)
     x = torch.randint(0, 64, (3, 40))
     cache = ModelCache(m, rows=5, max_len=64, num_draft_modules=0, block_size=8).static_block_tables()
     out = []
     lens = torch.tensor([20, 25, 3])
-    meta = cache.meta(torch.zeros(3, dtype=torch.long), lens, rows_of([1, 2, 3]))
+    meta = run(cache.meta(torch.zeros(3, dtype=torch.long), lens, rows_of([1, 2, 3])))
     out.append(m.model(torch.where(meta.valid, x[:, :25], 0), meta, cache.target))
     with torch.inference_mode():
         for _ in range(3):
-            meta = cache.meta(lens, torch.ones(3, dtype=torch.long), rows_of([1, 2, 3]))
+            meta = run(cache.meta(lens, torch.ones(3, dtype=torch.long), rows_of([1, 2, 3])))
             out.append(m.model(x[torch.arange(3), lens][:, None], meta, cache.target))
             lens = lens + 1
-        meta = cache.meta(lens, torch.full((3,), 4), rows_of([1, 2, 3]), keep_states=True)
+        meta = run(cache.meta(lens, torch.full((3,), 4), rows_of([1, 2, 3]), keep_states=True))
         ids = torch.stack([x[b, lens[b]: lens[b] + 4] for b in range(3)])
         out.append(m.model(ids, meta, cache.target))
         cache.commit_recurrent(torch.tensor([0, 3, 2]))
         lens = lens + torch.tensor([1, 4, 3])
-        meta = cache.meta(lens, torch.ones(3, dtype=torch.long), rows_of([1, 2, 3]))
+        meta = run(cache.meta(lens, torch.ones(3, dtype=torch.long), rows_of([1, 2, 3])))
         out.append(m.model(x[torch.arange(3), lens][:, None], meta, cache.target))
     g = cache.recurrent_groups[0]
     return out, g.conv.clone(), g.ssm.clone()
@@ -80,9 +88,9 @@ def _decode_run(rows_of, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_forwards_over_a_run_of_rows_equal_the_gather_path(dtype):
     """Every forward's output and every state equal, bit for bit, with the rows as views
-    (batch_rows) and gathered (a plain tensor); the rows outside the batch untouched."""
-    views = _decode_run(batch_rows, dtype)
-    gathered = _decode_run(torch.tensor, dtype)
+    (ForwardMeta.row_run) and gathered; the rows outside the batch untouched."""
+    views = _decode_run(True, dtype)
+    gathered = _decode_run(False, dtype)
     for a, b in zip(views[0], gathered[0]):
         assert torch.equal(a, b)
     assert torch.equal(views[1], gathered[1]) and torch.equal(views[2], gathered[2])
@@ -98,8 +106,8 @@ def test_non_contiguous_rows_still_equal_the_full_forward():
     x = torch.randint(0, 64, (3, 30))
     ref = m.model(x)
     cache = ModelCache(m, rows=5, max_len=64, num_draft_modules=0, block_size=8).static_block_tables()
-    rows = batch_rows([4, 0, 2])
-    assert row_run(rows) is None
+    rows = torch.tensor([4, 0, 2])
+    assert ascending_run([4, 0, 2]) is None
     lens = torch.tensor([20, 25, 1])
     meta = cache.meta(torch.zeros(3, dtype=torch.long), lens, rows)
     m.model(torch.where(meta.valid, x[:, :25], 0), meta, cache.target)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import mtpx.attention.torch_backend as backend_mod  # noqa: E402
-import mtpx.cache.state as state_mod  # noqa: E402
+import mtpx.engine.model_runner as runner_mod  # noqa: E402
 import mtpx.models.deltanet as deltanet_mod  # noqa: E402
 from mtpx import LLM  # noqa: E402
 
@@ -32,7 +32,7 @@ change, B, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 pairs = int(sys.argv[4]) if len(sys.argv) > 4 else 15
 torch.set_num_threads(int(sys.argv[5]) if len(sys.argv) > 5 else 2)
 tune = bool(int(sys.argv[6])) if len(sys.argv) > 6 else True
-row_run, in_place = state_mod.row_run, deltanet_mod.recurrent_step_in_place
+row_run, in_place = runner_mod.ascending_run, deltanet_mod.recurrent_step_in_place
 toggles = {"rows": [("row_run", row_run)], "inplace": [("in_place", in_place)]}
 toggles["both"] = toggles["rows"] + toggles["inplace"]
 toggles["scratch"] = [("scratch", None)]
@@ -44,7 +44,7 @@ def switch(on: bool) -> None:
         if name == "scratch":
             backend_mod.reuse_scratch = on
         elif name == "row_run":
-            state_mod.row_run = fn if on else (lambda rows: None)
+            runner_mod.ascending_run = fn if on else (lambda rows: None)
         else:
             deltanet_mod.recurrent_step_in_place = fn if on else (lambda *a: False)
 

@@ -42,6 +42,9 @@ class ForwardMeta:
         token mixers (attention, the Gated DeltaNet conv and recurrence) see the grid (`unpack`,
         `pack`): a step costs its tokens, not B times its widest window (vLLM's flattened batch).
         Eager forwards only; a static (compiled) forward keeps the grid.
+    row_run: slice(a, a + B) when rows are the ascending run of batch slots a .. a + B - 1 (known
+        on the host: mtpx.cache.state.ascending_run), so that Gated DeltaNet reads and writes
+        their states as views instead of gathering them; None: gather (always under compile).
     """
 
     positions: torch.Tensor
@@ -58,6 +61,7 @@ class ForwardMeta:
     gdn_backend: str = "auto"
     compile_regions: bool = False
     packed: torch.Tensor | None = None
+    row_run: slice | None = None
 
     def planned(self, backend) -> "ForwardMeta":
         """Attach `backend` and its plan for this forward (once, before the layers run)."""

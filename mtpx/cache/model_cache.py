@@ -158,7 +158,7 @@ class ModelCache:
     def allocate_row(self) -> int:
         """Take the lowest free batch slot and clear its recurrent state: requests admitted
         together get an ascending run of slots, whose Gated DeltaNet states a forward reads and
-        writes in place (mtpx.cache.state.row_run). Raises RuntimeError when none is free."""
+        writes in place (ForwardMeta.row_run). Raises RuntimeError when none is free."""
         if not self._free:
             raise RuntimeError("no free batch slot: the engine admitted more than max_num_seqs requests")
         row = heapq.heappop(self._free)

@@ -7,7 +7,6 @@ resume from it. The layers of one spec keep their states stacked (RecurrentState
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -40,44 +39,25 @@ class RecurrentStateSpec:
         return self.conv_dim * (self.kernel - 1) * element_size + self.heads * self.key_dim * self.value_dim * 4
 
 
-_runs: dict[int, tuple] = {}   # id(rows) -> (weakref to rows, slice): the runs batch_rows saw
-
-
-def batch_rows(rows: list[int], device=None) -> torch.Tensor:
-    """torch.tensor(rows) [B] int64 (batch slots), remembered as slice(a, a + B) when the host
-    list is an ascending run a, a + 1, ..., a + B - 1 with B > 1 (row_run), so that the forwards
-    over it read and write the Gated DeltaNet states of those slots as views, without reading
-    the tensor on the host. The tensor must not be changed in place afterwards."""
-    t = torch.tensor(rows, dtype=torch.long, device=device)
+def ascending_run(rows: list[int]) -> slice | None:
+    """slice(a, a + B) when the host list of batch slots rows is an ascending run a, a + 1, ...,
+    a + B - 1 with B > 1, else None: the forwards over it read and write the Gated DeltaNet states
+    of those slots as views (ForwardMeta.row_run)."""
     if len(rows) > 1 and rows == list(range(rows[0], rows[0] + len(rows))):
-        if len(_runs) > 8:
-            for key in [key for key, (ref, _) in _runs.items() if ref() is None]:
-                del _runs[key]
-        _runs[id(t)] = (weakref.ref(t), slice(rows[0], rows[0] + len(rows)))
-    return t
+        return slice(rows[0], rows[0] + len(rows))
+    return None
 
 
-def row_run(rows: torch.Tensor) -> slice | None:
-    """The ascending run of batch slots `rows` [B] int64 is, as a slice, when batch_rows made it
-    from such a run; None for any other tensor and under torch.compile (no host read either way)."""
-    if torch.compiler.is_compiling():
-        return None
-    entry = _runs.get(id(rows))
-    return entry[1] if entry is not None and entry[0]() is rows else None
+def read_rows(t: torch.Tensor, rows: torch.Tensor, run: slice | None = None) -> torch.Tensor:
+    """t[rows] for t [R, ...] and rows [B] int64: the view t[run] when run (ascending_run of the
+    same slots) is given outside torch.compile (writing it writes t), else a copy (index_select)."""
+    return t.index_select(0, rows) if run is None or torch.compiler.is_compiling() else t[run]
 
 
-def read_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """t[rows] for t [R, ...] and rows [B] int64: a view of t when rows are an ascending run
-    (row_run; writing it writes t), else a copy (index_select)."""
-    run = row_run(rows)
-    return t.index_select(0, rows) if run is None else t[run]
-
-
-def write_rows(t: torch.Tensor, rows: torch.Tensor, value: torch.Tensor) -> None:
+def write_rows(t: torch.Tensor, rows: torch.Tensor, value: torch.Tensor, run: slice | None = None) -> None:
     """t[rows] := value ([B, ...], cast to t's dtype); nothing to do when value is already
-    read_rows(t, rows)'s view (updated in place)."""
-    run = row_run(rows)
-    if run is None:
+    read_rows(t, rows, run)'s view (updated in place)."""
+    if run is None or torch.compiler.is_compiling():
         t.index_copy_(0, rows, value.to(t.dtype))
         return
     view = t[run]
@@ -203,11 +183,13 @@ class RecurrentState:
         ext = g.window_ext[self.layer, g.pending_rows, :, : K1 + g.pending_len]
         return ext.unfold(-1, K1, 1)[:, :, 1:].transpose(1, 2)
 
-    def keep_window(self, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
-        """Keep a verification window for the group's commit: rows [B] (batch slots), window (from
-        window_gated_delta_rule, [B, H, T, ...]) and ext [B, conv_dim, K-1+T], the conv inputs
-        (the K-1 before the window, then the window's). Copied into the group's window buffers."""
-        self.group.keep(self.layer, rows, window, ext)
+    def keep_window(self, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor,
+                    run: slice | None = None) -> None:
+        """Keep a verification window for the group's commit: rows [B] (batch slots; run: their
+        ascending_run or None), window (from window_gated_delta_rule, [B, H, T, ...]) and ext
+        [B, conv_dim, K-1+T], the conv inputs (the K-1 before the window, then the window's).
+        Copied into the group's window buffers."""
+        self.group.keep(self.layer, rows, window, ext, run)
 
     def views(self, window_len: int = 0) -> tuple:
         """This layer's state tensors as views of the group's: (conv, ssm, window_k, window_v_new,
@@ -223,7 +205,7 @@ class RecurrentState:
     def mark_kept(self, rows: torch.Tensor, window_len: int) -> None:
         """After a keep_states forward through views(): rows [B] hold a kept window of window_len
         tokens (what keep_window records)."""
-        self.group.pending_rows, self.group.pending_len = rows, window_len
+        self.group.pending_rows, self.group.pending_len, self.group.pending_run = rows, window_len, None
 
     @staticmethod
     def allocate(rows: int, conv_dim: int, kernel: int, heads: int, key_dim: int, value_dim: int,
@@ -296,8 +278,10 @@ class LayerStates:
     block_conv = None
     block_ssm = None
 
-    def keep_window(self, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
-        """RecurrentState.keep_window's writes (the buffers must hold the window)."""
+    def keep_window(self, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor,
+                    run: slice | None = None) -> None:
+        """RecurrentState.keep_window's writes (the buffers must hold the window; run: unused, a
+        compiled region gathers)."""
         write_window(self.window_k, self.window_v_new, self.window_G, self.window_ext, rows, window, ext)
 
 
@@ -325,6 +309,7 @@ class RecurrentStateGroup:
     window_G: torch.Tensor | None = None
     window_ext: torch.Tensor | None = None
     pending_rows: torch.Tensor | None = None
+    pending_run: slice | None = None      # pending_rows' ascending_run (eager), or None
     pending_len: int = 0
     slice_bytes = 2 << 20   # eager commit: layers per pass, by their states' size (commit)
 
@@ -368,16 +353,17 @@ class RecurrentStateGroup:
         self.window_ext = torch.zeros(L, rows, self.conv.shape[2], self.conv.shape[3] + max_len,
                                       dtype=self.conv.dtype, device=self.conv.device)
 
-    def keep(self, layer: int, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
+    def keep(self, layer: int, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor,
+             run: slice | None = None) -> None:
         """RecurrentState.keep_window for layer `layer` (its contract)."""
         T = window.G.shape[-1]
         self.reserve_windows(T)
         write_window(self.window_k[layer], self.window_v_new[layer], self.window_G[layer],
                      self.window_ext[layer], rows, window, ext)
-        self.pending_rows, self.pending_len = rows, T
+        self.pending_rows, self.pending_len, self.pending_run = rows, T, run
 
     def clear_pending(self) -> None:
-        self.pending_rows = None
+        self.pending_rows = self.pending_run = None
 
     def commit(self, index: torch.Tensor) -> None:
         """After a keep_states forward of every layer: each pending row's conv and delta-rule
@@ -386,7 +372,7 @@ class RecurrentStateGroup:
         (eager: in slices of layers whose states fit in `slice_bytes`, so that the pass stays in
         cache at large batch); the caller clears the pending windows. No host sync, so
         engine.compile compiles it. No-op without a pending window. Eager, when the rows are an
-        ascending run of batch slots (row_run), the delta-rule states are advanced in place, one
+        ascending run of batch slots (pending_run), the delta-rule states are advanced in place, one
         layer at a time, without gathering and scattering them (the same values; the conv
         windows keep the gather: gathering the taps from the strided view was slower)."""
         rows = self.pending_rows
@@ -395,7 +381,7 @@ class RecurrentStateGroup:
         B, T = rows.shape[0], self.pending_len
         L, _, C, K1 = self.conv.shape
         at = index.view(1, B, 1, 1) + 1 + torch.arange(K1, device=index.device)      # conv window after
-        run = None if torch.compiler.is_compiling() else row_run(rows)
+        run = None if torch.compiler.is_compiling() else self.pending_run
         step = L if torch.compiler.is_compiling() else max(
             1, self.slice_bytes // (B * self.ssm[0, 0].numel() * self.ssm.element_size()))
         for lo in range(0, L, step):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from mtpx.cache.model_cache import ModelCache
-from mtpx.cache.state import batch_rows
+from mtpx.cache.state import ascending_run
 from mtpx.engine.compiled import CompiledDecode
 from mtpx.engine.decode_step import EagerStep, StepShapes
 from mtpx.engine.logits import logprobs, process_logits
@@ -301,6 +301,7 @@ class ModelRunner:
         rows = torch.tensor([self.rows[r.index] for r in reqs], device=dev)
         starts, lengths = [p.start for p in prefills], [p.num_tokens for p in prefills]
         meta = cache.meta(torch.tensor(starts, device=dev), torch.tensor(lengths, device=dev), rows)
+        meta.row_run = ascending_run([self.rows[r.index] for r in reqs])
         meta.save_states = self._boundaries(prefills, starts, lengths)
         ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)
         h = model.model(ids, meta.pack_valid(lengths) if self._ragged(len(lengths) * max(lengths), sum(lengths))
@@ -383,10 +384,12 @@ class ModelRunner:
                                  depth_buckets=self.config.compile_depths)
         B, T = shapes.batch, shapes.window
         pad = shapes.padded_batch - B
-        rows = batch_rows([self.rows[r.index] for r in reqs] + [cache.pad_row] * pad, dev)   # runs noted
+        rows_host = [self.rows[r.index] for r in reqs] + [cache.pad_row] * pad
+        rows = torch.tensor(rows_host, device=dev)
         n = torch.tensor(n_host + [0] * pad, device=dev)
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, shapes.num_blocks, keep_states=shapes.keep_states)
+        meta.row_run = None if step.static else ascending_run(rows_host)
         if self._ragged(B * T, B + sum(nd_host), step.static):
             meta.pack_valid([1 + x for x in nd_host])
         ids, h, logits = step.verify(meta)

@@ -87,7 +87,7 @@ class GatedDeltaNet(nn.Module):
         boundary, so with chunk_size = block_size they are exactly the chunk-end states. One
         token without boundary states updates the rows' states in place (read_rows: a view of
         the state when the rows are an ascending run) and returns them as the final state."""
-        init = read_rows(state.ssm, meta.rows)
+        init = read_rows(state.ssm, meta.rows, meta.row_run)
         T = q.shape[1]
         if meta.save_states is None or state.block_ssm is None:
             if recurrent_step_in_place(q, init, meta.gdn_backend):
@@ -130,7 +130,7 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z, b, a = self._split(qkvz, ba)
         mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)             # [B, C, T]
         prev = (mixed.new_zeros(B, self.conv_dim, self.kernel - 1) if state is None
-                else read_rows(state.conv, meta.rows).to(mixed.dtype))
+                else read_rows(state.conv, meta.rows, meta.row_run).to(mixed.dtype))
         ext = torch.cat([prev, mixed], dim=-1)                            # [B, C, K-1+T]
         conv = F.silu(causal_conv(ext, self.conv1d.weight)).transpose(1, 2)
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -147,15 +147,15 @@ class GatedDeltaNet(nn.Module):
         if state is None:
             o, _ = gated_delta_rule_chunked(q, k, v, g, beta)
         elif meta.keep_states:  # a verification window: the state after each token on demand
-            o, window = window_gated_delta_rule(q, k, v, g, beta, read_rows(state.ssm, meta.rows))
-            state.keep_window(meta.rows, window, ext)
+            o, window = window_gated_delta_rule(q, k, v, g, beta, read_rows(state.ssm, meta.rows, meta.row_run))
+            state.keep_window(meta.rows, window, ext, meta.row_run)
         else:
             o, final = self._prefill(q, k, v, g, beta, ext, state, meta)
-            write_rows(state.ssm, meta.rows, final)
+            write_rows(state.ssm, meta.rows, final, meta.row_run)
             last = meta.lengths                                             # window ends at len-1
             idx = last[:, None, None] + torch.arange(self.kernel - 1, device=x.device)
             new_conv = ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype)
-            write_rows(state.conv, meta.rows, new_conv)
+            write_rows(state.conv, meta.rows, new_conv, meta.row_run)
 
         if packed:
             o, z = meta.pack(o), meta.pack(z)
