@@ -173,17 +173,19 @@ def test_allocate_gives_drafts_to_the_request_that_accepts_them():
 
 
 def test_the_engine_runs_per_request_k_eager_and_logs_each_ragged_step(tmp_path, monkeypatch):
-    """Automatic k on an eager engine: per-request k on (ragged_batch), each pure decode step
+    """Automatic k on an eager engine with engine.per_request_k: each pure decode step
     logged with the allocation it was chosen with against its measured ms (scripted clock: a step
     that drafts reads 3000 ms) and the tokens it committed; greedy output as plain decoding."""
     from mtpx.engine.auto_k.store import save_step_costs
     n = len(model().mtp)
     save_step_costs(tmp_path / "costs.json", {(k, b): 3000.0 for k in range(n + 1) for b in (1, 2, 3, 4)}, {})
-    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
+                   per_request_k=True)
     policy, clock = llm.engine.draft_length, iter(range(10 ** 6))
     assert policy.per_request
-    assert not make_llm(model(), "mtp8", "auto", max_num_seqs=4, ragged_batch=False,
-                        cost_model_file=tmp_path / "costs.json").engine.draft_length.per_request
+    for kw in (dict(per_request_k=True, ragged_batch=False), {}):     # needs ragged steps; off by default
+        assert not make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
+                            **kw).engine.draft_length.per_request
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
     seen = []
     observe = policy.observe_allocation

@@ -48,7 +48,7 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   is at most the largest running depth and each request drafts min(k, its depth); modules
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
   that skipped positions would have to re-prefill them all). Single-module MTP: max_k.
-- Per request (`per_request`: eager ragged steps, EngineConfig.ragged_batch): a step costs its
+- Per request (`per_request`: EngineConfig.per_request_k on eager ragged steps): a step costs its
   tokens, so of the drafts the step before proposed each request verifies those `allocate`
   gives it from its own estimates (mtpx/core/request_k.py). Every decision adds the overhead a
   decode step pays beyond its forwards, learned from the running engine (`observe_overhead`).

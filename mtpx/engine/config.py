@@ -55,6 +55,14 @@ class EngineConfig:
     rather than B times its widest window; attention and the Gated DeltaNet recurrence still see
     the padded grid. False: every op sees the [B, T] grid (the reference). The compiled step keeps
     its static grid either way."""
+    per_request_k: bool = False
+    """With automatic k on an eager engine with ragged_batch: each request verifies its own number
+    of the drafts it holds every step (AutoDraftLength.allocate, docs/automatic_k.md), instead of
+    every request verifying the step's k. Off by default: on the demo (2 CPU cores, eager) it
+    read 0.89x the best fixed k at concurrency 1 and 16 against 0.97x-1.04x at 4 and 64
+    (experiments/concurrency), because a ragged step saves less than its tokens (attention and
+    the Gated DeltaNet windows still run on the padded grid) while each trimmed draft loses its
+    expected tokens."""
     compile_regions: bool = True
     """With compile: compile each distinct decoder layer once and reuse it for every layer of its
     type and shape (regional compilation, torch.compiler.nested_compile_region), so building an
@@ -106,7 +114,7 @@ class EngineConfig:
 
         if self.compile is not None and not isinstance(self.compile, bool):
             raise ValueError(f"engine.compile={self.compile!r}: must be true, false or null (decided by the mode)")
-        for key in ("enable_prefix_caching", "ragged_batch", "compile_regions", "compile_cache", "record_logit_gaps",
+        for key in ("enable_prefix_caching", "ragged_batch", "per_request_k", "compile_regions", "compile_cache", "record_logit_gaps",
                     "record_step_timings", "tune_malloc", "check_invariants"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key}={getattr(self, key)!r}: must be true or false")
