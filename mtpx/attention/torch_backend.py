@@ -32,7 +32,8 @@ def _scratch_views(cache: KVCache, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     numel = n * cache.k[0].numel()
     key = (cache.k.dtype, cache.k.device)
     bufs = _scratch.get(key)
-    if bufs is None or bufs[0].numel() < numel:
+    # a buffer made under inference_mode cannot be written outside it (and the other way round)
+    if bufs is None or bufs[0].numel() < numel or bufs[0].is_inference() != torch.is_inference_mode_enabled():
         bufs = _scratch[key] = [torch.empty(numel, dtype=cache.k.dtype, device=cache.k.device) for _ in range(2)]
     return bufs[0][:numel].view(shape), bufs[1][:numel].view(shape)
 
