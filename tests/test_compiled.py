@@ -452,6 +452,7 @@ def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, s
     assert len({f.parent for f in (tmp_path / "precompiled").rglob("*.bin")}) == 2
 
 
+@pytest.mark.slow      # about 26 s on 2 cores: the default suite's time (README.md, the two commands)
 def test_every_saved_graph_is_traced_with_the_guard_filter(trained_tiny, tmp_path, monkeypatch):
     """torch.compile pops guard_filter_fn from the options dict it is given: each graph of a
     function gets a copy, so a function's second graph (automatic k's 1-token verification after

@@ -117,7 +117,8 @@ class FixedDraftLength:
     def commit_depth(self, choice: DepthChoice) -> None:
         pass
 
-    record_depth = commit_depth
+    def record_depth(self, depth: int) -> None:
+        pass
 
     def reset_histograms(self) -> None:
         self.histogram.clear()
