@@ -14,17 +14,8 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from mtpx.attention.meta import ForwardMeta
 from mtpx.core.draft_length import Allocation, AutoDraftLength
 from mtpx.engine.decode_step import verify_forward
-from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
-                           run_checked, tiny_config)
-
-MODEL = None
-
-
-def model():
-    global MODEL
-    if MODEL is None:
-        MODEL = peaked_model(tiny_config())
-    return MODEL
+from tests.helpers import _params, assert_clean, install_draft_check, make_llm, run_checked
+from tests.test_auto_k import model            # the peaked tiny model, built once for both files
 
 
 def test_pack_and_unpack_are_inverse_on_the_real_tokens():

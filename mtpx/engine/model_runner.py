@@ -304,8 +304,9 @@ class ModelRunner:
         meta.row_run = ascending_run([self.rows[r.index] for r in reqs])
         meta.save_states = self._boundaries(prefills, starts, lengths)
         ids = torch.where(meta.valid, cache.tokens[rows[:, None], meta.positions], 0)
-        h = model.model(ids, meta.pack_valid(lengths) if self._ragged(len(lengths) * max(lengths), sum(lengths))
-                        else meta, cache.target)
+        if self._ragged(len(lengths) * max(lengths), sum(lengths)):
+            meta.pack_valid(lengths)
+        h = model.model(ids, meta, cache.target)
         if meta.packed is not None:
             h = meta.unpack(h)                                             # [B, T, hidden]
         last = [b for b, p in enumerate(prefills) if p.is_last]
