@@ -115,8 +115,25 @@ def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row()
         step(p, 1)                                      # a new step
         falls.append([lower(p, 1, 2) for _ in range(4)])
     assert falls == [[2] * 4, [2] * 4, [0] * 4]
-    p.acceptance = [0.9, 0.9]
-    assert p.depth(1, current=2) == 2                    # not predicted any more: the count resets
+    p.acceptance, p.k = [0.9, 0.9], 2                    # k = 2 in use and paying again:
+    assert p.depth(1, current=2) == 2                    # not predicted any more, the count resets
+
+
+def test_a_running_depth_above_the_k_in_use_falls_to_it_after_patience_steps():
+    """Modules beyond the k in use only catch up (a step drafts min(k, depth)): a running depth
+    above the k in use falls to it after `patience` steps in a row, even where its own goodput
+    ties the k in use's (no hysteresis margin to beat); one at or below it stays."""
+    p = AutoDraftLength(3, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0], 3: [16.0, 16.0]}),
+                        hysteresis=0.05, probe_interval=0, patience=2)
+    p.acceptance = [0.9, 0.9, 0.3]                       # k=2: 2.71 / 14 = 0.194; k=3: 2.953 / 16 = 0.185
+    assert [step(p, 1) for _ in range(3)] == [3, 3, 3]  # within 5% of each other: k = 3 (max_k) stays
+    assert p.depth(1, current=3) == 3
+    p.k = 2                                              # the k in use became 2 (say, by a probe's estimates)
+    assert step(p, 1) == 2
+    assert [lower(p, 1, 3)] == [3]                       # one step: a streak of 1
+    step(p, 1)
+    assert lower(p, 1, 3) == 2                           # the second in a row: down to the k in use
+    assert p.depth(1, current=2) == 2 and p.depth(1, current=1) == 1   # never rises
 
 
 def test_probes_one_draft_more_then_one_fewer_every_probe_interval():

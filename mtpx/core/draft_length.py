@@ -47,7 +47,9 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   predicted goodput at that batch size, by the hysteresis margin over the k in use. A step's k
   is at most the largest running depth and each request drafts min(k, its depth); modules
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
-  that skipped positions would have to re-prefill them all). Single-module MTP: max_k.
+  that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
+  and to the k in use when that is below it (its modules beyond the k only catch up), each after
+  `patience` decode steps in a row. Single-module MTP: max_k.
 - Per request (`per_request`: EngineConfig.per_request_k on eager ragged steps): a step costs its
   tokens, so of the drafts the step before proposed each request verifies those `allocate`
   gives it from its own estimates (mtpx/core/request_k.py). Every decision adds the overhead a
@@ -346,10 +348,10 @@ class AutoDraftLength:
         k of highest predicted goodput at that batch size when that beats the k in use by more
         than the hysteresis, else the k in use (as a step's k changes: a request admitted deeper
         than the steps draft would run its extra modules for nothing); max_k before the costs are
-        known. current: a running request's depth, which only falls: the best k below it when
-        that beats it by more than the hysteresis in `patience` decode steps in a row, else
-        current; the vote this step casts for it is in the result (`commit_depth` counts it). A
-        query."""
+        known. current: a running request's depth, which only falls: to the best k below it when
+        that beats it by more than the hysteresis, and to the k in use when that is smaller, in
+        `patience` decode steps in a row, else current; the vote this step casts for it is in the
+        result (`commit_depth` counts it). A query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
             return DepthChoice(min(self.forced if self.forced_depth is None else self.forced_depth, top), current)
@@ -361,14 +363,16 @@ class AutoDraftLength:
         if current is None:
             return DepthChoice(best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
-        # per step for every request at this depth)
+        # per step for every request at this depth): to a smaller k that pays by the hysteresis,
+        # and at most to the k in use (its modules beyond it only catch up)
+        want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
         last, streak = self._lower_streak.get(current, (-1, 0))
-        if g[best] <= (1 + self.hysteresis) * g[current]:
+        if want >= current:
             return DepthChoice(current, current, (self._steps, 0))
         if last != self._steps:
             streak += 1
-            return DepthChoice(best if streak >= self.patience else current, current, (self._steps, streak))
-        return DepthChoice(best if streak >= self.patience else current, current)
+            return DepthChoice(want if streak >= self.patience else current, current, (self._steps, streak))
+        return DepthChoice(want if streak >= self.patience else current, current)
 
     def depth(self, batch_size: int, current: int | None = None) -> int:
         """decide_depth(batch_size, current).depth (no state changes)."""
