@@ -23,6 +23,7 @@ near-tie may flip a token). Writes speedup.json and speedup.md into --out atomic
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 import sys
@@ -46,13 +47,16 @@ GSM8K_TEST = data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl"   # MTPX_DATA_DIR 
 
 def _overrides(name: str) -> tuple[str, dict]:
     """'auto+ragged_batch=false' -> ("auto", {"ragged_batch": False}): engine settings after '+'
-    (EngineConfig keys; true/false and integers parsed), so one run can compare a contender with
+    (EngineConfig keys; true/false, integers and [lists] parsed), so one run can compare a contender with
     and without one."""
     base, *pairs = name.split("+")
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        out[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+        if value.startswith("["):                      # a list: auto+compile_depths=[0,4,8]
+            out[key] = json.loads(value)
+        else:
+            out[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
     return base, out
 
 
