@@ -19,9 +19,8 @@ done
 python tools/bench_speedup.py --concurrency 4 --num-prompts 64 --rounds 2 --max-tokens 128 --threads 1 --contenders $C --out $OUT/eager_c4 > $OUT/eager_c4.log 2>&1
 python tools/bench_speedup.py --concurrency 1 --num-prompts 16 --rounds 2 --max-tokens 128 --threads 1 --contenders $C --out $OUT/eager_c1 > $OUT/eager_c1.log 2>&1
 date -u > $OUT/finished_eager.txt
-for c in 64 16; do
-  python tools/bench_speedup.py --compile --concurrency $c $A --contenders $C --out $OUT/compiled_c$c > $OUT/compiled_c$c.log 2>&1
-done
+python tools/bench_speedup.py --compile --concurrency 64 $A --contenders $C --out $OUT/compiled_c64 > $OUT/compiled_c64.log 2>&1
+python tools/bench_speedup.py --compile --concurrency 16 $A --contenders $C 'auto+compile_depths=[0,4,8]' --out $OUT/compiled_c16 > $OUT/compiled_c16.log 2>&1
 python tools/bench_speedup.py --compile --concurrency 4 --num-prompts 64 --rounds 2 --max-tokens 128 --threads 1 --contenders $C --out $OUT/compiled_c4 > $OUT/compiled_c4.log 2>&1
 python tools/bench_speedup.py --compile --concurrency 1 --num-prompts 16 --rounds 2 --max-tokens 128 --threads 1 --contenders $C --out $OUT/compiled_c1 > $OUT/compiled_c1.log 2>&1
 date -u > $OUT/finished.txt
