@@ -21,6 +21,8 @@ for c in 64 16; do
   python tools/bench_speedup.py --concurrency $c $A --contenders $C --out $OUT/eager_c$c > $OUT/eager_c$c.log 2>&1
 done
 python tools/bench_speedup.py --concurrency 4 --num-prompts 64 --rounds 2 --max-tokens 128 --threads 1 --contenders $C --out $OUT/eager_c4 > $OUT/eager_c4.log 2>&1
+# concurrency 1 against the code, eager (its compiled engines took 8-21 minutes to build)
+(cd /tmp/mtpx_08e9920 && MTPX_DATA_DIR=$DATA python tools/bench_speedup.py --concurrency 1 --num-prompts 16 --rounds 2 --max-tokens 128 --threads 1 --contenders plain mtp8 --out $OLDPWD/$OUT/before_08e9920_c1) > $OUT/before_08e9920_c1.log 2>&1
 python tools/bench_speedup.py --concurrency 1 --num-prompts 16 --rounds 2 --max-tokens 128 --threads 1 --contenders $C --out $OUT/eager_c1 > $OUT/eager_c1.log 2>&1
 date -u > $OUT/finished_eager.txt
 python tools/bench_speedup.py --compile --concurrency 64 $A --contenders $C --out $OUT/compiled_c64 > $OUT/compiled_c64.log 2>&1
