@@ -2,7 +2,7 @@
 its recurrent state and token buffer, and which paged-KV slots hold its keys and values."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -45,6 +45,11 @@ class ForwardMeta:
     row_run: slice(a, a + B) when rows are the ascending run of batch slots a .. a + B - 1 (known
         on the host: mtpx.cache.state.ascending_run), so that Gated DeltaNet reads and writes
         their states as views instead of gathering them; None: gather (always under compile).
+    packed_lengths: with `packed`, each request's number of real tokens (host ints), so that a
+        layer can lay the packed tokens out by request without reading the device (Gated
+        DeltaNet's packed prefill, mtpx.models.deltanet).
+    memo: what layers derive once per forward from the fields above and share (index tensors of
+        the packed layout), keyed by the deriving layer.
     """
 
     positions: torch.Tensor
@@ -62,6 +67,8 @@ class ForwardMeta:
     compile_regions: bool = False
     packed: torch.Tensor | None = None
     row_run: slice | None = None
+    packed_lengths: list[int] | None = None
+    memo: dict = field(default_factory=dict)
 
     def planned(self, backend) -> "ForwardMeta":
         """Attach `backend` and its plan for this forward (once, before the layers run)."""
@@ -117,10 +124,11 @@ class ForwardMeta:
         T = self.positions.shape[1]
         if lengths is None:
             idx = self.valid.flatten().nonzero()[:, 0]
+            lengths = self.valid.sum(1).tolist()
         else:
             idx = torch.tensor([b * T + t for b, n in enumerate(lengths) for t in range(n)],
                                dtype=torch.long, device=self.positions.device)
-        self.packed = idx
+        self.packed, self.packed_lengths = idx, list(lengths)
         return self
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:

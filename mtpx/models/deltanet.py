@@ -7,18 +7,22 @@ the gated delta rule (mtpx.models.gated_delta_rule) mixes tokens; RMSNormGated(o
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from mtpx.cache.state import RecurrentState, RecurrentStateSpec, read_rows, write_rows
 from mtpx.models.config import ModelConfig
-from mtpx.models.gated_delta_rule import (gated_delta_rule_chunked, gated_delta_rule_recurrent,
-                                          recurrent_step_, recurrent_step_in_place, window_gated_delta_rule)
+from mtpx.models.gated_delta_rule import (PackedChunks, chunk_gated_delta_rule_packed, gated_delta_rule_chunked,
+                                          gated_delta_rule_recurrent, recurrent_step_, recurrent_step_in_place,
+                                          window_gated_delta_rule)
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNormGated
 
 RECURRENT_MAX_LEN = 16  # below this many tokens the recurrent form is cheaper than chunking
+PACKED_CHUNK = 16       # chunk of the packed prefill without boundary states (block_size with them)
 
 
 def causal_conv(ext: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -47,6 +51,41 @@ def causal_conv(ext: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     for j in range(1, K):
         out.addcmul_(ext[..., j: j + T], w[:, j: j + 1])
     return out
+
+
+@dataclass(frozen=True)
+class PackedConv:
+    """The packed prefill's layout (`GatedDeltaNet._forward_packed`), made once per forward: the
+    conv input `ext` holds, request after request, its K-1 stored inputs and then its tokens.
+
+    rows: rows of ext; seg: [B] int64, each request's first row; token_rows: [N] int64, the row of
+    each packed token; prev_rows: [B (K-1)] int64, the rows of the stored inputs; conv_rows: [N]
+    int64, the first of the K rows each token's conv output sums (token_rows - (K-1));
+    state_rows: [B (K-1)] int64, the K-1 inputs ending at each request's last token (its new conv
+    state); chunks: the recurrence's chunk layout.
+    """
+
+    rows: int
+    seg: torch.Tensor
+    token_rows: torch.Tensor
+    prev_rows: torch.Tensor
+    conv_rows: torch.Tensor
+    state_rows: torch.Tensor
+    chunks: PackedChunks
+
+    @staticmethod
+    def build(lengths: list[int], kernel: int, chunk_size: int, device) -> "PackedConv":
+        K1, seg, rows = kernel - 1, [], 0
+        for n in lengths:
+            seg.append(rows)
+            rows += K1 + n
+        span = lambda lo, n: range(lo, lo + n)  # noqa: E731
+        token = [r for s, n in zip(seg, lengths) for r in span(s + K1, n)]
+        prev = [r for s in seg for r in span(s, K1)]
+        state = [r for s, n in zip(seg, lengths) for r in span(s + n, K1)]
+        t = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return PackedConv(rows, t(seg), t(token), t(prev), t([r - K1 for r in token]), t(state),
+                          PackedChunks.build(lengths, chunk_size, device))
 
 
 class GatedDeltaNet(nn.Module):
@@ -111,6 +150,63 @@ class GatedDeltaNet(nn.Module):
         state.save_blocks(blocks, conv, ssm)
         return o, final
 
+    def _packed_prefill(self, qkvz: torch.Tensor, state: RecurrentState, meta: ForwardMeta) -> bool:
+        """Whether this packed forward runs `_forward_packed`: a prefill (no verification window)
+        with a request longer than RECURRENT_MAX_LEN, float32/float64 without gradients, on the
+        torch forms (gdn_backend torch, or auto off CUDA), boundary states (if any) at chunks of
+        at most 64 tokens."""
+        return (not meta.keep_states and meta.packed_lengths is not None
+                and max(meta.packed_lengths, default=0) > RECURRENT_MAX_LEN
+                and qkvz.dtype in (torch.float32, torch.float64) and not torch.is_grad_enabled()
+                and (meta.gdn_backend == "torch" or (meta.gdn_backend == "auto" and not qkvz.is_cuda))
+                and (meta.save_states is None or state.block_ssm is None or meta.block_size <= 64))
+
+    def _forward_packed(self, qkvz: torch.Tensor, ba: torch.Tensor, state: RecurrentState,
+                        meta: ForwardMeta) -> torch.Tensor:
+        """`forward` of a packed prefill on its N real tokens alone ([N, ...] throughout): the conv
+        over each request's stored inputs and tokens laid end to end (`PackedConv`), the
+        recurrence in chunks that never cross a request (`chunk_gated_delta_rule_packed`), the
+        same states stored. Within float rounding of the grid path (tests/test_prefill_packed.py)."""
+        save = meta.save_states is not None and state.block_ssm is not None
+        chunk = meta.block_size if save else PACKED_CHUNK
+        key = ("gdn_packed", self.kernel, chunk)
+        lay = meta.memo.get(key)
+        if lay is None:
+            lay = meta.memo[key] = PackedConv.build(meta.packed_lengths, self.kernel, chunk, qkvz.device)
+        q, k, v, z, b, a = (t[0] for t in self._split(qkvz[None], ba[None]))
+        mixed = torch.cat([q, k, v], dim=-1)                               # [N, C]
+        B, K1 = len(meta.packed_lengths), self.kernel - 1
+        prev = read_rows(state.conv, meta.rows, meta.row_run).to(mixed.dtype)   # [B, C, K-1]
+        ext = mixed.new_empty(lay.rows, self.conv_dim)
+        ext.index_copy_(0, lay.prev_rows, prev.transpose(1, 2).reshape(B * K1, -1))
+        ext.index_copy_(0, lay.token_rows, mixed)
+        w = self.conv1d.weight[:, 0].to(ext.dtype)                         # [C, K]
+        R = lay.rows - K1                 # row r sums ext rows r .. r + K-1 (causal_conv's fused form)
+        out = ext[:R] * w[:, 0]
+        for j in range(1, self.kernel):
+            out.addcmul_(ext[j: j + R], w[:, j])
+        conv = F.silu(out.index_select(0, lay.conv_rows))
+        q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k = (x.unflatten(-1, (self.nk, 1, self.dk)).expand(-1, -1, self.nv // self.nk, -1).flatten(1, 2)
+                for x in (q, k))                                           # [N, nv, dk]
+        v = v.unflatten(-1, (self.nv, self.dv))
+        beta = torch.sigmoid(b)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        init = read_rows(state.ssm, meta.rows, meta.row_run)
+        res = chunk_gated_delta_rule_packed(q, k, v, g, beta, lay.chunks, init, return_chunk_states=save)
+        o, final = res[0], res[1]
+        if save:
+            bi, ti, blocks = meta.save_states
+            if bool(((ti + 1) % chunk != 0).any()):
+                raise ValueError("boundary states must sit at block ends of block-aligned prefills")
+            ssm = res[2][lay.chunks.base_t[(ti + 1) // chunk - 1] + lay.chunks.rank[bi]]
+            idx = lay.seg[bi, None] + ti[:, None] + 1 + torch.arange(K1, device=ti.device)   # [S, K-1]
+            state.save_blocks(blocks, ext[idx].transpose(1, 2), ssm)
+        write_rows(state.ssm, meta.rows, final, meta.row_run)
+        new_conv = ext.index_select(0, lay.state_rows).view(B, K1, -1).transpose(1, 2)
+        write_rows(state.conv, meta.rows, new_conv.to(state.conv.dtype), meta.row_run)
+        return self.out_proj(self.norm(o, z).flatten(-2))
+
     def cache_spec(self) -> RecurrentStateSpec:
         """What this layer needs cached: its recurrent state (ModelCache builds it)."""
         return RecurrentStateSpec(self.conv_dim, self.kernel, self.nv, self.dk, self.dv)
@@ -124,6 +220,8 @@ class GatedDeltaNet(nn.Module):
         accepted token)."""
         packed = meta is not None and meta.packed is not None
         qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        if packed and state is not None and self._packed_prefill(qkvz, state, meta):
+            return self._forward_packed(qkvz, ba, state, meta)
         if packed:
             qkvz, ba = meta.unpack(qkvz), meta.unpack(ba)
         B, T, _ = qkvz.shape

@@ -48,6 +48,7 @@ features the kernels lack still run the torch forms).
 import importlib
 import sys
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -196,6 +197,120 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64,
     if return_chunk_states:
         return o.to(out_dtype), S, torch.stack(chunk_states, dim=1)
     return o.to(out_dtype), S
+
+
+@dataclass(frozen=True)
+class PackedChunks:
+    """Where the tokens of B packed sequences sit in chunks of `chunk_size` that never cross a
+    sequence boundary (`chunk_gated_delta_rule_packed`); built once on the host per forward.
+
+    Sequences are ranked by chunk count, longest first, and chunks are laid out by chunk index j,
+    then rank, so that step j of the recurrence runs on the first `active[j]` states and on the
+    contiguous chunk slots base[j] .. base[j] + active[j] - 1.
+
+    lengths: the B sequence lengths (host ints, each >= 1); token_index: [M * chunk_size] int64,
+    the packed token of each chunk slot position (N, one past the last token, for padding);
+    out_index: [N] int64, the chunk slot position of each packed token; order: [B] int64, the
+    sequence at each rank; rank: [B] int64, the rank of each sequence; base, active: host ints
+    per chunk index; base_t: [len(base)] int64, base on the device.
+    """
+
+    lengths: tuple
+    chunk_size: int
+    token_index: torch.Tensor
+    out_index: torch.Tensor
+    order: torch.Tensor
+    rank: torch.Tensor
+    base: tuple
+    active: tuple
+    base_t: torch.Tensor
+
+    @staticmethod
+    def build(lengths, chunk_size: int, device) -> "PackedChunks":
+        C = chunk_size
+        n = [-(-x // C) for x in lengths]
+        order = sorted(range(len(lengths)), key=lambda b: -n[b])
+        starts = [0]
+        for x in lengths:
+            starts.append(starts[-1] + x)
+        N = starts[-1]
+        active = tuple(sum(1 for b in order if n[b] > j) for j in range(max(n, default=0)))
+        base = tuple(sum(active[:j]) for j in range(len(active)))
+        token_index = torch.full((sum(active) * C,), N, dtype=torch.long)
+        out_index = torch.empty(N, dtype=torch.long)
+        for j, a in enumerate(active):
+            for i in range(a):
+                b = order[i]
+                lo, hi = j * C, min((j + 1) * C, lengths[b])
+                slot = (base[j] + i) * C
+                token_index[slot: slot + hi - lo] = torch.arange(starts[b] + lo, starts[b] + hi)
+                out_index[starts[b] + lo: starts[b] + hi] = torch.arange(slot, slot + hi - lo)
+        order_t = torch.tensor(order, dtype=torch.long)
+        rank = torch.empty_like(order_t)
+        rank[order_t] = torch.arange(len(order))
+        return PackedChunks(tuple(lengths), C, token_index.to(device), out_index.to(device),
+                            order_t.to(device), rank.to(device), base, active,
+                            torch.tensor(base, dtype=torch.long, device=device))
+
+
+def chunk_gated_delta_rule_packed(q, k, v, g, beta, chunks: PackedChunks, initial_state,
+                                  return_chunk_states=False):
+    """`chunk_gated_delta_rule` over B sequences packed along one token axis (flash-linear-
+    attention's varlen layout, lengths in `chunks`), in chunks that never cross a sequence, so a
+    batch costs its tokens and not B times the longest; same contract otherwise.
+
+    q, k: [N, H, Dk]; v: [N, H, Dv]; g, beta: [N, H]; initial_state: [B, H, Dk, Dv].
+    Returns (o [N, H, Dv] in v's dtype, final_state [B, H, Dk, Dv]), plus, with
+    return_chunk_states, the state after every chunk [M, H, Dk, Dv] in chunk slot order (the
+    state after chunk j of sequence b: slot chunks.base_t[j] + chunks.rank[b]).
+
+    Each chunk's (I + L) X = [beta v, beta exp(G) k] is one batched unit-triangular solve; the
+    recurrence over chunks runs step j on the sequences that have a chunk j, in place on their
+    states (module doc of `chunk_gated_delta_rule` for the formulas). Within float rounding of
+    the reference (tests/test_gated_delta_rule.py); no gradients (in-place updates).
+    """
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prep(q, k, v, g, beta)
+    C, H = chunks.chunk_size, k.shape[1]
+    M = len(chunks.token_index) // C
+
+    def to_chunks(x):                                             # [N, H, ...] -> [M, H, C, ...]
+        x = torch.cat([x, x.new_zeros(1, *x.shape[1:])]).index_select(0, chunks.token_index)
+        return x.view(M, C, *x.shape[1:]).transpose(1, 2)
+
+    q, k, v = (to_chunks(x) for x in (q, k, v))
+    g, beta = (to_chunks(x) for x in (g, beta))                   # [M, H, C]; padding: g = beta = 0
+    G = g.cumsum(-1)
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    k_beta = k * beta[..., None]
+    L = (k_beta @ k.transpose(-1, -2)) * decay                    # the solve reads its strict lower part
+    Dv = v.shape[-1]
+    uw = torch.linalg.solve_triangular(L, torch.cat([v * beta[..., None], k_beta * G.exp()[..., None]], -1),
+                                       upper=False, unitriangular=True)
+    u, w = uw[..., :Dv], uw[..., Dv:]
+    attn = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * G.exp()[..., None]
+    last = G[..., -1:]                                            # [M, H, 1]
+    k_decayed = (k * (last - G).exp()[..., None]).transpose(-1, -2)   # [M, H, Dk, C]
+    S = initial_state.to(q.dtype).index_select(0, chunks.order)   # by rank
+    o = torch.empty(M, H, C, Dv, dtype=q.dtype, device=q.device)
+    states = torch.empty(M, *S.shape[1:], dtype=q.dtype, device=q.device) if return_chunk_states else None
+    for base, a in zip(chunks.base, chunks.active):
+        sl = slice(base, base + a)
+        Sa = S[:a].flatten(0, 1)                                  # [a H, Dk, Dv], a view
+        v_new = torch.baddbmm(u[sl].flatten(0, 1), w[sl].flatten(0, 1), Sa, alpha=-1)
+        out = o[sl].flatten(0, 1)
+        torch.bmm(q_decayed[sl].flatten(0, 1), Sa, out=out)
+        out.baddbmm_(attn[sl].flatten(0, 1), v_new)
+        Sa.mul_(last[sl].exp().flatten(0, 1)[..., None]).baddbmm_(k_decayed[sl].flatten(0, 1), v_new)
+        if states is not None:
+            states[sl] = S[:a]
+    o = o.transpose(1, 2).reshape(M * C, H, Dv).index_select(0, chunks.out_index)
+    final = S.index_select(0, chunks.rank)
+    if return_chunk_states:
+        return o.to(out_dtype), final, states
+    return o.to(out_dtype), final
 
 
 def unit_lower_inverse_small(L: torch.Tensor) -> torch.Tensor:
