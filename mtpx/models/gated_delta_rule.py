@@ -99,9 +99,11 @@ def recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=None, keep_all_st
 
 
 def recurrent_step_(state, q, k, v, g, beta):
-    """One token of `recurrent_gated_delta_rule` written into `state` in place: the same ops in
-    the same order, so the same values (tests/test_gated_delta_rule.py), without its state-sized
-    temporaries. state: [B, H, Dk, Dv] float32 (float64 for float64 inputs), updated; q, k:
+    """One token of `recurrent_gated_delta_rule` written into `state` in place, without its
+    state-sized temporaries: the same ops in the same order, except that the rank-1 update is one
+    addcmul_ (no [B, H, Dk, Dv] product to allocate: at batch 64 a fresh 1 MB temporary per layer
+    cost 1.4 ms of a 2 ms layer, AVX2 EPYC, 1 thread), which may round the sum once instead of
+    twice: within 1e-6 relative of the recurrent form (tests/test_lean_step.py). state: [B, H, Dk, Dv] float32 (float64 for float64 inputs), updated; q, k:
     [B, 1, H, Dk]; v: [B, 1, H, Dv]; g, beta: [B, 1, H]. Returns o [B, 1, H, Dv] in v's dtype."""
     out_dtype = v.dtype
     q, k, v, g, beta = _prep(q, k, v, g, beta)
@@ -110,7 +112,7 @@ def recurrent_step_(state, q, k, v, g, beta):
     state.mul_(g[:, 0].exp()[..., None, None])
     kv_mem = torch.einsum("bhk,bhkv->bhv", k[:, 0], state)
     delta = (v[:, 0] - kv_mem) * beta[:, 0, :, None]
-    state.add_(k[:, 0, :, :, None] * delta[:, :, None, :])
+    state.addcmul_(k[:, 0, :, :, None], delta[:, :, None, :])
     return torch.einsum("bhk,bhkv->bhv", q[:, 0], state)[:, None].to(out_dtype)
 
 
