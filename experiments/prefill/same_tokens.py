@@ -1,4 +1,7 @@
-import sys, json, time, torch
+import sys
+import json
+import time
+import torch
 sys.path.insert(0, '.')
 from mtpx import LLM, SamplingParams
 from mtpx.schema import data_dir
