@@ -53,8 +53,9 @@ class EngineConfig:
     the real tokens alone, flattened (ForwardMeta.packed), so a decode step whose requests verify
     different numbers of drafts, or a prefill of chunks of different lengths, costs its tokens
     rather than B times its widest window; attention and the Gated DeltaNet verification windows
-    still see the padded grid (a prefill runs Gated DeltaNet packed too, docs/engine.md). False: every op sees the [B, T] grid (the reference). The compiled step keeps
-    its static grid either way."""
+    still see the padded grid (a prefill runs Gated DeltaNet packed too, docs/engine.md). False:
+    every op sees the [B, T] grid (the reference). The compiled step keeps its static grid either
+    way."""
     per_request_k: bool = False
     """With automatic k on an eager engine with ragged_batch: each request verifies its own number
     of the drafts it holds every step (AutoDraftLength.allocate, docs/automatic_k.md), instead of

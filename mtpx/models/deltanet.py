@@ -120,6 +120,20 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(B, T, -1), k.reshape(B, T, -1), v.reshape(B, T, -1),
                 z.reshape(B, T, self.nv, self.dv), b.reshape(B, T, self.nv), a.reshape(B, T, self.nv))
 
+    def _rule_inputs(self, conv, b, a):
+        """The gated delta rule's inputs: conv [..., conv_dim] (after SiLU), b, a [..., nv] ->
+        q, k [..., nv, dk], v [..., nv, dv], beta, g [..., nv] (module doc)."""
+        q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        # each key head serves nv / nk value heads (repeat_interleave, as an expand: it would
+        # guard on B != 1 under torch.compile, and a batch of one shares the batch-2 graph)
+        lead = (-1,) * (conv.dim() - 1)
+        q, k = (x.unflatten(-1, (self.nk, 1, self.dk)).expand(*lead, -1, self.nv // self.nk, -1)
+                .flatten(-3, -2) for x in (q, k))
+        v = v.unflatten(-1, (self.nv, self.dv))
+        beta = torch.sigmoid(b)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        return q, k, v, beta, g
+
     def _prefill(self, q, k, v, g, beta, ext, state: RecurrentState, meta: ForwardMeta):
         """Cached forward without per-token states; stores the boundary states meta.save_states
         asks for. Those sit at block ends and every request of a prefill starts at a block
@@ -186,12 +200,7 @@ class GatedDeltaNet(nn.Module):
         for j in range(1, self.kernel):
             out.addcmul_(ext[j: j + R], w[:, j])
         conv = F.silu(out.index_select(0, lay.conv_rows))
-        q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q, k = (x.unflatten(-1, (self.nk, 1, self.dk)).expand(-1, -1, self.nv // self.nk, -1).flatten(1, 2)
-                for x in (q, k))                                           # [N, nv, dk]
-        v = v.unflatten(-1, (self.nv, self.dv))
-        beta = torch.sigmoid(b)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        q, k, v, beta, g = self._rule_inputs(conv, b, a)
         init = read_rows(state.ssm, meta.rows, meta.row_run)
         res = chunk_gated_delta_rule_packed(q, k, v, g, beta, lay.chunks, init, return_chunk_states=save)
         o, final = res[0], res[1]
@@ -231,14 +240,7 @@ class GatedDeltaNet(nn.Module):
                 else read_rows(state.conv, meta.rows, meta.row_run).to(mixed.dtype))
         ext = torch.cat([prev, mixed], dim=-1)                            # [B, C, K-1+T]
         conv = F.silu(causal_conv(ext, self.conv1d.weight)).transpose(1, 2)
-        q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        # each key head serves nv / nk value heads (repeat_interleave, as an expand: it would
-        # guard on B != 1 under torch.compile, and a batch of one shares the batch-2 graph)
-        q, k = (x.unflatten(-1, (self.nk, 1, self.dk)).expand(-1, -1, -1, self.nv // self.nk, -1)
-                .flatten(2, 3) for x in (q, k))
-        v = v.unflatten(-1, (self.nv, self.dv))
-        beta = torch.sigmoid(b)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        q, k, v, beta, g = self._rule_inputs(conv, b, a)
         if meta is not None:  # padding tokens: g = beta = 0 leaves the state untouched
             beta, g = beta * meta.valid[..., None], g * meta.valid[..., None]
 

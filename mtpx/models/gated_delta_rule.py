@@ -103,8 +103,9 @@ def recurrent_step_(state, q, k, v, g, beta):
     state-sized temporaries: the same ops in the same order, except that the rank-1 update is one
     addcmul_ (no [B, H, Dk, Dv] product to allocate: at batch 64 a fresh 1 MB temporary per layer
     cost 1.4 ms of a 2 ms layer, AVX2 EPYC, 1 thread), which may round the sum once instead of
-    twice: within 1e-6 relative of the recurrent form (tests/test_lean_step.py). state: [B, H, Dk, Dv] float32 (float64 for float64 inputs), updated; q, k:
-    [B, 1, H, Dk]; v: [B, 1, H, Dv]; g, beta: [B, 1, H]. Returns o [B, 1, H, Dv] in v's dtype."""
+    twice: within 1e-6 relative of the recurrent form (tests/test_lean_step.py).
+    state: [B, H, Dk, Dv] float32 (float64 for float64 inputs), updated; q, k: [B, 1, H, Dk];
+    v: [B, 1, H, Dv]; g, beta: [B, 1, H]. Returns o [B, 1, H, Dv] in v's dtype."""
     out_dtype = v.dtype
     q, k, v, g, beta = _prep(q, k, v, g, beta)
     if state.dtype != q.dtype:
@@ -210,14 +211,13 @@ class PackedChunks:
     then rank, so that step j of the recurrence runs on the first `active[j]` states and on the
     contiguous chunk slots base[j] .. base[j] + active[j] - 1.
 
-    lengths: the B sequence lengths (host ints, each >= 1); token_index: [M * chunk_size] int64,
+    Built from the B sequence lengths (host ints, each >= 1). token_index: [M * chunk_size] int64,
     the packed token of each chunk slot position (N, one past the last token, for padding);
     out_index: [N] int64, the chunk slot position of each packed token; order: [B] int64, the
     sequence at each rank; rank: [B] int64, the rank of each sequence; base, active: host ints
     per chunk index; base_t: [len(base)] int64, base on the device.
     """
 
-    lengths: tuple
     chunk_size: int
     token_index: torch.Tensor
     out_index: torch.Tensor
@@ -250,7 +250,7 @@ class PackedChunks:
         order_t = torch.tensor(order, dtype=torch.long)
         rank = torch.empty_like(order_t)
         rank[order_t] = torch.arange(len(order))
-        return PackedChunks(tuple(lengths), C, token_index.to(device), out_index.to(device),
+        return PackedChunks(C, token_index.to(device), out_index.to(device),
                             order_t.to(device), rank.to(device), base, active,
                             torch.tensor(base, dtype=torch.long, device=device))
 
@@ -269,7 +269,7 @@ def chunk_gated_delta_rule_packed(q, k, v, g, beta, chunks: PackedChunks, initia
     Each chunk's (I + L) X = [beta v, beta exp(G) k] is one batched unit-triangular solve; the
     recurrence over chunks runs step j on the sequences that have a chunk j, in place on their
     states (module doc of `chunk_gated_delta_rule` for the formulas). Within float rounding of
-    the reference (tests/test_gated_delta_rule.py); no gradients (in-place updates).
+    the reference (tests/test_prefill_packed.py); no gradients (in-place updates).
     """
     out_dtype = v.dtype
     q, k, v, g, beta = _prep(q, k, v, g, beta)
