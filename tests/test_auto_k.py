@@ -42,6 +42,8 @@ def lower(p, batch_size: int, current: int) -> int:
 
 
 # ---- the policy ----------------------------------------------------------------------------------
+# tests that set p.acceptance by hand pass min_verified=0: their counts are empty, and exploring
+# unlearned positions (test_an_unlearned_position_beyond_the_k_in_use_is_explored) would probe them
 def test_expected_tokens_is_the_sum_of_survival_probabilities():
     p = AutoDraftLength(3)
     p.acceptance = [0.8, 0.5, 0.25]
@@ -59,7 +61,7 @@ def test_step_cost_is_linear_between_batch_sizes_and_proportional_beyond():
 
 def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     # k = 2 costs 1.5x plain at batch 1 but 4x at batch 4
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, hysteresis=0.05,
                         probe_interval=0, patience=1)
     p.acceptance = [0.9, 0.9]
     assert step(p, 1) == 2                              # 2.71 / 15 beats 1.9 / 12 and 1 / 10
@@ -72,7 +74,7 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
 
 
 def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, hysteresis=0.05,
                         probe_interval=0, patience=1)
     p.acceptance = [0.9, 0.9]
     assert p.depth(1) == 2 and p.depth(4) == 0          # the goodputs of the test above
@@ -96,7 +98,7 @@ def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row()
     nothing: the k in use changes, and running requests' depths fall, only after `patience`
     consecutive decode steps predict it; a step that does not resets the count; a depth is voted
     once per step whatever the number of requests at it."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, hysteresis=0.05,
                         probe_interval=0, patience=3)
     p.acceptance = [0.9, 0.9]
     assert [step(p, 1) for _ in range(2)] == [2, 2]     # k = 2 in use (max_k at the start)
@@ -123,7 +125,7 @@ def test_a_running_depth_above_the_k_in_use_falls_to_it_after_patience_steps():
     """Modules beyond the k in use only catch up (a step drafts min(k, depth)): a running depth
     above the k in use falls to it after `patience` steps in a row, even where its own goodput
     ties the k in use's (no hysteresis margin to beat); one at or below it stays."""
-    p = AutoDraftLength(3, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0], 3: [16.0, 16.0]}),
+    p = AutoDraftLength(3, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0], 3: [16.0, 16.0]}), min_verified=0,
                         hysteresis=0.05, probe_interval=0, patience=2)
     p.acceptance = [0.9, 0.9, 0.3]                       # k=2: 2.71 / 14 = 0.194; k=3: 2.953 / 16 = 0.185
     assert [step(p, 1) for _ in range(3)] == [3, 3, 3]  # within 5% of each other: k = 3 (max_k) stays
@@ -137,17 +139,17 @@ def test_a_running_depth_above_the_k_in_use_falls_to_it_after_patience_steps():
 
 
 def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
-    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), probe_interval=4, patience=1)
+    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), min_verified=0, probe_interval=4, patience=1)
     p.acceptance = [0.5, 0.5]
     assert [step(p, 1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 0]     # no k below 0
-    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), probe_interval=2, patience=1)
+    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), min_verified=0, probe_interval=2, patience=1)
     assert [step(p, 1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
 
 
 def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide_returned():
     """choose / depth / decide / decide_depth are queries: asked any number of times they answer
     the same and change nothing; commit and commit_depth apply the decision (mtpx/core/draft_length.py)."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), hysteresis=0.05,
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, hysteresis=0.05,
                         probe_interval=2, patience=2)
     p.acceptance = [0.1, 0.1]                            # k = 0 pays: a switch from k = 2 is predicted
     state = copy.deepcopy(vars(p))
@@ -216,7 +218,7 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
     """Calibrated costs say k = 1 is best at batch 4; steps at k = 3 measured at half their
     calibrated cost make k = 3 the choice once min_cost_observations of them were seen (before,
     the ks measured enough in the bucket, k = 1 alone, scale every k alike)."""
-    p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}),
+    p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}), min_verified=0,
                         beta=0.5, probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8)
     p.acceptance = [0.8, 0.5, 0.5]                       # E[tokens | k] = 1, 1.8, 2.2, 2.4
     assert step(p, 4) == 1                               # 1.8 / 20 beats 2.2 / 28 and 2.4 / 32
@@ -286,10 +288,35 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     assert p.acceptance[:3] == [pytest.approx(p1), pytest.approx((1 + 8 * p1) / 9), pytest.approx((1 + 8 * p1) / 9)]
     p.reset()
     # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so the first
-    # requests prefill no module; at batch 1 they keep all 8
-    assert p.depth(64) == 0 and p.depth(1) == 8
+    # requests would prefill no module; position 1 is unlearned, so they get one (exploring); at
+    # batch 1 they keep all 8
+    assert p.depth(64) == 1 and p.depth(1) == 8
     optimistic = AutoDraftLength(8, step_costs, prior_acceptance=1.0)
     assert optimistic.depth(64) == 8
+
+
+def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
+    """At a batch where the prior says k = 0, nothing would ever draft and the prior would never be
+    tested (experiments/concurrency/final: auto at depth 0 for every request at concurrency 64,
+    where k = 1 gained 1.09x): while position k + 1 has fewer verified drafts than prior_weight,
+    new requests get depth k + 1, running ones do not fall below it, and every `patience` steps a
+    step proposes k + 1 drafts; once the drafts are verified the usual rules apply."""
+    ms = {(0, 64): 100.0, (1, 64): 200.0}              # k = 1 pays from p > 1.05 x 2 - 1 = 1.1: never
+    p = AutoDraftLength(1, ms, probe_interval=0, patience=2)
+    assert p.unlearned(0) and not p.unlearned(1)        # position 1 unseen; no position 2
+    assert p.depth(64) == 1                             # admitted one deeper than the best k, 0
+    assert [step(p, 64) for _ in range(3)] == [1, 1, 0]   # k = 1 in use at first (max_k), then 0
+    assert p.k == 0
+    assert [lower(p, 64, 1) for _ in range(3)] == [1, 1, 1]   # held at 1 while position 1 is unlearned
+    assert [step(p, 64) for _ in range(4)] == [1, 0, 1, 0]    # an exploring probe every patience steps
+    for _ in range(10):                                  # 10 verified drafts, all rejected: learned
+        p.observe(num_draft_tokens=1, num_accepted=0)
+    assert not p.unlearned(0) and p.depth(64) == 0
+    assert [step(p, 64) for _ in range(4)] == [0, 0, 0, 0]
+    step(p, 64)
+    assert [lower(p, 64, 1), (step(p, 64), lower(p, 64, 1))[1]] == [1, 0]   # falls after patience
+    p.record(0)
+    assert p.unlearned(0) is False                       # 10 x 0.99^k stays above 8 for 22 steps
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():

@@ -37,6 +37,10 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   p_0 = 0.7 with w = 8 pseudo-drafts, and a position no step verifies drifts back to it as its
   counts decay. Every `probe_interval` steps one step proposes one draft more than the k in use,
   the next probe one fewer. Why these values: docs/automatic_k.md.
+- Exploring: while position k + 1 (k in use) is `unlearned` (fewer than `min_verified`
+  discounted verified drafts), requests are admitted at depth k + 1, running ones do not fall
+  below it, and every `patience` steps a step proposes k + 1 drafts, so a prior that says k = 0
+  is tested.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
   running request's depth falls under the same two conditions.
@@ -70,14 +74,16 @@ __all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "D
 
 @dataclass(frozen=True)
 class StepChoice:
-    """One step's decision (`decide`): k drafts to propose; k_in_use, steps, probes and
-    switch_streak: the policy's state once it is committed (None: nothing to commit)."""
+    """One step's decision (`decide`): k drafts to propose; k_in_use, steps, probes, switch_streak
+    and explored (the step of the last exploring probe): the policy's state once it is committed
+    (None: nothing to commit)."""
 
     k: int
     k_in_use: int | None = None
     steps: int | None = None
     probes: int | None = None
     switch_streak: int | None = None
+    explored: int | None = None
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,8 @@ class AutoDraftLength:
     probe_interval: steps between probes (0: none); patience: consecutive steps that must predict
     a change of the k in use, or a running depth's fall, before it happens;
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
-    applies (module doc).
+    applies; min_verified: discounted verified drafts below which a position is unlearned and
+    explored (None: prior_weight; 0: never) (module doc).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -161,9 +168,10 @@ class AutoDraftLength:
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
                  beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
-                 min_cost_observations: int = 8):
+                 min_cost_observations: int = 8, min_verified: float | None = None):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.patience, self.min_cost_observations = patience, min_cost_observations
+        self.min_verified = prior_weight if min_verified is None else min_verified
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -191,6 +199,7 @@ class AutoDraftLength:
         self.overhead: dict[int, tuple[float, int]] = {}  # batch bucket -> (ms a step costs beyond its forwards, steps)
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
+        self._explored = -(10 ** 9)                  # the step of the last exploring probe
         self._switch_streak = 0                      # consecutive steps predicting another k in use
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
@@ -256,6 +265,11 @@ class AutoDraftLength:
             total += survive
         return total
 
+    def unlearned(self, k: int) -> bool:
+        """Whether draft position k + 1 is unlearned: k < max_k and its discounted verified drafts
+        are fewer than min_verified (by default prior_weight: its estimate is mostly the prior)."""
+        return k < self.max_k and self._verified[k] < self.min_verified
+
     def goodput(self, k: int, batch_size: int) -> float:
         """Predicted tokens per ms (the step's learned overhead included)."""
         return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
@@ -311,7 +325,7 @@ class AutoDraftLength:
         if self.step_costs is None:
             return StepChoice(top)
         batch_size = max(1, batch_size)
-        steps, probes, streak = self._steps + 1, self._probes, self._switch_streak
+        steps, probes, streak, explored = self._steps + 1, self._probes, self._switch_streak, self._explored
         g = self._goodputs(batch_size, top)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
@@ -322,14 +336,16 @@ class AutoDraftLength:
         else:
             streak = 0
         k = current
-        if self.probe_interval and steps % self.probe_interval == 0:
+        if current < top and self.unlearned(current) and steps - explored >= self.patience:
+            k, explored = current + 1, steps      # exploring: position current + 1 is unlearned
+        elif self.probe_interval and steps % self.probe_interval == 0:
             probes += 1
             up = probes % 2 == 1
             if up and current < top:
                 k = current + 1
             elif not up and current > 0:
                 k = current - 1
-        return StepChoice(k, current, steps, probes, streak)
+        return StepChoice(k, current, steps, probes, streak, explored)
 
     def choose(self, batch_size: int, max_k: int | None = None) -> int:
         """decide(batch_size, max_k).k: the k the next step would propose (no state changes)."""
@@ -341,7 +357,7 @@ class AutoDraftLength:
         if choice.steps is None:          # forced, or no step costs yet: nothing to advance
             return
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
-        self._switch_streak = choice.switch_streak
+        self._switch_streak, self._explored = choice.switch_streak, choice.explored
 
     def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
@@ -361,11 +377,15 @@ class AutoDraftLength:
         g = self._goodputs(batch_size, top)
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
-            return DepthChoice(best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k, None)
+            depth = best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
+            return DepthChoice(depth + 1 if self.unlearned(depth) else depth, None)   # exploring
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
-        # and at most to the k in use (its modules beyond it only catch up)
+        # and at most to the k in use (its modules beyond it only catch up), but not below
+        # k in use + 1 while that position is unlearned (an exploring probe verifies it)
         want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
+        if self.unlearned(self.k):
+            want = max(want, min(current, self.k + 1))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:
             return DepthChoice(current, current, (self._steps, 0))
