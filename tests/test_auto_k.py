@@ -493,6 +493,7 @@ def test_module_kv_after_a_k0_stretch_equals_from_scratch(stretch):
     assert after and all(c[0] for c in checked)
 
 
+@pytest.mark.slow      # 51 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 @pytest.mark.parametrize("middle,catch_up", [([0, 0, 0], False), ([3, 4, 3, 4, 2, 0, 2, 4], True)])
 def test_compiled_module_kv_stays_exact_in_one_draft_graph(trained_tiny, middle, catch_up):
     """Compiled (Dynamo's eager backend: the static shapes) with k = K, then `middle`, then K:

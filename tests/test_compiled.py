@@ -96,6 +96,7 @@ def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k
     assert llm.engine.compiled.num_graphs == stats["num_graphs"]
 
 
+@pytest.mark.slow      # 19 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_callers_grad_mode_does_not_recompile(trained_tiny):
     """generate() under inference_mode, no_grad or neither after warm-up: the client loop and the
     engine step always run under inference_mode, so the compiled step sees the same tensors and
@@ -110,6 +111,7 @@ def test_callers_grad_mode_does_not_recompile(trained_tiny):
                 _same(_generate(llm, PROMPTS[:3], max_tokens=10), ref)
 
 
+@pytest.mark.slow      # 23 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_warmup_fits_a_small_pool_and_says_when_it_cannot(trained_tiny, capsys):
     """The warm-up's dummy requests are sized to the KV pool; with a pool too small for any
     request with k drafts it says so (the first decode step then compiles)."""
@@ -121,6 +123,7 @@ def test_warmup_fits_a_small_pool_and_says_when_it_cannot(trained_tiny, capsys):
     assert "warm-up could not decode" in capsys.readouterr().err
 
 
+@pytest.mark.slow      # 21 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_compiled_with_prefix_caching_and_invariants(trained_tiny):
     """Prefix caching on a hybrid model (boundary states committed from the static window) with
     the KV-write guard on: identical to eager, no write into a published or free block."""
@@ -158,6 +161,7 @@ def test_compiled_moe_runs_experts_between_graphs():
     _same(compiled, eager)
 
 
+@pytest.mark.slow      # 98 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_each_engine_compiles_its_own_graphs():
     """An engine never reuses another engine's graphs: after a MoE engine (whose draft loop is
     split at its graph breaks), a dense engine still compiles its three whole graphs."""
@@ -271,6 +275,7 @@ def test_compiled_per_request_depths_equal_eager(trained_tiny):
     _same(*outs)
 
 
+@pytest.mark.slow      # 33 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_window_width_stays_static(trained_tiny):
     """A forward graph is compiled per window width, the width a constant: the graph of a 1-token
     forward after windows of k + 1 (automatic k's k = 0 steps) has symbolic sizes in the batch and
@@ -317,6 +322,7 @@ def _subgraph_calls(compiled, attribute: str):
     return seen
 
 
+@pytest.mark.slow      # 33 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 @pytest.mark.parametrize("regions", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_layer_regions_are_traced_once_per_layer_type(trained_tiny, regions):
     """engine.compile_regions: the verification graph calls one compiled region per target layer,
@@ -335,6 +341,7 @@ def test_layer_regions_are_traced_once_per_layer_type(trained_tiny, regions):
     assert llm.engine.compile_stats()["regions"] is regions
 
 
+@pytest.mark.slow      # 25 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 @pytest.mark.parametrize("depths,graphs", [(None, 4), pytest.param([0, 1, 2, 4], 10, marks=pytest.mark.slow)])
 def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trained_tiny, depths, graphs):
     """num_speculative_tokens=auto, compiled (regions): the warm-up builds the graphs of every
@@ -409,6 +416,7 @@ def test_threads_chosen_from_the_loaded_model_before_compiling(trained_tiny):
         torch.set_num_threads(before)
 
 
+@pytest.mark.slow      # 92 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 @pytest.mark.parametrize("spec,k", [(None, None), pytest.param("mtp8", 3, marks=pytest.mark.slow)])   # mtp8: 52 s
 def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, spec, k, tmp_path, monkeypatch):
     """engine.compile_cache (mtpx/engine/precompile.py): the first engine compiles every graph
@@ -477,6 +485,7 @@ def test_every_saved_graph_is_traced_with_the_guard_filter(trained_tiny, tmp_pat
                                                               "verify_5_token_window.0.bin"]
 
 
+@pytest.mark.slow      # 100 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch, capsys):
     """When saving a graph fails, that graph runs through torch.compile for the rest of the run,
     with one line saying so, and the tokens are eager's; a later run goes to torch.compile

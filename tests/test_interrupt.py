@@ -187,6 +187,7 @@ def test_a_second_signal_during_eval_names_the_rows_it_kept(trained_tiny, tmp_pa
     assert len(rows.read_text().splitlines()) == 2
 
 
+@pytest.mark.slow      # 66 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_an_interrupted_eval_resumed_equals_an_uninterrupted_one(tiny_ckpt, tmp_path):
     """SIGTERM after a few requests, then the same command with eval.resume=true on that folder:
     only the others are generated, and the rows and acceptance equal an uninterrupted run's."""

@@ -277,6 +277,7 @@ def _generate_tp2(folder) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow      # 88 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_engine_tokens_tp2_equal_tp1(tiny_ckpt):
     """The engine's tokens with tensor_parallel_size=2 (a second process started by LLM) equal
     one process's: plain decoding, single-module MTP (prefix caching on), multi-module MTP (also
