@@ -38,9 +38,9 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   counts decay. Every `probe_interval` steps one step proposes one draft more than the k in use,
   the next probe one fewer. Why these values: docs/automatic_k.md.
 - Exploring: while position k + 1 (k in use) is `unlearned` (fewer than `min_verified`
-  discounted verified drafts), requests are admitted at depth k + 1, running ones do not fall
-  below it, and every `patience` steps a step proposes k + 1 drafts, so a prior that says k = 0
-  is tested.
+  discounted verified drafts) and k + 1 would pay were its drafts all accepted (`explores`),
+  requests are admitted at depth k + 1, running ones do not fall below it, and every `patience`
+  steps a step proposes k + 1 drafts, so a prior that says k = 0 is tested.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
   running request's depth falls under the same two conditions.
@@ -270,6 +270,18 @@ class AutoDraftLength:
         are fewer than min_verified (by default prior_weight: its estimate is mostly the prior)."""
         return k < self.max_k and self._verified[k] < self.min_verified
 
+    def explores(self, k: int, batch_size: int) -> bool:
+        """Whether position k + 1 is explored at batch_size: it is `unlearned`, and with every
+        draft at it accepted k + 1 would beat k (where even that cannot pay, its acceptance
+        changes no choice and exploring would only cost)."""
+        if not self.unlearned(k):
+            return False
+        curve = self.step_cost_curve(batch_size)
+        survive = 1.0
+        for p in self.acceptance[:k]:
+            survive *= p
+        return (self.expected_tokens(k) + survive) / curve[k + 1] > self.expected_tokens(k) / curve[k]
+
     def goodput(self, k: int, batch_size: int) -> float:
         """Predicted tokens per ms (the step's learned overhead included)."""
         return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
@@ -336,7 +348,7 @@ class AutoDraftLength:
         else:
             streak = 0
         k = current
-        if current < top and self.unlearned(current) and steps - explored >= self.patience:
+        if current < top and steps - explored >= self.patience and self.explores(current, batch_size):
             k, explored = current + 1, steps      # exploring: position current + 1 is unlearned
         elif self.probe_interval and steps % self.probe_interval == 0:
             probes += 1
@@ -378,13 +390,13 @@ class AutoDraftLength:
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
             depth = best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
-            return DepthChoice(depth + 1 if self.unlearned(depth) else depth, None)   # exploring
+            return DepthChoice(depth + 1 if self.explores(depth, batch_size) else depth, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # k in use + 1 while that position is unlearned (an exploring probe verifies it)
         want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
-        if self.unlearned(self.k):
+        if self.explores(self.k, batch_size):
             want = max(want, min(current, self.k + 1))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:
