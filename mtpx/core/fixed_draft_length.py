@@ -1,0 +1,84 @@
+"""The decisions of a draft-length policy (`StepChoice`, `DepthChoice`) and the fixed policy
+(`FixedDraftLength`: every step proposes num_speculative_tokens drafts). The automatic one, and
+the interface both share, is mtpx/core/draft_length.py's `AutoDraftLength`."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+__all__ = ["StepChoice", "DepthChoice", "FixedDraftLength"]
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """One step's decision (`decide`): k drafts to propose; k_in_use, steps, probes, switch_streak
+    and explored (the step of the last exploring probe): the policy's state once it is committed
+    (None: nothing to commit)."""
+
+    k: int
+    k_in_use: int | None = None
+    steps: int | None = None
+    probes: int | None = None
+    switch_streak: int | None = None
+    explored: int | None = None
+
+
+@dataclass(frozen=True)
+class DepthChoice:
+    """A depth decision (`decide_depth`): the depth; current: the running depth asked about
+    (None: an admission); streak: (step, steps in a row) of the vote to count for current, or
+    None when there is nothing to count."""
+
+    depth: int
+    current: int | None = None
+    streak: tuple[int, int] | None = None
+
+
+class FixedDraftLength:
+    """Every step proposes k drafts (0: plain decoding). histogram: {k: steps with decodes}."""
+
+    auto = False
+    per_request = False
+
+    def __init__(self, k: int):
+        self.max_k = self.k = k
+        self.histogram: Counter = Counter()
+
+    def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
+        return StepChoice(self.k)
+
+    def choose(self, batch_size: int, max_k: int | None = None) -> int:
+        return self.k
+
+    def commit(self, choice: StepChoice) -> None:
+        pass
+
+    def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
+        return DepthChoice(self.k, current)
+
+    def depth(self, batch_size: int, current: int | None = None) -> int:
+        return self.k
+
+    def commit_depth(self, choice: DepthChoice) -> None:
+        pass
+
+    def record_depth(self, depth: int) -> None:
+        pass
+
+    def reset_histograms(self) -> None:
+        self.histogram.clear()
+
+    def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
+        pass
+
+    def forget(self, key) -> None:
+        pass
+
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
+        pass
+
+    def observe_overhead(self, batch_size: int, ms: float) -> None:
+        pass
+
+    def record(self, k: int, batch_size: int | None = None) -> None:
+        self.histogram[k] += 1
