@@ -274,7 +274,7 @@ class AutoDraftLength:
             streak = 0
         k = current
         if current < top and steps - explored >= self.patience and self.explores(current, batch_size):
-            k, explored = current + 1, steps      # exploring: position current + 1 is unlearned
+            k, explored = current + 1, steps      # an exploring probe of position current + 1
         elif self.probe_interval and steps % self.probe_interval == 0:
             probes += 1
             up = probes % 2 == 1
@@ -319,7 +319,7 @@ class AutoDraftLength:
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
-        # k in use + 1 while that position is unlearned (an exploring probe verifies it)
+        # k in use + 1 while that position is explored (an exploring probe verifies it)
         want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
         if self.explores(self.k, batch_size):
             want = max(want, min(current, self.k + 1))
