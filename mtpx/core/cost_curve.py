@@ -1,40 +1,35 @@
 """The cost curve of automatic k over k (scheduler side, no torch): smoothing the calibrated step
-costs (mtpx/core/draft_length.py's module doc) and the small fits it uses."""
+costs (mtpx/core/draft_length.py's module doc) and the running mean of its online corrections."""
 from __future__ import annotations
 
-__all__ = ["smooth_step_costs"]
+__all__ = ["smooth_step_costs", "running_mean"]
 
 
 def smooth_step_costs(values: list[float]) -> list[float]:
     """Calibrated step ms for k = 0 .. max_k -> the model's costs (module doc): k = 0 as measured
-    (no window, no draft loop); for k >= 1, with 4 or more of them, the least-squares quadratic in
-    k (the window grows linearly in k, and the draft loop's k modules each re-prefill up to k + 1
-    positions), so that one noisy k cannot look cheaper than its neighbours, at least k = 0's;
-    then non-decreasing (module doc)."""
-    if len(values) - 1 >= 4:
-        a, b, c = _quadratic_fit(list(range(1, len(values))), values[1:])
-        # a step with drafts never costs less than one without (a fit to noise can dip below it)
-        values = [values[0]] + [max(values[0], a + b * k + c * k * k) for k in range(1, len(values))]
+    (no window, no draft loop); for k >= 1, with 3 or more of them, Tukey's running median of 3
+    with his end-point rule (`_running_median`), so that one noisy k, low or high, takes its
+    neighbours' level while the curve keeps its measured shape (a least-squares quadratic, used
+    before, lifted the batch-64 k = 1 step from 401 to 485 ms on the demo because k = 7-8 rise
+    faster than k = 1-6: experiments/concurrency/explore); then at least k = 0's (a step with drafts
+    never costs less than one without) and non-decreasing (pool adjacent violators)."""
+    if len(values) - 1 >= 3:
+        values = [values[0]] + [max(values[0], v) for v in _running_median(values[1:])]
     return _non_decreasing(values)
 
 
-def _quadratic_fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
-    """Least-squares (a, b, c) of y = a + b x + c x^2: the normal equations solved by Cramer's rule
-    in Python floats, so the same costs always give the same fit (a BLAS least-squares solve gave
-    results differing in the last bits between calls, and a cost file reloaded then differed from
-    the costs it was saved from)."""
-    s = [sum(x ** p for x in xs) for p in range(5)]                     # sum x^0 .. x^4
-    t = [sum(y * x ** p for x, y in zip(xs, ys)) for p in range(3)]     # sum y x^0 .. y x^2
-    m = [[s[0], s[1], s[2]], [s[1], s[2], s[3]], [s[2], s[3], s[4]]]
+def _running_median(ys: list[float]) -> list[float]:
+    """Tukey's running median of 3 (3 or more values; Tukey 1977, Exploratory Data Analysis, ch.
+    7): each inner value the median of itself and its two neighbours; the first the median of
+    itself, its smoothed neighbour and the line through the next two smoothed values extended one
+    step (his end-point rule: y_1 = med(y_1, z_2, 3 z_2 - 2 z_3)); the last as measured (the step
+    cost is convex in k, so a high last value is likely real, and non-decreasing lifts a low one)."""
+    def med(a, b, c):
+        return sorted((a, b, c))[1]
 
-    def det(a):
-        return (a[0][0] * (a[1][1] * a[2][2] - a[1][2] * a[2][1])
-                - a[0][1] * (a[1][0] * a[2][2] - a[1][2] * a[2][0])
-                + a[0][2] * (a[1][0] * a[2][1] - a[1][1] * a[2][0]))
-
-    d = det(m)
-    return tuple(det([[t[r] if col == i else m[r][col] for col in range(3)] for r in range(3)]) / d
-                 for i in range(3))
+    z = [ys[0]] + [med(ys[i - 1], ys[i], ys[i + 1]) for i in range(1, len(ys) - 1)] + [ys[-1]]
+    z[0] = med(ys[0], z[1], 3 * z[1] - 2 * z[2])
+    return z
 
 
 def _non_decreasing(values: list[float]) -> list[float]:
@@ -60,3 +55,11 @@ def _interpolate(known: list[tuple[int, float]], k: int, default: float) -> floa
         if k <= k1:
             return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
     return known[-1][1]
+
+
+def running_mean(table: dict, key, value: float, beta: float) -> None:
+    """table[key] = (mean, count) updated with value: the mean of the first 1 / beta values, then
+    an EMA of weight beta (the online cost corrections, mtpx/core/draft_length.py)."""
+    mean, n = table.get(key, (0.0, 0))
+    n += 1
+    table[key] = (mean + max(beta, 1 / n) * (value - mean), n)

@@ -18,15 +18,15 @@ online from discounted counts: p_j = (accepted_j + w p_{j-1}) / (verified_j + w)
 multiplied by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any batch
 size), w = `prior_weight` pseudo-drafts at the previous position's estimate and p_0 =
 `prior_acceptance`; t_step(k, B) is the engine's own measured
-decode-step cost (auto_k.costs.calibrate_step_costs at start-up, or a saved file: auto_k.store), made non-decreasing in k
-(pool-adjacent-violators: a step that proposes more drafts never costs less, so calibration noise
-cannot make a larger k look cheaper) after a least-squares quadratic in k over k >= 1 smooths the
-calibration's noise, linear in B between calibrated batch sizes and proportional to B beyond the
-largest,
-times a correction learned online from the engine's pure decode steps (`observe_step`: no
-prefill, every request verifying and proposing the step's k): per (k, batch bucket), measured /
-calibrated (mean, then an EMA of weight `beta`), used once a k has `min_cost_observations` steps
-in B's bucket (ks between two such ks interpolate, ks beyond them take the nearest one's); with
+decode-step cost (auto_k.costs.calibrate_step_costs at start-up, or a saved file: auto_k.store),
+smoothed over k (cost_curve.smooth_step_costs: a running median over k >= 1, then
+non-decreasing, so calibration noise cannot make a larger k look cheaper), linear in B between
+calibrated batch sizes and proportional to B beyond the largest,
+times a correction learned online from the engine's pure decode steps (no prefill): per (k,
+batch bucket), measured / calibrated (mean, then an EMA of weight `beta`), used once a k has
+`min_cost_observations` steps in B's bucket, either steady ones (`observe_step`: every request
+verifying and proposing the step's k) or as many verifying k and as many proposing k, whose
+verify and draft parts add up (`observe_parts`) (ks between two such ks interpolate, ks beyond them take the nearest one's); with
 none, one factor over every step; then non-decreasing in k again, so a k measured cheaper can
 win but never look cheaper than a smaller k. Every observed step also records its prediction
 against its measurement per batch bucket (cost_model_log.CostModelLog, metrics.json's
@@ -38,9 +38,11 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   counts decay. Every `probe_interval` steps one step proposes one draft more than the k in use,
   the next probe one fewer. Why these values: docs/automatic_k.md.
 - Exploring: while position k + 1 (k in use) is `unlearned` (fewer than `min_verified`
-  discounted verified drafts) and k + 1 would pay were its drafts all accepted (`explores`),
-  requests are admitted at depth k + 1, running ones do not fall below it, and every `patience`
-  steps a step proposes k + 1 drafts, so a prior that says k = 0 is tested.
+  discounted verified drafts) and k + 1 would pay were its drafts all accepted (`explores`), or
+  k + 1's step cost at the batch size is the calibration's alone (`cost_unlearned`) and could
+  pay at half its predicted cost over k's, requests are admitted at depth k + 1, running ones do
+  not fall below it, and every `patience` steps a step proposes k + 1 drafts, so a prior that
+  says k = 0, or a calibration that misjudges k + 1, is tested.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
   running request's depth falls under the same two conditions.
@@ -64,7 +66,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 
-from mtpx.core.cost_curve import _interpolate, _non_decreasing, smooth_step_costs
+from mtpx.core.cost_curve import _interpolate, _non_decreasing, running_mean, smooth_step_costs
 from mtpx.core.cost_model_log import CostModelLog, batch_bucket, bucket_label
 from mtpx.core.fixed_draft_length import DepthChoice, FixedDraftLength, StepChoice
 from mtpx.core.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
@@ -84,7 +86,8 @@ class AutoDraftLength:
     a change of the k in use, or a running depth's fall, before it happens;
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
     applies; min_verified: discounted verified drafts below which a position is unlearned and
-    explored (None: prior_weight; 0: never) (module doc).
+    explored (None: prior_weight; 0: never); explore_costs: explore a neighbour k whose cost
+    is unmeasured at the batch size (`cost_unlearned`) (module doc).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -93,10 +96,12 @@ class AutoDraftLength:
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
                  beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
-                 min_cost_observations: int = 8, min_verified: float | None = None):
+                 min_cost_observations: int = 8, min_verified: float | None = None,
+                 explore_costs: bool = True):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
+        self.explore_costs = explore_costs
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -121,6 +126,7 @@ class AutoDraftLength:
         self.factor = 1.0                            # EMA of measured / calibrated over every k (used)
         self._num_factor = 0
         self.bucket_correction: dict[tuple[int, int], tuple[float, int]] = {}  # (k, bucket) -> (ratio, steps)
+        self.part_correction: dict[tuple[str, int, int], tuple[float, int]] = {}  # (part, k, bucket) -> (ratio, steps)
         self.overhead: dict[int, tuple[float, int]] = {}  # batch bucket -> (ms a step costs beyond its forwards, steps)
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
@@ -149,20 +155,45 @@ class AutoDraftLength:
     def cost_curve(self, batch_size: int) -> list[float]:
         """Predicted step ms at batch_size for k = 0 .. max_k: the calibrated costs times the
         online correction, made non-decreasing in k (pool-adjacent-violators) (module doc)."""
-        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        known = [(k, r) for k in range(self.max_k + 1)
-                 for r, n in [self.bucket_correction.get((k, bucket), (0.0, 0))] if n >= least]
+        known = self._known_ratios(batch_size)
         return _non_decreasing([_interpolate(known, k, self.factor) * self.calibrated_cost(k, batch_size)
                                for k in range(self.max_k + 1)])
+
+    def _known_ratios(self, batch_size: int) -> list[tuple[int, float]]:
+        """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: from
+        `min_cost_observations` steady steps at k, else from as many steps verifying k and as many
+        proposing k (`observe_parts`: the sum of the two parts' ratios)."""
+        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
+        known = []
+        for k in range(self.max_k + 1):
+            r, n = self.bucket_correction.get((k, bucket), (0.0, 0))
+            v, nv = self.part_correction.get(("verify", k, bucket), (0.0, 0))
+            d, nd = self.part_correction.get(("draft", k, bucket), (0.0, 0))
+            if n >= least:
+                known.append((k, r))
+            elif min(nv, nd) >= least:
+                known.append((k, v + d))
+        return known
+
+    def cost_unlearned(self, k: int, batch_size: int) -> bool:
+        """Whether k's cost at batch_size is still the calibration's alone: explore_costs, k <=
+        max_k, and k is not among `_known_ratios` (the step costs known)."""
+        return (self.explore_costs and self.step_costs is not None and k <= self.max_k
+                and all(j != k for j, _ in self._known_ratios(batch_size)))
+
+    def _probes_up(self, k: int, batch_size: int) -> bool:
+        """Whether k + 1 is explored at batch_size: its position's acceptance is (`explores`), or
+        its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k with every draft at
+        position k + 1 accepted and its cost over k's half the predicted one (where even that
+        cannot pay, measuring it changes no choice)."""
+        return self.explores(k, batch_size) or (self.cost_unlearned(k + 1, batch_size)
+                                                 and self._could_pay(k, batch_size, 0.5))
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
         """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
         bucket, the mean of the first 1 / beta steps then an EMA of weight beta; the decisions add
         it to every k's cost (`step_cost_curve`)."""
-        key = batch_bucket(batch_size)
-        mean, n = self.overhead.get(key, (0.0, 0))
-        n += 1
-        self.overhead[key] = (mean + max(self.beta, 1 / n) * (max(0.0, ms) - mean), n)
+        running_mean(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.beta)
 
     def step_cost_curve(self, batch_size: int) -> list[float]:
         """What the decisions compare: cost_curve plus the step's learned overhead at its batch
@@ -199,13 +230,15 @@ class AutoDraftLength:
         """Whether position k + 1 is explored at batch_size: it is `unlearned`, and with every
         draft at it accepted k + 1 would beat k (where even that cannot pay, its acceptance
         changes no choice and exploring would only cost)."""
-        if not self.unlearned(k):
-            return False
-        curve = self.step_cost_curve(batch_size)
-        survive = 1.0
+        return self.unlearned(k) and self._could_pay(k, batch_size, 1.0)
+
+    def _could_pay(self, k: int, batch_size: int, share: float) -> bool:
+        """Whether k + 1 beats k at batch_size with every draft at position k + 1 accepted and
+        share of its predicted cost over k's."""
+        curve, survive, tokens = self.step_cost_curve(batch_size), 1.0, self.expected_tokens(k)
         for p in self.acceptance[:k]:
             survive *= p
-        return (self.expected_tokens(k) + survive) / curve[k + 1] > self.expected_tokens(k) / curve[k]
+        return (tokens + survive) / (curve[k] + share * (curve[k + 1] - curve[k])) > tokens / curve[k]
 
     def goodput(self, k: int, batch_size: int) -> float:
         """Predicted tokens per ms (the step's learned overhead included)."""
@@ -273,8 +306,8 @@ class AutoDraftLength:
         else:
             streak = 0
         k = current
-        if current < top and steps - explored >= self.patience and self.explores(current, batch_size):
-            k, explored = current + 1, steps      # an exploring probe of position current + 1
+        if current < top and steps - explored >= self.patience and self._probes_up(current, batch_size):
+            k, explored = current + 1, steps      # an exploring probe of k = current + 1
         elif self.probe_interval and steps % self.probe_interval == 0:
             probes += 1
             up = probes % 2 == 1
@@ -315,13 +348,13 @@ class AutoDraftLength:
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
             depth = best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
-            return DepthChoice(depth + 1 if self.explores(depth, batch_size) else depth, None)
+            return DepthChoice(depth + 1 if depth < self.max_k and self._probes_up(depth, batch_size) else depth, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # k in use + 1 while that position is explored (an exploring probe verifies it)
         want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
-        if self.explores(self.k, batch_size):
+        if self.k < self.max_k and self._probes_up(self.k, batch_size):
             want = max(want, min(current, self.k + 1))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:
@@ -352,11 +385,13 @@ class AutoDraftLength:
         self.verified_histogram.clear()
         self.cost_log.clear()
 
-    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
+                     verify_ms: float | None = None) -> None:
         """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
         proposed k, taking step_ms and committing num_tokens (None: not logged): log the prediction
         the step's k was chosen with against the measurement (cost_log; call this before `record`
-        and `observe` change the estimates), then update the cost corrections (module doc)."""
+        and `observe` change the estimates), then update the cost corrections (module doc);
+        verify_ms (of step_ms): also the two parts' (`observe_parts`)."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
         if num_tokens is not None:
@@ -364,6 +399,23 @@ class AutoDraftLength:
             self.cost_log.add(k, batch_size, self.expected_tokens(k), curve[k], curve[0],
                               self.calibrated_cost(0, batch_size), num_tokens, step_ms)
         self._learn_cost(k, batch_size, step_ms / self.calibrated_cost(k, batch_size))
+        if verify_ms is not None:
+            self.observe_parts(k, k, batch_size, verify_ms, step_ms - verify_ms)
+
+    def observe_parts(self, verified: int, proposed: int, batch_size: int, verify_ms: float,
+                      draft_ms: float) -> None:
+        """A pure decode step whose batch_size requests each verified `verified` drafts (verify_ms)
+        and proposed `proposed` (draft_ms): per batch bucket, verify_ms / t(verified) and draft_ms /
+        t(proposed) (t: the calibration), the mean of the first 1 / beta steps then an EMA of
+        weight beta. A k's two ratios sum to its measured / calibrated cost once both have
+        min_cost_observations steps (`_known_ratios`): an exploring probe (propose k + 1, then
+        verify k + 1 and propose k) measures k + 1 with no steady step at it."""
+        if self.step_costs is None or self.forced is not None or batch_size < 1:
+            return
+        for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):
+            if 0 <= k <= self.max_k:
+                running_mean(self.part_correction, (part, k, batch_bucket(batch_size)),
+                             max(0.0, ms) / self.calibrated_cost(k, batch_size), self.beta)
 
     def observe_allocation(self, allocation: "Allocation", step_ms: float, num_tokens: int) -> None:
         """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
@@ -388,10 +440,7 @@ class AutoDraftLength:
         self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
         self.factor = ratio if self._num_factor == 0 else self.factor + self.beta * (ratio - self.factor)
         self._num_factor += 1
-        key = (k, batch_bucket(batch_size))
-        mean, n = self.bucket_correction.get(key, (0.0, 0))
-        n += 1        # the mean of the first 1 / beta steps, then an EMA of weight beta
-        self.bucket_correction[key] = (mean + max(self.beta, 1 / n) * (ratio - mean), n)
+        running_mean(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.beta)
 
     def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
@@ -441,6 +490,8 @@ class AutoDraftLength:
                                      for b, (m, n) in sorted(self.overhead.items())],
                 "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r, 4), "steps": n}
                                            for (k, b), (r, n) in sorted(self.bucket_correction.items())],
+                "part_cost_correction": [{"part": p, "k": k, "batch_bucket": bucket_label(b), "ratio": round(r, 4),
+                                          "steps": n} for (p, k, b), (r, n) in sorted(self.part_correction.items())],
                 "cost_model": self.cost_log.summary(),
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}

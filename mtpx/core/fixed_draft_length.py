@@ -74,7 +74,11 @@ class FixedDraftLength:
     def forget(self, key) -> None:
         pass
 
-    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None) -> None:
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
+                     verify_ms: float | None = None) -> None:
+        pass
+
+    def observe_parts(self, verified: int, proposed: int, batch_size: int, verify_ms: float, draft_ms: float) -> None:
         pass
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:

@@ -255,13 +255,17 @@ class Scheduler:
         k = out.num_speculative_tokens
         if out.decodes:
             t = result.timing
-            steady = all(d.request.draft_depth >= k and d.num_draft_tokens == k
-                         and len(d.request.draft_token_ids) == k for d in out.decodes)
+            proposes = all(d.request.draft_depth >= k for d in out.decodes)   # every request proposes k
+            verified = {d.num_draft_tokens for d in out.decodes}
+            steady = proposes and verified == {k} and all(len(d.request.draft_token_ids) == k for d in out.decodes)
             committed = sum(len(result.results[d.request.index].token_ids) for d in out.decodes)
             if t is not None and not out.prefills and out.allocation is not None:
                 self.draft_length.observe_allocation(out.allocation, 1e3 * (t.verify_s + t.draft_s), committed)
             elif t is not None and not out.prefills and steady:   # before record: the estimates k was chosen with
-                self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s), committed)
+                self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s), committed,
+                                               verify_ms=1e3 * t.verify_s)
+            elif t is not None and not out.prefills and proposes and len(verified) == 1:
+                self.draft_length.observe_parts(verified.pop(), k, len(out.decodes), 1e3 * t.verify_s, 1e3 * t.draft_s)
             self.draft_length.record(k, len(out.decodes))
         for d in out.decodes:
             res = result.results[d.request.index]

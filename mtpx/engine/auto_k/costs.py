@@ -1,6 +1,6 @@
 """Step costs of automatic k: measure the engine's decode step (`calibrate_step_costs`, at
 start-up), fit the cost curve over k (`smooth_step_costs`, re-exported from the scheduler side's
-mtpx.core.draft_length: a least-squares quadratic, then non-decreasing), and goodput (`predict`, `recommend`: which k maximises output throughput from a
+mtpx.core.draft_length: a running median, then non-decreasing), and goodput (`predict`, `recommend`: which k maximises output throughput from a
 run's per-position acceptance, offline; the online goodput is AutoDraftLength.goodput).
 
 At steady state with B requests decoding, one engine step verifies a window of k+1 tokens per

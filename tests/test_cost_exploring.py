@@ -1,0 +1,116 @@
+"""Automatic k's cost curve: the calibration's smoothing over k, and the step costs the running
+engine measures for a k it only probes (mtpx/core/cost_curve.py, mtpx/core/draft_length.py)."""
+from __future__ import annotations
+
+import pytest
+
+from mtpx.core.cost_curve import _running_median, smooth_step_costs
+from mtpx.core.draft_length import AutoDraftLength
+
+
+def test_smoothing_keeps_the_measured_shape_and_drops_one_noisy_k():
+    # the demo's raw batch-64 calibration (experiments/concurrency/explore): k = 5 read below k = 4
+    raw = [220.0, 401.0, 558.0, 675.0, 811.0, 673.0, 770.0, 1026.0, 1314.0]
+    assert smooth_step_costs(raw) == [220.0, 401.0, 558.0, 675.0, 675.0, 770.0, 770.0, 1026.0, 1314.0]
+    # a low k = 1: Tukey's end rule, med(250, 558, 3 * 558 - 2 * 675 = 324)
+    assert smooth_step_costs([220.0, 250.0, 558.0, 675.0, 811.0]) == [220.0, 324.0, 558.0, 675.0, 811.0]
+    # a high k = 1 and the k = 2 it pushes up take their neighbours' level; a k >= 1 below k = 0 is lifted to it
+    assert smooth_step_costs([100.0, 300.0, 150.0, 160.0, 170.0]) == [100.0, 160.0, 160.0, 160.0, 170.0]
+    assert smooth_step_costs([100.0, 50.0, 60.0, 70.0]) == [100.0, 100.0, 100.0, 100.0]
+    # two or fewer ks with drafts: non-decreasing only (pool adjacent violators)
+    assert smooth_step_costs([10.0, 14.0, 12.0]) == [10.0, 13.0, 13.0]
+    # the last value stays as measured (the cost is convex in k), the inner ones are medians of 3
+    assert _running_median([1.0, 2.0, 3.0, 10.0]) == [1.0, 2.0, 3.0, 10.0]
+    assert _running_median([1.0, 5.0, 2.0, 3.0]) == [1.0, 2.0, 3.0, 3.0]
+
+
+def policy(**kw) -> AutoDraftLength:
+    """k = 0 costs 100 ms and k = 1 is calibrated at 200 ms at batch 8 (k = 2: 300). 32 rounds
+    accepting the first of 2 drafts and 8 accepting none (no discount): p_1 = (32 + 8 * 0.7) / 48
+    = 0.783, p_2 = 8 p_1 / 40 = 0.157, so k = 1 yields 1.783 / 200 < 1 / 100: only a measured
+    k = 1 can win."""
+    p = AutoDraftLength(2, {(0, 8): 100.0, (1, 8): 200.0, (2, 8): 300.0}, probe_interval=0, patience=2,
+                        min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0, **kw)
+    for accepted in [1] * 32 + [0] * 8:
+        p.observe(num_draft_tokens=2, num_accepted=accepted)
+    assert p.acceptance == [pytest.approx(37.6 / 48), pytest.approx(8 * 37.6 / 48 / 40)]
+    return p
+
+
+def run(p, steps: int, batch: int = 8, depth: int = 2, measured=None) -> list[int]:
+    """Drive `steps` decode steps: decide, commit, then report each step as the scheduler does
+    (`observe_step` for a steady step, else `observe_parts`); measured(part, k) -> ms."""
+    ks, held = [], p.k
+    for _ in range(steps):
+        choice = p.decide(batch, depth)
+        p.commit(choice)
+        k = choice.k
+        if measured is not None:
+            v, d = measured("verify", held), measured("draft", k)
+            if held == k:
+                p.observe_step(k, batch, v + d, verify_ms=v)
+            else:
+                p.observe_parts(held, k, batch, v, d)
+        p.record(k, batch)
+        ks.append(k)
+        held = k
+    return ks
+
+
+MEASURED = {("verify", 0): 60.0, ("draft", 0): 40.0, ("verify", 1): 90.0, ("draft", 1): 30.0,
+            ("verify", 2): 150.0, ("draft", 2): 50.0}
+
+
+def test_a_neighbour_k_whose_cost_is_only_calibrated_is_probed_until_measured():
+    p = policy()
+    p.k = 0
+    assert p.cost_unlearned(1, 8) and p.cost_unlearned(0, 8)
+    assert p.depth(8) == 1                          # admitted one deeper while k = 1's cost is unmeasured
+    # every patience = 2 steps one step proposes k = 1 drafts, and the step after it verifies them
+    assert run(p, 4, measured=lambda part, k: MEASURED[(part, k)]) == [1, 0, 1, 0]
+    # k = 1's parts: verify 90 / 200 and draft 30 / 200, twice each: 0.45 + 0.15 of 200 ms
+    assert p.part_correction[("verify", 1, 8)] == (pytest.approx(0.45), 2)
+    assert p.part_correction[("draft", 1, 8)] == (pytest.approx(0.15), 2)
+    assert not p.cost_unlearned(1, 8)
+    # k = 0 too, from the probes' other halves: verify 60 / 100 and draft 40 / 100
+    assert p.cost_curve(8)[:2] == [pytest.approx(100.0), pytest.approx(120.0)]
+    assert p.summary()["part_cost_correction"][0] == {"part": "draft", "k": 0, "batch_bucket": "8-15",
+                                                      "ratio": 0.4, "steps": 2}
+
+
+def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_probes():
+    p = policy()
+    p.k = 0
+    ks = run(p, 16, measured=lambda part, k: MEASURED[(part, k)])
+    # k = 1 is measured after two probes; 1.783 / 120 beats 1 / 100 by more than 5%, so after
+    # patience = 2 steps in a row k = 1 is in use (step 6), and k = 2 is probed until measured at
+    # (0.5 + 0.167) x 300 = 200 ms, where 1.906 / 200 loses to k = 1
+    assert ks == [1, 0, 1, 0, 0, 2, 1, 2] + [1] * 8
+    assert p.k == 1 and p.cost_curve(8) == [pytest.approx(100.0), pytest.approx(120.0), pytest.approx(200.0)]
+    dear = {**MEASURED, ("verify", 1): 180.0, ("draft", 1): 60.0}
+    q = policy()
+    q.k = 0
+    # k = 1 measured at 240 ms: no more probes, and k = 2 takes k = 1's ratio, 1.2
+    assert run(q, 12, measured=lambda part, k: dear[(part, k)]) == [1, 0, 1, 0] + [0] * 8
+    assert q.cost_curve(8) == [pytest.approx(100.0), pytest.approx(240.0), pytest.approx(360.0)]
+    assert q.depth(8) == 0
+
+
+def test_cost_exploring_off_probes_nothing():
+    p = policy(explore_costs=False)
+    p.k = 0
+    assert not p.cost_unlearned(1, 8) and p.depth(8) == 0
+    assert run(p, 6) == [0] * 6
+
+
+def test_a_k_that_could_not_pay_at_half_its_cost_is_not_probed():
+    # k = 1 calibrated at 100x k = 0: even at half its extra cost, with every draft accepted,
+    # 2 / 51 < 1 / 1 (tests/test_cli.py: automatic k that never drafts)
+    p = AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 101.0}, probe_interval=0, patience=2, min_verified=0)
+    p.k = 0
+    assert p.cost_unlearned(1, 1) and p.depth(1) == 0
+    assert run(p, 4, batch=1, depth=1) == [0] * 4
+    # at 2 / (100 + 0.5 x 100) > 1 / 100 it is probed
+    q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, probe_interval=0, patience=2, min_verified=0)
+    q.k = 0
+    assert q.depth(1) == 1 and run(q, 4, batch=1, depth=1) == [1, 0, 1, 0]
