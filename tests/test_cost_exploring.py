@@ -114,3 +114,34 @@ def test_a_k_that_could_not_pay_at_half_its_cost_is_not_probed():
     q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, probe_interval=0, patience=2, min_verified=0)
     q.k = 0
     assert q.depth(1) == 1 and run(q, 4, batch=1, depth=1) == [1, 0, 1, 0]
+
+
+def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, monkeypatch):
+    """In a running engine a k whose cost is only calibrated is probed, and the scheduler hands
+    the policy each pure decode step that verified one number of drafts and proposed another as
+    two parts (`observe_parts`), which add up to that k's cost; the tokens stay plain decoding's.
+    The clock is scripted, 1 s per reading (tests/test_auto_k.py: a step reads 2000 or 3000 ms)."""
+    from mtpx.engine.auto_k.store import save_step_costs
+    from tests.helpers import _params, make_llm, run_checked
+    from tests.test_auto_k import model
+    n = len(model().mtp)
+    # k = 1 calibrated at 2.5x k = 0: with p = 0.7 it loses (1.7 / 2500 < 1 / 1000), but at half its
+    # extra cost, every draft accepted, it could pay (2 / 1750 > 1 / 1000): it is probed
+    costs = {(k, b): 1000.0 if k == 0 else 2000.0 + 500.0 * k for k in range(n + 1) for b in (1, 2, 3, 4)}
+    save_step_costs(tmp_path / "costs.json", costs, {})
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
+                   ragged_batch=False)
+    policy, clock = llm.engine.draft_length, iter(range(10 ** 6))
+    monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
+    parts = []
+    observe_parts = policy.observe_parts
+    monkeypatch.setattr(policy, "observe_parts", lambda *a: (parts.append(a), observe_parts(*a)))
+    prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
+    run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
+    # steady steps reach it through observe_step (verified == proposed); a probe and the step after
+    # it verify one k and propose another
+    assert any(v != k for v, k, *_ in parts)
+    assert all(1 <= b <= 4 and verify_ms == 2000.0 and draft_ms in (0.0, 1000.0) for v, k, b, verify_ms, draft_ms in parts)
+    measured = {(part, k) for part, k, _ in policy.part_correction}
+    assert {("verify", 1), ("draft", 1)} <= measured
+    assert policy.histogram[1] > 0
