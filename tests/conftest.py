@@ -1,12 +1,33 @@
 import os
 
 import pytest
+import torch
 
 from tests.helpers import peaked_model, tiny_config, train_tiny
 
 # engine.compile=null means eager in the tests, their subprocesses included (tests about
 # compilation pass compile=True; tests of the rule unset this)
 os.environ["MTPX_COMPILE"] = "0"
+
+# Under pytest-xdist (README: `python -m pytest -q -n 2`) each worker is one of as many processes
+# as cores: torch's default of one thread per core would oversubscribe the machine (its OpenMP
+# threads then wait on each other, and a step can run many times slower). So a worker computes on
+# one thread, and so does everything it starts: OMP_NUM_THREADS=1 is inherited by the tests'
+# subprocesses, and the CLI's thread choice (mtpx.engine.threads) takes it instead of measuring.
+# tests/test_threads.py unsets it where it tests that rule.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if XDIST_WORKER:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_per_worker():
+    """Under xdist: a test that set torch's thread count (an explicit eval.threads, a thread
+    measurement) does not leave it for the worker's next tests."""
+    yield
+    if XDIST_WORKER and torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture
