@@ -115,6 +115,19 @@ def _params(max_tokens: int, stop: int | None = None) -> SamplingParams:
                           stop_token_ids=[] if stop is None else [stop])
 
 
+def spy(monkeypatch, obj, name: str) -> list:
+    """Record the positional arguments of every call of obj.name (which still runs) for the
+    test's duration; returns the list they are appended to."""
+    calls, method = [], getattr(obj, name)
+
+    def recorded(*args, **kwargs):
+        calls.append(args)
+        return method(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, recorded)
+    return calls
+
+
 def make_llm(model, spec=None, k=None, **kw) -> LLM:
     kw.setdefault("check_invariants", True)
     kw.setdefault("record_logit_gaps", True)

@@ -19,7 +19,7 @@ from mtpx.engine.auto_k.costs import calibrate_step_costs, default_batch_sizes
 from mtpx.core.draft_length import AutoDraftLength
 from mtpx.engine.auto_k.store import load_step_costs, save_step_costs, step_cost_cache_path
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
-                           run_checked, tiny_config)
+                           run_checked, spy, tiny_config)
 from tests.test_reprefill import _reference_kv, kv_at
 
 
@@ -715,9 +715,7 @@ def test_the_engine_logs_each_steady_decode_step_with_its_measured_ms_and_commit
                    ragged_batch=False)
     policy, scheduler, clock = llm.engine.draft_length, llm.engine.scheduler, iter(range(10 ** 6))
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
-    seen, pairs = [], []
-    observe_step, update = policy.observe_step, scheduler.update_from_output
-    monkeypatch.setattr(policy, "observe_step", lambda *a, **kw: (seen.append(a), observe_step(*a, **kw)))
+    seen, pairs, update = spy(monkeypatch, policy, "observe_step"), [], scheduler.update_from_output
 
     def update_from_output(out, result):
         observed = len(seen)

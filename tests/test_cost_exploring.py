@@ -122,7 +122,7 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     two parts (`observe_parts`), which add up to that k's cost; the tokens stay plain decoding's.
     The clock is scripted, 1 s per reading (tests/test_auto_k.py: a step reads 2000 or 3000 ms)."""
     from mtpx.engine.auto_k.store import save_step_costs
-    from tests.helpers import _params, make_llm, run_checked
+    from tests.helpers import _params, make_llm, run_checked, spy
     from tests.test_auto_k import model
     n = len(model().mtp)
     # k = 1 calibrated at 2.5x k = 0: with p = 0.7 it loses (1.7 / 2500 < 1 / 1000), but at half its
@@ -133,9 +133,7 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
                    ragged_batch=False)
     policy, clock = llm.engine.draft_length, iter(range(10 ** 6))
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
-    parts = []
-    observe_parts = policy.observe_parts
-    monkeypatch.setattr(policy, "observe_parts", lambda *a: (parts.append(a), observe_parts(*a)))
+    parts = spy(monkeypatch, policy, "observe_parts")
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     # steady steps reach it through observe_step (verified == proposed); a probe and the step after

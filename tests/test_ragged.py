@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 from mtpx.attention.meta import ForwardMeta
 from mtpx.core.draft_length import Allocation, AutoDraftLength
 from mtpx.engine.decode_step import verify_forward
-from tests.helpers import _params, assert_clean, install_draft_check, make_llm, run_checked
+from tests.helpers import _params, assert_clean, install_draft_check, make_llm, run_checked, spy
 from tests.test_auto_k import model            # the peaked tiny model, built once for both files
 
 
@@ -178,9 +178,7 @@ def test_the_engine_runs_per_request_k_eager_and_logs_each_ragged_step(tmp_path,
         assert not make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
                             **kw).engine.draft_length.per_request
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
-    seen = []
-    observe = policy.observe_allocation
-    monkeypatch.setattr(policy, "observe_allocation", lambda *a: (seen.append(a), observe(*a)))
+    seen = spy(monkeypatch, policy, "observe_allocation")
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     assert seen and all(ms == 3000.0 for _, ms, _ in seen)

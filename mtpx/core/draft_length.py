@@ -348,13 +348,13 @@ class AutoDraftLength:
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
             depth = best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
-            return DepthChoice(depth + 1 if depth < self.max_k and self._probes_up(depth, batch_size) else depth, None)
+            return DepthChoice(depth + 1 if self._probes_up(depth, batch_size) else depth, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # k in use + 1 while that position is explored (an exploring probe verifies it)
         want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
-        if self.k < self.max_k and self._probes_up(self.k, batch_size):
+        if self._probes_up(self.k, batch_size):
             want = max(want, min(current, self.k + 1))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:
