@@ -354,6 +354,15 @@ def source_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
+def mtpx_cache_dir() -> Path:
+    """$MTPX_CACHE_DIR, else $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx (vLLM's VLLM_CACHE_ROOT): where
+    compiled graphs, step costs and built CPU kernels are kept between runs."""
+    root = os.environ.get("MTPX_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpx"
+
+
 def utc_now() -> str:
     """The current time in UTC, ISO 8601 to the second ("2026-12-03T16:40:05Z"): run dates in
     metrics.json and figure titles."""

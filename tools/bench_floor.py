@@ -1,8 +1,8 @@
-"""The eager decode step against its matmul floor: one torch.mm of as many FLOPs as the step's
-matmuls, timed on the same threads, alternated call by call with the step.
+"""The decode step (eager, or compiled with --compile) against its matmul floor: one torch.mm of as
+many FLOPs as the step's matmuls, timed on the same threads, alternated call by call with the step.
 
     OMP_NUM_THREADS=2 python tools/bench_floor.py [--model checkpoints/demo] [--batch-sizes 16 64]
-        [--cases plain mtp8:4] [--context 200] [--pairs 15] [--threads 2] [--out FILE.json]
+        [--cases plain mtp8:4] [--context 200] [--pairs 15] [--threads 2] [--compile] [--out FILE.json]
 
 For each batch size B and case (plain: no speculator, k = 0; mtp8:K: the 8-module speculator
 verifying and proposing K drafts) one engine is built; its step is Engine.time_decode_steps (the
@@ -13,6 +13,9 @@ runs (rows x in_features x out_features, lm_head and the draft modules included)
 attention call's QK^T and PV over the keys its valid tokens attend to (positions 0 .. p for a
 token at position p; heads x head_dim per key). For plain decoding the hook count is checked
 against the config: B x (weights of the target's Linears and lm_head) + the attention term.
+Hooks do not run inside compiled graphs: with --compile the FLOPs are counted on an eager engine
+of the same case (the same step, the same FLOPs) and the compiled engine (LLM(compile=True):
+built and warmed up first, its build time printed) is timed.
 
 The floor is one torch.mm [M, hidden] x [hidden, N] with M = B x (K + 1) (the verification's
 rows) and N chosen so that 2 M hidden N equals the step's FLOPs, into a preallocated output (a
@@ -82,18 +85,32 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
-def bench_case(model_path: str, batch: int, case: str, context: int, pairs: int) -> dict:
+def build(model_path: str, batch: int, case: str, compile: bool):
+    """(k, LLM) of a case: plain, or SPEC:K."""
     if case == "plain":
-        k, llm = 0, LLM(model=model_path, max_num_seqs=batch)
-    else:
-        spec, k = case.split(":")
-        k = int(k)
-        llm = LLM(model=model_path, spec=spec, num_speculative_tokens=int(spec.removeprefix("mtp")),
-                  max_num_seqs=batch)
+        return 0, LLM(model=model_path, max_num_seqs=batch, compile=compile)
+    spec, k = case.split(":")
+    return int(k), LLM(model=model_path, spec=spec, num_speculative_tokens=int(spec.removeprefix("mtp")),
+                       max_num_seqs=batch, compile=compile)
+
+
+def bench_case(model_path: str, batch: int, case: str, context: int, pairs: int,
+               compile: bool = False) -> dict:
+    k, llm = build(model_path, batch, case, compile=False)
     e = llm.engine
-    hidden = e.model.cfg.hidden_size
     e.time_decode_steps(batch, [k], context, rounds=1, warmup=1)               # untimed
     flops = count_step_flops(e, batch, k, context)
+    config_flops = config_linear_flops(e.model, batch) if case == "plain" else None
+    build_s = None
+    if compile:
+        del llm, e
+        t0 = time.perf_counter()
+        k, llm = build(model_path, batch, case, compile=True)
+        build_s = time.perf_counter() - t0
+        print(f"# {case} at batch {batch}: compiled and warmed up in {build_s:.1f} s", flush=True)
+        e = llm.engine
+        e.time_decode_steps(batch, [k], context, rounds=1, warmup=1)           # untimed
+    hidden = e.model.cfg.hidden_size
     M = batch * (k + 1)
     N = max(1, round(flops["total"] / (2 * M * hidden)))
     a, b, c = torch.randn(M, hidden), torch.randn(hidden, N), torch.empty(M, N)
@@ -127,12 +144,12 @@ def bench_case(model_path: str, batch: int, case: str, context: int, pairs: int)
     ratios = [s / f for s, f in zip(steps, floors)]
     ratios_cpu = [s / f for s, f in zip(steps_cpu, floors_cpu)]
     row = {"batch": batch, "case": case, "k": k, "context": context, "pairs": pairs,
-           "flops": flops, "mm_shape": [M, hidden, N],
+           "compile": compile, "build_s": build_s, "flops": flops, "mm_shape": [M, hidden, N],
            "step_ms": quartiles(steps), "floor_ms": quartiles(floors), "ratio": quartiles(ratios),
            "step_cpu_ms": quartiles(steps_cpu), "floor_cpu_ms": quartiles(floors_cpu),
            "ratio_cpu": quartiles(ratios_cpu), "step_ms_all": steps, "floor_ms_all": floors}
-    if case == "plain":
-        row["config_linear_flops"] = config_linear_flops(e.model, batch)
+    if config_flops is not None:
+        row["config_linear_flops"] = config_flops
     return row
 
 
@@ -144,17 +161,19 @@ def main():
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="time the compiled step (module doc)")
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"# torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}")
+    print(f"# torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}, "
+          f"{'compiled' if args.compile else 'eager'}")
     print("| batch | case | GFLOP (linear + attention) | config check | step ms (q1-q3) | floor ms (q1-q3) "
           "| step / floor (q1-q3) | step CPU ms | floor CPU ms | step / floor, CPU |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
     for B in args.batch_sizes:
         for case in args.cases:
-            r = bench_case(args.model, B, case, args.context, args.pairs)
+            r = bench_case(args.model, B, case, args.context, args.pairs, compile=args.compile)
             rows.append(r)
             fl = r["flops"]
             check = ("" if "config_linear_flops" not in r else

@@ -5,12 +5,17 @@ each request's keys from its block table for positions 0 .. kv_len - 1, and atte
 the keys at positions <= its own with scaled_dot_product_attention (grouped-query heads via
 enable_gqa). Keys beyond a request's own length come from whatever blocks the table pads with and
 are masked out, so they are never read.
+
+On the CPU, windows of at most cpu_kernel.MAX_WINDOW float32 tokens (decode steps, verification
+windows) run mtpx.attention.cpu_kernel instead, which reads the keys and values from their blocks
+in place; the gather and SDPA above stay its reference (`use_kernel = False` forces them).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from mtpx.attention import cpu_kernel
 from mtpx.attention.kv_cache import KVCache
 from mtpx.attention.meta import ForwardMeta
 
@@ -24,6 +29,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 _scratch: dict = {}   # (dtype, device) -> [keys, values] flat buffers that gather_kv(reuse=True) reuses
 reuse_scratch = True  # cached_attention gathers into the scratch buffers (eager, CPU)
+use_kernel = True     # short float32 CPU windows run cpu_kernel.paged_attention (module doc)
 
 
 def _scratch_views(cache: KVCache, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,6 +77,10 @@ class TorchBackend:
 
     name = "torch"
 
+    def __init__(self):
+        if use_kernel:
+            cpu_kernel.available()      # build the CPU kernel now, not inside a traced forward
+
     def plan(self, meta: ForwardMeta) -> None:
         return None
 
@@ -91,6 +101,8 @@ def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
         cache.write(meta.slot_mapping.reshape(-1), k.flatten(0, 1), v.flatten(0, 1))
     else:
         cache.write(meta.slot_mapping[meta.valid], k[meta.valid], v[meta.valid])
+    if use_kernel and cpu_kernel.supports(q, cache.k):
+        return cpu_kernel.paged_attention(q, cache.k, cache.v, meta.block_table, meta.positions, meta.valid)
     keys, values = gather_kv(cache, meta.block_table, meta.kv_len, reuse=reuse_scratch)   # used up below
     key_pos = torch.arange(keys.shape[1], device=q.device)
     mask = key_pos[None, None, None, :] <= meta.positions[:, None, :, None]  # [B, 1, T, S]

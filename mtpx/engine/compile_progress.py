@@ -18,18 +18,12 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from torch._dynamo.callback import callback_handler
 from torch._dynamo.utils import counters
 
+from mtpx.io import mtpx_cache_dir
 
-def mtpx_cache_dir() -> Path:
-    """$MTPX_CACHE_DIR, else $XDG_CACHE_HOME/mtpx, else ~/.cache/mtpx (vLLM's VLLM_CACHE_ROOT)."""
-    root = os.environ.get("MTPX_CACHE_DIR")
-    if root:
-        return Path(root)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mtpx"
 
 
 def use_cache_dir() -> str:

@@ -53,7 +53,8 @@ import torch
 import torch.fx.experimental._config as fx_config
 
 from mtpx.attention.meta import ForwardMeta
-from mtpx.engine.compile_progress import CompileProgress, mtpx_cache_dir, use_cache_dir
+from mtpx.engine.compile_progress import CompileProgress, use_cache_dir
+from mtpx.io import mtpx_cache_dir
 from mtpx.engine.decode_step import (block_bucket, capture_sizes, depth_bucket,  # noqa: F401 (re-exported)
                                      draft_rounds, verify_forward)
 from mtpx.engine.precompile import Precompiled, own_code as _own_code, precompile_key  # noqa: F401 (tests)

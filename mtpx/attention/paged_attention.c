@@ -1,0 +1,195 @@
+/* Paged causal attention of short query windows (decode, verification), float32, on the CPU:
+ * mtpx/attention/cpu_kernel.py builds and calls it; mtpx/attention/torch_backend.py's
+ * `cached_attention` (gather, then scaled_dot_product_attention) is its reference.
+ *
+ * q      [B, T, H, D]   contiguous
+ * kc, vc [NB, S, Hkv, D] contiguous: the paged cache, read in place (no gather)
+ * block_table [B, >= blocks read], row stride bt_stride (elements)
+ * positions [B, T] int64, valid [B, T] uint8 (0: padding, attends position 0 only)
+ * out    [B, T, H, D]   written
+ *
+ * Query (b, t, h) attends the keys of positions 0 .. positions[b, t] of request b with kv head
+ * h / (H / Hkv) (grouped-query heads as repeat_interleave) and scale `scale`: a softmax over the
+ * scores, then the weighted sum of the values, in one pass over the blocks with a running
+ * maximum and sum (the online softmax of Milakov & Gimelshein 2018, as FlashAttention). One work
+ * item is a (request, kv head) pair; each block's keys and values are read once, for all T x G
+ * queries that share them, while the next block is prefetched. Items are split over
+ * `num_threads` POSIX threads.
+ */
+#include <float.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 8 floats: GCC and Clang vector extensions (one AVX register, two SSE or NEON ones) */
+typedef float v8 __attribute__((vector_size(32)));
+#define MAX_VECS 32     /* head dims up to 256 keep a block's output sum in registers / L1 */
+
+static inline v8 load8(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
+static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+
+/* sum_d a[d] b[d] */
+static inline float dot(const float *a, const float *b, int64_t D) {
+    int64_t d = 0;
+    float r = 0.f;
+    if (D >= 8) {
+        v8 acc = load8(a) * load8(b);
+        for (d = 8; d + 8 <= D; d += 8) acc += load8(a + d) * load8(b + d);
+        r = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+    for (; d < D; d++) r += a[d] * b[d];
+    return r;
+}
+
+/* y += p x */
+static inline void axpy(float *y, float p, const float *x, int64_t D) {
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) store8(y + d, load8(y + d) + p * load8(x + d));
+    for (; d < D; d++) y[d] += p * x[d];
+}
+
+typedef struct {
+    const float *q, *kc, *vc;
+    const int64_t *block_table, *positions;
+    const uint8_t *valid;
+    float *out;
+    int64_t B, T, H, Hkv, D, S, bt_stride;
+    float scale;
+    int64_t lo, hi;
+    int status;
+} job_t;
+
+static inline float hsum(v8 x) {
+    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+/* One (request, kv head) item. Inlined with D a constant for the common head dims, so that the
+ * loops over D unroll and the running sums stay in registers. */
+static inline __attribute__((always_inline)) int attend_d(const job_t *a, int64_t item, const int64_t D) {
+    const int64_t b = item / a->Hkv, hk = item % a->Hkv, G = a->H / a->Hkv;
+    const int64_t T = a->T, S = a->S, Hkv = a->Hkv, NQ = T * G, row = Hkv * D;
+    const int64_t *bt = a->block_table + b * a->bt_stride;
+    const int vec = D % 8 == 0 && D <= 8 * MAX_VECS;
+    /* per query: scaled q, running max m, running sum l, running output acc (online softmax) */
+    float *buf = malloc(sizeof(float) * (size_t)(2 * NQ * D + 2 * NQ + S + 8));
+    int64_t *n_of = malloc(sizeof(int64_t) * (size_t)NQ);
+    if (!buf || !n_of) { free(buf); free(n_of); return 1; }
+    float *qs = buf, *acc = qs + NQ * D, *m = acc + NQ * D, *l = m + NQ, *sc = l + NQ;
+    int64_t nmax = 1;
+    for (int64_t t = 0; t < T; t++) {
+        int64_t n = a->valid[b * T + t] ? a->positions[b * T + t] + 1 : 1;
+        if (n > nmax) nmax = n;
+        for (int64_t g = 0; g < G; g++) {
+            int64_t i = t * G + g;
+            const float *qr = a->q + ((b * T + t) * a->H + hk * G + g) * D;
+            for (int64_t d = 0; d < D; d++) qs[i * D + d] = qr[d] * a->scale;
+            n_of[i] = n;
+            m[i] = -FLT_MAX;
+            l[i] = 0.f;
+        }
+    }
+    memset(acc, 0, sizeof(float) * (size_t)(NQ * D));
+    const int64_t nblocks = (nmax + S - 1) / S;
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        const float *kb = a->kc + bt[blk] * S * row + hk * D, *vb = a->vc + bt[blk] * S * row + hk * D;
+        if (blk + 1 < nblocks) {                      /* the next block's rows, while this one runs */
+            const float *kn = a->kc + bt[blk + 1] * S * row + hk * D, *vn = a->vc + bt[blk + 1] * S * row + hk * D;
+            for (int64_t jj = 0; jj < S; jj++) { __builtin_prefetch(kn + jj * row); __builtin_prefetch(vn + jj * row); }
+        }
+        for (int64_t i = 0; i < NQ; i++) {
+            int64_t cnt = n_of[i] - blk * S;
+            if (cnt <= 0) continue;
+            if (cnt > S) cnt = S;
+            const float *qi = qs + i * D;
+            int64_t jj = 0;
+            if (vec) {           /* 8 keys at a time: 8 independent sums, not one dependent chain */
+                for (; jj + 8 <= cnt; jj += 8) {
+                    v8 s8[8] = {0};
+                    for (int64_t c = 0; c < D / 8; c++) {
+                        v8 qc = load8(qi + 8 * c);
+                        for (int u = 0; u < 8; u++) s8[u] += qc * load8(kb + (jj + u) * row + 8 * c);
+                    }
+                    for (int u = 0; u < 8; u++) sc[jj + u] = hsum(s8[u]);
+                }
+            }
+            for (; jj < cnt; jj++) sc[jj] = dot(qi, kb + jj * row, D);
+            float bm = sc[0];
+            for (jj = 1; jj < cnt; jj++) bm = sc[jj] > bm ? sc[jj] : bm;
+            float *ai = acc + i * D;
+            if (bm > m[i]) {                          /* a new maximum: rescale what was summed */
+                float r = expf(m[i] - bm);
+                l[i] *= r;
+                for (int64_t d = 0; d < D; d++) ai[d] *= r;
+                m[i] = bm;
+            }
+            for (jj = 0; jj < cnt; jj++) sc[jj] = expf(sc[jj] - m[i]);
+            for (jj = 0; jj < cnt; jj++) l[i] += sc[jj];
+            if (vec) {                                /* the block's sum in registers */
+                v8 av[MAX_VECS];
+                for (int64_t c = 0; c < D / 8; c++) av[c] = load8(ai + 8 * c);
+                for (jj = 0; jj < cnt; jj++) {
+                    const float *vr = vb + jj * row;
+                    for (int64_t c = 0; c < D / 8; c++) av[c] += sc[jj] * load8(vr + 8 * c);
+                }
+                for (int64_t c = 0; c < D / 8; c++) store8(ai + 8 * c, av[c]);
+            } else {
+                for (jj = 0; jj < cnt; jj++) axpy(ai, sc[jj], vb + jj * row, D);
+            }
+        }
+    }
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t g = 0; g < G; g++) {
+            int64_t i = t * G + g;
+            float inv = 1.f / l[i], *o = a->out + ((b * T + t) * a->H + hk * G + g) * D;
+            for (int64_t d = 0; d < D; d++) o[d] = acc[i * D + d] * inv;
+        }
+    free(buf);
+    free(n_of);
+    return 0;
+}
+
+static int attend(const job_t *a, int64_t item) {
+    switch (a->D) {
+        case 32: return attend_d(a, item, 32);
+        case 64: return attend_d(a, item, 64);
+        case 128: return attend_d(a, item, 128);
+        case 256: return attend_d(a, item, 256);
+        default: return attend_d(a, item, a->D);
+    }
+}
+
+static void *run(void *arg) {
+    job_t *a = arg;
+    for (int64_t it = a->lo; it < a->hi; it++)
+        if (attend(a, it)) { a->status = 1; break; }
+    return NULL;
+}
+
+/* Returns 0, or 1 when memory ran out (out is then incomplete). */
+int paged_attention(const float *q, const float *kc, const float *vc, const int64_t *block_table,
+                    int64_t bt_stride, const int64_t *positions, const uint8_t *valid, float *out,
+                    int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t S, float scale,
+                    int64_t num_threads) {
+    const int64_t items = B * Hkv;
+    if (num_threads > items) num_threads = items;
+    if (num_threads < 1) num_threads = 1;
+    job_t jobs[num_threads];
+    pthread_t tids[num_threads];
+    int started[num_threads];
+    for (int64_t w = 0; w < num_threads; w++) {
+        job_t j = {q, kc, vc, block_table, positions, valid, out, B, T, H, Hkv, D, S, bt_stride, scale,
+                   items * w / num_threads, items * (w + 1) / num_threads, 0};
+        jobs[w] = j;
+        started[w] = w > 0 && pthread_create(&tids[w], NULL, run, &jobs[w]) == 0;
+    }
+    for (int64_t w = 0; w < num_threads; w++)
+        if (w == 0 || !started[w]) run(&jobs[w]);        /* the caller's share, or a failed start */
+    int status = 0;
+    for (int64_t w = 0; w < num_threads; w++) {
+        if (started[w]) pthread_join(tids[w], NULL);
+        status |= jobs[w].status;
+    }
+    return status;
+}
