@@ -36,8 +36,9 @@ class EngineConfig:
     """At temperature > 0: "greedy" (argmax drafts, one-hot draft distribution, as vLLM) or
     "probabilistic" (drafts sampled from the draft distribution)."""
     attention_backend: str = "torch"
-    """Paged attention: "torch" (the reference, CPU or GPU) or "flashinfer" (CUDA); checked by
-    mtpx.attention.backend.get_backend."""
+    """Paged attention: "torch" (CPU or GPU; on the CPU, float32 windows of up to 32 tokens run
+    mtpx's C kernel, which reads keys and values from their blocks in place) or "flashinfer"
+    (CUDA); checked by mtpx.attention.backend.get_backend."""
     gdn_backend: str = "auto"
     """Gated DeltaNet kernels: "auto" (flash-linear-attention's on CUDA when installed, the
     plain-PyTorch forms otherwise), "torch" (always the plain forms) or "fla" (a missing fla or
