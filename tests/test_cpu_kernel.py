@@ -101,13 +101,18 @@ def test_compiled_graph_calls_the_kernel(monkeypatch):
 
 
 def test_no_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
-    monkeypatch.setattr(cpu_kernel, "_lib", None)
-    monkeypatch.setattr(cpu_kernel, "_failed", None)
+    from mtpx.kernels import build
+    from mtpx.models import gdn_kernel
+    for mod, name in ((build, "_lib"), (build, "_failed"), (cpu_kernel, "_fn"), (gdn_kernel, "_fn")):
+        monkeypatch.setattr(mod, name, None)
     monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    with pytest.warns(UserWarning, match="CPU paged-attention kernel is unavailable"):
+    with pytest.warns(UserWarning, match="the CPU kernels are unavailable .*no-such-cc"):
         assert not cpu_kernel.available()
-    assert not cpu_kernel.available()            # decided once: no second warning, no second build
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")           # decided once: no second warning, no second build
+        assert not cpu_kernel.available() and not gdn_kernel.available()
     q, k, v, cache, meta = make_case(3, 2, 1, 4, 2, 32, 16, 20, False)
     out = torch_backend.cached_attention(q, k, v, cache, meta)      # the reference runs
     assert out.shape == (2, 1, 4, 32)

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mtpx.cache.state import RecurrentState, RecurrentStateSpec, read_rows, write_rows
+from mtpx.models import gdn_kernel
 from mtpx.models.config import ModelConfig
 from mtpx.models.gated_delta_rule import (PackedChunks, chunk_gated_delta_rule_packed, gated_delta_rule_chunked,
                                           gated_delta_rule_recurrent, recurrent_step_, recurrent_step_in_place,
@@ -229,6 +230,8 @@ class GatedDeltaNet(nn.Module):
         accepted token)."""
         packed = meta is not None and meta.packed is not None
         qkvz, ba = self.in_proj_qkvz(x), self.in_proj_ba(x)
+        if gdn_kernel.runs(self, qkvz, state, meta):     # one decode token per request, on the CPU
+            return self.out_proj(gdn_kernel.decode(self, qkvz, ba, state, meta))
         if packed and state is not None and self._packed_prefill(qkvz, state, meta):
             return self._forward_packed(qkvz, ba, state, meta)
         if packed:

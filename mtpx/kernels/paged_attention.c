@@ -1,5 +1,5 @@
 /* Paged causal attention of short query windows (decode, verification), float32, on the CPU:
- * mtpx/attention/cpu_kernel.py builds and calls it; mtpx/attention/torch_backend.py's
+ * mtpx/attention/cpu_kernel.py calls it (mtpx/kernels/build.py builds it); mtpx/attention/torch_backend.py's
  * `cached_attention` (gather, then scaled_dot_product_attention) is its reference.
  *
  * q      [B, T, H, D]   contiguous
@@ -23,32 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 8 floats: GCC and Clang vector extensions (one AVX register, two SSE or NEON ones) */
-typedef float v8 __attribute__((vector_size(32)));
-#define MAX_VECS 32     /* head dims up to 256 keep a block's output sum in registers / L1 */
-
-static inline v8 load8(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
-static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
-
-/* sum_d a[d] b[d] */
-static inline float dot(const float *a, const float *b, int64_t D) {
-    int64_t d = 0;
-    float r = 0.f;
-    if (D >= 8) {
-        v8 acc = load8(a) * load8(b);
-        for (d = 8; d + 8 <= D; d += 8) acc += load8(a + d) * load8(b + d);
-        r = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    }
-    for (; d < D; d++) r += a[d] * b[d];
-    return r;
-}
-
-/* y += p x */
-static inline void axpy(float *y, float p, const float *x, int64_t D) {
-    int64_t d = 0;
-    for (; d + 8 <= D; d += 8) store8(y + d, load8(y + d) + p * load8(x + d));
-    for (; d < D; d++) y[d] += p * x[d];
-}
+#include "common.h"
 
 typedef struct {
     const float *q, *kc, *vc;
@@ -57,13 +32,8 @@ typedef struct {
     float *out;
     int64_t B, T, H, Hkv, D, S, bt_stride;
     float scale;
-    int64_t lo, hi;
-    int status;
 } job_t;
 
-static inline float hsum(v8 x) {
-    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-}
 
 /* One (request, kv head) item. Inlined with D a constant for the common head dims, so that the
  * loops over D unroll and the running sums stay in registers. */
@@ -150,7 +120,8 @@ static inline __attribute__((always_inline)) int attend_d(const job_t *a, int64_
     return 0;
 }
 
-static int attend(const job_t *a, int64_t item) {
+static int attend(const void *ctx, int64_t item) {
+    const job_t *a = ctx;
     switch (a->D) {
         case 32: return attend_d(a, item, 32);
         case 64: return attend_d(a, item, 64);
@@ -160,36 +131,11 @@ static int attend(const job_t *a, int64_t item) {
     }
 }
 
-static void *run(void *arg) {
-    job_t *a = arg;
-    for (int64_t it = a->lo; it < a->hi; it++)
-        if (attend(a, it)) { a->status = 1; break; }
-    return NULL;
-}
-
 /* Returns 0, or 1 when memory ran out (out is then incomplete). */
 int paged_attention(const float *q, const float *kc, const float *vc, const int64_t *block_table,
                     int64_t bt_stride, const int64_t *positions, const uint8_t *valid, float *out,
                     int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t S, float scale,
                     int64_t num_threads) {
-    const int64_t items = B * Hkv;
-    if (num_threads > items) num_threads = items;
-    if (num_threads < 1) num_threads = 1;
-    job_t jobs[num_threads];
-    pthread_t tids[num_threads];
-    int started[num_threads];
-    for (int64_t w = 0; w < num_threads; w++) {
-        job_t j = {q, kc, vc, block_table, positions, valid, out, B, T, H, Hkv, D, S, bt_stride, scale,
-                   items * w / num_threads, items * (w + 1) / num_threads, 0};
-        jobs[w] = j;
-        started[w] = w > 0 && pthread_create(&tids[w], NULL, run, &jobs[w]) == 0;
-    }
-    for (int64_t w = 0; w < num_threads; w++)
-        if (w == 0 || !started[w]) run(&jobs[w]);        /* the caller's share, or a failed start */
-    int status = 0;
-    for (int64_t w = 0; w < num_threads; w++) {
-        if (started[w]) pthread_join(tids[w], NULL);
-        status |= jobs[w].status;
-    }
-    return status;
+    job_t job = {q, kc, vc, block_table, positions, valid, out, B, T, H, Hkv, D, S, bt_stride, scale};
+    return parallel_for(B * Hkv, num_threads, attend, &job);
 }

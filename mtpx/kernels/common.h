@@ -1,0 +1,79 @@
+/* What mtpx's C kernels share: 8 floats in GCC and Clang vector extensions (one AVX register, two
+ * SSE or NEON ones), unaligned loads and stores, dot products and axpy; and parallel_for, which
+ * splits work items over POSIX threads. */
+#ifndef MTPX_COMMON_H
+#define MTPX_COMMON_H
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+#define MAX_VECS 32     /* head dims up to 256 keep a block's output sum in registers / L1 */
+
+static inline v8 load8(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
+static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
+
+/* sum_d a[d] b[d] */
+static inline float dot(const float *a, const float *b, int64_t D) {
+    int64_t d = 0;
+    float r = 0.f;
+    if (D >= 8) {
+        v8 acc = load8(a) * load8(b);
+        for (d = 8; d + 8 <= D; d += 8) acc += load8(a + d) * load8(b + d);
+        r = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+    for (; d < D; d++) r += a[d] * b[d];
+    return r;
+}
+
+/* y += p x */
+static inline void axpy(float *y, float p, const float *x, int64_t D) {
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) store8(y + d, load8(y + d) + p * load8(x + d));
+    for (; d < D; d++) y[d] += p * x[d];
+}
+
+static inline float hsum(v8 x) {
+    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
+}
+
+typedef int (*item_fn)(const void *ctx, int64_t item);   /* 0, or nonzero on failure */
+
+typedef struct {
+    item_fn fn;
+    const void *ctx;
+    int64_t lo, hi;
+    int status;
+} span_t;
+
+static void *run_span(void *arg) {
+    span_t *s = arg;
+    for (int64_t it = s->lo; it < s->hi && !s->status; it++) s->status = s->fn(s->ctx, it);
+    return NULL;
+}
+
+/* fn(ctx, item) for item in 0 .. items - 1, in num_threads contiguous spans (the caller runs the
+ * first; a thread that cannot start has its span run by the caller). Returns the OR of the
+ * spans' statuses. */
+static int parallel_for(int64_t items, int64_t num_threads, item_fn fn, const void *ctx) {
+    if (num_threads > items) num_threads = items;
+    if (num_threads < 1) num_threads = 1;
+    span_t spans[num_threads];
+    pthread_t tids[num_threads];
+    int started[num_threads];
+    for (int64_t w = 0; w < num_threads; w++) {
+        span_t s = {fn, ctx, items * w / num_threads, items * (w + 1) / num_threads, 0};
+        spans[w] = s;
+        started[w] = w > 0 && pthread_create(&tids[w], NULL, run_span, &spans[w]) == 0;
+    }
+    for (int64_t w = 0; w < num_threads; w++)
+        if (!started[w]) run_span(&spans[w]);
+    int status = 0;
+    for (int64_t w = 0; w < num_threads; w++) {
+        if (started[w]) pthread_join(tids[w], NULL);
+        status |= spans[w].status;
+    }
+    return status;
+}
+
+#endif

@@ -1,0 +1,125 @@
+/* One token of a Gated DeltaNet layer per request, float32, on the CPU, between its input and
+ * output projections: mtpx/models/gdn_kernel.py calls it (mtpx/kernels/build.py builds it);
+ * GatedDeltaNet.forward's torch ops (mtpx/models/deltanet.py, mtpx/models/gated_delta_rule.py)
+ * are its reference. Per request b, in the order of that reference:
+ *
+ *   q, k, v, z, b, a  Hugging Face Qwen3-Next's per-key-head grouping of qkvz and ba
+ *   conv              silu(depthwise causal conv) over the stored K-1 inputs and q|k|v; the
+ *                     stored inputs shift by one (conv_state, in place)
+ *   beta, g           sigmoid(b), -exp(A_log) softplus(a + dt_bias)
+ *   q, k              l2-normalised (x rsqrt(sum x^2 + 1e-6)), q scaled by Dk^-0.5; a key head
+ *                     serves nv / nk value heads
+ *   S                 alpha S + beta k (v - alpha S^T k)^T, alpha = exp(g) (ssm, in place)
+ *   o                 S^T q, then RMSNormGated: o rsqrt(mean o^2 + eps) norm_w silu(z)
+ *
+ * qkvz [B, 2 nk dk + 2 nv dv] (row stride qkvz_stride), ba [B, 2 nv] (row stride ba_stride);
+ * conv_w [C, K], C = 2 nk dk + nv dv; conv_state [R, C, K-1] and ssm [R, nv, dk, dv] indexed by
+ * rows [B]; valid [B] uint8 (0: padding, whose state rows are left untouched); A_log, dt_bias
+ * [nv]; norm_w [dv]; out [B, nv dv]. Requests are split over num_threads POSIX threads (their
+ * rows are distinct, or padding, which writes nothing).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+typedef struct {
+    const float *qkvz, *ba, *conv_w;
+    float *conv_state, *ssm;
+    const int64_t *rows;
+    const uint8_t *valid;
+    const float *A_log, *dt_bias, *norm_w;
+    float eps;
+    float *out;
+    int64_t qkvz_stride, ba_stride, nk, nv, dk, dv, K;
+} gdn_t;
+
+static inline float silu(float x) { return x / (1.f + expf(-x)); }
+static inline float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }   /* F.softplus */
+
+static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t b, const int64_t dv) {
+    const int64_t nk = a->nk, nv = a->nv, dk = a->dk, K = a->K, r = nv / nk;
+    const int64_t C = 2 * nk * dk + nv * dv, group = 2 * dk + 2 * r * dv;
+    const float *x = a->qkvz + b * a->qkvz_stride, *ba = a->ba + b * a->ba_stride;
+    const int valid = a->valid[b];
+    float *buf = malloc(sizeof(float) * (size_t)(2 * C + 2 * dk + 2 * dv));
+    if (!buf) return 1;
+    float *mixed = buf, *conv = mixed + C, *qn = conv + C, *kn = qn + dk, *kv = kn + dk, *o = kv + dv;
+    /* q | k | v in conv channel order, from the per-key-head grouping [q, k, v (r heads), z (r heads)] */
+    for (int64_t i = 0; i < nk; i++) {
+        memcpy(mixed + i * dk, x + i * group, sizeof(float) * (size_t)dk);
+        memcpy(mixed + nk * dk + i * dk, x + i * group + dk, sizeof(float) * (size_t)dk);
+        memcpy(mixed + 2 * nk * dk + i * r * dv, x + i * group + 2 * dk, sizeof(float) * (size_t)(r * dv));
+    }
+    float *cs = a->conv_state + a->rows[b] * C * (K - 1);
+    for (int64_t c = 0; c < C; c++) {
+        const float *w = a->conv_w + c * K;
+        float *st = cs + c * (K - 1), acc = mixed[c] * w[K - 1];
+        for (int64_t j = 0; j < K - 1; j++) acc += st[j] * w[j];
+        conv[c] = silu(acc);
+        if (valid) {
+            for (int64_t j = 0; j + 1 < K - 1; j++) st[j] = st[j + 1];
+            if (K > 1) st[K - 2] = mixed[c];
+        }
+    }
+    const float qscale = 1.f / sqrtf((float)dk);
+    for (int64_t h = 0; h < nv; h++) {
+        const int64_t kh = h / r, j = h % r;
+        const float *q = conv + kh * dk, *k = conv + nk * dk + kh * dk, *v = conv + 2 * nk * dk + h * dv;
+        const float *z = x + kh * group + 2 * dk + r * dv + j * dv;
+        float sq = 0.f, sk = 0.f;
+        for (int64_t d = 0; d < dk; d++) { sq += q[d] * q[d]; sk += k[d] * k[d]; }
+        const float rq = qscale / sqrtf(sq + 1e-6f), rk = 1.f / sqrtf(sk + 1e-6f);
+        for (int64_t d = 0; d < dk; d++) { qn[d] = q[d] * rq; kn[d] = k[d] * rk; }
+        float *S = a->ssm + (a->rows[b] * nv + h) * dk * dv;
+        memset(o, 0, sizeof(float) * (size_t)dv);
+        if (valid) {
+            const float beta = 1.f / (1.f + expf(-ba[kh * 2 * r + j]));
+            const float g = -expf(a->A_log[h]) * softplus(ba[kh * 2 * r + r + j] + a->dt_bias[h]);
+            const float alpha = expf(g);
+            memset(kv, 0, sizeof(float) * (size_t)dv);
+            for (int64_t d = 0; d < dk; d++)
+                for (int64_t e = 0; e < dv; e++) kv[e] += kn[d] * S[d * dv + e];
+            for (int64_t e = 0; e < dv; e++) kv[e] = (v[e] - alpha * kv[e]) * beta;      /* delta */
+            for (int64_t d = 0; d < dk; d++) {
+                float *Sd = S + d * dv;
+                for (int64_t e = 0; e < dv; e++) {
+                    Sd[e] = alpha * Sd[e] + kn[d] * kv[e];
+                    o[e] += qn[d] * Sd[e];
+                }
+            }
+        } else {
+            for (int64_t d = 0; d < dk; d++)
+                for (int64_t e = 0; e < dv; e++) o[e] += qn[d] * S[d * dv + e];
+        }
+        float ss = 0.f;
+        for (int64_t e = 0; e < dv; e++) ss += o[e] * o[e];
+        const float rn = 1.f / sqrtf(ss / (float)dv + a->eps);
+        float *out = a->out + (b * nv + h) * dv;
+        for (int64_t e = 0; e < dv; e++) out[e] = a->norm_w[e] * (o[e] * rn) * silu(z[e]);
+    }
+    free(buf);
+    return 0;
+}
+
+static int step(const void *ctx, int64_t b) {
+    const gdn_t *a = ctx;
+    switch (a->dv) {
+        case 32: return step_d(a, b, 32);
+        case 64: return step_d(a, b, 64);
+        case 128: return step_d(a, b, 128);
+        default: return step_d(a, b, a->dv);
+    }
+}
+
+/* Returns 0, or 1 when memory ran out (some requests are then not updated). */
+int gdn_decode(const float *qkvz, int64_t qkvz_stride, const float *ba, int64_t ba_stride, const float *conv_w,
+               float *conv_state, float *ssm, const int64_t *rows, const uint8_t *valid, const float *A_log,
+               const float *dt_bias, const float *norm_w, float eps, float *out, int64_t B, int64_t nk,
+               int64_t nv, int64_t dk, int64_t dv, int64_t K, int64_t num_threads) {
+    gdn_t job = {qkvz, ba, conv_w, conv_state, ssm, rows, valid, A_log, dt_bias, norm_w, eps, out,
+                 qkvz_stride, ba_stride, nk, nv, dk, dv, K};
+    return parallel_for(B, num_threads, step, &job);
+}

@@ -1,0 +1,75 @@
+"""One decode token of a Gated DeltaNet layer on the CPU in one C call (mtpx/kernels/gdn_decode.c):
+the split, the conv and its stored inputs, the gates, the l2 norms, the delta rule on the stored
+state and the gated output norm, between in_proj and out_proj.
+
+Eager, at batch 64 on one AVX2 core, the torch ops of that span (about 40 of them, four passes
+over the 1 MB state) cost about 2.3 ms a layer, most of a plain decode step
+(experiments/lean_step). GatedDeltaNet.forward calls `decode` where `runs` says so and keeps its
+torch ops everywhere else (prefill, verification windows, boundary states, gradients, other
+dtypes, CUDA, torch.compile) and as the reference: `use_kernel = False` forces them.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from mtpx.attention.meta import ForwardMeta
+from mtpx.kernels import build
+
+use_kernel = True
+_fn = None
+
+
+def available() -> bool:
+    """Whether the kernel is built and loaded (builds it on the first call: mtpx.kernels.build)."""
+    global _fn
+    if _fn is None:
+        lib = build.load()
+        if lib is None:
+            return False
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        fn = lib.gdn_decode
+        fn.argtypes = [p, i64, p, i64, p, p, p, p, p, p, p, p, ctypes.c_float, p, i64, i64, i64, i64, i64, i64, i64]
+        fn.restype = ctypes.c_int
+        _fn = fn
+    return True
+
+
+def runs(layer, qkvz: torch.Tensor, state, meta: ForwardMeta | None) -> bool:
+    """Whether `decode` runs this forward: one token per request (a [B, 1] grid; packed, every
+    request's token real), no per-token or boundary states kept, float32 CPU tensors without
+    gradients, eager, the torch Gated DeltaNet forms (gdn_backend not "fla"), a built kernel."""
+    if not use_kernel or state is None or meta is None or meta.valid.shape[1] != 1:
+        return False
+    if meta.keep_states or (meta.save_states is not None and state.block_ssm is not None):
+        return False
+    if meta.packed is not None and qkvz.shape[0] != meta.valid.shape[0]:
+        return False
+    tensors = (qkvz, state.conv, state.ssm, layer.conv1d.weight, layer.A_log, layer.dt_bias, layer.norm.weight)
+    return (meta.gdn_backend != "fla" and not torch.compiler.is_compiling() and not torch.is_grad_enabled()
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and available())
+
+
+def decode(layer, qkvz: torch.Tensor, ba: torch.Tensor, state, meta: ForwardMeta) -> torch.Tensor:
+    """qkvz [B, 1, F] or [B, F] (packed), ba likewise -> [..., nv dv] in the same leading shape, the
+    input of out_proj; state.conv and state.ssm rows meta.rows updated in place (padding rows,
+    meta.valid False, untouched). Raises MemoryError when the kernel's scratch cannot be allocated."""
+    lead = qkvz.shape[:-1]
+    B = meta.valid.shape[0]
+    x, gates = qkvz.reshape(B, -1), ba.reshape(B, -1)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    gates = gates if gates.stride(1) == 1 else gates.contiguous()
+    conv, ssm = state.conv, state.ssm
+    if not (conv.is_contiguous() and ssm.is_contiguous()):
+        raise ValueError("the Gated DeltaNet state tensors must be contiguous")
+    rows, valid = meta.rows.contiguous(), meta.valid.reshape(B).contiguous()
+    weight = layer.conv1d.weight.detach().reshape(layer.conv_dim, layer.kernel).contiguous()
+    out = torch.empty(B, layer.nv * layer.dv)
+    status = _fn(x.data_ptr(), x.stride(0), gates.data_ptr(), gates.stride(0), weight.data_ptr(),
+                 conv.data_ptr(), ssm.data_ptr(), rows.data_ptr(), valid.data_ptr(),
+                 layer.A_log.data_ptr(), layer.dt_bias.data_ptr(), layer.norm.weight.data_ptr(), layer.norm.eps,
+                 out.data_ptr(), B, layer.nk, layer.nv, layer.dk, layer.dv, layer.kernel, torch.get_num_threads())
+    if status:
+        raise MemoryError("mtpx gdn_decode: out of memory for the kernel's scratch")
+    return out.view(*lead, -1)

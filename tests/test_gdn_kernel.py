@@ -1,0 +1,107 @@
+"""The CPU Gated DeltaNet decode kernel (mtpx/models/gdn_kernel.py) against the layer's torch ops:
+the output and both states after several decode tokens, with padding rows, rows out of order,
+the packed layout, and head shapes off the specialised ones; where it must not run; and the
+engine's tokens with it on and off."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpx.attention.meta import ForwardMeta
+from mtpx.cache.state import RecurrentState
+from mtpx.models import gdn_kernel
+from mtpx.models.deltanet import GatedDeltaNet
+from tests.helpers import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not gdn_kernel.available(), reason="no C compiler: the kernel is not built")
+
+
+def make_layer(nk, nv, dk, dv, K, seed=0):
+    cfg = tiny_config(linear_num_key_heads=nk, linear_num_value_heads=nv, linear_key_head_dim=dk,
+                      linear_value_head_dim=dv, linear_conv_kernel_dim=K)
+    torch.manual_seed(seed)
+    layer = GatedDeltaNet(cfg).eval()
+    with torch.no_grad():                       # weights away from their initial values
+        layer.dt_bias.uniform_(-1, 1)
+        layer.norm.weight.uniform_(0.5, 1.5)
+    return cfg, layer
+
+
+def decode_tokens(layer, cfg, kernel: bool, rows, valid, steps=4, packed=False, seed=1):
+    """`steps` one-token forwards of B requests at batch slots `rows` (valid [B]: padding False)
+    from a random stored state; returns (outputs, conv state, ssm state)."""
+    g = torch.Generator().manual_seed(seed)
+    B, R = len(rows), max(rows) + 2
+    state = RecurrentState.allocate(R, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32)
+    state.conv.copy_(torch.randn(state.conv.shape, generator=g))
+    state.ssm.copy_(torch.randn(state.ssm.shape, generator=g) * 0.3)
+    rows_t, valid_t = torch.tensor(rows), torch.tensor(valid)[:, None]
+    outs, calls, decode = [], [], gdn_kernel.decode
+    gdn_kernel.use_kernel = kernel
+    gdn_kernel.decode = lambda *a: calls.append(1) or decode(*a)
+    try:
+        with torch.inference_mode():
+            for step in range(steps):
+                meta = ForwardMeta(positions=torch.full((B, 1), 10 + step), valid=valid_t, rows=rows_t, kv_len=11 + step)
+                x = torch.randn(B, 1, cfg.hidden_size, generator=g)
+                if packed:
+                    meta = meta.pack_valid()
+                    x = x[:, 0]
+                outs.append(layer(x, state, meta))
+    finally:
+        gdn_kernel.use_kernel, gdn_kernel.decode = True, decode
+    assert len(calls) == (steps if kernel else 0)
+    return (torch.stack(outs) if outs else None), state.conv.clone(), state.ssm.clone()
+
+
+@pytest.mark.parametrize("heads", [(2, 4, 16, 16, 4), (2, 2, 32, 32, 4), (1, 3, 8, 20, 2), (2, 4, 32, 32, 3)])
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_kernel_equals_the_torch_ops(heads, layout):
+    cfg, layer = make_layer(*heads)
+    rows = [5, 0, 3, 2] if layout == "padded" else [1, 4, 0]
+    valid = [True, False, True, True] if layout == "padded" else [True, True, True]
+    ref = decode_tokens(layer, cfg, False, rows, valid, packed=layout == "packed")
+    out = decode_tokens(layer, cfg, True, rows, valid, packed=layout == "packed")
+    keep = torch.tensor(valid)
+    torch.testing.assert_close(out[0][:, keep], ref[0][:, keep], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out[1], ref[1], rtol=0, atol=0)          # the conv inputs move, exactly
+    torch.testing.assert_close(out[2], ref[2], rtol=1e-4, atol=1e-5)
+    if not all(valid):                                                   # padding rows keep their state
+        pad = rows[valid.index(False)]
+        fresh = decode_tokens(layer, cfg, True, rows, valid, steps=0)
+        assert torch.equal(out[1][pad], fresh[1][pad]) and torch.equal(out[2][pad], fresh[2][pad])
+
+
+def test_does_not_run_where_the_torch_forms_must():
+    cfg, layer = make_layer(2, 4, 16, 16, 4)
+    state = RecurrentState.allocate(4, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32)
+    qkvz = torch.zeros(2, 1, 8)
+    one = ForwardMeta(positions=torch.zeros(2, 1, dtype=torch.long), valid=torch.ones(2, 1, dtype=torch.bool),
+                      rows=torch.tensor([0, 1]), kv_len=1)
+    with torch.inference_mode():
+        assert gdn_kernel.runs(layer, qkvz, state, one)
+        window = ForwardMeta(positions=torch.zeros(2, 3, dtype=torch.long), valid=torch.ones(2, 3, dtype=torch.bool),
+                             rows=torch.tensor([0, 1]), kv_len=3)
+        assert not gdn_kernel.runs(layer, torch.zeros(2, 3, 8), state, window)          # a window
+        kept = ForwardMeta(**{**one.__dict__, "keep_states": True})
+        assert not gdn_kernel.runs(layer, qkvz, state, kept)                            # verification
+        assert not gdn_kernel.runs(layer, qkvz.double(), state, one)                    # float64
+        assert not gdn_kernel.runs(layer, qkvz, None, one)                              # no cache
+    assert not gdn_kernel.runs(layer, qkvz, state, one)                                 # gradients on
+
+
+def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
+    """Plain and mtp8 greedy decoding on the demo checkpoint: the same tokens either way."""
+    from mtpx import LLM, SamplingParams
+    prompts = ["def fibonacci(n):", "The quick brown fox", "import os\nimport sys\n", "for i in range(10):"]
+    for spec in ({}, dict(spec="mtp8", num_speculative_tokens=8)):
+        outs = []
+        for kernel in (False, True):
+            monkeypatch.setattr(gdn_kernel, "use_kernel", kernel)
+            llm = LLM(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=4, **spec)
+            res = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))
+            outs.append([o.outputs[0].token_ids for o in res])
+        assert outs[0] == outs[1]
