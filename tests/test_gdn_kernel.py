@@ -105,3 +105,28 @@ def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
             res = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))
             outs.append([o.outputs[0].token_ids for o in res])
         assert outs[0] == outs[1]
+
+
+def test_compiled_layer_calls_the_op_and_equals_eager(monkeypatch):
+    """Under torch.compile the kernel is the functional op mtpx::gdn_decode and the new state rows
+    are written back as the torch forms write them: the same output and states as eager."""
+    calls, kernel = [], gdn_kernel._gdn_decode
+    monkeypatch.setattr(gdn_kernel, "_gdn_decode", lambda *a, **kw: calls.append(kw["in_place"]) or kernel(*a, **kw))
+    cfg, layer = make_layer(2, 4, 16, 16, 4)
+    g = torch.Generator().manual_seed(3)
+    rows, valid = torch.tensor([3, 0, 2]), torch.tensor([[True], [False], [True]])
+    x = torch.randn(3, 1, cfg.hidden_size, generator=g)
+    results = []
+    for compiled in (False, True):
+        state = RecurrentState.allocate(5, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32)
+        state.conv.copy_(torch.randn(state.conv.shape, generator=torch.Generator().manual_seed(4)))
+        state.ssm.copy_(torch.randn(state.ssm.shape, generator=torch.Generator().manual_seed(5)))
+        meta = ForwardMeta(positions=torch.full((3, 1), 7), valid=valid, rows=rows, kv_len=8)
+        fn = torch.compile(layer, fullgraph=True, dynamic=False) if compiled else layer
+        with torch.inference_mode():
+            results.append((fn(x, state, meta), state.conv.clone(), state.ssm.clone()))
+    (out_e, conv_e, ssm_e), (out_c, conv_c, ssm_c) = results
+    assert calls[0] is True and False in calls[1:]          # eager in place, then the compiled op
+    torch.testing.assert_close(out_c[valid[:, 0]], out_e[valid[:, 0]], rtol=1e-5, atol=1e-6)
+    assert torch.equal(conv_c, conv_e)
+    torch.testing.assert_close(ssm_c, ssm_e, rtol=1e-6, atol=1e-7)

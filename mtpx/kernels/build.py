@@ -76,6 +76,11 @@ def _run(cmd: list[str], cc: str) -> None:
         raise RuntimeError(f"{cc} failed: {err[-1] if err else res.returncode}")
 
 
+def loaded() -> bool:
+    """Whether the library is loaded (no build, no ctypes: callable inside a traced forward)."""
+    return _lib is not None
+
+
 def load() -> ctypes.CDLL | None:
     """The built library, or None without a compiler (module doc); built once per process."""
     global _lib, _failed

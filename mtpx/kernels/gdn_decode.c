@@ -13,10 +13,13 @@
  *   o                 S^T q, then RMSNormGated: o rsqrt(mean o^2 + eps) norm_w silu(z)
  *
  * qkvz [B, 2 nk dk + 2 nv dv] (row stride qkvz_stride), ba [B, 2 nv] (row stride ba_stride);
- * conv_w [C, K], C = 2 nk dk + nv dv; conv_state [R, C, K-1] and ssm [R, nv, dk, dv] indexed by
- * rows [B]; valid [B] uint8 (0: padding, whose state rows are left untouched); A_log, dt_bias
- * [nv]; norm_w [dv]; out [B, nv dv]. Requests are split over num_threads POSIX threads (their
- * rows are distinct, or padding, which writes nothing).
+ * conv_w [C, K], C = 2 nk dk + nv dv; conv_state [R, C, K-1] and ssm [R, nv, dk, dv] read at
+ * rows [B]; valid [B] uint8 (0: padding); A_log, dt_bias [nv]; norm_w [dv]; out [B, nv dv].
+ * The new states go to conv_out and ssm_out: at rows[b] when out_by_batch is 0 (in place when
+ * they are conv_state and ssm; padding rows are then left untouched), else at row b of
+ * [B, C, K-1] and [B, nv, dk, dv] tensors (padding rows get their state unchanged). Requests are
+ * split over num_threads POSIX threads (their rows are distinct, or padding, which writes
+ * nothing in place).
  */
 #include <math.h>
 #include <stdint.h>
@@ -27,7 +30,9 @@
 
 typedef struct {
     const float *qkvz, *ba, *conv_w;
-    float *conv_state, *ssm;
+    const float *conv_state, *ssm;
+    float *conv_out, *ssm_out;
+    int64_t out_by_batch;
     const int64_t *rows;
     const uint8_t *valid;
     const float *A_log, *dt_bias, *norm_w;
@@ -53,15 +58,20 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
         memcpy(mixed + nk * dk + i * dk, x + i * group + dk, sizeof(float) * (size_t)dk);
         memcpy(mixed + 2 * nk * dk + i * r * dv, x + i * group + 2 * dk, sizeof(float) * (size_t)(r * dv));
     }
-    float *cs = a->conv_state + a->rows[b] * C * (K - 1);
+    const int64_t orow = a->out_by_batch ? b : a->rows[b];
+    const int copy = a->out_by_batch;                /* padding rows still get their state */
+    const float *cs = a->conv_state + a->rows[b] * C * (K - 1);
+    float *cso = a->conv_out + orow * C * (K - 1);
     for (int64_t c = 0; c < C; c++) {
-        const float *w = a->conv_w + c * K;
-        float *st = cs + c * (K - 1), acc = mixed[c] * w[K - 1];
+        const float *w = a->conv_w + c * K, *st = cs + c * (K - 1);
+        float *sto = cso + c * (K - 1), acc = mixed[c] * w[K - 1];
         for (int64_t j = 0; j < K - 1; j++) acc += st[j] * w[j];
         conv[c] = silu(acc);
-        if (valid) {
-            for (int64_t j = 0; j + 1 < K - 1; j++) st[j] = st[j + 1];
-            if (K > 1) st[K - 2] = mixed[c];
+        if (valid) {                                 /* in increasing j: safe in place */
+            for (int64_t j = 0; j + 1 < K - 1; j++) sto[j] = st[j + 1];
+            if (K > 1) sto[K - 2] = mixed[c];
+        } else if (copy) {
+            for (int64_t j = 0; j < K - 1; j++) sto[j] = st[j];
         }
     }
     const float qscale = 1.f / sqrtf((float)dk);
@@ -73,7 +83,8 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
         for (int64_t d = 0; d < dk; d++) { sq += q[d] * q[d]; sk += k[d] * k[d]; }
         const float rq = qscale / sqrtf(sq + 1e-6f), rk = 1.f / sqrtf(sk + 1e-6f);
         for (int64_t d = 0; d < dk; d++) { qn[d] = q[d] * rq; kn[d] = k[d] * rk; }
-        float *S = a->ssm + (a->rows[b] * nv + h) * dk * dv;
+        const float *S = a->ssm + (a->rows[b] * nv + h) * dk * dv;
+        float *So = a->ssm_out + (orow * nv + h) * dk * dv;
         memset(o, 0, sizeof(float) * (size_t)dv);
         if (valid) {
             const float beta = 1.f / (1.f + expf(-ba[kh * 2 * r + j]));
@@ -84,15 +95,17 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
                 for (int64_t e = 0; e < dv; e++) kv[e] += kn[d] * S[d * dv + e];
             for (int64_t e = 0; e < dv; e++) kv[e] = (v[e] - alpha * kv[e]) * beta;      /* delta */
             for (int64_t d = 0; d < dk; d++) {
-                float *Sd = S + d * dv;
+                const float *Sd = S + d * dv;
+                float *Sod = So + d * dv;
                 for (int64_t e = 0; e < dv; e++) {
-                    Sd[e] = alpha * Sd[e] + kn[d] * kv[e];
-                    o[e] += qn[d] * Sd[e];
+                    Sod[e] = alpha * Sd[e] + kn[d] * kv[e];
+                    o[e] += qn[d] * Sod[e];
                 }
             }
         } else {
             for (int64_t d = 0; d < dk; d++)
                 for (int64_t e = 0; e < dv; e++) o[e] += qn[d] * S[d * dv + e];
+            if (copy) memcpy(So, S, sizeof(float) * (size_t)(dk * dv));
         }
         float ss = 0.f;
         for (int64_t e = 0; e < dv; e++) ss += o[e] * o[e];
@@ -116,10 +129,11 @@ static int step(const void *ctx, int64_t b) {
 
 /* Returns 0, or 1 when memory ran out (some requests are then not updated). */
 int gdn_decode(const float *qkvz, int64_t qkvz_stride, const float *ba, int64_t ba_stride, const float *conv_w,
-               float *conv_state, float *ssm, const int64_t *rows, const uint8_t *valid, const float *A_log,
-               const float *dt_bias, const float *norm_w, float eps, float *out, int64_t B, int64_t nk,
-               int64_t nv, int64_t dk, int64_t dv, int64_t K, int64_t num_threads) {
-    gdn_t job = {qkvz, ba, conv_w, conv_state, ssm, rows, valid, A_log, dt_bias, norm_w, eps, out,
-                 qkvz_stride, ba_stride, nk, nv, dk, dv, K};
+               const float *conv_state, const float *ssm, float *conv_out, float *ssm_out, int64_t out_by_batch,
+               const int64_t *rows, const uint8_t *valid, const float *A_log, const float *dt_bias,
+               const float *norm_w, float eps, float *out, int64_t B, int64_t nk, int64_t nv, int64_t dk,
+               int64_t dv, int64_t K, int64_t num_threads) {
+    gdn_t job = {qkvz, ba, conv_w, conv_state, ssm, conv_out, ssm_out, out_by_batch, rows, valid, A_log, dt_bias,
+                 norm_w, eps, out, qkvz_stride, ba_stride, nk, nv, dk, dv, K};
     return parallel_for(B, num_threads, step, &job);
 }

@@ -15,6 +15,7 @@ import ctypes
 import torch
 
 from mtpx.attention.meta import ForwardMeta
+from mtpx.cache.state import write_rows
 from mtpx.kernels import build
 
 use_kernel = True
@@ -30,7 +31,8 @@ def available() -> bool:
             return False
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         fn = lib.gdn_decode
-        fn.argtypes = [p, i64, p, i64, p, p, p, p, p, p, p, p, ctypes.c_float, p, i64, i64, i64, i64, i64, i64, i64]
+        fn.argtypes = [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p,
+                       i64, i64, i64, i64, i64, i64, i64]
         fn.restype = ctypes.c_int
         _fn = fn
     return True
@@ -39,7 +41,8 @@ def available() -> bool:
 def runs(layer, qkvz: torch.Tensor, state, meta: ForwardMeta | None) -> bool:
     """Whether `decode` runs this forward: one token per request (a [B, 1] grid; packed, every
     request's token real), no per-token or boundary states kept, float32 CPU tensors without
-    gradients, eager, the torch Gated DeltaNet forms (gdn_backend not "fla"), a built kernel."""
+    gradients, the torch Gated DeltaNet forms (gdn_backend not "fla"), a built kernel. Under
+    torch.compile the kernel is the custom op mtpx::gdn_decode, which mutates the state rows."""
     if not use_kernel or state is None or meta is None or meta.valid.shape[1] != 1:
         return False
     if meta.keep_states or (meta.save_states is not None and state.block_ssm is not None):
@@ -47,8 +50,11 @@ def runs(layer, qkvz: torch.Tensor, state, meta: ForwardMeta | None) -> bool:
     if meta.packed is not None and qkvz.shape[0] != meta.valid.shape[0]:
         return False
     tensors = (qkvz, state.conv, state.ssm, layer.conv1d.weight, layer.A_log, layer.dt_bias, layer.norm.weight)
-    return (meta.gdn_backend != "fla" and not torch.compiler.is_compiling() and not torch.is_grad_enabled()
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and available())
+    # a traced forward cannot load a library: it uses the kernel once an eager call (the engine's
+    # attention backend, at start-up) has loaded mtpx's kernels
+    ready = build.loaded() if torch.compiler.is_compiling() else available()
+    return (meta.gdn_backend != "fla" and not torch.is_grad_enabled()
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors) and ready)
 
 
 def decode(layer, qkvz: torch.Tensor, ba: torch.Tensor, state, meta: ForwardMeta) -> torch.Tensor:
@@ -63,13 +69,51 @@ def decode(layer, qkvz: torch.Tensor, ba: torch.Tensor, state, meta: ForwardMeta
     conv, ssm = state.conv, state.ssm
     if not (conv.is_contiguous() and ssm.is_contiguous()):
         raise ValueError("the Gated DeltaNet state tensors must be contiguous")
-    rows, valid = meta.rows.contiguous(), meta.valid.reshape(B).contiguous()
-    weight = layer.conv1d.weight.detach().reshape(layer.conv_dim, layer.kernel).contiguous()
-    out = torch.empty(B, layer.nv * layer.dv)
+    rows, valid = meta.rows, meta.valid.reshape(B)
+    weight = layer.conv1d.weight.reshape(layer.conv_dim, layer.kernel)
+    args = (x, gates, weight, conv, ssm, rows, valid, layer.A_log, layer.dt_bias, layer.norm.weight, layer.norm.eps,
+            layer.nk, layer.nv)
+    if torch.compiler.is_compiling():
+        # functional under compile (a custom op that mutates cannot sit in a compiled layer region):
+        # the new state rows come back and are written as the torch forms write them
+        out, new_conv, new_ssm = torch.ops.mtpx.gdn_decode(*args)
+        write_rows(conv, rows, new_conv)
+        write_rows(ssm, rows, new_ssm)
+    else:
+        out = _gdn_decode(*args, in_place=True)[0]
+    return out.view(*lead, -1)
+
+
+def _gdn_decode(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps: float, nk: int,
+                nv: int, in_place: bool):
+    """The kernel: (out [B, nv dv], new conv rows, new ssm rows); in_place, the new rows are written
+    into conv and ssm at `rows` (padding rows untouched) and returned as None."""
+    B, K = x.shape[0], weight.shape[1]
+    dk, dv = ssm.shape[2], ssm.shape[3]
+    if _fn is None and not available():
+        raise RuntimeError("mtpx gdn_decode: the CPU kernels are not built")
+    rows, valid, weight = rows.contiguous(), valid.contiguous(), weight.contiguous()
+    out = torch.empty(B, nv * dv)
+    conv_out, ssm_out = (conv, ssm) if in_place else (conv.new_empty(B, *conv.shape[1:]), ssm.new_empty(B, *ssm.shape[1:]))
     status = _fn(x.data_ptr(), x.stride(0), gates.data_ptr(), gates.stride(0), weight.data_ptr(),
-                 conv.data_ptr(), ssm.data_ptr(), rows.data_ptr(), valid.data_ptr(),
-                 layer.A_log.data_ptr(), layer.dt_bias.data_ptr(), layer.norm.weight.data_ptr(), layer.norm.eps,
-                 out.data_ptr(), B, layer.nk, layer.nv, layer.dk, layer.dv, layer.kernel, torch.get_num_threads())
+                 conv.data_ptr(), ssm.data_ptr(), conv_out.data_ptr(), ssm_out.data_ptr(), int(not in_place),
+                 rows.data_ptr(), valid.data_ptr(), A_log.data_ptr(), dt_bias.data_ptr(), norm_weight.data_ptr(),
+                 eps, out.data_ptr(), B, nk, nv, dk, dv, K, torch.get_num_threads())
     if status:
         raise MemoryError("mtpx gdn_decode: out of memory for the kernel's scratch")
-    return out.view(*lead, -1)
+    return (out, None, None) if in_place else (out, conv_out, ssm_out)
+
+
+@torch.library.custom_op("mtpx::gdn_decode", mutates_args=())
+def _gdn_decode_op(x: torch.Tensor, gates: torch.Tensor, weight: torch.Tensor, conv: torch.Tensor,
+                   ssm: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, A_log: torch.Tensor,
+                   dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, nk: int,
+                   nv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gdn_decode(x.contiguous(), gates.contiguous(), weight, conv.contiguous(), ssm.contiguous(), rows, valid,
+                       A_log, dt_bias, norm_weight, eps, nk, nv, in_place=False)
+
+
+@_gdn_decode_op.register_fake
+def _(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
+    B = x.shape[0]
+    return (x.new_empty(B, nv * ssm.shape[3]), conv.new_empty(B, *conv.shape[1:]), ssm.new_empty(B, *ssm.shape[1:]))
