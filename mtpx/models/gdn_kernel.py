@@ -6,7 +6,8 @@ Eager, at batch 64 on one AVX2 core, the torch ops of that span (about 40 of the
 over the 1 MB state) cost about 2.3 ms a layer, most of a plain decode step
 (experiments/lean_step). GatedDeltaNet.forward calls `decode` where `runs` says so and keeps its
 torch ops everywhere else (prefill, verification windows, boundary states, gradients, other
-dtypes, CUDA, torch.compile) and as the reference: `use_kernel = False` forces them.
+dtypes, CUDA) and as the reference: `use_kernel = False` forces them. Eager, the kernel updates
+the state rows in place; under torch.compile it is the functional custom op mtpx::gdn_decode.
 """
 from __future__ import annotations
 
