@@ -130,3 +130,28 @@ def test_compiled_layer_calls_the_op_and_equals_eager(monkeypatch):
     torch.testing.assert_close(out_c[valid[:, 0]], out_e[valid[:, 0]], rtol=1e-5, atol=1e-6)
     assert torch.equal(conv_c, conv_e)
     torch.testing.assert_close(ssm_c, ssm_e, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 4, 16, 16), (2, 9, 3, 8, 20), (4, 1, 2, 32, 32)])
+def test_window_equals_the_chunked_window_form(shape):
+    """gdn_kernel.window against window_gated_delta_rule: outputs, the kept WindowStates, and the
+    state rebuilt after every window token."""
+    from mtpx.models.gated_delta_rule import window_gated_delta_rule
+    B, T, H, dk, dv = shape
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(B, T, H, dk, generator=g), torch.randn(B, T, H, dk, generator=g)
+    v = torch.randn(B, T, H, dv, generator=g)
+    gate = -torch.rand(B, T, H, generator=g) * 2
+    beta = torch.rand(B, T, H, generator=g)
+    beta[0, -1] = 0
+    gate[0, -1] = 0                                       # a padding token: the state stays
+    S0 = torch.randn(B, H, dk, dv, generator=g) * 0.3
+    with torch.inference_mode():
+        ref_o, ref_w = window_gated_delta_rule(q, k, v, gate, beta, S0)
+        out_o, out_w = gdn_kernel.window(q, k, v, gate, beta, S0)
+        for name in ("k", "v_new", "G"):
+            torch.testing.assert_close(getattr(out_w, name), getattr(ref_w, name), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(out_o, ref_o, rtol=1e-4, atol=1e-5)
+        for t in range(T):
+            at = torch.full((B,), t)
+            torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4, atol=1e-5)

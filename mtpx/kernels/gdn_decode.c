@@ -137,3 +137,75 @@ int gdn_decode(const float *qkvz, int64_t qkvz_stride, const float *ba, int64_t 
                  norm_w, eps, out, qkvz_stride, ba_stride, nk, nv, dk, dv, K};
     return parallel_for(B, num_threads, step, &job);
 }
+
+/* The gated delta rule over a verification window, per (request, head), token after token from
+ * the state before the window: mtpx/models/gdn_kernel.py `window` calls it;
+ * mtpx.models.gated_delta_rule.window_gated_delta_rule is its reference. It keeps what that one
+ * keeps (mtpx.cache.state.WindowStates): the l2-normalised keys, v_new_t = beta_t (v_t - alpha_t
+ * S_{t-1}^T k_t) (the recurrence's delta, which equals the chunked form's v_new) and G, the
+ * cumulative log decay, so S_t = exp(G_t) S_0 + sum_{j<=t} exp(G_t - G_j) k_j v_new_j^T.
+ *
+ * q, k [B, T, H, dk], v [B, T, H, dv], g, beta [B, T, H] contiguous (q, k before the l2 norm; q
+ * is then scaled by dk^-0.5); S0 [B, H, dk, dv]. Out: o [B, T, H, dv]; kn [B, H, T, dk]; v_new
+ * [B, H, T, dv]; G [B, H, T].
+ */
+typedef struct {
+    const float *q, *k, *v, *g, *beta, *S0;
+    float *o, *kn, *v_new, *G;
+    int64_t B, T, H, dk, dv;
+} window_t;
+
+static inline __attribute__((always_inline)) int window_d(const window_t *a, int64_t item, const int64_t dv) {
+    const int64_t b = item / a->H, h = item % a->H, T = a->T, H = a->H, dk = a->dk;
+    float *S = malloc(sizeof(float) * (size_t)(dk * dv + dk + dv));
+    if (!S) return 1;
+    float *qn = S + dk * dv, *delta = qn + dk;
+    memcpy(S, a->S0 + (b * H + h) * dk * dv, sizeof(float) * (size_t)(dk * dv));
+    const float qscale = 1.f / sqrtf((float)dk);
+    float Gt = 0.f;
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t tok = (b * T + t) * H + h;
+        const float *q = a->q + tok * dk, *k = a->k + tok * dk, *v = a->v + tok * dv;
+        float *kn = a->kn + ((b * H + h) * T + t) * dk, *vn = a->v_new + ((b * H + h) * T + t) * dv;
+        float *o = a->o + tok * dv;
+        float sq = 0.f, sk = 0.f;
+        for (int64_t d = 0; d < dk; d++) { sq += q[d] * q[d]; sk += k[d] * k[d]; }
+        const float rq = qscale / sqrtf(sq + 1e-6f), rk = 1.f / sqrtf(sk + 1e-6f);
+        for (int64_t d = 0; d < dk; d++) { qn[d] = q[d] * rq; kn[d] = k[d] * rk; }
+        const float g = a->g[tok], beta = a->beta[tok], alpha = expf(g);
+        Gt += g;
+        a->G[(b * H + h) * T + t] = Gt;
+        memset(delta, 0, sizeof(float) * (size_t)dv);
+        for (int64_t d = 0; d < dk; d++)
+            for (int64_t e = 0; e < dv; e++) delta[e] += kn[d] * S[d * dv + e];
+        for (int64_t e = 0; e < dv; e++) { delta[e] = (v[e] - alpha * delta[e]) * beta; vn[e] = delta[e]; }
+        memset(o, 0, sizeof(float) * (size_t)dv);
+        for (int64_t d = 0; d < dk; d++) {
+            float *Sd = S + d * dv;
+            for (int64_t e = 0; e < dv; e++) {
+                Sd[e] = alpha * Sd[e] + kn[d] * delta[e];
+                o[e] += qn[d] * Sd[e];
+            }
+        }
+    }
+    free(S);
+    return 0;
+}
+
+static int window_item(const void *ctx, int64_t item) {
+    const window_t *a = ctx;
+    switch (a->dv) {
+        case 32: return window_d(a, item, 32);
+        case 64: return window_d(a, item, 64);
+        case 128: return window_d(a, item, 128);
+        default: return window_d(a, item, a->dv);
+    }
+}
+
+/* Returns 0, or 1 when memory ran out. */
+int gdn_window(const float *q, const float *k, const float *v, const float *g, const float *beta, const float *S0,
+               float *o, float *kn, float *v_new, float *G, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv,
+               int64_t num_threads) {
+    window_t job = {q, k, v, g, beta, S0, o, kn, v_new, G, B, T, H, dk, dv};
+    return parallel_for(B * H, num_threads, window_item, &job);
+}

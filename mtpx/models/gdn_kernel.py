@@ -16,16 +16,16 @@ import ctypes
 import torch
 
 from mtpx.attention.meta import ForwardMeta
-from mtpx.cache.state import write_rows
+from mtpx.cache.state import WindowStates, write_rows
 from mtpx.kernels import build
 
 use_kernel = True
-_fn = None
+_fn = _window = None
 
 
 def available() -> bool:
     """Whether the kernel is built and loaded (builds it on the first call: mtpx.kernels.build)."""
-    global _fn
+    global _fn, _window
     if _fn is None:
         lib = build.load()
         if lib is None:
@@ -35,7 +35,10 @@ def available() -> bool:
         fn.argtypes = [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p,
                        i64, i64, i64, i64, i64, i64, i64]
         fn.restype = ctypes.c_int
-        _fn = fn
+        win = lib.gdn_window
+        win.argtypes = [p] * 10 + [i64] * 6
+        win.restype = ctypes.c_int
+        _fn, _window = fn, win
     return True
 
 
@@ -118,3 +121,50 @@ def _gdn_decode_op(x: torch.Tensor, gates: torch.Tensor, weight: torch.Tensor, c
 def _(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
     B = x.shape[0]
     return (x.new_empty(B, nv * ssm.shape[3]), conv.new_empty(B, *conv.shape[1:]), ssm.new_empty(B, *ssm.shape[1:]))
+
+
+def window_runs(q: torch.Tensor, initial_state: torch.Tensor) -> bool:
+    """Whether `window` runs this verification window: float32 CPU tensors without gradients, a
+    built kernel (loaded already, under torch.compile)."""
+    ready = build.loaded() if torch.compiler.is_compiling() else available()
+    return (use_kernel and q.device.type == "cpu" and q.dtype == torch.float32
+            and initial_state.dtype == torch.float32 and not torch.is_grad_enabled() and ready)
+
+
+def window(q, k, v, g, beta, initial_state):
+    """`mtpx.models.gated_delta_rule.window_gated_delta_rule`'s contract in one C call per window
+    (mtpx/kernels/gdn_decode.c `gdn_window`: the recurrence token after token, keeping the same
+    WindowStates): q, k [B, T, H, Dk]; v [B, T, H, Dv]; g, beta [B, T, H]; initial_state
+    [B, H, Dk, Dv] -> (o [B, T, H, Dv], WindowStates)."""
+    args = [t.contiguous() for t in (q, k, v, g, beta, initial_state)]
+    fn = torch.ops.mtpx.gdn_window if torch.compiler.is_compiling() else _gdn_window
+    o, kn, v_new, G = fn(*args)
+    return o, WindowStates(kn, v_new, G)
+
+
+def _gdn_window(q, k, v, g, beta, S0):
+    if _window is None and not available():
+        raise RuntimeError("mtpx gdn_window: the CPU kernels are not built")
+    B, T, H, dk = q.shape
+    dv = v.shape[-1]
+    o, kn, v_new, G = q.new_empty(B, T, H, dv), q.new_empty(B, H, T, dk), q.new_empty(B, H, T, dv), q.new_empty(B, H, T)
+    status = _window(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), S0.data_ptr(),
+                     o.data_ptr(), kn.data_ptr(), v_new.data_ptr(), G.data_ptr(), B, T, H, dk, dv,
+                     torch.get_num_threads())
+    if status:
+        raise MemoryError("mtpx gdn_window: out of memory for the kernel's scratch")
+    return o, kn, v_new, G
+
+
+@torch.library.custom_op("mtpx::gdn_window", mutates_args=())
+def _gdn_window_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                   S0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gdn_window(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+                       S0.contiguous())
+
+
+@_gdn_window_op.register_fake
+def _(q, k, v, g, beta, S0):
+    B, T, H, dk = q.shape
+    dv = v.shape[-1]
+    return q.new_empty(B, T, H, dv), q.new_empty(B, H, T, dk), q.new_empty(B, H, T, dv), q.new_empty(B, H, T)
