@@ -26,7 +26,8 @@ HEADERS = sorted(Path(__file__).parent.glob("*.h"))
 # -ffast-math lets GCC call glibc's vector expf (libmvec) in the loops. It is given when compiling
 # only: linked with it, GCC adds crtfastmath.o, which would flush denormals to zero in the whole
 # process. The kernels do not rely on infinities or NaNs.
-COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-pthread"]
+BASE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fPIC", "-pthread"]
+COMPILE_FLAGS = list(BASE_FLAGS)
 if platform.machine() in ("x86_64", "AMD64"):
     # GCC's Zen 1 tuning would use 128-bit vectors, and split 256-bit stores in two, which the next
     # 256-bit load of the same address cannot be forwarded from
@@ -57,13 +58,20 @@ def _build() -> ctypes.CDLL:
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-            objs = []
-            for src in SOURCES:
-                objs.append(str(Path(tmp) / (src.stem + ".o")))
-                _run([cc, *COMPILE_FLAGS, "-c", str(src), "-o", objs[-1]], cc)
-            _run([cc, *objs, *LINK_FLAGS, "-o", str(Path(tmp) / "k.so")], cc)
+            try:
+                _compile(cc, COMPILE_FLAGS, Path(tmp))
+            except RuntimeError:
+                _compile(cc, BASE_FLAGS, Path(tmp))        # a compiler without GCC's x86 tuning flags
             os.replace(Path(tmp) / "k.so", path)
     return ctypes.CDLL(str(path))
+
+
+def _compile(cc: str, flags: list[str], tmp: Path) -> None:
+    objs = []
+    for src in SOURCES:
+        objs.append(str(tmp / (src.stem + ".o")))
+        _run([cc, *flags, "-c", str(src), "-o", objs[-1]], cc)
+    _run([cc, *objs, *LINK_FLAGS, "-o", str(tmp / "k.so")], cc)
 
 
 def _run(cmd: list[str], cc: str) -> None:
