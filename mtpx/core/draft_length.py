@@ -183,9 +183,9 @@ class AutoDraftLength:
 
     def _probes_up(self, k: int, batch_size: int) -> bool:
         """Whether k + 1 is explored at batch_size: its position's acceptance is (`explores`), or
-        its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k with every draft at
-        position k + 1 accepted and its cost over k's half the predicted one (where even that
-        cannot pay, measuring it changes no choice)."""
+        its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
+        hysteresis with every draft at position k + 1 accepted and its cost over k's half the
+        predicted one (where even that cannot pay, measuring it changes no choice)."""
         return self.explores(k, batch_size) or (self.cost_unlearned(k + 1, batch_size)
                                                  and self._could_pay(k, batch_size, 0.5))
 
@@ -228,17 +228,19 @@ class AutoDraftLength:
 
     def explores(self, k: int, batch_size: int) -> bool:
         """Whether position k + 1 is explored at batch_size: it is `unlearned`, and with every
-        draft at it accepted k + 1 would beat k (where even that cannot pay, its acceptance
-        changes no choice and exploring would only cost)."""
+        draft at it accepted k + 1 would beat k by more than the hysteresis (where even that
+        cannot pay enough to be chosen, its acceptance changes no choice and exploring would
+        only cost)."""
         return self.unlearned(k) and self._could_pay(k, batch_size, 1.0)
 
     def _could_pay(self, k: int, batch_size: int, share: float) -> bool:
-        """Whether k + 1 beats k at batch_size with every draft at position k + 1 accepted and
-        share of its predicted cost over k's."""
+        """Whether k + 1 beats k at batch_size by more than the hysteresis (less is never chosen) with
+        every draft at position k + 1 accepted and share of its predicted cost over k's."""
         curve, survive, tokens = self.step_cost_curve(batch_size), 1.0, self.expected_tokens(k)
         for p in self.acceptance[:k]:
             survive *= p
-        return (tokens + survive) / (curve[k] + share * (curve[k + 1] - curve[k])) > tokens / curve[k]
+        extra = curve[k] + share * (curve[k + 1] - curve[k])
+        return (tokens + survive) / extra > (1 + self.hysteresis) * tokens / curve[k]
 
     def goodput(self, k: int, batch_size: int) -> float:
         """Predicted tokens per ms (the step's learned overhead included)."""

@@ -160,11 +160,11 @@ def fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None:
 
 
 def code_hash() -> str:
-    """A hash of the source of the packages a decode step runs (an edit there may change the step
-    costs, so the step-cost cache measures again)."""
+    """A hash of the source of the packages a decode step runs, the C kernels' included (an edit
+    there may change the step costs, so the step-cost cache measures again)."""
     root = Path(__file__).resolve().parents[2]        # mtpx/
     h = hashlib.sha256()
-    for package in ("engine", "models", "spec_decode", "cache", "attention"):
-        for f in sorted((root / package).rglob("*.py")):
+    for package in ("engine", "models", "spec_decode", "cache", "attention", "kernels"):
+        for f in sorted(f for ext in ("*.py", "*.c", "*.h") for f in (root / package).rglob(ext)):
             h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:20]
