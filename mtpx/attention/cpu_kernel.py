@@ -26,15 +26,9 @@ def available() -> bool:
     """Whether the kernel is built and loaded (builds it on the first call: mtpx.kernels.build)."""
     global _fn
     if _fn is None:
-        lib = build.load()
-        if lib is None:
-            return False
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn = lib.paged_attention
-        fn.argtypes = [p, p, p, p, i64, p, p, p, i64, i64, i64, i64, i64, i64, ctypes.c_float, i64]
-        fn.restype = ctypes.c_int
-        _fn = fn
-    return True
+        _fn = build.function("paged_attention", [p, p, p, p, i64, p, p, p] + [i64] * 6 + [ctypes.c_float, i64])
+    return _fn is not None
 
 
 def supports(q: torch.Tensor, cache_k: torch.Tensor) -> bool:

@@ -84,6 +84,17 @@ def _run(cmd: list[str], cc: str) -> None:
         raise RuntimeError(f"{cc} failed: {err[-1] if err else res.returncode}")
 
 
+def function(name: str, argtypes: list):
+    """The kernel `name` of the built library with its ctypes signature (int status return), or
+    None without a compiler (`load`)."""
+    lib = load()
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
+
+
 def loaded() -> bool:
     """Whether the library is loaded (no build, no ctypes: callable inside a traced forward)."""
     return _lib is not None

@@ -37,6 +37,17 @@ static inline float hsum(v8 x) {
     return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
+/* return f(a, item, dim) with dim a constant for the common head dims, so that f (inlined) unrolls
+ * its loops over dim and keeps its running sums in registers */
+#define DISPATCH_DIM(f, a, item, dim)                   \
+    switch (dim) {                                      \
+        case 32: return f(a, item, 32);                 \
+        case 64: return f(a, item, 64);                 \
+        case 128: return f(a, item, 128);               \
+        case 256: return f(a, item, 256);               \
+        default: return f(a, item, dim);                \
+    }
+
 typedef int (*item_fn)(const void *ctx, int64_t item);   /* 0, or nonzero on failure */
 
 typedef struct {

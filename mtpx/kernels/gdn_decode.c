@@ -119,12 +119,7 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
 
 static int step(const void *ctx, int64_t b) {
     const gdn_t *a = ctx;
-    switch (a->dv) {
-        case 32: return step_d(a, b, 32);
-        case 64: return step_d(a, b, 64);
-        case 128: return step_d(a, b, 128);
-        default: return step_d(a, b, a->dv);
-    }
+    DISPATCH_DIM(step_d, a, b, a->dv)
 }
 
 /* Returns 0, or 1 when memory ran out (some requests are then not updated). */
@@ -194,12 +189,7 @@ static inline __attribute__((always_inline)) int window_d(const window_t *a, int
 
 static int window_item(const void *ctx, int64_t item) {
     const window_t *a = ctx;
-    switch (a->dv) {
-        case 32: return window_d(a, item, 32);
-        case 64: return window_d(a, item, 64);
-        case 128: return window_d(a, item, 128);
-        default: return window_d(a, item, a->dv);
-    }
+    DISPATCH_DIM(window_d, a, item, a->dv)
 }
 
 /* Returns 0, or 1 when memory ran out. */

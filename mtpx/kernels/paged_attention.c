@@ -122,13 +122,7 @@ static inline __attribute__((always_inline)) int attend_d(const job_t *a, int64_
 
 static int attend(const void *ctx, int64_t item) {
     const job_t *a = ctx;
-    switch (a->D) {
-        case 32: return attend_d(a, item, 32);
-        case 64: return attend_d(a, item, 64);
-        case 128: return attend_d(a, item, 128);
-        case 256: return attend_d(a, item, 256);
-        default: return attend_d(a, item, a->D);
-    }
+    DISPATCH_DIM(attend_d, a, item, a->D)
 }
 
 /* Returns 0, or 1 when memory ran out (out is then incomplete). */

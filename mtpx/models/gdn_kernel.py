@@ -24,22 +24,14 @@ _fn = _window = None
 
 
 def available() -> bool:
-    """Whether the kernel is built and loaded (builds it on the first call: mtpx.kernels.build)."""
+    """Whether the kernels are built and loaded (builds them on the first call: mtpx.kernels.build)."""
     global _fn, _window
     if _fn is None:
-        lib = build.load()
-        if lib is None:
-            return False
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn = lib.gdn_decode
-        fn.argtypes = [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p,
-                       i64, i64, i64, i64, i64, i64, i64]
-        fn.restype = ctypes.c_int
-        win = lib.gdn_window
-        win.argtypes = [p] * 10 + [i64] * 6
-        win.restype = ctypes.c_int
-        _fn, _window = fn, win
-    return True
+        _fn = build.function("gdn_decode", [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
+                             + [i64] * 7)
+        _window = build.function("gdn_window", [p] * 10 + [i64] * 6)
+    return _fn is not None
 
 
 def runs(layer, qkvz: torch.Tensor, state, meta: ForwardMeta | None) -> bool:
