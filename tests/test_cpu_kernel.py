@@ -103,7 +103,8 @@ def test_compiled_graph_calls_the_kernel(monkeypatch):
 def test_no_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
     from mtpx.kernels import build
     from mtpx.models import gdn_kernel
-    for mod, name in ((build, "_lib"), (build, "_failed"), (cpu_kernel, "_fn"), (gdn_kernel, "_fn")):
+    for mod, name in ((build, "_lib"), (build, "_failed"), (cpu_kernel, "_fn"), (gdn_kernel, "_fn"),
+                      (gdn_kernel, "_window")):
         monkeypatch.setattr(mod, name, None)
     monkeypatch.setenv("MTPX_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))

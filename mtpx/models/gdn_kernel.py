@@ -26,12 +26,12 @@ _fn = _window = None
 def available() -> bool:
     """Whether the kernels are built and loaded (builds them on the first call: mtpx.kernels.build)."""
     global _fn, _window
-    if _fn is None:
+    if _fn is None or _window is None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         _fn = build.function("gdn_decode", [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
                              + [i64] * 7)
         _window = build.function("gdn_window", [p] * 10 + [i64] * 6)
-    return _fn is not None
+    return _fn is not None and _window is not None
 
 
 def runs(layer, qkvz: torch.Tensor, state, meta: ForwardMeta | None) -> bool:
