@@ -287,10 +287,13 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     p1 = 6.6 / 9
     assert p.acceptance[:3] == [pytest.approx(p1), pytest.approx((1 + 8 * p1) / 9), pytest.approx((1 + 8 * p1) / 9)]
     p.reset()
-    # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so the first
-    # requests prefill no module (position 1 is not explored: k = 1 costs 2.15x k = 0, more than
-    # it could gain); at batch 1 they keep all 8
-    assert p.depth(64) == 0 and not p.explores(0, 64) and p.depth(1) == 8
+    # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so at the
+    # prior no k beats k = 0; at the prior's upper estimate (0.7 + sqrt(0.21 / 9) = 0.853: one
+    # standard deviation of Beta(5.6, 2.4)) k = 5 would, so the first requests are admitted at depth
+    # 5 to explore positions 1-5; without optimism they prefill no module; at batch 1 they keep all 8
+    assert p.goodput(0, 64) > max(p.goodput(k, 64) for k in range(1, 9))
+    assert p.explore_depth(0, 64) == 5 and p.depth(64) == 5 and p.depth(1) == 8
+    assert AutoDraftLength(8, step_costs, explore_costs=False, optimism=0.0).depth(64) == 0
     optimistic = AutoDraftLength(8, step_costs, prior_acceptance=1.0)
     assert optimistic.depth(64) == 8
 
@@ -300,13 +303,15 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     tested (experiments/concurrency/final: auto at depth 0 for every request at concurrency 64,
     where k = 1 gained 1.09x): while position k + 1 has fewer verified drafts than prior_weight,
     new requests get depth k + 1, running ones do not fall below it, and every `patience` steps a
-    step proposes k + 1 drafts, where k + 1 would pay with every draft accepted; once the drafts
-    are verified the usual rules apply."""
+    step proposes k + 1 drafts, where k + 1 would pay at the position's upper estimate; once the
+    drafts are verified the usual rules apply."""
     ms = {(0, 64): 100.0, (1, 64): 180.0}              # k = 1 pays from p > 1.05 x 1.8 - 1 = 0.89
-    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False)
+    # optimism = 2 standard deviations: position 1's upper estimate is 0.7 + 2 sqrt(0.21 / 9) > 1, so 1
+    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0)
     assert p.unlearned(0) and not p.unlearned(1)        # position 1 unseen; no position 2
-    assert p.explores(0, 64)                            # at p = 1, 2 / 180 beats 1 / 100
-    assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}).explores(0, 64)   # 2 / 200 does not
+    assert p.explores(0, 64)                            # at p = 1, 2 / 180 beats 1.05 / 100
+    assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, optimism=2.0).explores(0, 64)   # 2 / 200 does not
+    assert not AutoDraftLength(1, ms).explores(0, 64)   # one deviation: 1.853 / 180 does not either
     assert p.depth(64) == 1                             # admitted one deeper than the best k, 0
     assert [step(p, 64) for _ in range(3)] == [1, 1, 0]   # k = 1 in use at first (max_k), then 0
     assert p.k == 0

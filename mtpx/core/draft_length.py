@@ -14,10 +14,9 @@ goodput at the step's batch size B:
 where p_j is the conditional acceptance of draft position j (accepted, given every earlier draft
 of the round was accepted: the expected accepted count of a round is the sum of its survival
 probabilities, Leviathan et al. 2023, eq. 1, here without their i.i.d. assumption), estimated
-online from discounted counts: p_j = (accepted_j + w p_{j-1}) / (verified_j + w), both counts
-multiplied by `decay` every decode step (a memory of about 1 / (1 - decay) steps at any batch
-size), w = `prior_weight` pseudo-drafts at the previous position's estimate and p_0 =
-`prior_acceptance`; t_step(k, B) is the engine's own measured
+online from discounted counts, engine-wide and per age of the generation, and E[tokens | k] is
+the mean over the age buckets of the decode steps' requests, smoothed over steps (`age_mix`,
+mtpx/core/acceptance.py); t_step(k, B) is the engine's own measured
 decode-step cost (auto_k.costs.calibrate_step_costs at start-up, or a saved file: auto_k.store),
 smoothed over k (cost_curve.smooth_step_costs: a running median over k >= 1, then
 non-decreasing, so calibration noise cannot make a larger k look cheaper), linear in B between
@@ -32,17 +31,17 @@ win but never look cheaper than a smaller k. Every observed step also records it
 against its measurement per batch bucket (cost_model_log.CostModelLog, metrics.json's
 auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
 
-- A position with few verified drafts takes the estimate of the one before it (conditional
-  acceptance hardly falls with the position on the demo); the estimates start at the prior
-  p_0 = 0.7 with w = 8 pseudo-drafts, and a position no step verifies drifts back to it as its
-  counts decay. Every `probe_interval` steps one step proposes one draft more than the k in use,
-  the next probe one fewer. Why these values: docs/automatic_k.md.
-- Exploring: while position k + 1 (k in use) is `unlearned` (fewer than `min_verified`
-  discounted verified drafts) and k + 1 would pay were its drafts all accepted (`explores`), or
-  k + 1's step cost at the batch size is the calibration's alone (`cost_unlearned`) and could
-  pay at half its predicted cost over k's, requests are admitted at depth k + 1, running ones do
-  not fall below it, and every `patience` steps a step proposes k + 1 drafts, so a prior that
-  says k = 0, or a calibration that misjudges k + 1, is tested.
+- The estimates start at the prior p_0 = 0.7 with w = 8 pseudo-drafts, and a position no step
+  verifies drifts back to it as its counts decay. Every `probe_interval` steps one step proposes
+  one draft more than the k in use, the next probe one fewer. Why: docs/automatic_k.md.
+- Exploring (`explore_depth`): while a position in k + 1 .. k' (k in use) is unlearned (fewer
+  than `min_verified` discounted verified drafts in a bucket the batch holds) and k' would beat k
+  by more than the hysteresis with those positions at their upper estimates (`optimism`
+  standard deviations: acceptance.py), or k + 1's step cost at the batch size is the
+  calibration's alone (`cost_unlearned`) and could pay at half its predicted cost over k's,
+  requests are admitted at depth k', running ones do not fall below it, and every `patience`
+  steps a step proposes k' drafts, so a prior that says k = 0, or a calibration that misjudges
+  k + 1, is tested; k' is the best such depth, so exploring can skip a k = 1 that never pays.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
   running request's depth falls under the same two conditions.
@@ -63,18 +62,19 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
 """
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 
-from mtpx.core.cost_curve import _interpolate, _non_decreasing, running_mean, smooth_step_costs
-from mtpx.core.cost_model_log import CostModelLog, batch_bucket, bucket_label
+from mtpx.core.acceptance import AcceptanceEstimates
+from mtpx.core.cost_curve import smooth_step_costs
+from mtpx.core.cost_learning import StepCostLearning
+from mtpx.core.cost_model_log import CostModelLog, bucket_label
 from mtpx.core.fixed_draft_length import DepthChoice, FixedDraftLength, StepChoice
 from mtpx.core.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength:
+class AutoDraftLength(StepCostLearning):
     """The automatic k (module doc).
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -87,7 +87,8 @@ class AutoDraftLength:
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
     applies; min_verified: discounted verified drafts below which a position is unlearned and
     explored (None: prior_weight; 0: never); explore_costs: explore a neighbour k whose cost
-    is unmeasured at the batch size (`cost_unlearned`) (module doc).
+    is unmeasured at the batch size (`cost_unlearned`); optimism: standard deviations above an
+    estimate at which exploring values an unlearned position (module doc).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -97,11 +98,11 @@ class AutoDraftLength:
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
                  beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
-                 explore_costs: bool = True):
+                 explore_costs: bool = True, optimism: float = 1.0):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
-        self.explore_costs = explore_costs
+        self.explore_costs, self.optimism = explore_costs, optimism
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -115,10 +116,8 @@ class AutoDraftLength:
 
     def reset(self) -> None:
         """Forget the acceptance estimates, the k in use and the histogram (not the costs)."""
-        self.acceptance = [self.prior_acceptance] * self.max_k     # p_j, j = 1 .. max_k
-        self.num_observed = [0] * self.max_k         # verified drafts seen per position
-        self._accepted = [0.0] * self.max_k          # discounted counts behind p_j
-        self._verified = [0.0] * self.max_k
+        self.estimates = AcceptanceEstimates(self.max_k, self.prior_acceptance, self.prior_weight, self.decay)
+        self.age_mix: list[float] | None = None      # the decode steps' requests per age bucket, smoothed (`record`)
         self.k = self.max_k
         self.histogram: Counter = Counter()
         self.depth_histogram: Counter = Counter()    # depth -> requests given it
@@ -136,44 +135,18 @@ class AutoDraftLength:
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
         self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
 
-    def set_step_costs(self, step_costs: dict) -> None:
-        batches = sorted({b for _, b in step_costs})
-        missing = [(k, b) for b in batches for k in range(self.max_k + 1) if (k, b) not in step_costs]
-        if missing:
-            raise ValueError(f"step costs miss (k, batch size) {missing[:4]}: calibrate every k in "
-                             f"0..{self.max_k} at each batch size (spec.cost_model_file)")
-        costs = {}
-        for b in batches:
-            for k, ms in enumerate(smooth_step_costs([step_costs[(k, b)] for k in range(self.max_k + 1)])):
-                costs[(k, b)] = ms
-        self.step_costs, self._batches = costs, batches
+    @property
+    def acceptance(self) -> list[float]:
+        """The engine-wide p_j, j = 1 .. max_k (acceptance.py; tests may set them)."""
+        return self.estimates.pooled
 
-    def cost(self, k: int, batch_size: int) -> float:
-        """Predicted step ms at k drafts and batch_size (module doc)."""
-        return self.cost_curve(batch_size)[k]
+    @acceptance.setter
+    def acceptance(self, values: list[float]) -> None:
+        self.estimates.pooled = list(values)
 
-    def cost_curve(self, batch_size: int) -> list[float]:
-        """Predicted step ms at batch_size for k = 0 .. max_k: the calibrated costs times the
-        online correction, made non-decreasing in k (pool-adjacent-violators) (module doc)."""
-        known = self._known_ratios(batch_size)
-        return _non_decreasing([_interpolate(known, k, self.factor) * self.calibrated_cost(k, batch_size)
-                               for k in range(self.max_k + 1)])
-
-    def _known_ratios(self, batch_size: int) -> list[tuple[int, float]]:
-        """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: from
-        `min_cost_observations` steady steps at k, else from as many steps verifying k and as many
-        proposing k (`observe_parts`: the sum of the two parts' ratios)."""
-        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        known = []
-        for k in range(self.max_k + 1):
-            r, n = self.bucket_correction.get((k, bucket), (0.0, 0))
-            v, nv = self.part_correction.get(("verify", k, bucket), (0.0, 0))
-            d, nd = self.part_correction.get(("draft", k, bucket), (0.0, 0))
-            if n >= least:
-                known.append((k, r))
-            elif min(nv, nd) >= least:
-                known.append((k, v + d))
-        return known
+    @property
+    def num_observed(self) -> list[int]:
+        return self.estimates.num_observed
 
     def cost_unlearned(self, k: int, batch_size: int) -> bool:
         """Whether k's cost at batch_size is still the calibration's alone: explore_costs, k <=
@@ -181,57 +154,50 @@ class AutoDraftLength:
         return (self.explore_costs and self.step_costs is not None and k <= self.max_k
                 and all(j != k for j, _ in self._known_ratios(batch_size)))
 
-    def _probes_up(self, k: int, batch_size: int) -> bool:
-        """Whether k + 1 is explored at batch_size: its position's acceptance is (`explores`), or
-        its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
+    def _explore_target(self, k: int, batch_size: int, top: int, mix: list[int] | None) -> int | None:
+        """The depth explored beyond k at batch_size (None: none): `explore_depth`, else k + 1
+        where its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
         hysteresis with every draft at position k + 1 accepted and its cost over k's half the
         predicted one (where even that cannot pay, measuring it changes no choice)."""
-        return self.explores(k, batch_size) or (self.cost_unlearned(k + 1, batch_size)
-                                                 and self._could_pay(k, batch_size, 0.5))
+        target = self.explore_depth(k, batch_size, top, mix)
+        if target is None and k < min(top, self.max_k) and self.cost_unlearned(k + 1, batch_size) \
+                and self._could_pay(k, batch_size, 0.5):
+            target = k + 1
+        return target
 
-    def observe_overhead(self, batch_size: int, ms: float) -> None:
-        """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
-        bucket, the mean of the first 1 / beta steps then an EMA of weight beta; the decisions add
-        it to every k's cost (`step_cost_curve`)."""
-        running_mean(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.beta)
+    def expected_tokens(self, k: int, mix: list[int] | None = None) -> float:
+        """E[tokens per request step | k] from the current estimates: engine-wide, or the mean over
+        a batch's age buckets (mix: AcceptanceEstimates.mix)."""
+        return self.estimates.expected_tokens(k, mix)
 
-    def step_cost_curve(self, batch_size: int) -> list[float]:
-        """What the decisions compare: cost_curve plus the step's learned overhead at its batch
-        bucket (`observe_overhead`; 0 before any step)."""
-        extra = self.overhead.get(batch_bucket(batch_size), (0.0, 0))[0]
-        return [c + extra for c in self.cost_curve(batch_size)]
-
-    def calibrated_cost(self, k: int, batch_size: int) -> float:
-        """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
-        bs, c = self._batches, self.step_costs
-        if batch_size >= bs[-1]:
-            return c[(k, bs[-1])] * batch_size / bs[-1]
-        if batch_size <= bs[0]:
-            return c[(k, bs[0])]
-        i = bisect.bisect_right(bs, batch_size)
-        b0, b1 = bs[i - 1], bs[i]
-        w = (batch_size - b0) / (b1 - b0)
-        return (1 - w) * c[(k, b0)] + w * c[(k, b1)]
-
-    def expected_tokens(self, k: int) -> float:
-        """E[tokens per request step | k] from the current estimates."""
-        total, survive = 1.0, 1.0
-        for p in self.acceptance[:k]:
-            survive *= p
-            total += survive
-        return total
-
-    def unlearned(self, k: int) -> bool:
+    def unlearned(self, k: int, mix: list[int] | None = None) -> bool:
         """Whether draft position k + 1 is unlearned: k < max_k and its discounted verified drafts
-        are fewer than min_verified (by default prior_weight: its estimate is mostly the prior)."""
-        return k < self.max_k and self._verified[k] < self.min_verified
+        (engine-wide, or in one of mix's age buckets) are fewer than min_verified (by default
+        prior_weight: its estimate is mostly the prior)."""
+        return self.estimates.unlearned(k, self.min_verified, mix)
+
+    def explore_depth(self, k: int, batch_size: int, top: int | None = None,
+                      mix: list[int] | None = None) -> int | None:
+        """The depth k' in k + 1 .. top (None: max_k) whose acceptance is explored at batch_size, or
+        None: of the k' with a position in k + 1 .. k' unlearned (in mix's age buckets), the one of
+        highest goodput with positions k + 1 .. k' at their upper estimates (`optimism`), when
+        that beats k's by more than the hysteresis (less is never chosen: its acceptance would
+        change no choice and exploring would only cost)."""
+        top = self.max_k if top is None else min(top, self.max_k)
+        if self.step_costs is None or k >= top:
+            return None
+        curve, est = self.step_cost_curve(max(1, batch_size)), self.estimates
+        best, target = (1 + self.hysteresis) * est.expected_tokens(k, mix) / curve[k], None
+        for j in range(k + 1, top + 1):
+            if any(self.unlearned(i, mix) for i in range(k, j)):
+                g = est.expected_tokens(j, mix, optimistic_from=k, z=self.optimism) / curve[j]
+                if g > best:
+                    best, target = g, j
+        return target
 
     def explores(self, k: int, batch_size: int) -> bool:
-        """Whether position k + 1 is explored at batch_size: it is `unlearned`, and with every
-        draft at it accepted k + 1 would beat k by more than the hysteresis (where even that
-        cannot pay enough to be chosen, its acceptance changes no choice and exploring would
-        only cost)."""
-        return self.unlearned(k) and self._could_pay(k, batch_size, 1.0)
+        """Whether a depth beyond k is explored at batch_size for its acceptance (`explore_depth`)."""
+        return self.explore_depth(k, batch_size) is not None
 
     def _could_pay(self, k: int, batch_size: int, share: float) -> bool:
         """Whether k + 1 beats k at batch_size by more than the hysteresis (less is never chosen) with
@@ -246,10 +212,11 @@ class AutoDraftLength:
         """Predicted tokens per ms (the step's learned overhead included)."""
         return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
 
-    def _goodputs(self, batch_size: int, top: int) -> list[float]:
-        """goodput(k, batch_size) for k = 0 .. top (one cost curve, the overhead included)."""
+    def _goodputs(self, batch_size: int, top: int, mix: list[int] | None = None) -> list[float]:
+        """goodput(k, batch_size) for k = 0 .. top (one cost curve, the overhead included), the
+        tokens of the batch's age mix (None: engine-wide)."""
         curve = self.step_cost_curve(batch_size)
-        return [batch_size * self.expected_tokens(k) / curve[k] for k in range(top + 1)]
+        return [batch_size * self.expected_tokens(k, mix) / curve[k] for k in range(top + 1)]
 
     def request_acceptance(self, key) -> list[float]:
         """p_j, j = 1 .. max_k, of one request (RequestEstimates.acceptance)."""
@@ -281,16 +248,17 @@ class AutoDraftLength:
 
     def _draw(self) -> list[float]:
         """The engine-wide p_j drawn from their posterior (request_k.draw_engine_wide)."""
-        return draw_engine_wide(self._accepted, self._verified, self.prior_acceptance, self.prior_weight,
+        return draw_engine_wide(self.estimates.accepted, self.estimates.verified, self.prior_acceptance, self.prior_weight,
                                 self.requests.rng)
 
     def forget(self, key) -> None:
         self.requests.forget(key)
 
-    def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
+    def decide(self, batch_size: int, max_k: int | None = None, ages=None) -> StepChoice:
         """The k for a step of batch_size requests, at most max_k (the deepest running request's
         depth; None: self.max_k), and the k in use, switch streak and probe count it leaves (module
-        doc). A query: `commit` applies it."""
+        doc); ages: the running requests' output tokens (None: engine-wide estimates). A query:
+        `commit` applies it."""
         if self.forced is not None:
             return StepChoice(self.forced)
         top = self.max_k if max_k is None else max(0, min(max_k, self.max_k))
@@ -298,7 +266,8 @@ class AutoDraftLength:
             return StepChoice(top)
         batch_size = max(1, batch_size)
         steps, probes, streak, explored = self._steps + 1, self._probes, self._switch_streak, self._explored
-        g = self._goodputs(batch_size, top)
+        mix = self._mix(ages)
+        g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
         if g[best] > (1 + self.hysteresis) * g[current]:
@@ -308,8 +277,9 @@ class AutoDraftLength:
         else:
             streak = 0
         k = current
-        if current < top and steps - explored >= self.patience and self._probes_up(current, batch_size):
-            k, explored = current + 1, steps      # an exploring probe of k = current + 1
+        target = self._explore_target(current, batch_size, top, mix) if steps - explored >= self.patience else None
+        if target is not None:
+            k, explored = target, steps           # an exploring probe
         elif self.probe_interval and steps % self.probe_interval == 0:
             probes += 1
             up = probes % 2 == 1
@@ -319,9 +289,14 @@ class AutoDraftLength:
                 k = current - 1
         return StepChoice(k, current, steps, probes, streak, explored)
 
-    def choose(self, batch_size: int, max_k: int | None = None) -> int:
-        """decide(batch_size, max_k).k: the k the next step would propose (no state changes)."""
-        return self.decide(batch_size, max_k).k
+    def _mix(self, ages) -> list[float] | None:
+        """The age mix a decision weighs the estimates by: of `ages` when given, else the decode
+        steps' smoothed one (`record`; None before any: engine-wide estimates)."""
+        return self.estimates.mix(ages) if ages is not None else self.age_mix
+
+    def choose(self, batch_size: int, max_k: int | None = None, ages=None) -> int:
+        """decide(batch_size, max_k, ages).k: the k the next step would propose (no state changes)."""
+        return self.decide(batch_size, max_k, ages).k
 
     def commit(self, choice: StepChoice) -> None:
         """Apply a step's decision (from `decide` on the current state): the k in use, the step
@@ -331,7 +306,7 @@ class AutoDraftLength:
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
         self._switch_streak, self._explored = choice.switch_streak, choice.explored
 
-    def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
+    def decide_depth(self, batch_size: int, current: int | None = None, ages=None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
         k of highest predicted goodput at that batch size when that beats the k in use by more
         than the hysteresis, else the k in use (as a step's k changes: a request admitted deeper
@@ -339,25 +314,28 @@ class AutoDraftLength:
         known. current: a running request's depth, which only falls: to the best k below it when
         that beats it by more than the hysteresis, and to the k in use when that is smaller, in
         `patience` decode steps in a row, else current; the vote this step casts for it is in the
-        result (`commit_depth` counts it). A query."""
+        result (`commit_depth` counts it); ages: the running requests' output tokens (`decide`). A
+        query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
             return DepthChoice(min(self.forced if self.forced_depth is None else self.forced_depth, top), current)
         if self.step_costs is None:
             return DepthChoice(top, current)
-        batch_size = max(1, batch_size)
-        g = self._goodputs(batch_size, top)
+        batch_size, mix = max(1, batch_size), self._mix(ages)
+        g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
             depth = best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
-            return DepthChoice(depth + 1 if self._probes_up(depth, batch_size) else depth, None)
+            target = self._explore_target(depth, batch_size, self.max_k, mix)
+            return DepthChoice(depth if target is None else target, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
-        # k in use + 1 while that position is explored (an exploring probe verifies it)
+        # the depth explored beyond the k in use (an exploring probe verifies it)
         want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
-        if self._probes_up(self.k, batch_size):
-            want = max(want, min(current, self.k + 1))
+        target = self._explore_target(self.k, batch_size, self.max_k, mix)
+        if target is not None:
+            want = max(want, min(current, target))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:
             return DepthChoice(current, current, (self._steps, 0))
@@ -366,9 +344,9 @@ class AutoDraftLength:
             return DepthChoice(want if streak >= self.patience else current, current, (self._steps, streak))
         return DepthChoice(want if streak >= self.patience else current, current)
 
-    def depth(self, batch_size: int, current: int | None = None) -> int:
-        """decide_depth(batch_size, current).depth (no state changes)."""
-        return self.decide_depth(batch_size, current).depth
+    def depth(self, batch_size: int, current: int | None = None, ages=None) -> int:
+        """decide_depth(batch_size, current, ages).depth (no state changes)."""
+        return self.decide_depth(batch_size, current, ages).depth
 
     def commit_depth(self, choice: DepthChoice) -> None:
         """Count a running depth's vote of this step (from `decide_depth` on the current state)."""
@@ -387,95 +365,31 @@ class AutoDraftLength:
         self.verified_histogram.clear()
         self.cost_log.clear()
 
-    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
-                     verify_ms: float | None = None) -> None:
-        """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
-        proposed k, taking step_ms and committing num_tokens (None: not logged): log the prediction
-        the step's k was chosen with against the measurement (cost_log; call this before `record`
-        and `observe` change the estimates), then update the cost corrections (module doc);
-        verify_ms (of step_ms): also the two parts' (`observe_parts`)."""
-        if self.step_costs is None or self.forced is not None or batch_size < 1:
-            return
-        if num_tokens is not None:
-            curve = self.cost_curve(batch_size)
-            self.cost_log.add(k, batch_size, self.expected_tokens(k), curve[k], curve[0],
-                              self.calibrated_cost(0, batch_size), num_tokens, step_ms)
-        self._learn_cost(k, batch_size, step_ms / self.calibrated_cost(k, batch_size))
-        if verify_ms is not None:
-            self.observe_parts(k, k, batch_size, verify_ms, step_ms - verify_ms)
-
-    def observe_parts(self, verified: int, proposed: int, batch_size: int, verify_ms: float,
-                      draft_ms: float) -> None:
-        """A pure decode step whose batch_size requests each verified `verified` drafts (verify_ms)
-        and proposed `proposed` (draft_ms): per batch bucket, verify_ms / t(verified) and draft_ms /
-        t(proposed) (t: the calibration), the mean of the first 1 / beta steps then an EMA of
-        weight beta. A k's two ratios sum to its measured / calibrated cost once both have
-        min_cost_observations steps (`_known_ratios`): an exploring probe (propose k + 1, then
-        verify k + 1 and propose k) measures k + 1 with no steady step at it."""
-        if self.step_costs is None or self.forced is not None or batch_size < 1:
-            return
-        for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):
-            if 0 <= k <= self.max_k:
-                running_mean(self.part_correction, (part, k, batch_bucket(batch_size)),
-                             max(0.0, ms) / self.calibrated_cost(k, batch_size), self.beta)
-
-    def observe_allocation(self, allocation: "Allocation", step_ms: float, num_tokens: int) -> None:
-        """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
-        prediction it was allocated with against step_ms and num_tokens committed; its cost
-        corrections are kept under the nearest integer k."""
-        B = len(allocation.num_drafts)
-        if self.step_costs is None or self.forced is not None or B < 1:
-            return
-        x = allocation.mean_drafts
-        k = min(self.max_k, round(x))
-        curve = self.cost_curve(B)
-        self.cost_log.add(k, B, allocation.expected_tokens / B, allocation.predicted_ms, curve[0],
-                          self.calibrated_cost(0, B), num_tokens, step_ms)
-        lo = min(int(x), self.max_k)
-        hi = min(lo + 1, self.max_k)
-        calibrated = self.calibrated_cost(lo, B) + (x - lo) * (self.calibrated_cost(hi, B) - self.calibrated_cost(lo, B))
-        self._learn_cost(k, B, step_ms / calibrated)
-
-    def _learn_cost(self, k: int, batch_size: int, ratio: float) -> None:
-        """One measured / calibrated ratio at k drafts: the corrections (module doc)."""
-        old = self.correction.get(k)
-        self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
-        self.factor = ratio if self._num_factor == 0 else self.factor + self.beta * (ratio - self.factor)
-        self._num_factor += 1
-        running_mean(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.beta)
-
-    def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, key=None, age: int | None = None) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
         given every earlier one was accepted; the first num_accepted were accepted. key: the
-        request's (its own counts, request_acceptance), None: engine-wide only."""
+        request's (its own counts, request_acceptance), None: engine-wide only; age: its output
+        tokens before the round (its age bucket: acceptance.py; None: engine-wide only)."""
         n = min(num_accepted + 1, num_draft_tokens)
         if key is not None and self.per_request:
             self.verified_histogram[num_draft_tokens] += 1
             self.requests.observe(key, n, num_accepted)
-        for j in range(n):
-            self._accepted[j] += j < num_accepted
-            self._verified[j] += 1
-            self.num_observed[j] += 1
-        if n:
-            self._estimate()
+        self.estimates.observe(n, num_accepted, age)
 
-    def _estimate(self) -> None:
-        """p_j from the discounted counts, with position j - 1's estimate as position j's prior
-        (p_0 = prior_acceptance for position 1) (module doc)."""
-        prior, w = self.prior_acceptance, self.prior_weight
-        for j, (a, v) in enumerate(zip(self._accepted, self._verified)):
-            prior = self.acceptance[j] = (a + w * prior) / (v + w)
-
-    def record(self, k: int, batch_size: int | None = None) -> None:
+    def record(self, k: int, batch_size: int | None = None, ages=None) -> None:
         """A decode step of batch_size requests (None: not counted per bucket) chose k (called
         before its rounds are observed): count it, discount the acceptance counts (an estimate no
-        round updates drifts back to the prior: module doc)."""
+        round updates drifts back to the prior: module doc); ages: its requests' output tokens,
+        whose age mix enters `age_mix`, an EMA of weight 1 - decay (the decisions' mix: steady over
+        the waves of young requests a batch admits together)."""
         self.histogram[k] += 1
         if batch_size:
             self.cost_log.count_decode_step(batch_size)
-        self._accepted = [x * self.decay for x in self._accepted]
-        self._verified = [x * self.decay for x in self._verified]
-        self._estimate()
+        self.estimates.decay()
+        mix = self.estimates.mix(ages)
+        if mix is not None:
+            old, f = self.age_mix, self.decay
+            self.age_mix = [float(n) for n in mix] if old is None else [f * a + (1 - f) * n for a, n in zip(old, mix)]
 
     def summary(self) -> dict:
         """For metrics.json: the histograms of k per step and depth per request, the estimates,
@@ -486,6 +400,7 @@ class AutoDraftLength:
                 "verified_histogram": {str(d): n for d, n in sorted(self.verified_histogram.items())},
                 "conditional_acceptance": [round(p, 4) for p in self.acceptance],
                 "num_observed": list(self.num_observed),
+                "acceptance_by_age": self.estimates.summary(),
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "cost_factor": round(self.factor, 3),
                 "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m, 3), "steps": n}

@@ -44,19 +44,19 @@ class FixedDraftLength:
         self.max_k = self.k = k
         self.histogram: Counter = Counter()
 
-    def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
+    def decide(self, batch_size: int, max_k: int | None = None, ages=None) -> StepChoice:
         return StepChoice(self.k)
 
-    def choose(self, batch_size: int, max_k: int | None = None) -> int:
+    def choose(self, batch_size: int, max_k: int | None = None, ages=None) -> int:
         return self.k
 
     def commit(self, choice: StepChoice) -> None:
         pass
 
-    def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
+    def decide_depth(self, batch_size: int, current: int | None = None, ages=None) -> DepthChoice:
         return DepthChoice(self.k, current)
 
-    def depth(self, batch_size: int, current: int | None = None) -> int:
+    def depth(self, batch_size: int, current: int | None = None, ages=None) -> int:
         return self.k
 
     def commit_depth(self, choice: DepthChoice) -> None:
@@ -68,7 +68,7 @@ class FixedDraftLength:
     def reset_histograms(self) -> None:
         self.histogram.clear()
 
-    def observe(self, num_draft_tokens: int, num_accepted: int, key=None) -> None:
+    def observe(self, num_draft_tokens: int, num_accepted: int, key=None, age: int | None = None) -> None:
         pass
 
     def forget(self, key) -> None:
@@ -84,5 +84,5 @@ class FixedDraftLength:
     def observe_overhead(self, batch_size: int, ms: float) -> None:
         pass
 
-    def record(self, k: int, batch_size: int | None = None) -> None:
+    def record(self, k: int, batch_size: int | None = None, ages=None) -> None:
         self.histogram[k] += 1

@@ -266,10 +266,12 @@ class Scheduler:
                                                verify_ms=1e3 * t.verify_s)
             elif t is not None and not out.prefills and proposes and len(verified) == 1:
                 self.draft_length.observe_parts(verified.pop(), k, len(out.decodes), 1e3 * t.verify_s, 1e3 * t.draft_s)
-            self.draft_length.record(k, len(out.decodes))
+            # the decodes' ages (output tokens) weigh automatic k's estimates by age (core/acceptance.py)
+            self.draft_length.record(k, len(out.decodes), [len(d.request.output_token_ids) for d in out.decodes])
         for d in out.decodes:
             res = result.results[d.request.index]
-            self.draft_length.observe(res.num_draft_tokens, res.num_accepted, d.request.index)
+            self.draft_length.observe(res.num_draft_tokens, res.num_accepted, d.request.index,
+                                      len(d.request.output_token_ids))
         for item in out.prefills + out.decodes:
             r = item.request
             res = result.results[r.index]

@@ -1,0 +1,148 @@
+"""Automatic k's acceptance estimates (scheduler side, no torch): the conditional acceptance p_j
+of each draft position j, engine-wide and per age of the generation, learned from every
+verification round (AutoDraftLength owns one: mtpx/core/draft_length.py).
+
+Engine-wide (`pooled`): p_j = (accepted_j + w p_{j-1}) / (verified_j + w) from discounted counts,
+p_0 = prior_acceptance, w = prior_weight pseudo-drafts; every count is multiplied by `decay` each
+decode step (`decay`).
+
+By age: a generation's first rounds accept less than the rest. On GSM8K with the demo at
+concurrency 16, p_1 reads 0.58-0.65 over a request's first 8 rounds and 0.77-0.85 after its 12th
+(docs/automatic_k.md, "Acceptance by age"). Exploring admits requests at a new depth, so the
+drafts it verifies first are young; an estimate learned from them alone undervalues a batch of
+mostly older generations. So each round is also counted in its request's age bucket (output
+tokens before the round: [0, 8), [8, 16), [16, 32), [32, inf)), estimated from the bucket's own
+counts as the engine-wide estimate is from all (a bucket no round reached holds the prior, not the
+young rounds' estimate, so exploring goes on until the ages the batch holds are learned). A
+batch's E[tokens | k] is the mean of its requests' buckets' (`expected_tokens` with a `mix`),
+and a position is unlearned while a bucket the batch holds has fewer than min_verified verified
+drafts at it.
+
+Optimism (exploring): a position's upper estimate adds z standard deviations of its Beta
+posterior, p + z sqrt(p (1 - p) / (v + w + 1)), capped at 1 (UCB, Auer et al. 2002, with the
+posterior's spread in place of their bound).
+"""
+from __future__ import annotations
+
+import bisect
+import math
+
+__all__ = ["AGE_EDGES", "AcceptanceEstimates"]
+
+AGE_EDGES = (8, 16, 32)   # output tokens: the lower edges of the age buckets after [0, 8)
+
+
+class AcceptanceEstimates:
+    """Engine-wide and per-age conditional acceptance (module doc). max_k: draft positions;
+    prior_acceptance, prior_weight, decay: as AutoDraftLength's; edges: the age buckets' lower
+    edges after the first, in output tokens, increasing."""
+
+    def __init__(self, max_k: int, prior_acceptance: float = 0.7, prior_weight: float = 8.0,
+                 decay: float = 0.99, edges: tuple[int, ...] = AGE_EDGES):
+        self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
+        self.decay_factor, self.edges = decay, tuple(edges)
+        self.pooled = [prior_acceptance] * max_k     # p_j, j = 1 .. max_k
+        self.num_observed = [0] * max_k              # verified drafts seen per position (undiscounted)
+        self.accepted = [0.0] * max_k                # discounted counts behind p_j
+        self.verified = [0.0] * max_k
+        self.age_accepted = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
+        self.age_verified = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, AcceptanceEstimates) and vars(self) == vars(other)
+
+    def bucket(self, age: int) -> int:
+        """The age bucket of a request with `age` output tokens."""
+        return bisect.bisect_right(self.edges, age)
+
+    def mix(self, ages) -> list[int] | None:
+        """Requests per age bucket of a batch whose requests have `ages` output tokens; None: None."""
+        if ages is None:
+            return None
+        counts = [0] * (len(self.edges) + 1)
+        for age in ages:
+            counts[self.bucket(age)] += 1
+        return counts if any(counts) else None
+
+    def observe(self, num_verified: int, num_accepted: int, age: int | None = None) -> None:
+        """A round verified drafts 1 .. num_verified (each given every earlier one accepted) and
+        accepted the first num_accepted; age: the request's output tokens before it (None: counted
+        engine-wide only)."""
+        b = None if age is None else self.bucket(age)
+        for j in range(min(num_verified, self.max_k)):
+            hit = j < num_accepted
+            self.accepted[j] += hit
+            self.verified[j] += 1
+            self.num_observed[j] += 1
+            if b is not None:
+                self.age_accepted[b][j] += hit
+                self.age_verified[b][j] += 1
+        if num_verified:
+            self._estimate()
+
+    def decay(self) -> None:
+        """One decode step: every count times `decay` (an estimate no round updates drifts back to
+        its prior)."""
+        f = self.decay_factor
+        self.accepted = [x * f for x in self.accepted]
+        self.verified = [x * f for x in self.verified]
+        for counts in self.age_accepted + self.age_verified:
+            counts[:] = [x * f for x in counts]
+        self._estimate()
+
+    def _estimate(self) -> None:
+        self.pooled = self._chain(self.accepted, self.verified)
+
+    def _chain(self, accepted: list[float], verified: list[float]) -> list[float]:
+        """p_j = (a_j + w p_{j-1}) / (v_j + w), p_0 = prior_acceptance (module doc)."""
+        out, prior, w = [], self.prior_acceptance, self.prior_weight
+        for a, v in zip(accepted, verified):
+            prior = (a + w * prior) / (v + w)
+            out.append(prior)
+        return out
+
+    def by_age(self, b: int) -> list[float]:
+        """p_bj, j = 1 .. max_k, of age bucket b, from its own counts as `pooled` (module doc)."""
+        return self._chain(self.age_accepted[b], self.age_verified[b])
+
+    def _tokens(self, ps: list[float], vs: list[float], k: int, optimistic_from: int | None, z: float) -> float:
+        total, survive, w = 1.0, 1.0, self.prior_weight
+        for j in range(k):
+            p = ps[j]
+            if optimistic_from is not None and j >= optimistic_from:
+                p = min(1.0, p + z * math.sqrt(max(0.0, p * (1 - p)) / (vs[j] + w + 1)))
+            survive *= p
+            total += survive
+        return total
+
+    def expected_tokens(self, k: int, mix: list[float] | None = None, optimistic_from: int | None = None,
+                        z: float = 0.0) -> float:
+        """E[tokens per request step | k]: 1 + sum_{i<=k} prod_{j<=i} p_j, engine-wide (mix None)
+        or the mean over a batch's age buckets (mix: requests per bucket, `mix`, or their
+        average over steps); positions from
+        optimistic_from on (0-based) at their upper estimate with z standard deviations."""
+        if mix is None:
+            return self._tokens(self.pooled, self.verified, k, optimistic_from, z)
+        total = sum(n * self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z)
+                    for b, n in enumerate(mix) if n)
+        return total / sum(mix)
+
+    def unlearned(self, j: int, min_verified: float, mix: list[float] | None = None) -> bool:
+        """Whether position j + 1 has fewer than min_verified discounted verified drafts:
+        engine-wide (mix None), else in one of the age buckets that hold at least 5% of mix."""
+        if j >= self.max_k:
+            return False
+        if mix is None:
+            return self.verified[j] < min_verified
+        least = 0.05 * sum(mix)
+        return any(n > 0 and n >= least and self.age_verified[b][j] < min_verified for b, n in enumerate(mix))
+
+    def summary(self) -> list[dict]:
+        """metrics.json's auto_k.acceptance_by_age: per bucket its output-token range, p_bj and
+        discounted verified drafts."""
+        lows = (0,) + self.edges
+        highs = self.edges + (None,)
+        return [{"output_tokens": f"{lo}-{hi - 1}" if hi else f"{lo}+",
+                 "conditional_acceptance": [round(p, 4) for p in self.by_age(b)],
+                 "verified": [round(v, 2) for v in self.age_verified[b]]}
+                for b, (lo, hi) in enumerate(zip(lows, highs))]

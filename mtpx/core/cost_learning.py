@@ -1,0 +1,139 @@
+"""The step-cost half of automatic k (scheduler side, no torch): the calibrated decode-step costs
+smoothed over k, their online corrections from the running engine's pure decode steps, and the
+predicted-vs-measured log. A mixin of AutoDraftLength (mtpx/core/draft_length.py), whose module doc
+gives the rules; it owns no state of its own (AutoDraftLength.reset creates it)."""
+from __future__ import annotations
+
+import bisect
+
+from mtpx.core.cost_curve import _interpolate, _non_decreasing, running_mean, smooth_step_costs
+from mtpx.core.cost_model_log import batch_bucket
+from mtpx.core.request_k import Allocation
+
+__all__ = ["StepCostLearning"]
+
+
+class StepCostLearning:
+    """Step costs and their corrections (module doc): set_step_costs, cost_curve, step_cost_curve,
+    calibrated_cost, cost_unlearned, and observe_step / observe_parts / observe_allocation /
+    observe_overhead, which learn from a measured step."""
+
+    def set_step_costs(self, step_costs: dict) -> None:
+        batches = sorted({b for _, b in step_costs})
+        missing = [(k, b) for b in batches for k in range(self.max_k + 1) if (k, b) not in step_costs]
+        if missing:
+            raise ValueError(f"step costs miss (k, batch size) {missing[:4]}: calibrate every k in "
+                             f"0..{self.max_k} at each batch size (spec.cost_model_file)")
+        costs = {}
+        for b in batches:
+            for k, ms in enumerate(smooth_step_costs([step_costs[(k, b)] for k in range(self.max_k + 1)])):
+                costs[(k, b)] = ms
+        self.step_costs, self._batches = costs, batches
+
+    def cost(self, k: int, batch_size: int) -> float:
+        """Predicted step ms at k drafts and batch_size (module doc)."""
+        return self.cost_curve(batch_size)[k]
+
+    def cost_curve(self, batch_size: int) -> list[float]:
+        """Predicted step ms at batch_size for k = 0 .. max_k: the calibrated costs times the
+        online correction, made non-decreasing in k (pool-adjacent-violators) (module doc)."""
+        known = self._known_ratios(batch_size)
+        return _non_decreasing([_interpolate(known, k, self.factor) * self.calibrated_cost(k, batch_size)
+                               for k in range(self.max_k + 1)])
+
+    def _known_ratios(self, batch_size: int) -> list[tuple[int, float]]:
+        """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: from
+        `min_cost_observations` steady steps at k, else from as many steps verifying k and as many
+        proposing k (`observe_parts`: the sum of the two parts' ratios)."""
+        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
+        known = []
+        for k in range(self.max_k + 1):
+            r, n = self.bucket_correction.get((k, bucket), (0.0, 0))
+            v, nv = self.part_correction.get(("verify", k, bucket), (0.0, 0))
+            d, nd = self.part_correction.get(("draft", k, bucket), (0.0, 0))
+            if n >= least:
+                known.append((k, r))
+            elif min(nv, nd) >= least:
+                known.append((k, v + d))
+        return known
+
+    def observe_overhead(self, batch_size: int, ms: float) -> None:
+        """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
+        bucket, the mean of the first 1 / beta steps then an EMA of weight beta; the decisions add
+        it to every k's cost (`step_cost_curve`)."""
+        running_mean(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.beta)
+
+    def step_cost_curve(self, batch_size: int) -> list[float]:
+        """What the decisions compare: cost_curve plus the step's learned overhead at its batch
+        bucket (`observe_overhead`; 0 before any step)."""
+        extra = self.overhead.get(batch_bucket(batch_size), (0.0, 0))[0]
+        return [c + extra for c in self.cost_curve(batch_size)]
+
+    def calibrated_cost(self, k: int, batch_size: int) -> float:
+        """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
+        bs, c = self._batches, self.step_costs
+        if batch_size >= bs[-1]:
+            return c[(k, bs[-1])] * batch_size / bs[-1]
+        if batch_size <= bs[0]:
+            return c[(k, bs[0])]
+        i = bisect.bisect_right(bs, batch_size)
+        b0, b1 = bs[i - 1], bs[i]
+        w = (batch_size - b0) / (b1 - b0)
+        return (1 - w) * c[(k, b0)] + w * c[(k, b1)]
+
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
+                     verify_ms: float | None = None) -> None:
+        """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
+        proposed k, taking step_ms and committing num_tokens (None: not logged): log the prediction
+        the step's k was chosen with against the measurement (cost_log; call this before `record`
+        and `observe` change the estimates), then update the cost corrections (module doc);
+        verify_ms (of step_ms): also the two parts' (`observe_parts`)."""
+        if self.step_costs is None or self.forced is not None or batch_size < 1:
+            return
+        if num_tokens is not None:
+            curve = self.cost_curve(batch_size)
+            self.cost_log.add(k, batch_size, self.expected_tokens(k), curve[k], curve[0],
+                              self.calibrated_cost(0, batch_size), num_tokens, step_ms)
+        self._learn_cost(k, batch_size, step_ms / self.calibrated_cost(k, batch_size))
+        if verify_ms is not None:
+            self.observe_parts(k, k, batch_size, verify_ms, step_ms - verify_ms)
+
+    def observe_parts(self, verified: int, proposed: int, batch_size: int, verify_ms: float,
+                      draft_ms: float) -> None:
+        """A pure decode step whose batch_size requests each verified `verified` drafts (verify_ms)
+        and proposed `proposed` (draft_ms): per batch bucket, verify_ms / t(verified) and draft_ms /
+        t(proposed) (t: the calibration), the mean of the first 1 / beta steps then an EMA of
+        weight beta. A k's two ratios sum to its measured / calibrated cost once both have
+        min_cost_observations steps (`_known_ratios`): an exploring probe (propose k + 1, then
+        verify k + 1 and propose k) measures k + 1 with no steady step at it."""
+        if self.step_costs is None or self.forced is not None or batch_size < 1:
+            return
+        for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):
+            if 0 <= k <= self.max_k:
+                running_mean(self.part_correction, (part, k, batch_bucket(batch_size)),
+                             max(0.0, ms) / self.calibrated_cost(k, batch_size), self.beta)
+
+    def observe_allocation(self, allocation: Allocation, step_ms: float, num_tokens: int) -> None:
+        """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
+        prediction it was allocated with against step_ms and num_tokens committed; its cost
+        corrections are kept under the nearest integer k."""
+        B = len(allocation.num_drafts)
+        if self.step_costs is None or self.forced is not None or B < 1:
+            return
+        x = allocation.mean_drafts
+        k = min(self.max_k, round(x))
+        curve = self.cost_curve(B)
+        self.cost_log.add(k, B, allocation.expected_tokens / B, allocation.predicted_ms, curve[0],
+                          self.calibrated_cost(0, B), num_tokens, step_ms)
+        lo = min(int(x), self.max_k)
+        hi = min(lo + 1, self.max_k)
+        calibrated = self.calibrated_cost(lo, B) + (x - lo) * (self.calibrated_cost(hi, B) - self.calibrated_cost(lo, B))
+        self._learn_cost(k, B, step_ms / calibrated)
+
+    def _learn_cost(self, k: int, batch_size: int, ratio: float) -> None:
+        """One measured / calibrated ratio at k drafts: the corrections (module doc)."""
+        old = self.correction.get(k)
+        self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
+        self.factor = ratio if self._num_factor == 0 else self.factor + self.beta * (ratio - self.factor)
+        self._num_factor += 1
+        running_mean(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.beta)
