@@ -123,17 +123,30 @@ def test_the_scheduler_passes_each_round_its_requests_age(tmp_path, monkeypatch)
 
 def test_decisions_weigh_the_ages_of_the_decode_steps_smoothed_over_steps():
     """`record` keeps the decode steps' requests per age bucket as an EMA of weight 1 - decay, and
-    a decision without explicit ages weighs the estimates by it: a wave of young requests admitted
-    together does not swing the k (and with it the running depths, which never rise again)."""
+    a decision without explicit ages weighs the estimates by it, from equal shares: a wave of young
+    requests admitted together, the first included, does not swing the k (and with it the running
+    depths, which never rise again)."""
     p = AutoDraftLength(8, c16_costs(), probe_interval=0, patience=1, explore_costs=False, decay=0.9)
     assert p.age_mix is None and p._mix(None) is None
-    p.record(0, 2, ages=[3, 40])
-    assert p.age_mix == [1.0, 0.0, 0.0, 1.0]
+    p.record(0, 2, ages=[3, 40])                 # from equal shares: 0.9 x 0.25 + 0.1 x (1/2, 0, 0, 1/2)
+    assert p.age_mix == pytest.approx([0.275, 0.225, 0.225, 0.275])
     p.record(0, 2, ages=[40, 40])
-    assert p.age_mix == [pytest.approx(0.9), 0.0, 0.0, pytest.approx(1.1)]
+    assert p.age_mix == pytest.approx([0.2475, 0.2025, 0.2025, 0.3475])
     assert p._mix(None) == p.age_mix and p._mix([1, 9]) == [1, 1, 0, 0]
     for _ in range(30):
         p.observe(8, 0, age=2)
         p.observe(8, 8, age=40)
-    steady = p.decide(16)
-    assert steady.k == p.decide(16, ages=[40, 40]).k == 8 and p.decide(16, ages=[2, 2]).k == 0
+    # ages 8-31 unseen: explored from k = 0, and k = 8 in use (max_k) is held, since at their upper
+    # estimates it could still pay
+    assert p.explore_depth(0, 16, mix=p.age_mix) == 5 and p.decide(16).k_in_use == 8
+    p.k = 0
+    assert p.decide(16).k == 5
+    for _ in range(30):
+        p.observe(8, 8, age=10)
+        p.observe(8, 8, age=20)
+    # the mix's shares (0.2475 young, 0.7525 older) weigh each bucket's own E[tokens | 8]
+    alone = [p.expected_tokens(8, [float(i == b) for i in range(4)]) for b in range(4)]
+    assert alone[0] < 1.2 and min(alone[1:]) > 8.3
+    assert p.expected_tokens(8, p.age_mix) == pytest.approx(sum(w * t for w, t in zip(p.age_mix, alone)))
+    p.k = 8
+    assert p.decide(16).k == p.decide(16, ages=[40, 40]).k == 8

@@ -313,8 +313,9 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, optimism=2.0).explores(0, 64)   # 2 / 200 does not
     assert not AutoDraftLength(1, ms).explores(0, 64)   # one deviation: 1.853 / 180 does not either
     assert p.depth(64) == 1                             # admitted one deeper than the best k, 0
-    assert [step(p, 64) for _ in range(3)] == [1, 1, 0]   # k = 1 in use at first (max_k), then 0
-    assert p.k == 0
+    # k = 1 in use at first (max_k), held: at position 1's upper estimate it beats k = 0
+    assert [step(p, 64) for _ in range(3)] == [1, 1, 1] and p.k == 1
+    p.k = 0                                             # as after a fall
     assert [lower(p, 64, 1) for _ in range(3)] == [1, 1, 1]   # held at 1 while position 1 is unlearned
     assert [step(p, 64) for _ in range(4)] == [1, 0, 1, 0]    # an exploring probe every patience steps
     for _ in range(10):                                  # 10 verified drafts, all rejected: learned

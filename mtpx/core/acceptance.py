@@ -105,25 +105,27 @@ class AcceptanceEstimates:
         """p_bj, j = 1 .. max_k, of age bucket b, from its own counts as `pooled` (module doc)."""
         return self._chain(self.age_accepted[b], self.age_verified[b])
 
-    def _tokens(self, ps: list[float], vs: list[float], k: int, optimistic_from: int | None, z: float) -> float:
+    def _tokens(self, ps: list[float], vs: list[float], k: int, optimistic_from: int | None, z: float,
+                below: float) -> float:
         total, survive, w = 1.0, 1.0, self.prior_weight
         for j in range(k):
             p = ps[j]
-            if optimistic_from is not None and j >= optimistic_from:
+            if optimistic_from is not None and j >= optimistic_from and vs[j] < below:
                 p = min(1.0, p + z * math.sqrt(max(0.0, p * (1 - p)) / (vs[j] + w + 1)))
             survive *= p
             total += survive
         return total
 
     def expected_tokens(self, k: int, mix: list[float] | None = None, optimistic_from: int | None = None,
-                        z: float = 0.0) -> float:
+                        z: float = 0.0, below: float = math.inf) -> float:
         """E[tokens per request step | k]: 1 + sum_{i<=k} prod_{j<=i} p_j, engine-wide (mix None)
         or the mean over a batch's age buckets (mix: requests per bucket, `mix`, or their
         average over steps); positions from
-        optimistic_from on (0-based) at their upper estimate with z standard deviations."""
+        optimistic_from on (0-based) with fewer than `below` verified drafts at their upper
+        estimate with z standard deviations."""
         if mix is None:
-            return self._tokens(self.pooled, self.verified, k, optimistic_from, z)
-        total = sum(n * self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z)
+            return self._tokens(self.pooled, self.verified, k, optimistic_from, z, below)
+        total = sum(n * self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)
                     for b, n in enumerate(mix) if n)
         return total / sum(mix)
 

@@ -35,13 +35,17 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   verifies drifts back to it as its counts decay. Every `probe_interval` steps one step proposes
   one draft more than the k in use, the next probe one fewer. Why: docs/automatic_k.md.
 - Exploring (`explore_depth`): while a position in k + 1 .. k' (k in use) is unlearned (fewer
-  than `min_verified` discounted verified drafts in a bucket the batch holds) and k' would beat k
-  by more than the hysteresis with those positions at their upper estimates (`optimism`
-  standard deviations: acceptance.py), or k + 1's step cost at the batch size is the
-  calibration's alone (`cost_unlearned`) and could pay at half its predicted cost over k's,
-  requests are admitted at depth k', running ones do not fall below it, and every `patience`
-  steps a step proposes k' drafts, so a prior that says k = 0, or a calibration that misjudges
-  k + 1, is tested; k' is the best such depth, so exploring can skip a k = 1 that never pays.
+  than `min_verified` discounted verified drafts in an age bucket holding 5% of the steps'
+  requests) and, for that bucket's requests alone, k' would beat k by more than the hysteresis
+  with its unlearned positions at their upper estimates (`optimism` standard deviations:
+  acceptance.py), or k + 1's step cost at the batch size is the calibration's alone
+  (`cost_unlearned`) and could pay at `cost_share` of its predicted cost over k's, requests are
+  admitted at depth k' (the best such; k + 1 for a cost), running ones do not fall below it (nor
+  fall at all when shallower: a depth never rises again), and every `patience` steps a step
+  proposes k' drafts, so a prior that says k = 0, or a calibration that misjudges k + 1, is
+  tested, and a k = 1 that never pays does not block k = 4. The k in use falls only where the
+  smaller k beats it with its unlearned positions at their upper estimates too (a fall the prior
+  alone predicts waits for the drafts that test it).
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
   running request's depth falls under the same two conditions.
@@ -87,8 +91,9 @@ class AutoDraftLength(StepCostLearning):
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
     applies; min_verified: discounted verified drafts below which a position is unlearned and
     explored (None: prior_weight; 0: never); explore_costs: explore a neighbour k whose cost
-    is unmeasured at the batch size (`cost_unlearned`); optimism: standard deviations above an
-    estimate at which exploring values an unlearned position (module doc).
+    is unmeasured at the batch size (`cost_unlearned`) where it could pay at cost_share of its
+    predicted extra cost; optimism: standard deviations above an estimate at which exploring
+    values an unlearned position (module doc).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -98,11 +103,11 @@ class AutoDraftLength(StepCostLearning):
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
                  beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
-                 explore_costs: bool = True, optimism: float = 1.0):
+                 explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
-        self.explore_costs, self.optimism = explore_costs, optimism
+        self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -157,11 +162,11 @@ class AutoDraftLength(StepCostLearning):
     def _explore_target(self, k: int, batch_size: int, top: int, mix: list[int] | None) -> int | None:
         """The depth explored beyond k at batch_size (None: none): `explore_depth`, else k + 1
         where its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
-        hysteresis with every draft at position k + 1 accepted and its cost over k's half the
-        predicted one (where even that cannot pay, measuring it changes no choice)."""
+        hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
+        of the predicted one (where even that cannot pay, measuring it changes no choice)."""
         target = self.explore_depth(k, batch_size, top, mix)
         if target is None and k < min(top, self.max_k) and self.cost_unlearned(k + 1, batch_size) \
-                and self._could_pay(k, batch_size, 0.5):
+                and self._could_pay(k, batch_size, self.cost_share):
             target = k + 1
         return target
 
@@ -177,22 +182,28 @@ class AutoDraftLength(StepCostLearning):
         return self.estimates.unlearned(k, self.min_verified, mix)
 
     def explore_depth(self, k: int, batch_size: int, top: int | None = None,
-                      mix: list[int] | None = None) -> int | None:
+                      mix: list[float] | None = None) -> int | None:
         """The depth k' in k + 1 .. top (None: max_k) whose acceptance is explored at batch_size, or
-        None: of the k' with a position in k + 1 .. k' unlearned (in mix's age buckets), the one of
-        highest goodput with positions k + 1 .. k' at their upper estimates (`optimism`), when
-        that beats k's by more than the hysteresis (less is never chosen: its acceptance would
-        change no choice and exploring would only cost)."""
+        None: the k' of highest predicted gain over k, with the unlearned positions of k + 1 .. k' at
+        their upper estimates (`optimism`), among those with such a position, when the gain
+        is more than the hysteresis (less is never chosen: exploring would only cost). With a mix,
+        each age bucket holding at least 5% of it is judged alone: an age the engine has not seen
+        is explored where it alone could pay (most of a generation is old, and a batch's young
+        requests, seen first, would otherwise keep its old ones from ever being tried)."""
         top = self.max_k if top is None else min(top, self.max_k)
         if self.step_costs is None or k >= top:
             return None
         curve, est = self.step_cost_curve(max(1, batch_size)), self.estimates
-        best, target = (1 + self.hysteresis) * est.expected_tokens(k, mix) / curve[k], None
-        for j in range(k + 1, top + 1):
-            if any(self.unlearned(i, mix) for i in range(k, j)):
-                g = est.expected_tokens(j, mix, optimistic_from=k, z=self.optimism) / curve[j]
-                if g > best:
-                    best, target = g, j
+        groups = [None] if mix is None else [[n if i == b else 0.0 for i, n in enumerate(mix)]
+                                             for b, n in enumerate(mix) if n > 0 and n >= 0.05 * sum(mix)]
+        best, target = 1 + self.hysteresis, None
+        for group in groups:
+            base = est.expected_tokens(k, group) / curve[k]
+            for j in range(k + 1, top + 1):
+                if any(self.unlearned(i, group) for i in range(k, j)):
+                    gain = est.expected_tokens(j, group, k, self.optimism, self.min_verified) / curve[j] / base
+                    if gain > best:
+                        best, target = gain, j
         return target
 
     def explores(self, k: int, batch_size: int) -> bool:
@@ -270,7 +281,7 @@ class AutoDraftLength(StepCostLearning):
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
-        if g[best] > (1 + self.hysteresis) * g[current]:
+        if g[best] > (1 + self.hysteresis) * max(g[current], self._upper_goodput(current, best, batch_size, mix)):
             streak += 1
             if streak >= self.patience:
                 current, streak = best, 0
@@ -288,6 +299,13 @@ class AutoDraftLength(StepCostLearning):
             elif not up and current > 0:
                 k = current - 1
         return StepChoice(k, current, steps, probes, streak, explored)
+
+    def _upper_goodput(self, k: int, below: int, batch_size: int, mix) -> float:
+        """goodput(k) with the unlearned positions past `below` at their upper estimates: a fall of
+        the k in use to `below` must beat this (a fall the prior alone predicts waits for the drafts
+        that test it)."""
+        tokens = self.estimates.expected_tokens(k, mix, below, self.optimism, self.min_verified)
+        return batch_size * tokens / self.step_cost_curve(batch_size)[k]
 
     def _mix(self, ages) -> list[float] | None:
         """The age mix a decision weighs the estimates by: of `ages` when given, else the decode
@@ -380,16 +398,17 @@ class AutoDraftLength(StepCostLearning):
         """A decode step of batch_size requests (None: not counted per bucket) chose k (called
         before its rounds are observed): count it, discount the acceptance counts (an estimate no
         round updates drifts back to the prior: module doc); ages: its requests' output tokens,
-        whose age mix enters `age_mix`, an EMA of weight 1 - decay (the decisions' mix: steady over
-        the waves of young requests a batch admits together)."""
+        whose shares per age bucket enter `age_mix`, an EMA of weight 1 - decay from equal shares
+        (the decisions' mix: steady over the waves of young requests admitted together, the first
+        included, so that a depth, which never rises again, is not lowered for their first rounds)."""
         self.histogram[k] += 1
         if batch_size:
             self.cost_log.count_decode_step(batch_size)
         self.estimates.decay()
         mix = self.estimates.mix(ages)
-        if mix is not None:
-            old, f = self.age_mix, self.decay
-            self.age_mix = [float(n) for n in mix] if old is None else [f * a + (1 - f) * n for a, n in zip(old, mix)]
+        if mix is not None:         # from every age alike: a first wave of young requests is a transient
+            old, f, total = self.age_mix or [1 / len(mix)] * len(mix), self.decay, sum(mix)
+            self.age_mix = [f * a + (1 - f) * n / total for a, n in zip(old, mix)]
 
     def summary(self) -> dict:
         """For metrics.json: the histograms of k per step and depth per request, the estimates,
