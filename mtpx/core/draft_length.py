@@ -330,7 +330,8 @@ class AutoDraftLength(StepCostLearning):
         than the hysteresis, else the k in use (as a step's k changes: a request admitted deeper
         than the steps draft would run its extra modules for nothing); max_k before the costs are
         known. current: a running request's depth, which only falls: to the best k below it when
-        that beats it by more than the hysteresis, and to the k in use when that is smaller, in
+        that beats it by more than the hysteresis (its unlearned positions at their upper estimates
+        too: `_upper_goodput`), and to the k in use when that is smaller, in
         `patience` decode steps in a row, else current; the vote this step casts for it is in the
         result (`commit_depth` counts it); ages: the running requests' output tokens (`decide`). A
         query."""
@@ -350,7 +351,8 @@ class AutoDraftLength(StepCostLearning):
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # the depth explored beyond the k in use (an exploring probe verifies it)
-        want = min(best if g[best] > (1 + self.hysteresis) * g[current] else current, self.k)
+        beats = g[best] > (1 + self.hysteresis) * max(g[current], self._upper_goodput(current, best, batch_size, mix))
+        want = min(best if beats else current, self.k)
         target = self._explore_target(self.k, batch_size, self.max_k, mix)
         if target is not None:
             want = max(want, min(current, target))
