@@ -289,10 +289,11 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     p.reset()
     # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so at the
     # prior no k beats k = 0; at the prior's upper estimate (0.7 + sqrt(0.21 / 9) = 0.853: one
-    # standard deviation of Beta(5.6, 2.4)) k = 5 would, so the first requests are admitted at depth
-    # 5 to explore positions 1-5; without optimism they prefill no module; at batch 1 they keep all 8
+    # standard deviation of Beta(5.6, 2.4)) k = 3 would (the smallest such), so the first requests
+    # are admitted at depth 3 to explore positions 1-3; without optimism they prefill no module; at
+    # batch 1 they keep all 8
     assert p.goodput(0, 64) > max(p.goodput(k, 64) for k in range(1, 9))
-    assert p.explore_depth(0, 64) == 5 and p.depth(64) == 5 and p.depth(1) == 8
+    assert p.explore_depth(0, 64) == 3 and p.depth(64) == 3 and p.depth(1) == 8
     assert AutoDraftLength(8, step_costs, explore_costs=False, optimism=0.0).depth(64) == 0
     optimistic = AutoDraftLength(8, step_costs, prior_acceptance=1.0)
     assert optimistic.depth(64) == 8

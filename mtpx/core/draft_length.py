@@ -184,9 +184,10 @@ class AutoDraftLength(StepCostLearning):
     def explore_depth(self, k: int, batch_size: int, top: int | None = None,
                       mix: list[float] | None = None) -> int | None:
         """The depth k' in k + 1 .. top (None: max_k) whose acceptance is explored at batch_size, or
-        None: the k' of highest predicted gain over k, with the unlearned positions of k + 1 .. k' at
-        their upper estimates (`optimism`), among those with such a position, when the gain
-        is more than the hysteresis (less is never chosen: exploring would only cost). With a mix,
+        None: the smallest k' with an unlearned position in k + 1 .. k' that, with those positions
+        at their upper estimates (`optimism`), would beat k by more than the hysteresis (less is
+        never chosen: exploring would only cost; the smallest, as a probe and a held depth cost
+        the more the deeper they are, and a deeper one follows once these are learned). With a mix,
         each age bucket holding at least 5% of it is judged alone: an age the engine has not seen
         is explored where it alone could pay (most of a generation is old, and a batch's young
         requests, seen first, would otherwise keep its old ones from ever being tried)."""
@@ -196,14 +197,14 @@ class AutoDraftLength(StepCostLearning):
         curve, est = self.step_cost_curve(max(1, batch_size)), self.estimates
         groups = [None] if mix is None else [[n if i == b else 0.0 for i, n in enumerate(mix)]
                                              for b, n in enumerate(mix) if n > 0 and n >= 0.05 * sum(mix)]
-        best, target = 1 + self.hysteresis, None
+        target = None
         for group in groups:
             base = est.expected_tokens(k, group) / curve[k]
-            for j in range(k + 1, top + 1):
-                if any(self.unlearned(i, group) for i in range(k, j)):
-                    gain = est.expected_tokens(j, group, k, self.optimism, self.min_verified) / curve[j] / base
-                    if gain > best:
-                        best, target = gain, j
+            for j in range(k + 1, top + 1 if target is None else target):
+                if any(self.unlearned(i, group) for i in range(k, j)) and \
+                        est.expected_tokens(j, group, k, self.optimism, self.min_verified) / curve[j] > (1 + self.hysteresis) * base:
+                    target = j
+                    break
         return target
 
     def explores(self, k: int, batch_size: int) -> bool:
