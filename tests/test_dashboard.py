@@ -57,13 +57,18 @@ def test_run_figures_of_automatic_k(tmp_path):
            "plain_step_ms_source": "calibrated", "plain_steps": 0}
     auto_k = {"k_histogram": {"0": 2, "3": 6}, "depth_histogram": {"3": 3},
               "cost_model": {"1": row, "4-7": dict(row, plain_step_ms_source="measured", plain_steps=2),
-                             "16-31": {"decode_steps": 1, "steps": 0}}}
+                             "16-31": {"decode_steps": 1, "steps": 0}},
+              "acceptance_by_age": [{"output_tokens": "0-7", "conditional_acceptance": [0.6, 0.7], "verified": [9.5, 0.4]},
+                                    {"output_tokens": "32+", "conditional_acceptance": [0.7, 0.7], "verified": [0.0, 0.0]}]}
     written = write_run_figures(_metrics(["code"] * 3, auto_k=auto_k), tmp_path / "a")
     assert [p.name for p in written] == ["acceptance_conditional.png", "position0_buckets.png", *AUTO_K_FIGURES]
     assert all(p.read_bytes()[:8] == PNG for p in written)
     no_steps = dict(auto_k, cost_model={"16-31": {"decode_steps": 1, "steps": 0}})
     assert [p.name for p in write_run_figures(_metrics(["code"] * 3, auto_k=no_steps), tmp_path / "b")][2:] == \
-        ["auto_k_histograms.png"]
+        ["auto_k_histograms.png", "acceptance_by_age.png"]
+    unseen = dict(no_steps, acceptance_by_age=[dict(r, verified=[0.0, 0.0]) for r in auto_k["acceptance_by_age"]])
+    assert [p.name for p in write_run_figures(_metrics(["code"] * 3, auto_k=unseen), tmp_path / "c")][2:] == \
+        ["auto_k_histograms.png"]                        # no bucket with a verified draft: no age figure
 
 
 def test_wandb_charts_over_the_analytics_tables():

@@ -36,11 +36,10 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   one draft more than the k in use, the next probe one fewer. Why: docs/automatic_k.md.
 - Exploring (`explore_depth`): while a position in k + 1 .. k' (k in use) is unlearned (fewer
   than `min_verified` discounted verified drafts in an age bucket holding 5% of the steps'
-  requests) and, for that bucket's requests alone, k' would beat k by more than the hysteresis
-  with its unlearned positions at their upper estimates (`optimism` standard deviations:
-  acceptance.py), or k + 1's step cost at the batch size is the calibration's alone
+  requests) and k' would beat k by more than the hysteresis with the unlearned positions at their
+  upper estimates (`optimism` standard deviations: acceptance.py), or k + 1's step cost at the batch size is the calibration's alone
   (`cost_unlearned`) and could pay at `cost_share` of its predicted cost over k's, requests are
-  admitted at depth k' (the best such; k + 1 for a cost), running ones do not fall below it (nor
+  admitted at depth k' (the smallest such; k + 1 for a cost), running ones do not fall below it (nor
   fall at all when shallower: a depth never rises again), and every `patience` steps a step
   proposes k' drafts, so a prior that says k = 0, or a calibration that misjudges k + 1, is
   tested, and a k = 1 that never pays does not block k = 4. The k in use falls only where the
@@ -184,28 +183,21 @@ class AutoDraftLength(StepCostLearning):
     def explore_depth(self, k: int, batch_size: int, top: int | None = None,
                       mix: list[float] | None = None) -> int | None:
         """The depth k' in k + 1 .. top (None: max_k) whose acceptance is explored at batch_size, or
-        None: the smallest k' with an unlearned position in k + 1 .. k' that, with those positions
-        at their upper estimates (`optimism`), would beat k by more than the hysteresis (less is
-        never chosen: exploring would only cost; the smallest, as a probe and a held depth cost
-        the more the deeper they are, and a deeper one follows once these are learned). With a mix,
-        each age bucket holding at least 5% of it is judged alone: an age the engine has not seen
-        is explored where it alone could pay (most of a generation is old, and a batch's young
-        requests, seen first, would otherwise keep its old ones from ever being tried)."""
+        None: the smallest k' with an unlearned position in k + 1 .. k' (in a bucket holding 5% of
+        mix) that, with the unlearned positions at their upper estimates (`optimism`), would beat
+        k by more than the hysteresis for the mix (less is never chosen: the step's k would not
+        change, and exploring would only cost; the smallest, as a probe and a held depth cost the
+        more the deeper they are, and a deeper one follows once these are learned)."""
         top = self.max_k if top is None else min(top, self.max_k)
         if self.step_costs is None or k >= top:
             return None
         curve, est = self.step_cost_curve(max(1, batch_size)), self.estimates
-        groups = [None] if mix is None else [[n if i == b else 0.0 for i, n in enumerate(mix)]
-                                             for b, n in enumerate(mix) if n > 0 and n >= 0.05 * sum(mix)]
-        target = None
-        for group in groups:
-            base = est.expected_tokens(k, group) / curve[k]
-            for j in range(k + 1, top + 1 if target is None else target):
-                if any(self.unlearned(i, group) for i in range(k, j)) and \
-                        est.expected_tokens(j, group, k, self.optimism, self.min_verified) / curve[j] > (1 + self.hysteresis) * base:
-                    target = j
-                    break
-        return target
+        base = est.expected_tokens(k, mix) / curve[k]
+        for j in range(k + 1, top + 1):
+            if any(self.unlearned(i, mix) for i in range(k, j)) and \
+                    est.expected_tokens(j, mix, k, self.optimism, self.min_verified) / curve[j] > (1 + self.hysteresis) * base:
+                return j
+        return None
 
     def explores(self, k: int, batch_size: int) -> bool:
         """Whether a depth beyond k is explored at batch_size for its acceptance (`explore_depth`)."""
@@ -423,6 +415,7 @@ class AutoDraftLength(StepCostLearning):
                 "conditional_acceptance": [round(p, 4) for p in self.acceptance],
                 "num_observed": list(self.num_observed),
                 "acceptance_by_age": self.estimates.summary(),
+                "age_mix": [round(m, 4) for m in self.age_mix] if self.age_mix else None,
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "cost_factor": round(self.factor, 3),
                 "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m, 3), "steps": n}

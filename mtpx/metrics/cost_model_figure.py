@@ -7,7 +7,10 @@ mtpx.metrics.dashboard.write_run_figures:
 - ``cost_model.png``: "cost model: predicted vs measured speed-up per batch size": per batch
   bucket, the speed-up over plain decoding (k = 0) the policy predicted for its steps next to the
   one measured (auto_k.cost_model, mtpx/core/cost_model_log.py), each pair annotated with its
-  step count and where the measured plain step comes from.
+  step count and where the measured plain step comes from;
+- ``acceptance_by_age.png``: automatic k's conditional acceptance per draft position, one line
+  per age of the generation (output tokens; auto_k.acceptance_by_age, mtpx/core/acceptance.py),
+  drawn where a bucket has at least one (discounted) verified draft.
 
 A figure without data (a fixed k, no pure decode step compared) is not written. matplotlib's
 object API (``Figure``, no pyplot state); files written atomically.
@@ -22,7 +25,7 @@ from mtpx.io import atomic_write_bytes
 
 __all__ = ["AUTO_K_FIGURES", "write_auto_k_figures"]
 
-AUTO_K_FIGURES = ("auto_k_histograms.png", "cost_model.png")
+AUTO_K_FIGURES = ("auto_k_histograms.png", "cost_model.png", "acceptance_by_age.png")
 
 
 def _percent(hist: dict) -> tuple[list[int], list[float]]:
@@ -97,4 +100,19 @@ def write_auto_k_figures(metrics: dict, out_dir: str | os.PathLike, identity: st
         ax.grid(axis="y", alpha=0.3)
         fig.legend(fontsize=7, loc="outside lower center", ncols=2)
         save(fig, AUTO_K_FIGURES[1])
+    ages = [(row, [(j + 1, p) for j, (p, v) in enumerate(zip(row["conditional_acceptance"], row["verified"])) if v >= 1])
+            for row in auto_k.get("acceptance_by_age") or []]
+    if any(points for _, points in ages):
+        fig = Figure(figsize=(6.5, 3.8), layout="constrained")
+        ax = fig.subplots()
+        for row, points in ages:
+            if points:
+                ax.plot(*zip(*points), marker="o", label=f"output tokens {row['output_tokens']}")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("conditional acceptance")
+        ax.set_ylim(0, 1.02)
+        ax.set_title("Automatic k: acceptance by age of the generation", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        save(fig, AUTO_K_FIGURES[2])
     return written
