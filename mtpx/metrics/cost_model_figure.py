@@ -100,19 +100,30 @@ def write_auto_k_figures(metrics: dict, out_dir: str | os.PathLike, identity: st
         ax.grid(axis="y", alpha=0.3)
         fig.legend(fontsize=7, loc="outside lower center", ncols=2)
         save(fig, AUTO_K_FIGURES[1])
-    ages = [(row, [(j + 1, p) for j, (p, v) in enumerate(zip(row["conditional_acceptance"], row["verified"])) if v >= 1])
-            for row in auto_k.get("acceptance_by_age") or []]
-    if any(points for _, points in ages):
-        fig = Figure(figsize=(6.5, 3.8), layout="constrained")
-        ax = fig.subplots()
-        for row, points in ages:
-            if points:
-                ax.plot(*zip(*points), marker="o", label=f"output tokens {row['output_tokens']}")
-        ax.set_xlabel("draft position")
-        ax.set_ylabel("conditional acceptance")
-        ax.set_ylim(0, 1.02)
-        ax.set_title("Automatic k: acceptance by age of the generation", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    fig = _acceptance_by_age(auto_k.get("acceptance_by_age") or [])
+    if fig is not None:
         save(fig, AUTO_K_FIGURES[2])
     return written
+
+
+def _acceptance_by_age(rows: list[dict]):
+    """The acceptance-by-age Figure (module doc) of auto_k.acceptance_by_age; None when no bucket
+    has a position with a verified draft."""
+    from matplotlib.figure import Figure
+
+    ages = [(row, [(j + 1, p) for j, (p, v) in enumerate(zip(row["conditional_acceptance"], row["verified"])) if v >= 1])
+            for row in rows]
+    if not any(points for _, points in ages):
+        return None
+    fig = Figure(figsize=(6.5, 3.8), layout="constrained")
+    ax = fig.subplots()
+    for row, points in ages:
+        if points:
+            ax.plot(*zip(*points), marker="o", label=f"output tokens {row['output_tokens']}")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("conditional acceptance")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("Automatic k: acceptance by age of the generation", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
