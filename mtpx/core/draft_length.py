@@ -293,11 +293,11 @@ class AutoDraftLength(StepCostLearning):
                 k = current - 1
         return StepChoice(k, current, steps, probes, streak, explored)
 
-    def _upper_goodput(self, k: int, below: int, batch_size: int, mix) -> float:
-        """goodput(k) with the unlearned positions past `below` at their upper estimates: a fall of
-        the k in use to `below` must beat this (a fall the prior alone predicts waits for the drafts
+    def _upper_goodput(self, k: int, smaller: int, batch_size: int, mix) -> float:
+        """goodput(k) with the unlearned positions past `smaller` at their upper estimates: a fall
+        from k to `smaller` must beat this (a fall the prior alone predicts waits for the drafts
         that test it)."""
-        tokens = self.estimates.expected_tokens(k, mix, below, self.optimism, self.min_verified)
+        tokens = self.estimates.expected_tokens(k, mix, smaller, self.optimism, self.min_verified)
         return batch_size * tokens / self.step_cost_curve(batch_size)[k]
 
     def _mix(self, ages) -> list[float] | None:
