@@ -158,7 +158,7 @@ class AutoDraftLength(StepCostLearning):
         return (self.explore_costs and self.step_costs is not None and k <= self.max_k
                 and all(j != k for j, _ in self._known_ratios(batch_size)))
 
-    def _explore_target(self, k: int, batch_size: int, top: int, mix: list[int] | None) -> int | None:
+    def _explore_target(self, k: int, batch_size: int, top: int, mix: list[float] | None) -> int | None:
         """The depth explored beyond k at batch_size (None: none): `explore_depth`, else k + 1
         where its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
         hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
@@ -169,12 +169,12 @@ class AutoDraftLength(StepCostLearning):
             target = k + 1
         return target
 
-    def expected_tokens(self, k: int, mix: list[int] | None = None) -> float:
+    def expected_tokens(self, k: int, mix: list[float] | None = None) -> float:
         """E[tokens per request step | k] from the current estimates: engine-wide, or the mean over
         a batch's age buckets (mix: AcceptanceEstimates.mix)."""
         return self.estimates.expected_tokens(k, mix)
 
-    def unlearned(self, k: int, mix: list[int] | None = None) -> bool:
+    def unlearned(self, k: int, mix: list[float] | None = None) -> bool:
         """Whether draft position k + 1 is unlearned: k < max_k and its discounted verified drafts
         (engine-wide, or in one of mix's age buckets) are fewer than min_verified (by default
         prior_weight: its estimate is mostly the prior)."""
@@ -216,7 +216,7 @@ class AutoDraftLength(StepCostLearning):
         """Predicted tokens per ms (the step's learned overhead included)."""
         return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
 
-    def _goodputs(self, batch_size: int, top: int, mix: list[int] | None = None) -> list[float]:
+    def _goodputs(self, batch_size: int, top: int, mix: list[float] | None = None) -> list[float]:
         """goodput(k, batch_size) for k = 0 .. top (one cost curve, the overhead included), the
         tokens of the batch's age mix (None: engine-wide)."""
         curve = self.step_cost_curve(batch_size)
@@ -274,7 +274,8 @@ class AutoDraftLength(StepCostLearning):
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
-        if g[best] > (1 + self.hysteresis) * max(g[current], self._upper_goodput(current, best, batch_size, mix)):
+        if best < current and self._falls(g, current, best, mix) or \
+                best > current and g[best] > (1 + self.hysteresis) * g[current]:
             streak += 1
             if streak >= self.patience:
                 current, streak = best, 0
@@ -293,12 +294,16 @@ class AutoDraftLength(StepCostLearning):
                 k = current - 1
         return StepChoice(k, current, steps, probes, streak, explored)
 
-    def _upper_goodput(self, k: int, smaller: int, batch_size: int, mix) -> float:
-        """goodput(k) with the unlearned positions past `smaller` at their upper estimates: a fall
-        from k to `smaller` must beat this (a fall the prior alone predicts waits for the drafts
-        that test it)."""
+    def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
+        """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
+        hysteresis, and also beats k with its unlearned positions past `smaller` at their upper
+        estimates (a fall the prior alone predicts waits for the drafts that test it; computed only
+        when the first holds)."""
+        margin = 1 + self.hysteresis
+        if not g[smaller] > margin * g[k]:
+            return False
         tokens = self.estimates.expected_tokens(k, mix, smaller, self.optimism, self.min_verified)
-        return batch_size * tokens / self.step_cost_curve(batch_size)[k]
+        return g[smaller] > margin * g[k] * tokens / self.estimates.expected_tokens(k, mix)
 
     def _mix(self, ages) -> list[float] | None:
         """The age mix a decision weighs the estimates by: of `ages` when given, else the decode
@@ -324,7 +329,7 @@ class AutoDraftLength(StepCostLearning):
         than the steps draft would run its extra modules for nothing); max_k before the costs are
         known. current: a running request's depth, which only falls: to the best k below it when
         that beats it by more than the hysteresis (its unlearned positions at their upper estimates
-        too: `_upper_goodput`), and to the k in use when that is smaller, in
+        too: `_falls`), and to the k in use when that is smaller, in
         `patience` decode steps in a row, else current; the vote this step casts for it is in the
         result (`commit_depth` counts it); ages: the running requests' output tokens (`decide`). A
         query."""
@@ -344,8 +349,7 @@ class AutoDraftLength(StepCostLearning):
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # the depth explored beyond the k in use (an exploring probe verifies it)
-        beats = g[best] > (1 + self.hysteresis) * max(g[current], self._upper_goodput(current, best, batch_size, mix))
-        want = min(best if beats else current, self.k)
+        want = min(best if best < current and self._falls(g, current, best, mix) else current, self.k)
         target = self._explore_target(self.k, batch_size, self.max_k, mix)
         if target is not None:
             want = max(want, min(current, target))

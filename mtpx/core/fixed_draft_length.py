@@ -44,19 +44,19 @@ class FixedDraftLength:
         self.max_k = self.k = k
         self.histogram: Counter = Counter()
 
-    def decide(self, batch_size: int, max_k: int | None = None, ages=None) -> StepChoice:
+    def decide(self, batch_size: int, max_k: int | None = None) -> StepChoice:
         return StepChoice(self.k)
 
-    def choose(self, batch_size: int, max_k: int | None = None, ages=None) -> int:
+    def choose(self, batch_size: int, max_k: int | None = None) -> int:
         return self.k
 
     def commit(self, choice: StepChoice) -> None:
         pass
 
-    def decide_depth(self, batch_size: int, current: int | None = None, ages=None) -> DepthChoice:
+    def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
         return DepthChoice(self.k, current)
 
-    def depth(self, batch_size: int, current: int | None = None, ages=None) -> int:
+    def depth(self, batch_size: int, current: int | None = None) -> int:
         return self.k
 
     def commit_depth(self, choice: DepthChoice) -> None:
