@@ -149,3 +149,41 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     measured = {(part, k) for part, k, _ in policy.part_correction}
     assert {("verify", 1), ("draft", 1)} <= measured
     assert policy.histogram[1] > 0
+
+
+def test_a_step_whose_requests_are_held_deeper_than_k_teaches_its_parts_not_ks_cost():
+    """A k = 1 step whose requests hold depth 3 runs 3 modules (their catch-up): its 30 ms are not
+    k = 1's cost. Only its parts are learned: verifying 1 draft, and the draft round at depth 3."""
+    costs = {(k, 4): 10.0 + 5.0 * k for k in range(4)}          # t(1) = 15, t(3) = 25
+    p = AutoDraftLength(3, costs)
+    p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=3)
+    assert p.bucket_correction == {} and p.correction == {} and p._num_factor == 0
+    assert p.part_correction == {("verify", 1, 4): (12.0 / 15.0, 1), ("draft", 3, 4): (18.0 / 25.0, 1)}
+    p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=1)   # held at k: a steady step of k = 1
+    assert p.bucket_correction == {(1, 4): (2.0, 1)} and p.correction == {1: 2.0}
+    assert p.part_correction[("draft", 1, 4)] == (18.0 / 15.0, 1)
+
+
+def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path, monkeypatch):
+    """Requests admitted at depth n while every step proposes 2 drafts: each steady step reaches
+    the policy with the deepest request's depth, and k = 2 learns no whole-step cost from them."""
+    from mtpx.core.fixed_draft_length import DepthChoice, StepChoice
+    from mtpx.engine.auto_k.store import save_step_costs
+    from tests.helpers import _params, make_llm, run_checked
+    from tests.test_auto_k import model
+    n = len(model().mtp)
+    costs = {(k, b): 1000.0 + 500.0 * k for k in range(n + 1) for b in (1, 2, 3, 4)}
+    save_step_costs(tmp_path / "costs.json", costs, {})
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
+                   ragged_batch=False)
+    policy = llm.engine.draft_length
+    monkeypatch.setattr(policy, "decide", lambda *a, **kw: StepChoice(2))
+    monkeypatch.setattr(policy, "decide_depth", lambda b, current=None, ages=None: DepthChoice(
+        n if current is None else current, current))
+    depths, observe_step = [], policy.observe_step
+    monkeypatch.setattr(policy, "observe_step", lambda *a, **kw: (depths.append(kw["draft_depth"]), observe_step(*a, **kw)))
+    prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
+    run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
+    assert depths and set(depths) == {n}
+    assert not any(k == 2 for k, _ in policy.bucket_correction)
+    assert ("draft", n) in {(part, k) for part, k, _ in policy.part_correction}

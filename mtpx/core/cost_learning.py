@@ -82,21 +82,26 @@ class StepCostLearning:
         return (1 - w) * c[(k, b0)] + w * c[(k, b1)]
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
-                     verify_ms: float | None = None) -> None:
+                     verify_ms: float | None = None, draft_depth: int | None = None) -> None:
         """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
         proposed k, taking step_ms and committing num_tokens (None: not logged): log the prediction
         the step's k was chosen with against the measurement (cost_log; call this before `record`
         and `observe` change the estimates), then update the cost corrections (module doc);
-        verify_ms (of step_ms): also the two parts' (`observe_parts`)."""
+        verify_ms (of step_ms): also the two parts' (`observe_parts`). draft_depth: the draft
+        modules the round ran (None: k); deeper than k, the modules past k caught up for requests
+        held deeper, so the step is not k's cost: only its parts are learned, the draft round's
+        at draft_depth (a depth-d catch-up runs d modules, as proposing d drafts does)."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
         if num_tokens is not None:
             curve = self.cost_curve(batch_size)
             self.cost_log.add(k, batch_size, self.expected_tokens(k), curve[k], curve[0],
                               self.calibrated_cost(0, batch_size), num_tokens, step_ms)
-        self._learn_cost(k, batch_size, step_ms / self.calibrated_cost(k, batch_size))
+        held = k if draft_depth is None else max(k, min(draft_depth, self.max_k))
+        if held == k:
+            self._learn_cost(k, batch_size, step_ms / self.calibrated_cost(k, batch_size))
         if verify_ms is not None:
-            self.observe_parts(k, k, batch_size, verify_ms, step_ms - verify_ms)
+            self.observe_parts(k, held, batch_size, verify_ms, step_ms - verify_ms)
 
     def observe_parts(self, verified: int, proposed: int, batch_size: int, verify_ms: float,
                       draft_ms: float) -> None:

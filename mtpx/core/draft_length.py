@@ -24,7 +24,7 @@ calibrated batch sizes and proportional to B beyond the largest,
 times a correction learned online from the engine's pure decode steps (no prefill): per (k,
 batch bucket), measured / calibrated (mean, then an EMA of weight `beta`), used once a k has
 `min_cost_observations` steps in B's bucket, either steady ones (`observe_step`: every request
-verifying and proposing the step's k) or as many verifying k and as many proposing k, whose
+verifying and proposing the step's k, none held deeper) or as many verifying k and as many proposing k, whose
 verify and draft parts add up (`observe_parts`) (ks between two such ks interpolate, ks beyond them take the nearest one's); with
 none, one factor over every step; then non-decreasing in k again, so a k measured cheaper can
 win but never look cheaper than a smaller k. Every observed step also records its prediction

@@ -75,7 +75,7 @@ class FixedDraftLength:
         pass
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
-                     verify_ms: float | None = None) -> None:
+                     verify_ms: float | None = None, draft_depth: int | None = None) -> None:
         pass
 
     def observe_parts(self, verified: int, proposed: int, batch_size: int, verify_ms: float, draft_ms: float) -> None:

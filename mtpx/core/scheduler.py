@@ -259,13 +259,15 @@ class Scheduler:
             verified = {d.num_draft_tokens for d in out.decodes}
             steady = proposes and verified == {k} and all(len(d.request.draft_token_ids) == k for d in out.decodes)
             committed = sum(len(result.results[d.request.index].token_ids) for d in out.decodes)
+            # the modules the draft round ran: requests held deeper than k catch theirs up
+            held = max(k, max(d.request.draft_depth for d in out.decodes)) if self.depth_per_request else k
             if t is not None and not out.prefills and out.allocation is not None:
                 self.draft_length.observe_allocation(out.allocation, 1e3 * (t.verify_s + t.draft_s), committed)
             elif t is not None and not out.prefills and steady:   # before record: the estimates k was chosen with
                 self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s), committed,
-                                               verify_ms=1e3 * t.verify_s)
+                                               verify_ms=1e3 * t.verify_s, draft_depth=held)
             elif t is not None and not out.prefills and proposes and len(verified) == 1:
-                self.draft_length.observe_parts(verified.pop(), k, len(out.decodes), 1e3 * t.verify_s, 1e3 * t.draft_s)
+                self.draft_length.observe_parts(verified.pop(), held, len(out.decodes), 1e3 * t.verify_s, 1e3 * t.draft_s)
             # the decodes' ages (output tokens) weigh automatic k's estimates by age (core/acceptance.py)
             self.draft_length.record(k, len(out.decodes), [len(d.request.output_token_ids) for d in out.decodes])
         for d in out.decodes:

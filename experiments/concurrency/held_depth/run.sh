@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Issue 37, automatic k: a step whose requests are held deeper than its k teaches only its parts
+# (mtpx/core/cost_learning.py, observe_step's draft_depth). GSM8K test, greedy, 128 tokens,
+# 1 thread, the contenders side by side in one process per (concurrency, mode), 2 chunks
+# alternated.
+# usage: bash experiments/concurrency/held_depth/run.sh [STAGES...]   (c4 c16 c4c c1c; default: all)
+set -x
+cd "$(dirname "$0")/../../.."
+export OMP_NUM_THREADS=1
+export MTPX_DATA_DIR=${MTPX_DATA_DIR:-$(cd .. && pwd)/shared/data}
+OUT=experiments/concurrency/held_depth
+mkdir -p $OUT
+lscpu | grep 'Model name' > $OUT/machine.txt
+grep -o 'avx[^ ]*' /proc/cpuinfo | sort -u | tr '\n' ' ' >> $OUT/machine.txt
+A="--rounds 2 --max-tokens 128 --threads 1"
+B="python tools/bench_speedup.py"
+stage() { [ -z "$STAGES" ] || [[ " $STAGES " == *" $1 "* ]]; }
+STAGES="$*"
+if stage c4; then
+  $B --concurrency 4 --num-prompts 32 $A --contenders plain mtp4 mtp8 auto --out $OUT/eager_c4 > $OUT/eager_c4.log 2>&1
+fi
+if stage c16; then
+  $B --concurrency 16 --num-prompts 128 $A --contenders plain mtp4 auto --out $OUT/eager_c16 > $OUT/eager_c16.log 2>&1
+fi
+if stage c4c; then
+  $B --compile --concurrency 4 --num-prompts 32 $A --contenders plain mtp4 auto "auto+compile_depths=[0,4,8]" --out $OUT/compiled_c4 > $OUT/compiled_c4.log 2>&1
+fi
+if stage c1c; then
+  $B --compile --concurrency 1 --num-prompts 16 $A --contenders plain mtp8 auto --out $OUT/compiled_c1 > $OUT/compiled_c1.log 2>&1
+fi
