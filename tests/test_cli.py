@@ -339,6 +339,7 @@ def test_a_run_that_fails_on_bad_input_leaves_no_empty_run_folder(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow      # about 24 s: a Hydra multirun of 3 jobs
 def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     """A job that fails (exit 2) records why in its folder (error.txt) and the sweep runs the next
     job; the sweep's exit status reports the failure."""

@@ -77,7 +77,7 @@ def test_static_meta_attention_equals_dynamic(tiny_model):
                                    b.pending_window.state_at(b.ssm[bi], bi, ti), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("spec,k", [(None, None), ("mtp1", 3), ("mtp8", 4)])
+@pytest.mark.parametrize("spec,k", [(None, None), pytest.param("mtp1", 3, marks=pytest.mark.slow), ("mtp8", 4)])
 def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k):
     """Identical greedy tokens and per-round acceptance; one graph per compiled function, made at
     warm-up; then 20+ steps with batches of 1..4 (and block buckets that grow) trace nothing new."""
@@ -137,7 +137,7 @@ def test_compiled_with_prefix_caching_and_invariants(trained_tiny):
     assert sum(o.num_cached_tokens for o in compiled) > 0
 
 
-@pytest.mark.parametrize("draft_sample_method", ["greedy", "probabilistic"])
+@pytest.mark.parametrize("draft_sample_method", [pytest.param("greedy", marks=pytest.mark.slow), "probabilistic"])
 def test_compiled_sampling_matches_eager(trained_tiny, draft_sample_method):
     """temperature > 0 with seeds: verification runs outside the graph, so the outputs are the
     same as eager's; probabilistic drafts take the eager draft path for those steps."""

@@ -146,8 +146,10 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     # it verify one k and propose another
     assert any(v != k for v, k, *_ in parts)
     assert all(1 <= b <= 4 and verify_ms == 2000.0 and draft_ms in (0.0, 1000.0) for v, k, b, verify_ms, draft_ms in parts)
+    # the draft round is measured at the depth the step's requests hold (3 here, from exploring),
+    # which a probe of k = 1 runs too
     measured = {(part, k) for part, k, _ in policy.part_correction}
-    assert {("verify", 1), ("draft", 1)} <= measured
+    assert ("verify", 1) in measured and ("draft", max(policy.depth_histogram)) in measured
     assert policy.histogram[1] > 0
 
 
@@ -187,3 +189,20 @@ def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path
     assert depths and set(depths) == {n}
     assert not any(k == 2 for k, _ in policy.bucket_correction)
     assert ("draft", n) in {(part, k) for part, k, _ in policy.part_correction}
+
+
+def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
+    """Requests holding depth 4 run 4 modules whatever the step's k: a k = 0 step costs its
+    verification plus the depth-4 draft round. Before the parts are measured, the draft round at
+    k is the calibration above plain (5 k ms here), so every k below 4 costs k = 4's 30 ms, and
+    k = 4, the most tokens, is the step's k; without held depths a smaller one pays more (k = 1:
+    1.7 / 15 > 2.77 / 30 at p = 0.7)."""
+    costs = {(k, 4): 10.0 + 5.0 * k for k in range(5)}
+    p = AutoDraftLength(4, costs, probe_interval=0, patience=1, min_verified=0)
+    assert p.held_cost_curve(4, 4) == [30.0] * 5 and p.held_cost_curve(4, 0) == [10.0, 15.0, 20.0, 25.0, 30.0]
+    assert p.held_cost_curve(4, 2) == [20.0, 20.0, 20.0, 25.0, 30.0]
+    assert p.decide(4, 4, held=4).k_in_use == 4 and p.decide(4, 4).k_in_use == 1
+    for _ in range(8):                                   # the depth-4 draft round measured at 12 ms
+        p.observe_parts(4, 4, 4, 18.0, 12.0)
+    assert p.draft_cost(4, 4) == pytest.approx(12.0) and p.draft_cost(0, 4) == 0.0
+    assert p.held_cost_curve(4, 4)[0] == pytest.approx(22.0)  # verification at 0 (10) + the round (12)

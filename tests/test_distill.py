@@ -283,6 +283,7 @@ def _distill_tp2(tiny_ckpt, gsm8k, out: Path, run_dir: Path, *launcher: str) -> 
     return done.stdout
 
 
+@pytest.mark.slow      # about 18 s: a tensor-parallel subprocess (tests/test_tensor_parallel.py covers the sharded forward)
 def test_tensor_parallel_distill_equals_one_process(distilled, tiny_ckpt, gsm8k, tmp_path):
     """engine.tensor_parallel_size=2 (a worker process started by rank 0) writes TP=1's shards
     byte for byte and the same manifest: the target hash is of the whole model gathered from

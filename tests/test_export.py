@@ -297,6 +297,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           cwd=ROOT, timeout=120)
 
 
+@pytest.mark.slow      # about 15 s: the entry point in a subprocess (test_demo_exports covers the export)
 def test_cli(demo, tmp_path):
     head = tmp_path / "head.safetensors"
     r = _cli(str(DEFAULT_MODEL), str(head), "--layout", "draft", "--num-modules", "2")

@@ -32,6 +32,7 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow     # about 25 s; the SIGTERM test below takes the same handler (mtpx.io) in the default suite
 def test_ctrl_c_during_eval_keeps_the_finished_requests(tiny_ckpt, tmp_path):
     run = tmp_path / "run"
     proc = _start([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
@@ -53,7 +54,7 @@ def test_ctrl_c_during_eval_keeps_the_finished_requests(tiny_ckpt, tmp_path):
     assert "threads: " in log and "interrupted: " in log and "run directory:" in log
 
 
-@pytest.mark.parametrize("sig,code,word", [(signal.SIGINT, 130, "interrupted"),
+@pytest.mark.parametrize("sig,code,word", [pytest.param(signal.SIGINT, 130, "interrupted", marks=pytest.mark.slow),
                                            (signal.SIGTERM, 143, "interrupted by SIGTERM")])
 def test_ctrl_c_or_sigterm_during_training_saves_a_checkpoint_first(tmp_path, sig, code, word):
     from mtpx.train import checkpoint as ckpt

@@ -64,7 +64,7 @@ def _cli(args, cwd):
                           text=True, timeout=300, env=env)     # stderr is a pipe, not a terminal
 
 
-@pytest.mark.parametrize("mode", ["eval", "bench"])
+@pytest.mark.parametrize("mode", [pytest.param("eval", marks=pytest.mark.slow), "bench"])   # one printer
 def test_eval_and_bench_print_progress_lines_on_a_pipe(tiny_ckpt, tmp_path, mode):
     r = _cli([f"mode={mode}", f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
               f"{mode}.num_prompts=3", f"{mode}.max_tokens=8", f"hydra.run.dir={tmp_path / 'run'}"]

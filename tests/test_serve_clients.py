@@ -250,7 +250,7 @@ def long_reference(client):
             ["choices"][0]["text"] for p in ("import re\n", PROMPT)}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_streamed_text_equals_non_streamed_text_under_random_stops(client, long_reference, data):
     prompt = data.draw(st.sampled_from(sorted(long_reference)))

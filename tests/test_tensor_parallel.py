@@ -311,6 +311,7 @@ print("no error")
 """
 
 
+@pytest.mark.slow      # about 15 s: worker processes
 def test_dead_worker_fails_rank0_with_a_clear_error(tiny_ckpt):
     """A killed worker makes rank 0's next step raise TensorParallelError naming the worker and its
     exit code (and the script exit), instead of waiting on the collective."""

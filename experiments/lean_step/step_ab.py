@@ -9,7 +9,8 @@ computed, which other processes sharing the cores move less than its wall time).
 
 CHANGE: rows (Gated DeltaNet states read and written as views of an ascending run of batch
 slots), inplace (the one-token delta-rule step in place), both (those two), scratch (the attention's
-paged-KV gather into reused buffers), all (the three); CASE: plain or mtp8:K; TUNE: 1 (default)
+paged-KV gather into reused buffers), all (the three), norm (the RMSNorm kernel with the residual
+add fused, mtpx/models/norm_kernel.py; later than the others, which are on in every run); CASE: plain or mtp8:K; TUNE: 1 (default)
 or 0, the engine's tune_malloc (glibc mallopt, per process: cannot alternate within one; the
 launcher alternates processes).
 """
@@ -26,6 +27,7 @@ import torch  # noqa: E402
 import mtpx.attention.torch_backend as backend_mod  # noqa: E402
 import mtpx.engine.model_runner as runner_mod  # noqa: E402
 import mtpx.models.deltanet as deltanet_mod  # noqa: E402
+import mtpx.models.norm_kernel as norm_kernel  # noqa: E402
 from mtpx import LLM  # noqa: E402
 
 change, B, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -37,12 +39,15 @@ toggles = {"rows": [("row_run", row_run)], "inplace": [("in_place", in_place)]}
 toggles["both"] = toggles["rows"] + toggles["inplace"]
 toggles["scratch"] = [("scratch", None)]
 toggles["all"] = toggles["both"] + toggles["scratch"]
+toggles["norm"] = [("norm", None)]
 
 
 def switch(on: bool) -> None:
     for name, fn in toggles[change]:
         if name == "scratch":
             backend_mod.reuse_scratch = on
+        elif name == "norm":
+            norm_kernel.use_kernel = on
         elif name == "row_run":
             runner_mod.ascending_run = fn if on else (lambda rows: None)
         else:

@@ -69,6 +69,28 @@ class StepCostLearning:
         extra = self.overhead.get(batch_bucket(batch_size), (0.0, 0))[0]
         return [c + extra for c in self.cost_curve(batch_size)]
 
+    def draft_cost(self, k: int, batch_size: int) -> float:
+        """Predicted ms of the draft round of a step whose requests hold depth k (0 for k = 0):
+        its measured share of k's calibrated cost (`observe_parts`, once it has
+        min_cost_observations steps at batch_size's bucket), else the calibrated cost above plain
+        decoding's, t(k) - t(0) (all of it, as if the verification's wider window were free)."""
+        if k <= 0:
+            return 0.0
+        r, n = self.part_correction.get(("draft", k, batch_bucket(batch_size)), (0.0, 0))
+        if n >= max(1, self.min_cost_observations):
+            return r * self.calibrated_cost(k, batch_size)
+        return max(0.0, self.calibrated_cost(k, batch_size) - self.calibrated_cost(0, batch_size))
+
+    def held_cost_curve(self, batch_size: int, held: int) -> list[float]:
+        """step_cost_curve(batch_size) for a step whose deepest request holds depth `held`: a k below
+        it still runs the draft round at `held` (the modules past k catch up), so it costs
+        draft_cost(held) - draft_cost(k) more (never less)."""
+        curve = self.step_cost_curve(batch_size)
+        if held <= 0:
+            return curve
+        top = self.draft_cost(min(held, self.max_k), batch_size)
+        return [c + max(0.0, top - self.draft_cost(k, batch_size)) if k < held else c for k, c in enumerate(curve)]
+
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
         bs, c = self._batches, self.step_costs

@@ -165,7 +165,8 @@ class Scheduler:
         if self.depth_per_request:
             self._lower_depths()
         # after admission: a new request's first drafts come from this step's k
-        choice = self.draft_length.decide(batch_size, max((r.draft_depth for r in self.running), default=0))
+        deepest = max((r.draft_depth for r in self.running), default=0)
+        choice = self.draft_length.decide(batch_size, deepest, held=deepest if self.depth_per_request else 0)
         self.draft_length.commit(choice)
         out.num_speculative_tokens = choice.k
         return out

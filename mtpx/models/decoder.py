@@ -64,8 +64,8 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(h, cache, meta)
         else:
             h = self.self_attn(h, cos, sin, cache, meta)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.forward_add(x, h)
+        return x + self.mlp(h)
 
 
 @torch.compiler.nested_compile_region(max_reuse_entries=32)

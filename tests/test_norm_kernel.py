@@ -1,0 +1,75 @@
+"""The RMSNorm kernel (mtpx/kernels/rms_norm.c through mtpx/models/norm_kernel.py): equal to the
+torch reference within float32 rounding, the residual add exact, rows independent of their batch
+(what keeps speculative decoding token-identical to plain decoding), and the reference wherever
+the kernel must not run (gradients, other dtypes, torch.compile)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpx.models import norm_kernel
+from mtpx.models.norm import RMSNorm
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not norm_kernel.available(), reason="no C compiler: the kernel is not built")
+
+
+def _norm(dim: int, unit_offset: bool, seed: int = 0) -> RMSNorm:
+    n = RMSNorm(dim, 1e-6, unit_offset)
+    g = torch.Generator().manual_seed(seed)
+    n.weight.data = torch.randn(dim, generator=g) * 0.1 + (0.0 if unit_offset else 1.0)
+    return n
+
+
+@pytest.mark.parametrize("unit_offset", [True, False])
+@pytest.mark.parametrize("shape", [(64, 128), (3, 5, 128), (64, 4, 32), (7, 100), (1, 8), (2, 3)])
+def test_kernel_equals_the_reference_within_float32_rounding(unit_offset, shape):
+    n, g = _norm(shape[-1], unit_offset), torch.Generator().manual_seed(1)
+    x, r = torch.randn(*shape, generator=g) * 3, torch.randn(*shape, generator=g)
+    with torch.no_grad():
+        y, (s, z) = n(x), n.forward_add(x, r)
+        ref = n._reference(x)
+    assert torch.allclose(y, ref, rtol=2e-6, atol=2e-6)
+    assert torch.equal(s, x + r)                                     # the add is exact
+    assert torch.allclose(z, n._reference(x + r), rtol=2e-6, atol=2e-6)
+    assert y.shape == z.shape == shape and y.is_contiguous()
+
+
+def test_rows_do_not_depend_on_their_batch_and_strided_input_is_read_right():
+    n, g = _norm(128, True), torch.Generator().manual_seed(2)
+    x = torch.randn(64, 128, generator=g)
+    with torch.no_grad():
+        whole = n(x)
+        assert all(torch.equal(whole[i:j], n(x[i:j])) for i, j in [(0, 1), (5, 9), (63, 64), (0, 64)])
+        wide = torch.randn(8, 256, generator=g)
+        assert torch.equal(n(wide[:, 64:192]), n(wide[:, 64:192].contiguous()))   # a strided view
+
+
+def test_the_reference_runs_with_gradients_other_dtypes_and_the_switch_off(monkeypatch):
+    n, x = _norm(32, True), torch.randn(4, 32)
+    calls, kernel = [], norm_kernel.rms_norm
+    monkeypatch.setattr(norm_kernel, "rms_norm", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    y = n(x)                                                         # gradients on: training
+    assert y.grad_fn is not None and torch.equal(y, n._reference(x)) and not calls
+    with torch.no_grad():
+        assert n.double()(x.double()).dtype == torch.float64 and not calls
+        n.float()
+        monkeypatch.setattr(norm_kernel, "use_kernel", False)
+        assert torch.equal(n(x), n._reference(x)) and not calls
+        monkeypatch.setattr(norm_kernel, "use_kernel", True)
+        n(x)
+    assert calls == [1]
+
+
+def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
+    """Plain and mtp8 greedy decoding on the demo checkpoint: the same tokens either way."""
+    from mtpx import LLM, SamplingParams
+    prompts = ["def fibonacci(n):", "The quick brown fox", "import os\nimport sys\n", "for i in range(10):"]
+    for spec in ({}, dict(spec="mtp8", num_speculative_tokens=8)):
+        outs = []
+        for kernel in (False, True):
+            monkeypatch.setattr(norm_kernel, "use_kernel", kernel)
+            llm = LLM(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=4, **spec)
+            res = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))
+            outs.append([o.outputs[0].token_ids for o in res])
+        assert outs[0] == outs[1]
