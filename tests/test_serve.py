@@ -354,7 +354,8 @@ def test_sigterm_under_load_exits_0_within_shutdown_timeout(tiny_ckpt, tmp_path)
 
 @pytest.mark.parametrize("override,message", [
     ("serve.shutdown_timeout=-1", "error: serve.shutdown_timeout=-1.0: must be seconds >= 0"),
-    ("serve.latency_buckets=[1,0.5]", "error: serve.latency_buckets=[1.0, 0.5]: must be a non-empty increasing list"),
+    pytest.param("serve.latency_buckets=[1,0.5]", "error: serve.latency_buckets=[1.0, 0.5]: must be a non-empty "
+                 "increasing list", marks=pytest.mark.slow),     # the same check before loading, about 10 s
 ])
 def test_bad_serve_settings_are_one_line_before_loading(tiny_ckpt, tmp_path, override, message):
     import os

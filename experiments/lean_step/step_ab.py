@@ -9,8 +9,8 @@ computed, which other processes sharing the cores move less than its wall time).
 
 CHANGE: rows (Gated DeltaNet states read and written as views of an ascending run of batch
 slots), inplace (the one-token delta-rule step in place), both (those two), scratch (the attention's
-paged-KV gather into reused buffers), all (the three), norm (the RMSNorm kernel with the residual
-add fused, mtpx/models/norm_kernel.py; later than the others, which are on in every run); CASE: plain or mtp8:K; TUNE: 1 (default)
+paged-KV gather into reused buffers), all (the three), norm (the pointwise kernels, RMSNorm with the
+residual add fused and SwiGLU's silu_and_mul, mtpx/models/cpu_ops.py; later than the others, which are on in every run); CASE: plain or mtp8:K; TUNE: 1 (default)
 or 0, the engine's tune_malloc (glibc mallopt, per process: cannot alternate within one; the
 launcher alternates processes).
 """
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 import mtpx.attention.torch_backend as backend_mod  # noqa: E402
 import mtpx.engine.model_runner as runner_mod  # noqa: E402
 import mtpx.models.deltanet as deltanet_mod  # noqa: E402
-import mtpx.models.norm_kernel as norm_kernel  # noqa: E402
+import mtpx.models.cpu_ops as cpu_ops  # noqa: E402
 from mtpx import LLM  # noqa: E402
 
 change, B, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -47,7 +47,7 @@ def switch(on: bool) -> None:
         if name == "scratch":
             backend_mod.reuse_scratch = on
         elif name == "norm":
-            norm_kernel.use_kernel = on
+            cpu_ops.use_kernel = on
         elif name == "row_run":
             runner_mod.ascending_run = fn if on else (lambda rows: None)
         else:

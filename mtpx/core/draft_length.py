@@ -49,7 +49,9 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
   running request's depth falls under the same two conditions.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
-  tokens (the speculators' catch-up), so the module KV is exact when drafting resumes.
+  tokens (the speculators' catch-up), so the module KV is exact when drafting resumes: choosing
+  the step's k, a k below the deepest running depth pays that depth's draft round
+  (`held_cost_curve`).
 - Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
   predicted goodput at that batch size, by the hysteresis margin over the k in use. A step's k

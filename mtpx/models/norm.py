@@ -6,13 +6,13 @@ With `unit_offset=False` it is Llama's / Qwen3's `LlamaRMSNorm`: weight initiali
 `weight * (x / rms(x))` cast to x's dtype first.
 `RMSNormGated` is the output norm of Gated DeltaNet (`Qwen3NextRMSNormGated`): `x / rms(x) * weight
 * silu(gate)`, weight initialised to 1.
-On the CPU, eager and without gradients, RMSNorm runs as one C call (mtpx/models/norm_kernel.py).
+In the engine's eager CPU inference, RMSNorm runs as one C call (mtpx/models/cpu_ops.py).
 """
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mtpx.models import norm_kernel
+from mtpx.models import cpu_ops
 
 
 class RMSNorm(nn.Module):
@@ -25,15 +25,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if norm_kernel.runs(x, self.weight):
-            return norm_kernel.rms_norm(x, self.weight, self.eps, self.unit_offset)[1]
+        if cpu_ops.runs(x, self.weight):
+            return cpu_ops.rms_norm(x, self.weight, self.eps, self.unit_offset)[1]
         return self._reference(x)
 
     def forward_add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(s, norm(s)) with s = x + residual, the pre-norm block's residual add and the next
         norm (one C call where the kernel runs). x, residual: [..., dim], same shape and dtype."""
-        if norm_kernel.runs(x, self.weight):
-            return norm_kernel.rms_norm(x, self.weight, self.eps, self.unit_offset, residual)
+        if cpu_ops.runs(x, self.weight, residual):
+            return cpu_ops.rms_norm(x, self.weight, self.eps, self.unit_offset, residual)
         s = x + residual
         return s, self._reference(s)
 

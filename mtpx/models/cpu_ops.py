@@ -1,0 +1,70 @@
+"""Pointwise spans of the eager CPU forward in one C call each: RMSNorm with the residual add
+before it (mtpx/kernels/rms_norm.c) and SwiGLU's silu(gate) * up (mtpx/kernels/silu_and_mul.c).
+
+Eager, a [64, 128] RMSNorm is five torch ops of about 20 us each on one AVX2 core, against a few
+us of work, and a plain decode step of the demo runs 81 of them; F.silu alone took 113 us a call
+at batch 64 (experiments/lean_step/norm). RMSNorm.forward and MLP.forward call these where `runs`
+says so (the engine's eager CPU inference) and keep their torch ops everywhere else (training and
+its evaluations, other dtypes, CUDA, torch.compile, which fuses them itself) and as the
+reference: `use_kernel = False` forces them.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from mtpx.kernels import build
+
+use_kernel = True
+_fn = _act = None
+
+
+def available() -> bool:
+    """Whether the kernels are built and loaded (builds them on the first call: mtpx.kernels.build)."""
+    global _fn, _act
+    if _fn is None or _act is None:
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        _fn = build.function("rms_norm", [p, i64, p, i64, p, i64, p, i64, ctypes.c_float, p, i64, i64, i64, i64])
+        _act = build.function("silu_and_mul", [p, p, p, i64, i64, i64])
+    return _fn is not None and _act is not None
+
+
+def runs(x: torch.Tensor, weight: torch.Tensor | None = None, other: torch.Tensor | None = None) -> bool:
+    """Whether the kernels run on x (with weight, and `other`: the residual or up operand): the
+    engine's inference (torch.inference_mode, eager: not traced; training and its no_grad
+    evaluations keep the torch ops, so a loss never depends on the grad mode), float32 CPU
+    tensors, `other` of x's shape, a contiguous weight, and built kernels."""
+    return (use_kernel and torch.is_inference_mode_enabled() and not torch.compiler.is_compiling()
+            and x.dtype == torch.float32 and x.device.type == "cpu"
+            and (weight is None or weight.dtype == torch.float32 and weight.is_contiguous())
+            and (other is None or other.dtype == torch.float32 and other.shape == x.shape
+                 and other.device.type == "cpu") and available())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """x [..., dim] float32 (and residual of x's shape) -> (s, RMSNorm(s)) with s = x + residual
+    (None without residual, s = x), both contiguous [..., dim] (mtpx/kernels/rms_norm.c)."""
+    dim = x.shape[-1]
+    x2 = x.contiguous()
+    rows = x2.numel() // dim
+    out = torch.empty_like(x2)
+    s = res = None
+    if residual is not None:
+        res, s = residual.contiguous(), torch.empty_like(x2)
+    _fn(x2.data_ptr(), dim, None if res is None else res.data_ptr(), dim, None if s is None else s.data_ptr(), dim,
+        weight.data_ptr(), int(unit_offset), eps, out.data_ptr(), dim, rows, dim,
+        max(1, min(torch.get_num_threads(), rows * dim >> 16)))
+    return s, out
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gate, up [..., n] float32, the same shape -> silu(gate) * up, contiguous, each row's result
+    independent of the other rows (mtpx/kernels/silu_and_mul.c)."""
+    gate, up = gate.contiguous(), up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.shape[-1]
+    rows = gate.numel() // max(1, n)
+    _act(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, n, max(1, min(torch.get_num_threads(), rows * n >> 16)))
+    return out

@@ -1,0 +1,105 @@
+"""The pointwise kernels (mtpx/kernels/rms_norm.c and silu_and_mul.c through
+mtpx/models/cpu_ops.py): equal to the torch references within float32 rounding, the residual add
+exact, rows independent of their batch (what keeps speculative decoding token-identical to plain
+decoding), and the references wherever the kernels must not run (gradients, other dtypes)."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtpx.models import cpu_ops
+from mtpx.models.norm import RMSNorm
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not cpu_ops.available(), reason="no C compiler: the kernel is not built")
+
+
+def _norm(dim: int, unit_offset: bool, seed: int = 0) -> RMSNorm:
+    n = RMSNorm(dim, 1e-6, unit_offset)
+    g = torch.Generator().manual_seed(seed)
+    n.weight.data = torch.randn(dim, generator=g) * 0.1 + (0.0 if unit_offset else 1.0)
+    return n
+
+
+@pytest.mark.parametrize("unit_offset", [True, False])
+@pytest.mark.parametrize("shape", [(64, 128), (3, 5, 128), (64, 4, 32), (7, 100), (1, 8), (2, 3)])
+def test_kernel_equals_the_reference_within_float32_rounding(unit_offset, shape):
+    n, g = _norm(shape[-1], unit_offset), torch.Generator().manual_seed(1)
+    x, r = torch.randn(*shape, generator=g) * 3, torch.randn(*shape, generator=g)
+    with torch.inference_mode():
+        y, (s, z) = n(x), n.forward_add(x, r)
+        ref = n._reference(x)
+    assert torch.allclose(y, ref, rtol=2e-6, atol=2e-6)
+    assert torch.equal(s, x + r)                                     # the add is exact
+    assert torch.allclose(z, n._reference(x + r), rtol=2e-6, atol=2e-6)
+    assert y.shape == z.shape == shape and y.is_contiguous()
+
+
+def test_rows_do_not_depend_on_their_batch_and_strided_input_is_read_right():
+    n, g = _norm(128, True), torch.Generator().manual_seed(2)
+    x = torch.randn(64, 128, generator=g)
+    with torch.inference_mode():
+        whole = n(x)
+        assert all(torch.equal(whole[i:j], n(x[i:j])) for i, j in [(0, 1), (5, 9), (63, 64), (0, 64)])
+        wide = torch.randn(8, 256, generator=g)
+        assert torch.equal(n(wide[:, 64:192]), n(wide[:, 64:192].contiguous()))   # a strided view
+
+
+def test_the_reference_runs_in_training_other_dtypes_and_with_the_switch_off(monkeypatch):
+    """Only the engine's inference (torch.inference_mode) takes the kernels: a loss computed with
+    or without gradients (training, its no_grad evaluations) is the same torch ops. A residual of
+    another dtype than x (bfloat16 autocast: an fp32 stream plus a bf16 mixer output) takes the
+    reference too: the kernel reads float32 only."""
+    n, x = _norm(32, True), torch.randn(4, 32)
+    calls, kernel = [], cpu_ops.rms_norm
+    monkeypatch.setattr(cpu_ops, "rms_norm", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    y = n(x)                                                         # gradients on: training
+    assert y.grad_fn is not None and torch.equal(y, n._reference(x)) and not calls
+    with torch.no_grad():                                            # a training evaluation
+        assert torch.equal(n(x), n._reference(x)) and not calls
+    with torch.inference_mode():
+        s, z = n.forward_add(x, x.bfloat16())
+        assert torch.equal(s, x + x.bfloat16()) and not calls
+        assert n.double()(x.double()).dtype == torch.float64 and not calls
+        n.float()
+        monkeypatch.setattr(cpu_ops, "use_kernel", False)
+        assert torch.equal(n(x), n._reference(x)) and not calls
+        monkeypatch.setattr(cpu_ops, "use_kernel", True)
+        n(x)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("shape", [(64, 1, 512), (3, 7), (1, 70000)])
+def test_silu_and_mul_equals_the_reference_within_float32_rounding(shape):
+    from mtpx.models.mlp import MLP
+    g = torch.Generator().manual_seed(3)
+    gate, up = torch.randn(*shape, generator=g) * 4, torch.randn(*shape, generator=g)
+    out = cpu_ops.silu_and_mul(gate, up)
+    assert out.shape == shape and torch.allclose(out, torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    assert torch.equal(cpu_ops.silu_and_mul(gate[:1], up[:1]), out[:1])            # rows independent
+    mlp = MLP(16, 32)
+    x = torch.randn(5, 16, generator=g)
+    with torch.no_grad():
+        assert torch.equal(mlp(x), mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x)))
+    with torch.inference_mode():
+        fast = mlp(x)
+        cpu_ops.use_kernel = False
+        try:
+            ref = mlp(x)
+        finally:
+            cpu_ops.use_kernel = True
+    assert torch.allclose(fast, ref, rtol=1e-5, atol=1e-6) and mlp(x).grad_fn is not None   # gradients: torch
+
+
+def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
+    """mtp8 greedy decoding on the demo checkpoint (the target's verification windows and the
+    draft modules): the same tokens either way (plain decoding equals mtp8 in other tests)."""
+    from mtpx import LLM, SamplingParams
+    prompts = ["def fibonacci(n):", "The quick brown fox", "import os\nimport sys\n", "for i in range(10):"]
+    outs = []
+    for kernel in (False, True):
+        monkeypatch.setattr(cpu_ops, "use_kernel", kernel)
+        llm = LLM(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=4, spec="mtp8", num_speculative_tokens=8)
+        res = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))
+        outs.append([o.outputs[0].token_ids for o in res])
+    assert outs[0] == outs[1]
