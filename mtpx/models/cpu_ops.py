@@ -35,7 +35,8 @@ def runs(x: torch.Tensor, weight: torch.Tensor | None = None, other: torch.Tenso
     engine's inference (torch.inference_mode, eager: not traced; training and its no_grad
     evaluations keep the torch ops, so a loss never depends on the grad mode), float32 CPU
     tensors, `other` of x's shape, a contiguous weight, and built kernels."""
-    return (use_kernel and torch.is_inference_mode_enabled() and not torch.compiler.is_compiling()
+    # is_compiling first: Dynamo cannot trace is_inference_mode_enabled
+    return (use_kernel and not torch.compiler.is_compiling() and torch.is_inference_mode_enabled()
             and x.dtype == torch.float32 and x.device.type == "cpu"
             and (weight is None or weight.dtype == torch.float32 and weight.is_contiguous())
             and (other is None or other.dtype == torch.float32 and other.shape == x.shape
