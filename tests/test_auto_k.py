@@ -17,7 +17,7 @@ from mtpx import LLM, SamplingParams
 from mtpx.core.request import Request
 from mtpx.engine.auto_k.costs import calibrate_step_costs, default_batch_sizes
 from mtpx.core.draft_length import AutoDraftLength
-from mtpx.engine.auto_k.store import load_step_costs, save_step_costs, step_cost_cache_path
+from mtpx.engine.auto_k.store import check_step_cost_meta, load_step_costs, save_step_costs, step_cost_cache_path
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, spy, tiny_config)
 from tests.test_reprefill import _reference_kv, kv_at
@@ -593,6 +593,12 @@ def test_start_up_calibration_is_cached_per_checkpoint_and_engine_settings(tiny_
     assert auto().calibration["source"] == f"loaded from {path}"
     assert step_cost_cache_path(first.calibration) == Path(path)       # an edit of the engine's source:
     assert step_cost_cache_path({**first.calibration, "code": "edited"}) != Path(path)   # another file
+    # compiled, a k costs its depth bucket's step: other buckets are another engine (eager: None)
+    assert first.calibration["compile_depths"] is None
+    buckets = {**first.calibration, "compile": True, "compile_depths": [0, 4, 8]}
+    assert step_cost_cache_path(buckets) != step_cost_cache_path({**buckets, "compile_depths": None})
+    with pytest.raises(ValueError, match=r"compile_depths=\[0, 4, 8\] \(this run: None\)"):
+        check_step_cost_meta("costs.json", buckets, {**buckets, "compile_depths": None})
     # an in-memory model has no fingerprint: calibrated every time, nothing cached
     before = sorted((tmp_path / "cache" / "step_costs").iterdir())
     mem = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1)

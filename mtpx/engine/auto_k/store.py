@@ -47,7 +47,8 @@ def load_step_costs(path: str | Path) -> tuple[dict, dict]:
 # What a calibration's costs depend on: a cost file whose value of one of these differs from the
 # engine's measured another engine (step_cost_cache_path, check_step_cost_meta).
 COST_META_KEYS = ("fingerprint", "spec", "max_k", "dtype", "threads", "compile", "compile_backend",
-                  "attention_backend", "gdn_backend", "block_size", "device", "device_name", "tensor_parallel_size")
+                  "compile_depths", "attention_backend", "gdn_backend", "block_size", "device", "device_name",
+                  "tensor_parallel_size")
 
 
 def step_cost_cache_path(meta: dict) -> Path:
@@ -99,7 +100,10 @@ def cost_meta(engine, model_path: Path | None, draft_path: Path | None, spec: st
             "spec": spec, "max_k": engine.draft_length.max_k,
             "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
             "threads": torch.get_num_threads(), "compile": cfg.compile,
-            "compile_backend": cfg.compile_backend, "attention_backend": cfg.attention_backend,
+            "compile_backend": cfg.compile_backend,
+            # compiled, a k costs its depth bucket's step (auto_k.costs.calibrate_step_costs)
+            "compile_depths": sorted(set(cfg.compile_depths)) if cfg.compile and cfg.compile_depths else None,
+            "attention_backend": cfg.attention_backend,
             "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
             "tensor_parallel_size": cfg.tensor_parallel_size,
             "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
