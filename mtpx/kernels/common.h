@@ -1,8 +1,9 @@
 /* What mtpx's C kernels share: 8 floats in GCC and Clang vector extensions (one AVX register, two
- * SSE or NEON ones), unaligned loads and stores, dot products and axpy; and parallel_for, which
- * splits work items over POSIX threads. */
+ * SSE or NEON ones), unaligned loads and stores, dot products and axpy, a vectorizable exp; and
+ * parallel_for, which splits work items over POSIX threads. */
 #ifndef MTPX_COMMON_H
 #define MTPX_COMMON_H
+#include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,6 +32,26 @@ static inline void axpy(float *y, float p, const float *x, int64_t D) {
     int64_t d = 0;
     for (; d + 8 <= D; d += 8) store8(y + d, load8(y + d) + p * load8(x + d));
     for (; d < D; d++) y[d] += p * x[d];
+}
+
+/* e^x for x in [-87, 88] (clamped; e^-87 ~ 1.6e-38), Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2,
+ * a degree-5 polynomial, about 1 ulp; plain arithmetic, so GCC vectorizes the loops that call it
+ * (glibc's expf is a scalar call in them) */
+static inline float exp_fast(float x) {
+    x = fminf(fmaxf(x, -87.f), 88.f);
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return y * scale;
 }
 
 static inline float hsum(v8 x) {
