@@ -3,7 +3,7 @@
 # (mtpx/core/cost_learning.py, observe_step's draft_depth). GSM8K test, greedy, 128 tokens,
 # 1 thread, the contenders side by side in one process per (concurrency, mode), 2 chunks
 # alternated.
-# usage: bash experiments/concurrency/held_depth/run.sh [STAGES...]   (c4 c16 c4c c1c; default: all)
+# usage: bash experiments/concurrency/held_depth/run.sh [STAGES...]   (c4 c16 c4c c16c c1c; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -24,6 +24,9 @@ if stage c16; then
 fi
 if stage c4c; then
   $B --compile --concurrency 4 --num-prompts 32 $A --contenders plain mtp4 auto "auto+compile_depths=[0,4,8]" --out $OUT/compiled_c4 > $OUT/compiled_c4.log 2>&1
+fi
+if stage c16c; then
+  $B --compile --concurrency 16 --num-prompts 128 $A --contenders plain mtp4 auto --out $OUT/compiled_c16 > $OUT/compiled_c16.log 2>&1
 fi
 if stage c1c; then
   $B --compile --concurrency 1 --num-prompts 16 $A --contenders plain mtp8 auto --out $OUT/compiled_c1 > $OUT/compiled_c1.log 2>&1
