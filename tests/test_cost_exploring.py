@@ -206,3 +206,14 @@ def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
         p.observe_parts(4, 4, 4, 18.0, 12.0)
     assert p.draft_cost(4, 4) == pytest.approx(12.0) and p.draft_cost(0, 4) == 0.0
     assert p.held_cost_curve(4, 4)[0] == pytest.approx(22.0)  # verification at 0 (10) + the round (12)
+
+
+def test_a_request_drafts_at_most_its_depth_in_the_steps_goodput():
+    """15 requests at depth 0 and 1 at depth 4 (flat 100 ms costs, every draft accepted): a k step
+    commits 15 x 1 + (1 + k) tokens, not 16 x (1 + k), so its goodput is (16 + k) / 100 tokens
+    per ms; with every request drafting k it would be 16 (1 + k) / 100."""
+    costs = {(k, 16): 100.0 for k in range(5)}
+    p = AutoDraftLength(4, costs, probe_interval=0, patience=1, min_verified=0)
+    p.acceptance = [1.0] * 4
+    assert p._goodputs(16, 4, held=4, depths=[0] * 15 + [4]) == pytest.approx([(16 + k) / 100 for k in range(5)])
+    assert p._goodputs(16, 4, held=4) == pytest.approx([16 * (1 + k) / 100 for k in range(5)])

@@ -218,12 +218,20 @@ class AutoDraftLength(StepCostLearning):
         """Predicted tokens per ms (the step's learned overhead included)."""
         return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
 
-    def _goodputs(self, batch_size: int, top: int, mix: list[float] | None = None, held: int = 0) -> list[float]:
+    def _goodputs(self, batch_size: int, top: int, mix: list[float] | None = None, held: int = 0,
+                  depths: list[int] | None = None) -> list[float]:
         """goodput(k, batch_size) for k = 0 .. top (one cost curve, the overhead included), the
         tokens of the batch's age mix (None: engine-wide); held: the deepest running request's
-        depth, whose draft round a smaller k still pays (`held_cost_curve`)."""
+        depth, whose draft round a smaller k still pays (`held_cost_curve`); depths: the running
+        requests' depths (None: every request drafts k), each drafting min(k, its depth) in a
+        step whose cost is k's (a request at depth 0 commits one token in a k = 8 step)."""
         curve = self.held_cost_curve(batch_size, held)
-        return [batch_size * self.expected_tokens(k, mix) / curve[k] for k in range(top + 1)]
+        if not depths:
+            return [batch_size * self.expected_tokens(k, mix) / curve[k] for k in range(top + 1)]
+        count = Counter(depths)
+        n = sum(count.values())
+        return [batch_size * sum(m * self.expected_tokens(min(k, d), mix) for d, m in count.items()) / n / curve[k]
+                for k in range(top + 1)]
 
     def request_acceptance(self, key) -> list[float]:
         """p_j, j = 1 .. max_k, of one request (RequestEstimates.acceptance)."""
@@ -261,13 +269,15 @@ class AutoDraftLength(StepCostLearning):
     def forget(self, key) -> None:
         self.requests.forget(key)
 
-    def decide(self, batch_size: int, max_k: int | None = None, ages=None, held: int = 0) -> StepChoice:
+    def decide(self, batch_size: int, max_k: int | None = None, ages=None, held: int = 0,
+               depths: list[int] | None = None) -> StepChoice:
         """The k for a step of batch_size requests, at most max_k (the deepest running request's
         depth; None: self.max_k), and the k in use, switch streak and probe count it leaves (module
         doc); ages: the running requests' output tokens (None: engine-wide estimates); held: the
         draft modules every step runs whatever its k (multi-module MTP: the deepest running
         depth, whose modules catch up; 0: none), which a smaller k still pays for
-        (`held_cost_curve`). A query: `commit` applies it."""
+        (`held_cost_curve`); depths: the running requests' depths (None: every request drafts
+        the step's k), each drafting at most its own (`_goodputs`). A query: `commit` applies it."""
         if self.forced is not None:
             return StepChoice(self.forced)
         top = self.max_k if max_k is None else max(0, min(max_k, self.max_k))
@@ -276,7 +286,7 @@ class AutoDraftLength(StepCostLearning):
         batch_size = max(1, batch_size)
         steps, probes, streak, explored = self._steps + 1, self._probes, self._switch_streak, self._explored
         mix = self._mix(ages)
-        g = self._goodputs(batch_size, top, mix, held)
+        g = self._goodputs(batch_size, top, mix, held, depths)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
         if best < current and self._falls(g, current, best, mix) or \

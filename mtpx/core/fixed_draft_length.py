@@ -44,7 +44,7 @@ class FixedDraftLength:
         self.max_k = self.k = k
         self.histogram: Counter = Counter()
 
-    def decide(self, batch_size: int, max_k: int | None = None, held: int = 0) -> StepChoice:
+    def decide(self, batch_size: int, max_k: int | None = None, held: int = 0, depths=None) -> StepChoice:
         return StepChoice(self.k)
 
     def choose(self, batch_size: int, max_k: int | None = None) -> int:

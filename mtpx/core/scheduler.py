@@ -165,8 +165,12 @@ class Scheduler:
         if self.depth_per_request:
             self._lower_depths()
         # after admission: a new request's first drafts come from this step's k
-        deepest = max((r.draft_depth for r in self.running), default=0)
-        choice = self.draft_length.decide(batch_size, deepest, held=deepest if self.depth_per_request else 0)
+        depths = [r.draft_depth for r in self.running]
+        deepest = max(depths, default=0)
+        if self.depth_per_request:     # a request drafts at most its depth; a smaller k still pays the deepest's round
+            choice = self.draft_length.decide(batch_size, deepest, held=deepest, depths=depths)
+        else:
+            choice = self.draft_length.decide(batch_size, deepest)
         self.draft_length.commit(choice)
         out.num_speculative_tokens = choice.k
         return out
