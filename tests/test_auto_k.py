@@ -308,7 +308,8 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     drafts are verified the usual rules apply."""
     ms = {(0, 64): 100.0, (1, 64): 180.0}              # k = 1 pays from p > 1.05 x 1.8 - 1 = 0.89
     # optimism = 2 standard deviations: position 1's upper estimate is 0.7 + 2 sqrt(0.21 / 9) > 1, so 1
-    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0)
+    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
+                        explore_budget=1.0)
     assert p.unlearned(0) and not p.unlearned(1)        # position 1 unseen; no position 2
     assert p.explores(0, 64)                            # at p = 1, 2 / 180 beats 1.05 / 100
     assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, optimism=2.0).explores(0, 64)   # 2 / 200 does not
@@ -327,6 +328,44 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     assert [lower(p, 64, 1), (step(p, 64), lower(p, 64, 1))[1]] == [1, 0]   # falls after patience
     p.record(0)
     assert p.unlearned(0) is False                       # 10 x 0.99^k stays above 8 for 22 steps
+
+
+def test_exploring_pauses_once_it_has_spent_its_budget():
+    """Compiled concurrency 16 (experiments/concurrency/held_depth, compiled_c16_run2): a position
+    that only the exploring probes verify never reaches min_verified under the discount, so
+    exploring held about 50 requests at depth 8 for the whole run, every step paying their catch-up
+    (0.74x plain). Exploring's predicted spend (its probes, and every step's cost over the same
+    step with no request held deeper than the k in use) is kept within explore_budget of the
+    steps' predicted cost, discounted alike."""
+    ms = {(0, 16): 100.0, (1, 16): 180.0}
+    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
+                        explore_budget=0.01)
+    p.k = 0
+    assert p.explores(0, 16) and p.depth(16) == 1 and p.explore_spent() == 0.0
+    depths = [0] * 15 + [1]          # one request admitted at the explored depth: k = 1 does not pay
+    ks = []                          # (15 + 1.7) / 16 / 180 < 1.05 / 100
+    for _ in range(3):
+        choice = p.decide(16, 1, held=1, depths=depths)
+        # the k = 0 step runs the depth-1 draft round, 180 - 100 ms (t(1) - t(0) until the parts are
+        # measured), as the exploring probe costs k = 1's step: 80 ms spent either way
+        assert (choice.step_ms, choice.explore_ms) == (180.0, 80.0)
+        p.commit(choice)
+        p.record(choice.k, 16)
+        ks.append(choice.k)
+    assert ks == [1, 0, 1]           # a probe every patience = 2 steps
+    # the steps' sum starts as 100 steps (1 / (1 - decay)) of the first one: 18000 ms, and stays so
+    assert p.explore_spent() == pytest.approx((0.99 ** 2 * 80 + 0.99 * 80 + 80) / 18000)   # 0.0132 > 0.01
+    assert p.depth(16) == 0                                            # admitted at the k in use
+    assert [p.choose(16, 1) for _ in range(2)] == [0, 0]               # no probe
+    plain = p.decide(16, 0, depths=[0] * 16)                           # the depth-1 request is gone
+    assert (plain.k, plain.step_ms, plain.explore_ms) == (0, 100.0, 0.0)
+    n = 0
+    while p.explore_spent() >= 0.01:                                   # the spend decays away
+        p.commit(p.decide(16, 0, depths=[0] * 16))
+        n += 1
+    # about (237.6 x 0.99^n) / (18000 x 0.99^n + 100 x (1 - 0.99^n) / 0.01) < 0.01 from n = 46
+    assert n == 46 and p.depth(16) == 1                                # then exploring resumes
+    assert AutoDraftLength(1, ms, explore_costs=False, optimism=2.0, explore_budget=0.0).depth(16) == 0
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():

@@ -30,7 +30,8 @@ def policy(**kw) -> AutoDraftLength:
     = 0.783, p_2 = 8 p_1 / 40 = 0.157, so k = 1 yields 1.783 / 200 < 1 / 100: only a measured
     k = 1 can win."""
     p = AutoDraftLength(2, {(0, 8): 100.0, (1, 8): 200.0, (2, 8): 300.0}, probe_interval=0, patience=2,
-                        min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0, **kw)
+                        min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0,
+                        **{"explore_budget": 1.0, **kw})
     for accepted in [1] * 32 + [0] * 8:
         p.observe(num_draft_tokens=2, num_accepted=accepted)
     assert p.acceptance == [pytest.approx(37.6 / 48), pytest.approx(8 * 37.6 / 48 / 40)]
@@ -117,7 +118,8 @@ def test_a_k_that_could_not_pay_at_80_percent_of_its_cost_is_not_probed():
     r = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 220.0}, probe_interval=0, min_verified=0)
     r.k = 0
     assert r.cost_unlearned(1, 1) and r.depth(1) == 0
-    q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, probe_interval=0, patience=2, min_verified=0)
+    q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, probe_interval=0, patience=2, min_verified=0,
+                        explore_budget=1.0)
     q.k = 0
     assert q.depth(1) == 1 and run(q, 4, batch=1, depth=1) == [1, 0, 1, 0]
 

@@ -42,7 +42,11 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   admitted at depth k' (the smallest such; k + 1 for a cost), running ones do not fall below it (nor
   fall at all when shallower: a depth never rises again), and every `patience` steps a step
   proposes k' drafts, so a prior that says k = 0, or a calibration that misjudges k + 1, is
-  tested, and a k = 1 that never pays does not block k = 4. The k in use falls only where the
+  tested, and a k = 1 that never pays does not block k = 4. Exploring pauses while it has spent
+  `explore_budget` of the steps' predicted cost (`explore_spent`: its probes, and the catch-up
+  of the requests it holds deeper than the k in use, which every step pays): a position whose
+  discounted count its probes alone can never raise to min_verified would otherwise be
+  explored for ever. The k in use falls only where the
   smaller k beats it with its unlearned positions at their upper estimates too (a fall the prior
   alone predicts waits for the drafts that test it).
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
@@ -94,7 +98,8 @@ class AutoDraftLength(StepCostLearning):
     explored (None: prior_weight; 0: never); explore_costs: explore a neighbour k whose cost
     is unmeasured at the batch size (`cost_unlearned`) where it could pay at cost_share of its
     predicted extra cost; optimism: standard deviations above an estimate at which exploring
-    values an unlearned position (module doc).
+    values an unlearned position; explore_budget: the share of the predicted step time (discounted
+    by decay) that exploring may spend before it pauses (1: no limit) (module doc).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -104,11 +109,13 @@ class AutoDraftLength(StepCostLearning):
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
                  beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
-                 explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8):
+                 explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
+                 explore_budget: float = 0.01):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
         self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
+        self.explore_budget = explore_budget
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -136,6 +143,8 @@ class AutoDraftLength(StepCostLearning):
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
+        self._explore_ms = 0.0                       # discounted predicted ms exploring spent (`explore_spent`)
+        self._step_ms: float | None = None           # discounted predicted ms of every step (None: no step yet)
         self._switch_streak = 0                      # consecutive steps predicting another k in use
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
@@ -164,12 +173,24 @@ class AutoDraftLength(StepCostLearning):
         """The depth explored beyond k at batch_size (None: none): `explore_depth`, else k + 1
         where its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
         hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
-        of the predicted one (where even that cannot pay, measuring it changes no choice)."""
+        of the predicted one (where even that cannot pay, measuring it changes no choice); None while
+        exploring has spent its budget (`explore_spent`)."""
+        if self.explore_spent() >= self.explore_budget:
+            return None
         target = self.explore_depth(k, batch_size, top, mix)
         if target is None and k < min(top, self.max_k) and self.cost_unlearned(k + 1, batch_size) \
                 and self._could_pay(k, batch_size, self.cost_share):
             target = k + 1
         return target
+
+    def explore_spent(self) -> float:
+        """The share of the decode steps' predicted cost that exploring spent, both discounted by
+        decay per step (`commit`): an exploring probe's cost over the k in use's, and a step's
+        cost over what it would cost with no request held deeper than the k in use (held depths
+        are explored ones, or ones waiting `patience` steps to fall). The steps' sum starts as a
+        full discount window, 1 / (1 - decay) steps, of the first step's cost, so the first
+        probes are measured against a window and not against themselves (0 before any step)."""
+        return self._explore_ms / self._step_ms if self._step_ms else 0.0
 
     def expected_tokens(self, k: int, mix: list[float] | None = None) -> float:
         """E[tokens per request step | k] from the current estimates: engine-wide, or the mean over
@@ -307,7 +328,10 @@ class AutoDraftLength(StepCostLearning):
                 k = current + 1
             elif not up and current > 0:
                 k = current - 1
-        return StepChoice(k, current, steps, probes, streak, explored)
+        curve = self.held_cost_curve(batch_size, held)
+        probed = k if target is not None else current     # a one-off probe is not exploring's
+        spend = curve[probed] - self.held_cost_curve(batch_size, min(held, current))[current]
+        return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend))
 
     def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
         """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
@@ -336,6 +360,10 @@ class AutoDraftLength(StepCostLearning):
             return
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
         self._switch_streak, self._explored = choice.switch_streak, choice.explored
+        self._explore_ms = self.decay * self._explore_ms + choice.explore_ms
+        if self._step_ms is None:     # the budget's window starts full (`explore_spent`)
+            self._step_ms = choice.step_ms / (1 - self.decay) if self.decay < 1 else 0.0
+        self._step_ms = self.decay * self._step_ms + choice.step_ms
 
     def decide_depth(self, batch_size: int, current: int | None = None, ages=None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
@@ -437,6 +465,7 @@ class AutoDraftLength(StepCostLearning):
                 "age_mix": [round(m, 4) for m in self.age_mix] if self.age_mix else None,
                 "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
                 "cost_factor": round(self.factor, 3),
+                "explore_spent": round(self.explore_spent(), 4),
                 "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m, 3), "steps": n}
                                      for b, (m, n) in sorted(self.overhead.items())],
                 "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r, 4), "steps": n}

@@ -13,7 +13,8 @@ __all__ = ["StepChoice", "DepthChoice", "FixedDraftLength"]
 class StepChoice:
     """One step's decision (`decide`): k drafts to propose; k_in_use, steps, probes, switch_streak
     and explored (the step of the last exploring probe): the policy's state once it is committed
-    (None: nothing to commit)."""
+    (None: nothing to commit); step_ms, explore_ms: the step's predicted cost and the part of it
+    that exploring spends (AutoDraftLength's `explore_budget`)."""
 
     k: int
     k_in_use: int | None = None
@@ -21,6 +22,8 @@ class StepChoice:
     probes: int | None = None
     switch_streak: int | None = None
     explored: int | None = None
+    step_ms: float = 0.0
+    explore_ms: float = 0.0
 
 
 @dataclass(frozen=True)
