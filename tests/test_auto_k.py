@@ -289,11 +289,12 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     p.reset()
     # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so at the
     # prior no k beats k = 0; at the prior's upper estimate (0.7 + sqrt(0.21 / 9) = 0.853: one
-    # standard deviation of Beta(5.6, 2.4)) k = 3 would (the smallest such), so the first requests
-    # are admitted at depth 3 to explore positions 1-3; without optimism they prefill no module; at
-    # batch 1 they keep all 8
+    # standard deviation of Beta(5.6, 2.4)) k = 3 would (the smallest such, which exploring holds),
+    # and k = 5 would most, so the first requests are admitted at depth 5 (`_landing`: the whole
+    # batch tests positions 1-5); without optimism they prefill no module; at batch 1 they keep all 8
     assert p.goodput(0, 64) > max(p.goodput(k, 64) for k in range(1, 9))
-    assert p.explore_depth(0, 64) == 3 and p.depth(64) == 3 and p.depth(1) == 8
+    assert p.explore_depth(0, 64) == 3 and p.depth(64) == 5 and p.depth(1) == 8
+    assert AutoDraftLength(8, step_costs, explore_costs=False, optimistic_falls=False).depth(64) == 3
     assert AutoDraftLength(8, step_costs, explore_costs=False, optimism=0.0).depth(64) == 0
     optimistic = AutoDraftLength(8, step_costs, prior_acceptance=1.0)
     assert optimistic.depth(64) == 8
@@ -365,7 +366,35 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
         n += 1
     # about (237.6 x 0.99^n) / (18000 x 0.99^n + 100 x (1 - 0.99^n) / 0.01) < 0.01 from n = 46
     assert n == 46 and p.depth(16) == 1                                # then exploring resumes
-    assert AutoDraftLength(1, ms, explore_costs=False, optimism=2.0, explore_budget=0.0).depth(16) == 0
+    never = AutoDraftLength(1, ms, explore_costs=False, optimism=2.0, explore_budget=0.0)
+    never.k = 0
+    assert never.depth(16) == 0
+
+
+def test_a_fall_lands_where_the_upper_estimates_pay_most():
+    """A compiled engine with depth buckets [0, 4, 8]: k = 1-4 cost k = 4's step, k = 5-8 k = 8's
+    (compiled_c16_buckets_budget_only in experiments/concurrency/explore_budget: the first
+    requests were admitted at depth 0, the prior's best, and k = 4, where mtp4 gained 1.10x, was
+    never tested). At the prior's upper estimate 0.853 k = 8 cannot pay (5.18 / 600 < 1 / 100 /
+    1.05), so k = 8 falls, but k = 4 could (3.73 / 300 > 1.05 / 100): the fall lands there, and
+    so do the requests admitted meanwhile, until positions 1-4 are learned."""
+    costs = {(k, 16): 100.0 if k == 0 else 300.0 if k <= 4 else 600.0 for k in range(9)}
+
+    def steps(p, n):
+        out = []
+        for _ in range(n):
+            choice = p.decide(16, 8)
+            p.commit(choice)
+            out.append(choice.k)
+        return out
+    kw = dict(probe_interval=0, patience=2, explore_costs=False, explore_budget=0.0)
+    p, q = AutoDraftLength(8, costs, **kw), AutoDraftLength(8, costs, optimistic_falls=False, **kw)
+    assert p.depth(16) == 4 and q.depth(16) == 0
+    assert steps(p, 3) == [8, 4, 4] and steps(q, 3) == [8, 0, 0]     # after patience = 2 steps
+    for _ in range(30):                                               # position 1 rejected: learned
+        p.observe(4, 0)
+    assert p.acceptance[0] == pytest.approx(5.6 / 38)
+    assert steps(p, 2) == [4, 0] and p.depth(16) == 0
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():

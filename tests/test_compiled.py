@@ -342,11 +342,11 @@ def test_layer_regions_are_traced_once_per_layer_type(trained_tiny, regions):
 
 
 @pytest.mark.slow      # 25 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
-@pytest.mark.parametrize("depths,graphs", [(None, 4), pytest.param([0, 1, 2, 4], 10, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("depths,graphs", [(None, 7), pytest.param([0, 1, 2, 4], 10, marks=pytest.mark.slow)])
 def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trained_tiny, depths, graphs):
     """num_speculative_tokens=auto, compiled (regions): the warm-up builds the graphs of every
-    depth bucket (engine.compile_depths; default 0 and k = 4: verify 1 and 5 tokens, commit,
-    draft loop; [0, 1, 2, 4]: verify 4, commit 3, draft loop 3), so requests whose depths change
+    depth bucket (engine.compile_depths; default 0, 2 and k = 4: verify 1, 3 and 5 tokens, commit 2,
+    draft loop 2; [0, 1, 2, 4]: verify 4, commit 3, draft loop 3), so requests whose depths change
     while they run (scripted) decode with error_on_recompile; tokens equal eager's."""
     from tests.test_auto_k import ScriptedDepths
     torch._dynamo.reset()
@@ -368,7 +368,10 @@ def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trai
 
 def test_depth_buckets():
     from mtpx.engine.compiled import depth_bucket
-    assert [depth_bucket(d, 8) for d in range(9)] == [0] + [8] * 8           # default: 0 and k
+    from mtpx.engine.decode_step import depth_buckets
+    assert [depth_bucket(d, 8) for d in range(9)] == [0] + [4] * 4 + [8] * 4   # default: 0, k // 2 and k
+    assert [depth_bucket(d, 3) for d in range(4)] == [0, 3, 3, 3]              # below k = 4: 0 and k
+    assert depth_buckets(8) == [0, 4, 8] and depth_buckets(8, [2, 20]) == [0, 2, 8] and depth_buckets(3) == [0, 3]
     powers = [0, 1, 2, 4, 8]
     assert [depth_bucket(d, 8, powers) for d in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
     assert [depth_bucket(d, 3, powers) for d in range(4)] == [0, 1, 2, 3]

@@ -48,7 +48,10 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   discounted count its probes alone can never raise to min_verified would otherwise be
   explored for ever. The k in use falls only where the
   smaller k beats it with its unlearned positions at their upper estimates too (a fall the prior
-  alone predicts waits for the drafts that test it).
+  alone predicts waits for the drafts that test it), and it lands on the k between of the highest
+  goodput with those positions at their upper estimates (`_landing`; so do a running depth's
+  fall and an admission below the k in use): a k in between that could pay is tested by the
+  whole batch, not only by exploring's probes.
 - Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
   `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
   running request's depth falls under the same two conditions.
@@ -99,7 +102,8 @@ class AutoDraftLength(StepCostLearning):
     is unmeasured at the batch size (`cost_unlearned`) where it could pay at cost_share of its
     predicted extra cost; optimism: standard deviations above an estimate at which exploring
     values an unlearned position; explore_budget: the share of the predicted step time (discounted
-    by decay) that exploring may spend before it pauses (1: no limit) (module doc).
+    by decay) that exploring may spend before it pauses (1: no limit); optimistic_falls: a fall lands
+    where the upper estimates pay most (`_landing`), else on the best k (module doc).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -110,12 +114,12 @@ class AutoDraftLength(StepCostLearning):
                  beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
-                 explore_budget: float = 0.01):
+                 explore_budget: float = 0.01, optimistic_falls: bool = True):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
         self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
-        self.explore_budget = explore_budget
+        self.explore_budget, self.optimistic_falls = explore_budget, optimistic_falls
         self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -314,7 +318,7 @@ class AutoDraftLength(StepCostLearning):
                 best > current and g[best] > (1 + self.hysteresis) * g[current]:
             streak += 1
             if streak >= self.patience:
-                current, streak = best, 0
+                current, streak = self._landing(g, best, current - 1, mix) if best < current else best, 0
         else:
             streak = 0
         k = current
@@ -343,6 +347,19 @@ class AutoDraftLength(StepCostLearning):
             return False
         tokens = self.estimates.expected_tokens(k, mix, smaller, self.optimism, self.min_verified)
         return g[smaller] > margin * g[k] * tokens / self.estimates.expected_tokens(k, mix)
+
+    def _landing(self, g: list[float], best: int, top: int, mix) -> int:
+        """Where a fall to `best` lands (g: `_goodputs`): the k in best .. top of the highest goodput
+        with the unlearned positions past best at their upper estimates (the smallest on a tie;
+        best itself without `optimistic_falls`), so a k between that could still pay is tested by
+        the whole batch before the k falls past it."""
+        if not self.optimistic_falls or top <= best:
+            return best
+        est = self.estimates
+
+        def upper(j: int) -> float:
+            return g[j] * est.expected_tokens(j, mix, best, self.optimism, self.min_verified) / est.expected_tokens(j, mix)
+        return max(range(best, top + 1), key=upper)
 
     def _mix(self, ages) -> list[float] | None:
         """The age mix a decision weighs the estimates by: of `ages` when given, else the decode
@@ -385,14 +402,17 @@ class AutoDraftLength(StepCostLearning):
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
-            depth = best if g[best] > (1 + self.hysteresis) * g[self.k] else self.k
+            depth = self.k
+            if g[best] > (1 + self.hysteresis) * g[self.k]:
+                depth = self._landing(g, best, self.k, mix) if best < self.k else best
             target = self._explore_target(depth, batch_size, self.max_k, mix)
             return DepthChoice(depth if target is None else target, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # the depth explored beyond the k in use (an exploring probe verifies it)
-        want = min(best if best < current and self._falls(g, current, best, mix) else current, self.k)
+        fall = best < current and self._falls(g, current, best, mix)
+        want = min(self._landing(g, best, current - 1, mix) if fall else current, self.k)
         target = self._explore_target(self.k, batch_size, self.max_k, mix)
         if target is not None:
             want = max(want, min(current, target))

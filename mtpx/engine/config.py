@@ -80,10 +80,12 @@ class EngineConfig:
     compile_depths: list[int] | None = None
     """With compile and automatic k: the draft depths the compiled step is built for; a step's
     verification window and draft round are padded to the next of them above its deepest
-    request. None: 0 and num_speculative_tokens, so automatic k builds the graphs of plain
-    decoding and of the fixed k (6 against 3 on the demo) and picks per request between no draft
-    and every draft; [0, 1, 2, 4, 8]: every power of two (13 graphs, several minutes more cold;
-    experiments/compile_time). Eager steps are never padded."""
+    request. None: 0, num_speculative_tokens // 2 (from 4 on) and num_speculative_tokens, so
+    automatic k builds the graphs of plain decoding, of half the fixed k and of the fixed k (7
+    against 3 on the demo's mtp8, about 2 minutes more cold; [0, 8] alone ran plain decoding
+    where mtp4 paid: experiments/concurrency/explore_budget); [0, 1, 2, 4, 8]: every power of two
+    (13 graphs, several minutes more cold; experiments/compile_time). Eager steps are never
+    padded."""
     compile_backend: str = "inductor"
     """torch.compile's backend ("eager" / "aot_eager" trace without code generation: tests); any
     name in torch._dynamo.list_backends(exclude_tags=()), else ValueError."""

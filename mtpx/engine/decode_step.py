@@ -12,7 +12,7 @@ Shapes (`StepShapes.plan`): eager, the batch is not padded, a window has 1 + the
 request verifies, and keys are read from exactly the blocks the step touches. Static (compiled),
 gpt-fast's recipe and vLLM's capture sizes: the batch is padded to a capture size (1, 2, 4, 8, then
 multiples of 8), the window and the draft round are built for the depth bucket of the deepest
-request (depth_bucket: 0 or k unless engine.compile_depths adds more; fewer drafts are
+request (depth_bucket: 0, k // 2 or k unless engine.compile_depths says otherwise; fewer drafts are
 padding), a step that neither verifies nor proposes a draft has a 1-token window, the draft
 round's forwards have width + 1 columns (a 1-token window's round too: one draft graph), and
 keys are read from a power-of-two number of blocks: a few graphs serve every step. A round
@@ -61,13 +61,19 @@ def block_bucket(num_positions: int, block_size: int, max_blocks: int) -> int:
     return min(max_blocks, 1 << (need - 1).bit_length())
 
 
+def depth_buckets(k: int, depths=None) -> list[int]:
+    """The depths a compiled step is built for (EngineConfig.compile_depths): 0, k and those of
+    `depths` between; depths None: 0, k // 2 from k = 4 on, and k."""
+    inner = ((k // 2,) if k >= 4 else ()) if depths is None else depths
+    return sorted({0, k, *(d for d in inner if 0 < d < k)})
+
+
 def depth_bucket(depth: int, k: int, depths=None) -> int:
-    """The depth a compiled step's shapes are built for: the smallest of `depths`
-    (EngineConfig.compile_depths) >= depth, at most k (a fixed k is its own bucket); 0 for 0.
-    depths None: k (automatic k builds plain decoding's graphs and the fixed k's)."""
+    """The depth a compiled step's shapes are built for: the smallest of depth_buckets(k, depths)
+    >= depth, at most k (a fixed k is its own bucket); 0 for 0."""
     if depth <= 0:
         return 0
-    return min([d for d in (depths or ()) if depth <= d < k] + [k])
+    return min(d for d in depth_buckets(k, depths) if d >= min(depth, k))
 
 
 @dataclass

@@ -4,9 +4,10 @@ are a verification part verify(k) plus a draft-round part draft(depth), the dept
 step's k or the deepest held depth (the catch-up); each request accepts each draft with
 probability p; a request finishing its 128 tokens is replaced by one admitted at `depth`. The
 policy learns from the steps as the scheduler feeds it (observe_step / observe_parts, observe,
-record). Prints the simulated goodput over that of the best fixed k, median of the seeds.
+record), the first requests admitted as the engine admits them (`depth`). Prints the simulated goodput over that of the best fixed k, median of the seeds.
 
 usage: python experiments/concurrency/explore_budget/simulate.py [BUDGETS] [SCENARIOS]
+(each budget without and with optimistic_falls)
 """
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ SCENARIOS = {   # name: (verify(k) ms, draft(depth) ms, batch size, acceptance p
     # the compiled batch-16 step with buckets [0, 8]: every k >= 1 costs k = 8's step (about 5x
     # plain, held_depth's calibration), of which the 8-module draft round is about 50 ms
     "compiled_c16_p83": (lambda k: 43.0 if k == 0 else 170.0, lambda d: 0.0 if d == 0 else 50.0, 16, 0.83),
+    # the compiled batch-16 step with buckets [0, 4, 8] (compiled_c16_buckets' calibration: k = 1-4
+    # cost k = 4's step, 3.3x plain, k = 5-8 5.5x), where k = 4 pays at p = 0.85 and the prior
+    # (0.7) says it does not
+    "compiled_c16_buckets_p85": (lambda k: 34.0 if k == 0 else 99.0 if k <= 4 else 160.0,
+                                 lambda d: 0.0 if d == 0 else 13.0 if d <= 4 else 27.0, 16, 0.85),
     # an eager batch-64 step, where only a high acceptance makes k = 1 pay
     "eager_b64_p90": (lambda k: 100.0 + 60 * k, lambda d: 20.0 * d, 64, 0.90),
     "eager_b64_p75": (lambda k: 100.0 + 60 * k, lambda d: 20.0 * d, 64, 0.75),
@@ -28,12 +34,13 @@ SCENARIOS = {   # name: (verify(k) ms, draft(depth) ms, batch size, acceptance p
 }
 
 
-def simulate(budget, verify, draft, B, p, steps=2000, length=128, max_k=8, seed=0) -> float:
-    """Simulated output tokens per ms of `steps` decode steps, over plain decoding's."""
+def simulate(budget, verify, draft, B, p, steps=2000, length=128, max_k=8, seed=0, **options) -> float:
+    """Simulated output tokens per ms of `steps` decode steps, over plain decoding's; options:
+    AutoDraftLength's."""
     rng = random.Random(seed)
     policy = AutoDraftLength(max_k, {(k, B): verify(k) + draft(k) for k in range(max_k + 1)},
-                             explore_budget=budget)
-    requests = [[rng.randrange(length), max_k] for _ in range(B)]   # [output tokens, depth]
+                             explore_budget=budget, **options)
+    requests = [[rng.randrange(length), policy.depth(B)] for _ in range(B)]   # [output tokens, depth]
     ms = tokens = 0.0
     proposed = max_k                                                 # drafts the step before proposed
     for _ in range(steps):
@@ -77,15 +84,17 @@ def best_fixed(verify, draft, p, max_k=8) -> tuple[int, float]:
 
 
 def main() -> None:
-    budgets = [float(b) for b in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1.0, 0.05, 0.02, 0.01, 0.0]
+    budgets = [float(b) for b in sys.argv[1].split(",")] if len(sys.argv) > 1 else [1.0, 0.05, 0.01, 0.0]
     names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(SCENARIOS)
-    print("| scenario | best fixed k (x plain) | " + " | ".join(f"budget {b:g}" for b in budgets) + " |")
-    print("|---|---|" + "---:|" * len(budgets))
+    cols = [(b, o) for o in (False, True) for b in budgets]
+    print("| scenario | best fixed k (x plain) | " + " | ".join(
+        f"budget {b:g}{', optimistic falls' if o else ''}" for b, o in cols) + " |")
+    print("|---|---|" + "---:|" * len(cols))
     for name in names:
         verify, draft, B, p = SCENARIOS[name]
         k, best = best_fixed(verify, draft, p)
-        cells = [statistics.median(simulate(b, verify, draft, B, p, seed=s) for s in range(2)) / best
-                 for b in budgets]
+        cells = [statistics.median(simulate(b, verify, draft, B, p, seed=s, optimistic_falls=o) for s in range(2)) / best
+                 for b, o in cols]
         print(f"| {name} | {k} ({best:.3f}x) | " + " | ".join(f"{c:.3f}" for c in cells) + " |", flush=True)
 
 

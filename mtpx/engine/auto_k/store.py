@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from mtpx.engine.auto_k.costs import calibrate_step_costs
+from mtpx.engine.decode_step import depth_buckets
 from mtpx.io import atomic_write_json
 
 __all__ = ["COST_META_KEYS", "save_step_costs", "load_step_costs", "step_cost_cache_path",
@@ -102,7 +103,7 @@ def cost_meta(engine, model_path: Path | None, draft_path: Path | None, spec: st
             "threads": torch.get_num_threads(), "compile": cfg.compile,
             "compile_backend": cfg.compile_backend,
             # compiled, a k costs its depth bucket's step (auto_k.costs.calibrate_step_costs)
-            "compile_depths": sorted(set(cfg.compile_depths)) if cfg.compile and cfg.compile_depths else None,
+            "compile_depths": depth_buckets(engine.draft_length.max_k, cfg.compile_depths) if cfg.compile else None,
             "attention_backend": cfg.attention_backend,
             "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
             "tensor_parallel_size": cfg.tensor_parallel_size,
