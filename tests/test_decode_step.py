@@ -35,7 +35,7 @@ def test_step_shapes_eager_are_exact_and_static_are_bucketed():
     assert (eager.window, eager.depth, eager.num_drafts, eager.draft_columns) == (2, 3, 3, 4)
     static = _plan(True, [30, 30], [1, 1], [1, 3], [1, 1], 3, batch=2)
     assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (5, 4, 3, 5)   # bucket 4
-    static = _plan(True, [30, 30], [1, 1], [1, 3], [1, 1], 3, batch=2, buckets=None)      # buckets 0 and k
+    static = _plan(True, [30, 30], [1, 1], [1, 3], [1, 1], 3, batch=2, buckets=[])        # buckets 0 and k
     assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (9, 8, 3, 9)
     # a module that catches up behind 3 verified drafts covers 4 - 1 + 4 positions: eager 7
     # columns; static, a round without drafts first, then both rounds in 4 + 1 columns
