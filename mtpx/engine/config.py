@@ -82,7 +82,7 @@ class EngineConfig:
     verification window and draft round are padded to the next of them above its deepest
     request. None: 0, num_speculative_tokens // 2 (from 4 on) and num_speculative_tokens, so
     automatic k builds the graphs of plain decoding, of half the fixed k and of the fixed k (7
-    against 3 on the demo's mtp8, about 2 minutes more cold; [0, 8] alone ran plain decoding
+    against 3 on the demo's mtp8, about 80 s more cold at 1 thread; [0, 8] alone ran plain decoding
     where mtp4 paid: experiments/concurrency/explore_budget); [0, 1, 2, 4, 8]: every power of two
     (13 graphs, several minutes more cold; experiments/compile_time). Eager steps are never
     padded."""

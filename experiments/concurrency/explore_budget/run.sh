@@ -5,7 +5,7 @@
 # alternated.
 # From commit d24f27b auto's default compiled buckets are [0, 4, 8]: c16c and c16c2 ran before it
 # (their auto is [0, 8]); c4c compares the new default with [0, 8].
-# usage: bash experiments/concurrency/explore_budget/run.sh [STAGES...]   (c16c c16c2 c16 c4c c64; default: all)
+# usage: bash experiments/concurrency/explore_budget/run.sh [STAGES...]   (c16c c16c2 c16 c4c c4 c64; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -29,6 +29,9 @@ if stage c16; then
 fi
 if stage c4c; then
   $B --compile --concurrency 4 --num-prompts 32 $A --contenders plain mtp4 mtp8 auto "auto+compile_depths=[0,8]" --out $OUT/compiled_c4 > $OUT/compiled_c4.log 2>&1
+fi
+if stage c4; then
+  $B --concurrency 4 --num-prompts 32 $A --contenders plain mtp4 mtp8 auto --out $OUT/eager_c4 > $OUT/eager_c4.log 2>&1
 fi
 if stage c64; then
   $B --concurrency 64 --num-prompts 128 $A --contenders plain mtp4 auto --out $OUT/eager_c64 > $OUT/eager_c64.log 2>&1
