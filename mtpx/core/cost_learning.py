@@ -81,11 +81,11 @@ class StepCostLearning:
             return r * self.calibrated_cost(k, batch_size)
         return max(0.0, self.calibrated_cost(k, batch_size) - self.calibrated_cost(0, batch_size))
 
-    def held_cost_curve(self, batch_size: int, held: int) -> list[float]:
-        """step_cost_curve(batch_size) for a step whose deepest request holds depth `held`: a k below
-        it still runs the draft round at `held` (the modules past k catch up), so it costs
-        draft_cost(held) - draft_cost(k) more (never less)."""
-        curve = self.step_cost_curve(batch_size)
+    def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None) -> list[float]:
+        """step_cost_curve(batch_size) (or `curve`, when the caller has it) for a step whose deepest
+        request holds depth `held`: a k below it still runs the draft round at `held` (the modules
+        past k catch up), so it costs draft_cost(held) - draft_cost(k) more (never less)."""
+        curve = self.step_cost_curve(batch_size) if curve is None else curve
         if held <= 0:
             return curve
         top = self.draft_cost(min(held, self.max_k), batch_size)

@@ -244,13 +244,14 @@ class AutoDraftLength(StepCostLearning):
         return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
 
     def _goodputs(self, batch_size: int, top: int, mix: list[float] | None = None, held: int = 0,
-                  depths: list[int] | None = None) -> list[float]:
+                  depths: list[int] | None = None, curve: list[float] | None = None) -> list[float]:
         """goodput(k, batch_size) for k = 0 .. top (one cost curve, the overhead included), the
         tokens of the batch's age mix (None: engine-wide); held: the deepest running request's
         depth, whose draft round a smaller k still pays (`held_cost_curve`); depths: the running
         requests' depths (None: every request drafts k), each drafting min(k, its depth) in a
-        step whose cost is k's (a request at depth 0 commits one token in a k = 8 step)."""
-        curve = self.held_cost_curve(batch_size, held)
+        step whose cost is k's (a request at depth 0 commits one token in a k = 8 step); curve: the
+        costs per k when the caller has them (else held_cost_curve(batch_size, held))."""
+        curve = self.held_cost_curve(batch_size, held) if curve is None else curve
         if not depths:
             return [batch_size * self.expected_tokens(k, mix) / curve[k] for k in range(top + 1)]
         count = Counter(depths)
@@ -311,7 +312,9 @@ class AutoDraftLength(StepCostLearning):
         batch_size = max(1, batch_size)
         steps, probes, streak, explored = self._steps + 1, self._probes, self._switch_streak, self._explored
         mix = self._mix(ages)
-        g = self._goodputs(batch_size, top, mix, held, depths)
+        base = self.step_cost_curve(batch_size)
+        curve = self.held_cost_curve(batch_size, held, base)
+        g = self._goodputs(batch_size, top, mix, depths=depths, curve=curve)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
         if best < current and self._falls(g, current, best, mix) or \
@@ -332,9 +335,8 @@ class AutoDraftLength(StepCostLearning):
                 k = current + 1
             elif not up and current > 0:
                 k = current - 1
-        curve = self.held_cost_curve(batch_size, held)
         probed = k if target is not None else current     # a one-off probe is not exploring's
-        spend = curve[probed] - self.held_cost_curve(batch_size, min(held, current))[current]
+        spend = curve[probed] - base[current]             # base: the k in use with nothing held deeper
         return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend))
 
     def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:

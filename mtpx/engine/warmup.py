@@ -11,7 +11,7 @@ import torch
 
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
-from mtpx.engine.compiled import depth_bucket
+from mtpx.engine.decode_step import depth_buckets
 
 __all__ = ["warm_up", "compile_stats", "time_decode_steps"]
 
@@ -22,7 +22,7 @@ def warm_up(engine) -> dict | None:
     then one alone (which must run in the graphs compiled at batch 2; a guard on B >= 2 would
     compile it again, tests/test_compiled.py),
     and with per-request depths (automatic k) one decode step at each depth bucket
-    (compiled.depth_bucket) and steps of k = 0 for requests that keep their depth
+    (decode_step.depth_buckets) and steps of k = 0 for requests that keep their depth
     (_steps_without_drafts), so the compiled functions exist before anything is timed; the prefix
     cache and the step timings are reset afterwards. Returns compile_stats(engine) (None without
     compile)."""
@@ -45,7 +45,7 @@ def warm_up(engine) -> dict | None:
         engine.reset_step_timings()
     if engine.scheduler.depth_per_request and length >= 1:
         # automatic k: every depth bucket's graphs now, not when a request first reaches it
-        ks = sorted({depth_bucket(d, k, c.compile_depths) for d in range(k + 1)})
+        ks = depth_buckets(k, c.compile_depths)
         try:
             engine.time_decode_steps(min(2, c.max_num_seqs), ks, length, rounds=0, warmup=1)
         except ValueError as err:
