@@ -210,6 +210,39 @@ def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
     assert p.held_cost_curve(4, 4)[0] == pytest.approx(22.0)  # verification at 0 (10) + the round (12)
 
 
+def test_a_depth_never_measured_prices_its_draft_round_per_module_of_the_measured_ones():
+    """Draft rounds measured at depth 4 (12 ms, 3 ms a module) and 8 (20 ms, 2.5 ms a module):
+    depth 1-3 cost 3 ms a module, 5-7 interpolate (6: 2.75 ms), and none falls back to the
+    calibration above plain (5 k ms here), which priced depth 3 (15 ms) above the measured depth 4
+    and made k = 3 look cheaper than k = 4 under a held depth 8."""
+    costs = {(k, 4): 10.0 + 5.0 * k for k in range(9)}
+    p = AutoDraftLength(8, costs, probe_interval=0, patience=1, min_verified=0)
+    assert p.draft_cost(3, 4) == pytest.approx(15.0)       # nothing measured: the calibration
+    for _ in range(8):
+        p.observe_parts(4, 4, 4, 18.0, 12.0)
+        p.observe_parts(8, 8, 4, 30.0, 20.0)
+    assert [p.draft_cost(k, 4) for k in range(9)] == pytest.approx([0, 3, 6, 9, 12, 14.375, 16.5, 18.375, 20])
+    held = p.held_cost_curve(4, 8)
+    assert held[3] == pytest.approx(25.0 + 20 - 9) and held[4] == pytest.approx(30.0 + 20 - 12)
+
+
+def test_a_held_depth_alone_does_not_raise_the_k_in_use():
+    """k in use 4, one of 4 requests held at depth 8 (explored): its catch-up makes every k below 8
+    cost the depth-8 draft round, so k = 8 would win on the held curve (46 ms for both, 3 x E4 +
+    E8 tokens against 4 x E4: 1.07x), but with nothing held k = 4 pays 1.5x more per ms, so the k
+    in use stays 4. Were it raised, the next requests would be admitted at 8 and keep it there."""
+    costs = {(k, 4): (10.0 if k == 0 else 24.0 if k <= 4 else 46.0) for k in range(9)}
+    p = AutoDraftLength(8, costs, probe_interval=0, patience=1, min_verified=0)
+    p.acceptance = [0.8] * 8
+    p.commit(p.decide(4, 8))
+    assert p.k == 4
+    depths = [4, 4, 4, 8]
+    g = p._goodputs(4, 8, depths=depths, curve=p.held_cost_curve(4, 8))
+    assert g[8] / g[4] == pytest.approx((3 * 3.3616 + 4.32891) / (4 * 3.3616), rel=1e-4)
+    choice = p.decide(4, 8, held=8, depths=depths)
+    assert (choice.k, choice.k_in_use) == (4, 4)
+
+
 def test_a_request_drafts_at_most_its_depth_in_the_steps_goodput():
     """15 requests at depth 0 and 1 at depth 4 (flat 100 ms costs, every draft accepted): a k step
     commits 15 x 1 + (1 + k) tokens, not 16 x (1 + k), so its goodput is (16 + k) / 100 tokens

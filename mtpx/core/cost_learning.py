@@ -70,15 +70,20 @@ class StepCostLearning:
         return [c + extra for c in self.cost_curve(batch_size)]
 
     def draft_cost(self, k: int, batch_size: int) -> float:
-        """Predicted ms of the draft round of a step whose requests hold depth k (0 for k = 0):
-        its measured share of k's calibrated cost (`observe_parts`, once it has
-        min_cost_observations steps at batch_size's bucket), else the calibrated cost above plain
+        """Predicted ms of the draft round of a step whose requests hold depth k (0 for k = 0): k
+        times the per-module ms of the measured draft rounds at batch_size's bucket
+        (`observe_parts`, depths with min_cost_observations steps; between two, linear; beyond
+        them, the nearest's), so a depth never measured is priced like the measured ones (a
+        depth-k round runs k modules); with none measured, the calibrated cost above plain
         decoding's, t(k) - t(0) (all of it, as if the verification's wider window were free)."""
         if k <= 0:
             return 0.0
-        r, n = self.part_correction.get(("draft", k, batch_bucket(batch_size)), (0.0, 0))
-        if n >= max(1, self.min_cost_observations):
-            return r * self.calibrated_cost(k, batch_size)
+        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
+        per_module = [(j, r * self.calibrated_cost(j, batch_size) / j)
+                      for (part, j, b), (r, n) in sorted(self.part_correction.items())
+                      if part == "draft" and b == bucket and j >= 1 and n >= least]
+        if per_module:
+            return k * _interpolate(per_module, k, 0.0)
         return max(0.0, self.calibrated_cost(k, batch_size) - self.calibrated_cost(0, batch_size))
 
     def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None) -> list[float]:

@@ -58,7 +58,7 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
   tokens (the speculators' catch-up), so the module KV is exact when drafting resumes: choosing
   the step's k, a k below the deepest running depth pays that depth's draft round
-  (`held_cost_curve`).
+  (`held_cost_curve`), but a rise of the k in use must pay with nothing held too (`_rises`).
 - Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
   predicted goodput at that batch size, by the hysteresis margin over the k in use. A step's k
@@ -318,7 +318,7 @@ class AutoDraftLength(StepCostLearning):
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
         if best < current and self._falls(g, current, best, mix) or \
-                best > current and g[best] > (1 + self.hysteresis) * g[current]:
+                best > current and self._rises(g, current, best, batch_size, mix, depths, base, held):
             streak += 1
             if streak >= self.patience:
                 current, streak = self._landing(g, best, current - 1, mix) if best < current else best, 0
@@ -349,6 +349,21 @@ class AutoDraftLength(StepCostLearning):
             return False
         tokens = self.estimates.expected_tokens(k, mix, smaller, self.optimism, self.min_verified)
         return g[smaller] > margin * g[k] * tokens / self.estimates.expected_tokens(k, mix)
+
+    def _rises(self, g: list[float], k: int, larger: int, batch_size: int, mix, depths, base: list[float],
+               held: int) -> bool:
+        """Whether a rise from k to `larger` pays (g: `_goodputs` on the held cost curve): larger
+        beats k by more than the hysteresis, and also with no request held deeper than k (base:
+        the unheld step cost curve; computed only when a deeper depth is held). A held depth's
+        catch-up is a transient (explored, or waiting to fall), and a rise it alone pays for would
+        admit the next requests at the larger k and keep itself going."""
+        margin = 1 + self.hysteresis
+        if not g[larger] > margin * g[k]:
+            return False
+        if held <= k:
+            return True
+        g0 = self._goodputs(batch_size, larger, mix, depths=depths, curve=base)
+        return g0[larger] > margin * g0[k]
 
     def _landing(self, g: list[float], best: int, top: int, mix) -> int:
         """Where a fall to `best` lands (g: `_goodputs`): the k in best .. top of the highest goodput

@@ -26,6 +26,11 @@ SCENARIOS = {   # name: (verify(k) ms, draft(depth) ms, batch size, acceptance p
     # (0.7) says it does not
     "compiled_c16_buckets_p85": (lambda k: 34.0 if k == 0 else 99.0 if k <= 4 else 160.0,
                                  lambda d: 0.0 if d == 0 else 13.0 if d <= 4 else 27.0, 16, 0.85),
+    # the compiled batch-4 step with buckets [0, 4, 8] (compiled_c4's calibration: k = 1-4 cost
+    # 39 ms, k = 5-8 58 ms, the draft rounds 6 and 16 ms), where k = 4 beats k = 8 (added in
+    # ../held_rise)
+    "compiled_c4_buckets_p85": (lambda k: 18.2 if k == 0 else 33.1 if k <= 4 else 42.1,
+                                lambda d: 0.0 if d == 0 else 6.2 if d <= 4 else 15.6, 4, 0.85),
     # an eager batch-64 step, where only a high acceptance makes k = 1 pay
     "eager_b64_p90": (lambda k: 100.0 + 60 * k, lambda d: 20.0 * d, 64, 0.90),
     "eager_b64_p75": (lambda k: 100.0 + 60 * k, lambda d: 20.0 * d, 64, 0.75),

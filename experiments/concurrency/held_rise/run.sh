@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 37, automatic k: a held depth alone does not raise the k in use, and a depth never
+# measured prices its draft round per module of the measured ones (mtpx/core/draft_length.py
+# `_rises`, mtpx/core/cost_learning.py `draft_cost`). The issue's settings: GSM8K test, 128
+# prompts, greedy, 128 tokens, 1 thread, the contenders side by side in one process per
+# (concurrency, mode), 2 chunks alternated.
+# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64 c64c; default: all)
+set -x
+cd "$(dirname "$0")/../../.."
+export OMP_NUM_THREADS=1
+export MTPX_DATA_DIR=${MTPX_DATA_DIR:-$(cd .. && pwd)/shared/data}
+OUT=experiments/concurrency/held_rise
+mkdir -p $OUT
+lscpu | grep 'Model name' > $OUT/machine.txt
+grep -o 'avx[^ ]*' /proc/cpuinfo | sort -u | tr '\n' ' ' >> $OUT/machine.txt
+A="--rounds 2 --max-tokens 128 --threads 1 --num-prompts 128"
+B="python tools/bench_speedup.py"
+stage() { [ -z "$STAGES" ] || [[ " $STAGES " == *" $1 "* ]]; }
+STAGES="$*"
+run() { name=$1; shift; $B "$@" $A --out $OUT/$name > $OUT/$name.log 2>&1; date >> $OUT/$name.log; }
+stage c4 && run eager_c4 --concurrency 4 --contenders plain mtp4 mtp8 auto
+stage c4c && run compiled_c4 --compile --concurrency 4 --contenders plain mtp4 mtp8 auto
+stage c16c && run compiled_c16 --compile --concurrency 16 --contenders plain mtp4 auto
+stage c16 && run eager_c16 --concurrency 16 --contenders plain mtp4 auto
+stage c1 && run eager_c1 --concurrency 1 --contenders plain mtp4 mtp8 auto
+stage c1c && run compiled_c1 --compile --concurrency 1 --contenders plain mtp4 mtp8 auto
+stage c64 && run eager_c64 --concurrency 64 --contenders plain mtp1 mtp4 auto
+stage c64c && run compiled_c64 --compile --concurrency 64 --contenders plain mtp1 mtp4 auto
+true
