@@ -366,6 +366,25 @@ def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trai
     _same(*outs)
 
 
+@pytest.mark.slow      # Dynamo traces the depth buckets' graphs (about 25 s on 2 cores)
+def test_warmup_leaves_automatic_k_nothing_learned_from_its_dummy_requests(trained_tiny):
+    """The warm-up's dummy requests (a repeated token pattern) are verified through the policy:
+    automatic k must forget their acceptance, or a compiled engine decides its first real
+    requests on it (the demo's compiled concurrency-4 run started with 78 verified drafts of
+    the pattern and ran k = 8 in 98% of its steps where k = 4 was 15% faster). The step costs
+    stay."""
+    from mtpx.core.draft_length import AutoDraftLength
+    torch._dynamo.reset()
+    llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager")
+    costs = {(k, b): 10.0 + k for k in range(5) for b in (1, 4)}
+    policy = AutoDraftLength(4, costs)
+    llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+    llm.engine.scheduler.depth_per_request = True
+    llm.engine.warmup()
+    assert policy.num_observed == [0] * 4 and policy.k == 4 and not policy.histogram
+    assert policy.step_costs is not None and policy._steps == 0
+
+
 def test_depth_buckets():
     from mtpx.engine.compiled import depth_bucket
     from mtpx.engine.decode_step import depth_buckets

@@ -25,7 +25,8 @@ def warm_up(engine) -> dict | None:
     (decode_step.depth_buckets) and steps of k = 0 for requests that keep their depth
     (_steps_without_drafts), so the compiled functions exist before anything is timed; the prefix
     cache and the step timings are reset afterwards. Returns compile_stats(engine) (None without
-    compile)."""
+    compile); automatic k then forgets what the dummy requests taught it (AutoDraftLength.reset:
+    not the step costs)."""
     if engine.compiled is None:
         return None
     c, k = engine.config, engine.num_speculative_tokens
@@ -52,6 +53,10 @@ def warm_up(engine) -> dict | None:
             print(f"engine.compile: warm-up of the depths {ks} skipped ({err}): they compile when "
                   "first used", file=sys.stderr)
         _steps_without_drafts(engine, k, length)
+    if getattr(engine.draft_length, "auto", False):
+        # automatic k learned the dummy requests' acceptance (a repeated pattern, accepted far
+        # more than real text): the first real requests would be decided on it
+        engine.draft_length.reset()
     stats = compile_stats(engine)
     if stats["num_graphs"]:
         print(f"engine.compile: {stats['num_graphs']} graphs in {stats['compile_s']:.1f} s "

@@ -3,7 +3,7 @@
 # measured prices its draft round per module of the measured ones (mtpx/core/draft_length.py
 # `_rises`, mtpx/core/cost_learning.py `draft_cost`). The issue's settings: GSM8K test, 128
 # prompts, greedy, 128 tokens, 1 thread, the contenders side by side in one process per
-# (concurrency, mode), 2 chunks alternated.
+# (concurrency, mode), 4 chunks alternated (before_warmup_reset: 2 chunks, commit 9fa009a).
 # usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64 c64c; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
@@ -13,7 +13,7 @@ OUT=experiments/concurrency/held_rise
 mkdir -p $OUT
 lscpu | grep 'Model name' > $OUT/machine.txt
 grep -o 'avx[^ ]*' /proc/cpuinfo | sort -u | tr '\n' ' ' >> $OUT/machine.txt
-A="--rounds 2 --max-tokens 128 --threads 1 --num-prompts 128"
+A="--rounds 4 --max-tokens 128 --threads 1 --num-prompts 128"
 B="python tools/bench_speedup.py"
 stage() { [ -z "$STAGES" ] || [[ " $STAGES " == *" $1 "* ]]; }
 STAGES="$*"
