@@ -140,6 +140,7 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
                    ragged_batch=False)
     policy, clock = llm.engine.draft_length, iter(range(10 ** 6))
+    policy.explore_budget = 0.01          # exploring's probes are the subject here, not its budget
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
     parts = spy(monkeypatch, policy, "observe_parts")
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]

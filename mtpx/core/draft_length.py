@@ -114,7 +114,7 @@ class AutoDraftLength(StepCostLearning):
                  beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
-                 explore_budget: float = 0.01, optimistic_falls: bool = True):
+                 explore_budget: float = 0.001, optimistic_falls: bool = True):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
