@@ -482,7 +482,7 @@ class ScriptedDepths(AutoDraftLength):
         self.depths = iter(depths)
         self.rng = None if lower_seed is None else random.Random(lower_seed)
 
-    def depth(self, batch_size: int, current: int | None = None) -> int:
+    def depth(self, batch_size: int, current: int | None = None, depths=None) -> int:
         if current is None:
             return next(self.depths, self.max_k)
         if self.rng is not None and current > 0 and self.rng.random() < 0.2:

@@ -244,6 +244,28 @@ def test_a_held_depth_alone_does_not_raise_the_k_in_use():
     assert (choice.k, choice.k_in_use) == (4, 4)
 
 
+def test_an_admission_above_the_k_in_use_needs_the_batch_to_follow_or_the_evidence():
+    """k in use 4, positions 1-4 learned at 0.9 and 5-8 unverified (at the chain prior, 0.9 too):
+    at the means k = 8 beats 4 by 8.9% (6.13 / 44 against 4.10 / 32 tokens per ms), so an
+    admission into an empty engine takes depth 8. With three requests running at 4, a step at
+    8 would draft 8 for the new one alone (held curve: 0.105 against 0.114 tokens per ms), and
+    with positions 5-8 at their lower estimates (0.8) 8 no longer pays by the hysteresis (5.64 /
+    44 < 1.05 x 4.10 / 32), so it is admitted at 4: deeper, it would pay its modules' catch-up
+    every step and no step would verify its drafts past 4. Once 5-8 are learned, 8 again."""
+    costs = {(k, 4): 20.0 + 3.0 * k for k in range(9)}
+    p = AutoDraftLength(8, costs, probe_interval=0, patience=1, explore_budget=0.0)
+    for _ in range(8):                                    # the draft round: 1 ms a module
+        p.observe_parts(4, 4, 4, 28.0, 4.0)
+    p.acceptance = [0.9] * 8
+    p.estimates.verified = [100.0] * 4 + [0.0] * 4
+    p.k = 4
+    assert p.depth(4) == 8 and p.depth(4, depths=[]) == 8
+    assert p.depth(4, depths=[4, 4, 4]) == 4
+    assert p.depth(4, depths=[8, 8, 4]) == 8              # the steps would follow
+    p.estimates.verified = [100.0] * 8
+    assert p.depth(4, depths=[4, 4, 4]) == 8
+
+
 def test_a_request_drafts_at_most_its_depth_in_the_steps_goodput():
     """15 requests at depth 0 and 1 at depth 4 (flat 100 ms costs, every draft accepted): a k step
     commits 15 x 1 + (1 + k) tokens, not 16 x (1 + k), so its goodput is (16 + k) / 100 tokens

@@ -111,7 +111,7 @@ class AcceptanceEstimates:
         for j in range(k):
             p = ps[j]
             if optimistic_from is not None and j >= optimistic_from and vs[j] < below:
-                p = min(1.0, p + z * math.sqrt(max(0.0, p * (1 - p)) / (vs[j] + w + 1)))
+                p = min(1.0, max(0.0, p + z * math.sqrt(max(0.0, p * (1 - p)) / (vs[j] + w + 1))))
             survive *= p
             total += survive
         return total
@@ -122,7 +122,7 @@ class AcceptanceEstimates:
         or the mean over a batch's age buckets (mix: requests per bucket, `mix`, or their
         average over steps); positions from
         optimistic_from on (0-based) with fewer than `below` verified drafts at their upper
-        estimate with z standard deviations."""
+        estimate with z standard deviations (z < 0: their lower estimate)."""
         if mix is None:
             return self._tokens(self.pooled, self.verified, k, optimistic_from, z, below)
         total = sum(n * self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)

@@ -399,12 +399,14 @@ class AutoDraftLength(StepCostLearning):
             self._step_ms = choice.step_ms / (1 - self.decay) if self.decay < 1 else 0.0
         self._step_ms = self.decay * self._step_ms + choice.step_ms
 
-    def decide_depth(self, batch_size: int, current: int | None = None, ages=None) -> DepthChoice:
+    def decide_depth(self, batch_size: int, current: int | None = None, ages=None,
+                     depths: list[int] | None = None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
         k of highest predicted goodput at that batch size when that beats the k in use by more
-        than the hysteresis, else the k in use (as a step's k changes: a request admitted deeper
-        than the steps draft would run its extra modules for nothing); max_k before the costs are
-        known. current: a running request's depth, which only falls: to the best k below it when
+        than the hysteresis (above it, only where `_admission_rises`: depths, the running
+        requests' depths, None: no check), else the k in use (as a step's k changes: a request
+        admitted deeper than the steps draft would run its extra modules for nothing); max_k
+        before the costs are known. current: a running request's depth, which only falls: to the best k below it when
         that beats it by more than the hysteresis (its unlearned positions at their upper estimates
         too: `_falls`), and to the k in use when that is smaller, in
         `patience` decode steps in a row, else current; the vote this step casts for it is in the
@@ -421,7 +423,10 @@ class AutoDraftLength(StepCostLearning):
         if current is None:
             depth = self.k
             if g[best] > (1 + self.hysteresis) * g[self.k]:
-                depth = self._landing(g, best, self.k, mix) if best < self.k else best
+                if best < self.k:
+                    depth = self._landing(g, best, self.k, mix)
+                elif self._admission_rises(g, best, batch_size, mix, depths):
+                    depth = best
             target = self._explore_target(depth, batch_size, self.max_k, mix)
             return DepthChoice(depth if target is None else target, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
@@ -441,9 +446,29 @@ class AutoDraftLength(StepCostLearning):
             return DepthChoice(want if streak >= self.patience else current, current, (self._steps, streak))
         return DepthChoice(want if streak >= self.patience else current, current)
 
-    def depth(self, batch_size: int, current: int | None = None, ages=None) -> int:
-        """decide_depth(batch_size, current, ages).depth (no state changes)."""
-        return self.decide_depth(batch_size, current, ages).depth
+    def depth(self, batch_size: int, current: int | None = None, ages=None, depths: list[int] | None = None) -> int:
+        """decide_depth(batch_size, current, ages, depths).depth (no state changes)."""
+        return self.decide_depth(batch_size, current, ages, depths).depth
+
+    def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None) -> bool:
+        """Whether a request is admitted at `best`, above the k in use (g: `_goodputs` without
+        depths, where best beats the k in use by the hysteresis): with the running requests'
+        depths and this one, a step at best would beat the k in use by the hysteresis (the steps
+        would draft it: held cost curve, each request at min(k, its depth)), or best beats it with
+        its unlearned positions past the k in use at their lower estimates (`optimism` standard
+        deviations below). Otherwise the prior alone says deeper while the batch would not follow:
+        the request pays its extra modules' catch-up every step and its drafts past the k in use
+        are never verified, so nothing is learned (module doc). True without depths or with none
+        running."""
+        if not depths:
+            return True
+        k, margin, est = self.k, 1 + self.hysteresis, self.estimates
+        with_it = list(depths) + [best]
+        gh = self._goodputs(batch_size, best, mix, depths=with_it, curve=self.held_cost_curve(batch_size, max(with_it)))
+        if gh[best] > margin * gh[k]:
+            return True
+        low = est.expected_tokens(best, mix, k, -self.optimism, self.min_verified) / est.expected_tokens(best, mix)
+        return g[best] * low > margin * g[k]
 
     def commit_depth(self, choice: DepthChoice) -> None:
         """Count a running depth's vote of this step (from `decide_depth` on the current state)."""

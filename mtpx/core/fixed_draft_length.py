@@ -59,7 +59,7 @@ class FixedDraftLength:
     def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
         return DepthChoice(self.k, current)
 
-    def depth(self, batch_size: int, current: int | None = None) -> int:
+    def depth(self, batch_size: int, current: int | None = None, depths: list[int] | None = None) -> int:
         return self.k
 
     def commit_depth(self, choice: DepthChoice) -> None:

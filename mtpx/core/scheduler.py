@@ -192,7 +192,7 @@ class Scheduler:
         """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
         lookahead."""
         if self.depth_per_request:
-            r.draft_depth = self.draft_length.depth(self._expected_batch())
+            r.draft_depth = self.draft_length.depth(self._expected_batch(), depths=[q.draft_depth for q in self.running])
         else:
             r.draft_depth = self.draft_length.max_k
 

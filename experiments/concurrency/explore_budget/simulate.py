@@ -17,7 +17,7 @@ import sys
 
 from mtpx.core.draft_length import AutoDraftLength
 
-SCENARIOS = {   # name: (verify(k) ms, draft(depth) ms, batch size, acceptance per draft)
+SCENARIOS = {   # name: (verify(k) ms, draft(depth) ms, batch size, acceptance per draft or per position)
     # the compiled batch-16 step with buckets [0, 8]: every k >= 1 costs k = 8's step (about 5x
     # plain, held_depth's calibration), of which the 8-module draft round is about 50 ms
     "compiled_c16_p83": (lambda k: 43.0 if k == 0 else 170.0, lambda d: 0.0 if d == 0 else 50.0, 16, 0.83),
@@ -31,6 +31,11 @@ SCENARIOS = {   # name: (verify(k) ms, draft(depth) ms, batch size, acceptance p
     # ../held_rise)
     "compiled_c4_buckets_p85": (lambda k: 18.2 if k == 0 else 33.1 if k <= 4 else 42.1,
                                 lambda d: 0.0 if d == 0 else 6.2 if d <= 4 else 15.6, 4, 0.85),
+    # the eager batch-4 step (held_rise's AVX-512 calibration, the draft round 1.22 ms a module)
+    # with the demo's falling acceptance per position, where k = 4 and k = 8 are within 1% (added
+    # in ../held_rise)
+    "eager_c4_demo": (lambda k: [11.67, 20.18, 21.26, 22.35, 23.54, 24.76, 25.98, 27.35, 28.14][k],
+                      lambda d: 1.22 * d, 4, [0.80, 0.85, 0.86, 0.87, 0.84, 0.82, 0.80, 0.78]),
     # an eager batch-64 step, where only a high acceptance makes k = 1 pay
     "eager_b64_p90": (lambda k: 100.0 + 60 * k, lambda d: 20.0 * d, 64, 0.90),
     "eager_b64_p75": (lambda k: 100.0 + 60 * k, lambda d: 20.0 * d, 64, 0.75),
@@ -51,7 +56,7 @@ def simulate(budget, verify, draft, B, p, steps=2000, length=128, max_k=8, seed=
     for _ in range(steps):
         for r in requests:
             if r[0] >= length:
-                r[0], r[1] = 0, policy.depth(B)
+                r[0], r[1] = 0, policy.depth(B, depths=[q[1] for q in requests if q is not r])
         for r in requests:
             if r[1] > 0:
                 choice = policy.decide_depth(B, r[1])
@@ -69,7 +74,7 @@ def simulate(budget, verify, draft, B, p, steps=2000, length=128, max_k=8, seed=
             policy.observe_parts(proposed, held, B, v, d)
         for r in requests:
             n, accepted = min(proposed, r[1]), 0
-            while accepted < n and rng.random() < p:
+            while accepted < n and rng.random() < (p[accepted] if isinstance(p, list) else p):
                 accepted += 1
             if n:
                 policy.observe(n, accepted, age=r[0])
@@ -84,7 +89,12 @@ def best_fixed(verify, draft, p, max_k=8) -> tuple[int, float]:
     """The best fixed k and its goodput over plain decoding's (expected tokens per step over
     its cost)."""
     def tokens(k):
-        return sum(p ** i for i in range(k + 1))
+        ps = p if isinstance(p, list) else [p] * max_k
+        total = survive = 1.0
+        for q in ps[:k]:
+            survive *= q
+            total += survive
+        return total
     return max(((k, tokens(k) / (verify(k) + draft(k)) * verify(0)) for k in range(max_k + 1)), key=lambda x: x[1])
 
 
