@@ -76,7 +76,7 @@ class ScriptedAllocation(AutoDraftLength):
         self.rng = random.Random(seed)
         self.per_request = True
 
-    def depth(self, batch_size: int, current: int | None = None) -> int:
+    def depth(self, batch_size: int, current: int | None = None, depths=None) -> int:
         return next(self.depths, self.max_k) if current is None else current
 
     def allocate(self, requests):

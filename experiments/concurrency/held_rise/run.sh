@@ -13,17 +13,18 @@ OUT=experiments/concurrency/held_rise
 mkdir -p $OUT
 lscpu | grep 'Model name' > $OUT/machine.txt
 grep -o 'avx[^ ]*' /proc/cpuinfo | sort -u | tr '\n' ' ' >> $OUT/machine.txt
-A="--rounds 4 --max-tokens 128 --threads 1 --num-prompts 128"
+A="--max-tokens 128 --threads 1 --num-prompts 128"
 B="python tools/bench_speedup.py"
 stage() { [ -z "$STAGES" ] || [[ " $STAGES " == *" $1 "* ]]; }
 STAGES="$*"
+# 4 chunks of 32 prompts, but 2 of 64 at concurrency 64 (a chunk of 32 never fills a batch of 64)
 run() { name=$1; shift; $B "$@" $A --out $OUT/$name > $OUT/$name.log 2>&1; date >> $OUT/$name.log; }
-stage c4 && run eager_c4 --concurrency 4 --contenders plain mtp4 mtp8 auto
-stage c4c && run compiled_c4 --compile --concurrency 4 --contenders plain mtp4 mtp8 auto
-stage c16c && run compiled_c16 --compile --concurrency 16 --contenders plain mtp4 auto
-stage c16 && run eager_c16 --concurrency 16 --contenders plain mtp4 auto
-stage c1 && run eager_c1 --concurrency 1 --contenders plain mtp4 mtp8 auto
-stage c1c && run compiled_c1 --compile --concurrency 1 --contenders plain mtp4 mtp8 auto
-stage c64 && run eager_c64 --concurrency 64 --contenders plain mtp1 mtp4 auto
-stage c64c && run compiled_c64 --compile --concurrency 64 --contenders plain mtp1 mtp4 auto
+stage c4 && run eager_c4 --concurrency 4 --rounds 4 --contenders plain mtp4 mtp8 auto
+stage c4c && run compiled_c4 --compile --concurrency 4 --rounds 4 --contenders plain mtp4 mtp8 auto
+stage c16c && run compiled_c16 --compile --concurrency 16 --rounds 4 --contenders plain mtp4 auto
+stage c16 && run eager_c16 --concurrency 16 --rounds 4 --contenders plain mtp4 auto
+stage c1 && run eager_c1 --concurrency 1 --rounds 4 --contenders plain mtp4 mtp8 auto
+stage c1c && run compiled_c1 --compile --concurrency 1 --rounds 4 --contenders plain mtp4 mtp8 auto
+stage c64 && run eager_c64 --concurrency 64 --rounds 2 --contenders plain mtp1 mtp4 auto
+stage c64c && run compiled_c64 --compile --concurrency 64 --rounds 2 --contenders plain mtp1 mtp4 auto
 true
