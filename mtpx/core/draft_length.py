@@ -1,7 +1,8 @@
 """The depth policy: how many drafts each engine step proposes, a fixed num_speculative_tokens
 or `num_speculative_tokens=auto`: the scheduler side's draft-length policy (no torch). No I/O and
 no measurement (mtpx/engine/auto_k/costs.py measures the step costs, smooth_step_costs below fits
-them, mtpx/engine/auto_k/store.py keeps them between runs). Queries (`decide`, `choose`,
+them, mtpx/engine/auto_k/store.py keeps them between runs; mtpx/core/cost_learning.py and
+mtpx/core/exploring.py hold the step-cost and exploring halves of AutoDraftLength). Queries (`decide`, `choose`,
 `decide_depth`, `depth`, `goodput`, ...) never change state; `commit` and `commit_depth` apply a
 decision, and `record`, `observe`, `observe_step` learn from a step (the scheduler calls them once
 per step).
@@ -61,7 +62,9 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   (`held_cost_curve`), but a rise of the k in use must pay with nothing held too (`_rises`).
 - Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
-  predicted goodput at that batch size, by the hysteresis margin over the k in use. A step's k
+  predicted goodput at that batch size, by the hysteresis margin over the k in use (above it,
+  only where the running requests' steps would follow or the evidence says so:
+  `_admission_rises`). A step's k
   is at most the largest running depth and each request drafts min(k, its depth); modules
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
   that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
@@ -80,13 +83,14 @@ from mtpx.core.acceptance import AcceptanceEstimates
 from mtpx.core.cost_curve import smooth_step_costs
 from mtpx.core.cost_learning import StepCostLearning
 from mtpx.core.cost_model_log import CostModelLog, bucket_label
+from mtpx.core.exploring import Exploring
 from mtpx.core.fixed_draft_length import DepthChoice, FixedDraftLength, StepChoice
 from mtpx.core.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength(StepCostLearning):
+class AutoDraftLength(StepCostLearning, Exploring):
     """The automatic k (module doc).
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -167,35 +171,6 @@ class AutoDraftLength(StepCostLearning):
     def num_observed(self) -> list[int]:
         return self.estimates.num_observed
 
-    def cost_unlearned(self, k: int, batch_size: int) -> bool:
-        """Whether k's cost at batch_size is still the calibration's alone: explore_costs, k <=
-        max_k, and k is not among `_known_ratios` (the step costs known)."""
-        return (self.explore_costs and self.step_costs is not None and k <= self.max_k
-                and all(j != k for j, _ in self._known_ratios(batch_size)))
-
-    def _explore_target(self, k: int, batch_size: int, top: int, mix: list[float] | None) -> int | None:
-        """The depth explored beyond k at batch_size (None: none): `explore_depth`, else k + 1
-        where its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
-        hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
-        of the predicted one (where even that cannot pay, measuring it changes no choice); None while
-        exploring has spent its budget (`explore_spent`)."""
-        if self.explore_spent() >= self.explore_budget:
-            return None
-        target = self.explore_depth(k, batch_size, top, mix)
-        if target is None and k < min(top, self.max_k) and self.cost_unlearned(k + 1, batch_size) \
-                and self._could_pay(k, batch_size, self.cost_share):
-            target = k + 1
-        return target
-
-    def explore_spent(self) -> float:
-        """The share of the decode steps' predicted cost that exploring spent, both discounted by
-        decay per step (`commit`): an exploring probe's cost over the k in use's, and a step's
-        cost over what it would cost with no request held deeper than the k in use (held depths
-        are explored ones, or ones waiting `patience` steps to fall). The steps' sum starts as a
-        full discount window, 1 / (1 - decay) steps, of the first step's cost, so the first
-        probes are measured against a window and not against themselves (0 before any step)."""
-        return self._explore_ms / self._step_ms if self._step_ms else 0.0
-
     def expected_tokens(self, k: int, mix: list[float] | None = None) -> float:
         """E[tokens per request step | k] from the current estimates: engine-wide, or the mean over
         a batch's age buckets (mix: AcceptanceEstimates.mix)."""
@@ -206,38 +181,6 @@ class AutoDraftLength(StepCostLearning):
         (engine-wide, or in one of mix's age buckets) are fewer than min_verified (by default
         prior_weight: its estimate is mostly the prior)."""
         return self.estimates.unlearned(k, self.min_verified, mix)
-
-    def explore_depth(self, k: int, batch_size: int, top: int | None = None,
-                      mix: list[float] | None = None) -> int | None:
-        """The depth k' in k + 1 .. top (None: max_k) whose acceptance is explored at batch_size, or
-        None: the smallest k' with an unlearned position in k + 1 .. k' (in a bucket holding 5% of
-        mix) that, with the unlearned positions at their upper estimates (`optimism`), would beat
-        k by more than the hysteresis for the mix (less is never chosen: the step's k would not
-        change, and exploring would only cost; the smallest, as a probe and a held depth cost the
-        more the deeper they are, and a deeper one follows once these are learned)."""
-        top = self.max_k if top is None else min(top, self.max_k)
-        if self.step_costs is None or k >= top:
-            return None
-        curve, est = self.step_cost_curve(max(1, batch_size)), self.estimates
-        base = est.expected_tokens(k, mix) / curve[k]
-        for j in range(k + 1, top + 1):
-            if any(self.unlearned(i, mix) for i in range(k, j)) and \
-                    est.expected_tokens(j, mix, k, self.optimism, self.min_verified) / curve[j] > (1 + self.hysteresis) * base:
-                return j
-        return None
-
-    def explores(self, k: int, batch_size: int) -> bool:
-        """Whether a depth beyond k is explored at batch_size for its acceptance (`explore_depth`)."""
-        return self.explore_depth(k, batch_size) is not None
-
-    def _could_pay(self, k: int, batch_size: int, share: float) -> bool:
-        """Whether k + 1 beats k at batch_size by more than the hysteresis (less is never chosen) with
-        every draft at position k + 1 accepted and share of its predicted cost over k's."""
-        curve, survive, tokens = self.step_cost_curve(batch_size), 1.0, self.expected_tokens(k)
-        for p in self.acceptance[:k]:
-            survive *= p
-        extra = curve[k] + share * (curve[k + 1] - curve[k])
-        return (tokens + survive) / extra > (1 + self.hysteresis) * tokens / curve[k]
 
     def goodput(self, k: int, batch_size: int) -> float:
         """Predicted tokens per ms (the step's learned overhead included)."""

@@ -4,7 +4,7 @@
 # `_rises`, mtpx/core/cost_learning.py `draft_cost`). The issue's settings: GSM8K test, 128
 # prompts, greedy, 128 tokens, 1 thread, the contenders side by side in one process per
 # (concurrency, mode), 4 chunks alternated (before_warmup_reset: 2 chunks, commit 9fa009a).
-# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64 c64c; default: all)
+# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64old c64 c64c; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -25,6 +25,15 @@ stage c16c && run compiled_c16 --compile --concurrency 16 --rounds 4 --contender
 stage c16 && run eager_c16 --concurrency 16 --rounds 4 --contenders plain mtp4 auto
 stage c1 && run eager_c1 --concurrency 1 --rounds 4 --contenders plain mtp4 mtp8 auto
 stage c1c && run compiled_c1 --compile --concurrency 1 --rounds 4 --contenders plain mtp4 mtp8 auto
+# c64old: the issue's commit (08e9920, plain and mtp4, its "today") alternated with this code's
+# plain and auto at concurrency 64, eager, 2 chunks of 64 (the issue's settings)
+if stage c64old; then
+  [ -d /tmp/mtpx_08e9920 ] || git worktree add --detach /tmp/mtpx_08e9920 08e9920
+  old() { local name=$1; shift; (cd /tmp/mtpx_08e9920 && python tools/bench_speedup.py "$@" $A --out $OLDPWD/$OUT/$name) > $OUT/$name.log 2>&1; }
+  old before_08e9920_c64_1 --concurrency 64 --rounds 2 --contenders plain mtp4
+  run after_c64 --concurrency 64 --rounds 2 --contenders plain mtp4 auto
+  old before_08e9920_c64_2 --concurrency 64 --rounds 2 --contenders plain mtp4
+fi
 stage c64 && run eager_c64 --concurrency 64 --rounds 2 --contenders plain mtp1 mtp4 auto
 stage c64c && run compiled_c64 --compile --concurrency 64 --rounds 2 --contenders plain mtp1 mtp4 auto
 true
