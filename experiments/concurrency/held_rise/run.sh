@@ -4,7 +4,7 @@
 # `_rises`, mtpx/core/cost_learning.py `draft_cost`). The issue's settings: GSM8K test, 128
 # prompts, greedy, 128 tokens, 1 thread, the contenders side by side in one process per
 # (concurrency, mode), 4 chunks alternated (before_warmup_reset: 2 chunks, commit 9fa009a).
-# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64old c64 c64c; default: all)
+# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64old floor c64 c64c; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -33,6 +33,12 @@ if stage c64old; then
   old before_08e9920_c64_1 --concurrency 64 --rounds 2 --contenders plain mtp4
   run after_c64 --concurrency 64 --rounds 2 --contenders plain mtp4 auto
   old before_08e9920_c64_2 --concurrency 64 --rounds 2 --contenders plain mtp4
+fi
+# floor: the batch-64 step against one matmul of its FLOPs (tools/bench_floor.py), eager and compiled
+if stage floor; then
+  F="--batch-sizes 64 --cases plain mtp8:4 --threads 1 --pairs 10"
+  python tools/bench_floor.py $F --out $OUT/floor_eager.json > $OUT/floor_eager.txt 2>&1
+  python tools/bench_floor.py $F --compile --out $OUT/floor_compiled.json > $OUT/floor_compiled.txt 2>&1
 fi
 stage c64 && run eager_c64 --concurrency 64 --rounds 2 --contenders plain mtp1 mtp4 auto
 stage c64c && run compiled_c64 --compile --concurrency 64 --rounds 2 --contenders plain mtp1 mtp4 auto
