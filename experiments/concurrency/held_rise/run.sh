@@ -4,7 +4,7 @@
 # `_rises`, mtpx/core/cost_learning.py `draft_cost`). The issue's settings: GSM8K test, 128
 # prompts, greedy, 128 tokens, 1 thread, the contenders side by side in one process per
 # (concurrency, mode), 4 chunks alternated (before_warmup_reset: 2 chunks, commit 9fa009a).
-# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64old floor c64 c64c; default: all)
+# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64old c1old floor c64 c64c; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -33,6 +33,14 @@ if stage c64old; then
   old before_08e9920_c64_1 --concurrency 64 --rounds 2 --contenders plain mtp4
   run after_c64 --concurrency 64 --rounds 2 --contenders plain mtp4 auto
   old before_08e9920_c64_2 --concurrency 64 --rounds 2 --contenders plain mtp4
+fi
+# c1old: the same at concurrency 1 (plain and mtp8; this code's auto too), eager, 2 chunks of 64
+if stage c1old; then
+  [ -d /tmp/mtpx_08e9920 ] || git worktree add --detach /tmp/mtpx_08e9920 08e9920
+  old() { local name=$1; shift; (cd /tmp/mtpx_08e9920 && python tools/bench_speedup.py "$@" $A --out $OLDPWD/$OUT/$name) > $OUT/$name.log 2>&1; }
+  old before_08e9920_c1_1 --concurrency 1 --rounds 2 --contenders plain mtp8
+  run after_c1 --concurrency 1 --rounds 2 --contenders plain mtp8 auto
+  old before_08e9920_c1_2 --concurrency 1 --rounds 2 --contenders plain mtp8
 fi
 # floor: the batch-64 step against one matmul of its FLOPs (tools/bench_floor.py), eager and compiled
 if stage floor; then
