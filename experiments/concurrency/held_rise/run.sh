@@ -4,7 +4,7 @@
 # `_rises`, mtpx/core/cost_learning.py `draft_cost`). The issue's settings: GSM8K test, 128
 # prompts, greedy, 128 tokens, 1 thread, the contenders side by side in one process per
 # (concurrency, mode), 4 chunks alternated (before_warmup_reset: 2 chunks, commit 9fa009a).
-# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64old c1old floor c64 c64c; default: all)
+# usage: bash experiments/concurrency/held_rise/run.sh [STAGES...]   (c4 c4c c16c c16 c1 c1c c64old c1old k7 floor c64 c64c; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -42,6 +42,8 @@ if stage c1old; then
   run after_c1 --concurrency 1 --rounds 2 --contenders plain mtp8 auto
   old before_08e9920_c1_2 --concurrency 1 --rounds 2 --contenders plain mtp8
 fi
+# k7: fixed k = 6, 7 and 8 engines' steps at concurrency 1 (is a k = 7 step dearer than k = 8's?)
+stage k7 && run fixed_k_c1 --concurrency 1 --num-prompts 16 --rounds 2 --contenders plain mtp6 mtp7 mtp8
 # floor: the batch-64 step against one matmul of its FLOPs (tools/bench_floor.py), eager and compiled
 if stage floor; then
   F="--batch-sizes 64 --cases plain mtp8:4 --threads 1 --pairs 10"
