@@ -43,7 +43,7 @@ if stage c1old; then
   old before_08e9920_c1_2 --concurrency 1 --rounds 2 --contenders plain mtp8
 fi
 # k7: fixed k = 6, 7 and 8 engines' steps at concurrency 1 (is a k = 7 step dearer than k = 8's?)
-stage k7 && run fixed_k_c1 --concurrency 1 --num-prompts 16 --rounds 2 --contenders plain mtp6 mtp7 mtp8
+stage k7 && $B --concurrency 1 --num-prompts 16 --rounds 2 --max-tokens 128 --threads 1 --contenders plain mtp6 mtp7 mtp8 --out $OUT/fixed_k_c1 > $OUT/fixed_k_c1.log 2>&1
 # floor: the batch-64 step against one matmul of its FLOPs (tools/bench_floor.py), eager and compiled
 if stage floor; then
   F="--batch-sizes 64 --cases plain mtp8:4 --threads 1 --pairs 10"
