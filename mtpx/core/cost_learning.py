@@ -69,22 +69,27 @@ class StepCostLearning:
         extra = self.overhead.get(batch_bucket(batch_size), (0.0, 0))[0]
         return [c + extra for c in self.cost_curve(batch_size)]
 
-    def draft_cost(self, k: int, batch_size: int) -> float:
+    def draft_cost(self, k: int, batch_size: int, per_module: list[tuple[int, float]] | None = None) -> float:
         """Predicted ms of the draft round of a step whose requests hold depth k (0 for k = 0): k
         times the per-module ms of the measured draft rounds at batch_size's bucket
-        (`observe_parts`, depths with min_cost_observations steps; between two, linear; beyond
-        them, the nearest's), so a depth never measured is priced like the measured ones (a
-        depth-k round runs k modules); with none measured, the calibrated cost above plain
+        (`_draft_per_module`, or `per_module` when the caller has it; between two measured depths
+        linear, beyond them the nearest's), so a depth never measured is priced like the measured
+        ones (a depth-k round runs k modules); with none measured, the calibrated cost above plain
         decoding's, t(k) - t(0) (all of it, as if the verification's wider window were free)."""
         if k <= 0:
             return 0.0
-        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        per_module = [(j, r * self.calibrated_cost(j, batch_size) / j)
-                      for (part, j, b), (r, n) in sorted(self.part_correction.items())
-                      if part == "draft" and b == bucket and j >= 1 and n >= least]
+        per_module = self._draft_per_module(batch_size) if per_module is None else per_module
         if per_module:
             return k * _interpolate(per_module, k, 0.0)
         return max(0.0, self.calibrated_cost(k, batch_size) - self.calibrated_cost(0, batch_size))
+
+    def _draft_per_module(self, batch_size: int) -> list[tuple[int, float]]:
+        """[(depth, ms a module)] of the draft rounds measured at batch_size's bucket with
+        min_cost_observations steps (`observe_parts`), by depth."""
+        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
+        return [(j, r * self.calibrated_cost(j, batch_size) / j)
+                for (part, j, b), (r, n) in sorted(self.part_correction.items())
+                if part == "draft" and b == bucket and j >= 1 and n >= least]
 
     def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None) -> list[float]:
         """step_cost_curve(batch_size) (or `curve`, when the caller has it) for a step whose deepest
@@ -93,8 +98,10 @@ class StepCostLearning:
         curve = self.step_cost_curve(batch_size) if curve is None else curve
         if held <= 0:
             return curve
-        top = self.draft_cost(min(held, self.max_k), batch_size)
-        return [c + max(0.0, top - self.draft_cost(k, batch_size)) if k < held else c for k, c in enumerate(curve)]
+        per_module = self._draft_per_module(batch_size)
+        top = self.draft_cost(min(held, self.max_k), batch_size, per_module)
+        return [c + max(0.0, top - self.draft_cost(k, batch_size, per_module)) if k < held else c
+                for k, c in enumerate(curve)]
 
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""

@@ -25,23 +25,21 @@ stage c16c && run compiled_c16 --compile --concurrency 16 --rounds 4 --contender
 stage c16 && run eager_c16 --concurrency 16 --rounds 4 --contenders plain mtp4 auto
 stage c1 && run eager_c1 --concurrency 1 --rounds 4 --contenders plain mtp4 mtp8 auto
 stage c1c && run compiled_c1 --compile --concurrency 1 --rounds 4 --contenders plain mtp4 mtp8 auto
-# c64old: the issue's commit (08e9920, plain and mtp4, its "today") alternated with this code's
-# plain and auto at concurrency 64, eager, 2 chunks of 64 (the issue's settings)
-if stage c64old; then
+# c64old, c1old: the issue's commit (08e9920, its "today", in a worktree) alternated with this
+# code (its contenders and auto), then the issue's commit again; eager, 2 chunks of 64
+old() {  # old NAME ARGS...: tools/bench_speedup.py of the issue's commit
   [ -d /tmp/mtpx_08e9920 ] || git worktree add --detach /tmp/mtpx_08e9920 08e9920
-  old() { local name=$1; shift; (cd /tmp/mtpx_08e9920 && python tools/bench_speedup.py "$@" $A --out $OLDPWD/$OUT/$name) > $OUT/$name.log 2>&1; }
-  old before_08e9920_c64_1 --concurrency 64 --rounds 2 --contenders plain mtp4
-  run after_c64 --concurrency 64 --rounds 2 --contenders plain mtp4 auto
-  old before_08e9920_c64_2 --concurrency 64 --rounds 2 --contenders plain mtp4
-fi
-# c1old: the same at concurrency 1 (plain and mtp8; this code's auto too), eager, 2 chunks of 64
-if stage c1old; then
-  [ -d /tmp/mtpx_08e9920 ] || git worktree add --detach /tmp/mtpx_08e9920 08e9920
-  old() { local name=$1; shift; (cd /tmp/mtpx_08e9920 && python tools/bench_speedup.py "$@" $A --out $OLDPWD/$OUT/$name) > $OUT/$name.log 2>&1; }
-  old before_08e9920_c1_1 --concurrency 1 --rounds 2 --contenders plain mtp8
-  run after_c1 --concurrency 1 --rounds 2 --contenders plain mtp8 auto
-  old before_08e9920_c1_2 --concurrency 1 --rounds 2 --contenders plain mtp8
-fi
+  local name=$1; shift
+  (cd /tmp/mtpx_08e9920 && python tools/bench_speedup.py "$@" $A --out $OLDPWD/$OUT/$name) > $OUT/$name.log 2>&1
+}
+vs_issue() {  # vs_issue CONCURRENCY CONTENDERS...
+  local c=$1; shift
+  old before_08e9920_c${c}_1 --concurrency $c --rounds 2 --contenders "$@"
+  run after_c$c --concurrency $c --rounds 2 --contenders "$@" auto
+  old before_08e9920_c${c}_2 --concurrency $c --rounds 2 --contenders "$@"
+}
+stage c64old && vs_issue 64 plain mtp4
+stage c1old && vs_issue 1 plain mtp8
 # k7: fixed k = 6, 7 and 8 engines' steps at concurrency 1 (is a k = 7 step dearer than k = 8's?)
 stage k7 && $B --concurrency 1 --num-prompts 16 --rounds 2 --max-tokens 128 --threads 1 --contenders plain mtp6 mtp7 mtp8 --out $OUT/fixed_k_c1 > $OUT/fixed_k_c1.log 2>&1
 # floor: the batch-64 step against one matmul of its FLOPs (tools/bench_floor.py), eager and compiled
