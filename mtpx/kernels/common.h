@@ -58,6 +58,19 @@ static inline float hsum(v8 x) {
     return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
 }
 
+/* the 8 sums of x[0] .. x[7] in one vector (lane u: ((x_u0 + x_u1) + (x_u2 + x_u3)) + ((x_u4 + x_u5) +
+ * (x_u6 + x_u7))): three rounds of shuffles and adds where eight hsum calls take eight */
+static inline v8 hsum8(const v8 x[8]) {
+    typedef int32_t i8 __attribute__((vector_size(32)));
+    const i8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
+    const i8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const i8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    v8 p[4], q[2];
+    for (int u = 0; u < 4; u++) p[u] = __builtin_shuffle(x[2 * u], x[2 * u + 1], even) + __builtin_shuffle(x[2 * u], x[2 * u + 1], odd);
+    for (int w = 0; w < 2; w++) q[w] = __builtin_shuffle(p[2 * w], p[2 * w + 1], lo2) + __builtin_shuffle(p[2 * w], p[2 * w + 1], hi2);
+    return __builtin_shuffle(q[0], q[1], lo4) + __builtin_shuffle(q[0], q[1], hi4);
+}
+
 /* return f(a, item, dim) with dim a constant for the common head dims, so that f (inlined) unrolls
  * its loops over dim and keeps its running sums in registers */
 #define DISPATCH_DIM(f, a, item, dim)                   \

@@ -38,10 +38,11 @@ typedef struct {
     const float *A_log, *dt_bias, *norm_w;
     float eps;
     float *out;
-    int64_t qkvz_stride, ba_stride, nk, nv, dk, dv, K;
+    int64_t qkvz_stride, ba_stride, nk, nv, dk, dv, K, B;
 } gdn_t;
 
-static inline float silu(float x) { return x / (1.f + expf(-x)); }
+/* exp_fast (common.h), not expf: plain arithmetic, so that the loops over silu vectorize */
+static inline float silu(float x) { return x / (1.f + exp_fast(-x)); }
 static inline float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }   /* F.softplus */
 
 static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t b, const int64_t dv) {
@@ -62,17 +63,28 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
     const int copy = a->out_by_batch;                /* padding rows still get their state */
     const float *cs = a->conv_state + a->rows[b] * C * (K - 1);
     float *cso = a->conv_out + orow * C * (K - 1);
-    for (int64_t c = 0; c < C; c++) {
+    /* the next request's conv inputs come into the cache while this one computes, a line at a time
+     * (a burst of prefetches stalls the loads behind it); its ssm rows, read front to back, the
+     * hardware prefetches by itself (prefetching them too measured slower) */
+    const int64_t nrow = b + 1 < a->B ? a->rows[b + 1] : -1;
+    const float *cs_next = nrow >= 0 ? a->conv_state + nrow * C * (K - 1) : NULL;
+    for (int64_t c = 0; c < C; c++) {            /* the conv's sums; silu below, in one vector loop */
+        if (cs_next && c % 4 == 0) __builtin_prefetch(cs_next + c * (K - 1));
         const float *w = a->conv_w + c * K, *st = cs + c * (K - 1);
-        float *sto = cso + c * (K - 1), acc = mixed[c] * w[K - 1];
+        float acc = mixed[c] * w[K - 1];
         for (int64_t j = 0; j < K - 1; j++) acc += st[j] * w[j];
-        conv[c] = silu(acc);
-        if (valid) {                                 /* in increasing j: safe in place */
+        conv[c] = acc;
+    }
+    for (int64_t c = 0; c < C; c++) conv[c] = silu(conv[c]);
+    if (valid) {                                     /* in increasing j: safe in place */
+        for (int64_t c = 0; c < C; c++) {
+            const float *st = cs + c * (K - 1);
+            float *sto = cso + c * (K - 1);
             for (int64_t j = 0; j + 1 < K - 1; j++) sto[j] = st[j + 1];
             if (K > 1) sto[K - 2] = mixed[c];
-        } else if (copy) {
-            for (int64_t j = 0; j < K - 1; j++) sto[j] = st[j];
         }
+    } else if (copy) {
+        memcpy(cso, cs, sizeof(float) * (size_t)(C * (K - 1)));
     }
     const float qscale = 1.f / sqrtf((float)dk);
     for (int64_t h = 0; h < nv; h++) {
@@ -90,6 +102,21 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
             const float beta = 1.f / (1.f + expf(-ba[kh * 2 * r + j]));
             const float g = -expf(a->A_log[h]) * softplus(ba[kh * 2 * r + r + j] + a->dt_bias[h]);
             const float alpha = expf(g);
+            if (dv % 8 == 0 && dv <= 8 * MAX_VECS) {  /* the same sums, with kv and o in registers */
+                v8 kvv[MAX_VECS], ov[MAX_VECS];
+                for (int64_t c = 0; c < dv / 8; c++) kvv[c] = ov[c] = (v8){0};
+                for (int64_t d = 0; d < dk; d++)
+                    for (int64_t c = 0; c < dv / 8; c++) kvv[c] += kn[d] * load8(S + d * dv + 8 * c);
+                for (int64_t c = 0; c < dv / 8; c++) kvv[c] = (load8(v + 8 * c) - alpha * kvv[c]) * beta;
+                for (int64_t d = 0; d < dk; d++) {
+                    for (int64_t c = 0; c < dv / 8; c++) {
+                        v8 sn = alpha * load8(S + d * dv + 8 * c) + kn[d] * kvv[c];
+                        store8(So + d * dv + 8 * c, sn);
+                        ov[c] += qn[d] * sn;
+                    }
+                }
+                for (int64_t c = 0; c < dv / 8; c++) store8(o + 8 * c, ov[c]);
+            } else {
             memset(kv, 0, sizeof(float) * (size_t)dv);
             for (int64_t d = 0; d < dk; d++)
                 for (int64_t e = 0; e < dv; e++) kv[e] += kn[d] * S[d * dv + e];
@@ -102,6 +129,7 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
                     o[e] += qn[d] * Sod[e];
                 }
             }
+            }
         } else {
             for (int64_t d = 0; d < dk; d++)
                 for (int64_t e = 0; e < dv; e++) o[e] += qn[d] * S[d * dv + e];
@@ -111,7 +139,8 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
         for (int64_t e = 0; e < dv; e++) ss += o[e] * o[e];
         const float rn = 1.f / sqrtf(ss / (float)dv + a->eps);
         float *out = a->out + (b * nv + h) * dv;
-        for (int64_t e = 0; e < dv; e++) out[e] = a->norm_w[e] * (o[e] * rn) * silu(z[e]);
+        for (int64_t e = 0; e < dv; e++) out[e] = silu(z[e]);
+        for (int64_t e = 0; e < dv; e++) out[e] = a->norm_w[e] * (o[e] * rn) * out[e];
     }
     free(buf);
     return 0;
@@ -129,7 +158,7 @@ int gdn_decode(const float *qkvz, int64_t qkvz_stride, const float *ba, int64_t 
                const float *norm_w, float eps, float *out, int64_t B, int64_t nk, int64_t nv, int64_t dk,
                int64_t dv, int64_t K, int64_t num_threads) {
     gdn_t job = {qkvz, ba, conv_w, conv_state, ssm, conv_out, ssm_out, out_by_batch, rows, valid, A_log, dt_bias,
-                 norm_w, eps, out, qkvz_stride, ba_stride, nk, nv, dk, dv, K};
+                 norm_w, eps, out, qkvz_stride, ba_stride, nk, nv, dk, dv, K, B};
     return parallel_for(B, num_threads, step, &job);
 }
 
