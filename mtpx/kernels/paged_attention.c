@@ -10,11 +10,9 @@
  *
  * Query (b, t, h) attends the keys of positions 0 .. positions[b, t] of request b with kv head
  * h / (H / Hkv) (grouped-query heads as repeat_interleave) and scale `scale`: a softmax over the
- * scores, then the weighted sum of the values, in one pass over the blocks with a running
- * maximum and sum (the online softmax of Milakov & Gimelshein 2018, as FlashAttention). One work
- * item is a request; each block's keys and values are read once, front to back, for all T x H
- * queries that share them, while the next block is prefetched. Items are split over
- * `num_threads` POSIX threads.
+ * scores (normalised once the row is complete, not online: the windows are short), then the
+ * weighted sum of the values. One work item is a request; each block's keys and values are read
+ * from memory once, for all its queries. Items are split over `num_threads` POSIX threads.
  */
 #include <float.h>
 #include <math.h>
@@ -40,91 +38,80 @@ static inline void prefetch_span(const float *p, int64_t n) {
     for (int64_t off = 0; off < n; off += 16) __builtin_prefetch(p + off);
 }
 
-/* One request: all its heads, so that each block's keys and values (S x Hkv x D floats each) are
- * read once, front to back, while the next block (or the next request's first) is prefetched.
- * Inlined with D a constant for the common head dims, so that the loops over D unroll and the
- * running sums stay in registers. */
+/* One request. Two passes over its blocks, each block's keys (then values) read once for all the
+ * T x H queries that attend it, the next block prefetched a share per query (a burst of
+ * prefetches stalls the loads behind it): the scores of every query, the softmax of each query's
+ * row, then the weighted sums of the values. Inlined with D a constant for the common head
+ * dims, so that the loops over D unroll. */
 static inline __attribute__((always_inline)) int attend_d(const job_t *a, int64_t b, const int64_t D) {
     const int64_t G = a->H / a->Hkv, T = a->T, S = a->S, H = a->H, NQ = T * H, row = a->Hkv * D;
-    const int64_t *bt = a->block_table + b * a->bt_stride;
+    const int64_t *bt = a->block_table + b * a->bt_stride, block = S * row;
     const int vec = D % 8 == 0 && D <= 8 * MAX_VECS;
-    /* per query (t, h), i = t H + h: scaled q, running max m, running sum l, running output acc
-     * (online softmax) */
-    float *buf = malloc(sizeof(float) * (size_t)(2 * NQ * D + 2 * NQ + S + 8));
+    int64_t nmax = 1;
+    for (int64_t t = 0; t < T; t++)
+        if (a->valid[b * T + t] && a->positions[b * T + t] + 1 > nmax) nmax = a->positions[b * T + t] + 1;
+    const int64_t nblocks = (nmax + S - 1) / S, L = nblocks * S;
+    /* per query i = t H + h: its scores (L), its scaled q (D), its output sum (D) */
+    float *buf = malloc(sizeof(float) * (size_t)(NQ * (L + 2 * D) + 8));
     int64_t *n_of = malloc(sizeof(int64_t) * (size_t)NQ);
     if (!buf || !n_of) { free(buf); free(n_of); return 1; }
-    float *qs = buf, *acc = qs + NQ * D, *m = acc + NQ * D, *l = m + NQ, *sc = l + NQ;
-    int64_t nmax = 1;
-    for (int64_t t = 0; t < T; t++) {
-        int64_t n = a->valid[b * T + t] ? a->positions[b * T + t] + 1 : 1;
-        if (n > nmax) nmax = n;
-        for (int64_t h = 0; h < H; h++) {
-            int64_t i = t * H + h;
-            const float *qr = a->q + (b * NQ + i) * D;
-            for (int64_t d = 0; d < D; d++) qs[i * D + d] = qr[d] * a->scale;
-            n_of[i] = n;
-            m[i] = -FLT_MAX;
-            l[i] = 0.f;
-        }
+    float *sc = buf, *qs = sc + NQ * L, *acc = qs + NQ * D;
+    for (int64_t i = 0; i < NQ; i++) {
+        const int64_t t = i / H;
+        n_of[i] = a->valid[b * T + t] ? a->positions[b * T + t] + 1 : 1;
+        const float *qr = a->q + (b * NQ + i) * D;
+        for (int64_t d = 0; d < D; d++) qs[i * D + d] = qr[d] * a->scale;
     }
     memset(acc, 0, sizeof(float) * (size_t)(NQ * D));
-    const int64_t nblocks = (nmax + S - 1) / S, block = S * row;
-    for (int64_t blk = 0; blk < nblocks; blk++) {
-        const float *kblk = a->kc + bt[blk] * block, *vblk = a->vc + bt[blk] * block;
-        const int64_t next = blk + 1 < nblocks ? bt[blk + 1] : b + 1 < a->B ? bt[a->bt_stride] : -1;
-        const float *kn = next >= 0 ? a->kc + next * block : NULL, *vn = next >= 0 ? a->vc + next * block : NULL;
-        const int64_t share = (block + NQ - 1) / NQ;   /* each query's share of the next block's floats */
-        for (int64_t i = 0; i < NQ; i++) {
-            if (kn && i * share < block) {
-                int64_t n = block - i * share < share ? block - i * share : share;
-                prefetch_span(kn + i * share, n);
-                prefetch_span(vn + i * share, n);
-            }
-            int64_t cnt = n_of[i] - blk * S;
-            if (cnt <= 0) continue;
-            if (cnt > S) cnt = S;
-            const int64_t hk = (i % H) / G;
-            const float *qi = qs + i * D, *kb = kblk + hk * D, *vb = vblk + hk * D;
-            int64_t jj = 0;
-            if (vec) {           /* 8 keys at a time: 8 independent sums, not one dependent chain */
-                for (; jj + 8 <= cnt; jj += 8) {
-                    v8 s8[8] = {0};
-                    for (int64_t c = 0; c < D / 8; c++) {
-                        v8 qc = load8(qi + 8 * c);
-                        for (int u = 0; u < 8; u++) s8[u] += qc * load8(kb + (jj + u) * row + 8 * c);
+    const int64_t share = (block + NQ - 1) / NQ;     /* each query's share of the next block's floats */
+    for (int pass = 0; pass < 2; pass++) {           /* 0: scores over the keys, 1: sums of the values */
+        const float *cache = pass == 0 ? a->kc : a->vc;
+        for (int64_t blk = 0; blk < nblocks; blk++) {
+            const int64_t next = blk + 1 < nblocks ? bt[blk + 1] : b + 1 < a->B ? a->block_table[(b + 1) * a->bt_stride] : -1;
+            const float *cb = cache + bt[blk] * block, *nx = next >= 0 ? cache + next * block : NULL;
+            for (int64_t i = 0; i < NQ; i++) {
+                if (nx && i * share < block) prefetch_span(nx + i * share, block - i * share < share ? block - i * share : share);
+                int64_t cnt = n_of[i] - blk * S;
+                if (cnt <= 0) continue;
+                if (cnt > S) cnt = S;
+                const float *rows = cb + ((i % H) / G) * D;
+                float *s = sc + i * L + blk * S;
+                if (pass == 0) {
+                    const float *qi = qs + i * D;
+                    int64_t jj = 0;
+                    if (vec)     /* 8 keys at a time: 8 independent sums, not one dependent chain */
+                        for (; jj + 8 <= cnt; jj += 8) {
+                            v8 s8[8] = {0};
+                            for (int64_t c = 0; c < D / 8; c++) {
+                                v8 qc = load8(qi + 8 * c);
+                                for (int u = 0; u < 8; u++) s8[u] += qc * load8(rows + (jj + u) * row + 8 * c);
+                            }
+                            store8(s + jj, hsum8(s8));
+                        }
+                    for (; jj < cnt; jj++) s[jj] = dot(qi, rows + jj * row, D);
+                    if (blk + 1 == (n_of[i] + S - 1) / S) {     /* the row is complete: its softmax */
+                        float *si = sc + i * L, mx = si[0], l = 0.f;
+                        const int64_t n = n_of[i];
+                        for (int64_t j = 1; j < n; j++) mx = si[j] > mx ? si[j] : mx;
+                        for (int64_t j = 0; j < n; j++) si[j] = exp_fast(si[j] - mx);
+                        for (int64_t j = 0; j < n; j++) l += si[j];
+                        const float inv = 1.f / l;
+                        for (int64_t j = 0; j < n; j++) si[j] *= inv;
                     }
-                    store8(sc + jj, hsum8(s8));
+                } else if (vec) {                    /* the block's sum in registers */
+                    float *ai = acc + i * D;
+                    v8 av[MAX_VECS];
+                    for (int64_t c = 0; c < D / 8; c++) av[c] = load8(ai + 8 * c);
+                    for (int64_t jj = 0; jj < cnt; jj++)
+                        for (int64_t c = 0; c < D / 8; c++) av[c] += s[jj] * load8(rows + jj * row + 8 * c);
+                    for (int64_t c = 0; c < D / 8; c++) store8(ai + 8 * c, av[c]);
+                } else {
+                    for (int64_t jj = 0; jj < cnt; jj++) axpy(acc + i * D, s[jj], rows + jj * row, D);
                 }
-            }
-            for (; jj < cnt; jj++) sc[jj] = dot(qi, kb + jj * row, D);
-            float bm = sc[0];
-            for (jj = 1; jj < cnt; jj++) bm = sc[jj] > bm ? sc[jj] : bm;
-            float *ai = acc + i * D;
-            if (bm > m[i]) {                          /* a new maximum: rescale what was summed */
-                float r = expf(m[i] - bm);
-                l[i] *= r;
-                for (int64_t d = 0; d < D; d++) ai[d] *= r;
-                m[i] = bm;
-            }
-            for (jj = 0; jj < cnt; jj++) sc[jj] = exp_fast(sc[jj] - m[i]);
-            for (jj = 0; jj < cnt; jj++) l[i] += sc[jj];
-            if (vec) {                                /* the block's sum in registers */
-                v8 av[MAX_VECS];
-                for (int64_t c = 0; c < D / 8; c++) av[c] = load8(ai + 8 * c);
-                for (jj = 0; jj < cnt; jj++) {
-                    const float *vr = vb + jj * row;
-                    for (int64_t c = 0; c < D / 8; c++) av[c] += sc[jj] * load8(vr + 8 * c);
-                }
-                for (int64_t c = 0; c < D / 8; c++) store8(ai + 8 * c, av[c]);
-            } else {
-                for (jj = 0; jj < cnt; jj++) axpy(ai, sc[jj], vb + jj * row, D);
             }
         }
     }
-    for (int64_t i = 0; i < NQ; i++) {
-        float inv = 1.f / l[i], *o = a->out + (b * NQ + i) * D;
-        for (int64_t d = 0; d < D; d++) o[d] = acc[i * D + d] * inv;
-    }
+    memcpy(a->out + b * NQ * D, acc, sizeof(float) * (size_t)(NQ * D));
     free(buf);
     free(n_of);
     return 0;
