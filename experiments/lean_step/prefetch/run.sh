@@ -45,7 +45,3 @@ if stage c64; then
   done
 fi
 true
-    (cd $(side $s) && python tools/bench_speedup.py $A --out $OLDPWD/$OUT/c64_${s}_$n) > $OUT/c64_${s}_$n.log 2>&1
-  done
-fi
-true
