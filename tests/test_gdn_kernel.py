@@ -155,3 +155,35 @@ def test_window_equals_the_chunked_window_form(shape):
         for t in range(T):
             at = torch.full((B,), t)
             torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("lengths", [(5, 1, 3, 0), (2, 5, 5, 4)])
+def test_window_skips_padding_tokens_and_keeps_the_reference_states(lengths):
+    """A ragged window (rows of different lengths right-padded to T, valid False with g = beta = 0
+    on padding, as the engine's grid): the kernel skips the padding tokens, and its outputs at the
+    real tokens, its kept v_new and G at every token and the state after every token (padding ones
+    included: the state after the row's last real token) equal the reference's computed on every
+    token; its padding outputs, keys and v_new are 0."""
+    from mtpx.models.gated_delta_rule import window_gated_delta_rule
+    B, T, H, dk, dv = len(lengths), 5, 3, 16, 32
+    g = torch.Generator().manual_seed(11)
+    valid = torch.arange(T)[None] < torch.tensor(lengths)[:, None]                    # [B, T]
+    q, k = torch.randn(B, T, H, dk, generator=g), torch.randn(B, T, H, dk, generator=g)
+    v = torch.randn(B, T, H, dv, generator=g)
+    gate = -torch.rand(B, T, H, generator=g) * 2 * valid[..., None]
+    beta = torch.rand(B, T, H, generator=g) * valid[..., None]
+    S0 = torch.randn(B, H, dk, dv, generator=g) * 0.3
+    with torch.inference_mode():
+        ref_o, ref_w = window_gated_delta_rule(q, k, v, gate, beta, S0)
+        out_o, out_w = gdn_kernel.window(q, k, v, gate, beta, S0, valid)
+        torch.testing.assert_close(out_o[valid], ref_o[valid], rtol=1e-4, atol=1e-5)
+        assert torch.equal(out_o[~valid], torch.zeros_like(out_o[~valid]))
+        pad = ~valid[:, None, :].expand(B, H, T)                                          # [B, H, T]
+        assert torch.equal(out_w.k[pad], torch.zeros_like(out_w.k[pad]))
+        assert torch.equal(out_w.v_new[pad], torch.zeros_like(out_w.v_new[pad]))
+        torch.testing.assert_close(out_w.k[~pad], ref_w.k[~pad], rtol=1e-4, atol=1e-5)
+        for name in ("v_new", "G"):
+            torch.testing.assert_close(getattr(out_w, name), getattr(ref_w, name), rtol=1e-4, atol=1e-5)
+        for t in range(T):
+            at = torch.full((B,), t)
+            torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4, atol=1e-5)

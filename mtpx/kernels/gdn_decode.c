@@ -170,11 +170,17 @@ int gdn_decode(const float *qkvz, int64_t qkvz_stride, const float *ba, int64_t 
  * cumulative log decay, so S_t = exp(G_t) S_0 + sum_{j<=t} exp(G_t - G_j) k_j v_new_j^T.
  *
  * q, k [B, T, H, dk], v [B, T, H, dv], g, beta [B, T, H] contiguous (q, k before the l2 norm; q
- * is then scaled by dk^-0.5); S0 [B, H, dk, dv]. Out: o [B, T, H, dv]; kn [B, H, T, dk]; v_new
- * [B, H, T, dv]; G [B, H, T].
+ * is then scaled by dk^-0.5); S0 [B, H, dk, dv]; valid [B, T] uint8 or NULL (all valid). Out: o
+ * [B, T, H, dv]; kn [B, H, T, dk]; v_new [B, H, T, dv]; G [B, H, T].
+ *
+ * A padding token (valid 0; its g and beta are 0, so the state stays) is not computed: its o, kn
+ * and v_new are 0 and its G the one before it, so a window costs its real tokens (a ragged step's
+ * rows verify different numbers of drafts on one padded grid) and the kept states are what the
+ * reference keeps for every token a commit can select (v_new of a padding token is 0 there too).
  */
 typedef struct {
     const float *q, *k, *v, *g, *beta, *S0;
+    const uint8_t *valid;
     float *o, *kn, *v_new, *G;
     int64_t B, T, H, dk, dv;
 } window_t;
@@ -192,6 +198,13 @@ static inline __attribute__((always_inline)) int window_d(const window_t *a, int
         const float *q = a->q + tok * dk, *k = a->k + tok * dk, *v = a->v + tok * dv;
         float *kn = a->kn + ((b * H + h) * T + t) * dk, *vn = a->v_new + ((b * H + h) * T + t) * dv;
         float *o = a->o + tok * dv;
+        if (a->valid && !a->valid[b * T + t]) {
+            memset(o, 0, sizeof(float) * (size_t)dv);
+            memset(kn, 0, sizeof(float) * (size_t)dk);
+            memset(vn, 0, sizeof(float) * (size_t)dv);
+            a->G[(b * H + h) * T + t] = Gt;
+            continue;
+        }
         float sq = 0.f, sk = 0.f;
         for (int64_t d = 0; d < dk; d++) { sq += q[d] * q[d]; sk += k[d] * k[d]; }
         const float rq = qscale / sqrtf(sq + 1e-6f), rk = 1.f / sqrtf(sk + 1e-6f);
@@ -223,8 +236,8 @@ static int window_item(const void *ctx, int64_t item) {
 
 /* Returns 0, or 1 when memory ran out. */
 int gdn_window(const float *q, const float *k, const float *v, const float *g, const float *beta, const float *S0,
-               float *o, float *kn, float *v_new, float *G, int64_t B, int64_t T, int64_t H, int64_t dk, int64_t dv,
-               int64_t num_threads) {
-    window_t job = {q, k, v, g, beta, S0, o, kn, v_new, G, B, T, H, dk, dv};
+               const uint8_t *valid, float *o, float *kn, float *v_new, float *G, int64_t B, int64_t T, int64_t H,
+               int64_t dk, int64_t dv, int64_t num_threads) {
+    window_t job = {q, k, v, g, beta, S0, valid, o, kn, v_new, G, B, T, H, dk, dv};
     return parallel_for(B * H, num_threads, window_item, &job);
 }

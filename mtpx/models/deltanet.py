@@ -251,8 +251,10 @@ class GatedDeltaNet(nn.Module):
             o, _ = gated_delta_rule_chunked(q, k, v, g, beta)
         elif meta.keep_states:  # a verification window: the state after each token on demand
             init = read_rows(state.ssm, meta.rows, meta.row_run)
-            rule = gdn_kernel.window if gdn_kernel.window_runs(q, init) else window_gated_delta_rule
-            o, window = rule(q, k, v, g, beta, init)
+            if gdn_kernel.window_runs(q, init):   # padding tokens skipped: a ragged window costs its tokens
+                o, window = gdn_kernel.window(q, k, v, g, beta, init, meta.valid)
+            else:
+                o, window = window_gated_delta_rule(q, k, v, g, beta, init)
             state.keep_window(meta.rows, window, ext, meta.row_run)
         else:
             o, final = self._prefill(q, k, v, g, beta, ext, state, meta)

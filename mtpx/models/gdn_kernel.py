@@ -30,7 +30,7 @@ def available() -> bool:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
         _fn = build.function("gdn_decode", [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
                              + [i64] * 7)
-        _window = build.function("gdn_window", [p] * 10 + [i64] * 6)
+        _window = build.function("gdn_window", [p] * 11 + [i64] * 6)
     return _fn is not None and _window is not None
 
 
@@ -123,26 +123,29 @@ def window_runs(q: torch.Tensor, initial_state: torch.Tensor) -> bool:
             and initial_state.dtype == torch.float32 and not torch.is_grad_enabled() and ready)
 
 
-def window(q, k, v, g, beta, initial_state):
+def window(q, k, v, g, beta, initial_state, valid=None):
     """`mtpx.models.gated_delta_rule.window_gated_delta_rule`'s contract in one C call per window
     (mtpx/kernels/gdn_decode.c `gdn_window`: the recurrence token after token, keeping the same
     WindowStates): q, k [B, T, H, Dk]; v [B, T, H, Dv]; g, beta [B, T, H]; initial_state
-    [B, H, Dk, Dv] -> (o [B, T, H, Dv], WindowStates)."""
+    [B, H, Dk, Dv]; valid [B, T] bool or None (all valid) -> (o [B, T, H, Dv], WindowStates).
+    Padding tokens (valid False, with g = beta = 0) are skipped: their o, k and v_new are 0 and
+    their G the one before, so a ragged step's window costs its real tokens (the kernel's doc)."""
     args = [t.contiguous() for t in (q, k, v, g, beta, initial_state)]
+    valid = None if valid is None else valid.contiguous()
     fn = torch.ops.mtpx.gdn_window if torch.compiler.is_compiling() else _gdn_window
-    o, kn, v_new, G = fn(*args)
+    o, kn, v_new, G = fn(*args, valid)
     return o, WindowStates(kn, v_new, G)
 
 
-def _gdn_window(q, k, v, g, beta, S0):
+def _gdn_window(q, k, v, g, beta, S0, valid=None):
     if _window is None and not available():
         raise RuntimeError("mtpx gdn_window: the CPU kernels are not built")
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     o, kn, v_new, G = q.new_empty(B, T, H, dv), q.new_empty(B, H, T, dk), q.new_empty(B, H, T, dv), q.new_empty(B, H, T)
     status = _window(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), S0.data_ptr(),
-                     o.data_ptr(), kn.data_ptr(), v_new.data_ptr(), G.data_ptr(), B, T, H, dk, dv,
-                     torch.get_num_threads())
+                     None if valid is None else valid.data_ptr(), o.data_ptr(), kn.data_ptr(), v_new.data_ptr(),
+                     G.data_ptr(), B, T, H, dk, dv, torch.get_num_threads())
     if status:
         raise MemoryError("mtpx gdn_window: out of memory for the kernel's scratch")
     return o, kn, v_new, G
@@ -150,13 +153,13 @@ def _gdn_window(q, k, v, g, beta, S0):
 
 @torch.library.custom_op("mtpx::gdn_window", mutates_args=())
 def _gdn_window_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   S0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   S0: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return _gdn_window(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
-                       S0.contiguous())
+                       S0.contiguous(), None if valid is None else valid.contiguous())
 
 
 @_gdn_window_op.register_fake
-def _(q, k, v, g, beta, S0):
+def _(q, k, v, g, beta, S0, valid):
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     return q.new_empty(B, T, H, dv), q.new_empty(B, H, T, dk), q.new_empty(B, H, T, dv), q.new_empty(B, H, T)
