@@ -54,17 +54,17 @@ class EngineConfig:
     the real tokens alone, flattened (ForwardMeta.packed), so a decode step whose requests verify
     different numbers of drafts, or a prefill of chunks of different lengths, costs its tokens
     rather than B times its widest window; attention and the Gated DeltaNet verification windows
-    still see the padded grid (a prefill runs Gated DeltaNet packed too, docs/engine.md). False:
-    every op sees the [B, T] grid (the reference). The compiled step keeps its static grid either
-    way."""
+    see the padded grid, where the CPU kernels skip the padding (a prefill runs Gated DeltaNet
+    packed too, docs/engine.md). False: every op sees the [B, T] grid (the reference). The
+    compiled step keeps its static grid either way."""
     per_request_k: bool = False
     """With automatic k on an eager engine with ragged_batch: each request verifies its own number
     of the drafts it holds every step (AutoDraftLength.allocate, docs/automatic_k.md), instead of
     every request verifying the step's k. Off by default: on the demo (2 CPU cores, eager) it
     read 0.89x the best fixed k at concurrency 1 and 16 against 0.97x-1.04x at 4 and 64
-    (experiments/concurrency), because a ragged step saves less than its tokens (attention and
-    the Gated DeltaNet windows still run on the padded grid) while each trimmed draft loses its
-    expected tokens."""
+    (experiments/concurrency), and 0.89-0.99x at 16 and 4 once the Gated DeltaNet windows skipped
+    their padding (experiments/concurrency/ragged_gdn): each trimmed draft loses its expected
+    tokens, and its allocation verified 4-5 drafts for nearly every request anyway."""
     compile_regions: bool = True
     """With compile: compile each distinct decoder layer once and reuse it for every layer of its
     type and shape (regional compilation, torch.compiler.nested_compile_region), so building an
