@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 37 item 3: the batch step against its matmul floor before (195dcfd, in a worktree) and
 # after this folder's kernel changes, alternated as processes; 1 thread; logs beside this script.
-# usage: bash experiments/lean_step/prefetch/run.sh [STAGES...]   (kernels floor compiled c64; default: all)
+# usage: bash experiments/lean_step/prefetch/run.sh [STAGES...]   (kernels floor compiled c64 issue; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -42,6 +42,20 @@ if stage c64; then
   for run in before:1 after:1 before:2; do
     s=${run%:*}; n=${run#*:}
     (cd $(side $s) && python tools/bench_speedup.py $A --out $OLDPWD/$OUT/c64_${s}_$n) > $OUT/c64_${s}_$n.log 2>&1
+  done
+fi
+true
+# issue: the plain batch-64 step against its floor at the issue's commit (08e9920, a worktree, with
+# this tree's bench_floor.py copied in: the tool came later) and after, alternated, eager
+if stage issue; then
+  OLD=/tmp/mtpx_08e9920
+  [ -d $OLD ] || git worktree add --detach $OLD 08e9920
+  cp tools/bench_floor.py $OLD/tools/
+  for i in 1 2; do
+    for s in issue after; do
+      dir=$([ $s = issue ] && echo $OLD || pwd)
+      (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 --out $OLDPWD/$OUT/floor_${s}_commit_$i.json) > $OUT/floor_${s}_commit_$i.txt 2>&1
+    done
   done
 fi
 true
