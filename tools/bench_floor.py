@@ -2,7 +2,8 @@
 many FLOPs as the step's matmuls, timed on the same threads, alternated call by call with the step.
 
     OMP_NUM_THREADS=2 python tools/bench_floor.py [--model checkpoints/demo] [--batch-sizes 16 64]
-        [--cases plain mtp8:4] [--context 200] [--pairs 15] [--threads 2] [--compile] [--out FILE.json]
+        [--cases plain mtp8:4] [--context 200] [--pairs 15] [--threads 2] [--compile]
+        [--engine KEY=VALUE ...] [--out FILE.json]
 
 For each batch size B and case (plain: no speculator, k = 0; mtp8:K: the 8-module speculator
 verifying and proposing K drafts) one engine is built; its step is Engine.time_decode_steps (the
@@ -85,18 +86,30 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
-def build(model_path: str, batch: int, case: str, compile: bool):
-    """(k, LLM) of a case: plain, or SPEC:K."""
+def build(model_path: str, batch: int, case: str, compile: bool, engine: dict | None = None):
+    """(k, LLM) of a case: plain, or SPEC:K; engine: EngineConfig overrides (--engine)."""
+    engine = engine or {}
     if case == "plain":
-        return 0, LLM(model=model_path, max_num_seqs=batch, compile=compile)
+        return 0, LLM(model=model_path, max_num_seqs=batch, compile=compile, **engine)
     spec, k = case.split(":")
     return int(k), LLM(model=model_path, spec=spec, num_speculative_tokens=int(spec.removeprefix("mtp")),
-                       max_num_seqs=batch, compile=compile)
+                       max_num_seqs=batch, compile=compile, **engine)
+
+
+def engine_overrides(pairs: list[str]) -> dict:
+    """['compile_regions=false', ...] -> {"compile_regions": False, ...} (true/false and integers parsed)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"error: --engine {pair!r}: use KEY=VALUE, an engine key (docs/configuration.md)")
+        out[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+    return out
 
 
 def bench_case(model_path: str, batch: int, case: str, context: int, pairs: int,
-               compile: bool = False) -> dict:
-    k, llm = build(model_path, batch, case, compile=False)
+               compile: bool = False, engine: dict | None = None) -> dict:
+    k, llm = build(model_path, batch, case, compile=False, engine=engine)
     e = llm.engine
     e.time_decode_steps(batch, [k], context, rounds=1, warmup=1)               # untimed
     flops = count_step_flops(e, batch, k, context)
@@ -105,7 +118,7 @@ def bench_case(model_path: str, batch: int, case: str, context: int, pairs: int,
     if compile:
         del llm, e
         t0 = time.perf_counter()
-        k, llm = build(model_path, batch, case, compile=True)
+        k, llm = build(model_path, batch, case, compile=True, engine=engine)
         build_s = time.perf_counter() - t0
         print(f"# {case} at batch {batch}: compiled and warmed up in {build_s:.1f} s", flush=True)
         e = llm.engine
@@ -162,6 +175,8 @@ def main():
     ap.add_argument("--pairs", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="time the compiled step (module doc)")
+    ap.add_argument("--engine", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="engine settings for both engines, e.g. compile_regions=false")
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -173,7 +188,8 @@ def main():
     rows = []
     for B in args.batch_sizes:
         for case in args.cases:
-            r = bench_case(args.model, B, case, args.context, args.pairs, compile=args.compile)
+            r = bench_case(args.model, B, case, args.context, args.pairs, compile=args.compile,
+                           engine=engine_overrides(args.engine))
             rows.append(r)
             fl = r["flops"]
             check = ("" if "config_linear_flops" not in r else
