@@ -45,6 +45,18 @@ typedef struct {
 static inline float silu(float x) { return x / (1.f + exp_fast(-x)); }
 static inline float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }   /* F.softplus */
 
+/* conv[c] = mixed[c] w[c, K-1] + sum_j st[c, j] w[c, j], the conv's sums before silu; inlined with K
+ * a constant where it is 4, so that the taps unroll and the loop over channels vectorizes */
+static inline __attribute__((always_inline)) void conv_sums(float *restrict conv, const float *restrict mixed,
+                                                            const float *restrict st, const float *restrict w,
+                                                            int64_t C, const int64_t K) {
+    for (int64_t c = 0; c < C; c++) {
+        float acc = mixed[c] * w[c * K + K - 1];
+        for (int64_t j = 0; j < K - 1; j++) acc += st[c * (K - 1) + j] * w[c * K + j];
+        conv[c] = acc;
+    }
+}
+
 static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t b, const int64_t dv) {
     const int64_t nk = a->nk, nv = a->nv, dk = a->dk, K = a->K, r = nv / nk;
     const int64_t C = 2 * nk * dk + nv * dv, group = 2 * dk + 2 * r * dv;
@@ -68,16 +80,14 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
      * hardware prefetches by itself (prefetching them too measured slower) */
     const int64_t nrow = b + 1 < a->B ? a->rows[b + 1] : -1;
     const float *cs_next = nrow >= 0 ? a->conv_state + nrow * C * (K - 1) : NULL;
-    for (int64_t c = 0; c < C; c++) {            /* the conv's sums; silu below, in one vector loop */
-        if (cs_next && c % 4 == 0) __builtin_prefetch(cs_next + c * (K - 1));
-        const float *w = a->conv_w + c * K, *st = cs + c * (K - 1);
-        float acc = mixed[c] * w[K - 1];
-        for (int64_t j = 0; j < K - 1; j++) acc += st[j] * w[j];
-        conv[c] = acc;
-    }
+    if (K == 4)                                      /* the common width, its taps constants */
+        conv_sums(conv, mixed, cs, a->conv_w, C, 4);
+    else
+        conv_sums(conv, mixed, cs, a->conv_w, C, K);
     for (int64_t c = 0; c < C; c++) conv[c] = silu(conv[c]);
     if (valid) {                                     /* in increasing j: safe in place */
         for (int64_t c = 0; c < C; c++) {
+            if (cs_next && c % 4 == 0) __builtin_prefetch(cs_next + c * (K - 1));
             const float *st = cs + c * (K - 1);
             float *sto = cso + c * (K - 1);
             for (int64_t j = 0; j + 1 < K - 1; j++) sto[j] = st[j + 1];
