@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 37 item 3: the batch step against its matmul floor before (195dcfd, in a worktree) and
 # after this folder's kernel changes, alternated as processes; 1 thread; logs beside this script.
-# usage: bash experiments/lean_step/prefetch/run.sh [STAGES...]   (kernels floor compiled c64 issue; default: all)
+# usage: bash experiments/lean_step/prefetch/run.sh [STAGES...]   (kernels floor compiled c64 issue conv; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -56,6 +56,22 @@ if stage issue; then
       dir=$([ $s = issue ] && echo $OLD || pwd)
       (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 --out $OLDPWD/$OUT/floor_${s}_commit_$i.json) > $OUT/floor_${s}_commit_$i.txt 2>&1
     done
+  done
+fi
+# conv: the Gated DeltaNet conv's constant-width sums (9024cfe) against the commit before it
+# (a worktree), alternated, eager and compiled, plain batch 64
+if stage conv; then
+  PREV=/tmp/mtpx_conv_before
+  [ -d $PREV ] || git worktree add --detach $PREV 9024cfe~1
+  for i in 1 2; do
+    for s in before after; do
+      dir=$([ $s = before ] && echo $PREV || pwd)
+      (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 --out $OLDPWD/$OUT/floor_conv_${s}_$i.json) > $OUT/floor_conv_${s}_$i.txt 2>&1
+    done
+  done
+  for s in before after; do
+    dir=$([ $s = before ] && echo $PREV || pwd)
+    (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 --compile --out $OLDPWD/$OUT/floor_conv_compiled_$s.json) > $OUT/floor_conv_compiled_$s.txt 2>&1
   done
 fi
 true
