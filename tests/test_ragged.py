@@ -57,7 +57,7 @@ def test_a_ragged_verification_forward_equals_the_padded_grid(keep_states):
                                if hasattr(c, "k")])]
             group = cache.recurrent[0].group
             # a window's kept entries at its real tokens (padding's are never read)
-            kept = ([w[:, b, :, :n].clone() for w in (group.window_k, group.window_v_new, group.window_G)
+            kept = ([w[:, b, :, :n].clone() for w in group.windows(max(lengths))[:3]
                      for b, n in enumerate(lengths)]
                     if keep_states else [group.ssm[:, :3].clone(), group.conv[:, :3].clone()])
             states[ragged] = kv + kept

@@ -170,8 +170,9 @@ class RecurrentState:
         g = self.group
         if g.pending_rows is None:
             return None
-        rows, T, i = g.pending_rows, g.pending_len, self.layer
-        return WindowStates(g.window_k[i, rows, :, :T], g.window_v_new[i, rows, :, :T], g.window_G[i, rows, :, :T])
+        k, v_new, G, _ = g.windows(g.pending_len)
+        rows, i = g.pending_rows, self.layer
+        return WindowStates(k[i, rows], v_new[i, rows], G[i, rows])
 
     @property
     def pending_conv(self) -> torch.Tensor | None:
@@ -180,7 +181,7 @@ class RecurrentState:
         if g.pending_rows is None:
             return None
         K1 = g.conv.shape[-1]
-        ext = g.window_ext[self.layer, g.pending_rows, :, : K1 + g.pending_len]
+        ext = g.windows(g.pending_len)[3][self.layer, g.pending_rows]
         return ext.unfold(-1, K1, 1)[:, :, 1:].transpose(1, 2)
 
     def keep_window(self, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor,
@@ -199,7 +200,9 @@ class RecurrentState:
         g, i = self.group, self.layer
         if window_len:
             g.reserve_windows(window_len)
-        buffers = (g.window_k, g.window_v_new, g.window_G, g.window_ext)
+            buffers = g.windows(window_len)
+        else:
+            buffers = (g.window_k, g.window_v_new, g.window_G, g.window_ext)
         return (g.conv[i], g.ssm[i], *(None if b is None else b[i] for b in buffers))
 
     def mark_kept(self, rows: torch.Tensor, window_len: int) -> None:
@@ -247,10 +250,19 @@ class RecurrentState:
         self.save_blocks(block_ids, self.conv[rows], self.ssm[rows])
 
 
+def _prefix_view(buffer: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """The first prod(shape) elements of a contiguous buffer, viewed as `shape` (contiguous)."""
+    n = 1
+    for d in shape:
+        n *= d
+    return buffer.view(-1)[:n].view(shape)
+
+
 def write_window(window_k: torch.Tensor, window_v_new: torch.Tensor, window_G: torch.Tensor,
                  window_ext: torch.Tensor, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
-    """One layer's window buffers ([rows, H, W, ...], [rows, C, K-1+W]) at `rows` [B] := the
-    window [B, H, T, ...] and conv inputs ext [B, C, K-1+T]."""
+    """One layer's window buffers ([rows, H, W, ...], [rows, C, K-1+W], W >= T; the views of
+    RecurrentStateGroup.windows(T) have W = T) at `rows` [B] := the window [B, H, T, ...] and
+    conv inputs ext [B, C, K-1+T]."""
     T = window.G.shape[-1]
     # by batch slot, with index_copy_: a sliced assignment [:B] could broadcast a batch of one
     # and a slice of a symbolic length makes Inductor guard on B >= 2 (a batch of one shares
@@ -296,7 +308,8 @@ class RecurrentStateGroup:
     Window buffers (the last verification window of every layer, so that the commit reads a few
     stacked tensors instead of 4 L per-layer ones; allocated by `reserve_windows`, or on first use
     eager): window_k [L, rows, H, W, Dk], window_v_new [L, rows, H, W, Dv], window_G [L, rows, H, W]
-    in ssm's dtype, window_ext [L, rows, conv_dim, K-1+W] in conv's; W the longest window. The
+    in ssm's dtype, window_ext [L, rows, conv_dim, K-1+W] in conv's; W the longest window; a
+    T-token window is kept in `windows(T)`, contiguous views of their first elements. The
     window of a request sits at its batch slot; pending_rows [B] (the batch slots, padding rows
     at the pad slot) and pending_len T describe the kept one (pending_rows None: none kept).
     """
@@ -353,13 +366,26 @@ class RecurrentStateGroup:
         self.window_ext = torch.zeros(L, rows, self.conv.shape[2], self.conv.shape[3] + max_len,
                                       dtype=self.conv.dtype, device=self.conv.device)
 
+    def windows(self, T: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The window buffers laid out for windows of T <= window_capacity tokens, each contiguous:
+        (k [L, rows, H, T, Dk], v_new [L, rows, H, T, Dv], G [L, rows, H, T], ext [L, rows,
+        conv_dim, K-1+T]), views of the first elements of each buffer. Writing and reading a
+        T-token window then never strides over the W - T slots it does not use (an engine with
+        automatic k holds buffers for its widest window; its k = 4 steps gathered and scattered
+        strided [..., :5] slices, 3-6% of the step at batch 16). A window kept at T is read at T:
+        it lives from the verification to the commit of one step."""
+        L, rows, H, _, Dk = self.window_k.shape
+        Dv, C, K1 = self.window_v_new.shape[-1], self.window_ext.shape[2], self.conv.shape[3]
+        shapes = ((L, rows, H, T, Dk), (L, rows, H, T, Dv), (L, rows, H, T), (L, rows, C, K1 + T))
+        return tuple(_prefix_view(w, shape) for w, shape in
+                     zip((self.window_k, self.window_v_new, self.window_G, self.window_ext), shapes))
+
     def keep(self, layer: int, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor,
              run: slice | None = None) -> None:
         """RecurrentState.keep_window for layer `layer` (its contract)."""
         T = window.G.shape[-1]
         self.reserve_windows(T)
-        write_window(self.window_k[layer], self.window_v_new[layer], self.window_G[layer],
-                     self.window_ext[layer], rows, window, ext)
+        write_window(*(w[layer] for w in self.windows(T)), rows, window, ext)
         self.pending_rows, self.pending_len, self.pending_run = rows, T, run
 
     def clear_pending(self) -> None:
@@ -380,6 +406,7 @@ class RecurrentStateGroup:
             return
         B, T = rows.shape[0], self.pending_len
         L, _, C, K1 = self.conv.shape
+        window_k, window_v_new, window_G, window_ext = self.windows(T)
         at = index.view(1, B, 1, 1) + 1 + torch.arange(K1, device=index.device)      # conv window after
         run = None if torch.compiler.is_compiling() else self.pending_run
         step = L if torch.compiler.is_compiling() else max(
@@ -390,15 +417,15 @@ class RecurrentStateGroup:
             # windows of all 24 layers at once were 8 MB, fresh pages every step:
             # experiments/step_costs/batch64_window)
             n = min(step, L - lo)
-            ext = self.window_ext[lo: lo + step, :, :, : K1 + T].index_select(1, rows)
+            ext = window_ext[lo: lo + step].index_select(1, rows)
             self.conv[lo: lo + step].index_copy_(1, rows, ext.gather(-1, at.expand(n, B, C, K1)))
             if run is not None:   # the delta-rule states in place, layer by layer (contiguous views)
                 for i in range(lo, lo + n):
-                    WindowStates(*(w[i, run, :, :T] for w in (self.window_k, self.window_v_new, self.window_G))
+                    WindowStates(*(w[i, run] for w in (window_k, window_v_new, window_G))
                                  ).advance_(self.ssm[i, run], index)
                 continue
-            part = WindowStates(*(w[lo: lo + step, :, :, :T].index_select(1, rows) for w in
-                                  (self.window_k, self.window_v_new, self.window_G)))   # [step, B, H, T, ...]
+            part = WindowStates(*(w[lo: lo + step].index_select(1, rows) for w in
+                                  (window_k, window_v_new, window_G)))   # [step, B, H, T, ...]
             state = self.ssm[lo: lo + step].index_select(1, rows)   # a copy: the states before the window
             if torch.compiler.is_compiling():
                 state = part.state_after(state, index)
