@@ -1,7 +1,7 @@
 #!/bin/bash
 # The auto engine's k = 4 step against a fixed mtp4 engine's, before (bd9554b, a worktree: the
 # window buffers sliced [..., :T]) and after (contiguous T-token views), alternated as processes.
-# usage: bash experiments/concurrency/window_layout/run.sh
+# usage: bash experiments/concurrency/window_layout/run.sh [step c16]   (default: step)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -10,11 +10,18 @@ BASE=/tmp/mtpx_bd9554b
 [ -d $BASE ] || git worktree add --detach $BASE bd9554b
 cp $OUT/auto_step.py $BASE/$OUT/ 2>/dev/null || { mkdir -p $BASE/$OUT && cp $OUT/auto_step.py $BASE/$OUT/; }
 lscpu | grep 'Model name' > $OUT/machine.txt
-for B in 16 4; do
+STAGES="${*:-step}"
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
+stage step && for B in 16 4; do
   for s in before after before after; do
     dir=$([ $s = before ] && echo $BASE || pwd)
     echo "== $s" >> $OUT/batch$B.txt
     (cd $dir && python $OUT/auto_step.py $B) 2>&1 | grep "^batch" >> $OUT/batch$B.txt
   done
 done
+# c16: the issue's concurrency-16 cells again (the same commands as after_kernels), eager and compiled
+A="--max-tokens 128 --threads 1 --num-prompts 128 --concurrency 16 --rounds 4 --contenders plain mtp4 auto"
+export MTPX_DATA_DIR=${MTPX_DATA_DIR:-$(cd .. && pwd)/shared/data}
+stage c16 && python tools/bench_speedup.py $A --out $OUT/eager_c16 > $OUT/eager_c16.log 2>&1
+stage c16 && python tools/bench_speedup.py $A --compile --out $OUT/compiled_c16 > $OUT/compiled_c16.log 2>&1
 true
