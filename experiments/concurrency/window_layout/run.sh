@@ -1,7 +1,7 @@
 #!/bin/bash
 # The auto engine's k = 4 step against a fixed mtp4 engine's, before (bd9554b, a worktree: the
 # window buffers sliced [..., :T]) and after (contiguous T-token views), alternated as processes.
-# usage: bash experiments/concurrency/window_layout/run.sh [step c16]   (default: step)
+# usage: bash experiments/concurrency/window_layout/run.sh [step c16 rest]   (default: step)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -24,4 +24,9 @@ A="--max-tokens 128 --threads 1 --num-prompts 128 --concurrency 16 --rounds 4 --
 export MTPX_DATA_DIR=${MTPX_DATA_DIR:-$(cd .. && pwd)/shared/data}
 stage c16 && python tools/bench_speedup.py $A --out $OUT/eager_c16 > $OUT/eager_c16.log 2>&1
 stage c16 && python tools/bench_speedup.py $A --compile --out $OUT/compiled_c16 > $OUT/compiled_c16.log 2>&1
+# rest: the other cells where automatic k runs windows narrower than its widest (c4, eager c1)
+A="--max-tokens 128 --threads 1 --num-prompts 128 --rounds 4"
+stage rest && python tools/bench_speedup.py $A --concurrency 4 --contenders plain mtp4 mtp8 auto --out $OUT/eager_c4 > $OUT/eager_c4.log 2>&1
+stage rest && python tools/bench_speedup.py $A --concurrency 4 --contenders plain mtp4 mtp8 auto --compile --out $OUT/compiled_c4 > $OUT/compiled_c4.log 2>&1
+stage rest && python tools/bench_speedup.py $A --concurrency 1 --contenders plain mtp4 mtp8 auto --out $OUT/eager_c1 > $OUT/eager_c1.log 2>&1
 true
