@@ -54,12 +54,8 @@ static inline float exp_fast(float x) {
     return y * scale;
 }
 
-static inline float hsum(v8 x) {
-    return ((x[0] + x[4]) + (x[1] + x[5])) + ((x[2] + x[6]) + (x[3] + x[7]));
-}
-
 /* the 8 sums of x[0] .. x[7] in one vector (lane u: ((x_u0 + x_u1) + (x_u2 + x_u3)) + ((x_u4 + x_u5) +
- * (x_u6 + x_u7))): three rounds of shuffles and adds where eight hsum calls take eight */
+ * (x_u6 + x_u7))): three rounds of shuffles and adds, where eight horizontal sums take eight */
 static inline v8 hsum8(const v8 x[8]) {
     typedef int32_t i8 __attribute__((vector_size(32)));
     const i8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};

@@ -14,7 +14,6 @@
  * weighted sum of the values. One work item is a request; each block's keys and values are read
  * from memory once, for all its queries. Items are split over `num_threads` POSIX threads.
  */
-#include <float.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
