@@ -54,17 +54,25 @@ static inline float exp_fast(float x) {
     return y * scale;
 }
 
+/* lanes i0..i7 of the 16 lanes of a then b (GCC's __builtin_shuffle, Clang's __builtin_shufflevector) */
+#if defined(__clang__)
+#define SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) __builtin_shufflevector(a, b, i0, i1, i2, i3, i4, i5, i6, i7)
+#else
+typedef int32_t i8_t __attribute__((vector_size(32)));
+#define SHUFFLE8(a, b, i0, i1, i2, i3, i4, i5, i6, i7) __builtin_shuffle(a, b, (i8_t){i0, i1, i2, i3, i4, i5, i6, i7})
+#endif
+
 /* the 8 sums of x[0] .. x[7] in one vector (lane u: ((x_u0 + x_u1) + (x_u2 + x_u3)) + ((x_u4 + x_u5) +
  * (x_u6 + x_u7))): three rounds of shuffles and adds, where eight horizontal sums take eight */
 static inline v8 hsum8(const v8 x[8]) {
-    typedef int32_t i8 __attribute__((vector_size(32)));
-    const i8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
-    const i8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-    const i8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
     v8 p[4], q[2];
-    for (int u = 0; u < 4; u++) p[u] = __builtin_shuffle(x[2 * u], x[2 * u + 1], even) + __builtin_shuffle(x[2 * u], x[2 * u + 1], odd);
-    for (int w = 0; w < 2; w++) q[w] = __builtin_shuffle(p[2 * w], p[2 * w + 1], lo2) + __builtin_shuffle(p[2 * w], p[2 * w + 1], hi2);
-    return __builtin_shuffle(q[0], q[1], lo4) + __builtin_shuffle(q[0], q[1], hi4);
+    for (int u = 0; u < 4; u++)
+        p[u] = SHUFFLE8(x[2 * u], x[2 * u + 1], 0, 8, 2, 10, 4, 12, 6, 14)
+             + SHUFFLE8(x[2 * u], x[2 * u + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int w = 0; w < 2; w++)
+        q[w] = SHUFFLE8(p[2 * w], p[2 * w + 1], 0, 1, 8, 9, 4, 5, 12, 13)
+             + SHUFFLE8(p[2 * w], p[2 * w + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    return SHUFFLE8(q[0], q[1], 0, 1, 2, 3, 8, 9, 10, 11) + SHUFFLE8(q[0], q[1], 4, 5, 6, 7, 12, 13, 14, 15);
 }
 
 /* return f(a, item, dim) with dim a constant for the common head dims, so that f (inlined) unrolls
