@@ -372,7 +372,7 @@ class RecurrentStateGroup:
         conv_dim, K-1+T]), views of the first elements of each buffer. Writing and reading a
         T-token window then never strides over the W - T slots it does not use (an engine with
         automatic k holds buffers for its widest window; its k = 4 steps gathered and scattered
-        strided [..., :5] slices, 3-6% of the step at batch 16). A window kept at T is read at T:
+        strided [..., :5] slices, up to 4% of the step at batch 16). A window kept at T is read at T:
         it lives from the verification to the commit of one step."""
         L, rows, H, _, Dk = self.window_k.shape
         Dv, C, K1 = self.window_v_new.shape[-1], self.window_ext.shape[2], self.conv.shape[3]
