@@ -1,7 +1,7 @@
 #!/bin/bash
 # The auto engine's k = 4 step against a fixed mtp4 engine's, before (bd9554b, a worktree: the
 # window buffers sliced [..., :T]) and after (contiguous T-token views), alternated as processes.
-# usage: bash experiments/concurrency/window_layout/run.sh [step c16 rest]   (default: step)
+# usage: bash experiments/concurrency/window_layout/run.sh [step c16 rest]   (default: step; c1b: eager c1 once more)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -29,4 +29,5 @@ A="--max-tokens 128 --threads 1 --num-prompts 128 --rounds 4"
 stage rest && python tools/bench_speedup.py $A --concurrency 4 --contenders plain mtp4 mtp8 auto --out $OUT/eager_c4 > $OUT/eager_c4.log 2>&1
 stage rest && python tools/bench_speedup.py $A --concurrency 4 --contenders plain mtp4 mtp8 auto --compile --out $OUT/compiled_c4 > $OUT/compiled_c4.log 2>&1
 stage rest && python tools/bench_speedup.py $A --concurrency 1 --contenders plain mtp4 mtp8 auto --out $OUT/eager_c1 > $OUT/eager_c1.log 2>&1
+stage c1b && python tools/bench_speedup.py $A --concurrency 1 --contenders plain mtp4 mtp8 auto --out $OUT/eager_c1_again > $OUT/eager_c1_again.log 2>&1
 true
