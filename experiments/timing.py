@@ -1,5 +1,7 @@
-"""The micro-benchmark timer the experiment scripts share (batch64_window, verify_window):
-`sys.path.insert(0, str(Path(__file__).resolve().parents[1]))`, then `from timing import bench`."""
+"""The micro-benchmark timers the experiment scripts share (batch64_window, verify_window,
+lean_step/prefetch): `sys.path.insert(0, str(Path(__file__).resolve().parents[1]))`, then
+`from timing import bench` (or `quartiles`)."""
+import statistics
 import time
 
 
@@ -14,3 +16,19 @@ def bench(f, n: int = 100, warmup: int = 10) -> float:
         ts.append(time.perf_counter() - t)
     ts.sort()
     return round(1e6 * ts[len(ts) // 2], 1)
+
+
+def quartiles(f, n: int = 30, warmup: int = 3, before=None) -> tuple[float, float, float]:
+    """(q1, median, q3) ms of n calls of f() after `warmup` untimed ones; before() (untimed) runs
+    before each timed call, e.g. to evict the caches."""
+    for _ in range(warmup):
+        f()
+    ts = []
+    for _ in range(n):
+        if before is not None:
+            before()
+        t = time.perf_counter()
+        f()
+        ts.append(1e3 * (time.perf_counter() - t))
+    q1, q2, q3 = statistics.quantiles(ts, n=4)
+    return q1, q2, q3

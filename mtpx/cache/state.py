@@ -325,6 +325,7 @@ class RecurrentStateGroup:
     pending_run: slice | None = None      # pending_rows' ascending_run (eager), or None
     pending_len: int = 0
     slice_bytes = 2 << 20   # eager commit: layers per pass, by their states' size (commit)
+    _windows: dict = field(default_factory=dict, repr=False)   # T -> windows(T), eager; reset with the buffers
 
     @staticmethod
     def allocate(num_layers: int, rows: int, spec: RecurrentStateSpec, dtype, device="cpu",
@@ -360,6 +361,7 @@ class RecurrentStateGroup:
                                "call ModelCache.reserve_windows before compiling")
         L, rows, H, Dk, Dv = self.ssm.shape
         like = {"dtype": self.ssm.dtype, "device": self.ssm.device}
+        self._windows.clear()
         self.window_k = torch.zeros(L, rows, H, max_len, Dk, **like)
         self.window_v_new = torch.zeros(L, rows, H, max_len, Dv, **like)
         self.window_G = torch.zeros(L, rows, H, max_len, **like)
@@ -373,12 +375,18 @@ class RecurrentStateGroup:
         T-token window then never strides over the W - T slots it does not use (an engine with
         automatic k holds buffers for its widest window; its k = 4 steps gathered and scattered
         strided [..., :5] slices, up to 4% of the step at batch 16). A window kept at T is read at T:
-        it lives from the verification to the commit of one step."""
+        it lives from the verification to the commit of one step. Eager, the views are built once
+        per T (keep asks for them once per layer and step)."""
+        if not torch.compiler.is_compiling() and T in self._windows:
+            return self._windows[T]
         L, rows, H, _, Dk = self.window_k.shape
         Dv, C, K1 = self.window_v_new.shape[-1], self.window_ext.shape[2], self.conv.shape[3]
         shapes = ((L, rows, H, T, Dk), (L, rows, H, T, Dv), (L, rows, H, T), (L, rows, C, K1 + T))
-        return tuple(_prefix_view(w, shape) for w, shape in
-                     zip((self.window_k, self.window_v_new, self.window_G, self.window_ext), shapes))
+        views = tuple(_prefix_view(w, shape) for w, shape in
+                      zip((self.window_k, self.window_v_new, self.window_G, self.window_ext), shapes))
+        if not torch.compiler.is_compiling():
+            self._windows[T] = views
+        return views
 
     def keep(self, layer: int, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor,
              run: slice | None = None) -> None:

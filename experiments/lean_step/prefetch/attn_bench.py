@@ -1,16 +1,17 @@
 """The paged-attention kernel alone: B requests at context 200 over 8 layers' paged caches (blocks
 of 16, Hkv 2, D 32, H 4), one call per layer, a 64 MB buffer written between timed calls so that the
-keys and values come from memory (EVICT=0: not), 30 timed calls after 3.
+keys and values come from memory (EVICT=0: not), 30 timed calls after 3 (experiments/timing.py `quartiles`).
 
     OMP_NUM_THREADS=1 [B=64] [T=1] [L=8] [EVICT=1] python experiments/lean_step/prefetch/attn_bench.py
 """
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
+from timing import quartiles  # noqa: E402
 
 from mtpx.attention import cpu_kernel  # noqa: E402
 
@@ -34,16 +35,7 @@ def once():
         cpu_kernel._paged_attention(q, kc, vc, table, positions, valid)
 
 
-for _ in range(3):
-    once()
-times = []
-for _ in range(30):
-    if evict:
-        big.add_(1)
-    t0 = time.perf_counter()
-    once()
-    times.append(time.perf_counter() - t0)
-times.sort()
+q1, med, q3 = quartiles(once, before=(lambda: big.add_(1)) if evict else None)
 mb = L * B * (ctx + T) * Hkv * D * 2 * 4 / 1e6
-print(f"B={B} T={T} {L} layers: median {times[15] * 1e3:.2f} ms (q1 {times[7] * 1e3:.2f}, q3 {times[22] * 1e3:.2f}); "
-      f"{mb:.1f} MB of keys and values, {mb / 1e3 / times[15]:.1f} GB/s")
+print(f"B={B} T={T} {L} layers: median {med:.2f} ms (q1 {q1:.2f}, q3 {q3:.2f}); "
+      f"{mb:.1f} MB of keys and values, {mb / med:.1f} GB/s")

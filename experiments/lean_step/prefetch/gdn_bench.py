@@ -6,11 +6,12 @@ timed calls after 3.
 """
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
+from timing import quartiles  # noqa: E402
 
 from mtpx.models import gdn_kernel  # noqa: E402
 
@@ -34,16 +35,12 @@ def once():
                                nk, nv, True)
 
 
-for _ in range(3):
-    once()
-times = []
-for _ in range(30):
-    if evict:
-        big.add_(1)
-    t0 = time.perf_counter()
-    once()
-    times.append(time.perf_counter() - t0)
+def before():
     for d in layers:
         d["ssm"].mul_(0.5)                     # keep the states bounded
-times.sort()
-print(f"{L} layers: median {times[15] * 1e3:.2f} ms (q1 {times[7] * 1e3:.2f}, q3 {times[22] * 1e3:.2f})")
+    if evict:
+        big.add_(1)
+
+
+q1, med, q3 = quartiles(once, before=before)
+print(f"{L} layers: median {med:.2f} ms (q1 {q1:.2f}, q3 {q3:.2f})")

@@ -44,34 +44,32 @@ if stage c64; then
     (cd $(side $s) && python tools/bench_speedup.py $A --out $OLDPWD/$OUT/c64_${s}_$n) > $OUT/c64_${s}_$n.log 2>&1
   done
 fi
-true
+# pair OTHER_DIR OTHER TEMPLATE RUNS [ARGS...]: tools/bench_floor.py at plain batch 64 from OTHER_DIR
+# (named OTHER) and from this tree, alternated RUNS times; logs $OUT/TEMPLATE with SIDE and RUN
+# replaced by the side (OTHER or after) and the run number
+pair() {
+  local other=$1 name=$2 template=$3 runs=$4; shift 4
+  for i in $(seq 1 $runs); do
+    for s in $name after; do
+      local dir=$([ $s = after ] && pwd || echo $other) log=$OUT/$(echo $template | sed "s/SIDE/$s/; s/RUN/$i/")
+      (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 "$@" --out $OLDPWD/$log.json) > $log.txt 2>&1
+    done
+  done
+}
 # issue: the plain batch-64 step against its floor at the issue's commit (08e9920, a worktree, with
 # this tree's bench_floor.py copied in: the tool came later) and after, alternated, eager
 if stage issue; then
   OLD=/tmp/mtpx_08e9920
   [ -d $OLD ] || git worktree add --detach $OLD 08e9920
   cp tools/bench_floor.py $OLD/tools/
-  for i in 1 2; do
-    for s in issue after; do
-      dir=$([ $s = issue ] && echo $OLD || pwd)
-      (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 --out $OLDPWD/$OUT/floor_${s}_commit_$i.json) > $OUT/floor_${s}_commit_$i.txt 2>&1
-    done
-  done
+  pair $OLD issue floor_SIDE_commit_RUN 2
 fi
 # conv: the Gated DeltaNet conv's constant-width sums (9024cfe) against the commit before it
-# (a worktree), alternated, eager and compiled, plain batch 64
+# (a worktree), alternated, eager (twice) and compiled (once), plain batch 64
 if stage conv; then
   PREV=/tmp/mtpx_conv_before
   [ -d $PREV ] || git worktree add --detach $PREV 9024cfe~1
-  for i in 1 2; do
-    for s in before after; do
-      dir=$([ $s = before ] && echo $PREV || pwd)
-      (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 --out $OLDPWD/$OUT/floor_conv_${s}_$i.json) > $OUT/floor_conv_${s}_$i.txt 2>&1
-    done
-  done
-  for s in before after; do
-    dir=$([ $s = before ] && echo $PREV || pwd)
-    (cd $dir && python tools/bench_floor.py --batch-sizes 64 --cases plain --threads 1 --pairs 10 --compile --out $OLDPWD/$OUT/floor_conv_compiled_$s.json) > $OUT/floor_conv_compiled_$s.txt 2>&1
-  done
+  pair $PREV before floor_conv_SIDE_RUN 2
+  pair $PREV before floor_conv_compiled_SIDE_RUN 1 --compile
 fi
 true
