@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from bench_speedup import _overrides  # noqa: E402  (this script's folder, tools/)
 from mtpx import LLM  # noqa: E402
 from mtpx.models.attention import GatedAttention  # noqa: E402
 
@@ -97,14 +98,12 @@ def build(model_path: str, batch: int, case: str, compile: bool, engine: dict | 
 
 
 def engine_overrides(pairs: list[str]) -> dict:
-    """['compile_regions=false', ...] -> {"compile_regions": False, ...} (true/false and integers parsed)."""
-    out = {}
+    """['compile_regions=false', ...] -> {"compile_regions": False, ...}, parsed as bench_speedup's
+    contender settings ('plain+compile_regions=false')."""
     for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
+        if "=" not in pair:
             raise SystemExit(f"error: --engine {pair!r}: use KEY=VALUE, an engine key (docs/configuration.md)")
-        out[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
-    return out
+    return _overrides("+".join(["plain", *pairs]))[1]
 
 
 def bench_case(model_path: str, batch: int, case: str, context: int, pairs: int,
