@@ -164,28 +164,46 @@ def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide
 
 
 def test_measured_step_costs_correct_the_calibration_by_one_factor():
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), beta=0.5,
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), cost_window=3,
                         probe_interval=0)
     p.acceptance = [0.9, 0.9]
     assert step(p, 1) == 2                              # 2.71 / 14 beats 1.9 / 12
     p.observe_step(2, 1, 28.0)                           # k = 2 really costs twice the calibration
-    assert p.correction == {2: 2.0} and p.factor == 2.0
+    assert p.summary()["cost_correction"] == {"2": 2.0} and p.factor == 2.0
     assert p.cost(2, 1) == 28.0 and p.cost(0, 1) == 20.0     # every k: one factor
-    p.observe_step(1, 1, 12.0)                           # EMA: 2 + 0.5 (1 - 2)
-    assert p.correction == {1: 1.0, 2: 2.0} and p.factor == 1.5 and p.cost(1, 1) == 18.0
+    p.observe_step(1, 1, 12.0)                           # the median of 2 and 1
+    assert p.summary()["cost_correction"] == {"1": 1.0, "2": 2.0} and p.factor == 1.5 and p.cost(1, 1) == 18.0
     assert step(p, 1) == 2                              # the calibration's ratios decide
+
+
+def test_a_streak_of_dear_steps_does_not_carry_the_cost_correction():
+    """A correction is the median of its last cost_window steps: a streak of dear steps shorter
+    than half the window leaves it at the ordinary steps' level, and a lasting change moves it
+    once it fills half the window (experiments/concurrency/window_layout/k7_steps.py: a running
+    engine's dear steps come in streaks)."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), cost_window=5,
+                        probe_interval=0, min_cost_observations=1)
+    for ms in (16.0, 15.0, 17.0, 24.0, 28.0):            # ratios 1, 0.9375, 1.0625, then a streak 1.5, 1.75
+        p.observe_step(2, 1, ms)
+    assert p.factor == 1.0625 and p.cost(2, 1) == 17.0   # an EMA of weight 0.1 would read 1.1
+    assert p.summary()["bucket_cost_correction"] == [{"k": 2, "batch_bucket": "1", "ratio": 1.0625, "steps": 5}]
+    p.observe_step(2, 1, 32.0)                           # the streak's third step; the first step leaves
+    assert p.factor == 1.5 and p.cost(2, 1) == 24.0      # 3 of 5 dear: the level has changed
+    for _ in range(3):
+        p.observe_step(2, 1, 16.0)                       # back at the calibration
+    assert p.factor == 1.0 and p.cost(2, 1) == 16.0
 
 
 def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucket():
     """auto_k.cost_model (mtpx/core/cost_model_log.py): per power-of-two batch bucket, the speed-up over
     k = 0 the policy predicted for its steps against the one their measured ms and committed
     tokens give, over the bucket's own k = 0 steps when it had some, else the calibration's."""
-    p = AutoDraftLength(2, costs({0: [10.0, 20.0], 1: [12.0, 24.0], 2: [14.0, 28.0]}), beta=0.5,
+    p = AutoDraftLength(2, costs({0: [10.0, 20.0], 1: [12.0, 24.0], 2: [14.0, 28.0]}), cost_window=2,
                         probe_interval=0, prior_acceptance=0.5, min_cost_observations=100)
     assert p.expected_tokens(2) == 1.75                 # no round observed: the prior 0.5 stays
     for k, b, ms, tokens in [(2, 4, 21.0, 7),            # predicted 28 ms (factor 1), plain 20; factor -> 0.75
                              (2, 5, 26.25, 9),           # 28 * 5 / 4 * 0.75 = 26.25, plain 18.75 (calibrated 25)
-                             (0, 4, 16.0, 4),            # predicted 15 ms; a plain step: 16 / 20 = 0.8; factor -> 0.775
+                             (0, 4, 16.0, 4),            # predicted 15 ms; a plain step: 16 / 20 = 0.8; factor -> 0.775 (window 2)
                              (2, 1, 10.5, 3)]:           # predicted 0.775 * 14 = 10.85, plain 7.75 (calibrated 10)
         p.observe_step(k, b, ms, tokens)
         p.record(k, b)
@@ -209,9 +227,9 @@ def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucke
                   "measured_tokens_per_request": None, "predicted_step_ms": None, "measured_step_ms": None,
                   "predicted_speedup": None, "measured_speedup": None, "plain_step_ms_source": None,
                   "plain_steps": 0}}
-    assert p.factor == 0.7625                            # the last step: 0.775 + 0.5 (10.5 / 14 - 0.775)
+    assert p.factor == pytest.approx(0.775)              # the median of the last 2: 0.8 and 10.5 / 14
     p.reset_histograms()                                 # a measured pass starts: the log restarts,
-    assert p.summary()["cost_model"] == {} and p.factor == 0.7625   # the correction stays
+    assert p.summary()["cost_model"] == {} and p.factor == pytest.approx(0.775)   # the correction stays
 
 
 def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
@@ -219,7 +237,7 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
     calibrated cost make k = 3 the choice once min_cost_observations of them were seen (before,
     the ks measured enough in the bucket, k = 1 alone, scale every k alike)."""
     p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}), min_verified=0, explore_costs=False,
-                        beta=0.5, probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8)
+                        probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8)
     p.acceptance = [0.8, 0.5, 0.5]                       # E[tokens | k] = 1, 1.8, 2.2, 2.4
     assert step(p, 4) == 1                               # 1.8 / 20 beats 2.2 / 28 and 2.4 / 32
     for _ in range(8):

@@ -58,6 +58,11 @@ def run(p, steps: int, batch: int = 8, depth: int = 2, measured=None) -> list[in
     return ks
 
 
+def corrections(table: dict) -> dict:
+    """{key: (value, steps)} of a table of RunningMedians."""
+    return {key: (m.value, m.count) for key, m in table.items()}
+
+
 MEASURED = {("verify", 0): 60.0, ("draft", 0): 40.0, ("verify", 1): 90.0, ("draft", 1): 30.0,
             ("verify", 2): 150.0, ("draft", 2): 50.0}
 
@@ -70,8 +75,8 @@ def test_a_neighbour_k_whose_cost_is_only_calibrated_is_probed_until_measured():
     # every patience = 2 steps one step proposes k = 1 drafts, and the step after it verifies them
     assert run(p, 4, measured=lambda part, k: MEASURED[(part, k)]) == [1, 0, 1, 0]
     # k = 1's parts: verify 90 / 200 and draft 30 / 200, twice each: 0.45 + 0.15 of 200 ms
-    assert p.part_correction[("verify", 1, 8)] == (pytest.approx(0.45), 2)
-    assert p.part_correction[("draft", 1, 8)] == (pytest.approx(0.15), 2)
+    assert corrections(p.part_correction)[("verify", 1, 8)] == (pytest.approx(0.45), 2)
+    assert corrections(p.part_correction)[("draft", 1, 8)] == (pytest.approx(0.15), 2)
     assert not p.cost_unlearned(1, 8)
     # k = 0 too, from the probes' other halves: verify 60 / 100 and draft 40 / 100
     assert p.cost_curve(8)[:2] == [pytest.approx(100.0), pytest.approx(120.0)]
@@ -162,11 +167,11 @@ def test_a_step_whose_requests_are_held_deeper_than_k_teaches_its_parts_not_ks_c
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(4)}          # t(1) = 15, t(3) = 25
     p = AutoDraftLength(3, costs)
     p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=3)
-    assert p.bucket_correction == {} and p.correction == {} and p._num_factor == 0
-    assert p.part_correction == {("verify", 1, 4): (12.0 / 15.0, 1), ("draft", 3, 4): (18.0 / 25.0, 1)}
+    assert p.bucket_correction == {} and p.correction == {} and p.every_k_correction.count == 0
+    assert corrections(p.part_correction) == {("verify", 1, 4): (12.0 / 15.0, 1), ("draft", 3, 4): (18.0 / 25.0, 1)}
     p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=1)   # held at k: a steady step of k = 1
-    assert p.bucket_correction == {(1, 4): (2.0, 1)} and p.correction == {1: 2.0}
-    assert p.part_correction[("draft", 1, 4)] == (18.0 / 15.0, 1)
+    assert corrections(p.bucket_correction) == {(1, 4): (2.0, 1)} and corrections(p.correction) == {1: (2.0, 1)}
+    assert corrections(p.part_correction)[("draft", 1, 4)] == (18.0 / 15.0, 1)
 
 
 def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path, monkeypatch):

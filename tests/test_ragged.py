@@ -192,16 +192,16 @@ def test_the_engine_runs_per_request_k_eager_and_logs_each_ragged_step(tmp_path,
 
 
 def test_the_step_overhead_is_learned_per_batch_bucket_and_added_to_every_k():
-    """observe_overhead: the mean of the first 1 / beta steps, then an EMA of weight beta, per
-    batch bucket; step_cost_curve adds it to cost_curve's every k, and goodput uses it."""
+    """observe_overhead: the median of the last cost_window steps, per batch bucket;
+    step_cost_curve adds it to cost_curve's every k, and goodput uses it."""
     policy = _policy([10, 12, 14, 16, 18])
-    policy.beta = 0.5
+    policy.cost_window = 3
     assert policy.step_cost_curve(2) == policy.cost_curve(2)            # nothing learned yet
     policy.observe_overhead(2, 4.0)
     policy.observe_overhead(3, 8.0)                                     # bucket 2-3 as well
-    assert policy.overhead == {2: (6.0, 2)}
-    policy.observe_overhead(2, 2.0)                                     # EMA: 6 + 0.5 (2 - 6)
-    assert policy.overhead == {2: (4.0, 3)}
+    assert [(b, m.value, m.count) for b, m in policy.overhead.items()] == [(2, 6.0, 2)]
+    policy.observe_overhead(2, 2.0)                                     # the median of 4, 8 and 2
+    assert [(b, m.value, m.count) for b, m in policy.overhead.items()] == [(2, 4.0, 3)]
     assert policy.step_cost_curve(2) == [c + 4.0 for c in policy.cost_curve(2)]
     assert policy.goodput(0, 2) == pytest.approx(2 / 14.0)
     assert policy.ragged_cost(0.5, 2) == pytest.approx(15.0) and policy.ragged_cost(0.5, 2, overhead=False) == 11.0

@@ -1,8 +1,11 @@
 """The cost curve of automatic k over k (scheduler side, no torch): smoothing the calibrated step
-costs (mtpx/core/draft_length.py's module doc) and the running mean of its online corrections."""
+costs (mtpx/core/draft_length.py's module doc) and the running median of its online corrections."""
 from __future__ import annotations
 
-__all__ = ["smooth_step_costs", "running_mean"]
+import statistics
+from collections import deque
+
+__all__ = ["smooth_step_costs", "RunningMedian", "running_median"]
 
 
 def smooth_step_costs(values: list[float]) -> list[float]:
@@ -57,9 +60,34 @@ def _interpolate(known: list[tuple[int, float]], k: int, default: float) -> floa
     return known[-1][1]
 
 
-def running_mean(table: dict, key, value: float, beta: float) -> None:
-    """table[key] = (mean, count) updated with value: the mean of the first 1 / beta values, then
-    an EMA of weight beta (the online cost corrections, mtpx/core/draft_length.py)."""
-    mean, n = table.get(key, (0.0, 0))
-    n += 1
-    table[key] = (mean + max(beta, 1 / n) * (value - mean), n)
+class RunningMedian:
+    """The median of the last `window` values added (of all of them while fewer), and how many were
+    added (`count`): the online cost corrections (mtpx/core/draft_length.py). A median, not a mean:
+    a running engine's dear decode steps come in streaks of a few (1.35-2x the median step:
+    experiments/concurrency/window_layout/k7_steps.py), and an EMA of weight 0.1 that a streak
+    carried up by 40% stuck there when that k was not chosen again to revise it."""
+
+    __slots__ = ("recent", "count", "value")
+
+    def __init__(self, window: int):
+        self.recent: deque[float] = deque(maxlen=max(1, window))
+        self.count, self.value = 0, 0.0
+
+    def add(self, x: float) -> None:
+        self.recent.append(x)
+        self.count += 1
+        self.value = statistics.median(self.recent)
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, RunningMedian) and self.recent.maxlen == other.recent.maxlen
+                and (self.recent, self.count, self.value) == (other.recent, other.count, other.value))
+
+    def __repr__(self) -> str:
+        return f"RunningMedian(value={self.value}, count={self.count}, recent={list(self.recent)})"
+
+
+def running_median(table: dict, key, value: float, window: int) -> None:
+    """table[key] (a RunningMedian of `window` values, created on first use) updated with value."""
+    if key not in table:
+        table[key] = RunningMedian(window)
+    table[key].add(value)

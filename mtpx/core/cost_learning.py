@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 
-from mtpx.core.cost_curve import _interpolate, _non_decreasing, running_mean, smooth_step_costs
+from mtpx.core.cost_curve import _interpolate, _non_decreasing, running_median, smooth_step_costs
 from mtpx.core.cost_model_log import batch_bucket
 from mtpx.core.request_k import Allocation
 
@@ -48,25 +48,24 @@ class StepCostLearning:
         bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
         known = []
         for k in range(self.max_k + 1):
-            r, n = self.bucket_correction.get((k, bucket), (0.0, 0))
-            v, nv = self.part_correction.get(("verify", k, bucket), (0.0, 0))
-            d, nd = self.part_correction.get(("draft", k, bucket), (0.0, 0))
-            if n >= least:
-                known.append((k, r))
-            elif min(nv, nd) >= least:
-                known.append((k, v + d))
+            steady = self.bucket_correction.get((k, bucket))
+            v, d = (self.part_correction.get((part, k, bucket)) for part in ("verify", "draft"))
+            if steady is not None and steady.count >= least:
+                known.append((k, steady.value))
+            elif v is not None and d is not None and min(v.count, d.count) >= least:
+                known.append((k, v.value + d.value))
         return known
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
         """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
-        bucket, the mean of the first 1 / beta steps then an EMA of weight beta; the decisions add
-        it to every k's cost (`step_cost_curve`)."""
-        running_mean(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.beta)
+        bucket, the median of the last cost_window steps; the decisions add it to every k's cost
+        (`step_cost_curve`)."""
+        running_median(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.cost_window)
 
     def step_cost_curve(self, batch_size: int) -> list[float]:
         """What the decisions compare: cost_curve plus the step's learned overhead at its batch
         bucket (`observe_overhead`; 0 before any step)."""
-        extra = self.overhead.get(batch_bucket(batch_size), (0.0, 0))[0]
+        extra = self.overhead[b].value if (b := batch_bucket(batch_size)) in self.overhead else 0.0
         return [c + extra for c in self.cost_curve(batch_size)]
 
     def draft_cost(self, k: int, batch_size: int, per_module: list[tuple[int, float]] | None = None) -> float:
@@ -87,9 +86,9 @@ class StepCostLearning:
         """[(depth, ms a module)] of the draft rounds measured at batch_size's bucket with
         min_cost_observations steps (`observe_parts`), by depth."""
         bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        return [(j, r * self.calibrated_cost(j, batch_size) / j)
-                for (part, j, b), (r, n) in sorted(self.part_correction.items())
-                if part == "draft" and b == bucket and j >= 1 and n >= least]
+        return [(j, r.value * self.calibrated_cost(j, batch_size) / j)
+                for (part, j, b), r in sorted(self.part_correction.items())
+                if part == "draft" and b == bucket and j >= 1 and r.count >= least]
 
     def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None) -> list[float]:
         """step_cost_curve(batch_size) (or `curve`, when the caller has it) for a step whose deepest
@@ -141,16 +140,15 @@ class StepCostLearning:
                       draft_ms: float) -> None:
         """A pure decode step whose batch_size requests each verified `verified` drafts (verify_ms)
         and proposed `proposed` (draft_ms): per batch bucket, verify_ms / t(verified) and draft_ms /
-        t(proposed) (t: the calibration), the mean of the first 1 / beta steps then an EMA of
-        weight beta. A k's two ratios sum to its measured / calibrated cost once both have
+        t(proposed) (t: the calibration), the median of the last cost_window steps. A k's two ratios sum to its measured / calibrated cost once both have
         min_cost_observations steps (`_known_ratios`): an exploring probe (propose k + 1, then
         verify k + 1 and propose k) measures k + 1 with no steady step at it."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
         for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):
             if 0 <= k <= self.max_k:
-                running_mean(self.part_correction, (part, k, batch_bucket(batch_size)),
-                             max(0.0, ms) / self.calibrated_cost(k, batch_size), self.beta)
+                running_median(self.part_correction, (part, k, batch_bucket(batch_size)),
+                               max(0.0, ms) / self.calibrated_cost(k, batch_size), self.cost_window)
 
     def observe_allocation(self, allocation: Allocation, step_ms: float, num_tokens: int) -> None:
         """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
@@ -170,9 +168,14 @@ class StepCostLearning:
         self._learn_cost(k, B, step_ms / calibrated)
 
     def _learn_cost(self, k: int, batch_size: int, ratio: float) -> None:
-        """One measured / calibrated ratio at k drafts: the corrections (module doc)."""
-        old = self.correction.get(k)
-        self.correction[k] = ratio if old is None else old + self.beta * (ratio - old)
-        self.factor = ratio if self._num_factor == 0 else self.factor + self.beta * (ratio - self.factor)
-        self._num_factor += 1
-        running_mean(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.beta)
+        """One measured / calibrated ratio at k drafts: the corrections (module doc), each the
+        median of its last cost_window steps."""
+        running_median(self.correction, k, ratio, self.cost_window)
+        self.every_k_correction.add(ratio)
+        running_median(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.cost_window)
+
+    @property
+    def factor(self) -> float:
+        """The one correction of a batch bucket with no k measured: the median measured /
+        calibrated of the last cost_window steady steps at any k (1 before any)."""
+        return self.every_k_correction.value if self.every_k_correction.count else 1.0

@@ -23,7 +23,8 @@ smoothed over k (cost_curve.smooth_step_costs: a running median over k >= 1, the
 non-decreasing, so calibration noise cannot make a larger k look cheaper), linear in B between
 calibrated batch sizes and proportional to B beyond the largest,
 times a correction learned online from the engine's pure decode steps (no prefill): per (k,
-batch bucket), measured / calibrated (mean, then an EMA of weight `beta`), used once a k has
+batch bucket), measured / calibrated (the median of its last `cost_window` steps: dear steps
+come in streaks, which carried an EMA), used once a k has
 `min_cost_observations` steps in B's bucket, either steady ones (`observe_step`: every request
 verifying and proposing the step's k, none held deeper) or as many verifying k and as many proposing k, whose
 verify and draft parts add up (`observe_parts`) (ks between two such ks interpolate, ks beyond them take the nearest one's); with
@@ -80,7 +81,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mtpx.core.acceptance import AcceptanceEstimates
-from mtpx.core.cost_curve import smooth_step_costs
+from mtpx.core.cost_curve import RunningMedian, smooth_step_costs
 from mtpx.core.cost_learning import StepCostLearning
 from mtpx.core.cost_model_log import CostModelLog, bucket_label
 from mtpx.core.exploring import Exploring
@@ -96,8 +97,8 @@ class AutoDraftLength(StepCostLearning, Exploring):
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
     step ms} for every k in 0..max_k at one or more batch sizes (None: calibrate before the first
     choose; until then every step uses max_k); decay: per-step discount of the acceptance counts;
-    prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; beta: EMA weight
-    of a measured step in the cost correction; hysteresis: relative goodput margin to change k;
+    prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; cost_window: the
+    measured steps whose median is a cost correction; hysteresis: relative goodput margin to change k;
     probe_interval: steps between probes (0: none); patience: consecutive steps that must predict
     a change of the k in use, or a running depth's fall, before it happens;
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
@@ -115,7 +116,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
 
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
-                 beta: float = 0.1, prior_acceptance: float = 0.7, patience: int = 8,
+                 cost_window: int = 15, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
                  explore_budget: float = 0.001, optimistic_falls: bool = True):
@@ -124,7 +125,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self.min_verified = prior_weight if min_verified is None else min_verified
         self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
         self.explore_budget, self.optimistic_falls = explore_budget, optimistic_falls
-        self.decay, self.prior_weight, self.beta = decay, prior_weight, beta
+        self.decay, self.prior_weight, self.cost_window = decay, prior_weight, cost_window
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
@@ -142,12 +143,12 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self.k = self.max_k
         self.histogram: Counter = Counter()
         self.depth_histogram: Counter = Counter()    # depth -> requests given it
-        self.correction: dict[int, float] = {}       # k -> EMA of measured / calibrated step cost (reported)
-        self.factor = 1.0                            # EMA of measured / calibrated over every k (used)
-        self._num_factor = 0
-        self.bucket_correction: dict[tuple[int, int], tuple[float, int]] = {}  # (k, bucket) -> (ratio, steps)
-        self.part_correction: dict[tuple[str, int, int], tuple[float, int]] = {}  # (part, k, bucket) -> (ratio, steps)
-        self.overhead: dict[int, tuple[float, int]] = {}  # batch bucket -> (ms a step costs beyond its forwards, steps)
+        # the cost corrections, each a RunningMedian of the last cost_window steps' values
+        self.correction: dict[int, RunningMedian] = {}    # k -> measured / calibrated step cost (reported)
+        self.every_k_correction = RunningMedian(self.cost_window)   # over every k (`factor`)
+        self.bucket_correction: dict[tuple[int, int], RunningMedian] = {}      # (k, bucket) -> ratio
+        self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
+        self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
@@ -468,15 +469,15 @@ class AutoDraftLength(StepCostLearning, Exploring):
                 "num_observed": list(self.num_observed),
                 "acceptance_by_age": self.estimates.summary(),
                 "age_mix": [round(m, 4) for m in self.age_mix] if self.age_mix else None,
-                "cost_correction": {str(k): round(c, 3) for k, c in sorted(self.correction.items())},
+                "cost_correction": {str(k): round(c.value, 3) for k, c in sorted(self.correction.items())},
                 "cost_factor": round(self.factor, 3),
                 "explore_spent": round(self.explore_spent(), 4),
-                "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m, 3), "steps": n}
-                                     for b, (m, n) in sorted(self.overhead.items())],
-                "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r, 4), "steps": n}
-                                           for (k, b), (r, n) in sorted(self.bucket_correction.items())],
-                "part_cost_correction": [{"part": p, "k": k, "batch_bucket": bucket_label(b), "ratio": round(r, 4),
-                                          "steps": n} for (p, k, b), (r, n) in sorted(self.part_correction.items())],
+                "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m.value, 3), "steps": m.count}
+                                     for b, m in sorted(self.overhead.items())],
+                "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r.value, 4),
+                                            "steps": r.count} for (k, b), r in sorted(self.bucket_correction.items())],
+                "part_cost_correction": [{"part": p, "k": k, "batch_bucket": bucket_label(b), "ratio": round(r.value, 4),
+                                          "steps": r.count} for (p, k, b), r in sorted(self.part_correction.items())],
                 "cost_model": self.cost_log.summary(),
                 "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                   for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}
