@@ -194,6 +194,23 @@ def test_a_streak_of_dear_steps_does_not_carry_the_cost_correction():
     assert p.factor == 1.0 and p.cost(2, 1) == 16.0
 
 
+def test_a_cost_correction_fades_toward_the_factor_while_its_k_is_not_measured():
+    """A k that a streak of dear steps made look dear is no longer chosen, so no step revises its
+    correction: it fades toward `factor` (the steps in use) by cost_decay per step since it was
+    last measured, and the k is tried again once it could pay."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), cost_window=3,
+                        cost_decay=0.5, probe_interval=0, min_cost_observations=1)
+    for _ in range(3):
+        p.observe_step(2, 1, 32.0)                       # k = 2 at twice its calibration
+    for _ in range(3):
+        p.observe_step(1, 1, 12.0)                       # then k = 1 as calibrated: factor 1
+    assert p.factor == 1.0 and p.cost_curve(1) == [10.0, 12.0, 32.0]   # measured just now
+    p._steps += 1                                        # a step later, k = 1 still in use
+    assert p.cost_curve(1) == [10.0, 12.0, 24.0]         # 1 + (2 - 1) 0.5
+    p._steps += 1
+    assert p.cost_curve(1) == [10.0, 12.0, 20.0]         # 1 + (2 - 1) 0.25; k = 1 measured at 1 stays
+
+
 def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucket():
     """auto_k.cost_model (mtpx/core/cost_model_log.py): per power-of-two batch bucket, the speed-up over
     k = 0 the policy predicted for its steps against the one their measured ms and committed
@@ -237,7 +254,7 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
     calibrated cost make k = 3 the choice once min_cost_observations of them were seen (before,
     the ks measured enough in the bucket, k = 1 alone, scale every k alike)."""
     p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}), min_verified=0, explore_costs=False,
-                        probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8)
+                        probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8, cost_decay=1.0)
     p.acceptance = [0.8, 0.5, 0.5]                       # E[tokens | k] = 1, 1.8, 2.2, 2.4
     assert step(p, 4) == 1                               # 1.8 / 20 beats 2.2 / 28 and 2.4 / 32
     for _ in range(8):

@@ -96,6 +96,34 @@ def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k
     assert llm.engine.compiled.num_graphs == stats["num_graphs"]
 
 
+def test_a_whole_compiled_graph_decodes_gated_deltanet_in_place(trained_tiny, monkeypatch):
+    """engine.compile_regions=false: the plain decode graph calls the in-place mtpx::gdn_decode_ on
+    each layer's state rows (index_copy_ into a layer's view of the stacked state is scattered
+    back into the whole stack under compile: 6x the step's floor at batch 64) and gives eager's
+    tokens; a region graph calls the functional mtpx::gdn_decode."""
+    from mtpx.models import gdn_kernel
+    if not gdn_kernel.available():
+        pytest.skip("the CPU kernels are not built")
+    calls = []
+    decode = gdn_kernel._gdn_decode
+
+    def counted(*args, in_place):
+        calls.append(in_place)
+        return decode(*args, in_place=in_place)
+
+    import copy
+    model = copy.deepcopy(trained_tiny).float()                  # the kernel's dtype
+    monkeypatch.setattr(gdn_kernel, "_gdn_decode", counted)
+    torch._dynamo.reset()
+    eager = _generate(_llm(model, None, None), max_tokens=12)
+    assert calls and set(calls) == {True}
+    for regions in (False, True):
+        calls.clear()
+        _same(_generate(_llm(model, None, None, compile_backend="aot_eager", compile_regions=regions),
+                        max_tokens=12), eager)
+        assert calls and set(calls) == {not regions}
+
+
 @pytest.mark.slow      # 19 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
 def test_callers_grad_mode_does_not_recompile(trained_tiny):
     """generate() under inference_mode, no_grad or neither after warm-up: the client loop and the

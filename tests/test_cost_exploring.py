@@ -26,11 +26,11 @@ def test_smoothing_keeps_the_measured_shape_and_drops_one_noisy_k():
 
 def policy(**kw) -> AutoDraftLength:
     """k = 0 costs 100 ms and k = 1 is calibrated at 200 ms at batch 8 (k = 2: 300). 32 rounds
-    accepting the first of 2 drafts and 8 accepting none (no discount): p_1 = (32 + 8 * 0.7) / 48
+    accepting the first of 2 drafts and 8 accepting none (no discount, no fading of the costs): p_1 = (32 + 8 * 0.7) / 48
     = 0.783, p_2 = 8 p_1 / 40 = 0.157, so k = 1 yields 1.783 / 200 < 1 / 100: only a measured
     k = 1 can win."""
     p = AutoDraftLength(2, {(0, 8): 100.0, (1, 8): 200.0, (2, 8): 300.0}, probe_interval=0, patience=2,
-                        min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0,
+                        min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0, cost_decay=1.0,
                         **{"explore_budget": 1.0, **kw})
     for accepted in [1] * 32 + [0] * 8:
         p.observe(num_draft_tokens=2, num_accepted=accepted)

@@ -107,9 +107,11 @@ def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
         assert outs[0] == outs[1]
 
 
-def test_compiled_layer_calls_the_op_and_equals_eager(monkeypatch):
-    """Under torch.compile the kernel is the functional op mtpx::gdn_decode and the new state rows
-    are written back as the torch forms write them: the same output and states as eager."""
+@pytest.mark.parametrize("region", [False, True])
+def test_compiled_layer_calls_the_op_and_equals_eager(monkeypatch, region):
+    """Under torch.compile the kernel is the in-place op mtpx::gdn_decode_, or in a compiled layer
+    region (meta.region) the functional mtpx::gdn_decode, whose new state rows are written back as
+    the torch forms write them: the same output and states as eager either way."""
     calls, kernel = [], gdn_kernel._gdn_decode
     monkeypatch.setattr(gdn_kernel, "_gdn_decode", lambda *a, **kw: calls.append(kw["in_place"]) or kernel(*a, **kw))
     cfg, layer = make_layer(2, 4, 16, 16, 4)
@@ -121,12 +123,13 @@ def test_compiled_layer_calls_the_op_and_equals_eager(monkeypatch):
         state = RecurrentState.allocate(5, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32)
         state.conv.copy_(torch.randn(state.conv.shape, generator=torch.Generator().manual_seed(4)))
         state.ssm.copy_(torch.randn(state.ssm.shape, generator=torch.Generator().manual_seed(5)))
-        meta = ForwardMeta(positions=torch.full((3, 1), 7), valid=valid, rows=rows, kv_len=8)
+        meta = ForwardMeta(positions=torch.full((3, 1), 7), valid=valid, rows=rows, kv_len=8, region=region)
+        torch._dynamo.reset()
         fn = torch.compile(layer, fullgraph=True, dynamic=False) if compiled else layer
         with torch.inference_mode():
             results.append((fn(x, state, meta), state.conv.clone(), state.ssm.clone()))
     (out_e, conv_e, ssm_e), (out_c, conv_c, ssm_c) = results
-    assert calls[0] is True and False in calls[1:]          # eager in place, then the compiled op
+    assert calls[0] is True and set(calls[1:]) == {not region}   # eager in place, then the compiled op
     torch.testing.assert_close(out_c[valid[:, 0]], out_e[valid[:, 0]], rtol=1e-5, atol=1e-6)
     assert torch.equal(conv_c, conv_e)
     torch.testing.assert_close(ssm_c, ssm_e, rtol=1e-6, atol=1e-7)

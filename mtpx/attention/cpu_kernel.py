@@ -16,7 +16,7 @@ import ctypes
 
 import torch
 
-from mtpx.kernels import build
+from mtpx.kernels import build, torch_ops
 
 MAX_WINDOW = 32        # longer windows (prefill chunks) keep scaled_dot_product_attention
 _fn = None
@@ -68,12 +68,9 @@ def _paged_attention(q, k_cache, v_cache, block_table, positions, valid):
     return out
 
 
-@torch.library.custom_op("mtpx::paged_attention", mutates_args=())
-def _paged_attention_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                        positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    return _paged_attention(q, k_cache, v_cache, block_table, positions, valid)
-
-
-@_paged_attention_op.register_fake
-def _(q, k_cache, v_cache, block_table, positions, valid):
+def _paged_attention_fake(q, k_cache, v_cache, block_table, positions, valid):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+torch_ops.define("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, "
+                 "Tensor positions, Tensor valid) -> Tensor", _paged_attention, _paged_attention_fake)

@@ -36,6 +36,9 @@ class ForwardMeta:
     compile_regions: under torch.compile, each decoder layer of this (static) forward runs as a
         region compiled once per layer type and shape (mtpx.models.decoder.layer_region;
         engine.compile_regions).
+    region: this forward runs inside such a region (layer_region sets it): custom ops there
+        cannot mutate their inputs (torch 2.13), so Gated DeltaNet's decode op returns new state
+        rows instead of writing them in place as it does eager and in a whole compiled graph.
     packed: [N] int64 or None: the ragged layout (`pack_valid`). The indices of the N real tokens
         in the flattened [B * T] grid, row-major. Set, the decoder's token-wise work (embedding,
         norms, projections, MLP, lm_head) runs on the [N, hidden] tokens alone, and only the
@@ -65,6 +68,7 @@ class ForwardMeta:
     attn_plan: object | None = None
     gdn_backend: str = "auto"
     compile_regions: bool = False
+    region: bool = False
     packed: torch.Tensor | None = None
     row_run: slice | None = None
     packed_lengths: list[int] | None = None

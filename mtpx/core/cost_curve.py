@@ -65,29 +65,32 @@ class RunningMedian:
     added (`count`): the online cost corrections (mtpx/core/draft_length.py). A median, not a mean:
     a running engine's dear decode steps come in streaks of a few (1.35-2x the median step:
     experiments/concurrency/window_layout/k7_steps.py), and an EMA of weight 0.1 that a streak
-    carried up by 40% stuck there when that k was not chosen again to revise it."""
+    carried up by 40% stuck there. A k whose last steps were dear is not chosen again to revise
+    them, so the policy also lets a stale value fade (`at`; cost_learning._known_ratios)."""
 
-    __slots__ = ("recent", "count", "value")
+    __slots__ = ("recent", "count", "value", "at")
 
     def __init__(self, window: int):
         self.recent: deque[float] = deque(maxlen=max(1, window))
-        self.count, self.value = 0, 0.0
+        self.count, self.value, self.at = 0, 0.0, 0
 
-    def add(self, x: float) -> None:
+    def add(self, x: float, at: int = 0) -> None:
+        """Add x, observed at step `at` (the caller's step count: how stale the value is)."""
         self.recent.append(x)
         self.count += 1
-        self.value = statistics.median(self.recent)
+        self.value, self.at = statistics.median(self.recent), at
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, RunningMedian) and self.recent.maxlen == other.recent.maxlen
-                and (self.recent, self.count, self.value) == (other.recent, other.count, other.value))
+                and (self.recent, self.count, self.value, self.at) == (other.recent, other.count, other.value, other.at))
 
     def __repr__(self) -> str:
-        return f"RunningMedian(value={self.value}, count={self.count}, recent={list(self.recent)})"
+        return f"RunningMedian(value={self.value}, count={self.count}, at={self.at}, recent={list(self.recent)})"
 
 
-def running_median(table: dict, key, value: float, window: int) -> None:
-    """table[key] (a RunningMedian of `window` values, created on first use) updated with value."""
+def running_median(table: dict, key, value: float, window: int, at: int = 0) -> None:
+    """table[key] (a RunningMedian of `window` values, created on first use) updated with value,
+    observed at step `at`."""
     if key not in table:
         table[key] = RunningMedian(window)
-    table[key].add(value)
+    table[key].add(value, at)

@@ -44,17 +44,25 @@ class StepCostLearning:
     def _known_ratios(self, batch_size: int) -> list[tuple[int, float]]:
         """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: from
         `min_cost_observations` steady steps at k, else from as many steps verifying k and as many
-        proposing k (`observe_parts`: the sum of the two parts' ratios)."""
+        proposing k (`observe_parts`: the sum of the two parts' ratios); each faded toward `factor`
+        by cost_decay per step since it was last measured (`_fresh`)."""
         bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
         known = []
         for k in range(self.max_k + 1):
             steady = self.bucket_correction.get((k, bucket))
             v, d = (self.part_correction.get((part, k, bucket)) for part in ("verify", "draft"))
             if steady is not None and steady.count >= least:
-                known.append((k, steady.value))
+                known.append((k, self._fresh(steady.value, steady.at)))
             elif v is not None and d is not None and min(v.count, d.count) >= least:
-                known.append((k, v.value + d.value))
+                known.append((k, self._fresh(v.value + d.value, min(v.at, d.at))))
         return known
+
+    def _fresh(self, ratio: float, at: int) -> float:
+        """A correction last measured at step `at`, faded toward `factor` (the steps in use):
+        factor + (ratio - factor) cost_decay^(steps since). A k whose last steps were dear (a
+        streak: a slower host for a while) is no longer chosen, so nothing else would revise it;
+        so it fades and is tried again, as an unverified draft position drifts back to its prior."""
+        return self.factor + (ratio - self.factor) * self.cost_decay ** max(0, self._steps - at)
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
         """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
@@ -148,7 +156,7 @@ class StepCostLearning:
         for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):
             if 0 <= k <= self.max_k:
                 running_median(self.part_correction, (part, k, batch_bucket(batch_size)),
-                               max(0.0, ms) / self.calibrated_cost(k, batch_size), self.cost_window)
+                               max(0.0, ms) / self.calibrated_cost(k, batch_size), self.cost_window, self._steps)
 
     def observe_allocation(self, allocation: Allocation, step_ms: float, num_tokens: int) -> None:
         """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
@@ -170,9 +178,9 @@ class StepCostLearning:
     def _learn_cost(self, k: int, batch_size: int, ratio: float) -> None:
         """One measured / calibrated ratio at k drafts: the corrections (module doc), each the
         median of its last cost_window steps."""
-        running_median(self.correction, k, ratio, self.cost_window)
-        self.every_k_correction.add(ratio)
-        running_median(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.cost_window)
+        running_median(self.correction, k, ratio, self.cost_window, self._steps)
+        self.every_k_correction.add(ratio, self._steps)
+        running_median(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.cost_window, self._steps)
 
     @property
     def factor(self) -> float:

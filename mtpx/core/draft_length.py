@@ -24,7 +24,8 @@ non-decreasing, so calibration noise cannot make a larger k look cheaper), linea
 calibrated batch sizes and proportional to B beyond the largest,
 times a correction learned online from the engine's pure decode steps (no prefill): per (k,
 batch bucket), measured / calibrated (the median of its last `cost_window` steps: dear steps
-come in streaks, which carried an EMA), used once a k has
+come in streaks, which carried an EMA; fading toward the factor below by `cost_decay` per step
+since it was last measured), used once a k has
 `min_cost_observations` steps in B's bucket, either steady ones (`observe_step`: every request
 verifying and proposing the step's k, none held deeper) or as many verifying k and as many proposing k, whose
 verify and draft parts add up (`observe_parts`) (ks between two such ks interpolate, ks beyond them take the nearest one's); with
@@ -98,7 +99,8 @@ class AutoDraftLength(StepCostLearning, Exploring):
     step ms} for every k in 0..max_k at one or more batch sizes (None: calibrate before the first
     choose; until then every step uses max_k); decay: per-step discount of the acceptance counts;
     prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; cost_window: the
-    measured steps whose median is a cost correction; hysteresis: relative goodput margin to change k;
+    measured steps whose median is a cost correction; cost_decay: per step since a k's cost was
+    last measured, its correction fades toward the one of the steps in use; hysteresis: relative goodput margin to change k;
     probe_interval: steps between probes (0: none); patience: consecutive steps that must predict
     a change of the k in use, or a running depth's fall, before it happens;
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
@@ -116,7 +118,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
 
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
                  prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
-                 cost_window: int = 15, prior_acceptance: float = 0.7, patience: int = 8,
+                 cost_window: int = 15, cost_decay: float = 0.999, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
                  explore_budget: float = 0.001, optimistic_falls: bool = True):
@@ -125,7 +127,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self.min_verified = prior_weight if min_verified is None else min_verified
         self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
         self.explore_budget, self.optimistic_falls = explore_budget, optimistic_falls
-        self.decay, self.prior_weight, self.cost_window = decay, prior_weight, cost_window
+        self.decay, self.prior_weight, self.cost_window, self.cost_decay = decay, prior_weight, cost_window, cost_decay
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)

@@ -78,7 +78,7 @@ def layer_region(layer: DecoderLayer, x, cos, sin, tensors: tuple, positions, va
     effects). tensors: (k, v) of the layer's KVCache, or RecurrentState.views(); block_ids: the
     block table [B, blocks] flattened. Eager: a plain call."""
     meta = ForwardMeta(positions, valid, rows, None, block_ids, block_size,
-                       slot_mapping, keep_states, gdn_backend=gdn_backend)
+                       slot_mapping, keep_states, gdn_backend=gdn_backend, region=True)
     cache = LayerStates(*tensors) if layer.layer_type == "linear_attention" else KVCache(*tensors)
     return layer._forward(x, cos, sin, cache, meta)
 

@@ -7,7 +7,8 @@ over the 1 MB state) cost about 2.3 ms a layer, most of a plain decode step
 (experiments/lean_step). GatedDeltaNet.forward calls `decode` where `runs` says so and keeps its
 torch ops everywhere else (prefill, verification windows, boundary states, gradients, other
 dtypes, CUDA) and as the reference: `use_kernel = False` forces them. Eager, the kernel updates
-the state rows in place; under torch.compile it is the functional custom op mtpx::gdn_decode.
+the state rows in place; a whole compiled graph calls the operator mtpx::gdn_decode_, which does
+the same, and a compiled layer region the functional mtpx::gdn_decode (mtpx/kernels/torch_ops.py).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 
 from mtpx.attention.meta import ForwardMeta
 from mtpx.cache.state import WindowStates, write_rows
-from mtpx.kernels import build
+from mtpx.kernels import build, torch_ops
 
 use_kernel = True
 _fn = _window = None
@@ -69,12 +70,17 @@ def decode(layer, qkvz: torch.Tensor, ba: torch.Tensor, state, meta: ForwardMeta
     weight = layer.conv1d.weight.reshape(layer.conv_dim, layer.kernel)
     args = (x, gates, weight, conv, ssm, rows, valid, layer.A_log, layer.dt_bias, layer.norm.weight, layer.norm.eps,
             layer.nk, layer.nv)
-    if torch.compiler.is_compiling():
-        # functional under compile (a custom op that mutates cannot sit in a compiled layer region):
-        # the new state rows come back and are written as the torch forms write them
+    if torch.compiler.is_compiling() and meta.region:
+        # functional in a compiled layer region (a custom op that mutates cannot sit there): the
+        # new state rows come back and are written as the torch forms write them
         out, new_conv, new_ssm = torch.ops.mtpx.gdn_decode(*args)
         write_rows(conv, rows, new_conv)
         write_rows(ssm, rows, new_ssm)
+    elif torch.compiler.is_compiling():
+        # a whole graph: the op mutates the rows in place. Written through index_copy_, each
+        # layer's state (a view of its group's stacked tensor) would be scattered back into the
+        # whole stack, every layer's rows copied once per layer (6x the step's floor at batch 64)
+        out = torch.ops.mtpx.gdn_decode_(*args)
     else:
         out = _gdn_decode(*args, in_place=True)[0]
     return out.view(*lead, -1)
@@ -100,19 +106,31 @@ def _gdn_decode(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_w
     return (out, None, None) if in_place else (out, conv_out, ssm_out)
 
 
-@torch.library.custom_op("mtpx::gdn_decode", mutates_args=())
-def _gdn_decode_op(x: torch.Tensor, gates: torch.Tensor, weight: torch.Tensor, conv: torch.Tensor,
-                   ssm: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, A_log: torch.Tensor,
-                   dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, nk: int,
-                   nv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gdn_decode_functional(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
     return _gdn_decode(x.contiguous(), gates.contiguous(), weight, conv.contiguous(), ssm.contiguous(), rows, valid,
                        A_log, dt_bias, norm_weight, eps, nk, nv, in_place=False)
 
 
-@_gdn_decode_op.register_fake
-def _(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
+def _gdn_decode_functional_fake(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
     B = x.shape[0]
     return (x.new_empty(B, nv * ssm.shape[3]), conv.new_empty(B, *conv.shape[1:]), ssm.new_empty(B, *ssm.shape[1:]))
+
+
+def _gdn_decode_in_place(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
+    return _gdn_decode(x.contiguous(), gates.contiguous(), weight, conv, ssm, rows, valid, A_log, dt_bias,
+                       norm_weight, eps, nk, nv, in_place=True)[0]
+
+
+def _gdn_decode_in_place_fake(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
+    return x.new_empty(x.shape[0], nv * ssm.shape[3])
+
+
+_DECODE_ARGS = ("Tensor x, Tensor gates, Tensor weight, Tensor{conv} conv, Tensor{ssm} ssm, Tensor rows, Tensor valid, "
+                "Tensor A_log, Tensor dt_bias, Tensor norm_weight, float eps, int nk, int nv")
+torch_ops.define("gdn_decode(" + _DECODE_ARGS.format(conv="", ssm="") + ") -> (Tensor, Tensor, Tensor)",
+                 _gdn_decode_functional, _gdn_decode_functional_fake)
+torch_ops.define("gdn_decode_(" + _DECODE_ARGS.format(conv="(a!)", ssm="(b!)") + ") -> Tensor",
+                 _gdn_decode_in_place, _gdn_decode_in_place_fake)
 
 
 def window_runs(q: torch.Tensor, initial_state: torch.Tensor) -> bool:
@@ -151,15 +169,16 @@ def _gdn_window(q, k, v, g, beta, S0, valid=None):
     return o, kn, v_new, G
 
 
-@torch.library.custom_op("mtpx::gdn_window", mutates_args=())
-def _gdn_window_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                   S0: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gdn_window_functional(q, k, v, g, beta, S0, valid):
     return _gdn_window(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
                        S0.contiguous(), None if valid is None else valid.contiguous())
 
 
-@_gdn_window_op.register_fake
-def _(q, k, v, g, beta, S0, valid):
+def _gdn_window_fake(q, k, v, g, beta, S0, valid):
     B, T, H, dk = q.shape
     dv = v.shape[-1]
     return q.new_empty(B, T, H, dv), q.new_empty(B, H, T, dk), q.new_empty(B, H, T, dv), q.new_empty(B, H, T)
+
+
+torch_ops.define("gdn_window(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor S0, Tensor? valid) "
+                 "-> (Tensor, Tensor, Tensor, Tensor)", _gdn_window_functional, _gdn_window_fake)
