@@ -68,9 +68,11 @@ class EngineConfig:
     compile_regions: bool = True
     """With compile: compile each distinct decoder layer once and reuse it for every layer of its
     type and shape (regional compilation, torch.compiler.nested_compile_region), so building an
-    engine costs seconds instead of minutes; False: the step as one graph of every layer. Used
-    with the torch attention backend on a model without MoE layers (elsewhere a layer breaks
-    the graph, and the whole step is compiled as before)."""
+    engine costs seconds instead of minutes; False: the step as one graph of every layer, which
+    builds in minutes a graph (once: compile_cache) and runs the plain CPU step fastest
+    (Inductor's C++ wrapper; docs/compiled_step.md). Used with the torch attention backend on a
+    model without MoE layers (elsewhere a layer breaks the graph, and the whole step is compiled
+    as before)."""
     compile_cache: bool = True
     """With compile on the CPU: save each compiled graph whole (Dynamo's bytecode and guards with
     Inductor's code; torch.compile's AOT precompile) under $MTPX_CACHE_DIR/precompiled, keyed by

@@ -28,7 +28,7 @@ runs() {
 }
 C64="--concurrency 64 --num-prompts 128 --rounds 2 --contenders plain mtp4"
 C1="--concurrency 1 --num-prompts 32 --rounds 2 --contenders plain mtp8"
-stage c64 && runs eager_c64 "issue:1 now:1 issue:2 now:2" $C64
+stage c64 && runs eager_c64 "issue:1 now:1" $C64
 stage c64c && runs compiled_c64 "issue:1 now:1" $C64 --compile
 stage c1 && runs eager_c1 "issue:1 now:1" $C1
 stage c1c && runs compiled_c1 "issue:1 now:1" $C1 --compile
