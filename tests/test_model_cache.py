@@ -72,3 +72,31 @@ def test_grouped_commit_equals_each_layers_state(how, monkeypatch):
         torch.testing.assert_close(c.conv[rows], conv, rtol=0, atol=0)
         torch.testing.assert_close(c.ssm[rows], ssm, rtol=0, atol=1e-12)
         assert torch.equal(c.conv[1], conv1) and torch.equal(c.ssm[1], ssm1)
+
+
+def test_a_compiled_keep_writes_the_stacked_window_buffers_in_place():
+    """RecurrentStateGroup.keep under torch.compile (a whole graph) goes through the operator
+    mtpx::write_window_, which writes the layer's rows of the stacked window buffers in place:
+    the same buffers as eager's index_copy_ into the layer's views, every other layer and row
+    untouched."""
+    from mtpx.cache.state import RecurrentStateGroup, RecurrentStateSpec, WindowStates
+    spec = RecurrentStateSpec(conv_dim=6, kernel=4, heads=2, key_dim=3, value_dim=5)
+    g = torch.Generator().manual_seed(0)
+    B, T, rows = 2, 3, torch.tensor([3, 1])
+    window = WindowStates(torch.randn(B, 2, T, 3, generator=g), torch.randn(B, 2, T, 5, generator=g),
+                          torch.randn(B, 2, T, generator=g))
+    ext = torch.randn(B, 6, 3 + T, generator=g)
+    groups = []
+    for compiled in (False, True):
+        group = RecurrentStateGroup.allocate(3, 5, spec, torch.float32)
+        group.reserve_windows(T)
+        for w in (group.window_k, group.window_v_new, group.window_G, group.window_ext):
+            w.copy_(torch.randn(w.shape, generator=torch.Generator().manual_seed(1)))
+        keep = torch.compile(group.keep, backend="aot_eager", fullgraph=True) if compiled else group.keep
+        keep(1, rows, window, ext)
+        groups.append(group)
+    eager, compiled = groups
+    for name in ("window_k", "window_v_new", "window_G", "window_ext"):
+        assert torch.equal(getattr(compiled, name), getattr(eager, name)), name
+    k = eager.windows(T)[0]
+    assert torch.equal(k[1, rows], window.k) and not torch.equal(k[0, rows], window.k)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mtpx.kernels import torch_ops
+
 
 @dataclass(frozen=True)
 class KVCacheSpec:
@@ -273,6 +275,16 @@ def write_window(window_k: torch.Tensor, window_v_new: torch.Tensor, window_G: t
     window_ext[:, :, : ext.shape[-1]].index_copy_(0, rows, ext.to(window_ext.dtype))
 
 
+def _write_window_layer(window_k, window_v_new, window_G, window_ext, layer, rows, k, v_new, G, ext) -> None:
+    write_window(window_k[layer], window_v_new[layer], window_G[layer], window_ext[layer], rows,
+                 WindowStates(k, v_new, G), ext)
+
+
+torch_ops.define("write_window_(Tensor(a!) window_k, Tensor(b!) window_v_new, Tensor(c!) window_G, "
+                 "Tensor(d!) window_ext, int layer, Tensor rows, Tensor k, Tensor v_new, Tensor G, Tensor ext) -> ()",
+                 _write_window_layer, lambda *args: None)
+
+
 @dataclass
 class LayerStates:
     """One Gated DeltaNet layer's state as plain tensors (RecurrentState.views): what a compiled
@@ -390,10 +402,16 @@ class RecurrentStateGroup:
 
     def keep(self, layer: int, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor,
              run: slice | None = None) -> None:
-        """RecurrentState.keep_window for layer `layer` (its contract)."""
+        """RecurrentState.keep_window for layer `layer` (its contract). Under torch.compile (a
+        whole graph; a layer region writes its LayerStates) through the operator
+        mtpx::write_window_, which writes the stacked buffers in place: index_copy_ into a layer's
+        view of them would be scattered back into every layer's buffers, once per layer."""
         T = window.G.shape[-1]
         self.reserve_windows(T)
-        write_window(*(w[layer] for w in self.windows(T)), rows, window, ext)
+        if torch.compiler.is_compiling():
+            torch.ops.mtpx.write_window_(*self.windows(T), layer, rows, window.k, window.v_new, window.G, ext)
+        else:
+            write_window(*(w[layer] for w in self.windows(T)), rows, window, ext)
         self.pending_rows, self.pending_len, self.pending_run = rows, T, run
 
     def clear_pending(self) -> None:

@@ -26,7 +26,14 @@ fi
 # c64: the end-to-end measure, the two side by side in one process
 stage c64 && python tools/bench_speedup.py --compile --concurrency 64 --num-prompts 128 --rounds 2 --max-tokens 128 \
   --threads 1 --contenders plain plain+compile_regions=false --out $OUT/compiled_c64 > $OUT/compiled_c64.log 2>&1
-# spec: mtp8 verifying and proposing 4 drafts as whole graphs (3 graphs to build, minutes each)
-stage spec && python tools/bench_floor.py --batch-sizes 64 --cases mtp8:4 --threads 1 --pairs 5 --compile \
-  --engine compile_regions=false --out $OUT/floor_spec_whole.json > $OUT/floor_spec_whole.txt 2>&1
+# spec: mtp8 verifying and proposing 4 drafts at batch 64, one graph then regions (one graph: 3
+# graphs to build, about 3.5 minutes); floor_spec_whole_before.txt is the same one-graph command
+# on b35a86e, before mtpx::write_window_
+if stage spec; then
+  for m in whole regions; do
+    flag=$([ $m = whole ] && echo false || echo true)
+    python tools/bench_floor.py --batch-sizes 64 --cases mtp8:4 --threads 1 --pairs 5 --compile \
+      --engine compile_regions=$flag --out $OUT/floor_spec_$m.json > $OUT/floor_spec_$m.txt 2>&1
+  done
+fi
 true
