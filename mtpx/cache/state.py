@@ -282,7 +282,7 @@ def _write_window_layer(window_k, window_v_new, window_G, window_ext, layer, row
 
 torch_ops.define("write_window_(Tensor(a!) window_k, Tensor(b!) window_v_new, Tensor(c!) window_G, "
                  "Tensor(d!) window_ext, int layer, Tensor rows, Tensor k, Tensor v_new, Tensor G, Tensor ext) -> ()",
-                 _write_window_layer, lambda *args: None)
+                 _write_window_layer, lambda *args: None, any_device=True)
 
 
 @dataclass

@@ -148,9 +148,10 @@ class StepCostLearning:
                       draft_ms: float) -> None:
         """A pure decode step whose batch_size requests each verified `verified` drafts (verify_ms)
         and proposed `proposed` (draft_ms): per batch bucket, verify_ms / t(verified) and draft_ms /
-        t(proposed) (t: the calibration), the median of the last cost_window steps. A k's two ratios sum to its measured / calibrated cost once both have
-        min_cost_observations steps (`_known_ratios`): an exploring probe (propose k + 1, then
-        verify k + 1 and propose k) measures k + 1 with no steady step at it."""
+        t(proposed) (t: the calibration), the median of the last cost_window steps. A k's two
+        ratios sum to its measured / calibrated cost once both have min_cost_observations steps
+        (`_known_ratios`): an exploring probe (propose k + 1, then verify k + 1 and propose k)
+        measures k + 1 with no steady step at it."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
         for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):

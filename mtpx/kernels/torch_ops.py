@@ -15,10 +15,11 @@ __all__ = ["define"]
 _lib = torch.library.Library("mtpx", "DEF")
 
 
-def define(schema: str, impl, fake) -> None:
+def define(schema: str, impl, fake, any_device: bool = False) -> None:
     """Define mtpx::<schema> (torch's schema language: `Tensor(a!)` marks an input the op writes)
-    with `impl` for CPU tensors and `fake` for tracing (output shapes only)."""
+    with `impl` for CPU tensors (any_device: for every device, an impl made of torch ops) and
+    `fake` for tracing (output shapes only)."""
     name = schema.split("(", 1)[0]
     _lib.define(schema)
-    _lib.impl(name, impl, "CPU")
+    _lib.impl(name, impl, "CompositeExplicitAutograd" if any_device else "CPU")
     torch.library.register_fake(f"mtpx::{name}", fake, lib=_lib)
