@@ -45,24 +45,25 @@ class StepCostLearning:
         """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: from
         `min_cost_observations` steady steps at k, else from as many steps verifying k and as many
         proposing k (`observe_parts`: the sum of the two parts' ratios); each faded toward `factor`
-        by cost_decay per step since it was last measured (`_fresh`)."""
+        by cost_decay per step since it was last measured.
+        A k whose last steps were dear (a streak: a slower host for a while) is no longer chosen, so
+        nothing else would revise its correction; so it fades and is tried again, as an unverified
+        draft position drifts back to its prior."""
         bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        known = []
+        factor, known = self.factor, []
+
+        def fresh(ratio: float, at: int) -> float:   # factor + (ratio - factor) cost_decay^(steps since)
+            return factor + (ratio - factor) * self.cost_decay ** max(0, self._steps - at)
+
         for k in range(self.max_k + 1):
             steady = self.bucket_correction.get((k, bucket))
-            v, d = (self.part_correction.get((part, k, bucket)) for part in ("verify", "draft"))
             if steady is not None and steady.count >= least:
-                known.append((k, self._fresh(steady.value, steady.at)))
-            elif v is not None and d is not None and min(v.count, d.count) >= least:
-                known.append((k, self._fresh(v.value + d.value, min(v.at, d.at))))
+                known.append((k, fresh(steady.value, steady.at)))
+                continue
+            v, d = self.part_correction.get(("verify", k, bucket)), self.part_correction.get(("draft", k, bucket))
+            if v is not None and d is not None and min(v.count, d.count) >= least:
+                known.append((k, fresh(v.value + d.value, min(v.at, d.at))))
         return known
-
-    def _fresh(self, ratio: float, at: int) -> float:
-        """A correction last measured at step `at`, faded toward `factor` (the steps in use):
-        factor + (ratio - factor) cost_decay^(steps since). A k whose last steps were dear (a
-        streak: a slower host for a while) is no longer chosen, so nothing else would revise it;
-        so it fades and is tried again, as an unverified draft position drifts back to its prior."""
-        return self.factor + (ratio - self.factor) * self.cost_decay ** max(0, self._steps - at)
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
         """A pure decode step of batch_size requests spent ms beyond its forwards: per batch

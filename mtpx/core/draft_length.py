@@ -100,7 +100,8 @@ class AutoDraftLength(StepCostLearning, Exploring):
     choose; until then every step uses max_k); decay: per-step discount of the acceptance counts;
     prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; cost_window: the
     measured steps whose median is a cost correction; cost_decay: per step since a k's cost was
-    last measured, its correction fades toward the one of the steps in use; hysteresis: relative goodput margin to change k;
+    last measured, its correction fades toward the one of the steps in use; hysteresis: relative
+    goodput margin to change k;
     probe_interval: steps between probes (0: none); patience: consecutive steps that must predict
     a change of the k in use, or a running depth's fall, before it happens;
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
