@@ -10,6 +10,7 @@
 
 typedef float v8 __attribute__((vector_size(32)));
 #define MAX_VECS 32     /* head dims up to 256 keep a block's output sum in registers / L1 */
+#define SCRATCH_FLOATS 16384   /* a work item's scratch up to 64 KB lives on its thread's stack, not the heap */
 
 static inline v8 load8(const float *p) { v8 x; memcpy(&x, p, sizeof x); return x; }
 static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }

@@ -62,7 +62,9 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
     const int64_t C = 2 * nk * dk + nv * dv, group = 2 * dk + 2 * r * dv;
     const float *x = a->qkvz + b * a->qkvz_stride, *ba = a->ba + b * a->ba_stride;
     const int valid = a->valid[b];
-    float *buf = malloc(sizeof(float) * (size_t)(2 * C + 2 * dk + 2 * dv));
+    const size_t need = (size_t)(2 * C + 2 * dk + 2 * dv);
+    float small[need <= SCRATCH_FLOATS ? need : 1];  /* the scratch on the stack, where it is small */
+    float *buf = need <= SCRATCH_FLOATS ? small : malloc(sizeof(float) * need);
     if (!buf) return 1;
     float *mixed = buf, *conv = mixed + C, *qn = conv + C, *kn = qn + dk, *kv = kn + dk, *o = kv + dv;
     /* q | k | v in conv channel order, from the per-key-head grouping [q, k, v (r heads), z (r heads)] */
@@ -73,28 +75,30 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
     }
     const int64_t orow = a->out_by_batch ? b : a->rows[b];
     const int copy = a->out_by_batch;                /* padding rows still get their state */
-    const float *cs = a->conv_state + a->rows[b] * C * (K - 1);
-    float *cso = a->conv_out + orow * C * (K - 1);
-    /* the next request's conv inputs come into the cache while this one computes, a line at a time
-     * (a burst of prefetches stalls the loads behind it); its ssm rows, read front to back, the
-     * hardware prefetches by itself (prefetching them too measured slower) */
-    const int64_t nrow = b + 1 < a->B ? a->rows[b + 1] : -1;
-    const float *cs_next = nrow >= 0 ? a->conv_state + nrow * C * (K - 1) : NULL;
+    const int64_t K1 = K - 1, n = C * K1;
+    const float *cs = a->conv_state + a->rows[b] * n;
+    float *cso = a->conv_out + orow * n;
     if (K == 4)                                      /* the common width, its taps constants */
         conv_sums(conv, mixed, cs, a->conv_w, C, 4);
     else
         conv_sums(conv, mixed, cs, a->conv_w, C, K);
     for (int64_t c = 0; c < C; c++) conv[c] = silu(conv[c]);
-    if (valid) {                                     /* in increasing j: safe in place */
+    /* the next request's conv inputs come into the cache while this one computes, a line at a time
+     * (a burst of prefetches stalls the loads behind it); its ssm rows, read front to back, the
+     * hardware prefetches by itself (prefetching them too measured slower) */
+    const int64_t nrow = b + 1 < a->B ? a->rows[b + 1] : -1;
+    const float *cs_next = nrow >= 0 ? a->conv_state + nrow * n : NULL;
+    const int64_t lines = cs_next ? (n + 15) / 16 : 0;
+    if (valid && K1 > 0) {
+        /* each channel's K-1 inputs shift by one: the flat [C, K-1] block moves down a float
+         * (memmove: in place when conv_out is conv_state), then each channel's last is its input */
+        memmove(cso, cs + 1, sizeof(float) * (size_t)(n - 1));
         for (int64_t c = 0; c < C; c++) {
-            if (cs_next && c % 4 == 0) __builtin_prefetch(cs_next + c * (K - 1));
-            const float *st = cs + c * (K - 1);
-            float *sto = cso + c * (K - 1);
-            for (int64_t j = 0; j + 1 < K - 1; j++) sto[j] = st[j + 1];
-            if (K > 1) sto[K - 2] = mixed[c];
+            if (c < lines) __builtin_prefetch(cs_next + 16 * c);
+            cso[c * K1 + K1 - 1] = mixed[c];
         }
     } else if (copy) {
-        memcpy(cso, cs, sizeof(float) * (size_t)(C * (K - 1)));
+        memcpy(cso, cs, sizeof(float) * (size_t)n);
     }
     const float qscale = 1.f / sqrtf((float)dk);
     for (int64_t h = 0; h < nv; h++) {
@@ -113,19 +117,36 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
             const float g = -expf(a->A_log[h]) * softplus(ba[kh * 2 * r + r + j] + a->dt_bias[h]);
             const float alpha = expf(g);
             if (dv % 8 == 0 && dv <= 8 * MAX_VECS) {  /* the same sums, with kv and o in registers */
-                v8 kvv[MAX_VECS], ov[MAX_VECS];
-                for (int64_t c = 0; c < dv / 8; c++) kvv[c] = ov[c] = (v8){0};
-                for (int64_t d = 0; d < dk; d++)
+                /* two running sums per vector (even and odd d), so that twice the multiply-adds
+                 * are in flight (one chain per vector waited on each add's latency) */
+                v8 kvv[MAX_VECS], kv1[MAX_VECS], ov[MAX_VECS], ov1[MAX_VECS];
+                for (int64_t c = 0; c < dv / 8; c++) kvv[c] = kv1[c] = ov[c] = ov1[c] = (v8){0};
+                int64_t d = 0;
+                for (; d + 1 < dk; d += 2)
+                    for (int64_t c = 0; c < dv / 8; c++) {
+                        kvv[c] += kn[d] * load8(S + d * dv + 8 * c);
+                        kv1[c] += kn[d + 1] * load8(S + (d + 1) * dv + 8 * c);
+                    }
+                for (; d < dk; d++)
                     for (int64_t c = 0; c < dv / 8; c++) kvv[c] += kn[d] * load8(S + d * dv + 8 * c);
-                for (int64_t c = 0; c < dv / 8; c++) kvv[c] = (load8(v + 8 * c) - alpha * kvv[c]) * beta;
-                for (int64_t d = 0; d < dk; d++) {
+                for (int64_t c = 0; c < dv / 8; c++) kvv[c] = (load8(v + 8 * c) - alpha * (kvv[c] + kv1[c])) * beta;
+                for (d = 0; d + 1 < dk; d += 2) {
+                    for (int64_t c = 0; c < dv / 8; c++) {
+                        v8 s0 = alpha * load8(S + d * dv + 8 * c) + kn[d] * kvv[c];
+                        v8 s1 = alpha * load8(S + (d + 1) * dv + 8 * c) + kn[d + 1] * kvv[c];
+                        store8(So + d * dv + 8 * c, s0);
+                        store8(So + (d + 1) * dv + 8 * c, s1);
+                        ov[c] += qn[d] * s0;
+                        ov1[c] += qn[d + 1] * s1;
+                    }
+                }
+                for (; d < dk; d++)
                     for (int64_t c = 0; c < dv / 8; c++) {
                         v8 sn = alpha * load8(S + d * dv + 8 * c) + kn[d] * kvv[c];
                         store8(So + d * dv + 8 * c, sn);
                         ov[c] += qn[d] * sn;
                     }
-                }
-                for (int64_t c = 0; c < dv / 8; c++) store8(o + 8 * c, ov[c]);
+                for (int64_t c = 0; c < dv / 8; c++) store8(o + 8 * c, ov[c] + ov1[c]);
             } else {
             memset(kv, 0, sizeof(float) * (size_t)dv);
             for (int64_t d = 0; d < dk; d++)
@@ -152,7 +173,7 @@ static inline __attribute__((always_inline)) int step_d(const gdn_t *a, int64_t 
         for (int64_t e = 0; e < dv; e++) out[e] = silu(z[e]);
         for (int64_t e = 0; e < dv; e++) out[e] = a->norm_w[e] * (o[e] * rn) * out[e];
     }
-    free(buf);
+    if (buf != small) free(buf);
     return 0;
 }
 
