@@ -1,4 +1,4 @@
-"""The pointwise kernels (mtpx/kernels/rms_norm.c and silu_and_mul.c through
+"""The pointwise kernels (mtpx/kernels/rms_norm.c, silu_and_mul.c and qk_norm_rope.c through
 mtpx/models/cpu_ops.py): equal to the torch references within float32 rounding, the residual add
 exact, rows independent of their batch (what keeps speculative decoding token-identical to plain
 decoding), and the references wherever the kernels must not run (gradients, other dtypes)."""
@@ -89,6 +89,49 @@ def test_silu_and_mul_equals_the_reference_within_float32_rounding(shape):
         finally:
             cpu_ops.use_kernel = True
     assert torch.allclose(fast, ref, rtol=1e-5, atol=1e-6) and mlp(x).grad_fn is not None   # gradients: torch
+
+
+@pytest.mark.parametrize("use_qk_norm,unit_offset", [(True, True), (True, False), (False, True)])
+@pytest.mark.parametrize("lead,rotary", [((5, 1), 0.25), ((2, 7), 1.0), ((9,), 0.5)])
+def test_qk_norm_rope_equals_the_attention_layers_torch_ops(use_qk_norm, unit_offset, lead, rotary):
+    """GatedAttention's q / k heads (q a strided view of q_proj's interleaved query and gate
+    output; [B, T] or packed [N] tokens) through the kernel equal the torch norms and apply_rope
+    within float32 rounding, the layer's output likewise; a token's result does not depend on the
+    others."""
+    from mtpx.models.attention import GatedAttention
+    from mtpx.models.config import ModelConfig
+    from mtpx.models.rope import apply_rope, rope_cos_sin
+    cfg = ModelConfig(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                      partial_rotary_factor=rotary, use_qk_norm=use_qk_norm, rms_norm_unit_offset=unit_offset)
+    attn, g = GatedAttention(cfg), torch.Generator().manual_seed(4)
+    for n in (attn.q_norm, attn.k_norm):
+        if use_qk_norm:
+            n.weight.data = torch.randn(16, generator=g) * 0.3 + (0.0 if unit_offset else 1.0)
+    raw = torch.randn(*lead, 4, 32, generator=g)
+    q, k = raw[..., :16], torch.randn(*lead, 2, 16, generator=g)
+    cos, sin = rope_cos_sin(torch.randint(0, 900, lead, generator=g), cfg.rotary_dim, 1e4, torch.float32)
+    with torch.inference_mode():
+        assert attn._fused_qk(q, k, cos)
+        qn, kn = attn.q_norm, attn.k_norm
+        out = (cpu_ops.qk_norm_rope(q, k, qn.weight, kn.weight, qn.eps, qn.unit_offset, cos, sin) if use_qk_norm
+               else cpu_ops.qk_norm_rope(q, k, None, None, 0.0, False, cos, sin))
+        ref = apply_rope(qn(q) if not use_qk_norm else qn._reference(q), cos, sin), apply_rope(
+            kn(k) if not use_qk_norm else kn._reference(k), cos, sin)
+        one = cpu_ops.qk_norm_rope(q[:1], k[:1], *((qn.weight, kn.weight, qn.eps, qn.unit_offset) if use_qk_norm
+                                                  else (None, None, 0.0, False)), cos[:1], sin[:1])
+        x = torch.randn(*lead, 48, generator=g)
+        fast = attn(x, cos, sin) if len(lead) == 2 else None          # the layer over a [B, T] grid
+        cpu_ops.use_kernel = False
+        try:
+            slow = attn(x, cos, sin) if len(lead) == 2 else None
+        finally:
+            cpu_ops.use_kernel = True
+    for o, r, o1 in zip(out, ref, one):
+        assert o.shape == r.shape and o.is_contiguous()
+        torch.testing.assert_close(o, r, rtol=2e-6, atol=2e-6)
+        assert torch.equal(o1, o[:1])
+    if fast is not None:
+        torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
 
 
 def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):

@@ -15,6 +15,7 @@ import torch.nn as nn
 from mtpx.attention.torch_backend import cached_attention, causal_attention
 from mtpx.attention.kv_cache import KVCache
 from mtpx.cache.state import KVCacheSpec
+from mtpx.models import cpu_ops
 from mtpx.models.config import ModelConfig
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNorm
@@ -44,6 +45,21 @@ class GatedAttention(nn.Module):
         """What this layer needs cached: a paged KV cache (ModelCache builds it)."""
         return KVCacheSpec(self.num_heads, self.num_kv_heads, self.head_dim)
 
+    def _fused_qk(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor) -> bool:
+        """Whether cpu_ops.qk_norm_rope runs the q / k norms and RoPE: cpu_ops.runs for q (float32
+        CPU, eager inference), k and cos float32 CPU, cos of q's tokens with an even rotary dim
+        within the head, and both norms RMSNorm of one eps and convention (or both absent)."""
+        qn, kn = self.q_norm, self.k_norm
+        if isinstance(qn, RMSNorm):
+            if not (isinstance(kn, RMSNorm) and qn.eps == kn.eps and qn.unit_offset == kn.unit_offset
+                    and all(w.dtype == torch.float32 and w.is_contiguous() for w in (qn.weight, kn.weight))):
+                return False
+        elif not (isinstance(qn, nn.Identity) and isinstance(kn, nn.Identity)):
+            return False
+        return (cos.shape[:-1] == q.shape[:-2] and cos.shape[-1] % 2 == 0 and cos.shape[-1] <= q.shape[-1]
+                and k.dtype == cos.dtype == torch.float32
+                and k.device.type == cos.device.type == "cpu" and cpu_ops.runs(q))
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 cache: KVCache | None = None, meta: ForwardMeta | None = None) -> torch.Tensor:
         """x: [B, T, hidden]; cos, sin: [B, T, rotary_dim] (x [N, hidden] and cos, sin [N,
@@ -57,8 +73,13 @@ class GatedAttention(nn.Module):
             q = self.q_proj(x).view(*lead, H, D)
         k = self.k_proj(x).view(*lead, Hkv, D)
         v = self.v_proj(x).view(*lead, Hkv, D)
-        q = apply_rope(self.q_norm(q), cos, sin)
-        k = apply_rope(self.k_norm(k), cos, sin)
+        if self._fused_qk(q, k, cos):      # the engine's eager CPU inference: one C call (cpu_ops)
+            qn, kn = self.q_norm, self.k_norm
+            q, k = (cpu_ops.qk_norm_rope(q, k, qn.weight, kn.weight, qn.eps, qn.unit_offset, cos, sin)
+                    if isinstance(qn, RMSNorm) else cpu_ops.qk_norm_rope(q, k, None, None, 0.0, False, cos, sin))
+        else:
+            q = apply_rope(self.q_norm(q), cos, sin)
+            k = apply_rope(self.k_norm(k), cos, sin)
         packed = meta is not None and meta.packed is not None
         if packed:
             q, k, v = meta.unpack(q), meta.unpack(k), meta.unpack(v)

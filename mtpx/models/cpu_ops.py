@@ -1,9 +1,12 @@
 """Pointwise spans of the eager CPU forward in one C call each: RMSNorm with the residual add
-before it (mtpx/kernels/rms_norm.c) and SwiGLU's silu(gate) * up (mtpx/kernels/silu_and_mul.c).
+before it (mtpx/kernels/rms_norm.c), SwiGLU's silu(gate) * up (mtpx/kernels/silu_and_mul.c) and
+attention's per-head q / k norms with their rotary embedding (mtpx/kernels/qk_norm_rope.c).
 
 Eager, a [64, 128] RMSNorm is five torch ops of about 20 us each on one AVX2 core, against a few
 us of work, and a plain decode step of the demo runs 81 of them; F.silu alone took 113 us a call
-at batch 64 (experiments/lean_step/norm). RMSNorm.forward and MLP.forward call these where `runs`
+at batch 64 (experiments/lean_step/norm); the q / k norms and RoPE were about 120 us of torch ops a
+layer at batch 64 (experiments/lean_step/qk_rope). RMSNorm.forward, MLP.forward and
+GatedAttention.forward call these where `runs`
 says so (the engine's eager CPU inference) and keep their torch ops everywhere else (training and
 its evaluations, other dtypes, CUDA, torch.compile, which fuses them itself) and as the
 reference: `use_kernel = False` forces them.
@@ -17,17 +20,18 @@ import torch
 from mtpx.kernels import build
 
 use_kernel = True
-_fn = _act = None
+_fn = _act = _qk = None
 
 
 def available() -> bool:
     """Whether the kernels are built and loaded (builds them on the first call: mtpx.kernels.build)."""
-    global _fn, _act
-    if _fn is None or _act is None:
-        p, i64 = ctypes.c_void_p, ctypes.c_int64
-        _fn = build.function("rms_norm", [p, i64, p, i64, p, i64, p, i64, ctypes.c_float, p, i64, i64, i64, i64])
+    global _fn, _act, _qk
+    if _fn is None or _act is None or _qk is None:
+        p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+        _fn = build.function("rms_norm", [p, i64, p, i64, p, i64, p, i64, f32, p, i64, i64, i64, i64])
         _act = build.function("silu_and_mul", [p, p, p, i64, i64, i64])
-    return _fn is not None and _act is not None
+        _qk = build.function("qk_norm_rope", [p, i64, i64, p, i64, i64, p, p, i64, f32, p, p, p, p] + [i64] * 6)
+    return _fn is not None and _act is not None and _qk is not None
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor | None = None, other: torch.Tensor | None = None) -> bool:
@@ -69,3 +73,25 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     rows = gate.numel() // max(1, n)
     _act(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, n, max(1, min(torch.get_num_threads(), rows * n >> 16)))
     return out
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+                 eps: float, unit_offset: bool, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [..., H, D], k [..., Hkv, D] float32 (unit stride over D; q may be a strided view), their
+    RMSNorm weights [D] (None: no norm, both or neither), cos, sin [..., R] (R even, at most D;
+    the same leading dims) -> (apply_rope(norm(q)), apply_rope(norm(k))), contiguous
+    (mtpx/kernels/qk_norm_rope.c)."""
+    H, Hkv, D, R = q.shape[-2], k.shape[-2], q.shape[-1], cos.shape[-1]
+    q2, k2 = q.reshape(-1, H, D), k.reshape(-1, Hkv, D)       # views where the leading dims merge
+    if q2.stride(2) != 1:
+        q2 = q2.contiguous()
+    if k2.stride(2) != 1:
+        k2 = k2.contiguous()
+    c, s = cos.reshape(-1, R).contiguous(), sin.reshape(-1, R).contiguous()
+    N = q2.shape[0]
+    q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
+    _qk(q2.data_ptr(), q2.stride(0), q2.stride(1), k2.data_ptr(), k2.stride(0), k2.stride(1),
+        None if q_weight is None else q_weight.data_ptr(), None if k_weight is None else k_weight.data_ptr(),
+        int(unit_offset), eps, c.data_ptr(), s.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), N, H, Hkv, D, R,
+        max(1, min(torch.get_num_threads(), N * (H + Hkv) * D >> 16)))
+    return q_out, k_out
