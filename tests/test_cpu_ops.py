@@ -134,6 +134,72 @@ def test_qk_norm_rope_equals_the_attention_layers_torch_ops(use_qk_norm, unit_of
         torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows,n_in,n_out,bias", [(1, 128, 384, False), (9, 384, 128, True), (64, 20, 13, False),
+                                                  (5, 7, 8, True), (3, 128, 1, False)])
+def test_linear_equals_f_linear_and_a_row_does_not_depend_on_its_batch(rows, n_in, n_out, bias):
+    """cpu_ops.linear (mtpx/kernels/linear.c) equals F.linear within float32 rounding for any
+    input and output width (the kernel's 8-wide tails), with or without bias, from a strided x;
+    every row equals itself computed alone, bit for bit (a verification window and a decode step
+    see the same weights' sums)."""
+    from mtpx.models.linear import Linear
+    g = torch.Generator().manual_seed(5)
+    lin = Linear(n_in, n_out, bias=bias)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n_out, n_in, generator=g) * 0.2)
+        if bias:
+            lin.bias.copy_(torch.randn(n_out, generator=g))
+    wide = torch.randn(rows, 2 * n_in, generator=g)
+    x = wide[:, ::2]                                                    # a strided input
+    with torch.inference_mode():
+        assert cpu_ops.linear_runs(x, lin.weight)
+        y = lin(x)
+        ref = torch.nn.functional.linear(x, lin.weight, lin.bias)
+        assert y.shape == ref.shape and y.is_contiguous()
+        torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+        assert all(torch.equal(lin(x[i: i + 1]), y[i: i + 1]) for i in range(rows))
+        assert torch.equal(lin(x[None]), y[None])                       # leading dims kept
+    assert lin(x).grad_fn is not None                                   # with gradients: F.linear
+
+
+def test_linear_takes_the_blas_above_its_row_limit_and_off_the_kernel(monkeypatch):
+    from mtpx.models.linear import Linear
+    lin, calls, kernel = Linear(16, 8), [], cpu_ops.linear
+    monkeypatch.setattr(cpu_ops, "linear", lambda *a, **kw: calls.append(a[0].shape) or kernel(*a, **kw))
+    with torch.inference_mode():
+        lin(torch.randn(cpu_ops.LINEAR_MAX_ROWS, 16))
+        lin(torch.randn(cpu_ops.LINEAR_MAX_ROWS + 1, 16))               # a prefill chunk: the BLAS
+        lin(torch.randn(4, 16))
+        lin.double()(torch.randn(2, 16, dtype=torch.float64))           # other dtypes: F.linear
+    with torch.no_grad():
+        lin.float()(torch.randn(2, 16))                                 # a training evaluation
+    assert calls == [(cpu_ops.LINEAR_MAX_ROWS, 16), (4, 16)]
+
+
+def test_a_compiled_graph_calls_the_linear_operator_and_equals_eager():
+    """Under torch.compile without gradients a Linear over few rows is the operator mtpx::linear
+    (the same kernel: the same values as eager, bit for bit); with gradients, or more rows,
+    F.linear."""
+    from mtpx.models.linear import Linear
+    lin, x = Linear(16, 24), torch.randn(3, 16)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(str(gm.graph))
+        return gm.forward
+
+    for rows, grad in ((3, False), (3, True), (cpu_ops.LINEAR_MAX_ROWS + 1, False)):
+        torch._dynamo.reset()
+        xr = torch.randn(rows, 16)
+        with torch.set_grad_enabled(grad):
+            out = torch.compile(lin, backend=backend, fullgraph=True, dynamic=False)(xr)
+        if not grad and rows <= cpu_ops.LINEAR_MAX_ROWS:
+            with torch.inference_mode():
+                assert torch.equal(out, lin(xr))                        # eager: the kernel too
+    assert ["mtpx.linear" in g for g in graphs] == [True, False, False]
+    with torch.inference_mode():
+        assert torch.equal(torch.ops.mtpx.linear(x, lin.weight, lin.bias), lin(x))
+
+
 def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
     """mtp8 greedy decoding on the demo checkpoint (the target's verification windows and the
     draft modules): the same tokens either way (plain decoding equals mtp8 in other tests)."""

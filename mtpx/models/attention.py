@@ -20,6 +20,7 @@ from mtpx.models.config import ModelConfig
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNorm
 from mtpx.models.rope import apply_rope
+from mtpx.models.linear import Linear
 
 
 class GatedAttention(nn.Module):
@@ -31,10 +32,10 @@ class GatedAttention(nn.Module):
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.gated = cfg.attn_output_gate
         H, D, bias = self.num_heads, self.head_dim, cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, H * D * (2 if self.gated else 1), bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.num_kv_heads * D, bias=bias)
-        self.o_proj = nn.Linear(H * D, cfg.hidden_size, bias=bias)
+        self.q_proj = Linear(cfg.hidden_size, H * D * (2 if self.gated else 1), bias=bias)
+        self.k_proj = Linear(cfg.hidden_size, self.num_kv_heads * D, bias=bias)
+        self.v_proj = Linear(cfg.hidden_size, self.num_kv_heads * D, bias=bias)
+        self.o_proj = Linear(H * D, cfg.hidden_size, bias=bias)
         if cfg.use_qk_norm:
             self.q_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)

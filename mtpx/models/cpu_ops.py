@@ -1,6 +1,7 @@
 """Pointwise spans of the eager CPU forward in one C call each: RMSNorm with the residual add
 before it (mtpx/kernels/rms_norm.c), SwiGLU's silu(gate) * up (mtpx/kernels/silu_and_mul.c) and
-attention's per-head q / k norms with their rotary embedding (mtpx/kernels/qk_norm_rope.c).
+attention's per-head q / k norms with their rotary embedding (mtpx/kernels/qk_norm_rope.c); and a
+linear layer over at most LINEAR_MAX_ROWS rows (mtpx/kernels/linear.c, mtpx/models/linear.py).
 
 Eager, a [64, 128] RMSNorm is five torch ops of about 20 us each on one AVX2 core, against a few
 us of work, and a plain decode step of the demo runs 81 of them; F.silu alone took 113 us a call
@@ -17,21 +18,23 @@ import ctypes
 
 import torch
 
-from mtpx.kernels import build
+from mtpx.kernels import build, torch_ops
 
 use_kernel = True
-_fn = _act = _qk = None
+LINEAR_MAX_ROWS = 64     # more rows: the BLAS's GEMM (F.linear) is as fast (experiments/lean_step/linear)
+_fn = _act = _qk = _lin = None
 
 
 def available() -> bool:
     """Whether the kernels are built and loaded (builds them on the first call: mtpx.kernels.build)."""
-    global _fn, _act, _qk
-    if _fn is None or _act is None or _qk is None:
+    global _fn, _act, _qk, _lin
+    if _fn is None or _act is None or _qk is None or _lin is None:
         p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         _fn = build.function("rms_norm", [p, i64, p, i64, p, i64, p, i64, f32, p, i64, i64, i64, i64])
         _act = build.function("silu_and_mul", [p, p, p, i64, i64, i64])
         _qk = build.function("qk_norm_rope", [p, i64, i64, p, i64, i64, p, p, i64, f32, p, p, p, p] + [i64] * 6)
-    return _fn is not None and _act is not None and _qk is not None
+        _lin = build.function("linear", [p, i64, p, p, p, i64, i64, i64, i64])
+    return _fn is not None and _act is not None and _qk is not None and _lin is not None
 
 
 def runs(x: torch.Tensor, weight: torch.Tensor | None = None, other: torch.Tensor | None = None) -> bool:
@@ -95,3 +98,39 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None
         int(unit_offset), eps, c.data_ptr(), s.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), N, H, Hkv, D, R,
         max(1, min(torch.get_num_threads(), N * (H + Hkv) * D >> 16)))
     return q_out, k_out
+
+
+def linear_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs x [..., in] through weight [out, in]: `runs` (eager inference, float32
+    CPU, a contiguous weight) and at most LINEAR_MAX_ROWS rows."""
+    return x.numel() <= LINEAR_MAX_ROWS * x.shape[-1] and runs(x, weight)
+
+
+def linear_op_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Under torch.compile: whether the graph calls the operator mtpx::linear for x and weight
+    (`linear_runs`' conditions, with gradients off in place of inference mode, which Dynamo cannot
+    trace, and a kernel library loaded already: a traced forward cannot build it)."""
+    return (use_kernel and not torch.is_grad_enabled() and x.numel() <= LINEAR_MAX_ROWS * x.shape[-1]
+            and x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
+            and weight.is_contiguous() and build.loaded())
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x [..., in] float32 (any strides), weight [out, in] contiguous,
+    bias [out] or None -> [..., out] contiguous (mtpx/kernels/linear.c): each row's result the
+    same whatever the other rows."""
+    n_in, n_out = x.shape[-1], weight.shape[0]
+    if not x.is_contiguous():
+        x = x.contiguous()
+    rows = x.numel() // n_in
+    y = x.new_empty(x.shape[:-1] + (n_out,))
+    _lin(x.data_ptr(), n_in, weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(), y.data_ptr(),
+         rows, n_out, n_in, 1 if rows * n_out * n_in < 1 << 21 else torch.get_num_threads())
+    return y
+
+
+def _linear_fake(x, weight, bias):
+    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
+
+
+torch_ops.define("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", linear, _linear_fake)

@@ -21,6 +21,7 @@ from mtpx.models.gated_delta_rule import (PackedChunks, chunk_gated_delta_rule_p
                                           window_gated_delta_rule)
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNormGated
+from mtpx.models.linear import Linear
 
 RECURRENT_MAX_LEN = 16  # below this many tokens the recurrent form is cheaper than chunking
 PACKED_CHUNK = 16       # chunk of the packed prefill without boundary states (block_size with them)
@@ -103,12 +104,12 @@ class GatedDeltaNet(nn.Module):
         # holds the depthwise weight [C, 1, K] under HF's name; forward applies it by hand
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim,
                                 bias=False)
-        self.in_proj_qkvz = nn.Linear(cfg.hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(cfg.hidden_size, 2 * self.nv, bias=False)
+        self.in_proj_qkvz = Linear(cfg.hidden_size, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = Linear(cfg.hidden_size, 2 * self.nv, bias=False)
         self.dt_bias = nn.Parameter(torch.ones(self.nv))
         self.A_log = nn.Parameter(torch.empty(self.nv).uniform_(1e-3, 16).log())
         self.norm = RMSNormGated(self.dv, cfg.rms_norm_eps)
-        self.out_proj = nn.Linear(self.value_dim, cfg.hidden_size, bias=False)
+        self.out_proj = Linear(self.value_dim, cfg.hidden_size, bias=False)
 
     def _split(self, qkvz, ba):
         """Hugging Face's per-key-head grouping of the in_proj_qkvz / in_proj_ba outputs (each

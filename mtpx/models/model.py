@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from mtpx.models.config import ModelConfig
 from mtpx.models.decoder import DecoderModel
 from mtpx.models.mtp import MTPModule
+from mtpx.models.linear import Linear
 
 
 class MTPForCausalLM(nn.Module):
@@ -23,7 +24,7 @@ class MTPForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = DecoderModel(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         first = cfg.num_hidden_layers if cfg.mtp_style == "deepseek_v3" else 0
         self.mtp = nn.ModuleList([MTPModule(cfg, first + k) for k in range(cfg.num_nextn_predict_layers)])
         self.apply(self._init_weights)

@@ -28,6 +28,7 @@ from mtpx.attention.kv_cache import KVCache
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNorm
 from mtpx.models.rope import rope_cos_sin
+from mtpx.models.linear import Linear
 
 
 class MTPModule(nn.Module):
@@ -43,11 +44,11 @@ class MTPModule(nn.Module):
         H = cfg.hidden_size
         self.pre_fc_norm_embedding = RMSNorm(H, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
         self.pre_fc_norm_hidden = RMSNorm(H, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
-        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.fc = Linear(2 * H, H, bias=False)
         self.layers = nn.ModuleList([DecoderLayer(cfg, "full_attention", layer_idx)])
         self.norm = RMSNorm(H, cfg.rms_norm_eps, cfg.rms_norm_unit_offset)
         self.prenorm_output = cfg.mtp_style == "deepseek_v3"
-        self.head = (nn.Linear(H, cfg.vocab_size, bias=False) if self.prenorm_output else None)
+        self.head = (Linear(H, cfg.vocab_size, bias=False) if self.prenorm_output else None)
 
     def forward(self, emb: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 cache=None, meta: ForwardMeta | None = None) -> torch.Tensor:
