@@ -4,7 +4,7 @@
  * With few rows a linear layer reads its weight once and does little arithmetic per weight, so
  * its time is the weight's read from memory. The BLAS behind F.linear packs the weight and reads
  * it at a fraction of the core's bandwidth there (a [1, 128] x [128, 384] product took 24 us with
- * the weight in memory, against 8 us here; experiments/lean_step/linear). This kernel works 8
+ * the weight in memory, against 8 us here; experiments/lean_step/floor_2x). This kernel works 8
  * output features at a time: their 8 weight rows (8 I floats) stay in L1 while every input row
  * runs over them, 8 running sums of 8 lanes reduced together (hsum8), and the weight 16 KB ahead
  * is prefetched into L2. Each output is the same sums in the same order whatever the number of

@@ -35,7 +35,7 @@ typedef struct {
 /* Every line of n floats at p, into the L2 cache ahead of its use (prefetcht1). Prefetches into
  * L1 (prefetcht0) wait on its few miss buffers: with the blocks scattered in memory, where the
  * hardware prefetcher does not follow, that kernel read 9 GB/s, this one 20 GB/s
- * (experiments/lean_step/attention_prefetch). */
+ * (experiments/lean_step/floor_2x). */
 static inline void prefetch_span(const float *p, int64_t n) {
     for (int64_t off = 0; off < n; off += 16) __builtin_prefetch(p + off, 0, 2);
 }

@@ -6,7 +6,7 @@ linear layer over at most LINEAR_MAX_ROWS rows (mtpx/kernels/linear.c, mtpx/mode
 Eager, a [64, 128] RMSNorm is five torch ops of about 20 us each on one AVX2 core, against a few
 us of work, and a plain decode step of the demo runs 81 of them; F.silu alone took 113 us a call
 at batch 64 (experiments/lean_step/norm); the q / k norms and RoPE were about 120 us of torch ops a
-layer at batch 64 (experiments/lean_step/qk_rope). RMSNorm.forward, MLP.forward and
+layer at batch 64 (experiments/lean_step/floor_2x). RMSNorm.forward, MLP.forward and
 GatedAttention.forward call these where `runs`
 says so (the engine's eager CPU inference) and keep their torch ops everywhere else (training and
 its evaluations, other dtypes, CUDA, torch.compile, which fuses them itself) and as the
@@ -21,7 +21,7 @@ import torch
 from mtpx.kernels import build, torch_ops
 
 use_kernel = True
-LINEAR_MAX_ROWS = 64     # more rows: the BLAS's GEMM (F.linear) is as fast (experiments/lean_step/linear)
+LINEAR_MAX_ROWS = 64     # more rows: the BLAS's GEMM (F.linear) is as fast (experiments/lean_step/floor_2x)
 _fn = _act = _qk = _lin = None
 
 

@@ -2,12 +2,12 @@
 # Issue 37 item 3, eager: the plain batch-64 step against its matmul floor before (BASE, default
 # 75e7db9, in a worktree) and after this folder's kernel changes, alternated as processes, 1
 # thread; then the kernels alone (before/after in one process each) and concurrency 64 end to end.
-# usage: bash experiments/lean_step/eager_2x/run.sh [STAGES...]   (floor kernels c64; default: all)
+# usage: bash experiments/lean_step/floor_2x/run.sh [STAGES...]   (floor kernels c64; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
 export MTPX_DATA_DIR=${MTPX_DATA_DIR:-$(cd .. && pwd)/shared/data}
-OUT=experiments/lean_step/eager_2x
+OUT=experiments/lean_step/floor_2x
 BASE=${BASE:-/tmp/mtpx_75e7db9}
 [ -d $BASE ] || git worktree add --detach $BASE 75e7db9
 lscpu | grep 'Model name' > $OUT/machine.txt
