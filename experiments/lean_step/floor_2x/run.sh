@@ -1,8 +1,8 @@
 #!/bin/bash
-# Issue 37 item 3, eager: the plain batch-64 step against its matmul floor before (BASE, default
-# 75e7db9, in a worktree) and after this folder's kernel changes, alternated as processes, 1
-# thread; then the kernels alone (before/after in one process each) and concurrency 64 end to end.
-# usage: bash experiments/lean_step/floor_2x/run.sh [STAGES...]   (floor kernels c64; default: all)
+# Issue 37 item 3: the decode step against its matmul floor before (BASE, default 75e7db9, in a
+# worktree) and after this folder's kernel changes, alternated as processes, 1 thread; the
+# kernels alone (before against after in one process each); end to end at concurrency 64 and 1.
+# usage: bash experiments/lean_step/floor_2x/run.sh [STAGES...]   (floor kernels c64 c1 c1c; default: all)
 set -x
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
@@ -35,11 +35,20 @@ if stage kernels; then
     python $OUT/gdn_ab.py $BASE/mtpx/kernels/gdn_decode.c mtpx/kernels/gdn_decode.c $L 1 >> $OUT/kernels.txt 2>&1
   done
 fi
-# c64: the issue's end-to-end measure (GSM8K test, 128 prompts, 128 tokens, 2 chunks of 64), eager
-A="--max-tokens 128 --threads 1 --num-prompts 128 --concurrency 64 --rounds 2 --contenders plain mtp4"
-if stage c64; then
+# end to end (tools/bench_speedup.py, GSM8K test, 128 tokens, 1 thread), each side's own copy,
+# alternated as processes: concurrency 64 (the issue's settings: 128 prompts, 2 chunks of 64; plain
+# and mtp4) and concurrency 1 (the first 32 prompts in 2 chunks; plain and mtp8), eager and compiled
+# runs NAME ARGS...: before, after, before, after
+runs() {
+  local name=$1; shift
   for run in before:1 after:1 before:2 after:2; do
-    s=${run%:*}; n=${run#*:}
-    (cd $(side $s) && python tools/bench_speedup.py $A --out $OLDPWD/$OUT/c64_${s}_$n) > $OUT/c64_${s}_$n.log 2>&1
+    local s=${run%:*} n=${run#*:}
+    (cd $(side $s) && python tools/bench_speedup.py "$@" --threads 1 --max-tokens 128 --out $OLDPWD/$OUT/${name}_${s}_$n) > $OUT/${name}_${s}_$n.log 2>&1
   done
-fi
+}
+C64="--concurrency 64 --num-prompts 128 --rounds 2 --contenders plain mtp4"
+C1="--concurrency 1 --num-prompts 32 --rounds 2 --contenders plain mtp8"
+stage c64 && runs c64 $C64
+stage c1 && runs c1 $C1
+stage c1c && runs c1_compiled $C1 --compile
+true
