@@ -173,6 +173,15 @@ def test_linear_takes_the_blas_above_its_row_limit_and_off_the_kernel(monkeypatc
     with torch.no_grad():
         lin.float()(torch.randn(2, 16))                                 # a training evaluation
     assert calls == [(cpu_ops.LINEAR_MAX_ROWS, 16), (4, 16)]
+    wide, threads = Linear(16, cpu_ops.LINEAR_PARALLEL_MACS // (16 * 8)), torch.get_num_threads()
+    try:
+        for n in (2, 1):            # a big one with several threads: the BLAS's threads; one thread: the kernel
+            torch.set_num_threads(n)
+            with torch.inference_mode():
+                wide(torch.randn(8, 16))
+    finally:
+        torch.set_num_threads(threads)
+    assert calls[2:] == [(8, 16)]
 
 
 def test_a_compiled_graph_calls_the_linear_operator_and_equals_eager():

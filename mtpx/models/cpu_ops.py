@@ -22,6 +22,7 @@ from mtpx.kernels import build, torch_ops
 
 use_kernel = True
 LINEAR_MAX_ROWS = 64     # more rows: the BLAS's GEMM (F.linear) is as fast (experiments/lean_step/floor_2x)
+LINEAR_PARALLEL_MACS = 1 << 21   # with several threads, larger linears take the BLAS's threads
 _fn = _act = _qk = _lin = None
 
 
@@ -100,17 +101,31 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None
     return q_out, k_out
 
 
+@torch.compiler.assume_constant_result
+def _one_thread() -> bool:
+    """torch runs one thread (a constant of a compiled graph: its cache is keyed by the thread count)."""
+    return torch.get_num_threads() == 1
+
+
+def _linear_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """At most LINEAR_MAX_ROWS rows, and with more than one torch thread less than
+    LINEAR_PARALLEL_MACS multiply-adds: the kernel runs on one thread, and above that the BLAS's
+    threads are faster (2 threads, batch 64: the step 1.20x with the kernel)."""
+    return x.numel() <= LINEAR_MAX_ROWS * x.shape[-1] and (
+        x.numel() * weight.shape[0] < LINEAR_PARALLEL_MACS or _one_thread())
+
+
 def linear_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `linear` runs x [..., in] through weight [out, in]: `runs` (eager inference, float32
-    CPU, a contiguous weight) and at most LINEAR_MAX_ROWS rows."""
-    return x.numel() <= LINEAR_MAX_ROWS * x.shape[-1] and runs(x, weight)
+    CPU, a contiguous weight) and `_linear_fits`."""
+    return _linear_fits(x, weight) and runs(x, weight)
 
 
 def linear_op_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Under torch.compile: whether the graph calls the operator mtpx::linear for x and weight
     (`linear_runs`' conditions, with gradients off in place of inference mode, which Dynamo cannot
     trace, and a kernel library loaded already: a traced forward cannot build it)."""
-    return (use_kernel and not torch.is_grad_enabled() and x.numel() <= LINEAR_MAX_ROWS * x.shape[-1]
+    return (use_kernel and not torch.is_grad_enabled() and _linear_fits(x, weight)
             and x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
             and weight.is_contiguous() and build.loaded())
 
@@ -125,7 +140,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     rows = x.numel() // n_in
     y = x.new_empty(x.shape[:-1] + (n_out,))
     _lin(x.data_ptr(), n_in, weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(), y.data_ptr(),
-         rows, n_out, n_in, 1 if rows * n_out * n_in < 1 << 21 else torch.get_num_threads())
+         rows, n_out, n_in, 1)
     return y
 
 
