@@ -11,7 +11,8 @@
  * rows, so a row's result does not depend on the batch it is in.
  *
  * x [M, I] (row stride x_stride, unit stride over I); w [O, I] contiguous; bias [O] or NULL;
- * y [M, O] contiguous. Work is split over num_threads POSIX threads by blocks of 8 outputs.
+ * y [M, O] contiguous. Work is split over num_threads POSIX threads by blocks of 8 outputs
+ * (mtpx calls it with one: cpu_ops._linear_fits leaves larger products to the BLAS's threads).
  */
 #include <stdint.h>
 #include <string.h>

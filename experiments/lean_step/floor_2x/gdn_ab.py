@@ -1,33 +1,21 @@
 """Two versions of mtpx/kernels/gdn_decode.c in one process, alternated call by call: 64 requests,
 L layers of the demo's shapes (nk 2, nv 4, dk = dv = 32, conv 4), in place; EVICT 1 writes a 64 MB
 buffer before each timed call (the states come from memory). Each version is built with mtpx's
-flags into a temporary folder.
+flags (kernel_ab.py).
 
     OMP_NUM_THREADS=1 python gdn_ab.py A.c B.c [L] [EVICT]   (default 24 layers, no eviction)
 """
 import ctypes
-import statistics
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from mtpx.kernels import build  # noqa: E402
+from kernel_ab import alternate, load_versions
 
 torch.set_num_threads(1)
-libs = []
-TMP = tempfile.mkdtemp()
-for i, src in enumerate(sys.argv[1:3]):
-    so = f"{TMP}/v{i}.so"
-    subprocess.run(["cc", *build.COMPILE_FLAGS, f"-I{Path(src).resolve().parent}", "-shared", src, "-o", so, "-lm"], check=True)
-    fn = ctypes.CDLL(so).gdn_decode
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p] + [i64] * 7
-    libs.append(fn)
+p, i64 = ctypes.c_void_p, ctypes.c_int64
+libs = load_versions(sys.argv[1:3], "gdn_decode", [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
+                     + [i64] * 7)
 L = int(sys.argv[3]) if len(sys.argv) > 3 else 24
 evict = len(sys.argv) > 4 and sys.argv[4] == "1"
 B, nk, nv, dk, dv, K = 64, 2, 4, 32, 32, 4
@@ -40,21 +28,21 @@ x, gates = torch.randn(B, F), torch.randn(B, 2 * nv)
 rows, valid = torch.arange(B) + 1, torch.ones(B, dtype=torch.bool)
 out = torch.empty(B, nv * dv)
 big = torch.empty(64 << 20, dtype=torch.uint8)
+
+
 def once(fn):
     for d in layers:
         fn(x.data_ptr(), x.stride(0), gates.data_ptr(), gates.stride(0), d["w"].data_ptr(), d["conv"].data_ptr(), d["ssm"].data_ptr(),
            d["conv"].data_ptr(), d["ssm"].data_ptr(), 0, rows.data_ptr(), valid.data_ptr(), d["A"].data_ptr(), d["dt"].data_ptr(),
            d["nw"].data_ptr(), 1e-6, out.data_ptr(), B, nk, nv, dk, dv, K, 1)
-ts = [[], []]
-for it in range(60):
-    for i in (0, 1) if it % 2 == 0 else (1, 0):
-        for d in layers:
-            d["ssm"].mul_(0.5)
-        if evict:
-            big.add_(1)
-        t = time.perf_counter()
-        once(libs[i])
-        ts[i].append(time.perf_counter() - t)
-a, b = (statistics.median(t[10:]) * 1e3 for t in ts)
-r = statistics.median([y / x for x, y in zip(ts[0][10:], ts[1][10:])])
+
+
+def before():
+    for d in layers:
+        d["ssm"].mul_(0.5)                     # keep the states bounded
+    if evict:
+        big.add_(1)
+
+
+a, b, r = alternate(lambda i: once(libs[i]), before)
 print(f"gdn_decode, {L} layers, evicted={evict}: A {a:.3f} ms, B {b:.3f} ms, B/A paired {r:.3f} (50 pairs)")
