@@ -186,8 +186,8 @@ def test_linear_takes_the_blas_above_its_row_limit_and_off_the_kernel(monkeypatc
 
 def test_a_compiled_graph_calls_the_linear_operator_and_equals_eager():
     """Under torch.compile without gradients a Linear over few rows is the operator mtpx::linear
-    (the same kernel: the same values as eager, bit for bit); with gradients, or more rows,
-    F.linear."""
+    (the same kernel: the same values as eager, bit for bit; with more rows it runs F.linear, as
+    eager does); with gradients, F.linear."""
     from mtpx.models.linear import Linear
     lin, x = Linear(16, 24), torch.randn(3, 16)
     graphs = []
@@ -204,9 +204,33 @@ def test_a_compiled_graph_calls_the_linear_operator_and_equals_eager():
         if not grad and rows <= cpu_ops.LINEAR_MAX_ROWS:
             with torch.inference_mode():
                 assert torch.equal(out, lin(xr))                        # eager: the kernel too
-    assert ["mtpx.linear" in g for g in graphs] == [True, False, False]
+    assert ["mtpx.linear" in g for g in graphs] == [True, False, True]   # more rows: F.linear inside
     with torch.inference_mode():
         assert torch.equal(torch.ops.mtpx.linear(x, lin.weight, lin.bias), lin(x))
+
+
+def test_one_compiled_graph_serves_every_batch_size():
+    """With a dynamic batch size the graph has no guard on the rows (the operator picks the kernel
+    or F.linear when it runs), so batches on both sides of LINEAR_MAX_ROWS share one graph, inside
+    a nested compile region as the engine's layer regions are, each equal to eager bit for bit."""
+    from mtpx.models.linear import Linear
+    lin = Linear(16, 24)
+    region = torch.compiler.nested_compile_region(lambda x: lin(x) * 2)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.print_readable(print_output=False))
+        return gm.forward
+
+    step = torch.compile(lambda x: region(x) + region(x + 1), backend=backend, fullgraph=True, dynamic=True)
+    m = cpu_ops.LINEAR_MAX_ROWS
+    with torch.no_grad():
+        for rows in (3, m - 1, m, m + 1, 2 * m + 5, 5):
+            x = torch.randn(rows, 16)
+            out = step(x)
+            with torch.inference_mode():
+                assert torch.equal(out, lin(x) * 2 + lin(x + 1) * 2), rows
+    assert len(graphs) == 1 and "mtpx.linear" in graphs[0]
 
 
 def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):

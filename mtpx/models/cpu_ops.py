@@ -101,9 +101,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None
     return q_out, k_out
 
 
-@torch.compiler.assume_constant_result
 def _one_thread() -> bool:
-    """torch runs one thread (a constant of a compiled graph: its cache is keyed by the thread count)."""
+    """torch runs one thread."""
     return torch.get_num_threads() == 1
 
 
@@ -123,9 +122,13 @@ def linear_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear_op_runs(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Under torch.compile: whether the graph calls the operator mtpx::linear for x and weight
-    (`linear_runs`' conditions, with gradients off in place of inference mode, which Dynamo cannot
-    trace, and a kernel library loaded already: a traced forward cannot build it)."""
-    return (use_kernel and not torch.is_grad_enabled() and _linear_fits(x, weight)
+    (`runs`' conditions, with gradients off in place of inference mode, which Dynamo cannot trace,
+    and a kernel library loaded already: a traced forward cannot build it). The number of rows is
+    not looked at here: the operator chooses between the kernel and F.linear when it runs
+    (`_linear_or_blas`), so a graph with a dynamic batch size has no guard on it: with a guard
+    `rows <= 64` inside the engine's nested compile regions Dynamo failed (KeyError) on a fresh
+    cache when the batch size crossed it."""
+    return (use_kernel and not torch.is_grad_enabled()
             and x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
             and weight.is_contiguous() and build.loaded())
 
@@ -144,8 +147,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return y
 
 
+def _linear_or_blas(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """mtpx::linear: `linear` where `_linear_fits`, else F.linear (both as eager's `Linear`)."""
+    if _linear_fits(x, weight):
+        return linear(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
 def _linear_fake(x, weight, bias):
     return x.new_empty(x.shape[:-1] + (weight.shape[0],))
 
 
-torch_ops.define("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", linear, _linear_fake)
+torch_ops.define("linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor", _linear_or_blas, _linear_fake)

@@ -5,8 +5,9 @@ step) a linear layer's time is reading its weight from memory, which the BLAS be
 does at a fraction of the core's bandwidth; mtpx/kernels/linear.c reads it at the core's pace
 (cpu_ops.linear). `Linear` is nn.Linear with the same parameters, state-dict names and hooks, and
 calls the kernel where cpu_ops.linear_runs says so (torch.inference_mode, float32 CPU, at most
-cpu_ops.LINEAR_MAX_ROWS rows); a compiled graph calls it as the operator mtpx::linear
-(cpu_ops.linear_op_runs: the same, without gradients). F.linear runs everywhere else (training,
+cpu_ops.LINEAR_MAX_ROWS rows); a compiled graph without gradients calls the operator mtpx::linear
+(cpu_ops.linear_op_runs), which makes the same choice when it runs, so one graph serves every
+batch size and computes eager's values. F.linear runs everywhere else (training,
 CUDA, other dtypes, long prefills) and is the reference: `cpu_ops.use_kernel = False` forces it.
 """
 import torch
