@@ -93,6 +93,40 @@ def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hyst
     assert step(p, 1) == 0 and p.depth(1) == 2 and p.depth(1, current=2) == 2
 
 
+def test_an_admitted_requests_module_prefill_is_spread_over_its_output_tokens():
+    """Its depth's modules prefill its prompt (learned ms per prompt token and module), a cost
+    added to each k's ms per token over max_tokens: deep drafts that save a little decode time
+    lose to their prefill on a short answer. Goodputs at B = 1: k = 0 0.1, k = 1 1.9 / 12, k = 2
+    2.71 / 15 tokens per ms."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0,
+                        explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1)
+    p.acceptance = [0.9, 0.9]
+    assert p.depth(1, prompt_tokens=100, max_tokens=1) == 2      # nothing measured yet: no cost
+    assert p.summary()["prefill_module_ms_per_token"] is None
+    p.observe_prefill(1000, 100.0)                                  # 0.1 ms per prompt token and module
+    assert p.prefill_ms(2, 100) == pytest.approx(20.0) and p.summary()["prefill_module_ms_per_token"] == 0.1
+    assert p.depth(1) == 2 and p.depth(1, prompt_tokens=100, max_tokens=100) == 2   # 0.2 ms a token at k = 2
+    # max_tokens 5: 2 ms a token per module: k = 1 1 / (12 / 1.9 + 2) = 0.120 beats k = 2's 1 / (15 / 2.71 + 4)
+    # = 0.105 by 15%; max_tokens 1: 10 ms per module, k = 0 (0.1) is best
+    assert p.depth(1, prompt_tokens=100, max_tokens=5) == 1 and p.depth(1, prompt_tokens=100, max_tokens=1) == 0
+    assert p.depth(1, current=2) == 2                               # a running request's prefill is paid
+    assert AutoDraftLength._with_prefill([0.5, 0.25], [0.0, 2.0]) == [0.5, 1 / 6]
+
+
+def test_prefill_steps_report_the_speculators_part_and_its_module_tokens(trained_tiny):
+    """StepTiming of a prefill: prefill_draft_s within prefill_s, module tokens = prompt tokens x
+    the modules run (each request at depth K here); plain decoding: none."""
+    from mtpx import LLM, SamplingParams
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    for spec, k in (("mtp8", 3), (None, None)):
+        llm = LLM(model=trained_tiny, spec=spec, num_speculative_tokens=k)
+        llm.generate([[5, 8, 11, 4, 9], [3, 7]], params)
+        pre = [t for t in llm.engine.step_timings if t.num_prefill_tokens]
+        assert pre and all(t.num_prefill_module_tokens == (k or 0) * t.num_prefill_tokens for t in pre)
+        assert all(0 <= t.prefill_draft_s <= t.prefill_s for t in pre) and (spec is None) == all(
+            t.prefill_draft_s == 0 for t in pre)
+
+
 def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row():
     """A few steps' estimates (a request's first rounds accept less than the rest) switch
     nothing: the k in use changes, and running requests' depths fall, only after `patience`
@@ -517,7 +551,8 @@ class ScriptedDepths(AutoDraftLength):
         self.depths = iter(depths)
         self.rng = None if lower_seed is None else random.Random(lower_seed)
 
-    def depth(self, batch_size: int, current: int | None = None, depths=None) -> int:
+    def depth(self, batch_size: int, current: int | None = None, depths=None, prompt_tokens: int = 0,
+              max_tokens: int | None = None) -> int:
         if current is None:
             return next(self.depths, self.max_k)
         if self.rng is not None and current > 0 and self.rng.random() < 0.2:
@@ -665,6 +700,11 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     again = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
                 cost_model_file=tmp_path / "costs.json")           # loads the file, measures nothing
     assert again.calibration["seconds"] == 0.0 and again.engine.draft_length.step_costs == policy.step_costs
+    again.engine.draft_length.forced = 2                           # depth 2: the prefill runs 2 modules
+    again.generate([[5, 8, 11, 4]], _params(3))
+    learned = again.engine.draft_length.prefill_module_ms          # the scheduler fed it the one prefill
+    assert learned.count == 1 and learned.value > 0
+    again.engine.draft_length.forced = None
     with pytest.raises(ValueError, match="calibrate the step costs before adding requests"):
         from mtpx.core.request import Request
         again.engine.add_request(Request(0, [1, 2], _params(3)))

@@ -76,7 +76,8 @@ class ScriptedAllocation(AutoDraftLength):
         self.rng = random.Random(seed)
         self.per_request = True
 
-    def depth(self, batch_size: int, current: int | None = None, depths=None) -> int:
+    def depth(self, batch_size: int, current: int | None = None, depths=None, prompt_tokens: int = 0,
+              max_tokens: int | None = None) -> int:
         return next(self.depths, self.max_k) if current is None else current
 
     def allocate(self, requests):

@@ -15,8 +15,8 @@ __all__ = ["StepCostLearning"]
 
 class StepCostLearning:
     """Step costs and their corrections (module doc): set_step_costs, cost_curve, step_cost_curve,
-    calibrated_cost, cost_unlearned, and observe_step / observe_parts / observe_allocation /
-    observe_overhead, which learn from a measured step."""
+    calibrated_cost, cost_unlearned, prefill_ms, and observe_step / observe_parts /
+    observe_allocation / observe_overhead / observe_prefill, which learn from a measured step."""
 
     def set_step_costs(self, step_costs: dict) -> None:
         batches = sorted({b for _, b in step_costs})
@@ -70,6 +70,24 @@ class StepCostLearning:
         bucket, the median of the last cost_window steps; the decisions add it to every k's cost
         (`step_cost_curve`)."""
         running_median(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.cost_window)
+
+    def observe_prefill(self, module_tokens: int, ms: float) -> None:
+        """A prefill step's speculator part (its modules over module_tokens prompt tokens x modules,
+        then the first drafts) took ms: the median ms per module-token of the last cost_window
+        such steps (`prefill_ms`)."""
+        if module_tokens > 0:
+            self.prefill_module_ms.add(max(0.0, ms) / module_tokens, self._steps)
+
+    def prefill_ms(self, depth: int, prompt_tokens: int) -> float:
+        """Predicted ms of a request's draft modules over its prompt at depth (`observe_prefill`;
+        0 before any prefill is measured)."""
+        return depth * prompt_tokens * self.prefill_module_ms.value if self.prefill_module_ms.count else 0.0
+
+    @staticmethod
+    def _with_prefill(g: list[float], extra: list[float]) -> list[float]:
+        """Goodputs (tokens per ms) with extra[k] ms added to each token's cost at k: an admitted
+        request's module prefill spread over its output tokens (AutoDraftLength.decide_depth)."""
+        return [1 / (1 / x + e) if x > 0 else x for x, e in zip(g, extra)]
 
     def step_cost_curve(self, batch_size: int) -> list[float]:
         """What the decisions compare: cost_curve plus the step's learned overhead at its batch

@@ -66,7 +66,8 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
   predicted goodput at that batch size, by the hysteresis margin over the k in use (above it,
   only where the running requests' steps would follow or the evidence says so:
-  `_admission_rises`). A step's k
+  `_admission_rises`), each k's ms per token plus the request's module prefill at that depth
+  spread over its max_tokens (`prefill_ms`, `_with_prefill`). A step's k
   is at most the largest running depth and each request drafts min(k, its depth); modules
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
   that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
@@ -152,6 +153,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self.bucket_correction: dict[tuple[int, int], RunningMedian] = {}      # (k, bucket) -> ratio
         self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
         self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
+        self.prefill_module_ms = RunningMedian(self.cost_window)   # a prefill's draft modules: ms per token x module
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
@@ -347,7 +349,8 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self._step_ms = self.decay * self._step_ms + choice.step_ms
 
     def decide_depth(self, batch_size: int, current: int | None = None, ages=None,
-                     depths: list[int] | None = None) -> DepthChoice:
+                     depths: list[int] | None = None, prompt_tokens: int = 0,
+                     max_tokens: int | None = None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
         k of highest predicted goodput at that batch size when that beats the k in use by more
         than the hysteresis (above it, only where `_admission_rises`: depths, the running
@@ -357,8 +360,10 @@ class AutoDraftLength(StepCostLearning, Exploring):
         that beats it by more than the hysteresis (its unlearned positions at their upper estimates
         too: `_falls`), and to the k in use when that is smaller, in
         `patience` decode steps in a row, else current; the vote this step casts for it is in the
-        result (`commit_depth` counts it); ages: the running requests' output tokens (`decide`). A
-        query."""
+        result (`commit_depth` counts it); ages: the running requests' output tokens (`decide`);
+        prompt_tokens, max_tokens: an admitted request's, whose draft modules prefill its prompt
+        at its depth (`prefill_ms`), a cost spread over at most max_tokens output tokens and added
+        to each k's ms per token (`_with_prefill`). A query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
             return DepthChoice(min(self.forced if self.forced_depth is None else self.forced_depth, top), current)
@@ -368,11 +373,14 @@ class AutoDraftLength(StepCostLearning, Exploring):
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         if current is None:
+            extra = [self.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0 for k in range(top + 1)]
+            g = self._with_prefill(g, extra)
+            best = max(range(top + 1), key=g.__getitem__)
             depth = self.k
             if g[best] > (1 + self.hysteresis) * g[self.k]:
                 if best < self.k:
                     depth = self._landing(g, best, self.k, mix)
-                elif self._admission_rises(g, best, batch_size, mix, depths):
+                elif self._admission_rises(g, best, batch_size, mix, depths, extra):
                     depth = best
             target = self._explore_target(depth, batch_size, self.max_k, mix)
             return DepthChoice(depth if target is None else target, None)
@@ -393,11 +401,13 @@ class AutoDraftLength(StepCostLearning, Exploring):
             return DepthChoice(want if streak >= self.patience else current, current, (self._steps, streak))
         return DepthChoice(want if streak >= self.patience else current, current)
 
-    def depth(self, batch_size: int, current: int | None = None, ages=None, depths: list[int] | None = None) -> int:
-        """decide_depth(batch_size, current, ages, depths).depth (no state changes)."""
-        return self.decide_depth(batch_size, current, ages, depths).depth
+    def depth(self, batch_size: int, current: int | None = None, ages=None, depths: list[int] | None = None,
+              prompt_tokens: int = 0, max_tokens: int | None = None) -> int:
+        """decide_depth(...).depth (no state changes)."""
+        return self.decide_depth(batch_size, current, ages, depths, prompt_tokens, max_tokens).depth
 
-    def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None) -> bool:
+    def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None,
+                         extra: list[float] | None = None) -> bool:
         """Whether a request is admitted at `best`, above the k in use (g: `_goodputs` without
         depths, where best beats the k in use by the hysteresis): with the running requests'
         depths and this one, a step at best would beat the k in use by the hysteresis (the steps
@@ -406,12 +416,14 @@ class AutoDraftLength(StepCostLearning, Exploring):
         deviations below). Otherwise the prior alone says deeper while the batch would not follow:
         the request pays its extra modules' catch-up every step and its drafts past the k in use
         are never verified, so nothing is learned (module doc). True without depths or with none
-        running."""
+        running. extra: the new request's module prefill per token at each k (`_with_prefill`)."""
         if not depths:
             return True
         k, margin, est = self.k, 1 + self.hysteresis, self.estimates
         with_it = list(depths) + [best]
         gh = self._goodputs(batch_size, best, mix, depths=with_it, curve=self.held_cost_curve(batch_size, max(with_it)))
+        if extra is not None:
+            gh = self._with_prefill(gh, extra)
         if gh[best] > margin * gh[k]:
             return True
         low = est.expected_tokens(best, mix, k, -self.optimism, self.min_verified) / est.expected_tokens(best, mix)
@@ -475,6 +487,8 @@ class AutoDraftLength(StepCostLearning, Exploring):
                 "cost_correction": {str(k): round(c.value, 3) for k, c in sorted(self.correction.items())},
                 "cost_factor": round(self.factor, 3),
                 "explore_spent": round(self.explore_spent(), 4),
+                "prefill_module_ms_per_token": (round(self.prefill_module_ms.value, 5)
+                                                if self.prefill_module_ms.count else None),
                 "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m.value, 3), "steps": m.count}
                                      for b, m in sorted(self.overhead.items())],
                 "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r.value, 4),

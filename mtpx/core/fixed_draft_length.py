@@ -59,7 +59,8 @@ class FixedDraftLength:
     def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
         return DepthChoice(self.k, current)
 
-    def depth(self, batch_size: int, current: int | None = None, depths: list[int] | None = None) -> int:
+    def depth(self, batch_size: int, current: int | None = None, depths: list[int] | None = None,
+              prompt_tokens: int = 0, max_tokens: int | None = None) -> int:
         return self.k
 
     def commit_depth(self, choice: DepthChoice) -> None:
@@ -85,6 +86,9 @@ class FixedDraftLength:
         pass
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
+        pass
+
+    def observe_prefill(self, module_tokens: int, ms: float) -> None:
         pass
 
     def record(self, k: int, batch_size: int | None = None, ages=None) -> None:

@@ -192,7 +192,8 @@ class Scheduler:
         """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
         lookahead."""
         if self.depth_per_request:
-            r.draft_depth = self.draft_length.depth(self._expected_batch(), depths=[q.draft_depth for q in self.running])
+            r.draft_depth = self.draft_length.depth(self._expected_batch(), depths=[q.draft_depth for q in self.running],
+                                                    prompt_tokens=len(r.all_token_ids), max_tokens=r.params.max_tokens)
         else:
             r.draft_depth = self.draft_length.max_k
 
@@ -258,8 +259,10 @@ class Scheduler:
         finished = []
         now = time.perf_counter()
         k = out.num_speculative_tokens
+        t = result.timing
+        if t is not None and t.num_prefill_module_tokens and self.depth_per_request:
+            self.draft_length.observe_prefill(t.num_prefill_module_tokens, 1e3 * t.prefill_draft_s)
         if out.decodes:
-            t = result.timing
             proposes = all(d.request.draft_depth >= k for d in out.decodes)   # every request proposes k
             verified = {d.num_draft_tokens for d in out.decodes}
             steady = proposes and verified == {k} and all(len(d.request.draft_token_ids) == k for d in out.decodes)

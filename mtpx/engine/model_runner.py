@@ -49,7 +49,10 @@ class StepTiming:
     num_decodes: requests verified; num_draft_tokens: draft tokens verified, summed over them;
     num_prefill_tokens: prompt tokens prefilled; prefill_s: the prefill forward, its first
     tokens and the drafting after it; verify_s: the verification forward, verification, the
-    recurrent-state commit; draft_s: the draft loop after verification (re-prefill included).
+    recurrent-state commit; draft_s: the draft loop after verification (re-prefill included);
+    prefill_draft_s: the part of prefill_s the speculator ran (its modules over the prompt
+    tokens, then the first drafts); num_prefill_module_tokens: those prompt tokens times the
+    modules run over them.
     """
 
     num_decodes: int
@@ -58,6 +61,8 @@ class StepTiming:
     prefill_s: float
     verify_s: float
     draft_s: float
+    prefill_draft_s: float = 0.0
+    num_prefill_module_tokens: int = 0
 
 
 @dataclass
@@ -176,13 +181,14 @@ class ModelRunner:
         results: dict[int, RequestResult] = {}
         t0 = self._now()
         k = out.num_speculative_tokens if self.speculator is not None else 0
-        self._prefill(out.prefills, results, k)
+        prefill_draft_s, module_tokens = self._prefill(out.prefills, results, k)
         t1 = self._now()
         verify_s, draft_s = self._decode(out.decodes, results, k)
         timing = None
         if self.config.record_step_timings:
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
-                                sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s)
+                                sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s,
+                                prefill_draft_s, module_tokens)
         return RunnerOutput(results, timing)
 
     # ---- calibration ----------------------------------------------------------------------------
@@ -293,9 +299,11 @@ class ModelRunner:
             out[b] = [(p.start + 1 + i, e) for i, e in enumerate(entries)]
         return out
 
-    def _prefill(self, prefills: list[ScheduledPrefill], results: dict, num_drafts: int) -> None:
+    def _prefill(self, prefills: list[ScheduledPrefill], results: dict, num_drafts: int) -> tuple[float, int]:
+        """The prefill chunks' forward, first tokens and first drafts; returns (seconds the
+        speculator ran, prompt tokens times the modules it ran over them) for StepTiming."""
         if not prefills:
-            return
+            return 0.0, 0
         cache, model, dev = self.cache, self.model, self.device
         reqs = [p.request for p in prefills]
         rows = torch.tensor([self.rows[r.index] for r in reqs], device=dev)
@@ -328,7 +336,9 @@ class ModelRunner:
         num_tokens = [r.num_tokens + (b in first) for b, r in enumerate(reqs)]
         num_final = [s + n for s, n in zip(starts, lengths)]
         drafts, q = None, None
+        draft_s, module_tokens = 0.0, 0
         if self.speculator is not None:
+            t0 = self._now()
             own = [min(num_drafts, r.draft_depth) if p.is_last else 0 for p, r in zip(prefills, reqs)]
             batch = self._draft_batch(reqs, rows, torch.tensor(num_tokens, device=dev), meta.ends,
                                       [p.is_last for p in prefills], meta.positions[:, 0], h,
@@ -337,6 +347,7 @@ class ModelRunner:
             proposed = self.speculator.propose(cache, batch)          # dynamic shapes: always eager
             drafts, q = proposed.tokens.tolist(), proposed.probs
             num_final = [min(a, b) for a, b in zip(num_final, proposed.num_final.tolist())]
+            draft_s, module_tokens = self._now() - t0, batch.num_modules * sum(lengths)
         for b, r in enumerate(reqs):
             is_last = b in first
             results[r.index] = RequestResult(
@@ -347,6 +358,7 @@ class ModelRunner:
                 logit_gaps=[gaps[last.index(b)]] if gaps is not None and is_last else None,
                 logprobs=lps[last.index(b)] if lps is not None and is_last else None,
                 prompt_logprobs=prompt_lps.get(b))
+        return draft_s, module_tokens
 
     def _draft_batch(self, reqs, rows: torch.Tensor, num_tokens: torch.Tensor, target_end: torch.Tensor,
                      is_drafting: list[bool], target_start: torch.Tensor, hidden: torch.Tensor,
