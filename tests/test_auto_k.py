@@ -91,6 +91,31 @@ def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
     assert step(symmetric, 1, max_k=0) == 0 and step(symmetric, 1) == 0 and symmetric.depth(1) == 0
 
 
+def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
+    """Both need `patience` steps in a row; the depths are lowered before the step's k is chosen,
+    so a depth that fell to the k in use on the same step would end the rise that would use it
+    (at concurrency 1 auto stayed at k = 4 where k = 8 paid: experiments/concurrency/rise_margin)."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), min_verified=0,
+                        explore_costs=False, probe_interval=0, patience=3)
+    p.acceptance = [0.9, 0.9]                           # k = 2: 2.71 / 13 beats 1.9 / 12 by 32%
+    assert step(p, 1, max_k=1) == 1 and p.k == 1        # every running request at depth 1 so far
+    depth = 2                                           # then one admitted at depth 2
+    for _ in range(3):
+        depth = lower(p, 1, depth)
+        choice = p.decide(1, depth, held=depth, depths=[depth])
+        p.commit(choice)
+    assert (depth, choice.k, p.k) == (2, 2, 2)
+    q = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), min_verified=0,
+                        explore_costs=False, probe_interval=0, patience=3)
+    q.acceptance = [0.9, 0.2]                           # k = 2 2.08 / 13, 1.1% over k = 1: no rise
+    assert step(q, 1, max_k=1) == 1
+    seen, depth = [], 2
+    for _ in range(3):
+        seen.append(depth := lower(q, 1, depth))
+        q.commit(q.decide(1, depth, held=depth, depths=[depth]))
+    assert seen == [2, 2, 1] and q.k == 1               # the depth falls to the k in use
+
+
 def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
                         probe_interval=0, patience=1)

@@ -72,8 +72,8 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   is at most the largest running depth and each request drafts min(k, its depth); modules
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
   that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
-  and to the k in use when that is below it (its modules beyond the k only catch up), each after
-  `patience` decode steps in a row. Single-module MTP: max_k.
+  and to the k in use when that is below it (its modules beyond the k only catch up; not while
+  the k in use rises toward it), each after `patience` decode steps in a row. Single-module: max_k.
 - Per request (`per_request`: EngineConfig.per_request_k on eager ragged steps): a step costs its
   tokens, so of the drafts the step before proposed each request verifies those `allocate`
   gives it from its own estimates (mtpx/core/request_k.py). Every decision adds the overhead a
@@ -162,7 +162,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
         self._explore_ms = 0.0                       # discounted predicted ms exploring spent (`explore_spent`)
         self._step_ms: float | None = None           # discounted predicted ms of every step (None: no step yet)
-        self._switch_streak = 0                      # consecutive steps predicting another k in use
+        self._switch_streak = self._rising_to = 0    # steps in a row predicting another k in use; the larger one
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
         self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
@@ -276,6 +276,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
                 current, streak = self._landing(g, best, current - 1, mix) if best < current else best, 0
         else:
             streak = 0
+        rising_to = best if streak and best > current else 0
         k = current
         target = self._explore_target(current, batch_size, top, mix) if steps - explored >= self.patience else None
         if target is not None:
@@ -289,7 +290,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
                 k = current - 1
         probed = k if target is not None else current     # a one-off probe is not exploring's
         spend = curve[probed] - base[current]             # base: the k in use with nothing held deeper
-        return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend))
+        return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend), rising_to)
 
     def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
         """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
@@ -345,7 +346,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         if choice.steps is None:          # forced, or no step costs yet: nothing to advance
             return
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
-        self._switch_streak, self._explored = choice.switch_streak, choice.explored
+        self._switch_streak, self._explored, self._rising_to = choice.switch_streak, choice.explored, choice.rising_to
         self._explore_ms = self.decay * self._explore_ms + choice.explore_ms
         if self._step_ms is None:     # the budget's window starts full (`explore_spent`)
             self._step_ms = choice.step_ms / (1 - self.decay) if self.decay < 1 else 0.0
@@ -392,7 +393,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # the depth explored beyond the k in use (an exploring probe verifies it)
         fall = best < current and self._falls(g, current, best, mix)
-        want = min(self._landing(g, best, current - 1, mix) if fall else current, self.k)
+        want = min(self._landing(g, best, current - 1, mix) if fall else current, max(self.k, self._rising_to))
         target = self._explore_target(self.k, batch_size, self.max_k, mix)
         if target is not None:
             want = max(want, min(current, target))
@@ -404,10 +405,9 @@ class AutoDraftLength(StepCostLearning, Exploring):
             return DepthChoice(want if streak >= self.patience else current, current, (self._steps, streak))
         return DepthChoice(want if streak >= self.patience else current, current)
 
-    def depth(self, batch_size: int, current: int | None = None, ages=None, depths: list[int] | None = None,
-              prompt_tokens: int = 0, max_tokens: int | None = None) -> int:
-        """decide_depth(...).depth (no state changes)."""
-        return self.decide_depth(batch_size, current, ages, depths, prompt_tokens, max_tokens).depth
+    def depth(self, *args, **kwargs) -> int:
+        """decide_depth(*args, **kwargs).depth (no state changes)."""
+        return self.decide_depth(*args, **kwargs).depth
 
     def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None,
                          extra: list[float] | None = None) -> bool:
