@@ -73,6 +73,49 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     assert step(p, 1) == 1                              # k=2 now 2.404 / 15 = 0.160: within 5%, stay
 
 
+def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
+    """rise_hysteresis 2%, hysteresis 5%: between them the k in use stays. Goodputs at B = 1:
+    k = 0 1 / 10; k = 1 (1 + p) / 18.4."""
+    p = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), min_verified=0, explore_costs=False,
+                        hysteresis=0.05, rise_hysteresis=0.02, probe_interval=0, patience=1)
+    p.acceptance = [0.9]                                 # k = 1 0.1033: 3.3% above k = 0
+    assert step(p, 1, max_k=0) == 0 and step(p, 1) == 1   # rises from 0
+    assert p.depth(1) == 1
+    p.acceptance = [0.8]                                 # k = 0 2.2% above k = 1's 0.0978: stays
+    assert step(p, 1) == 1 and p.depth(1) == 1
+    p.acceptance = [0.7]                                 # 8.2% above: falls
+    assert step(p, 1) == 0 and p.depth(1) == 0
+    symmetric = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), min_verified=0, explore_costs=False,
+                                hysteresis=0.05, rise_hysteresis=0.05, probe_interval=0, patience=1)
+    symmetric.acceptance = [0.9]
+    assert step(symmetric, 1, max_k=0) == 0 and step(symmetric, 1) == 0 and symmetric.depth(1) == 0
+
+
+def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
+    """Both need `patience` steps in a row; the depths are lowered before the step's k is chosen,
+    so a depth that fell to the k in use on the same step would end the rise that would use it
+    (at concurrency 1 auto stayed at k = 4 where k = 8 paid: experiments/concurrency/rise_margin)."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), min_verified=0,
+                        explore_costs=False, probe_interval=0, patience=3)
+    p.acceptance = [0.9, 0.9]                           # k = 2: 2.71 / 13 beats 1.9 / 12 by 32%
+    assert step(p, 1, max_k=1) == 1 and p.k == 1        # every running request at depth 1 so far
+    depth = 2                                           # then one admitted at depth 2
+    for _ in range(3):
+        depth = lower(p, 1, depth)
+        choice = p.decide(1, depth, held=depth, depths=[depth])
+        p.commit(choice)
+    assert (depth, choice.k, p.k) == (2, 2, 2)
+    q = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), min_verified=0,
+                        explore_costs=False, probe_interval=0, patience=3)
+    q.acceptance = [0.9, 0.2]                           # k = 2 2.08 / 13, 1.1% over k = 1: no rise
+    assert step(q, 1, max_k=1) == 1
+    seen, depth = [], 2
+    for _ in range(3):
+        seen.append(depth := lower(q, 1, depth))
+        q.commit(q.decide(1, depth, held=depth, depths=[depth]))
+    assert seen == [2, 2, 1] and q.k == 1               # the depth falls to the k in use
+
+
 def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
                         probe_interval=0, patience=1)

@@ -188,7 +188,7 @@ def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path
                    ragged_batch=False)
     policy = llm.engine.draft_length
     monkeypatch.setattr(policy, "decide", lambda *a, **kw: StepChoice(2))
-    monkeypatch.setattr(policy, "decide_depth", lambda b, current=None, ages=None, depths=None, *_: DepthChoice(
+    monkeypatch.setattr(policy, "decide_depth", lambda b, current=None, ages=None, depths=None, *_, **__: DepthChoice(
         n if current is None else current, current))
     depths, observe_step = [], policy.observe_step
     monkeypatch.setattr(policy, "observe_step", lambda *a, **kw: (depths.append(kw["draft_depth"]), observe_step(*a, **kw)))

@@ -55,24 +55,25 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   goodput with those positions at their upper estimates (`_landing`; so do a running depth's
   fall and an admission below the k in use): a k in between that could pay is tested by the
   whole batch, not only by exploring's probes.
-- Hysteresis: the k in use changes only when another k's predicted goodput beats it by more than
-  `hysteresis` (a fraction), and only after `patience` decode steps in a row predict that; a
-  running request's depth falls under the same two conditions.
+- Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
+  `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
+  after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
+  in a row; a running request's depth falls under the same two conditions.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
   tokens (the speculators' catch-up), so the module KV is exact when drafting resumes: choosing
   the step's k, a k below the deepest running depth pays that depth's draft round
   (`held_cost_curve`), but a rise of the k in use must pay with nothing held too (`_rises`).
 - Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
-  predicted goodput at that batch size, by the hysteresis margin over the k in use (above it,
+  predicted goodput at that batch size, by the falls' or rises' margin over the k in use (above it,
   only where the running requests' steps would follow or the evidence says so:
   `_admission_rises`), each k's ms per token plus the request's module prefill at that depth
   spread over its max_tokens (`prefill_ms`, `_with_prefill`). A step's k
   is at most the largest running depth and each request drafts min(k, its depth); modules
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
   that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
-  and to the k in use when that is below it (its modules beyond the k only catch up), each after
-  `patience` decode steps in a row. Single-module MTP: max_k.
+  and to the k in use when that is below it (its modules beyond the k only catch up; not while
+  the k in use rises toward it), each after `patience` decode steps in a row. Single-module: max_k.
 - Per request (`per_request`: EngineConfig.per_request_k on eager ragged steps): a step costs its
   tokens, so of the drafts the step before proposed each request verifies those `allocate`
   gives it from its own estimates (mtpx/core/request_k.py). Every decision adds the overhead a
@@ -102,7 +103,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
     prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; cost_window: the
     measured steps whose median is a cost correction; cost_decay: per step since a k's cost was
     last measured, its correction fades toward the one of the steps in use; hysteresis: relative
-    goodput margin to change k;
+    goodput margin for k to fall; rise_hysteresis: for k to rise (module doc);
     probe_interval: steps between probes (0: none); patience: consecutive steps that must predict
     a change of the k in use, or a running depth's fall, before it happens;
     min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
@@ -119,12 +120,14 @@ class AutoDraftLength(StepCostLearning, Exploring):
     auto = True
 
     def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
-                 prior_weight: float = 8.0, hysteresis: float = 0.05, probe_interval: int = 32,
+                 prior_weight: float = 8.0, hysteresis: float = 0.05, rise_hysteresis: float = 0.02,
+                 probe_interval: int = 32,
                  cost_window: int = 15, cost_decay: float = 0.999, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
                  explore_budget: float = 0.001, optimistic_falls: bool = True):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
+        self.rise_hysteresis = rise_hysteresis
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
         self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
@@ -159,7 +162,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
         self._explore_ms = 0.0                       # discounted predicted ms exploring spent (`explore_spent`)
         self._step_ms: float | None = None           # discounted predicted ms of every step (None: no step yet)
-        self._switch_streak = 0                      # consecutive steps predicting another k in use
+        self._switch_streak = self._rising_to = 0    # steps in a row predicting another k in use; the larger one
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
         self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
@@ -273,6 +276,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
                 current, streak = self._landing(g, best, current - 1, mix) if best < current else best, 0
         else:
             streak = 0
+        rising_to = best if streak and best > current else 0
         k = current
         target = self._explore_target(current, batch_size, top, mix) if steps - explored >= self.patience else None
         if target is not None:
@@ -286,7 +290,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
                 k = current - 1
         probed = k if target is not None else current     # a one-off probe is not exploring's
         spend = curve[probed] - base[current]             # base: the k in use with nothing held deeper
-        return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend))
+        return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend), rising_to)
 
     def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
         """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
@@ -302,11 +306,11 @@ class AutoDraftLength(StepCostLearning, Exploring):
     def _rises(self, g: list[float], k: int, larger: int, batch_size: int, mix, depths, base: list[float],
                held: int) -> bool:
         """Whether a rise from k to `larger` pays (g: `_goodputs` on the held cost curve): larger
-        beats k by more than the hysteresis, and also with no request held deeper than k (base:
+        beats k by more than rise_hysteresis, and also with no request held deeper than k (base:
         the unheld step cost curve; computed only when a deeper depth is held). A held depth's
         catch-up is a transient (explored, or waiting to fall), and a rise it alone pays for would
         admit the next requests at the larger k and keep itself going."""
-        margin = 1 + self.hysteresis
+        margin = 1 + self.rise_hysteresis
         if not g[larger] > margin * g[k]:
             return False
         if held <= k:
@@ -342,7 +346,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         if choice.steps is None:          # forced, or no step costs yet: nothing to advance
             return
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
-        self._switch_streak, self._explored = choice.switch_streak, choice.explored
+        self._switch_streak, self._explored, self._rising_to = choice.switch_streak, choice.explored, choice.rising_to
         self._explore_ms = self.decay * self._explore_ms + choice.explore_ms
         if self._step_ms is None:     # the budget's window starts full (`explore_spent`)
             self._step_ms = choice.step_ms / (1 - self.decay) if self.decay < 1 else 0.0
@@ -377,7 +381,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
             g = self._with_prefill(g, extra)
             best = max(range(top + 1), key=g.__getitem__)
             depth = self.k
-            if g[best] > (1 + self.hysteresis) * g[self.k]:
+            if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
                 if best < self.k:
                     depth = self._landing(g, best, self.k, mix)
                 elif self._admission_rises(g, best, batch_size, mix, depths, extra):
@@ -389,7 +393,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # the depth explored beyond the k in use (an exploring probe verifies it)
         fall = best < current and self._falls(g, current, best, mix)
-        want = min(self._landing(g, best, current - 1, mix) if fall else current, self.k)
+        want = min(self._landing(g, best, current - 1, mix) if fall else current, max(self.k, self._rising_to))
         target = self._explore_target(self.k, batch_size, self.max_k, mix)
         if target is not None:
             want = max(want, min(current, target))
@@ -401,25 +405,22 @@ class AutoDraftLength(StepCostLearning, Exploring):
             return DepthChoice(want if streak >= self.patience else current, current, (self._steps, streak))
         return DepthChoice(want if streak >= self.patience else current, current)
 
-    def depth(self, batch_size: int, current: int | None = None, ages=None, depths: list[int] | None = None,
-              prompt_tokens: int = 0, max_tokens: int | None = None) -> int:
-        """decide_depth(...).depth (no state changes)."""
-        return self.decide_depth(batch_size, current, ages, depths, prompt_tokens, max_tokens).depth
+    def depth(self, *args, **kwargs) -> int:
+        """decide_depth(*args, **kwargs).depth (no state changes)."""
+        return self.decide_depth(*args, **kwargs).depth
 
     def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None,
                          extra: list[float] | None = None) -> bool:
         """Whether a request is admitted at `best`, above the k in use (g: `_goodputs` without
-        depths, where best beats the k in use by the hysteresis): with the running requests'
-        depths and this one, a step at best would beat the k in use by the hysteresis (the steps
-        would draft it: held cost curve, each request at min(k, its depth)), or best beats it with
-        its unlearned positions past the k in use at their lower estimates (`optimism` standard
-        deviations below). Otherwise the prior alone says deeper while the batch would not follow:
-        the request pays its extra modules' catch-up every step and its drafts past the k in use
-        are never verified, so nothing is learned (module doc). True without depths or with none
-        running. extra: the new request's module prefill per token at each k (`_with_prefill`)."""
+        depths, best beating the k in use by rise_hysteresis): with the running requests' depths
+        and this one a step at best would too (held cost curve, each request at min(k, its depth)),
+        or best does with its unlearned positions past the k in use at their lower estimates
+        (`optimism` deviations below). Else the batch would not follow: the request pays its extra
+        modules' catch-up every step and learns nothing (module doc). True without depths or with
+        none running. extra: the new request's module prefill per token at each k (`_with_prefill`)."""
         if not depths:
             return True
-        k, margin, est = self.k, 1 + self.hysteresis, self.estimates
+        k, margin, est = self.k, 1 + self.rise_hysteresis, self.estimates
         with_it = list(depths) + [best]
         gh = self._goodputs(batch_size, best, mix, depths=with_it, curve=self.held_cost_curve(batch_size, max(with_it)))
         if extra is not None:
@@ -439,8 +440,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self.depth_histogram[depth] += 1
 
     def reset_histograms(self) -> None:
-        """Forget the k per step, depth per request and predicted-vs-measured log counted so far
-        (a measured pass starts; the learned cost correction stays)."""
+        """Forget the histograms and predicted-vs-measured log (a measured pass starts)."""
         self.histogram.clear()
         self.depth_histogram.clear()
         self.verified_histogram.clear()

@@ -14,7 +14,8 @@ class StepChoice:
     """One step's decision (`decide`): k drafts to propose; k_in_use, steps, probes, switch_streak
     and explored (the step of the last exploring probe): the policy's state once it is committed
     (None: nothing to commit); step_ms, explore_ms: the step's predicted cost and the part of it
-    that exploring spends (AutoDraftLength's `explore_budget`)."""
+    that exploring spends (AutoDraftLength's `explore_budget`); rising_to: the larger k a switch
+    streak heads for (0: none)."""
 
     k: int
     k_in_use: int | None = None
@@ -24,6 +25,7 @@ class StepChoice:
     explored: int | None = None
     step_ms: float = 0.0
     explore_ms: float = 0.0
+    rising_to: int = 0
 
 
 @dataclass(frozen=True)
