@@ -357,7 +357,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
                      max_tokens: int | None = None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (module doc): the
         k of highest predicted goodput at that batch size when that beats the k in use by more
-        than the hysteresis (above it, only where `_admission_rises`: depths, the running
+        than the hysteresis (rise_hysteresis above it, and only where `_admission_rises`: depths, the running
         requests' depths, None: no check), else the k in use (as a step's k changes: a request
         admitted deeper than the steps draft would run its extra modules for nothing); max_k
         before the costs are known. current: a running request's depth, which only falls: to the best k below it when
