@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from mtpx import LLM, SamplingParams
 from mtpx.core.request import Request
 from mtpx.engine.auto_k.costs import calibrate_step_costs, default_batch_sizes
-from mtpx.core.draft_length import AutoDraftLength
+from mtpx.core.draft_length import AutoDraftLength, DepthChoice
 from mtpx.engine.auto_k.store import check_step_cost_meta, load_step_costs, save_step_costs, step_cost_cache_path
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, spy, tiny_config)
@@ -483,6 +483,48 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
     assert never.depth(16) == 0
 
 
+def test_an_explored_admission_weighs_its_prefill_and_spends_it_from_the_budget():
+    """Compiled concurrency 16 (experiments/concurrency/rise_margin): requests admitted at an
+    explored depth paid their modules' prefill, which exploring neither weighed nor counted
+    (its spend 0.0032 of the steps' cost against a budget of 0.001). Now the explored depth must
+    pay with its prefill, and the prefill beyond the depth it would have had is spent from the
+    budget when the request is admitted, before any step (the budget's window then starts from
+    the admission's predicted step: 100 steps of 100 ms)."""
+    ms = {(0, 16): 100.0, (1, 16): 180.0}
+    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
+                        explore_budget=0.01)
+    p.k = 0
+    p.set_prefill_cost(0.2)                                 # 200 ms for 1000 prompt tokens at depth 1
+    assert p.depth(16) == 1                                 # no prompt: explored, as before
+    short = p.decide_depth(16, prompt_tokens=1000, max_tokens=100)    # 2 ms more per output token
+    assert (short.depth, short.explore_ms) == (0, 0.0)
+    long = p.decide_depth(16, prompt_tokens=1000, max_tokens=10 ** 6)
+    assert (long.depth, long.explore_ms, long.step_ms) == (1, pytest.approx(200.0), 100.0)
+    assert p.explore_spent() == 0.0                         # a query
+    p.commit_depth(long)                                    # the scheduler, once it is admitted
+    assert p.explore_spent() == pytest.approx(200.0 / (100.0 / 0.01))   # 0.02 > 0.01
+    assert p.decide_depth(16, prompt_tokens=1000, max_tokens=10 ** 6).depth == 0
+    p.commit(p.decide(16, 1, held=1, depths=[1]))           # the steps' window keeps its start
+    assert p._step_ms == pytest.approx(0.99 * 10000 + 180.0)
+
+
+def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():
+    """The compiled demo's calibration at concurrency 16 (depth buckets [0, 4, 8]: k = 1-4 cost
+    k = 4's step, 40.66 ms against k = 0's 11.58). Before any prefill was measured, the first
+    wave was admitted at depth 4, where the prior's upper estimates (3.7 tokens a round) could
+    pay, and paid 4 modules' prefill and catch-up (plain was 5-7% faster). With the start-up
+    measurement of the modules' prefill (0.02 ms per prompt token and module, 150-token prompts,
+    128 output tokens: 0.094 ms more per token at depth 4) depth 4 cannot pay even there."""
+    ms = {(k, 16): 11.58 if k == 0 else 40.66 if k <= 4 else 66.23 for k in range(9)}
+    p = AutoDraftLength(8, ms)
+    assert p.depth(16, prompt_tokens=150, max_tokens=128) == 4
+    p.set_prefill_cost(0.02)
+    assert p.depth(16, prompt_tokens=150, max_tokens=128) == 0
+    assert p.prefill_ms(4, 150) == pytest.approx(12.0)
+    p.observe_prefill(1000, 30.0)                           # the running engine's prefills join it
+    assert p.prefill_module_ms.value == pytest.approx(0.025)
+
+
 def test_a_fall_lands_where_the_upper_estimates_pay_most():
     """A compiled engine with depth buckets [0, 4, 8]: k = 1-4 cost k = 4's step, k = 5-8 k = 8's
     (compiled_c16_buckets_budget_only in experiments/concurrency/explore_budget: the first
@@ -594,13 +636,13 @@ class ScriptedDepths(AutoDraftLength):
         self.depths = iter(depths)
         self.rng = None if lower_seed is None else random.Random(lower_seed)
 
-    def depth(self, batch_size: int, current: int | None = None, depths=None, prompt_tokens: int = 0,
-              max_tokens: int | None = None) -> int:
+    def decide_depth(self, batch_size: int, current: int | None = None, ages=None, depths=None,
+                     prompt_tokens: int = 0, max_tokens: int | None = None) -> DepthChoice:
         if current is None:
-            return next(self.depths, self.max_k)
+            return DepthChoice(next(self.depths, self.max_k))
         if self.rng is not None and current > 0 and self.rng.random() < 0.2:
-            return current - 1
-        return current
+            return DepthChoice(current - 1, current)
+        return DepthChoice(current, current)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -740,13 +782,27 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     assert llm.calibration["source"].startswith("calibrated, saved to")
     assert_clean(llm)
     assert not policy.histogram and policy.num_observed == [0] * policy.max_k
+    assert not policy.depth_histogram and policy._steps == 0       # the prefill's dummy requests are forgotten
+    prefill = llm.calibration["prefill_module_ms_per_token"]       # 3 prefills of 128 tokens at depth max_k
+    assert prefill > 0 and json.loads((tmp_path / "costs.json").read_text())["prefill_module_ms_per_token"] == prefill
+    assert policy.prefill_module_ms.recent[0] == prefill and policy.prefill_ms(2, 10) == pytest.approx(20 * prefill)
+    policy.reset()                                                 # kept, like the step costs
+    assert policy.prefill_module_ms.value == prefill
     again = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
                 cost_model_file=tmp_path / "costs.json")           # loads the file, measures nothing
     assert again.calibration["seconds"] == 0.0 and again.engine.draft_length.step_costs == policy.step_costs
     again.engine.draft_length.forced = 2                           # depth 2: the prefill runs 2 modules
     again.generate([[5, 8, 11, 4]], _params(3))
     learned = again.engine.draft_length.prefill_module_ms          # the scheduler fed it the one prefill
-    assert learned.count == 1 and learned.value > 0
+    assert learned.count == 2 and list(learned.recent)[0] == prefill and learned.recent[1] > 0
+    data = json.loads((tmp_path / "costs.json").read_text())
+    del data["prefill_module_ms_per_token"]                        # a file written before it was kept
+    (tmp_path / "costs.json").write_text(json.dumps(data))
+    third = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
+                cost_model_file=tmp_path / "costs.json")           # measures the prefill alone
+    assert third.calibration["source"].startswith("loaded") and third.calibration["prefill_module_ms_per_token"] > 0
+    assert third.engine.draft_length.prefill_module_ms.count == 1 and not third.engine.draft_length.depth_histogram
+    assert_clean(third)
     again.engine.draft_length.forced = None
     with pytest.raises(ValueError, match="calibrate the step costs before adding requests"):
         from mtpx.core.request import Request
@@ -893,7 +949,7 @@ def test_the_calibrated_step_runs_the_forwards_of_a_real_step_at_that_k(tmp_path
 def test_auto_is_lossless_end_to_end_and_records_the_k_per_step(tmp_path):
     # step costs from a file (the start-up calibration has its own test above): 10 ms + 4 ms per draft
     costs = {(k, b): (10.0 + 4.0 * k) * (1 + 0.25 * b) for k in range(len(model().mtp) + 1) for b in (1, 4)}
-    save_step_costs(tmp_path / "costs.json", costs, {})
+    save_step_costs(tmp_path / "costs.json", costs, {"prefill_module_ms_per_token": 0.0})
     llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
     assert llm.calibration["seconds"] == 0.0
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]

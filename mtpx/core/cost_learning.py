@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import bisect
 
-from mtpx.core.cost_curve import _interpolate, _non_decreasing, running_median, smooth_step_costs
+from mtpx.core.cost_curve import RunningMedian, _interpolate, _non_decreasing, running_median, smooth_step_costs
 from mtpx.core.cost_model_log import batch_bucket
 from mtpx.core.request_k import Allocation
 
@@ -15,7 +15,7 @@ __all__ = ["StepCostLearning"]
 
 class StepCostLearning:
     """Step costs and their corrections (module doc): set_step_costs, cost_curve, step_cost_curve,
-    calibrated_cost, cost_unlearned, prefill_ms, and observe_step / observe_parts /
+    calibrated_cost, cost_unlearned, set_prefill_cost, prefill_ms, and observe_step / observe_parts /
     observe_allocation / observe_overhead / observe_prefill, which learn from a measured step."""
 
     def set_step_costs(self, step_costs: dict) -> None:
@@ -78,9 +78,17 @@ class StepCostLearning:
         if module_tokens > 0:
             self.prefill_module_ms.add(max(0.0, ms) / module_tokens, self._steps)
 
+    def set_prefill_cost(self, ms_per_module_token: float) -> None:
+        """The start-up measurement of a prefill's speculator part, ms per prompt token and module
+        (auto_k.costs.calibrate_prefill_cost): the first value of the running median that
+        `observe_prefill` feeds, so the first admissions weigh their prefill too. Kept by reset."""
+        self._prefill_prior = max(0.0, ms_per_module_token)
+        self.prefill_module_ms = RunningMedian(self.cost_window)
+        self.prefill_module_ms.add(self._prefill_prior, self._steps)
+
     def prefill_ms(self, depth: int, prompt_tokens: int) -> float:
-        """Predicted ms of a request's draft modules over its prompt at depth (`observe_prefill`;
-        0 before any prefill is measured)."""
+        """Predicted ms of a request's draft modules over its prompt at depth (`observe_prefill`,
+        from `set_prefill_cost`'s value; 0 before any)."""
         return depth * prompt_tokens * self.prefill_module_ms.value if self.prefill_module_ms.count else 0.0
 
     @staticmethod

@@ -84,6 +84,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mtpx.core.acceptance import AcceptanceEstimates
+from mtpx.core.admission import Admission
 from mtpx.core.cost_curve import RunningMedian, smooth_step_costs
 from mtpx.core.cost_learning import StepCostLearning
 from mtpx.core.cost_model_log import CostModelLog, bucket_label
@@ -94,7 +95,7 @@ from mtpx.core.request_k import Allocation, RequestEstimates, allocate, curve_at
 __all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength(StepCostLearning, Exploring):
+class AutoDraftLength(StepCostLearning, Exploring, Admission):
     """The automatic k (module doc).
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -135,6 +136,7 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self.decay, self.prior_weight, self.cost_window, self.cost_decay = decay, prior_weight, cost_window, cost_decay
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
+        self._prefill_prior: float | None = None   # `set_prefill_cost`
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
         self.per_request = False   # ragged verification: each request verifies its own k (`allocate`)
@@ -144,7 +146,8 @@ class AutoDraftLength(StepCostLearning, Exploring):
             self.set_step_costs(step_costs)
 
     def reset(self) -> None:
-        """Forget the acceptance estimates, the k in use and the histogram (not the costs)."""
+        """Forget the acceptance estimates, the k in use, the histograms and what the running
+        engine taught the costs (not the calibrated step costs, nor `set_prefill_cost`'s value)."""
         self.estimates = AcceptanceEstimates(self.max_k, self.prior_acceptance, self.prior_weight, self.decay)
         self.age_mix: list[float] | None = None      # the decode steps' requests per age bucket, smoothed (`record`)
         self.k = self.max_k
@@ -157,6 +160,8 @@ class AutoDraftLength(StepCostLearning, Exploring):
         self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
         self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
         self.prefill_module_ms = RunningMedian(self.cost_window)   # a prefill's draft modules: ms per token x module
+        if self._prefill_prior is not None:                         # measured at start-up (`set_prefill_cost`)
+            self.prefill_module_ms.add(self._prefill_prior)
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
@@ -355,39 +360,24 @@ class AutoDraftLength(StepCostLearning, Exploring):
     def decide_depth(self, batch_size: int, current: int | None = None, ages=None,
                      depths: list[int] | None = None, prompt_tokens: int = 0,
                      max_tokens: int | None = None) -> DepthChoice:
-        """The depth of a request admitted when batch_size requests run or wait (module doc): the
-        k of highest predicted goodput at that batch size when that beats the k in use by more
-        than the hysteresis (rise_hysteresis above it, and only where `_admission_rises`: depths, the running
-        requests' depths, None: no check), else the k in use (as a step's k changes: a request
-        admitted deeper than the steps draft would run its extra modules for nothing); max_k
-        before the costs are known. current: a running request's depth, which only falls: to the best k below it when
+        """The depth of a request admitted when batch_size requests run or wait (current None:
+        `_admission`; max_k before the costs are known), or of a running request at depth
+        `current`, which only falls: to the best k below it when
         that beats it by more than the hysteresis (its unlearned positions at their upper estimates
         too: `_falls`), and to the k in use when that is smaller, in
         `patience` decode steps in a row, else current; the vote this step casts for it is in the
         result (`commit_depth` counts it); ages: the running requests' output tokens (`decide`);
-        prompt_tokens, max_tokens: an admitted request's, whose draft modules prefill its prompt
-        at its depth (`prefill_ms`), a cost spread over at most max_tokens output tokens and added
-        to each k's ms per token (`_with_prefill`). A query."""
+        depths, prompt_tokens, max_tokens: an admission's (`_admission`). A query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
             return DepthChoice(min(self.forced if self.forced_depth is None else self.forced_depth, top), current)
         if self.step_costs is None:
             return DepthChoice(top, current)
         batch_size, mix = max(1, batch_size), self._mix(ages)
+        if current is None:
+            return self._admission(batch_size, mix, depths, prompt_tokens, max_tokens)
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
-        if current is None:
-            extra = [self.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0 for k in range(top + 1)]
-            g = self._with_prefill(g, extra)
-            best = max(range(top + 1), key=g.__getitem__)
-            depth = self.k
-            if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
-                if best < self.k:
-                    depth = self._landing(g, best, self.k, mix)
-                elif self._admission_rises(g, best, batch_size, mix, depths, extra):
-                    depth = best
-            target = self._explore_target(depth, batch_size, self.max_k, mix)
-            return DepthChoice(depth if target is None else target, None)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
         # per step for every request at this depth): to a smaller k that pays by the hysteresis,
         # and at most to the k in use (its modules beyond it only catch up), but not below
@@ -409,31 +399,15 @@ class AutoDraftLength(StepCostLearning, Exploring):
         """decide_depth(*args, **kwargs).depth (no state changes)."""
         return self.decide_depth(*args, **kwargs).depth
 
-    def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None,
-                         extra: list[float] | None = None) -> bool:
-        """Whether a request is admitted at `best`, above the k in use (g: `_goodputs` without
-        depths, best beating the k in use by rise_hysteresis): with the running requests' depths
-        and this one a step at best would too (held cost curve, each request at min(k, its depth)),
-        or best does with its unlearned positions past the k in use at their lower estimates
-        (`optimism` deviations below). Else the batch would not follow: the request pays its extra
-        modules' catch-up every step and learns nothing (module doc). True without depths or with
-        none running. extra: the new request's module prefill per token at each k (`_with_prefill`)."""
-        if not depths:
-            return True
-        k, margin, est = self.k, 1 + self.rise_hysteresis, self.estimates
-        with_it = list(depths) + [best]
-        gh = self._goodputs(batch_size, best, mix, depths=with_it, curve=self.held_cost_curve(batch_size, max(with_it)))
-        if extra is not None:
-            gh = self._with_prefill(gh, extra)
-        if gh[best] > margin * gh[k]:
-            return True
-        low = est.expected_tokens(best, mix, k, -self.optimism, self.min_verified) / est.expected_tokens(best, mix)
-        return g[best] * low > margin * g[k]
-
     def commit_depth(self, choice: DepthChoice) -> None:
-        """Count a running depth's vote of this step (from `decide_depth` on the current state)."""
+        """Count a running depth's vote of this step, or an admitted request's exploring spend
+        (from `decide_depth` on the current state)."""
         if choice.streak is not None:
             self._lower_streak[choice.current] = choice.streak
+        if choice.explore_ms:           # an explored admission's prefill (`_admission`)
+            if self._step_ms is None:   # no step yet: the budget's window starts full (`explore_spent`)
+                self._step_ms = choice.step_ms / (1 - self.decay) if self.decay < 1 else 0.0
+            self._explore_ms += choice.explore_ms
 
     def record_depth(self, depth: int) -> None:
         """A request was admitted with this depth: count it."""

@@ -17,17 +17,19 @@ class Exploring:
         return (self.explore_costs and self.step_costs is not None and k <= self.max_k
                 and all(j != k for j, _ in self._known_ratios(batch_size)))
 
-    def _explore_target(self, k: int, batch_size: int, top: int, mix: list[float] | None) -> int | None:
+    def _explore_target(self, k: int, batch_size: int, top: int, mix: list[float] | None,
+                        extra: list[float] | None = None) -> int | None:
         """The depth explored beyond k at batch_size (None: none): `explore_depth`, else k + 1
         where its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
         hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
         of the predicted one (where even that cannot pay, measuring it changes no choice); None while
-        exploring has spent its budget (`explore_spent`)."""
+        exploring has spent its budget (`explore_spent`). extra: an admission's module prefill
+        per output token at each depth (`_with_prefill`), which the explored depth must pay too."""
         if self.explore_spent() >= self.explore_budget:
             return None
-        target = self.explore_depth(k, batch_size, top, mix)
+        target = self.explore_depth(k, batch_size, top, mix, extra)
         if target is None and k < min(top, self.max_k) and self.cost_unlearned(k + 1, batch_size) \
-                and self._could_pay(k, batch_size, self.cost_share):
+                and self._could_pay(k, batch_size, self.cost_share, extra):
             target = k + 1
         return target
 
@@ -41,21 +43,26 @@ class Exploring:
         return self._explore_ms / self._step_ms if self._step_ms else 0.0
 
     def explore_depth(self, k: int, batch_size: int, top: int | None = None,
-                      mix: list[float] | None = None) -> int | None:
+                      mix: list[float] | None = None, extra: list[float] | None = None) -> int | None:
         """The depth k' in k + 1 .. top (None: max_k) whose acceptance is explored at batch_size, or
         None: the smallest k' with an unlearned position in k + 1 .. k' (in a bucket holding 5% of
         mix) that, with the unlearned positions at their upper estimates (`optimism`), would beat
         k by more than the hysteresis for the mix (less is never chosen: the step's k would not
         change, and exploring would only cost; the smallest, as a probe and a held depth cost the
-        more the deeper they are, and a deeper one follows once these are learned)."""
+        more the deeper they are, and a deeper one follows once these are learned); extra: an
+        admission's module prefill per output token at each k (`_with_prefill`)."""
         top = self.max_k if top is None else min(top, self.max_k)
         if self.step_costs is None or k >= top:
             return None
-        curve, est = self.step_cost_curve(max(1, batch_size)), self.estimates
-        base = est.expected_tokens(k, mix) / curve[k]
+        b = max(1, batch_size)
+        curve, est = self.step_cost_curve(b), self.estimates
+
+        def goodput(j: int, tokens: float) -> float:
+            return self._with_prefill([b * tokens / curve[j]], [extra[j]])[0] if extra else b * tokens / curve[j]
+        base = goodput(k, est.expected_tokens(k, mix))
         for j in range(k + 1, top + 1):
             if any(self.unlearned(i, mix) for i in range(k, j)) and \
-                    est.expected_tokens(j, mix, k, self.optimism, self.min_verified) / curve[j] > (1 + self.hysteresis) * base:
+                    goodput(j, est.expected_tokens(j, mix, k, self.optimism, self.min_verified)) > (1 + self.hysteresis) * base:
                 return j
         return None
 
@@ -63,11 +70,16 @@ class Exploring:
         """Whether a depth beyond k is explored at batch_size for its acceptance (`explore_depth`)."""
         return self.explore_depth(k, batch_size) is not None
 
-    def _could_pay(self, k: int, batch_size: int, share: float) -> bool:
+    def _could_pay(self, k: int, batch_size: int, share: float, extra: list[float] | None = None) -> bool:
         """Whether k + 1 beats k at batch_size by more than the hysteresis (less is never chosen) with
-        every draft at position k + 1 accepted and share of its predicted cost over k's."""
-        curve, survive, tokens = self.step_cost_curve(batch_size), 1.0, self.expected_tokens(k)
+        every draft at position k + 1 accepted and share of its predicted cost over k's; extra: as
+        in `explore_depth`."""
+        b = max(1, batch_size)
+        curve, survive, tokens = self.step_cost_curve(b), 1.0, self.expected_tokens(k)
         for p in self.acceptance[:k]:
             survive *= p
-        extra = curve[k] + share * (curve[k + 1] - curve[k])
-        return (tokens + survive) / extra > (1 + self.hysteresis) * tokens / curve[k]
+        cost = curve[k] + share * (curve[k + 1] - curve[k])
+        g = [b * tokens / curve[k], b * (tokens + survive) / cost]
+        if extra:
+            g = self._with_prefill(g, extra[k:k + 2])
+        return g[1] > (1 + self.hysteresis) * g[0]

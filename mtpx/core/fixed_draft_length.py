@@ -32,11 +32,15 @@ class StepChoice:
 class DepthChoice:
     """A depth decision (`decide_depth`): the depth; current: the running depth asked about
     (None: an admission); streak: (step, steps in a row) of the vote to count for current, or
-    None when there is nothing to count."""
+    None when there is nothing to count; explore_ms: an admission's module prefill beyond the
+    depth it would get without exploring (AutoDraftLength's `explore_budget`); step_ms: the
+    predicted step at the admission's batch size, the budget's window before any step."""
 
     depth: int
     current: int | None = None
     streak: tuple[int, int] | None = None
+    explore_ms: float = 0.0
+    step_ms: float = 0.0
 
 
 class FixedDraftLength:
@@ -58,7 +62,8 @@ class FixedDraftLength:
     def commit(self, choice: StepChoice) -> None:
         pass
 
-    def decide_depth(self, batch_size: int, current: int | None = None) -> DepthChoice:
+    def decide_depth(self, batch_size: int, current: int | None = None, ages=None, depths: list[int] | None = None,
+                     prompt_tokens: int = 0, max_tokens: int | None = None) -> DepthChoice:
         return DepthChoice(self.k, current)
 
     def depth(self, batch_size: int, current: int | None = None, depths: list[int] | None = None,
@@ -91,6 +96,9 @@ class FixedDraftLength:
         pass
 
     def observe_prefill(self, module_tokens: int, ms: float) -> None:
+        pass
+
+    def set_prefill_cost(self, ms_per_module_token: float) -> None:
         pass
 
     def record(self, k: int, batch_size: int | None = None, ages=None) -> None:

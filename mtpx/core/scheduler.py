@@ -20,6 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from mtpx.core.fixed_draft_length import DepthChoice
 from mtpx.core.kv_cache_manager import KVCacheManager
 from mtpx.core.request import Request
 
@@ -188,14 +189,16 @@ class Scheduler:
     def _expected_batch(self) -> int:
         return min(self.max_num_seqs, len(self.running) + len(self.waiting))
 
-    def _set_depth(self, r: Request) -> None:
-        """At a request's first admission: its depth (draft_length.py, "Depth") and prefix-cache
-        lookahead."""
-        if self.depth_per_request:
-            r.draft_depth = self.draft_length.depth(self._expected_batch(), depths=[q.draft_depth for q in self.running],
-                                                    prompt_tokens=len(r.all_token_ids), max_tokens=r.params.max_tokens)
-        else:
+    def _set_depth(self, r: Request) -> DepthChoice | None:
+        """Before a request's first admission: its depth (draft_length.py, "Depth"), and the
+        decision to commit once it is admitted (None: depth max_k, nothing to commit)."""
+        if not self.depth_per_request:
             r.draft_depth = self.draft_length.max_k
+            return None
+        choice = self.draft_length.decide_depth(self._expected_batch(), depths=[q.draft_depth for q in self.running],
+                                                prompt_tokens=len(r.all_token_ids), max_tokens=r.params.max_tokens)
+        r.draft_depth = choice.depth
+        return choice
 
     def _lookahead(self, r: Request) -> int:
         """The tokens after a block that r's prefix-cache keys cover (KVCacheManager): its depth's."""
@@ -220,8 +223,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             r = self.waiting[0]
             tokens = r.all_token_ids
-            if not r.admitted_once:
-                self._set_depth(r)
+            choice = self._set_depth(r) if not r.admitted_once else None
             hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens, self._lookahead(r))
             if r.params.prompt_logprobs is not None and hit:   # prompt scoring computes every position
                 hit_blocks, hit = [], 0
@@ -237,6 +239,8 @@ class Scheduler:
                 r.num_cached_tokens = hit
                 r.admitted_once = True
                 self.draft_length.record_depth(r.draft_depth)
+                if choice is not None:
+                    self.draft_length.commit_depth(choice)
             self.running.append(r)
             out.prefills.append(ScheduledPrefill(r, hit, n, hit + n == len(tokens), new=True,
                                                  block_table=self.kv.block_table(r.index)))

@@ -27,10 +27,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+import torch
+
 from mtpx.core.draft_length import smooth_step_costs
+from mtpx.core.request import Request
+from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.decode_step import depth_bucket
 
-__all__ = ["calibrate_step_costs", "default_batch_sizes", "smooth_step_costs", "measure_step_costs",
+__all__ = ["calibrate_step_costs", "calibrate_prefill_cost", "default_batch_sizes", "smooth_step_costs", "measure_step_costs",
            "step_costs", "tokens_per_round", "predict", "recommend"]
 
 
@@ -75,6 +79,45 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
         for k, top in bucket.items():
             costs[(k, b)] = statistics.median(times[top])
     return costs
+
+
+def calibrate_prefill_cost(engine, prompt_len: int = 128, rounds: int = 3, seed: int = 0) -> float | None:
+    """Measure the speculator's part of a prefill (StepTiming.prefill_draft_s: its draft modules
+    over the prompt, then the first drafts) in ms per prompt token and module: `rounds` requests of
+    prompt_len random tokens (lowered to what the model length and KV pool allow), each prefilled
+    alone at depth max_k, the median of their values. The engine's own prefill path, eager as in
+    every run, at the main job's prompt length: a prompt of a few tokens reads dearer per token (the
+    first drafts weigh more). Automatic k's policy forgets the dummy requests afterwards
+    (AutoDraftLength.reset). Returns None without step timings or room for a prompt. Raises
+    ValueError when the engine is busy or has no automatic k."""
+    policy, c = engine.draft_length, engine.config
+    if not getattr(policy, "auto", False):
+        raise ValueError("calibration needs num_speculative_tokens=auto")
+    if engine.has_unfinished_requests():
+        raise ValueError("calibrate the prefill cost before adding requests")
+    k = policy.max_k
+    length = min(prompt_len, c.max_model_len - 2, c.num_blocks * c.block_size - 2 * k - 3)
+    if length < 1 or not c.record_step_timings:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    vocab = engine.model.cfg.vocab_size
+    saved, values = (policy.forced, policy.forced_depth), []
+    policy.forced, policy.forced_depth = k, k
+    try:
+        for i in range(rounds):
+            engine.add_request(Request(i, torch.randint(2, vocab, (length,), generator=g).tolist(),
+                                       SamplingParams(max_tokens=1, ignore_eos=True)))
+            while engine.has_unfinished_requests():
+                engine.step()
+                t = engine.step_timings[-1] if engine.step_timings else None
+                if t is not None and t.num_prefill_module_tokens:
+                    values.append(1e3 * t.prefill_draft_s / t.num_prefill_module_tokens)
+    finally:
+        policy.forced, policy.forced_depth = saved
+        engine.kv.reset_prefix_cache()
+        engine.reset_step_timings()
+        policy.reset()
+    return statistics.median(values) if values else None
 
 
 def measure_step_costs(model, spec: str, batch_sizes, num_speculative_tokens: int | None = None,

@@ -15,17 +15,22 @@ from pathlib import Path
 
 import torch
 
-from mtpx.engine.auto_k.costs import calibrate_step_costs
+from mtpx.engine.auto_k.costs import calibrate_prefill_cost, calibrate_step_costs
 from mtpx.engine.decode_step import depth_buckets
 from mtpx.io import atomic_write_json
 
-__all__ = ["COST_META_KEYS", "save_step_costs", "load_step_costs", "step_cost_cache_path",
+__all__ = ["COST_META_KEYS", "PREFILL_KEY", "save_step_costs", "load_step_costs", "step_cost_cache_path",
            "check_step_cost_meta", "cost_meta", "load_or_calibrate", "startup_step_costs", "fingerprint",
            "code_hash"]
 
 
+# the file's ms per prompt token and module of a prefill's speculator part (calibrate_prefill_cost)
+PREFILL_KEY = "prefill_module_ms_per_token"
+
+
 def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:
-    """Write {(k, B): ms} and `meta` (model, threads, compile, device) as JSON, atomically."""
+    """Write {(k, B): ms} and `meta` (model, threads, compile, device; PREFILL_KEY) as JSON,
+    atomically."""
     rows = [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(step_costs.items())]
     atomic_write_json(path, {**meta, "step_costs": rows}, indent=1)
 
@@ -112,9 +117,10 @@ def cost_meta(engine, model_path: Path | None, draft_path: Path | None, spec: st
 
 
 def load_or_calibrate(engine, path: str | Path | None, meta: dict, cached: bool) -> dict:
-    """Give engine.draft_length its step costs: from `path` when it exists (checked against
-    `meta`: check_step_cost_meta), else measured now (calibrate_step_costs) and written to `path`
-    (None: not written). cached: `path` is the cache file (step_cost_cache_path), so a damaged or
+    """Give engine.draft_length its step costs and prefill cost: from `path` when it exists
+    (checked against `meta`: check_step_cost_meta; a file without the prefill cost has it
+    measured now), else measured now (calibrate_step_costs, calibrate_prefill_cost) and written
+    to `path` (None: not written). cached: `path` is the cache file (step_cost_cache_path), so a damaged or
     mismatched file is measured again instead of refused. Returns {"source", "seconds", and the
     file's or this engine's metadata}. Raises ValueError for a given file that is not a step-cost
     file or was measured on another engine."""
@@ -128,10 +134,20 @@ def load_or_calibrate(engine, path: str | Path | None, meta: dict, cached: bool)
                 raise
         else:                                  # a damaged cache file is measured again below
             policy.set_step_costs(costs)
-            return {**file_meta, "source": f"loaded from {path}", "seconds": 0.0}
+            t0 = time.perf_counter()
+            prefill = file_meta.get(PREFILL_KEY)
+            if prefill is None:                # a file written without it: measured now (a few prefills)
+                prefill = file_meta[PREFILL_KEY] = calibrate_prefill_cost(engine)
+            if prefill is not None:
+                policy.set_prefill_cost(float(prefill))
+            return {**file_meta, "source": f"loaded from {path}", "seconds": round(time.perf_counter() - t0, 2)}
     t0 = time.perf_counter()
     costs = calibrate_step_costs(engine)
     policy.set_step_costs(costs)
+    prefill = calibrate_prefill_cost(engine)
+    if prefill is not None:
+        policy.set_prefill_cost(prefill)
+    meta = {**meta, PREFILL_KEY: prefill}
     if path is not None:
         save_step_costs(path, costs, meta)
     return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",

@@ -1,0 +1,60 @@
+"""The depth of an admitted request, the admission half of automatic k (scheduler side, no
+torch). A mixin of AutoDraftLength (mtpx/core/draft_length.py), whose module doc gives the rules
+("Depth"); it owns no state of its own."""
+from __future__ import annotations
+
+from mtpx.core.fixed_draft_length import DepthChoice
+
+__all__ = ["Admission"]
+
+
+class Admission:
+    """_admission and _admission_rises (module doc)."""
+
+    def _admission(self, batch_size: int, mix, depths: list[int] | None, prompt_tokens: int,
+                   max_tokens: int | None) -> DepthChoice:
+        """The depth of a request admitted when batch_size requests run or wait: the k of highest
+        predicted goodput at that batch size when that beats the k in use by more than the
+        hysteresis (rise_hysteresis above it, and only where `_admission_rises`: depths, the
+        running requests' depths, None: no check), else the k in use (as a step's k changes: a
+        request admitted deeper than the steps draft would run its extra modules for nothing);
+        each k's ms per token counts the request's module prefill at that depth, prompt_tokens
+        of them spread over at most max_tokens output tokens (`prefill_ms`, `_with_prefill`).
+        Exploring may admit it deeper (`_explore_target`, weighing the same prefill); the
+        prefill beyond the depth it would have had is then exploring's spend (explore_ms)."""
+        top = self.max_k
+        extra = [self.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0 for k in range(top + 1)]
+        g = self._with_prefill(self._goodputs(batch_size, top, mix), extra)
+        best = max(range(top + 1), key=g.__getitem__)
+        depth = self.k
+        if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
+            if best < self.k:
+                depth = self._landing(g, best, self.k, mix)
+            elif self._admission_rises(g, best, batch_size, mix, depths, extra):
+                depth = best
+        target = self._explore_target(depth, batch_size, top, mix, extra)
+        if target is None:
+            return DepthChoice(depth, None)
+        spend = self.prefill_ms(target, prompt_tokens) - self.prefill_ms(depth, prompt_tokens)
+        return DepthChoice(target, None, explore_ms=spend, step_ms=self.step_cost_curve(batch_size)[self.k])
+
+    def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None,
+                         extra: list[float] | None = None) -> bool:
+        """Whether a request is admitted at `best`, above the k in use (g: `_goodputs` without
+        depths, best beating the k in use by rise_hysteresis): with the running requests' depths
+        and this one a step at best would too (held cost curve, each request at min(k, its depth)),
+        or best does with its unlearned positions past the k in use at their lower estimates
+        (`optimism` deviations below). Else the batch would not follow: the request pays its extra
+        modules' catch-up every step and learns nothing (module doc). True without depths or with
+        none running. extra: the new request's module prefill per token at each k (`_with_prefill`)."""
+        if not depths:
+            return True
+        k, margin, est = self.k, 1 + self.rise_hysteresis, self.estimates
+        with_it = list(depths) + [best]
+        gh = self._goodputs(batch_size, best, mix, depths=with_it, curve=self.held_cost_curve(batch_size, max(with_it)))
+        if extra is not None:
+            gh = self._with_prefill(gh, extra)
+        if gh[best] > margin * gh[k]:
+            return True
+        low = est.expected_tokens(best, mix, k, -self.optimism, self.min_verified) / est.expected_tokens(best, mix)
+        return g[best] * low > margin * g[k]
