@@ -525,6 +525,21 @@ def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():
     assert p.prefill_module_ms.value == pytest.approx(0.025)
 
 
+def test_a_fall_lands_between_only_where_the_upper_estimates_beat_best_by_the_hysteresis():
+    """The compiled demo's calibration at concurrency 16 (experiments/concurrency/admission_prefill:
+    k = 1-4 cost k = 4's 39.15 ms, k = 0 11.21) and its start-up prefill (0.0157 ms per prompt
+    token and module). A first wave of 100-token prompts: k = 0 is best (1.427 tokens per ms);
+    k = 4 at the prior's upper estimates (3.73 tokens a round), its prefill added, reads 1.444,
+    1.1% more, and the whole wave was admitted at depth 4 to test it (0.82x plain in that chunk).
+    A k between is tested only where it would be chosen over best, by the hysteresis; with no
+    prefill to pay k = 4 reads 1.524 (6.8% more) and still is."""
+    ms = {(k, 16): 11.21 if k == 0 else 39.15 if k <= 4 else 63.71 for k in range(9)}
+    p = AutoDraftLength(8, ms)
+    p.set_prefill_cost(0.0157)
+    assert p.depth(16, prompt_tokens=100, max_tokens=128) == 0
+    assert p.depth(16, prompt_tokens=100, max_tokens=10 ** 9) == 4
+
+
 def test_a_fall_lands_where_the_upper_estimates_pay_most():
     """A compiled engine with depth buckets [0, 4, 8]: k = 1-4 cost k = 4's step, k = 5-8 k = 8's
     (compiled_c16_buckets_budget_only in experiments/concurrency/explore_budget: the first

@@ -52,9 +52,9 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   explored for ever. The k in use falls only where the
   smaller k beats it with its unlearned positions at their upper estimates too (a fall the prior
   alone predicts waits for the drafts that test it), and it lands on the k between of the highest
-  goodput with those positions at their upper estimates (`_landing`; so do a running depth's
-  fall and an admission below the k in use): a k in between that could pay is tested by the
-  whole batch, not only by exploring's probes.
+  goodput with those positions at their upper estimates where that beats the smaller k by the
+  hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use): a
+  k in between that could pay is tested by the whole batch, not only by exploring's probes.
 - Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
   `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
   after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
@@ -68,7 +68,9 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   predicted goodput at that batch size, by the falls' or rises' margin over the k in use (above it,
   only where the running requests' steps would follow or the evidence says so:
   `_admission_rises`), each k's ms per token plus the request's module prefill at that depth
-  spread over its max_tokens (`prefill_ms`, `_with_prefill`). A step's k
+  spread over its max_tokens (`prefill_ms`, measured at start-up and by every prefill;
+  `_with_prefill`); an explored admission (exploring, above) pays the same prefill, spent from
+  the budget when it is admitted (mtpx/core/admission.py). A step's k
   is at most the largest running depth and each request drafts min(k, its depth); modules
   beyond a request's depth never run for it. A running depth may fall, never rise (a module
   that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
@@ -325,16 +327,18 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
 
     def _landing(self, g: list[float], best: int, top: int, mix) -> int:
         """Where a fall to `best` lands (g: `_goodputs`): the k in best .. top of the highest goodput
-        with the unlearned positions past best at their upper estimates (the smallest on a tie;
-        best itself without `optimistic_falls`), so a k between that could still pay is tested by
-        the whole batch before the k falls past it."""
+        with the unlearned positions past best at their upper estimates (the smallest on a tie)
+        where that beats best by more than the hysteresis, else best (always without
+        `optimistic_falls`), so a k between that could still pay is tested by the whole batch
+        before the k falls past it, and one that could only tie it is not."""
         if not self.optimistic_falls or top <= best:
             return best
         est = self.estimates
 
         def upper(j: int) -> float:
             return g[j] * est.expected_tokens(j, mix, best, self.optimism, self.min_verified) / est.expected_tokens(j, mix)
-        return max(range(best, top + 1), key=upper)
+        land = max(range(best, top + 1), key=upper)
+        return land if upper(land) > (1 + self.hysteresis) * g[best] else best
 
     def _mix(self, ages) -> list[float] | None:
         """The age mix a decision weighs the estimates by: of `ages` when given, else the decode
