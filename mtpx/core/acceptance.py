@@ -47,9 +47,12 @@ class AcceptanceEstimates:
         self.verified = [0.0] * max_k
         self.age_accepted = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
         self.age_verified = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
+        self._age_chains: list[list[float] | None] = [None] * len(self.age_accepted)   # `by_age`
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, AcceptanceEstimates) and vars(self) == vars(other)
+        def state(e):                 # the by-age chains are a cache of the counts
+            return {k: v for k, v in vars(e).items() if k != "_age_chains"}
+        return isinstance(other, AcceptanceEstimates) and state(self) == state(other)
 
     def bucket(self, age: int) -> int:
         """The age bucket of a request with `age` output tokens."""
@@ -92,6 +95,7 @@ class AcceptanceEstimates:
 
     def _estimate(self) -> None:
         self.pooled = self._chain(self.accepted, self.verified)
+        self._age_chains = [None] * len(self.age_accepted)
 
     def _chain(self, accepted: list[float], verified: list[float]) -> list[float]:
         """p_j = (a_j + w p_{j-1}) / (v_j + w), p_0 = prior_acceptance (module doc)."""
@@ -102,19 +106,25 @@ class AcceptanceEstimates:
         return out
 
     def by_age(self, b: int) -> list[float]:
-        """p_bj, j = 1 .. max_k, of age bucket b, from its own counts as `pooled` (module doc)."""
-        return self._chain(self.age_accepted[b], self.age_verified[b])
+        """p_bj, j = 1 .. max_k, of age bucket b, from its own counts as `pooled` (module doc);
+        computed once per change of the counts (read it, do not change it)."""
+        chains = self._age_chains
+        if chains[b] is None:
+            chains[b] = self._chain(self.age_accepted[b], self.age_verified[b])
+        return chains[b]
 
     def _tokens(self, ps: list[float], vs: list[float], k: int, optimistic_from: int | None, z: float,
-                below: float) -> float:
-        total, survive, w = 1.0, 1.0, self.prior_weight
+                below: float) -> list[float]:
+        """E[tokens | j] for j = 0 .. k (`expected_tokens`)."""
+        total, survive, w, out = 1.0, 1.0, self.prior_weight, [1.0]
         for j in range(k):
             p = ps[j]
             if optimistic_from is not None and j >= optimistic_from and vs[j] < below:
                 p = min(1.0, max(0.0, p + z * math.sqrt(max(0.0, p * (1 - p)) / (vs[j] + w + 1))))
             survive *= p
             total += survive
-        return total
+            out.append(total)
+        return out
 
     def expected_tokens(self, k: int, mix: list[float] | None = None, optimistic_from: int | None = None,
                         z: float = 0.0, below: float = math.inf) -> float:
@@ -123,11 +133,19 @@ class AcceptanceEstimates:
         average over steps); positions from
         optimistic_from on (0-based) with fewer than `below` verified drafts at their upper
         estimate with z standard deviations (z < 0: their lower estimate)."""
+        return self.expected_tokens_upto(k, mix, optimistic_from, z, below)[k]
+
+    def expected_tokens_upto(self, k: int, mix: list[float] | None = None, optimistic_from: int | None = None,
+                             z: float = 0.0, below: float = math.inf) -> list[float]:
+        """[expected_tokens(j, ...) for j = 0 .. k], in one pass over the positions."""
         if mix is None:
             return self._tokens(self.pooled, self.verified, k, optimistic_from, z, below)
-        total = sum(n * self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)
-                    for b, n in enumerate(mix) if n)
-        return total / sum(mix)
+        total = [0.0] * (k + 1)
+        for b, n in enumerate(mix):
+            if n:
+                for j, t in enumerate(self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)):
+                    total[j] += n * t
+        return [t / sum(mix) for t in total]
 
     def unlearned(self, j: int, min_verified: float, mix: list[float] | None = None) -> bool:
         """Whether position j + 1 has fewer than min_verified discounted verified drafts:

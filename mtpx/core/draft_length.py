@@ -380,6 +380,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         batch_size, mix = max(1, batch_size), self._mix(ages)
         if current is None:
             return self._admission(batch_size, mix, depths, prompt_tokens, max_tokens)
+        if current == 0:                   # nothing to fall to
+            return DepthChoice(0, 0, (self._steps, 0))
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
@@ -388,8 +390,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         # the depth explored beyond the k in use (an exploring probe verifies it)
         fall = best < current and self._falls(g, current, best, mix)
         want = min(self._landing(g, best, current - 1, mix) if fall else current, max(self.k, self._rising_to))
-        target = self._explore_target(self.k, batch_size, self.max_k, mix)
-        if target is not None:
+        if want < current and (target := self._explore_target(self.k, batch_size, self.max_k, mix)) is not None:
             want = max(want, min(current, target))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:

@@ -59,10 +59,13 @@ class Exploring:
 
         def goodput(j: int, tokens: float) -> float:
             return self._with_prefill([b * tokens / curve[j]], [extra[j]])[0] if extra else b * tokens / curve[j]
+        first = next((i for i in range(k, top) if self.unlearned(i, mix)), None)   # position first + 1
+        if first is None:
+            return None
         base = goodput(k, est.expected_tokens(k, mix))
-        for j in range(k + 1, top + 1):
-            if any(self.unlearned(i, mix) for i in range(k, j)) and \
-                    goodput(j, est.expected_tokens(j, mix, k, self.optimism, self.min_verified)) > (1 + self.hysteresis) * base:
+        upper = est.expected_tokens_upto(top, mix, k, self.optimism, self.min_verified)
+        for j in range(first + 1, top + 1):
+            if goodput(j, upper[j]) > (1 + self.hysteresis) * base:
                 return j
         return None
 
