@@ -211,11 +211,12 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         step whose cost is k's (a request at depth 0 commits one token in a k = 8 step); curve: the
         costs per k when the caller has them (else held_cost_curve(batch_size, held))."""
         curve = self.held_cost_curve(batch_size, held) if curve is None else curve
+        tokens = self.estimates.expected_tokens_upto(top, mix)
         if not depths:
-            return [batch_size * self.expected_tokens(k, mix) / curve[k] for k in range(top + 1)]
+            return [batch_size * tokens[k] / curve[k] for k in range(top + 1)]
         count = Counter(depths)
         n = sum(count.values())
-        return [batch_size * sum(m * self.expected_tokens(min(k, d), mix) for d, m in count.items()) / n / curve[k]
+        return [batch_size * sum(m * tokens[min(k, d)] for d, m in count.items()) / n / curve[k]
                 for k in range(top + 1)]
 
     def request_acceptance(self, key) -> list[float]:
