@@ -140,12 +140,12 @@ class AcceptanceEstimates:
         """[expected_tokens(j, ...) for j = 0 .. k], in one pass over the positions."""
         if mix is None:
             return self._tokens(self.pooled, self.verified, k, optimistic_from, z, below)
-        total = [0.0] * (k + 1)
+        total, weight = [0.0] * (k + 1), sum(mix)
         for b, n in enumerate(mix):
             if n:
                 for j, t in enumerate(self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)):
                     total[j] += n * t
-        return [t / sum(mix) for t in total]
+        return [t / weight for t in total]
 
     def unlearned(self, j: int, min_verified: float, mix: list[float] | None = None) -> bool:
         """Whether position j + 1 has fewer than min_verified discounted verified drafts:

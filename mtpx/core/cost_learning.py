@@ -83,8 +83,15 @@ class StepCostLearning:
         (auto_k.costs.calibrate_prefill_cost): the first value of the running median that
         `observe_prefill` feeds, so the first admissions weigh their prefill too. Kept by reset."""
         self._prefill_prior = max(0.0, ms_per_module_token)
-        self.prefill_module_ms = RunningMedian(self.cost_window)
-        self.prefill_module_ms.add(self._prefill_prior, self._steps)
+        self.prefill_module_ms = self._prefill_median()
+
+    def _prefill_median(self) -> RunningMedian:
+        """A fresh running median of the module prefill's ms per token (`observe_prefill`), holding
+        `set_prefill_cost`'s value when there is one."""
+        median = RunningMedian(self.cost_window)
+        if self._prefill_prior is not None:
+            median.add(self._prefill_prior, self._steps)
+        return median
 
     def prefill_ms(self, depth: int, prompt_tokens: int) -> float:
         """Predicted ms of a request's draft modules over its prompt at depth (`observe_prefill`,

@@ -161,11 +161,9 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.bucket_correction: dict[tuple[int, int], RunningMedian] = {}      # (k, bucket) -> ratio
         self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
         self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
-        self.prefill_module_ms = RunningMedian(self.cost_window)   # a prefill's draft modules: ms per token x module
-        if self._prefill_prior is not None:                         # measured at start-up (`set_prefill_cost`)
-            self.prefill_module_ms.add(self._prefill_prior)
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._steps = self._probes = 0
+        self.prefill_module_ms = self._prefill_median()   # a prefill's draft modules: ms per token x module
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
         self._explore_ms = 0.0                       # discounted predicted ms exploring spent (`explore_spent`)
         self._step_ms: float | None = None           # discounted predicted ms of every step (None: no step yet)
@@ -336,8 +334,11 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
             return best
         est = self.estimates
 
+        raised = est.expected_tokens_upto(top, mix, best, self.optimism, self.min_verified)
+        tokens = est.expected_tokens_upto(top, mix)
+
         def upper(j: int) -> float:
-            return g[j] * est.expected_tokens(j, mix, best, self.optimism, self.min_verified) / est.expected_tokens(j, mix)
+            return g[j] * raised[j] / tokens[j]
         land = max(range(best, top + 1), key=upper)
         return land if upper(land) > (1 + self.hysteresis) * g[best] else best
 
@@ -358,9 +359,14 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
         self._switch_streak, self._explored, self._rising_to = choice.switch_streak, choice.explored, choice.rising_to
         self._explore_ms = self.decay * self._explore_ms + choice.explore_ms
-        if self._step_ms is None:     # the budget's window starts full (`explore_spent`)
-            self._step_ms = choice.step_ms / (1 - self.decay) if self.decay < 1 else 0.0
+        self._open_budget_window(choice.step_ms)
         self._step_ms = self.decay * self._step_ms + choice.step_ms
+
+    def _open_budget_window(self, step_ms: float) -> None:
+        """Before the first step or explored admission: the steps' discounted sum starts as a full
+        window, 1 / (1 - decay) steps of step_ms (`explore_spent`)."""
+        if self._step_ms is None:
+            self._step_ms = step_ms / (1 - self.decay) if self.decay < 1 else 0.0
 
     def decide_depth(self, batch_size: int, current: int | None = None, ages=None,
                      depths: list[int] | None = None, prompt_tokens: int = 0,
@@ -411,8 +417,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if choice.streak is not None:
             self._lower_streak[choice.current] = choice.streak
         if choice.explore_ms:           # an explored admission's prefill (`_admission`)
-            if self._step_ms is None:   # no step yet: the budget's window starts full (`explore_spent`)
-                self._step_ms = choice.step_ms / (1 - self.decay) if self.decay < 1 else 0.0
+            self._open_budget_window(choice.step_ms)
             self._explore_ms += choice.explore_ms
 
     def record_depth(self, depth: int) -> None:

@@ -6,6 +6,7 @@ Engine.time_decode_steps call these."""
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import torch
 
@@ -13,7 +14,7 @@ from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.decode_step import depth_buckets
 
-__all__ = ["warm_up", "compile_stats", "time_decode_steps"]
+__all__ = ["warm_up", "compile_stats", "time_decode_steps", "forced_dummy_requests"]
 
 
 def warm_up(engine) -> dict | None:
@@ -76,13 +77,10 @@ def _steps_without_drafts(engine, k: int, length: int) -> None:
     before, a round without drafts first (StepShapes.catch_up). Both run in the k + 1 columns'
     draft graph; they once were graphs of their own (1 and 2k columns), compiled in the first timed
     requests (experiments/auto_k/compiled_c1)."""
-    policy = engine.draft_length
-    if not hasattr(policy, "forced_depth"):
+    if not hasattr(engine.draft_length, "forced_depth"):
         return
-    saved = policy.forced, policy.forced_depth
     schedule = iter([0, k, 0, 0, k, max(k - 1, 0), k, k])
-    policy.forced, policy.forced_depth = k, k
-    try:
+    with forced_dummy_requests(engine, k) as policy:
         params = SamplingParams(max_tokens=8 * (k + 1), ignore_eos=True)
         vocab = engine.model.cfg.vocab_size
         for i in range(2):
@@ -90,10 +88,23 @@ def _steps_without_drafts(engine, k: int, length: int) -> None:
         while engine.has_unfinished_requests():
             engine.step()
             policy.forced = next(schedule, k)
+
+
+@contextmanager
+def forced_dummy_requests(engine, k: int):
+    """Run dummy requests inside with every step's k and every admitted depth forced to k
+    (automatic k's `forced`, `forced_depth`; yields the policy); afterwards the policy's own
+    values come back and the prefix cache and step timings are reset, so nothing the dummies left
+    is reused or counted."""
+    policy = engine.draft_length
+    saved = policy.forced, policy.forced_depth
+    policy.forced, policy.forced_depth = k, k
+    try:
+        yield policy
     finally:
         policy.forced, policy.forced_depth = saved
-    engine.kv.reset_prefix_cache()
-    engine.reset_step_timings()
+        engine.kv.reset_prefix_cache()
+        engine.reset_step_timings()
 
 
 def compile_stats(engine) -> dict | None:

@@ -33,6 +33,7 @@ from mtpx.core.draft_length import smooth_step_costs
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.decode_step import depth_bucket
+from mtpx.engine.warmup import forced_dummy_requests
 
 __all__ = ["calibrate_step_costs", "calibrate_prefill_cost", "default_batch_sizes", "smooth_step_costs", "measure_step_costs",
            "step_costs", "tokens_per_round", "predict", "recommend"]
@@ -101,21 +102,18 @@ def calibrate_prefill_cost(engine, prompt_len: int = 128, rounds: int = 3, seed:
         return None
     g = torch.Generator().manual_seed(seed)
     vocab = engine.model.cfg.vocab_size
-    saved, values = (policy.forced, policy.forced_depth), []
-    policy.forced, policy.forced_depth = k, k
+    values = []
     try:
-        for i in range(rounds):
-            engine.add_request(Request(i, torch.randint(2, vocab, (length,), generator=g).tolist(),
-                                       SamplingParams(max_tokens=1, ignore_eos=True)))
-            while engine.has_unfinished_requests():
-                engine.step()
-                t = engine.step_timings[-1] if engine.step_timings else None
-                if t is not None and t.num_prefill_module_tokens:
-                    values.append(1e3 * t.prefill_draft_s / t.num_prefill_module_tokens)
+        with forced_dummy_requests(engine, k):
+            for i in range(rounds):
+                engine.add_request(Request(i, torch.randint(2, vocab, (length,), generator=g).tolist(),
+                                           SamplingParams(max_tokens=1, ignore_eos=True)))
+                while engine.has_unfinished_requests():
+                    engine.step()
+                    t = engine.step_timings[-1] if engine.step_timings else None
+                    if t is not None and t.num_prefill_module_tokens:
+                        values.append(1e3 * t.prefill_draft_s / t.num_prefill_module_tokens)
     finally:
-        policy.forced, policy.forced_depth = saved
-        engine.kv.reset_prefix_cache()
-        engine.reset_step_timings()
         policy.reset()
     return statistics.median(values) if values else None
 
