@@ -99,6 +99,9 @@ class SpyStep:
     def padded_batch(self, batch):
         return self.inner.padded_batch(batch)
 
+    def packed_tokens(self, num_tokens, grid_tokens):
+        return self.inner.packed_tokens(num_tokens, grid_tokens)
+
     def verify(self, meta):
         self.calls.append("verify")
         return self.inner.verify(meta)

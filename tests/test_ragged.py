@@ -31,10 +31,27 @@ def test_pack_and_unpack_are_inverse_on_the_real_tokens():
     assert torch.equal(grid[meta.valid], x[meta.valid]) and not grid[~meta.valid].any()
 
 
-@pytest.mark.parametrize("keep_states", [True, False])
-def test_a_ragged_verification_forward_equals_the_padded_grid(keep_states):
+def test_a_static_token_grid_is_padded_with_distinct_padding_positions():
+    """pack_valid with num_tokens (the compiled step's token grid): the real tokens first, then
+    the grid's first padding positions, each once; a static meta keeps no packed_lengths."""
+    meta = ForwardMeta.build(torch.tensor([3, 0, 7, 0]), torch.tensor([2, 1, 4, 0]), torch.arange(4),
+                             num_tokens=4, pad_slot=0)
+    meta.pack_valid([2, 1, 4], num_tokens=10)
+    assert meta.packed.tolist() == [0, 1, 4, 8, 9, 10, 11, 2, 3, 5]
+    assert meta.static and meta.packed_lengths is None
+    x = torch.arange(1, 4 * 4 + 1, dtype=torch.float32).view(4, 4)
+    grid = meta.unpack(meta.pack(x))
+    picked = torch.zeros(16, dtype=torch.bool)
+    picked[meta.packed] = True
+    assert torch.equal(grid.flatten()[picked], x.flatten()[picked]) and not grid.flatten()[~picked].any()
+    assert meta.pack_valid([2, 1, 4], num_tokens=7).packed.tolist() == [0, 1, 4, 8, 9, 10, 11]
+
+
+@pytest.mark.parametrize("keep_states,token_grid", [(True, None), (True, 8), (False, None)])
+def test_a_ragged_verification_forward_equals_the_padded_grid(keep_states, token_grid):
     """The target over windows of 1, 4 and 2 tokens: hidden states, logits, the KV written and
-    the Gated DeltaNet windows kept (or states stored) equal the grid's."""
+    the Gated DeltaNet windows kept (or states stored) equal the grid's; token_grid: the packed
+    forward runs on that many tokens (the compiled step's on CUDA), its padding never read."""
     llm = make_llm(model(), "mtp8", 4, max_num_seqs=4, check_invariants=False)
     cache = llm.engine.runner.cache
     for row in range(3):
@@ -50,7 +67,7 @@ def test_a_ragged_verification_forward_equals_the_padded_grid(keep_states):
             meta = cache.static_meta(n, torch.tensor(lengths), rows, 4 if keep_states else 1, 2,
                                      keep_states=keep_states)
             if ragged:
-                meta.pack_valid(lengths)
+                meta.pack_valid(lengths, token_grid)
             ids, h, logits = verify_forward(llm.model, cache, meta)
             out[ragged] = (h[meta.valid], logits[meta.valid])
             kv = [torch.stack([c.k.flatten(0, 1)[meta.slot_mapping[meta.valid]] for c in cache.target
@@ -227,3 +244,44 @@ def test_thompson_draws_tighten_with_the_rounds_seen():
     draws = [est.sample("r", [0.5, 0.5]) for _ in range(100)]
     assert all(p1 > 0.99 and p2 < 0.01 for p1, p2 in draws)
     assert RequestEstimates(2, seed=3).sample("new", [0.5, 0.5]) == RequestEstimates(2, seed=3).sample("new", [0.5, 0.5])
+
+
+@pytest.mark.parametrize("token_multiple", [1, pytest.param(4, marks=pytest.mark.slow)])   # 30 s each
+def test_compiled_ragged_windows_equal_padded_windows(monkeypatch, token_multiple):
+    """The compiled step (Dynamo, eager backend) with per-request ks drawn every step and depths
+    0 .. 4: its verification windows run packed (fewer tokens than the padded grid, the count a
+    dynamic size: a second workload with other counts compiles nothing), and greedy output equals
+    the eager padded grid's and plain decoding's, every proposal the from-scratch drafts.
+    token_multiple 4: the packed tokens padded to a multiple of 4 (CUDA's token grid uses 8)."""
+    from mtpx.engine.compiled import CompiledDecode
+    torch._dynamo.reset()
+    if token_multiple > 1:
+        monkeypatch.setattr(CompiledDecode, "packed_tokens",
+                            lambda self, n, grid: min(grid, -(-n // token_multiple) * token_multiple))
+    sizes = []
+    pack_valid = ForwardMeta.pack_valid
+    monkeypatch.setattr(ForwardMeta, "pack_valid", lambda self, lengths=None, num_tokens=None: (
+        sizes.append((num_tokens, self.positions.numel(), sum(lengths))), pack_valid(self, lengths, num_tokens))[1])
+    g = random.Random(0)
+    prompts = [[g.randrange(2, 64) for _ in range(n)] for n in (9, 4, 13, 6, 11)]
+    params = [_params(18 - 2 * i) for i in range(len(prompts))]
+    outs = {}
+    for compiled in (False, True):
+        llm = make_llm(model(), "mtp8", 4, max_num_seqs=4, ragged_batch=compiled, compile=compiled,
+                       compile_backend="eager", check_invariants=False)
+        policy = ScriptedAllocation(4, [4, 2, 0, 4, 3], seed=1)
+        llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
+        llm.engine.scheduler.depth_per_request = True
+        checked = install_draft_check(llm, model(), "mtp8", 4)
+        outs[compiled] = [o.output_token_ids for o in run_checked(llm, model(), prompts, params)[0]]
+        assert all(c[0] for c in checked)
+    assert outs[True] == outs[False]
+    static = [(n, grid, real) for n, grid, real in sizes if n is not None]
+    assert static and all(n == min(grid, -(-real // token_multiple) * token_multiple) for n, grid, real in static)
+    assert any(n < grid for n, grid, _ in static)
+    graphs, seen = llm.engine.compiled.num_graphs, len(sizes)
+    assert len({n for n, _, _ in static}) >= 3
+    policy.depths, policy.rng = iter([1, 4, 4, 2, 0]), random.Random(7)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        llm.generate(prompts, params)
+    assert len(sizes) > seen and llm.engine.compiled.num_graphs == graphs

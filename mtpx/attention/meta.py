@@ -44,7 +44,7 @@ class ForwardMeta:
         norms, projections, MLP, lm_head) runs on the [N, hidden] tokens alone, and only the
         token mixers (attention, the Gated DeltaNet conv and recurrence) see the grid (`unpack`,
         `pack`): a step costs its tokens, not B times its widest window (vLLM's flattened batch).
-        Eager forwards only; a static (compiled) forward keeps the grid.
+        A static (compiled) verification forward packs too, N a dynamic size of its graph.
     row_run: slice(a, a + B) when rows are the ascending run of batch slots a .. a + B - 1 (known
         on the host: mtpx.cache.state.ascending_run), so that Gated DeltaNet reads and writes
         their states as views instead of gathering them; None: gather (always under compile).
@@ -122,17 +122,26 @@ class ForwardMeta:
                           self.keep_states, gdn_backend=self.gdn_backend)
         return sub if self.attn_backend is None else sub.planned(self.attn_backend)
 
-    def pack_valid(self, lengths: list[int] | None = None) -> "ForwardMeta":
+    def pack_valid(self, lengths: list[int] | None = None, num_tokens: int | None = None) -> "ForwardMeta":
         """Use the ragged layout (`packed`) for this forward. lengths: each request's real tokens
-        when the host knows them (no device read); None reads meta.valid."""
-        T = self.positions.shape[1]
+        when the host knows them (no device read; requests beyond them are padding rows); None
+        reads meta.valid. num_tokens: pack this many tokens (a static forward's token grid, at
+        least the real ones): the extra entries are distinct padding positions of the grid, whose
+        results are never read. A static forward keeps no packed_lengths (the compiled graph
+        would guard on every list)."""
+        B, T = self.positions.shape
         if lengths is None:
             idx = self.valid.flatten().nonzero()[:, 0]
             lengths = self.valid.sum(1).tolist()
         else:
-            idx = torch.tensor([b * T + t for b, n in enumerate(lengths) for t in range(n)],
-                               dtype=torch.long, device=self.positions.device)
-        self.packed, self.packed_lengths = idx, list(lengths)
+            flat = [b * T + t for b, n in enumerate(lengths) for t in range(n)]
+            if num_tokens is not None and num_tokens > len(flat):
+                own = list(lengths) + [0] * (B - len(lengths))
+                pad = (b * T + t for b in range(B) for t in range(own[b], T))
+                flat += [next(pad) for _ in range(num_tokens - len(flat))]
+            idx = torch.tensor(flat, dtype=torch.long, device=self.positions.device)
+        self.packed = idx
+        self.packed_lengths = None if self.static else list(lengths)
         return self
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
@@ -140,7 +149,7 @@ class ForwardMeta:
         return x.flatten(0, 1).index_select(0, self.packed)
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """[N, ...] -> [B, T, ...]: the real tokens back on the grid, zeros at padding."""
+        """[N, ...] -> [B, T, ...]: the packed tokens back on the grid, zeros elsewhere."""
         B, T = self.positions.shape
         out = x.new_zeros(B * T, *x.shape[1:])
         return out.index_copy_(0, self.packed, x).view(B, T, *x.shape[1:])

@@ -23,7 +23,9 @@ $MTPX_CACHE_DIR/inductor (mtpx/engine/compile_progress.py, which also shows each
 built).
 
 Static shapes (StepShapes in decode_step.py): padded batches, window and column counts per depth
-bucket, power-of-two block counts; each width a graph of its own, its width a constant. Nothing in
+bucket, power-of-two block counts; each width a graph of its own, its width a constant. With
+engine.ragged_batch a verification window wider than one token runs packed (ForwardMeta.packed:
+the token-wise work on the real tokens alone), their count N marked dynamic like the batch. Nothing in
 the compiled code depends on a tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
 graph breaks on a dense model and no host syncs. The attention metadata of every step of the draft
 loop is built and planned (`speculator.plan`) before the loop, once per engine step.
@@ -109,6 +111,8 @@ def _mark_meta(meta: ForwardMeta) -> None:
     _mark_batch(meta.positions, meta.valid, meta.rows, meta.slot_mapping, meta.block_table)
     _mark_window(meta.positions, meta.valid, meta.slot_mapping)
     torch._dynamo.maybe_mark_dynamic(meta.block_table, 1)
+    if meta.packed is not None:     # a ragged window's tokens: one graph for every count
+        _mark_batch(meta.packed)
 
 
 class CompiledDecode:
@@ -224,6 +228,12 @@ class CompiledDecode:
     def padded_batch(self, batch: int) -> int:
         """The capture size a batch of `batch` requests is padded to."""
         return next(s for s in self.sizes if s >= batch)
+
+    def packed_tokens(self, num_tokens: int, grid_tokens: int) -> int:
+        """The token grid of a ragged verification forward: its real tokens on the CPU (one graph
+        serves every count), the next multiple of 8 (at most the grid) on CUDA, where a CUDA
+        graph is recorded per size."""
+        return min(grid_tokens, -(-num_tokens // 8) * 8) if self.cuda else num_tokens
 
     @property
     def num_graphs(self) -> int:

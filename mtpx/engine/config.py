@@ -50,15 +50,16 @@ class EngineConfig:
     output tokens (num_prompts x max_tokens; the whole data set counts as enough); the Python
     API (LLM) runs eager (pass compile=True for long runs)."""
     ragged_batch: bool = True
-    """Eager forwards run their token-wise work (embedding, norms, projections, MLP, lm_head) on
-    the real tokens alone, flattened (ForwardMeta.packed), so a decode step whose requests verify
+    """Forwards run their token-wise work (embedding, norms, projections, MLP, lm_head) on the
+    real tokens alone, flattened (ForwardMeta.packed), so a decode step whose requests verify
     different numbers of drafts, or a prefill of chunks of different lengths, costs its tokens
     rather than B times its widest window; attention and the Gated DeltaNet verification windows
     see the padded grid, where the CPU kernels skip the padding (a prefill runs Gated DeltaNet
-    packed too, docs/engine.md). False: every op sees the [B, T] grid (the reference). The
-    compiled step keeps its static grid either way."""
+    packed too, docs/engine.md). The compiled step packs its verification windows (the token
+    count a dynamic size of the graph; its padded batch rows dropped too), its 1-token windows
+    and draft rounds keep the static grid. False: every op sees the [B, T] grid (the reference)."""
     per_request_k: bool = False
-    """With automatic k on an eager engine with ragged_batch: each request verifies its own number
+    """With automatic k and ragged_batch (eager or compiled): each request verifies its own number
     of the drafts it holds every step (AutoDraftLength.allocate, docs/automatic_k.md), instead of
     every request verifying the step's k. Off by default: on the demo (2 CPU cores, eager) it
     read 0.89x the best fixed k at concurrency 1 and 16 against 0.97x-1.04x at 4 and 64

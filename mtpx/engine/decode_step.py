@@ -13,9 +13,11 @@ request verifies, and keys are read from exactly the blocks the step touches. St
 gpt-fast's recipe and vLLM's capture sizes: the batch is padded to a capture size (1, 2, 4, 8, then
 multiples of 8), the window and the draft round are built for the depth bucket of the deepest
 request (depth_bucket: 0, k // 2 or k unless engine.compile_depths says otherwise; fewer drafts are
-padding), a step that neither verifies nor proposes a draft has a 1-token window, the draft
-round's forwards have width + 1 columns (a 1-token window's round too: one draft graph), and
-keys are read from a power-of-two number of blocks: a few graphs serve every step. A round
+padding; with engine.ragged_batch a window wider than one token runs packed, its token count a
+dynamic size: ForwardMeta.pack_valid), a step that neither verifies nor proposes a draft has a
+1-token window, the draft round's forwards have width + 1 columns (a 1-token window's round
+too: one draft graph), and keys are read from a power-of-two number of blocks: a few graphs
+serve every step. A round
 whose modules' catch-up needs more than width + 1 columns (a step drafting more than the one
 before) is two rounds of the same graph: first one without drafts (StepShapes.catch_up,
 draft_rounds), after which width + 1 columns suffice.
@@ -157,6 +159,10 @@ class DecodeStep(Protocol):
     def padded_batch(self, batch: int) -> int:
         """Rows the step's tensors have for `batch` requests."""
 
+    def packed_tokens(self, num_tokens: int, grid_tokens: int) -> int:
+        """Tokens a ragged verification forward of num_tokens real tokens on a grid of
+        grid_tokens runs on (ForwardMeta.pack_valid's num_tokens)."""
+
     def verify(self, meta: ForwardMeta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """verify_forward's contract."""
 
@@ -177,6 +183,9 @@ class EagerStep:
 
     def padded_batch(self, batch: int) -> int:
         return batch
+
+    def packed_tokens(self, num_tokens: int, grid_tokens: int) -> int:
+        return num_tokens
 
     def verify(self, meta: ForwardMeta):
         return verify_forward(self.model, self.cache, meta)

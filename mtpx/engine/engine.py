@@ -81,9 +81,9 @@ class Engine:
             raise ValueError(f"automatic k over 0..{draft_length.max_k} but the speculator drafts {k}")
         self.draft_length = draft_length
         depth_per_request = draft_length.auto and speculator is not None and speculator.num_draft_modules > 1
-        # ragged eager steps cost their tokens: each request verifies its own k (draft_length.py)
+        # ragged steps cost their tokens: each request verifies its own k (draft_length.py)
         draft_length.per_request = (draft_length.auto and speculator is not None and config.ragged_batch
-                                    and config.per_request_k and not config.compile)
+                                    and config.per_request_k)
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len, lookahead, depth_per_request)
         self.runner = ModelRunner(model, speculator, config, self.max_len)

@@ -240,10 +240,14 @@ class ModelRunner:
             for r in reqs:
                 self.release(r.index)
 
-    def _ragged(self, grid_tokens: int, real_tokens: int, static: bool = False) -> bool:
+    def _ragged(self, grid_tokens: int, real_tokens: int, static: bool = False, window: int = 1) -> bool:
         """Whether a forward of real_tokens on a grid of grid_tokens runs ragged
-        (EngineConfig.ragged_batch: eager, and only when the grid has padding)."""
-        return self.config.ragged_batch and not static and real_tokens < grid_tokens
+        (EngineConfig.ragged_batch): eager, only when the grid has padding; static (the compiled
+        step), every verification window wider than one token, padding or not, so that each
+        window width is one graph."""
+        if not self.config.ragged_batch:
+            return False
+        return window > 1 if static else real_tokens < grid_tokens
 
     def _now(self) -> float:
         if not self.config.record_step_timings:
@@ -403,8 +407,8 @@ class ModelRunner:
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, shapes.num_blocks, keep_states=shapes.keep_states)
         meta.row_run = None if step.static else ascending_run(rows_host)
-        if self._ragged(B * T, B + sum(nd_host), step.static):
-            meta.pack_valid([1 + x for x in nd_host])
+        if self._ragged(B * T, B + sum(nd_host), step.static, T):
+            meta.pack_valid([1 + x for x in nd_host], step.packed_tokens(B + sum(nd_host), shapes.padded_batch * T))
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
         accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,

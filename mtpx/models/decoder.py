@@ -46,14 +46,14 @@ class DecoderLayer(nn.Module):
         return self._forward(x, cos, sin, cache, meta)
 
     def _region(self, x, cos, sin, cache, meta: ForwardMeta):
-        T = x.shape[1]
+        T = meta.positions.shape[1]
         linear = self.layer_type == "linear_attention"
         tensors = cache.views(T if meta.keep_states else 0) if linear else (cache.k, cache.v)
         # the block table flat: a [B, blocks] operand's strides would make Inductor guard on B
         # != 1 at the region's boundary (and a batch of one would compile again)
         out = layer_region(self, x, cos, sin, tensors, meta.positions, meta.valid, meta.rows,
                            meta.block_table, meta.slot_mapping, meta.block_size,
-                           meta.keep_states, meta.gdn_backend)
+                           meta.keep_states, meta.gdn_backend, meta.packed)
         if linear and meta.keep_states:
             cache.mark_kept(meta.rows, T)
         return out
@@ -70,15 +70,17 @@ class DecoderLayer(nn.Module):
 
 @torch.compiler.nested_compile_region(max_reuse_entries=32)
 def layer_region(layer: DecoderLayer, x, cos, sin, tensors: tuple, positions, valid, rows, block_ids,
-                 slot_mapping, block_size: int, keep_states: bool, gdn_backend: str) -> torch.Tensor:
+                 slot_mapping, block_size: int, keep_states: bool, gdn_backend: str,
+                 packed=None) -> torch.Tensor:
     """A decoder layer over a static forward (ForwardMeta.static, no boundary states, the torch
     attention) from plain tensors, so that torch.compile traces and compiles it once per layer
     type and input shapes and reuses it for every layer (regional compilation: PyTorch's
     nested_compile_region, which needs tensor, constant and module inputs and no Python side
     effects). tensors: (k, v) of the layer's KVCache, or RecurrentState.views(); block_ids: the
-    block table [B, blocks] flattened. Eager: a plain call."""
+    block table [B, blocks] flattened; packed: ForwardMeta.packed (x then [N, hidden]). Eager: a
+    plain call."""
     meta = ForwardMeta(positions, valid, rows, None, block_ids, block_size,
-                       slot_mapping, keep_states, gdn_backend=gdn_backend, region=True)
+                       slot_mapping, keep_states, gdn_backend=gdn_backend, region=True, packed=packed)
     cache = LayerStates(*tensors) if layer.layer_type == "linear_attention" else KVCache(*tensors)
     return layer._forward(x, cos, sin, cache, meta)
 
