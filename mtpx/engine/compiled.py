@@ -123,7 +123,9 @@ class CompiledDecode:
     verification forward of one token); backend: torch.compile's backend ("inductor"; tests use
     "eager" or "aot_eager" to check tracing without code generation); mode: None for the device's
     default ("reduce-overhead" on CUDA, Inductor's default on the CPU); report: show the build
-    (CompileProgress); precompile: save and load whole graphs (engine.compile_cache).
+    (CompileProgress); precompile: save and load whole graphs (engine.compile_cache); ragged:
+    the runner packs the verification windows (engine.ragged_batch; part of the saved graphs' key,
+    as their inputs differ).
 
     Attributes: compile_s (seconds spent in calls that compiled a graph), num_graphs (graphs
     compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes),
@@ -136,8 +138,9 @@ class CompiledDecode:
     static = True
 
     def __init__(self, model, cache, speculator=None, backend: str = "inductor",
-                 mode: str | None = None, report: bool = True, precompile: bool = True):
-        self.model, self.cache, self.speculator = model, cache, speculator
+                 mode: str | None = None, report: bool = True, precompile: bool = True,
+                 ragged: bool = True):
+        self.model, self.cache, self.speculator, self.ragged = model, cache, speculator, ragged
         self.cache_dir = use_cache_dir()
         self.progress = CompileProgress(self.expected_graphs(), enabled=report)
         device = next(model.parameters()).device
@@ -191,7 +194,7 @@ class CompiledDecode:
                 "speculator": None if spec is None else (type(spec).__name__, spec.num_speculative_tokens),
                 "draft_modules": len(cache.draft), "regions": cache.compile_regions,
                 "attention": cache.attention_backend.name, "gdn": cache.gdn_backend,
-                "backend": self.backend, "mode": self.mode,
+                "backend": self.backend, "mode": self.mode, "ragged": self.ragged,
                 "options": sorted(k for k in options if k != "guard_filter_fn")}
 
     def _mark_persistent(self) -> None:

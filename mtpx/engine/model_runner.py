@@ -128,7 +128,7 @@ class ModelRunner:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
         self.step = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
-                                    precompile=config.compile_cache)
+                                    precompile=config.compile_cache, ragged=config.ragged_batch)
                      if config.compile else EagerStep(model, self.cache, speculator))
         self.rows: dict[int, int] = {}             # request index -> batch slot
 
