@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from mtpx.models.gated_delta_rule import (chunk_gated_delta_rule, recurrent_gated_delta_rule,
-                                          unit_lower_inverse, unit_lower_inverse_small,
+                                          unit_lower_inverse, unit_lower_inverse_small, unit_lower_solve,
                                           window_gated_delta_rule)
 
 
@@ -91,6 +91,25 @@ def test_window_padding_and_small_inverse():
         torch.testing.assert_close(window.state_at(s0, *idx), s_prefix, atol=1e-12, rtol=1e-12)
     L = torch.randn(4, 13, 13, dtype=torch.float64).tril(-1) * 0.5
     torch.testing.assert_close(unit_lower_inverse_small(L), unit_lower_inverse(L), atol=1e-9, rtol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_the_triangular_solve_equals_the_inverse_times_each_rhs(dtype):
+    """unit_lower_solve (LAPACK's solve in float32 / float64, the inverse in bfloat16, which has
+    no CPU solve) equals unit_lower_inverse(L) @ x for each x, gradients included; L's diagonal
+    and upper part are not read."""
+    g = torch.Generator().manual_seed(0)
+    L = (torch.randn(2, 3, 64, 64, generator=g, dtype=torch.float64).tril(-1) * 0.1).to(dtype)
+    rhs = [torch.randn(2, 3, 64, d, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for d in (8, 16)]
+    got = unit_lower_solve(L + torch.triu(torch.ones(64, 64, dtype=dtype)), *rhs)
+    W = unit_lower_inverse(L)
+    tol = dict(atol=1e-10, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-2, rtol=2e-2) \
+        if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    for x, r in zip(got, rhs):
+        torch.testing.assert_close(x, W @ r, **tol)
+    grads = torch.autograd.grad(sum(x.float().sum() for x in got), rhs)
+    for gr in grads:
+        torch.testing.assert_close(gr, (W.transpose(-1, -2) @ torch.ones_like(gr).to(dtype)).to(gr.dtype), **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

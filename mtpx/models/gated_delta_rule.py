@@ -3,8 +3,8 @@ Delta Rule", arXiv 2412.06464) in plain PyTorch: a recurrent form (decode), a ch
 training) and a one-chunk window form (verification windows: outputs in chunked form, and the state
 after any window token rebuilt later from what it keeps, mtpx.cache.state.WindowStates). The
 recurrent and chunked forms are the reference implementations; the chunked forms use the WY
-representation of flash-linear-attention's `chunk_gated_delta_rule`, inverting the unit-triangular
-(I + L) of each chunk directly.
+representation of flash-linear-attention's `chunk_gated_delta_rule`, solving with the unit-triangular
+(I + L) of each chunk directly (`unit_lower_solve`).
 
 Per head, with state S in R^{Dk x Dv}, unit-norm k_t (L2-normalised here, as flash-linear-attention's
 `l2norm`: x * rsqrt(sum(x^2) + 1e-6), which Qwen3-Next checkpoints were trained with), q_t
@@ -155,6 +155,20 @@ def unit_lower_inverse(L: torch.Tensor, block: int = 16) -> torch.Tensor:
     return blocks[0]
 
 
+def unit_lower_solve(L: torch.Tensor, *rhs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(I + L)^{-1} x for each x of rhs [..., C, D_i], L [..., C, C] strictly lower triangular: one
+    batched triangular solve (LAPACK's, unit diagonal: L's diagonal and upper part are not read)
+    where torch has one for the dtype (float32, float64; with gradients too), else
+    `unit_lower_inverse` times each. On the CPU the solve takes 0.09 ms against 0.54 ms for the
+    four 64 x 64 chunks of a one-request prefill layer, 25 against 48 ms at [8, 4, 32] chunks
+    (AMD EPYC, 1 thread; experiments/prefill/solve)."""
+    if L.dtype in (torch.float32, torch.float64):
+        x = torch.linalg.solve_triangular(L, torch.cat(rhs, -1), upper=False, unitriangular=True)
+        return tuple(x.split([r.shape[-1] for r in rhs], -1))
+    W = unit_lower_inverse(L)
+    return tuple(W @ r for r in rhs)
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64,
                            return_chunk_states=False):
     """Chunked (WY) gated delta rule; same contract as `recurrent_gated_delta_rule` without
@@ -180,9 +194,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, initial_state=None, chunk_size=64,
     decay = (G[..., :, None] - G[..., None, :]).tril().exp().tril()      # [B, H, N, C, C]
     k_beta = k * beta[..., None]
     L = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1)
-    W = unit_lower_inverse(L)
-    u = W @ (v * beta[..., None])
-    w = W @ (k_beta * G.exp()[..., None])
+    u, w = unit_lower_solve(L, v * beta[..., None], k_beta * G.exp()[..., None])
     S = (torch.zeros(B, H, Dk, Dv, dtype=q.dtype, device=q.device)
          if initial_state is None else initial_state.to(q.dtype))
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
