@@ -39,7 +39,7 @@ symbolic length, add no guard against 1; no input's stride may differ at 1 eithe
 compiles at batch 2 first, since a graph compiled at batch 1 would be specialized to it). On CUDA
 the mode is "reduce-overhead" (CUDA graphs; one graph is recorded per capture size and block
 bucket, replayed afterwards); on the CPU the default
-mode (Inductor's C++ kernels). Where the compiled code cannot follow, it runs eager inside the
+mode (Inductor's C++ kernels), every batch unpadded. Where the compiled code cannot follow, it runs eager inside the
 graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
 CUDA graphs cut at attention the same way) and the routed experts of a MoE layer (data-dependent
 token routing). Draft loops that sample from the draft distribution
@@ -128,7 +128,8 @@ class CompiledDecode:
     as their inputs differ).
 
     Attributes: compile_s (seconds spent in calls that compiled a graph), num_graphs (graphs
-    compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes),
+    compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes;
+    None on the CPU, where batches run unpadded),
     precompile_dir (where whole graphs are saved and loaded, None where they cannot be: CUDA,
     FlashInfer, MoE, tensor parallelism, engine.compile_cache=false), cache_dir (that folder, else Inductor's).
     Call verify and draft under torch.inference_mode, as the model runner does: the grad mode and the
@@ -148,7 +149,9 @@ class CompiledDecode:
         if mode is None:
             mode = "reduce-overhead" if self.cuda and backend == "inductor" else None
         self.mode, self.backend = mode, backend
-        self.sizes = capture_sizes(cache.rows)
+        # CUDA graphs are recorded per batch size: pad to vLLM's capture sizes there; on the CPU one
+        # graph serves every batch (its batch dimension is dynamic), so a batch runs unpadded
+        self.sizes = capture_sizes(cache.rows) if self.cuda else None
         self.num_calls = 0
         # per-call costs at batch 1 on the CPU (experiments/step_costs): no guards on the modules
         # (an engine never swaps its model's weights, and each engine compiles its own code), and
@@ -229,8 +232,9 @@ class CompiledDecode:
             yield from self.speculator.buffers
 
     def padded_batch(self, batch: int) -> int:
-        """The capture size a batch of `batch` requests is padded to."""
-        return next(s for s in self.sizes if s >= batch)
+        """The capture size a batch of `batch` requests is padded to (CUDA); the batch itself on
+        the CPU."""
+        return batch if self.sizes is None else next(s for s in self.sizes if s >= batch)
 
     def packed_tokens(self, num_tokens: int, grid_tokens: int) -> int:
         """The token grid of a ragged verification forward: its real tokens on the CPU (one graph

@@ -111,7 +111,7 @@ def compile_stats(engine) -> dict | None:
     """{"compile_s": seconds spent in calls that built a graph, "num_graphs": graphs built
     (compiled or loaded from the cache), "num_compiled", "num_loaded", "graphs": [{"graph",
     "seconds", "source"}], "regions": compiled layer regions on, "cache_dir",
-    "capture_sizes": padded batch sizes, "mode", "backend"}, or None without compile."""
+    "capture_sizes": padded batch sizes (None: unpadded, the CPU), "mode", "backend"}, or None without compile."""
     c = engine.compiled
     if c is None:
         return None
