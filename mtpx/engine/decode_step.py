@@ -17,10 +17,9 @@ padding; with engine.ragged_batch a window wider than one token runs packed, its
 dynamic size: ForwardMeta.pack_valid), a step that neither verifies nor proposes a draft has a
 1-token window, the draft round's forwards have width + 1 columns (a 1-token window's round
 too: one draft graph), and keys are read from a power-of-two number of blocks: a few graphs
-serve every step. A round
-whose modules' catch-up needs more than width + 1 columns (a step drafting more than the one
-before) is two rounds of the same graph: first one without drafts (StepShapes.catch_up,
-draft_rounds), after which width + 1 columns suffice.
+serve every step. A round whose modules' catch-up needs more than width + 1 columns (a step
+drafting more than the one before) is two rounds of the same graph: first one without drafts
+(StepShapes.catch_up, draft_rounds), after which width + 1 columns suffice.
 """
 from __future__ import annotations
 

@@ -407,8 +407,9 @@ class ModelRunner:
         meta = cache.static_meta(n, torch.tensor([1 + x for x in nd_host] + [0] * pad, device=dev),
                                  rows, T, shapes.num_blocks, keep_states=shapes.keep_states)
         meta.row_run = None if step.static else ascending_run(rows_host)
-        if self._ragged(B * T, B + sum(nd_host), step.static, T):
-            meta.pack_valid([1 + x for x in nd_host], step.packed_tokens(B + sum(nd_host), shapes.padded_batch * T))
+        real = B + sum(nd_host)
+        if self._ragged(B * T, real, step.static, T):
+            meta.pack_valid([1 + x for x in nd_host], step.packed_tokens(real, shapes.padded_batch * T))
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
         accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,

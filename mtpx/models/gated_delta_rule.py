@@ -300,9 +300,7 @@ def chunk_gated_delta_rule_packed(q, k, v, g, beta, chunks: PackedChunks, initia
     k_beta = k * beta[..., None]
     L = (k_beta @ k.transpose(-1, -2)) * decay                    # the solve reads its strict lower part
     Dv = v.shape[-1]
-    uw = torch.linalg.solve_triangular(L, torch.cat([v * beta[..., None], k_beta * G.exp()[..., None]], -1),
-                                       upper=False, unitriangular=True)
-    u, w = uw[..., :Dv], uw[..., Dv:]
+    u, w = unit_lower_solve(L, v * beta[..., None], k_beta * G.exp()[..., None])
     attn = (q @ k.transpose(-1, -2)) * decay
     q_decayed = q * G.exp()[..., None]
     last = G[..., -1:]                                            # [M, H, 1]
