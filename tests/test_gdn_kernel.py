@@ -190,3 +190,58 @@ def test_window_skips_padding_tokens_and_keeps_the_reference_states(lengths):
         for t in range(T):
             at = torch.full((B,), t)
             torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4, atol=1e-5)
+
+
+def prefill(layer, cfg, kernel: bool, lengths, packed: bool, save: bool, block_size: int = 4, seed=2):
+    """One prefill forward of requests of `lengths` tokens at batch slots 3, 0, 5, ... from random
+    stored states (rows beyond a request's length are padding), boundary states at block ends
+    when `save`; returns (outputs of the real tokens, conv state, ssm state, block ssm, block conv)."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = len(lengths), max(lengths)
+    rows = torch.tensor([3, 0, 5, 1, 4][:B])
+    state = RecurrentState.allocate(6, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32,
+                                    num_blocks=64 if save else 0)
+    state.conv.copy_(torch.randn(state.conv.shape, generator=g))
+    state.ssm.copy_(torch.randn(state.ssm.shape, generator=g) * 0.3)
+    valid = torch.arange(T)[None] < torch.tensor(lengths)[:, None]
+    meta = ForwardMeta(positions=torch.arange(T).expand(B, T).clone(), valid=valid, rows=rows, kv_len=T,
+                       block_size=block_size)
+    if save:       # every block end of every request
+        ends = [(b, t) for b, n in enumerate(lengths) for t in range(block_size - 1, n, block_size)]
+        bi, ti = (torch.tensor(x, dtype=torch.long) for x in zip(*ends))
+        meta.save_states = (bi, ti, torch.arange(len(ends)))
+    x = torch.randn(B, T, cfg.hidden_size, generator=g)
+    if packed:
+        meta = meta.pack_valid(list(lengths))
+        x = x[valid]
+    gdn_kernel.use_kernel = kernel
+    try:
+        with torch.inference_mode():
+            out = layer(x, state, meta)
+    finally:
+        gdn_kernel.use_kernel = True
+    out = out if packed else out[valid]
+    blocks = (state.block_ssm.clone(), state.block_conv.clone()) if save else (None, None)
+    return out, state.conv.clone(), state.ssm.clone(), *blocks
+
+
+@pytest.mark.parametrize("lengths", [[24], [5], [40, 17, 3], [64, 1, 30, 9]])
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("save", [False, True])
+def test_prefill_kernel_equals_the_torch_forms(lengths, packed, save, monkeypatch):
+    """A prefill on the CPU in float32 runs the recurrence in the C window kernel
+    (deltanet._kernel_recurrence): outputs, conv and recurrent states, and the boundary states at
+    block ends equal the chunked / recurrent torch forms' within float32 rounding, on the padded
+    grid and packed, with padding rows and rows out of order."""
+    if packed and max(lengths) <= 16:
+        pytest.skip("a packed forward of short requests runs the grid path")
+    cfg, layer = make_layer(2, 4, 32, 32, 4)
+    calls, window = [], gdn_kernel.window
+    monkeypatch.setattr(gdn_kernel, "window", lambda *a: calls.append(1) or window(*a))
+    ref = prefill(layer, cfg, False, lengths, packed, save)
+    assert not calls
+    out = prefill(layer, cfg, True, lengths, packed, save)
+    assert calls == [1]
+    for a, b in zip(out, ref):
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5)
