@@ -93,8 +93,8 @@ class PackedConv:
 
 def _kernel_recurrence(q, k, v, g, beta, init, valid, save_states, block_size: int):
     """A prefill's gated delta rule in mtpx's C window kernel (`gdn_kernel.window`, the recurrence
-    token after token; CPU float32 without gradients: `gdn_kernel.window_runs`), 4-7x the chunked
-    form's speed on the CPU at 8-300 tokens and within 1e-6 of it (experiments/prefill/kernel).
+    token after token; CPU float32 without gradients: `gdn_kernel.window_runs`), 3.6-7x the chunked
+    form's speed on the CPU at 8-300 tokens and within 2e-6 of it (experiments/prefill/kernel).
     q, k [B, T, H, Dk]; v [B, T, H, Dv]; g, beta [B, T, H]; init [B, H, Dk, Dv]; valid [B, T] bool
     (padding skipped) or None; save_states: ForwardMeta.save_states or None, at block ends of
     block_size tokens -> (o [B, T, H, Dv], the state after each row's last real token
