@@ -510,19 +510,53 @@ def test_an_explored_admission_weighs_its_prefill_and_spends_it_from_the_budget(
 
 def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():
     """The compiled demo's calibration at concurrency 16 (depth buckets [0, 4, 8]: k = 1-4 cost
-    k = 4's step, 40.66 ms against k = 0's 11.58). Before any prefill was measured, the first
-    wave was admitted at depth 4, where the prior's upper estimates (3.7 tokens a round) could
-    pay, and paid 4 modules' prefill and catch-up (plain was 5-7% faster). With the start-up
-    measurement of the modules' prefill (0.02 ms per prompt token and module, 150-token prompts,
-    128 output tokens: 0.094 ms more per token at depth 4) depth 4 cannot pay even there."""
+    k = 4's step, 40.66 ms against k = 0's 11.58). With the start-up measurement of the modules'
+    prefill (0.02 ms per prompt token and module, 150-token prompts, 128 output tokens: 0.094 ms
+    more per token at depth 4) depth 4 cannot pay for the request itself, at the upper estimates
+    either (admission_landing="request"). The first wave still tests k = 4, which the prior's
+    upper estimates (3.7 tokens a round) make pay for the batch, whatever its prompts' length
+    (admission_landing="batch", the default; experiments/concurrency/draft_costs)."""
     ms = {(k, 16): 11.58 if k == 0 else 40.66 if k <= 4 else 66.23 for k in range(9)}
-    p = AutoDraftLength(8, ms)
+    p, q = AutoDraftLength(8, ms, admission_landing="request"), AutoDraftLength(8, ms)
     assert p.depth(16, prompt_tokens=150, max_tokens=128) == 4
     p.set_prefill_cost(0.02)
+    q.set_prefill_cost(0.02)
     assert p.depth(16, prompt_tokens=150, max_tokens=128) == 0
+    assert [q.depth(16, prompt_tokens=n, max_tokens=128) for n in (40, 150, 400)] == [4, 4, 4]
+    with pytest.raises(ValueError, match="admission_landing='wave'"):
+        AutoDraftLength(8, ms, admission_landing="wave")
     assert p.prefill_ms(4, 150) == pytest.approx(12.0)
     p.observe_prefill(1000, 30.0)                           # the running engine's prefills join it
     assert p.prefill_module_ms.value == pytest.approx(0.025)
+
+
+def test_a_request_held_deeper_prices_its_draft_round_at_the_calibrated_one():
+    """The compiled demo at concurrency 16 (k = 1-4 cost k = 4's 41.0 ms, k = 0 12.1; the
+    calibration's 4-module draft round 5.75 ms): 2 of 16 requests admitted at depth 4 (exploring),
+    14 at depth 0, the k in use 4 (it starts at max_k). Priced at t(4) - t(0) = 28.9 ms, the draft
+    round made a k = 0 step below the held depth cost as much as verifying 4 drafts, so the k in use
+    stayed 4 while they ran (39 of 246 steps verified drafts for 2 requests, 0.87x plain in that
+    chunk; experiments/concurrency/draft_costs); at the calibrated 5.75 ms it falls to 0 after
+    `patience` steps."""
+    ms = {(k, 16): 12.1 if k == 0 else 41.0 if k <= 4 else 66.7 for k in range(9)}
+    draft = {(k, 16): 0.0 if k == 0 else 5.75 if k <= 4 else 14.9 for k in range(9)}
+    depths = [0] * 14 + [4, 4]
+
+    def run(p):
+        ks = []
+        for _ in range(3 * p.patience):
+            choice = p.decide(16, 4, held=4, depths=depths)
+            p.commit(choice)
+            ks.append(choice.k)
+        return ks
+    old, new = AutoDraftLength(8, ms, probe_interval=0), AutoDraftLength(8, ms, probe_interval=0)
+    new.set_draft_costs(draft)
+    assert old.held_cost_curve(16, 4)[0] == pytest.approx(41.0) and new.held_cost_curve(16, 4)[0] == pytest.approx(17.85)
+    assert set(run(old)) == {4}
+    ks = run(new)
+    assert ks[:new.patience - 1] == [4] * (new.patience - 1) and set(ks[new.patience:]) == {0}
+    with pytest.raises(ValueError, match="draft costs miss"):
+        new.set_draft_costs({(0, 16): 0.0})
 
 
 def test_a_fall_lands_between_only_where_the_upper_estimates_beat_best_by_the_hysteresis():
@@ -532,9 +566,10 @@ def test_a_fall_lands_between_only_where_the_upper_estimates_beat_best_by_the_hy
     k = 4 at the prior's upper estimates (3.73 tokens a round), its prefill added, reads 1.444,
     1.1% more, and the whole wave was admitted at depth 4 to test it (0.82x plain in that chunk).
     A k between is tested only where it would be chosen over best, by the hysteresis; with no
-    prefill to pay k = 4 reads 1.524 (6.8% more) and still is."""
+    prefill to pay k = 4 reads 1.524 (6.8% more) and still is (admission_landing="request": the
+    default weighs the batch's goodputs, without the request's prefill)."""
     ms = {(k, 16): 11.21 if k == 0 else 39.15 if k <= 4 else 63.71 for k in range(9)}
-    p = AutoDraftLength(8, ms)
+    p = AutoDraftLength(8, ms, admission_landing="request")
     p.set_prefill_cost(0.0157)
     assert p.depth(16, prompt_tokens=100, max_tokens=128) == 0
     assert p.depth(16, prompt_tokens=100, max_tokens=10 ** 9) == 4
@@ -801,11 +836,17 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     prefill = llm.calibration["prefill_module_ms_per_token"]       # 3 prefills of 128 tokens at depth max_k
     assert prefill > 0 and json.loads((tmp_path / "costs.json").read_text())["prefill_module_ms_per_token"] == prefill
     assert policy.prefill_module_ms.recent[0] == prefill and policy.prefill_ms(2, 10) == pytest.approx(20 * prefill)
+    # the same steps' draft rounds: none at k = 0, each below its whole step, deeper never cheaper
+    draft = {(r["k"], r["batch_size"]): r["draft_ms"] for r in json.loads((tmp_path / "costs.json").read_text())["draft_costs"]}
+    assert sorted(draft) == sorted(policy.step_costs) and draft[(0, 1)] == draft[(0, 4)] == 0.0
+    assert all(0 < draft[(k, b)] < policy.step_costs[(k, b)] for k in range(1, policy.max_k + 1) for b in (1, 4))
+    assert policy._draft_costs == draft and policy.draft_cost(2, 4) == draft[(2, 4)]
     policy.reset()                                                 # kept, like the step costs
-    assert policy.prefill_module_ms.value == prefill
+    assert policy.prefill_module_ms.value == prefill and policy._draft_costs == draft
     again = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
                 cost_model_file=tmp_path / "costs.json")           # loads the file, measures nothing
     assert again.calibration["seconds"] == 0.0 and again.engine.draft_length.step_costs == policy.step_costs
+    assert again.engine.draft_length._draft_costs == draft
     again.engine.draft_length.forced = 2                           # depth 2: the prefill runs 2 modules
     again.generate([[5, 8, 11, 4]], _params(3))
     learned = again.engine.draft_length.prefill_module_ms          # the scheduler fed it the one prefill

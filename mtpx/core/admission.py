@@ -20,6 +20,7 @@ class Admission:
         request admitted deeper than the steps draft would run its extra modules for nothing);
         each k's ms per token counts the request's module prefill at that depth, prompt_tokens
         of them spread over at most max_tokens output tokens (`prefill_ms`, `_with_prefill`).
+        Below the k in use it lands where `_admission_landing` says.
         Exploring may admit it deeper (`_explore_target`, weighing the same prefill); the
         prefill beyond the depth it would have had is then exploring's spend (explore_ms)."""
         top = self.max_k
@@ -29,7 +30,7 @@ class Admission:
         depth = self.k
         if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
             if best < self.k:
-                depth = self._landing(g, best, self.k, mix)
+                depth = self._admission_landing(g, best, batch_size, mix)
             elif self._admission_rises(g, best, batch_size, mix, depths, extra):
                 depth = best
         target = self._explore_target(depth, batch_size, top, mix, extra)
@@ -37,6 +38,23 @@ class Admission:
             return DepthChoice(depth, None)
         spend = self.prefill_ms(target, prompt_tokens) - self.prefill_ms(depth, prompt_tokens)
         return DepthChoice(target, None, explore_ms=spend, step_ms=self.step_cost_curve(batch_size)[self.k])
+
+    def _admission_landing(self, g: list[float], best: int, batch_size: int, mix) -> int:
+        """Where an admission lands below the k in use (g: its goodputs, its prefill in; best: their
+        best). admission_landing "batch" (default): `_landing` on the batch's goodputs without the
+        request's prefill, taken where it lands above their own best (a test of a k between, alike
+        for every prompt), else best; "request": `_landing` on g (a wave splits by prompt length:
+        its short prompts land, and its untested half sets when it ends); "off": best. Measured:
+        experiments/concurrency/draft_costs."""
+        mode = self.admission_landing
+        if mode == "off":
+            return best
+        if mode == "request":
+            return self._landing(g, best, self.k, mix)
+        gb = self._goodputs(batch_size, self.k, mix)
+        best_b = max(range(self.k + 1), key=gb.__getitem__)
+        land = self._landing(gb, best_b, self.k, mix)
+        return land if land > best_b else best
 
     def _admission_rises(self, g: list[float], best: int, batch_size: int, mix, depths: list[int] | None,
                          extra: list[float] | None = None) -> bool:

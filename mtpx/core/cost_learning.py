@@ -30,6 +30,17 @@ class StepCostLearning:
                 costs[(k, b)] = ms
         self.step_costs, self._batches = costs, batches
 
+    def set_draft_costs(self, draft_costs: dict) -> None:
+        """The calibration's draft rounds, {(k, batch size): ms} (auto_k.costs.calibrate_step_costs;
+        {}: none): what `draft_cost` prices a depth's draft round at before one is measured
+        online. Kept by reset. Raises ValueError when they miss a k at one of their batch sizes."""
+        batches = sorted({b for _, b in draft_costs})
+        missing = [(k, b) for b in batches for k in range(self.max_k + 1) if (k, b) not in draft_costs]
+        if missing:
+            raise ValueError(f"draft costs miss (k, batch size) {missing[:4]}: give every k in 0..{self.max_k}")
+        self._draft_costs = {kb: max(0.0, ms) for kb, ms in draft_costs.items()} if batches else None
+        self._draft_batches = batches
+
     def cost(self, k: int, batch_size: int) -> float:
         """Predicted step ms at k drafts and batch_size (module doc)."""
         return self.cost_curve(batch_size)[k]
@@ -115,13 +126,18 @@ class StepCostLearning:
         times the per-module ms of the measured draft rounds at batch_size's bucket
         (`_draft_per_module`, or `per_module` when the caller has it; between two measured depths
         linear, beyond them the nearest's), so a depth never measured is priced like the measured
-        ones (a depth-k round runs k modules); with none measured, the calibrated cost above plain
-        decoding's, t(k) - t(0) (all of it, as if the verification's wider window were free)."""
+        ones (a depth-k round runs k modules); with none measured, the calibration's draft round
+        at k (`set_draft_costs`), else its cost above plain decoding's, t(k) - t(0) (all of it, as
+        if the verification's wider window were free: at compiled batch 16 on the demo that read
+        29 ms for a 4-module round of 5.5, and a k = 0 step below one request held at depth 4
+        looked as dear as verifying 4 drafts, so the k in use never fell while it ran)."""
         if k <= 0:
             return 0.0
         per_module = self._draft_per_module(batch_size) if per_module is None else per_module
         if per_module:
             return k * _interpolate(per_module, k, 0.0)
+        if self._draft_costs is not None:
+            return _in_batch(self._draft_costs, self._draft_batches, k, batch_size)
         return max(0.0, self.calibrated_cost(k, batch_size) - self.calibrated_cost(0, batch_size))
 
     def _draft_per_module(self, batch_size: int) -> list[tuple[int, float]]:
@@ -146,15 +162,7 @@ class StepCostLearning:
 
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
-        bs, c = self._batches, self.step_costs
-        if batch_size >= bs[-1]:
-            return c[(k, bs[-1])] * batch_size / bs[-1]
-        if batch_size <= bs[0]:
-            return c[(k, bs[0])]
-        i = bisect.bisect_right(bs, batch_size)
-        b0, b1 = bs[i - 1], bs[i]
-        w = (batch_size - b0) / (b1 - b0)
-        return (1 - w) * c[(k, b0)] + w * c[(k, b1)]
+        return _in_batch(self.step_costs, self._batches, k, batch_size)
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
                      verify_ms: float | None = None, draft_depth: int | None = None) -> None:
@@ -222,3 +230,16 @@ class StepCostLearning:
         """The one correction of a batch bucket with no k measured: the median measured /
         calibrated of the last cost_window steady steps at any k (1 before any)."""
         return self.every_k_correction.value if self.every_k_correction.count else 1.0
+
+
+def _in_batch(costs: dict, batches: list[int], k: int, batch_size: int) -> float:
+    """costs[(k, B)] at batch_size: linear between the calibrated batch sizes around it,
+    proportional to it beyond the largest, the smallest's below it."""
+    if batch_size >= batches[-1]:
+        return costs[(k, batches[-1])] * batch_size / batches[-1]
+    if batch_size <= batches[0]:
+        return costs[(k, batches[0])]
+    i = bisect.bisect_right(batches, batch_size)
+    b0, b1 = batches[i - 1], batches[i]
+    w = (batch_size - b0) / (b1 - b0)
+    return (1 - w) * costs[(k, b0)] + w * costs[(k, b1)]

@@ -53,8 +53,10 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   smaller k beats it with its unlearned positions at their upper estimates too (a fall the prior
   alone predicts waits for the drafts that test it), and it lands on the k between of the highest
   goodput with those positions at their upper estimates where that beats the smaller k by the
-  hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use): a
-  k in between that could pay is tested by the whole batch, not only by exploring's probes.
+  hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use, the
+  admission on the batch's goodputs without its own prefill, so a wave lands alike:
+  `admission_landing`): a k in between that could pay is tested by the whole batch, not only by
+  exploring's probes.
 - Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
   `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
   after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
@@ -62,7 +64,8 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
   tokens (the speculators' catch-up), so the module KV is exact when drafting resumes: choosing
   the step's k, a k below the deepest running depth pays that depth's draft round
-  (`held_cost_curve`), but a rise of the k in use must pay with nothing held too (`_rises`).
+  (`held_cost_curve`: the draft rounds measured online, else the calibration's: `set_draft_costs`),
+  but a rise of the k in use must pay with nothing held too (`_rises`).
 - Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
   admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
   predicted goodput at that batch size, by the falls' or rises' margin over the k in use (above it,
@@ -116,7 +119,9 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
     predicted extra cost; optimism: standard deviations above an estimate at which exploring
     values an unlearned position; explore_budget: the share of the predicted step time (discounted
     by decay) that exploring may spend before it pauses (1: no limit); optimistic_falls: a fall lands
-    where the upper estimates pay most (`_landing`), else on the best k (module doc).
+    where the upper estimates pay most (`_landing`), else on the best k (module doc);
+    admission_landing: where an admission below the k in use lands (Admission._admission_landing:
+    batch, request or off).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -128,16 +133,21 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
                  cost_window: int = 15, cost_decay: float = 0.999, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
-                 explore_budget: float = 0.001, optimistic_falls: bool = True):
+                 explore_budget: float = 0.001, optimistic_falls: bool = True, admission_landing: str = "batch"):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.rise_hysteresis = rise_hysteresis
         self.patience, self.min_cost_observations = patience, min_cost_observations
         self.min_verified = prior_weight if min_verified is None else min_verified
         self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
         self.explore_budget, self.optimistic_falls = explore_budget, optimistic_falls
+        if admission_landing not in ("batch", "request", "off"):
+            raise ValueError(f"admission_landing={admission_landing!r}: use batch, request or off")
+        self.admission_landing = admission_landing
         self.decay, self.prior_weight, self.cost_window, self.cost_decay = decay, prior_weight, cost_window, cost_decay
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
+        self._draft_costs: dict | None = None      # `set_draft_costs`
+        self._draft_batches: list[int] = []
         self._prefill_prior: float | None = None   # `set_prefill_cost`
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)

@@ -217,12 +217,13 @@ class Engine:
 
     # ---- calibration ------------------------------------------------------------------------------
     def time_decode_steps(self, batch_size: int, ks: list[int], context_len: int, rounds: int,
-                          warmup: int = 1, seed: int = 0) -> dict[int, list[float]]:
+                          warmup: int = 1, seed: int = 0, draft: dict | None = None) -> dict[int, list[float]]:
         """Milliseconds of the decode step of batch_size requests at context_len known tokens for
         each k of ks, over `rounds` rounds after `warmup` untimed ones, without prefill
-        (mtpx/engine/warmup.py, time_decode_steps). Returns {k: [ms per round]}. Raises
-        ValueError when the engine has requests or cannot hold the batch."""
-        return time_decode_steps(self, batch_size, ks, context_len, rounds, warmup, seed)
+        (mtpx/engine/warmup.py, time_decode_steps). Returns {k: [ms per round]}; draft (when
+        given) gets the draft rounds' {k: [ms per round]}. Raises ValueError when the engine has
+        requests or cannot hold the batch."""
+        return time_decode_steps(self, batch_size, ks, context_len, rounds, warmup, seed, draft)
 
     # ---- compilation ------------------------------------------------------------------------------
     def warmup(self) -> dict | None:

@@ -194,7 +194,8 @@ class ModelRunner:
     # ---- calibration ----------------------------------------------------------------------------
     @torch.inference_mode()
     def time_decode_steps(self, reqs: list, block_tables: list[list[int]], ks: list[int], rounds: int,
-                          warmup: int, depth_per_request: bool) -> dict[int, list[float]]:
+                          warmup: int, depth_per_request: bool,
+                          draft: dict[int, list[float]] | None = None) -> dict[int, list[float]]:
         """Seconds of the decode step (`_decode`, the code path of every real step) of `reqs` at
         each k of `ks`, every request verifying and proposing k drafts at depth k
         (depth_per_request) or num_speculative_tokens; the ks alternate call by call, in an order
@@ -204,7 +205,8 @@ class ModelRunner:
         step's cost does not depend on them), and every call re-runs the same positions. The
         requests' fields are not written (draft_token_ids and draft_depth are set on copies);
         their rows are released afterwards. block_tables: their blocks (from the KV cache
-        manager, covering num_tokens + 2 max(ks) + 2 positions). Returns {k: [seconds per round]}.
+        manager, covering num_tokens + 2 max(ks) + 2 positions). Returns {k: [seconds per round]};
+        draft (when given) gets {k: [seconds of the step's draft round per round]}.
         The start-up calibration of automatic k (mtpx/engine/auto_k/costs.py) runs it."""
         cache, dev = self.cache, self.device
         try:
@@ -216,6 +218,7 @@ class ModelRunner:
             rows = torch.tensor([self.rows[r.index] for r in reqs], device=dev)
             starts = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
             times: dict[int, list[float]] = {k: [] for k in ks}
+            rounds_draft: dict[int, list[float]] = {k: [] for k in ks}
             for i in range(warmup + rounds):
                 order = list(ks[i % len(ks):]) + list(ks[: i % len(ks)])
                 for k in (order if i % 2 == 0 else order[::-1]):
@@ -230,11 +233,14 @@ class ModelRunner:
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
                     t0 = time.perf_counter()
-                    self._decode(decodes, {}, k)
+                    draft_s = self._decode(decodes, {}, k)[1]
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
                     if i >= warmup:
                         times[k].append(time.perf_counter() - t0)
+                        rounds_draft[k].append(draft_s)
+            if draft is not None:
+                draft.update(rounds_draft)
             return times
         finally:
             for r in reqs:

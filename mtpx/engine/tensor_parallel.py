@@ -99,11 +99,11 @@ class TensorParallelRunner:
         self._runner.release(index)
         self._released.append(index)
 
-    def time_decode_steps(self, reqs, block_tables, ks, rounds, warmup, depth_per_request):
+    def time_decode_steps(self, reqs, block_tables, ks, rounds, warmup, depth_per_request, draft=None):
         self.driver.broadcast("time_decode_steps", self.engine_id, self._released_now(), [_lean(r) for r in reqs],
                               block_tables, list(ks), rounds, warmup, depth_per_request)
         return self._run(self._runner.time_decode_steps, reqs, block_tables, ks, rounds, warmup,
-                         depth_per_request)
+                         depth_per_request, draft)
 
     def drop(self) -> None:
         """Free this engine on the workers (its caches); no-op once the workers are gone."""

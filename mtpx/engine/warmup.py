@@ -120,13 +120,14 @@ def compile_stats(engine) -> dict | None:
 
 
 def time_decode_steps(engine, batch_size: int, ks: list[int], context_len: int, rounds: int,
-                      warmup: int = 1, seed: int = 0) -> dict[int, list[float]]:
+                      warmup: int = 1, seed: int = 0, draft: dict | None = None) -> dict[int, list[float]]:
     """Milliseconds of `engine`'s decode step of batch_size requests at context_len known tokens,
     verifying and proposing k drafts, for each k of ks, alternated call by call over `rounds`
     rounds after `warmup` untimed ones (ModelRunner.time_decode_steps: no prefill, the prompt
     positions are taken as computed). With per-request depth (multi-module MTP and automatic
     k) every request has depth k: the step of a k-module engine. context_len is lowered to
-    what the model length and the KV pool allow. Returns {k: [ms per round]}. Raises
+    what the model length and the KV pool allow. Returns {k: [ms per round]}; draft (when given)
+    gets {k: [ms of the step's draft round per round]}. Raises
     ValueError when the engine has requests or the pool cannot hold the batch."""
     if engine.has_unfinished_requests():
         raise ValueError("time the decode steps (calibrate the step costs) before adding requests")
@@ -146,10 +147,13 @@ def time_decode_steps(engine, batch_size: int, ks: list[int], context_len: int, 
             if not kv.allocate_slots(r.index, context_len + 2 * top + 2):
                 raise ValueError(f"calibration at batch {batch_size}: the KV pool of {c.num_blocks} blocks "
                                  "cannot hold it (engine.num_blocks)")
+        draft_s: dict = {}
         seconds = engine.runner.time_decode_steps(
             reqs, [kv.block_table(r.index) for r in reqs], list(ks), rounds, warmup,
-            engine.scheduler.depth_per_request)
+            engine.scheduler.depth_per_request, draft_s)
     finally:
         for r in reqs:
             kv.free(r.index)
+    if draft is not None:
+        draft.update({k: [1e3 * s for s in v] for k, v in draft_s.items()})
     return {k: [1e3 * s for s in v] for k, v in seconds.items()}

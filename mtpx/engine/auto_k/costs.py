@@ -48,7 +48,8 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes + [max_num_seqs]
 
 
-def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0) -> dict:
+def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0,
+                         draft_costs: dict | None = None) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size B
     (Engine.time_decode_steps): B requests at context_len known tokens verify and propose k
     drafts (each of depth k with per-request depth: the step of a k-module engine), the ks
@@ -62,8 +63,9 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
     (experiments/auto_k). context_len: the middle of the main job's decode steps (prompts of
     about 128 tokens, up to 128 output tokens). A compiled engine times only its depth buckets
     (decode_step.depth_bucket), each k costing its bucket's step. The engine must be idle, and
-    is afterwards. Returns {(k, B): ms}. Raises ValueError when the engine has no automatic k or
-    is busy."""
+    is afterwards. Returns {(k, B): ms}; draft_costs (when given) gets the same steps' draft
+    rounds, {(k, B): ms} (the median of the rounds'): what a step below a held depth still pays
+    (AutoDraftLength.draft_cost). Raises ValueError when the engine has no automatic k or is busy."""
     policy = engine.draft_length
     if not getattr(policy, "auto", False):
         raise ValueError("calibration needs num_speculative_tokens=auto")
@@ -76,9 +78,12 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
         bucket = {k: depth_bucket(k, policy.max_k, engine.config.compile_depths) for k in bucket}
     costs = {}
     for b in sizes:
-        times = engine.time_decode_steps(b, sorted(set(bucket.values())), context_len, rounds, seed=seed)
+        draft: dict = {}
+        times = engine.time_decode_steps(b, sorted(set(bucket.values())), context_len, rounds, seed=seed, draft=draft)
         for k, top in bucket.items():
             costs[(k, b)] = statistics.median(times[top])
+            if draft_costs is not None:
+                draft_costs[(k, b)] = statistics.median(draft[top])
     return costs
 
 

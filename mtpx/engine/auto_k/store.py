@@ -19,20 +19,24 @@ from mtpx.engine.auto_k.costs import calibrate_prefill_cost, calibrate_step_cost
 from mtpx.engine.decode_step import depth_buckets
 from mtpx.io import atomic_write_json
 
-__all__ = ["COST_META_KEYS", "PREFILL_KEY", "save_step_costs", "load_step_costs", "step_cost_cache_path",
+__all__ = ["COST_META_KEYS", "DRAFT_KEY", "PREFILL_KEY", "save_step_costs", "load_step_costs", "step_cost_cache_path",
            "check_step_cost_meta", "cost_meta", "load_or_calibrate", "startup_step_costs", "fingerprint",
            "code_hash"]
 
 
 # the file's ms per prompt token and module of a prefill's speculator part (calibrate_prefill_cost)
 PREFILL_KEY = "prefill_module_ms_per_token"
+DRAFT_KEY = "draft_costs"      # the calibrated steps' draft rounds: [{k, batch_size, draft_ms}]
+
+
+def _rows(costs: dict, name: str) -> list[dict]:
+    return [{"k": k, "batch_size": b, name: ms} for (k, b), ms in sorted(costs.items())]
 
 
 def save_step_costs(path: str | Path, step_costs: dict, meta: dict) -> None:
-    """Write {(k, B): ms} and `meta` (model, threads, compile, device; PREFILL_KEY) as JSON,
-    atomically."""
-    rows = [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(step_costs.items())]
-    atomic_write_json(path, {**meta, "step_costs": rows}, indent=1)
+    """Write {(k, B): ms} and `meta` (model, threads, compile, device; PREFILL_KEY, DRAFT_KEY) as
+    JSON, atomically."""
+    atomic_write_json(path, {**meta, "step_costs": _rows(step_costs, "step_ms")}, indent=1)
 
 
 def load_step_costs(path: str | Path) -> tuple[dict, dict]:
@@ -134,6 +138,9 @@ def load_or_calibrate(engine, path: str | Path | None, meta: dict, cached: bool)
                 raise
         else:                                  # a damaged cache file is measured again below
             policy.set_step_costs(costs)
+            if file_meta.get(DRAFT_KEY):         # a file written without them: t(k) - t(0) (draft_cost)
+                policy.set_draft_costs({(int(r["k"]), int(r["batch_size"])): float(r["draft_ms"])
+                                        for r in file_meta[DRAFT_KEY]})
             t0 = time.perf_counter()
             prefill = file_meta.get(PREFILL_KEY)
             if prefill is None:                # a file written without it: measured now (a few prefills)
@@ -142,12 +149,14 @@ def load_or_calibrate(engine, path: str | Path | None, meta: dict, cached: bool)
                 policy.set_prefill_cost(float(prefill))
             return {**file_meta, "source": f"loaded from {path}", "seconds": round(time.perf_counter() - t0, 2)}
     t0 = time.perf_counter()
-    costs = calibrate_step_costs(engine)
+    draft: dict = {}
+    costs = calibrate_step_costs(engine, draft_costs=draft)
     policy.set_step_costs(costs)
+    policy.set_draft_costs(draft)
     prefill = calibrate_prefill_cost(engine)
     if prefill is not None:
         policy.set_prefill_cost(prefill)
-    meta = {**meta, PREFILL_KEY: prefill}
+    meta = {**meta, PREFILL_KEY: prefill, DRAFT_KEY: _rows(draft, "draft_ms")}
     if path is not None:
         save_step_costs(path, costs, meta)
     return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
