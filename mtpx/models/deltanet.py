@@ -238,7 +238,8 @@ class GatedDeltaNet(nn.Module):
         """`forward` of a packed prefill on its N real tokens alone ([N, ...] throughout): the conv
         over each request's stored inputs and tokens laid end to end (`PackedConv`), the
         recurrence in chunks that never cross a request (`chunk_gated_delta_rule_packed`; on the
-        CPU in float32 the C window kernel on the grid, `_kernel_recurrence`), the same states stored. Within float rounding of the grid path (tests/test_prefill_packed.py)."""
+        CPU in float32 the C window kernel on the grid, `_kernel_recurrence`), the same states
+        stored. Within float rounding of the grid path (tests/test_prefill_packed.py)."""
         save = meta.save_states is not None and state.block_ssm is not None
         chunk = meta.block_size if save else PACKED_CHUNK
         key = ("gdn_packed", self.kernel, chunk)
