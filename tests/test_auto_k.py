@@ -513,11 +513,12 @@ def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():
     k = 4's step, 40.66 ms against k = 0's 11.58). With the start-up measurement of the modules'
     prefill (0.02 ms per prompt token and module, 150-token prompts, 128 output tokens: 0.094 ms
     more per token at depth 4) depth 4 cannot pay for the request itself, at the upper estimates
-    either (admission_landing="request"). The first wave still tests k = 4, which the prior's
-    upper estimates (3.7 tokens a round) make pay for the batch, whatever its prompts' length
-    (admission_landing="batch", the default; experiments/concurrency/draft_costs)."""
+    either (admission_landing="request", the default). Weighing the batch instead
+    (admission_landing="batch"), the first wave tests k = 4, which the prior's upper estimates
+    (3.7 tokens a round) make pay for the batch, whatever its prompts' length
+    (experiments/concurrency/draft_costs)."""
     ms = {(k, 16): 11.58 if k == 0 else 40.66 if k <= 4 else 66.23 for k in range(9)}
-    p, q = AutoDraftLength(8, ms, admission_landing="request"), AutoDraftLength(8, ms)
+    p, q = AutoDraftLength(8, ms), AutoDraftLength(8, ms, admission_landing="batch")
     assert p.depth(16, prompt_tokens=150, max_tokens=128) == 4
     p.set_prefill_cost(0.02)
     q.set_prefill_cost(0.02)
@@ -566,10 +567,10 @@ def test_a_fall_lands_between_only_where_the_upper_estimates_beat_best_by_the_hy
     k = 4 at the prior's upper estimates (3.73 tokens a round), its prefill added, reads 1.444,
     1.1% more, and the whole wave was admitted at depth 4 to test it (0.82x plain in that chunk).
     A k between is tested only where it would be chosen over best, by the hysteresis; with no
-    prefill to pay k = 4 reads 1.524 (6.8% more) and still is (admission_landing="request": the
-    default weighs the batch's goodputs, without the request's prefill)."""
+    prefill to pay k = 4 reads 1.524 (6.8% more) and still is (admission_landing="request", the
+    default)."""
     ms = {(k, 16): 11.21 if k == 0 else 39.15 if k <= 4 else 63.71 for k in range(9)}
-    p = AutoDraftLength(8, ms, admission_landing="request")
+    p = AutoDraftLength(8, ms)
     p.set_prefill_cost(0.0157)
     assert p.depth(16, prompt_tokens=100, max_tokens=128) == 0
     assert p.depth(16, prompt_tokens=100, max_tokens=10 ** 9) == 4

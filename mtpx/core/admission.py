@@ -41,11 +41,12 @@ class Admission:
 
     def _admission_landing(self, g: list[float], best: int, batch_size: int, mix) -> int:
         """Where an admission lands below the k in use (g: its goodputs, its prefill in; best: their
-        best). admission_landing "batch" (default): `_landing` on the batch's goodputs without the
-        request's prefill, taken where it lands above their own best (a test of a k between, alike
-        for every prompt), else best; "request": `_landing` on g (a wave splits by prompt length:
-        its short prompts land, and its untested half sets when it ends); "off": best. Measured:
-        experiments/concurrency/draft_costs."""
+        best). admission_landing "request" (default): `_landing` on g (a wave can split by prompt
+        length: its short prompts land); "batch": `_landing` on the batch's goodputs without the
+        request's prefill, taken where it lands above their own best (alike for every prompt),
+        else best; "off": best. Measured: experiments/concurrency/draft_costs ("batch" won the
+        first chunk of compiled concurrency 16, tied its whole cell, and lost eager
+        concurrency 4: the first wave tested k = 6, and the k in use fell to 3, not 4)."""
         mode = self.admission_landing
         if mode == "off":
             return best

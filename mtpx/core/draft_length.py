@@ -54,9 +54,8 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   alone predicts waits for the drafts that test it), and it lands on the k between of the highest
   goodput with those positions at their upper estimates where that beats the smaller k by the
   hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use, the
-  admission on the batch's goodputs without its own prefill, so a wave lands alike:
-  `admission_landing`): a k in between that could pay is tested by the whole batch, not only by
-  exploring's probes.
+  admission with its own prefill weighed, or on the batch's goodputs: `admission_landing`): a k
+  in between that could pay is tested by the whole batch, not only by exploring's probes.
 - Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
   `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
   after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
@@ -133,7 +132,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
                  cost_window: int = 15, cost_decay: float = 0.999, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
-                 explore_budget: float = 0.001, optimistic_falls: bool = True, admission_landing: str = "batch"):
+                 explore_budget: float = 0.001, optimistic_falls: bool = True, admission_landing: str = "request"):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.rise_hysteresis = rise_hysteresis
         self.patience, self.min_cost_observations = patience, min_cost_observations
