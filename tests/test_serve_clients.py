@@ -448,5 +448,9 @@ def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live, monkeypatch):
     step = max(d for e, d in zip(log.ends, log.durations) if t0 <= e <= t1)
     assert t1 - t0 > 0.5 and during and max(health) < 0.5, (t1 - t0, max(health))
     # a chunk comes one step after the last; delayed by at most one more step and the 10 MB body's
-    # JSON parse on the event loop (about 0.1 s here; 2 steps alone failed once at 0.208 s > 0.192 s)
-    assert max(during) < 2 * step + 0.1, (max(during), step)    # + the body's JSON parse
+    # JSON parse on the event loop (about 0.1 s here; 2 steps alone failed once at 0.208 s > 0.192 s,
+    # and a fixed 0.1 s once under the parallel suite's load), timed here on the same load
+    p0 = time.perf_counter()
+    json.loads(json.dumps({"prompt": "Answer: 1234 " * 800_000}))
+    parse = time.perf_counter() - p0
+    assert max(during) < 2 * step + max(0.1, 2 * parse), (max(during), step, parse)
