@@ -192,24 +192,22 @@ class GatedDeltaNet(nn.Module):
         the CPU in float32 the C window kernel runs the recurrence (`_kernel_recurrence`)."""
         init = read_rows(state.ssm, meta.rows, meta.row_run)
         T = q.shape[1]
-        save = meta.save_states is not None and state.block_ssm is not None
-        if not save and recurrent_step_in_place(q, init, meta.gdn_backend):
+        save = meta.save_states if meta.save_states is not None and state.block_ssm is not None else None
+        if save is None and recurrent_step_in_place(q, init, meta.gdn_backend):
             return recurrent_step_(init, q, k, v, g, beta), init
-        if use_prefill_kernel and gdn_kernel.window_runs(q, init):
-            o, final, ssm = _kernel_recurrence(q, k, v, g, beta, init, meta.valid, meta.save_states if save else None,
-                                               meta.block_size)
-            if not save:
-                return o, final
-            bi, ti, blocks = meta.save_states
-        elif not save:
+        kernel = use_prefill_kernel and gdn_kernel.window_runs(q, init)
+        if save is None:
+            if kernel:
+                return _kernel_recurrence(q, k, v, g, beta, init, meta.valid, None, meta.block_size)[:2]
             fn = gated_delta_rule_recurrent if T <= RECURRENT_MAX_LEN else gated_delta_rule_chunked
             return fn(q, k, v, g, beta, init, backend=meta.gdn_backend)[:2]
+        bi, ti, blocks = save
+        if kernel:
+            o, final, ssm = _kernel_recurrence(q, k, v, g, beta, init, meta.valid, save, meta.block_size)
         elif T <= RECURRENT_MAX_LEN:
-            bi, ti, blocks = meta.save_states
             o, final, states = gated_delta_rule_recurrent(q, k, v, g, beta, init, keep_all_states=True)
             ssm = states[bi, ti]
         else:
-            bi, ti, blocks = meta.save_states
             S = meta.block_size
             if bool(((ti + 1) % S != 0).any()):
                 raise ValueError("boundary states must sit at block ends of block-aligned prefills")
