@@ -227,7 +227,7 @@ def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide
     """choose / depth / decide / decide_depth are queries: asked any number of times they answer
     the same and change nothing; commit and commit_depth apply the decision (mtpx/core/draft_length.py)."""
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
-                        probe_interval=2, patience=2)
+                        probe_interval=2, patience=2, patient_start=True)
     p.acceptance = [0.1, 0.1]                            # k = 0 pays: a switch from k = 2 is predicted
     state = copy.deepcopy(vars(p))
     assert [p.choose(1) for _ in range(5)] == [2] * 5 and [p.depth(1, current=2) for _ in range(5)] == [2] * 5
@@ -550,7 +550,8 @@ def test_a_request_held_deeper_prices_its_draft_round_at_the_calibrated_one():
             p.commit(choice)
             ks.append(choice.k)
         return ks
-    old, new = AutoDraftLength(8, ms, probe_interval=0), AutoDraftLength(8, ms, probe_interval=0)
+    kw = dict(probe_interval=0, patient_start=True)      # the k in use 4 as in a running engine
+    old, new = AutoDraftLength(8, ms, **kw), AutoDraftLength(8, ms, **kw)
     new.set_draft_costs(draft)
     assert old.held_cost_curve(16, 4)[0] == pytest.approx(41.0) and new.held_cost_curve(16, 4)[0] == pytest.approx(17.85)
     assert set(run(old)) == {4}
@@ -595,11 +596,44 @@ def test_a_fall_lands_where_the_upper_estimates_pay_most():
     kw = dict(probe_interval=0, patience=2, explore_costs=False, explore_budget=0.0)
     p, q = AutoDraftLength(8, costs, **kw), AutoDraftLength(8, costs, optimistic_falls=False, **kw)
     assert p.depth(16) == 4 and q.depth(16) == 0
-    assert steps(p, 3) == [8, 4, 4] and steps(q, 3) == [8, 0, 0]     # after patience = 2 steps
+    assert steps(p, 3) == [4, 4, 4] and steps(q, 3) == [0, 0, 0]     # the first step falls at once
+    waits = AutoDraftLength(8, costs, patient_start=True, **kw)
+    assert steps(waits, 3) == [8, 4, 4]                              # after patience = 2 steps
     for _ in range(30):                                               # position 1 rejected: learned
         p.observe(4, 0)
     assert p.acceptance[0] == pytest.approx(5.6 / 38)
     assert steps(p, 2) == [4, 0] and p.depth(16) == 0
+
+
+def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
+    """Compiled concurrency 16 on this CPU (k = 0 13.06 ms, k = 1-4 43.7, 5-8 69.7; module prefill
+    0.022 ms a prompt token): at the prior's means k = 0 is best, and k = 4's upper estimates lead
+    it by 7% for a 60-token prompt. A first wave landing there whole cost 13% of a chunk
+    (experiments/concurrency/first_wave): the landing is exploring's, so admissions land while
+    the budget lasts (two: 5.3 ms of prefill each against 0.1% of a window of 100 steps at the k
+    in use's 69.7 ms) and the rest at k = 0.
+    free_landing_lead 0 lands every one (the rule before); a lead above it lands free (see
+    test_a_fall_lands_where_the_upper_estimates_pay_most: 24% with the budget at 0)."""
+    costs = {(k, 16): 13.06 if k == 0 else 43.7 if k <= 4 else 69.7 for k in range(9)}
+
+    def admit(p, n):
+        depths = []
+        for _ in range(n):
+            choice = p.decide_depth(16, depths=depths, prompt_tokens=60, max_tokens=128)
+            p.commit_depth(choice)
+            depths.append(choice.depth)
+        return depths
+    for lead, expected in ((0.1, [4, 4] + [0] * 14), (0.0, [4] * 16)):
+        p = AutoDraftLength(8, costs, free_landing_lead=lead)
+        p.set_prefill_cost(0.022)
+        assert p._upper_lead(p._with_prefill(p._goodputs(16, 8, None), [p.prefill_ms(k, 60) / 128 for k in range(9)]),
+                             0, 4, None) == pytest.approx(1.07, abs=0.005)
+        assert admit(p, 16) == expected
+    assert p.explore_spent() == 0.0                  # a free landing spends nothing
+    p = AutoDraftLength(8, costs)
+    p.set_prefill_cost(0.022)
+    choice = p.decide_depth(16, depths=[], prompt_tokens=60, max_tokens=128)
+    assert choice.depth == 4 and choice.explore_ms == pytest.approx(4 * 60 * 0.022)
 
 
 def test_calibrated_costs_are_made_non_decreasing_in_k():

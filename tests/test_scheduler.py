@@ -189,3 +189,19 @@ def test_duplicate_request_ids_are_refused_while_in_flight():
     out = s.schedule()
     assert s.update_from_output(out, result(out)) == [a]
     s.add(req(0, 4))                                     # the id is free again once a finished
+
+
+def test_a_step_that_admits_requests_decides_its_k_for_the_batch_they_join():
+    """The drafts a step proposes are verified by the next step, of every running request: a
+    first step admitting 8 requests decides k at batch 8, not at the 0 running before it (at
+    batch 1, where k = 2 pays, it took k = 2 for all 8; at batch 8 k = 0 pays)."""
+    s = make(k=2)
+    s.draft_length = AutoDraftLength(2, {(0, 1): 10.0, (1, 1): 11.0, (2, 1): 12.0, (0, 8): 10.0, (1, 8): 40.0,
+                                         (2, 8): 80.0}, probe_interval=0, explore_costs=False, explore_budget=0.0)
+    asked = []
+    decide = s.draft_length.decide
+    s.draft_length.decide = lambda batch_size, *a, **kw: asked.append(batch_size) or decide(batch_size, *a, **kw)
+    for i in range(8):
+        s.add(req(i, 5))
+    out = s.schedule()
+    assert len(out.prefills) == 8 and asked == [8] and out.num_speculative_tokens == 0

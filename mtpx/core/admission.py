@@ -20,24 +20,39 @@ class Admission:
         request admitted deeper than the steps draft would run its extra modules for nothing);
         each k's ms per token counts the request's module prefill at that depth, prompt_tokens
         of them spread over at most max_tokens output tokens (`prefill_ms`, `_with_prefill`).
-        Below the k in use it lands where `_admission_landing` says.
+        Below the k in use it lands where `_admission_landing` says; above the best k on upper
+        estimates that lead it by at most free_landing_lead, only within exploring's budget, the
+        prefill beyond the best k's then exploring's spend.
         Exploring may admit it deeper (`_explore_target`, weighing the same prefill); the
         prefill beyond the depth it would have had is then exploring's spend (explore_ms)."""
         top = self.max_k
         extra = [self.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0 for k in range(top + 1)]
         g = self._with_prefill(self._goodputs(batch_size, top, mix), extra)
         best = max(range(top + 1), key=g.__getitem__)
-        depth = self.k
+        depth, spend = self.k, 0.0
         if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
             if best < self.k:
                 depth = self._admission_landing(g, best, batch_size, mix)
+                if depth > best and self._upper_lead(g, best, depth, mix) <= 1 + self.free_landing_lead:
+                    if self.explore_spent() >= self.explore_budget:      # a marginal lead: exploring's
+                        depth = best
+                    else:
+                        spend = self.prefill_ms(depth, prompt_tokens) - self.prefill_ms(best, prompt_tokens)
             elif self._admission_rises(g, best, batch_size, mix, depths, extra):
                 depth = best
         target = self._explore_target(depth, batch_size, top, mix, extra)
-        if target is None:
+        if target is not None:
+            spend += self.prefill_ms(target, prompt_tokens) - self.prefill_ms(depth, prompt_tokens)
+            depth = target
+        if not spend:
             return DepthChoice(depth, None)
-        spend = self.prefill_ms(target, prompt_tokens) - self.prefill_ms(depth, prompt_tokens)
-        return DepthChoice(target, None, explore_ms=spend, step_ms=self.step_cost_curve(batch_size)[self.k])
+        return DepthChoice(depth, None, explore_ms=spend, step_ms=self.step_cost_curve(batch_size)[self.k])
+
+    def _upper_lead(self, g: list[float], best: int, j: int, mix) -> float:
+        """g[j] with the unlearned positions past best at their upper estimates, over g[best]."""
+        est = self.estimates
+        raised = est.expected_tokens(j, mix, best, self.optimism, self.min_verified)
+        return g[j] * raised / est.expected_tokens(j, mix) / g[best]
 
     def _admission_landing(self, g: list[float], best: int, batch_size: int, mix) -> int:
         """Where an admission lands below the k in use (g: its goodputs, its prefill in; best: their

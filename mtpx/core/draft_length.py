@@ -55,11 +55,15 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   goodput with those positions at their upper estimates where that beats the smaller k by the
   hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use, the
   admission with its own prefill weighed, or on the batch's goodputs: `admission_landing`): a k
-  in between that could pay is tested by the whole batch, not only by exploring's probes.
+  in between that could pay is tested by the whole batch, not only by exploring's probes. An
+  admission landing on upper estimates that lead the best k by at most `free_landing_lead` is
+  exploring's: it waits for the budget and spends its extra prefill from it (a first wave of 16
+  at k = 4 on a 4-7% lead cost compiled concurrency 16 13% of a chunk: concurrency/first_wave).
 - Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
   `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
   after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
-  in a row; a running request's depth falls under the same two conditions.
+  in a row (but the first step after a reset falls at once: max_k, where the k in use starts, is
+  no decision; `patient_start` waits); a running request's depth falls under the same two conditions.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
   tokens (the speculators' catch-up), so the module KV is exact when drafting resumes: choosing
   the step's k, a k below the deepest running depth pays that depth's draft round
@@ -132,7 +136,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
                  cost_window: int = 15, cost_decay: float = 0.999, prior_acceptance: float = 0.7, patience: int = 8,
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
-                 explore_budget: float = 0.001, optimistic_falls: bool = True, admission_landing: str = "request"):
+                 explore_budget: float = 0.001, optimistic_falls: bool = True, admission_landing: str = "request",
+                 patient_start: bool = False, free_landing_lead: float = 0.1):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.rise_hysteresis = rise_hysteresis
         self.patience, self.min_cost_observations = patience, min_cost_observations
@@ -142,6 +147,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if admission_landing not in ("batch", "request", "off"):
             raise ValueError(f"admission_landing={admission_landing!r}: use batch, request or off")
         self.admission_landing = admission_landing
+        self.patient_start, self.free_landing_lead = patient_start, free_landing_lead
         self.decay, self.prior_weight, self.cost_window, self.cost_decay = decay, prior_weight, cost_window, cost_decay
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -287,7 +293,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if best < current and self._falls(g, current, best, mix) or \
                 best > current and self._rises(g, current, best, batch_size, mix, depths, base, held):
             streak += 1
-            if streak >= self.patience:
+            if streak >= self.patience or steps == 1 and best < current and not self.patient_start:
                 current, streak = self._landing(g, best, current - 1, mix) if best < current else best, 0
         else:
             streak = 0

@@ -165,7 +165,9 @@ class Scheduler:
             self._admit(out, budget)
         if self.depth_per_request:
             self._lower_depths()
-        # after admission: a new request's first drafts come from this step's k
+        # after admission: a new request's first drafts come from this step's k, verified by a
+        # step of every running request
+        batch_size = len(self.running)
         depths = [r.draft_depth for r in self.running]
         deepest = max(depths, default=0)
         if self.depth_per_request:     # a request drafts at most its depth; a smaller k still pays the deepest's round

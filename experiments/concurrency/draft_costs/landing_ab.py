@@ -31,10 +31,15 @@ llms = {"plain": LLM(model=model, max_num_seqs=16, compile=True, max_model_len=1
 for name in names[1:]:
     llms[name] = LLM(model=model, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=16, compile=True,
                      max_model_len=1024, cost_model_file=sys.argv[1])
-    mode, _, tail = name.partition("-")
-    llms[name].engine.draft_length.admission_landing = mode
-    if tail == "noexplore":
-        llms[name].engine.draft_length.explore_budget = 0.0
+    mode, *tails = name.split("-")
+    pol = llms[name].engine.draft_length
+    pol.admission_landing = mode
+    if "noexplore" in tails:
+        pol.explore_budget = 0.0
+    if "old" in tails:        # before 2026-12-06's first-wave rules: a patient start, landings free
+        pol.patient_start, pol.free_landing_lead = True, 0.0
+    if "freeland" in tails:   # the start falls at once, but a landing on upper estimates is free
+        pol.free_landing_lead = 0.0
 params = SamplingParams(max_tokens=128)
 for rep in range(2):
     for name in names[1:]:
