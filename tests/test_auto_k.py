@@ -613,7 +613,8 @@ def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
     the budget lasts (two: 5.3 ms of prefill each against 0.1% of a window of 100 steps at the k
     in use's 69.7 ms) and the rest at k = 0.
     free_landing_lead 0 lands every one (the rule before); a lead above it lands free (see
-    test_a_fall_lands_where_the_upper_estimates_pay_most: 24% with the budget at 0)."""
+    test_a_fall_lands_where_the_upper_estimates_pay_most: 24% with the budget at 0), and so does a
+    request admitted alone (batch 1: concurrency 1 lands on k = 8 this way)."""
     costs = {(k, 16): 13.06 if k == 0 else 43.7 if k <= 4 else 69.7 for k in range(9)}
 
     def admit(p, n):
@@ -630,6 +631,12 @@ def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
                              0, 4, None) == pytest.approx(1.07, abs=0.005)
         assert admit(p, 16) == expected
     assert p.explore_spent() == 0.0                  # a free landing spends nothing
+    alone = AutoDraftLength(8, costs)                 # alone, a request pays for its own test
+    alone.set_prefill_cost(0.022)
+    for _ in range(4):
+        choice = alone.decide_depth(1, depths=[], prompt_tokens=60, max_tokens=128)
+        alone.commit_depth(choice)
+        assert choice.depth == 4 and not choice.explore_ms
     p = AutoDraftLength(8, costs)
     p.set_prefill_cost(0.022)
     choice = p.decide_depth(16, depths=[], prompt_tokens=60, max_tokens=128)

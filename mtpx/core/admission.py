@@ -20,9 +20,10 @@ class Admission:
         request admitted deeper than the steps draft would run its extra modules for nothing);
         each k's ms per token counts the request's module prefill at that depth, prompt_tokens
         of them spread over at most max_tokens output tokens (`prefill_ms`, `_with_prefill`).
-        Below the k in use it lands where `_admission_landing` says; above the best k on upper
-        estimates that lead it by at most free_landing_lead, only within exploring's budget, the
-        prefill beyond the best k's then exploring's spend.
+        Below the k in use it lands where `_admission_landing` says; in a batch (batch_size > 1:
+        the landed k's steps are every request's), above the best k on upper estimates that lead
+        it by at most free_landing_lead only within exploring's budget, the prefill beyond the best
+        k's then exploring's spend (alone, a request pays for its own test, as weighed in g).
         Exploring may admit it deeper (`_explore_target`, weighing the same prefill); the
         prefill beyond the depth it would have had is then exploring's spend (explore_ms)."""
         top = self.max_k
@@ -33,7 +34,7 @@ class Admission:
         if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
             if best < self.k:
                 depth = self._admission_landing(g, best, batch_size, mix)
-                if depth > best and self._upper_lead(g, best, depth, mix) <= 1 + self.free_landing_lead:
+                if batch_size > 1 and depth > best and self._upper_lead(g, best, depth, mix) <= 1 + self.free_landing_lead:
                     if self.explore_spent() >= self.explore_budget:      # a marginal lead: exploring's
                         depth = best
                     else:

@@ -55,10 +55,10 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   goodput with those positions at their upper estimates where that beats the smaller k by the
   hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use, the
   admission with its own prefill weighed, or on the batch's goodputs: `admission_landing`): a k
-  in between that could pay is tested by the whole batch, not only by exploring's probes. An
-  admission landing on upper estimates that lead the best k by at most `free_landing_lead` is
-  exploring's: it waits for the budget and spends its extra prefill from it (a first wave of 16
-  at k = 4 on a 4-7% lead cost compiled concurrency 16 13% of a chunk: concurrency/first_wave).
+  in between that could pay is tested by the whole batch, not only by exploring's probes. In a
+  batch, an admission landing on upper estimates that lead the best k by at most
+  `free_landing_lead` is exploring's: it waits for the budget and spends its extra prefill from it
+  (a first wave at k = 4 on a 4-7% lead cost compiled concurrency 16's first chunk 8-16%).
 - Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
   `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
   after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
