@@ -62,8 +62,8 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
 - Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
   `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
   after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
-  in a row (but the first step after a reset falls at once: max_k, where the k in use starts, is
-  no decision; `patient_start` waits); a running request's depth falls under the same two conditions.
+  in a row (but the first step after a reset falls at once in a batch: max_k, where the k in use
+  starts, is no decision; `patient_start` waits); a running depth falls under the same two conditions.
 - A step with k = 0 still advances every draft module of a request's depth over the accepted
   tokens (the speculators' catch-up), so the module KV is exact when drafting resumes: choosing
   the step's k, a k below the deepest running depth pays that depth's draft round
@@ -293,7 +293,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if best < current and self._falls(g, current, best, mix) or \
                 best > current and self._rises(g, current, best, batch_size, mix, depths, base, held):
             streak += 1
-            if streak >= self.patience or steps == 1 and best < current and not self.patient_start:
+            if streak >= self.patience or steps == 1 and best < current and batch_size > 1 and not self.patient_start:
                 current, streak = self._landing(g, best, current - 1, mix) if best < current else best, 0
         else:
             streak = 0
