@@ -627,8 +627,8 @@ def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
     for lead, expected in ((0.1, [4, 4] + [0] * 14), (0.0, [4] * 16)):
         p = AutoDraftLength(8, costs, free_landing_lead=lead)
         p.set_prefill_cost(0.022)
-        assert p._upper_lead(p._with_prefill(p._goodputs(16, 8, None), [p.prefill_ms(k, 60) / 128 for k in range(9)]),
-                             0, 4, None) == pytest.approx(1.07, abs=0.005)
+        g = p._with_prefill(p._goodputs(16, 8, None), [p.prefill_ms(k, 60) / 128 for k in range(9)])
+        assert p._upper_goodputs(g, 0, 8, None)[4] / g[0] == pytest.approx(1.07, abs=0.005)
         assert admit(p, 16) == expected
     assert p.explore_spent() == 0.0                  # a free landing spends nothing
     alone = AutoDraftLength(8, costs)                 # alone, a request pays for its own test

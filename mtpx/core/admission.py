@@ -34,7 +34,8 @@ class Admission:
         if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
             if best < self.k:
                 depth = self._admission_landing(g, best, batch_size, mix)
-                if batch_size > 1 and depth > best and self._upper_lead(g, best, depth, mix) <= 1 + self.free_landing_lead:
+                if batch_size > 1 and depth > best and \
+                        self._upper_goodputs(g, best, depth, mix)[depth] <= (1 + self.free_landing_lead) * g[best]:
                     if self.explore_spent() >= self.explore_budget:      # a marginal lead: exploring's
                         depth = best
                     else:
@@ -48,12 +49,6 @@ class Admission:
         if not spend:
             return DepthChoice(depth, None)
         return DepthChoice(depth, None, explore_ms=spend, step_ms=self.step_cost_curve(batch_size)[self.k])
-
-    def _upper_lead(self, g: list[float], best: int, j: int, mix) -> float:
-        """g[j] with the unlearned positions past best at their upper estimates, over g[best]."""
-        est = self.estimates
-        raised = est.expected_tokens(j, mix, best, self.optimism, self.min_verified)
-        return g[j] * raised / est.expected_tokens(j, mix) / g[best]
 
     def _admission_landing(self, g: list[float], best: int, batch_size: int, mix) -> int:
         """Where an admission lands below the k in use (g: its goodputs, its prefill in; best: their

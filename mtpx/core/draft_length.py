@@ -347,15 +347,15 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         before the k falls past it, and one that could only tie it is not."""
         if not self.optimistic_falls or top <= best:
             return best
+        upper = self._upper_goodputs(g, best, top, mix)
+        land = max(range(best, top + 1), key=upper.__getitem__)
+        return land if upper[land] > (1 + self.hysteresis) * g[best] else best
+
+    def _upper_goodputs(self, g: list[float], best: int, top: int, mix) -> list[float]:
+        """g[j], j = 0 .. top, with the unlearned positions past best at their upper estimates."""
         est = self.estimates
-
         raised = est.expected_tokens_upto(top, mix, best, self.optimism, self.min_verified)
-        tokens = est.expected_tokens_upto(top, mix)
-
-        def upper(j: int) -> float:
-            return g[j] * raised[j] / tokens[j]
-        land = max(range(best, top + 1), key=upper)
-        return land if upper(land) > (1 + self.hysteresis) * g[best] else best
+        return [x * r / t for x, r, t in zip(g, raised, est.expected_tokens_upto(top, mix))]
 
     def _mix(self, ages) -> list[float] | None:
         """The age mix a decision weighs the estimates by: of `ages` when given, else the decode

@@ -123,7 +123,6 @@ class Scheduler:
         return max(0, min(len(r.draft_token_ids), room - 1))
 
     def schedule(self) -> SchedulerOutput:
-        batch_size = len(self.running)
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         S = self.kv.block_size
