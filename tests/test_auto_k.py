@@ -983,7 +983,7 @@ def test_calibration_times_every_k_alternated_on_the_real_decode_step_without_pr
         raise AssertionError("the calibration prefilled a prompt")
 
     runner._decode, runner._prefill = spy_decode, no_prefill
-    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], rounds=2, context_len=20)
+    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], rounds=2, context_len=20, passes=1)
     runner._decode, runner._prefill = decode, prefill
     n = len(model().mtp) + 1
     assert sorted(measured) == [(k, b) for k in range(n) for b in (1, 4)]
@@ -1001,6 +1001,37 @@ def test_calibration_times_every_k_alternated_on_the_real_decode_step_without_pr
     assert_clean(llm)                                 # no block, slot or request left behind
     again, _ = run_checked(llm, model(), prompts, params)       # the prefix cache still serves exact KV
     assert [o.output_token_ids for o in again] == [o.output_token_ids for o in first]
+
+
+def test_a_calibration_keeps_the_least_of_its_passes_spread_over_the_batch_sizes():
+    """Load from another process only slows a step and can cover a whole pass: each (k, B) costs
+    the least of its passes' medians (its draft round too), the passes taken over every batch size
+    in turn; a compiled engine's k costs its depth bucket's step."""
+    from types import SimpleNamespace
+    quiet = {1: [8.0, 16.0, 18.0], 4: [10.0, 20.0, 24.0]}
+    noisy = {1: [14.7, 27.5, 36.8], 4: [10.5, 21.0, 25.0]}          # batch 1 in a loaded stretch
+    script = [noisy, noisy, quiet, quiet, noisy, noisy]               # pass 1: b 1, 4; pass 2; pass 3
+    calls = []
+
+    def time_decode_steps(b, ks, context_len, rounds, seed=0, draft=None):
+        calls.append((b, tuple(ks)))
+        ms = script[len(calls) - 1][b]
+        draft.update({k: [ms[k] / 4, ms[k] / 2, 100.0] for k in ks})    # median ms / 2
+        return {k: [ms[k] - 1, ms[k], 100.0] for k in ks}              # median ms
+
+    engine = SimpleNamespace(draft_length=AutoDraftLength(2), has_unfinished_requests=lambda: False,
+                             config=SimpleNamespace(max_num_seqs=4, compile_depths=None), compiled=None,
+                             time_decode_steps=time_decode_steps)
+    draft: dict = {}
+    costs = calibrate_step_costs(engine, batch_sizes=[4, 1], draft_costs=draft)
+    assert calls == [(1, (0, 1, 2)), (4, (0, 1, 2))] * 3
+    assert costs == {(k, b): quiet[b][k] for b in (1, 4) for k in range(3)}
+    assert draft == {(k, b): quiet[b][k] / 2 for b in (1, 4) for k in range(3)}
+    calls.clear()
+    engine.compiled, engine.config.compile_depths = object(), [0, 2]             # k = 1 pads to 2
+    costs = calibrate_step_costs(engine, batch_sizes=[1, 4], passes=2)
+    assert calls == [(1, (0, 2)), (4, (0, 2))] * 2
+    assert costs[(1, 1)] == costs[(2, 1)] == 18.0 and costs[(1, 4)] == costs[(2, 4)] == 24.0 and costs[(0, 1)] == 8.0
 
 
 def test_the_calibrated_step_runs_the_forwards_of_a_real_step_at_that_k(tmp_path, monkeypatch):

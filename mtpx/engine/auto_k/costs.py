@@ -24,6 +24,7 @@ previous round ended in a rejection.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -49,23 +50,27 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0,
-                         draft_costs: dict | None = None) -> dict:
+                         draft_costs: dict | None = None, passes: int = 3) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size B
     (Engine.time_decode_steps): B requests at context_len known tokens verify and propose k
     drafts (each of depth k with per-request depth: the step of a k-module engine), the ks
-    alternated call by call over `rounds` rounds after one untimed round; a k's cost is the
-    median of its rounds. No request is prefilled: the positions before the window are taken as
+    alternated call by call over `rounds` rounds after one untimed round; a pass's cost of a k is
+    the median of its rounds, and a k's cost the least of `passes` passes, each over every batch
+    size in turn. No request is prefilled: the positions before the window are taken as
     computed, as vLLM's dummy runs profile a step, since values do not change its cost. That makes
     the calibration cheap (at max_num_seqs 64 the fresh requests' prefill was 87% of 143 s:
     experiments/auto_k/main_job) and puts every k at the same context length; alternating the ks
     call by call makes a burst of load from another process slow every k alike, where on 2 CPU
     cores one k's steps measured in one stretch read up to 30% off the same k a minute later
-    (experiments/auto_k). context_len: the middle of the main job's decode steps (prompts of
-    about 128 tokens, up to 128 output tokens). A compiled engine times only its depth buckets
-    (decode_step.depth_bucket), each k costing its bucket's step. The engine must be idle, and
-    is afterwards. Returns {(k, B): ms}; draft_costs (when given) gets the same steps' draft
-    rounds, {(k, B): ms} (the median of the rounds'): what a step below a held depth still pays
-    (AutoDraftLength.draft_cost). Raises ValueError when the engine has no automatic k or is busy."""
+    (experiments/auto_k). Load only slows a step, in stretches of seconds that can cover a whole
+    batch-1 pass (2 s): the least of passes spread over the calibration keeps a quiet one
+    (experiments/step_costs/calibration_passes). context_len: the middle of the main
+    job's decode steps (prompts of about 128 tokens, up to 128 output tokens). A compiled engine
+    times only its depth buckets (decode_step.depth_bucket), each k costing its bucket's step.
+    The engine must be idle, and is afterwards. Returns {(k, B): ms}; draft_costs (when given)
+    gets the same steps' draft rounds, {(k, B): ms} (the least of the passes' medians): what a
+    step below a held depth still pays (AutoDraftLength.draft_cost). Raises ValueError when the
+    engine has no automatic k or is busy."""
     policy = engine.draft_length
     if not getattr(policy, "auto", False):
         raise ValueError("calibration needs num_speculative_tokens=auto")
@@ -76,14 +81,19 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
     bucket = {k: k for k in range(policy.max_k + 1)}
     if engine.compiled is not None:
         bucket = {k: depth_bucket(k, policy.max_k, engine.config.compile_depths) for k in bucket}
-    costs = {}
-    for b in sizes:
-        draft: dict = {}
-        times = engine.time_decode_steps(b, sorted(set(bucket.values())), context_len, rounds, seed=seed, draft=draft)
-        for k, top in bucket.items():
-            costs[(k, b)] = statistics.median(times[top])
-            if draft_costs is not None:
-                draft_costs[(k, b)] = statistics.median(draft[top])
+    tops = sorted(set(bucket.values()))
+    step: dict = {}
+    draft_step: dict = {}
+    for _ in range(max(1, passes)):
+        for b in sizes:
+            draft: dict = {}
+            times = engine.time_decode_steps(b, tops, context_len, rounds, seed=seed, draft=draft)
+            for top in tops:
+                step[(top, b)] = min(step.get((top, b), math.inf), statistics.median(times[top]))
+                draft_step[(top, b)] = min(draft_step.get((top, b), math.inf), statistics.median(draft[top]))
+    costs = {(k, b): step[(top, b)] for b in sizes for k, top in bucket.items()}
+    if draft_costs is not None:
+        draft_costs.update({(k, b): draft_step[(top, b)] for b in sizes for k, top in bucket.items()})
     return costs
 
 
