@@ -263,7 +263,8 @@ def test_a_streak_of_dear_steps_does_not_carry_the_cost_correction():
     for ms in (16.0, 15.0, 17.0, 24.0, 28.0):            # ratios 1, 0.9375, 1.0625, then a streak 1.5, 1.75
         p.observe_step(2, 1, ms)
     assert p.factor == 1.0625 and p.cost(2, 1) == 17.0   # an EMA of weight 0.1 would read 1.1
-    assert p.summary()["bucket_cost_correction"] == [{"k": 2, "batch_bucket": "1", "ratio": 1.0625, "steps": 5}]
+    # the one k measured: the level moves, its shape stays the calibration's
+    assert p.summary()["bucket_cost_correction"] == [{"k": 2, "batch_bucket": "1", "ratio": 1.0, "steps": 5}]
     p.observe_step(2, 1, 32.0)                           # the streak's third step; the first step leaves
     assert p.factor == 1.5 and p.cost(2, 1) == 24.0      # 3 of 5 dear: the level has changed
     for _ in range(3):
@@ -272,13 +273,15 @@ def test_a_streak_of_dear_steps_does_not_carry_the_cost_correction():
 
 
 def test_a_cost_correction_fades_toward_the_factor_while_its_k_is_not_measured():
-    """A k that a streak of dear steps made look dear is no longer chosen, so no step revises its
-    correction: it fades toward `factor` (the steps in use) by cost_decay per step since it was
-    last measured, and the k is tried again once it could pay."""
+    """A k measured dear against the ks around it is no longer chosen, so no step revises its
+    shape: it fades toward the calibration's by cost_decay per step since it was last measured,
+    and the k is tried again once it could pay."""
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), cost_window=3,
                         cost_decay=0.5, probe_interval=0, min_cost_observations=1)
     for _ in range(3):
-        p.observe_step(2, 1, 32.0)                       # k = 2 at twice its calibration
+        p.observe_step(1, 1, 12.0)                       # k = 1 as calibrated
+    for _ in range(3):
+        p.observe_step(2, 1, 32.0)                       # then k = 2 at twice its calibration
     for _ in range(3):
         p.observe_step(1, 1, 12.0)                       # then k = 1 as calibrated: factor 1
     assert p.factor == 1.0 and p.cost_curve(1) == [10.0, 12.0, 32.0]   # measured just now
@@ -286,6 +289,29 @@ def test_a_cost_correction_fades_toward_the_factor_while_its_k_is_not_measured()
     assert p.cost_curve(1) == [10.0, 12.0, 24.0]         # 1 + (2 - 1) 0.5
     p._steps += 1
     assert p.cost_curve(1) == [10.0, 12.0, 20.0]         # 1 + (2 - 1) 0.25; k = 1 measured at 1 stays
+
+
+def test_a_stretch_of_load_moves_the_level_and_a_k_measured_in_it_is_dear_only_while_it_lasts():
+    """Load from another process slows every k alike for seconds: a k's steps while it runs alone
+    move the level (`factor`), and a k last measured in the stretch follows the level when it ends
+    (one ratio per k kept it dear: eager concurrency 1 put 54 of 128 requests at depth 4). A k
+    dear against the ks measured around it in time stays dear (`_learn_cost`)."""
+    def policy_():
+        p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), cost_window=3,
+                            cost_decay=1.0, probe_interval=0, min_cost_observations=1, patience=1)
+        p.acceptance = [0.9, 0.9]                          # 2.71 / 16 beats 1.9 / 12 by 7%
+        return p
+
+    p = policy_()
+    for k, ms in [(1, 12.0)] * 3 + [(2, 16.0)] * 3 + [(2, 24.0)] * 3 + [(1, 18.0)] * 3 + [(1, 12.0)] * 3:
+        p.observe_step(k, 1, ms)                         # quiet; k = 2 then the stretch; k = 1; quiet again
+    assert p.factor == 1.0 and p.cost_curve(1) == [10.0, 12.0, 16.0]
+    assert p.summary()["cost_correction"] == {"1": 1.0, "2": 1.5}      # the raw ratios: k = 2 last at 1.5x
+    assert p.choose(1) == 2                              # one ratio per k: 16 x 1.5 = 24 ms, and k = 1
+    p = policy_()
+    for k, ms in [(1, 12.0)] * 3 + [(2, 24.0)] * 3 + [(1, 12.0)] * 3:
+        p.observe_step(k, 1, ms)                         # k = 2 at 1.5x between steps of k = 1 at 1x
+    assert p.factor == 1.0 and p.cost_curve(1) == [10.0, 12.0, 24.0] and p.choose(1) == 1
 
 
 def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucket():

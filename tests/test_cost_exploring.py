@@ -170,8 +170,10 @@ def test_a_step_whose_requests_are_held_deeper_than_k_teaches_its_parts_not_ks_c
     assert p.bucket_correction == {} and p.correction == {} and p.every_k_correction.count == 0
     assert corrections(p.part_correction) == {("verify", 1, 4): (12.0 / 15.0, 1), ("draft", 3, 4): (18.0 / 25.0, 1)}
     p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=1)   # held at k: a steady step of k = 1
-    assert corrections(p.bucket_correction) == {(1, 4): (2.0, 1)} and corrections(p.correction) == {1: (2.0, 1)}
-    assert corrections(p.part_correction)[("draft", 1, 4)] == (18.0 / 15.0, 1)
+    # the first k measured: its ratio is the level (`factor`), its shape the calibration's; the
+    # parts are shapes over the level too
+    assert corrections(p.bucket_correction) == {(1, 4): (1.0, 1)} and corrections(p.correction) == {1: (2.0, 1)}
+    assert p.factor == 2.0 and corrections(p.part_correction)[("draft", 1, 4)] == (18.0 / 15.0 / 2.0, 1)
 
 
 def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path, monkeypatch):

@@ -53,28 +53,39 @@ class StepCostLearning:
                                for k in range(self.max_k + 1)])
 
     def _known_ratios(self, batch_size: int) -> list[tuple[int, float]]:
-        """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: from
-        `min_cost_observations` steady steps at k, else from as many steps verifying k and as many
-        proposing k (`observe_parts`: the sum of the two parts' ratios); each faded toward `factor`
-        by cost_decay per step since it was last measured.
-        A k whose last steps were dear (a streak: a slower host for a while) is no longer chosen, so
-        nothing else would revise its correction; so it fades and is tried again, as an unverified
-        draft position drifts back to its prior."""
+        """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: the level
+        (`factor`) times k's shape there (`_learn_cost`), from `min_cost_observations` steady steps
+        at k, else from as many steps verifying k and as many proposing k (`observe_parts`: the
+        sum of the two parts' shapes); each shape faded toward 1 (the calibration's) by
+        cost_decay per step since it was last measured. A k whose last steps were dear is no
+        longer chosen, so nothing else would revise its shape; so it fades and is tried again, as
+        an unverified draft position drifts back to its prior."""
         bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        factor, known = self.factor, []
-
-        def fresh(ratio: float, at: int) -> float:   # factor + (ratio - factor) cost_decay^(steps since)
-            return factor + (ratio - factor) * self.cost_decay ** max(0, self._steps - at)
-
+        known = []
         for k in range(self.max_k + 1):
             steady = self.bucket_correction.get((k, bucket))
-            if steady is not None and steady.count >= least:
-                known.append((k, fresh(steady.value, steady.at)))
-                continue
             v, d = self.part_correction.get(("verify", k, bucket)), self.part_correction.get(("draft", k, bucket))
-            if v is not None and d is not None and min(v.count, d.count) >= least:
-                known.append((k, fresh(v.value + d.value, min(v.at, d.at))))
+            if steady is not None and steady.count >= least or \
+                    v is not None and d is not None and min(v.count, d.count) >= least:
+                known.append((k, self.factor * self._shape((k, bucket))))
         return known
+
+    def _fresh(self, shape: float, at: int) -> float:
+        """A shape faded toward 1 by cost_decay per step since step `at`."""
+        return 1 + (shape - 1) * self.cost_decay ** max(0, self._steps - at)
+
+    def _shape(self, key: tuple[int, int]) -> float:
+        """The faded shape of (k, batch bucket) that `_known_ratios` uses (1 while it has none):
+        what a steady step's ratio is divided by for the level (`_learn_cost`)."""
+        least = max(1, self.min_cost_observations)
+        k, bucket = key
+        steady = self.bucket_correction.get(key)
+        if steady is not None and steady.count >= least:
+            return self._fresh(steady.value, steady.at)
+        v, d = self.part_correction.get(("verify", k, bucket)), self.part_correction.get(("draft", k, bucket))
+        if v is not None and d is not None and min(v.count, d.count) >= least:
+            return self._fresh(v.value + d.value, min(v.at, d.at))
+        return 1.0
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
         """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
@@ -144,7 +155,7 @@ class StepCostLearning:
         """[(depth, ms a module)] of the draft rounds measured at batch_size's bucket with
         min_cost_observations steps (`observe_parts`), by depth."""
         bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        return [(j, r.value * self.calibrated_cost(j, batch_size) / j)
+        return [(j, self.factor * r.value * self.calibrated_cost(j, batch_size) / j)
                 for (part, j, b), r in sorted(self.part_correction.items())
                 if part == "draft" and b == bucket and j >= 1 and r.count >= least]
 
@@ -189,17 +200,19 @@ class StepCostLearning:
     def observe_parts(self, verified: int, proposed: int, batch_size: int, verify_ms: float,
                       draft_ms: float) -> None:
         """A pure decode step whose batch_size requests each verified `verified` drafts (verify_ms)
-        and proposed `proposed` (draft_ms): per batch bucket, verify_ms / t(verified) and draft_ms /
-        t(proposed) (t: the calibration), the median of the last cost_window steps. A k's two
-        ratios sum to its measured / calibrated cost once both have min_cost_observations steps
-        (`_known_ratios`): an exploring probe (propose k + 1, then verify k + 1 and propose k)
-        measures k + 1 with no steady step at it."""
+        and proposed `proposed` (draft_ms): per batch bucket, the shapes verify_ms / t(verified)
+        and draft_ms / t(proposed) over the level (t: the calibration; `_learn_cost`), the median
+        of the last cost_window steps. A k's two shapes sum to its own once both have
+        min_cost_observations steps (`_known_ratios`): an exploring probe (propose k + 1, then
+        verify k + 1 and propose k) measures k + 1 with no steady step at it, among the steps
+        that set the level."""
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
         for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):
             if 0 <= k <= self.max_k:
                 running_median(self.part_correction, (part, k, batch_bucket(batch_size)),
-                               max(0.0, ms) / self.calibrated_cost(k, batch_size), self.cost_window, self._steps)
+                               max(0.0, ms) / self.calibrated_cost(k, batch_size) / self.factor,
+                               self.cost_window, self._steps)
 
     def observe_allocation(self, allocation: Allocation, step_ms: float, num_tokens: int) -> None:
         """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
@@ -219,16 +232,29 @@ class StepCostLearning:
         self._learn_cost(k, B, step_ms / calibrated)
 
     def _learn_cost(self, k: int, batch_size: int, ratio: float) -> None:
-        """One measured / calibrated ratio at k drafts: the corrections (module doc), each the
-        median of its last cost_window steps."""
-        running_median(self.correction, k, ratio, self.cost_window, self._steps)
-        self.every_k_correction.add(ratio, self._steps)
-        running_median(self.bucket_correction, (k, batch_bucket(batch_size)), ratio, self.cost_window, self._steps)
+        """One measured / calibrated ratio at k drafts, as level x shape: k's shape at the batch
+        bucket learns ratio / the level while the level's last cost_window steps hold other (k,
+        bucket)s' (a switch of the k in use, mixed batch sizes), else keeps its value (a change
+        of a k running alone is the level's); the level (`factor`) learns ratio / k's shape.
+        Each is the median of its last cost_window values. Load from another process moves every
+        k alike for seconds at a time: with one ratio per k, a k last measured in a dear stretch
+        stayed dear after it (eager concurrency 1: k = 6 and 8 at 1.55x and 1.18x their
+        calibration kept 54 of 128 requests at depth 4; experiments/concurrency/level_and_shape).
+        A median polish (Tukey 1977, Exploratory Data Analysis, ch. 11) over time, online."""
+        key = (k, batch_bucket(batch_size))
+        level, table = self.factor, self.bucket_correction
+        running_median(self.correction, k, ratio, self.cost_window, self._steps)     # reported: the raw ratio
+        if any(other != key for other in self._level_keys):
+            running_median(table, key, ratio / level, self.cost_window, self._steps)
+        else:
+            running_median(table, key, table[key].value if key in table else 1.0, self.cost_window, self._steps)
+        self.every_k_correction.add(ratio / self._shape(key), self._steps)
+        self._level_keys.append(key)
 
     @property
     def factor(self) -> float:
-        """The one correction of a batch bucket with no k measured: the median measured /
-        calibrated of the last cost_window steady steps at any k (1 before any)."""
+        """The level: the median of the last cost_window steady steps' measured / calibrated ratios,
+        each over its k's shape (`_learn_cost`; 1 before any)."""
         return self.every_k_correction.value if self.every_k_correction.count else 1.0
 
 

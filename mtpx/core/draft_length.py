@@ -21,15 +21,14 @@ mtpx/core/acceptance.py); t_step(k, B) is the engine's own measured
 decode-step cost (auto_k.costs.calibrate_step_costs at start-up, or a saved file: auto_k.store),
 smoothed over k (cost_curve.smooth_step_costs: a running median over k >= 1, then
 non-decreasing, so calibration noise cannot make a larger k look cheaper), linear in B between
-calibrated batch sizes and proportional to B beyond the largest,
-times a correction learned online from the engine's pure decode steps (no prefill): per (k,
-batch bucket), measured / calibrated (the median of its last `cost_window` steps: dear steps
-come in streaks, which carried an EMA; fading toward the factor below by `cost_decay` per step
-since it was last measured), used once a k has
+calibrated batch sizes and proportional to B beyond the largest, times a correction learned
+online from the engine's pure decode steps (no prefill): a level times a shape per (k, batch
+bucket) (`_learn_cost`; each the median of its last `cost_window` steps: dear steps come in
+streaks; a shape fading toward 1 by `cost_decay` per step since last measured), used once a k has
 `min_cost_observations` steps in B's bucket, either steady ones (`observe_step`: every request
 verifying and proposing the step's k, none held deeper) or as many verifying k and as many proposing k, whose
 verify and draft parts add up (`observe_parts`) (ks between two such ks interpolate, ks beyond them take the nearest one's); with
-none, one factor over every step; then non-decreasing in k again, so a k measured cheaper can
+none, the level alone; then non-decreasing in k again, so a k measured cheaper can
 win but never look cheaper than a smaller k. Every observed step also records its prediction
 against its measurement per batch bucket (cost_model_log.CostModelLog, metrics.json's
 auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
@@ -89,7 +88,7 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
 """
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 
 from mtpx.core.acceptance import AcceptanceEstimates
 from mtpx.core.admission import Admission
@@ -172,7 +171,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.depth_histogram: Counter = Counter()    # depth -> requests given it
         # the cost corrections, each a RunningMedian of the last cost_window steps' values
         self.correction: dict[int, RunningMedian] = {}    # k -> measured / calibrated step cost (reported)
-        self.every_k_correction = RunningMedian(self.cost_window)   # over every k (`factor`)
+        self.every_k_correction = RunningMedian(self.cost_window)   # the level over every k (`factor`)
+        self._level_keys: deque = deque(maxlen=max(1, self.cost_window))   # its steps' (k, bucket)s
         self.bucket_correction: dict[tuple[int, int], RunningMedian] = {}      # (k, bucket) -> ratio
         self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
         self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
