@@ -60,23 +60,17 @@ class StepCostLearning:
         cost_decay per step since it was last measured. A k whose last steps were dear is no
         longer chosen, so nothing else would revise its shape; so it fades and is tried again, as
         an unverified draft position drifts back to its prior."""
-        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        known = []
-        for k in range(self.max_k + 1):
-            steady = self.bucket_correction.get((k, bucket))
-            v, d = self.part_correction.get(("verify", k, bucket)), self.part_correction.get(("draft", k, bucket))
-            if steady is not None and steady.count >= least or \
-                    v is not None and d is not None and min(v.count, d.count) >= least:
-                known.append((k, self.factor * self._shape((k, bucket))))
-        return known
+        bucket, factor = batch_bucket(batch_size), self.factor
+        shapes = ((k, self._known_shape((k, bucket))) for k in range(self.max_k + 1))
+        return [(k, factor * shape) for k, shape in shapes if shape is not None]
 
     def _fresh(self, shape: float, at: int) -> float:
         """A shape faded toward 1 by cost_decay per step since step `at`."""
         return 1 + (shape - 1) * self.cost_decay ** max(0, self._steps - at)
 
-    def _shape(self, key: tuple[int, int]) -> float:
-        """The faded shape of (k, batch bucket) that `_known_ratios` uses (1 while it has none):
-        what a steady step's ratio is divided by for the level (`_learn_cost`)."""
+    def _known_shape(self, key: tuple[int, int]) -> float | None:
+        """The faded shape of (k, batch bucket) from min_cost_observations steady steps, else from
+        as many of both parts, else None (`_known_ratios`; `_learn_cost` divides by it, 1 for None)."""
         least = max(1, self.min_cost_observations)
         k, bucket = key
         steady = self.bucket_correction.get(key)
@@ -85,7 +79,7 @@ class StepCostLearning:
         v, d = self.part_correction.get(("verify", k, bucket)), self.part_correction.get(("draft", k, bucket))
         if v is not None and d is not None and min(v.count, d.count) >= least:
             return self._fresh(v.value + d.value, min(v.at, d.at))
-        return 1.0
+        return None
 
     def observe_overhead(self, batch_size: int, ms: float) -> None:
         """A pure decode step of batch_size requests spent ms beyond its forwards: per batch
@@ -248,7 +242,8 @@ class StepCostLearning:
             running_median(table, key, ratio / level, self.cost_window, self._steps)
         else:
             running_median(table, key, table[key].value if key in table else 1.0, self.cost_window, self._steps)
-        self.every_k_correction.add(ratio / self._shape(key), self._steps)
+        shape = self._known_shape(key)
+        self.every_k_correction.add(ratio / (1.0 if shape is None else shape), self._steps)
         self._level_keys.append(key)
 
     @property
