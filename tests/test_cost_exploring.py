@@ -2,9 +2,11 @@
 engine measures for a k it only probes (mtpx/core/cost_curve.py, mtpx/core/draft_length.py)."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from mtpx.core.cost_curve import _running_median, smooth_step_costs
+from mtpx.core.cost_curve import StepMemo, _running_median, smooth_step_costs
 from mtpx.core.draft_length import AutoDraftLength
 
 
@@ -282,3 +284,82 @@ def test_a_request_drafts_at_most_its_depth_in_the_steps_goodput():
     p.acceptance = [1.0] * 4
     assert p._goodputs(16, 4, held=4, depths=[0] * 15 + [4]) == pytest.approx([(16 + k) / 100 for k in range(5)])
     assert p._goodputs(16, 4, held=4) == pytest.approx([16 * (1 + k) / 100 for k in range(5)])
+
+
+class _Uncached(AutoDraftLength):
+    """The policy with its caches off: every cost curve and expected-token list computed anew."""
+
+    def _memo(self):
+        return StepMemo()
+
+    def reset(self):
+        super().reset()
+        self.estimates._upto = _Forgetful()
+
+
+class _Forgetful(dict):
+    def __setitem__(self, key, value):
+        pass
+
+
+def _drive(p: AutoDraftLength, seed: int) -> list:
+    """A seeded workload through the scheduler's calls (admissions at 1-16 running requests, falls,
+    steady steps and parts, overheads, prefills, acceptance by age): every decision and the end state."""
+    rng, running, trace = random.Random(seed), [], []
+    for _ in range(600):
+        while len(running) < (1, 4, 16)[seed % 3] and rng.random() < 0.3:
+            c = p.decide_depth(len(running) + 1, depths=[d for d, _ in running], prompt_tokens=rng.randint(50, 300),
+                               max_tokens=64)
+            p.commit_depth(c)
+            running.append([c.depth, 0])
+            trace.append(c)
+        if not running:
+            continue
+        B = len(running)
+        for d in sorted({r[0] for r in running}):
+            c = p.decide_depth(B, d)
+            p.commit_depth(c)
+            for r in running:
+                r[0] = c.depth if r[0] == d else r[0]
+        depths = [r[0] for r in running]
+        choice = p.decide(B, max(depths), held=max(depths), depths=depths)
+        p.commit(choice)
+        k, ms = choice.k, (8 + 1.5 * choice.k) * (1 + 0.2 * B) * rng.uniform(0.85, 1.3)
+        predicted = p.cost(k, B), p.step_cost_curve(B)[k], p.held_cost_curve(B, 5)   # asked before the learning too
+        learn = rng.random()       # each kind of learning alone in some steps
+        if learn < 0.4:
+            p.observe_step(k, B, ms, num_tokens=2 * B, draft_depth=max(depths))
+        elif learn < 0.8:
+            p.observe_step(k, B, ms, num_tokens=2 * B, verify_ms=0.7 * ms, draft_depth=max(depths))
+        else:
+            p.observe_parts(k, max(depths), B, 0.7 * ms, 0.3 * ms)
+        if rng.random() < 0.5:
+            p.observe_overhead(B, rng.uniform(0.1, 0.5))
+        if rng.random() < 0.05:
+            p.observe_prefill(rng.randint(100, 1000), rng.uniform(1, 10))
+        p.record(k, B, [a for _, a in running])
+        for r in running:
+            n, accepted = min(k, r[0]), 0
+            while accepted < n and rng.random() < 0.8:
+                accepted += 1
+            p.observe(n, accepted, None, r[1])
+            r[1] += 1 + accepted
+        running = [r for r in running if r[1] < 64]
+        trace.append((choice, predicted, p.cost_curve(B), p.step_cost_curve(3 * B), p.held_cost_curve(B, 5)))
+    return trace + [p.summary()]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_cached_cost_curves_and_tokens_equal_those_computed_anew(seed):
+    """The policy caches its cost curves per step (StepMemo) and its expected tokens per change of
+    the counts: driven through the same seeded workload, it decides and learns exactly as with
+    both caches off, float for float."""
+    costs = {(k, b): (8 + 1.5 * k) * (1 + 0.2 * b * (1 + 0.3 * k)) for k in range(9) for b in (1, 4, 16)}
+    runs = []
+    for cls in (AutoDraftLength, _Uncached):
+        p = cls(8, costs)
+        p.set_draft_costs({(k, b): 0.3 * k * (1 + 0.1 * b) for k in range(9) for b in (1, 4, 16)})
+        p.set_prefill_cost(0.01)
+        runs.append(_drive(p, seed))
+    assert runs[0] == runs[1]
+    assert len({t[0].k for t in runs[0] if isinstance(t, tuple)}) > 1     # the k moved along the way

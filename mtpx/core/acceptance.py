@@ -48,10 +48,11 @@ class AcceptanceEstimates:
         self.age_accepted = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
         self.age_verified = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
         self._age_chains: list[list[float] | None] = [None] * len(self.age_accepted)   # `by_age`
+        self._upto: dict = {}         # (k, mix) -> expected_tokens_upto, until the counts change
 
     def __eq__(self, other) -> bool:
-        def state(e):                 # the by-age chains are a cache of the counts
-            return {k: v for k, v in vars(e).items() if k != "_age_chains"}
+        def state(e):                 # the by-age chains and _upto are caches of the counts
+            return {k: v for k, v in vars(e).items() if k not in ("_age_chains", "_upto")}
         return isinstance(other, AcceptanceEstimates) and state(self) == state(other)
 
     def bucket(self, age: int) -> int:
@@ -94,8 +95,13 @@ class AcceptanceEstimates:
         self._estimate()
 
     def _estimate(self) -> None:
-        self.pooled = self._chain(self.accepted, self.verified)
+        self.set_pooled(self._chain(self.accepted, self.verified))
         self._age_chains = [None] * len(self.age_accepted)
+
+    def set_pooled(self, values: list[float]) -> None:
+        """Set the engine-wide p_j (tests set them directly through AutoDraftLength.acceptance)."""
+        self.pooled = list(values)
+        self._upto.clear()
 
     def _chain(self, accepted: list[float], verified: list[float]) -> list[float]:
         """p_j = (a_j + w p_{j-1}) / (v_j + w), p_0 = prior_acceptance (module doc)."""
@@ -137,15 +143,23 @@ class AcceptanceEstimates:
 
     def expected_tokens_upto(self, k: int, mix: list[float] | None = None, optimistic_from: int | None = None,
                              z: float = 0.0, below: float = math.inf) -> list[float]:
-        """[expected_tokens(j, ...) for j = 0 .. k], in one pass over the positions."""
+        """[expected_tokens(j, ...) for j = 0 .. k], in one pass over the positions; without
+        optimism, computed once per change of the counts (the list is shared: read it)."""
+        key = None if optimistic_from is not None else (k, None if mix is None else tuple(mix))
+        if key in self._upto:
+            return self._upto[key]
         if mix is None:
-            return self._tokens(self.pooled, self.verified, k, optimistic_from, z, below)
-        total, weight = [0.0] * (k + 1), sum(mix)
-        for b, n in enumerate(mix):
-            if n:
-                for j, t in enumerate(self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)):
-                    total[j] += n * t
-        return [t / weight for t in total]
+            out = self._tokens(self.pooled, self.verified, k, optimistic_from, z, below)
+        else:
+            total, weight = [0.0] * (k + 1), sum(mix)
+            for b, n in enumerate(mix):
+                if n:
+                    for j, t in enumerate(self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)):
+                        total[j] += n * t
+            out = [t / weight for t in total]
+        if key is not None:
+            self._upto[key] = out
+        return out
 
     def unlearned(self, j: int, min_verified: float, mix: list[float] | None = None) -> bool:
         """Whether position j + 1 has fewer than min_verified discounted verified drafts:

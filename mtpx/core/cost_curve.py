@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-__all__ = ["smooth_step_costs", "RunningMedian", "running_median"]
+__all__ = ["smooth_step_costs", "RunningMedian", "running_median", "StepMemo"]
 
 
 def smooth_step_costs(values: list[float]) -> list[float]:
@@ -37,6 +37,8 @@ def _running_median(ys: list[float]) -> list[float]:
 
 def _non_decreasing(values: list[float]) -> list[float]:
     """The least-squares non-decreasing fit of values (pool adjacent violators)."""
+    if all(a <= b for a, b in zip(values, values[1:])):
+        return list(values)                        # already non-decreasing: itself
     blocks: list[list[float]] = []                 # [sum, count]
     for v in values:
         blocks.append([v, 1])
@@ -58,6 +60,25 @@ def _interpolate(known: list[tuple[int, float]], k: int, default: float) -> floa
         if k <= k1:
             return r0 + (r1 - r0) * (k - k0) / (k1 - k0)
     return known[-1][1]
+
+
+def _interpolate_all(known: list[tuple[int, float]], n: int, default: float) -> list[float]:
+    """[_interpolate(known, k, default) for k in range(n)] (the same arithmetic), in one pass."""
+    if not known:
+        return [default] * n
+    out, i, last = [], 0, len(known) - 1
+    for k in range(n):
+        if k <= known[0][0]:
+            out.append(known[0][1])
+            continue
+        while i < last and k > known[i + 1][0]:
+            i += 1
+        if i == last:
+            out.append(known[-1][1])
+        else:
+            (k0, r0), (k1, r1) = known[i], known[i + 1]
+            out.append(r0 + (r1 - r0) * (k - k0) / (k1 - k0))
+    return out
 
 
 class RunningMedian:
@@ -94,3 +115,20 @@ def running_median(table: dict, key, value: float, window: int, at: int = 0) -> 
     if key not in table:
         table[key] = RunningMedian(window)
     table[key].add(value, at)
+
+
+class StepMemo(dict):
+    """What automatic k computes from its cost state (a cost curve per batch size, ...), kept
+    for the step count `at` until that state changes (StepCostLearning._memo): one step's
+    decisions and learning ask for the same curves several times (experiments/concurrency/
+    host_work). A cache, not state: equal to any other StepMemo, so a query leaves the policy
+    equal to what it was."""
+
+    def __init__(self):
+        super().__init__()
+        self.at = 0
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, StepMemo)
+
+    __hash__ = None

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import bisect
 
-from mtpx.core.cost_curve import RunningMedian, _interpolate, _non_decreasing, running_median, smooth_step_costs
+from mtpx.core.cost_curve import (RunningMedian, StepMemo, _interpolate, _interpolate_all, _non_decreasing, running_median,
+                                  smooth_step_costs)
 from mtpx.core.cost_model_log import batch_bucket
 from mtpx.core.request_k import Allocation
 
@@ -28,7 +29,8 @@ class StepCostLearning:
         for b in batches:
             for k, ms in enumerate(smooth_step_costs([step_costs[(k, b)] for k in range(self.max_k + 1)])):
                 costs[(k, b)] = ms
-        self.step_costs, self._batches = costs, batches
+        self.step_costs, self._batches, self._calibrated_by_batch = costs, batches, StepMemo()
+        self._costs_changed()
 
     def set_draft_costs(self, draft_costs: dict) -> None:
         """The calibration's draft rounds, {(k, batch size): ms} (auto_k.costs.calibrate_step_costs;
@@ -40,6 +42,20 @@ class StepCostLearning:
             raise ValueError(f"draft costs miss (k, batch size) {missing[:4]}: give every k in 0..{self.max_k}")
         self._draft_costs = {kb: max(0.0, ms) for kb, ms in draft_costs.items()} if batches else None
         self._draft_batches = batches
+        self._costs_changed()
+
+    def _memo(self) -> StepMemo:
+        """The cache of this step's cost curves (cost_curve.StepMemo), emptied when the step count
+        moves on (a shape fades per step) or the cost state changes (`_costs_changed`)."""
+        memo = self._cost_memo
+        if memo.at != self._steps:
+            memo.clear()
+            memo.at = self._steps
+        return memo
+
+    def _costs_changed(self) -> None:
+        """Called by every change of what the cost curves are computed from."""
+        self._cost_memo.clear()
 
     def cost(self, k: int, batch_size: int) -> float:
         """Predicted step ms at k drafts and batch_size (module doc)."""
@@ -47,10 +63,13 @@ class StepCostLearning:
 
     def cost_curve(self, batch_size: int) -> list[float]:
         """Predicted step ms at batch_size for k = 0 .. max_k: the calibrated costs times the
-        online correction, made non-decreasing in k (pool-adjacent-violators) (module doc)."""
-        known = self._known_ratios(batch_size)
-        return _non_decreasing([_interpolate(known, k, self.factor) * self.calibrated_cost(k, batch_size)
-                               for k in range(self.max_k + 1)])
+        online correction, made non-decreasing in k (pool-adjacent-violators) (module doc). The
+        list is shared (`_memo`): read it, do not change it."""
+        memo, key = self._memo(), ("curve", batch_size)
+        if key not in memo:
+            ratios = _interpolate_all(self._known_ratios(batch_size), self.max_k + 1, self.factor)
+            memo[key] = _non_decreasing([r * c for r, c in zip(ratios, self._calibrated(batch_size))])
+        return memo[key]
 
     def _known_ratios(self, batch_size: int) -> list[tuple[int, float]]:
         """[(k, measured / calibrated)] of the ks measured at batch_size's bucket: the level
@@ -60,9 +79,14 @@ class StepCostLearning:
         cost_decay per step since it was last measured. A k whose last steps were dear is no
         longer chosen, so nothing else would revise its shape; so it fades and is tried again, as
         an unverified draft position drifts back to its prior."""
-        bucket, factor = batch_bucket(batch_size), self.factor
-        shapes = ((k, self._known_shape((k, bucket))) for k in range(self.max_k + 1))
-        return [(k, factor * shape) for k, shape in shapes if shape is not None]
+        memo, key = self._memo(), ("known", batch_size)
+        if key not in memo:
+            bucket, factor, known = batch_bucket(batch_size), self.factor, []
+            for k in range(self.max_k + 1):
+                if (shape := self._known_shape((k, bucket))) is not None:
+                    known.append((k, factor * shape))
+            memo[key] = known
+        return memo[key]
 
     def _fresh(self, shape: float, at: int) -> float:
         """A shape faded toward 1 by cost_decay per step since step `at`."""
@@ -86,6 +110,7 @@ class StepCostLearning:
         bucket, the median of the last cost_window steps; the decisions add it to every k's cost
         (`step_cost_curve`)."""
         running_median(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.cost_window)
+        self._costs_changed()
 
     def observe_prefill(self, module_tokens: int, ms: float) -> None:
         """A prefill step's speculator part (its modules over module_tokens prompt tokens x modules,
@@ -122,9 +147,12 @@ class StepCostLearning:
 
     def step_cost_curve(self, batch_size: int) -> list[float]:
         """What the decisions compare: cost_curve plus the step's learned overhead at its batch
-        bucket (`observe_overhead`; 0 before any step)."""
-        extra = self.overhead[b].value if (b := batch_bucket(batch_size)) in self.overhead else 0.0
-        return [c + extra for c in self.cost_curve(batch_size)]
+        bucket (`observe_overhead`; 0 before any step). Shared, as cost_curve's."""
+        memo, key = self._memo(), ("step", batch_size)
+        if key not in memo:
+            extra = self.overhead[b].value if (b := batch_bucket(batch_size)) in self.overhead else 0.0
+            memo[key] = [c + extra for c in self.cost_curve(batch_size)]
+        return memo[key]
 
     def draft_cost(self, k: int, batch_size: int, per_module: list[tuple[int, float]] | None = None) -> float:
         """Predicted ms of the draft round of a step whose requests hold depth k (0 for k = 0): k
@@ -148,10 +176,13 @@ class StepCostLearning:
     def _draft_per_module(self, batch_size: int) -> list[tuple[int, float]]:
         """[(depth, ms a module)] of the draft rounds measured at batch_size's bucket with
         min_cost_observations steps (`observe_parts`), by depth."""
-        bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
-        return [(j, self.factor * r.value * self.calibrated_cost(j, batch_size) / j)
-                for (part, j, b), r in sorted(self.part_correction.items())
-                if part == "draft" and b == bucket and j >= 1 and r.count >= least]
+        memo, key = self._memo(), ("draft", batch_size)
+        if key not in memo:
+            bucket, least, calibrated = batch_bucket(batch_size), max(1, self.min_cost_observations), self._calibrated(batch_size)
+            memo[key] = [(j, self.factor * r.value * calibrated[j] / j)
+                         for (part, j, b), r in sorted(self.part_correction.items())
+                         if part == "draft" and b == bucket and j >= 1 and r.count >= least]
+        return memo[key]
 
     def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None) -> list[float]:
         """step_cost_curve(batch_size) (or `curve`, when the caller has it) for a step whose deepest
@@ -167,7 +198,15 @@ class StepCostLearning:
 
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""
-        return _in_batch(self.step_costs, self._batches, k, batch_size)
+        return self._calibrated(batch_size)[k]
+
+    def _calibrated(self, batch_size: int) -> list[float]:
+        """calibrated_cost(k, batch_size) for k = 0 .. max_k (shared, as cost_curve's; kept until
+        set_step_costs)."""
+        memo = self._calibrated_by_batch
+        if batch_size not in memo:
+            memo[batch_size] = [_in_batch(self.step_costs, self._batches, k, batch_size) for k in range(self.max_k + 1)]
+        return memo[batch_size]
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
                      verify_ms: float | None = None, draft_depth: int | None = None) -> None:
@@ -207,6 +246,7 @@ class StepCostLearning:
                 running_median(self.part_correction, (part, k, batch_bucket(batch_size)),
                                max(0.0, ms) / self.calibrated_cost(k, batch_size) / self.factor,
                                self.cost_window, self._steps)
+        self._costs_changed()
 
     def observe_allocation(self, allocation: Allocation, step_ms: float, num_tokens: int) -> None:
         """observe_step for a pure ragged decode step of per-request ks (`allocate`): the
@@ -245,6 +285,7 @@ class StepCostLearning:
         shape = self._known_shape(key)
         self.every_k_correction.add(ratio / (1.0 if shape is None else shape), self._steps)
         self._level_keys.append(key)
+        self._costs_changed()
 
     @property
     def factor(self) -> float:

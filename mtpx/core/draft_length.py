@@ -4,8 +4,7 @@ no measurement (mtpx/engine/auto_k/costs.py measures the step costs, smooth_step
 them, mtpx/engine/auto_k/store.py keeps them between runs; mtpx/core/cost_learning.py and
 mtpx/core/exploring.py hold the step-cost and exploring halves of AutoDraftLength). Queries (`decide`, `choose`,
 `decide_depth`, `depth`, `goodput`, ...) never change state; `commit` and `commit_depth` apply a
-decision, and `record`, `observe`, `observe_step` learn from a step (the scheduler calls them once
-per step).
+decision, and `record`, `observe`, `observe_step` learn from a step (the scheduler calls them once per step).
 
 Auto (`AutoDraftLength`) picks, every step, the k in {0 .. max_k} with the highest predicted
 goodput at the step's batch size B:
@@ -48,8 +47,8 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   `explore_budget` of the steps' predicted cost (`explore_spent`: its probes, and the catch-up
   of the requests it holds deeper than the k in use, which every step pays): a position whose
   discounted count its probes alone can never raise to min_verified would otherwise be
-  explored for ever. The k in use falls only where the
-  smaller k beats it with its unlearned positions at their upper estimates too (a fall the prior
+  explored for ever. The k in use falls only where the smaller k beats it with its unlearned
+  positions at their upper estimates too (a fall the prior
   alone predicts waits for the drafts that test it), and it lands on the k between of the highest
   goodput with those positions at their upper estimates where that beats the smaller k by the
   hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use, the
@@ -92,7 +91,7 @@ from collections import Counter, deque
 
 from mtpx.core.acceptance import AcceptanceEstimates
 from mtpx.core.admission import Admission
-from mtpx.core.cost_curve import RunningMedian, smooth_step_costs
+from mtpx.core.cost_curve import RunningMedian, StepMemo, smooth_step_costs
 from mtpx.core.cost_learning import StepCostLearning
 from mtpx.core.cost_model_log import CostModelLog, bucket_label
 from mtpx.core.exploring import Exploring
@@ -177,6 +176,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
         self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
+        self._cost_memo = StepMemo()                 # this step's cost curves (StepCostLearning._memo)
         self._steps = self._probes = 0
         self.prefill_module_ms = self._prefill_median()   # a prefill's draft modules: ms per token x module
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
@@ -194,7 +194,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
 
     @acceptance.setter
     def acceptance(self, values: list[float]) -> None:
-        self.estimates.pooled = list(values)
+        self.estimates.set_pooled(values)
 
     @property
     def num_observed(self) -> list[int]:
