@@ -808,21 +808,22 @@ def test_per_request_depth_is_lossless_and_runs_no_module_beyond_it(depths, segm
     assert_clean(llm)
 
 
-@pytest.mark.parametrize("stretch", [1, 7])
-def test_module_kv_after_a_k0_stretch_equals_from_scratch(stretch):
-    """After k = K steps then `stretch` steps of k = 0, every draft module's KV at the positions
-    whose inputs are known equals its from-scratch value, so the drafts (and their acceptance)
-    after the stretch are those of a run that never stopped drafting."""
+@pytest.mark.parametrize("middle,stretch", [(0, 1), (0, 7), (3, 1), (3, 4), (2, 1)])
+def test_module_kv_after_a_k0_stretch_equals_from_scratch(middle, stretch):
+    """After k = K steps then `stretch` steps of k = middle (0; K - 1, a probe one below: the module
+    after the drafting ones runs over the last draft; K - 2), every draft module's KV at the
+    positions whose inputs are known equals its from-scratch value, so the drafts (and their
+    acceptance) after the stretch are those of a run that never stopped drafting."""
     K = 4
     llm, policy = forced_engine("mtp8", K)
     checked = install_draft_check(llm, model(), "mtp8", K)
-    schedule = [K] * 3 + [0] * stretch + [K] * 3
+    schedule = [K] * 3 + [middle] * stretch + [K] * 3
     seen = []
 
     def on_step(engine):
         i = len(seen)
         seen.append(policy.forced)
-        if seen[-1] == 0 and i + 1 < len(schedule) and schedule[i + 1] == K:   # the stretch ends
+        if seen[-1] == middle and i + 1 < len(schedule) and schedule[i + 1] == K:   # the stretch ends
             (r,) = engine.scheduler.running
             seq, row = r.all_token_ids, engine.runner.rows[r.index]
             n = len(seq) - 1
@@ -843,12 +844,14 @@ def test_module_kv_after_a_k0_stretch_equals_from_scratch(stretch):
 
 
 @pytest.mark.slow      # 51 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
-@pytest.mark.parametrize("middle,catch_up", [([0, 0, 0], False), ([3, 4, 3, 4, 2, 0, 2, 4], True)])
+@pytest.mark.parametrize("middle,catch_up", [([0, 0, 0], False), ([3, 4, 3, 4, 3], False),
+                                             ([3, 4, 3, 4, 2, 0, 2, 4], True)])
 def test_compiled_module_kv_stays_exact_in_one_draft_graph(trained_tiny, middle, catch_up):
     """Compiled (Dynamo's eager backend: the static shapes) with k = K, then `middle`, then K:
-    k = 0 steps run the modules' catch-up padded into the K + 1 columns' round, and a step
-    drafting more than the one before, after a verification that accepted a drafts, first runs
-    a round without drafts in the same graph (StepShapes.catch_up; the lagging module covers
+    k = 0 steps run the modules' catch-up padded into the K + 1 columns' round; a step drafting
+    one more than the one before needs no catch-up (the module after the drafting ones ran over
+    the last draft), and one drafting more, after a verification that accepted a drafts, first
+    runs a round without drafts in the same graph (StepShapes.catch_up; the lagging module covers
     a + K positions, up to 2K - 1). After every step each draft module's KV at the positions
     whose inputs are known equals its from-scratch value, every proposal equals the from-scratch
     drafts, and every round has K + 1 columns. (The trained model accepts drafts: a catch-up

@@ -37,12 +37,20 @@ def test_step_shapes_eager_are_exact_and_static_are_bucketed():
     assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (5, 4, 3, 5)   # bucket 4
     static = _plan(True, [30, 30], [1, 1], [1, 3], [1, 1], 3, batch=2, buckets=[])        # buckets 0 and k
     assert (static.window, static.depth, static.num_drafts, static.draft_columns) == (9, 8, 3, 9)
-    # a module that catches up behind 3 verified drafts covers 4 - 1 + 4 positions: eager 7
-    # columns; static, a round without drafts first, then both rounds in 4 + 1 columns
-    eager = _plan(False, [30, 30], [3, 3], [3, 4], [3, 3], 4)
-    assert (eager.window, eager.draft_columns, eager.catch_up) == (4, 7, False)
-    static = _plan(True, [30, 30], [3, 3], [3, 4], [3, 3], 4, batch=2)
+    # module 4 only caught up behind 2 drafts (modules 1-2 drafted, 3 ran over the last draft), so
+    # drafting 4 it covers 3 - 1 + 4 positions: eager 6 columns; static, a round without drafts
+    # first, then both rounds in 4 + 1 columns
+    eager = _plan(False, [30, 30], [2, 2], [3, 4], [2, 2], 4)
+    assert (eager.window, eager.draft_columns, eager.catch_up) == (3, 6, False)
+    static = _plan(True, [30, 30], [2, 2], [3, 4], [2, 2], 4, batch=2)
     assert (static.window, static.draft_columns, static.catch_up) == (5, 5, True)
+    # one draft more than the round before (the step after a probe one below the k in use): the
+    # module after the drafting ones reached the last known token over the last draft, so it
+    # re-prefills max(window, 4) positions, and no catch-up round runs
+    eager = _plan(False, [30, 30], [3, 3], [3, 4], [3, 3], 4)
+    assert (eager.window, eager.draft_columns, eager.catch_up) == (4, 4, False)
+    static = _plan(True, [30, 30], [3, 3], [3, 4], [3, 3], 4, batch=2)
+    assert (static.window, static.draft_columns, static.catch_up) == (5, 5, False)
     # a step that neither verifies nor proposes (k = 0): 1-token windows, no state kept
     narrow = _plan(True, [30], [0], [0], [0], 0)
     assert (narrow.window, narrow.depth, narrow.keep_states) == (1, 0, False)

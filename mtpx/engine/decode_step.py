@@ -18,7 +18,7 @@ dynamic size: ForwardMeta.pack_valid), a step that neither verifies nor proposes
 1-token window, the draft round's forwards have width + 1 columns (a 1-token window's round
 too: one draft graph), and keys are read from a power-of-two number of blocks: a few graphs
 serve every step. A round whose modules' catch-up needs more than width + 1 columns (a step
-drafting more than the one before) is two rounds of the same graph: first one without drafts
+drafting two or more more than the one before) is two rounds of the same graph: first one without drafts
 (StepShapes.catch_up, draft_rounds), after which width + 1 columns suffice.
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ class StepShapes:
             window = width + 1
         columns = 1
         if k:
-            columns = max(max_module_positions(1 + nd, min(num_drafts, d), prev, num_draft_modules)
+            columns = max(max_module_positions(1 + nd, min(num_drafts, d), prev, min(d, num_draft_modules))
                           for nd, d, prev in zip(num_draft_tokens, depths, num_prev_drafts))
         catch_up = False
         if static and width:

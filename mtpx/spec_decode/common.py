@@ -74,12 +74,14 @@ def max_module_positions(num_window_tokens: int, num_drafts: int, num_prev_draft
                          num_draft_modules: int) -> int:
     """Most positions one module forward of a decode round covers (host-side, for the static
     plan's columns), for a request that verified a window of num_window_tokens, drafted
-    num_prev_drafts the round before and drafts num_drafts now, with num_draft_modules modules.
-    Module m re-prefills max(window, m) positions when it drafted last round; one that only
-    caught up (m > num_prev_drafts) lags m - 1 positions behind, so it covers window - 1 + m
-    (multi_module.py). With one module (single-module MTP) both are the window."""
-    m = min(num_drafts, num_draft_modules)
-    if num_drafts <= num_prev_drafts:
+    num_prev_drafts the round before and drafts num_drafts now, running num_draft_modules
+    modules (its depth's). A round runs the modules that draft and the one after them to the last
+    known token (MultiModuleMTPSpeculator.plan), m = min(num_drafts + 1, num_draft_modules);
+    module j of them re-prefills max(window, j) positions when it reached it last round too
+    (j <= num_prev_drafts + 1), else it lags j - 1 positions behind and covers window - 1 + j;
+    the others only catch up, over at most the window. One module (single-module MTP): the window."""
+    m = min(num_drafts + 1, num_draft_modules)
+    if m <= num_prev_drafts + 1:
         return max(num_window_tokens, m)
     return num_window_tokens - 1 + m
 

@@ -85,9 +85,11 @@ class MultiModuleMTPSpeculator:
     def plan(self, cache: ModelCache, batch: DraftBatch) -> DraftPlan:
         """Module k covers start_k .. end_k - 1 (module doc): a drafting row re-prefills from
         min(computed_k, n - k) to n - 1 (at most num_speculative_tokens + 1 positions after a
-        verification); the others catch up. Modules after the first num_drafts catch up in a
-        drafting row too, to n - k, over its re-prefill start (their stale positions are redone).
-        Modules beyond a row's depth cover nothing. Speculator.plan's contract."""
+        verification); the others catch up. In a drafting row the module after the first
+        num_drafts runs to n - 1 too (its last input is the last draft; no logits), so a round
+        drafting one more needs no catch-up (common.max_module_positions); the later ones catch
+        up to n - k, over its re-prefill start (their stale positions are redone). Modules
+        beyond a row's depth cover nothing. Speculator.plan's contract."""
         b = batch
         n = b.num_tokens - 1
         end = b.target_end
@@ -97,7 +99,7 @@ class MultiModuleMTPSpeculator:
         for module in range(1, last + 1):
             kept = module <= b.depth
             computed = self.computed[b.rows, module - 1]
-            end = torch.where(b.is_drafting & (module <= drafted), n,
+            end = torch.where(b.is_drafting & (module <= drafted + 1), n,
                               torch.minimum(end, b.num_tokens - module)).clamp(min=0)
             end = torch.where(kept, end, computed)
             redo = torch.minimum(computed, n - module) if self.reprefill else computed
