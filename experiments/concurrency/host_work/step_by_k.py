@@ -1,0 +1,64 @@
+"""Per decode step of the compiled engine at concurrency 1: the runner's execute, verify and draft
+ms (medians) by (the step's k, the most drafts a request verified), mtp8 against auto, alternated,
+twice; and the scheduler's two calls (host work). GSM8K test, 128 tokens, 1 thread.
+usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/step_by_k.py [num_prompts]"""
+import collections
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
+
+DATA = pathlib.Path(os.environ.get("MTPX_DATA_DIR", ROOT.parent / "shared" / "data"))
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 24
+prompts = [format_prompt(r["question"]) for r in load_gsm8k(DATA / "gsm8k" / "test.jsonl")[:N]]
+params = SamplingParams(max_tokens=128, temperature=0.0)
+common = dict(threads=1, max_num_seqs=1, max_model_len=1024, compile=True)
+llms = {"mtp8": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=8, **common),
+        "auto": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens="auto", **common)}
+steps = {n: [] for n in llms}
+host = {n: collections.Counter() for n in llms}
+
+
+def wrap(name, obj, attr, keep=False):
+    f = getattr(obj, attr)
+
+    def timed(*a, **k):
+        t = time.perf_counter()
+        r = f(*a, **k)
+        dt = time.perf_counter() - t
+        host[name][attr] += dt
+        out = a[0] if keep else None
+        if keep and out.decodes and not out.prefills and r.timing is not None:
+            steps[name].append((out.num_speculative_tokens, max(d.num_draft_tokens for d in out.decodes), dt,
+                                r.timing.verify_s, r.timing.draft_s))
+        return r
+    setattr(obj, attr, timed)
+
+
+for name, llm in llms.items():
+    e = llm.engine
+    wrap(name, e.scheduler, "schedule")
+    wrap(name, e.scheduler, "update_from_output")
+    wrap(name, e.runner, "execute", keep=True)
+    llm.generate(prompts[:2], params, max_concurrency=1)
+for _rep in range(2):
+    for name, llm in llms.items():
+        steps[name].clear()
+        host[name].clear()
+        t = time.perf_counter()
+        llm.generate(prompts, params, max_concurrency=1)
+        wall = time.perf_counter() - t
+        print(name, f"wall {wall:.3f} s", {a: round(v, 3) for a, v in host[name].items()}, flush=True)
+        by = collections.defaultdict(list)
+        for k, nd, dt, v, d in steps[name]:
+            by[(k, nd)].append((dt, v, d))
+        for key, xs in sorted(by.items()):
+            med = [1e3 * statistics.median(x[i] for x in xs) for i in range(3)]
+            print(f"   k {key[0]} verified {key[1]}: {len(xs)} steps, execute {med[0]:.2f} verify {med[1]:.2f} "
+                  f"draft {med[2]:.2f} ms", flush=True)
