@@ -1,7 +1,7 @@
 """Per decode step of the compiled engine at concurrency 1: the runner's execute, verify and draft
 ms (medians) by (the step's k, the most drafts a request verified), mtp8 against auto, alternated,
 twice; and the scheduler's two calls (host work). GSM8K test, 128 tokens, 1 thread.
-usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/step_by_k.py [num_prompts]"""
+usage: OMP_NUM_THREADS=1 [ROOT=source tree] [COMPILE=0] python experiments/concurrency/host_work/step_by_k.py [num_prompts]"""
 import collections
 import os
 import pathlib
@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
+ROOT = pathlib.Path(os.environ.get("ROOT") or pathlib.Path(__file__).resolve().parents[3])
 sys.path.insert(0, str(ROOT))
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
@@ -18,7 +18,7 @@ DATA = pathlib.Path(os.environ.get("MTPX_DATA_DIR", ROOT.parent / "shared" / "da
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 24
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(DATA / "gsm8k" / "test.jsonl")[:N]]
 params = SamplingParams(max_tokens=128, temperature=0.0)
-common = dict(threads=1, max_num_seqs=1, max_model_len=1024, compile=True)
+common = dict(threads=1, max_num_seqs=1, max_model_len=1024, compile=bool(int(os.environ.get("COMPILE", "1"))))
 llms = {"mtp8": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=8, **common),
         "auto": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens="auto", **common)}
 steps = {n: [] for n in llms}
