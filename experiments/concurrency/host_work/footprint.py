@@ -1,7 +1,9 @@
 """Does the policy's host work slow the forwards after it? mtp8 compiled at concurrency 1, its
 scheduler's schedule() followed by one step of an automatic-k policy driven as replay.py drives it
-(a policy of its own, not the engine's: mtp8's decisions are unchanged) or by nothing, alternated,
-twice: the runner's execute ms (median of the k = 8 steps verifying 8) and the wall.
+(a policy of its own, not the engine's: mtp8's decisions are unchanged), by nothing, or by that
+step handed to a second thread while the forward runs (joined before the next schedule(): what
+an asynchronous policy would cost), alternated, twice: the runner's execute ms (median of the
+k = 8 steps verifying 8) and the wall.
 usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/footprint.py [num_prompts]"""
 import os
 import pathlib
@@ -9,6 +11,7 @@ import random
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
@@ -27,7 +30,8 @@ K = 8
 costs = {(k, 1): 8 + 0.6 * k for k in range(K + 1)}
 policy = AutoDraftLength(K, costs)
 policy.set_draft_costs({(k, 1): 0.35 * k for k in range(K + 1)})
-rng, state = random.Random(0), {"age": 0, "on": False, "host": 0.0}
+rng, state = random.Random(0), {"age": 0, "on": "no", "host": 0.0, "pending": None}
+pool = ThreadPoolExecutor(1)
 
 
 def policy_step():
@@ -49,11 +53,18 @@ schedule, execute, steps = e.scheduler.schedule, e.runner.execute, []
 
 
 def scheduled():
-    out = schedule()
-    if state["on"]:
+    if state["pending"] is not None:          # the thread's step of the step before
         t = time.perf_counter()
-        policy_step()
+        state["pending"].result()
         state["host"] += time.perf_counter() - t
+        state["pending"] = None
+    out = schedule()
+    t = time.perf_counter()
+    if state["on"] == "yes":
+        policy_step()
+    elif state["on"] == "thread":
+        state["pending"] = pool.submit(policy_step)
+    state["host"] += time.perf_counter() - t
     return out
 
 
@@ -68,12 +79,12 @@ def executed(out):
 e.scheduler.schedule, e.runner.execute = scheduled, executed
 llm.generate(prompts[:2], params, max_concurrency=1)
 for _rep in range(2):
-    for on in (False, True):
+    for on in ("no", "yes", "thread"):
         state["on"], state["host"] = on, 0.0
         steps.clear()
         t = time.perf_counter()
         llm.generate(prompts, params, max_concurrency=1)
         wall = time.perf_counter() - t
-        print(f"policy step after schedule: {'yes' if on else 'no '} wall {wall:.3f} s, of it the policy "
+        print(f"policy step after schedule: {on:6} wall {wall:.3f} s, of it the main thread's policy work "
               f"{state['host']:.3f} s; execute of {len(steps)} k = 8 steps: median "
               f"{1e3 * statistics.median(steps):.3f} ms, mean {1e3 * statistics.fmean(steps):.3f} ms", flush=True)
