@@ -1,7 +1,8 @@
 """Does the policy's host work slow the forwards after it? mtp8 compiled at concurrency 1, its
 scheduler's schedule() followed by one step of an automatic-k policy driven as replay.py drives it
-(a policy of its own, not the engine's: mtp8's decisions are unchanged), by nothing, or by that
-step handed to a second thread while the forward runs (joined before the next schedule(): what
+(a policy of its own, not the engine's: mtp8's decisions are unchanged), by nothing, by a
+Python loop of about the policy's time that touches almost no memory (the control: time alone,
+not the caches), or by the policy's step handed to a second thread while the forward runs (joined before the next schedule(): what
 an asynchronous policy would cost), alternated, twice: the runner's execute ms (median of the
 k = 8 steps verifying 8) and the wall.
 usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/footprint.py [num_prompts]"""
@@ -32,6 +33,7 @@ policy = AutoDraftLength(K, costs)
 policy.set_draft_costs({(k, 1): 0.35 * k for k in range(K + 1)})
 rng, state = random.Random(0), {"age": 0, "on": "no", "host": 0.0, "pending": None}
 pool = ThreadPoolExecutor(1)
+SPIN_S = float(os.environ.get("SPIN_MS", "0.23")) / 1e3    # about the policy step's time
 
 
 def policy_step():
@@ -62,6 +64,10 @@ def scheduled():
     t = time.perf_counter()
     if state["on"] == "yes":
         policy_step()
+    elif state["on"] == "spin":
+        end = t + SPIN_S
+        while time.perf_counter() < end:
+            pass
     elif state["on"] == "thread":
         state["pending"] = pool.submit(policy_step)
     state["host"] += time.perf_counter() - t
@@ -79,7 +85,7 @@ def executed(out):
 e.scheduler.schedule, e.runner.execute = scheduled, executed
 llm.generate(prompts[:2], params, max_concurrency=1)
 for _rep in range(2):
-    for on in ("no", "yes", "thread"):
+    for on in os.environ.get("MODES", "no yes thread spin").split():
         state["on"], state["host"] = on, 0.0
         steps.clear()
         t = time.perf_counter()
