@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import bisect
 
-from mtpx.core.cost_curve import (RunningMedian, StepMemo, _interpolate, _interpolate_all, _non_decreasing, running_median,
-                                  smooth_step_costs)
+from mtpx.core.cost_curve import (RunningMedian, StepMemo, _interpolate, _interpolate_all, _non_decreasing,
+                                  running_median, smooth_step_costs)
 from mtpx.core.cost_model_log import batch_bucket
 from mtpx.core.request_k import Allocation
 
@@ -178,7 +178,8 @@ class StepCostLearning:
         min_cost_observations steps (`observe_parts`), by depth."""
         memo, key = self._memo(), ("draft", batch_size)
         if key not in memo:
-            bucket, least, calibrated = batch_bucket(batch_size), max(1, self.min_cost_observations), self._calibrated(batch_size)
+            bucket, least = batch_bucket(batch_size), max(1, self.min_cost_observations)
+            calibrated = self._calibrated(batch_size)
             memo[key] = [(j, self.factor * r.value * calibrated[j] / j)
                          for (part, j, b), r in sorted(self.part_correction.items())
                          if part == "draft" and b == bucket and j >= 1 and r.count >= least]

@@ -2,30 +2,22 @@
 scheduler's schedule() followed by one step of an automatic-k policy driven as replay.py drives it
 (a policy of its own, not the engine's: mtp8's decisions are unchanged), by nothing, by a
 Python loop of about the policy's time that touches almost no memory (the control: time alone,
-not the caches), or by the policy's step handed to a second thread while the forward runs (joined before the next schedule(): what
-an asynchronous policy would cost), alternated, twice: the runner's execute ms (median of the
-k = 8 steps verifying 8) and the wall.
+not the caches), or by the policy's step handed to a second thread while the forward runs
+(joined before the next schedule(): what an asynchronous policy would cost), alternated, twice
+(MODES: their order): the runner's execute ms (median of the k = 8 steps verifying 8), the wall.
 usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/footprint.py [num_prompts]"""
 import os
-import pathlib
 import random
 import statistics
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-from mtpx import LLM, SamplingParams  # noqa: E402
-from mtpx.core.draft_length import AutoDraftLength  # noqa: E402
-from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
+from host_setup import PARAMS as params, engine, gsm8k_prompts
 
-DATA = pathlib.Path(os.environ.get("MTPX_DATA_DIR", ROOT.parent / "shared" / "data"))
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 24
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(DATA / "gsm8k" / "test.jsonl")[:N]]
-params = SamplingParams(max_tokens=128, temperature=0.0)
-llm = LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=8, threads=1, max_num_seqs=1,
-          max_model_len=1024, compile=True)
+from mtpx.core.draft_length import AutoDraftLength
+
+prompts = gsm8k_prompts(24)
+llm = engine(8, compile=True)
 e = llm.engine
 K = 8
 costs = {(k, 1): 8 + 0.6 * k for k in range(K + 1)}

@@ -3,23 +3,12 @@ scheduler's two calls and the policy's entry points, eager, concurrency 1, GSM8K
 mtp8 (FixedDraftLength) against auto, alternated, twice.
 usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/policy_host.py [num_prompts]"""
 import collections
-import os
-import pathlib
-import sys
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT))
-from mtpx import LLM, SamplingParams  # noqa: E402
-from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
+from host_setup import PARAMS as params, engine, gsm8k_prompts
 
-DATA = pathlib.Path(os.environ.get("MTPX_DATA_DIR", ROOT.parent / "shared" / "data"))
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 12
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(DATA / "gsm8k" / "test.jsonl")[:N]]
-params = SamplingParams(max_tokens=128, temperature=0.0)
-common = dict(threads=1, max_num_seqs=1, max_model_len=1024, compile=False)
-llms = {"mtp8": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=8, **common),
-        "auto": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens="auto", **common)}
+prompts = gsm8k_prompts(12)
+llms = {"mtp8": engine(8, compile=False), "auto": engine("auto", compile=False)}
 acc = {n: collections.Counter() for n in llms}
 calls = {n: collections.Counter() for n in llms}
 

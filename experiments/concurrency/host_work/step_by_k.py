@@ -4,23 +4,14 @@ twice; and the scheduler's two calls (host work). GSM8K test, 128 tokens, 1 thre
 usage: OMP_NUM_THREADS=1 [ROOT=source tree] [COMPILE=0] python experiments/concurrency/host_work/step_by_k.py [num_prompts]"""
 import collections
 import os
-import pathlib
 import statistics
-import sys
 import time
 
-ROOT = pathlib.Path(os.environ.get("ROOT") or pathlib.Path(__file__).resolve().parents[3])
-sys.path.insert(0, str(ROOT))
-from mtpx import LLM, SamplingParams  # noqa: E402
-from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
+from host_setup import PARAMS as params, engine, gsm8k_prompts
 
-DATA = pathlib.Path(os.environ.get("MTPX_DATA_DIR", ROOT.parent / "shared" / "data"))
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 24
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(DATA / "gsm8k" / "test.jsonl")[:N]]
-params = SamplingParams(max_tokens=128, temperature=0.0)
-common = dict(threads=1, max_num_seqs=1, max_model_len=1024, compile=bool(int(os.environ.get("COMPILE", "1"))))
-llms = {"mtp8": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=8, **common),
-        "auto": LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens="auto", **common)}
+prompts = gsm8k_prompts(24)
+compile = bool(int(os.environ.get("COMPILE", "1")))
+llms = {"mtp8": engine(8, compile), "auto": engine("auto", compile)}
 steps = {n: [] for n in llms}
 host = {n: collections.Counter() for n in llms}
 
