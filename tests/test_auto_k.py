@@ -78,6 +78,7 @@ def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
     k = 0 1 / 10; k = 1 (1 + p) / 18.4."""
     p = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), min_verified=0, explore_costs=False,
                         hysteresis=0.05, rise_hysteresis=0.02, probe_interval=0, patience=1)
+    p.settled_interval = 1              # decides every step
     p.acceptance = [0.9]                                 # k = 1 0.1033: 3.3% above k = 0
     assert step(p, 1, max_k=0) == 0 and step(p, 1) == 1   # rises from 0
     assert p.depth(1) == 1
@@ -87,6 +88,7 @@ def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
     assert step(p, 1) == 0 and p.depth(1) == 0
     symmetric = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), min_verified=0, explore_costs=False,
                                 hysteresis=0.05, rise_hysteresis=0.05, probe_interval=0, patience=1)
+    symmetric.settled_interval = 1              # decides every step
     symmetric.acceptance = [0.9]
     assert step(symmetric, 1, max_k=0) == 0 and step(symmetric, 1) == 0 and symmetric.depth(1) == 0
 
@@ -177,6 +179,7 @@ def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row()
     once per step whatever the number of requests at it."""
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
                         probe_interval=0, patience=3)
+    p.settled_interval = 1              # decides every step
     p.acceptance = [0.9, 0.9]
     assert [step(p, 1) for _ in range(2)] == [2, 2]     # k = 2 in use (max_k at the start)
     p.acceptance = [0.1, 0.1]                            # now 1 / 10 beats 1.19 / 15 by far
@@ -358,6 +361,7 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
     the ks measured enough in the bucket, k = 1 alone, scale every k alike)."""
     p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}), min_verified=0, explore_costs=False,
                         probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8, cost_decay=1.0)
+    p.settled_interval = 1              # decides every step
     p.acceptance = [0.8, 0.5, 0.5]                       # E[tokens | k] = 1, 1.8, 2.2, 2.4
     assert step(p, 4) == 1                               # 1.8 / 20 beats 2.2 / 28 and 2.4 / 32
     for _ in range(8):
@@ -449,6 +453,7 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     # optimism = 2 standard deviations: position 1's upper estimate is 0.7 + 2 sqrt(0.21 / 9) > 1, so 1
     p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
                         explore_budget=1.0)
+    p.settled_interval = 1              # decides every step
     assert p.unlearned(0) and not p.unlearned(1)        # position 1 unseen; no position 2
     assert p.explores(0, 64)                            # at p = 1, 2 / 180 beats 1.05 / 100
     assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, optimism=2.0).explores(0, 64)   # 2 / 200 does not
@@ -479,6 +484,7 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
     ms = {(0, 16): 100.0, (1, 16): 180.0}
     p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
                         explore_budget=0.01)
+    p.settled_interval = 1              # decides every step
     p.k = 0
     assert p.explores(0, 16) and p.depth(16) == 1 and p.explore_spent() == 0.0
     depths = [0] * 15 + [1]          # one request admitted at the explored depth: k = 1 does not pay
@@ -505,6 +511,7 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
     # about (237.6 x 0.99^n) / (18000 x 0.99^n + 100 x (1 - 0.99^n) / 0.01) < 0.01 from n = 46
     assert n == 46 and p.depth(16) == 1                                # then exploring resumes
     never = AutoDraftLength(1, ms, explore_costs=False, optimism=2.0, explore_budget=0.0)
+    never.settled_interval = 1              # decides every step
     never.k = 0
     assert never.depth(16) == 0
 
@@ -621,9 +628,11 @@ def test_a_fall_lands_where_the_upper_estimates_pay_most():
         return out
     kw = dict(probe_interval=0, patience=2, explore_costs=False, explore_budget=0.0)
     p, q = AutoDraftLength(8, costs, **kw), AutoDraftLength(8, costs, optimistic_falls=False, **kw)
+    p.settled_interval = 1              # decides every step
     assert p.depth(16) == 4 and q.depth(16) == 0
     assert steps(p, 3) == [4, 4, 4] and steps(q, 3) == [0, 0, 0]     # the first step falls at once
     waits = AutoDraftLength(8, costs, patient_start=True, **kw)
+    waits.settled_interval = 1              # decides every step
     assert steps(waits, 3) == [8, 4, 4]                              # after patience = 2 steps
     for _ in range(30):                                               # position 1 rejected: learned
         p.observe(4, 0)

@@ -71,6 +71,7 @@ MEASURED = {("verify", 0): 60.0, ("draft", 0): 40.0, ("verify", 1): 90.0, ("draf
 
 def test_a_neighbour_k_whose_cost_is_only_calibrated_is_probed_until_measured():
     p = policy()
+    p.settled_interval = 1              # decides every step
     p.k = 0
     assert p.cost_unlearned(1, 8) and p.cost_unlearned(0, 8)
     assert p.depth(8) == 1                          # admitted one deeper while k = 1's cost is unmeasured
@@ -88,6 +89,7 @@ def test_a_neighbour_k_whose_cost_is_only_calibrated_is_probed_until_measured():
 
 def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_probes():
     p = policy()
+    p.settled_interval = 1              # decides every step
     p.k = 0
     ks = run(p, 16, measured=lambda part, k: MEASURED[(part, k)])
     # k = 1 is measured after two probes; 1.783 / 120 beats 1 / 100 by more than 5%, so after
@@ -99,6 +101,7 @@ def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_pr
     assert not p._could_pay(1, 8, p.cost_share)
     dear = {**MEASURED, ("verify", 1): 180.0, ("draft", 1): 60.0}
     q = policy()
+    q.settled_interval = 1              # decides every step
     q.k = 0
     # k = 1 measured at 240 ms: no more probes, and k = 2 takes k = 1's ratio, 1.2
     assert run(q, 12, measured=lambda part, k: dear[(part, k)]) == [1, 0, 1, 0] + [0] * 8
@@ -117,16 +120,19 @@ def test_a_k_that_could_not_pay_at_80_percent_of_its_cost_is_not_probed():
     # k = 1 calibrated at 100x k = 0: even at 80% of its extra cost, with every draft accepted,
     # 2 / 81 < 1 / 1 (tests/test_cli.py: automatic k that never drafts)
     p = AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 101.0}, probe_interval=0, patience=2, min_verified=0)
+    p.settled_interval = 1              # decides every step
     p.k = 0
     assert p.cost_unlearned(1, 1) and p.depth(1) == 0
     assert run(p, 4, batch=1, depth=1) == [0] * 4
     # at 2 / (100 + 0.8 x 100) > 1.05 / 100 it is probed; at 2.2x k = 0 (the demo's batch-64 k = 1
     # after the kernels, which the running engine confirmed) 2 / 196 is not
     r = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 220.0}, probe_interval=0, min_verified=0)
+    r.settled_interval = 1              # decides every step
     r.k = 0
     assert r.cost_unlearned(1, 1) and r.depth(1) == 0
     q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, probe_interval=0, patience=2, min_verified=0,
                         explore_budget=1.0)
+    q.settled_interval = 1              # decides every step
     q.k = 0
     assert q.depth(1) == 1 and run(q, 4, batch=1, depth=1) == [1, 0, 1, 0]
 

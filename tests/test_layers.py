@@ -46,11 +46,12 @@ def test_the_scheduler_side_imports_no_tensor_code_metrics_or_config_libraries()
                            "from mtpx.core.draft_length import AutoDraftLength\n"
                            "from mtpx.outputs import RequestOutput")
     assert loaded["heavy"] == []
-    assert loaded["mtpx"] == ["mtpx", "mtpx.core", "mtpx.core.acceptance", "mtpx.core.admission", "mtpx.core.block_pool", "mtpx.core.cost_curve",
+    assert loaded["mtpx"] == ["mtpx", "mtpx.core", "mtpx.core.acceptance", "mtpx.core.admission", "mtpx.core.auto_summary",
+                              "mtpx.core.block_pool", "mtpx.core.cost_curve",
                               "mtpx.core.cost_learning", "mtpx.core.cost_model_log", "mtpx.core.draft_length", "mtpx.core.exploring",
                               "mtpx.core.fixed_draft_length",
                               "mtpx.core.kv_cache_manager", "mtpx.core.request", "mtpx.core.request_k",
-                              "mtpx.core.sampling_params", "mtpx.core.scheduler", "mtpx.outputs"]
+                              "mtpx.core.sampling_params", "mtpx.core.scheduler", "mtpx.core.settled", "mtpx.outputs"]
 
 
 def test_the_engine_imports_no_metrics_rich_or_omegaconf():

@@ -4,7 +4,8 @@
 # tools/bench_speedup.py, the contenders side by side in one process per cell). The compiled
 # cells run twice: after a source change the first builds the fixed contenders' graphs inside its
 # measured chunks ("_again": every graph loaded).
-# usage: bash experiments/concurrency/matrix.sh OUT [c1c c4c c16c c64c c1 c4 c16 c64 c1cb c4cb c16cb c64cb]   (default: all)
+# usage: bash experiments/concurrency/matrix.sh OUT [c1c c4c c16c c64c c1 c4 c16 c64 c1cb c4cb c16cb c64cb c1c16 c1e16]   (default: all)
+# (c1c16, c1e16: concurrency 1 compiled and eager in 16 chunks of 8 prompts)
 set -x
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
@@ -29,4 +30,6 @@ stage c1cb && run compiled_c1_again --compile --concurrency 1 --rounds 4 --conte
 stage c4cb && run compiled_c4_again --compile --concurrency 4 --rounds 4 --contenders plain mtp4 mtp8 auto
 stage c16cb && run compiled_c16_again --compile --concurrency 16 --rounds 4 --contenders plain mtp4 auto
 stage c64cb && run compiled_c64_again --compile --concurrency 64 --rounds 2 --contenders plain mtp1 mtp4 auto
+stage c1c16 && run compiled_c1_16 --compile --concurrency 1 --rounds 16 --contenders plain mtp4 mtp8 auto
+stage c1e16 && run eager_c1_16 --concurrency 1 --rounds 16 --contenders plain mtp4 mtp8 auto
 true

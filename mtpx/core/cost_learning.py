@@ -30,6 +30,7 @@ class StepCostLearning:
             for k, ms in enumerate(smooth_step_costs([step_costs[(k, b)] for k in range(self.max_k + 1)])):
                 costs[(k, b)] = ms
         self.step_costs, self._batches, self._calibrated_by_batch = costs, batches, StepMemo()
+        self._unsettle()
         self._costs_changed()
 
     def set_draft_costs(self, draft_costs: dict) -> None:
@@ -222,8 +223,12 @@ class StepCostLearning:
         if self.step_costs is None or self.forced is not None or batch_size < 1:
             return
         if num_tokens is not None:
-            curve = self.cost_curve(batch_size)
-            self.cost_log.add(k, batch_size, self.expected_tokens(k), curve[k], curve[0],
+            if (p := self._prediction) is not None and p[:2] == (batch_size, k):
+                ms_k, ms_0 = p[2], p[3]         # the costs the step was chosen with
+            else:
+                curve = self.cost_curve(batch_size)
+                ms_k, ms_0 = curve[k], curve[0]
+            self.cost_log.add(k, batch_size, self.expected_tokens(k), ms_k, ms_0,
                               self.calibrated_cost(0, batch_size), num_tokens, step_ms)
         held = k if draft_depth is None else max(k, min(draft_depth, self.max_k))
         if held == k:

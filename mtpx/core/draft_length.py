@@ -80,6 +80,10 @@ auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
   that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
   and to the k in use when that is below it (its modules beyond the k only catch up; not while
   the k in use rises toward it), each after `patience` decode steps in a row. Single-module: max_k.
+- Settled (`settled_interval`, mtpx/core/settled.py): a full decision that keeps the k in use
+  with no switch streak, rise or probe holds for the next settled_interval - 1 steps of the same
+  batch size, depths and k in use, a probe's step excepted, and so does a running depth's vote to
+  stay: a change is seen at most settled_interval - 1 steps late.
 - Per request (`per_request`: EngineConfig.per_request_k on eager ragged steps): a step costs its
   tokens, so of the drafts the step before proposed each request verifies those `allocate`
   gives it from its own estimates (mtpx/core/request_k.py). Every decision adds the overhead a
@@ -93,15 +97,17 @@ from mtpx.core.acceptance import AcceptanceEstimates
 from mtpx.core.admission import Admission
 from mtpx.core.cost_curve import RunningMedian, StepMemo, smooth_step_costs
 from mtpx.core.cost_learning import StepCostLearning
-from mtpx.core.cost_model_log import CostModelLog, bucket_label
+from mtpx.core.auto_summary import AutoSummary
+from mtpx.core.cost_model_log import CostModelLog
 from mtpx.core.exploring import Exploring
 from mtpx.core.fixed_draft_length import DepthChoice, FixedDraftLength, StepChoice
 from mtpx.core.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
+from mtpx.core.settled import SettledDecisions
 
 __all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength(StepCostLearning, Exploring, Admission):
+class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, AutoSummary):
     """The automatic k (module doc).
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -122,7 +128,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
     by decay) that exploring may spend before it pauses (1: no limit); optimistic_falls: a fall lands
     where the upper estimates pay most (`_landing`), else on the best k (module doc);
     admission_landing: where an admission below the k in use lands (Admission._admission_landing:
-    batch, request or off).
+    batch, request or off); settled_interval: steps a settled decision holds (module doc; 1: none).
     Raises ValueError when step_costs lacks a k at one of its batch sizes.
     """
 
@@ -135,7 +141,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
                  min_cost_observations: int = 8, min_verified: float | None = None,
                  explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
                  explore_budget: float = 0.001, optimistic_falls: bool = True, admission_landing: str = "request",
-                 patient_start: bool = False, free_landing_lead: float = 0.1):
+                 patient_start: bool = False, free_landing_lead: float = 0.1, settled_interval: int = 4):
         self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
         self.rise_hysteresis = rise_hysteresis
         self.patience, self.min_cost_observations = patience, min_cost_observations
@@ -146,6 +152,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
             raise ValueError(f"admission_landing={admission_landing!r}: use batch, request or off")
         self.admission_landing = admission_landing
         self.patient_start, self.free_landing_lead = patient_start, free_landing_lead
+        self.settled_interval = max(1, settled_interval)
         self.decay, self.prior_weight, self.cost_window, self.cost_decay = decay, prior_weight, cost_window, cost_decay
         self.prior_acceptance = prior_acceptance
         self.step_costs = None
@@ -186,6 +193,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
         self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
+        self._prediction: tuple | None = None        # the committed step's StepChoice.predicted (observe_step)
+        self._unsettle()
 
     @property
     def acceptance(self) -> list[float]:
@@ -284,6 +293,9 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
             return StepChoice(top)
         batch_size = max(1, batch_size)
         steps, probes, streak, explored = self._steps + 1, self._probes, self._switch_streak, self._explored
+        key = (batch_size, top, held, None if depths is None else tuple(depths), self.k)
+        if ages is None and (choice := self._held_step(key, steps)) is not None:
+            return choice
         mix = self._mix(ages)
         base = self.step_cost_curve(batch_size)
         curve = self.held_cost_curve(batch_size, held, base)
@@ -311,7 +323,9 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
                 k = current - 1
         probed = k if target is not None else current     # a one-off probe is not exploring's
         spend = curve[probed] - base[current]             # base: the k in use with nothing held deeper
-        return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend), rising_to)
+        cost = self.cost_curve(batch_size)
+        return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend), rising_to,
+                          (batch_size, k, cost[k], cost[0]), self._settles(key, steps, k, current, streak, rising_to, ages))
 
     def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
         """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
@@ -369,8 +383,10 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
     def commit(self, choice: StepChoice) -> None:
         """Apply a step's decision (from `decide` on the current state): the k in use, the step
         count, the probe count and the switch streak."""
+        self._prediction = choice.predicted
         if choice.steps is None:          # forced, or no step costs yet: nothing to advance
             return
+        self._settled = choice if choice.settled is not None else None
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
         self._switch_streak, self._explored, self._rising_to = choice.switch_streak, choice.explored, choice.rising_to
         self._explore_ms = self.decay * self._explore_ms + choice.explore_ms
@@ -404,6 +420,9 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
             return self._admission(batch_size, mix, depths, prompt_tokens, max_tokens)
         if current == 0:                   # nothing to fall to
             return DepthChoice(0, 0, (self._steps, 0))
+        key = (batch_size, current, self.k, self._rising_to)
+        if ages is None and (choice := self._held_depth(current, key)) is not None:
+            return choice
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
         # a running request's depth falls after `patience` steps in a row predict it (counted once
@@ -416,7 +435,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
             want = max(want, min(current, target))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:
-            return DepthChoice(current, current, (self._steps, 0))
+            settled = (key, self._steps) if ages is None and self.settled_interval > 1 else None
+            return DepthChoice(current, current, (self._steps, 0), settled=settled)
         if last != self._steps:
             streak += 1
             return DepthChoice(want if streak >= self.patience else current, current, (self._steps, streak))
@@ -431,6 +451,11 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         (from `decide_depth` on the current state)."""
         if choice.streak is not None:
             self._lower_streak[choice.current] = choice.streak
+        if choice.current is not None:
+            if choice.settled is not None:
+                self._settled_depths[choice.current] = choice.settled
+            else:
+                self._settled_depths.pop(choice.current, None)
         if choice.explore_ms:           # an explored admission's prefill (`_admission`)
             self._open_budget_window(choice.step_ms)
             self._explore_ms += choice.explore_ms
@@ -472,29 +497,3 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if mix is not None:         # from every age alike: a first wave of young requests is a transient
             old, f, total = self.age_mix or [1 / len(mix)] * len(mix), self.decay, sum(mix)
             self.age_mix = [f * a + (1 - f) * n / total for a, n in zip(old, mix)]
-
-    def summary(self) -> dict:
-        """For metrics.json: the histograms of k per step and depth per request, the estimates,
-        the costs and their corrections, and the predicted-vs-measured log (cost_model)."""
-        return {"k_histogram": {str(k): n for k, n in sorted(self.histogram.items())},
-                "depth_histogram": {str(d): n for d, n in sorted(self.depth_histogram.items())},
-                "per_request": self.per_request,
-                "verified_histogram": {str(d): n for d, n in sorted(self.verified_histogram.items())},
-                "conditional_acceptance": [round(p, 4) for p in self.acceptance],
-                "num_observed": list(self.num_observed),
-                "acceptance_by_age": self.estimates.summary(),
-                "age_mix": [round(m, 4) for m in self.age_mix] if self.age_mix else None,
-                "cost_correction": {str(k): round(c.value, 3) for k, c in sorted(self.correction.items())},
-                "cost_factor": round(self.factor, 3),
-                "explore_spent": round(self.explore_spent(), 4),
-                "prefill_module_ms_per_token": (round(self.prefill_module_ms.value, 5)
-                                                if self.prefill_module_ms.count else None),
-                "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m.value, 3), "steps": m.count}
-                                     for b, m in sorted(self.overhead.items())],
-                "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r.value, 4),
-                                            "steps": r.count} for (k, b), r in sorted(self.bucket_correction.items())],
-                "part_cost_correction": [{"part": p, "k": k, "batch_bucket": bucket_label(b), "ratio": round(r.value, 4),
-                                          "steps": r.count} for (p, k, b), r in sorted(self.part_correction.items())],
-                "cost_model": self.cost_log.summary(),
-                "step_costs_ms": [{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
-                                  for (k, b), ms in sorted(self.step_costs.items())] if self.step_costs else None}

@@ -15,7 +15,9 @@ class StepChoice:
     and explored (the step of the last exploring probe): the policy's state once it is committed
     (None: nothing to commit); step_ms, explore_ms: the step's predicted cost and the part of it
     that exploring spends (AutoDraftLength's `explore_budget`); rising_to: the larger k a switch
-    streak heads for (0: none)."""
+    streak heads for (0: none); predicted: (batch size, k, cost ms at k, at 0) the step was chosen
+    with (the cost-model log's); settled: the key under which the k in use is settled (AutoDraftLength,
+    "Settled decisions"; None: not settled, or a held decision)."""
 
     k: int
     k_in_use: int | None = None
@@ -26,6 +28,8 @@ class StepChoice:
     step_ms: float = 0.0
     explore_ms: float = 0.0
     rising_to: int = 0
+    predicted: tuple | None = None
+    settled: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -34,13 +38,15 @@ class DepthChoice:
     (None: an admission); streak: (step, steps in a row) of the vote to count for current, or
     None when there is nothing to count; explore_ms: an admission's module prefill beyond the
     depth it would get without exploring (AutoDraftLength's `explore_budget`); step_ms: the
-    predicted step at the admission's batch size, the budget's window before any step."""
+    predicted step at the admission's batch size, the budget's window before any step; settled:
+    the key under which a running depth is settled (AutoDraftLength, "Settled decisions")."""
 
     depth: int
     current: int | None = None
     streak: tuple[int, int] | None = None
     explore_ms: float = 0.0
     step_ms: float = 0.0
+    settled: tuple | None = None
 
 
 class FixedDraftLength:
