@@ -1021,7 +1021,7 @@ def test_calibration_times_every_k_alternated_on_the_real_decode_step_without_pr
         raise AssertionError("the calibration prefilled a prompt")
 
     runner._decode, runner._prefill = spy_decode, no_prefill
-    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], rounds=2, context_len=20, passes=1)
+    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], rounds=2, context_len=20, passes=1, spread_s=0)
     runner._decode, runner._prefill = decode, prefill
     n = len(model().mtp) + 1
     assert sorted(measured) == [(k, b) for k in range(n) for b in (1, 4)]
@@ -1061,15 +1061,39 @@ def test_a_calibration_keeps_the_least_of_its_passes_spread_over_the_batch_sizes
                              config=SimpleNamespace(max_num_seqs=4, compile_depths=None), compiled=None,
                              time_decode_steps=time_decode_steps)
     draft: dict = {}
-    costs = calibrate_step_costs(engine, batch_sizes=[4, 1], draft_costs=draft)
+    costs = calibrate_step_costs(engine, batch_sizes=[4, 1], draft_costs=draft, spread_s=0)
     assert calls == [(1, (0, 1, 2)), (4, (0, 1, 2))] * 3
     assert costs == {(k, b): quiet[b][k] for b in (1, 4) for k in range(3)}
     assert draft == {(k, b): quiet[b][k] / 2 for b in (1, 4) for k in range(3)}
     calls.clear()
     engine.compiled, engine.config.compile_depths = object(), [0, 2]             # k = 1 pads to 2
-    costs = calibrate_step_costs(engine, batch_sizes=[1, 4], passes=2)
+    costs = calibrate_step_costs(engine, batch_sizes=[1, 4], passes=2, spread_s=0)
     assert calls == [(1, (0, 2)), (4, (0, 2))] * 2
     assert costs[(1, 1)] == costs[(2, 1)] == 18.0 and costs[(1, 4)] == costs[(2, 4)] == 24.0 and costs[(0, 1)] == 8.0
+
+
+def test_short_calibration_passes_go_on_until_they_span_spread_s():
+    """A batch-1 pass is short, and one noisy stretch can cover three of them (4.5 s: k = 7 and 8
+    at 1.23x k = 6, experiments/concurrency/settled): passes go on until the steps they timed add up
+    to spread_s (at most max_passes), so a quiet one later in the calibration sets the costs."""
+    from types import SimpleNamespace
+    quiet, noisy = [8.0, 15.0, 16.0], [8.0, 15.0, 21.0]               # k = 2 dear in the stretch
+    calls = []
+
+    def time_decode_steps(b, ks, context_len, rounds, seed=0, draft=None):
+        calls.append(b)
+        ms = noisy if len(calls) <= 3 else quiet                      # the first three passes noisy
+        draft.update({k: [1.0] for k in ks})
+        return {k: [ms[k]] * 10 for k in ks}                          # 390 or 440 ms a pass
+
+    engine = SimpleNamespace(draft_length=AutoDraftLength(2), has_unfinished_requests=lambda: False,
+                             config=SimpleNamespace(max_num_seqs=1, compile_depths=None), compiled=None,
+                             time_decode_steps=time_decode_steps)
+    assert calibrate_step_costs(engine, spread_s=0)[(2, 1)] == 21.0                    # 3 passes
+    calls.clear()
+    assert calibrate_step_costs(engine, spread_s=2.0)[(2, 1)] == 16.0 and len(calls) == 5   # 3 x 0.44 + 2 x 0.39 s
+    calls.clear()
+    assert calibrate_step_costs(engine, spread_s=100.0, max_passes=7) and len(calls) == 7
 
 
 def test_the_calibrated_step_runs_the_forwards_of_a_real_step_at_that_k(tmp_path, monkeypatch):

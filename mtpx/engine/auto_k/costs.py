@@ -50,7 +50,8 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0,
-                         draft_costs: dict | None = None, passes: int = 3) -> dict:
+                         draft_costs: dict | None = None, passes: int = 3, spread_s: float = 10.0,
+                         max_passes: int = 24) -> dict:
     """Measure the engine's own decode step at every k in 0..max_k and batch size B
     (Engine.time_decode_steps): B requests at context_len known tokens verify and propose k
     drafts (each of depth k with per-request depth: the step of a k-module engine), the ks
@@ -64,7 +65,10 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
     cores one k's steps measured in one stretch read up to 30% off the same k a minute later
     (experiments/auto_k). Load only slows a step, in stretches of seconds that can cover a whole
     batch-1 pass (2 s): the least of passes spread over the calibration keeps a quiet one
-    (experiments/step_costs/calibration_passes). context_len: the middle of the main
+    (experiments/step_costs/calibration_passes), and passes go on (at most max_passes) until the
+    steps they timed add up to spread_s seconds: three batch-1 passes took 4.5 s, and one noisy
+    stretch put k = 7 and 8 at 1.23x k = 6 where later calibrations read 1.06x, which kept eager
+    concurrency 1 at depth 6 (experiments/concurrency/settled). context_len: the middle of the main
     job's decode steps (prompts of about 128 tokens, up to 128 output tokens). A compiled engine
     times only its depth buckets (decode_step.depth_bucket), each k costing its bucket's step.
     The engine must be idle, and is afterwards. Returns {(k, B): ms}; draft_costs (when given)
@@ -84,10 +88,13 @@ def calibrate_step_costs(engine, batch_sizes=None, rounds: int = 8, context_len:
     tops = sorted(set(bucket.values()))
     step: dict = {}
     draft_step: dict = {}
-    for _ in range(max(1, passes)):
+    done = spent_ms = 0
+    while done < max(1, passes) or spent_ms < 1e3 * spread_s and done < max_passes:
+        done += 1
         for b in sizes:
             draft: dict = {}
             times = engine.time_decode_steps(b, tops, context_len, rounds, seed=seed, draft=draft)
+            spent_ms += sum(sum(ts) for ts in times.values())
             for top in tops:
                 step[(top, b)] = min(step.get((top, b), math.inf), statistics.median(times[top]))
                 draft_step[(top, b)] = min(draft_step.get((top, b), math.inf), statistics.median(draft[top]))
