@@ -16,8 +16,8 @@ class StepChoice:
     (None: nothing to commit); step_ms, explore_ms: the step's predicted cost and the part of it
     that exploring spends (AutoDraftLength's `explore_budget`); rising_to: the larger k a switch
     streak heads for (0: none); predicted: (batch size, k, cost ms at k, at 0) the step was chosen
-    with (the cost-model log's); settled: the key under which the k in use is settled (AutoDraftLength,
-    "Settled decisions"; None: not settled, or a held decision)."""
+    with (the cost-model log's); settled: (key, step) of the full decision that settled the k in
+    use, which this one holds or is (None: not settled; mtpx/core/settled.py)."""
 
     k: int
     k_in_use: int | None = None
@@ -39,7 +39,7 @@ class DepthChoice:
     None when there is nothing to count; explore_ms: an admission's module prefill beyond the
     depth it would get without exploring (AutoDraftLength's `explore_budget`); step_ms: the
     predicted step at the admission's batch size, the budget's window before any step; settled:
-    the key under which a running depth is settled (AutoDraftLength, "Settled decisions")."""
+    (key, step) of the full vote that settled a running depth (mtpx/core/settled.py)."""
 
     depth: int
     current: int | None = None
