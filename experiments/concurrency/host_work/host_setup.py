@@ -1,9 +1,11 @@
 """What the engine scripts of this folder share: the source tree (ROOT, or the one this file is
 in) first on sys.path, GSM8K test prompts, greedy 128-token params and the demo's engines at
-concurrency 1 (1 thread, max_model_len 1024)."""
+concurrency 1 (1 thread, max_model_len 1024), and `timed_steps`, which times their scheduler and runner calls."""
+import collections
 import os
 import pathlib
 import sys
+import time
 
 ROOT = pathlib.Path(os.environ.get("ROOT") or pathlib.Path(__file__).resolve().parents[3])
 sys.path.insert(0, str(ROOT))
@@ -24,3 +26,29 @@ def engine(k, compile: bool) -> LLM:
     """The demo's mtp8 speculator at num_speculative_tokens k (8 or "auto"), concurrency 1."""
     return LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=k, threads=1, max_num_seqs=1,
                max_model_len=1024, compile=compile)
+
+
+def timed_steps(llms: dict, on_execute=None) -> dict:
+    """Wrap each engine's scheduler.schedule, scheduler.update_from_output and runner.execute with
+    perf_counter; returns {name: Counter of seconds per call name}; on_execute(name, out, result,
+    seconds) after every execute (out: the SchedulerOutput)."""
+    host = {n: collections.Counter() for n in llms}
+
+    def wrap(name, obj, attr):
+        f = getattr(obj, attr)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            r = f(*a, **k)
+            dt = time.perf_counter() - t
+            host[name][attr] += dt
+            if attr == "execute" and on_execute is not None:
+                on_execute(name, a[0], r, dt)
+            return r
+        setattr(obj, attr, timed)
+
+    for name, llm in llms.items():
+        wrap(name, llm.engine.scheduler, "schedule")
+        wrap(name, llm.engine.scheduler, "update_from_output")
+        wrap(name, llm.engine.runner, "execute")
+    return host

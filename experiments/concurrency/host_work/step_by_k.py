@@ -7,36 +7,22 @@ import os
 import statistics
 import time
 
-from host_setup import PARAMS as params, engine, gsm8k_prompts
+from host_setup import PARAMS as params, engine, gsm8k_prompts, timed_steps
 
 prompts = gsm8k_prompts(24)
 compile = bool(int(os.environ.get("COMPILE", "1")))
 llms = {"mtp8": engine(8, compile), "auto": engine("auto", compile)}
 steps = {n: [] for n in llms}
-host = {n: collections.Counter() for n in llms}
 
 
-def wrap(name, obj, attr, keep=False):
-    f = getattr(obj, attr)
-
-    def timed(*a, **k):
-        t = time.perf_counter()
-        r = f(*a, **k)
-        dt = time.perf_counter() - t
-        host[name][attr] += dt
-        out = a[0] if keep else None
-        if keep and out.decodes and not out.prefills and r.timing is not None:
-            steps[name].append((out.num_speculative_tokens, max(d.num_draft_tokens for d in out.decodes), dt,
-                                r.timing.verify_s, r.timing.draft_s))
-        return r
-    setattr(obj, attr, timed)
+def record(name, out, r, dt):
+    if out.decodes and not out.prefills and r.timing is not None:
+        steps[name].append((out.num_speculative_tokens, max(d.num_draft_tokens for d in out.decodes), dt,
+                            r.timing.verify_s, r.timing.draft_s))
 
 
-for name, llm in llms.items():
-    e = llm.engine
-    wrap(name, e.scheduler, "schedule")
-    wrap(name, e.scheduler, "update_from_output")
-    wrap(name, e.runner, "execute", keep=True)
+host = timed_steps(llms, record)
+for llm in llms.values():
     llm.generate(prompts[:2], params, max_concurrency=1)
 for _rep in range(2):
     for name, llm in llms.items():

@@ -3,7 +3,6 @@ the default) and auto deciding every step (settled_interval 1), the demo at conc
 test, 128 tokens, 1 thread, alternated in rotated order, PASSES passes (default 3): each engine's
 wall, the scheduler's two calls per decode step and the median execute ms of its k = 8 steps.
 usage: OMP_NUM_THREADS=1 [COMPILE=0] [PASSES=3] python experiments/concurrency/settled/ab.py [num_prompts]"""
-import collections
 import os
 import pathlib
 import statistics
@@ -11,38 +10,23 @@ import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "host_work"))
-from host_setup import PARAMS as params, engine, gsm8k_prompts  # noqa: E402
+from host_setup import PARAMS as params, engine, gsm8k_prompts, timed_steps  # noqa: E402
 
 prompts = gsm8k_prompts(24)
 compile = bool(int(os.environ.get("COMPILE", "1")))
 llms = {"mtp8": engine(8, compile), "auto": engine("auto", compile), "auto_every_step": engine("auto", compile)}
 llms["auto_every_step"].engine.scheduler.draft_length.settled_interval = 1
-host = {n: collections.Counter() for n in llms}
 k8 = {n: [] for n in llms}
 
 
-def wrap(name, obj, attr, keep=False):
-    f = getattr(obj, attr)
-
-    def timed(*a, **k):
-        t = time.perf_counter()
-        r = f(*a, **k)
-        dt = time.perf_counter() - t
-        host[name][attr] += dt
-        if keep:
-            out = a[0]
-            host[name]["steps"] += 1
-            if out.decodes and not out.prefills and out.num_speculative_tokens == 8:
-                k8[name].append(dt)
-        return r
-    setattr(obj, attr, timed)
+def record(name, out, r, dt):
+    host[name]["steps"] += 1
+    if out.decodes and not out.prefills and out.num_speculative_tokens == 8:
+        k8[name].append(dt)
 
 
-for name, llm in llms.items():
-    e = llm.engine
-    wrap(name, e.scheduler, "schedule")
-    wrap(name, e.scheduler, "update_from_output")
-    wrap(name, e.runner, "execute", keep=True)
+host = timed_steps(llms, record)
+for llm in llms.values():
     llm.generate(prompts[:2], params, max_concurrency=1)
 names = list(llms)
 for p in range(int(os.environ.get("PASSES", 3))):
