@@ -31,7 +31,9 @@ class ScheduledPrefill:
     is_last: the chunk reaches the last known token, so the target samples the next one and the
     speculator drafts; new: the request was admitted this step (it needs a batch slot, its tokens
     in the token buffer, and its recurrent state from the prefix hit at `start`); block_table:
-    the request's block ids (the KV cache manager's live list)."""
+    the request's block ids (the KV cache manager's live list); num_new_drafts: the drafts the
+    request proposes after this chunk (0 unless is_last; `schedule` sets it from the step's k and
+    the request's depth: the one place that rule is applied)."""
 
     request: Request
     start: int
@@ -39,16 +41,19 @@ class ScheduledPrefill:
     is_last: bool
     new: bool = False
     block_table: list[int] = field(default_factory=list)
+    num_new_drafts: int = 0
 
 
 @dataclass
 class ScheduledDecode:
     """A verification window [x_n, d_1 .. d_num_draft_tokens] for `request`; block_table as
-    ScheduledPrefill's."""
+    ScheduledPrefill's; num_new_drafts: the drafts it proposes after this step (set by `schedule`,
+    as ScheduledPrefill's)."""
 
     request: Request
     num_draft_tokens: int
     block_table: list[int] = field(default_factory=list)
+    num_new_drafts: int = 0
 
 
 @dataclass
@@ -175,6 +180,9 @@ class Scheduler:
             choice = self.draft_length.decide(batch_size, deepest)
         self.draft_length.commit(choice)
         out.num_speculative_tokens = choice.k
+        for item in out.prefills + out.decodes:     # a request drafts at most its depth
+            if not isinstance(item, ScheduledPrefill) or item.is_last:
+                item.num_new_drafts = min(choice.k, item.request.draft_depth)
         return out
 
     def _allocate(self, out: SchedulerOutput) -> int:
