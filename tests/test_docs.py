@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,92 @@ def test_nothing_points_outside_the_repository():
     # data sets (MTPX_DATA_DIR or data_dir=DIR sets it anywhere else)
     assert [line for line in out
             if not (line.startswith("conf/config.yaml:") and "data_dir: ${oc.env:MTPX_DATA_DIR," in line)] == []
+
+
+# --- README and the docs agree where they repeat: commands, tools, config keys, figures ---------
+
+_PROGRAMS = ("python train_or_eval.py", "python -m pytest", "python -m pip", "python tools/")
+
+
+def _commands(text: str) -> list[str]:
+    """The commands in a page's fenced code blocks that start with one of _PROGRAMS, one string
+    each: continuation lines joined, trailing comments dropped, whitespace collapsed."""
+    out = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        pending = ""
+        for line in block.splitlines():
+            line = "" if line.lstrip().startswith("#") else re.sub(r"\s+#.*$", "", line)
+            pending = f"{pending} {line.strip()}".strip()
+            if pending.endswith("\\"):
+                pending = pending[:-1]
+                continue
+            if pending.startswith(_PROGRAMS):
+                out.append(" ".join(pending.removesuffix("&").split()))     # `... &`: in the background
+            pending = ""
+    return out
+
+
+def _pages() -> dict[str, str]:
+    pages = {"README.md": (ROOT / "README.md").read_text()}
+    pages.update({f"docs/{p.name}": p.read_text() for p in sorted(DOCS.glob("*.md"))})
+    return pages
+
+
+def test_every_readme_command_is_a_docs_command_with_the_same_arguments():
+    pages = _pages()
+    readme = _commands(pages.pop("README.md"))
+    assert len(readme) >= 10 and "python train_or_eval.py +spec=mtp8" in readme
+    docs = {command for text in pages.values() for command in _commands(text)}
+    assert [command for command in readme if command not in docs] == []
+
+
+def test_commands_name_tools_markers_and_config_keys_that_exist():
+    from mtpx.cli import check_overrides
+
+    conf = ROOT / "conf"
+    # the check that train_or_eval.py runs before Hydra's main refuses a misspelt key
+    assert check_overrides(["+spec=mtp8", "eval.num_promts=8"], conf) is not None
+    markers = {line.strip().strip('"').split(":")[0]
+               for line in (ROOT / "pyproject.toml").read_text().split("markers = [")[1].split("]")[0].splitlines()
+               if line.strip()}
+    checked = 0
+    for page, text in _pages().items():
+        for tool in re.findall(r"\btools/[\w/]+\.py\b", text):
+            assert (ROOT / tool).is_file(), f"{page} names {tool}"
+        for command in _commands(text):
+            argv = shlex.split(command)
+            if command.startswith("python train_or_eval.py"):
+                assert check_overrides(argv[2:], conf) is None, f"{page}: {command}"
+                checked += 1
+            elif command.startswith("python -m pytest") and "-m" in argv[2:]:
+                assert argv[argv.index("-m", 2) + 1] in markers | {"not slow"}, f"{page}: {command}"
+    assert checked >= 30
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+def _seconds_after(text: str, word: str) -> str:
+    """The first figure in seconds ("70 s", "37-47 s") after the first `word` in text."""
+    return re.search(r"(\d[\d.]*(?:-\d[\d.]*)?) s\b", text.split(word, 1)[1]).group(1)
+
+
+def test_start_and_test_times_agree_where_pages_repeat_them():
+    pages = _pages()
+    # the default suite's time on 2 cores: one figure on every page that gives one
+    test_times = {page: re.findall(r"(\d[\d.]*(?:-\d[\d.]*)?) minutes on 2 (?:CPU )?cores", text)
+                  for page, text in pages.items()}
+    assert test_times["README.md"] and test_times["docs/getting_started.md"]
+    assert len({figure for figures in test_times.values() for figure in figures}) == 1, test_times
+    # the main job's cold and warm start: getting started repeats README's figures, no others
+    readme = _section(pages["README.md"], "## The two commands")
+    started = _section(pages["docs/getting_started.md"], "## The two commands")
+    for word in ("cold", "warm"):
+        assert _seconds_after(started, word) == _seconds_after(readme, word), word
+    seconds = r"(\d[\d.]*(?:-\d[\d.]*)?) s\b"
+    assert set(re.findall(seconds, started)) <= set(re.findall(seconds, readme))
+    # and README's measured start times are those of the compiled step's table
+    table = _section(pages["docs/compiled_step.md"], "Building an engine on the demo")
+    for figure in re.findall(r"(\d+\.\d) s\b", readme):
+        assert figure in table, figure
