@@ -4,7 +4,7 @@ side by side in one run: the same checkpoint, speculators, batch sizes, eager an
     git worktree add /tmp/prev HEAD~1
     python tools/bench_commits.py --trees /tmp/prev . --names before after \
         [--specs none mtp8] [--compile off on] [--batch-sizes 1 16] [--input-len 64] \
-        [--output-len 128] [--repeats 3] [--out experiments/engine_split]
+        [--output-len 128] [--repeats 3] [--out outputs/bench_commits]
 
 For each (spec, compile) one worker process per tree imports mtpx from that tree and builds its
 LLM (compiled ones warm up first, one after the other, so they never compete for the cores).
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="experiments/engine_split")
+    ap.add_argument("--out", default="outputs/bench_commits")
     args = ap.parse_args(argv)
     import torch
     g = torch.Generator().manual_seed(args.seed)

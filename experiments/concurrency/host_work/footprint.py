@@ -7,12 +7,15 @@ not the caches), or by the policy's step handed to a second thread while the for
 (MODES: their order): the runner's execute ms (median of the k = 8 steps verifying 8), the wall.
 usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/footprint.py [num_prompts]"""
 import os
+import pathlib
+import sys
 import random
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from host_setup import PARAMS as params, engine, gsm8k_prompts
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))  # tools/host_setup.py
+from host_setup import PARAMS as params, engine, gsm8k_prompts  # noqa: E402
 
 from mtpx.core.draft_length import AutoDraftLength
 

@@ -3,9 +3,12 @@ scheduler's two calls and the policy's entry points, eager, concurrency 1, GSM8K
 mtp8 (FixedDraftLength) against auto, alternated, twice.
 usage: OMP_NUM_THREADS=1 python experiments/concurrency/host_work/policy_host.py [num_prompts]"""
 import collections
+import pathlib
+import sys
 import time
 
-from host_setup import PARAMS as params, engine, gsm8k_prompts
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))  # tools/host_setup.py
+from host_setup import PARAMS as params, engine, gsm8k_prompts  # noqa: E402
 
 prompts = gsm8k_prompts(12)
 llms = {"mtp8": engine(8, compile=False), "auto": engine("auto", compile=False)}

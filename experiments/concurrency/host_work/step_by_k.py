@@ -4,10 +4,13 @@ twice; and the scheduler's two calls (host work). GSM8K test, 128 tokens, 1 thre
 usage: OMP_NUM_THREADS=1 [ROOT=source tree] [COMPILE=0] python experiments/concurrency/host_work/step_by_k.py [num_prompts]"""
 import collections
 import os
+import pathlib
+import sys
 import statistics
 import time
 
-from host_setup import PARAMS as params, engine, gsm8k_prompts, timed_steps
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))  # tools/host_setup.py
+from host_setup import PARAMS as params, engine, gsm8k_prompts, timed_steps  # noqa: E402
 
 prompts = gsm8k_prompts(24)
 compile = bool(int(os.environ.get("COMPILE", "1")))

@@ -9,7 +9,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "host_work"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))
 from host_setup import PARAMS as params, engine, gsm8k_prompts, timed_steps  # noqa: E402
 
 prompts = gsm8k_prompts(24)

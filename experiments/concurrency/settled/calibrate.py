@@ -5,7 +5,7 @@ import pathlib
 import sys
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "host_work"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))
 from host_setup import engine  # noqa: E402
 
 from mtpx.engine.auto_k.costs import calibrate_step_costs  # noqa: E402

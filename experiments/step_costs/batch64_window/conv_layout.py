@@ -18,8 +18,8 @@ import torch.nn.functional as F  # noqa: E402
 
 from mtpx.models.deltanet import causal_conv  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # experiments/: the shared timer
-from timing import bench  # noqa: E402  (experiments/timing.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # the shared timer
+from timing import bench  # noqa: E402  (tools/timing.py)
 
 torch.set_num_threads(2)
 C, K = 256, 4

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # experiments/: the shared timer
-from timing import bench  # noqa: E402  (experiments/timing.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # the shared timer
+from timing import bench  # noqa: E402  (tools/timing.py)
 
 torch.set_num_threads(2)
 H, Hkv, D, S = 4, 2, 32, 208

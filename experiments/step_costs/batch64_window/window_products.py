@@ -12,8 +12,8 @@ import torch
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # experiments/: the shared timer
-from timing import bench as timed  # noqa: E402  (experiments/timing.py)
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # the shared timer
+from timing import bench as timed  # noqa: E402  (tools/timing.py)
 
 
 def bench(f):

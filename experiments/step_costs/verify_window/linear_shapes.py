@@ -9,7 +9,7 @@ import torch
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # experiments/: the shared timer
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))  # the shared timer
 from timing import bench as _bench  # noqa: E402
 
 

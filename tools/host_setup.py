@@ -1,5 +1,5 @@
-"""What the engine scripts of this folder share: the source tree (ROOT, or the one this file is
-in) first on sys.path, GSM8K test prompts, greedy 128-token params and the demo's engines at
+"""What the automatic-k host-work scripts share (experiments/concurrency/host_work, settled): the
+source tree (ROOT, or the one this file is in) first on sys.path, GSM8K test prompts, greedy 128-token params and the demo's engines at
 concurrency 1 (1 thread, max_model_len 1024), and `timed_steps`, which times their scheduler and runner calls."""
 import collections
 import os
@@ -7,7 +7,7 @@ import pathlib
 import sys
 import time
 
-ROOT = pathlib.Path(os.environ.get("ROOT") or pathlib.Path(__file__).resolve().parents[3])
+ROOT = pathlib.Path(os.environ.get("ROOT") or pathlib.Path(__file__).resolve().parents[1])
 sys.path.insert(0, str(ROOT))
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402

@@ -1,6 +1,6 @@
-"""The micro-benchmark timers the experiment scripts share (batch64_window, verify_window,
-lean_step/prefetch): `sys.path.insert(0, str(Path(__file__).resolve().parents[1]))`, then
-`from timing import bench` (or `quartiles`)."""
+"""The micro-benchmark timers the experiment scripts share (experiments/step_costs/batch64_window,
+verify_window, lean_step/prefetch): put tools/ on sys.path, then `from timing import bench` (or
+`quartiles`)."""
 import statistics
 import time
 
