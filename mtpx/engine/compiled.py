@@ -1,50 +1,27 @@
-"""engine.compile: the decode step (the target's verification forward, the Gated DeltaNet state
-commit at the accepted tokens and the speculator's whole N-step draft round) as three functions
-compiled with torch.compile, behind the DecodeStep interface (mtpx/engine/decode_step.py, whose
-EagerStep runs the same functions eager without engine.compile):
+"""engine.compile: the decode step as three functions compiled with torch.compile, behind the DecodeStep
+interface (mtpx/engine/decode_step.py, whose EagerStep runs the same functions eager):
 
-    verify(meta)                     -> verify_forward(model, cache, meta)
-    commit(accepted, save)           -> cache.commit_recurrent(accepted, save)
-    draft(batch)                     -> speculator.propose(cache, batch)
+    verify(meta)            -> verify_forward(model, cache, meta)      the target over the windows
+    commit(accepted, save)  -> cache.commit_recurrent(accepted, save)  Gated DeltaNet states, accepted
+    draft(batch)            -> speculator.propose(cache, batch)        the N-step round, re-prefill included
 
-Regional compilation (engine.compile_regions, on by default): every decoder layer of a static
-forward is a torch.compiler.nested_compile_region (mtpx.models.decoder.layer_region), so Dynamo
-traces, and Inductor compiles, one region per layer type and shape and calls it for every layer:
-the demo's 32 target layers are 2 regions, its 8 MTP modules' layers 1 per window width. A
-build costs about the two layers' compile instead of the 32 layers' (cold plain decoding on the
-demo: 34 s instead of 4 minutes; experiments/compile_time). Inductor's C++ wrapper has no code
-generation for regions, so they run with its Python wrapper. Off, or where a layer breaks the
-graph (FlashInfer, MoE experts), the whole step is one graph as before.
+Shapes (StepShapes in decode_step.py): a window of k + 1 columns per depth bucket, each width a graph
+with its width a constant; block tables cut to a power-of-two block count. The batch, the block count
+and the packed token count N of a ragged window (engine.ragged_batch) are dynamic (size-oblivious, no
+duck sizing), so one graph per function and width serves every size and later steps never recompile
+(tests/test_compiled.py, with error_on_recompile); the warm-up compiles at batch 2 first, so batch 1
+runs in the same graphs. CUDA pads a batch to a capture size and replays CUDA graphs
+("reduce-overhead"); the CPU runs it unpadded in the default mode. Nothing depends on a tensor's value
+(padding writes go to the pad slot): no graph breaks on a dense model, no host syncs.
 
-Compiled code is kept between runs: each graph whole, Dynamo's bytecode and guards with Inductor's
-code, under $MTPX_CACHE_DIR/precompiled (engine.compile_cache; mtpx/engine/precompile.py), so a
-later run of the same settings loads it without tracing; and Inductor's caches under
-$MTPX_CACHE_DIR/inductor (mtpx/engine/compile_progress.py, which also shows each graph as it is
-built).
+Regions (engine.compile_regions, on by default): every decoder layer is a nested_compile_region
+(mtpx.models.decoder.layer_region), compiled once per layer type and shape, with Inductor's Python
+wrapper. Eager inside the graph (breaks): the FlashInfer call and MoE routed experts (then the step is
+one graph). Eager outside it: prefill chunks, the catch-up after them, sampled draft loops.
 
-Static shapes (StepShapes in decode_step.py): padded batches, window and column counts per depth
-bucket, power-of-two block counts; each width a graph of its own, its width a constant. With
-engine.ragged_batch a verification window wider than one token runs packed (ForwardMeta.packed:
-the token-wise work on the real tokens alone), their count N marked dynamic like the batch. Nothing in
-the compiled code depends on a tensor's value (padding writes go to the pad slot instead of being masked out), so there are no
-graph breaks on a dense model and no host syncs. The attention metadata of every step of the draft
-loop is built and planned (`speculator.plan`) before the loop, once per engine step.
-
-One graph per function serves every batch and block count: the batch and block-table dimensions
-are marked dynamic, with size-oblivious 0/1 handling and no duck sizing, so the first decode step
-compiles and later steps never recompile (tests/test_compiled.py asserts it with torch._dynamo's
-error_on_recompile). A batch of one runs unpadded in the graphs compiled for larger batches
-(backed size-oblivious shapes, and no op that would broadcast a batch dimension or slice to a
-symbolic length, add no guard against 1; no input's stride may differ at 1 either; the warm-up
-compiles at batch 2 first, since a graph compiled at batch 1 would be specialized to it). On CUDA
-the mode is "reduce-overhead" (CUDA graphs; one graph is recorded per capture size and block
-bucket, replayed afterwards); on the CPU the default
-mode (Inductor's C++ kernels), every batch unpadded. Where the compiled code cannot follow, it runs eager inside the
-graph (a graph break): the FlashInfer attention call (its plan is host-side; vLLM's piecewise
-CUDA graphs cut at attention the same way) and the routed experts of a MoE layer (data-dependent
-token routing). Draft loops that sample from the draft distribution
-(draft_sample_method=probabilistic at temperature > 0) run the same loop eager, and so do prefill
-chunks and the catch-up drafting after them.
+Caches: each graph whole under $MTPX_CACHE_DIR/precompiled (engine.compile_cache; precompile.py), and
+Inductor's under $MTPX_CACHE_DIR/inductor (compile_progress.py, which shows each graph as it builds).
+Build times and their history: docs/compiled_step.md.
 """
 from __future__ import annotations
 
