@@ -1,14 +1,12 @@
 """Paged attention of short query windows on the CPU, read from the paged cache in place.
 
-The torch reference (`torch_backend.cached_attention`) gathers every key and value of a request
-into a fresh [B, L, Hkv, D] tensor and calls scaled_dot_product_attention, whose CPU kernel is
-built for long queries: at batch 64, one query of 4 heads over 208 keys of head dim 32 costs
-about 2 ms of gather and 2.7 ms of SDPA on one AVX2 core, where reading the keys and values once
-takes about 0.7 ms. `mtpx/kernels/paged_attention.c` reads each key and value once, from its
-block, for every query of the window that reaches it (its doc). Built on first use
-(mtpx.kernels.build); without a compiler `available()` is False and the reference runs.
-`paged_attention` is the custom op `mtpx::paged_attention` under torch.compile, so a compiled
-graph calls it as one opaque kernel.
+`mtpx/kernels/paged_attention.c` reads each key and value once, from its block, for every query of
+the window that reaches it (its doc). The torch reference (`torch_backend.cached_attention`)
+gathers every key and value of a request into a fresh [B, L, Hkv, D] tensor and calls
+scaled_dot_product_attention, whose CPU kernel is built for long queries (the costs of both:
+docs/engine.md, "The CPU kernels"). Built on first use (mtpx.kernels.build); without a compiler
+`available()` is False and the reference runs. `paged_attention` is the custom op
+`mtpx::paged_attention` under torch.compile, so a compiled graph calls it as one opaque kernel.
 """
 from __future__ import annotations
 

@@ -1,32 +1,26 @@
 """Whole compiled functions saved and loaded across runs (torch.compile's AOT precompile), so a
-second run of the same settings neither traces nor compiles.
-
-Inductor's caches (compile_progress.use_cache_dir) spare a warm run the code generation, but
-Dynamo still traces every graph again: 2-7 s a graph on the demo's CPU, most of a warm start. A
-`Precompiled` function instead keeps each graph it builds as one file, Dynamo's bytecode, its
-guards and Inductor's compiled code together (`torch.compile(...).aot_compile`,
-`torch.compiler.load_compiled_function`), and a later run loads the file and calls it.
+second run of the same settings neither traces nor compiles: each graph is one file holding
+Dynamo's bytecode, its guards and Inductor's code (`torch.compile(...).aot_compile`,
+`torch.compiler.load_compiled_function`). Inductor's caches alone (compile_progress.use_cache_dir)
+would still leave Dynamo tracing every graph again.
 
     fn = Precompiled(verify_forward, folder, options, persistent)
     fn.call("verify (1-token window)", (model, cache, meta), mark, progress)
 
-A graph is found by the name of the call (which carries its static widths) and by its guards:
-the files of one name are the variants compiled for it (a graph whose guards fail for
-some arguments gets a sibling for them), and the first whose guards pass the arguments
+A graph is found by the name of the call (which carries its static widths) and by its guards: the
+files of one name are the variants compiled for it, and the first whose guards pass the arguments
 runs. None passing: a new variant is compiled, saved atomically and loaded back, so a run that
 compiled calls the same deserialized code as a later run that loads it.
 
 `folder` is keyed by everything the saved code depends on (`precompile_key`): the model's
 configuration, dtypes, the cache's geometry, the speculator and k, the compile settings, torch's
-version, the thread count and a hash of mtpx's own source, so a change to any of them compiles
-afresh. Guards on nn.Module identities, globals and dict versions cannot be serialized and are
-not kept (the engine never swaps its weights, and its code is in the key); tensor shapes,
-strides and dtypes are. Dimension marks (mark_dynamic / mark_static) are applied only while
-compiling and removed after, because a loaded guard set treats a marked tensor as a different
-input. A graph the precompile path cannot save (a graph break, an unserializable guard) falls
-back to plain torch.compile, that graph alone, with one line saying so and a marker file
-(`<graph>.unsavable`) that sends later runs to torch.compile directly.
-CPU only: CUDA graphs are recorded by the process that runs them.
+version, the thread count and a hash of mtpx's source. Guards on nn.Module identities, globals and
+dict versions cannot be serialized and are not kept (the engine never swaps its weights, and its
+code is in the key); tensor shapes, strides and dtypes are. Dimension marks (mark_dynamic /
+mark_static) are applied only while compiling, because a loaded guard set treats a marked tensor as
+a different input. A graph that cannot be saved (a graph break, an unserializable guard) falls back
+to plain torch.compile, alone, with one line saying so and a marker file (`<graph>.unsavable`) that
+sends later runs there directly. CPU only: CUDA graphs are recorded by the process that runs them.
 """
 from __future__ import annotations
 

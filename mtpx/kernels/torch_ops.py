@@ -2,10 +2,10 @@
 code calls the kernels directly).
 
 Defined with torch.library.Library's define / impl and register_fake, not
-torch.library.custom_op: custom_op's Python wrapper costs 30 us a call, and 60 us for an op that
-mutates its inputs, against 3-5 us here (batch 64, experiments/lean_step/whole_graph: 1.4 ms of
-a 26 ms compiled step over 24 Gated DeltaNet layers). Nothing here has a gradient: the ops serve
-inference (no autograd kernel is registered)."""
+torch.library.custom_op, whose Python wrapper costs several times a kernel call here
+(docs/compiled_step.md, "Operators"). Nothing here has a gradient: the ops serve inference (no
+autograd kernel is registered).
+"""
 from __future__ import annotations
 
 import torch

@@ -3,14 +3,11 @@ before it (mtpx/kernels/rms_norm.c), SwiGLU's silu(gate) * up (mtpx/kernels/silu
 attention's per-head q / k norms with their rotary embedding (mtpx/kernels/qk_norm_rope.c); and a
 linear layer over at most LINEAR_MAX_ROWS rows (mtpx/kernels/linear.c, mtpx/models/linear.py).
 
-Eager, a [64, 128] RMSNorm is five torch ops of about 20 us each on one AVX2 core, against a few
-us of work, and a plain decode step of the demo runs 81 of them; F.silu alone took 113 us a call
-at batch 64 (experiments/lean_step/norm); the q / k norms and RoPE were about 120 us of torch ops a
-layer at batch 64 (experiments/lean_step/floor_2x). RMSNorm.forward, MLP.forward and
-GatedAttention.forward call these where `runs`
-says so (the engine's eager CPU inference) and keep their torch ops everywhere else (training and
-its evaluations, other dtypes, CUDA, torch.compile, which fuses them itself) and as the
-reference: `use_kernel = False` forces them.
+Eager, each of these spans is several small torch ops whose dispatch costs more than their work
+(measured: docs/engine.md, "The CPU kernels"). RMSNorm.forward, MLP.forward and
+GatedAttention.forward call these where `runs` says so (the engine's eager CPU inference) and
+keep their torch ops everywhere else (training and its evaluations, other dtypes, CUDA,
+torch.compile, which fuses them itself) and as the reference: `use_kernel = False` forces them.
 """
 from __future__ import annotations
 

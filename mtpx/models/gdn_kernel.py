@@ -2,13 +2,13 @@
 the split, the conv and its stored inputs, the gates, the l2 norms, the delta rule on the stored
 state and the gated output norm, between in_proj and out_proj.
 
-Eager, at batch 64 on one AVX2 core, the torch ops of that span (about 40 of them, four passes
-over the 1 MB state) cost about 2.3 ms a layer, most of a plain decode step
-(experiments/lean_step). GatedDeltaNet.forward calls `decode` where `runs` says so and keeps its
-torch ops everywhere else (prefill, verification windows, boundary states, gradients, other
-dtypes, CUDA) and as the reference: `use_kernel = False` forces them. Eager, the kernel updates
-the state rows in place; a whole compiled graph calls the operator mtpx::gdn_decode_, which does
-the same, and a compiled layer region the functional mtpx::gdn_decode (mtpx/kernels/torch_ops.py).
+Eager, the torch ops of that span are about 40 ops and four passes over the state (their cost:
+docs/engine.md, "The CPU kernels"). GatedDeltaNet.forward calls `decode` where `runs` says so and
+keeps its torch ops everywhere else (prefill, verification windows, boundary states, gradients,
+other dtypes, CUDA) and as the reference: `use_kernel = False` forces them. Eager, the kernel
+updates the state rows in place; a whole compiled graph calls the operator mtpx::gdn_decode_,
+which does the same, and a compiled layer region the functional mtpx::gdn_decode
+(mtpx/kernels/torch_ops.py).
 """
 from __future__ import annotations
 
