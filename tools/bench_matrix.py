@@ -3,7 +3,8 @@ cell one tools/bench_speedup.py process (the contenders side by side, chunks alt
 
     python tools/bench_matrix.py --out DIR [--cells eager_c1 compiled_c16 ...] [--warm-up]
         [--contenders ...] [--extra-contenders auto+per_request_k=true] [--num-prompts 128]
-        [--max-tokens 128] [--threads 1] [--base COMMIT [--sides base this base]] [--dry-run]
+        [--max-tokens 128] [--threads 1] [--rounds N] [--dry-run]
+        [--base COMMIT [--sides base this base] [--base-contenders plain mtp4]]
 
 A cell is MODE_cN[_16][_again]: MODE eager or compiled, N the concurrency; `_16` runs 16 chunks
 (of num_prompts / 16 prompts) instead of 4, `_again` is the same cell once more (the compiled
@@ -15,7 +16,8 @@ compiled then eager at 1, 4, 16 and 64. Contenders by concurrency: plain mtp4 mt
 --warm-up first runs each compiled concurrency on 4 prompts of 8 tokens into a temporary folder,
 so every graph and step-cost calibration of this source is built and saved before a measured cell.
 --base COMMIT runs every cell in that commit's worktree too (tools/bench_ab.py's /tmp/mtpx_COMMIT),
-in --sides order, into CELL_SIDE_i; the base side gets the contenders it knows (no `auto`).
+in --sides order, into CELL_SIDE_i; --base-contenders gives the base side other contenders (the
+ones an old commit knows).
 
 Writes DIR/CELL/speedup.md and .json and DIR/CELL.log (bench_speedup's), DIR/machine.txt, and
 DIR/matrix.md: the machine and every cell's speedup.md in order (the summary to keep; the logs and
@@ -40,16 +42,17 @@ CONTENDERS = {1: ["plain", "mtp4", "mtp8", "auto"], 4: ["plain", "mtp4", "mtp8",
 CELL = re.compile(r"^(eager|compiled)_c(\d+)(_16)?(_again)?$")
 
 
-def cell_args(cell: str, args) -> list[str]:
-    """bench_speedup.py's arguments for one cell name. Raises ValueError on a malformed name."""
+def cell_args(cell: str, args, contenders: list[str] | None = None) -> list[str]:
+    """bench_speedup.py's arguments for one cell name (`contenders` replaces the cell's own and the
+    extra ones). Raises ValueError on a malformed name."""
     m = CELL.match(cell)
     if not m:
         raise ValueError(f"cell {cell!r}: expected MODE_cN[_16][_again], MODE eager or compiled")
     mode, conc, sixteen = m.group(1), int(m.group(2)), m.group(3)
-    rounds = 16 if sixteen else (2 if conc >= 64 else 4)
-    contenders = args.contenders or CONTENDERS.get(conc, CONTENDERS[16])
-    out = ["--concurrency", str(conc), "--rounds", str(rounds), "--contenders", *contenders,
-           *args.extra_contenders, "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens),
+    rounds = 16 if sixteen else args.rounds or (2 if conc >= 64 else 4)
+    if contenders is None:
+        contenders = [*(args.contenders or CONTENDERS.get(conc, CONTENDERS[16])), *args.extra_contenders]
+    out = ["--concurrency", str(conc), "--rounds", str(rounds), "--contenders", *contenders, "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens),
            "--threads", str(args.threads)]
     return out + (["--compile"] if mode == "compiled" else [])
 
@@ -79,8 +82,10 @@ def main(argv=None) -> int:
     ap.add_argument("--num-prompts", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, help="chunks per cell (default 4, 2 at concurrency 64; _16 cells 16)")
     ap.add_argument("--base", help="also run each cell in this commit's worktree")
     ap.add_argument("--sides", nargs="+", default=["base", "this"], choices=["base", "this"])
+    ap.add_argument("--base-contenders", nargs="+", help="the base side's contenders (default: the same)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
     args = ap.parse_args(argv)
     try:
@@ -111,7 +116,8 @@ def main(argv=None) -> int:
             runs, seen = [], {}
             for side in args.sides:
                 seen[side] = seen.get(side, 0) + 1
-                sargs = cargs if side == "this" else [a for a in cargs if not a.startswith("auto")]
+                sargs = cargs if side == "this" or not args.base_contenders else \
+                    cell_args(cell, args, args.base_contenders)
                 runs.append((f"{cell}_{side}_{seen[side]}", base if side == "base" else ROOT, sargs))
         for name, tree, sargs in runs:
             cmd = bench + sargs + ["--out", str(out / name)]
