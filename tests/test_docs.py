@@ -197,3 +197,32 @@ def test_start_and_test_times_agree_where_pages_repeat_them():
     table = _section(pages["docs/compiled_step.md"], "Building an engine on the demo")
     for figure in re.findall(r"(\d+\.\d) s\b", readme):
         assert figure in table, figure
+
+
+def test_repeated_tables_agree_with_their_source():
+    pages = _pages()
+    # README's results table is docs/results.md's, row for row
+    rows = [line for line in _section(pages["README.md"], "## Results").splitlines() if line.startswith("| ")]
+    assert len(rows) >= 5
+    assert [row for row in rows if row not in pages["docs/results.md"]] == []
+    # the engine page's option table gives the defaults of the generated configuration page
+    configured = dict(re.findall(r"^\| `(engine\.\w+)` \| .*? \| `([^`]*)` \|", pages["docs/configuration.md"], re.M))
+    options = re.findall(r"^\| `(engine\.\w+)` \| `?([^|`]*?)`? \|", pages["docs/engine.md"], re.M)
+    assert len(options) >= 10
+    assert [(key, default, configured.get(key)) for key, default in options if configured.get(key) != default] == []
+
+
+def test_experiments_is_an_index_of_studies_within_its_limits():
+    # issue 67: every folder under experiments/ has a README.md that experiments/README.md links, no
+    # raw log is tracked there, and the tracked files stay within 400 and 5 MB
+    listed = subprocess.run(["git", "ls-files", "-z", "experiments"], cwd=ROOT, capture_output=True, text=True)
+    tracked = [path for path in listed.stdout.split("\0") if path]
+    assert listed.returncode == 0 and len(tracked) >= 50
+    folders = {str(parent.relative_to("experiments")) for path in tracked
+               for parent in Path(path).parents if parent.parts[:1] == ("experiments",) and parent.parts[1:]}
+    assert [folder for folder in sorted(folders) if f"experiments/{folder}/README.md" not in tracked] == []
+    linked = set(re.findall(r"\]\(([\w./-]+)/README\.md\)", (ROOT / "experiments" / "README.md").read_text()))
+    assert sorted(folders - linked) == [] and sorted(linked - folders) == []
+    assert [path for path in tracked if path.endswith((".log", ".jsonl", ".out", ".err"))] == []
+    assert len(tracked) <= 400
+    assert sum((ROOT / path).stat().st_size for path in tracked) <= 5_000_000
