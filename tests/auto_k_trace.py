@@ -11,7 +11,8 @@ decode verifies (the per-request allocation).
 The fixture tests/data/auto_k_trace.json was recorded with the code before automatic k became
 one package (commit 6c6300f):
 
-    cd /tmp && PYTHONPATH=/work/base python /work/main/tests/auto_k_trace.py /work/main/tests/data/auto_k_trace.json
+    cd /tmp && PYTHONPATH=/work/base python /work/main/tests/auto_k_trace.py \
+        /work/main/tests/data/auto_k_trace.json
 """
 from __future__ import annotations
 
@@ -186,9 +187,11 @@ def _draw(rng: random.Random, out, skill: dict, depth_per_request: bool) -> dict
     noise = rng.lognormvariate(0, 0.05) * (1.3 if rng.random() < 0.05 else 1.0)
     verify = (_cost(verified, batch) - _draft_ms(verified, batch)) * noise if out.decodes else 0.0
     draft = _draft_ms(modules, batch) * noise if out.decodes else 0.0
-    prefill = 0.02 * sum(p.num_tokens * p.request.draft_depth for p in out.prefills) * rng.lognormvariate(0, 0.1)
+    prefill = (0.02 * sum(p.num_tokens * p.request.draft_depth for p in out.prefills)
+               * rng.lognormvariate(0, 0.1))
     overhead = rng.uniform(0.3, 0.6) * (1 + batch / 16)
-    return {"ms": [round(verify, 4), round(draft, 4), round(prefill, 4), round(overhead, 4)], "accepted": accepted}
+    return {"ms": [round(verify, 4), round(draft, 4), round(prefill, 4), round(overhead, 4)],
+            "accepted": accepted}
 
 
 if __name__ == "__main__":

@@ -75,7 +75,8 @@ def propose(speculator, cache, rows, num_tokens, target_meta, hidden, is_draftin
     if is_drafting is None:
         is_drafting = torch.ones_like(rows, dtype=torch.bool)
     depth = torch.full_like(rows, speculator.num_speculative_tokens)
-    batch = DraftBatch(rows, num_tokens, target_meta.ends, is_drafting, depth, target_meta.positions[:, 0], hidden)
+    batch = DraftBatch(rows, num_tokens, target_meta.ends, is_drafting, depth, target_meta.positions[:, 0],
+                       hidden)
     return speculator.propose(cache, batch).tokens
 
 

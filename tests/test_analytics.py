@@ -58,7 +58,8 @@ def test_by_category():
     cats = by_category([A, B, C], ["math", "code", "math"], 3)
     assert list(cats) == ["math", "code"]
     m = cats["math"]
-    assert (m["num_requests"], m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"]) == (2, 6, 15, 10)
+    assert ((m["num_requests"], m["num_drafts"], m["num_draft_tokens"], m["num_accepted_tokens"])
+            == (2, 6, 15, 10))
     assert m["num_committed_tokens"] == 15
     assert m["acceptance_rate"] == 10 / 15 and m["acceptance_length"] == 15 / 6   # C committed 1
     assert m["per_position_acceptance"] == [5 / 6, 3 / 6, 2 / 6]
@@ -70,14 +71,16 @@ def test_by_category():
 def test_engine_rounds_agree_with_the_counters(trained_tiny):
     """The per-round records the engine keeps sum to the request's counters."""
     llm = LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens=4)
-    outs = llm.generate([[5, 8, 11, 14], [20, 21], [40, 42, 44]], SamplingParams(max_tokens=30, ignore_eos=True))
+    outs = llm.generate([[5, 8, 11, 14], [20, 21], [40, 42, 44]],
+                        SamplingParams(max_tokens=30, ignore_eos=True))
     for o in outs:
         s = o.spec
         assert len(s.rounds) == s.num_drafts > 0
         assert sum(d for d, _, _ in s.rounds) == s.num_draft_tokens
         assert sum(a for _, a, _ in s.rounds) == s.num_accepted_tokens
         assert sum(c for _, _, c in s.rounds) == s.num_committed_tokens
-        assert per_position([s.rounds], 4)["accepted"] == s.accepted_per_position + [0] * (4 - len(s.accepted_per_position))
+        assert (per_position([s.rounds], 4)["accepted"]
+                == s.accepted_per_position + [0] * (4 - len(s.accepted_per_position)))
     a = analytics([o.spec.rounds for o in outs], ["x", "y", "x"], 4)
     assert a["position0_buckets"]["first_round"]["count"] == 3
     assert a["by_category"]["x"]["num_requests"] == 2

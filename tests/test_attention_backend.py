@@ -42,7 +42,9 @@ def test_one_plan_per_forward_and_reference_outputs():
 
 
 def test_backends_this_machine_cannot_run_name_the_fix():
-    with pytest.raises(ValueError, match="unknown engine.attention_backend 'xformers': choose one of torch, flashinfer"):
+    with pytest.raises(ValueError,
+                       match="unknown engine.attention_backend 'xformers': choose one of torch, flashinfer"):
         get_backend("xformers", torch.device("cpu"))
-    with pytest.raises(ValueError, match="flashinfer needs a CUDA device .*use engine.attention_backend=torch"):
+    with pytest.raises(ValueError,
+                       match="flashinfer needs a CUDA device .*use engine.attention_backend=torch"):
         get_backend("flashinfer", torch.device("cpu"))

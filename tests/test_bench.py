@@ -47,8 +47,8 @@ def test_bench_spec_bench_metrics_analytics_report(tiny_ckpt, tmp_path, monkeypa
     out = capsys.readouterr().out
     assert sum(line.startswith("chat template:") for line in out.splitlines()) == 1
     m = json.loads((tmp_path / "metrics.json").read_text())
-    assert set(m) == (set(METRIC_KEYS) - {"lossless_mismatches"}) | {"chat_template", "analytics", "step_costs",
-                                                                  "mean_decode_batch", "run"}
+    assert set(m) == (set(METRIC_KEYS) - {"lossless_mismatches"}) | {"chat_template", "analytics",
+                                                                  "step_costs", "mean_decode_batch", "run"}
     assert not any(k.startswith(("lossless", "plain_")) for k in m) and m["chat_template"] is False
     assert all(m[k] is not None for k in P99)
     assert m["median_ttft_ms"] <= m["p99_ttft_ms"] and m["median_e2el_ms"] <= m["p99_e2el_ms"]
@@ -113,7 +113,8 @@ def test_bench_mt_bench_through_the_chat_template(tiny_ckpt, tmp_path, monkeypat
 def test_bench_client_and_sampling_from_the_bench_section():
     b = _cfg(["bench.temperature=0.5", "bench.seed=2", "bench.max_tokens=9", "bench.concurrency=3"]).bench
     params = sampling_params(b, 3, "bench", [None, 4, None])
-    assert [(p.max_tokens, p.ignore_eos, p.seed) for p in params] == [(9, False, 2), (4, True, 3), (9, False, 4)]
+    assert ([(p.max_tokens, p.ignore_eos, p.seed) for p in params]
+            == [(9, False, 2), (4, True, 3), (9, False, 4)])
     assert all(p.temperature == 0.5 for p in params)
     assert client_args(b, 3, "bench") == {"max_concurrency": 3, "arrival_offsets": None}
     with pytest.raises(ValueError, match="bench.top_p=0"):
@@ -136,7 +137,8 @@ def test_bench_client_and_sampling_from_the_bench_section():
     (["data=spec_bench", "data.path=null"], "data.path=null: must not be null"),
     (["data=spec_bench", "data.path={questions}", "data.categories=[nope]"],
      "data.categories: {questions} has no category 'nope'"),
-    (["data=mt_bench", "data.path={questions}", "data.chat_template=maybe"], "data.chat_template=maybe: must be true or false"),
+    (["data=mt_bench", "data.path={questions}", "data.chat_template=maybe"],
+     "data.chat_template=maybe: must be true or false"),
     (["data=mt_bench", "data.path={questions}", "bench.num_prompts=50"],
      "bench.num_prompts=50: {questions} has 6 questions"),
     (["data.name=squad"], "unknown data set 'squad'"),
@@ -146,7 +148,8 @@ def test_bench_bad_input_one_clear_line_before_the_model_loads(overrides, messag
     these errors are raised before the model would load."""
     questions = _questions(tmp_path / "q.jsonl")
     overrides = [o.replace("{questions}", str(questions)) for o in overrides]
-    err = entry_point_error(["mode=bench", "logger=none", f"model.path={tmp_path / 'no_model'}", "bench.num_prompts=2"]
+    err = entry_point_error(["mode=bench", "logger=none", f"model.path={tmp_path / 'no_model'}",
+                             "bench.num_prompts=2"]
                             + overrides, capsys)
     expected = message.replace("{questions}", str(questions))
     assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
@@ -173,7 +176,8 @@ def test_sigterm_during_bench_keeps_the_finished_requests(tiny_ckpt, tmp_path, m
                 "bench.num_prompts=16", "bench.max_tokens=24", "bench.concurrency=1"])
     assert run(cfg) == 143
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith(("interrupted", "Traceback"))]
-    assert len(lines) == 1 and lines[0].startswith("interrupted by SIGTERM: ") and "of 16 requests" in lines[0]
+    assert (len(lines) == 1 and lines[0].startswith("interrupted by SIGTERM: ")
+            and "of 16 requests" in lines[0])
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["partial"] is True and 0 < m["num_requests"] == len(_rows(tmp_path)) < 16
     assert (tmp_path / "report.txt").exists()

@@ -21,7 +21,9 @@ def test_bench_step_smoke(tmp_path, tiny_ckpt):
                       "--steps", "3", "--repeats", "2", "--mtp1-k", "2", "--threads", "1",
                       "--model", str(tiny_ckpt), "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "bench_step.json").read_text())["rows"]
-    assert [(r["spec"], r["k"], r["batch_size"]) for r in rows] == [("none", 0, 2), ("mtp1", 2, 2), ("mtp8", 4, 2)]  # tiny_ckpt: 4 MTP modules
+    # tiny_ckpt: 4 MTP modules
+    assert ([(r["spec"], r["k"], r["batch_size"]) for r in rows]
+            == [("none", 0, 2), ("mtp1", 2, 2), ("mtp8", 4, 2)])
     for r in rows:
         assert r["step_ms"] > 0 and r["target_k1_ms"] > 0 and r["target_1_ms"] > 0
         assert r["overhead"] == r["step_ms"] / r["forwards_ms"]

@@ -116,7 +116,8 @@ def test_missing_folder_and_files_are_named(tmp_path, tok):
     with pytest.raises(FileNotFoundError, match="has no model.safetensors"):
         load_model(out)
     (out / "config.json").unlink()
-    with pytest.raises(FileNotFoundError, match="has no config.json: point model.path at a folder written by mode=train"):
+    with pytest.raises(FileNotFoundError,
+                       match="has no config.json: point model.path at a folder written by mode=train"):
         load_model(out)
 
 
@@ -146,7 +147,8 @@ def test_shape_mismatch_names_tensor_and_both_shapes(tmp_path, tok):
     tensors = load_file(file)
     tensors["mtp.0.fc.weight"] = torch.zeros(32, 32)  # config says [32, 64]
     save_file(tensors, file)
-    with pytest.raises(CheckpointError, match=r"tensor mtp\.0\.fc\.weight has shape \[32, 32\] but config\.json implies \[32, 64\]"):
+    with pytest.raises(CheckpointError, match=r"tensor mtp\.0\.fc\.weight has shape \[32, 32\] but "
+                                              r"config\.json implies \[32, 64\]"):
         load_model(out)
 
 

@@ -32,8 +32,8 @@ def make_case(seed, B, T, H, Hkv, D, S, max_len, pad):
         valid = torch.arange(T)[None, :] < keep[:, None]
         positions = torch.where(valid, positions, 0)
     slots = table.gather(1, positions // S) * S + positions % S
-    meta = ForwardMeta(positions=positions, valid=valid, rows=torch.arange(B), kv_len=int(positions.max()) + 1,
-                       block_table=table, block_size=S, slot_mapping=slots)
+    meta = ForwardMeta(positions=positions, valid=valid, rows=torch.arange(B),
+                       kv_len=int(positions.max()) + 1, block_table=table, block_size=S, slot_mapping=slots)
     q = torch.randn(B, T, H, D, generator=g)
     k, v = torch.randn(B, T, Hkv, D, generator=g), torch.randn(B, T, Hkv, D, generator=g)
     return q, k, v, cache, meta
@@ -54,8 +54,9 @@ def both(q, k, v, cache, meta):
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**16), B=st.integers(1, 6), T=st.integers(1, 12),
-       heads=st.sampled_from([(1, 1), (4, 2), (4, 4), (8, 2), (6, 3)]), D=st.sampled_from([8, 20, 32, 64, 128]),
-       S=st.sampled_from([1, 4, 5, 16]), max_len=st.integers(0, 70), pad=st.booleans())
+       heads=st.sampled_from([(1, 1), (4, 2), (4, 4), (8, 2), (6, 3)]),
+       D=st.sampled_from([8, 20, 32, 64, 128]), S=st.sampled_from([1, 4, 5, 16]), max_len=st.integers(0, 70),
+       pad=st.booleans())
 def test_kernel_equals_reference(seed, B, T, heads, D, S, max_len, pad):
     H, Hkv = heads
     q, k, v, cache, meta = make_case(seed, B, T, H, Hkv, D, S, max_len, pad)
@@ -126,6 +127,8 @@ def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
     outs = []
     for kernel in (False, True):
         monkeypatch.setattr(torch_backend, "use_kernel", kernel)
-        llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens=8, max_num_seqs=4)
-        outs.append([o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))])
+        llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens=8,
+                  max_num_seqs=4)
+        outs.append([o.outputs[0].token_ids
+                     for o in llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))])
     assert outs[0] == outs[1]

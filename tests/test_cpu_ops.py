@@ -75,7 +75,8 @@ def test_silu_and_mul_equals_the_reference_within_float32_rounding(shape):
     g = torch.Generator().manual_seed(3)
     gate, up = torch.randn(*shape, generator=g) * 4, torch.randn(*shape, generator=g)
     out = cpu_ops.silu_and_mul(gate, up)
-    assert out.shape == shape and torch.allclose(out, torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6)
+    assert (out.shape == shape
+            and torch.allclose(out, torch.nn.functional.silu(gate) * up, rtol=1e-6, atol=1e-6))
     assert torch.equal(cpu_ops.silu_and_mul(gate[:1], up[:1]), out[:1])            # rows independent
     mlp = MLP(16, 32)
     x = torch.randn(5, 16, generator=g)
@@ -113,12 +114,14 @@ def test_qk_norm_rope_equals_the_attention_layers_torch_ops(use_qk_norm, unit_of
     with torch.inference_mode():
         assert attn._fused_qk(q, k, cos)
         qn, kn = attn.q_norm, attn.k_norm
-        out = (cpu_ops.qk_norm_rope(q, k, qn.weight, kn.weight, qn.eps, qn.unit_offset, cos, sin) if use_qk_norm
+        out = (cpu_ops.qk_norm_rope(q, k, qn.weight, kn.weight, qn.eps, qn.unit_offset, cos, sin)
+               if use_qk_norm
                else cpu_ops.qk_norm_rope(q, k, None, None, 0.0, False, cos, sin))
         ref = apply_rope(qn(q) if not use_qk_norm else qn._reference(q), cos, sin), apply_rope(
             kn(k) if not use_qk_norm else kn._reference(k), cos, sin)
-        one = cpu_ops.qk_norm_rope(q[:1], k[:1], *((qn.weight, kn.weight, qn.eps, qn.unit_offset) if use_qk_norm
-                                                  else (None, None, 0.0, False)), cos[:1], sin[:1])
+        one = cpu_ops.qk_norm_rope(q[:1], k[:1],
+                                   *((qn.weight, kn.weight, qn.eps, qn.unit_offset) if use_qk_norm
+                                    else (None, None, 0.0, False)), cos[:1], sin[:1])
         x = torch.randn(*lead, 48, generator=g)
         fast = attn(x, cos, sin) if len(lead) == 2 else None          # the layer over a [B, T] grid
         cpu_ops.use_kernel = False
@@ -134,8 +137,9 @@ def test_qk_norm_rope_equals_the_attention_layers_torch_ops(use_qk_norm, unit_of
         torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows,n_in,n_out,bias", [(1, 128, 384, False), (9, 384, 128, True), (64, 20, 13, False),
-                                                  (5, 7, 8, True), (3, 128, 1, False)])
+@pytest.mark.parametrize("rows,n_in,n_out,bias",
+                         [(1, 128, 384, False), (9, 384, 128, True), (64, 20, 13, False),
+                          (5, 7, 8, True), (3, 128, 1, False)])
 def test_linear_equals_f_linear_and_a_row_does_not_depend_on_its_batch(rows, n_in, n_out, bias):
     """cpu_ops.linear (mtpx/kernels/linear.c) equals F.linear within float32 rounding for any
     input and output width (the kernel's 8-wide tails), with or without bias, from a strided x;
@@ -175,7 +179,8 @@ def test_linear_takes_the_blas_above_its_row_limit_and_off_the_kernel(monkeypatc
     assert calls == [(cpu_ops.LINEAR_MAX_ROWS, 16), (4, 16)]
     wide, threads = Linear(16, cpu_ops.LINEAR_PARALLEL_MACS // (16 * 8)), torch.get_num_threads()
     try:
-        for n in (2, 1):            # a big one with several threads: the BLAS's threads; one thread: the kernel
+        # a big one with several threads: the BLAS's threads; one thread: the kernel
+        for n in (2, 1):
             torch.set_num_threads(n)
             with torch.inference_mode():
                 wide(torch.randn(8, 16))
@@ -241,7 +246,8 @@ def test_engine_tokens_equal_with_and_without_the_kernel(monkeypatch):
     outs = []
     for kernel in (False, True):
         monkeypatch.setattr(cpu_ops, "use_kernel", kernel)
-        llm = LLM(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=4, spec="mtp8", num_speculative_tokens=8)
+        llm = LLM(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=4, spec="mtp8",
+                  num_speculative_tokens=8)
         res = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))
         outs.append([o.outputs[0].token_ids for o in res])
     assert outs[0] == outs[1]

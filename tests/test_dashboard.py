@@ -58,15 +58,20 @@ def test_run_figures_of_automatic_k(tmp_path):
     auto_k = {"k_histogram": {"0": 2, "3": 6}, "depth_histogram": {"3": 3},
               "cost_model": {"1": row, "4-7": dict(row, plain_step_ms_source="measured", plain_steps=2),
                              "16-31": {"decode_steps": 1, "steps": 0}},
-              "acceptance_by_age": [{"output_tokens": "0-7", "conditional_acceptance": [0.6, 0.7], "verified": [9.5, 0.4]},
-                                    {"output_tokens": "32+", "conditional_acceptance": [0.7, 0.7], "verified": [0.0, 0.0]}]}
+              "acceptance_by_age": [{"output_tokens": "0-7", "conditional_acceptance": [0.6, 0.7],
+                                     "verified": [9.5, 0.4]},
+                                    {"output_tokens": "32+", "conditional_acceptance": [0.7, 0.7],
+                                     "verified": [0.0, 0.0]}]}
     written = write_run_figures(_metrics(["code"] * 3, auto_k=auto_k), tmp_path / "a")
-    assert [p.name for p in written] == ["acceptance_conditional.png", "position0_buckets.png", *AUTO_K_FIGURES]
+    assert ([p.name for p in written]
+            == ["acceptance_conditional.png", "position0_buckets.png", *AUTO_K_FIGURES])
     assert all(p.read_bytes()[:8] == PNG for p in written)
     no_steps = dict(auto_k, cost_model={"16-31": {"decode_steps": 1, "steps": 0}})
-    assert [p.name for p in write_run_figures(_metrics(["code"] * 3, auto_k=no_steps), tmp_path / "b")][2:] == \
+    assert [p.name for p in write_run_figures(_metrics(["code"] * 3, auto_k=no_steps),
+                                              tmp_path / "b")][2:] == \
         ["auto_k_histograms.png", "acceptance_by_age.png"]
-    unseen = dict(no_steps, acceptance_by_age=[dict(r, verified=[0.0, 0.0]) for r in auto_k["acceptance_by_age"]])
+    unseen = dict(no_steps,
+                  acceptance_by_age=[dict(r, verified=[0.0, 0.0]) for r in auto_k["acceptance_by_age"]])
     assert [p.name for p in write_run_figures(_metrics(["code"] * 3, auto_k=unseen), tmp_path / "c")][2:] == \
         ["auto_k_histograms.png"]                        # no bucket with a verified draft: no age figure
 
@@ -115,23 +120,29 @@ def test_dashboard_tool(tmp_path, capsys):
     mtp8 = _metrics(["code", "gsm8k", "code"], output_throughput=80.0, median_tpot_ms=12.0)
     plain = {"num_requests": 3, "num_failed": 0, "per_position_acceptance": [], "output_throughput": 120.0,
              "median_tpot_ms": 8.0}
-    a = _run_dir(tmp_path / "a", mtp1, ["+spec=mtp1"], {"spec": {"method": "mtp1", "num_speculative_tokens": 1}})
-    b = _run_dir(tmp_path / "b", mtp8, ["+spec=mtp8"], {"spec": {"method": "mtp8", "num_speculative_tokens": None}})
+    a = _run_dir(tmp_path / "a", mtp1, ["+spec=mtp1"],
+                 {"spec": {"method": "mtp1", "num_speculative_tokens": 1}})
+    b = _run_dir(tmp_path / "b", mtp8, ["+spec=mtp8"],
+                 {"spec": {"method": "mtp8", "num_speculative_tokens": None}})
     c = _run_dir(tmp_path / "c", plain, [], {"eval": {}})
-    assert (load_run(b).name, load_run(b).k, load_run(c).name, load_run(c).method) == ("mtp8 k=3", 3, "no spec", None)
+    assert ((load_run(b).name, load_run(b).k, load_run(c).name, load_run(c).method)
+            == ("mtp8 k=3", 3, "no spec", None))
 
     dashboard = _tool("dashboard")
     assert dashboard.main([str(a), str(b), str(c), "--out", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[:2] == [
-        "predicted mtp8 k=3 position-0 from mtp1's conditional rates: 0.500 x 0.667 + 0.500 x 0.500 = 0.583; measured 0.833",
-        "predicted mtp1 position-0 from mtp8 k=3's conditional rates: 0.600 x 0.667 + 0.400 x 1.000 = 0.800; measured 0.600",
+        "predicted mtp8 k=3 position-0 from mtp1's conditional rates: 0.500 x 0.667 + 0.500 x 0.500 = 0.583; "
+        "measured 0.833",
+        "predicted mtp1 position-0 from mtp8 k=3's conditional rates: 0.600 x 0.667 + 0.400 x 1.000 = 0.800; "
+        "measured 0.600",
     ]
     names = {"per_position_acceptance.png", "position0_buckets.png", "throughput_vs_k.png",
              "acceptance_by_category.png", "summary.md"}
     assert {p.name for p in (tmp_path / "d").iterdir()} == names
     summary = (tmp_path / "d" / "summary.md").read_text()
-    assert "| Metric | mtp1 | mtp8 k=3 | no spec |" in summary and "- predicted mtp8 k=3 position-0" in summary
+    assert ("| Metric | mtp1 | mtp8 k=3 | no spec |" in summary
+            and "- predicted mtp8 k=3 position-0" in summary)
 
     unfinished = _run_dir(tmp_path / "e", None, ["+spec=mtp8"])  # a run dir without metrics.json
     assert dashboard.main([str(a), str(unfinished)]) == 2
@@ -170,16 +181,20 @@ def test_sweep_table(tmp_path, capsys):
 
 Common overrides: `eval.num_prompts=4` `logger=none`
 
-| spec | spec.num_speculative_tokens | Acceptance rate (%) | Acceptance length | Per-position acceptance (%) | Output tok/s | Median TTFT (ms) | Median TPOT (ms) | Median ITL (ms) | Lossless mismatches | Job |
+| spec | spec.num_speculative_tokens | Acceptance rate (%) | Acceptance length | Per-position acceptance (%) \
+| Output tok/s | Median TTFT (ms) | Median TPOT (ms) | Median ITL (ms) | Lossless mismatches | Job |
 | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
 | mtp1 | 1 | 73.53 | 1.74 | 73.5 | 211.58 | 130.00 | 9.49 | 20.50 | 0 | 0 |
 | mtp1 | 2 | 61.54 | 2.19 | 77.8 / 40.7 | 204.40 | 130.00 | — | 20.50 | 1 | 1 |
 
 ## Failed or incomplete jobs
 
-- job 1 (`+spec=mtp1 spec.num_speculative_tokens=2`): lossless check failed: 1 request(s) differ from plain decoding (the job exited with status 1); 1 of 4 requests failed (their error is in outputs.jsonl)
-- job 2 (`+spec=mtp8 spec.num_speculative_tokens=1`): no metrics.json: the job stopped before writing it (killed, or a crash with a traceback on the sweep's stderr), or is still running
-- job 3 (`+spec=mtp8 spec.num_speculative_tokens=2`): not started: the sweep was stopped before this job (a failed job does not stop it: train_or_eval.py runs the next one), or is still running
+- job 1 (`+spec=mtp1 spec.num_speculative_tokens=2`): lossless check failed: 1 request(s) differ from plain \
+decoding (the job exited with status 1); 1 of 4 requests failed (their error is in outputs.jsonl)
+- job 2 (`+spec=mtp8 spec.num_speculative_tokens=1`): no metrics.json: the job stopped before writing it \
+(killed, or a crash with a traceback on the sweep's stderr), or is still running
+- job 3 (`+spec=mtp8 spec.num_speculative_tokens=2`): not started: the sweep was stopped before this job \
+(a failed job does not stop it: train_or_eval.py runs the next one), or is still running
 """
     assert (tmp_path / "sweep.md").read_text() == expected
     assert capsys.readouterr().out.startswith(expected)
@@ -200,7 +215,8 @@ def test_compare_hf_smoke(tmp_path, capsys):
     from mtpx.train.tokenizer import train_tokenizer
     from tests.helpers import LLAMA_FLAGS, peaked_model, tiny_config
 
-    tok = train_tokenizer(["Question: what is 2 + 3?\nAnswer: 5\n" * 50, "def f(x):\n    return x\n" * 50], 300)
+    tok = train_tokenizer(["Question: what is 2 + 3?\nAnswer: 5\n" * 50, "def f(x):\n    return x\n" * 50],
+                          300)
     model = peaked_model(tiny_config(vocab_size=tok.get_vocab_size(), **LLAMA_FLAGS)).float()
     save_checkpoint(tmp_path / "ckpt", model, tok)
     data = tmp_path / "q.jsonl"
@@ -208,9 +224,9 @@ def test_compare_hf_smoke(tmp_path, capsys):
                             for q in ["what is 2 + 3?", "what is 4 + 4 + 4?"]))
     torch_threads = torch.get_num_threads()
     compare_hf = _tool("compare_hf")
-    code = compare_hf.main(["--checkpoint", str(tmp_path / "ckpt"), "--data", "gsm8k", "--data-path", str(data),
-                            "--num-prompts", "2", "--max-new-tokens", "4", "--prompt-lookup-num-tokens", "2",
-                            "--out", str(tmp_path / "out")])
+    code = compare_hf.main(["--checkpoint", str(tmp_path / "ckpt"), "--data", "gsm8k", "--data-path",
+                            str(data), "--num-prompts", "2", "--max-new-tokens", "4",
+                            "--prompt-lookup-num-tokens", "2", "--out", str(tmp_path / "out")])
     assert torch.get_num_threads() == torch_threads
     assert code == 0, capsys.readouterr()
     res = json.loads((tmp_path / "out" / "results.json").read_text())
@@ -241,14 +257,15 @@ def test_figures_carry_the_run_identity_and_failed_categories(tmp_path):
     assert [p.name for p in written] == list(RUN_FIGURES) and all(p.read_bytes()[:8] == PNG for p in written)
     runs = [Run(Path("a"), "a", {"run": {"data": "gsm8k", "mode": "eval"}}, "mtp8", 3),
             Run(Path("b"), "b", {"run": {"data": "humaneval", "mode": "bench"}}, None, 0)]
-    assert mixed_runs_warning(runs) == ("warning: these runs mix data sets (gsm8k, humaneval) and modes (bench, eval): "
-                                        "their throughput and acceptance do not compare")
+    assert mixed_runs_warning(runs) == ("warning: these runs mix data sets (gsm8k, humaneval) and modes "
+                                        "(bench, eval): their throughput and acceptance do not compare")
     assert mixed_runs_warning(runs[:1]) is None
 
 
 def test_loss_curve_has_one_legend_entry_per_depth(tmp_path):
     from mtpx.train.loop import plot_loss_curve
-    history = [{"step": s, "split": split, "main": 3.0 - s / 10, **{f"mtp{k}": 3.1 - s / 10 for k in range(1, 9)}}
+    history = [{"step": s, "split": split, "main": 3.0 - s / 10,
+                **{f"mtp{k}": 3.1 - s / 10 for k in range(1, 9)}}
                for s in range(1, 6) for split in ("train", "val")]
     plot_loss_curve(history, tmp_path / "loss.png", 8)
     assert (tmp_path / "loss.png").read_bytes()[:8] == PNG
@@ -262,7 +279,8 @@ def test_loss_curve_names_the_run(tmp_path):
     from mtpx.train.loop import loss_curve_identity
     t = OmegaConf.create({"data_sources": ["gsm8k", "stdlib:0.5"], "steps": 200})
     line = loss_curve_identity(Path("/x/ds_heads"), ModelConfig(num_hidden_layers=4, hidden_size=64,
-                                                                num_nextn_predict_layers=8, mtp_style="deepseek_v3"), t, 100)
+                                                                num_nextn_predict_layers=8,
+                                                                mtp_style="deepseek_v3"), t, 100)
     assert line.startswith("ds_heads · 4 layers x 64, 8 MTP modules (deepseek_v3) · data gsm8k,stdlib:0.5 · "
                            "step 100 of 200 · 20") and " UTC · commit " + source_commit()[:9] in line
 
@@ -327,7 +345,8 @@ def test_run_figures_carry_date_commit_intervals_and_explain_colours(tmp_path, m
     texts = [t.get_text() for t in bax.get_legend().get_texts()]
     assert texts[:3] == ["first round (no previous round)",
                          "previous round ended in a rejection (0 .. k-1 accepted)",
-                         "previous round accepted every draft"] and texts[3].startswith("every round after the first")
+                         "previous round accepted every draft"] \
+        and texts[3].startswith("every round after the first")
     assert bax.get_legend().get_window_extent().y1 <= bax.get_window_extent().y0
     # a position never accepted (interval [0, high]) and positions never reached (no interval)
     zero = _metrics(["code"], rounds=[[(3, 0, 1)] * 4], k=3)

@@ -32,7 +32,9 @@ from mtpx.data import (
 from tests.helpers import DATA_DIR
 
 GSM8K_TEST = DATA_DIR / "gsm8k" / "test.jsonl"
-needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(), reason=f"{GSM8K_TEST} is absent (the data directory: MTPX_DATA_DIR or conf data_dir)")
+needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(),
+                                 reason=f"{GSM8K_TEST} is absent (the data directory: MTPX_DATA_DIR or "
+                                        "conf data_dir)")
 SPEC_BENCH = DATA_DIR / "spec_bench" / "question.jsonl"
 MT_BENCH = DATA_DIR / "mt_bench" / "question.jsonl"
 HUMANEVAL = DATA_DIR / "humaneval" / "HumanEval.jsonl.gz"
@@ -219,7 +221,8 @@ def test_load_spec_bench_synthetic(tmp_path):
 
 
 def test_load_mt_bench_synthetic(tmp_path):
-    path = _questions(tmp_path, [("writing", ["w1", "w2"]), ("writing", ["w3", "w4"]), ("math", ["m1", "m2"])])
+    path = _questions(tmp_path,
+                      [("writing", ["w1", "w2"]), ("writing", ["w3", "w4"]), ("math", ["m1", "m2"])])
     prompts = load_prompts({"name": "mt_bench", "path": str(path)}, None)
     assert [(p.category, p.text) for p in prompts] == [("writing", "w1"), ("math", "m1"), ("writing", "w3")]
 
@@ -235,7 +238,8 @@ def test_chat_sets_errors(tmp_path):
     with pytest.raises(ValueError, match=r"data.chat_template='yes': must be true"):
         load_prompts({**cfg, "chat_template": "yes"}, None)
     with pytest.raises(FileNotFoundError, match=r"Spec-Bench file not found: .*data\.path=.*"
-                                                r"spec_bench/question\.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR"):
+                                                r"spec_bench/question\.jsonl in the data directory, "
+                                                r"data_dir=DIR or MTPX_DATA_DIR"):
         load_prompts({**cfg, "path": str(tmp_path / "nope.jsonl")}, None)
     with pytest.raises(ValueError, match=r"data=mt_bench needs a file: set data.path="):
         load_prompts({"name": "mt_bench", "path": None}, None)
@@ -353,7 +357,8 @@ def test_check_data_config_reads_files_without_a_tokenizer(tmp_path):
         check_data_config({"name": "mt_bench", "path": str(tmp_path / "nope.jsonl")}, 2)
 
 
-needs = {name: pytest.mark.skipif(not path.is_file(), reason=f"{path} is absent (the data directory: MTPX_DATA_DIR or conf data_dir)")
+needs = {name: pytest.mark.skipif(not path.is_file(), reason=f"{path} is absent (the data directory: "
+                                                             "MTPX_DATA_DIR or conf data_dir)")
          for name, path in (("spec_bench", SPEC_BENCH), ("mt_bench", MT_BENCH), ("humaneval", HUMANEVAL))}
 
 

@@ -32,9 +32,9 @@ NUM_PROMPTS, SHARD, MAX_TOKENS = 7, 3, 8
 
 
 def _overrides(tiny_ckpt, data: Path, out: Path, *extra: str) -> list[str]:
-    return ["mode=distill", f"model.path={tiny_ckpt}", "data=gsm8k", f"data.path={data}", f"distill.out_dir={out}",
-            f"distill.num_prompts={NUM_PROMPTS}", f"distill.shard_size={SHARD}", f"distill.max_tokens={MAX_TOKENS}",
-            "distill.threads=1", "logger=none", *extra]
+    return ["mode=distill", f"model.path={tiny_ckpt}", "data=gsm8k", f"data.path={data}",
+            f"distill.out_dir={out}", f"distill.num_prompts={NUM_PROMPTS}", f"distill.shard_size={SHARD}",
+            f"distill.max_tokens={MAX_TOKENS}", "distill.threads=1", "logger=none", *extra]
 
 
 def _cfg(tiny_ckpt, data: Path, out: Path, *extra: str):
@@ -105,7 +105,8 @@ def test_rerun_resumes_from_part_files_and_keeps_written_shards(distilled, tiny_
     (out / name1).unlink()
     kept = dict(rows[0], completion="kept from the .part file")  # a record the rerun must not regenerate
     (out / (name1 + ".part")).write_text(json.dumps(kept) + "\n" + json.dumps(rows[1])[:20])  # + a cut line
-    (out / shard_name(0, 3)).write_text(before[shard_name(0, 3)].replace("Tom", "Tim"))  # written: not touched
+    # written: not touched
+    (out / shard_name(0, 3)).write_text(before[shard_name(0, 3)].replace("Tom", "Tim"))
     assert run(_cfg(tiny_ckpt, gsm8k, out)) == 0
     after = _shards(out)
     assert after[shard_name(0, 3)] == before[shard_name(0, 3)].replace("Tom", "Tim")
@@ -121,7 +122,8 @@ def test_rerun_with_other_settings_is_refused(distilled, tiny_ckpt, gsm8k, capsy
     before = _shards(distilled)
     assert run(_cfg(tiny_ckpt, gsm8k, distilled, override)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: distill.out_dir=") and f"another {key}" in err and "new distill.out_dir" in err
+    assert (err.startswith("error: distill.out_dir=") and f"another {key}" in err
+            and "new distill.out_dir" in err)
     assert _shards(distilled) == before
 
 
@@ -182,7 +184,8 @@ def test_stop_strings_end_completions_and_are_recorded(tiny_ckpt, gsm8k, tmp_pat
         want = llm.generate([r.prompt], SamplingParams(max_tokens=MAX_TOKENS, stop=[stop]))[0]
         assert r.completion == want.text and stop not in r.completion
         assert r.completion_token_ids == want.output_token_ids
-    assert any(r.finish_reason == "stop" and len(r.completion) < len(o.completion) for r, o in zip(records, ref))
+    assert any(r.finish_reason == "stop" and len(r.completion) < len(o.completion)
+               for r, o in zip(records, ref))
 
 
 def _plain_run(tiny_ckpt, gsm8k, out: Path) -> Path:
@@ -229,9 +232,9 @@ def test_training_uses_the_generated_token_ids(distilled, tiny_ckpt):
 
 def test_frozen_target_trains_heads_on_distilled_data(distilled, tiny_ckpt, tmp_path):
     cfg = {"model": {"path": str(tiny_ckpt)}, "data": {}, "train": dict(
-        out_dir=str(tmp_path / "heads"), steps=3, batch_size=2, seq_len=16, lr=1e-3, min_lr=1e-4, warmup_steps=1,
-        weight_decay=0.0, grad_clip=1.0, mtp_loss_weight=1.0, freeze_base=True, eval_every=0, eval_batches=1,
-        save_every=0, resume=True, seed=0, tokenizer_vocab_size=300, data_sources=["distill"],
+        out_dir=str(tmp_path / "heads"), steps=3, batch_size=2, seq_len=16, lr=1e-3, min_lr=1e-4,
+        warmup_steps=1, weight_decay=0.0, grad_clip=1.0, mtp_loss_weight=1.0, freeze_base=True, eval_every=0,
+        eval_batches=1, save_every=0, resume=True, seed=0, tokenizer_vocab_size=300, data_sources=["distill"],
         distill_path=str(distilled), log_every=1, threads=1, val_fraction=0.2)}
     out = train(cfg)
     before, _ = ckpt.load_model(tiny_ckpt)
@@ -250,7 +253,8 @@ def test_train_distill_source_errors_name_the_key(tmp_path):
         load_documents(specs, distill_path=tmp_path)
 
 
-def test_sigterm_keeps_finished_records_and_exits_143(distilled, tiny_ckpt, gsm8k, tmp_path, monkeypatch, capsys):
+def test_sigterm_keeps_finished_records_and_exits_143(distilled, tiny_ckpt, gsm8k, tmp_path, monkeypatch,
+                                                      capsys):
     """A real SIGTERM after a few engine steps (sent to this process through the real handler):
     as Ctrl-C, exit 143 with one line, and the same command completes the data exactly."""
     import mtpx.distill as distill
@@ -276,14 +280,16 @@ def _distill_tp2(tiny_ckpt, gsm8k, out: Path, run_dir: Path, *launcher: str) -> 
     """`python train_or_eval.py mode=distill ... engine.tensor_parallel_size=2` (or under
     `launcher`, e.g. torchrun) in a subprocess with _cfg's settings; returns its stdout."""
     cmd = [*(launcher or [sys.executable]), str(ROOT / "train_or_eval.py"),
-           *_overrides(tiny_ckpt, gsm8k, out, *SPEC, "engine.tensor_parallel_size=2", f"hydra.run.dir={run_dir}")]
+           *_overrides(tiny_ckpt, gsm8k, out, *SPEC, "engine.tensor_parallel_size=2",
+                       f"hydra.run.dir={run_dir}")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT)))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
 
-@pytest.mark.slow      # about 18 s: a tensor-parallel subprocess (tests/test_tensor_parallel.py covers the sharded forward)
+# about 18 s: a tensor-parallel subprocess (tests/test_tensor_parallel.py covers the sharded forward)
+@pytest.mark.slow
 def test_tensor_parallel_distill_equals_one_process(distilled, tiny_ckpt, gsm8k, tmp_path):
     """engine.tensor_parallel_size=2 (a worker process started by rank 0) writes TP=1's shards
     byte for byte and the same manifest: the target hash is of the whole model gathered from
@@ -293,7 +299,8 @@ def test_tensor_parallel_distill_equals_one_process(distilled, tiny_ckpt, gsm8k,
     assert "rank 0 of 1: 3 shards to write" in stdout
     assert _shards(out) == _shards(distilled)
     tp1, tp2 = read_distilled(distilled)[0], read_distilled(out)[0]
-    assert tp2["model"]["target_sha256"] == tp1["model"]["target_sha256"] == target_sha256(ckpt.load_model(tiny_ckpt)[0])
+    assert (tp2["model"]["target_sha256"] == tp1["model"]["target_sha256"]
+            == target_sha256(ckpt.load_model(tiny_ckpt)[0]))
     assert tp2 == tp1
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json"] + sorted(_shards(distilled))
 

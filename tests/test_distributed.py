@@ -131,11 +131,13 @@ def test_ddp_two_ranks_match_one_process_with_the_same_global_batch(runs):
 
 def test_fsdp_trains_only_the_heads_of_a_frozen_target(runs):
     tmp, _, _ = runs
-    before, after = load_file(tmp / "target" / "model.safetensors"), load_file(tmp / "fsdp_full" / "model.safetensors")
+    before, after = (load_file(tmp / "target" / "model.safetensors"),
+                     load_file(tmp / "fsdp_full" / "model.safetensors"))
     assert before.keys() == after.keys()
     base = [k for k in before if not k.startswith("mtp.")]
     assert base and all(torch.equal(before[k], after[k]) for k in base)  # gathered, bit-identical
-    assert all(not torch.equal(before[k], after[k]) for k in before if k.startswith("mtp.") and k.endswith("fc.weight"))
+    assert all(not torch.equal(before[k], after[k]) for k in before
+               if k.startswith("mtp.") and k.endswith("fc.weight"))
     model, _ = ckpt.load_model(tmp / "fsdp_full")  # an ordinary checkpoint: loads, exports as today
     assert len(model.mtp) == 2
 
@@ -151,7 +153,8 @@ def test_fsdp_checkpoint_resumes_exactly_at_world_size_2_and_1(runs):
     w1 = _train_rows(train(cfg))
     assert w1[:4] == full[:4]  # the history it resumed
     _close(full[4:], w1[4:], keys=("loss", "mtp1", "mtp2", "grad_norm"))
-    a, b = load_file(tmp / "fsdp_full" / "model.safetensors"), load_file(tmp / "fsdp_legs_w1" / "model.safetensors")
+    a, b = (load_file(tmp / "fsdp_full" / "model.safetensors"),
+            load_file(tmp / "fsdp_legs_w1" / "model.safetensors"))
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=0, atol=ATOL, msg=k)
 
@@ -210,7 +213,8 @@ def test_parallel_config_errors_name_the_key():
             (("auto", False, 9), {**env2, "WORLD_SIZE": "4"},
              "train.batch_size=9 is the global batch .* divisible by the world size 4"),
             (("none", False, 8), env2, "train.parallel=none under torchrun with WORLD_SIZE=2"),
-            (("fsdp", False, 8), env2, "train.parallel=fsdp shards a frozen target: set train.freeze_base=true"),
+            (("fsdp", False, 8), env2,
+             "train.parallel=fsdp shards a frozen target: set train.freeze_base=true"),
             (("ddp", False, 8), {}, "train.parallel=ddp needs torchrun"),
             (("zero3", False, 8), {}, "train.parallel='zero3': use one of auto, none, ddp, fsdp")):
         with pytest.raises(ValueError, match=message):

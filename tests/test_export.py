@@ -232,7 +232,8 @@ def test_demo_exports(demo, tmp_path):
     _assert_identical(model, load_pretrained(ds)[0], vocab=vocab)
 
     # bfloat16: the demo's weights are stored in bfloat16, so an export in it is exact
-    bf = export_checkpoint(DEFAULT_MODEL, tmp_path / "bf16", "deepseek_v3", num_modules=1, dtype=torch.bfloat16)
+    bf = export_checkpoint(DEFAULT_MODEL, tmp_path / "bf16", "deepseek_v3", num_modules=1,
+                           dtype=torch.bfloat16)
     assert json.loads((bf / "config.json").read_text())["dtype"] == "bfloat16"
     sd = model.state_dict()
     for name, t in load_pretrained(bf, dtype=torch.bfloat16)[0].state_dict().items():

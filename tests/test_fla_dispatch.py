@@ -1,6 +1,7 @@
 """The gated-delta-rule dispatch: torch forms on CPU, flash-linear-attention's kernels (a fake `fla`
 here) on CUDA with our conventions, torch forms for per-token / chunk-boundary states, the
-engine.gdn_backend switch (the backend argument); plus a real FLA-vs-torch comparison that needs CUDA and fla."""
+engine.gdn_backend switch (the backend argument); plus a real FLA-vs-torch comparison that needs CUDA and
+fla."""
 import importlib.util
 import sys
 import types
@@ -83,7 +84,8 @@ def test_recurrent_goes_to_fla_with_our_conventions(fake_fla, torch_spies, with_
     assert states is None and not torch_spies["recurrent"].calls
     (call,) = fake_fla["recurrent"]
     assert call["q"].shape == (2, 5, 3, 8) and call["v"].shape == (2, 5, 3, 6)  # [B, T, H, D], not head-first
-    assert call["q"] is q or torch.equal(call["q"], q)                         # raw q/k: the kernel normalises
+    # raw q/k: the kernel normalises
+    assert call["q"] is q or torch.equal(call["q"], q)
     assert torch.equal(call["k"], k)
     assert call["use_qk_l2norm_in_kernel"] is True and call["scale"] == 8 ** -0.5
     assert call["output_final_state"] is True and call["cu_seqlens"] is None and not call["extra"]

@@ -1,4 +1,5 @@
-"""The chunked, recurrent and verification-window forms of the gated delta rule agree; the rebuilt window states equal the prefix states."""
+"""The chunked, recurrent and verification-window forms of the gated delta rule agree; the rebuilt window
+states equal the prefix states."""
 import pytest
 import torch
 
@@ -32,7 +33,8 @@ def test_chunk_gradients_match_recurrent():
     q, k, v, g, beta, s0 = _inputs(1, 37, 2, 8, 4, seed=1)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, s0)]
     grads = []
-    for fn in (lambda *a: recurrent_gated_delta_rule(*a)[:2], lambda *a: chunk_gated_delta_rule(*a, chunk_size=16)):
+    for fn in (lambda *a: recurrent_gated_delta_rule(*a)[:2],
+               lambda *a: chunk_gated_delta_rule(*a, chunk_size=16)):
         for x in leaves:
             x.grad = None
         o, s = fn(*leaves)
@@ -100,7 +102,8 @@ def test_the_triangular_solve_equals_the_inverse_times_each_rhs(dtype):
     and upper part are not read."""
     g = torch.Generator().manual_seed(0)
     L = (torch.randn(2, 3, 64, 64, generator=g, dtype=torch.float64).tril(-1) * 0.1).to(dtype)
-    rhs = [torch.randn(2, 3, 64, d, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for d in (8, 16)]
+    rhs = [torch.randn(2, 3, 64, d, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+           for d in (8, 16)]
     got = unit_lower_solve(L + torch.triu(torch.ones(64, 64, dtype=dtype)), *rhs)
     W = unit_lower_inverse(L)
     tol = dict(atol=1e-10, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-2, rtol=2e-2) \
@@ -109,7 +112,8 @@ def test_the_triangular_solve_equals_the_inverse_times_each_rhs(dtype):
         torch.testing.assert_close(x, W @ r, **tol)
     grads = torch.autograd.grad(sum(x.float().sum() for x in got), rhs)
     for gr in grads:
-        torch.testing.assert_close(gr, (W.transpose(-1, -2) @ torch.ones_like(gr).to(dtype)).to(gr.dtype), **tol)
+        torch.testing.assert_close(gr, (W.transpose(-1, -2) @ torch.ones_like(gr).to(dtype)).to(gr.dtype),
+                                   **tol)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -35,7 +35,8 @@ def decode_tokens(layer, cfg, kernel: bool, rows, valid, steps=4, packed=False, 
     from a random stored state; returns (outputs, conv state, ssm state)."""
     g = torch.Generator().manual_seed(seed)
     B, R = len(rows), max(rows) + 2
-    state = RecurrentState.allocate(R, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32)
+    state = RecurrentState.allocate(R, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv,
+                                    torch.float32)
     state.conv.copy_(torch.randn(state.conv.shape, generator=g))
     state.ssm.copy_(torch.randn(state.ssm.shape, generator=g) * 0.3)
     rows_t, valid_t = torch.tensor(rows), torch.tensor(valid)[:, None]
@@ -45,7 +46,8 @@ def decode_tokens(layer, cfg, kernel: bool, rows, valid, steps=4, packed=False, 
     try:
         with torch.inference_mode():
             for step in range(steps):
-                meta = ForwardMeta(positions=torch.full((B, 1), 10 + step), valid=valid_t, rows=rows_t, kv_len=11 + step)
+                meta = ForwardMeta(positions=torch.full((B, 1), 10 + step), valid=valid_t, rows=rows_t,
+                                   kv_len=11 + step)
                 x = torch.randn(B, 1, cfg.hidden_size, generator=g)
                 if packed:
                     meta = meta.pack_valid()
@@ -77,14 +79,15 @@ def test_kernel_equals_the_torch_ops(heads, layout):
 
 def test_does_not_run_where_the_torch_forms_must():
     cfg, layer = make_layer(2, 4, 16, 16, 4)
-    state = RecurrentState.allocate(4, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32)
+    state = RecurrentState.allocate(4, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv,
+                                    torch.float32)
     qkvz = torch.zeros(2, 1, 8)
     one = ForwardMeta(positions=torch.zeros(2, 1, dtype=torch.long), valid=torch.ones(2, 1, dtype=torch.bool),
                       rows=torch.tensor([0, 1]), kv_len=1)
     with torch.inference_mode():
         assert gdn_kernel.runs(layer, qkvz, state, one)
-        window = ForwardMeta(positions=torch.zeros(2, 3, dtype=torch.long), valid=torch.ones(2, 3, dtype=torch.bool),
-                             rows=torch.tensor([0, 1]), kv_len=3)
+        window = ForwardMeta(positions=torch.zeros(2, 3, dtype=torch.long),
+                             valid=torch.ones(2, 3, dtype=torch.bool), rows=torch.tensor([0, 1]), kv_len=3)
         assert not gdn_kernel.runs(layer, torch.zeros(2, 3, 8), state, window)          # a window
         kept = ForwardMeta(**{**one.__dict__, "keep_states": True})
         assert not gdn_kernel.runs(layer, qkvz, state, kept)                            # verification
@@ -113,14 +116,16 @@ def test_compiled_layer_calls_the_op_and_equals_eager(monkeypatch, region):
     region (meta.region) the functional mtpx::gdn_decode, whose new state rows are written back as
     the torch forms write them: the same output and states as eager either way."""
     calls, kernel = [], gdn_kernel._gdn_decode
-    monkeypatch.setattr(gdn_kernel, "_gdn_decode", lambda *a, **kw: calls.append(kw["in_place"]) or kernel(*a, **kw))
+    monkeypatch.setattr(gdn_kernel, "_gdn_decode",
+                        lambda *a, **kw: calls.append(kw["in_place"]) or kernel(*a, **kw))
     cfg, layer = make_layer(2, 4, 16, 16, 4)
     g = torch.Generator().manual_seed(3)
     rows, valid = torch.tensor([3, 0, 2]), torch.tensor([[True], [False], [True]])
     x = torch.randn(3, 1, cfg.hidden_size, generator=g)
     results = []
     for compiled in (False, True):
-        state = RecurrentState.allocate(5, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32)
+        state = RecurrentState.allocate(5, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv,
+                                        torch.float32)
         state.conv.copy_(torch.randn(state.conv.shape, generator=torch.Generator().manual_seed(4)))
         state.ssm.copy_(torch.randn(state.ssm.shape, generator=torch.Generator().manual_seed(5)))
         meta = ForwardMeta(positions=torch.full((3, 1), 7), valid=valid, rows=rows, kv_len=8, region=region)
@@ -157,7 +162,8 @@ def test_window_equals_the_chunked_window_form(shape):
         torch.testing.assert_close(out_o, ref_o, rtol=1e-4, atol=1e-5)
         for t in range(T):
             at = torch.full((B,), t)
-            torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4,
+                                       atol=1e-5)
 
 
 @pytest.mark.parametrize("lengths", [(5, 1, 3, 0), (2, 5, 5, 4)])
@@ -189,7 +195,8 @@ def test_window_skips_padding_tokens_and_keeps_the_reference_states(lengths):
             torch.testing.assert_close(getattr(out_w, name), getattr(ref_w, name), rtol=1e-4, atol=1e-5)
         for t in range(T):
             at = torch.full((B,), t)
-            torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(out_w.state_after(S0, at), ref_w.state_after(S0, at), rtol=1e-4,
+                                       atol=1e-5)
 
 
 def prefill(layer, cfg, kernel: bool, lengths, packed: bool, save: bool, block_size: int = 4, seed=2):
@@ -199,8 +206,8 @@ def prefill(layer, cfg, kernel: bool, lengths, packed: bool, save: bool, block_s
     g = torch.Generator().manual_seed(seed)
     B, T = len(lengths), max(lengths)
     rows = torch.tensor([3, 0, 5, 1, 4][:B])
-    state = RecurrentState.allocate(6, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv, torch.float32,
-                                    num_blocks=64 if save else 0)
+    state = RecurrentState.allocate(6, layer.conv_dim, layer.kernel, layer.nv, layer.dk, layer.dv,
+                                    torch.float32, num_blocks=64 if save else 0)
     state.conv.copy_(torch.randn(state.conv.shape, generator=g))
     state.ssm.copy_(torch.randn(state.ssm.shape, generator=g) * 0.3)
     valid = torch.arange(T)[None] < torch.tensor(lengths)[:, None]

@@ -59,7 +59,8 @@ def test_heads_trained_for_a_llama_folder_serve_it_losslessly(tmp_path, tokenize
     if tokenizer == "hf_style":  # the checkpoint kept the model's tokenizer, chat template included
         _, tok = load_pretrained(heads_ckpt)
         assert tok.eos_token_ids == [1]
-        assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        assert (tok.apply_chat_template([{"role": "user", "content": "hi"}])
+                == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
     base, _ = load_pretrained(hf, dtype=torch.float64)
     served, tok = load_pretrained(hf, dtype=torch.float64, draft_path=head)

@@ -55,7 +55,8 @@ def _write(m: MTPForCausalLM, folder, layout="mtpx", shards=1, config=None):
         part = {n: tensors[n] for n in names[i::shards]}
         save_file(part, str(folder / file))
         weight_map.update({n: file for n in part})
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {},
+                                                                     "weight_map": weight_map}))
     return folder
 
 
@@ -99,7 +100,8 @@ def test_deepseek_layout_with_own_heads(tmp_path):
     folder = _write(m, tmp_path / "ds", layout="deepseek_v3")
     loaded, _ = load_pretrained(folder, dtype=torch.float64)
     assert loaded.cfg.mtp_style == "deepseek_v3"
-    assert loaded.mtp[0].head.weight is loaded.lm_head.weight and loaded.mtp[1].head.weight is not loaded.lm_head.weight
+    assert (loaded.mtp[0].head.weight is loaded.lm_head.weight
+            and loaded.mtp[1].head.weight is not loaded.lm_head.weight)
     _same(m, loaded)
 
 
@@ -162,7 +164,8 @@ def test_truncated_shard(tmp_path):
 def test_index_lists_missing_or_outside_shard(tmp_path):
     folder = _write(_model(num_nextn_predict_layers=0, **LLAMA), tmp_path / "m", shards=2)
     (folder / "model-00001-of-00002.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match="lists shard model-00001-of-00002.safetensors, which is missing"):
+    with pytest.raises(FileNotFoundError,
+                       match="lists shard model-00001-of-00002.safetensors, which is missing"):
         load_pretrained(folder)
     index = folder / "model.safetensors.index.json"
     d = json.loads(index.read_text())
@@ -177,7 +180,8 @@ def test_config_sizes_disagree_with_tensors(tmp_path):
     d = config_to_hf(m.cfg, None)
     d["intermediate_size"] = 96
     folder = _write(m, tmp_path / "m", config=d)
-    with pytest.raises(CheckpointError, match=r"model.layers.0.mlp.down_proj.weight has shape \[64, 128\] but config.json implies \[64, 96\]"):
+    with pytest.raises(CheckpointError, match=r"model.layers.0.mlp.down_proj.weight has shape \[64, 128\] "
+                                              r"but config.json implies \[64, 96\]"):
         load_pretrained(folder)
 
 
@@ -188,8 +192,9 @@ def test_missing_and_unexpected_names_are_listed(tmp_path):
     sd = load_file(str(folder / "model.safetensors"))
     sd["model.layers.0.mlp.extra.weight"] = sd.pop("model.layers.0.mlp.up_proj.weight")
     save_file(sd, str(folder / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"1 missing tensor\(s\) \[model.layers.0.mlp.up_proj.weight\]; "
-                                              r"1 unexpected tensor\(s\) \[model.layers.0.mlp.extra.weight\]"):
+    with pytest.raises(CheckpointError,
+                       match=r"1 missing tensor\(s\) \[model.layers.0.mlp.up_proj.weight\]; "
+                             r"1 unexpected tensor\(s\) \[model.layers.0.mlp.extra.weight\]"):
         load_pretrained(folder)
 
 
@@ -247,7 +252,8 @@ def test_transformers4_and_5_rope_keys_agree():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         a, b = config_from_hf(d5), config_from_hf(d4)
-    assert (a.rope_theta, a.partial_rotary_factor, a.rope_scaling) == (b.rope_theta, b.partial_rotary_factor, None)
+    assert ((a.rope_theta, a.partial_rotary_factor, a.rope_scaling)
+            == (b.rope_theta, b.partial_rotary_factor, None))
     assert a.partial_rotary_factor == 0.25
 
 
@@ -255,7 +261,8 @@ def test_mixed_layouts_are_refused():
     names = ["mtp.fc.weight", "mtp.0.fc.weight"]
     with pytest.raises(LayoutError, match="mix MTP layouts"):
         detect_layout(names, 4)
-    assert detect_layout(["model.layers.5.eh_proj.weight", "model.layers.4.enorm.weight"], 4) == ("deepseek_v3", 2)
+    assert (detect_layout(["model.layers.5.eh_proj.weight", "model.layers.4.enorm.weight"], 4)
+            == ("deepseek_v3", 2))
 
 
 def test_deepseek_style_zeroes_the_embedding_at_position_0():
@@ -277,7 +284,8 @@ def test_extra_decoder_layers_are_unexpected_not_mtp(tmp_path):
     m = _model(num_nextn_predict_layers=0, **LLAMA)
     d = config_to_hf(m.cfg, None)
     d["num_hidden_layers"] = 3
-    with pytest.raises(CheckpointError, match=r"0 missing tensor\(s\) \[\]; \d+ unexpected tensor\(s\) \[model.layers.3.") as e:
+    with pytest.raises(CheckpointError, match=r"0 missing tensor\(s\) \[\]; \d+ unexpected tensor\(s\) "
+                                              r"\[model.layers.3.") as e:
         load_pretrained(_write(m, tmp_path / "m", config=d))
     assert "MTP layout: None" in str(e.value)
 
@@ -305,11 +313,13 @@ def test_draft_errors_name_spec_draft_path(tmp_path):
     save_file(draft, str(tmp_path / "head.safetensors"))
     qwen3 = _model(num_nextn_predict_layers=0, **dict(LLAMA, model_type="qwen3", use_qk_norm=True))
     folder = _write(qwen3, tmp_path / "qwen3")
-    with pytest.raises(CheckpointError, match=r"spec.draft_path .*head.safetensors does not fit the target .*\(qwen3\): "
-                                              r"2 missing MTP tensor\(s\) \[mtp.0.layers.0.self_attn.k_norm.weight"):
+    with pytest.raises(CheckpointError,
+                       match=r"spec.draft_path .*head.safetensors does not fit the target .*\(qwen3\): "
+                             r"2 missing MTP tensor\(s\) \[mtp.0.layers.0.self_attn.k_norm.weight"):
         load_pretrained(folder, draft_path=tmp_path / "head.safetensors")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="spec.draft_path .*empty is a folder without model.safetensors"):
+    with pytest.raises(FileNotFoundError,
+                       match="spec.draft_path .*empty is a folder without model.safetensors"):
         load_pretrained(folder, draft_path=tmp_path / "empty")
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="parity tests need transformers: pip install -e '.[dev]'")
+transformers = pytest.importorskip("transformers",
+                                   reason="parity tests need transformers: pip install -e '.[dev]'")
 
 from tests import hf_models  # noqa: E402  (after the importorskip)
 
@@ -106,9 +107,11 @@ def test_cached_prefill_and_decode_match(case):
     decode = torch.stack(steps, dim=1)               # [B, 32, V]: logits at positions 64..95
 
     ref = case.full_logits[:, :PROMPT_LEN]
-    assert torch.allclose(prefill, ref, atol=ATOL, rtol=0), case.where(prefill, ref, "cached prefill vs full forward")
+    assert torch.allclose(prefill, ref, atol=ATOL, rtol=0), case.where(prefill, ref,
+                                                                       "cached prefill vs full forward")
     ref = case.full_logits[:, PROMPT_LEN:]
-    assert torch.allclose(decode, ref, atol=ATOL, rtol=0), case.where(decode, ref, "cached decode vs full forward")
+    assert torch.allclose(decode, ref, atol=ATOL, rtol=0), case.where(decode, ref,
+                                                                      "cached decode vs full forward")
     # generate's step j logits (j = 0..31) are those at position 63 + j
     mine = torch.cat([prefill[:, -1:], decode[:, :-1]], dim=1)
     assert torch.allclose(mine, case.step_logits, atol=ATOL, rtol=0), \

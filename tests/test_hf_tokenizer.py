@@ -1,4 +1,5 @@
-"""mtpx.hf.tokenizer: Hugging Face tokenizer folders and chat-template rendering (parity with transformers)."""
+"""mtpx.hf.tokenizer: Hugging Face tokenizer folders and chat-template rendering (parity with
+transformers)."""
 import json
 from datetime import datetime
 
@@ -62,10 +63,12 @@ def _tokenizer() -> Tokenizer:
 
 
 def make_folder(path, config=None, generation=None, jinja=None):
-    """A checkpoint folder: tokenizer.json + tokenizer_config.json (+ generation_config.json, chat_template.jinja)."""
+    """A checkpoint folder: tokenizer.json + tokenizer_config.json (+ generation_config.json,
+    chat_template.jinja)."""
     path.mkdir(parents=True, exist_ok=True)
     _tokenizer().save(str(path / "tokenizer.json"))
-    config = {"eos_token": "<|im_end|>", "pad_token": ADDED_PAD, "chat_template": CHATML} if config is None else config
+    config = ({"eos_token": "<|im_end|>", "pad_token": ADDED_PAD, "chat_template": CHATML} if config is None
+              else config)
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     if generation is not None:
         (path / "generation_config.json").write_text(json.dumps(generation))
@@ -86,7 +89,8 @@ def test_renders_chatml_exactly(folder):
     thinking_off = tok.apply_chat_template(CHAT, enable_thinking=False)
     assert thinking_off == RENDERED + GEN_PROMPT + "<think>\n\n</think>\n\n"
     assert tok.apply_chat_template(CHAT[:1], tools=TOOLS, add_generation_prompt=False).startswith(
-        '<|im_start|>system\n# Tools\n{"name": "météo", "description": "a<b & \'c\'", "parameters": {"type": "object"}}\n'
+        '<|im_start|>system\n# Tools\n'
+        '{"name": "météo", "description": "a<b & \'c\'", "parameters": {"type": "object"}}\n'
         "<|im_end|>\n<|im_start|>system\n")
     ids = tok.apply_chat_template(CHAT, tokenize=True)
     assert ids == tok.encode(RENDERED + GEN_PROMPT, add_special_tokens=False).ids
@@ -96,7 +100,8 @@ def test_renders_chatml_exactly(folder):
 
 def test_special_tokens_and_delegation(folder):
     tok = load_hf_tokenizer(folder)
-    assert tok.eos_token == "<|im_end|>" and tok.eos_token_ids == [2, 0]  # tokenizer_config first, then generation_config
+    # tokenizer_config first, then generation_config
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_ids == [2, 0]
     assert tok.pad_token == "<|endoftext|>" and tok.pad_token_id == 0  # AddedToken dict
     assert tok.bos_token is None and tok.bos_token_id == 0  # from generation_config
     assert isinstance(tok.backend_tokenizer, Tokenizer)
@@ -110,7 +115,8 @@ def test_special_tokens_and_delegation(folder):
     assert load_hf_tokenizer(folder).eos_token_ids == [0, 2]
     bare = make_folder(folder.parent / "bare", config={})
     tok = load_hf_tokenizer(bare)
-    assert (tok.eos_token_ids, tok.bos_token_id, tok.pad_token_id, tok.chat_template) == ([], None, None, None)
+    assert ((tok.eos_token_ids, tok.bos_token_id, tok.pad_token_id, tok.chat_template)
+            == ([], None, None, None))
 
 
 # transformers' {% generation %} tag (for assistant-token masks) must parse and render its body
@@ -119,7 +125,8 @@ GENERATION_TAG = CHATML.replace("{{ message['content'] }}<|im_end|>",
 
 
 @pytest.mark.parametrize("where,template", [("tokenizer_config", CHATML), ("jinja_file", CHATML),
-                                            ("jinja_file", GENERATION_TAG)], ids=["config", "jinja", "generation_tag"])
+                                            ("jinja_file", GENERATION_TAG)],
+                         ids=["config", "jinja", "generation_tag"])
 def test_matches_transformers(tmp_path, where, template):
     transformers = pytest.importorskip("transformers")
     config = {"eos_token": "<|im_end|>", "pad_token": ADDED_PAD}
@@ -135,7 +142,8 @@ def test_matches_transformers(tmp_path, where, template):
         text = theirs.apply_chat_template(CHAT, tokenize=False, **kwargs)
         assert ours.apply_chat_template(CHAT, **{"add_generation_prompt": False, **kwargs}) == text
         ids = theirs.apply_chat_template(CHAT, tokenize=True, return_dict=False, **kwargs)
-        assert ours.apply_chat_template(CHAT, tokenize=True, **{"add_generation_prompt": False, **kwargs}) == ids
+        assert (ours.apply_chat_template(CHAT, tokenize=True, **{"add_generation_prompt": False, **kwargs})
+                == ids)
 
 
 def test_list_of_named_templates(tmp_path):
@@ -145,12 +153,14 @@ def test_list_of_named_templates(tmp_path):
     assert tok.chat_template == "DEFAULT {{ messages | length }}"
     assert sorted(tok.chat_templates) == ["default", "tool_use"]
     assert tok.apply_chat_template(CHAT) == "DEFAULT 2"
-    assert tok.apply_chat_template(CHAT, tools=TOOLS) == "TOOLS 1"  # transformers picks tool_use when tools are given
+    # transformers picks tool_use when tools are given
+    assert tok.apply_chat_template(CHAT, tools=TOOLS) == "TOOLS 1"
     assert tok.apply_chat_template(CHAT, chat_template="tool_use") == "TOOLS 0"
     assert tok.apply_chat_template(CHAT, chat_template="literal {{ bos_token }}") == "literal "
 
     tok = load_hf_tokenizer(make_folder(tmp_path / "b", config={"chat_template": named[:1]}))
-    with pytest.raises(ValueError, match=r"\['tool_use'\] but none is called 'default'.*chat_template=<name>"):
+    with pytest.raises(ValueError,
+                       match=r"\['tool_use'\] but none is called 'default'.*chat_template=<name>"):
         tok.apply_chat_template(CHAT)
 
 
@@ -165,7 +175,8 @@ def test_missing_template_and_tokenizer_json(tmp_path):
     slow.mkdir()
     (slow / "vocab.json").write_text("{}")
     (slow / "merges.txt").write_text("")
-    with pytest.raises(FileNotFoundError, match=r"no tokenizer\.json .*vocab\.json, merges\.txt.*save_pretrained"):
+    with pytest.raises(FileNotFoundError,
+                       match=r"no tokenizer\.json .*vocab\.json, merges\.txt.*save_pretrained"):
         load_hf_tokenizer(slow)
     with pytest.raises(FileNotFoundError, match="not a folder"):
         load_hf_tokenizer(tmp_path / "nowhere")

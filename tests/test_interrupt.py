@@ -32,18 +32,21 @@ def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240) -> None:
         time.sleep(0.1)
 
 
-@pytest.mark.slow     # about 25 s; the SIGTERM test below takes the same handler (mtpx.io) in the default suite
+# about 25 s; the SIGTERM test below takes the same handler (mtpx.io) in the default suite
+@pytest.mark.slow
 def test_ctrl_c_during_eval_keeps_the_finished_requests(tiny_ckpt, tmp_path):
     run = tmp_path / "run"
     proc = _start([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
-                   "eval.num_prompts=64", "eval.max_tokens=200", "eval.concurrency=1", f"hydra.run.dir={run}"], ROOT)
+                   "eval.num_prompts=64", "eval.max_tokens=200", "eval.concurrency=1",
+                   f"hydra.run.dir={run}"], ROOT)
     rows = run / "outputs.jsonl"
     _wait_for(lambda: rows.exists() and len(rows.read_text().splitlines()) >= 2, proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     lines = [line for line in err.strip().splitlines() if line.startswith(("interrupted", "Traceback"))]
-    assert len(lines) == 1 and lines[0].startswith("interrupted: ") and "of 64 requests had finished" in lines[0]
+    assert (len(lines) == 1 and lines[0].startswith("interrupted: ")
+            and "of 64 requests had finished" in lines[0])
     metrics = json.loads((run / "metrics.json").read_text())
     kept = [json.loads(line) for line in rows.read_text().splitlines()]
     assert metrics["partial"] is True and metrics["num_prompts_requested"] == 64
@@ -54,8 +57,9 @@ def test_ctrl_c_during_eval_keeps_the_finished_requests(tiny_ckpt, tmp_path):
     assert "threads: " in log and "interrupted: " in log and "run directory:" in log
 
 
-@pytest.mark.parametrize("sig,code,word", [pytest.param(signal.SIGINT, 130, "interrupted", marks=pytest.mark.slow),
-                                           (signal.SIGTERM, 143, "interrupted by SIGTERM")])
+@pytest.mark.parametrize("sig,code,word",
+                         [pytest.param(signal.SIGINT, 130, "interrupted", marks=pytest.mark.slow),
+                          (signal.SIGTERM, 143, "interrupted by SIGTERM")])
 def test_ctrl_c_or_sigterm_during_training_saves_a_checkpoint_first(tmp_path, sig, code, word):
     from mtpx.train import checkpoint as ckpt
     from tests.test_train import run_cfg, write_synthetic_gsm8k
@@ -78,7 +82,8 @@ def test_ctrl_c_or_sigterm_during_training_saves_a_checkpoint_first(tmp_path, si
 def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     # runs that fail fast but keep their folder (every request fails: exit 1, metrics.json written;
     # a bad-input error, exit 2, removes its folder: tests/test_cli.py)
-    procs = [_start(["eval.num_prompts=1", "engine.max_model_len=4", "logger=none"], tmp_path) for _ in range(2)]
+    procs = [_start(["eval.num_prompts=1", "engine.max_model_len=4", "logger=none"], tmp_path)
+             for _ in range(2)]
     for proc in procs:
         proc.communicate(timeout=120)
         assert proc.returncode == 1
@@ -92,14 +97,16 @@ def test_sigterm_during_eval_keeps_the_finished_requests_and_exits_143(tiny_ckpt
     line, exit 143."""
     run = tmp_path / "run"
     proc = _start([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
-                   "eval.num_prompts=64", "eval.max_tokens=200", "eval.concurrency=1", f"hydra.run.dir={run}"], ROOT)
+                   "eval.num_prompts=64", "eval.max_tokens=200", "eval.concurrency=1",
+                   f"hydra.run.dir={run}"], ROOT)
     rows = run / "outputs.jsonl"
     _wait_for(lambda: rows.exists() and len(rows.read_text().splitlines()) >= 2, proc)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err[-2000:]
     lines = [line for line in err.strip().splitlines() if line.startswith(("interrupted", "Traceback"))]
-    assert len(lines) == 1 and lines[0].startswith("interrupted by SIGTERM: ") and "of 64 requests" in lines[0]
+    assert (len(lines) == 1 and lines[0].startswith("interrupted by SIGTERM: ")
+            and "of 64 requests" in lines[0])
     metrics = json.loads((run / "metrics.json").read_text())
     kept = [json.loads(line) for line in rows.read_text().splitlines()]
     assert metrics["partial"] is True and metrics["num_prompts_requested"] == 64
@@ -209,7 +216,8 @@ def test_an_interrupted_eval_resumed_equals_an_uninterrupted_one(tiny_ckpt, tmp_
         assert proc.returncode == 0, err[-2000:]
         if extra:
             assert f"eval.resume: {kept} of 12 requests had finished" in out
-    a, b = ([json.loads(line) for line in (f / "outputs.jsonl").read_text().splitlines()] for f in (full, run))
+    a, b = ([json.loads(line) for line in (f / "outputs.jsonl").read_text().splitlines()]
+            for f in (full, run))
     same = ("index", "prompt", "output_token_ids", "text", "finish_reason", "rounds", "num_accepted_tokens")
     assert [{k: r[k] for k in same} for r in a] == [{k: r[k] for k in same} for r in b]
     ma, mb = (json.loads((f / "metrics.json").read_text()) for f in (full, run))

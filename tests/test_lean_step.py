@@ -19,7 +19,8 @@ from tests.helpers import peaked_model, tiny_config
 def test_recurrent_step_in_place_equals_the_recurrent_form(dtype):
     g = torch.Generator().manual_seed(0)
     B, H, Dk, Dv = 5, 4, 8, 6
-    q, k = torch.randn(B, 1, H, Dk, generator=g, dtype=dtype), torch.randn(B, 1, H, Dk, generator=g, dtype=dtype)
+    q, k = (torch.randn(B, 1, H, Dk, generator=g, dtype=dtype),
+            torch.randn(B, 1, H, Dk, generator=g, dtype=dtype))
     v = torch.randn(B, 1, H, Dv, generator=g, dtype=dtype)
     gate, beta = -torch.rand(B, 1, H, generator=g, dtype=dtype), torch.rand(B, 1, H, generator=g, dtype=dtype)
     s0 = torch.randn(B, H, Dk, Dv, generator=g, dtype=dtype)

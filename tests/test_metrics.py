@@ -472,9 +472,9 @@ def _cost_model():
                   "predicted_speedup": 1.25, "measured_speedup": 2.8571, "plain_step_ms_source": "calibrated",
                   "plain_steps": 0},
             "4-7": {"decode_steps": 3, "steps": 3, "predicted_tokens_per_request": 1.5192,
-                    "measured_tokens_per_request": 1.5385, "predicted_step_ms": 23.0833, "measured_step_ms": 21.0833,
-                    "predicted_speedup": 1.1792, "measured_speedup": 1.2648, "plain_step_ms_source": "measured",
-                    "plain_steps": 1},
+                    "measured_tokens_per_request": 1.5385, "predicted_step_ms": 23.0833,
+                    "measured_step_ms": 21.0833, "predicted_speedup": 1.1792, "measured_speedup": 1.2648,
+                    "plain_step_ms_source": "measured", "plain_steps": 1},
             "16-31": {"decode_steps": 1, "steps": 0, "predicted_speedup": None, "measured_speedup": None}}
 
 
@@ -486,8 +486,8 @@ def test_format_report_automatic_k_depths_and_cost_model_table():
              auto_k={"depth_histogram": {"3": 3, "1": 1}, "cost_model": _cost_model()})
     text = format_report(m, "eval")
     main, _, table = text.partition("Cost model: predicted vs measured speed-up over k = 0, per batch size")
-    assert any(line.split() == ["Draft", "depth", "per", "request", "(%", "of", "requests)", "1:", "25.0", "·",
-                                "3:", "75.0"] for line in main.splitlines())
+    assert any(line.split() == ["Draft", "depth", "per", "request", "(%", "of", "requests)", "1:", "25.0",
+                                "·", "3:", "75.0"] for line in main.splitlines())
     rows = [line.split() for line in table.splitlines() if line.strip()]
     assert rows[-2:] == [["1", "2", "1", "1.250x", "2.857x", "10.85", "10.50", "calibrated"],
                          ["4-7", "3", "3", "1.179x", "1.265x", "23.08", "21.08", "measured", "(1)"]]

@@ -26,7 +26,8 @@ def test_packed_chunks_equal_the_reference_per_sequence(dtype, tol, chunk):
     gate, beta = -torch.rand(N, H, generator=g, dtype=dtype), torch.rand(N, H, generator=g, dtype=dtype)
     init = 0.1 * torch.randn(B, H, Dk, Dv, generator=g, dtype=dtype)
     chunks = PackedChunks.build(lengths, chunk, "cpu")
-    o, final, states = chunk_gated_delta_rule_packed(q, k, v, gate, beta, chunks, init, return_chunk_states=True)
+    o, final, states = chunk_gated_delta_rule_packed(q, k, v, gate, beta, chunks, init,
+                                                     return_chunk_states=True)
     assert o.shape == (N, H, Dv) and o.dtype == dtype and final.shape == (B, H, Dk, Dv)
     start = 0
     for b, n in enumerate(lengths):
@@ -36,7 +37,8 @@ def test_packed_chunks_equal_the_reference_per_sequence(dtype, tol, chunk):
         torch.testing.assert_close(o[s], ro[0], rtol=0, atol=tol)
         torch.testing.assert_close(final[b], rf[0], rtol=0, atol=tol)
         for j in range(rs.shape[1]):
-            torch.testing.assert_close(states[chunks.base[j] + int(chunks.rank[b])], rs[0, j], rtol=0, atol=tol)
+            torch.testing.assert_close(states[chunks.base[j] + int(chunks.rank[b])], rs[0, j], rtol=0,
+                                       atol=tol)
         start += n
 
 
@@ -44,7 +46,8 @@ def _workload(seed: int, n: int = 6, max_tokens: tuple[int, int] = (4, 12)):
     """Prompts of 17-60 tokens, some sharing a 24-token prefix (prefix caching), with stops."""
     g = random.Random(seed)
     base = [g.randrange(2, 64) for _ in range(60)]
-    prompts = [base[: g.randrange(24, 60)] if i % 2 else [g.randrange(2, 64) for _ in range(g.randrange(17, 60))]
+    prompts = [base[: g.randrange(24, 60)] if i % 2
+               else [g.randrange(2, 64) for _ in range(g.randrange(17, 60))]
                for i in range(n)]
     params = [_params(g.randrange(*max_tokens), stop=g.choice([None, base[30]])) for _ in prompts]
     return prompts, params

@@ -60,18 +60,22 @@ def test_progress_every_is_read_from_the_environment(monkeypatch):
 
 def _cli(args, cwd):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MTPX_PROGRESS_S": "0.000001"}   # every update prints
-    return subprocess.run([sys.executable, str(ROOT / "train_or_eval.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env=env)     # stderr is a pipe, not a terminal
+    # stderr is a pipe, not a terminal
+    return subprocess.run([sys.executable, str(ROOT / "train_or_eval.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.parametrize("mode", [pytest.param("eval", marks=pytest.mark.slow), "bench"])   # one printer
 def test_eval_and_bench_print_progress_lines_on_a_pipe(tiny_ckpt, tmp_path, mode):
-    r = _cli([f"mode={mode}", f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
-              f"{mode}.num_prompts=3", f"{mode}.max_tokens=8", f"hydra.run.dir={tmp_path / 'run'}"]
+    r = _cli([f"mode={mode}", f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2",
+              "logger=none", f"{mode}.num_prompts=3", f"{mode}.max_tokens=8",
+              f"hydra.run.dir={tmp_path / 'run'}"]
              + (["eval.check_lossless=false"] if mode == "eval" else []), tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    lines = [line for line in r.stderr.splitlines() if re.match(LINE.format("mtp8: 3 prompts", 3, "requests"), line)]
-    assert lines and "acceptance length" in lines[-1] and lines[-1].startswith("mtp8: 3 prompts: 3/3 requests")
+    lines = [line for line in r.stderr.splitlines()
+             if re.match(LINE.format("mtp8: 3 prompts", 3, "requests"), line)]
+    assert (lines and "acceptance length" in lines[-1]
+            and lines[-1].startswith("mtp8: 3 prompts: 3/3 requests"))
     assert any("ETA" in line for line in lines) or len(lines) == 1
 
 
@@ -87,7 +91,8 @@ def test_train_and_distill_print_progress_lines_on_a_pipe(tiny_ckpt, tmp_path):
     lines = [line for line in r.stderr.splitlines() if re.match(LINE.format("train", 4, "steps"), line)]
     assert lines and "loss main" in lines[-1] and lines[-1].startswith("train: 4/4 steps")
     r = _cli(["mode=distill", f"model.path={tiny_ckpt}", "logger=none", f"distill.out_dir={tmp_path / 'd'}",
-              "distill.num_prompts=3", "distill.max_tokens=4", f"hydra.run.dir={tmp_path / 'run2'}"], tmp_path)
+              "distill.num_prompts=3", "distill.max_tokens=4", f"hydra.run.dir={tmp_path / 'run2'}"],
+             tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = [line for line in r.stderr.splitlines() if re.match(LINE.format("distill", 3, "prompts"), line)]
     assert lines and lines[-1].startswith("distill: 3/3 prompts")

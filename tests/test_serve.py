@@ -79,8 +79,8 @@ def test_openai_client_gets_what_generate_gives(server, reference):
         assert r.usage.completion_tokens == len(ref.output_token_ids)
         assert r.usage.prompt_tokens == len(ref.prompt_token_ids)
         assert r.model_extra["spec_decode"]["num_drafts"] >= 1
-        chunks = list(client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0, stream=True,
-                                                stream_options={"include_usage": True}))
+        chunks = list(client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}))
         assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
         assert chunks[-1].usage.completion_tokens == len(ref.output_token_ids)
     ids = reference[PROMPTS[0]].prompt_token_ids
@@ -113,7 +113,8 @@ def test_bad_requests_get_one_400_naming_the_field(server):
         assert r.status_code == 400, (body, r.text)
         err = r.json()["error"]
         assert message in err["message"] and err["param"] == param and "\n" not in err["message"], (body, err)
-    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]},
+                   timeout=30)
     assert r.status_code == 400 and "has no chat template" in r.json()["error"]["message"]
     r = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
                                                        "logprobs": True}, timeout=30)
@@ -177,7 +178,8 @@ def test_metrics_are_the_sums_of_the_responses(tiny_ckpt):
     app = build_app(LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2), "tiny")
     from fastapi.testclient import TestClient
     with TestClient(app) as c:
-        stats = [c.post("/v1/completions", json={"prompt": p, "max_tokens": 10, "temperature": 0}).json()["spec_decode"]
+        stats = [c.post("/v1/completions",
+                        json={"prompt": p, "max_tokens": 10, "temperature": 0}).json()["spec_decode"]
                  for p in PROMPTS]
         text = c.get("/metrics").text
     values = {}
@@ -185,8 +187,10 @@ def test_metrics_are_the_sums_of_the_responses(tiny_ckpt):
         for s in fam.samples:
             values[(s.name, tuple(sorted(s.labels.items())))] = s.value
     assert values[("mtpx:spec_decode_num_drafts_total", ())] == sum(s["num_drafts"] for s in stats)
-    assert values[("mtpx:spec_decode_num_draft_tokens_total", ())] == sum(s["num_draft_tokens"] for s in stats)
-    assert values[("mtpx:spec_decode_num_accepted_tokens_total", ())] == sum(s["num_accepted_tokens"] for s in stats)
+    assert (values[("mtpx:spec_decode_num_draft_tokens_total", ())]
+            == sum(s["num_draft_tokens"] for s in stats))
+    assert (values[("mtpx:spec_decode_num_accepted_tokens_total", ())]
+            == sum(s["num_accepted_tokens"] for s in stats))
     for pos in range(2):
         assert values[("mtpx:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(pos)),))] == \
             sum(s["accepted_per_position"][pos] for s in stats)
@@ -203,14 +207,16 @@ def test_mode_serve_from_the_command_line(tiny_ckpt, tmp_path):
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(root / "train_or_eval.py"), "mode=serve", f"serve.port={port}",
-                             f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
-                             f"hydra.run.dir={tmp_path}"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen([sys.executable, str(root / "train_or_eval.py"), "mode=serve",
+                             f"serve.port={port}", f"model.path={tiny_ckpt}", "+spec=mtp8",
+                             "spec.num_speculative_tokens=2", "logger=none", f"hydra.run.dir={tmp_path}"],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         _wait_healthy(proc, f"http://127.0.0.1:{port}")
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
-                       json={"model": tiny_ckpt.name, "prompt": "def f(x):", "max_tokens": 4, "temperature": 0})
+                       json={"model": tiny_ckpt.name, "prompt": "def f(x):", "max_tokens": 4,
+                             "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     finally:
         proc.send_signal(signal.SIGINT)
@@ -229,14 +235,16 @@ def test_chat_completions_through_the_chat_template(tiny_ckpt, tmp_path):
     from tests.test_hf_tokenizer import CHATML
     ckpt = tmp_path / "chat"
     shutil.copytree(tiny_ckpt, ckpt)
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template": CHATML}))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                            "chat_template": CHATML}))
     plain = LLM(model=ckpt)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is x?"}]
     rendered = plain.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     ids = plain.tokenizer.encode(rendered, add_special_tokens=False).ids
     (ref,) = plain.generate([ids], SamplingParams(max_tokens=8))
     with TestClient(build_app(LLM(model=ckpt, spec="mtp8", num_speculative_tokens=2), "chat")) as c:
-        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "temperature": 0}).json()
+        r = c.post("/v1/chat/completions",
+                   json={"messages": messages, "max_tokens": 8, "temperature": 0}).json()
         assert r["choices"][0]["message"] == {"role": "assistant", "content": ref.text}
         assert r["usage"] == {"prompt_tokens": len(ids), "completion_tokens": len(ref.output_token_ids),
                               "total_tokens": len(ids) + len(ref.output_token_ids)}
@@ -258,14 +266,15 @@ def test_bench_over_http_reports_the_same_table(server, tiny_ckpt, tmp_path):
     from mtpx.evaluate import run_bench
     from tests.test_cli import CONF
     url, _ = server
-    common = ["mode=bench", "logger=none", f"model.path={tiny_ckpt}", "bench.num_prompts=6", "bench.max_tokens=10",
-              "bench.concurrency=3"]
+    common = ["mode=bench", "logger=none", f"model.path={tiny_ckpt}", "bench.num_prompts=6",
+              "bench.max_tokens=10", "bench.concurrency=3"]
     with initialize_config_dir(config_dir=CONF, version_base=None):
         http_cfg = compose("config", overrides=common + [f"bench.base_url={url}/v1"])
         local_cfg = compose("config", overrides=common)
     assert run_bench(http_cfg, tmp_path / "http") == 0
     assert run_bench(local_cfg, tmp_path / "local") == 0
-    http_rows, local_rows = ([json.loads(line) for line in open(tmp_path / d / "outputs.jsonl")] for d in ("http", "local"))
+    http_rows, local_rows = ([json.loads(line) for line in open(tmp_path / d / "outputs.jsonl")]
+                             for d in ("http", "local"))
     http_metrics = json.load(open(tmp_path / "http" / "metrics.json"))
     assert [r["output_token_ids"] for r in http_rows] == [r["output_token_ids"] for r in local_rows]
     assert [r["text"] for r in http_rows] == [r["text"] for r in local_rows]
@@ -282,10 +291,12 @@ def test_echo_logprobs_score_the_prompt_as_lm_eval_asks(server, tiny_ckpt):
     plain = LLM(model=tiny_ckpt)
     ids = plain.encode("Question: what?\nAnswer: 42")
     (ref,) = plain.generate([ids], SamplingParams(max_tokens=1, prompt_logprobs=1))
-    r = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": ids, "max_tokens": 1, "logprobs": 1,
-                                                  "echo": True, "temperature": 0}, timeout=60).json()
+    r = httpx.post(f"{url}/v1/completions",
+                   json={"model": "tiny", "prompt": ids, "max_tokens": 1, "logprobs": 1,
+                         "echo": True, "temperature": 0}, timeout=60).json()
     lp = r["choices"][0]["logprobs"]
-    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert (len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None
+            and lp["top_logprobs"][0] is None)
     for i in range(1, len(ids)):
         assert abs(lp["token_logprobs"][i] - ref.prompt_logprobs[i][ids[i]].logprob) < 1e-4
         greedy = ref.prompt_logprobs[i][ids[i]].rank == 1
@@ -304,17 +315,18 @@ def test_sigterm_under_load_exits_0_within_shutdown_timeout(tiny_ckpt, tmp_path)
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
     port, timeout = _free_port(), 3
-    proc = subprocess.Popen([sys.executable, str(root / "train_or_eval.py"), "mode=serve", f"serve.port={port}",
-                             f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
+    proc = subprocess.Popen([sys.executable, str(root / "train_or_eval.py"), "mode=serve",
+                             f"serve.port={port}", f"model.path={tiny_ckpt}", "+spec=mtp8",
+                             "spec.num_speculative_tokens=2", "logger=none",
                              f"serve.shutdown_timeout={timeout}", "engine.compile=false",
-                             f"hydra.run.dir={tmp_path}"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                             f"hydra.run.dir={tmp_path}"], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     streams: dict[int, list] = {}
 
     def stream(i: int, max_tokens: int):
-        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-                "stream": True}
+        body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "ignore_eos": True,
+                "temperature": 0, "stream": True}
         streams[i] = []
         try:
             with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as r:
@@ -347,15 +359,18 @@ def test_sigterm_under_load_exits_0_within_shutdown_timeout(tiny_ckpt, tmp_path)
     assert proc.returncode == 0, err[-2000:]
     assert elapsed < timeout + 5, elapsed
     assert "server stopped" in out
-    assert streams[4][-1] == "[DONE]" and json.loads(streams[4][-2])["choices"][0]["finish_reason"] == "length"
+    assert (streams[4][-1] == "[DONE]"
+            and json.loads(streams[4][-2])["choices"][0]["finish_reason"] == "length")
     for i in range(4):
         assert streams[i][-1] != "[DONE]" and len(streams[i]) < 1000, streams[i][-3:]
 
 
 @pytest.mark.parametrize("override,message", [
     ("serve.shutdown_timeout=-1", "error: serve.shutdown_timeout=-1.0: must be seconds >= 0"),
-    pytest.param("serve.latency_buckets=[1,0.5]", "error: serve.latency_buckets=[1.0, 0.5]: must be a non-empty "
-                 "increasing list", marks=pytest.mark.slow),     # the same check before loading, about 10 s
+    # the same check before loading, about 10 s
+    pytest.param("serve.latency_buckets=[1,0.5]",
+                 "error: serve.latency_buckets=[1.0, 0.5]: must be a non-empty increasing list",
+                 marks=pytest.mark.slow),
 ])
 def test_bad_serve_settings_are_one_line_before_loading(tiny_ckpt, tmp_path, override, message):
     import os
@@ -363,8 +378,9 @@ def test_bad_serve_settings_are_one_line_before_loading(tiny_ckpt, tmp_path, ove
     import sys
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "train_or_eval.py"), "mode=serve", f"model.path={tiny_ckpt}",
-                        override, "logger=none", f"hydra.run.dir={tmp_path}"], cwd=root, capture_output=True,
-                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    r = subprocess.run([sys.executable, str(root / "train_or_eval.py"), "mode=serve",
+                        f"model.path={tiny_ckpt}", override, "logger=none", f"hydra.run.dir={tmp_path}"],
+                       cwd=root, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                       timeout=120)
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert "threads:" not in r.stdout                     # checked before the model was loaded

@@ -30,7 +30,8 @@ def chat_ckpt(tiny_ckpt, tmp_path_factory):
     from tests.test_hf_tokenizer import CHATML
     ckpt = tmp_path_factory.mktemp("chat") / "chat"
     shutil.copytree(tiny_ckpt, ckpt)
-    (ckpt / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template": CHATML}))
+    (ckpt / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                            "chat_template": CHATML}))
     return ckpt
 
 
@@ -49,7 +50,8 @@ def client(llm):
 def live(chat_ckpt):
     """A real uvicorn server (for streams and disconnects), on an LLM of its own: one engine
     loop per engine."""
-    yield from running(build_app(LLM(model=chat_ckpt, spec="mtp8", num_speculative_tokens=2, max_num_seqs=8), "tiny"))
+    yield from running(build_app(LLM(model=chat_ckpt, spec="mtp8", num_speculative_tokens=2, max_num_seqs=8),
+                                 "tiny"))
 
 
 def _events(text: str) -> list:
@@ -68,39 +70,46 @@ MESSAGES = [{"role": "user", "content": "what is x?"}]
 def test_guidellm_request_gets_sse_with_usage_in_every_chunk(live):
     """The exact request of the issue (guidellm's stream_options), over a real socket."""
     url, _ = live
-    body = '{"prompt":"x","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}'
-    r = httpx.post(f"{url}/v1/completions", content=body, headers={"content-type": "application/json"}, timeout=60)
+    body = ('{"prompt":"x","stream":true,'
+            '"stream_options":{"include_usage":true,"continuous_usage_stats":true}}')
+    r = httpx.post(f"{url}/v1/completions", content=body, headers={"content-type": "application/json"},
+                   timeout=60)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     chunks = _events(r.text)
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
     counts = [ch["usage"]["completion_tokens"] for ch in chunks[:-1]]
-    assert counts == sorted(counts) and counts[-1] == 16 and all(ch["usage"]["prompt_tokens"] == 1 for ch in chunks)
+    assert (counts == sorted(counts) and counts[-1] == 16
+            and all(ch["usage"]["prompt_tokens"] == 1 for ch in chunks))
     chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": MESSAGES, "max_completion_tokens": 6,
                                                           "stream": True, "stream_options": {
-                                                              "include_usage": True, "continuous_usage_stats": True}},
+                                                              "include_usage": True,
+                                                              "continuous_usage_stats": True}},
                       timeout=60)
     assert chat.status_code == 200
     assert _events(chat.text)[-1]["usage"]["completion_tokens"] == 6
 
 
 NEUTRAL_FIELDS = {
-    "frequency_penalty": 0.0, "presence_penalty": 0, "repetition_penalty": 1.0, "min_tokens": 0, "logit_bias": {},
-    "best_of": 1, "n": 1, "use_beam_search": False, "length_penalty": 1.0, "stop_token_ids": [],
-    "include_stop_str_in_output": False, "ignore_eos": False, "skip_special_tokens": True,
-    "spaces_between_special_tokens": True, "truncate_prompt_tokens": 100, "allowed_token_ids": None,
-    "prompt_logprobs": None, "response_format": {"type": "text"}, "guided_json": None, "guided_regex": None,
-    "guided_choice": None, "guided_grammar": None, "guided_decoding_backend": None,
-    "guided_whitespace_pattern": None, "priority": 0, "request_id": "abc", "logits_processors": None,
-    "return_tokens_as_token_ids": False, "cache_salt": None, "kv_transfer_params": None, "vllm_xargs": None,
-    "user": "me", "seed": 3, "top_k": -1, "min_p": 0.0, "top_p": 1.0, "temperature": None, "stop": None,
-    "stream_options": None, "return_token_ids": False, "max_tokens": 4,
+    "frequency_penalty": 0.0, "presence_penalty": 0, "repetition_penalty": 1.0, "min_tokens": 0,
+    "logit_bias": {}, "best_of": 1, "n": 1, "use_beam_search": False, "length_penalty": 1.0,
+    "stop_token_ids": [], "include_stop_str_in_output": False, "ignore_eos": False,
+    "skip_special_tokens": True, "spaces_between_special_tokens": True, "truncate_prompt_tokens": 100,
+    "allowed_token_ids": None, "prompt_logprobs": None, "response_format": {"type": "text"},
+    "guided_json": None, "guided_regex": None, "guided_choice": None, "guided_grammar": None,
+    "guided_decoding_backend": None, "guided_whitespace_pattern": None, "priority": 0, "request_id": "abc",
+    "logits_processors": None, "return_tokens_as_token_ids": False, "cache_salt": None,
+    "kv_transfer_params": None, "vllm_xargs": None, "user": "me", "seed": 3, "top_k": -1, "min_p": 0.0,
+    "top_p": 1.0, "temperature": None, "stop": None, "stream_options": None, "return_token_ids": False,
+    "max_tokens": 4,
 }
-COMPLETION_ONLY = {"echo": False, "logprobs": None, "suffix": None, "add_special_tokens": True, "prompt_embeds": None}
-CHAT_ONLY = {"max_completion_tokens": 4, "logprobs": False, "top_logprobs": 0, "tools": None, "tool_choice": "none",
-             "reasoning_effort": None, "include_reasoning": True, "parallel_tool_calls": False, "echo": False,
-             "add_generation_prompt": True, "continue_final_message": False, "add_special_tokens": False,
-             "documents": None, "chat_template": None, "chat_template_kwargs": {}, "mm_processor_kwargs": None,
-             "bad_words": [], "structural_tag": None}
+COMPLETION_ONLY = {"echo": False, "logprobs": None, "suffix": None, "add_special_tokens": True,
+                   "prompt_embeds": None}
+CHAT_ONLY = {"max_completion_tokens": 4, "logprobs": False, "top_logprobs": 0, "tools": None,
+             "tool_choice": "none", "reasoning_effort": None, "include_reasoning": True,
+             "parallel_tool_calls": False, "echo": False, "add_generation_prompt": True,
+             "continue_final_message": False, "add_special_tokens": False, "documents": None,
+             "chat_template": None, "chat_template_kwargs": {}, "mm_processor_kwargs": None, "bad_words": [],
+             "structural_tag": None}
 
 
 def test_every_vllm_field_is_accepted_at_its_neutral_value(client):
@@ -123,13 +132,15 @@ UNSUPPORTED = [("best_of", 2), ("use_beam_search", True),
 
 def test_unsupported_values_are_400s_naming_the_field(client):
     for field, value in UNSUPPORTED:
-        for route, body in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": MESSAGES})):
+        for route, body in (("/v1/completions", {"prompt": PROMPT}),
+                            ("/v1/chat/completions", {"messages": MESSAGES})):
             if field == "suffix" and "chat" in route:
                 continue
             r = client.post(route, json={**body, field: value})
             assert r.status_code == 400, (route, field, r.text)
             err = r.json()["error"]
-            assert err["param"] == field and field in err["message"] and "not supported" in err["message"], err
+            assert (err["param"] == field and field in err["message"]
+                    and "not supported" in err["message"]), err
             assert "\n" not in err["message"] and err["type"] == "invalid_request_error"
     for field, value in (("tools", [{"type": "function", "function": {"name": "f"}}]), ("echo", True),
                          ("continue_final_message", True), ("tool_choice", "required")):
@@ -185,22 +196,26 @@ def test_output_options(client, llm):
     return_tokens_as_token_ids, add_special_tokens."""
     base = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
     plain = client.post("/v1/completions", json=base).json()["choices"][0]
-    raw = client.post("/v1/completions", json={**base, "skip_special_tokens": False, "ignore_eos": True}).json()
+    raw = client.post("/v1/completions",
+                      json={**base, "skip_special_tokens": False, "ignore_eos": True}).json()
     ids = raw["choices"][0]["token_ids"]
     assert raw["choices"][0]["text"] == llm.tokenizer.decode(ids, skip_special_tokens=False)
     stop = plain["text"][3:5]
     if stop:
         cut = client.post("/v1/completions", json={**base, "stop": [stop]}).json()["choices"][0]
-        kept = client.post("/v1/completions", json={**base, "stop": [stop], "include_stop_str_in_output": True}
+        kept = client.post("/v1/completions",
+                           json={**base, "stop": [stop], "include_stop_str_in_output": True}
                            ).json()["choices"][0]
         assert kept["text"] == cut["text"] + stop and plain["text"].startswith(kept["text"])
     r = client.post("/v1/completions", json={**base, "truncate_prompt_tokens": 2}).json()
-    assert r["usage"]["prompt_tokens"] == 2 and r["choices"][0]["prompt_token_ids"] == plain["prompt_token_ids"][-2:]
+    assert (r["usage"]["prompt_tokens"] == 2
+            and r["choices"][0]["prompt_token_ids"] == plain["prompt_token_ids"][-2:])
     r = client.post("/v1/completions", json={**base, "prompt_logprobs": 1}).json()["choices"][0]
     n = len(plain["prompt_token_ids"])
     assert len(r["prompt_logprobs"]) == n and r["prompt_logprobs"][0] is None
     assert all(str(t) in d for t, d in zip(plain["prompt_token_ids"][1:], r["prompt_logprobs"][1:]))
-    r = client.post("/v1/completions", json={**base, "logprobs": 1, "return_tokens_as_token_ids": True}).json()
+    r = client.post("/v1/completions",
+                    json={**base, "logprobs": 1, "return_tokens_as_token_ids": True}).json()
     assert r["choices"][0]["logprobs"]["tokens"] == [f"token_id:{t}" for t in plain["token_ids"]]
 
 
@@ -212,7 +227,8 @@ def test_tokenizer_routes_in_lm_eval_and_vllm_shapes(client, llm):
     r = client.post("/tokenize", json={"prompt": info["eos_token"], "add_special_tokens": False}).json()
     assert r["tokens"][0] == llm.eos_token_id
     text = "Question: what?\nAnswer: 42"
-    r = client.post("/tokenize", json={"prompt": text, "add_special_tokens": True, "return_token_strs": True}).json()
+    r = client.post("/tokenize",
+                    json={"prompt": text, "add_special_tokens": True, "return_token_strs": True}).json()
     assert r["tokens"] == llm.encode(text) and r["count"] == len(r["tokens"])
     assert r["max_model_len"] == llm.max_model_len and len(r["token_strs"]) == r["count"]
     assert client.post("/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": text}
@@ -258,12 +274,14 @@ def test_streamed_text_equals_non_streamed_text_under_random_stops(client, long_
     pieces = st.builds(lambda i, n: ref[i:i + n], st.integers(0, max(0, len(ref) - 1)), st.integers(1, 6))
     stops = data.draw(st.lists(st.one_of(pieces, st.text(min_size=1, max_size=4)).filter(bool), max_size=3))
     include = data.draw(st.booleans())
-    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "stop": stops, "include_stop_str_in_output": include}
+    body = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "stop": stops,
+            "include_stop_str_in_output": include}
     whole = client.post("/v1/completions", json=body).json()["choices"][0]
     chunks = _events(client.post("/v1/completions", json={**body, "stream": True}).text)
     assert _streamed_text(chunks) == whole["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == whole["finish_reason"]
-    chat_body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 16, "temperature": 0, "stop": stops}
+    chat_body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 16, "temperature": 0,
+                 "stop": stops}
     whole = client.post("/v1/chat/completions", json=chat_body).json()["choices"][0]["message"]["content"]
     chunks = _events(client.post("/v1/chat/completions", json={**chat_body, "stream": True}).text)
     assert "".join(c["delta"].get("content", "") for ch in chunks for c in ch["choices"]) == whole
@@ -281,8 +299,9 @@ def test_stream_logprobs_echo_and_several_prompts(client, llm):
     assert chunks[0]["choices"][0]["text"].startswith(PROMPT)
     prompts = [PROMPT, "class A:", "import re\n"]
     whole = client.post("/v1/completions", json={"prompt": prompts, "max_tokens": 8, "temperature": 0}).json()
-    chunks = _events(client.post("/v1/completions", json={"prompt": prompts, "max_tokens": 8, "temperature": 0,
-                                                          "stream": True}).text)
+    chunks = _events(client.post("/v1/completions",
+                                 json={"prompt": prompts, "max_tokens": 8, "temperature": 0,
+                                       "stream": True}).text)
     assert [_streamed_text(chunks, i) for i in range(3)] == [c["text"] for c in whole["choices"]]
     r = client.post("/v1/completions", json={"prompt": [PROMPT, "x"], "stream": True, "prompt_logprobs": 1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
@@ -295,7 +314,8 @@ def test_body_limit_and_http_errors_in_the_openai_shape(chat_ckpt):
         assert "serve.max_body_bytes" in r.json()["error"]["message"]
         assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
         r = c.get("/v2/nothing")
-        assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "/v2/nothing" in r.json()["error"]["message"]
+        assert (r.status_code == 404 and r.json()["error"]["code"] == 404
+                and "/v2/nothing" in r.json()["error"]["message"])
 
 
 def _metric(url: str, name: str) -> float:
@@ -303,7 +323,8 @@ def _metric(url: str, name: str) -> float:
     total = 0.0
     for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for s in fam.samples:
-            if s.name == name or (s.name == "mtpx:request_success_total" and s.labels.get("finished_reason") == name):
+            if (s.name == name
+                or (s.name == "mtpx:request_success_total" and s.labels.get("finished_reason") == name)):
                 total += s.value
     return total
 
@@ -427,7 +448,8 @@ def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live, monkeypatch):
     while len(chunks) < 3:
         time.sleep(0.01)
     def post():
-        big.append(httpx.post(f"{url}/v1/completions", json={"prompt": "Answer: 1234 " * 800_000}, timeout=120))
+        big.append(httpx.post(f"{url}/v1/completions", json={"prompt": "Answer: 1234 " * 800_000},
+                              timeout=120))
         big.append(httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": "Answer: 1234 " * 80_000}], "truncate_prompt_tokens": 8,
             "max_tokens": 2}))

@@ -31,12 +31,13 @@ def test_explicit_then_env_then_measured(keep_threads, monkeypatch):
     assert (c.threads, c.reason, c.forward_ms) == (1, "measured fastest", fake)
     fake[2] = 2.0
     assert th.choose_threads(model).threads == 2
-    assert "threads: 2 (measured fastest; 2 CPUs available; forward at 1 x 16 tokens 1: 5.00 ms, 2: 2.00 ms)" \
-        == th.choose_threads(model).describe()
+    assert ("threads: 2 (measured fastest; 2 CPUs available; forward at 1 x 16 tokens 1: 5.00 ms, 2: 2.00 ms)"
+            == th.choose_threads(model).describe())
 
     monkeypatch.setattr(th, "available_cpus", lambda: 1)
     fake[1] = 3.0
-    assert th.choose_threads(model).describe() == "threads: 1 (the only CPU available; forward at 1 x 16 tokens 1: 3.00 ms)"
+    assert (th.choose_threads(model).describe()
+            == "threads: 1 (the only CPU available; forward at 1 x 16 tokens 1: 3.00 ms)")
     assert th.ThreadChoice(1, "eval.threads", 1).describe() == "threads: 1 (eval.threads; 1 CPU available)"
 
 
@@ -74,7 +75,9 @@ def test_train_threads_are_chosen_as_evals(keep_threads, monkeypatch):
     c = setup.choose_train_threads(OmegaConf.create({"threads": None}), model, one, 1)
     assert (c.threads, c.reason) == (1, "the count the resumed run started with")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    c = setup.choose_train_threads(OmegaConf.create({"threads": None}), model, DistInfo(mode="ddp", world_size=2), None)
+    c = setup.choose_train_threads(OmegaConf.create({"threads": None}), model,
+                                   DistInfo(mode="ddp", world_size=2), None)
     assert (c.threads, c.reason) == (2, "the node's CPUs shared by its 2 ranks")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    assert setup.choose_train_threads(OmegaConf.create({"threads": None}), model, one, 2).reason == "OMP_NUM_THREADS"
+    assert (setup.choose_train_threads(OmegaConf.create({"threads": None}), model, one, 2).reason
+            == "OMP_NUM_THREADS")

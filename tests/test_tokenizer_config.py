@@ -78,7 +78,8 @@ def test_folders_mtpx_writes_carry_the_config(tmp_path):
     out = tmp_path / "exported"
     out.mkdir()
     assert "tokenizer_config.json" in copy_tokenizer_files(src, out)
-    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    assert (json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"]
+            == "PreTrainedTokenizerFast")
     write_tokenizer_config(src, load_tokenizer(src / "tokenizer.json"))
     config = json.loads((src / "tokenizer_config.json").read_text())
     (src / "tokenizer_config.json").write_text(json.dumps(config | {"chat_template": CHATML}))

@@ -239,7 +239,8 @@ def test_training_lowers_the_loss_of_every_depth(learned_run):
     # log_fn: train metrics every log_every=2 steps, val metrics at each eval
     train_calls = [s for d, s in calls if "train/main" in d]
     assert train_calls == list(range(2, 41, 2))
-    assert {"train/loss", "train/mtp1", "train/mtp2", "train/lr", "train/grad_norm"} <= set(calls[-2][0]) | set(calls[-1][0])
+    assert ({"train/loss", "train/mtp1", "train/mtp2", "train/lr", "train/grad_norm"}
+            <= set(calls[-2][0]) | set(calls[-1][0]))
     assert [s for d, s in calls if "val/mtp2" in d] == [0, 20, 40]
     # vocab comes from the trained tokenizer
     model, tok = ckpt.load_model(out)
@@ -251,7 +252,8 @@ def test_resume_extends_a_finished_run(workdir):
     first = ckpt.load_trainer_state(out)
     assert first["step"] == 8
     calls = []
-    out = train(run_cfg(workdir, "extend", steps=14, eval_every=4, log_every=1), log_fn=lambda d, s: calls.append(s))
+    out = train(run_cfg(workdir, "extend", steps=14, eval_every=4, log_every=1),
+                log_fn=lambda d, s: calls.append(s))
     assert calls[0] == 9  # this call ran steps 9..14 only (no step-0 eval, no step 1..8)
     state = ckpt.load_trainer_state(out)
     assert state["loss_history"][: len(first["loss_history"])] == first["loss_history"]
@@ -318,12 +320,14 @@ def test_bf16_autocast_trains_in_mixed_precision(workdir):
     out = train(run_cfg(workdir, "amp", steps=8, eval_every=0, autocast="bfloat16"))
     h_ref, h = (ckpt.load_trainer_state(d)["loss_history"] for d in (ref, out))
     v_ref, v = h_ref[0], h[0]                          # step 0 validation: the same initial weights
-    assert v["split"] == "val" and all(abs(v[k] - v_ref[k]) <= 2e-2 * v_ref[k] for k in ("main", "mtp1", "mtp2"))
+    assert (v["split"] == "val"
+            and all(abs(v[k] - v_ref[k]) <= 2e-2 * v_ref[k] for k in ("main", "mtp1", "mtp2")))
     assert v != v_ref                                  # autocast did run in bf16
     last = [x for x in h if x["split"] == "val"][-1]
     assert all(last[k] < v[k] for k in ("main", "mtp1", "mtp2"))
     assert all(t.dtype == torch.float32 for t in load_file(out / "model.safetensors").values())
-    assert all(t.dtype == torch.float32 for t in load_file(out / "optimizer.safetensors").values() if t.is_floating_point())
+    assert all(t.dtype == torch.float32 for t in load_file(out / "optimizer.safetensors").values()
+               if t.is_floating_point())
     with pytest.raises(ValueError, match="train.autocast='float16': use bfloat16"):
         train(run_cfg(workdir, "amp_bad", autocast="float16"))
 
@@ -376,7 +380,8 @@ def test_out_dir_safety(workdir):
     (workdir / ".swap.tmp-99999999" / "model.safetensors").write_bytes(b"partial")
     train(run_cfg(workdir, "swap", steps=6, eval_every=0))
     state = ckpt.load_trainer_state(out)
-    assert state["step"] == 6 and [h["step"] for h in state["loss_history"] if h["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert (state["step"] == 6
+            and [h["step"] for h in state["loss_history"] if h["split"] == "train"] == [1, 2, 3, 4, 5, 6])
     assert not list(workdir.glob(".swap.*"))
 
     blocker = workdir / "a_file"

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _model(num_modules: int, **kw) -> MTPForCausalLM:
     torch.manual_seed(0)
-    return MTPForCausalLM(ModelConfig(**{**TINY_MODEL, "vocab_size": 64, "num_nextn_predict_layers": num_modules, **kw}))
+    return MTPForCausalLM(ModelConfig(**{**TINY_MODEL, "vocab_size": 64,
+                                         "num_nextn_predict_layers": num_modules, **kw}))
 
 
 def _ids(B: int = 3, T: int = 20) -> torch.Tensor:
@@ -138,7 +139,8 @@ def test_train_with_decay_and_unroll_records_every_unrolled_depth(workdir):
 
 
 def _export_cli():
-    spec = importlib.util.spec_from_file_location("export_checkpoint", ROOT / "tools" / "export_checkpoint.py")
+    spec = importlib.util.spec_from_file_location("export_checkpoint",
+                                                  ROOT / "tools" / "export_checkpoint.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.main
@@ -151,7 +153,8 @@ def test_shared_fc_trains_resumes_and_exports_in_the_qwen3_next_layout(workdir, 
     for part in ("fc", "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         a, b = model.mtp[0].get_submodule(part).weight, model.mtp[1].get_submodule(part).weight
         assert torch.equal(a, b), part
-    assert not torch.equal(model.mtp[0].layers[0].mlp.down_proj.weight, model.mtp[1].layers[0].mlp.down_proj.weight)
+    assert not torch.equal(model.mtp[0].layers[0].mlp.down_proj.weight,
+                           model.mtp[1].layers[0].mlp.down_proj.weight)
     # resume re-ties them (same optimizer parameter count) and keeps training one tensor
     cfg["train"]["steps"] = 4
     model, _ = ckpt.load_model(train(cfg))
@@ -186,8 +189,8 @@ def test_freeze_base_keeps_a_tied_deepseek_head_frozen(workdir):
     freeze_base the head is the target's and must not move."""
     tok = train_tokenizer([(workdir / "gsm8k.jsonl").read_text()], 320)
     torch.manual_seed(0)
-    target = MTPForCausalLM(ModelConfig(**{**TINY_MODEL, "vocab_size": tok.get_vocab_size(), "mtp_style": "deepseek_v3",
-                                            "tie_word_embeddings": True}))
+    target = MTPForCausalLM(ModelConfig(**{**TINY_MODEL, "vocab_size": tok.get_vocab_size(),
+                                            "mtp_style": "deepseek_v3", "tie_word_embeddings": True}))
     src = ckpt.save_checkpoint(workdir / "ds_target", target, tok)
     cfg = run_cfg(workdir, "ds_frozen", steps=3, eval_every=0, freeze_base=True)
     cfg["model"]["path"] = str(src)

@@ -12,20 +12,23 @@ def test_outputs_in_vllm_shape(tiny_ckpt):
     (o,) = llm.generate(["def f(x):"], sampling_params=SamplingParams(max_tokens=5, ignore_eos=True))
     c = o.outputs[0]
     assert isinstance(c, CompletionOutput) and len(o.outputs) == 1
-    assert (c.text, c.token_ids, c.finish_reason, c.stop_reason) == (o.text, o.output_token_ids, "length", None)
+    assert ((c.text, c.token_ids, c.finish_reason, c.stop_reason)
+            == (o.text, o.output_token_ids, "length", None))
     assert o.prompt == "def f(x):" and o.request_id == "0" and o.finished
     assert len(o.spec.accepted_per_position) == 3     # one entry per draft position, accepted or not
 
 
 def test_speculative_config_errors_name_the_key(tiny_ckpt):
-    with pytest.raises(ValueError, match="unknown speculative_config key 'num_speculative_token': did you mean "
-                                         "'num_speculative_tokens'"):
+    with pytest.raises(ValueError,
+                       match="unknown speculative_config key 'num_speculative_token': did you mean "
+                             "'num_speculative_tokens'"):
         LLM(model=tiny_ckpt, speculative_config={"method": "mtp", "num_speculative_token": 2})
     with pytest.raises(ValueError, match="method 'eagle'"):
         LLM(model=tiny_ckpt, speculative_config={"method": "eagle"})
     with pytest.raises(ValueError, match="not both"):
         LLM(model=tiny_ckpt, spec="mtp1", speculative_config={"method": "mtp"})
-    assert LLM(model=tiny_ckpt, speculative_config={"method": "mtp1", "num_speculative_tokens": 2}).spec == "mtp1"
+    assert (LLM(model=tiny_ckpt, speculative_config={"method": "mtp1", "num_speculative_tokens": 2}).spec
+            == "mtp1")
 
 
 @pytest.mark.parametrize("spec,k", [(None, None), ("mtp1", 3), ("mtp8", 4)])
@@ -38,7 +41,8 @@ def test_stop_strings_end_where_plain_decoding_does(tiny_ckpt, spec, k):
     ids, text = free.output_token_ids, free.text
     # a stop string that starts inside the output and spans a token boundary
     pieces = [plain.decode(ids[:i]) for i in range(len(ids) + 1)]
-    j = next(i for i in range(4, len(ids)) if len(pieces[i + 1]) - len(pieces[i]) >= 1 and len(pieces[i]) >= 2)
+    j = next(i for i in range(4, len(ids))
+             if len(pieces[i + 1]) - len(pieces[i]) >= 1 and len(pieces[i]) >= 2)
     stop = text[len(pieces[j]) - 1: len(pieces[j]) + 1]
     first = text.find(stop)
     llm = LLM(model=tiny_ckpt, spec=spec, num_speculative_tokens=k)
@@ -193,7 +197,8 @@ def test_min_tokens_masks_eos_and_stop_ids(tiny_ckpt, spec, k):
     assert t not in o.output_token_ids[:9] and len(o.output_token_ids) >= 10
     assert o.finish_reason == "length" or o.output_token_ids[-1] == t
     plain = LLM(model=tiny_ckpt).generate(["def f(x):"], SamplingParams(max_tokens=30, ignore_eos=True,
-                                                                         stop_token_ids=[t], min_tokens=10))[0]
+                                                                        stop_token_ids=[t],
+                                                                        min_tokens=10))[0]
     assert o.output_token_ids == plain.output_token_ids
     for s in (0, 30):
         SamplingParams(max_tokens=30, min_tokens=s)
@@ -249,13 +254,15 @@ def test_checkpoint_dtype_reads_config_then_weights(tmp_path):
 
 def test_hub_id_says_nothing_is_downloaded(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="mtpx loads local checkpoint folders only and downloads nothing"):
+    with pytest.raises(FileNotFoundError,
+                       match="mtpx loads local checkpoint folders only and downloads nothing"):
         LLM(model="Qwen/Qwen3-Next-80B-A3B-Instruct")
 
 
 def test_max_tokens_past_max_model_len_warns(tiny_ckpt):
     llm = LLM(model=tiny_ckpt, max_model_len=64)
-    with pytest.warns(UserWarning, match=r"max_tokens=1000000 with prompt 0's \d+ tokens exceeds max_model_len=64"):
+    with pytest.warns(UserWarning,
+                      match=r"max_tokens=1000000 with prompt 0's \d+ tokens exceeds max_model_len=64"):
         (o,) = llm.generate("def f(x):", SamplingParams(max_tokens=10**6, ignore_eos=True))
     assert o.finish_reason == "length" and len(o.prompt_token_ids) + len(o.output_token_ids) == 64
 
@@ -276,7 +283,8 @@ def test_chat_renders_with_the_chat_template_as_vllm_does(tiny_ckpt, tmp_path):
     sp = SamplingParams(max_tokens=6, ignore_eos=True)
     conv = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "def f(x):"}]
     rendered = "<|system|>be brief\n<|user|>def f(x):\n<|assistant|>"
-    (ref,) = llm.generate({"prompt_token_ids": llm.get_tokenizer().encode(rendered, add_special_tokens=False).ids}, sp)
+    (ref,) = llm.generate({"prompt_token_ids":
+                           llm.get_tokenizer().encode(rendered, add_special_tokens=False).ids}, sp)
     (one,) = llm.chat(conv, sp)
     two = llm.chat([conv, [{"role": "user", "content": "x"}]], sp, use_tqdm=False)
     assert one.prompt == rendered and one.output_token_ids == ref.output_token_ids and one.error is None
@@ -317,7 +325,8 @@ def demo_plain():
 
 
 @pytest.mark.parametrize("spec,k", [("mtp1", 3), pytest.param("mtp8", 8, marks=pytest.mark.slow),
-                                    pytest.param("mtp8", "auto", marks=pytest.mark.slow)])   # slow: 26 and 55 s
+                                    # slow: 26 and 55 s
+                                    pytest.param("mtp8", "auto", marks=pytest.mark.slow)])
 def test_penalties_and_logit_bias_with_speculation_equal_plain_decoding(demo_plain, spec, k, monkeypatch):
     """Greedy output with penalties and logit_bias: speculation commits exactly what plain decoding
     does (each window position is penalized with the drafts before it counted), with drafts
@@ -351,8 +360,9 @@ def test_penalties_follow_vllms_formulas(tiny_ckpt):
     from mtpx.engine.logits import process_logits
     from mtpx.core.request import Request
     logits = torch.tensor([[2.0, -1.0, 0.5, 1.9, 0.0]], dtype=torch.float64)
-    r = Request(0, [0, 1], SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25,
-                                          logit_bias={4: 0.75}))
+    r = Request(0, [0, 1],
+                SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25,
+                               logit_bias={4: 0.75}))
     r.output_token_ids = [2, 2, 3]
     out = process_logits([r], logits)
     # 0: prompt, 2 / 2 = 1; 1: prompt, -1 * 2 = -2; 2: output twice: 0.5 / 2 - 2 * 0.5 - 0.25;
