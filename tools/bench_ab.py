@@ -65,14 +65,19 @@ def main(argv=None) -> int:
     ap.add_argument("--sides", nargs="+", default=["base", "this"], choices=["base", "this"],
                     help="order within a run, e.g. base this base")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--copy", nargs="*", default=[], help="paths (relative to this tree) copied into the base tree")
+    ap.add_argument("--copy", nargs="*", default=[],
+                    help="paths (relative to this tree) copied into the base tree")
     ap.add_argument("--dry-run", action="store_true", help="print the commands only")
-    ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ARG ... ({out}: the run's output prefix)")
+    ap.add_argument("command", nargs=argparse.REMAINDER,
+                    help="-- COMMAND ARG ... ({out}: the run's output prefix)")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         ap.error("give the command after --")
-    base = Path(args.base_dir or f"/tmp/mtpx_{args.base}") if args.dry_run else base_tree(args.base, args.base_dir)
+    if args.dry_run:
+        base = Path(args.base_dir or f"/tmp/mtpx_{args.base}")
+    else:
+        base = base_tree(args.base, args.base_dir)
     for rel in args.copy:
         if not args.dry_run:
             (base / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -87,7 +92,8 @@ def main(argv=None) -> int:
             tree = base if side == "base" else ROOT
             prefix = out / f"{args.name}_{side}_{tag}"
             cmd = [part.replace("{out}", str(prefix)) for part in command]
-            failed |= run_logged(cmd, tree, side_env(tree, args.threads), prefix.with_suffix(".txt"), args.dry_run) != 0
+            log = prefix.with_suffix(".txt")
+            failed |= run_logged(cmd, tree, side_env(tree, args.threads), log, args.dry_run) != 0
     return 1 if failed else 0
 
 

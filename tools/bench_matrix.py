@@ -52,7 +52,8 @@ def cell_args(cell: str, args, contenders: list[str] | None = None) -> list[str]
     rounds = 16 if sixteen else args.rounds or (2 if conc >= 64 else 4)
     if contenders is None:
         contenders = [*(args.contenders or CONTENDERS.get(conc, CONTENDERS[16])), *args.extra_contenders]
-    out = ["--concurrency", str(conc), "--rounds", str(rounds), "--contenders", *contenders, "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens),
+    out = ["--concurrency", str(conc), "--rounds", str(rounds), "--contenders", *contenders,
+           "--num-prompts", str(args.num_prompts), "--max-tokens", str(args.max_tokens),
            "--threads", str(args.threads)]
     return out + (["--compile"] if mode == "compiled" else [])
 
@@ -76,13 +77,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cells", nargs="+", default=DEFAULT_CELLS)
     ap.add_argument("--warm-up", action="store_true", help="build every compiled graph and calibration first")
-    ap.add_argument("--contenders", nargs="+", help="the same contenders in every cell (default: by concurrency)")
+    ap.add_argument("--contenders", nargs="+",
+                    help="the same contenders in every cell (default: by concurrency)")
     ap.add_argument("--extra-contenders", nargs="+", default=[],
                     help="appended in every cell, e.g. auto+per_request_k=true")
     ap.add_argument("--num-prompts", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--rounds", type=int, help="chunks per cell (default 4, 2 at concurrency 64; _16 cells 16)")
+    ap.add_argument("--rounds", type=int,
+                    help="chunks per cell (default 4, 2 at concurrency 64; _16 cells 16)")
     ap.add_argument("--base", help="also run each cell in this commit's worktree")
     ap.add_argument("--sides", nargs="+", default=["base", "this"], choices=["base", "this"])
     ap.add_argument("--base-contenders", nargs="+", help="the base side's contenders (default: the same)")
@@ -100,11 +103,15 @@ def main(argv=None) -> int:
     env = side_env(ROOT, args.threads)
     failed = 0
     if args.warm_up:
-        warm = Path(tempfile.mkdtemp(prefix="mtpx_warm_"))
+        if args.dry_run:
+            warm = Path(tempfile.gettempdir(), "mtpx_warm")
+        else:
+            warm = Path(tempfile.mkdtemp(prefix="mtpx_warm_"))
         for conc in sorted({int(CELL.match(c).group(2)) for c, _ in cells if c.startswith("compiled")}):
             cmd = bench + ["--compile", "--concurrency", str(conc), "--rounds", "1", "--num-prompts", "4",
                            "--max-tokens", "8", "--threads", str(args.threads), "--contenders",
-                           *(args.contenders or CONTENDERS.get(conc, CONTENDERS[16])), "--out", str(warm / f"c{conc}")]
+                           *(args.contenders or CONTENDERS.get(conc, CONTENDERS[16])),
+                           "--out", str(warm / f"c{conc}")]
             failed |= run_logged(cmd, ROOT, env, warm / f"c{conc}.log", args.dry_run) != 0
     base = None
     if args.base:
@@ -121,12 +128,14 @@ def main(argv=None) -> int:
                 runs.append((f"{cell}_{side}_{seen[side]}", base if side == "base" else ROOT, sargs))
         for name, tree, sargs in runs:
             cmd = bench + sargs + ["--out", str(out / name)]
-            failed |= run_logged(cmd, tree, side_env(tree, args.threads), out / f"{name}.log", args.dry_run) != 0
+            log = out / f"{name}.log"
+            failed |= run_logged(cmd, tree, side_env(tree, args.threads), log, args.dry_run) != 0
             names.append(name)
     if not args.dry_run:
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
-        parts = [f"# Concurrency matrix ({' '.join(args.cells)})\n", f"Commit {commit}; machine: {machine()}\n"]
+        parts = [f"# Concurrency matrix ({' '.join(args.cells)})\n",
+                 f"Commit {commit}; machine: {machine()}\n"]
         for name in names:
             table = out / name / "speedup.md"
             body = table.read_text() if table.is_file() else "(no speedup.md: see the log)\n"

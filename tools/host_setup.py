@@ -1,6 +1,7 @@
 """What the automatic-k host-work scripts share (experiments/concurrency/host_work, settled): the
-source tree (ROOT, or the one this file is in) first on sys.path, GSM8K test prompts, greedy 128-token params and the demo's engines at
-concurrency 1 (1 thread, max_model_len 1024), and `timed_steps`, which times their scheduler and runner calls."""
+source tree (ROOT, or the one this file is in) first on sys.path, GSM8K test prompts, greedy
+128-token params and the demo's engines at concurrency 1 (1 thread, max_model_len 1024), and
+`timed_steps`, which times their scheduler and runner calls."""
 import collections
 import os
 import pathlib
@@ -24,8 +25,8 @@ def gsm8k_prompts(default: int) -> list[str]:
 
 def engine(k, compile: bool) -> LLM:
     """The demo's mtp8 speculator at num_speculative_tokens k (8 or "auto"), concurrency 1."""
-    return LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=k, threads=1, max_num_seqs=1,
-               max_model_len=1024, compile=compile)
+    return LLM(str(ROOT / "checkpoints/demo"), spec="mtp8", num_speculative_tokens=k, threads=1,
+               max_num_seqs=1, max_model_len=1024, compile=compile)
 
 
 def timed_steps(llms: dict, on_execute=None) -> dict:
