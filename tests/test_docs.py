@@ -153,9 +153,8 @@ def test_commands_name_tools_markers_and_config_keys_that_exist():
     conf = ROOT / "conf"
     # the check that train_or_eval.py runs before Hydra's main refuses a misspelt key
     assert check_overrides(["+spec=mtp8", "eval.num_promts=8"], conf) is not None
-    markers = {line.strip().strip('"').split(":")[0]
-               for line in (ROOT / "pyproject.toml").read_text().split("markers = [")[1].split("]")[0].splitlines()
-               if line.strip()}
+    registered = (ROOT / "pyproject.toml").read_text().split("markers = [")[1].split("]")[0]
+    markers = {line.strip().strip('"').split(":")[0] for line in registered.splitlines() if line.strip()}
     checked = 0
     for page, text in _pages().items():
         for tool in re.findall(r"\btools/[\w/]+\.py\b", text):
@@ -206,10 +205,12 @@ def test_repeated_tables_agree_with_their_source():
     assert len(rows) >= 5
     assert [row for row in rows if row not in pages["docs/results.md"]] == []
     # the engine page's option table gives the defaults of the generated configuration page
-    configured = dict(re.findall(r"^\| `(engine\.\w+)` \| .*? \| `([^`]*)` \|", pages["docs/configuration.md"], re.M))
-    options = re.findall(r"^\| `(engine\.\w+)` \| `?([^|`]*?)`? \|", pages["docs/engine.md"], re.M)
+    configuration, engine = pages["docs/configuration.md"], pages["docs/engine.md"]
+    configured = dict(re.findall(r"^\| `(engine\.\w+)` \| .*? \| `([^`]*)` \|", configuration, re.M))
+    options = re.findall(r"^\| `(engine\.\w+)` \| `?([^|`]*?)`? \|", engine, re.M)
     assert len(options) >= 10
-    assert [(key, default, configured.get(key)) for key, default in options if configured.get(key) != default] == []
+    assert [(key, default, configured.get(key)) for key, default in options
+            if configured.get(key) != default] == []
 
 
 def test_experiments_is_an_index_of_studies_within_its_limits():
