@@ -1,48 +1,34 @@
 """The FlashInfer attention backend (CUDA): paged causal attention with FlashInfer's batch wrappers.
 
-When things are planned:
-  * `plan(meta)` (once per forward, before the layers run; mtpx.attention.backend) turns the
-    right-padded [B, T] grid into FlashInfer's ragged CSR inputs (`paged_kv_plan_inputs`, pure
-    torch index arithmetic): qo_indptr over the packed valid tokens, paged_kv_indptr / indices /
-    last_page_len over the first ceil(kv_len_b / page_size) blocks of each request's block table,
-    where kv_len_b = that request's last valid position + 1 (not meta.kv_len, the batch max). It
-    picks the decode wrapper when every request has exactly one valid query token (plain decode),
-    else the prefill ("append") wrapper. Requests without valid tokens are left out of the batch.
-  * Each plan gets its own wrapper from a ring of RING wrappers per kind (decode, prefill), so the
-    plans of one engine step (a verification forward, then every module forward of the draft
-    loop) coexist: all of them are made before the draft loop runs, and none overwrites another.
-  * The wrapper's own `plan()` needs the head counts, head dim and dtypes. When the backend knows
-    them (`attention_shape`, given by ModelCache from the model config), it is called right away
-    in `plan(meta)`, so the whole FlashInfer planning of a step happens before the first layer
-    runs; otherwise at the first layer's `forward` of that plan. Every later layer of the forward
-    reuses it. If the ring came round to a plan's wrapper and another plan was made on it in
-    between, the wrapper is planned again before it runs, so a plan never runs against another
-    plan's state.
-  * The float workspace buffer (128 MiB) is shared by every wrapper (they run one at a time, as
-    vLLM shares one); each wrapper keeps its own plan buffers. Both are created lazily and reused.
-  * Under torch.compile (engine.compile), `forward` runs eager between the compiled graphs: the
-    plan is host-side state (vLLM's piecewise CUDA graphs cut at attention the same way).
+Planning. `plan(meta)` (once per forward, before the layers; mtpx.attention.backend) turns the
+right-padded [B, T] grid into FlashInfer's ragged CSR inputs (`paged_kv_plan_inputs`, torch index
+arithmetic): qo_indptr over the valid tokens; paged_kv_indptr / indices / last_page_len over the
+first ceil(kv_len_b / page_size) blocks of each block table, kv_len_b = the request's last valid
+position + 1. The decode wrapper when every request has exactly one valid query token, else the
+prefill ("append") wrapper; requests without valid tokens are left out. Each plan takes its own
+wrapper from a ring of RING per kind, so the plans of one engine step (the verification forward and
+every module forward of the draft loop, all made before the loop) never overwrite each other; a
+wrapper the ring reused in between is planned again before it runs. The wrapper's `plan()` runs in
+`plan(meta)` when the head counts, head dim and dtypes are known (`attention_shape`, from
+ModelCache), else at the first layer. The 128 MiB float workspace is shared by every wrapper (they
+run one at a time, as in vLLM); plan buffers are per wrapper; both are created lazily. Under
+torch.compile `forward` runs eager between the graphs (the plan is host state; vLLM's piecewise CUDA
+graphs cut at attention the same way).
 
-Layout: "NHD" paged cache passed as the tuple (cache.k, cache.v), each [max_num_pages, page_size,
-num_kv_heads, head_dim] -- exactly mtpx.cache.state.KVCache's [num_blocks, block_size, Hkv, D];
-queries packed as [nnz, H, D]; GQA via num_kv_heads (query head h reads kv head h // (H / Hkv),
-as torch's enable_gqa); sm_scale = head_dim ** -0.5 (FlashInfer's default).
+Layout: "NHD" paged cache (cache.k, cache.v), each [max_num_pages, page_size, num_kv_heads,
+head_dim], i.e. KVCache's [num_blocks, block_size, Hkv, D]; queries [nnz, H, D]; GQA via
+num_kv_heads (query head h reads kv head h // (H / Hkv)); sm_scale = head_dim ** -0.5. FlashInfer's
+causal mask aligns the queries to the end of the KV (query i of qo_len L, kv_len K attends keys
+0 .. K - L + i); our queries sit at p0 .. p0 + L - 1 with K = p0 + L, so each attends up to its own
+position, as the torch reference (cached_attention). fp16/bf16 only: float32/float64 models raise
+ValueError (model.dtype=bfloat16 or engine.attention_backend=torch).
 
-Masking convention: FlashInfer's causal mask aligns a request's query block to the END of its KV:
-query i of a request with qo_len L and kv_len K attends keys 0 .. K - L + i. Our queries sit at
-contiguous positions p0 .. p0 + L - 1 and K = p0 + L, so K - L + i = p0 + i: each query attends
-positions 0 .. its own position, the same as the torch reference (cached_attention).
-
-FlashInfer needs fp16/bf16 queries and caches; float32/float64 models raise ValueError (use
-model.dtype=bfloat16 or engine.attention_backend=torch).
-
-Source: FlashInfer documentation, https://docs.flashinfer.ai/api/prefill.html
-(flashinfer.BatchPrefillWithPagedKVCacheWrapper: plan(qo_indptr, paged_kv_indptr,
-paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-causal=..., q_data_type=..., kv_data_type=...), run(q, paged_kv_cache)) and
-https://docs.flashinfer.ai/api/decode.html (flashinfer.BatchDecodeWithPagedKVCacheWrapper), with
-the page-table layout tutorial they link (1 <= last_page_len <= page_size) and the kernels' causal
-rule (key kv_idx is masked when kv_idx > kv_len + qo_idx - qo_len).
+Source: https://docs.flashinfer.ai/api/prefill.html (BatchPrefillWithPagedKVCacheWrapper: plan(
+qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads, num_kv_heads,
+head_dim, page_size, causal, q_data_type, kv_data_type), run(q, paged_kv_cache)),
+https://docs.flashinfer.ai/api/decode.html (BatchDecodeWithPagedKVCacheWrapper) and the page-table
+layout they link (1 <= last_page_len <= page_size; key kv_idx masked when kv_idx > kv_len + qo_idx -
+qo_len).
 """
 from __future__ import annotations
 

@@ -1,41 +1,32 @@
-"""Export a model with mtpx-trained MTP modules to a layout that serving engines read.
+"""Export a model with mtpx-trained MTP modules to a layout that serving engines read. Three
+layouts (names in `mtpx.hf.layout`), picked by what the modules compute (`ModelConfig.mtp_style`,
+`mtpx.models.mtp`) and what will serve them:
 
-Three layouts (`mtpx.hf.layout` has the names), picked by what the draft modules compute
-(`ModelConfig.mtp_style`, `mtpx.models.mtp`) and by what will serve them:
-
-- "qwen3_next": a Hugging Face folder as Qwen/Qwen3-Next ships it: config.json with
-  `mtp_num_hidden_layers` (and `num_nextn_predict_layers`, from which vLLM sizes its MTP stack),
-  target weights, `mtp.layers.{k}.*` plus ONE `mtp.fc`, `mtp.pre_fc_norm_embedding`,
-  `mtp.pre_fc_norm_hidden`, `mtp.norm` for all modules, as vLLM's `qwen3_next_mtp.py` reads them. Needs `mtp_style == "qwen3_next"` (the normed output is handed
-  on, logits from the target's lm_head) and, for more than one module, fc and the three norms
-  equal across the exported modules: the layout has no room for per-module copies.
+- "qwen3_next": a Hugging Face folder as Qwen/Qwen3-Next ships it, read as vLLM's
+  `qwen3_next_mtp.py` reads it: config.json with `mtp_num_hidden_layers` (and
+  `num_nextn_predict_layers`, from which vLLM sizes its MTP stack), the target weights,
+  `mtp.layers.{k}.*` and ONE `mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`,
+  `mtp.norm` for all modules. Needs `mtp_style == "qwen3_next"` and, for several modules, fc and the
+  three norms equal across them (the layout has no per-module copies).
 - "deepseek_v3": a Hugging Face folder with module k as `model.layers.{num_hidden_layers + k}`
-  (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, `shared_head.head` and the block) and
-  `num_nextn_predict_layers` in config.json, as vLLM's `deepseek_mtp.py` reads them. Needs
-  `mtp_style == "deepseek_v3"` (the pre-norm residual is handed on, logits =
-  shared_head.head(shared_head.norm(a))). `shared_head.head` is written even when it is the
-  target's lm_head, and module 0 carries a copy of the embedding (`embed_tokens`), as DeepSeek-V3
-  checkpoints do (vLLM loads the MTP embedding from the first module's copy only, so the others
-  are not written).
-- "draft": one safetensors FILE with only the MTP modules under their mtpx names (`mtp.{k}.*`) and
-  metadata {"format": "pt", "mtp_style": ..., "num_nextn_predict_layers": "N"}: what
-  `load_pretrained(folder, draft_path=file)` / `LLM(..., draft_path=file)` / `spec.draft_path`
-  attaches to a standard target (a Llama, Qwen3 or Qwen3-Next folder without MTP). Either style;
-  per-module fc and norms are kept. A head that is the target's lm_head is left out (the loader
-  ties it to the target's lm_head again).
+  (`enorm`, `hnorm`, `eh_proj`, `shared_head.norm`, `shared_head.head`, the block) and
+  `num_nextn_predict_layers`, as vLLM's `deepseek_mtp.py` reads them. Needs
+  `mtp_style == "deepseek_v3"`. `shared_head.head` is written even when it is the target's lm_head,
+  and module 0 carries the embedding (`embed_tokens`), as DeepSeek-V3 checkpoints do (vLLM reads only
+  the first module's copy).
+- "draft": one safetensors FILE of the MTP modules under their mtpx names (`mtp.{k}.*`), metadata
+  {"format": "pt", "mtp_style", "num_nextn_predict_layers"}: what `draft_path` (load_pretrained, LLM,
+  `spec.draft_path`) attaches to a standard target. Either style, per-module fc and norms kept; a head
+  that is the target's lm_head is left out (the loader ties it again).
 
-The target weights keep their names in both folder layouts (`model.*`, `lm_head`); a tied lm_head
-(`tie_word_embeddings`) is not stored, as transformers' `save_pretrained` does. Folders are written
-into a hidden sibling folder and renamed into place (the previous folder at that path is replaced
-only once the new one is complete, as `mtpx.train.checkpoint.save_checkpoint` does); a draft file
-is written next to its destination and renamed over it. The tokenizer files of the source folder
-(tokenizer.json, tokenizer_config.json, chat_template.jinja, additional_chat_templates/,
-generation_config.json, special_tokens_map.json) are copied along; for an mtpx source (a
-tokenizers-only tokenizer.json with `<|endoftext|>` = 0, `<|pad|>` = 1) a tokenizer_config.json
-naming those special tokens is written so that transformers' AutoTokenizer reads the folder.
-
-A round trip (export, then `load_pretrained`) gives the same parameters bit for bit when the
-export dtype is the model's, so target and draft logits are identical.
+Target weights keep their names (`model.*`, `lm_head`); a tied lm_head is not stored, as
+transformers' `save_pretrained` does. A folder is written into a hidden sibling and renamed into
+place once complete (as `save_checkpoint`), a draft file next to its destination and renamed over it.
+The source's tokenizer files are copied along (tokenizer.json, tokenizer_config.json,
+chat_template.jinja, additional_chat_templates/, generation_config.json, special_tokens_map.json);
+for an mtpx source (`<|endoftext|>` = 0, `<|pad|>` = 1) a tokenizer_config.json naming them is
+written for transformers' AutoTokenizer. Export then `load_pretrained` in the model's dtype gives the
+same parameters bit for bit.
 """
 from __future__ import annotations
 

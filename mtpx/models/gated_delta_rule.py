@@ -1,49 +1,33 @@
 """The gated delta rule (Yang, Kautz, Hatamizadeh 2024, "Gated Delta Networks: Improving Mamba2 with
 Delta Rule", arXiv 2412.06464) in plain PyTorch: a recurrent form (decode), a chunked form (prefill,
-training) and a one-chunk window form (verification windows: outputs in chunked form, and the state
-after any window token rebuilt later from what it keeps, mtpx.cache.state.WindowStates). The
-recurrent and chunked forms are the reference implementations; the chunked forms use the WY
-representation of flash-linear-attention's `chunk_gated_delta_rule`, solving with the unit-triangular
-(I + L) of each chunk directly (`unit_lower_solve`).
+training; the WY representation of flash-linear-attention's `chunk_gated_delta_rule`, solving each
+chunk's unit-triangular (I + L) directly, `unit_lower_solve`) and a one-chunk window form
+(verification windows: the state after any window token is rebuilt later from what it keeps,
+mtpx.cache.state.WindowStates). The recurrent and chunked forms are the references.
 
-Per head, with state S in R^{Dk x Dv}, unit-norm k_t (L2-normalised here, as flash-linear-attention's
-`l2norm`: x * rsqrt(sum(x^2) + 1e-6), which Qwen3-Next checkpoints were trained with), q_t
-L2-normalised the same way and scaled by Dk^-0.5,
-decay alpha_t = exp(g_t) (g_t <= 0) and write strength beta_t in (0, 1):
+Per head, state S in R^{Dk x Dv}; k_t and q_t L2-normalised as fla's `l2norm` (x * rsqrt(sum(x^2) +
+1e-6), which Qwen3-Next was trained with), q_t then scaled by Dk^-0.5; decay alpha_t = exp(g_t)
+(g_t <= 0), write strength beta_t in (0, 1):
 
     S_t = alpha_t * S_{t-1} + beta_t * k_t (v_t - alpha_t * S_{t-1}^T k_t)^T
     o_t = S_t^T q_t
 
-A token with g_t = 0 and beta_t = 0 leaves the state unchanged: callers use this to pad ragged
-batches. Inputs are computed in float32 (float64 stays float64) and outputs cast back.
+g_t = 0 and beta_t = 0 leave the state unchanged (callers pad ragged batches so). Inputs are
+computed in float32 (float64 stays float64) and outputs cast back.
 
-Which implementation runs (callers use the dispatchers `gated_delta_rule_recurrent` /
-`gated_delta_rule_chunked`; `recurrent_gated_delta_rule` / `chunk_gated_delta_rule` below stay the
-plain-PyTorch references, as flash-linear-attention keeps its naive forms beside its kernels):
-
-- flash-linear-attention (https://github.com/fla-org/flash-linear-attention, `pip install
-  flash-linear-attention`, the `gpu` extra), `fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`
-  and `chunk_gated_delta_rule`, when the tensors are on CUDA, `fla` imports, and the call needs
-  nothing those kernels lack:
-    * recurrent: no `keep_all_states` (the kernel returns only the final state; short prefills
-      that store block-boundary states need the state after every token), q/k/v of one dtype among bf16/fp16/fp32, and no
-      gradient needed (the fused recurrent kernel has no backward);
-    * chunked: no `return_chunk_states` (the kernel's chunk-boundary states, at its fixed chunk
-      size 64, are not returned; prefix-caching prefills need them at block ends), q/k/v of one
-      dtype among bf16/fp16 (some fla releases assert against float32 in the chunked kernel), and
-      Dk <= 256 (the kernel's limit).
-  The kernels get the raw q/k with use_qk_l2norm_in_kernel=True and scale=Dk^-0.5 (their l2norm is
-  x * rsqrt(sum(x^2) + 1e-6), the same as ours, applied before the scale), layout [B, T, H, D]
-  (not head-first), g as float32 log decay, beta in q's dtype (as transformers' and vLLM's
-  Qwen3-Next call them), initial_state [B, H, Dk, Dv] float32 and output_final_state=True; the
-  final state comes back float32 and o is cast to v's dtype, so both paths keep one contract.
-- the plain-PyTorch forms otherwise: on CPU, without fla, for per-token or chunk-boundary states,
-  float64, or when forced.
-
-The `backend` argument (engine.gdn_backend, carried to the layers by ForwardMeta.gdn_backend):
-"auto" (default, the rule above), "torch" (always the plain-PyTorch forms), "fla" (as auto, but
-raise instead of falling back when fla is missing or the tensors are off CUDA; calls that need
-features the kernels lack still run the torch forms).
+The dispatchers `gated_delta_rule_recurrent` / `gated_delta_rule_chunked` run flash-linear-attention
+(the `gpu` extra; `fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule` and
+`chunk_gated_delta_rule`) when the tensors are on CUDA, `fla` imports and the call needs nothing the
+kernels lack: recurrent without `keep_all_states` (the kernel returns the final state only) or
+gradients (no backward), q/k/v of one dtype among bf16/fp16/fp32; chunked without
+`return_chunk_states` (prefix-caching prefills need states at block ends), q/k/v bf16 or fp16 (some
+fla releases reject float32 there), Dk <= 256. They pass raw q/k with use_qk_l2norm_in_kernel=True
+and scale=Dk^-0.5, layout [B, T, H, D], g float32 log decay, beta in q's dtype (as transformers' and
+vLLM's Qwen3-Next), initial_state [B, H, Dk, Dv] float32, output_final_state=True; the state comes
+back float32 and o in v's dtype, one contract for both paths. Otherwise the torch forms run.
+`backend` (engine.gdn_backend, via ForwardMeta.gdn_backend): "auto" (that rule), "torch" (always the
+torch forms), "fla" (raise where fla is missing or the tensors are off CUDA; calls needing what the
+kernels lack still run the torch forms).
 """
 import importlib
 import sys

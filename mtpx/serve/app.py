@@ -1,39 +1,30 @@
-"""The OpenAI-compatible HTTP API of `mode=serve` (FastAPI on uvicorn).
+"""The OpenAI-compatible HTTP API of `mode=serve` (FastAPI on uvicorn); this module only wires it.
 
-Routes: POST /v1/completions, POST /v1/chat/completions (through the model's chat template),
-GET /v1/models, GET /health, POST /tokenize, POST /detokenize, GET /tokenizer_info (the
-tokenizer_config.json of the served tokenizer, as vLLM's and lm-eval's remote tokenizer read it),
-GET /metrics (Prometheus text).
+Routes: POST /v1/completions, POST /v1/chat/completions (the model's chat template), GET /v1/models,
+GET /health, POST /tokenize, POST /detokenize, GET /tokenizer_info (the served tokenizer's
+tokenizer_config.json, as vLLM's and lm-eval's remote tokenizer read it), GET /metrics (Prometheus).
 
-Request bodies take every field of vLLM's OpenAI server (mtpx/serve/protocol.py): n > 1
-(completion j seeded with seed + j, as LLM.generate), best_of = n, stream_options
-(include_usage, continuous_usage_stats: usage in every chunk), skip_special_tokens,
-include_stop_str_in_output, truncate_prompt_tokens, prompt_logprobs, add_special_tokens,
-return_token_ids, return_tokens_as_token_ids, min_tokens, repetition_penalty, frequency_penalty,
-presence_penalty and logit_bias (biases clamped to [-100, 100], as vLLM does); beam search,
-guided decoding and the like only at their neutral values. An unknown field, a field of the wrong type or an
-unsupported value, malformed JSON or a prompt the engine cannot run gets a 400 with an
-OpenAI-style error body naming the field; a body over `max_body_bytes` a 413. Every response
-carries `usage` and a `spec_decode` field (drafts, accepted, per position, acceptance length).
+Request bodies take every field of vLLM's OpenAI server (mtpx/serve/protocol.py), among them n and
+best_of = n (completion j seeded with seed + j), stream_options, prompt_logprobs, echo with logprobs
+(the prompt scored: lm-eval's loglikelihood), min_tokens, the penalties and logit_bias (clamped to
+[-100, 100]); beam search, guided decoding and the like only at their neutral values. An unknown or
+ill-typed field, an unsupported value, malformed JSON or a prompt the engine cannot run is a 400 with
+an OpenAI error body naming the field; a body over `max_body_bytes` a 413; a text certainly longer
+than the model (more bytes than 4 x the longest token's x max_model_len) a 400 before tokenizing.
+Every response carries `usage` and `spec_decode` (drafts, accepted, per position, acceptance length).
+Streams are server-sent events, a chunk per engine step that produced text, then `data: [DONE]`;
+their deltas concatenate to the non-streamed text (text that may still be a stop string is held
+back), each chunk carries its tokens' logprobs, echo rides on the first, and the choices of several
+prompts or n > 1 interleave by index. Tokenization and chat templates run off the event loop; a
+client that disconnects aborts its requests.
 
-Streams are server-sent events: a chunk per engine step that produced text, then
-`data: [DONE]`; their deltas concatenate to the non-streamed text (mtpx/serve/detokenize.py:
-text that may still be a stop string is held back), each chunk carries the logprobs of its
-tokens, echo rides on the first chunk, and several prompts or n > 1 interleave choices by index.
-Tokenization and chat templates run off the event loop, and a text certainly longer than the
-model (more bytes than 4 x the longest token's x max_model_len) is a 400 before tokenizing. A client that disconnects aborts its
-requests, streamed or not.
-`echo` with `logprobs` scores the prompt (lm-eval's loglikelihood requests): the logprobs cover
-the prompt's tokens then the output's.
-
-Where each part lives (this module only wires them):
-- mtpx/serve/errors.py: OpenAI error bodies, the exception handlers, the body-size middleware;
-- mtpx/serve/parsing.py: request checks, tokenization and chat templates, SamplingParams;
-- mtpx/serve/runner.py: a request's runs in the engine loop (mtpx/serve/async_engine.py), to
-  their end or streamed, aborted when the client leaves;
-- mtpx/serve/responses.py: choices, logprobs, usage, spec_decode, server-sent events;
-- mtpx/serve/openai_routes.py, tokenizer_routes.py, ops_routes.py: the routes (APIRouter), which
-  get the shared state (mtpx/serve/state.py) by dependency injection.
+Where each part lives:
+- errors.py: OpenAI error bodies, exception handlers, the body-size middleware;
+- parsing.py: request checks, tokenization and chat templates, SamplingParams;
+- runner.py: a request's runs in the engine loop (async_engine.py), whole or streamed, aborted when
+  the client leaves; responses.py: choices, logprobs, usage, spec_decode, server-sent events;
+- openai_routes.py, tokenizer_routes.py, ops_routes.py: the routes, which get the shared state
+  (state.py) by dependency injection.
 """
 from __future__ import annotations
 

@@ -15,19 +15,11 @@ slice of the step's global batch, losses are averaged over ranks, and rank 0 alo
 the progress bar and writes checkpoints, after gathering a sharded state. The checkpoint format
 does not depend on the world size, so a run resumes at any world size.
 
-Config (an OmegaConf DictConfig; a plain dict is accepted):
-
-    model:  ModelConfig fields (vocab_size is set from the tokenizer), plus
-            path: checkpoint folder to start from (weights + tokenizer); required by freeze_base.
-            Its config.json fixes the architecture; only num_nextn_predict_layers may differ
-            (missing draft modules start from random init, extra ones are dropped).
-    train:  out_dir, steps, batch_size, seq_len, lr, min_lr, warmup_steps, weight_decay, grad_clip,
-            mtp_loss_weight, freeze_base, eval_every, eval_batches, save_every, resume, seed,
-            tokenizer_vocab_size, data_sources, gsm8k_path, log_every
-            optional: threads (None: measured, setup.choose_train_threads), val_fraction (0.05), stdlib_max_bytes (None = all), device ("cpu"),
-            save_dtype ("float32"), parallel ("auto"), dist_timeout_s (120), mtp_loss_decay (1.0),
-            mtp_unroll (0), mtp_share_fc (false), autocast (None: float32; "bfloat16"), distill_path (None: the folder of data source "distill")
-    data:   not read here (eval settings)
+Config: the `model` and `train` groups (an OmegaConf DictConfig or a plain dict; every key with its
+default: mtpx/schema, docs/configuration.md). model.path is a checkpoint folder to start from
+(required by freeze_base): its config.json fixes the architecture, and only num_nextn_predict_layers
+may differ (missing draft modules start from random init, extra ones are dropped); vocab_size is
+set from the tokenizer.
 """
 from __future__ import annotations
 

@@ -3,35 +3,27 @@
     loss = main + sum_{k=1..D} w_k * CE_k,    w_k = mtp_loss_weight * mtp_loss_decay^(k-1)
 
 main is the target's next-token cross-entropy (left out with a frozen target: train_base=False);
-CE_k scores depth k, whose output a^k_j predicts x_{j+k+1} (mtpx/models/mtp.py). All CEs are
-means over the batch's tokens in nats, computed in float32.
-
-Which module produces depth k:
+CE_k scores depth k, whose output a^k_j predicts x_{j+k+1} (mtpx/models/mtp.py). All CEs are means
+over the batch's tokens in nats, in float32. Which module produces depth k:
 
 - multi-module (mtp_unroll = 0, the default): module k-1, D = num_nextn_predict_layers, exactly
   `MTPForCausalLM.training_losses` (DeepSeek-V3 §2.2, arXiv 2412.19437; the same ops in the same
-  order, so a run's losses are bit-identical to it).
-- recursive unroll (mtp_unroll = D >= 1, single-module MTP): module 0 applied D times, each
-  application on its own previous output, as the mtp1 draft loop runs it
-  (mtpx/spec_decode/single_module.py). Step k reads the TEACHER-FORCED token x_{j+k} (the
-  ground truth, not the module's argmax) and a^{k-1}_j, the module's own output of step k-1; the
-  loss is on every step. This is the training of vLLM speculators' MTP trainer
-  (`speculators/models/mtp/core.py`: "uses ground-truth input_ids[t+k+1] as the embedding input
-  and the MTP output from step k-1 ... as the hidden state input") and FastMTP's shared-weight
-  recursion (arXiv 2509.18362). At inference step k >= 2 reads the draft d_{k-1}; it equals
-  x_{j+k} on every path where step k's draft can still be accepted, so ground truth is what
-  inference feeds where it matters. What differs from inference: each step here is one causal
-  pass over the whole sequence at RoPE position j, so step k's attention context is depth-k
-  keys (the tokens at each relative offset are the ones inference sees; the hidden states in the
-  context keys come from step k-1 instead of the target). EAGLE-3's training-time test
-  (arXiv 2503.01840) reproduces inference's mixed context with a custom attention mask; mtpx
-  does not.
+  order, so the losses are bit-identical).
+- recursive unroll (mtp_unroll = D >= 1, single-module MTP): module 0 applied D times, each on its
+  own previous output, as the mtp1 draft loop runs it (mtpx/spec_decode/single_module.py). Step k
+  reads the TEACHER-FORCED token x_{j+k} and a^{k-1}_j, its own output of step k-1; every step is
+  scored. This is vLLM speculators' MTP trainer (`speculators/models/mtp/core.py`: ground-truth
+  input_ids[t+k+1] as the embedding input, the MTP output of step k-1 as the hidden input) and
+  FastMTP's shared-weight recursion (arXiv 2509.18362). Inference's step k >= 2 reads the draft
+  d_{k-1}, which equals x_{j+k} wherever step k's draft can still be accepted. What differs: each
+  step here is one causal pass over the sequence at RoPE position j, so step k's attention keys
+  hold step k-1's hidden states, not the target's (EAGLE-3's training-time test, arXiv 2503.01840,
+  reproduces inference's mixed context with a custom mask; mtpx does not).
 
-mtp_loss_decay < 1 weights later depths less: w_k = mtp_loss_weight * decay^(k-1). FastMTP
-(arXiv 2509.18362, Eq. 2) uses the normalized form alpha_k = beta^(k-1) / sum_j beta^(j-1), which
-vLLM speculators implements as `compute_step_weights(beta=0.6)`; the normalization is a constant
-that mtp_loss_weight absorbs. decay = 1 is DeepSeek-V3's equal weighting (times
-mtp_loss_weight instead of lambda / D).
+mtp_loss_decay < 1 weights later depths less. FastMTP (Eq. 2) normalises, alpha_k = beta^(k-1) /
+sum_j beta^(j-1) (vLLM speculators' `compute_step_weights(beta=0.6)`): a constant that
+mtp_loss_weight absorbs. decay = 1 is DeepSeek-V3's equal weighting (times mtp_loss_weight instead
+of lambda / D).
 """
 from __future__ import annotations
 
