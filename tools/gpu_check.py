@@ -1,7 +1,7 @@
 """GPU check: the fast paths against the references, and a timing table, in one short run.
 
     python tools/gpu_check.py [--device cuda] [--model checkpoints/demo] [--dtype bfloat16] \
-        [--out experiments/gpu_check] [--quick]
+        [--out outputs/gpu_check] [--quick]
 
 Sections (each one says "skipped: <reason>" when its prerequisite is missing, e.g. on a CPU):
 1. attention: FlashInferBackend vs TorchBackend on a ragged batch (a prefill chunk, a decode, a
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="checkpoints/demo")
     ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
-    ap.add_argument("--out", type=Path, default=Path("experiments/gpu_check"))
+    ap.add_argument("--out", type=Path, default=Path("outputs/gpu_check"))
     ap.add_argument("--compile-backend", default="inductor",
                     help="torch.compile backend of section 5 (eager: a quick CPU smoke run)")
     args = ap.parse_args(argv)
