@@ -97,8 +97,8 @@ def config_from_hf(d: dict, file: str = "config.json") -> ModelConfig:
     _check_types(d, file)
     missing = [k for k in REQUIRED if d.get(k) is None]
     if missing:
-        raise UnsupportedConfigError(f"{file} lacks {missing}: a checkpoint's config.json must give its sizes; "
-                                     "download the complete config.json")
+        raise UnsupportedConfigError(f"{file} lacks {missing}: a checkpoint's config.json must give its "
+                                     "sizes; download the complete config.json")
     out = dict(HF_DEFAULTS[family])
     out["num_key_value_heads"] = out.get("num_key_value_heads", d["num_attention_heads"])
     out["head_dim"] = out.get("head_dim", d["hidden_size"] // d["num_attention_heads"])
@@ -126,7 +126,8 @@ def config_from_hf(d: dict, file: str = "config.json") -> ModelConfig:
 
 
 _BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "norm_topk_prob")
-_NUMBER_KEYS = tuple(k for k in _COPIED if k not in _BOOL_KEYS + ("mlp_only_layers", "eos_token_id", "bos_token_id")) + (
+_NUMBER_KEYS = tuple(k for k in _COPIED
+                     if k not in _BOOL_KEYS + ("mlp_only_layers", "eos_token_id", "bos_token_id")) + (
     "rope_theta", "partial_rotary_factor", "mtp_num_hidden_layers", "num_nextn_predict_layers")
 
 
@@ -136,7 +137,8 @@ def _check_types(d: dict, file: str) -> None:
         v = d.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise UnsupportedConfigError(f"{file}: {k}={v!r} must be a number, not {type(v).__name__}: "
-                                         f"write it without quotes (\"{k}\": {v if isinstance(v, str) else 0})")
+                                         f"write it without quotes (\"{k}\": "
+                                         f"{v if isinstance(v, str) else 0})")
     for k in _BOOL_KEYS:
         v = d.get(k)
         if v is not None and not isinstance(v, bool):
@@ -150,7 +152,8 @@ def _refuse(d: dict, file: str) -> None:
             f"{file}: a quantized checkpoint ({method}); mtpx runs bf16/fp16/fp32 weights: use the "
             "unquantized checkpoint")
     if d.get("hidden_act", "silu") != "silu":
-        raise UnsupportedConfigError(f"{file}: hidden_act '{d['hidden_act']}' is not supported: mtpx's MLPs use silu")
+        raise UnsupportedConfigError(f"{file}: hidden_act '{d['hidden_act']}' is not supported: "
+                                     "mtpx's MLPs use silu")
     if d.get("use_sliding_window") or any(t == "sliding_attention" for t in d.get("layer_types") or []):
         raise UnsupportedConfigError(
             f"{file}: sliding-window attention is not supported: set use_sliding_window=false")
@@ -186,7 +189,8 @@ def config_to_hf(cfg: ModelConfig, mtp_layout: str | None) -> dict:
     """
     family = cfg.model_type
     if family not in FAMILIES:
-        raise UnsupportedConfigError(f"model_type '{family}' has no Hugging Face architecture in mtpx: use one of {sorted(FAMILIES)}")
+        raise UnsupportedConfigError(f"model_type '{family}' has no Hugging Face architecture in mtpx: "
+                                     f"use one of {sorted(FAMILIES)}")
     for key, want in FAMILIES[family].items():
         if getattr(cfg, key) != want:
             raise UnsupportedConfigError(

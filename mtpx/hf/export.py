@@ -236,10 +236,10 @@ def check_exportable(model: MTPForCausalLM, layout: str | None, num_modules: int
         if modules:
             raise ExportError(
                 f"the Qwen3-Next layout stores one mtp.fc, mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden "
-                f"and mtp.norm for all modules (vLLM's qwen3_next_mtp.py shares them), but {', '.join(parts)} "
-                f"of module(s) {modules} differ from module 0's, so an engine would not compute what mtpx "
-                "trained: export one module (--num-modules 1, as Qwen3-Next checkpoints carry), or "
-                "write a draft file (--layout draft) that mtpx attaches with draft_path")
+                f"and mtp.norm for all modules (vLLM's qwen3_next_mtp.py shares them), but "
+                f"{', '.join(parts)} of module(s) {modules} differ from module 0's, so an engine would not "
+                "compute what mtpx trained: export one module (--num-modules 1, as Qwen3-Next checkpoints "
+                "carry), or write a draft file (--layout draft) that mtpx attaches with draft_path")
     elif layout == "deepseek_v3" and style != "deepseek_v3":
         raise ExportError(
             f"the DeepSeek layout serves modules that hand on their pre-norm residual and take logits "
@@ -261,7 +261,8 @@ def source_dtype(src: str | os.PathLike, allow_pickle: bool = False,
         mtpx.hf.loader.CheckpointError: unreadable safetensors, refused pickle weights.
     """
     if not Path(src).is_dir() and not any(Path(src).parent.glob(f".{Path(src).name}.old-*")):
-        raise FileNotFoundError(f"checkpoint folder {src} does not exist: give a checkpoint folder (mtpx or Hugging Face)")
+        raise FileNotFoundError(f"checkpoint folder {src} does not exist: "
+                                "give a checkpoint folder (mtpx or Hugging Face)")
     files = weight_files(require_folder(src), allow_pickle)  # names a ".old" folder left mid-save
     if draft_path is not None:
         draft = Path(draft_path)
@@ -296,8 +297,10 @@ def copy_tokenizer_files(src: Path, dst: Path) -> list[str]:
         if (src / name).is_dir():
             shutil.copytree(src / name, dst / name)
             written.append(name)
-    if "tokenizer.json" in written and "tokenizer_config.json" not in written and _is_mtpx_tokenizer(dst / "tokenizer.json"):
-        atomic_write_json(dst / "tokenizer_config.json", tokenizer_config(load_tokenizer(dst / "tokenizer.json")))
+    if ("tokenizer.json" in written and "tokenizer_config.json" not in written
+            and _is_mtpx_tokenizer(dst / "tokenizer.json")):
+        atomic_write_json(dst / "tokenizer_config.json",
+                          tokenizer_config(load_tokenizer(dst / "tokenizer.json")))
         written.append("tokenizer_config.json")
     return written
 
@@ -321,7 +324,8 @@ def _check_args(layout: str | None, target_only: bool, out: Path) -> None:
         if out.is_dir():
             raise ExportError(f"{out} is a folder: a draft export is one file; give a file path")
     elif out.exists() and not out.is_dir():
-        raise ExportError(f"{out} is a file: a {layout or 'target-only'} export is a folder; give a folder path")
+        raise ExportError(f"{out} is a file: a {layout or 'target-only'} export is a folder; "
+                          "give a folder path")
 
 
 def _num_modules(model: MTPForCausalLM, num_modules: int | None) -> int:

@@ -53,7 +53,8 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
     path = require_folder(path)
     file = path / CONFIG_FILE
     if not file.is_file():
-        raise FileNotFoundError(f"checkpoint folder {path} has no {CONFIG_FILE}: point model.path at a folder written by mode=train")
+        raise FileNotFoundError(f"checkpoint folder {path} has no {CONFIG_FILE}: "
+                                "point model.path at a folder written by mode=train")
     try:
         d = json.loads(file.read_text())
     except json.JSONDecodeError as err:
@@ -78,7 +79,8 @@ def load_folder_tokenizer(path: Path, is_hf: bool = False):
 
     Raises FileNotFoundError (only slow-tokenizer files) and ValueError (a malformed tokenizer)."""
     if is_hf or (path / TOKENIZER_CONFIG_FILE).is_file():
-        if (path / TOKENIZER_FILE).is_file() or any((path / n).is_file() for n in ("tokenizer.model", "vocab.json")):
+        if ((path / TOKENIZER_FILE).is_file()
+                or any((path / n).is_file() for n in ("tokenizer.model", "vocab.json"))):
             return load_hf_tokenizer(path)  # raises for slow-only tokenizers, naming the fix
         return None
     return load_tokenizer(path / TOKENIZER_FILE) if (path / TOKENIZER_FILE).is_file() else None
@@ -106,10 +108,12 @@ def require_folder(path: str | os.PathLike) -> Path:
         )
     if looks_like_hub_id(str(path)):
         raise FileNotFoundError(
-            f"model.path {str(path)!r} is not a local folder; if it is a Hugging Face hub id: mtpx loads local "
-            "checkpoint folders only and downloads nothing, so download it first (e.g. `huggingface-cli "
-            f"download {path} --local-dir DIR`) and point model.path at DIR (or at a folder written by mode=train)")
-    raise FileNotFoundError(f"checkpoint folder {path} does not exist: point model.path at a folder written by mode=train")
+            f"model.path {str(path)!r} is not a local folder; if it is a Hugging Face hub id: mtpx loads "
+            "local checkpoint folders only and downloads nothing, so download it first (e.g. "
+            f"`huggingface-cli download {path} --local-dir DIR`) and point model.path at DIR (or at a folder "
+            "written by mode=train)")
+    raise FileNotFoundError(f"checkpoint folder {path} does not exist: "
+                            "point model.path at a folder written by mode=train")
 
 
 def looks_like_hub_id(name: str) -> bool:
@@ -217,8 +221,8 @@ def load_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.float32,
     return model.eval(), load_folder_tokenizer(folder, is_hf)
 
 
-def _attach_draft(draft_path: str | os.PathLike, cfg: ModelConfig, shapes: dict[str, tuple], where: dict[str, Path],
-                  allow_pickle: bool) -> tuple[dict[str, tuple], str, int]:
+def _attach_draft(draft_path: str | os.PathLike, cfg: ModelConfig, shapes: dict[str, tuple],
+                  where: dict[str, Path], allow_pickle: bool) -> tuple[dict[str, tuple], str, int]:
     """The tensor shapes with the folder's MTP modules replaced by the draft file's, and the draft's
     (layout, number of modules); `where` gets the draft tensors' file, cfg the draft's mtp_style.
     Raises FileNotFoundError (no draft file) and CheckpointError (no MTP tensors in it)."""
@@ -226,12 +230,13 @@ def _attach_draft(draft_path: str | os.PathLike, cfg: ModelConfig, shapes: dict[
     dfiles = _draft_files(Path(draft_path), allow_pickle)
     for f in dfiles:
         if not f.is_file():
-            raise FileNotFoundError(f"spec.draft_path {f} does not exist: point it at a safetensors file of MTP modules")
+            raise FileNotFoundError(f"spec.draft_path {f} does not exist: "
+                                    "point it at a safetensors file of MTP modules")
     dshapes, dwhere = _read_headers(dfiles)
     layout, num_modules = detect_layout(dshapes, cfg.num_hidden_layers)
     if layout is None:
-        raise CheckpointError(f"{draft_path} holds no MTP module tensors (mtp.* or model.layers.N.eh_proj ...): "
-                              "export one with tools/export_checkpoint.py --layout draft")
+        raise CheckpointError(f"{draft_path} holds no MTP module tensors (mtp.* or model.layers.N.eh_proj "
+                              "...): export one with tools/export_checkpoint.py --layout draft")
     shapes.update(dshapes)
     where.update(dwhere)
     style = _metadata(dfiles[0]).get("mtp_style")
@@ -245,14 +250,14 @@ def _check_module_count(cfg: ModelConfig, folder: Path, is_hf: bool, num_modules
     `num_modules` MTP modules the weights hold (a Hugging Face folder may also declare 0)."""
     if is_hf and cfg.num_nextn_predict_layers not in (0, num_modules):
         raise CheckpointError(
-            f"{folder / 'config.json'} declares {cfg.num_nextn_predict_layers} MTP module(s) but the weights hold "
-            f"{num_modules}: the MTP weights were dropped (transformers' save_pretrained drops mtp.*); "
+            f"{folder / 'config.json'} declares {cfg.num_nextn_predict_layers} MTP module(s) but the weights "
+            f"hold {num_modules}: the MTP weights were dropped (transformers' save_pretrained drops mtp.*); "
             "re-download the checkpoint or attach modules with spec.draft_path")
     if not is_hf and cfg.num_nextn_predict_layers != num_modules:
         raise CheckpointError(
-            f"{folder / 'config.json'} declares num_nextn_predict_layers={cfg.num_nextn_predict_layers} but the "
-            f"weights hold {num_modules} MTP module(s): config.json and the weights come from different saves; set "
-            f"num_nextn_predict_layers to {num_modules} in config.json or re-save the checkpoint")
+            f"{folder / 'config.json'} declares num_nextn_predict_layers={cfg.num_nextn_predict_layers} but "
+            f"the weights hold {num_modules} MTP module(s): config.json and the weights come from different "
+            f"saves; set num_nextn_predict_layers to {num_modules} in config.json or re-save the checkpoint")
 
 
 def _check_finite(model: nn.Module, plan: dict[str, str], where: dict[str, Path], folder: Path) -> None:
@@ -260,8 +265,8 @@ def _check_finite(model: nn.Module, plan: dict[str, str], where: dict[str, Path]
     for name, t in model.state_dict().items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             src = where.get(plan.get(name, name), folder)
-            raise CheckpointError(f"{src}: tensor {plan.get(name, name)!r} (mtpx {name}) holds NaN or Inf values: "
-                                  "the file is corrupted or the training run that wrote it diverged")
+            raise CheckpointError(f"{src}: tensor {plan.get(name, name)!r} (mtpx {name}) holds NaN or Inf "
+                                  "values: the file is corrupted or the training run that wrote it diverged")
 
 
 def _check_eos(cfg: ModelConfig, folder: Path, is_hf: bool) -> None:
@@ -271,8 +276,8 @@ def _check_eos(cfg: ModelConfig, folder: Path, is_hf: bool) -> None:
     for e in [] if eos is None else [eos] if isinstance(eos, int) else list(eos):
         if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < cfg.vocab_size:
             where = "config.json (or generation_config.json)" if is_hf else "config.json"
-            raise CheckpointError(f"{folder / CONFIG_FILE}: eos_token_id {e!r} is not a token id of the vocabulary "
-                                  f"(0 .. {cfg.vocab_size - 1}): fix eos_token_id in {where}")
+            raise CheckpointError(f"{folder / CONFIG_FILE}: eos_token_id {e!r} is not a token id of the "
+                                  f"vocabulary (0 .. {cfg.vocab_size - 1}): fix eos_token_id in {where}")
 
 
 def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:
@@ -286,14 +291,17 @@ def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError, TypeError) as err:
-            raise CheckpointError(f"{index} is not a safetensors index ({err!r}): download it again") from None
+            raise CheckpointError(
+                f"{index} is not a safetensors index ({err!r}): download it again") from None
         shards = []
         for name in dict.fromkeys(weight_map.values()):
             shard = (folder / name).resolve()
             if shard.parent != folder.resolve():
-                raise CheckpointError(f"{index} lists shard '{name}' outside the checkpoint folder: refusing to read it")
+                raise CheckpointError(f"{index} lists shard '{name}' outside the checkpoint folder: "
+                                      "refusing to read it")
             if not shard.is_file():
-                raise FileNotFoundError(f"{index} lists shard {name}, which is missing from {folder}: the download is incomplete")
+                raise FileNotFoundError(f"{index} lists shard {name}, which is missing from {folder}: "
+                                        "the download is incomplete")
             shards.append(shard)
         return shards
     if (folder / SAFE_SINGLE).is_file():
@@ -301,12 +309,14 @@ def weight_files(folder: Path, allow_pickle: bool = False) -> list[Path]:
     pickles = sorted({p for pat in PICKLE_PATTERNS for p in folder.glob(pat)})
     if pickles and not allow_pickle:
         raise CheckpointError(
-            f"{folder} has only pickle weights ({', '.join(p.name for p in pickles)}): mtpx reads safetensors. "
-            "Convert them (transformers: from_pretrained(...).save_pretrained(dir, safe_serialization=True)) "
-            "or, if you trust the file, set model.allow_pickle=true to read it with torch.load(weights_only=True)")
+            f"{folder} has only pickle weights ({', '.join(p.name for p in pickles)}): mtpx reads "
+            "safetensors. Convert them (transformers: from_pretrained(...).save_pretrained(dir, "
+            "safe_serialization=True)) or, if you trust the file, "
+            "set model.allow_pickle=true to read it with torch.load(weights_only=True)")
     if pickles:
         return [p for p in pickles if not p.name.endswith(".index.json")]
-    raise FileNotFoundError(f"{folder} has no weights ({SAFE_SINGLE} or {SAFE_INDEX}): point model.path at a checkpoint folder")
+    raise FileNotFoundError(f"{folder} has no weights ({SAFE_SINGLE} or {SAFE_INDEX}): "
+                            "point model.path at a checkpoint folder")
 
 
 def _read_config(folder: Path) -> tuple[ModelConfig, bool]:
@@ -321,7 +331,8 @@ def _read_config(folder: Path) -> tuple[ModelConfig, bool]:
             eos = json.loads(gen.read_text()).get("eos_token_id")
         except json.JSONDecodeError as err:
             raise ValueError(f"{gen} is not valid JSON ({err}): download it again or delete it") from None
-        ids = [] if cfg.eos_token_id is None else [cfg.eos_token_id] if isinstance(cfg.eos_token_id, int) else list(cfg.eos_token_id)
+        ids = ([] if cfg.eos_token_id is None else [cfg.eos_token_id] if isinstance(cfg.eos_token_id, int)
+               else list(cfg.eos_token_id))
         for e in [] if eos is None else [eos] if isinstance(eos, int) else eos:
             if e not in ids:
                 ids.append(e)
@@ -341,7 +352,8 @@ def _read_headers(files: list[Path]) -> tuple[dict[str, tuple], dict[str, Path]]
                 items = {k: tuple(h.get_slice(k).get_shape()) for k in h.keys()}
         for k, s in items.items():
             if k in where:
-                raise CheckpointError(f"tensor {k} is stored in both {where[k].name} and {f.name}: the shards overlap")
+                raise CheckpointError(f"tensor {k} is stored in both {where[k].name} and {f.name}: "
+                                      "the shards overlap")
             shapes[k], where[k] = s, f
     return shapes, where
 
@@ -377,7 +389,8 @@ def _draft_files(path: Path, allow_pickle: bool) -> list[Path]:
         return weight_files(path, allow_pickle)
     except FileNotFoundError:
         raise FileNotFoundError(f"spec.draft_path {path} is a folder without {SAFE_SINGLE}: point it at the "
-                                "safetensors file of MTP modules (tools/export_checkpoint.py --layout draft)") from None
+                                "safetensors file of MTP modules "
+                                "(tools/export_checkpoint.py --layout draft)") from None
 
 
 def _load(model: nn.Module, plan: dict[str, str], copies: list[str], where: dict[str, Path],
@@ -413,7 +426,8 @@ def _get(h, name: str, f: Path, shard=None) -> torch.Tensor:
     try:
         return h.get_tensor(name) if shard is None else shard.read(h.get_slice(name))
     except (safetensors.SafetensorError, OSError, ValueError) as err:
-        raise CheckpointError(f"{f}: tensor {name} cannot be read ({err}): the file is corrupted; download it again") from None
+        raise CheckpointError(f"{f}: tensor {name} cannot be read ({err}): the file is corrupted; "
+                              "download it again") from None
 
 
 def _convert(t: torch.Tensor, dtype: torch.dtype, device) -> nn.Parameter:

@@ -30,7 +30,8 @@ def check_names(file: Path, expected: dict[str, Any], stored: dict[str, Any]) ->
     raise CheckpointError(
         f"{file} does not match config.json: {len(missing)} missing tensor(s) {show_names(missing)}; "
         f"{len(unexpected)} unexpected tensor(s) {show_names(unexpected)}: "
-        "config.json and weights come from different models (e.g. num_nextn_predict_layers); re-save the checkpoint"
+        "config.json and weights come from different models (e.g. num_nextn_predict_layers); "
+        "re-save the checkpoint"
     )
 
 
@@ -60,7 +61,8 @@ def plan_tensors(model, shapes, layout, num_modules, where, folder, cfg,
         plan.pop("lm_head.weight", None)
     missing = sorted(set(expected) - set(plan) - optional)
     if (missing or unexpected) and draft_path is not None and all(
-            n.startswith("mtp.") for n in missing) and all(is_mtp(n, cfg.num_hidden_layers) for n in unexpected):
+            n.startswith("mtp.") for n in missing) and all(is_mtp(n, cfg.num_hidden_layers)
+                                                           for n in unexpected):
         raise CheckpointError(
             f"spec.draft_path {draft_path} does not fit the target {folder} ({cfg.model_type}): "
             f"{len(missing)} missing MTP tensor(s) {show_names(missing)}; {len(unexpected)} unexpected "

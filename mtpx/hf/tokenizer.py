@@ -44,9 +44,12 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 CHAT_TEMPLATE_DIR = "additional_chat_templates"
 GENERATION_CONFIG_FILE = "generation_config.json"
-# The named special tokens transformers passes to every template (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-RESAVE_HINT = "re-save the tokenizer with transformers: AutoTokenizer.from_pretrained(folder).save_pretrained(folder)"
+# The named special tokens transformers passes to every template
+# (PreTrainedTokenizerBase.SPECIAL_TOKENS_ATTRIBUTES)
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                       "mask_token")
+RESAVE_HINT = ("re-save the tokenizer with transformers: "
+               "AutoTokenizer.from_pretrained(folder).save_pretrained(folder)")
 TEMPLATE_HINT = f"fix {CHAT_TEMPLATE_FILE} (or the chat_template entry of {TOKENIZER_CONFIG_FILE})"
 
 
@@ -61,7 +64,8 @@ class HFTokenizer:
         backend_tokenizer: the fast tokenizer (from tokenizer.json); same name as transformers' attribute.
         chat_template: one jinja template, or a dict of named templates (as transformers keeps them;
             "default" is used unless `apply_chat_template` picks another), or None.
-        special_tokens: named special tokens, e.g. {"eos_token": "<|im_end|>"} (keys from SPECIAL_TOKEN_NAMES).
+        special_tokens: named special tokens, e.g. {"eos_token": "<|im_end|>"} (keys from
+            SPECIAL_TOKEN_NAMES).
         generation_config: the parsed generation_config.json; its `eos_token_id` (int or list) is added
             to `eos_token_ids`, its `bos_token_id` / `pad_token_id` fill in when no token string is named.
         source: where this came from (the folder), used in error messages.
@@ -72,7 +76,8 @@ class HFTokenizer:
         eos_token_ids (list[int]): eos_token's id, then generation_config's, without repeats.
 
     Raises:
-        ValueError: a named special token is not in the vocabulary, or an id in generation_config is not an int.
+        ValueError: a named special token is not in the vocabulary, or an id in generation_config is not an
+            int.
     """
 
     def __init__(self, backend_tokenizer: Tokenizer, chat_template: str | Mapping[str, str] | None = None, *,
@@ -114,7 +119,8 @@ class HFTokenizer:
         write_tokenizer_config(folder, self)
         gen = {"bos_token_id": self.bos_token_id, "eos_token_id": self.eos_token_ids or None,
                "pad_token_id": self.pad_token_id}
-        (folder / GENERATION_CONFIG_FILE).write_text(json.dumps({k: v for k, v in gen.items() if v is not None}) + "\n")
+        (folder / GENERATION_CONFIG_FILE).write_text(json.dumps({k: v for k, v in gen.items()
+                                                                 if v is not None}) + "\n")
         return folder / TOKENIZER_FILE
 
     def __repr__(self) -> str:
@@ -150,14 +156,16 @@ class HFTokenizer:
         if self.chat_template is not None:
             return self.chat_template
         if self.chat_templates:
-            raise ValueError(f"{self.source} has named chat templates {sorted(self.chat_templates)} but none is "
-                             f"called 'default': pass chat_template=<name> to apply_chat_template")
-        raise ValueError(f"{self.source} has no chat template: add a {CHAT_TEMPLATE_FILE} file (or a chat_template "
-                         f"entry in {TOKENIZER_CONFIG_FILE}) to the folder, or pass chat_template=<jinja source>")
+            raise ValueError(f"{self.source} has named chat templates {sorted(self.chat_templates)} but none "
+                             f"is called 'default': pass chat_template=<name> to apply_chat_template")
+        raise ValueError(f"{self.source} has no chat template: add a {CHAT_TEMPLATE_FILE} file (or a "
+                         f"chat_template entry in {TOKENIZER_CONFIG_FILE}) to the folder, "
+                         "or pass chat_template=<jinja source>")
 
     def apply_chat_template(self, messages: Sequence[Mapping], add_generation_prompt: bool = True,
-                            tokenize: bool = False, *, chat_template: str | None = None, tools: list | None = None,
-                            documents: list | None = None, **kwargs) -> str | list[int]:
+                            tokenize: bool = False, *, chat_template: str | None = None,
+                            tools: list | None = None, documents: list | None = None,
+                            **kwargs) -> str | list[int]:
         """Render a conversation with the folder's chat template (transformers' `apply_chat_template` rules).
 
         Args:
@@ -166,10 +174,13 @@ class HFTokenizer:
             add_generation_prompt: append the header that starts the assistant's reply. Note the default
                 is True here (mtpx renders prompts to generate from); transformers' default is False.
             tokenize: return token ids instead of the string. The string is encoded with
-                add_special_tokens=False, as transformers does: the template already holds every special token.
-            chat_template: a template name (see `chat_templates`) or a literal jinja template; see `get_chat_template`.
+                add_special_tokens=False, as transformers does: the template already holds every special
+                token.
+            chat_template: a template name (see `chat_templates`) or a literal jinja template; see
+                `get_chat_template`.
             tools, documents: passed to the template (None when not given, as in transformers).
-            **kwargs: further template variables (e.g. enable_thinking=False); they override the special tokens.
+            **kwargs: further template variables (e.g. enable_thinking=False); they override the special
+                tokens.
 
         Returns:
             The rendered prompt (str), or its token ids (list[int]) when tokenize=True.
@@ -177,15 +188,18 @@ class HFTokenizer:
         Raises:
             ValueError: empty conversation, no chat template, or a template that does not parse.
             TypeError: a message is not a dict.
-            jinja2.exceptions.SecurityError: the template tried something the sandbox forbids (e.g. `__class__`).
-            jinja2.exceptions.TemplateError: the template failed, e.g. its `raise_exception("...")` (the message is
-                kept) or a filter got the wrong type (the original error is chained).
+            jinja2.exceptions.SecurityError: the template tried something the sandbox forbids (e.g.
+                `__class__`).
+            jinja2.exceptions.TemplateError: the template failed, e.g. its `raise_exception("...")` (the
+                message is kept) or a filter got the wrong type (the original error is chained).
         """
         template = self.get_chat_template(chat_template, tools)
         if not messages:
-            raise ValueError("cannot apply a chat template to an empty conversation: pass at least one message")
+            raise ValueError("cannot apply a chat template to an empty conversation: "
+                             "pass at least one message")
         if not all(isinstance(m, Mapping) for m in messages):
-            raise TypeError(f"messages must be dicts like {{'role': 'user', 'content': '...'}}, got {messages!r}")
+            raise TypeError(f"messages must be dicts like {{'role': 'user', 'content': '...'}}, "
+                            f"got {messages!r}")
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         variables = {**self.special_tokens, **kwargs}  # kwargs win, as in transformers
         compiled = _compile(template, self.source)
@@ -193,12 +207,13 @@ class HFTokenizer:
             text = compiled.render(messages=messages, tools=tools, documents=documents,
                                    add_generation_prompt=add_generation_prompt, **variables)
         except SecurityError as err:
-            raise SecurityError(f"the chat template of {self.source} was stopped by the jinja2 sandbox ({err}); "
-                                f"mtpx only runs templates sandboxed: {TEMPLATE_HINT}") from err
+            raise SecurityError(f"the chat template of {self.source} was stopped by the jinja2 sandbox "
+                                f"({err}); mtpx only runs templates sandboxed: {TEMPLATE_HINT}") from err
         except TemplateError as err:  # raise_exception(...) in the template, or an undefined value misused
             raise TemplateError(f"the chat template of {self.source} raised: {err}") from err
         except Exception as err:  # e.g. a TypeError from a filter applied to the wrong kind of value
-            raise TemplateError(f"the chat template of {self.source} failed: {type(err).__name__}: {err}") from err
+            raise TemplateError(
+                f"the chat template of {self.source} failed: {type(err).__name__}: {err}") from err
         if tokenize:
             return self.backend_tokenizer.encode(text, add_special_tokens=False).ids
         return text
@@ -228,13 +243,15 @@ def load_hf_tokenizer(folder: str | os.PathLike) -> HFTokenizer:
     """
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder: point at a Hugging Face checkpoint folder holding {TOKENIZER_FILE}")
+        raise FileNotFoundError(f"{folder} is not a folder: point at a Hugging Face checkpoint folder "
+                                f"holding {TOKENIZER_FILE}")
     file = folder / TOKENIZER_FILE
     if not file.is_file():
-        slow = [n for n in ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt") if (folder / n).is_file()]
+        slow = [n for n in ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt")
+                if (folder / n).is_file()]
         found = f"it only has the slow-tokenizer files {', '.join(slow)}; " if slow else ""
-        raise FileNotFoundError(f"no {TOKENIZER_FILE} in {folder}: {found}mtpx reads only the fast tokenizer, so "
-                                f"{RESAVE_HINT} (this writes {TOKENIZER_FILE})")
+        raise FileNotFoundError(f"no {TOKENIZER_FILE} in {folder}: {found}mtpx reads only the fast "
+                                f"tokenizer, so {RESAVE_HINT} (this writes {TOKENIZER_FILE})")
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as err:  # tokenizers raises a bare Exception on a bad file
@@ -268,7 +285,8 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_templates(folder: Path, config: Mapping) -> dict[str, str]:
-    """Named chat templates: the .jinja files if any (as transformers), else tokenizer_config's chat_template."""
+    """Named chat templates: the .jinja files if any (as transformers), else tokenizer_config's
+    chat_template."""
     files = {}
     if (folder / CHAT_TEMPLATE_FILE).is_file():
         files["default"] = (folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
@@ -333,8 +351,10 @@ class _GenerationTag(jinja2.ext.Extension):
 @lru_cache(maxsize=None)
 def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     if tuple(int(p) for p in re.findall(r"\d+", jinja2.__version__)[:3]) < (3, 1, 6):
-        # Older versions have known sandbox escapes, and chat templates are untrusted (transformers checks the same)
-        raise ImportError(f"chat templates need jinja2>=3.1.6, found {jinja2.__version__}: pip install -U jinja2")
+        # Older versions have known sandbox escapes, and chat templates are untrusted (transformers checks the
+        # same)
+        raise ImportError(f"chat templates need jinja2>=3.1.6, found {jinja2.__version__}: "
+                          "pip install -U jinja2")
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                        extensions=[jinja2.ext.loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
@@ -393,12 +413,14 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     file = path / TOKENIZER_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(
-            f"no tokenizer at {file}: point at a checkpoint folder written by mode=train (it holds {TOKENIZER_FILE})"
+            f"no tokenizer at {file}: point at a checkpoint folder written by mode=train (it holds "
+            f"{TOKENIZER_FILE})"
         )
     try:
         tok = Tokenizer.from_file(str(file))
     except Exception as err:  # tokenizers raises a bare Exception on bad JSON
-        raise ValueError(f"{file} is not a valid tokenizers JSON file ({err}): re-save it with save_tokenizer") from err
+        raise ValueError(
+            f"{file} is not a valid tokenizers JSON file ({err}): re-save it with save_tokenizer") from err
     check_special_ids(tok, str(file))
     return tok
 
