@@ -1,30 +1,26 @@
 """Figures and tables that explain a run's acceptance, and compare runs and sweeps.
 
-One run (`write_run_figures`, called at the end of an eval): from ``metrics["analytics"]``
-(mtpx.metrics.analytics) it writes
+One run (`write_run_figures`, at the end of an eval), from ``metrics["analytics"]``
+(mtpx.metrics.analytics):
 - ``acceptance_conditional.png``: per-position acceptance, unconditional (rounds whose i-th draft
-  was accepted / all rounds, vLLM's definition) next to conditional (/ rounds that verified
-  position i), the count of rounds that reached each position above its bar;
-- ``position0_buckets.png``: position-0 acceptance by the previous round of the same request
-  (first round, 0 .. k-1 accepted, all accepted), each bar annotated with its round count;
-- ``acceptance_by_category.png``: acceptance rate and per-position acceptance per prompt category
-  (only when the run has more than one category).
-A figure without data (a run without speculation, or with one category) is not written.
-With automatic k, mtpx.metrics.cost_model_figure's figures follow (k and depth histograms, the
-cost model's predicted vs measured speed-up per batch size).
+  was accepted / all rounds, vLLM's definition) beside conditional (/ rounds that verified position
+  i), with the rounds that reached each position;
+- ``position0_buckets.png``: position-0 acceptance by the same request's previous round (first
+  round, 0 .. k-1 accepted, all accepted), with each bar's round count;
+- ``acceptance_by_category.png``: acceptance rate and per-position acceptance per prompt category.
+A figure without data (no speculation, one category) is not written. With automatic k,
+mtpx.metrics.cost_model_figure's figures follow.
 
-Several runs (`load_run`, `write_comparison_figures`, `dashboard_markdown`, used by
-tools/dashboard.py): per-position curves side by side, each run's position-0 buckets, output
-throughput and median TPOT against num_speculative_tokens, acceptance by category, and the
-position-0 prediction of every ordered pair of spec runs (`position0_predictions`).
+Several runs (`load_run`, `write_comparison_figures`, `dashboard_markdown`; tools/dashboard.py):
+per-position curves side by side, each run's position-0 buckets, output throughput and median TPOT
+against num_speculative_tokens, acceptance by category, and the position-0 prediction of every
+ordered pair of spec runs (`position0_predictions`). Run directories are read by
+mtpx.metrics.run_dirs, the markdown summary is mtpx.metrics.dashboard_summary's (both re-exported
+here), a multirun's table mtpx.metrics.sweep's.
 
-Reading run directories is mtpx.metrics.run_dirs's, the markdown summary
-mtpx.metrics.dashboard_summary's (both re-exported here), a Hydra multirun's table
-mtpx.metrics.sweep's.
-
-Figures use matplotlib's object API (``Figure`` with the Agg canvas, no pyplot global state) and
-are written atomically (mtpx.io.atomic_write_bytes). Rates are fractions in the metrics dicts and
-percentages in figures and tables.
+Figures use matplotlib's object API (``Figure`` on the Agg canvas, no pyplot state) and are written
+atomically (mtpx.io.atomic_write_bytes). Rates are fractions in the metrics dicts and percentages in
+figures and tables.
 """
 from __future__ import annotations
 

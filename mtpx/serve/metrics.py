@@ -11,8 +11,8 @@ them.
 
 Latency buckets: by default a geometric grid, 2**(1/4) apart (19% per bucket) from 0.5 ms to
 about 17 minutes (DEFAULT_LATENCY_BUCKETS), so a quantile interpolated from them is within one
-bucket's 19% at any model speed (the old 5 -> 10 -> 30 s steps were not); `serve.latency_buckets`
-(a list of upper bounds in seconds) replaces them.
+bucket's 19% at any model speed; `serve.latency_buckets` (a list of upper bounds in seconds)
+replaces them.
 """
 from __future__ import annotations
 
