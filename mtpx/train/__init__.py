@@ -13,7 +13,8 @@ from mtpx.train.checkpoint import (
     save_checkpoint,
 )
 from mtpx.train.loop import evaluate, lr_at, train, train_step
-from mtpx.train.tokenizer import decode, encode, eos_token_id, load_tokenizer, pad_token_id, save_tokenizer, train_tokenizer
+from mtpx.train.tokenizer import (decode, encode, eos_token_id, load_tokenizer, pad_token_id, save_tokenizer,
+                                  train_tokenizer)
 
 __all__ = [
     "CheckpointError",

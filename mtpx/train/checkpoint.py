@@ -114,7 +114,8 @@ def _model_cfg(model: torch.nn.Module) -> ModelConfig:
     return cfg
 
 
-def _stored_state(model: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+def _stored_state(model: torch.nn.Module,
+                  state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The tensors that go into model.safetensors: the state dict (or `state`, same names) minus
     aliases.
 
@@ -189,16 +190,19 @@ def load_model(
     if is_hf_folder(path):
         model, tokenizer = load_pretrained(path, dtype=dtype, device=device)
         if tokenizer is None:
-            raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: add the model's tokenizer.json")
+            raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: "
+                                    "add the model's tokenizer.json")
         return model, tokenizer
     cfg = load_config(path)
     weights = path / WEIGHTS_FILE
     if not weights.is_file():
         raise FileNotFoundError(
-            f"checkpoint folder {path} has no {WEIGHTS_FILE}: the save did not finish; re-run mode=train or point model.path elsewhere"
+            f"checkpoint folder {path} has no {WEIGHTS_FILE}: the save did not finish; "
+            "re-run mode=train or point model.path elsewhere"
         )
     if not (path / TOKENIZER_FILE).is_file():
-        raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: point model.path at a folder written by mode=train")
+        raise FileNotFoundError(f"checkpoint folder {path} has no {TOKENIZER_FILE}: "
+                                "point model.path at a folder written by mode=train")
     tokenizer = load_folder_tokenizer(path)
 
     model = MTPForCausalLM(cfg)
@@ -211,7 +215,8 @@ def load_model(
             if stored[name] != shape:
                 raise CheckpointError(
                     f"{weights}: tensor {name} has shape {list(stored[name])} but config.json implies "
-                    f"{list(shape)}: config.json and weights come from different models; re-save the checkpoint"
+                    f"{list(shape)}: config.json and weights come from different models; "
+                    "re-save the checkpoint"
                 )
         for name in expected:
             tensors[name] = f.get_tensor(name)
@@ -266,7 +271,8 @@ def read_optimizer_state(path: str | os.PathLike, optimizer: torch.optim.Optimiz
     file = path / OPTIMIZER_FILE
     if meta is None or not file.is_file():
         raise FileNotFoundError(
-            f"checkpoint folder {path} has no optimizer state ({OPTIMIZER_FILE}): set train.resume=false to start over"
+            f"checkpoint folder {path} has no optimizer state ({OPTIMIZER_FILE}): "
+            "set train.resume=false to start over"
         )
     saved_sizes = [len(g["params"]) for g in meta["param_groups"]]
     sizes = [len(g["params"]) for g in optimizer.param_groups]

@@ -74,11 +74,13 @@ def parse_data_sources(entries: Sequence[str]) -> list[SourceSpec]:
         name, _, w = str(entry).partition(":")
         name = name.strip()
         if name not in SOURCES:
-            raise ValueError(f"unknown data source {name!r} in train.data_sources: use any of {list(SOURCES)}")
+            raise ValueError(
+                f"unknown data source {name!r} in train.data_sources: use any of {list(SOURCES)}")
         try:
             weight = float(w) if w else 1.0
         except ValueError:
-            raise ValueError(f"data source {entry!r}: the weight after ':' must be a number, e.g. 'stdlib:0.5'") from None
+            raise ValueError(f"data source {entry!r}: the weight after ':' must be a number, "
+                             "e.g. 'stdlib:0.5'") from None
         if not weight > 0:
             raise ValueError(f"data source {entry!r}: the weight must be > 0 (drop the source instead)")
         if any(s.name == name for s in specs):
@@ -151,7 +153,8 @@ def stdlib_files(max_bytes: int | None = None, root: str | os.PathLike | None = 
 
     root = Path(root) if root is not None else stdlib_dir()
     if not root.is_dir():
-        raise FileNotFoundError(f"stdlib folder {root} not found: this Python has no source stdlib; drop 'stdlib' from train.data_sources")
+        raise FileNotFoundError(f"stdlib folder {root} not found: this Python has no source stdlib; "
+                                "drop 'stdlib' from train.data_sources")
     heldout = {Path(m).as_posix() for m in STDLIB_HELDOUT_MODULES}
     rels = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -206,13 +209,14 @@ def read_distill(path: str | os.PathLike) -> list[TokenizedDocument]:
             ids = ids[:-1]
         docs.append(TokenizedDocument(r.prompt + r.completion, tuple(ids), manifest["tokenizer_sha256"]))
     if not docs:
-        raise ValueError(f"train.distill_path={path}: no record has a completion (every prompt failed to generate)")
+        raise ValueError(f"train.distill_path={path}: no record has a completion (every prompt failed to "
+                         "generate)")
     return docs
 
 
 def load_documents(
-    specs: Sequence[SourceSpec], *, gsm8k_path: str | os.PathLike | None = None, stdlib_max_bytes: int | None = None,
-    distill_path: str | os.PathLike | None = None,
+    specs: Sequence[SourceSpec], *, gsm8k_path: str | os.PathLike | None = None,
+    stdlib_max_bytes: int | None = None, distill_path: str | os.PathLike | None = None,
 ) -> dict[str, list[Document]]:
     """Documents of every source in `specs`, keyed by source name (in `specs` order).
 
@@ -224,21 +228,23 @@ def load_documents(
     for spec in specs:
         if spec.name == "gsm8k":
             if not gsm8k_path:
-                raise ValueError("data source 'gsm8k' needs train.gsm8k_path=/path/to/gsm8k/train.jsonl (GSM8K's train split)")
+                raise ValueError("data source 'gsm8k' needs train.gsm8k_path=/path/to/gsm8k/train.jsonl "
+                                 "(GSM8K's train split)")
             docs["gsm8k"] = read_gsm8k(gsm8k_path)
         elif spec.name == "stdlib":
             docs["stdlib"] = read_stdlib(stdlib_max_bytes)
         elif spec.name == "distill":
             if not distill_path:
-                raise ValueError("data source 'distill' needs train.distill_path: the folder mode=distill wrote "
-                                 "(distill.out_dir)")
+                raise ValueError("data source 'distill' needs train.distill_path: the folder mode=distill "
+                                 "wrote (distill.out_dir)")
             docs["distill"] = read_distill(distill_path)
         else:  # parse_data_sources already rejects these
             raise ValueError(f"unknown data source {spec.name!r}")
     return docs
 
 
-def split_documents(docs: Sequence[Document], val_fraction: float, seed: int) -> tuple[list[Document], list[Document]]:
+def split_documents(docs: Sequence[Document], val_fraction: float,
+                    seed: int) -> tuple[list[Document], list[Document]]:
     """Split documents into (train, val) by a seeded shuffle; at least one val document whenever
     there are two or more documents. The order inside each part is the original order.
 
@@ -246,7 +252,8 @@ def split_documents(docs: Sequence[Document], val_fraction: float, seed: int) ->
         ValueError: val_fraction is outside [0, 1).
     """
     if not 0 <= val_fraction < 1:
-        raise ValueError(f"val_fraction={val_fraction} must be in [0, 1): e.g. 0.05 keeps 5% of documents for validation")
+        raise ValueError(f"val_fraction={val_fraction} must be in [0, 1): "
+                         "e.g. 0.05 keeps 5% of documents for validation")
     n = len(docs)
     n_val = 0 if n < 2 or val_fraction == 0 else max(1, round(n * val_fraction))
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
@@ -327,7 +334,8 @@ def encode_documents(tokenizer: Tokenizer, docs: Sequence[Document]) -> list[Seq
     from mtpx.train.tokenizer import tokenizer_sha256
 
     sha = tokenizer_sha256(tokenizer) if any(isinstance(d, TokenizedDocument) for d in docs) else None
-    texts = [i for i, d in enumerate(docs) if not (isinstance(d, TokenizedDocument) and d.tokenizer_sha256 == sha)]
+    texts = [i for i, d in enumerate(docs)
+             if not (isinstance(d, TokenizedDocument) and d.tokenizer_sha256 == sha)]
     encoded = dict(zip(texts, encode_batch(tokenizer, [doc_text(docs[i]) for i in texts])))
     return [encoded[i] if i in encoded else docs[i].token_ids for i in range(len(docs))]
 
@@ -381,7 +389,8 @@ class BatchSampler:
     def __init__(self, corpus: PackedCorpus, batch_size: int, seed: int):
         if len(corpus) == 0:
             raise ValueError(
-                f"the training corpus has no block of seq_len={corpus.seq_len} tokens: add data or lower train.seq_len"
+                f"the training corpus has no block of seq_len={corpus.seq_len} tokens: "
+                "add data or lower train.seq_len"
             )
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size} must be >= 1")

@@ -82,19 +82,20 @@ def resolve(parallel: str, freeze_base: bool, batch_size: int, env: dict[str, st
     local_rank = int(env.get("LOCAL_RANK", rank))
     if world is None:
         if parallel in ("ddp", "fsdp"):
-            raise ValueError(f"train.parallel={parallel} needs torchrun (RANK / WORLD_SIZE are unset): launch with "
-                             "torchrun --nproc_per_node=N train_or_eval.py mode=train ..., or use train.parallel=auto")
+            raise ValueError(f"train.parallel={parallel} needs torchrun (RANK / WORLD_SIZE are unset): "
+                             "launch with torchrun --nproc_per_node=N train_or_eval.py mode=train ..., "
+                             "or use train.parallel=auto")
         return DistInfo()
     if parallel == "none" and world > 1:
-        raise ValueError(f"train.parallel=none under torchrun with WORLD_SIZE={world}: each rank would train alone "
-                         "into the same out_dir; use train.parallel=auto (ddp) or run without torchrun")
+        raise ValueError(f"train.parallel=none under torchrun with WORLD_SIZE={world}: each rank would train "
+                         "alone into the same out_dir; use train.parallel=auto (ddp) or run without torchrun")
     mode = ("ddp" if world > 1 else "none") if parallel == "auto" else parallel
     if mode == "fsdp" and not freeze_base:
         raise ValueError("train.parallel=fsdp shards a frozen target: set train.freeze_base=true, or use "
                          "train.parallel=ddp for joint training")
     if batch_size % world:
-        raise ValueError(f"train.batch_size={batch_size} is the global batch (rows per step over all ranks) and must "
-                         f"be divisible by the world size {world}: use a multiple of {world}")
+        raise ValueError(f"train.batch_size={batch_size} is the global batch (rows per step over all ranks) "
+                         f"and must be divisible by the world size {world}: use a multiple of {world}")
     if mode == "none":
         return DistInfo()
     return DistInfo(mode, rank, world, local_rank)
@@ -241,16 +242,19 @@ def full_state(wrapped: nn.Module, objective: nn.Module, optimizer: torch.optim.
     return model_state, _indexed_optimizer_state(osd, _param_fqns(objective, optimizer))
 
 
-def load_optimizer_full(objective: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_optimizer_full(objective: nn.Module, optimizer: torch.optim.Optimizer,
+                        state: dict[str, Any]) -> None:
     """Load a full optimizer state in the single-process format (integer indices, as
     mtpx.train.checkpoint reads it) into the optimizer of an FSDP2-sharded `objective`: every rank
     passes the full state and keeps its shard (set_optimizer_state_dict, full_state_dict=True)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     fqns = _param_fqns(objective, optimizer)
     by_fqn = {"state": {fqns[i]: st for i, st in state["state"].items()},
-              "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]} for g in state["param_groups"]]}
+              "param_groups": [{**g, "params": [fqns[i] for i in g["params"]]}
+                               for g in state["param_groups"]]}
     # strict=False: a parameter without state (no step yet) is left without, as optimizer.load_state_dict does
-    set_optimizer_state_dict(objective, optimizer, by_fqn, options=StateDictOptions(full_state_dict=True, strict=False))
+    set_optimizer_state_dict(objective, optimizer, by_fqn,
+                             options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def _param_fqns(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from tokenizers import Tokenizer
 
 from mtpx.engine.threads import ThreadChoice
@@ -84,7 +85,8 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, steps: int)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
 
 
-def build_optimizer(model: MTPForCausalLM, *, lr: float, weight_decay: float, freeze_base: bool) -> torch.optim.AdamW:
+def build_optimizer(model: MTPForCausalLM, *, lr: float, weight_decay: float,
+                    freeze_base: bool) -> torch.optim.AdamW:
     """AdamW over the trainable parameters, in model.named_parameters() order (stable across runs,
     which optimizer.safetensors relies on). Matrices (dim >= 2: linears, embeddings) get weight
     decay; norms and biases do not (nanoGPT). With freeze_base only the MTP parameters are given to
@@ -92,9 +94,11 @@ def build_optimizer(model: MTPForCausalLM, *, lr: float, weight_decay: float, fr
     if freeze_base:
         target_ids = freeze_target(model)
         mtp_ids = {id(p) for p in model.mtp_parameters()} - target_ids
-    params = [p for _, p in model.named_parameters() if p.requires_grad and (not freeze_base or id(p) in mtp_ids)]
+    params = [p for _, p in model.named_parameters()
+              if p.requires_grad and (not freeze_base or id(p) in mtp_ids)]
     if not params:
-        raise ValueError("no trainable parameters: with train.freeze_base=true the model needs num_nextn_predict_layers >= 1")
+        raise ValueError("no trainable parameters: with train.freeze_base=true the model needs "
+                         "num_nextn_predict_layers >= 1")
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
@@ -123,9 +127,9 @@ def share_mtp_inputs(model: MTPForCausalLM) -> None:
         ValueError: the model's mtp_style is not "qwen3_next".
     """
     if model.cfg.mtp_style != "qwen3_next":
-        raise ValueError(f"train.mtp_share_fc=true shares the Qwen3-Next layout's fc and norms, but the model's "
-                         f"mtp_style is {model.cfg.mtp_style}: set model.mtp_style=qwen3_next (a fresh model) or drop "
-                         "train.mtp_share_fc")
+        raise ValueError(f"train.mtp_share_fc=true shares the Qwen3-Next layout's fc and norms, but the "
+                         f"model's mtp_style is {model.cfg.mtp_style}: set model.mtp_style=qwen3_next (a "
+                         "fresh model) or drop train.mtp_share_fc")
     for m in model.mtp[1:]:
         for part in QWEN3_NEXT_SHARED:
             setattr(m, part, model.mtp[0].get_submodule(part))
@@ -175,7 +179,8 @@ def train_step(
 
 @torch.no_grad()
 def evaluate(model: MTPForCausalLM, batches: list[torch.Tensor], mtp_loss_weight: float,
-             objective: torch.nn.Module | None = None, autocast: torch.dtype | None = None) -> dict[str, float]:
+             objective: torch.nn.Module | None = None,
+             autocast: torch.dtype | None = None) -> dict[str, float]:
     """Mean validation losses over `batches` (each LongTensor [B, T]): {"loss", "main", "mtp1".."mtpN"}
     in nats per token. objective, autocast: as in train_step (None = model.training_losses). The
     model is put in eval mode and restored to its previous mode."""
@@ -263,12 +268,13 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
         ckpt.load_optimizer_state(out_dir, opt)
 
     # what training reads (the eval, bench, engine and logger groups do not shape it)
-    run_config = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], DictConfig) else cfg[k]
+    run_config = {k: OmegaConf.to_container(cfg[k], resolve=True) if isinstance(cfg[k], DictConfig)
+                  else cfg[k]
                   for k in ("mode", "seed", "model", "train") if k in cfg}
     # record the architecture actually trained (a resume or model.path keeps the checkpoint's)
     run_config["model"] = {**model.cfg.to_dict(), "path": cfg.model.get("path")}
-    run = _Trainer(t, info, device, out_dir, console, model, tok, objective, wrapped, opt, data, history, threads,
-                   run_config, log_fn, extra_state, freeze, objective.num_depths,
+    run = _Trainer(t, info, device, out_dir, console, model, tok, objective, wrapped, opt, data, history,
+                   threads, run_config, log_fn, extra_state, freeze, objective.num_depths,
                    _DTYPES[t.get("save_dtype", "float32")], _AUTOCAST[t.get("autocast")])
 
     steps = int(t.steps)
@@ -306,15 +312,16 @@ def _prepare_model(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, d
         share_mtp_inputs(model)
     unroll = int(t.get("mtp_unroll") or 0)
     if unroll and model.cfg.num_nextn_predict_layers != 1:
-        raise ValueError(f"train.mtp_unroll={unroll} trains module 0 applied {unroll} times (single-module MTP), but the "
-                         f"model has {model.cfg.num_nextn_predict_layers} MTP modules: set "
+        raise ValueError(f"train.mtp_unroll={unroll} trains module 0 applied {unroll} times (single-module "
+                         f"MTP), but the model has {model.cfg.num_nextn_predict_layers} MTP modules: set "
                          "model.num_nextn_predict_layers=1, or train.mtp_unroll=0")
     model.to(device)
-    threads = choose_train_threads(t, model, info, ckpt.load_trainer_state(out_dir).get("threads") if resume else None)
+    threads = choose_train_threads(t, model, info,
+                                   ckpt.load_trainer_state(out_dir).get("threads") if resume else None)
     console.print(threads.describe())
     if on_config is not None:
-        on_config({"model": {**model.cfg.to_dict(), "path": cfg.model.get("path")}, "threads": threads.threads,
-                   "threads_reason": threads.reason})
+        on_config({"model": {**model.cfg.to_dict(), "path": cfg.model.get("path")},
+                   "threads": threads.threads, "threads_reason": threads.reason})
     if int(t.seq_len) > model.cfg.max_position_embeddings:
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings="
                          f"{model.cfg.max_position_embeddings}: lower train.seq_len")
@@ -339,10 +346,12 @@ def _corpora(t: DictConfig, info: distributed.DistInfo, device: torch.device, sp
     """Pack the split documents with the model's tokenizer (source weights from the specs) and
     print their sizes (a warning first when the distilled data has another tokenizer)."""
     if "distill" in docs and docs["distill"][0].tokenizer_sha256 != tokenizer_sha256(tok):
-        console.print("[yellow]train.distill_path was generated with another tokenizer than the model's: its text is "
-                      "re-encoded, so the token sequences are not exactly the ones the target generated")
+        console.print("[yellow]train.distill_path was generated with another tokenizer than the model's: its "
+                      "text is re-encoded, so the token sequences are not exactly the ones the target "
+                      "generated")
     weights = {s.name: s.weight for s in specs}
-    train_corpus: PackedCorpus = pack_corpus({n: tr for n, (tr, _) in split.items()}, weights, tok, int(t.seq_len))
+    train_corpus: PackedCorpus = pack_corpus({n: tr for n, (tr, _) in split.items()}, weights, tok,
+                                             int(t.seq_len))
     val_corpus = pack_corpus({n: va for n, (_, va) in split.items()}, weights, tok, int(t.seq_len))
     sampler = BatchSampler(train_corpus, int(t.batch_size), int(t.seed))
     # this rank's rows of every validation batch (all of them without torchrun)
@@ -351,8 +360,8 @@ def _corpora(t: DictConfig, info: distributed.DistInfo, device: torch.device, sp
     console.print(f"data: train {train_corpus.num_tokens()} tokens, val {val_corpus.num_tokens()} tokens; "
                   f"vocab {tok.get_vocab_size()}; {sum(p.numel() for p in model.parameters()):,} parameters")
     if info.active:
-        console.print(f"{info.mode} over {info.world_size} ranks: {int(t.batch_size) // info.world_size} rows per rank "
-                      f"of the global batch {t.batch_size}")
+        console.print(f"{info.mode} over {info.world_size} ranks: {int(t.batch_size) // info.world_size} "
+                      f"rows per rank of the global batch {t.batch_size}")
     return _Corpora(train_corpus, val_corpus, sampler, val)
 
 
@@ -390,7 +399,8 @@ class _Trainer:
         history, num_mtp, out_dir = self.history, self.num_mtp, self.out_dir
         state = {**(self.extra_state or {}), "step": step, "loss_history": history, "config": self.run_config,
                  "threads": self.threads.threads,
-                 "data": {"train_tokens": self.data.train.num_tokens(), "val_tokens": self.data.val.num_tokens()}}
+                 "data": {"train_tokens": self.data.train.num_tokens(),
+                          "val_tokens": self.data.val.num_tokens()}}
 
         def extras(folder: Path) -> None:
             write_losses_csv(history, folder / "losses.csv", num_mtp)
@@ -408,8 +418,9 @@ class _Trainer:
 
     def validate(self, step: int) -> dict[str, float]:
         """The validation losses at `step`, averaged over ranks, added to the history and logged."""
-        v = distributed.mean_over_ranks(evaluate(self.model, self.data.val_batches, float(self.t.mtp_loss_weight),
-                                                 objective=self.wrapped, autocast=self.amp), self.info, self.device)
+        v = distributed.mean_over_ranks(evaluate(self.model, self.data.val_batches,
+                                                 float(self.t.mtp_loss_weight), objective=self.wrapped,
+                                                 autocast=self.amp), self.info, self.device)
         self.history.append({"step": step, "split": "val", **v})
         if self.log_fn is not None:
             self.log_fn({f"val/{k}": x for k, x in v.items()}, step)
@@ -424,7 +435,8 @@ def _train_steps(run: _Trainer, start: int) -> None:
     t, info, device, names = run.t, run.info, run.device, run.names
     seed, steps, eval_every, save_every = int(t.seed), int(t.steps), int(t.eval_every), int(t.save_every)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=run.console, disable=not info.is_main)
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=run.console,
+                        disable=not info.is_main)
     tokens_per_step = int(t.batch_size) * int(t.seq_len)  # the global batch: the job's throughput
     with progress, GracefulInterrupt() as interrupt:
         task = progress.add_task("training", total=steps, completed=start)
@@ -435,7 +447,8 @@ def _train_steps(run: _Trainer, start: int) -> None:
                 break
             # per-step seed: the model has no dropout today, but any stochastic op stays resumable
             torch.manual_seed((seed << 32) + step)
-            lr = lr_at(step, lr=float(t.lr), min_lr=float(t.min_lr), warmup_steps=int(t.warmup_steps), steps=steps)
+            lr = lr_at(step, lr=float(t.lr), min_lr=float(t.min_lr), warmup_steps=int(t.warmup_steps),
+                       steps=steps)
             m = train_step(run.model, run.opt, distributed.rank_rows(batch, info).to(device), lr=lr,
                            grad_clip=float(t.grad_clip), mtp_loss_weight=float(t.mtp_loss_weight),
                            train_base=not run.freeze, objective=run.wrapped, autocast=run.amp)
@@ -444,19 +457,23 @@ def _train_steps(run: _Trainer, start: int) -> None:
             run.history.append({"step": done, "split": "train", "lr": lr, **m})
             n_timed += 1
             progress.update(task, advance=1)
-            lines.update(done, f"{(done - start) * tokens_per_step / max(time.perf_counter() - lines.t0, 1e-9):.0f} tok/s",
-                         f"lr {lr:.1e}", f"loss {format_losses_compact(m, names)}")
+            lines.update(
+                done,
+                f"{(done - start) * tokens_per_step / max(time.perf_counter() - lines.t0, 1e-9):.0f} tok/s",
+                f"lr {lr:.1e}", f"loss {format_losses_compact(m, names)}")
             if done % int(t.log_every) == 0 or done == steps:
                 tok_s = n_timed * tokens_per_step / max(time.perf_counter() - t0, 1e-9)
                 t0, n_timed = time.perf_counter(), 0
-                progress.update(task, description=f"step {done} lr {lr:.1e} {format_losses_compact(m, names)}")
+                progress.update(task,
+                                description=f"step {done} lr {lr:.1e} {format_losses_compact(m, names)}")
                 if run.log_fn is not None:
                     run.log_fn({**{f"train/{k}": v for k, v in m.items()}, "train/lr": lr,
                                 "train/tokens_per_s": tok_s}, done)
             if (eval_every > 0 and done % eval_every == 0) or done == steps:
                 v = run.validate(done)
                 progress.console.print(f"step {done} val: {format_losses(v, names)}")
-            stop = distributed.any_rank(interrupt.requested, info, device)  # every rank stops at the same step
+            # every rank stops at the same step
+            stop = distributed.any_rank(interrupt.requested, info, device)
             if (save_every > 0 and done % save_every == 0) or done == steps:
                 run.save(done)
             elif stop:

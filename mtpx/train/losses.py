@@ -97,7 +97,8 @@ class Objective(nn.Module):
                  mtp_unroll: int = 0):
         super().__init__()
         self.model = model
-        self.weights = dict(mtp_loss_weight=mtp_loss_weight, mtp_loss_decay=mtp_loss_decay, mtp_unroll=mtp_unroll)
+        self.weights = dict(mtp_loss_weight=mtp_loss_weight, mtp_loss_decay=mtp_loss_decay,
+                            mtp_unroll=mtp_unroll)
 
     @property
     def num_depths(self) -> int:

@@ -28,7 +28,8 @@ def write_losses_csv(history: list[dict[str, Any]], file: Path, num_mtp: int) ->
         w.writerows(history)
 
 
-def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int, identity: str | None = None) -> None:
+def plot_loss_curve(history: list[dict[str, Any]], file: Path, num_mtp: int,
+                    identity: str | None = None) -> None:
     """PNG with two panels, train loss and val loss per depth: main in black, MTP depth k in a
     viridis colour from dark (depth 1) to light (depth num_mtp), one legend entry per depth;
     identity: the run's line above them (`loss_curve_identity`)."""
@@ -68,8 +69,9 @@ def loss_curve_identity(out_dir: Path, mcfg: ModelConfig, t: DictConfig, step: i
     """loss_curve.png's title: 'OUT_DIR · L layers x H, N MTP modules (style) · data SOURCES ·
     step S of STEPS · DATE UTC · commit C'."""
     return (f"{out_dir.name} · {mcfg.num_hidden_layers} layers x {mcfg.hidden_size}, "
-            f"{mcfg.num_nextn_predict_layers} MTP modules ({mcfg.mtp_style}) · data {','.join(map(str, t.data_sources))}"
-            f" · step {step} of {t.steps}{provenance(utc_now(), source_commit())}")
+            f"{mcfg.num_nextn_predict_layers} MTP modules ({mcfg.mtp_style}) · data "
+            f"{','.join(map(str, t.data_sources))} · step {step} of "
+            f"{t.steps}{provenance(utc_now(), source_commit())}")
 
 
 def format_losses(losses: dict[str, float], names: list[str]) -> str:

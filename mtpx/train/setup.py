@@ -44,7 +44,8 @@ def choose_train_threads(t: DictConfig, model: MTPForCausalLM, info: distributed
         n = max(1, available_cpus() // local)
         torch.set_num_threads(n)
         return ThreadChoice(n, f"the node's CPUs shared by its {local} ranks", available_cpus())
-    on_gpu = next(model.parameters()).device.type != "cpu"       # the CPU threads barely matter: no measurement
+    # the CPU threads barely matter: no measurement
+    on_gpu = next(model.parameters()).device.type != "cpu"
     return choose_threads(None if on_gpu else model, requested, "train.threads")
 
 
@@ -53,18 +54,22 @@ def check_cfg(cfg: DictConfig) -> DictConfig:
     here those across sections (model.path, freeze_base, seq_len against the model)."""
     for section in ("model", "train"):
         if section not in cfg:
-            raise ValueError(f"config has no '{section}' section: pass the full run config (model, train, data)")
+            raise ValueError(f"config has no '{section}' section: pass the full run config (model, train, "
+                             "data)")
     schema.check("train", cfg.train)
     t = cfg.train
     if cfg.model.get("path") is not None and not str(cfg.model.get("path")).strip():
-        raise ValueError("model.path is empty: give the checkpoint folder to start from (model.path=DIR), or leave "
-                         "model.path out to train a fresh model")
-    if t.freeze_base and not cfg.model.get("path") and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir)):
-        raise ValueError("train.freeze_base=true needs model.path: point it at the trained target's checkpoint folder")
+        raise ValueError("model.path is empty: give the checkpoint folder to start from (model.path=DIR), or "
+                         "leave model.path out to train a fresh model")
+    if (t.freeze_base and not cfg.model.get("path")
+            and not (t.get("resume", True) and ckpt.has_trainer_state(t.out_dir))):
+        raise ValueError("train.freeze_base=true needs model.path: "
+                         "point it at the trained target's checkpoint folder")
     max_pos = cfg.model.get("max_position_embeddings")
     if not cfg.model.get("path") and isinstance(max_pos, int) and t.seq_len > max_pos:
-        raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings={max_pos}: "
-                         f"lower train.seq_len or raise model.max_position_embeddings")
+        raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's "
+                         f"max_position_embeddings={max_pos}: lower train.seq_len or raise "
+                         "model.max_position_embeddings")
     return t
 
 
@@ -77,8 +82,8 @@ def prepare_out_dir(out_dir: Path, resume: bool) -> list[str]:
         raise ValueError(f"train.out_dir={out_dir} is a file: choose a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not ckpt.has_trainer_state(out_dir):
         raise ValueError(f"train.out_dir={out_dir} exists and is not an mtpx training run (no "
-                         f"{ckpt.TRAINER_STATE_FILE}); training would overwrite it: choose a new train.out_dir "
-                         "(or remove the folder)")
+                         f"{ckpt.TRAINER_STATE_FILE}); training would overwrite it: choose a new "
+                         "train.out_dir (or remove the folder)")
     if out_dir.is_dir() and ckpt.has_trainer_state(out_dir) and not resume:
         notes.append(f"train.resume=false: the training run in {out_dir} is replaced at the first save")
     parent = out_dir.parent
@@ -88,8 +93,8 @@ def prepare_out_dir(out_dir: Path, resume: bool) -> list[str]:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"train.out_dir={out_dir}: cannot write to {parent} ({e.strerror}): choose a writable "
-                         "folder") from None
+        raise ValueError(f"train.out_dir={out_dir}: cannot write to {parent} ({e.strerror}): choose a "
+                         "writable folder") from None
     return notes
 
 
@@ -102,7 +107,8 @@ def model_fields(cfg: DictConfig) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> tuple[MTPForCausalLM, Tokenizer]:
+def init_from(path: str, want: dict[str, Any], seed: int,
+              console: Console) -> tuple[MTPForCausalLM, Tokenizer]:
     """Model and tokenizer from checkpoint `path`, with `num_nextn_predict_layers` taken from `want`
     when it differs (new draft modules are randomly initialised with `seed`, extra ones dropped).
     The other architecture keys of the model group are not used: the folder's config.json
@@ -126,8 +132,8 @@ def init_from(path: str, want: dict[str, Any], seed: int, console: Console) -> t
 
 
 # fields a resumed run may change without altering what it trains on
-_RESUME_FREE_KEYS = {"steps", "out_dir", "resume", "eval_every", "eval_batches", "save_every", "log_every", "threads",
-                     "device", "save_dtype", "parallel", "dist_timeout_s"}
+_RESUME_FREE_KEYS = {"steps", "out_dir", "resume", "eval_every", "eval_batches", "save_every", "log_every",
+                     "threads", "device", "save_dtype", "parallel", "dist_timeout_s"}
 
 
 def warn_changed(section: str, saved: dict[str, Any], now: dict[str, Any], console: Console) -> None:
@@ -137,8 +143,8 @@ def warn_changed(section: str, saved: dict[str, Any], now: dict[str, Any], conso
     changed = sorted(k for k in set(saved) & set(now)
                      if k not in _RESUME_FREE_KEYS and now[k] is not None and saved[k] != now[k])
     if changed:
-        console.print(f"[yellow]resuming {section} with changed fields {changed}: the checkpoint's model config "
-                      "is kept, new train fields apply; the run differs from an uninterrupted one")
+        console.print(f"[yellow]resuming {section} with changed fields {changed}: the checkpoint's model "
+                      "config is kept, new train fields apply; the run differs from an uninterrupted one")
 
 
 def check_device(device: str) -> None:
@@ -166,8 +172,8 @@ def resume_decision(t: DictConfig, info: distributed.DistInfo, console: Console)
         console.print(note)
     resume = distributed.on_main(lambda: want_resume and ckpt.has_trainer_state(out_dir), info)
     if resume and not ckpt.has_trainer_state(out_dir):
-        raise ValueError(f"rank {info.rank}: train.out_dir={out_dir} holds the run that rank 0 resumes, but this "
-                         "process cannot read it: put train.out_dir on storage that every node reads")
+        raise ValueError(f"rank {info.rank}: train.out_dir={out_dir} holds the run that rank 0 resumes, but "
+                         "this process cannot read it: put train.out_dir on storage that every node reads")
     return out_dir, resume
 
 
@@ -186,12 +192,14 @@ def start_state(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, out_
         console.print(f"resuming {out_dir} at step {start}")
         saved_cfg = state.get("config", {})
         for section in ("model", "train"):
-            warn_changed(section, saved_cfg.get(section, {}), OmegaConf.to_container(cfg[section], resolve=True), console)
+            warn_changed(section, saved_cfg.get(section, {}),
+                         OmegaConf.to_container(cfg[section], resolve=True), console)
     elif cfg.model.get("path"):
         model, tok = init_from(str(cfg.model.path), model_fields(cfg), seed, console)
     else:
         def fit_tokenizer() -> Tokenizer:
-            return train_tokenizer((doc_text(d) for tr, _ in split.values() for d in tr), int(t.tokenizer_vocab_size))
+            return train_tokenizer((doc_text(d) for tr, _ in split.values() for d in tr),
+                                   int(t.tokenizer_vocab_size))
         # under torchrun rank 0 trains it and every rank uses rank 0's (no reliance on the
         # trainer being deterministic across processes)
         tok = fit_tokenizer() if not info.active else Tokenizer.from_str(

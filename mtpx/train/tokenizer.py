@@ -44,7 +44,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     if vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(
             f"tokenizer vocab_size={vocab_size} is too small: a byte-level BPE needs at least "
-            f"{MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special tokens); raise train.tokenizer_vocab_size"
+            f"{MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special tokens); "
+            "raise train.tokenizer_vocab_size"
         )
     tok = Tokenizer(models.BPE())
     # add_prefix_space=False: "Answer:" and " Answer:" stay different, so prompts round-trip exactly
@@ -104,7 +105,8 @@ def pad_token_id(tok: Tokenizer) -> int:
 def _special_id(tok: Tokenizer, token: str) -> int:
     i = tok.token_to_id(token)
     if i is None:
-        raise ValueError(f"tokenizer has no {token} token: use a tokenizer made by mtpx.train.tokenizer.train_tokenizer")
+        raise ValueError(f"tokenizer has no {token} token: use a tokenizer made by "
+                         "mtpx.train.tokenizer.train_tokenizer")
     return i
 
 
