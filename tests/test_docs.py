@@ -228,3 +228,16 @@ def test_experiments_is_an_index_of_studies_within_its_limits():
     assert [path for path in tracked if path.endswith((".log", ".jsonl", ".out", ".err"))] == []
     assert len(tracked) <= 400
     assert sum((ROOT / path).stat().st_size for path in tracked) <= 5_000_000
+
+
+def test_every_experiments_path_the_docs_name_exists():
+    pages = _pages()
+    named = {path.rstrip(".,/") for text in pages.values()
+             for path in re.findall(r"\bexperiments/[\w./*-]*", text)}
+    # results.md's table of automatic k's rules names its folders under the column `experiments/`
+    rules = _section(pages["docs/results.md"], "### The runs behind its rules")
+    rows = re.findall(r"^\| (?!rule \||---).*\|$", rules, re.M)
+    named |= {f"experiments/{path}" for row in rows
+              for path in re.findall(r"`([\w/]+)`", row.rsplit("|", 2)[1])}
+    assert len(named) >= 60
+    assert sorted(path for path in named if not any(ROOT.glob(path))) == []
