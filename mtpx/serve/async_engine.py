@@ -189,12 +189,14 @@ class AsyncEngine:
         update = Update(list(req.output_token_ids), finished=final)
         update.logprobs = list(req.logprobs) if req.params.logprobs is not None else None
         if final:
-            update.finish_reason, update.stop_reason, update.error = req.finish_reason, req.stop_reason, req.error
+            update.finish_reason, update.stop_reason, update.error = (req.finish_reason, req.stop_reason,
+                                                                      req.error)
             update.spec, update.num_cached_tokens = req.spec, req.num_cached_tokens
             update.arrival_time, update.first_token_time = req.arrival_time, req.first_token_time
             update.finish_time = req.finish_time or time.perf_counter()
             update.emission_times = list(req.emission_times)
-            update.prompt_logprobs = dict(req.prompt_logprobs) if req.params.prompt_logprobs is not None else None
+            update.prompt_logprobs = (dict(req.prompt_logprobs) if req.params.prompt_logprobs is not None
+                                      else None)
             if self.on_finish is not None and req.error is None:
                 self.on_finish(req)
         loop.call_soon_threadsafe(queue.put_nowait, update)

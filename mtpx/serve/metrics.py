@@ -20,14 +20,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from mtpx.core.request import Request
 
-DEFAULT_LATENCY_BUCKETS = tuple(round(0.0005 * 2 ** (i / 4), 6) for i in range(4 * 21 + 1))   # 0.5 ms .. 1049 s
+# 0.5 ms .. 1049 s
+DEFAULT_LATENCY_BUCKETS = tuple(round(0.0005 * 2 ** (i / 4), 6) for i in range(4 * 21 + 1))
 
 
 def check_buckets(buckets, key: str = "serve.latency_buckets") -> tuple[float, ...]:
     """A list of histogram upper bounds (seconds, increasing, > 0) as a tuple; ValueError naming
     `key` otherwise."""
     values = list(buckets)
-    if not values or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 for b in values) \
+    if not values or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0
+                             for b in values) \
             or any(b >= c for b, c in zip(values, values[1:])):
         raise ValueError(f"{key}={values!r}: must be a non-empty increasing list of seconds > 0 "
                          "(e.g. [0.01, 0.02, 0.05, 0.1]), or null for the default grid")
@@ -43,17 +45,23 @@ class ServerMetrics:
         buckets = DEFAULT_LATENCY_BUCKETS if latency_buckets is None else check_buckets(latency_buckets)
         r = self.registry = CollectorRegistry()
         p = "mtpx:"
-        self.num_drafts = Counter(f"{p}spec_decode_num_drafts", "Verification rounds with >= 1 draft.", registry=r)
-        self.num_draft_tokens = Counter(f"{p}spec_decode_num_draft_tokens", "Draft tokens proposed.", registry=r)
-        self.num_accepted = Counter(f"{p}spec_decode_num_accepted_tokens", "Draft tokens accepted.", registry=r)
+        self.num_drafts = Counter(f"{p}spec_decode_num_drafts", "Verification rounds with >= 1 draft.",
+                                  registry=r)
+        self.num_draft_tokens = Counter(f"{p}spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                                        registry=r)
+        self.num_accepted = Counter(f"{p}spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                                    registry=r)
         self.per_pos = Counter(f"{p}spec_decode_num_accepted_tokens_per_pos", "Accepted drafts per position.",
                                ["position"], registry=r)
         self.requests = Counter(f"{p}request_success", "Finished requests.", ["finished_reason"], registry=r)
         self.prompt_tokens = Counter(f"{p}prompt_tokens", "Prompt tokens of finished requests.", registry=r)
-        self.generation_tokens = Counter(f"{p}generation_tokens", "Output tokens of finished requests.", registry=r)
-        self.prefix_hits = Counter(f"{p}prefix_cache_hits", "Prompt tokens served by the prefix cache.", registry=r)
+        self.generation_tokens = Counter(f"{p}generation_tokens", "Output tokens of finished requests.",
+                                         registry=r)
+        self.prefix_hits = Counter(f"{p}prefix_cache_hits", "Prompt tokens served by the prefix cache.",
+                                   registry=r)
         self.prefix_queries = Counter(f"{p}prefix_cache_queries", "Prompt tokens looked up.", registry=r)
-        self.ttft = Histogram(f"{p}time_to_first_token_seconds", "Time to first token.", buckets=buckets, registry=r)
+        self.ttft = Histogram(f"{p}time_to_first_token_seconds", "Time to first token.", buckets=buckets,
+                              registry=r)
         self.tpot = Histogram(f"{p}time_per_output_token_seconds", "(E2EL - TTFT) / (output tokens - 1).",
                               buckets=buckets, registry=r)
         self.itl = Histogram(f"{p}inter_token_latency_seconds", "Gaps between a request's emissions.",
@@ -61,7 +69,8 @@ class ServerMetrics:
         self.e2el = Histogram(f"{p}e2e_request_latency_seconds", "Arrival to last token.", buckets=buckets,
                               registry=r)
         for name, key, doc in (("num_requests_running", "num_running", "Requests in the batch."),
-                               ("num_requests_waiting", "num_waiting", "Requests waiting for a slot or blocks."),
+                               ("num_requests_waiting", "num_waiting",
+                                "Requests waiting for a slot or blocks."),
                                ("kv_cache_blocks_in_use", None, "KV blocks referenced by requests."),
                                ("batch_slots_in_use", "num_batch_slots_in_use", "Batch slots held.")):
             g = Gauge(f"{p}{name}", doc, registry=r)
@@ -69,7 +78,8 @@ class ServerMetrics:
                 g.set_function(lambda: stats()["num_kv_blocks"] - stats()["num_free_kv_blocks"])
             else:
                 g.set_function(lambda key=key: stats()[key])
-        Gauge(f"{p}num_speculative_tokens", "Draft tokens per step (k).", registry=r).set(num_speculative_tokens)
+        Gauge(f"{p}num_speculative_tokens", "Draft tokens per step (k).",
+              registry=r).set(num_speculative_tokens)
         for i in range(num_speculative_tokens):       # every position is exported from the start
             self.per_pos.labels(position=str(i))
 

@@ -28,8 +28,9 @@ router = APIRouter()
 
 @router.get("/v1/models")
 async def models(state: State):
-    return {"object": "list", "data": [{"id": state.model_name, "object": "model", "created": int(time.time()),
-                                        "owned_by": "mtpx", "max_model_len": state.llm.max_model_len}]}
+    return {"object": "list",
+            "data": [{"id": state.model_name, "object": "model", "created": int(time.time()),
+                      "owned_by": "mtpx", "max_model_len": state.llm.max_model_len}]}
 
 
 def _arrived(runs: list[Run], request: Request) -> None:
@@ -45,7 +46,8 @@ async def completions(body: CompletionRequest, request: Request, state: State):
     rid = f"cmpl-{body.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     if body.stream:
-        return StreamingResponse(_stream_completions(state, rid, created, runs, body), media_type="text/event-stream")
+        return StreamingResponse(_stream_completions(state, rid, created, runs, body),
+                                 media_type="text/event-stream")
     updates = await state.runner.run_all(request, runs)
     choices = [state.formatter.completion_choice(run, u, body) for run, u in zip(runs, updates)]
     return {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
@@ -54,7 +56,8 @@ async def completions(body: CompletionRequest, request: Request, state: State):
             [c["spec_decode"] for c in choices]}
 
 
-async def _stream_completions(state: ServeState, rid: str, created: int, runs: list[Run], body: CompletionRequest):
+async def _stream_completions(state: ServeState, rid: str, created: int, runs: list[Run],
+                              body: CompletionRequest):
     base = {"id": rid, "object": "text_completion", "created": created, "model": state.model_name}
     last: dict[int, Update] = {}
     first = {r.index: True for r in runs}
@@ -90,12 +93,14 @@ async def chat(body: ChatRequest, request: Request, state: State):
     rid = f"chatcmpl-{body.request_id or uuid.uuid4().hex}"
     created = int(time.time())
     if body.stream:
-        return StreamingResponse(_stream_chat(state, rid, created, runs, body), media_type="text/event-stream")
+        return StreamingResponse(_stream_chat(state, rid, created, runs, body),
+                                 media_type="text/event-stream")
     updates = await state.runner.run_all(request, runs)
     choices = [state.formatter.chat_choice(run, u, body) for run, u in zip(runs, updates)]
     stats = [spec_decode_stats(u) for u in updates]
-    out = {"id": rid, "object": "chat.completion", "created": created, "model": state.model_name, "choices": choices,
-           "usage": total_usage(runs, updates), "spec_decode": stats[0] if len(stats) == 1 else stats}
+    out = {"id": rid, "object": "chat.completion", "created": created, "model": state.model_name,
+           "choices": choices, "usage": total_usage(runs, updates),
+           "spec_decode": stats[0] if len(stats) == 1 else stats}
     if body.return_token_ids:
         out["prompt_token_ids"] = runs[0].ids
     return out

@@ -51,16 +51,17 @@ def sampling(body: SamplingFields, max_tokens: int, logprobs: int | None) -> Sam
     SamplingParams refuses."""
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=_or(body.temperature, 1.0),
-                              top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, -1), min_p=_or(body.min_p, 0.0),
-                              seed=body.seed, stop=body.stop, stop_token_ids=list(body.stop_token_ids or []),
-                              ignore_eos=body.ignore_eos, logprobs=logprobs,
-                              min_tokens=body.min_tokens,
+                              top_p=_or(body.top_p, 1.0), top_k=_or(body.top_k, -1),
+                              min_p=_or(body.min_p, 0.0), seed=body.seed, stop=body.stop,
+                              stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos,
+                              logprobs=logprobs, min_tokens=body.min_tokens,
                               repetition_penalty=_or(body.repetition_penalty, 1.0),
                               frequency_penalty=_or(body.frequency_penalty, 0.0),
                               presence_penalty=_or(body.presence_penalty, 0.0), logit_bias=logit_bias(body))
     except ValueError as e:
         message = str(e)
-        raise BadRequest(message, message.split("=", 1)[0] if "=" in message.split(":")[0] else None) from None
+        raise BadRequest(message,
+                         message.split("=", 1)[0] if "=" in message.split(":")[0] else None) from None
 
 
 class RequestParser:
@@ -71,12 +72,14 @@ class RequestParser:
         tok = self.tok
         # the most bytes of text one token stands for (special tokens included), for check_size
         self.max_token_bytes = 1 if tok is None else max(
-            len(tok.decode([i], skip_special_tokens=False).encode("utf-8")) for i in range(tok.get_vocab_size()))
+            len(tok.decode([i], skip_special_tokens=False).encode("utf-8"))
+            for i in range(tok.get_vocab_size()))
 
     # ---- checks on the event loop, before tokenizing ----------------------------------------------
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:
-            raise BadRequest(f"model '{name}' is not served here: use '{self.model_name}' (GET /v1/models)", "model")
+            raise BadRequest(f"model '{name}' is not served here: use '{self.model_name}' (GET /v1/models)",
+                             "model")
 
     def check_fields(self, body: SamplingFields) -> None:
         """The model name and every field mtpx cannot honour (protocol.unsupported_field)."""
@@ -88,7 +91,8 @@ class RequestParser:
     def check_completion(self, body: CompletionRequest) -> None:
         self.check_fields(body)
         if body.stream and body.echo and body.logprobs is not None:
-            raise BadRequest("echo with logprobs (prompt scoring) is not streamed: set stream=false", "stream")
+            raise BadRequest("echo with logprobs (prompt scoring) is not streamed: set stream=false",
+                             "stream")
         if body.stream and body.prompt_logprobs is not None:
             raise BadRequest("prompt_logprobs are not streamed: set stream=false", "prompt_logprobs")
 
@@ -101,7 +105,8 @@ class RequestParser:
             raise BadRequest("top_logprobs needs logprobs, which /v1/chat/completions does not return yet",
                              "top_logprobs")
         if body.prompt_logprobs is not None:
-            raise BadRequest("prompt_logprobs are returned by /v1/completions only (send the rendered prompt)",
+            raise BadRequest("prompt_logprobs are returned by /v1/completions only (send the rendered "
+                             "prompt)",
                              "prompt_logprobs")
 
     def check_tokenize(self, body: TokenizeRequest) -> None:
@@ -124,11 +129,13 @@ class RequestParser:
             raise BadRequest(f"{param} is not valid Unicode text", param) from None
         max_model_len = self.llm.max_model_len
         if size > 4 * self.max_token_bytes * max_model_len:
-            raise BadRequest(f"{param} has {size} bytes of text, at least {size // (4 * self.max_token_bytes)} "
-                             f"tokens, but the model's maximum length is {max_model_len} (max_model_len): "
+            raise BadRequest(f"{param} has {size} bytes of text, at least "
+                             f"{size // (4 * self.max_token_bytes)} tokens, but the model's maximum length "
+                             f"is {max_model_len} (max_model_len): "
                              "shorten it (or set truncate_prompt_tokens)", param)
 
-    def encode(self, text: str, param: str, add_special_tokens: bool = True, truncates: bool = False) -> list[int]:
+    def encode(self, text: str, param: str, add_special_tokens: bool = True,
+               truncates: bool = False) -> list[int]:
         """`text`'s token ids; truncates: the prompt will be cut to its last tokens (no size check)."""
         tok = self.tok
         if tok is None:
@@ -145,18 +152,20 @@ class RequestParser:
         return list(tok.encode(text, add_special_tokens=add_special_tokens).ids)
 
     def chat_ids(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                 add_special_tokens: bool = False, chat_template: str | None = None, documents: list | None = None,
-                 kwargs: dict | None = None, truncates: bool = False) -> list[int]:
+                 add_special_tokens: bool = False, chat_template: str | None = None,
+                 documents: list | None = None, kwargs: dict | None = None,
+                 truncates: bool = False) -> list[int]:
         """The token ids of `messages` rendered with the chat template (the model's, or `chat_template`)."""
         tok = self.tok
         if tok is None or not hasattr(tok, "apply_chat_template") or (
                 chat_template is None and getattr(tok, "chat_template", None) is None):
-            raise BadRequest(f"model '{self.model_name}' has no chat template: use /v1/completions with a plain "
-                             "prompt (or send chat_template)", "messages")
+            raise BadRequest(f"model '{self.model_name}' has no chat template: use /v1/completions with a "
+                             "plain prompt (or send chat_template)", "messages")
         try:
             rendered = tok.apply_chat_template([m.as_dict() for m in messages],
                                                add_generation_prompt=add_generation_prompt,
-                                               chat_template=chat_template, documents=documents, **(kwargs or {}))
+                                               chat_template=chat_template, documents=documents,
+                                               **(kwargs or {}))
         except Exception as e:  # noqa: BLE001 - the template's own errors (raise_exception, bad roles)
             raise BadRequest(f"the chat template failed: {e}".replace("\n", " "), "messages") from None
         # the template holds the special tokens: encode without adding them (as transformers does)
@@ -175,8 +184,8 @@ class RequestParser:
             raise BadRequest(f"max_tokens={sp.max_tokens} with a {len(ids)}-token prompt exceeds the model's "
                              f"maximum length {llm.max_model_len}: lower max_tokens", "max_tokens")
 
-    def runs_for(self, prompts_ids: list[list[int]], echoes: list[str], sp: SamplingParams, body: SamplingFields,
-                 param: str) -> list[Run]:
+    def runs_for(self, prompts_ids: list[list[int]], echoes: list[str], sp: SamplingParams,
+                 body: SamplingFields, param: str) -> list[Run]:
         """The engine requests of n completions per prompt, choice index prompt * n + j."""
         runs = []
         for i, (ids, echo) in enumerate(zip(prompts_ids, echoes)):
@@ -200,7 +209,8 @@ class RequestParser:
         if not prompts:
             raise BadRequest("prompt is empty: give at least one token", "prompt")
         truncates = body.truncate_prompt_tokens is not None
-        all_ids = [self.encode(p, "prompt", body.add_special_tokens, truncates) if isinstance(p, str) else list(p)
+        all_ids = [self.encode(p, "prompt", body.add_special_tokens, truncates) if isinstance(p, str)
+                   else list(p)
                    for p in prompts]
         echoes = [(p if isinstance(p, str) else self.llm.decode(ids)) if body.echo else ""
                   for p, ids in zip(prompts, all_ids)]
@@ -208,11 +218,14 @@ class RequestParser:
 
     def prepare_chat(self, body: ChatRequest) -> list[Run]:
         """Render, tokenize and check a chat request (runs off the event loop)."""
-        ids = self.chat_ids(body.messages, body.add_generation_prompt, body.add_special_tokens, body.chat_template,
-                            body.documents, body.chat_template_kwargs, body.truncate_prompt_tokens is not None)
+        ids = self.chat_ids(body.messages, body.add_generation_prompt, body.add_special_tokens,
+                            body.chat_template, body.documents, body.chat_template_kwargs,
+                            body.truncate_prompt_tokens is not None)
         if body.truncate_prompt_tokens is not None:
             ids = ids[-body.truncate_prompt_tokens:]
         # no max_tokens: until the model's maximum length, as vLLM does
-        sp = sampling(body, body.max_completion_tokens or body.max_tokens or max(1, self.llm.max_model_len - len(ids)),
+        sp = sampling(body,
+                      body.max_completion_tokens or body.max_tokens
+                      or max(1, self.llm.max_model_len - len(ids)),
                       None)
         return self.runs_for([ids], [""], sp, body, "messages")

@@ -175,7 +175,8 @@ def unsupported_field(body: SamplingFields) -> tuple[str, str] | None:
             return (f"{name}={value!r} is not supported yet {_WHY.get(name, '')}".rstrip()
                     + f"; only {neutral} is accepted", name)
     if body.best_of is not None and body.best_of != body.n:
-        return f"best_of={body.best_of} is not supported: it must equal n={body.n} (no server-side ranking)", "best_of"
+        return (f"best_of={body.best_of} is not supported: it must equal n={body.n} (no server-side ranking)",
+                "best_of")
     if chat and body.tool_choice not in ("none", "auto", None):
         return f"tool_choice={body.tool_choice!r} is not supported yet (no tool calling)", "tool_choice"
     return None

@@ -33,7 +33,8 @@ def spec_decode_stats(u: Update) -> dict[str, Any]:
     """The response's `spec_decode` field from a finished request's counters."""
     s = u.spec
     return {"num_drafts": s.num_drafts, "num_draft_tokens": s.num_draft_tokens,
-            "num_accepted_tokens": s.num_accepted_tokens, "accepted_per_position": list(s.accepted_per_position),
+            "num_accepted_tokens": s.num_accepted_tokens,
+            "accepted_per_position": list(s.accepted_per_position),
             "num_committed_tokens": s.num_committed_tokens, "acceptance_length": s.acceptance_length}
 
 
@@ -68,7 +69,8 @@ def stream_end(base: dict, body: SamplingFields, runs: list[Run], last: dict[int
     """A stream's last events: the usage chunk (stream_options.include_usage), then [DONE]."""
     events = []
     so = body.stream_options
-    if so is not None and so.include_usage and len(last) == len(runs) and not any(u.error for u in last.values()):
+    if (so is not None and so.include_usage and len(last) == len(runs)
+            and not any(u.error for u in last.values())):
         events.append(sse({**base, "choices": [], "usage": total_usage(runs, list(last.values()))}))
     return events + ["data: [DONE]\n\n"]
 
@@ -123,7 +125,8 @@ class Formatter:
                 out.append(None)
                 continue
             lp, rank, top = e
-            d = {str(t): {"logprob": v, "rank": j + 1, "decoded_token": decode([t])} for j, (t, v) in enumerate(top)}
+            d = {str(t): {"logprob": v, "rank": j + 1, "decoded_token": decode([t])}
+                 for j, (t, v) in enumerate(top)}
             d[str(ids[i])] = {"logprob": lp, "rank": rank, "decoded_token": decode([ids[i]])}
             out.append(d)
         return out
@@ -140,8 +143,9 @@ class Formatter:
                 entries = [None] + [scored.get(i) for i in range(1, len(run.ids))] + entries
                 ids = list(run.ids) + ids
             lp = self.logprobs_block(ids, entries, 0, bool(body.return_tokens_as_token_ids))
-        choice = {"index": run.index, "text": run.echo + text, "logprobs": lp, "finish_reason": u.finish_reason,
-                  "stop_reason": u.stop_reason, "spec_decode": spec_decode_stats(u)}
+        choice = {"index": run.index, "text": run.echo + text, "logprobs": lp,
+                  "finish_reason": u.finish_reason, "stop_reason": u.stop_reason,
+                  "spec_decode": spec_decode_stats(u)}
         if body.prompt_logprobs is not None:
             choice["prompt_logprobs"] = self.prompt_logprobs_list(run.ids, u.prompt_logprobs or {})
         if body.return_token_ids:

@@ -56,8 +56,8 @@ def run_serve(cfg: DictConfig) -> int:
         raise ValueError(f"serve.max_body_bytes={s.max_body_bytes!r}: must be a positive number of bytes")
     timeout = s.shutdown_timeout
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-        raise ValueError(f"serve.shutdown_timeout={timeout!r}: must be seconds >= 0 (0 aborts in-flight requests "
-                         "at once)")
+        raise ValueError(f"serve.shutdown_timeout={timeout!r}: must be seconds >= 0 (0 aborts in-flight "
+                         "requests at once)")
     buckets = None if s.latency_buckets is None else check_buckets(s.latency_buckets)
     llm = load_llm(cfg)
     name = s.get("model_name") or Path(str(cfg.model.get("path") or DEFAULT_MODEL)).name
@@ -67,7 +67,8 @@ def run_serve(cfg: DictConfig) -> int:
     # log_config=None: uvicorn's dictConfig would close the handlers of the run's log file
     server = Server(uvicorn.Config(app, host=s.host, port=s.port, log_level="warning", log_config=None,
                                    timeout_graceful_shutdown=timeout))
-    app.state.engine.on_fatal = lambda: setattr(server, "should_exit", True)    # a dead tensor-parallel worker
+    # a dead tensor-parallel worker
+    app.state.engine.on_fatal = lambda: setattr(server, "should_exit", True)
     server.run()
     if app.state.engine.fatal_error is not None:      # e.g. a tensor-parallel worker died
         print(f"mode=serve stopped: {app.state.engine.fatal_error}", file=sys.stderr)
