@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c, source_commit,
                      stop_exit_code, stop_signal_name)
 from mtpx.metrics.logging import RunLogger
-from mtpx.schema import compose_error, group_choices
+from mtpx.schema import RunConfig, compose_error, group_choices
 
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
@@ -171,6 +171,7 @@ def _run(cfg: DictConfig) -> int:
 
 def _dispatch(cfg: DictConfig) -> int:
     try:
+        RunConfig.check("", cfg)                  # mode: one of RunConfig.mode's choices
         if cfg.mode == "train":
             return run_train(cfg)
         if cfg.mode == "eval":
@@ -182,10 +183,8 @@ def _dispatch(cfg: DictConfig) -> int:
         if cfg.mode == "serve":
             from mtpx.serve.server import run_serve
             return run_serve(cfg)
-        if cfg.mode == "distill":
-            from mtpx.distill import run_distill
-            return run_distill(cfg)
-        raise ValueError(f"unknown mode '{cfg.mode}': use mode=train, mode=eval, mode=bench, mode=serve or mode=distill")
+        from mtpx.distill import run_distill      # mode=distill
+        return run_distill(cfg)
     except USER_ERRORS as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"error: {msg}", file=sys.stderr)

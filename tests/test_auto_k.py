@@ -382,22 +382,22 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
 
 def test_observe_counts_only_the_drafts_that_were_verified():
     p = AutoDraftLength(4, prior_weight=1.0, decay=0.5, prior_acceptance=1.0)
-    p.observe(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
+    p.observe_round(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
     # each position's prior is the estimate before it: (0 + 1 * 1.0) / (1 + 1), then 0.5 unverified
     assert p.acceptance == [1.0, 0.5, 0.5, 0.5] and p.num_observed == [1, 1, 0, 0]
-    p.observe(num_draft_tokens=2, num_accepted=2)        # both accepted, nothing beyond verified
+    p.observe_round(num_draft_tokens=2, num_accepted=2)        # both accepted, nothing beyond verified
     assert p.acceptance == [1.0, 2 / 3, 2 / 3, 2 / 3] and p.num_observed == [2, 2, 0, 0]
     p.record(2)                                          # a new step: counts halve (2 of 2 -> 1 of 1)
-    p.observe(num_draft_tokens=2, num_accepted=1)        # position 2: (0.5 + 0 + 1 * 1.0) / (1 + 1 + 1)
+    p.observe_round(num_draft_tokens=2, num_accepted=1)        # position 2: (0.5 + 0 + 1 * 1.0) / (1 + 1 + 1)
     assert p.acceptance[1] == pytest.approx(1.5 / 3)
-    p.observe(num_draft_tokens=0, num_accepted=0)
+    p.observe_round(num_draft_tokens=0, num_accepted=0)
     assert p.num_observed == [3, 3, 0, 0]
 
 
 def test_an_unverified_position_takes_the_estimate_of_the_one_before_it():
     p = AutoDraftLength(8, {(k, 1): 10.0 + k for k in range(9)})
     for _ in range(40):                                  # rounds of 4 drafts, all accepted
-        p.observe(num_draft_tokens=4, num_accepted=4)
+        p.observe_round(num_draft_tokens=4, num_accepted=4)
     assert p.acceptance[3] == pytest.approx(1 - 8 * (1 - p.acceptance[2]) / 48)   # (40 + 8 p_3) / 48
     assert p.acceptance[4:] == [p.acceptance[3]] * 4     # never verified: position 4's estimate
     assert p.depth(1) == 8                               # so a new request keeps all 8 modules
@@ -409,7 +409,7 @@ def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_a
     p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0}, prior_weight=1.0, decay=0.5,
                         prior_acceptance=1.0, explore_costs=False)   # k = 1 pays iff p_1 > 0.5
     for _ in range(4):
-        p.observe(num_draft_tokens=1, num_accepted=0)    # 4 rejections: (0 + 1) / (4 + 1)
+        p.observe_round(num_draft_tokens=1, num_accepted=0)    # 4 rejections: (0 + 1) / (4 + 1)
     assert p.acceptance == [pytest.approx(1 / 5)] and p.depth(1) == 0
     p.record(0)                                          # a step verifies nothing: counts halve
     assert p.acceptance == [pytest.approx(1 / 3)] and p.depth(1) == 0
@@ -425,7 +425,7 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     step_costs = {(k, b): row[k] for b, row in ms.items() for k in range(9)}
     p = AutoDraftLength(8, step_costs, explore_costs=False)
     assert p.acceptance == [0.7] * 8
-    p.observe(num_draft_tokens=2, num_accepted=2)         # (1 + 8 * 0.7) / (1 + 8), then its own prior
+    p.observe_round(num_draft_tokens=2, num_accepted=2)         # (1 + 8 * 0.7) / (1 + 8), then its own prior
     p1 = 6.6 / 9
     assert p.acceptance[:3] == [pytest.approx(p1), pytest.approx((1 + 8 * p1) / 9), pytest.approx((1 + 8 * p1) / 9)]
     p.reset()
@@ -465,7 +465,7 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     assert [lower(p, 64, 1) for _ in range(3)] == [1, 1, 1]   # held at 1 while position 1 is unlearned
     assert [step(p, 64) for _ in range(4)] == [1, 0, 1, 0]    # an exploring probe every patience steps
     for _ in range(10):                                  # 10 verified drafts, all rejected: learned
-        p.observe(num_draft_tokens=1, num_accepted=0)
+        p.observe_round(num_draft_tokens=1, num_accepted=0)
     assert not p.unlearned(0) and p.depth(64) == 0
     assert [step(p, 64) for _ in range(4)] == [0, 0, 0, 0]
     step(p, 64)
@@ -635,7 +635,7 @@ def test_a_fall_lands_where_the_upper_estimates_pay_most():
     waits.settled_interval = 1              # decides every step
     assert steps(waits, 3) == [8, 4, 4]                              # after patience = 2 steps
     for _ in range(30):                                               # position 1 rejected: learned
-        p.observe(4, 0)
+        p.observe_round(4, 0)
     assert p.acceptance[0] == pytest.approx(5.6 / 38)
     assert steps(p, 2) == [4, 0] and p.depth(16) == 0
 
@@ -1188,7 +1188,8 @@ def test_the_engine_logs_each_steady_decode_step_with_its_measured_ms_and_commit
 def test_auto_needs_a_speculator_and_a_known_word():
     with pytest.raises(ValueError, match="needs a speculator"):
         LLM(model=model(), num_speculative_tokens="auto")
-    with pytest.raises(ValueError, match="give an integer >= 1 or 'auto'"):
+    with pytest.raises(ValueError,
+                       match=r"^spec.num_speculative_tokens='automatic': give an integer >= 0, null or auto$"):
         LLM(model=model(), spec="mtp8", num_speculative_tokens="automatic")
 
 

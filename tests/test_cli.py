@@ -204,7 +204,7 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["+spec=mtp8", "spec.method=eagle"], "unknown spec 'eagle'"),
     (["data.name=squad"], "unknown data set 'squad'"),
     (["data=gsm8k", "data.path=/nonexistent/test.jsonl"], "data.path="),
-    (["mode=serv"], "unknown mode 'serv'"),
+    (["mode=serv"], "mode='serv': choose one of eval, bench, train, serve, distill"),
     (["data=gsm8k", "data.num_fewshot=-1"], "data.num_fewshot=-1: must be an integer >= 0 (0 = zero-shot)"),
     (["engine.block_size=0"], "engine.block_size"),
     (["engine.block_size=abc"], "engine.block_size"),
@@ -212,7 +212,7 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["engine.enable_prefix_caching=maybe"], "engine.enable_prefix_caching"),
     (["engine.max_num_seqs=0"], "engine.max_num_seqs"),
     (["engine.attention_backend=flashinfer"], "engine.attention_backend=flashinfer needs a CUDA device"),
-    (["engine.attention_backend=xformers"], "unknown engine.attention_backend 'xformers'"),
+    (["engine.attention_backend=xformers"], "engine.attention_backend='xformers': choose one of torch, flashinfer"),
     (["engine.max_num_batched_tokens=4"], "engine.max_num_batched_tokens"),
     (["eval.concurrency=0"], "eval.concurrency"),
     (["eval.request_rate=0"], "eval.request_rate"),
@@ -275,7 +275,8 @@ def test_generate_api_with_token_ids_and_strings(tiny_ckpt):
 
 @pytest.mark.parametrize("kwargs,message", [({"max_num_seqs": 0}, "max_num_seqs=0"),
                                             ({"max_model_len": 5000}, "max_model_len=5000"),
-                                            ({"spec": "mtp8", "num_speculative_tokens": -1}, ">= 1")])
+                                            ({"spec": "mtp8", "num_speculative_tokens": -1},
+                                             "^spec.num_speculative_tokens=-1: give an integer >= 0, null or auto$")])
 def test_llm_rejects_bad_engine_settings(tiny_ckpt, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(model=tiny_ckpt, **kwargs)
@@ -368,8 +369,8 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     (["+spce=mtp8"], "unknown key 'spce': did you mean +spec=NAME (the speculator group)?"),
     (["eval.num_promts=8"], "unknown key 'eval.num_promts': did you mean eval.num_prompts?"),
     (["+eval.num_promts=8"], "unknown key 'eval.num_promts': did you mean eval.num_prompts?"),
-    (["+spec=mtp8", "spec.num_speculative_tokens=2.5"], "spec.num_speculative_tokens=2.5: must be an integer, null or auto"),
-    (["+spec=mtp8", "spec.num_speculative_tokens=abc"], "spec.num_speculative_tokens=abc: must be an integer, null or auto"),
+    (["+spec=mtp8", "spec.num_speculative_tokens=2.5"], "spec.num_speculative_tokens=2.5: give an integer >= 0, null or auto"),
+    (["+spec=mtp8", "spec.num_speculative_tokens=abc"], "spec.num_speculative_tokens='abc': give an integer >= 0, null or auto"),
     (["+spec=mtp8", "+spec.num_speculative_token=3"],
      "unknown key 'spec.num_speculative_token': did you mean spec.num_speculative_tokens?"),
     (["mode=train", "train.stpes=3"], "unknown key 'train.stpes': did you mean train.steps?"),
@@ -381,7 +382,7 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     (["eval.max_tokens=null"], "eval.max_tokens=null: must not be null"),
     (["train.data_sources=gsm8k"], "train.data_sources=gsm8k: must be a list, e.g. [a,b]"),
     (["logger=wandb", "logger.projet=x"], "unknown key 'logger.projet': did you mean logger.project?"),
-    (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens=x: must be an integer, null or auto"),
+    (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens='x': give an integer >= 0, null or auto"),
     (["engine.compile_depths=x"], "engine.compile_depths=x: must be a list, e.g. [a,b]"),
 ])
 def test_typos_and_wrong_types_fail_before_the_run(argv, message):

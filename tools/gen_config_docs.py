@@ -156,6 +156,12 @@ def _value(v: Any) -> str:
     return f"`{json.dumps(v)}`"
 
 
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -205,7 +211,8 @@ def render() -> str:
             "| key | type | default | meaning |", "| --- | --- | --- | --- |"]
     for f in root:
         words = docs.get(f.name) or comments.get(f.name, "")
-        out.append(f"| `{f.name}` | {_type(f.type)} | {_cell(_value(values.get(f.name)))} | {_cell(words)} |")
+        default = _cell(_value(values.get(f.name, f.default)))
+        out.append(f"| `{f.name}` | {_cell(_type(f.type))} | {default} | {_cell(words)} |")
     defaults = [d for d in values["defaults"] if isinstance(d, dict)]
     picks = ", ".join(f"`{k}={v}`" for d in defaults for k, v in d.items())
     out += ["", f"Default options: {picks}.", ""]
@@ -234,6 +241,8 @@ def render() -> str:
                 out += ["(no schema)", ""]
                 continue
             classes = (ModelConfig, cls) if group == "model" else (cls,)
+            if cls is schema.DemoModel:       # null = ModelConfig's default: show it
+                values = {**{f.name: _default(f) for f in dataclasses.fields(ModelConfig)}, **values}
             out += table(classes, cls, values, comments, f"{group}.")
             out.append("")
     return "\n".join(out).rstrip() + "\n"

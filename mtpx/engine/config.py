@@ -5,10 +5,12 @@ import dataclasses
 import difflib
 import os
 from dataclasses import dataclass
+from typing import Literal
 
-VERIFY_METHODS = ("standard", "block")
-DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
-GDN_BACKENDS = ("auto", "torch", "fla")     # mtpx.models.gated_delta_rule.GDN_BACKENDS
+from mtpx.models.config import check_choice, literal_choices
+
+SPEC_KEYS = ("verify", "draft_sample_method")
+"""The engine settings that the spec group sets (spec.verify, spec.draft_sample_method)."""
 
 
 @dataclass
@@ -29,17 +31,17 @@ class EngineConfig:
     """Share full KV blocks between requests by content (mtpx/core/kv_cache_manager.py)."""
     max_num_batched_tokens: int = 2048
     """Target tokens per engine step; prompts are prefilled in chunks to fit."""
-    verify: str = "standard"
+    verify: Literal["standard", "block"] = "standard"
     """Verification of drafts at temperature > 0: "standard" (token-level speculative sampling)
     or "block" (block verification); greedy requests verify by argmax either way."""
-    draft_sample_method: str = "greedy"
+    draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
     """At temperature > 0: "greedy" (argmax drafts, one-hot draft distribution, as vLLM) or
     "probabilistic" (drafts sampled from the draft distribution)."""
-    attention_backend: str = "torch"
+    attention_backend: Literal["torch", "flashinfer"] = "torch"
     """Paged attention: "torch" (CPU or GPU; on the CPU, float32 windows of up to 32 tokens run
     mtpx's C kernel, which reads keys and values from their blocks in place) or "flashinfer"
-    (CUDA); checked by mtpx.attention.backend.get_backend."""
-    gdn_backend: str = "auto"
+    (CUDA; mtpx.attention.backend.get_backend refuses it without a CUDA device)."""
+    gdn_backend: Literal["auto", "torch", "fla"] = "auto"
     """Gated DeltaNet kernels: "auto" (flash-linear-attention's on CUDA when installed, the
     plain-PyTorch forms otherwise), "torch" (always the plain forms) or "fla" (a missing fla or
     non-CUDA tensors are an error); mtpx.models.gated_delta_rule."""
@@ -135,10 +137,8 @@ class EngineConfig:
             raise ValueError(f"engine.block_size={self.block_size} is larger than engine.max_num_batched_tokens="
                              f"{self.max_num_batched_tokens} (a step must fill at least one block): use a block "
                              "size of 16 to 256, or raise engine.max_num_batched_tokens")
-        for key, value, choices in (("verify", self.verify, VERIFY_METHODS),
-                                    ("draft_sample_method", self.draft_sample_method, DRAFT_SAMPLE_METHODS)):
-            if value not in choices:
-                raise ValueError(f"{key}={value!r}: choose one of {list(choices)} (spec.{key})")
+        for key, choices in literal_choices(EngineConfig).items():
+            check_choice(f"{'spec' if key in SPEC_KEYS else 'engine'}.{key}", getattr(self, key), choices)
         if self.compile_depths is not None and (
                 isinstance(self.compile_depths, (str, bytes)) or not hasattr(self.compile_depths, "__iter__")
                 or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in self.compile_depths)):
@@ -156,8 +156,6 @@ class EngineConfig:
                 hint = f"did you mean {close[0]}? " if close else ""
                 raise ValueError(f"engine.compile_backend={self.compile_backend!r} is not a torch.compile backend: "
                                  f"{hint}choose one of {', '.join(usual)} (torch._dynamo.list_backends())")
-        if self.gdn_backend not in GDN_BACKENDS:
-            raise ValueError(f"engine.gdn_backend={self.gdn_backend!r}: choose one of {', '.join(GDN_BACKENDS)}")
 
 
 COMPILE_MIN_TOKENS = 4096

@@ -12,7 +12,6 @@ automatic k's step costs at start-up (mtpx/engine/auto_k/store.py).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -28,7 +27,7 @@ from mtpx.engine.auto_k.store import startup_step_costs
 from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
 from mtpx.engine.prompts import prompt_ids, prompt_list, render_conversations
-from mtpx.engine.speculative_config import from_speculative_config
+from mtpx.engine.speculative_config import check_num_speculative_tokens, from_speculative_config
 from mtpx.outputs import Logprob, RequestOutput
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
@@ -90,10 +89,9 @@ class LLM:
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
-        if num_speculative_tokens is not None and num_speculative_tokens != "auto" and (
-                isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, numbers.Integral)):
-            raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r}: give an integer >= 1 or 'auto' "
-                             "(spec.num_speculative_tokens)")
+        auto = check_num_speculative_tokens(num_speculative_tokens) == "auto"
+        if auto and spec is None:
+            raise ValueError("num_speculative_tokens=auto needs a speculator: add +spec=mtp8 or +spec=mtp1")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
         self._draft_path = None if draft_path is None else Path(draft_path)
         self._tp_driver, self._tp_owner = None, False
@@ -118,12 +116,6 @@ class LLM:
         # a forward of one rank alone would wait for the others: a tensor-parallel model is not timed
         self.thread_choice = (threads(None if self._tp_driver else self.model) if callable(threads) else None)
         self.spec = spec
-        auto = num_speculative_tokens == "auto"
-        if isinstance(num_speculative_tokens, str) and not auto:
-            raise ValueError(f"num_speculative_tokens={num_speculative_tokens!r}: give an integer or 'auto' "
-                             "(spec.num_speculative_tokens)")
-        if auto and spec is None:
-            raise ValueError("num_speculative_tokens=auto needs a speculator: add +spec=mtp8 or +spec=mtp1")
         k = (AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto else num_speculative_tokens
         self.speculator = build_speculator(spec, self.model, k)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None

@@ -2,6 +2,8 @@
 and num_speculative_tokens (LLM(speculative_config=...))."""
 from __future__ import annotations
 
+import numbers
+
 from mtpx.models.model import MTPForCausalLM
 
 # vLLM's per-model MTP method names, which vLLM rewrites to "mtp" (mtpx: the same)
@@ -39,3 +41,14 @@ def from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
         raise ValueError(f"speculative_config method {method!r}: mtpx runs 'mtp' (or 'mtp1' / 'mtp8', or vLLM's "
                          f"{', '.join(MTP_METHOD_ALIASES)})")
     return method, k, extra
+
+
+def check_num_speculative_tokens(k):
+    """k when it is an integer >= 0 (0: decoding without speculation), None (the speculator's
+    default) or "auto"; else ValueError, one line naming spec.num_speculative_tokens. The one check
+    of this value: the spec group's (mtpx.schema) and LLM's both call it."""
+    if k is None or (isinstance(k, str) and k == "auto"):
+        return k
+    if isinstance(k, numbers.Integral) and not isinstance(k, bool) and k >= 0:
+        return k
+    raise ValueError(f"spec.num_speculative_tokens={k!r}: give an integer >= 0, null or auto")

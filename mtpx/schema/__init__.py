@@ -17,48 +17,52 @@ import difflib
 import os
 from dataclasses import field
 from pathlib import Path
+import types
 import typing
 from typing import Any, Literal, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from mtpx.engine.config import EngineConfig
+from mtpx.engine.config import SPEC_KEYS, EngineConfig
 from mtpx.models.config import ModelConfig
-from mtpx.schema.groups import literal_choices
 
-from mtpx.schema.groups import (BenchConfig, BuiltinData, ChatData, ClientConfig, DistillConfig,  # noqa: F401
-                                EvalConfig, FileData, GenerationConfig, GSM8KData, HFModel, NoLogger,
-                                RandomData, RunConfig, ServeConfig, SpecConfig, TrainConfig, WandbLogger,
-                                check_group)
+from mtpx.schema.groups import (  # noqa: F401 - the schemas, importable from mtpx.schema
+    BenchConfig, BuiltinData, ChatData, ClientConfig, DemoLoading, DistillConfig, EvalConfig, FileData,
+    GenerationConfig, GSM8KData, HFModel, NoLogger, RandomData, RunConfig, ServeConfig, SpecConfig,
+    TrainConfig, WandbLogger, check_group)
 
 
 def _optional(tp: Any) -> Any:
-    """A ModelConfig annotation as OmegaConf takes it, nullable (no unions of several types)."""
-    text = str(tp).replace(" ", "")
-    if text.count("|") > 1 or text.startswith("dict") or text in ("Any", "typing.Any"):
+    """A ModelConfig annotation as OmegaConf takes it, nullable (Any for a dict or a union of
+    several types)."""
+    kinds = [a for a in typing.get_args(tp) if a is not type(None)] if _is_union(tp) else [tp]
+    if len(kinds) > 1 or kinds[0] is dict or typing.get_origin(kinds[0]) is dict or kinds[0] is Any:
         return Any
-    base = text.removesuffix("|None")
-    return f"Optional[{base}]"
+    return Optional[kinds[0]]
+
+
+def _is_union(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType)
 
 
 def _demo_model_schema() -> type:
-    """The demo model group: every ModelConfig field, null meaning ModelConfig's default (a fresh
-    model of any shape for mode=train; `mtpx.train.loop` drops the nulls), plus the loading keys
-    path, dtype and allow_pickle."""
-    fields = [(f.name, _optional(f.type), field(default=None)) for f in dataclasses.fields(ModelConfig)]
-    fields += [("path", Optional[str], field(default=None)), ("dtype", str, field(default="float32")),
-               ("allow_pickle", bool, field(default=False))]
-    return dataclasses.make_dataclass("DemoModel", fields, namespace={"__module__": __name__})
+    """The demo model group: the loading keys path, dtype and allow_pickle (DemoLoading), then every
+    ModelConfig field, null meaning ModelConfig's default (a fresh model of any shape for
+    mode=train; `mtpx.train.loop` drops the nulls)."""
+    hints = typing.get_type_hints(ModelConfig)
+    fields = [(f.name, _optional(hints[f.name]), field(default=None)) for f in dataclasses.fields(ModelConfig)]
+    return dataclasses.make_dataclass("DemoModel", fields, bases=(DemoLoading,), namespace={"__module__": __name__})
 
 
 DemoModel = _demo_model_schema()
 
 
 def _engine_schema() -> type:
-    """EngineConfig without the keys the spec group owns (verify, draft_sample_method)."""
-    kept = [(f.name, f.type, field(default=f.default)) for f in dataclasses.fields(EngineConfig)
-            if f.name not in ("verify", "draft_sample_method")]
+    """EngineConfig without the keys the spec group owns (SPEC_KEYS: verify, draft_sample_method)."""
+    hints = typing.get_type_hints(EngineConfig)
+    kept = [(f.name, hints[f.name], field(default=f.default)) for f in dataclasses.fields(EngineConfig)
+            if f.name not in SPEC_KEYS]
     return dataclasses.make_dataclass("EngineGroup", kept, namespace={"__module__": __name__})
 
 
@@ -83,25 +87,31 @@ _NODES: dict[type, type] = {}
 
 
 def omegaconf_node(cls: type) -> type:
-    """`cls` as OmegaConf takes it: the same fields and defaults, with `str` for each Literal
-    annotation (OmegaConf has none; the group's `check` tests the choices). Cached per class."""
+    """`cls` as OmegaConf takes it: the same fields and defaults, with `str` in place of each
+    Literal annotation (OmegaConf has none; the group's `check`, or the code that reads the key,
+    tests the choices). Cached per class."""
     if cls not in _NODES:
         hints = typing.get_type_hints(cls)
-        if not literal_choices(cls):
+        plain = {name: _plain(tp) for name, tp in hints.items()}
+        if plain == hints:
             _NODES[cls] = cls
         else:
-            def plain(tp):
-                if typing.get_origin(tp) is Literal:
-                    return str
-                args = typing.get_args(tp)
-                if args and any(typing.get_origin(a) is Literal for a in args):
-                    return Optional[str]
-                return tp
-
-            fields = [(f.name, plain(hints[f.name]), field(default=f.default, default_factory=f.default_factory))
+            fields = [(f.name, plain[f.name], field(default=f.default, default_factory=f.default_factory))
                       for f in dataclasses.fields(cls)]
             _NODES[cls] = dataclasses.make_dataclass(cls.__name__, fields, namespace={"__module__": __name__})
     return _NODES[cls]
+
+
+def _plain(tp: Any) -> Any:
+    """tp with str for every Literal in it (Optional[Literal[...]], list[Literal[...]], ...)."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is Literal:
+        return str
+    if typing.get_origin(tp) is list:
+        return list[_plain(args[0])]
+    if _is_union(tp):
+        return typing.Union[tuple(_plain(a) for a in args)]
+    return tp
 
 
 def check(section: str, cfg, option: str | None = None) -> None:
@@ -124,7 +134,7 @@ def register() -> None:
     for group, options in SCHEMAS.items():
         for name, node in options.items():
             cs.store(group=group, name=name, node=omegaconf_node(node))
-    cs.store(group="engine", name="default", node=EngineGroup)
+    cs.store(group="engine", name="default", node=omegaconf_node(EngineGroup))
 
 
 register()  # on import, as Hydra's ConfigStore is meant to be filled (train_or_eval.py, tests)
@@ -202,7 +212,7 @@ def compose_error(argv: list[str], conf_dir: Path) -> str | None:
                     cfg = compose("config", overrides=overrides)
                 except Exception as e:  # noqa: BLE001 - every composition error becomes one line
                     return explain(e, overrides)
-                extra = extra_key(cfg) or spec_k_error(cfg)
+                extra = extra_key(cfg) or spec_error(cfg)
                 if extra is not None:
                     return extra
     finally:
@@ -210,15 +220,17 @@ def compose_error(argv: list[str], conf_dir: Path) -> str | None:
     return None
 
 
-def spec_k_error(cfg) -> str | None:
-    """spec.num_speculative_tokens is an integer, null or auto (its schema type is Any for "auto")."""
+def spec_error(cfg) -> str | None:
+    """The spec group's checks (SpecConfig.check) on the composed config: its one line, or None
+    (also None without +spec)."""
     spec = cfg.get("spec")
-    if spec is None or OmegaConf.is_missing(spec, "num_speculative_tokens"):
+    if spec is None:
         return None
-    k = spec.num_speculative_tokens
-    if k is None or k == "auto" or (isinstance(k, int) and not isinstance(k, bool)):
-        return None
-    return f"spec.num_speculative_tokens={k}: must be an integer, null or auto"
+    try:
+        check("spec", spec)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def extra_key(cfg) -> str | None:

@@ -10,15 +10,18 @@ OmegaConf has no `Literal`: the ConfigStore gets a copy of each class with `str`
 from __future__ import annotations
 
 import math
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
 from omegaconf import MISSING
 
+from mtpx.engine.config import SPEC_KEYS, EngineConfig
+from mtpx.engine.speculative_config import check_num_speculative_tokens
+from mtpx.models.config import check_choice, literal_choices
+
 __all__ = ["RunConfig", "SpecConfig", "GenerationConfig", "ClientConfig", "BenchConfig", "EvalConfig",
            "ServeConfig", "DistillConfig", "TrainConfig", "BuiltinData", "FileData", "GSM8KData",
-           "ChatData", "RandomData", "HFModel", "NoLogger", "WandbLogger", "int_or_none", "number",
+           "ChatData", "RandomData", "DemoLoading", "HFModel", "NoLogger", "WandbLogger", "int_or_none", "number",
            "literal_choices", "check_group"]
 
 
@@ -50,32 +53,19 @@ def number(section: str, cfg, key: str, ok: Callable[[float], bool], requirement
     return value
 
 
-def literal_choices(cls: type) -> dict[str, tuple]:
-    """{field: its choices} for the fields of `cls` annotated Literal[...] or Optional[Literal[...]]
-    (None among the choices when optional)."""
-    out = {}
-    for name, tp in typing.get_type_hints(cls).items():
-        args = typing.get_args(tp)
-        if typing.get_origin(tp) is Literal:
-            out[name] = args
-        elif args and any(typing.get_origin(a) is Literal for a in args):      # Optional[Literal[...]]
-            lit = next(a for a in args if typing.get_origin(a) is Literal)
-            out[name] = typing.get_args(lit) + ((None,) if type(None) in args else ())
-    return out
-
-
 class _Group:
     """check(section, cfg): the group's checks on a DictConfig (or dict) of its keys; the base
-    checks every Literal field's choices ("SECTION.KEY='x': choose one of a, b")."""
+    checks every Literal field's choices ("SECTION.KEY='x': choose one of a, b") except those in
+    `_checked_elsewhere` (each value is checked in one place)."""
 
     _choose = "choose one of"
+    _checked_elsewhere: tuple[str, ...] = ()
 
     @classmethod
     def check(cls, section: str, cfg) -> None:
         for key, choices in literal_choices(cls).items():
-            if key in cfg and cfg.get(key) not in choices:
-                shown = ", ".join("null" if c is None else str(c) for c in choices)
-                raise ValueError(f"{section}.{key}={cfg.get(key)!r}: {cls._choose} {shown}")
+            if key in cfg and key not in cls._checked_elsewhere:
+                check_choice(f"{section}.{key}" if section else key, cfg.get(key), choices, cls._choose)
 
 
 def check_group(section: str, cls: type, cfg) -> None:
@@ -89,31 +79,45 @@ def check_group(section: str, cls: type, cfg) -> None:
 
 
 @dataclass
-class RunConfig:
-    """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`)."""
-    mode: str = "eval"
-    """eval | bench | train | serve | distill."""
+class RunConfig(_Group):
+    """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`);
+    `check("", cfg)` checks mode (mtpx.cli before it dispatches)."""
+    mode: Literal["eval", "bench", "train", "serve", "distill"] = "eval"
+    """What the run does: eval (decode a prompt set, report spec-decode metrics and check
+    losslessness), bench (the serving benchmark), train, serve (the HTTP server) or distill."""
     seed: int = 0
     """The run's seed (model init and data order in mode=train)."""
     data_dir: str = MISSING
     """The data directory of the public data sets (gsm8k/, spec_bench/, mt_bench/, humaneval/),
     which the data and train groups' paths start from; MTPX_DATA_DIR or data_dir=DIR sets it."""
     model: Any = MISSING
+    """The model group (`model=demo` or `model=hf`)."""
     data: Any = MISSING
+    """The prompt set (the data group)."""
     train: Any = MISSING
+    """mode=train's settings (the train group)."""
     engine: Any = MISSING
+    """The engine's settings (EngineConfig)."""
     eval: Any = MISSING
+    """mode=eval's client and checks (the eval group)."""
     bench: Any = MISSING
+    """mode=bench's client (the bench group)."""
     serve: Any = MISSING
+    """mode=serve's HTTP server (the serve group)."""
     distill: Any = MISSING
+    """mode=distill's settings (the distill group)."""
     logger: Any = MISSING
+    """Where metrics are logged besides the run folder (the logger group)."""
     spec: Any = None
+    """The speculator (`+spec=NAME`); null: decoding without speculation."""
 
 
 @dataclass
 class SpecConfig(_Group):
-    """The speculator (`+spec=NAME`)."""
-    method: str = MISSING
+    """The speculator (`+spec=NAME`). method is checked by mtpx.spec_decode.build_speculator,
+    verify and draft_sample_method by EngineConfig, num_speculative_tokens by
+    mtpx.engine.speculative_config.check_num_speculative_tokens (each in one place)."""
+    method: Literal["mtp1", "mtp8"] = MISSING
     """mtp1 (single-module MTP: module 0 applied num_speculative_tokens times) or mtp8
     (multi-module MTP: module i drafts the i-th token)."""
     num_speculative_tokens: Any = MISSING
@@ -137,11 +141,12 @@ class SpecConfig(_Group):
     step-cost cache, $MTPX_CACHE_DIR/step_costs (~/.cache/mtpx by default), one file per
     checkpoint and engine setting."""
 
+    _checked_elsewhere = ("method", *SPEC_KEYS)
+
     @classmethod
     def check(cls, section: str, cfg) -> None:
-        k = cfg.get("num_speculative_tokens")
-        if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-            raise ValueError(f"{section}.num_speculative_tokens={k!r}: give an integer >= 0, null or auto")
+        check_num_speculative_tokens(cfg.get("num_speculative_tokens"))
+        EngineConfig(**{key: cfg.get(key) for key in SPEC_KEYS if key in cfg})
         super().check(section, cfg)
 
 
@@ -337,7 +342,8 @@ class TrainConfig(_Group):
     """Torch threads (null = measured at start-up as eval's: the fastest count the CPUs allow;
     OMP_NUM_THREADS wins; a resume keeps the run's count)."""
     device: str = "cpu"
-    """cpu | cuda."""
+    """cpu | cuda, or any torch device of those types, e.g. cuda:1 (checked by
+    mtpx.train.setup)."""
     save_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the saved weights."""
     parallel: Literal["auto", "none", "ddp", "fsdp"] = "auto"
@@ -359,6 +365,7 @@ class TrainConfig(_Group):
     null = float32 (float16 would need a gradient scaler)."""
 
     _choose = "use one of"
+    _checked_elsewhere = ("autocast",)          # its own line below
     REQUIRED = ("out_dir", "steps", "batch_size", "seq_len", "lr", "min_lr", "warmup_steps", "weight_decay",
                 "grad_clip", "mtp_loss_weight", "freeze_base", "eval_every", "eval_batches", "save_every",
                 "seed", "tokenizer_vocab_size", "data_sources", "log_every")
@@ -396,9 +403,6 @@ class TrainConfig(_Group):
             check("mtp_unroll", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
         if t.get("dist_timeout_s") is not None:
             check("dist_timeout_s", lambda v: v > 0, "a number of seconds > 0")
-        dtypes = literal_choices(cls)["save_dtype"]
-        if t.get("save_dtype", "float32") not in dtypes:
-            raise ValueError(f"{section}.save_dtype={t.save_dtype!r}: use one of {list(dtypes)}")
         if t.get("autocast") not in literal_choices(cls)["autocast"]:
             raise ValueError(f"{section}.autocast={t.autocast!r}: use bfloat16 (mixed precision) or null (float32)")
         super().check(section, t)
@@ -458,11 +462,25 @@ class RandomData:
 
 
 @dataclass
+class DemoLoading:
+    """The loading keys of the demo model group (`model=demo`); its other keys are ModelConfig's
+    fields (mtpx.schema.DemoModel)."""
+    path: Optional[str] = None
+    """A checkpoint folder to evaluate (null = the committed demo checkpoint, checkpoints/demo); in
+    mode=train a path initialises from that checkpoint (required by train.freeze_base=true)."""
+    dtype: Literal["float32", "bfloat16", "float16", "float64", "auto"] = "float32"
+    """Weights and compute when decoding: float32 | bfloat16 | float16 | float64 | auto (checked by
+    mtpx.engine.llm.LLM)."""
+    allow_pickle: bool = False
+    """true: read pytorch_model.bin with torch.load(weights_only=True) when no safetensors exist."""
+
+
+@dataclass
 class HFModel:
     """A Hugging Face-format checkpoint folder (`model=hf model.path=DIR`)."""
     path: str = MISSING
     """Required: the checkpoint folder."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16", "float16", "float64", "auto"] = "float32"
     """float32 | bfloat16 | float16 | float64 | auto (the checkpoint's own): weights are converted
     tensor by tensor (checked by mtpx.engine.llm.LLM)."""
     allow_pickle: bool = False
@@ -483,7 +501,8 @@ class WandbLogger:
     """The logger's name (fixed per option)."""
     project: str = "mtpx"
     """The W&B project."""
-    mode: str = "offline"
-    """offline (files in the run folder; `wandb sync` later) | online."""
+    mode: Literal["offline", "online"] = "offline"
+    """offline (files in the run folder; `wandb sync` later) | online (checked by
+    mtpx.metrics.logging.RunLogger)."""
     dir: Optional[str] = None
     """null = the run directory."""
