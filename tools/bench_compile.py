@@ -79,7 +79,8 @@ def main(argv=None) -> int:
                   compile_regions=name == "regions", **shared)
         engines[name], compile_stats[name] = llm, llm.compile_stats
         cs = llm.compile_stats
-        print(f"{name}: built in {cs['compile_s']:.1f} s ({cs['num_graphs']} graphs, mode {cs['mode']})", flush=True)
+        print(f"{name}: built in {cs['compile_s']:.1f} s ({cs['num_graphs']} graphs, mode {cs['mode']})",
+              flush=True)
     names = list(engines)
     g = torch.Generator().manual_seed(args.seed)
     vocab = eager.model.cfg.vocab_size
@@ -120,13 +121,16 @@ def main(argv=None) -> int:
              f"all requests at once; medians of {args.repeats} alternating repeats. Contenders: eager; "
              "whole (engine.compile_regions=false: the step as one graph, C++ wrapper); regions "
              "(engine.compile_regions=true: one compiled region per layer type, Python wrapper). Build: "
-             + "; ".join(f"{n} {cs['compile_s']:.1f} s, {cs['num_graphs']} graphs" for n, cs in compile_stats.items())
+             + "; ".join(f"{n} {cs['compile_s']:.1f} s, {cs['num_graphs']} graphs"
+                         for n, cs in compile_stats.items())
              + ".", "",
              "| batch | " + " | ".join(f"{n} decode tok/s" for n in names) + " | "
              + " | ".join(f"{n} / eager" for n in names if n != "eager")
-             + (" | regions / whole (paired median, range)" if "regions" in names and "whole" in names else "")
+             + (" | regions / whole (paired median, range)" if "regions" in names and "whole" in names
+                else "")
              + " | acceptance length | tokens identical |",
-             "|---:|" + "---:|" * (2 * len(names) - 1 + ("regions" in names and "whole" in names)) + "---:|:---:|"]
+             "|---:|" + "---:|" * (2 * len(names) - 1 + ("regions" in names and "whole" in names))
+             + "---:|:---:|"]
     for r in rows:
         cells = [f"{r[n]['decode_tok_s']:.1f}" for n in names]
         cells += [f"{r['decode_over_eager'][n]:.2f}x" for n in names if n != "eager"]

@@ -38,7 +38,8 @@ def child(args) -> None:
 
     from mtpx import LLM, SamplingParams
     torch.set_num_threads(args.threads)
-    spec, k = (None, None) if args.spec == "none" else ("mtp8", "auto") if args.spec == "auto" else (args.spec, None)
+    spec, k = ((None, None) if args.spec == "none" else ("mtp8", "auto") if args.spec == "auto"
+               else (args.spec, None))
     t_import = time.perf_counter() - T0
     llm = LLM(args.model, spec=spec, num_speculative_tokens=k, compile=True,
               compile_regions=args.regions == "on", threads=args.threads)
@@ -66,7 +67,8 @@ def run_child(spec: str, regions: str, cache: str, threads: int, model: str, max
     env = {**os.environ, "MTPX_CACHE_DIR": cache, "OMP_NUM_THREADS": str(threads)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     cmd = [sys.executable, __file__, "--child", "--spec", spec, "--regions", regions, "--threads",
-           str(threads), "--model", model, "--max-tokens", str(max_tokens)] + (["--check-eager"] if check_eager else [])
+           str(threads), "--model", model, "--max-tokens", str(max_tokens)] \
+        + (["--check-eager"] if check_eager else [])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -104,8 +106,9 @@ def main(argv=None) -> int:
             ok &= same
             rows.append({"spec": spec, "regions": regions, "cold": cold, "warm": warm, "identical": same})
             print(f"{spec:5s} regions {regions:3s}  cold: built {cold['built_s']:7.1f} s, first token "
-                  f"{cold['first_token_s']} s, {cold['num_graphs']} graphs | warm: built {warm['built_s']:6.1f} s, "
-                  f"first token {warm['first_token_s']} s, {warm['num_loaded']} loaded | identical {same}",
+                  f"{cold['first_token_s']} s, {cold['num_graphs']} graphs | warm: built "
+                  f"{warm['built_s']:6.1f} s, first token {warm['first_token_s']} s, "
+                  f"{warm['num_loaded']} loaded | identical {same}",
                   flush=True)
     if args.out:
         sys.path.insert(0, str(ROOT))
@@ -113,7 +116,8 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         meta = {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
-                "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(), *(argv or sys.argv[1:])])}
+                "command": "python " + " ".join([Path(__file__).relative_to(ROOT).as_posix(),
+                                                 *(argv or sys.argv[1:])])}
         atomic_write_json(out / "compile_time.json", {"meta": meta, "rows": rows})
         lines = [f"`{meta['command']}` ({meta['threads']} threads)", "",
                  "| contender | regions | cold: built (s) | cold: first token (s) | graphs | calibration (s) "
@@ -121,9 +125,11 @@ def main(argv=None) -> int:
                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in rows:
             c, w = r["cold"], r["warm"]
-            lines.append(f"| {r['spec']} | {r['regions']} | {c['built_s']} | {c['first_token_s']} | {c['num_graphs']} "
-                         f"| {c['calibration_s'] if c['calibration_s'] is not None else '-'} | {w['built_s']} "
-                         f"| {w['first_token_s']} | {w['num_loaded']} of {w['num_graphs']} | {r['identical']} |")
+            lines.append(f"| {r['spec']} | {r['regions']} | {c['built_s']} | {c['first_token_s']} "
+                         f"| {c['num_graphs']} "
+                         f"| {c['calibration_s'] if c['calibration_s'] is not None else '-'} "
+                         f"| {w['built_s']} | {w['first_token_s']} | {w['num_loaded']} of {w['num_graphs']} "
+                         f"| {r['identical']} |")
         atomic_write_text(out / "compile_time.md", "\n".join(lines) + "\n")
     return 0 if ok else 1
 

@@ -20,8 +20,8 @@ built and warmed up first, its build time printed) is timed.
 
 The floor is one torch.mm [M, hidden] x [hidden, N] with M = B x (K + 1) (the verification's
 rows) and N chosen so that 2 M hidden N equals the step's FLOPs, into a preallocated output (a
-fresh [M, N] output, 98 MB at batch 64 with k = 4, costs its page faults, not FLOPs). Step and mm alternate, one call
-each per pair, `pairs` pairs after 2 untimed; printed: medians with quartiles of step_ms and
+fresh [M, N] output, 98 MB at batch 64 with k = 4, costs its page faults, not FLOPs). Step and mm alternate,
+one call each per pair, `pairs` pairs after 2 untimed; printed: medians with quartiles of step_ms and
 floor_ms and of the paired ratios step / floor, in wall time and in the process's CPU time
 (time.process_time around ModelRunner._decode and around the mm: with --threads 1 what each
 computed, which other processes on shared cores move less than wall time; with more threads it
@@ -102,7 +102,8 @@ def engine_overrides(pairs: list[str]) -> dict:
     contender settings ('plain+compile_regions=false')."""
     for pair in pairs:
         if "=" not in pair:
-            raise SystemExit(f"error: --engine {pair!r}: use KEY=VALUE, an engine key (docs/configuration.md)")
+            raise SystemExit(f"error: --engine {pair!r}: use KEY=VALUE, "
+                             "an engine key (docs/configuration.md)")
     return _overrides("+".join(["plain", *pairs]))[1]
 
 
@@ -179,8 +180,8 @@ def main():
     ap.add_argument("--out", default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"# torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}, "
-          f"{'compiled' if args.compile else 'eager'}")
+    print(f"# torch {torch.__version__}, {args.threads} threads, "
+          f"{platform.processor() or platform.machine()}, {'compiled' if args.compile else 'eager'}")
     print("| batch | case | GFLOP (linear + attention) | config check | step ms (q1-q3) | floor ms (q1-q3) "
           "| step / floor (q1-q3) | step CPU ms | floor CPU ms | step / floor, CPU |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

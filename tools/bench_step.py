@@ -109,8 +109,8 @@ def _forwards(llm: LLM, B: int, n: int, repeats: int) -> dict:
         ids, _, logits = verify()
         params = [SamplingParams(max_tokens=1)] * B
         out["verification_ms"] = _median_ms(
-            lambda: verify_drafts(ids[:B], logits[:B], [k] * B, RequestSampling(params, [None] * B, ids.device),
-                                  [None] * B), repeats)
+            lambda: verify_drafts(ids[:B], logits[:B], [k] * B,
+                                  RequestSampling(params, [None] * B, ids.device), [None] * B), repeats)
         if cache.recurrent:
             accepted = torch.zeros(Bp, dtype=torch.long)
             commit = lambda: step.commit(accepted, None)  # noqa: E731
@@ -221,7 +221,8 @@ def main(argv=None) -> int:
                        "verify_over_target_1": fw["target_k1_over_1_paired"]}
                 rows.append(row)
                 print(f"{spec} k={k} {mode} batch {B}: engine step {costs['step_ms']:.2f} ms, forwards alone "
-                      f"{alone:.2f} ms ({row['overhead']:.2f}x; paired {row['step_over_forwards_paired']:.2f}x); target({k + 1}) {fw['target_k1_ms']:.2f}, "
+                      f"{alone:.2f} ms ({row['overhead']:.2f}x; paired "
+                      f"{row['step_over_forwards_paired']:.2f}x); target({k + 1}) {fw['target_k1_ms']:.2f}, "
                       f"target(1) {fw['target_1_ms']:.2f}, draft loop {fw.get('draft_loop_ms', 0):.2f} ms",
                       flush=True)
 
@@ -231,14 +232,14 @@ def main(argv=None) -> int:
     lines = [f"# Engine decode step vs its forwards alone ({Path(args.model).name}, {args.threads} threads, "
              f"{args.input_len}-token prompts)", "",
              "| spec | k | mode | batch | engine step ms | verify ms | draft ms | target(k+1) ms | "
-             "target(1) ms | draft loop ms | after verify ms | verification ms | commit ms | step / forwards | "
-             "step / forwards, paired (quartiles) | target(k+1) / target(1), paired |",
+             "target(1) ms | draft loop ms | after verify ms | verification ms | commit ms | step / forwards "
+             "| step / forwards, paired (quartiles) | target(k+1) / target(1), paired |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['spec']} | {r['k']} | {r['mode']} | {r['batch_size']} | {r['step_ms']:.2f} | "
                      f"{r['verify_ms']:.2f} | {r['draft_ms']:.2f} | {r['target_k1_ms']:.2f} | "
-                     f"{ms(r['target_1_ms'])} | {r.get('draft_loop_ms', 0):.2f} | {ms(r.get('draft_loop_after_verify_ms'))} | "
-                     f"{ms(r.get('verification_ms'))} | "
+                     f"{ms(r['target_1_ms'])} | {r.get('draft_loop_ms', 0):.2f} | "
+                     f"{ms(r.get('draft_loop_after_verify_ms'))} | {ms(r.get('verification_ms'))} | "
                      f"{ms(r.get('commit_ms'))} | {r['overhead']:.2f}x | "
                      f"{r['step_over_forwards_paired']:.2f}x ({r['step_over_forwards_quartiles'][0]:.2f}-"
                      f"{r['step_over_forwards_quartiles'][1]:.2f}) | "

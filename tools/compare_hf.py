@@ -60,7 +60,8 @@ def _import_bench():
     """tools/bench_hf_generate.py (its _cpu_name, _timed and _first_mismatch), imported by path:
     tools/ is not a package."""
     if "bench_hf_generate" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("bench_hf_generate", ROOT / "tools" / "bench_hf_generate.py")
+        spec = importlib.util.spec_from_file_location("bench_hf_generate",
+                                                      ROOT / "tools" / "bench_hf_generate.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         sys.modules["bench_hf_generate"] = module
@@ -165,7 +166,8 @@ def build_configs(hf, llms: dict, args, pad_id: int) -> list[Config]:
     b = args.batch_size
     rows = [Config("transformers", "greedy", b, lambda p, n: (hf_generate(hf, p, n, b, pad_id), None))]
     if b > 1:
-        rows.append(Config("transformers", "greedy", 1, lambda p, n: (hf_generate(hf, p, n, 1, pad_id), None)))
+        rows.append(Config("transformers", "greedy", 1,
+                           lambda p, n: (hf_generate(hf, p, n, 1, pad_id), None)))
     for n_lookup in args.prompt_lookup_num_tokens:
         if n_lookup > 0:
             rows.append(Config("transformers", f"prompt lookup {n_lookup}", 1, lambda p, n, k=n_lookup: (
@@ -203,14 +205,16 @@ def run_all(configs: list[Config], prompts: list[list[int]], new: int, repeats: 
 
 
 def summarize(configs: list[Config], prompts: list[list[int]], new: int) -> list[dict]:
-    ref = next((c for c in configs if c.engine == "transformers" and c.setting == "greedy" and c.batch == 1), None)
+    ref = next((c for c in configs if c.engine == "transformers" and c.setting == "greedy" and c.batch == 1),
+               None)
     base = {c.batch: c for c in configs if c.engine == "transformers" and c.setting == "greedy"}
     rows = []
     for c in configs:
         tps = [len(prompts) * new / s for s in c.seconds]
         mean = statistics.fmean(tps) if tps else None
         b = base.get(c.batch)
-        b_mean = statistics.fmean(len(prompts) * new / s for s in b.seconds) if b is not None and b.seconds else None
+        b_mean = (statistics.fmean(len(prompts) * new / s for s in b.seconds) if b is not None and b.seconds
+                  else None)
         same = None
         if c.tokens is not None and ref is not None and ref.tokens is not None:
             same = sum(x == y for x, y in zip(c.tokens, ref.tokens))
@@ -234,18 +238,21 @@ def format_table(rows: list[dict], num_prompts: int) -> str:
             speed = f"{statistics.fmean(tps):.1f} ({min(tps):.1f}-{max(tps):.1f})"
         else:
             speed = f"{tps[0]:.1f}"
-        ratio = "—" if r["ratio_to_transformers_greedy"] is None else f"{r['ratio_to_transformers_greedy']:.2f}x"
+        ratio = ("—" if r["ratio_to_transformers_greedy"] is None
+                 else f"{r['ratio_to_transformers_greedy']:.2f}x")
         acc = "—" if r["acceptance_length"] is None else f"{r['acceptance_length']:.2f}"
         same = ("—" if r["prompts_identical_to_transformers_greedy"] is None
                 else f"{r['prompts_identical_to_transformers_greedy']}/{num_prompts}")
         setting = r["setting"] + (f" ({r['error']})" if r["error"] else "")
-        lines.append(f"| {r['engine']} | {setting} | {r['batch_size']} | {speed} | {ratio} | {acc} | {same} |")
+        lines.append(f"| {r['engine']} | {setting} | {r['batch_size']} | {speed} | {ratio} | "
+                     f"{acc} | {same} |")
     return "\n".join(lines) + "\n"
 
 
 def check_plain(configs: list[Config], hf, prompts: list[list[int]], tie_tolerance: float) -> dict:
     """mtpx without speculation vs transformers greedy at batch 1, per prompt."""
-    ref = next((c for c in configs if c.engine == "transformers" and c.setting == "greedy" and c.batch == 1), None)
+    ref = next((c for c in configs if c.engine == "transformers" and c.setting == "greedy" and c.batch == 1),
+               None)
     mine = next((c for c in configs if c.engine == "mtpx" and c.setting.startswith("no spec")), None)
     if ref is None or mine is None or ref.tokens is None or mine.tokens is None:
         return {"checked": False, "reason": "needs mtpx no spec (--specs none) and transformers greedy"}
@@ -276,7 +283,8 @@ def main(argv=None) -> int:
                     help="transformers prompt lookup settings to run (0 = none)")
     ap.add_argument("--specs", nargs="+", choices=SPECS, default=list(SPECS), help="mtpx configurations")
     ap.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager"],
-                    help="mtpx without and/or with engine.compile (compiled engines compile and warm up first)")
+                    help="mtpx without and/or with engine.compile (compiled engines compile and warm up "
+                         "first)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per configuration")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--tie-tolerance", type=float, default=1e-3,
@@ -290,7 +298,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     ckpt = Path(args.checkpoint)
     if not (ckpt / "config.json").is_file():
-        print(f"error: {ckpt} is not a checkpoint folder (no config.json): pass --checkpoint DIR", file=sys.stderr)
+        print(f"error: {ckpt} is not a checkpoint folder (no config.json): pass --checkpoint DIR",
+              file=sys.stderr)
         return 2
     try:
         import transformers
@@ -331,7 +340,8 @@ def main(argv=None) -> int:
         "torch_threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "loadavg_1_5_15min_before": list(load_before), "loadavg_1_5_15min_after": list(os.getloadavg()),
         "checkpoint": str(ckpt), "transformers_architecture": arch, "dtype": "float32",
-        "command": " ".join([Path(sys.executable).name] + (sys.argv if argv is None else ["tools/compare_hf.py", *argv])),
+        "command": " ".join([Path(sys.executable).name]
+                            + (sys.argv if argv is None else ["tools/compare_hf.py", *argv])),
     }
     table = format_table(rows, len(prompts))
     if check["checked"]:
@@ -347,10 +357,12 @@ def main(argv=None) -> int:
               f"{args.max_new_tokens} new tokens each (greedy, eos ignored), float32, "
               f"{env['torch_threads']} torch thread(s) on {env['cpu']}; torch {env['torch']}, transformers "
               f"{env['transformers']}; mean of {args.repeats} run(s) after a warm-up, {env['date_utc']}; "
-              f"load average (1 min) {load_before[0]:.2f} before, {env['loadavg_1_5_15min_after'][0]:.2f} after.")
+              f"load average (1 min) {load_before[0]:.2f} before, "
+              f"{env['loadavg_1_5_15min_after'][0]:.2f} after.")
     out = Path(args.out)
-    atomic_write_json(out / "results.json", {"env": env, "args": vars(args), "rows": rows, "greedy_check": check,
-                                             "prompt_lengths": [len(p) for p in prompts]})
+    atomic_write_json(out / "results.json",
+                      {"env": env, "args": vars(args), "rows": rows, "greedy_check": check,
+                       "prompt_lengths": [len(p) for p in prompts]})
     atomic_write_text(out / "results.md", f"{header}\n\n{table}\n{verdict}\n")
     print()
     print(table, end="")

@@ -53,13 +53,16 @@ def _md(rows: list[list], header: list[str]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--acceptance", required=True, type=Path, help="run folder whose per-position acceptance is used")
+    ap.add_argument("--acceptance", required=True, type=Path,
+                    help="run folder whose per-position acceptance is used")
     ap.add_argument("--model", default="checkpoints/demo")
     ap.add_argument("--spec", default="mtp8", choices=["mtp1", "mtp8"])
-    ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8], help="ks to report (all are measured)")
+    ap.add_argument("--ks", type=int, nargs="+", default=[0, 1, 2, 4, 8],
+                    help="ks to report (all are measured)")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--measured", type=Path, nargs="*", default=[])
-    ap.add_argument("--rounds", type=int, default=8, help="timed decode steps per (k, batch size); the median is kept")
+    ap.add_argument("--rounds", type=int, default=8,
+                    help="timed decode steps per (k, batch size); the median is kept")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", type=Path, default=Path("."))
     args = ap.parse_args(argv)
@@ -74,7 +77,8 @@ def main(argv=None) -> int:
         sizes = sorted(set(args.batch_sizes) | {r["batch"] for r in measured if r["batch"]})
         ks = sorted(set(args.ks) | {r["k"] for r in measured})
         model, _ = load_pretrained(args.model)
-        costs = [c for c in measure_step_costs(model, args.spec, sizes, max(ks), rounds=args.rounds) if c["k"] in ks]
+        costs = [c for c in measure_step_costs(model, args.spec, sizes, max(ks), rounds=args.rounds)
+                 if c["k"] in ks]
         preds = predict(acc, costs)
         best = recommend(preds)
     except (OSError, ValueError) as err:
@@ -91,7 +95,8 @@ def main(argv=None) -> int:
         got = r["metrics"]["output_throughput"]
         pred = None if p is None else p["predicted_throughput"]
         cmp_rows.append([r["dir"], r["k"], r["concurrency"], r["batch"], f"{got:.0f}",
-                         "—" if pred is None else f"{pred:.0f}", "—" if pred is None else f"{got / pred:.2f}"])
+                         "—" if pred is None else f"{pred:.0f}",
+                         "—" if pred is None else f"{got / pred:.2f}"])
     text = (f"# Cost model ({args.spec}, acceptance from {args.acceptance})\n\n{table}\n\n"
             f"Recommended k (highest predicted output throughput):\n{rec}\n")
     if cmp_rows:
@@ -101,11 +106,11 @@ def main(argv=None) -> int:
                                "predicted tok/s", "measured / predicted"]) + "\n"
     print(text)
     atomic_write_text(args.out / "cost_model.md", text)
-    atomic_write_json(args.out / "cost_model.json", {"acceptance": acc, "predictions": preds,
-                                                     "recommended_k": {str(b): k for b, k in best.items()},
-                                                     "measured": [{k: v for k, v in r.items() if k != "metrics"}
-                                                                  | {"output_throughput": r["metrics"]["output_throughput"]}
-                                                                  for r in measured]})
+    atomic_write_json(args.out / "cost_model.json", {
+        "acceptance": acc, "predictions": preds, "recommended_k": {str(b): k for b, k in best.items()},
+        "measured": [{k: v for k, v in r.items() if k != "metrics"}
+                     | {"output_throughput": r["metrics"]["output_throughput"]}
+                     for r in measured]})
     return 0
 
 

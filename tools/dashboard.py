@@ -1,4 +1,5 @@
-"""Compare eval runs in figures: `python tools/dashboard.py RUN_DIR [RUN_DIR ...] [--out DIR] [--names a b ...]`.
+"""Compare eval runs in figures:
+`python tools/dashboard.py RUN_DIR [RUN_DIR ...] [--out DIR] [--names a b ...]`.
 
 Reads each run directory's metrics.json (and .hydra/config.yaml for the spec method) and writes
 into --out (default outputs/dashboard):
@@ -28,7 +29,8 @@ if str(ROOT) not in sys.path:
 
 from mtpx.io import atomic_write_text  # noqa: E402
 from mtpx.metrics.dashboard import (  # noqa: E402
-    RunDirError, dashboard_markdown, load_runs, mixed_runs_warning, position0_predictions, write_comparison_figures)
+    RunDirError, dashboard_markdown, load_runs, mixed_runs_warning, position0_predictions,
+    write_comparison_figures)
 
 
 def main(argv=None) -> int:

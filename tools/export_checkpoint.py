@@ -49,7 +49,8 @@ def main(argv=None) -> int:
     if args.layout is None and not args.target_only:
         ap.error("--layout is required (qwen3_next, deepseek_v3 or draft) unless --target-only")
 
-    from mtpx.hf.export import DTYPES as TORCH_DTYPES, export_checkpoint  # torch loads here, after the argument check
+    # torch loads here, after the argument check
+    from mtpx.hf.export import DTYPES as TORCH_DTYPES, export_checkpoint
 
     try:
         out = export_checkpoint(args.src, args.out, args.layout, num_modules=args.num_modules,

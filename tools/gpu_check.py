@@ -96,7 +96,8 @@ def check_gated_delta_rule(device, dtype) -> dict:
         return {"skipped": f"flash-linear-attention is not installed ({err})"}
     g = torch.Generator(device="cpu").manual_seed(0)
     out = {}
-    for name, fast, ref, T in (("recurrent", gdr.gated_delta_rule_recurrent, gdr.recurrent_gated_delta_rule, 1),
+    for name, fast, ref, T in (("recurrent", gdr.gated_delta_rule_recurrent,
+                                gdr.recurrent_gated_delta_rule, 1),
                                ("chunked", gdr.gated_delta_rule_chunked, gdr.chunk_gated_delta_rule, 256)):
         B, H, Dk = 2, 4, 128
         q, k, v = (torch.randn(B, T, H, Dk, generator=g) for _ in range(3))
@@ -105,7 +106,8 @@ def check_gated_delta_rule(device, dtype) -> dict:
         s0 = torch.randn(B, H, Dk, Dk, generator=g) * 0.1
         with torch.no_grad():
             o_ref, s_ref = ref(q, k, v, gl, beta, s0)[:2]
-            dev = [x.to(device, dtype) for x in (q, k, v)] + [gl.to(device), beta.to(device, dtype), s0.to(device)]
+            dev = ([x.to(device, dtype) for x in (q, k, v)]
+                   + [gl.to(device), beta.to(device, dtype), s0.to(device)])
             o, s = fast(*dev)[:2]
         out[name] = {"max_abs_diff_out": (o.float().cpu() - o_ref).abs().max().item(),
                      "max_abs_diff_state": (s.float().cpu() - s_ref).abs().max().item()}
@@ -128,7 +130,8 @@ def check_engine_tokens(model, device, dtype_name, prompts, max_tokens) -> dict:
 def check_tensor_parallel(model, device, dtype_name, prompts, max_tokens) -> dict:
     """mtp8's greedy tokens with tensor_parallel_size=2 (NCCL, GPUs 0 and 1) against TP=1."""
     if device.type != "cuda":
-        return {"skipped": "tensor parallelism over NCCL needs CUDA devices (the CPU path, gloo, is in the test suite)"}
+        return {"skipped": "tensor parallelism over NCCL needs CUDA devices (the CPU path, gloo, "
+                           "is in the test suite)"}
     if torch.cuda.device_count() < 2:
         return {"skipped": f"tensor_parallel_size=2 needs 2 GPUs; {torch.cuda.device_count()} visible"}
     p = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -201,7 +204,8 @@ def timing(model, device, dtype_name, quick: bool) -> dict:
     vocab = m.cfg.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(2, vocab, (64,), generator=g).tolist() for _ in range(max(sizes))]
-    costs = [c for c in measure_step_costs(m, "mtp8", sizes, max(ks), rounds=4 if quick else 12, context_len=32 if quick else 64)
+    costs = [c for c in measure_step_costs(m, "mtp8", sizes, max(ks), rounds=4 if quick else 12,
+                                           context_len=32 if quick else 64)
              if c["k"] in ks]
     new = 8 if quick else 64
     tput = {}
@@ -237,7 +241,8 @@ def check_compiled(model, device, dtype_name, quick: bool, backend: str) -> dict
         # the same engine built again: its graphs load from the compile cache (a second run's start)
         t0 = time.perf_counter()
         again = LLM(model=m, spec=spec, max_num_seqs=max(sizes), compile=True, compile_backend=backend)
-        out[f"compile_{spec or 'plain'}_again"] = {**again.compile_stats, "built_s": round(time.perf_counter() - t0, 2)}
+        out[f"compile_{spec or 'plain'}_again"] = {**again.compile_stats,
+                                                   "built_s": round(time.perf_counter() - t0, 2)}
         del again
         for b in sizes:
             row = {"spec": spec or "plain", "batch_size": b}
@@ -282,7 +287,8 @@ def check_train_step(model, device, quick: bool) -> dict:
             obj = Objective(m, mtp_loss_weight=0.3)
             stats = train_step(m, opt, batch.to(dev), lr=1e-3, grad_clip=1.0, mtp_loss_weight=0.3,
                                train_base=not freeze, objective=obj)
-            results[dev.type] = (stats["loss"], {k: v.detach().float().cpu() for k, v in m.state_dict().items()})
+            results[dev.type] = (stats["loss"],
+                                 {k: v.detach().float().cpu() for k, v in m.state_dict().items()})
         (l_cpu, w_cpu), (l_dev, w_dev) = results["cpu"], results[device.type]
         w_diff = max(float((w_cpu[k] - w_dev[k]).abs().max()) for k in w_cpu)
         rel = abs(l_cpu - l_dev) / abs(l_cpu)
@@ -330,32 +336,38 @@ def _markdown(r: dict) -> str:
     c = r["compiled"]
     fmt = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
     lines += ["", "engine.compile (" + ", ".join(
-        f"{s}: built cold in {c[f'compile_{s}']['compile_s']:.1f} s ({c[f'compile_{s}']['num_graphs']} graphs), "
-        f"again in {c[f'compile_{s}_again']['built_s']:.1f} s ({c[f'compile_{s}_again']['num_loaded']} loaded), "
-        f"mode {c[f'compile_{s}']['mode']}, regions {c[f'compile_{s}']['regions']}" for s in ("plain", "mtp8")) + ")",
+        f"{s}: built cold in {c[f'compile_{s}']['compile_s']:.1f} s ({c[f'compile_{s}']['num_graphs']} "
+        f"graphs), again in {c[f'compile_{s}_again']['built_s']:.1f} s "
+        f"({c[f'compile_{s}_again']['num_loaded']} loaded), mode {c[f'compile_{s}']['mode']}, "
+        f"regions {c[f'compile_{s}']['regions']}" for s in ("plain", "mtp8")) + ")",
               "", "| run | batch | eager step ms | compiled step ms | eager draft ms | compiled draft ms | "
-              "eager tok/s | compiled tok/s | tokens identical |", "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
-    lines += [f"| {x['spec']} | {x['batch_size']} | {fmt(x['eager_step_ms'])} | {fmt(x['compiled_step_ms'])} | "
-              f"{fmt(x['eager_draft_ms'])} | {fmt(x['compiled_draft_ms'])} | {x['eager_tok_s']:.1f} | "
+              "eager tok/s | compiled tok/s | tokens identical |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    lines += [f"| {x['spec']} | {x['batch_size']} | {fmt(x['eager_step_ms'])} | {fmt(x['compiled_step_ms'])} "
+              f"| {fmt(x['eager_draft_ms'])} | {fmt(x['compiled_draft_ms'])} | {x['eager_tok_s']:.1f} | "
               f"{x['compiled_tok_s']:.1f} | {'yes' if x['tokens_identical'] else 'NO'} |" for x in c["rows"]]
     lines += ["", f"Decode step at batch 1: {t['decode_step_ms_batch1']:.3f} ms; weight-bandwidth floor "
               f"{t['weight_bandwidth_floor_ms']:.4f} ms ({t['weight_bytes'] / 1e6:.1f} MB of weights at "
-              f"{t['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): {t['decode_over_floor']:.1f}x the floor.", ""]
+              f"{t['copy_bandwidth_GBps']:.0f} GB/s copy bandwidth): "
+              f"{t['decode_over_floor']:.1f}x the floor.", ""]
     ref = r["reference"]
     if "skipped" in ref:
         lines += [f"Reference comparison: skipped: {ref['skipped']}", ""]
     else:
-        lines += [f"Reference comparison (GSM8K, {ref['num_prompts']} questions, concurrency {ref['concurrency']}, "
-                  f"greedy, at most {ref['max_tokens']} tokens, eager): mtp8 / mtp1 {ref['mtp8_over_mtp1']:.2f}x, "
-                  f"mtp8 / plain {ref['mtp8_over_plain']:.2f}x, auto / {ref['best_fixed']} {ref['auto_over_best']:.2f}x",
+        lines += [f"Reference comparison (GSM8K, {ref['num_prompts']} questions, concurrency "
+                  f"{ref['concurrency']}, greedy, at most {ref['max_tokens']} tokens, eager): mtp8 / mtp1 "
+                  f"{ref['mtp8_over_mtp1']:.2f}x, mtp8 / plain {ref['mtp8_over_plain']:.2f}x, "
+                  f"auto / {ref['best_fixed']} {ref['auto_over_best']:.2f}x",
                   "", "| contender | output tok/s | requests differing from plain |", "|---|---:|---:|"]
         lines += [f"| {n} | {x['tok_s']:.1f} | {x['differing_from_plain']} |" for n, x in ref["rows"].items()]
         lines.append("")
     tr = r["training"]
     lines += [f"Training step ({tr['batch'][0]} x {tr['batch'][1]} tokens), device vs CPU float32:", "",
-              "| objective | loss CPU | loss device | relative diff | max weight diff | ok |", "|---|---:|---:|---:|---:|:---:|"]
-    lines += [f"| {n} | {tr[n]['loss_cpu']:.6f} | {tr[n]['loss_device']:.6f} | {tr[n]['loss_rel_diff']:.2e} | "
-              f"{tr[n]['max_weight_diff']:.2e} | {'yes' if tr[n]['ok'] else 'NO'} |" for n in ("joint", "frozen_target")]
+              "| objective | loss CPU | loss device | relative diff | max weight diff | ok |",
+              "|---|---:|---:|---:|---:|:---:|"]
+    lines += [f"| {n} | {tr[n]['loss_cpu']:.6f} | {tr[n]['loss_device']:.6f} | {tr[n]['loss_rel_diff']:.2e} "
+              f"| {tr[n]['max_weight_diff']:.2e} | {'yes' if tr[n]['ok'] else 'NO'} |"
+              for n in ("joint", "frozen_target")]
     lines += ["", "Training tokens/s on the device: " + ", ".join(
         f"{k} {v:,.0f}" for k, v in tr["train_tokens_per_s"].items()), ""]
     return "\n".join(lines)
@@ -365,7 +377,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--model", default="checkpoints/demo")
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: bfloat16 on CUDA, float32 on CPU")
+    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES),
+                    help="default: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
     ap.add_argument("--out", type=Path, default=Path("outputs/gpu_check"))
     ap.add_argument("--compile-backend", default="inductor",
@@ -394,7 +407,8 @@ def main(argv=None) -> int:
     print(text)
     atomic_write_text(args.out / "gpu_check.md", text)
     atomic_write_json(args.out / "gpu_check.json", result)
-    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens", "compiled", "training", "tensor_parallel")
+    failed = [s for s in ("attention", "gated_delta_rule", "engine_tokens", "compiled", "training",
+                          "tensor_parallel")
               if result[s].get("ok") is False]
     if failed:
         print(f"gpu_check.py: FAILED: {', '.join(failed)}", file=sys.stderr)

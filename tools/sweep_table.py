@@ -29,7 +29,8 @@ from mtpx.metrics.sweep import collect_sweep, sweep_table  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("multirun_dir", metavar="MULTIRUN_DIR", help="a Hydra multirun folder (multirun/DATE/TIME)")
+    ap.add_argument("multirun_dir", metavar="MULTIRUN_DIR",
+                    help="a Hydra multirun folder (multirun/DATE/TIME)")
     ap.add_argument("--out", help="markdown file to write (default: MULTIRUN_DIR/sweep.md)")
     args = ap.parse_args(argv)
     try:
