@@ -54,8 +54,8 @@ from mtpx.engine.tensor_parallel import full_state
 from mtpx.engine.threads import choose_threads
 from mtpx import schema
 from mtpx.evaluate import _Stop, cap_max_tokens, engine_args, model_path, sampling_params, spec_args
-from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, check_writable_dir,
-                     source_commit)
+from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl,
+                     check_writable_dir, source_commit)
 from mtpx.metrics.progress import ProgressLines
 from mtpx.train.tokenizer import tokenizer_sha256
 
@@ -100,7 +100,8 @@ def _stop_strings(value) -> list[str]:
     """distill.stop as a list of non-empty strings (null = none). Raises ValueError naming the key."""
     if value is None:
         return []
-    items = [value] if isinstance(value, str) else list(value) if OmegaConf.is_list(value) or isinstance(value, list) else None
+    items = ([value] if isinstance(value, str) else list(value)
+             if OmegaConf.is_list(value) or isinstance(value, list) else None)
     if items is None or not all(isinstance(x, str) and x for x in items):
         raise ValueError(f"distill.stop={value!r}: must be a list of non-empty strings, e.g. "
                          "'distill.stop=[\"Question:\"]', or null")
@@ -113,8 +114,8 @@ def _check_resume(out_dir: Path, manifest: dict) -> None:
     for key in RESUME_KEYS:
         if saved.get(key) != manifest.get(key):
             raise ValueError(f"distill.out_dir={out_dir} holds data generated with another {key} "
-                             f"({saved.get(key)!r}, now {manifest.get(key)!r}): use a new distill.out_dir, or rerun "
-                             "with the settings of the folder's manifest.json")
+                             f"({saved.get(key)!r}, now {manifest.get(key)!r}): use a new distill.out_dir, "
+                             "or rerun with the settings of the folder's manifest.json")
 
 
 def run_distill(cfg: DictConfig) -> int:
@@ -145,8 +146,9 @@ def run_distill(cfg: DictConfig) -> int:
         atomic_write_json(out_dir / MANIFEST_FILE, manifest)
 
     todo = [i for i in missing_shards(out_dir, manifest) if i % world == rank]
-    print(f"distill: {len(prompts)} prompts in {num_shards} shards of {shard_size} into {out_dir}; rank {rank} of "
-          f"{world}: {len(todo)} shards to write" + (f" (of {len(range(rank, num_shards, world))})" if world > 1 else ""))
+    print(f"distill: {len(prompts)} prompts in {num_shards} shards of {shard_size} into {out_dir}; "
+          f"rank {rank} of {world}: {len(todo)} shards to write"
+          + (f" (of {len(range(rank, num_shards, world))})" if world > 1 else ""))
     if todo:
         _generate_shards(llm, prompts, params, todo, num_shards, shard_size, out_dir, settings.concurrency)
     _print_finish_reasons(out_dir, manifest, rank, world, num_shards)
@@ -168,22 +170,24 @@ def _check_settings(cfg: DictConfig, c: DictConfig | None, probe: bool = True) -
     model loads; probe: create the folder and check it is writable (not on a tensor-parallel
     worker, which writes nothing). Raises ValueError naming the key and the fix."""
     if c is None:
-        raise ValueError("the config has no 'distill' section: add '- distill: default' to the defaults list of "
-                         "conf/config.yaml")
+        raise ValueError("the config has no 'distill' section: add '- distill: default' to the defaults list "
+                         "of conf/config.yaml")
     if not c.get("out_dir"):
-        raise ValueError("distill.out_dir is required: the folder to write the shards to (e.g. distill.out_dir=distill/gsm8k)")
+        raise ValueError("distill.out_dir is required: the folder to write the shards to (e.g. "
+                         "distill.out_dir=distill/gsm8k)")
     out_dir = Path(str(c.out_dir))
     schema.check("distill", c)                            # mtpx/schema/groups.py, before the model loads
     settings = _Settings(out_dir, c.shard_size, c.get("num_prompts"), c.get("concurrency"))
     _stop_strings(c.get("stop"))
     check_data_config(cfg.data, settings.num_prompts, num_prompts_key="distill.num_prompts")
     if OmegaConf.is_missing(cfg.model, "path"):
-        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
+        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face "
+                         "checkpoint folder)")
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"distill.out_dir={out_dir} is a file: choose a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():
-        raise ValueError(f"distill.out_dir={out_dir} exists and was not written by mode=distill (no {MANIFEST_FILE}): "
-                         "choose a new folder")
+        raise ValueError(f"distill.out_dir={out_dir} exists and was not written by mode=distill (no "
+                         f"{MANIFEST_FILE}): choose a new folder")
     if probe:
         check_writable_dir(out_dir, "distill.out_dir")
     return settings
@@ -221,7 +225,8 @@ def _load_target(cfg: DictConfig, c: DictConfig) -> _Target:
               threads=lambda model: choose_threads(model, c.get("threads"), "distill.threads"))
     print(llm.thread_choice.describe())
     if llm.tokenizer is None:
-        raise ValueError(f"model.path={path} has no tokenizer: distilled data is text, so the model needs one")
+        raise ValueError(f"model.path={path} has no tokenizer: distilled data is text, "
+                         "so the model needs one")
     return _Target(llm, path, dtype, method, k)
 
 
@@ -258,7 +263,8 @@ def _print_finish_reasons(out_dir: Path, manifest: dict, rank: int, world: int, 
             reasons[key] = reasons.get(key, 0) + 1
     print(f"distill: rank {rank}'s {sum(reasons.values())} records in {out_dir}: " +
           ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])) +
-          f" (finish reasons; 'length' = cut at distill.max_tokens); left to write: {len(missing_shards(out_dir, manifest))} shards")
+          " (finish reasons; 'length' = cut at distill.max_tokens); left to write: "
+          f"{len(missing_shards(out_dir, manifest))} shards")
 
 
 def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int, shard_size: int,
@@ -290,7 +296,8 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
         (out_dir / part_name(i, num_shards)).unlink(missing_ok=True)
         written += 1
         rate = tokens / max(time.perf_counter() - t0, 1e-9)
-        print(f"wrote {shard_name(i, num_shards)} ({len(rows)} records; {written}/{len(todo)} shards, {rate:.0f} tok/s)")
+        print(f"wrote {shard_name(i, num_shards)} ({len(rows)} records; {written}/{len(todo)} shards, "
+              f"{rate:.0f} tok/s)")
 
     for i in todo:                                         # a resumed shard may be complete already
         if len(done[i]) == shard_len(i):
@@ -335,8 +342,8 @@ def _generate_shards(llm: LLM, prompts, params, todo: list[int], num_shards: int
                 print(f"distill: {len(failed)} prompts could not be generated (first: prompt {failed[0][0]}: "
                       f"{failed[0][1].error}); their records carry the error and training skips them")
         except _Stop:
-            raise Interrupted(f"{written} shards written; the finished records of the others are kept in their "
-                              ".part files, and the same command resumes") from None
+            raise Interrupted(f"{written} shards written; the finished records of the others are kept in "
+                              "their .part files, and the same command resumes") from None
         finally:
             for f in parts.values():
                 f.close()

@@ -59,7 +59,8 @@ def disk_error_line(e: BaseException) -> str | None:
     if err.strerror and err.strerror != os.strerror(err.errno):
         return err.strerror                  # already one line with its fix (atomic_write_folder)
     where = f" ({err.filename})" if err.filename else ""
-    fix = ("free disk space or point the output elsewhere" if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+    fix = ("free disk space or point the output elsewhere"
+           if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
            else "point the output at a folder you can write")
     return f"{err.strerror}{where}: {fix}"
 
@@ -182,9 +183,10 @@ def atomic_write_folder(path: str | os.PathLike[str], write: Callable[[Path], An
         shutil.rmtree(tmp, ignore_errors=True)
         err = None if isinstance(e, (KeyboardInterrupt, SystemExit)) else _as_disk_error(e)
         if err is not None and err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-            raise OSError(err.errno, f"no space left to write {path} (a save writes the new folder beside the "
-                                     "old one, so it needs the checkpoint's size free again; the previous one "
-                                     "is kept): free disk space or point the output elsewhere") from None
+            raise OSError(err.errno, f"no space left to write {path} (a save writes the new folder beside "
+                                     "the old one, so it needs the checkpoint's size free again; the "
+                                     "previous one is kept): "
+                                     "free disk space or point the output elsewhere") from None
         raise
     old = None
     if path.exists():
@@ -344,7 +346,8 @@ def source_commit() -> str | None:
     import subprocess
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10)
         if head.returncode != 0:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,

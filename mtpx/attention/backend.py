@@ -47,12 +47,13 @@ def get_backend(name: str, device: torch.device, attention_shape: tuple | None =
         return TorchBackend()
     if name == "flashinfer":
         if device.type != "cuda":
-            raise ValueError(f"engine.attention_backend=flashinfer needs a CUDA device (the model is on {device}): "
-                             "use engine.attention_backend=torch")
+            raise ValueError(f"engine.attention_backend=flashinfer needs a CUDA device (the model is on "
+                             f"{device}): use engine.attention_backend=torch")
         try:
             from mtpx.attention.flashinfer_backend import FlashInferBackend
         except ImportError as err:
             raise ValueError(f"engine.attention_backend=flashinfer needs the flashinfer package ({err}): "
                              "pip install -e '.[gpu]', or use engine.attention_backend=torch") from None
         return FlashInferBackend(device, attention_shape)
-    raise ValueError(f"unknown engine.attention_backend '{name}': choose one of {', '.join(ATTENTION_BACKENDS)}")
+    raise ValueError(f"unknown engine.attention_backend '{name}': "
+                     f"choose one of {', '.join(ATTENTION_BACKENDS)}")

@@ -25,7 +25,8 @@ def available() -> bool:
     global _fn
     if _fn is None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        _fn = build.function("paged_attention", [p, p, p, p, i64, p, p, p] + [i64] * 6 + [ctypes.c_float, i64])
+        _fn = build.function("paged_attention",
+                             [p, p, p, p, i64, p, p, p] + [i64] * 6 + [ctypes.c_float, i64])
     return _fn is not None
 
 
@@ -59,8 +60,8 @@ def _paged_attention(q, k_cache, v_cache, block_table, positions, valid):
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     status = _fn(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_table.data_ptr(), block_table.stride(0),
-        positions.data_ptr(), valid.data_ptr(), out.data_ptr(), B, T, H, k_cache.shape[2], D, k_cache.shape[1],
-        D ** -0.5, torch.get_num_threads())
+        positions.data_ptr(), valid.data_ptr(), out.data_ptr(), B, T, H, k_cache.shape[2], D,
+        k_cache.shape[1], D ** -0.5, torch.get_num_threads())
     if status:
         raise MemoryError("mtpx::paged_attention: out of memory for the kernel's scratch")
     return out

@@ -40,15 +40,16 @@ def _scratch_views(cache: KVCache, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     bufs = _scratch.get(key)
     # a buffer made under inference_mode cannot be written outside it (and the other way round)
     if bufs is None or bufs[0].numel() < numel or bufs[0].is_inference() != torch.is_inference_mode_enabled():
-        bufs = _scratch[key] = [torch.empty(numel, dtype=cache.k.dtype, device=cache.k.device) for _ in range(2)]
+        bufs = _scratch[key] = [torch.empty(numel, dtype=cache.k.dtype, device=cache.k.device)
+                                for _ in range(2)]
     return bufs[0][:numel].view(shape), bufs[1][:numel].view(shape)
 
 
 def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int | None, reuse: bool = False):
     """Keys and values of positions 0 .. kv_len - 1 of each request: block_table [B, max_blocks]
     -> (k, v) [B, kv_len, Hkv, D] (kv_len None: every block of the table, [B, max_blocks *
-    block_size, Hkv, D]). reuse: eager and without gradients, gather into this module's scratch buffers instead of
-    fresh tensors (no new pages per call; at batch 64 a layer gathers 2 x 3.4 MB): the result
+    block_size, Hkv, D]). reuse: eager and without gradients, gather into this module's scratch buffers
+    instead of fresh tensors (no new pages per call; at batch 64 a layer gathers 2 x 3.4 MB): the result
     is valid until the next reuse call, so only a caller done with it by then may ask."""
     S = cache.block_size
     if kv_len is None:
@@ -69,7 +70,8 @@ def gather_kv(cache: KVCache, block_table: torch.Tensor, kv_len: int | None, reu
         k, v = torch.index_select(cache.k, 0, flat, out=k), torch.index_select(cache.v, 0, flat, out=v)
     else:
         k, v = cache.k.index_select(0, flat), cache.v.index_select(0, flat)
-    return (k.view(B, nb * S, *cache.k.shape[2:])[:, :kv_len], v.view(B, nb * S, *cache.v.shape[2:])[:, :kv_len])
+    return (k.view(B, nb * S, *cache.k.shape[2:])[:, :kv_len],
+            v.view(B, nb * S, *cache.v.shape[2:])[:, :kv_len])
 
 
 class TorchBackend:

@@ -38,7 +38,8 @@ class RecurrentStateSpec:
 
     def bytes_per_state(self, element_size: int) -> int:
         """One boundary state: the conv window in the model dtype plus the fp32 memory."""
-        return self.conv_dim * (self.kernel - 1) * element_size + self.heads * self.key_dim * self.value_dim * 4
+        return (self.conv_dim * (self.kernel - 1) * element_size
+                + self.heads * self.key_dim * self.value_dim * 4)
 
 
 def ascending_run(rows: list[int]) -> slice | None:
@@ -126,7 +127,8 @@ class WindowStates:
         decay, kw = self._decay_and_keys(token_idx)
         T, Dk, Dv = kw.shape[-2], *state.shape[-2:]
         state.mul_(decay)
-        state.view(-1, Dk, Dv).baddbmm_(kw.transpose(-1, -2).reshape(-1, Dk, T), self.v_new.reshape(-1, T, Dv))
+        state.view(-1, Dk, Dv).baddbmm_(kw.transpose(-1, -2).reshape(-1, Dk, T),
+                                        self.v_new.reshape(-1, T, Dv))
 
 
 @dataclass
@@ -261,7 +263,8 @@ def _prefix_view(buffer: torch.Tensor, shape: tuple) -> torch.Tensor:
 
 
 def write_window(window_k: torch.Tensor, window_v_new: torch.Tensor, window_G: torch.Tensor,
-                 window_ext: torch.Tensor, rows: torch.Tensor, window: WindowStates, ext: torch.Tensor) -> None:
+                 window_ext: torch.Tensor, rows: torch.Tensor, window: WindowStates,
+                 ext: torch.Tensor) -> None:
     """One layer's window buffers ([rows, H, W, ...], [rows, C, K-1+W], W >= T; the views of
     RecurrentStateGroup.windows(T) have W = T) at `rows` [B] := the window [B, H, T, ...] and
     conv inputs ext [B, C, K-1+T]."""
@@ -281,7 +284,8 @@ def _write_window_layer(window_k, window_v_new, window_G, window_ext, layer, row
 
 
 torch_ops.define("write_window_(Tensor(a!) window_k, Tensor(b!) window_v_new, Tensor(c!) window_G, "
-                 "Tensor(d!) window_ext, int layer, Tensor rows, Tensor k, Tensor v_new, Tensor G, Tensor ext) -> ()",
+                 "Tensor(d!) window_ext, int layer, Tensor rows, Tensor k, Tensor v_new, Tensor G, "
+                 "Tensor ext) -> ()",
                  _write_window_layer, lambda *args: None, any_device=True)
 
 
@@ -337,7 +341,8 @@ class RecurrentStateGroup:
     pending_run: slice | None = None      # pending_rows' ascending_run (eager), or None
     pending_len: int = 0
     slice_bytes = 2 << 20   # eager commit: layers per pass, by their states' size (commit)
-    _windows: dict = field(default_factory=dict, repr=False)   # T -> windows(T), eager; reset with the buffers
+    # T -> windows(T), eager; reset with the buffers
+    _windows: dict = field(default_factory=dict, repr=False)
 
     @staticmethod
     def allocate(num_layers: int, rows: int, spec: RecurrentStateSpec, dtype, device="cpu",
@@ -348,7 +353,8 @@ class RecurrentStateGroup:
         conv_shape = (spec.conv_dim, spec.kernel - 1)
         ssm_shape = (spec.heads, spec.key_dim, spec.value_dim)
         group = RecurrentStateGroup(torch.zeros(num_layers, rows, *conv_shape, dtype=dtype, device=device),
-                                    torch.zeros(num_layers, rows, *ssm_shape, dtype=state_dtype, device=device), [])
+                                    torch.zeros(num_layers, rows, *ssm_shape, dtype=state_dtype,
+                                                device=device), [])
         blocks = num_blocks > 0
         for i in range(num_layers):
             group.layers.append(RecurrentState(

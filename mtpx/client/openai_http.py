@@ -35,7 +35,8 @@ class HttpSampling:
 
 def run_http_client(base_url: str, model: str | None, prompts: Sequence[str | list[int]],
                     params: Sequence[HttpSampling], max_concurrency: int | None = None,
-                    arrival_offsets: Sequence[float] | None = None, timeout_s: float = 600.0) -> list[RequestOutput]:
+                    arrival_offsets: Sequence[float] | None = None,
+                    timeout_s: float = 600.0) -> list[RequestOutput]:
     """Send every prompt (text or token ids) to base_url (".../v1") and return one RequestOutput
     per prompt, in order. model None: the first id of GET /models. Raises ValueError (one line)
     when the server cannot be reached or lists no model."""
@@ -52,7 +53,8 @@ async def _run(base_url, model, prompts, params, max_concurrency, arrival_offset
             try:
                 listed = (await client.get(f"{base_url}/models")).json()["data"]
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"bench.base_url={base_url}: GET /models failed ({e}): is the server up?") from None
+                raise ValueError(f"bench.base_url={base_url}: GET /models failed ({e}): "
+                                 "is the server up?") from None
             if not listed:
                 raise ValueError(f"bench.base_url={base_url}: the server lists no model")
             model = listed[0]["id"]
@@ -72,7 +74,8 @@ async def _request(client, base_url: str, model: str, index: int, prompt, p: Htt
     import httpx
 
     body = {"model": model, "prompt": prompt, "max_tokens": p.max_tokens, "temperature": p.temperature,
-            "top_p": p.top_p, "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+            "top_p": p.top_p, "stream": True, "stream_options": {"include_usage": True},
+            "return_token_ids": True}
     for key, value, default in (("top_k", p.top_k, -1), ("min_p", p.min_p, 0.0), ("seed", p.seed, None),
                                 ("ignore_eos", p.ignore_eos, False)):
         if value != default:                         # vLLM's extensions, only when set

@@ -42,10 +42,11 @@ MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "ex
 SPEC_BENCH_CATEGORIES = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 
 _RECORD = "an object with string 'category' and 'turns' (a non-empty list of user turns)"
-_WHERE = {"MT-Bench": "by default mt_bench/question.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR; the file is FastChat's "
+_WHERE = {"MT-Bench": "by default mt_bench/question.jsonl in the data directory, data_dir=DIR or "
+                       "MTPX_DATA_DIR; the file is FastChat's "
                        "fastchat/llm_judge/data/mt_bench/question.jsonl",
-          "Spec-Bench": "by default spec_bench/question.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR; the file is "
-                         "Spec-Bench's data/spec_bench/question.jsonl"}
+          "Spec-Bench": "by default spec_bench/question.jsonl in the data directory, data_dir=DIR or "
+                         "MTPX_DATA_DIR; the file is Spec-Bench's data/spec_bench/question.jsonl"}
 
 
 def load_questions(path: str | os.PathLike[str], what: str = "MT-Bench",

@@ -75,15 +75,17 @@ def read_manifest(folder: str | os.PathLike[str], option: str) -> dict[str, Any]
     folder = Path(folder)
     file = folder / MANIFEST_FILE
     if not file.is_file():
-        raise FileNotFoundError(f"{option}={folder}: no {MANIFEST_FILE} there; point it at a folder written by "
-                                f"mode=distill (distill.out_dir)")
+        raise FileNotFoundError(f"{option}={folder}: no {MANIFEST_FILE} there; point it at a folder written "
+                                f"by mode=distill (distill.out_dir)")
     try:
         manifest = json.loads(file.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file}: not a JSON manifest ({e}); rerun mode=distill into a new distill.out_dir") from None
+        raise ValueError(f"{file}: not a JSON manifest ({e}); rerun mode=distill into a new "
+                         "distill.out_dir") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else None
-        raise ValueError(f"{file}: format {got!r}, expected {FORMAT!r}; rerun mode=distill into a new distill.out_dir")
+        raise ValueError(f"{file}: format {got!r}, expected {FORMAT!r}; "
+                         "rerun mode=distill into a new distill.out_dir")
     return manifest
 
 
@@ -119,7 +121,8 @@ def missing_shards(folder: str | os.PathLike[str], manifest: dict[str, Any]) -> 
     return [i for i in range(n) if not (Path(folder) / shard_name(i, n)).is_file()]
 
 
-def read_distilled(folder: str | os.PathLike[str], option: str = "train.distill_path") -> tuple[dict, list[DistilledRecord]]:
+def read_distilled(folder: str | os.PathLike[str],
+                   option: str = "train.distill_path") -> tuple[dict, list[DistilledRecord]]:
     """(manifest, every record in index order) of a complete distilled-data folder.
 
     Raises:
@@ -130,9 +133,9 @@ def read_distilled(folder: str | os.PathLike[str], option: str = "train.distill_
     manifest = read_manifest(folder, option)
     missing = missing_shards(folder, manifest)
     if missing:
-        raise ValueError(f"{option}={folder}: {len(missing)} of {manifest['num_shards']} shards are not written yet "
-                         f"(first missing: {shard_name(missing[0], manifest['num_shards'])}); rerun the same "
-                         "mode=distill command to finish them (it resumes)")
+        raise ValueError(f"{option}={folder}: {len(missing)} of {manifest['num_shards']} shards are not "
+                         f"written yet (first missing: {shard_name(missing[0], manifest['num_shards'])}); "
+                         "rerun the same mode=distill command to finish them (it resumes)")
     n = int(manifest["num_shards"])
     records = [r for i in range(n) for r in read_shard(Path(folder) / shard_name(i, n), option)]
     return manifest, records

@@ -55,8 +55,9 @@ def load_gsm8k(path: str | os.PathLike[str], option: str = "data.path") -> list[
     """
     rows: list[dict[str, str]] = []
     for lineno, obj in read_jsonl(path, option, "GSM8K", _RECORD,
-                                  "by default gsm8k/{train,test}.jsonl in the data directory, data_dir=DIR or MTPX_DATA_DIR; the files are "
-                                  "grade-school-math's data/{train,test}.jsonl"):
+                                  "by default gsm8k/{train,test}.jsonl in the data directory, data_dir=DIR "
+                                  "or MTPX_DATA_DIR; the files are grade-school-math's "
+                                  "data/{train,test}.jsonl"):
         check_fields(obj, {"question": str, "answer": str}, path, lineno, "GSM8K", _RECORD)
         if _ANSWER_MARK not in obj["answer"]:
             raise ValueError(f"{path}:{lineno}: the answer has no '{_ANSWER_MARK}' line with the "

@@ -28,7 +28,8 @@ def load_humaneval(path: str | os.PathLike[str], option: str = "data.path") -> l
     """
     rows = []
     for lineno, obj in read_jsonl(path, option, "HumanEval", _RECORD,
-                                  "by default humaneval/HumanEval.jsonl.gz in the data directory, data_dir=DIR or MTPX_DATA_DIR"):
+                                  "by default humaneval/HumanEval.jsonl.gz in the data directory, "
+                                  "data_dir=DIR or MTPX_DATA_DIR"):
         check_fields(obj, {"task_id": str, "prompt": str}, path, lineno, "HumanEval", _RECORD)
         rows.append({"task_id": obj["task_id"], "prompt": obj["prompt"]})
     return rows

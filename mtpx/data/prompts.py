@@ -258,7 +258,8 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer
     raise ValueError(f"unknown data set '{name}': choose one of {', '.join(DATA_SETS)} (data=NAME)")
 
 
-def _gsm8k_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, num_prompts_key: str) -> list[Prompt]:
+def _gsm8k_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None,
+                   num_prompts_key: str) -> list[Prompt]:
     """data=gsm8k (:func:`load_prompts`): the questions, after the few-shot prefix."""
     shots = data_cfg.get("num_fewshot") or 0
     if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
@@ -391,7 +392,8 @@ def _positive_int(data_cfg: Mapping[str, Any], key: str, minimum: int, meaning: 
 def _random_args(data_cfg: Mapping[str, Any], num_prompts: int | None, key: str) -> tuple[int, int, int]:
     """(input_len, output_len, seed) of data=random; ValueError naming the key otherwise."""
     input_len = _positive_int(data_cfg, "input_len", 1, "prompt tokens per request")
-    output_len = _positive_int(data_cfg, "output_len", 1, "output tokens per request, decoded with ignore_eos")
+    output_len = _positive_int(data_cfg, "output_len", 1,
+                               "output tokens per request, decoded with ignore_eos")
     seed = _positive_int(data_cfg, "seed", 0, "the seed of the random token ids") \
         if data_cfg.get("seed") is not None else 0
     if num_prompts is None:

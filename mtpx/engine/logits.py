@@ -30,7 +30,8 @@ def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) 
     V, dev, dtype = view.shape[-1], view.device, view.dtype
     for b in biased:
         bias = reqs[b].params.logit_bias
-        view[b, :, torch.tensor(list(bias), device=dev)] += torch.tensor(list(bias.values()), dtype=dtype, device=dev)
+        view[b, :, torch.tensor(list(bias), device=dev)] += torch.tensor(list(bias.values()), dtype=dtype,
+                                                                         device=dev)
     for b, j, stop in masks:
         view[b, j, [i for i in stop if i < V]] = float("-inf")
     for b in penalized:

@@ -160,7 +160,8 @@ class Precompiled:
             # a copy: torch.compile pops guard_filter_fn from the dict it is given, so a second graph
             # of this function traced with the same dict kept every guard (automatic k's 1-token
             # verification failed to save on a pytree-registry guard)
-            compiled = torch.compile(self.fn, backend=self.backend, fullgraph=True, options=dict(self.options))
+            compiled = torch.compile(self.fn, backend=self.backend, fullgraph=True,
+                                     options=dict(self.options))
             with self.patches():
                 f = compiled.aot_compile((args, {}))
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -201,8 +202,8 @@ class Precompiled:
             self._fall_back(name, f"{len(variants)} saved graphs and none fits these inputs")
             return self.call(name, args, mark, progress)
         if variants:
-            print(f"engine.compile: {name}: no saved graph fits these inputs ({_failed_guard(variants[-1], args)}); "
-                  "compiling another", file=sys.stderr, flush=True)
+            print(f"engine.compile: {name}: no saved graph fits these inputs "
+                  f"({_failed_guard(variants[-1], args)}); compiling another", file=sys.stderr, flush=True)
         try:
             f = self._compile(name, args, mark, progress)
         except Exception as err:  # noqa: BLE001 - the precompile path is an optimisation

@@ -44,7 +44,8 @@ def prompt_ids(p, encode: Callable[[str], list[int]]) -> tuple[list[int], str | 
                         f"(vLLM's TextPrompt / TokensPrompt); got keys {sorted(p)}")
         inner = p.get("prompt", p.get("prompt_token_ids"))
         if "prompt" in p and not isinstance(inner, str):
-            return [], f"'prompt' must be a string, got {type(inner).__name__}: use 'prompt_token_ids' for ids"
+            return ([],
+                    f"'prompt' must be a string, got {type(inner).__name__}: use 'prompt_token_ids' for ids")
         if "prompt_token_ids" in p and isinstance(inner, str):
             return [], "'prompt_token_ids' must be a list of token ids, got a string: use 'prompt' for text"
         return prompt_ids(inner, encode)

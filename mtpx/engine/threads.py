@@ -113,6 +113,6 @@ def contention_warning(model: torch.nn.Module, choice: ThreadChoice, factor: flo
     now = forward_ms(model, choice.threads)
     if now < factor * before:
         return None
-    return (f"warning: the model's forward now takes {now:.2f} ms, {now / before:.1f}x its {before:.2f} ms at "
-            f"start-up with {choice.threads} threads: another process is using the CPUs, so this run's "
+    return (f"warning: the model's forward now takes {now:.2f} ms, {now / before:.1f}x its {before:.2f} ms "
+            f"at start-up with {choice.threads} threads: another process is using the CPUs, so this run's "
             "throughput is not comparable (stop it, or set fewer threads)")

@@ -41,7 +41,8 @@ from mtpx.data.prompts import chat_template_applies, check_data_config, load_pro
 from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
 from mtpx.engine.threads import choose_threads
-from mtpx.io import GracefulInterrupt, atomic_write_json, atomic_write_jsonl, atomic_write_text, source_commit, utc_now
+from mtpx.io import (GracefulInterrupt, atomic_write_json, atomic_write_jsonl, atomic_write_text,
+                     source_commit, utc_now)
 from mtpx import schema
 from mtpx.metrics.logging import RunLogger
 from mtpx.metrics.report import format_report
@@ -49,8 +50,9 @@ from mtpx.metrics.stats import compute_metrics
 from mtpx.evaluate.args import (cap_max_tokens, client_args, engine_args, model_path,  # noqa: F401  (API)
                                 poisson_arrival_offsets, sampling_params, spec_args)
 from mtpx.evaluate.generate import _generate, _output_row, _Stop, finished_rows  # noqa: F401  (API)
-from mtpx.evaluate.lines import (_all_failed, _check_fixed_lengths, _client_text, _data_text,  # noqa: F401  (API)
-                                 _length_text, _print_request_errors, _sampling_text, dead_position_warning)
+from mtpx.evaluate.lines import (_all_failed, _check_fixed_lengths, _client_text,  # noqa: F401  (API)
+                                 _data_text, _length_text, _print_request_errors, _sampling_text,
+                                 dead_position_warning)
 from mtpx.evaluate.measure import _Run, _measure, compare_outputs  # noqa: F401  (API)
 
 
@@ -83,7 +85,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     if k == 0:                  # k = 0 is plain decoding (a point of a sweep over k)
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
-        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face checkpoint folder)")
+        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face "
+                         "checkpoint folder)")
     path = model_path(cfg)
     engine = engine_args(cfg.engine)
     schema.check(mode, c)          # the client section's checks, before the model loads
@@ -119,8 +122,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
         logger.finish()
 
 
-def _load_llm(cfg: DictConfig, c: DictConfig, mode: str, path, method: str | None, k, dtype: str, engine: dict,
-              spec_kw: dict) -> LLM:
+def _load_llm(cfg: DictConfig, c: DictConfig, mode: str, path, method: str | None, k, dtype: str,
+              engine: dict, spec_kw: dict) -> LLM:
     """The LLM of the model, engine and spec groups: speculator `method` (None: plain decoding)
     with k = spec.num_speculative_tokens, threads from c.threads (checked before the model loads).
     Prints the thread choice, automatic k's calibration and the compile stats."""
@@ -161,12 +164,14 @@ def _restore_rows(out_dir: Path, mode: str, c: DictConfig, prompts, llm: LLM) ->
     return restored
 
 
-def _run_logger(cfg: DictConfig, out_dir: Path, mode: str, llm: LLM, path, method: str | None, k) -> RunLogger:
+def _run_logger(cfg: DictConfig, out_dir: Path, mode: str, llm: LLM, path, method: str | None,
+                k) -> RunLogger:
     """The W&B run (cfg.logger): its config is the groups this mode reads, with the architecture
     loaded, the commit and the threads; its name "METHOD-kK-DATA-MODEL[-JOB]" (k: the configured
     spec.num_speculative_tokens, "auto" or the engine's), grouped by sweep."""
     threads = llm.thread_choice
-    used = {key: cfg[key] for key in ("mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", mode)
+    used = {key: cfg[key]
+            for key in ("mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", mode)
             if cfg.get(key) is not None}                       # the groups this mode reads
     group, job = _sweep_group()
     wandb_config = OmegaConf.to_container(OmegaConf.create(used), resolve=True)
@@ -176,11 +181,13 @@ def _run_logger(cfg: DictConfig, out_dir: Path, mode: str, llm: LLM, path, metho
                         threads_reason=threads.reason if threads else None)
     return RunLogger(OmegaConf.to_container(cfg.logger, resolve=True), run_dir=out_dir,
                      config=wandb_config, group=group,
-                     run_name=f"{method or 'plain'}-k{'auto' if k == 'auto' else llm.num_speculative_tokens}-{cfg.data.name}-"
-                              f"{Path(str(path)).name}" + (f"-{job}" if job is not None else ""))
+                     run_name=f"{method or 'plain'}-k{'auto' if k == 'auto' else llm.num_speculative_tokens}"
+                              f"-{cfg.data.name}-{Path(str(path)).name}"
+                              + (f"-{job}" if job is not None else ""))
 
 
-def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: int | None, prompts_key: str) -> int:
+def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: int | None,
+              prompts_key: str) -> int:
     """mode=bench with bench.base_url: the same prompts, client and report, sent to an
     OpenAI-compatible server (mtpx.client.openai_http) instead of an in-process engine. The
     prompts are built with the tokenizer of model.path (the served model's), and sent as token
@@ -195,7 +202,8 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
     client = client_args(c, len(prompts), "bench")
     params = sampling_params(c, len(prompts), "bench", [p.output_len for p in prompts])
     http = [HttpSampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
-                         top_k=p.top_k if p.top_k > 0 else -1, min_p=p.min_p, seed=p.seed, ignore_eos=p.ignore_eos)
+                         top_k=p.top_k if p.top_k > 0 else -1, min_p=p.min_p, seed=p.seed,
+                         ignore_eos=p.ignore_eos)
             for p in params]
     t0 = time.perf_counter()
     outs = run_http_client(c.base_url, c.get("model_name"), [p.engine_input for p in prompts], http,
@@ -205,17 +213,18 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
     k = max((len(o.spec.accepted_per_position) for o in outs), default=0)
     metrics = compute_metrics(outs, duration, k)
     del metrics["lossless_mismatches"]
-    metrics["run"] = {"mode": "bench", "base_url": c.base_url, "model": str(path), "spec": None if not k else "server",
-                      "num_speculative_tokens": k, "data": cfg.data.name, "num_prompts": len(prompts),
-                      "commit": source_commit(), "date": utc_now()}
+    metrics["run"] = {"mode": "bench", "base_url": c.base_url, "model": str(path),
+                      "spec": None if not k else "server", "num_speculative_tokens": k, "data": cfg.data.name,
+                      "num_prompts": len(prompts), "commit": source_commit(), "date": utc_now()}
     atomic_write_jsonl(out_dir / "outputs.jsonl", [_output_row(o, p) for o, p in zip(outs, prompts)])
     atomic_write_json(out_dir / "metrics.json", metrics)
     if _all_failed(outs, f"; no report (outputs.jsonl and metrics.json in {out_dir} hold the errors)"):
         return 1
     setup = _client_text(client, c)
-    report = format_report(metrics, f"mtpx bench over HTTP: {c.base_url}, {_data_text(cfg.data.name, prompts, None)}, "
-                                    f"{len(prompts)} prompts, {_length_text(prompts, c.max_tokens)}, "
-                                    f"{_sampling_text(params[0])}, {', '.join(setup)}")
+    report = format_report(metrics, f"mtpx bench over HTTP: {c.base_url}, "
+                                    f"{_data_text(cfg.data.name, prompts, None)}, {len(prompts)} prompts, "
+                                    f"{_length_text(prompts, c.max_tokens)}, {_sampling_text(params[0])}, "
+                                    f"{', '.join(setup)}")
     print(report)
     atomic_write_text(out_dir / "report.txt", report + "\n")
     print(f"run directory: {out_dir}")

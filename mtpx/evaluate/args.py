@@ -55,8 +55,9 @@ def sampling_params(e: DictConfig, num_prompts: int, section: str = "eval",
                     output_lens: Sequence[int | None] | None = None) -> list[SamplingParams]:
     """One SamplingParams per prompt from the client's config section (eval or bench):
     max_tokens, temperature, top_k, top_p, min_p, and seed = seed + prompt index (reproducible
-    sampled runs), checked by mtpx.schema.groups.GenerationConfig.sampling. output_lens[i], when not None, fixes prompt i's output length instead of
-    max_tokens, with ignore_eos (random prompts). Raises ValueError naming section.key."""
+    sampled runs), checked by mtpx.schema.groups.GenerationConfig.sampling. output_lens[i], when not None,
+    fixes prompt i's output length instead of max_tokens, with ignore_eos (random prompts). Raises
+    ValueError naming section.key."""
     v = GenerationConfig.sampling(section, e)
     max_tokens, seed = v["max_tokens"], v["seed"]
     lens = list(output_lens) if output_lens is not None else [None] * num_prompts
@@ -84,8 +85,8 @@ def model_path(cfg: DictConfig):
     if path is None:
         return DEFAULT_MODEL
     if not str(path).strip():
-        raise ValueError("model.path is empty: give a checkpoint folder (model.path=DIR), or leave model.path out "
-                         "to run the demo checkpoint")
+        raise ValueError("model.path is empty: give a checkpoint folder (model.path=DIR), or leave "
+                         "model.path out to run the demo checkpoint")
     return path
 
 
@@ -93,17 +94,19 @@ def cap_max_tokens(prompts: list[Prompt], params: list[SamplingParams], max_mode
                     key: str) -> tuple[list[SamplingParams], int | None]:
     """params with max_tokens lowered to what each prompt leaves of max_model_len (the engine
     stops there anyway, finish_reason "length"), with one warning line naming `key` when any
-    was (a prompt of max_model_len tokens or more fails alone, uncapped); returns (params, the largest capped max_tokens, or None when none was capped)."""
+    was (a prompt of max_model_len tokens or more fails alone, uncapped); returns (params, the largest capped
+    max_tokens, or None when none was capped)."""
     capped = [dataclasses.replace(p, max_tokens=max(1, max_model_len - len(q.engine_input)),
                                   min_tokens=min(p.min_tokens, max(1, max_model_len - len(q.engine_input))))
-              if q.output_len is None and len(q.engine_input) < max_model_len < len(q.engine_input) + p.max_tokens
+              if q.output_len is None
+              and len(q.engine_input) < max_model_len < len(q.engine_input) + p.max_tokens
               else p
               for q, p in zip(prompts, params)]
     changed = [c.max_tokens for c, p in zip(capped, params) if c is not p]
     if not changed:
         return params, None
     asked = max(p.max_tokens for p in params)
-    print(f"warning: {key}={asked} exceeds max_model_len={max_model_len} (prompt + output) for {len(changed)} of "
-          f"{len(params)} prompts: they stop at {max(changed)} output tokens at most (finish_reason length); "
-          f"lower {key} or raise engine.max_model_len", file=sys.stderr)
+    print(f"warning: {key}={asked} exceeds max_model_len={max_model_len} (prompt + output) for "
+          f"{len(changed)} of {len(params)} prompts: they stop at {max(changed)} output tokens at most "
+          f"(finish_reason length); lower {key} or raise engine.max_model_len", file=sys.stderr)
     return capped, max(changed)

@@ -22,9 +22,10 @@ def dead_position_warning(spec, min_tries: int = 20, rounds=None) -> str | None:
     for i in range(1, len(counts)):
         reached = counts[i - 1] if rounds is None else sum(1 for r in rounds if r[0] > i and r[1] >= i)
         if reached >= min_tries and counts[i] == 0:
-            return (f"warning: draft position {i} (counted from 0, as in per_position_acceptance and the figures) "
-                    f"accepted 0 of the {reached} drafts that reached it (position {i - 1} accepted them): "
-                    f"check the weights of the module that drafts it (mtp.{i} with one module per position)")
+            return (f"warning: draft position {i} (counted from 0, as in per_position_acceptance and the "
+                    f"figures) accepted 0 of the {reached} drafts that reached it (position {i - 1} accepted "
+                    f"them): check the weights of the module that drafts it (mtp.{i} with one module per "
+                    "position)")
     return None
 
 
@@ -38,7 +39,8 @@ def _all_failed(outs: list[RequestOutput], what: str = "") -> bool:
     """True (with one error line, `what` appended) when every request failed: the run's exit code
     is then 1."""
     if outs and all(o.error for o in outs):
-        print(f"error: all {len(outs)} requests failed (the error lines above say why){what}", file=sys.stderr)
+        print(f"error: all {len(outs)} requests failed (the error lines above say why){what}",
+              file=sys.stderr)
         return True
     return False
 

@@ -52,7 +52,8 @@ def _build() -> ctypes.CDLL:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None or (os.sep in cc and not os.path.exists(cc)):
         raise RuntimeError(f"no C compiler found ({cc or 'cc'}; set CC, or install gcc)")
-    parts = [s.read_text() for s in SOURCES + HEADERS] + [" ".join(COMPILE_FLAGS + LINK_FLAGS), _cpu_model(), cc]
+    parts = ([s.read_text() for s in SOURCES + HEADERS]
+             + [" ".join(COMPILE_FLAGS + LINK_FLAGS), _cpu_model(), cc])
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
     path = mtpx_cache_dir() / "kernels" / f"mtpx_kernels_{key}.so"
     if not path.exists():

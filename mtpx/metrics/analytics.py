@@ -25,7 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["per_position", "position0_buckets", "predict_position0", "by_category", "analytics", "wilson_interval"]
+__all__ = ["per_position", "position0_buckets", "predict_position0", "by_category", "analytics",
+           "wilson_interval"]
 
 Rounds = Sequence[tuple[int, int, int]]  # one request's (num_draft_tokens, num_accepted, num_committed)
 

@@ -35,8 +35,8 @@ from mtpx.metrics.cost_model_figure import write_auto_k_figures
 from mtpx.metrics.dashboard_summary import (dashboard_markdown, format_position0_prediction, md_row,
                                             position0_predictions)
 from mtpx.metrics.run_dirs import (Run, RunDirError, bucket_rows, buckets_have_data, categories_with_data,
-                                   load_run, load_runs, mixed_runs_warning, provenance, read_metrics, read_yaml,
-                                   run_data, run_identity, run_mode)
+                                   load_run, load_runs, mixed_runs_warning, provenance, read_metrics,
+                                   read_yaml, run_data, run_identity, run_mode)
 
 __all__ = [
     "RUN_FIGURES", "COMPARISON_FIGURES", "RunDirError", "Run", "load_run", "load_runs",
@@ -99,7 +99,8 @@ def _draw_buckets(ax, buckets: dict, title: str, colours_legend: bool = True) ->
     figure explains the colours once for all its panels)."""
     rows = bucket_rows(buckets)
     labels = [r[0] for r in rows]
-    colors = [BUCKET_COLORS["first"]] + [BUCKET_COLORS["rejection"]] * (len(rows) - 2) + [BUCKET_COLORS["all"]]
+    colors = ([BUCKET_COLORS["first"]] + [BUCKET_COLORS["rejection"]] * (len(rows) - 2)
+              + [BUCKET_COLORS["all"]])
     bars = ax.bar(range(len(rows)), _pct([r[2] for r in rows]), color=colors)
     for bar, (_, count, rate) in zip(bars, rows):
         y = 0 if rate is None else rate * 100
@@ -158,8 +159,8 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         nan = float("nan")   # no interval where no round reached the position; rounding never gives one < 0
         below = [nan if r != r or v != v else max(0.0, r - v) for r, v in zip(rates, _pct(lo))]
         above = [nan if r != r or v != v else max(0.0, v - r) for r, v in zip(rates, _pct(hi))]
-        ax.errorbar([i + 0.2 for i in x], rates, yerr=[below, above], fmt="none", ecolor="black", elinewidth=0.8,
-                    capsize=2)
+        ax.errorbar([i + 0.2 for i in x], rates, yerr=[below, above], fmt="none", ecolor="black",
+                    elinewidth=0.8, capsize=2)
         for bar, reached, top in zip(bars, pp["reached"], hi):
             ax.annotate(f"n={reached}", (bar.get_x() + bar.get_width() / 2, 0 if top is None else top * 100),
                         ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
@@ -192,7 +193,8 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         ax1.grid(alpha=0.3)
         ax1.legend(fontsize=7)
         save(fig, RUN_FIGURES[2])
-    written += write_auto_k_figures(metrics, out, identity)   # automatic k (mtpx/metrics/cost_model_figure.py)
+    # automatic k (mtpx/metrics/cost_model_figure.py)
+    written += write_auto_k_figures(metrics, out, identity)
     return written
 
 
@@ -246,7 +248,8 @@ def _draw_category_bars(ax, cats_by_run: dict[str, dict[str, dict]]) -> None:
                         ha="center", va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points",
                         rotation=0 if v is not None else 90)
     many = len(categories) > 4           # MT-Bench's 8 names overlap when set flat
-    ax.set_xticks(range(len(categories)), categories, rotation=30 if many else 0, ha="right" if many else "center")
+    ax.set_xticks(range(len(categories)), categories, rotation=30 if many else 0,
+                  ha="right" if many else "center")
     ax.set_ylabel("acceptance rate (%)")
     ax.set_ylim(0, 110)
     ax.set_title("Acceptance rate by category", fontsize=10)
@@ -291,7 +294,8 @@ def write_comparison_figures(runs: Sequence[Run], out_dir: str | os.PathLike) ->
         written.append(save(fig, COMPARISON_FIGURES[0]))
     with_buckets = [r for r in spec if buckets_have_data((r.analytics or {}).get("position0_buckets"))]
     if with_buckets:
-        fig, axes = _figure(max(9.0, sum(0.55 * r.k + 2.5 for r in with_buckets)), 4.0, ncols=len(with_buckets))
+        fig, axes = _figure(max(9.0, sum(0.55 * r.k + 2.5 for r in with_buckets)), 4.0,
+                            ncols=len(with_buckets))
         for ax, r in zip(axes, with_buckets):
             _draw_buckets(ax, r.analytics["position0_buckets"], r.name, colours_legend=False)
         fig.legend(handles=_bucket_patches(), fontsize=7, loc="outside lower center", ncols=3, frameon=False)

@@ -21,7 +21,8 @@ def format_position0_prediction(name_a: str, buckets_a: dict, name_b: str, bucke
     position-0 from mtp1's conditional rates: 0.771 x 0.704 + 0.229 x 0.857 = 0.739; measured 0.756"."""
     p = predict_position0(buckets_a, buckets_b)
     measured = DASH if p["measured"] is None else f"{p['measured']:.3f}"
-    return f"predicted {name_b} position-0 from {name_a}'s conditional rates: {p['formula']}; measured {measured}"
+    return (f"predicted {name_b} position-0 from {name_a}'s conditional rates: {p['formula']}; "
+            f"measured {measured}")
 
 
 def position0_predictions(runs: Sequence[Run]) -> list[str]:
@@ -59,7 +60,8 @@ def _buckets_table(runs: Sequence[Run]) -> str | None:
         b = r.analytics["position0_buckets"]
         col = {"first round": _rate_n(b["first_round"]["rate"], b["first_round"]["count"])}
         col.update({str(x["prev_accepted"]): _rate_n(x["rate"], x["count"]) for x in b["rows"]})
-        col["after a rejection (0 .. k-1)"] = _rate_n(b["after_rejection"]["rate"], b["after_rejection"]["count"])
+        col["after a rejection (0 .. k-1)"] = _rate_n(b["after_rejection"]["rate"],
+                                                      b["after_rejection"]["count"])
         col["after round 1, all"] = _rate_n(b["total"]["rate"], b["total"]["count"])
         s = b["share_after_rejection"]
         col["share after a rejection"] = DASH if s is None else f"{s:.3f}"
@@ -115,5 +117,6 @@ def dashboard_markdown(runs: Sequence[Run], figures: Sequence[str | os.PathLike]
     if cats:
         parts += ["## Acceptance by category\n", cats]
     if figures:
-        parts += ["## Figures\n", "".join(f"![{Path(f).stem}]({Path(f).name})\n\n" for f in figures).rstrip() + "\n"]
+        parts += ["## Figures\n",
+                  "".join(f"![{Path(f).stem}]({Path(f).name})\n\n" for f in figures).rstrip() + "\n"]
     return "\n".join(parts)

@@ -187,7 +187,8 @@ class RunLogger:
         rows = [[str(r["prev_accepted"]), r["count"], r["rate"]] for r in b["rows"]]
         rows += [["first round", b["first_round"]["count"], b["first_round"]["rate"]],
                  ["total", b["total"]["count"], b["total"]["rate"]]]    # row "all": every draft accepted
-        out["analytics/position0_buckets"] = wandb.Table(columns=["prev_accepted", "count", "rate"], data=rows)
+        out["analytics/position0_buckets"] = wandb.Table(columns=["prev_accepted", "count", "rate"],
+                                                         data=rows)
         out["analytics/by_category"] = wandb.Table(
             columns=["category", "num_requests", "acceptance_rate", "acceptance_length"],
             data=[[c, v["num_requests"], v["acceptance_rate"], v["acceptance_length"]]
@@ -217,9 +218,9 @@ class RunLogger:
                   for name in ("unconditional", "conditional")}
         if all(series.values()):
             out["analytics/per_position_chart"] = wandb.plot.line_series(
-                xs=[[i for i, _ in s] for s in series.values()], ys=[[v for _, v in s] for s in series.values()],
-                keys=list(series), title="Per-position acceptance: unconditional vs conditional",
-                xname="draft position")
+                xs=[[i for i, _ in s] for s in series.values()],
+                ys=[[v for _, v in s] for s in series.values()], keys=list(series),
+                title="Per-position acceptance: unconditional vs conditional", xname="draft position")
         b = a["position0_buckets"]
         if b["total"]["count"] or b["first_round"]["count"]:
             out["analytics/position0_chart"] = wandb.plot.bar(
@@ -276,7 +277,8 @@ def plot_per_position_acceptance(
     ax.set_ylabel("acceptance (%)")
     ax.set_ylim(0, 100)
     rounds = [m.get("num_drafts") for m in metrics_by_run.values()]
-    ax.set_title("Per-position acceptance" + (f" ({rounds[0]} rounds)" if len(rounds) == 1 and rounds[0] else ""))
+    ax.set_title("Per-position acceptance"
+                 + (f" ({rounds[0]} rounds)" if len(rounds) == 1 and rounds[0] else ""))
     if subtitle:
         fig.suptitle(subtitle, fontsize=8)
     ax.grid(axis="y", alpha=0.3)

@@ -25,7 +25,8 @@ def progress_every_s() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:
-        raise ValueError(f"{ENV}={raw!r}: give the seconds between progress lines (a number >= 0; 0 = no lines)")
+        raise ValueError(f"{ENV}={raw!r}: give the seconds between progress lines (a number >= 0; "
+                         "0 = no lines)")
     return value
 
 
@@ -76,5 +77,6 @@ class ProgressLines:
         new = self.done - self.start
         eta = (f", ETA {duration_text(elapsed / new * (self.total - self.done))}"
                if new > 0 and self.done < self.total else "")
-        print(f"{self.label}: {self.done}/{self.total} {self.unit}{self.extra}, {duration_text(elapsed)} elapsed{eta}",
+        print(f"{self.label}: {self.done}/{self.total} {self.unit}{self.extra}, "
+              f"{duration_text(elapsed)} elapsed{eta}",
               file=self.stream, flush=True)

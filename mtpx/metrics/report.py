@@ -72,7 +72,8 @@ def _k_histogram(m: dict) -> str | None:
     if not hist:
         return None
     total = sum(hist.values())
-    return " · ".join(f"{k}: {100 * n / total:.1f}" for k, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
+    return " · ".join(f"{k}: {100 * n / total:.1f}"
+                      for k, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
 def _depth_histogram(m: dict) -> str | None:
@@ -82,7 +83,8 @@ def _depth_histogram(m: dict) -> str | None:
     if not hist:
         return None
     total = sum(hist.values())
-    return " · ".join(f"{d}: {100 * n / total:.1f}" for d, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
+    return " · ".join(f"{d}: {100 * n / total:.1f}"
+                      for d, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
 def _verified_histogram(m: dict) -> str | None:
@@ -92,7 +94,8 @@ def _verified_histogram(m: dict) -> str | None:
     if not hist:
         return None
     total = sum(hist.values())
-    return " · ".join(f"{d}: {100 * n / total:.1f}" for d, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
+    return " · ".join(f"{d}: {100 * n / total:.1f}"
+                      for d, n in sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
 PER_POSITION = "per_position_acceptance"  # this key expands to one or several rows, see below
@@ -131,7 +134,9 @@ _ROWS: list[_Row] = [
          else str(len(m["lossless_near_ties"]))),
     _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
 ]
-_OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "verified_histogram", "accuracy", "lossless_mismatches", "lossless_near_ties", "plain_output_throughput")  # rows left out when no run has a value
+# rows left out when no run has a value
+_OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "verified_histogram", "accuracy", "lossless_mismatches",
+                  "lossless_near_ties", "plain_output_throughput")
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",

@@ -162,8 +162,8 @@ def run_identity(metrics: dict) -> str:
         return ""
     spec = f"{r['spec']} k={r['num_speculative_tokens']}" if r.get("spec") else "plain decoding"
     partial = " (interrupted)" if metrics.get("partial") else ""
-    return (f"{Path(str(r.get('model', ''))).name} · {spec} · {r.get('data')} · {r.get('num_prompts')} prompts"
-            f"{partial}{provenance(r.get('date'), r.get('commit'))}")
+    return (f"{Path(str(r.get('model', ''))).name} · {spec} · {r.get('data')} · {r.get('num_prompts')} "
+            f"prompts{partial}{provenance(r.get('date'), r.get('commit'))}")
 
 
 def provenance(date: str | None, commit: str | None) -> str:

@@ -49,7 +49,8 @@ def _expected_jobs(root: Path) -> list[list[str]] | None:
     cfg = read_yaml(root / "multirun.yaml")
     try:
         hydra = cfg["hydra"]
-        if hydra["sweep"]["subdir"] != "${hydra.job.num}" or "basic_sweeper" not in hydra["sweeper"]["_target_"]:
+        if (hydra["sweep"]["subdir"] != "${hydra.job.num}"
+                or "basic_sweeper" not in hydra["sweeper"]["_target_"]):
             return None
         task = [str(o) for o in hydra["overrides"]["task"]]
         from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -96,7 +97,8 @@ def collect_sweep(multirun_dir: str | os.PathLike) -> list[SweepJob]:
     jobs = []
     for d in dirs:
         overrides = read_yaml(d / ".hydra" / "overrides.yaml")
-        job = SweepJob(_job_num(d, root), [str(o) for o in overrides] if isinstance(overrides, list) else [], d)
+        job = SweepJob(_job_num(d, root), [str(o) for o in overrides] if isinstance(overrides, list) else [],
+                       d)
         try:
             job.metrics = read_metrics(d)
         except RunDirError as err:
@@ -116,7 +118,8 @@ def collect_sweep(multirun_dir: str | os.PathLike) -> list[SweepJob]:
         jobs.append(job)
     if expected is not None:
         have = {j.num for j in jobs}
-        jobs += [SweepJob(i, ov, None, problems=[_NOT_STARTED]) for i, ov in enumerate(expected) if i not in have]
+        jobs += [SweepJob(i, ov, None, problems=[_NOT_STARTED]) for i, ov in enumerate(expected)
+                 if i not in have]
         jobs.sort(key=lambda j: (j.num is None, j.num or 0))
     return jobs
 
@@ -127,15 +130,20 @@ def _split_override(o: str) -> tuple[str, str]:
 
 
 _SWEEP_COLUMNS = (
-    ("Acceptance rate (%)", lambda m: None if m.get("acceptance_rate") is None else f"{m['acceptance_rate'] * 100:.2f}"),
-    ("Acceptance length", lambda m: None if m.get("acceptance_length") is None else f"{m['acceptance_length']:.2f}"),
+    ("Acceptance rate (%)",
+     lambda m: None if m.get("acceptance_rate") is None else f"{m['acceptance_rate'] * 100:.2f}"),
+    ("Acceptance length",
+     lambda m: None if m.get("acceptance_length") is None else f"{m['acceptance_length']:.2f}"),
     ("Per-position acceptance (%)", lambda m: " / ".join(DASH if v is None else f"{v * 100:.1f}"
-                                                         for v in m.get("per_position_acceptance") or []) or None),
-    ("Output tok/s", lambda m: None if m.get("output_throughput") is None else f"{m['output_throughput']:.2f}"),
+                                                         for v in m.get("per_position_acceptance") or [])
+                                              or None),
+    ("Output tok/s",
+     lambda m: None if m.get("output_throughput") is None else f"{m['output_throughput']:.2f}"),
     ("Median TTFT (ms)", lambda m: None if m.get("median_ttft_ms") is None else f"{m['median_ttft_ms']:.2f}"),
     ("Median TPOT (ms)", lambda m: None if m.get("median_tpot_ms") is None else f"{m['median_tpot_ms']:.2f}"),
     ("Median ITL (ms)", lambda m: None if m.get("median_itl_ms") is None else f"{m['median_itl_ms']:.2f}"),
-    ("Lossless mismatches", lambda m: None if m.get("lossless_mismatches") is None else str(m["lossless_mismatches"])),
+    ("Lossless mismatches",
+     lambda m: None if m.get("lossless_mismatches") is None else str(m["lossless_mismatches"])),
 )
 
 

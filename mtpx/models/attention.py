@@ -77,7 +77,8 @@ class GatedAttention(nn.Module):
         if self._fused_qk(q, k, cos):      # the engine's eager CPU inference: one C call (cpu_ops)
             qn, kn = self.q_norm, self.k_norm
             q, k = (cpu_ops.qk_norm_rope(q, k, qn.weight, kn.weight, qn.eps, qn.unit_offset, cos, sin)
-                    if isinstance(qn, RMSNorm) else cpu_ops.qk_norm_rope(q, k, None, None, 0.0, False, cos, sin))
+                    if isinstance(qn, RMSNorm)
+                    else cpu_ops.qk_norm_rope(q, k, None, None, 0.0, False, cos, sin))
         else:
             q = apply_rope(self.q_norm(q), cos, sin)
             k = apply_rope(self.k_norm(k), cos, sin)

@@ -30,7 +30,8 @@ def available() -> bool:
         p, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
         _fn = build.function("rms_norm", [p, i64, p, i64, p, i64, p, i64, f32, p, i64, i64, i64, i64])
         _act = build.function("silu_and_mul", [p, p, p, i64, i64, i64])
-        _qk = build.function("qk_norm_rope", [p, i64, i64, p, i64, i64, p, p, i64, f32, p, p, p, p] + [i64] * 6)
+        _qk = build.function("qk_norm_rope",
+                             [p, i64, i64, p, i64, i64, p, p, i64, f32, p, p, p, p] + [i64] * 6)
         _lin = build.function("linear", [p, i64, p, p, p, i64, i64, i64, i64])
     return _fn is not None and _act is not None and _qk is not None and _lin is not None
 
@@ -59,8 +60,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: boo
     s = res = None
     if residual is not None:
         res, s = residual.contiguous(), torch.empty_like(x2)
-    _fn(x2.data_ptr(), dim, None if res is None else res.data_ptr(), dim, None if s is None else s.data_ptr(), dim,
-        weight.data_ptr(), int(unit_offset), eps, out.data_ptr(), dim, rows, dim,
+    _fn(x2.data_ptr(), dim, None if res is None else res.data_ptr(), dim, None if s is None else s.data_ptr(),
+        dim, weight.data_ptr(), int(unit_offset), eps, out.data_ptr(), dim, rows, dim,
         max(1, min(torch.get_num_threads(), rows * dim >> 16)))
     return s, out
 
@@ -72,12 +73,14 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(gate)
     n = gate.shape[-1]
     rows = gate.numel() // max(1, n)
-    _act(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, n, max(1, min(torch.get_num_threads(), rows * n >> 16)))
+    _act(gate.data_ptr(), up.data_ptr(), out.data_ptr(), rows, n,
+         max(1, min(torch.get_num_threads(), rows * n >> 16)))
     return out
 
 
-def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
-                 eps: float, unit_offset: bool, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None,
+                 k_weight: torch.Tensor | None, eps: float, unit_offset: bool, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q [..., H, D], k [..., Hkv, D] float32 (unit stride over D; q may be a strided view), their
     RMSNorm weights [D] (None: no norm, both or neither), cos, sin [..., R] (R even, at most D;
     the same leading dims) -> (apply_rope(norm(q)), apply_rope(norm(k))), contiguous
@@ -93,8 +96,8 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor | None
     q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)
     _qk(q2.data_ptr(), q2.stride(0), q2.stride(1), k2.data_ptr(), k2.stride(0), k2.stride(1),
         None if q_weight is None else q_weight.data_ptr(), None if k_weight is None else k_weight.data_ptr(),
-        int(unit_offset), eps, c.data_ptr(), s.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), N, H, Hkv, D, R,
-        max(1, min(torch.get_num_threads(), N * (H + Hkv) * D >> 16)))
+        int(unit_offset), eps, c.data_ptr(), s.data_ptr(), q_out.data_ptr(), k_out.data_ptr(), N, H, Hkv, D,
+        R, max(1, min(torch.get_num_threads(), N * (H + Hkv) * D >> 16)))
     return q_out, k_out
 
 
@@ -139,8 +142,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x = x.contiguous()
     rows = x.numel() // n_in
     y = x.new_empty(x.shape[:-1] + (n_out,))
-    _lin(x.data_ptr(), n_in, weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(), y.data_ptr(),
-         rows, n_out, n_in, 1)
+    _lin(x.data_ptr(), n_in, weight.data_ptr(), None if bias is None else bias.contiguous().data_ptr(),
+         y.data_ptr(), rows, n_out, n_in, 1)
     return y
 
 

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from mtpx.cache.state import RecurrentState, RecurrentStateSpec, read_rows, write_rows
 from mtpx.models import gdn_kernel
 from mtpx.models.config import ModelConfig
-from mtpx.models.gated_delta_rule import (PackedChunks, chunk_gated_delta_rule_packed, gated_delta_rule_chunked,
-                                          gated_delta_rule_recurrent, recurrent_step_, recurrent_step_in_place,
-                                          window_gated_delta_rule)
+from mtpx.models.gated_delta_rule import (PackedChunks, chunk_gated_delta_rule_packed,
+                                          gated_delta_rule_chunked, gated_delta_rule_recurrent,
+                                          recurrent_step_, recurrent_step_in_place, window_gated_delta_rule)
 from mtpx.attention.meta import ForwardMeta
 from mtpx.models.norm import RMSNormGated
 from mtpx.models.linear import Linear
@@ -259,9 +259,11 @@ class GatedDeltaNet(nn.Module):
         conv = F.silu(out.index_select(0, lay.conv_rows))
         q, k, v, beta, g = self._rule_inputs(conv, b, a)
         init = read_rows(state.ssm, meta.rows, meta.row_run)
-        if use_prefill_kernel and gdn_kernel.window_runs(q, init):   # on the grid: the kernel skips its padding
-            o, final, ssm = _kernel_recurrence(*(meta.unpack(x) for x in (q, k, v, g, beta)), init, meta.valid,
-                                               meta.save_states if save else None, meta.block_size)
+        # on the grid: the kernel skips its padding
+        if use_prefill_kernel and gdn_kernel.window_runs(q, init):
+            o, final, ssm = _kernel_recurrence(*(meta.unpack(x) for x in (q, k, v, g, beta)), init,
+                                               meta.valid, meta.save_states if save else None,
+                                               meta.block_size)
             o = meta.pack(o)
         else:
             res = chunk_gated_delta_rule_packed(q, k, v, g, beta, lay.chunks, init, return_chunk_states=save)

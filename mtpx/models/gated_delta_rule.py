@@ -122,7 +122,8 @@ def unit_lower_inverse(L: torch.Tensor, block: int = 16) -> torch.Tensor:
     for i in range(1, b):
         prev = torch.stack(rows, dim=-2)                                   # [..., n, i, b]
         li = diag[..., i, :i]                                              # [..., n, i]
-        rows.append(-(li[..., None, :] @ (prev + torch.eye(b, dtype=L.dtype, device=L.device)[:i]))[..., 0, :])
+        rows.append(-(li[..., None, :]
+                      @ (prev + torch.eye(b, dtype=L.dtype, device=L.device)[:i]))[..., 0, :])
     W = torch.stack(rows, dim=-2) + torch.eye(b, dtype=L.dtype, device=L.device)
     blocks = [W[..., i, :, :] for i in range(n)]
     size = b

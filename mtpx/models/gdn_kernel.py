@@ -29,7 +29,8 @@ def available() -> bool:
     global _fn, _window
     if _fn is None or _window is None:
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        _fn = build.function("gdn_decode", [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
+        _fn = build.function("gdn_decode",
+                             [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
                              + [i64] * 7)
         _window = build.function("gdn_window", [p] * 11 + [i64] * 6)
     return _fn is not None and _window is not None
@@ -46,7 +47,8 @@ def runs(layer, qkvz: torch.Tensor, state, meta: ForwardMeta | None) -> bool:
         return False
     if meta.packed is not None and qkvz.shape[0] != meta.valid.shape[0]:
         return False
-    tensors = (qkvz, state.conv, state.ssm, layer.conv1d.weight, layer.A_log, layer.dt_bias, layer.norm.weight)
+    tensors = (qkvz, state.conv, state.ssm, layer.conv1d.weight, layer.A_log, layer.dt_bias,
+               layer.norm.weight)
     # a traced forward cannot load a library: it uses the kernel once an eager call (the engine's
     # attention backend, at start-up) has loaded mtpx's kernels
     ready = build.loaded() if torch.compiler.is_compiling() else available()
@@ -68,8 +70,8 @@ def decode(layer, qkvz: torch.Tensor, ba: torch.Tensor, state, meta: ForwardMeta
         raise ValueError("the Gated DeltaNet state tensors must be contiguous")
     rows, valid = meta.rows, meta.valid.reshape(B)
     weight = layer.conv1d.weight.reshape(layer.conv_dim, layer.kernel)
-    args = (x, gates, weight, conv, ssm, rows, valid, layer.A_log, layer.dt_bias, layer.norm.weight, layer.norm.eps,
-            layer.nk, layer.nv)
+    args = (x, gates, weight, conv, ssm, rows, valid, layer.A_log, layer.dt_bias, layer.norm.weight,
+            layer.norm.eps, layer.nk, layer.nv)
     if torch.compiler.is_compiling() and meta.region:
         # functional in a compiled layer region (a custom op that mutates cannot sit there): the
         # new state rows come back and are written as the torch forms write them
@@ -96,24 +98,28 @@ def _gdn_decode(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_w
         raise RuntimeError("mtpx gdn_decode: the CPU kernels are not built")
     rows, valid, weight = rows.contiguous(), valid.contiguous(), weight.contiguous()
     out = torch.empty(B, nv * dv)
-    conv_out, ssm_out = (conv, ssm) if in_place else (conv.new_empty(B, *conv.shape[1:]), ssm.new_empty(B, *ssm.shape[1:]))
+    conv_out, ssm_out = ((conv, ssm) if in_place
+                         else (conv.new_empty(B, *conv.shape[1:]), ssm.new_empty(B, *ssm.shape[1:])))
     status = _fn(x.data_ptr(), x.stride(0), gates.data_ptr(), gates.stride(0), weight.data_ptr(),
                  conv.data_ptr(), ssm.data_ptr(), conv_out.data_ptr(), ssm_out.data_ptr(), int(not in_place),
-                 rows.data_ptr(), valid.data_ptr(), A_log.data_ptr(), dt_bias.data_ptr(), norm_weight.data_ptr(),
-                 eps, out.data_ptr(), B, nk, nv, dk, dv, K, torch.get_num_threads())
+                 rows.data_ptr(), valid.data_ptr(), A_log.data_ptr(), dt_bias.data_ptr(),
+                 norm_weight.data_ptr(), eps, out.data_ptr(), B, nk, nv, dk, dv, K, torch.get_num_threads())
     if status:
         raise MemoryError("mtpx gdn_decode: out of memory for the kernel's scratch")
     return (out, None, None) if in_place else (out, conv_out, ssm_out)
 
 
-def _gdn_decode_functional(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
-    return _gdn_decode(x.contiguous(), gates.contiguous(), weight, conv.contiguous(), ssm.contiguous(), rows, valid,
-                       A_log, dt_bias, norm_weight, eps, nk, nv, in_place=False)
+def _gdn_decode_functional(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk,
+                           nv):
+    return _gdn_decode(x.contiguous(), gates.contiguous(), weight, conv.contiguous(), ssm.contiguous(), rows,
+                       valid, A_log, dt_bias, norm_weight, eps, nk, nv, in_place=False)
 
 
-def _gdn_decode_functional_fake(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
+def _gdn_decode_functional_fake(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps,
+                                nk, nv):
     B = x.shape[0]
-    return (x.new_empty(B, nv * ssm.shape[3]), conv.new_empty(B, *conv.shape[1:]), ssm.new_empty(B, *ssm.shape[1:]))
+    return (x.new_empty(B, nv * ssm.shape[3]), conv.new_empty(B, *conv.shape[1:]),
+            ssm.new_empty(B, *ssm.shape[1:]))
 
 
 def _gdn_decode_in_place(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
@@ -121,12 +127,13 @@ def _gdn_decode_in_place(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bia
                        norm_weight, eps, nk, nv, in_place=True)[0]
 
 
-def _gdn_decode_in_place_fake(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv):
+def _gdn_decode_in_place_fake(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk,
+                              nv):
     return x.new_empty(x.shape[0], nv * ssm.shape[3])
 
 
-_DECODE_ARGS = ("Tensor x, Tensor gates, Tensor weight, Tensor{conv} conv, Tensor{ssm} ssm, Tensor rows, Tensor valid, "
-                "Tensor A_log, Tensor dt_bias, Tensor norm_weight, float eps, int nk, int nv")
+_DECODE_ARGS = ("Tensor x, Tensor gates, Tensor weight, Tensor{conv} conv, Tensor{ssm} ssm, Tensor rows, "
+                "Tensor valid, Tensor A_log, Tensor dt_bias, Tensor norm_weight, float eps, int nk, int nv")
 torch_ops.define("gdn_decode(" + _DECODE_ARGS.format(conv="", ssm="") + ") -> (Tensor, Tensor, Tensor)",
                  _gdn_decode_functional, _gdn_decode_functional_fake)
 torch_ops.define("gdn_decode_(" + _DECODE_ARGS.format(conv="(a!)", ssm="(b!)") + ") -> Tensor",
@@ -160,10 +167,11 @@ def _gdn_window(q, k, v, g, beta, S0, valid=None):
         raise RuntimeError("mtpx gdn_window: the CPU kernels are not built")
     B, T, H, dk = q.shape
     dv = v.shape[-1]
-    o, kn, v_new, G = q.new_empty(B, T, H, dv), q.new_empty(B, H, T, dk), q.new_empty(B, H, T, dv), q.new_empty(B, H, T)
+    o, kn, v_new, G = (q.new_empty(B, T, H, dv), q.new_empty(B, H, T, dk), q.new_empty(B, H, T, dv),
+                       q.new_empty(B, H, T))
     status = _window(q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(), beta.data_ptr(), S0.data_ptr(),
-                     None if valid is None else valid.data_ptr(), o.data_ptr(), kn.data_ptr(), v_new.data_ptr(),
-                     G.data_ptr(), B, T, H, dk, dv, torch.get_num_threads())
+                     None if valid is None else valid.data_ptr(), o.data_ptr(), kn.data_ptr(),
+                     v_new.data_ptr(), G.data_ptr(), B, T, H, dk, dv, torch.get_num_threads())
     if status:
         raise MemoryError("mtpx gdn_window: out of memory for the kernel's scratch")
     return o, kn, v_new, G

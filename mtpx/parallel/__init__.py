@@ -15,5 +15,5 @@ from mtpx.parallel.gather import gather_state
 from mtpx.parallel.group import TPGroup, all_gather_last, all_reduce
 from mtpx.parallel.shard import Shard, ShardPlan, check_shardable, shard_model
 
-__all__ = ["gather_state", "TPGroup", "all_gather_last", "all_reduce", "Shard", "ShardPlan", "check_shardable",
-           "shard_model"]
+__all__ = ["gather_state", "TPGroup", "all_gather_last", "all_reduce", "Shard", "ShardPlan",
+           "check_shardable", "shard_model"]

@@ -58,7 +58,8 @@ def _assemble(name: str, pieces: list[tuple[Shard | None, torch.Tensor]]) -> tor
             covered[a:b] = True
             offset += b - a
     if not covered.all():
-        raise RuntimeError(f"{name}: the ranks' shards cover {int(covered.sum())} of its {size} rows on dim {dim}")
+        raise RuntimeError(f"{name}: the ranks' shards cover {int(covered.sum())} of its {size} "
+                           f"rows on dim {dim}")
     return full
 
 
@@ -88,8 +89,9 @@ def gather_state(model, exclude: tuple[str, ...] = ()) -> Iterator[tuple[str, to
     closed = False
     for name in sorted(set(replicated) | set(holders)):
         if name in holders:
-            t = _assemble(name, [(s, distributed[name][1] if r == 0 else _recv(shape, dtype, r, device, group))
-                                 for r, s, shape, dtype in holders[name]])
+            t = _assemble(name,
+                          [(s, distributed[name][1] if r == 0 else _recv(shape, dtype, r, device, group))
+                           for r, s, shape, dtype in holders[name]])
         else:
             t = replicated[name]
         if not closed:

@@ -109,7 +109,8 @@ def start_workers(target: str, world_size: int, args: tuple) -> tuple[list[Worke
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
     workers = []
     for rank in range(1, world_size):
-        p = subprocess.Popen([sys.executable, "-m", "mtpx.parallel.spmd", target, str(rank), str(world_size), str(port)],
+        p = subprocess.Popen([sys.executable, "-m", "mtpx.parallel.spmd", target,
+                              str(rank), str(world_size), str(port)],
                              stdin=subprocess.PIPE, env=env,
                              preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
         p.stdin.write(pickle.dumps(args))
@@ -150,7 +151,8 @@ class Driver:
     def failure(self, err: BaseException | None) -> TensorParallelError:
         """The error to raise after a collective failed with `err` (None: a worker was seen dead)."""
         dead = [p for p in self.procs or [] if not p.is_alive()]
-        for p in [] if dead or err is None else self.procs or []:   # a peer's sockets close before it is reaped
+        # a peer's sockets close before it is reaped
+        for p in [] if dead or err is None else self.procs or []:
             p.join(2)
             dead += [] if p.is_alive() else [p]
         if dead:
@@ -212,4 +214,5 @@ def serve(target, tp: TPGroup) -> None:
 if __name__ == "__main__":      # a worker started by start_workers: module:function rank world_size port
     _module, _fn = sys.argv[1].split(":")
     _args = pickle.loads(sys.stdin.buffer.read())
-    getattr(importlib.import_module(_module), _fn)(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *_args)
+    getattr(importlib.import_module(_module), _fn)(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]),
+                                                   *_args)
