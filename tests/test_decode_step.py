@@ -18,7 +18,9 @@ PROMPTS = [[5, 9, 13, 2, 7], [3, 4, 5, 6, 7, 8, 9, 10, 11], [20, 21, 22]]
 
 def _plan(static: bool, num_tokens, num_draft_tokens, depths, prev, num_drafts, k=8, modules=8, batch=None,
           buckets=(0, 1, 2, 4, 8)):
-    return StepShapes.plan(num_tokens, num_draft_tokens, depths, prev, num_drafts, k=k,
+    """StepShapes.plan of a step whose k is num_drafts: each request proposes min(num_drafts, depth)."""
+    new = [min(num_drafts, d) for d in depths]
+    return StepShapes.plan(num_tokens, num_draft_tokens, depths, prev, new, k=k,
                            num_draft_modules=modules, block_size=16, max_blocks=64,
                            padded_batch=batch or len(num_tokens), static=static, depth_buckets=buckets)
 

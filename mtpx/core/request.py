@@ -13,11 +13,12 @@ class Request:
 
     Engine bookkeeping (vLLM v1 names): num_computed_tokens: positions [0, n) whose target KV and
     recurrent state are final (the batch slot is the model runner's); draft_token_ids:
-    proposed, not yet verified (draft_probs: their draft distributions when sampled); generator:
+    proposed, not yet verified (their draft distributions, when sampled, are the model runner's);
+    generator:
     the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
     first admission; num_preemptions: times its blocks were taken back (it recomputes);
     draft_depth: the most drafts it proposes per step, set at its first admission and only
-    lowered afterwards (mtpx/core/draft_length.py, "Depth"); multi-module MTP keeps its draft
+    lowered afterwards (mtpx/auto_k/policy.py, "Depth"); multi-module MTP keeps its draft
     modules 1..draft_depth exact and no others.
     stop_strings: the StopStrings checker of params.stop (None without stop strings); stop_reason:
     the stop string or stop token id (of params) that ended it.
@@ -33,7 +34,6 @@ class Request:
     stop_ids: frozenset = frozenset()
     output_token_ids: list[int] = field(default_factory=list)
     draft_token_ids: list[int] = field(default_factory=list)
-    draft_probs: object = None          # [k, V] draft distributions of sampled drafts, or None
     generator: object = None            # torch.Generator of a request with temperature > 0
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0

@@ -260,7 +260,6 @@ class Scheduler:
         self.kv.free(r.index)
         r.num_computed_tokens = 0
         r.draft_token_ids = []
-        r.draft_probs = None
         r.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(r)
@@ -305,7 +304,7 @@ class Scheduler:
             if res.token_ids:
                 self._append(r, res, now)
             if not r.finished:
-                r.draft_token_ids, r.draft_probs = res.draft_token_ids, res.draft_probs
+                r.draft_token_ids = res.draft_token_ids
                 if isinstance(item, ScheduledDecode):   # the newest token has no KV yet
                     r.num_computed_tokens = r.num_tokens - 1
             # publish what is final; a finished request's tokens are a prefix of what the runner

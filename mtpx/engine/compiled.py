@@ -46,20 +46,21 @@ def commit_windows(cache, index: torch.Tensor) -> None:
 
 
 def plan_and_draft(speculator, cache, block_table, rows, num_tokens, target_end, is_drafting, depth,
-                   target_start, target_hidden, num_columns, num_drafts, num_modules):
+                   target_start, drafts, target_hidden, num_columns, num_drafts, num_modules):
     """speculator.propose (its contract) over a static DraftBatch built here, as one graph:
     -> (Drafts.tokens, Drafts.num_final)."""
     batch = DraftBatch(rows, num_tokens, target_end, is_drafting, depth, target_start, target_hidden,
-                       num_drafts, num_modules, num_columns, block_table)
+                       num_drafts, num_modules, num_columns, block_table, drafts=drafts)
     drafts = speculator.propose(cache, batch)
     return drafts.tokens, drafts.num_final
 
 
 def propose_planned(speculator, cache, plan, rows, num_tokens, target_end, is_drafting, depth,
-                    target_start, target_hidden):
+                    target_start, drafts, target_hidden):
     """speculator.propose (its contract) with its plan made eager before (FlashInfer):
     -> (Drafts.tokens, Drafts.num_final)."""
-    batch = DraftBatch(rows, num_tokens, target_end, is_drafting, depth, target_start, target_hidden)
+    batch = DraftBatch(rows, num_tokens, target_end, is_drafting, depth, target_start, target_hidden,
+                       drafts=drafts)
     drafts = speculator.propose(cache, batch, plan)
     return drafts.tokens, drafts.num_final
 
@@ -280,7 +281,8 @@ class CompiledDecode:
         # a fresh [B] tensor: target_start is a column of the window's positions, and for a batch
         # of one contiguous() would keep its stride, which the graph guards on (a recompile)
         target_start = b.target_start.new_empty(b.target_start.shape).copy_(b.target_start)
-        per_row = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start)
+        drafts = b.depth if b.drafts is None else b.drafts          # DraftBatch.drafts' None: each its depth
+        per_row = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start, drafts)
         modules = len(self.cache.draft) if b.num_modules is None else b.num_modules
         name = f"draft loop ({modules} module{'s' * (modules > 1)}, {b.num_columns} columns)"
         block_table = b.block_table
@@ -293,8 +295,8 @@ class CompiledDecode:
                                                                b.target_hidden, b.num_columns, num_drafts,
                                                                b.num_modules), mark)
         else:
-            plan = self.speculator.plan(self.cache, DraftBatch(*per_row, b.target_hidden, num_drafts, b.num_modules,
-                                                               b.num_columns, block_table))
+            plan = self.speculator.plan(self.cache, DraftBatch(*per_row[:6], b.target_hidden, num_drafts, b.num_modules,
+                                                               b.num_columns, block_table, drafts=drafts))
 
             def mark_eager_plan():
                 _mark_batch(*per_row, b.target_hidden)

@@ -83,7 +83,7 @@ class StepShapes:
 
     batch: requests verified; padded_batch: rows of the step's tensors (padding rows after them);
     window: tokens per verification window (T); depth: draft modules the round runs (1..depth);
-    num_drafts: drafts proposed per request (at most its own depth); draft_columns: columns of the
+    num_drafts: the most drafts a request proposes (the round's); draft_columns: columns of the
     draft round's forwards; num_blocks: blocks of keys read; catch_up: (static) the modules'
     catch-up needs more than draft_columns, so a round without drafts runs first (draft_rounds).
     keep_states: the windows keep the per-token Gated DeltaNet states (window > 1; a 1-token
@@ -105,16 +105,16 @@ class StepShapes:
 
     @staticmethod
     def plan(num_tokens: list[int], num_draft_tokens: list[int], depths: list[int],
-             num_prev_drafts: list[int], num_drafts: int, *, k: int, num_draft_modules: int,
+             num_prev_drafts: list[int], num_new_drafts: list[int], *, k: int, num_draft_modules: int,
              block_size: int, max_blocks: int, padded_batch: int, static: bool,
              depth_buckets=None) -> "StepShapes":
-        """num_tokens, num_draft_tokens, depths, num_prev_drafts: per request (known tokens,
-        drafts it verifies, Request.draft_depth, drafts it holds); num_drafts: drafts asked for
-        (the scheduler's k); k: the speculator's num_speculative_tokens (0: plain decoding);
-        padded_batch: the form's padded batch; static: compiled shapes (module doc);
-        depth_buckets: EngineConfig.compile_depths (depth_bucket)."""
+        """Per request: num_tokens (known tokens), num_draft_tokens (drafts it verifies), depths
+        (Request.draft_depth), num_prev_drafts (drafts it holds), num_new_drafts (drafts it
+        proposes: ScheduledDecode.num_new_drafts); k: the speculator's num_speculative_tokens
+        (0: plain decoding); padded_batch: the form's padded batch; static: compiled shapes
+        (module doc); depth_buckets: EngineConfig.compile_depths (depth_bucket)."""
         depth = max(depths)
-        num_drafts = min(num_drafts, depth)
+        num_drafts = max(num_new_drafts)
         window = 1 + max(num_draft_tokens)
         narrow = window == 1 and num_drafts == 0       # static: the only 1-token windows
         width = max(depth, window - 1)                 # drafts made before a depth fell may be more
@@ -127,8 +127,8 @@ class StepShapes:
             window = width + 1
         columns = 1
         if k:
-            columns = max(max_module_positions(1 + nd, min(num_drafts, d), prev, min(d, num_draft_modules))
-                          for nd, d, prev in zip(num_draft_tokens, depths, num_prev_drafts))
+            columns = max(max_module_positions(1 + nd, new, prev, min(d, num_draft_modules))
+                          for nd, d, prev, new in zip(num_draft_tokens, depths, num_prev_drafts, num_new_drafts))
         catch_up = False
         if static and width:
             # every round in width + 1 columns (a 1-token window's too, its padding inert); a
@@ -146,7 +146,8 @@ def draft_rounds(propose, batch: DraftBatch) -> Drafts:
     drafting round covers at most m positions (StepShapes.catch_up)."""
     if batch.catch_up:
         batch = dataclasses.replace(batch, catch_up=False)
-        propose(dataclasses.replace(batch, num_drafts=0, sampler=None))
+        no_drafts = None if batch.drafts is None else torch.zeros_like(batch.drafts)
+        propose(dataclasses.replace(batch, num_drafts=0, drafts=no_drafts, sampler=None))
     return propose(batch)
 
 

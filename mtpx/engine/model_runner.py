@@ -73,9 +73,10 @@ class RequestResult:
         decode), the first token after a complete prompt, or [] for a chunk mid-prefill; the
         scheduler may cut them at a stop. num_draft_tokens, num_accepted: drafts verified and the
         verifier's raw accepted count. draft_token_ids: the next num_speculative_tokens drafts
-        ([] without a speculator or mid-prefill); draft_probs: [k, V] draft distributions of
-        sampled drafts, else None. num_final_tokens: positions [0, P) whose KV is final for the
-        target and every draft module if token_ids are committed (KVCacheManager.cache_blocks).
+        ([] without a speculator or mid-prefill; their draft distributions, when sampled, stay
+        with the runner for the next step's verification). num_final_tokens: positions [0, P)
+        whose KV is final for the target and every draft module if token_ids are committed
+        (KVCacheManager.cache_blocks).
         logit_gaps: top-2 logit gap at each of token_ids (record_logit_gaps), else None.
         logprobs: per token of token_ids, (its log-probability, its rank, [(token id,
         log-probability)] of the top SamplingParams.logprobs), when the request asks for them.
@@ -87,7 +88,6 @@ class RequestResult:
     num_draft_tokens: int = 0
     num_accepted: int = 0
     draft_token_ids: list[int] | None = None
-    draft_probs: torch.Tensor | None = None
     num_final_tokens: int = 0
     logit_gaps: list[float] | None = None
     logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
@@ -131,6 +131,7 @@ class ModelRunner:
                                     precompile=config.compile_cache, ragged=config.ragged_batch)
                      if config.compile else EagerStep(model, self.cache, speculator))
         self.rows: dict[int, int] = {}             # request index -> batch slot
+        self._draft_probs: dict[int, torch.Tensor] = {}   # request index -> its sampled drafts' [k, V] q
 
     @property
     def compiled(self) -> CompiledDecode | None:
@@ -146,6 +147,7 @@ class ModelRunner:
     def release(self, index: int) -> None:
         """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
         has none)."""
+        self._draft_probs.pop(index, None)
         row = self.rows.pop(index, None)
         if row is not None:
             self.cache.free_row(row)
@@ -180,10 +182,9 @@ class ModelRunner:
             self.cache.set_block_table(self.rows[item.request.index], item.block_table)
         results: dict[int, RequestResult] = {}
         t0 = self._now()
-        k = out.num_speculative_tokens if self.speculator is not None else 0
-        prefill_draft_s, module_tokens = self._prefill(out.prefills, results, k)
+        prefill_draft_s, module_tokens = self._prefill(out.prefills, results)
         t1 = self._now()
-        verify_s, draft_s = self._decode(out.decodes, results, k)
+        verify_s, draft_s = self._decode(out.decodes, results)
         timing = None
         if self.config.record_step_timings:
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
@@ -227,13 +228,13 @@ class ModelRunner:
                     for r, table in zip(reqs, block_tables):
                         c = copy.copy(r)
                         c.draft_token_ids, c.draft_depth = [1] * k, depth
-                        decodes.append(ScheduledDecode(c, k, table))
+                        decodes.append(ScheduledDecode(c, k, table, num_new_drafts=k))
                     if self.speculator is not None:
                         self.speculator.reset_rows(rows, starts)
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
                     t0 = time.perf_counter()
-                    draft_s = self._decode(decodes, {}, k)[1]
+                    draft_s = self._decode(decodes, {})[1]
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
                     if i >= warmup:
@@ -309,7 +310,7 @@ class ModelRunner:
             out[b] = [(p.start + 1 + i, e) for i, e in enumerate(entries)]
         return out
 
-    def _prefill(self, prefills: list[ScheduledPrefill], results: dict, num_drafts: int) -> tuple[float, int]:
+    def _prefill(self, prefills: list[ScheduledPrefill], results: dict) -> tuple[float, int]:
         """The prefill chunks' forward, first tokens and first drafts; returns (seconds the
         speculator ran, prompt tokens times the modules it ran over them) for StepTiming."""
         if not prefills:
@@ -349,48 +350,61 @@ class ModelRunner:
         draft_s, module_tokens = 0.0, 0
         if self.speculator is not None:
             t0 = self._now()
-            own = [min(num_drafts, r.draft_depth) if p.is_last else 0 for p, r in zip(prefills, reqs)]
+            new = [p.num_new_drafts for p in prefills]
             batch = self._draft_batch(reqs, rows, torch.tensor(num_tokens, device=dev), meta.ends,
-                                      [p.is_last for p in prefills], meta.positions[:, 0], h,
-                                      min(num_drafts, max(r.draft_depth for r in reqs)),
-                                      self._draft_sampler(self._sampling(reqs), own) if last else None)
+                                      [p.is_last for p in prefills], meta.positions[:, 0], h, new,
+                                      self._draft_sampler(self._sampling(reqs), new) if last else None)
             proposed = self.speculator.propose(cache, batch)          # dynamic shapes: always eager
             drafts, q = proposed.tokens.tolist(), proposed.probs
             num_final = [min(a, b) for a, b in zip(num_final, proposed.num_final.tolist())]
             draft_s, module_tokens = self._now() - t0, batch.num_modules * sum(lengths)
-        for b, r in enumerate(reqs):
-            is_last = b in first
-            results[r.index] = RequestResult(
-                [first[b]] if is_last else [], num_final_tokens=num_final[b],
-                draft_token_ids=(drafts[b][: min(num_drafts, r.draft_depth)]
-                                 if drafts is not None and is_last else []),
-                draft_probs=q[b] if q is not None and is_last else None,
-                logit_gaps=[gaps[last.index(b)]] if gaps is not None and is_last else None,
-                logprobs=lps[last.index(b)] if lps is not None and is_last else None,
-                prompt_logprobs=prompt_lps.get(b))
+        for b, p in enumerate(prefills):
+            i = last.index(b) if b in first else None
+            self._result(results, p, [first[b]] if i is not None else [], 0, 0,
+                         drafts[b] if drafts is not None and i is not None else [],
+                         q[b] if q is not None and i is not None else None, num_final[b],
+                         None if gaps is None or i is None else [gaps[i]],
+                         None if lps is None or i is None else lps[i], prompt_lps.get(b))
         return draft_s, module_tokens
+
+    def _result(self, results: dict, item, token_ids: list[int], num_draft_tokens: int, num_accepted: int,
+                drafts: list[int], probs: torch.Tensor | None, num_final: int, gaps=None, lps=None,
+                prompt_lps=None) -> None:
+        """results[index] = the RequestResult of a scheduled prefill chunk or decode (its fields;
+        drafts: the round's draft row of the request, of which it keeps item.num_new_drafts;
+        probs: their [k, V] draft distributions, kept here for the next step's verification)."""
+        r = item.request
+        if probs is None:
+            self._draft_probs.pop(r.index, None)
+        else:
+            self._draft_probs[r.index] = probs
+        results[r.index] = RequestResult(
+            token_ids, num_draft_tokens, num_accepted,
+            draft_token_ids=drafts[: item.num_new_drafts], num_final_tokens=num_final,
+            logit_gaps=gaps, logprobs=lps, prompt_logprobs=prompt_lps)
 
     def _draft_batch(self, reqs, rows: torch.Tensor, num_tokens: torch.Tensor, target_end: torch.Tensor,
                      is_drafting: list[bool], target_start: torch.Tensor, hidden: torch.Tensor,
-                     num_drafts: int, sampler=None, shapes: StepShapes | None = None,
+                     num_new_drafts: list[int], sampler=None, shapes: StepShapes | None = None,
                      block_table: torch.Tensor | None = None) -> DraftBatch:
-        """The DraftBatch of `reqs` (their depths; rows beyond len(reqs) are padding: depth 0, not
-        drafting): static with `shapes` and block_table (the decode step's columns and modules,
-        the verification's [Bp, num_blocks] block table), else dynamic over modules 1..the deepest
-        request's depth."""
+        """The DraftBatch of `reqs` (their depths and num_new_drafts, the drafts each proposes;
+        rows beyond len(reqs) are padding: depth 0, not drafting): static with `shapes` and
+        block_table (the decode step's columns and modules, the verification's [Bp, num_blocks]
+        block table), else dynamic over modules 1..the deepest request's depth."""
         pad, dev = rows.shape[0] - len(reqs), self.device
         depth = torch.tensor([r.draft_depth for r in reqs] + [0] * pad, device=dev)
         drafting = torch.tensor(list(is_drafting) + [False] * pad, device=dev)
+        drafts = torch.tensor(list(num_new_drafts) + [0] * pad, device=dev)
         extent = (dict(num_modules=max(r.draft_depth for r in reqs)) if shapes is None else
                   dict(num_modules=shapes.depth, num_columns=shapes.draft_columns, block_table=block_table,
                        catch_up=shapes.catch_up))
-        return DraftBatch(rows, num_tokens, target_end, drafting, depth, target_start, hidden, num_drafts,
-                          sampler=sampler, **extent)
+        return DraftBatch(rows, num_tokens, target_end, drafting, depth, target_start, hidden,
+                          max(num_new_drafts), sampler=sampler, drafts=drafts, **extent)
 
-    def _decode(self, decodes: list[ScheduledDecode], results: dict, num_drafts: int) -> tuple[float, float]:
-        """The decode step (module doc, shapes by StepShapes), proposing num_drafts drafts for the
-        next (each request at most its depth); returns (verify_s, draft_s): the rest of the step
-        and the draft round."""
+    def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
+        """The decode step (module doc, shapes by StepShapes), each request proposing its
+        num_new_drafts for the next; returns (verify_s, draft_s): the rest of the step and the
+        draft round."""
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
@@ -399,7 +413,7 @@ class ModelRunner:
         n_host = [r.num_tokens - 1 for r in reqs]
         nd_host = [d.num_draft_tokens for d in decodes]
         shapes = StepShapes.plan([r.num_tokens for r in reqs], nd_host, [r.draft_depth for r in reqs],
-                                 [len(r.draft_token_ids) for r in reqs], num_drafts,
+                                 [len(r.draft_token_ids) for r in reqs], [d.num_new_drafts for d in decodes],
                                  k=self.num_speculative_tokens,
                                  num_draft_modules=0 if self.speculator is None else self.speculator.num_draft_modules,
                                  block_size=self.block_size, max_blocks=cache.max_blocks,
@@ -419,7 +433,7 @@ class ModelRunner:
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
         accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
-                                   [r.draft_probs for r in reqs], self.config.verify)
+                                   [self._draft_probs.get(r.index) for r in reqs], self.config.verify)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]
@@ -432,10 +446,10 @@ class ModelRunner:
         final = n[:B] + accepted + 1                                        # target KV final below
         drafts = None
         if self.speculator is not None and shapes.depth > 0:   # else no module runs for these requests
-            sampler = self._draft_sampler(sampling, [min(shapes.num_drafts, r.draft_depth) for r in reqs])
+            new = [d.num_new_drafts for d in decodes]
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
                                       torch.cat([final, final.new_zeros(pad)]), [True] * B, meta.positions[:, 0],
-                                      h, shapes.num_drafts, sampler, shapes, meta.block_table)
+                                      h, new, self._draft_sampler(sampling, new), shapes, meta.block_table)
             drafts = step.draft(batch)
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()
@@ -470,11 +484,9 @@ class ModelRunner:
         packed = torch.cat(parts, 1).tolist()       # the step's one device -> host transfer
         q = None if drafts is None else drafts.probs
         for b, d in enumerate(decodes):
-            r, row = d.request, packed[b]
+            row = packed[b]
             m = row[T]
-            results[r.index] = RequestResult(
-                row[: m + 1], d.num_draft_tokens, m,
-                draft_token_ids=row[T + 1: T + 1 + min(shapes.num_drafts, r.draft_depth)] if k else [],
-                draft_probs=None if q is None else q[b], num_final_tokens=row[-1],
-                logit_gaps=gaps[b][: m + 1] if gaps is not None else None,
-                logprobs=lps[b][: m + 1] if lps is not None and lps[b] is not None else None)
+            self._result(results, d, row[: m + 1], d.num_draft_tokens, m, row[T + 1: T + 1 + k],
+                         None if q is None else q[b], row[-1],
+                         gaps[b][: m + 1] if gaps is not None else None,
+                         lps[b][: m + 1] if lps is not None and lps[b] is not None else None)

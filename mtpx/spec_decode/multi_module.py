@@ -85,15 +85,15 @@ class MultiModuleMTPSpeculator:
     def plan(self, cache: ModelCache, batch: DraftBatch) -> DraftPlan:
         """Module k covers start_k .. end_k - 1 (module doc): a drafting row re-prefills from
         min(computed_k, n - k) to n - 1 (at most num_speculative_tokens + 1 positions after a
-        verification); the others catch up. In a drafting row the module after the first
-        num_drafts runs to n - 1 too (its last input is the last draft; no logits), so a round
+        verification); the others catch up. In a drafting row the module after its drafts
+        (DraftBatch.drafts) runs to n - 1 too (its last input is the last draft; no logits), so a round
         drafting one more needs no catch-up (common.max_module_positions); the later ones catch
         up to n - k, over its re-prefill start (their stale positions are redone). Modules
         beyond a row's depth cover nothing. Speculator.plan's contract."""
         b = batch
         n = b.num_tokens - 1
         end = b.target_end
-        drafted = b.depth if b.num_drafts is None else b.depth.clamp(max=b.num_drafts)
+        drafted = b.depth if b.drafts is None else b.drafts
         plan = DraftPlan([], [])
         last = self.num_speculative_tokens if b.num_modules is None else b.num_modules
         for module in range(1, last + 1):

@@ -44,6 +44,10 @@ class DraftBatch:
         width is the static forwards' block count); None: dynamic (a forward with nothing to do is
         left out).
     sampler: None (argmax drafts) or a mtpx.spec_decode.sampler.DraftSampler (eager only).
+    drafts: [B] int64, the drafts each row proposes this round (the scheduler's
+        ScheduledDecode/ScheduledPrefill.num_new_drafts, 0 for rows that do not draft and for
+        padding; multi-module MTP runs its module after them to the last known token); None:
+        every row its depth.
     catch_up: (static) the modules' catch-up needs more than num_columns columns: the decode
         step runs a round without drafts first (mtpx.engine.decode_step.draft_rounds).
     """
@@ -61,6 +65,7 @@ class DraftBatch:
     block_table: torch.Tensor | None = None
     sampler: object | None = None
     catch_up: bool = False
+    drafts: torch.Tensor | None = None
 
     @property
     def num_blocks(self) -> int | None:
