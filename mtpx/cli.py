@@ -11,8 +11,8 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c, source_commit,
-                     stop_exit_code, stop_signal_name)
+from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c,
+                     source_commit, stop_exit_code, stop_signal_name)
 from mtpx.metrics.logging import RunLogger
 from mtpx.schema import RunConfig, compose_error, group_choices
 
@@ -20,8 +20,8 @@ USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
 
 GROUP_NAMES = {"spec": "spec", "data": "data set", "model": "model config", "train": "train config",
-               "engine": "engine config", "eval": "eval config", "bench": "bench config", "serve": "serve config",
-               "distill": "distill config", "logger": "logger"}
+               "engine": "engine config", "eval": "eval config", "bench": "bench config",
+               "serve": "serve config", "distill": "distill config", "logger": "logger"}
 
 
 def check_group_overrides(argv: list[str], conf_dir: Path) -> str | None:
@@ -233,13 +233,15 @@ def run_train(cfg: DictConfig) -> int:
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
     logger_cfg = OmegaConf.to_container(cfg.logger, resolve=True) if main_rank else {"name": "none"}
-    used = {k: cfg[k] for k in ("mode", "seed", "data_dir", "model", "train", "logger") if k in cfg}  # what mode=train reads
+    # what mode=train reads
+    used = {k: cfg[k] for k in ("mode", "seed", "data_dir", "model", "train", "logger") if k in cfg}
     run_id = _resumed_wandb_id(cfg) if main_rank else None
     config = {**OmegaConf.to_container(OmegaConf.create(used), resolve=True), "commit": source_commit()}
     logger = RunLogger(logger_cfg, run_dir=run_dir(), config=config,
                        run_name=f"train-{Path(str(cfg.train.out_dir)).name}", run_id=run_id)
     try:   # on_config: the architecture trained (a checkpoint's with model.path) and the thread count
-        path = train(cfg, log_fn=logger.log, extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None,
+        path = train(cfg, log_fn=logger.log,
+                     extra_state={"wandb_run_id": logger.run_id} if logger.run_id else None,
                      on_config=logger.update_config)
         logger.log_images([Path(path) / "loss_curve.png"])
     finally:

@@ -26,12 +26,12 @@ CONFIG_CLASSES = sorted({EngineConfig, ModelConfig, groups.RunConfig, groups.Dem
 
 # str fields whose values are open: paths, names, addresses, torch's own names
 FREE_TEXT = {
-    "data_dir", "path", "draft_path", "cost_model_file", "out_dir", "gsm8k_path", "fewshot_path", "distill_path",
-    "dir", "host", "base_url", "model_name", "project",
+    "data_dir", "path", "draft_path", "cost_model_file", "out_dir", "gsm8k_path", "fewshot_path",
+    "distill_path", "dir", "host", "base_url", "model_name", "project", "api_key",
     "name",              # the data set's or logger's name, fixed by the group option that sets it
     "device",            # any torch device of type cpu or cuda (cuda:1), checked by mtpx.train.setup
     "compile_backend",   # any torch._dynamo backend, checked against its registry by EngineConfig
-    "stop", "categories", "data_sources",     # lists of free strings (stop strings, categories, source:weight)
+    "stop", "categories", "data_sources",     # lists of stop strings, categories, source:weight
 }
 
 
@@ -54,7 +54,8 @@ def test_every_config_field_has_a_docstring(cls):
 def test_every_fixed_choice_is_a_literal(cls):
     """A str field is free text (FREE_TEXT, with its reason) or a Literal of its choices."""
     hints = typing.get_type_hints(cls)
-    bare = [f.name for f in dataclasses.fields(cls) if _has_bare_str(hints[f.name]) and f.name not in FREE_TEXT]
+    bare = [f.name for f in dataclasses.fields(cls)
+            if _has_bare_str(hints[f.name]) and f.name not in FREE_TEXT]
     assert bare == [], f"{cls.__name__}: type these Literal[...] (or add a free-text field to FREE_TEXT)"
 
 
@@ -88,9 +89,11 @@ def test_choices_agree_with_the_code_that_reads_them():
     (EngineConfig, {"attention_backend": "xformers"},
      "engine.attention_backend='xformers': choose one of torch, flashinfer"),
     (EngineConfig, {"verify": "fast"}, "spec.verify='fast': choose one of standard, block"),
-    (ModelConfig, {"mtp_style": "eagle"}, "model config mtp_style='eagle': choose one of qwen3_next, deepseek_v3"),
+    (ModelConfig, {"mtp_style": "eagle"},
+     "model config mtp_style='eagle': choose one of qwen3_next, deepseek_v3"),
     (ModelConfig, {"hidden_act": "gelu"}, "model config hidden_act='gelu': choose one of silu"),
-    (ModelConfig, {"model_type": "gpt2"}, "model config model_type='gpt2': choose one of qwen3_next, qwen3, llama"),
+    (ModelConfig, {"model_type": "gpt2"},
+     "model config model_type='gpt2': choose one of qwen3_next, qwen3, llama"),
     (ModelConfig, {"layer_types": ["linear_attention"] * 3 + ["sliding"]},
      "model config layer_types[3]='sliding': choose one of linear_attention, full_attention"),
 ])

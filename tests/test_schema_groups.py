@@ -35,7 +35,7 @@ def test_every_field_has_a_docstring_and_a_default_unless_an_option_must_set_it(
     for cls in schema.SCHEMAS[group].values():
         fields = dataclasses.fields(cls)
         assert {f.name for f in fields} == _docstrings(cls), cls
-        unset = [f.name for f in fields if f.default == MISSING]          # omegaconf's "???": the option sets it
+        unset = [f.name for f in fields if f.default == MISSING]      # omegaconf's "???": the option sets it
         assert unset == (["method", "num_speculative_tokens"] if group == "spec" else []), cls
 
 
@@ -71,11 +71,13 @@ def test_the_root_config_only_overrides_run_config():
 
 def test_composed_defaults_are_the_schemas():
     cfg = _cfg(["+spec=mtp8"])
-    assert OmegaConf.to_container(cfg.eval) == {f.name: f.default for f in dataclasses.fields(groups.EvalConfig)}
+    assert OmegaConf.to_container(cfg.eval) == {f.name: f.default
+                                                for f in dataclasses.fields(groups.EvalConfig)}
     assert cfg.bench.concurrency == 16 and cfg.bench.request_rate == float("inf")
     assert cfg.distill.concurrency is None and cfg.distill.max_tokens == 256 and cfg.distill.top_k == -1
     assert cfg.spec.verify == "standard" and _cfg(["+spec=mtp8_block"]).spec.verify == "block"
-    assert cfg.train.data_sources == ["gsm8k", "stdlib"] and cfg.train.gsm8k_path.endswith("/gsm8k/train.jsonl")
+    assert cfg.train.data_sources == ["gsm8k", "stdlib"]
+    assert cfg.train.gsm8k_path.endswith("/gsm8k/train.jsonl")
 
 
 def test_literal_choices_are_checked_with_one_line():
@@ -92,16 +94,18 @@ def test_literal_choices_are_checked_with_one_line():
 
 
 @pytest.mark.parametrize("section,override,message", [
-    ("eval", "eval.request_rate=0", "eval.request_rate=0.0: must be a number of requests per second > 0, or inf "
-                                   "(all requests at once)"),
+    ("eval", "eval.request_rate=0",
+     "eval.request_rate=0.0: must be a number of requests per second > 0, or inf (all requests at once)"),
     ("bench", "bench.concurrency=0", "bench.concurrency=0: must be an integer >= 1, or null (no limit)"),
-    ("eval", "eval.num_prompts=0", "eval.num_prompts=0: must be an integer >= 1, or null (the whole data set)"),
+    ("eval", "eval.num_prompts=0",
+     "eval.num_prompts=0: must be an integer >= 1, or null (the whole data set)"),
     ("eval", "eval.top_p=0", "eval.top_p=0.0: must be a number in (0, 1] (1 = all tokens)"),
-    ("distill", "distill.concurrency=0", "distill.concurrency=0: must be an integer >= 1, or null (the engine's "
-                                         "max_num_seqs)"),
+    ("distill", "distill.concurrency=0",
+     "distill.concurrency=0: must be an integer >= 1, or null (the engine's max_num_seqs)"),
     ("distill", "distill.shard_size=0", "distill.shard_size=0: must be an integer >= 1"),
     ("train", "train.min_lr=1.0", "train.min_lr=1.0: must be a number in [0, train.lr=0.003]"),
-    ("spec", "spec.num_speculative_tokens=-1", "spec.num_speculative_tokens=-1: give an integer >= 0, null or auto"),
+    ("spec", "spec.num_speculative_tokens=-1",
+     "spec.num_speculative_tokens=-1: give an integer >= 0, null or auto"),
 ])
 def test_each_groups_checks_are_in_its_dataclass(section, override, message):
     cfg = _cfg(["+spec=mtp8", override])

@@ -196,7 +196,8 @@ def table(classes: tuple[type, ...], fields_of: type, values: dict[str, Any], ya
         else:
             default = dataclasses.MISSING
         words = docs.get(f.name) or yaml_comments.get(f.name) or comments.get(f.name, "")
-        rows.append(f"| `{prefix}{f.name}` | {_cell(_type(f.type))} | {_cell(_value(default))} | {_cell(words)} |")
+        rows.append(f"| `{prefix}{f.name}` | {_cell(_type(f.type))} | {_cell(_value(default))} "
+                    f"| {_cell(words)} |")
     return rows
 
 
@@ -255,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if not PAGE.is_file() or PAGE.read_text() != text:
-            print(f"{PAGE.relative_to(ROOT)} is out of date: run python tools/gen_config_docs.py", file=sys.stderr)
+            print(f"{PAGE.relative_to(ROOT)} is out of date: run python tools/gen_config_docs.py",
+                  file=sys.stderr)
             return 1
         return 0
     PAGE.write_text(text)

@@ -122,9 +122,11 @@ class EngineConfig:
                                  + (" or null" if none_ok else ""))
 
         if self.compile is not None and not isinstance(self.compile, bool):
-            raise ValueError(f"engine.compile={self.compile!r}: must be true, false or null (decided by the mode)")
-        for key in ("enable_prefix_caching", "ragged_batch", "per_request_k", "compile_regions", "compile_cache", "record_logit_gaps",
-                    "record_step_timings", "tune_malloc", "check_invariants"):
+            raise ValueError(f"engine.compile={self.compile!r}: must be true, false or null "
+                             "(decided by the mode)")
+        for key in ("enable_prefix_caching", "ragged_batch", "per_request_k", "compile_regions",
+                    "compile_cache", "record_logit_gaps", "record_step_timings", "tune_malloc",
+                    "check_invariants"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key}={getattr(self, key)!r}: must be true or false")
         integer("max_num_seqs", self.max_num_seqs, 1)
@@ -134,9 +136,10 @@ class EngineConfig:
         integer("max_num_batched_tokens", self.max_num_batched_tokens, 1)
         integer("tensor_parallel_size", self.tensor_parallel_size, 1)
         if self.max_num_batched_tokens < self.block_size:
-            raise ValueError(f"engine.block_size={self.block_size} is larger than engine.max_num_batched_tokens="
-                             f"{self.max_num_batched_tokens} (a step must fill at least one block): use a block "
-                             "size of 16 to 256, or raise engine.max_num_batched_tokens")
+            raise ValueError(f"engine.block_size={self.block_size} is larger than "
+                             f"engine.max_num_batched_tokens={self.max_num_batched_tokens} (a step must fill "
+                             "at least one block): use a block size of 16 to 256, or raise "
+                             "engine.max_num_batched_tokens")
         for key, choices in literal_choices(EngineConfig).items():
             check_choice(f"{'spec' if key in SPEC_KEYS else 'engine'}.{key}", getattr(self, key), choices)
         if self.compile_depths is not None and (
@@ -146,16 +149,17 @@ class EngineConfig:
                              ">= 0, e.g. [0, 2, 8], or null (0 and num_speculative_tokens)")
         if self.compile_backend not in ("inductor", "eager", "aot_eager"):
             if not isinstance(self.compile_backend, str):
-                raise ValueError(f"engine.compile_backend={self.compile_backend!r}: give a torch.compile backend "
-                                 "name, e.g. inductor")
+                raise ValueError(f"engine.compile_backend={self.compile_backend!r}: give a torch.compile "
+                                 "backend name, e.g. inductor")
             import torch._dynamo
             backends = torch._dynamo.list_backends(exclude_tags=())
             if self.compile_backend not in backends:
                 usual = sorted({*torch._dynamo.list_backends(), "eager", "aot_eager"})
                 close = difflib.get_close_matches(self.compile_backend, usual, n=1)
                 hint = f"did you mean {close[0]}? " if close else ""
-                raise ValueError(f"engine.compile_backend={self.compile_backend!r} is not a torch.compile backend: "
-                                 f"{hint}choose one of {', '.join(usual)} (torch._dynamo.list_backends())")
+                raise ValueError(f"engine.compile_backend={self.compile_backend!r} is not a torch.compile "
+                                 f"backend: {hint}choose one of {', '.join(usual)} "
+                                 "(torch._dynamo.list_backends())")
 
 
 COMPILE_MIN_TOKENS = 4096

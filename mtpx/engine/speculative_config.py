@@ -38,8 +38,8 @@ def from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
             n = load_config(model).num_nextn_predict_layers
         method = "mtp8" if n > 1 else "mtp1"
     if method not in ("mtp1", "mtp8"):
-        raise ValueError(f"speculative_config method {method!r}: mtpx runs 'mtp' (or 'mtp1' / 'mtp8', or vLLM's "
-                         f"{', '.join(MTP_METHOD_ALIASES)})")
+        raise ValueError(f"speculative_config method {method!r}: mtpx runs 'mtp' (or 'mtp1' / 'mtp8', or "
+                         f"vLLM's {', '.join(MTP_METHOD_ALIASES)})")
     return method, k, extra
 
 

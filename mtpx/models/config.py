@@ -42,8 +42,8 @@ def check_choice(key: str, value, choices: tuple, verb: str = "choose one of") -
         raise ValueError(f"{key}={value!r}: {verb} {shown}")
 
 
-_MAY_BE_ZERO = {"num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
-                "num_nextn_predict_layers", "decoder_sparse_step"}
+_MAY_BE_ZERO = {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                "shared_expert_intermediate_size", "num_nextn_predict_layers", "decoder_sparse_step"}
 
 
 @dataclass
@@ -186,8 +186,8 @@ class ModelConfig:
             elif kind == "bool" and not isinstance(value, bool):
                 raise ValueError(f"model config {f.name}={value!r}: must be true or false")
             elif kind.startswith("list[") and value is not None and not isinstance(value, (list, tuple)):
-                raise ValueError(f"model config {f.name}={value!r}: must be a list (e.g. [\"linear_attention\", "
-                                 "\"full_attention\"] for layer_types)")
+                raise ValueError(f"model config {f.name}={value!r}: must be a list (e.g. "
+                                 "[\"linear_attention\", \"full_attention\"] for layer_types)")
         for name, choices in literal_choices(type(self)).items():
             check_choice(f"model config {name}", getattr(self, name), choices)
         for name, choices in literal_choices(type(self), lists=True).items():

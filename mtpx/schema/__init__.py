@@ -51,8 +51,10 @@ def _demo_model_schema() -> type:
     ModelConfig field, null meaning ModelConfig's default (a fresh model of any shape for
     mode=train; `mtpx.train.loop` drops the nulls)."""
     hints = typing.get_type_hints(ModelConfig)
-    fields = [(f.name, _optional(hints[f.name]), field(default=None)) for f in dataclasses.fields(ModelConfig)]
-    return dataclasses.make_dataclass("DemoModel", fields, bases=(DemoLoading,), namespace={"__module__": __name__})
+    fields = [(f.name, _optional(hints[f.name]), field(default=None))
+              for f in dataclasses.fields(ModelConfig)]
+    return dataclasses.make_dataclass("DemoModel", fields, bases=(DemoLoading,),
+                                      namespace={"__module__": __name__})
 
 
 DemoModel = _demo_model_schema()
@@ -162,7 +164,8 @@ def config_groups_text(conf_dir: Path) -> str:
     """`--help`'s list of config groups, one line each ("data: builtin, gsm8k, ..."), without the
     schema entries (conf/config.yaml's hydra.help.template reads it as `${config_groups:}`)."""
     groups = sorted({p.name for p in conf_dir.iterdir() if p.is_dir()} | {"engine"})
-    return "\n".join(f"{'+' if g == 'spec' else ''}{g}: {', '.join(group_choices(g, conf_dir))}" for g in groups)
+    return "\n".join(f"{'+' if g == 'spec' else ''}{g}: {', '.join(group_choices(g, conf_dir))}"
+                     for g in groups)
 
 
 def group_choices(group: str, conf_dir: Path) -> list[str]:
@@ -246,7 +249,8 @@ def extra_key(cfg) -> str | None:
                 if key not in known and not (prefix == "" and key == "hydra"):
                     return unknown_key(f"{prefix}{key}", obj)
         for key in node.keys():
-            if key != "hydra" and isinstance(node._get_node(key), DictConfig) and not OmegaConf.is_missing(node, key):
+            if (key != "hydra" and isinstance(node._get_node(key), DictConfig)
+                    and not OmegaConf.is_missing(node, key)):
                 found = walk(node[key], f"{prefix}{key}.")
                 if found:
                     return found
@@ -317,7 +321,8 @@ def unknown_key(full_key: str, obj: type | None) -> str:
             return f"unknown key '{full_key}': did you mean +spec=NAME (the speculator group)?"
         return f"unknown key '{full_key}': did you mean {where}{hint}?"
     choices = ", ".join(sorted(names))
-    return f"unknown key '{full_key}': {'the ' + section + ' keys are' if section else 'choose one of'} {choices}"
+    which = f"the {section} keys are" if section else "choose one of"
+    return f"unknown key '{full_key}': {which} {choices}"
 
 
 def _override_value(full_key: str, overrides: list[str]) -> str:

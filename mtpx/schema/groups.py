@@ -21,8 +21,8 @@ from mtpx.models.config import check_choice, literal_choices
 
 __all__ = ["RunConfig", "SpecConfig", "GenerationConfig", "ClientConfig", "BenchConfig", "EvalConfig",
            "ServeConfig", "DistillConfig", "TrainConfig", "BuiltinData", "FileData", "GSM8KData",
-           "ChatData", "RandomData", "DemoLoading", "HFModel", "NoLogger", "WandbLogger", "int_or_none", "number",
-           "literal_choices", "check_group"]
+           "ChatData", "RandomData", "DemoLoading", "HFModel", "NoLogger", "WandbLogger", "int_or_none",
+           "number", "literal_choices", "check_group"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -122,7 +122,7 @@ class SpecConfig(_Group):
     (multi-module MTP: module i drafts the i-th token)."""
     num_speculative_tokens: Any = MISSING
     """Drafts per step (an integer >= 1), or auto: each step picks k in 0 .. every module (mtp1:
-    0 .. 4) from online acceptance and measured step costs (mtpx/engine/auto_k/)."""
+    0 .. 4) from online acceptance and measured step costs (mtpx/auto_k/)."""
     draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
     """How drafts are proposed at temperature > 0 (greedy decoding ignores it): greedy = the
     draft's argmax, verified as a one-hot draft distribution (as vLLM does); probabilistic =
@@ -285,6 +285,9 @@ class ServeConfig(_Group):
     the server exits 0 (vLLM's --shutdown-timeout)."""
     latency_buckets: Optional[list[float]] = None
     """TTFT/TPOT/ITL/E2EL histogram bounds in seconds (null = 0.5 ms .. about 17 min, 19% apart)."""
+    api_key: Optional[str] = None
+    """Clients must send `Authorization: Bearer <key>` to every route but /health and /metrics, else
+    401 (vLLM's --api-key); null = the environment variable MTPX_API_KEY, unset = no key."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -386,7 +389,8 @@ class TrainConfig(_Group):
         for key in ("steps", "batch_size", "seq_len", "eval_batches", "log_every", "tokenizer_vocab_size"):
             check(key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
         if t.get("threads") is not None:
-            check("threads", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1, or null (measured at start-up)")
+            check("threads", lambda v: isinstance(v, int) and v >= 1,
+                  "an integer >= 1, or null (measured at start-up)")
         for key in ("warmup_steps", "eval_every", "save_every", "seed"):
             check(key, lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)"
                   if key != "seed" else "an integer >= 0")
@@ -404,7 +408,8 @@ class TrainConfig(_Group):
         if t.get("dist_timeout_s") is not None:
             check("dist_timeout_s", lambda v: v > 0, "a number of seconds > 0")
         if t.get("autocast") not in literal_choices(cls)["autocast"]:
-            raise ValueError(f"{section}.autocast={t.autocast!r}: use bfloat16 (mixed precision) or null (float32)")
+            raise ValueError(f"{section}.autocast={t.autocast!r}: use bfloat16 (mixed precision) "
+                             "or null (float32)")
         super().check(section, t)
 
 
