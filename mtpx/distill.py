@@ -170,8 +170,8 @@ def _check_settings(cfg: DictConfig, c: DictConfig | None, probe: bool = True) -
     model loads; probe: create the folder and check it is writable (not on a tensor-parallel
     worker, which writes nothing). Raises ValueError naming the key and the fix."""
     if c is None:
-        raise ValueError("the config has no 'distill' section: add '- distill: default' to the defaults list "
-                         "of conf/config.yaml")
+        raise ValueError("the config has no 'distill' section: "
+                         "add '- distill: default' to the defaults list of conf/config.yaml")
     if not c.get("out_dir"):
         raise ValueError("distill.out_dir is required: the folder to write the shards to (e.g. "
                          "distill.out_dir=distill/gsm8k)")
@@ -181,8 +181,8 @@ def _check_settings(cfg: DictConfig, c: DictConfig | None, probe: bool = True) -
     _stop_strings(c.get("stop"))
     check_data_config(cfg.data, settings.num_prompts, num_prompts_key="distill.num_prompts")
     if OmegaConf.is_missing(cfg.model, "path"):
-        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face "
-                         "checkpoint folder)")
+        raise ValueError("model.path is required with model=hf: "
+                         "add model.path=DIR (a Hugging Face checkpoint folder)")
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"distill.out_dir={out_dir} is a file: choose a folder")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / MANIFEST_FILE).is_file():

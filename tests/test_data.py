@@ -33,8 +33,8 @@ from tests.helpers import DATA_DIR
 
 GSM8K_TEST = DATA_DIR / "gsm8k" / "test.jsonl"
 needs_gsm8k = pytest.mark.skipif(not GSM8K_TEST.is_file(),
-                                 reason=f"{GSM8K_TEST} is absent (the data directory: MTPX_DATA_DIR or "
-                                        "conf data_dir)")
+                                 reason=f"{GSM8K_TEST} is absent "
+                                        "(the data directory: MTPX_DATA_DIR or conf data_dir)")
 SPEC_BENCH = DATA_DIR / "spec_bench" / "question.jsonl"
 MT_BENCH = DATA_DIR / "mt_bench" / "question.jsonl"
 HUMANEVAL = DATA_DIR / "humaneval" / "HumanEval.jsonl.gz"

@@ -1,7 +1,7 @@
 """The gated-delta-rule dispatch: torch forms on CPU, flash-linear-attention's kernels (a fake `fla`
 here) on CUDA with our conventions, torch forms for per-token / chunk-boundary states, the
-engine.gdn_backend switch (the backend argument); plus a real FLA-vs-torch comparison that needs CUDA and
-fla."""
+engine.gdn_backend switch (the backend argument); plus a real FLA-vs-torch comparison that needs
+CUDA and fla."""
 import importlib.util
 import sys
 import types

@@ -1,5 +1,5 @@
-"""mtpx.hf.tokenizer: Hugging Face tokenizer folders and chat-template rendering (parity with
-transformers)."""
+"""mtpx.hf.tokenizer: Hugging Face tokenizer folders and chat-template rendering
+(parity with transformers)."""
 import json
 from datetime import datetime
 

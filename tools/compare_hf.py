@@ -283,8 +283,8 @@ def main(argv=None) -> int:
                     help="transformers prompt lookup settings to run (0 = none)")
     ap.add_argument("--specs", nargs="+", choices=SPECS, default=list(SPECS), help="mtpx configurations")
     ap.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=["eager"],
-                    help="mtpx without and/or with engine.compile (compiled engines compile and warm up "
-                         "first)")
+                    help="mtpx without and/or with engine.compile "
+                         "(compiled engines compile and warm up first)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per configuration")
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--tie-tolerance", type=float, default=1e-3,

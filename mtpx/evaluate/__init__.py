@@ -85,8 +85,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     if k == 0:                  # k = 0 is plain decoding (a point of a sweep over k)
         method = None
     if OmegaConf.is_missing(cfg.model, "path"):
-        raise ValueError("model.path is required with model=hf: add model.path=DIR (a Hugging Face "
-                         "checkpoint folder)")
+        raise ValueError("model.path is required with model=hf: "
+                         "add model.path=DIR (a Hugging Face checkpoint folder)")
     path = model_path(cfg)
     engine = engine_args(cfg.engine)
     schema.check(mode, c)          # the client section's checks, before the model loads

@@ -24,8 +24,8 @@ def dead_position_warning(spec, min_tries: int = 20, rounds=None) -> str | None:
         if reached >= min_tries and counts[i] == 0:
             return (f"warning: draft position {i} (counted from 0, as in per_position_acceptance and the "
                     f"figures) accepted 0 of the {reached} drafts that reached it (position {i - 1} accepted "
-                    f"them): check the weights of the module that drafts it (mtp.{i} with one module per "
-                    "position)")
+                    f"them): check the weights of the module that drafts it "
+                    f"(mtp.{i} with one module per position)")
     return None
 
 

@@ -64,8 +64,8 @@ class HFTokenizer:
         backend_tokenizer: the fast tokenizer (from tokenizer.json); same name as transformers' attribute.
         chat_template: one jinja template, or a dict of named templates (as transformers keeps them;
             "default" is used unless `apply_chat_template` picks another), or None.
-        special_tokens: named special tokens, e.g. {"eos_token": "<|im_end|>"} (keys from
-            SPECIAL_TOKEN_NAMES).
+        special_tokens: named special tokens, e.g. {"eos_token": "<|im_end|>"}
+            (keys from SPECIAL_TOKEN_NAMES).
         generation_config: the parsed generation_config.json; its `eos_token_id` (int or list) is added
             to `eos_token_ids`, its `bos_token_id` / `pad_token_id` fill in when no token string is named.
         source: where this came from (the folder), used in error messages.
@@ -76,8 +76,8 @@ class HFTokenizer:
         eos_token_ids (list[int]): eos_token's id, then generation_config's, without repeats.
 
     Raises:
-        ValueError: a named special token is not in the vocabulary, or an id in generation_config is not an
-            int.
+        ValueError: a named special token is not in the vocabulary, or an id in generation_config
+            is not an int.
     """
 
     def __init__(self, backend_tokenizer: Tokenizer, chat_template: str | Mapping[str, str] | None = None, *,
@@ -174,13 +174,13 @@ class HFTokenizer:
             add_generation_prompt: append the header that starts the assistant's reply. Note the default
                 is True here (mtpx renders prompts to generate from); transformers' default is False.
             tokenize: return token ids instead of the string. The string is encoded with
-                add_special_tokens=False, as transformers does: the template already holds every special
-                token.
-            chat_template: a template name (see `chat_templates`) or a literal jinja template; see
-                `get_chat_template`.
+                add_special_tokens=False, as transformers does: the template already holds every
+                special token.
+            chat_template: a template name (see `chat_templates`) or a literal jinja template;
+                see `get_chat_template`.
             tools, documents: passed to the template (None when not given, as in transformers).
-            **kwargs: further template variables (e.g. enable_thinking=False); they override the special
-                tokens.
+            **kwargs: further template variables (e.g. enable_thinking=False); they override the
+                special tokens.
 
         Returns:
             The rendered prompt (str), or its token ids (list[int]) when tokenize=True.
@@ -188,8 +188,8 @@ class HFTokenizer:
         Raises:
             ValueError: empty conversation, no chat template, or a template that does not parse.
             TypeError: a message is not a dict.
-            jinja2.exceptions.SecurityError: the template tried something the sandbox forbids (e.g.
-                `__class__`).
+            jinja2.exceptions.SecurityError: the template tried something the sandbox forbids
+                (e.g. `__class__`).
             jinja2.exceptions.TemplateError: the template failed, e.g. its `raise_exception("...")` (the
                 message is kept) or a filter got the wrong type (the original error is chained).
         """
@@ -285,8 +285,8 @@ def _read_json(path: Path) -> dict:
 
 
 def _read_templates(folder: Path, config: Mapping) -> dict[str, str]:
-    """Named chat templates: the .jinja files if any (as transformers), else tokenizer_config's
-    chat_template."""
+    """Named chat templates: the .jinja files if any (as transformers), else
+    tokenizer_config's chat_template."""
     files = {}
     if (folder / CHAT_TEMPLATE_FILE).is_file():
         files["default"] = (folder / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
@@ -351,8 +351,8 @@ class _GenerationTag(jinja2.ext.Extension):
 @lru_cache(maxsize=None)
 def _environment() -> jinja2.sandbox.ImmutableSandboxedEnvironment:
     if tuple(int(p) for p in re.findall(r"\d+", jinja2.__version__)[:3]) < (3, 1, 6):
-        # Older versions have known sandbox escapes, and chat templates are untrusted (transformers checks the
-        # same)
+        # Older versions have known sandbox escapes, and chat templates are untrusted
+        # (transformers checks the same)
         raise ImportError(f"chat templates need jinja2>=3.1.6, found {jinja2.__version__}: "
                           "pip install -U jinja2")
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -413,8 +413,8 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     file = path / TOKENIZER_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(
-            f"no tokenizer at {file}: point at a checkpoint folder written by mode=train (it holds "
-            f"{TOKENIZER_FILE})"
+            f"no tokenizer at {file}: point at a checkpoint folder written by mode=train "
+            f"(it holds {TOKENIZER_FILE})"
         )
     try:
         tok = Tokenizer.from_file(str(file))

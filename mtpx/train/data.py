@@ -209,8 +209,8 @@ def read_distill(path: str | os.PathLike) -> list[TokenizedDocument]:
             ids = ids[:-1]
         docs.append(TokenizedDocument(r.prompt + r.completion, tuple(ids), manifest["tokenizer_sha256"]))
     if not docs:
-        raise ValueError(f"train.distill_path={path}: no record has a completion (every prompt failed to "
-                         "generate)")
+        raise ValueError(f"train.distill_path={path}: no record has a completion "
+                         "(every prompt failed to generate)")
     return docs
 
 

@@ -346,8 +346,8 @@ def _corpora(t: DictConfig, info: distributed.DistInfo, device: torch.device, sp
     """Pack the split documents with the model's tokenizer (source weights from the specs) and
     print their sizes (a warning first when the distilled data has another tokenizer)."""
     if "distill" in docs and docs["distill"][0].tokenizer_sha256 != tokenizer_sha256(tok):
-        console.print("[yellow]train.distill_path was generated with another tokenizer than the model's: its "
-                      "text is re-encoded, so the token sequences are not exactly the ones the target "
+        console.print("[yellow]train.distill_path was generated with another tokenizer than the model's: "
+                      "its text is re-encoded, so the token sequences are not exactly the ones the target "
                       "generated")
     weights = {s.name: s.weight for s in specs}
     train_corpus: PackedCorpus = pack_corpus({n: tr for n, (tr, _) in split.items()}, weights, tok,

@@ -54,8 +54,8 @@ def check_cfg(cfg: DictConfig) -> DictConfig:
     here those across sections (model.path, freeze_base, seq_len against the model)."""
     for section in ("model", "train"):
         if section not in cfg:
-            raise ValueError(f"config has no '{section}' section: pass the full run config (model, train, "
-                             "data)")
+            raise ValueError(f"config has no '{section}' section: "
+                             "pass the full run config (model, train, data)")
     schema.check("train", cfg.train)
     t = cfg.train
     if cfg.model.get("path") is not None and not str(cfg.model.get("path")).strip():
