@@ -130,7 +130,8 @@ def _gather_rank(rank: int, port: int, out_dir: str) -> None:
             state = full.state_dict()
             results[name] = {
                 "names": [n for n, _ in gathered] == sorted(state),
-                "equal": [n for n, t in gathered if not (t.dtype == state[n].dtype and torch.equal(t, state[n]))],
+                "equal": [n for n, t in gathered
+                          if not (t.dtype == state[n].dtype and torch.equal(t, state[n]))],
                 "hash": target_sha256(sharded), "full_hash": target_sha256(full),
                 "shard_smaller": sharded.model.embed_tokens.weight.shape[0] * 2 == full.cfg.vocab_size}
         else:
@@ -258,7 +259,8 @@ def generate_all(folder, tp: int) -> dict:
                 assert llm.engine.num_preemptions > 0, "the small pool preempted nothing"
             if name == "mtp8":      # a second engine over the same model (and ranks): eval's lossless check
                 plain = LLM(model=llm.model, dtype="float64", tensor_parallel_size=tp, max_num_seqs=4)
-                out["plain, same model"] = [o.output_token_ids for o in plain.generate(PROMPTS + PROMPTS[:1], params)]
+                out["plain, same model"] = [o.output_token_ids
+                                            for o in plain.generate(PROMPTS + PROMPTS[:1], params)]
                 plain.shutdown()
             llm.shutdown()
     finally:
@@ -316,13 +318,14 @@ def test_dead_worker_fails_rank0_with_a_clear_error(tiny_ckpt):
     """A killed worker makes rank 0's next step raise TensorParallelError naming the worker and its
     exit code (and the script exit), instead of waiting on the collective."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-c", _KILL_SCRIPT, str(tiny_ckpt)], capture_output=True, text=True,
-                          env=env, timeout=240)
+    done = subprocess.run([sys.executable, "-c", _KILL_SCRIPT, str(tiny_ckpt)], capture_output=True,
+                          text=True, env=env, timeout=240)
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 3, done.stdout + done.stderr[-3000:]
     assert lines[0] == "4"
     assert lines[-1].startswith("ERROR tensor-parallel worker rank 1 (pid ")
-    assert "exited with code -9: the engine cannot continue; restart it (engine.tensor_parallel_size=2)" in lines[-1]
+    assert ("exited with code -9: the engine cannot continue; restart it (engine.tensor_parallel_size=2)"
+            in lines[-1])
 
 
 # ---- bad input: one line naming the key -----------------------------------------------------------
@@ -331,14 +334,16 @@ def test_tensor_parallel_size_is_validated(tiny_model):
     with pytest.raises(ValueError, match=r"^engine.tensor_parallel_size=0: must be an integer >= 1$"):
         EngineConfig(tensor_parallel_size=0)
     with pytest.raises(ValueError, match=r"^model config vocab_size=63 is not divisible by 2 with "
-                                         r"engine.tensor_parallel_size=2: choose a tensor_parallel_size that divides it$"):
+                                         r"engine.tensor_parallel_size=2: choose a tensor_parallel_size that "
+                                         r"divides it$"):
         check_shardable(tiny_config(vocab_size=63), 2)
     with pytest.raises(ValueError, match=r"num_key_value_heads=2 with engine.tensor_parallel_size=3"):
         check_shardable(tiny_config(num_attention_heads=6, vocab_size=66, linear_num_key_heads=3,
                                     linear_num_value_heads=6, intermediate_size=129), 3)
     with pytest.raises(ValueError, match=r"engine.tensor_parallel_size=2 but the model is split over 1 rank"):
         Engine(tiny_model, None, tensor_parallel_size=2)
-    with pytest.raises(ValueError, match=r"engine.tensor_parallel_size=2 needs a checkpoint folder \(model=PATH\)"):
+    with pytest.raises(ValueError,
+                       match=r"engine.tensor_parallel_size=2 needs a checkpoint folder \(model=PATH\)"):
         LLM(model=tiny_model, tensor_parallel_size=2)
     check_shardable(tiny_config(), 2)                  # the tiny model splits
 
@@ -364,9 +369,10 @@ def test_serve_tp2_answers_openai_like_tp1_and_exits_when_a_worker_dies(tiny_ckp
     (ref,) = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2).generate(
         [prompt], SamplingParams(max_tokens=12, ignore_eos=True))
     port = free_port()
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train_or_eval.py"), "mode=serve", f"serve.port={port}",
-                             f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "logger=none",
-                             "engine.tensor_parallel_size=2", f"hydra.run.dir={tmp_path}"], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train_or_eval.py"), "mode=serve",
+                             f"serve.port={port}", f"model.path={tiny_ckpt}", "+spec=mtp8",
+                             "spec.num_speculative_tokens=2", "logger=none", "engine.tensor_parallel_size=2",
+                             f"hydra.run.dir={tmp_path}"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
@@ -389,8 +395,8 @@ def test_serve_tp2_answers_openai_like_tp1_and_exits_when_a_worker_dies(tiny_ckp
                        json={"model": tiny_ckpt.name, "prompt": prompt, "max_tokens": 4})
         assert r.status_code >= 400
         message = r.json()["error"]["message"]
-        assert message.startswith(f"engine step failed: TensorParallelError: tensor-parallel worker rank 1 (pid {worker}) "
-                                  "exited with code -9: the engine cannot continue"), message
+        assert message.startswith(f"engine step failed: TensorParallelError: tensor-parallel worker rank 1 "
+                                  f"(pid {worker}) exited with code -9: the engine cannot continue"), message
         assert proc.wait(timeout=60) == 1
         assert "mode=serve stopped: engine step failed: TensorParallelError" in proc.communicate()[1]
     finally:
@@ -420,7 +426,8 @@ def test_torchrun_ranks_run_one_engine(tiny_ckpt, tmp_path):
     script.write_text(_TORCHRUN_SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                           f"--master_port={free_port()}", str(script), str(tiny_ckpt), json.dumps(PROMPTS[:2])],
+                           f"--master_port={free_port()}", str(script), str(tiny_ckpt),
+                           json.dumps(PROMPTS[:2])],
                           capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("RANK")]

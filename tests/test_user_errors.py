@@ -18,11 +18,13 @@ ENOSPC_TEXT = 'Error while serializing: I/O error: No space left on device (os e
 
 
 def _cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "train_or_eval.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run([sys.executable, str(ROOT / "train_or_eval.py"), *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
 
 
-def test_full_disk_at_a_training_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
+def test_full_disk_at_a_training_save_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch,
+                                                                                     capsys):
     """safetensors reports ENOSPC as a SafetensorError (not an OSError): the save's second
     checkpoint fails, the run prints one line naming the folder and the fix, exits 2, and the
     first checkpoint is intact, byte for byte."""
@@ -54,7 +56,8 @@ def test_disk_error_line_reads_oserrors_and_safetensors_errors():
     import errno
 
     from mtpx.io import disk_error_line
-    assert disk_error_line(safetensors.SafetensorError(ENOSPC_TEXT)).startswith("No space left on device: free")
+    assert disk_error_line(safetensors.SafetensorError(ENOSPC_TEXT)).startswith(
+        "No space left on device: free")
     assert "(/x): point the output at a folder you can write" in disk_error_line(
         PermissionError(errno.EACCES, "Permission denied", "/x"))
     assert disk_error_line(ValueError("no")) is None and disk_error_line(OSError(errno.EIO, "io")) is None
@@ -71,13 +74,14 @@ def test_hydra_run_dir_under_proc_is_one_line(tmp_path):
     assert "Not a directory" in check_run_dirs([f"hydra.run.dir={tmp_path / 'file' / 'run'}"])
     r = _cli(["mode=eval", "hydra.run.dir=/proc/mtpx/run"], tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "error: hydra.run.dir=/proc/mtpx/run cannot be created or written (No such file or directory in /proc): "
-        "point hydra.run.dir at a folder you can write"]
+        "error: hydra.run.dir=/proc/mtpx/run cannot be created or written (No such file or directory in "
+        "/proc): point hydra.run.dir at a folder you can write"]
 
 
 def test_logger_dir_and_distill_out_dir_unwritable(tmp_path):
     from mtpx.metrics.logging import RunLogger
-    with pytest.raises(ValueError, match=r"^logger.dir=/proc/mtpx cannot be created or written .*point logger.dir at"):
+    with pytest.raises(ValueError,
+                       match=r"^logger.dir=/proc/mtpx cannot be created or written .*point logger.dir at"):
         RunLogger({"name": "wandb", "mode": "offline", "dir": "/proc/mtpx"}, run_dir=tmp_path, config={})
     from mtpx.io import check_writable_dir
     with pytest.raises(ValueError, match=r"^distill.out_dir=/proc/x/y cannot be created or written"):
@@ -88,7 +92,8 @@ def test_logger_dir_and_distill_out_dir_unwritable(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA machine can train on cuda")
 def test_train_device_cuda_without_cuda_is_one_line():
     from mtpx.train.setup import check_device as _check_device
-    with pytest.raises(ValueError, match=r"^train.device=cuda: (this torch build has no CUDA|no CUDA GPU is visible)"):
+    with pytest.raises(ValueError,
+                       match=r"^train.device=cuda: (this torch build has no CUDA|no CUDA GPU is visible)"):
         _check_device("cuda")
     with pytest.raises(ValueError, match="train.device='gpu' is not a device torch knows"):
         _check_device("gpu")
@@ -98,8 +103,8 @@ def test_train_device_cuda_without_cuda_is_one_line():
 def test_unknown_compile_backend_names_the_key(tiny_ckpt):
     from mtpx import LLM
     from mtpx.engine.config import EngineConfig
-    with pytest.raises(ValueError, match=r"^engine.compile_backend='inductr' is not a torch.compile backend: did you "
-                                         r"mean inductor\?"):
+    with pytest.raises(ValueError, match=r"^engine.compile_backend='inductr' is not a torch.compile backend: "
+                                         r"did you mean inductor\?"):
         EngineConfig(compile_backend="inductr")
     with pytest.raises(ValueError, match="engine.compile_backend='foo'"):
         LLM(model=tiny_ckpt, compile_backend="foo")
@@ -153,11 +158,13 @@ def test_config_module_count_or_eos_that_disagree_with_the_checkpoint_are_errors
     from mtpx.hf.loader import CheckpointError, load_pretrained
     n = json.loads((tiny_ckpt / "config.json").read_text())["num_nextn_predict_layers"]
     bad = _copy_ckpt(tiny_ckpt, tmp_path / "mods", num_nextn_predict_layers=n + 1)
-    with pytest.raises(CheckpointError, match=rf"declares num_nextn_predict_layers={n + 1} but the weights hold {n} "
-                                              rf"MTP module\(s\).*set num_nextn_predict_layers to {n}"):
+    with pytest.raises(CheckpointError,
+                       match=rf"declares num_nextn_predict_layers={n + 1} but the weights hold {n} "
+                             rf"MTP module\(s\).*set num_nextn_predict_layers to {n}"):
         load_pretrained(bad)
     vocab = json.loads((tiny_ckpt / "config.json").read_text())["vocab_size"]
     bad = _copy_ckpt(tiny_ckpt, tmp_path / "eos", eos_token_id=vocab + 5)
-    with pytest.raises(CheckpointError, match=rf"eos_token_id {vocab + 5} is not a token id of the vocabulary "
-                                              rf"\(0 .. {vocab - 1}\): fix eos_token_id in config.json"):
+    with pytest.raises(CheckpointError,
+                       match=rf"eos_token_id {vocab + 5} is not a token id of the vocabulary "
+                             rf"\(0 .. {vocab - 1}\): fix eos_token_id in config.json"):
         load_pretrained(bad)
