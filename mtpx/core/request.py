@@ -14,9 +14,9 @@ class Request:
     Engine bookkeeping (vLLM v1 names): num_computed_tokens: positions [0, n) whose target KV and
     recurrent state are final (the batch slot is the model runner's); draft_token_ids:
     proposed, not yet verified (their draft distributions, when sampled, are the model runner's);
-    generator:
-    the request's own random generator (seeded from params.seed) at temperature > 0; num_cached_tokens: prompt tokens served by the prefix cache at
-    first admission; num_preemptions: times its blocks were taken back (it recomputes);
+    generator: the request's own random generator (seeded from params.seed) at temperature > 0;
+    num_cached_tokens: prompt tokens served by the prefix cache at first admission; num_preemptions:
+    times its blocks were taken back (it recomputes);
     draft_depth: the most drafts it proposes per step, set at its first admission and only
     lowered afterwards (mtpx/auto_k/policy.py, "Depth"); multi-module MTP keeps its draft
     modules 1..draft_depth exact and no others.

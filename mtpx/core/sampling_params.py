@@ -83,7 +83,8 @@ class SamplingParams:
                                  "-> finite bias, e.g. {50256: -100}")
             self.logit_bias = {int(t): float(v) for t, v in self.logit_bias.items()} or None
         if not isinstance(self.include_stop_str_in_output, bool):
-            raise ValueError(f"include_stop_str_in_output={self.include_stop_str_in_output!r}: must be True or False")
+            raise ValueError(f"include_stop_str_in_output={self.include_stop_str_in_output!r}: "
+                             "must be True or False")
         if not integer(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be an integer >= 1")
         if self.seed is not None and not (integer(self.seed) and 0 <= self.seed < 2**64):
@@ -98,17 +99,19 @@ class SamplingParams:
                              "(top tokens per position besides the sampled one), or None")
         if self.prompt_logprobs is not None and not (integer(self.prompt_logprobs)
                                                      and 0 <= self.prompt_logprobs <= MAX_LOGPROBS):
-            raise ValueError(f"prompt_logprobs={self.prompt_logprobs!r}: must be an integer in [0, {MAX_LOGPROBS}], "
-                             "or None")
+            raise ValueError(f"prompt_logprobs={self.prompt_logprobs!r}: must be an integer in "
+                             f"[0, {MAX_LOGPROBS}], or None")
         if not integer(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in [0, max_tokens={self.max_tokens}]")
+            raise ValueError(f"min_tokens={self.min_tokens!r}: must be an integer in "
+                             f"[0, max_tokens={self.max_tokens}]")
         if not integer(self.n) or self.n < 1:
             raise ValueError(f"n={self.n!r}: must be an integer >= 1 (completions per prompt)")
         if not integer(self.top_k):
             raise ValueError(f"top_k={self.top_k!r}: must be an integer (0 or -1 = all tokens)")
         if isinstance(self.stop_token_ids, (str, bytes)) or not all(
                 integer(t) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids (integers >= 0)")
+            raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids "
+                             "(integers >= 0)")
         if not self.temperature >= 0:
             raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
         if self.top_k < -1:

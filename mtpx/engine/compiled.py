@@ -109,7 +109,8 @@ class CompiledDecode:
     compiled by this object's functions), num_calls (compiled calls made), sizes (capture sizes;
     None on the CPU, where batches run unpadded),
     precompile_dir (where whole graphs are saved and loaded, None where they cannot be: CUDA,
-    FlashInfer, MoE, tensor parallelism, engine.compile_cache=false), cache_dir (that folder, else Inductor's).
+    FlashInfer, MoE, tensor parallelism, engine.compile_cache=false), cache_dir (that folder, else
+    Inductor's).
     Call verify and draft under torch.inference_mode, as the model runner does: the grad mode and the
     kind of tensor are guards, so another mode would compile the functions again.
     """
@@ -291,12 +292,13 @@ class CompiledDecode:
                 _mark_batch(*per_row, b.target_hidden)
                 _mark_window(b.target_hidden)
                 _mark_meta_table(block_table)
-            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, block_table, *per_row,
-                                                               b.target_hidden, b.num_columns, num_drafts,
-                                                               b.num_modules), mark)
+            args = (self.speculator, self.cache, block_table, *per_row, b.target_hidden, b.num_columns,
+                    num_drafts, b.num_modules)
+            tokens, num_final = self._call(name, self._draft, args, mark)
         else:
-            plan = self.speculator.plan(self.cache, DraftBatch(*per_row[:6], b.target_hidden, num_drafts, b.num_modules,
-                                                               b.num_columns, block_table, drafts=drafts))
+            plan = self.speculator.plan(self.cache, DraftBatch(*per_row[:6], b.target_hidden, num_drafts,
+                                                               b.num_modules, b.num_columns, block_table,
+                                                               drafts=drafts))
 
             def mark_eager_plan():
                 _mark_batch(*per_row, b.target_hidden)

@@ -127,8 +127,9 @@ class StepShapes:
             window = width + 1
         columns = 1
         if k:
+            per_request = zip(num_draft_tokens, depths, num_prev_drafts, num_new_drafts)
             columns = max(max_module_positions(1 + nd, new, prev, min(d, num_draft_modules))
-                          for nd, d, prev, new in zip(num_draft_tokens, depths, num_prev_drafts, num_new_drafts))
+                          for nd, d, prev, new in per_request)
         catch_up = False
         if static and width:
             # every round in width + 1 columns (a 1-token window's too, its padding inert); a

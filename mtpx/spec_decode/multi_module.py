@@ -74,7 +74,8 @@ class MultiModuleMTPSpeculator:
         positions [0, start) (start > 0 after a prefix-cache hit)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)[..., None]
 
-    def _num_final(self, rows: torch.Tensor, depth: torch.Tensor, num_read_tokens: torch.Tensor) -> torch.Tensor:
+    def _num_final(self, rows: torch.Tensor, depth: torch.Tensor,
+                   num_read_tokens: torch.Tensor) -> torch.Tensor:
         """Drafts.num_final: module k's KV at j is final iff computed (j < computed_k) and it read
         no later token (j + k < num_read_tokens): P = min(min_{k <= d} computed_k,
         num_read_tokens - d) for a row of depth d."""

@@ -109,7 +109,8 @@ class DraftSampler:
         B = len(self.num_drafts)
         probs = self.sampling.probs(logits[:B])
         if self.q is None:
-            self.q = torch.zeros(B, self.num_speculative_tokens, logits.shape[-1], dtype=probs.dtype, device=probs.device)
+            self.q = torch.zeros(B, self.num_speculative_tokens, logits.shape[-1], dtype=probs.dtype,
+                                 device=probs.device)
         self.q[:, i] = probs
         counts = [1 if i < n else 0 for n in self.num_drafts]
         tokens = sample(probs, self.sampling.uniforms(counts, 1)[:, 0])

@@ -69,7 +69,8 @@ class SingleModuleMTPSpeculator:
         if static or bool(b.is_drafting.any()):
             for i in range(2, steps + 1):        # one token per drafting row, none otherwise
                 one = (b.is_drafting if b.num_drafts is None else b.is_drafting & (i <= b.num_drafts)).long()
-                plan.metas.append(module_meta(cache, n - 2 + i, one, b.rows, 1 if static else None, b.num_blocks))
+                columns = 1 if static else None
+                plan.metas.append(module_meta(cache, n - 2 + i, one, b.rows, columns, b.num_blocks))
         return plan
 
     def propose(self, cache: ModelCache, batch: DraftBatch, plan: DraftPlan | None = None) -> Drafts:
