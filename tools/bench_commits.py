@@ -13,6 +13,9 @@ timed rounds: `batch` random prompts of input-len tokens generate exactly output
 (greedy, ignore_eos), all at once. Decode tokens/s = output tokens after each request's first /
 (time from the last first token to the last finish). The greedy tokens of the trees must be
 identical (exit status 1 otherwise). Writes bench_commits.md and .json into --out atomically.
+Spec `auto`: automatic k over mtp8's modules; the first tree calibrates its step costs into
+--out/step_costs_compile_{off,on}.json and the second loads that file (LLM's cost_model_file), so
+both decide on the same costs.
 """
 from __future__ import annotations
 
@@ -37,8 +40,10 @@ import torch
 torch.set_num_threads(int(sys.argv[2]))
 from mtpx import LLM, SamplingParams
 cfg = json.loads(sys.argv[3])
-llm = LLM(model=cfg["model"], spec=cfg["spec"], max_num_seqs=cfg["max_num_seqs"],
-          max_model_len=cfg["max_model_len"], compile=cfg["compile"])
+auto = cfg["spec"] == "auto"        # automatic k over mtp8's modules, its step costs from one shared file
+llm = LLM(model=cfg["model"], spec="mtp8" if auto else cfg["spec"], max_num_seqs=cfg["max_num_seqs"],
+          max_model_len=cfg["max_model_len"], compile=cfg["compile"],
+          **(dict(num_speculative_tokens="auto", cost_model_file=cfg["cost_model_file"]) if auto else {}))
 print(json.dumps({"ready": True, "compile": llm.compile_stats}), flush=True)
 for line in sys.stdin:
     job = json.loads(line)
@@ -97,7 +102,9 @@ def main(argv=None) -> int:
         for comp in args.compile:
             cfg = {"model": args.model, "spec": None if spec == "none" else spec,
                    "max_num_seqs": max(args.batch_sizes), "compile": comp == "on",
-                   "max_model_len": args.input_len + args.output_len + 16}
+                   "max_model_len": args.input_len + args.output_len + 16,
+                   "cost_model_file": str(Path(args.out).resolve() / f"step_costs_compile_{comp}.json")}
+            Path(args.out).mkdir(parents=True, exist_ok=True)
             workers = [Worker(t, args.threads, cfg) for t in args.trees]
             for B in args.batch_sizes:
                 prompts = torch.randint(1, 2048, (B, args.input_len), generator=g).tolist()
