@@ -120,9 +120,11 @@ def main(argv=None) -> int:
                 med = [statistics.median(r["decode_tok_s"] for r in rs) for rs in runs]
                 row = {"spec": spec, "compile": comp, "batch_size": B,
                        args.names[0]: med[0], args.names[1]: med[1], "ratio": med[1] / med[0],
-                       "runs": {n: [round(r["decode_tok_s"], 1) for r in rs] for n, rs in zip(args.names, runs)},
+                       "runs": {n: [round(r["decode_tok_s"], 1) for r in rs]
+                                for n, rs in zip(args.names, runs)},
                        "tokens_identical": same,
-                       "compile_s": {n: (w.ready["compile"] or {}).get("compile_s") for n, w in zip(args.names, workers)}}
+                       "compile_s": {n: (w.ready["compile"] or {}).get("compile_s")
+                                     for n, w in zip(args.names, workers)}}
                 rows.append(row)
                 print(f"{spec} compile={comp} batch {B}: {args.names[0]} {med[0]:.1f}, {args.names[1]} "
                       f"{med[1]:.1f} tok/s ({row['ratio']:.2f}x); tokens identical: {same}", flush=True)
@@ -138,7 +140,8 @@ def main(argv=None) -> int:
              "|---|---|---:|---:|---:|---:|---|---|:---:|"]
     for r in rows:
         lines.append(f"| {r['spec']} | {r['compile']} | {r['batch_size']} | {r[a]:.1f} | {r[b]:.1f} | "
-                     f"{r['ratio']:.2f}x | {r['runs'][a]} | {r['runs'][b]} | {'yes' if r['tokens_identical'] else 'NO'} |")
+                     f"{r['ratio']:.2f}x | {r['runs'][a]} | {r['runs'][b]} | "
+                     f"{'yes' if r['tokens_identical'] else 'NO'} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "bench_commits.json", result)
