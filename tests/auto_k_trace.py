@@ -105,11 +105,11 @@ def policy_for(depth_per_request: bool, per_request: bool):
     step_costs = {(k, b): ms for b, row in COSTS.items() for k, ms in enumerate(row)}
     draft_costs = {(k, b): _draft_ms(k, b) for b in COSTS for k in range(MAX_K + 1)}
     try:
-        from mtpx.auto_k import AutoDraftLength, AutoKConfig
-        return AutoDraftLength(AutoKConfig(MAX_K), step_costs, draft_costs=draft_costs, prefill_cost=0.02,
+        from mtpx.auto_k import AutoDraftLength
+        return AutoDraftLength(MAX_K, step_costs, draft_costs=draft_costs, prefill_cost=0.02,
                                per_request=per_request)
     except ImportError:                          # the code before automatic k's package
-        from mtpx.core.draft_length import AutoDraftLength
+        from mtpx.auto_k.policy import AutoDraftLength
         policy = AutoDraftLength(MAX_K, step_costs)
         policy.set_draft_costs(draft_costs)
         policy.set_prefill_cost(0.02)

@@ -1,14 +1,14 @@
 """Automatic k's acceptance by age of the generation and its exploring of deeper depths
-(mtpx/core/acceptance.py, mtpx/core/draft_length.py `explore_depth`): exact values."""
+(mtpx/auto_k/acceptance.py, mtpx/auto_k/policy.py `explore_depth`): exact values."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from mtpx.core.acceptance import AcceptanceEstimates
-from mtpx.core.draft_length import AutoDraftLength
-from mtpx.engine.auto_k.store import save_step_costs
+from mtpx.auto_k.acceptance import AcceptanceEstimates
+from mtpx.auto_k import AutoDraftLength, AutoKConfig
+from mtpx.auto_k.store import save_step_costs
 from tests.helpers import _params, make_llm, run_checked, spy
 from tests.test_auto_k import model
 
@@ -66,7 +66,7 @@ def test_exploring_skips_a_k_that_cannot_pay_to_the_depth_that_could():
     0.853, k = 2 is predicted 1.054x k = 0 (k = 5 1.16x): from k = 0, requests are admitted at depth
     2, the smallest depth that could pay, and probes propose 2. With k = 8 in use (the start) they
     land at 5, where the upper estimates pay most (`_landing`)."""
-    p = AutoDraftLength(8, c16_costs(), probe_interval=0, patience=2, explore_costs=False)
+    p = AutoDraftLength(8, c16_costs(), config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False))
     assert max(range(9), key=lambda k: p.goodput(k, 16)) == 0          # at the prior 0.7: k = 0
     assert not p._could_pay(0, 16, 1.0)                                # k = 1 cannot pay at p = 1
     upper = 0.7 + math.sqrt(0.21 / 9)
@@ -79,24 +79,24 @@ def test_exploring_skips_a_k_that_cannot_pay_to_the_depth_that_could():
     assert p.depth(16) == 2
     assert [p.choose(16, 5) for _ in range(2)] == [2, 2]               # from k = 0 the first step probes 2
     for _ in range(20):                                                # positions 1-2 learned: 25.6 / 28
-        p.observe(2, 2)
+        p.observe_round(2, 2)
     assert not p.unlearned(0) and not p.unlearned(1) and p.unlearned(2)
     assert p.explore_depth(0, 16) == 3                                 # the next depth follows
-    assert AutoDraftLength(8, c16_costs(), optimism=0.0, explore_costs=False).depth(16) == 0
+    assert AutoDraftLength(8, c16_costs(), config=AutoKConfig(optimism=0.0, explore_costs=False)).depth(16) == 0
 
 
 def test_old_generations_learned_apart_from_young_ones_choose_their_own_k():
     """Young rounds that reject, old ones that accept: the step's k follows the batch's mix, and
     exploring goes on while an age the batch holds is unlearned (a bucket no round reached holds
     the prior, not the young rounds' estimate)."""
-    p = AutoDraftLength(8, c16_costs(), probe_interval=0, patience=1, explore_costs=False, decay=1.0)
+    p = AutoDraftLength(8, c16_costs(), config=AutoKConfig(probe_interval=0, patience=1, explore_costs=False, decay=1.0))
     for _ in range(30):
-        p.observe(8, 0, age=2)                  # position 1 rejected: young requests verify 1 draft
+        p.observe_round(8, 0, age=2)                  # position 1 rejected: young requests verify 1 draft
     old = [40] * 16
     assert p.unlearned(0, p.estimates.mix(old)) and p.explore_depth(0, 16, mix=p.estimates.mix(old)) == 2
     assert p.explore_depth(0, 16, mix=p.estimates.mix([2] * 16)) is None   # young: learned, and k = 0 pays
     for _ in range(30):
-        p.observe(8, 8, age=40)                 # old requests accept all 8
+        p.observe_round(8, 8, age=40)                 # old requests accept all 8
     g_old = p._goodputs(16, 8, p.estimates.mix(old))
     assert max(range(9), key=g_old.__getitem__) == 8
     assert [p.choose(16, 8, ages=old) for _ in range(2)] == [8, 8]
@@ -111,7 +111,7 @@ def test_the_scheduler_passes_each_round_its_requests_age(tmp_path, monkeypatch)
     save_step_costs(tmp_path / "costs.json", costs, {})
     llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json")
     policy = llm.engine.draft_length
-    seen = spy(monkeypatch, policy, "observe")
+    seen = spy(monkeypatch, policy, "observe_round")
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(4)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     ages: dict = {}
@@ -135,7 +135,7 @@ def test_decisions_weigh_the_ages_of_the_decode_steps_smoothed_over_steps():
     a decision without explicit ages weighs the estimates by it, from equal shares: a wave of young
     requests admitted together, the first included, does not swing the k (and with it the running
     depths, which never rise again)."""
-    p = AutoDraftLength(8, c16_costs(), probe_interval=0, patience=1, explore_costs=False, decay=0.9)
+    p = AutoDraftLength(8, c16_costs(), config=AutoKConfig(probe_interval=0, patience=1, explore_costs=False, decay=0.9))
     assert p.age_mix is None and p._mix(None) is None
     p.record(0, 2, ages=[3, 40])                 # from equal shares: 0.9 x 0.25 + 0.1 x (1/2, 0, 0, 1/2)
     assert p.age_mix == pytest.approx([0.275, 0.225, 0.225, 0.275])
@@ -143,8 +143,8 @@ def test_decisions_weigh_the_ages_of_the_decode_steps_smoothed_over_steps():
     assert p.age_mix == pytest.approx([0.2475, 0.2025, 0.2025, 0.3475])
     assert p._mix(None) == p.age_mix and p._mix([1, 9]) == [1, 1, 0, 0]
     for _ in range(30):
-        p.observe(8, 0, age=2)
-        p.observe(8, 8, age=40)
+        p.observe_round(8, 0, age=2)
+        p.observe_round(8, 8, age=40)
     # ages 8-31 unseen: explored from k = 0, and k = 8 in use (max_k) is held, since at their upper
     # estimates it could still pay
     # (for the mix: a quarter of young requests that reject everything makes k = 4 the first to pay)
@@ -152,8 +152,8 @@ def test_decisions_weigh_the_ages_of_the_decode_steps_smoothed_over_steps():
     p.k = 0
     assert p.decide(16).k == 4
     for _ in range(30):
-        p.observe(8, 8, age=10)
-        p.observe(8, 8, age=20)
+        p.observe_round(8, 8, age=10)
+        p.observe_round(8, 8, age=20)
     # the mix's shares (0.2475 young, 0.7525 older) weigh each bucket's own E[tokens | 8]
     alone = [p.expected_tokens(8, [float(i == b) for i in range(4)]) for b in range(4)]
     assert alone[0] < 1.2 and min(alone[1:]) > 8.3

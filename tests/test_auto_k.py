@@ -1,4 +1,4 @@
-"""num_speculative_tokens=auto (mtpx/engine/auto_k/): the policy's arithmetic, and the
+"""num_speculative_tokens=auto (mtpx/auto_k/): the policy's arithmetic, and the
 engine with a k that changes every step: lossless, every proposal equal to from-scratch drafts,
 and the draft modules' KV exact after a stretch of k = 0."""
 from __future__ import annotations
@@ -15,9 +15,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mtpx import LLM, SamplingParams
 from mtpx.core.request import Request
-from mtpx.engine.auto_k.costs import calibrate_step_costs, default_batch_sizes
-from mtpx.core.draft_length import AutoDraftLength, DepthChoice
-from mtpx.engine.auto_k.store import check_step_cost_meta, load_step_costs, save_step_costs, step_cost_cache_path
+from mtpx.auto_k import AutoDraftLength, AutoKConfig
+from mtpx.auto_k.calibration import calibrate_step_costs, default_batch_sizes
+from mtpx.auto_k.choices import DepthChoice
+from mtpx.auto_k.store import check_step_cost_meta, load_step_costs, save_step_costs, step_cost_cache_path
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, spy, tiny_config)
 from tests.test_reprefill import _reference_kv, kv_at
@@ -61,8 +62,7 @@ def test_step_cost_is_linear_between_batch_sizes_and_proportional_beyond():
 
 def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     # k = 2 costs 1.5x plain at batch 1 but 4x at batch 4
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
-                        probe_interval=0, patience=1)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1))
     p.acceptance = [0.9, 0.9]
     assert step(p, 1) == 2                              # 2.71 / 15 beats 1.9 / 12 and 1 / 10
     assert step(p, 4) == 0                              # 1 / 10 beats 1.9 / 25 and 2.71 / 40
@@ -76,8 +76,7 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
 def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
     """rise_hysteresis 2%, hysteresis 5%: between them the k in use stays. Goodputs at B = 1:
     k = 0 1 / 10; k = 1 (1 + p) / 18.4."""
-    p = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), min_verified=0, explore_costs=False,
-                        hysteresis=0.05, rise_hysteresis=0.02, probe_interval=0, patience=1)
+    p = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, rise_hysteresis=0.02, probe_interval=0, patience=1))
     p.settled_interval = 1              # decides every step
     p.acceptance = [0.9]                                 # k = 1 0.1033: 3.3% above k = 0
     assert step(p, 1, max_k=0) == 0 and step(p, 1) == 1   # rises from 0
@@ -86,8 +85,7 @@ def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
     assert step(p, 1) == 1 and p.depth(1) == 1
     p.acceptance = [0.7]                                 # 8.2% above: falls
     assert step(p, 1) == 0 and p.depth(1) == 0
-    symmetric = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), min_verified=0, explore_costs=False,
-                                hysteresis=0.05, rise_hysteresis=0.05, probe_interval=0, patience=1)
+    symmetric = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, rise_hysteresis=0.05, probe_interval=0, patience=1))
     symmetric.settled_interval = 1              # decides every step
     symmetric.acceptance = [0.9]
     assert step(symmetric, 1, max_k=0) == 0 and step(symmetric, 1) == 0 and symmetric.depth(1) == 0
@@ -97,8 +95,7 @@ def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
     """Both need `patience` steps in a row; the depths are lowered before the step's k is chosen,
     so a depth that fell to the k in use on the same step would end the rise that would use it
     (at concurrency 1 auto stayed at k = 4 where k = 8 paid: experiments/concurrency/rise_margin)."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), min_verified=0,
-                        explore_costs=False, probe_interval=0, patience=3)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=3))
     p.acceptance = [0.9, 0.9]                           # k = 2: 2.71 / 13 beats 1.9 / 12 by 32%
     assert step(p, 1, max_k=1) == 1 and p.k == 1        # every running request at depth 1 so far
     depth = 2                                           # then one admitted at depth 2
@@ -107,8 +104,7 @@ def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
         choice = p.decide(1, depth, held=depth, depths=[depth])
         p.commit(choice)
     assert (depth, choice.k, p.k) == (2, 2, 2)
-    q = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), min_verified=0,
-                        explore_costs=False, probe_interval=0, patience=3)
+    q = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=3))
     q.acceptance = [0.9, 0.2]                           # k = 2 2.08 / 13, 1.1% over k = 1: no rise
     assert step(q, 1, max_k=1) == 1
     seen, depth = [], 2
@@ -119,8 +115,7 @@ def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
 
 
 def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
-                        probe_interval=0, patience=1)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1))
     p.acceptance = [0.9, 0.9]
     assert p.depth(1) == 2 and p.depth(4) == 0          # the goodputs of the test above
     assert p.depth(1, current=1) == 1                   # never rises
@@ -143,8 +138,7 @@ def test_an_admitted_requests_module_prefill_is_spread_over_its_output_tokens():
     added to each k's ms per token over max_tokens: deep drafts that save a little decode time
     lose to their prefill on a short answer. Goodputs at B = 1: k = 0 0.1, k = 1 1.9 / 12, k = 2
     2.71 / 15 tokens per ms."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0,
-                        explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1))
     p.acceptance = [0.9, 0.9]
     assert p.depth(1, prompt_tokens=100, max_tokens=1) == 2      # nothing measured yet: no cost
     assert p.summary()["prefill_module_ms_per_token"] is None
@@ -177,8 +171,7 @@ def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row()
     nothing: the k in use changes, and running requests' depths fall, only after `patience`
     consecutive decode steps predict it; a step that does not resets the count; a depth is voted
     once per step whatever the number of requests at it."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
-                        probe_interval=0, patience=3)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=3))
     p.settled_interval = 1              # decides every step
     p.acceptance = [0.9, 0.9]
     assert [step(p, 1) for _ in range(2)] == [2, 2]     # k = 2 in use (max_k at the start)
@@ -205,8 +198,7 @@ def test_a_running_depth_above_the_k_in_use_falls_to_it_after_patience_steps():
     """Modules beyond the k in use only catch up (a step drafts min(k, depth)): a running depth
     above the k in use falls to it after `patience` steps in a row, even where its own goodput
     ties the k in use's (no hysteresis margin to beat); one at or below it stays."""
-    p = AutoDraftLength(3, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0], 3: [16.0, 16.0]}), min_verified=0, explore_costs=False,
-                        hysteresis=0.05, probe_interval=0, patience=2)
+    p = AutoDraftLength(3, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0], 3: [16.0, 16.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=2))
     p.acceptance = [0.9, 0.9, 0.3]                       # k=2: 2.71 / 14 = 0.194; k=3: 2.953 / 16 = 0.185
     assert [step(p, 1) for _ in range(3)] == [3, 3, 3]  # within 5% of each other: k = 3 (max_k) stays
     assert p.depth(1, current=3) == 3
@@ -219,18 +211,17 @@ def test_a_running_depth_above_the_k_in_use_falls_to_it_after_patience_steps():
 
 
 def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
-    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), min_verified=0, explore_costs=False, probe_interval=4, patience=1)
+    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=4, patience=1))
     p.acceptance = [0.5, 0.5]
     assert [step(p, 1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 0]     # no k below 0
-    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), min_verified=0, explore_costs=False, probe_interval=2, patience=1)
+    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=2, patience=1))
     assert [step(p, 1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
 
 
 def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide_returned():
     """choose / depth / decide / decide_depth are queries: asked any number of times they answer
-    the same and change nothing; commit and commit_depth apply the decision (mtpx/core/draft_length.py)."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), min_verified=0, explore_costs=False, hysteresis=0.05,
-                        probe_interval=2, patience=2, patient_start=True)
+    the same and change nothing; commit and commit_depth apply the decision (mtpx/auto_k/policy.py)."""
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=2, patience=2, patient_start=True))
     p.acceptance = [0.1, 0.1]                            # k = 0 pays: a switch from k = 2 is predicted
     state = copy.deepcopy(vars(p))
     assert [p.choose(1) for _ in range(5)] == [2] * 5 and [p.depth(1, current=2) for _ in range(5)] == [2] * 5
@@ -244,8 +235,7 @@ def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide
 
 
 def test_measured_step_costs_correct_the_calibration_by_one_factor():
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), cost_window=3,
-                        probe_interval=0)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), config=AutoKConfig(cost_window=3, probe_interval=0))
     p.acceptance = [0.9, 0.9]
     assert step(p, 1) == 2                              # 2.71 / 14 beats 1.9 / 12
     p.observe_step(2, 1, 28.0)                           # k = 2 really costs twice the calibration
@@ -261,8 +251,7 @@ def test_a_streak_of_dear_steps_does_not_carry_the_cost_correction():
     than half the window leaves it at the ordinary steps' level, and a lasting change moves it
     once it fills half the window (experiments/concurrency/window_layout/k7_steps.py: a running
     engine's dear steps come in streaks)."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), cost_window=5,
-                        probe_interval=0, min_cost_observations=1)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), config=AutoKConfig(cost_window=5, probe_interval=0, min_cost_observations=1))
     for ms in (16.0, 15.0, 17.0, 24.0, 28.0):            # ratios 1, 0.9375, 1.0625, then a streak 1.5, 1.75
         p.observe_step(2, 1, ms)
     assert p.factor == 1.0625 and p.cost(2, 1) == 17.0   # an EMA of weight 0.1 would read 1.1
@@ -279,8 +268,7 @@ def test_a_cost_correction_fades_toward_the_factor_while_its_k_is_not_measured()
     """A k measured dear against the ks around it is no longer chosen, so no step revises its
     shape: it fades toward the calibration's by cost_decay per step since it was last measured,
     and the k is tried again once it could pay."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), cost_window=3,
-                        cost_decay=0.5, probe_interval=0, min_cost_observations=1)
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), config=AutoKConfig(cost_window=3, cost_decay=0.5, probe_interval=0, min_cost_observations=1))
     for _ in range(3):
         p.observe_step(1, 1, 12.0)                       # k = 1 as calibrated
     for _ in range(3):
@@ -300,8 +288,7 @@ def test_a_stretch_of_load_moves_the_level_and_a_k_measured_in_it_is_dear_only_w
     (one ratio per k kept it dear: eager concurrency 1 put 54 of 128 requests at depth 4). A k
     dear against the ks measured around it in time stays dear (`_learn_cost`)."""
     def policy_():
-        p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), cost_window=3,
-                            cost_decay=1.0, probe_interval=0, min_cost_observations=1, patience=1)
+        p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), config=AutoKConfig(cost_window=3, cost_decay=1.0, probe_interval=0, min_cost_observations=1, patience=1))
         p.acceptance = [0.9, 0.9]                          # 2.71 / 16 beats 1.9 / 12 by 7%
         return p
 
@@ -318,11 +305,10 @@ def test_a_stretch_of_load_moves_the_level_and_a_k_measured_in_it_is_dear_only_w
 
 
 def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucket():
-    """auto_k.cost_model (mtpx/core/cost_model_log.py): per power-of-two batch bucket, the speed-up over
+    """auto_k.cost_model (mtpx/auto_k/cost_model_log.py): per power-of-two batch bucket, the speed-up over
     k = 0 the policy predicted for its steps against the one their measured ms and committed
     tokens give, over the bucket's own k = 0 steps when it had some, else the calibration's."""
-    p = AutoDraftLength(2, costs({0: [10.0, 20.0], 1: [12.0, 24.0], 2: [14.0, 28.0]}), cost_window=2,
-                        probe_interval=0, prior_acceptance=0.5, min_cost_observations=100)
+    p = AutoDraftLength(2, costs({0: [10.0, 20.0], 1: [12.0, 24.0], 2: [14.0, 28.0]}), config=AutoKConfig(cost_window=2, probe_interval=0, prior_acceptance=0.5, min_cost_observations=100))
     assert p.expected_tokens(2) == 1.75                 # no round observed: the prior 0.5 stays
     for k, b, ms, tokens in [(2, 4, 21.0, 7),            # predicted 28 ms (factor 1), plain 20; factor -> 0.75
                              (2, 5, 26.25, 9),           # 28 * 5 / 4 * 0.75 = 26.25, plain 18.75 (calibrated 25)
@@ -359,8 +345,7 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
     """Calibrated costs say k = 1 is best at batch 4; steps at k = 3 measured at half their
     calibrated cost make k = 3 the choice once min_cost_observations of them were seen (before,
     the ks measured enough in the bucket, k = 1 alone, scale every k alike)."""
-    p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}), min_verified=0, explore_costs=False,
-                        probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8, cost_decay=1.0)
+    p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8, cost_decay=1.0))
     p.settled_interval = 1              # decides every step
     p.acceptance = [0.8, 0.5, 0.5]                       # E[tokens | k] = 1, 1.8, 2.2, 2.4
     assert step(p, 4) == 1                               # 1.8 / 20 beats 2.2 / 28 and 2.4 / 32
@@ -381,7 +366,7 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():
-    p = AutoDraftLength(4, prior_weight=1.0, decay=0.5, prior_acceptance=1.0)
+    p = AutoDraftLength(4, config=AutoKConfig(prior_weight=1.0, decay=0.5, prior_acceptance=1.0))
     p.observe_round(num_draft_tokens=4, num_accepted=1)        # 1 accepted, 2 rejected, 3-4 never reached
     # each position's prior is the estimate before it: (0 + 1 * 1.0) / (1 + 1), then 0.5 unverified
     assert p.acceptance == [1.0, 0.5, 0.5, 0.5] and p.num_observed == [1, 1, 0, 0]
@@ -406,8 +391,7 @@ def test_an_unverified_position_takes_the_estimate_of_the_one_before_it():
 
 
 def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_again():
-    p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0}, prior_weight=1.0, decay=0.5,
-                        prior_acceptance=1.0, explore_costs=False)   # k = 1 pays iff p_1 > 0.5
+    p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0}, config=AutoKConfig(prior_weight=1.0, decay=0.5, prior_acceptance=1.0, explore_costs=False))   # k = 1 pays iff p_1 > 0.5
     for _ in range(4):
         p.observe_round(num_draft_tokens=1, num_accepted=0)    # 4 rejections: (0 + 1) / (4 + 1)
     assert p.acceptance == [pytest.approx(1 / 5)] and p.depth(1) == 0
@@ -423,7 +407,7 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     ms = {1: [14.2, 18.7, 20.3, 24.1, 23.7, 26.0, 25.7, 26.0, 25.4],
           64: [42.9, 92.1, 114.3, 129.9, 142.2, 157.2, 175.0, 190.4, 213.7]}
     step_costs = {(k, b): row[k] for b, row in ms.items() for k in range(9)}
-    p = AutoDraftLength(8, step_costs, explore_costs=False)
+    p = AutoDraftLength(8, step_costs, config=AutoKConfig(explore_costs=False))
     assert p.acceptance == [0.7] * 8
     p.observe_round(num_draft_tokens=2, num_accepted=2)         # (1 + 8 * 0.7) / (1 + 8), then its own prior
     p1 = 6.6 / 9
@@ -436,9 +420,9 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     # batch tests positions 1-5); without optimism they prefill no module; at batch 1 they keep all 8
     assert p.goodput(0, 64) > max(p.goodput(k, 64) for k in range(1, 9))
     assert p.explore_depth(0, 64) == 3 and p.depth(64) == 5 and p.depth(1) == 8
-    assert AutoDraftLength(8, step_costs, explore_costs=False, optimistic_falls=False).depth(64) == 3
-    assert AutoDraftLength(8, step_costs, explore_costs=False, optimism=0.0).depth(64) == 0
-    optimistic = AutoDraftLength(8, step_costs, prior_acceptance=1.0)
+    assert AutoDraftLength(8, step_costs, config=AutoKConfig(explore_costs=False, optimistic_falls=False)).depth(64) == 3
+    assert AutoDraftLength(8, step_costs, config=AutoKConfig(explore_costs=False, optimism=0.0)).depth(64) == 0
+    optimistic = AutoDraftLength(8, step_costs, config=AutoKConfig(prior_acceptance=1.0))
     assert optimistic.depth(64) == 8
 
 
@@ -451,12 +435,11 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     drafts are verified the usual rules apply."""
     ms = {(0, 64): 100.0, (1, 64): 180.0}              # k = 1 pays from p > 1.05 x 1.8 - 1 = 0.89
     # optimism = 2 standard deviations: position 1's upper estimate is 0.7 + 2 sqrt(0.21 / 9) > 1, so 1
-    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
-                        explore_budget=1.0)
+    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=1.0))
     p.settled_interval = 1              # decides every step
     assert p.unlearned(0) and not p.unlearned(1)        # position 1 unseen; no position 2
     assert p.explores(0, 64)                            # at p = 1, 2 / 180 beats 1.05 / 100
-    assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, optimism=2.0).explores(0, 64)   # 2 / 200 does not
+    assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, config=AutoKConfig(optimism=2.0)).explores(0, 64)   # 2 / 200 does not
     assert not AutoDraftLength(1, ms).explores(0, 64)   # one deviation: 1.853 / 180 does not either
     assert p.depth(64) == 1                             # admitted one deeper than the best k, 0
     # k = 1 in use at first (max_k), held: at position 1's upper estimate it beats k = 0
@@ -482,8 +465,7 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
     step with no request held deeper than the k in use) is kept within explore_budget of the
     steps' predicted cost, discounted alike."""
     ms = {(0, 16): 100.0, (1, 16): 180.0}
-    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
-                        explore_budget=0.01)
+    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=0.01))
     p.settled_interval = 1              # decides every step
     p.k = 0
     assert p.explores(0, 16) and p.depth(16) == 1 and p.explore_spent() == 0.0
@@ -510,7 +492,7 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
         n += 1
     # about (237.6 x 0.99^n) / (18000 x 0.99^n + 100 x (1 - 0.99^n) / 0.01) < 0.01 from n = 46
     assert n == 46 and p.depth(16) == 1                                # then exploring resumes
-    never = AutoDraftLength(1, ms, explore_costs=False, optimism=2.0, explore_budget=0.0)
+    never = AutoDraftLength(1, ms, config=AutoKConfig(explore_costs=False, optimism=2.0, explore_budget=0.0))
     never.settled_interval = 1              # decides every step
     never.k = 0
     assert never.depth(16) == 0
@@ -524,8 +506,7 @@ def test_an_explored_admission_weighs_its_prefill_and_spends_it_from_the_budget(
     budget when the request is admitted, before any step (the budget's window then starts from
     the admission's predicted step: 100 steps of 100 ms)."""
     ms = {(0, 16): 100.0, (1, 16): 180.0}
-    p = AutoDraftLength(1, ms, probe_interval=0, patience=2, explore_costs=False, optimism=2.0,
-                        explore_budget=0.01)
+    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=0.01))
     p.k = 0
     p.set_prefill_cost(0.2)                                 # 200 ms for 1000 prompt tokens at depth 1
     assert p.depth(16) == 1                                 # no prompt: explored, as before
@@ -551,14 +532,14 @@ def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():
     (3.7 tokens a round) make pay for the batch, whatever its prompts' length
     (experiments/concurrency/draft_costs)."""
     ms = {(k, 16): 11.58 if k == 0 else 40.66 if k <= 4 else 66.23 for k in range(9)}
-    p, q = AutoDraftLength(8, ms), AutoDraftLength(8, ms, admission_landing="batch")
+    p, q = AutoDraftLength(8, ms), AutoDraftLength(8, ms, config=AutoKConfig(admission_landing="batch"))
     assert p.depth(16, prompt_tokens=150, max_tokens=128) == 4
     p.set_prefill_cost(0.02)
     q.set_prefill_cost(0.02)
     assert p.depth(16, prompt_tokens=150, max_tokens=128) == 0
     assert [q.depth(16, prompt_tokens=n, max_tokens=128) for n in (40, 150, 400)] == [4, 4, 4]
     with pytest.raises(ValueError, match="admission_landing='wave'"):
-        AutoDraftLength(8, ms, admission_landing="wave")
+        AutoDraftLength(8, ms, config=AutoKConfig(admission_landing="wave"))
     assert p.prefill_ms(4, 150) == pytest.approx(12.0)
     p.observe_prefill(1000, 30.0)                           # the running engine's prefills join it
     assert p.prefill_module_ms.value == pytest.approx(0.025)
@@ -584,7 +565,7 @@ def test_a_request_held_deeper_prices_its_draft_round_at_the_calibrated_one():
             ks.append(choice.k)
         return ks
     kw = dict(probe_interval=0, patient_start=True)      # the k in use 4 as in a running engine
-    old, new = AutoDraftLength(8, ms, **kw), AutoDraftLength(8, ms, **kw)
+    old, new = AutoDraftLength(8, ms, AutoKConfig(**kw)), AutoDraftLength(8, ms, AutoKConfig(**kw))
     new.set_draft_costs(draft)
     assert old.held_cost_curve(16, 4)[0] == pytest.approx(41.0) and new.held_cost_curve(16, 4)[0] == pytest.approx(17.85)
     assert set(run(old)) == {4}
@@ -627,11 +608,11 @@ def test_a_fall_lands_where_the_upper_estimates_pay_most():
             out.append(choice.k)
         return out
     kw = dict(probe_interval=0, patience=2, explore_costs=False, explore_budget=0.0)
-    p, q = AutoDraftLength(8, costs, **kw), AutoDraftLength(8, costs, optimistic_falls=False, **kw)
+    p, q = AutoDraftLength(8, costs, AutoKConfig(**kw)), AutoDraftLength(8, costs, AutoKConfig(optimistic_falls=False, **kw))
     p.settled_interval = 1              # decides every step
     assert p.depth(16) == 4 and q.depth(16) == 0
     assert steps(p, 3) == [4, 4, 4] and steps(q, 3) == [0, 0, 0]     # the first step falls at once
-    waits = AutoDraftLength(8, costs, patient_start=True, **kw)
+    waits = AutoDraftLength(8, costs, AutoKConfig(patient_start=True, **kw))
     waits.settled_interval = 1              # decides every step
     assert steps(waits, 3) == [8, 4, 4]                              # after patience = 2 steps
     for _ in range(30):                                               # position 1 rejected: learned
@@ -660,7 +641,7 @@ def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
             depths.append(choice.depth)
         return depths
     for lead, expected in ((0.1, [4, 4] + [0] * 14), (0.0, [4] * 16)):
-        p = AutoDraftLength(8, costs, free_landing_lead=lead)
+        p = AutoDraftLength(8, costs, config=AutoKConfig(free_landing_lead=lead))
         p.set_prefill_cost(0.022)
         g = p._with_prefill(p._goodputs(16, 8, None), [p.prefill_ms(k, 60) / 128 for k in range(9)])
         assert p._upper_goodputs(g, 0, 8, None)[4] / g[0] == pytest.approx(1.07, abs=0.005)
@@ -906,7 +887,7 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     llm = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
               cost_model_file=tmp_path / "costs.json")
     policy = llm.engine.draft_length
-    assert policy.auto and policy.max_k == len(model().mtp)
+    assert isinstance(policy, AutoDraftLength) and policy.max_k == len(model().mtp)
     assert sorted(policy.step_costs) == [(k, b) for k in range(policy.max_k + 1) for b in (1, 4)]
     assert all(ms > 0 for ms in policy.step_costs.values())
     assert llm.calibration["source"].startswith("calibrated, saved to")
@@ -943,7 +924,7 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     with pytest.raises(ValueError, match="calibrate the step costs before adding requests"):
         from mtpx.core.request import Request
         again.engine.add_request(Request(0, [1, 2], _params(3)))
-        calibrate_step_costs(again.engine)
+        again.engine.calibrate()
 
 
 def test_start_up_calibration_is_cached_per_checkpoint_and_engine_settings(tiny_ckpt, tmp_path, monkeypatch):
@@ -1012,16 +993,17 @@ def test_calibration_times_every_k_alternated_on_the_real_decode_step_without_pr
     first, _ = run_checked(llm, model(), prompts, params)       # published prefix-cache blocks
     calls, decode, prefill = [], runner._decode, runner._prefill
 
-    def spy_decode(decodes, results, k):
-        calls.append((k, len(decodes), {d.request.draft_depth for d in decodes},
+    def spy_decode(decodes, results):
+        calls.append((decodes[0].num_new_drafts, len(decodes), {d.request.draft_depth for d in decodes},
                       {d.num_draft_tokens for d in decodes}, {d.request.num_tokens for d in decodes}))
-        return decode(decodes, results, k)
+        return decode(decodes, results)
 
     def no_prefill(*a):
         raise AssertionError("the calibration prefilled a prompt")
 
     runner._decode, runner._prefill = spy_decode, no_prefill
-    measured = calibrate_step_costs(engine, batch_sizes=[1, 4], rounds=2, context_len=20, passes=1, spread_s=0)
+    measured = calibrate_step_costs(engine.time_decode_steps, engine.num_speculative_tokens, engine.config.max_num_seqs,
+                                    batch_sizes=[1, 4], rounds=2, context_len=20, passes=1, spread_s=0)
     runner._decode, runner._prefill = decode, prefill
     n = len(model().mtp) + 1
     assert sorted(measured) == [(k, b) for k in range(n) for b in (1, 4)]
@@ -1045,7 +1027,7 @@ def test_a_calibration_keeps_the_least_of_its_passes_spread_over_the_batch_sizes
     """Load from another process only slows a step and can cover a whole pass: each (k, B) costs
     the least of its passes' medians (its draft round too), the passes taken over every batch size
     in turn; a compiled engine's k costs its depth bucket's step."""
-    from types import SimpleNamespace
+    from mtpx.engine.decode_step import depth_bucket
     quiet = {1: [8.0, 16.0, 18.0], 4: [10.0, 20.0, 24.0]}
     noisy = {1: [14.7, 27.5, 36.8], 4: [10.5, 21.0, 25.0]}          # batch 1 in a loaded stretch
     script = [noisy, noisy, quiet, quiet, noisy, noisy]               # pass 1: b 1, 4; pass 2; pass 3
@@ -1057,17 +1039,14 @@ def test_a_calibration_keeps_the_least_of_its_passes_spread_over_the_batch_sizes
         draft.update({k: [ms[k] / 4, ms[k] / 2, 100.0] for k in ks})    # median ms / 2
         return {k: [ms[k] - 1, ms[k], 100.0] for k in ks}              # median ms
 
-    engine = SimpleNamespace(draft_length=AutoDraftLength(2), has_unfinished_requests=lambda: False,
-                             config=SimpleNamespace(max_num_seqs=4, compile_depths=None), compiled=None,
-                             time_decode_steps=time_decode_steps)
     draft: dict = {}
-    costs = calibrate_step_costs(engine, batch_sizes=[4, 1], draft_costs=draft, spread_s=0)
+    costs = calibrate_step_costs(time_decode_steps, 2, 4, batch_sizes=[4, 1], draft_costs=draft, spread_s=0)
     assert calls == [(1, (0, 1, 2)), (4, (0, 1, 2))] * 3
     assert costs == {(k, b): quiet[b][k] for b in (1, 4) for k in range(3)}
     assert draft == {(k, b): quiet[b][k] / 2 for b in (1, 4) for k in range(3)}
     calls.clear()
-    engine.compiled, engine.config.compile_depths = object(), [0, 2]             # k = 1 pads to 2
-    costs = calibrate_step_costs(engine, batch_sizes=[1, 4], passes=2, spread_s=0)
+    buckets = {k: depth_bucket(k, 2, [0, 2]) for k in range(3)}                  # compiled: k = 1 pads to 2
+    costs = calibrate_step_costs(time_decode_steps, 2, 4, buckets, batch_sizes=[1, 4], passes=2, spread_s=0)
     assert calls == [(1, (0, 2)), (4, (0, 2))] * 2
     assert costs[(1, 1)] == costs[(2, 1)] == 18.0 and costs[(1, 4)] == costs[(2, 4)] == 24.0 and costs[(0, 1)] == 8.0
 
@@ -1076,7 +1055,6 @@ def test_short_calibration_passes_go_on_until_they_span_spread_s():
     """A batch-1 pass is short, and one noisy stretch can cover three of them (4.5 s: k = 7 and 8
     at 1.23x k = 6, experiments/concurrency/settled): passes go on until the steps they timed add up
     to spread_s (at most max_passes), so a quiet one later in the calibration sets the costs."""
-    from types import SimpleNamespace
     quiet, noisy = [8.0, 15.0, 16.0], [8.0, 15.0, 21.0]               # k = 2 dear in the stretch
     calls = []
 
@@ -1086,14 +1064,13 @@ def test_short_calibration_passes_go_on_until_they_span_spread_s():
         draft.update({k: [1.0] for k in ks})
         return {k: [ms[k]] * 10 for k in ks}                          # 390 or 440 ms a pass
 
-    engine = SimpleNamespace(draft_length=AutoDraftLength(2), has_unfinished_requests=lambda: False,
-                             config=SimpleNamespace(max_num_seqs=1, compile_depths=None), compiled=None,
-                             time_decode_steps=time_decode_steps)
-    assert calibrate_step_costs(engine, spread_s=0)[(2, 1)] == 21.0                    # 3 passes
+    def calibrate(**kw):
+        return calibrate_step_costs(time_decode_steps, 2, 1, **kw)
+    assert calibrate(spread_s=0)[(2, 1)] == 21.0                    # 3 passes
     calls.clear()
-    assert calibrate_step_costs(engine, spread_s=2.0)[(2, 1)] == 16.0 and len(calls) == 5   # 3 x 0.44 + 2 x 0.39 s
+    assert calibrate(spread_s=2.0)[(2, 1)] == 16.0 and len(calls) == 5   # 3 x 0.44 + 2 x 0.39 s
     calls.clear()
-    assert calibrate_step_costs(engine, spread_s=100.0, max_passes=7) and len(calls) == 7
+    assert calibrate(spread_s=100.0, max_passes=7) and len(calls) == 7
 
 
 def test_the_calibrated_step_runs_the_forwards_of_a_real_step_at_that_k(tmp_path, monkeypatch):

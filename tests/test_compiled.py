@@ -264,7 +264,7 @@ def test_compiled_auto_k_pads_windows_and_needs_few_graphs(trained_tiny, spec, k
     catch-up split into two rounds), so 2 verification graphs (1 and k + 1 tokens), 1 commit and
     1 draft-loop graph are compiled, not one per k (before: 3 draft-loop graphs, 1, k + 1 and 2k
     columns)."""
-    from mtpx.core.draft_length import AutoDraftLength
+    from mtpx.auto_k.policy import AutoDraftLength
     torch._dynamo.reset()
     schedule = [k, k, 0, 0, 0, 1, k, 0, 2, 2, 0, 0, k, 1, 0] * 2
     outs = []
@@ -401,7 +401,7 @@ def test_warmup_leaves_automatic_k_nothing_learned_from_its_dummy_requests(train
     requests on it (the demo's compiled concurrency-4 run started with 78 verified drafts of
     the pattern and ran k = 8 in 98% of its steps where k = 4 was 15% faster). The step costs
     stay."""
-    from mtpx.core.draft_length import AutoDraftLength
+    from mtpx.auto_k.policy import AutoDraftLength
     torch._dynamo.reset()
     llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager")
     costs = {(k, b): 10.0 + k for k in range(5) for b in (1, 4)}

@@ -1,13 +1,13 @@
 """Automatic k's cost curve: the calibration's smoothing over k, and the step costs the running
-engine measures for a k it only probes (mtpx/core/cost_curve.py, mtpx/core/draft_length.py)."""
+engine measures for a k it only probes (mtpx/auto_k/cost_curve.py, mtpx/auto_k/policy.py)."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from mtpx.core.cost_curve import StepMemo, _running_median, smooth_step_costs
-from mtpx.core.draft_length import AutoDraftLength
+from mtpx.auto_k.cost_curve import StepMemo, _running_median, smooth_step_costs
+from mtpx.auto_k import AutoDraftLength, AutoKConfig
 
 
 def test_smoothing_keeps_the_measured_shape_and_drops_one_noisy_k():
@@ -31,11 +31,11 @@ def policy(**kw) -> AutoDraftLength:
     accepting the first of 2 drafts and 8 accepting none (no discount, no fading of the costs): p_1 = (32 + 8 * 0.7) / 48
     = 0.783, p_2 = 8 p_1 / 40 = 0.157, so k = 1 yields 1.783 / 200 < 1 / 100: only a measured
     k = 1 can win."""
-    p = AutoDraftLength(2, {(0, 8): 100.0, (1, 8): 200.0, (2, 8): 300.0}, probe_interval=0, patience=2,
-                        min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0, cost_decay=1.0,
-                        **{"explore_budget": 1.0, **kw})
+    p = AutoDraftLength(2, {(0, 8): 100.0, (1, 8): 200.0, (2, 8): 300.0}, AutoKConfig(
+        probe_interval=0, patience=2, min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0,
+        cost_decay=1.0, **{"explore_budget": 1.0, **kw}))
     for accepted in [1] * 32 + [0] * 8:
-        p.observe(num_draft_tokens=2, num_accepted=accepted)
+        p.observe_round(num_draft_tokens=2, num_accepted=accepted)
     assert p.acceptance == [pytest.approx(37.6 / 48), pytest.approx(8 * 37.6 / 48 / 40)]
     return p
 
@@ -119,19 +119,18 @@ def test_cost_exploring_off_probes_nothing():
 def test_a_k_that_could_not_pay_at_80_percent_of_its_cost_is_not_probed():
     # k = 1 calibrated at 100x k = 0: even at 80% of its extra cost, with every draft accepted,
     # 2 / 81 < 1 / 1 (tests/test_cli.py: automatic k that never drafts)
-    p = AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 101.0}, probe_interval=0, patience=2, min_verified=0)
+    p = AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 101.0}, config=AutoKConfig(probe_interval=0, patience=2, min_verified=0))
     p.settled_interval = 1              # decides every step
     p.k = 0
     assert p.cost_unlearned(1, 1) and p.depth(1) == 0
     assert run(p, 4, batch=1, depth=1) == [0] * 4
     # at 2 / (100 + 0.8 x 100) > 1.05 / 100 it is probed; at 2.2x k = 0 (the demo's batch-64 k = 1
     # after the kernels, which the running engine confirmed) 2 / 196 is not
-    r = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 220.0}, probe_interval=0, min_verified=0)
+    r = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 220.0}, config=AutoKConfig(probe_interval=0, min_verified=0))
     r.settled_interval = 1              # decides every step
     r.k = 0
     assert r.cost_unlearned(1, 1) and r.depth(1) == 0
-    q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, probe_interval=0, patience=2, min_verified=0,
-                        explore_budget=1.0)
+    q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, config=AutoKConfig(probe_interval=0, patience=2, min_verified=0, explore_budget=1.0))
     q.settled_interval = 1              # decides every step
     q.k = 0
     assert q.depth(1) == 1 and run(q, 4, batch=1, depth=1) == [1, 0, 1, 0]
@@ -142,7 +141,7 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     the policy each pure decode step that verified one number of drafts and proposed another as
     two parts (`observe_parts`), which add up to that k's cost; the tokens stay plain decoding's.
     The clock is scripted, 1 s per reading (tests/test_auto_k.py: a step reads 2000 or 3000 ms)."""
-    from mtpx.engine.auto_k.store import save_step_costs
+    from mtpx.auto_k.store import save_step_costs
     from tests.helpers import _params, make_llm, run_checked, spy
     from tests.test_auto_k import model
     n = len(model().mtp)
@@ -187,8 +186,8 @@ def test_a_step_whose_requests_are_held_deeper_than_k_teaches_its_parts_not_ks_c
 def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path, monkeypatch):
     """Requests admitted at depth n while every step proposes 2 drafts: each steady step reaches
     the policy with the deepest request's depth, and k = 2 learns no whole-step cost from them."""
-    from mtpx.core.fixed_draft_length import DepthChoice, StepChoice
-    from mtpx.engine.auto_k.store import save_step_costs
+    from mtpx.auto_k.choices import DepthChoice, StepChoice
+    from mtpx.auto_k.store import save_step_costs
     from tests.helpers import _params, make_llm, run_checked
     from tests.test_auto_k import model
     n = len(model().mtp)
@@ -216,7 +215,7 @@ def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
     k = 4, the most tokens, is the step's k; without held depths a smaller one pays more (k = 1:
     1.7 / 15 > 2.77 / 30 at p = 0.7)."""
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(5)}
-    p = AutoDraftLength(4, costs, probe_interval=0, patience=1, min_verified=0)
+    p = AutoDraftLength(4, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
     assert p.held_cost_curve(4, 4) == [30.0] * 5 and p.held_cost_curve(4, 0) == [10.0, 15.0, 20.0, 25.0, 30.0]
     assert p.held_cost_curve(4, 2) == [20.0, 20.0, 20.0, 25.0, 30.0]
     assert p.decide(4, 4, held=4).k_in_use == 4 and p.decide(4, 4).k_in_use == 1
@@ -232,7 +231,7 @@ def test_a_depth_never_measured_prices_its_draft_round_per_module_of_the_measure
     calibration above plain (5 k ms here), which priced depth 3 (15 ms) above the measured depth 4
     and made k = 3 look cheaper than k = 4 under a held depth 8."""
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(9)}
-    p = AutoDraftLength(8, costs, probe_interval=0, patience=1, min_verified=0)
+    p = AutoDraftLength(8, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
     assert p.draft_cost(3, 4) == pytest.approx(15.0)       # nothing measured: the calibration
     for _ in range(8):
         p.observe_parts(4, 4, 4, 18.0, 12.0)
@@ -248,7 +247,7 @@ def test_a_held_depth_alone_does_not_raise_the_k_in_use():
     E8 tokens against 4 x E4: 1.07x), but with nothing held k = 4 pays 1.5x more per ms, so the k
     in use stays 4. Were it raised, the next requests would be admitted at 8 and keep it there."""
     costs = {(k, 4): (10.0 if k == 0 else 24.0 if k <= 4 else 46.0) for k in range(9)}
-    p = AutoDraftLength(8, costs, probe_interval=0, patience=1, min_verified=0)
+    p = AutoDraftLength(8, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
     p.acceptance = [0.8] * 8
     p.commit(p.decide(4, 8))
     assert p.k == 4
@@ -268,7 +267,7 @@ def test_an_admission_above_the_k_in_use_needs_the_batch_to_follow_or_the_eviden
     44 < 1.05 x 4.10 / 32), so it is admitted at 4: deeper, it would pay its modules' catch-up
     every step and no step would verify its drafts past 4. Once 5-8 are learned, 8 again."""
     costs = {(k, 4): 20.0 + 3.0 * k for k in range(9)}
-    p = AutoDraftLength(8, costs, probe_interval=0, patience=1, explore_budget=0.0)
+    p = AutoDraftLength(8, costs, config=AutoKConfig(probe_interval=0, patience=1, explore_budget=0.0))
     for _ in range(8):                                    # the draft round: 1 ms a module
         p.observe_parts(4, 4, 4, 28.0, 4.0)
     p.acceptance = [0.9] * 8
@@ -286,7 +285,7 @@ def test_a_request_drafts_at_most_its_depth_in_the_steps_goodput():
     commits 15 x 1 + (1 + k) tokens, not 16 x (1 + k), so its goodput is (16 + k) / 100 tokens
     per ms; with every request drafting k it would be 16 (1 + k) / 100."""
     costs = {(k, 16): 100.0 for k in range(5)}
-    p = AutoDraftLength(4, costs, probe_interval=0, patience=1, min_verified=0)
+    p = AutoDraftLength(4, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
     p.acceptance = [1.0] * 4
     assert p._goodputs(16, 4, held=4, depths=[0] * 15 + [4]) == pytest.approx([(16 + k) / 100 for k in range(5)])
     assert p._goodputs(16, 4, held=4) == pytest.approx([16 * (1 + k) / 100 for k in range(5)])
@@ -348,7 +347,7 @@ def _drive(p: AutoDraftLength, seed: int) -> list:
             n, accepted = min(k, r[0]), 0
             while accepted < n and rng.random() < 0.8:
                 accepted += 1
-            p.observe(n, accepted, None, r[1])
+            p.observe_round(n, accepted, None, r[1])
             r[1] += 1 + accepted
         running = [r for r in running if r[1] < 64]
         trace.append((choice, predicted, p.cost_curve(B), p.step_cost_curve(3 * B), p.held_cost_curve(B, 5)))

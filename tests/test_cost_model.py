@@ -1,9 +1,10 @@
-"""Cost model (mtpx/engine/auto_k/costs.py): step-cost medians, throughput prediction and the k
+"""Cost model (mtpx/auto_k/costs.py): step-cost medians, throughput prediction and the k
 recommendation on synthetic costs (exact values), and the calibration the tools run."""
 import pytest
 
 from mtpx.engine.engine import StepTiming
-from mtpx.engine.auto_k.costs import measure_step_costs, predict, recommend, step_costs, tokens_per_round
+from mtpx.auto_k.costs import predict, recommend, step_costs, tokens_per_round
+from mtpx.engine.engine import measure_step_costs
 
 
 def test_step_costs_take_medians_of_full_pure_decode_steps():

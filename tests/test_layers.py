@@ -43,15 +43,16 @@ def test_the_scheduler_side_imports_no_tensor_code_metrics_or_config_libraries()
     matplotlib, and without any worker-side module."""
     loaded = _loaded_after("from mtpx.core.request import Request\n"
                            "from mtpx.core.scheduler import Scheduler, SchedulerOutput\n"
-                           "from mtpx.core.draft_length import AutoDraftLength\n"
+                           "from mtpx.auto_k import AutoDraftLength\n"
                            "from mtpx.outputs import RequestOutput")
     assert loaded["heavy"] == []
-    assert loaded["mtpx"] == ["mtpx", "mtpx.core", "mtpx.core.acceptance", "mtpx.core.admission", "mtpx.core.auto_summary",
-                              "mtpx.core.block_pool", "mtpx.core.cost_curve",
-                              "mtpx.core.cost_learning", "mtpx.core.cost_model_log", "mtpx.core.draft_length", "mtpx.core.exploring",
-                              "mtpx.core.fixed_draft_length",
-                              "mtpx.core.kv_cache_manager", "mtpx.core.request", "mtpx.core.request_k",
-                              "mtpx.core.sampling_params", "mtpx.core.scheduler", "mtpx.core.settled", "mtpx.outputs"]
+    assert loaded["mtpx"] == ["mtpx", "mtpx.auto_k", "mtpx.auto_k.acceptance", "mtpx.auto_k.admission",
+                              "mtpx.auto_k.choices", "mtpx.auto_k.config", "mtpx.auto_k.cost_curve",
+                              "mtpx.auto_k.cost_learning", "mtpx.auto_k.cost_model_log", "mtpx.auto_k.exploring",
+                              "mtpx.auto_k.fixed", "mtpx.auto_k.policy", "mtpx.auto_k.request_k",
+                              "mtpx.auto_k.settled", "mtpx.auto_k.summary", "mtpx.core", "mtpx.core.block_pool",
+                              "mtpx.core.kv_cache_manager", "mtpx.core.request", "mtpx.core.sampling_params",
+                              "mtpx.core.scheduler", "mtpx.core.step_plan", "mtpx.outputs"]
 
 
 def test_the_engine_imports_no_metrics_rich_or_omegaconf():

@@ -12,7 +12,8 @@ import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from mtpx.attention.meta import ForwardMeta
-from mtpx.core.draft_length import Allocation, AutoDraftLength
+from mtpx.auto_k import AutoDraftLength
+from mtpx.auto_k.request_k import Allocation
 from mtpx.engine.decode_step import verify_forward
 from tests.helpers import _params, assert_clean, install_draft_check, make_llm, run_checked, spy
 from tests.test_auto_k import model            # the peaked tiny model, built once for both files
@@ -160,8 +161,8 @@ def test_allocate_gives_drafts_to_the_request_that_accepts_them():
     policy = _policy([10, 12, 14, 16, 18])
     assert policy.ragged_cost(1.5, 2) == pytest.approx(13.0)
     for _ in range(20):
-        policy.observe(4, 4, "a")
-        policy.observe(4, 0, "b")
+        policy.observe_round(4, 4, "a")
+        policy.observe_round(4, 0, "b")
     pa, pb = policy.request_acceptance("a"), policy.request_acceptance("b")
     w, p = policy.requests.prior_weight, policy.acceptance
     assert pa[0] == pytest.approx((20 + w * p[0]) / (20 + w)) and pb[0] == pytest.approx(w * p[0] / (20 + w))
@@ -185,7 +186,7 @@ def test_the_engine_runs_per_request_k_eager_and_logs_each_ragged_step(tmp_path,
     """Automatic k on an eager engine with engine.per_request_k: each pure decode step
     logged with the allocation it was chosen with against its measured ms (scripted clock: a step
     that drafts reads 3000 ms) and the tokens it committed; greedy output as plain decoding."""
-    from mtpx.engine.auto_k.store import save_step_costs
+    from mtpx.auto_k.store import save_step_costs
     n = len(model().mtp)
     save_step_costs(tmp_path / "costs.json", {(k, b): 3000.0 for k in range(n + 1) for b in (1, 2, 3, 4)}, {})
     llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
@@ -231,7 +232,7 @@ def test_thompson_draws_tighten_with_the_rounds_seen():
     0.8 every draw is within 0.02 of it; with none they spread around the prior (seeded, so the
     same draws every run)."""
     import random as _random
-    from mtpx.core.request_k import RequestEstimates, draw_engine_wide
+    from mtpx.auto_k.request_k import RequestEstimates, draw_engine_wide
     rng = _random.Random(1)
     sure = [draw_engine_wide([8000.0, 6400.0], [10000.0, 8000.0], 0.7, 8.0, rng) for _ in range(200)]
     assert all(abs(p1 - 0.8) < 0.02 and abs(p2 - 0.8) < 0.02 for p1, p2 in sure)

@@ -3,7 +3,7 @@ update_from_output as the one writer of request progress."""
 from __future__ import annotations
 
 from mtpx.core.kv_cache_manager import KVCacheManager
-from mtpx.core.draft_length import AutoDraftLength, FixedDraftLength
+from mtpx.auto_k import AutoDraftLength, AutoKConfig, FixedDraftLength
 from mtpx.engine.model_runner import RequestResult, RunnerOutput
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
@@ -110,7 +110,7 @@ def test_draft_budget_caps_the_window():
 
 def test_the_steps_k_is_what_it_proposes_and_the_policy_learns_from_each_round():
     s = make(k=4)
-    policy = s.draft_length = AutoDraftLength(4, prior_weight=1.0, prior_acceptance=1.0)
+    policy = s.draft_length = AutoDraftLength(4, config=AutoKConfig(prior_weight=1.0, prior_acceptance=1.0))
     r = req(0, 5, max_tokens=50)
     s.add(r)
     out = s.schedule()
@@ -197,7 +197,7 @@ def test_a_step_that_admits_requests_decides_its_k_for_the_batch_they_join():
     batch 1, where k = 2 pays, it took k = 2 for all 8; at batch 8 k = 0 pays)."""
     s = make(k=2)
     s.draft_length = AutoDraftLength(2, {(0, 1): 10.0, (1, 1): 11.0, (2, 1): 12.0, (0, 8): 10.0, (1, 8): 40.0,
-                                         (2, 8): 80.0}, probe_interval=0, explore_costs=False, explore_budget=0.0)
+                                         (2, 8): 80.0}, config=AutoKConfig(probe_interval=0, explore_costs=False, explore_budget=0.0))
     asked = []
     decide = s.draft_length.decide
     s.draft_length.decide = lambda batch_size, *a, **kw: asked.append(batch_size) or decide(batch_size, *a, **kw)

@@ -1,11 +1,11 @@
-"""Settled decisions (mtpx/core/settled.py): a full decision that keeps the k in use holds for
+"""Settled decisions (mtpx/auto_k/settled.py): a full decision that keeps the k in use holds for
 settled_interval - 1 more steps of the same batch, a probe's step excepted, as does a running
 depth's vote to stay; a change is seen at the next full decision."""
 from __future__ import annotations
 
 import pytest
 
-from mtpx.core.draft_length import AutoDraftLength
+from mtpx.auto_k import AutoDraftLength, AutoKConfig
 from tests.test_auto_k import costs, lower, step
 
 KW = dict(min_verified=0, explore_costs=False, patience=1)
@@ -13,7 +13,8 @@ KW = dict(min_verified=0, explore_costs=False, patience=1)
 
 def pair(max_k: int, ms: dict, **kw) -> tuple[AutoDraftLength, AutoDraftLength]:
     """The default policy (settled_interval 4) and one deciding every step, alike otherwise."""
-    return AutoDraftLength(max_k, ms, **KW, **kw), AutoDraftLength(max_k, ms, **KW, settled_interval=1, **kw)
+    return (AutoDraftLength(max_k, ms, AutoKConfig(**KW, **kw)),
+            AutoDraftLength(max_k, ms, AutoKConfig(**KW, settled_interval=1, **kw)))
 
 
 def test_a_settled_k_holds_three_steps_and_a_fall_is_seen_at_the_next_full_decision():

@@ -38,7 +38,8 @@ import torch  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
+from mtpx import auto_k  # noqa: E402
+from mtpx.auto_k.costs import step_costs  # noqa: E402
 from mtpx.metrics.stats import aggregate_spec  # noqa: E402
 from mtpx.schema import data_dir  # noqa: E402
 
@@ -81,8 +82,8 @@ def _engine_time(timings, llm) -> dict:
     seconds in prefill and in decode steps, and the median decode step (ms) at each batch size
     over the pure decode steps that verified a full k drafts per request (fixed k; every k for
     the automatic one), for the cost model's check (experiments/auto_k/predict.py)."""
-    policy = llm.engine.draft_length
-    ks = range(policy.max_k + 1) if policy.auto else [llm.num_speculative_tokens]
+    auto = auto_k.summary(llm.engine.draft_length) is not None
+    ks = range(llm.num_speculative_tokens + 1) if auto else [llm.num_speculative_tokens]
     steady = {k: {b: round(c["step_ms"], 4) for b, c in step_costs(timings, k).items()} for k in ks}
     return {"prefill_s": round(sum(t.prefill_s for t in timings), 3),
             "decode_s": round(sum(t.verify_s + t.draft_s for t in timings), 3),
@@ -128,7 +129,7 @@ def main(argv=None) -> int:
         if llms[name].calibration is not None:
             cal = llms[name].calibration
             print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
-        llms[name].engine.draft_length.reset_histograms()   # count the timed chunks only, not the warm-up
+        auto_k.reset_histograms(llms[name].engine.draft_length)   # count the timed chunks only, not the warm-up
     per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []} for n in args.contenders}
     for c, chunk in enumerate(chunks):
         order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
@@ -160,9 +161,9 @@ def main(argv=None) -> int:
                      "acceptance_length": None if spec is None else spec.acceptance_length,
                      "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
                      "chunks": p["chunks"], "engine_time": _engine_time(p["timings"], llms[name])})
-        policy = llms[name].engine.draft_length
-        if policy.auto:
-            rows[-1]["auto_k"] = {**policy.summary(), "calibration": llms[name].calibration}
+        summary = auto_k.summary(llms[name].engine.draft_length)
+        if summary is not None:
+            rows[-1]["auto_k"] = {**summary, "calibration": llms[name].calibration}
     lines = [f"# Output tok/s against plain decoding, same run ({Path(args.model).name}, "
              f"{args.num_prompts} GSM8K test prompts, concurrency {args.concurrency}, max {args.max_tokens} tokens, "
              f"{'compiled' if args.compile else 'eager'}, {args.threads} threads)", "",

@@ -7,7 +7,7 @@ throughput for every k from a run's per-position acceptance, recommend k, and co
 RUN_DIR is a run folder of `train_or_eval.py` (its metrics.json gives per_position_acceptance; use
 a run with the largest k). Each --measured run's output throughput is compared with the prediction
 at its k and mean decode batch (added to the batch sizes). The model and its assumptions:
-mtpx/engine/auto_k/costs.py. The step costs are automatic k's start-up calibration
+mtpx/auto_k/costs.py. The step costs are automatic k's start-up calibration
 (calibrate_step_costs: every k from 0 to the largest of --ks at each batch size). Writes
 cost_model.md and cost_model.json into --out (atomically).
 Exit status: 0, or 1 with a one-line error.
@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from omegaconf import OmegaConf  # noqa: E402
 
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.engine.auto_k.costs import measure_step_costs, predict, recommend  # noqa: E402
+from mtpx.auto_k.costs import predict, recommend  # noqa: E402
+from mtpx.engine.engine import measure_step_costs  # noqa: E402
 from mtpx.hf.loader import load_pretrained  # noqa: E402
 
 

@@ -9,7 +9,7 @@ Sections (each one says "skipped: <reason>" when its prerequisite is missing, e.
 2. gated delta rule: flash-linear-attention's kernels vs the plain-PyTorch forms (recurrent, T=1;
    chunked, T=256): max |difference|.
 3. engine: greedy tokens of mtp8 with engine.attention_backend=flashinfer vs torch, identical.
-4. timing: the decode-step cost per k at batch 1 and 64 (automatic k's calibration, mtpx.engine.auto_k.costs),
+4. timing: the decode-step cost per k at batch 1 and 64 (automatic k's calibration, mtpx.auto_k.costs),
    output tokens/s of plain decoding and mtp8 at batch 1 and 64, and the decode step at batch 1
    against the weight-bandwidth floor (weight bytes / measured copy bandwidth).
 5. compiled: engine.compile (torch.compile "reduce-overhead", CUDA graphs, on CUDA) against eager,
@@ -50,7 +50,8 @@ from mtpx.attention.torch_backend import TorchBackend  # noqa: E402
 from mtpx.attention.kv_cache import KVCache  # noqa: E402
 from mtpx.hf.loader import load_pretrained  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.engine.auto_k.costs import measure_step_costs, step_costs  # noqa: E402
+from mtpx.auto_k.costs import step_costs  # noqa: E402
+from mtpx.engine.engine import measure_step_costs  # noqa: E402
 from mtpx.attention.meta import ForwardMeta  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -4,9 +4,8 @@ and the bookkeeping around it, in plain Python over token ids and block ids, no 
 - request.py: Request, a request's mutable state (its progress is the scheduler's to write).
 - scheduler.py: Scheduler and its SchedulerOutput (ScheduledPrefill, ScheduledDecode).
 - kv_cache_manager.py, block_pool.py: block tables, reference counts, prefix-cache hashes.
-- draft_length.py: how many drafts a step proposes (FixedDraftLength, AutoDraftLength).
-- cost_model_log.py: what AutoDraftLength's cost model predicted for each step against what the
-  engine measured, per batch bucket (CostModelLog).
+- step_plan.py: what the scheduler and the draft-length policy (mtpx/auto_k) exchange once per
+  step (StepView, StepPlan, StepRecord), and `num_new_drafts`: a request drafts min(k, its depth).
 - sampling_params.py, stop_strings.py: what a request asks for and the stop-string check.
 
 Nothing here imports torch, numpy, rich, omegaconf or the worker side (mtpx.engine's runner and

@@ -16,13 +16,14 @@ every request still finishes.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from mtpx.core.fixed_draft_length import DepthChoice
 from mtpx.core.kv_cache_manager import KVCacheManager
 from mtpx.core.request import Request
+from mtpx.core.step_plan import Candidate, Round, StepRecord, StepView
 
 
 @dataclass
@@ -59,7 +60,7 @@ class ScheduledDecode:
 @dataclass
 class SchedulerOutput:
     """num_speculative_tokens: drafts every request proposes for the next step (the k of this
-    step, mtpx/core/draft_length.py; decodes verify the drafts the step before proposed)."""
+    step, mtpx/auto_k/policy.py; decodes verify the drafts the step before proposed)."""
 
     prefills: list[ScheduledPrefill] = field(default_factory=list)
     decodes: list[ScheduledDecode] = field(default_factory=list)
@@ -76,7 +77,7 @@ class SchedulerOutput:
 class Scheduler:
     """kv: the block manager; max_num_seqs: running requests at most (batch slots);
     max_num_batched_tokens: target tokens per step; draft_length: FixedDraftLength or
-    AutoDraftLength (mtpx/core/draft_length.py), which picks each step's k and learns from its
+    AutoDraftLength (mtpx/auto_k/policy.py), which picks each step's k and learns from its
     rounds; the scheduler reserves slots for its max_k positions beyond a step's last token, which
     the speculator writes; max_len: positions a request's block table can cover;
     max_model_len: positions a request may reach (prompt + output); num_lookahead_tokens: the
@@ -104,6 +105,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self._ids: set = set()                    # indices of the requests waiting or running
+        self._removed: list = []                  # indices that left since the last step (StepView.removed)
+        self._budget = 0                          # the step's token budget left for admissions (`_admit`)
+        self._step_start = 0.0                    # clock() when the step's schedule() began
+        self.clock = time.perf_counter            # the step's wall time (StepRecord.wall_s)
 
     def add(self, request: Request) -> None:
         """Queue a request. Raises ValueError when its index is already waiting or running (ids
@@ -128,6 +133,7 @@ class Scheduler:
         return max(0, min(len(r.draft_token_ids), room - 1))
 
     def schedule(self) -> SchedulerOutput:
+        self._step_start = self.clock()
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
         S = self.kv.block_size
@@ -163,97 +169,70 @@ class Scheduler:
                 out.decodes.append(ScheduledDecode(r, n - 1, table))
             budget -= n
             i += 1
-        if self.draft_length.per_request and out.decodes:
-            budget += self._allocate(out)
-        if not out.preempted:
-            self._admit(out, budget)
-        if self.depth_per_request:
-            self._lower_depths()
-        # after admission: a new request's first drafts come from this step's k, verified by a
-        # step of every running request
-        batch_size = len(self.running)
-        depths = [r.draft_depth for r in self.running]
-        deepest = max(depths, default=0)
-        if self.depth_per_request:     # a request drafts at most its depth; a smaller k still pays the deepest's round
-            choice = self.draft_length.decide(batch_size, deepest, held=deepest, depths=depths)
-        else:
-            choice = self.draft_length.decide(batch_size, deepest)
-        self.draft_length.commit(choice)
-        out.num_speculative_tokens = choice.k
+        self._budget = budget
+        plan = self.draft_length.plan(StepView(
+            self._expected_batch(), self.depth_per_request, tuple(r.draft_depth for r in self.running),
+            tuple((d.request.index, d.num_draft_tokens) for d in out.decodes),
+            () if out.preempted else self._candidates(), lambda depth, freed: self._admit(out, depth, freed),
+            tuple(self._removed)))
+        self._removed = []
+        if plan.num_verified is not None:     # a per-request allocation: each decode verifies its own
+            out.allocation = plan.allocation
+            for d, n in zip(out.decodes, plan.num_verified):
+                d.num_draft_tokens = n
+        lowered = dict(plan.lowered)
+        for r in self.running:
+            r.draft_depth = lowered.get(r.draft_depth, r.draft_depth)
+        out.num_speculative_tokens = plan.k
         for item in out.prefills + out.decodes:     # a request drafts at most its depth
             if not isinstance(item, ScheduledPrefill) or item.is_last:
-                item.num_new_drafts = min(choice.k, item.request.draft_depth)
+                item.num_new_drafts = plan.num_new_drafts(item.request.draft_depth)
         return out
-
-    def _allocate(self, out: SchedulerOutput) -> int:
-        """Per-request k (draft_length.py, AutoDraftLength.allocate): each decode verifies the
-        drafts the policy allocates it, at most those it holds. Returns the token budget freed."""
-        out.allocation = self.draft_length.allocate([(d.request.index, d.num_draft_tokens) for d in out.decodes])
-        freed = 0
-        for d, n in zip(out.decodes, out.allocation.num_drafts):
-            freed += d.num_draft_tokens - n
-            d.num_draft_tokens = n
-        return freed
 
     def _expected_batch(self) -> int:
         return min(self.max_num_seqs, len(self.running) + len(self.waiting))
 
-    def _set_depth(self, r: Request) -> DepthChoice | None:
-        """Before a request's first admission: its depth (draft_length.py, "Depth"), and the
-        decision to commit once it is admitted (None: depth max_k, nothing to commit)."""
-        if not self.depth_per_request:
-            r.draft_depth = self.draft_length.max_k
-            return None
-        choice = self.draft_length.decide_depth(self._expected_batch(), depths=[q.draft_depth for q in self.running],
-                                                prompt_tokens=len(r.all_token_ids), max_tokens=r.params.max_tokens)
-        r.draft_depth = choice.depth
-        return choice
+    def _candidates(self) -> tuple[Candidate, ...]:
+        """The waiting requests the step could admit (as many as free batch slots), in order."""
+        free = max(0, self.max_num_seqs - len(self.running))
+        return tuple(Candidate(not r.admitted_once, r.draft_depth, r.num_tokens, r.params.max_tokens)
+                     for r in list(self.waiting)[:free])
 
     def _lookahead(self, r: Request) -> int:
         """The tokens after a block that r's prefix-cache keys cover (KVCacheManager): its depth's."""
         return min(r.draft_depth, self.num_lookahead_tokens)
 
-    def _lower_depths(self) -> None:
-        """Running requests' depths fall where a smaller one is predicted to pay (draft_length.py,
-        "Depth"); the runner reads the new depth from the request (its one copy); their later blocks
-        are keyed on the new depth."""
-        batch, new = self._expected_batch(), {}
-        for r in self.running:
-            d = r.draft_depth
-            if d not in new:                       # one vote per depth and step
-                choice = self.draft_length.decide_depth(batch, d)
-                self.draft_length.commit_depth(choice)
-                new[d] = choice.depth
-            if new[d] < d:
-                r.draft_depth = new[d]
-
-    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+    def _admit(self, out: SchedulerOutput, depth: int, freed: int) -> bool:
+        """Admit the first waiting request at draft depth `depth` (StepView.admit; set before its
+        prefix-cache lookup, which keys blocks on the depth's lookahead), with `freed` more tokens of
+        budget than the running requests left. Returns False, admitting nothing, when no request
+        waits, the batch or the budget is full, or its blocks do not fit."""
+        budget = self._budget + freed
+        if not self.waiting or budget <= 0 or len(self.running) >= self.max_num_seqs:
+            return False
         S = self.kv.block_size
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            r = self.waiting[0]
-            tokens = r.all_token_ids
-            choice = self._set_depth(r) if not r.admitted_once else None
-            hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens, self._lookahead(r))
-            if r.params.prompt_logprobs is not None and hit:   # prompt scoring computes every position
-                hit_blocks, hit = [], 0
-            remaining = len(tokens) - hit
-            n = min(remaining, budget)
-            if n < remaining:
-                n -= n % S
-            if n == 0 or not self.kv.allocate_slots(r.index, self._slots(r, hit + n), hit_blocks):
-                break
-            self.waiting.popleft()
-            r.num_computed_tokens = hit
-            if not r.admitted_once:
-                r.num_cached_tokens = hit
-                r.admitted_once = True
-                self.draft_length.record_depth(r.draft_depth)
-                if choice is not None:
-                    self.draft_length.commit_depth(choice)
-            self.running.append(r)
-            out.prefills.append(ScheduledPrefill(r, hit, n, hit + n == len(tokens), new=True,
-                                                 block_table=self.kv.block_table(r.index)))
-            budget -= n
+        r = self.waiting[0]
+        tokens = r.all_token_ids
+        r.draft_depth = depth
+        hit_blocks, hit = self.kv.get_computed_blocks(r.index, tokens, self._lookahead(r))
+        if r.params.prompt_logprobs is not None and hit:   # prompt scoring computes every position
+            hit_blocks, hit = [], 0
+        remaining = len(tokens) - hit
+        n = min(remaining, budget)
+        if n < remaining:
+            n -= n % S
+        if n == 0 or not self.kv.allocate_slots(r.index, self._slots(r, hit + n), hit_blocks):
+            return False
+        self.waiting.popleft()
+        r.num_computed_tokens = hit
+        if not r.admitted_once:
+            r.num_cached_tokens = hit
+            r.admitted_once = True
+        self.running.append(r)
+        out.prefills.append(ScheduledPrefill(r, hit, n, hit + n == len(tokens), new=True,
+                                             block_table=self.kv.block_table(r.index)))
+        self._budget -= n
+        return True
 
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
@@ -270,30 +249,12 @@ class Scheduler:
         those that finished, their blocks already published (what is final) and freed."""
         finished = []
         now = time.perf_counter()
-        k = out.num_speculative_tokens
-        t = result.timing
-        if t is not None and t.num_prefill_module_tokens and self.depth_per_request:
-            self.draft_length.observe_prefill(t.num_prefill_module_tokens, 1e3 * t.prefill_draft_s)
-        if out.decodes:
-            proposes = all(d.request.draft_depth >= k for d in out.decodes)   # every request proposes k
-            verified = {d.num_draft_tokens for d in out.decodes}
-            steady = proposes and verified == {k} and all(len(d.request.draft_token_ids) == k for d in out.decodes)
-            committed = sum(len(result.results[d.request.index].token_ids) for d in out.decodes)
-            # the modules the draft round ran: requests held deeper than k catch theirs up
-            held = max(k, max(d.request.draft_depth for d in out.decodes)) if self.depth_per_request else k
-            if t is not None and not out.prefills and out.allocation is not None:
-                self.draft_length.observe_allocation(out.allocation, 1e3 * (t.verify_s + t.draft_s), committed)
-            elif t is not None and not out.prefills and steady:   # before record: the estimates k was chosen with
-                self.draft_length.observe_step(k, len(out.decodes), 1e3 * (t.verify_s + t.draft_s), committed,
-                                               verify_ms=1e3 * t.verify_s, draft_depth=held)
-            elif t is not None and not out.prefills and proposes and len(verified) == 1:
-                self.draft_length.observe_parts(verified.pop(), held, len(out.decodes), 1e3 * t.verify_s, 1e3 * t.draft_s)
-            # the decodes' ages (output tokens) weigh automatic k's estimates by age (core/acceptance.py)
-            self.draft_length.record(k, len(out.decodes), [len(d.request.output_token_ids) for d in out.decodes])
-        for d in out.decodes:
-            res = result.results[d.request.index]
-            self.draft_length.observe(res.num_draft_tokens, res.num_accepted, d.request.index,
-                                      len(d.request.output_token_ids))
+        rounds = []
+        for d in out.decodes:     # before the results apply: what the step verified, at which age
+            r, res = d.request, result.results[d.request.index]
+            rounds.append(Round(r.index, d.num_draft_tokens, len(r.draft_token_ids), r.draft_depth,
+                                len(r.output_token_ids), res.num_draft_tokens, res.num_accepted,
+                                len(res.token_ids)))
         for item in out.prefills + out.decodes:
             r = item.request
             res = result.results[r.index]
@@ -313,6 +274,13 @@ class Scheduler:
             if r.finished:
                 self._remove(r)
                 finished.append(r)
+        record = StepRecord(out.num_speculative_tokens, bool(out.prefills), tuple(rounds))
+        if (t := result.timing) is not None:        # the step's timing parts and its overhead beyond them
+            record = dataclasses.replace(record, timed=True, verify_s=t.verify_s, draft_s=t.draft_s,
+                                         prefill_module_tokens=t.num_prefill_module_tokens,
+                                         prefill_draft_s=t.prefill_draft_s,
+                                         wall_s=self.clock() - self._step_start)
+        self.draft_length.observe(record)
         return finished
 
     def _append(self, r: Request, res, now: float) -> None:
@@ -356,7 +324,7 @@ class Scheduler:
 
     def _remove(self, r: Request) -> None:
         self._ids.discard(r.index)
-        self.draft_length.forget(r.index)
+        self._removed.append(r.index)
         if r in self.running:
             self.running.remove(r)
         elif r in self.waiting:

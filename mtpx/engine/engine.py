@@ -25,27 +25,30 @@ block (ModelCache boundary states), so a hit resumes the recurrence exactly.
 from __future__ import annotations
 
 import dataclasses
-import time
+import platform
+from pathlib import Path
 
 import torch
 
-from mtpx.core.draft_length import AutoDraftLength, FixedDraftLength
+from mtpx import auto_k
+from mtpx.auto_k import AutoDraftLength, calibration, store
 from mtpx.core.kv_cache_manager import KVCacheManager
 from mtpx.core.request import Request
 from mtpx.core.scheduler import Scheduler
 from mtpx.engine.config import EngineConfig, with_overrides
+from mtpx.engine.decode_step import depth_bucket, depth_buckets
 from mtpx.engine.model_runner import ModelRunner, StepTiming
-from mtpx.engine.warmup import compile_stats, time_decode_steps, warm_up
+from mtpx.engine.warmup import compile_stats, warm_up
 
-__all__ = ["Engine", "EngineConfig", "StepTiming"]
+__all__ = ["Engine", "EngineConfig", "StepTiming", "measure_step_costs"]
 
 
 class Engine:
     """model: the target with its MTP modules; speculator: None (plain decoding) or a Speculator
     (mtpx/spec_decode/protocol.py); config: an EngineConfig, with `overrides` of its fields applied;
     draft_length: None (every step proposes the speculator's num_speculative_tokens) or an
-    AutoDraftLength over 0 .. that many (mtpx/core/draft_length.py; without step costs, call
-    mtpx.engine.auto_k.costs.calibrate_step_costs before decoding).
+    AutoDraftLength over 0 .. that many (mtpx/auto_k/policy.py; without step costs, call
+    `calibrate` before decoding).
 
     Raises ValueError naming the config key for values it cannot run with.
     """
@@ -75,15 +78,12 @@ class Engine:
         self.model, self.num_speculative_tokens = model, k
         lookahead = 0 if speculator is None else speculator.num_lookahead_tokens
         kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, lookahead)
-        if draft_length is None:
-            draft_length = FixedDraftLength(k)
-        elif draft_length.max_k != k:
-            raise ValueError(f"automatic k over 0..{draft_length.max_k} but the speculator drafts {k}")
+        auto = draft_length is not None
+        # ragged steps cost their tokens: each request verifies its own k (mtpx/auto_k/request_k.py)
+        draft_length, depth_per_request = auto_k.for_engine(
+            draft_length, k, speculator is not None and speculator.num_draft_modules > 1,
+            speculator is not None and config.ragged_batch and config.per_request_k)
         self.draft_length = draft_length
-        depth_per_request = draft_length.auto and speculator is not None and speculator.num_draft_modules > 1
-        # ragged steps cost their tokens: each request verifies its own k (draft_length.py)
-        draft_length.per_request = (draft_length.auto and speculator is not None and config.ragged_batch
-                                    and config.per_request_k)
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len, lookahead, depth_per_request)
         self.runner = ModelRunner(model, speculator, config, self.max_len)
@@ -185,7 +185,6 @@ class Engine:
 
     def step(self) -> list[Request]:
         """One engine step; returns the requests that finished in it (stop or length)."""
-        t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.num_steps += 1
         with torch.inference_mode():
@@ -193,12 +192,8 @@ class Engine:
         finished = self.scheduler.update_from_output(out, result)
         for r in finished:
             self.runner.release(r.index)
-        t = result.timing
-        if t is not None:
-            self.step_timings.append(t)
-            if out.decodes and not out.prefills:   # what a decode step costs beyond its forwards
-                self.draft_length.observe_overhead(len(out.decodes), 1e3 * (
-                    time.perf_counter() - t0 - t.verify_s - t.draft_s))
+        if result.timing is not None:
+            self.step_timings.append(result.timing)
         if self.config.check_invariants:
             self.kv.check_invariants()
         return finished
@@ -217,13 +212,48 @@ class Engine:
 
     # ---- calibration ------------------------------------------------------------------------------
     def time_decode_steps(self, batch_size: int, ks: list[int], context_len: int, rounds: int,
-                          warmup: int = 1, seed: int = 0, draft: dict | None = None) -> dict[int, list[float]]:
+                          warmup: int = 1, seed: int = 0,
+                          draft: dict | None = None) -> dict[int, list[float]]:
         """Milliseconds of the decode step of batch_size requests at context_len known tokens for
         each k of ks, over `rounds` rounds after `warmup` untimed ones, without prefill
-        (mtpx/engine/warmup.py, time_decode_steps). Returns {k: [ms per round]}; draft (when
+        (mtpx/auto_k/calibration.py, time_decode_steps). Returns {k: [ms per round]}; draft (when
         given) gets the draft rounds' {k: [ms per round]}. Raises ValueError when the engine has
         requests or cannot hold the batch."""
-        return time_decode_steps(self, batch_size, ks, context_len, rounds, warmup, seed, draft)
+        if self.has_unfinished_requests():
+            raise ValueError("time the decode steps (calibrate the step costs) before adding requests")
+        return calibration.time_decode_steps(self.runner, self.kv, self.config, self.model.cfg.vocab_size,
+                                             batch_size, ks, context_len, rounds, warmup, seed,
+                                             self.scheduler.depth_per_request, draft)
+
+    def calibrate(self, cost_model_file=None, model_path: Path | None = None, draft_path: Path | None = None,
+                  spec: str | None = None, device=None) -> dict:
+        """Automatic k's step costs at start-up (mtpx/auto_k/calibration.py, calibrate): from
+        cost_model_file, else (a checkpoint folder, model_path) the step-cost cache
+        (store.step_cost_cache_path), else measured now without saving (an in-memory model).
+        Returns the calibration's {"source", "seconds", ...}. Raises ValueError as calibrate does."""
+        c, k = self.config, self.num_speculative_tokens
+        buckets = {j: j for j in range(k + 1)}
+        if self.compiled is not None:     # a compiled step pads a k to its depth bucket
+            buckets = {j: depth_bucket(j, k, c.compile_depths) for j in buckets}
+        if str(device).startswith("cuda"):
+            device_name = torch.cuda.get_device_name()
+        else:
+            device_name = platform.processor() or platform.machine()
+            try:
+                with open("/proc/cpuinfo") as f:
+                    device_name = next(line.split(":", 1)[1].strip() for line in f
+                                       if line.startswith("model name"))
+            except (OSError, StopIteration):
+                pass
+        environment = {"dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                       "threads": torch.get_num_threads(), "device": str(device), "device_name": device_name,
+                       "torch_version": torch.__version__,
+                       "compile_depths": depth_buckets(k, c.compile_depths) if c.compile else None}
+        meta = store.cost_meta(c, k, model_path, draft_path, spec, environment)
+        cached = cost_model_file is None and model_path is not None
+        path = store.step_cost_cache_path(meta) if cached else cost_model_file
+        return calibration.calibrate(self.scheduler, self.runner, c, self.model.cfg.vocab_size, buckets, path,
+                                     meta, cached)
 
     # ---- compilation ------------------------------------------------------------------------------
     def warmup(self) -> dict | None:
@@ -235,3 +265,25 @@ class Engine:
         """The compiled step's graphs and build times (mtpx/engine/warmup.py, compile_stats), or
         None without compile."""
         return compile_stats(self)
+
+
+def measure_step_costs(model, spec: str, batch_sizes, num_speculative_tokens: int | None = None,
+                       rounds: int = 8, context_len: int = 192, **engine_kwargs) -> list[dict]:
+    """The start-up calibration of automatic k (mtpx/auto_k/calibration.py, calibrate_step_costs)
+    on a fresh engine over `model` (an MTPForCausalLM) with speculator `spec` ("mtp1" | "mtp8")
+    drafting up to num_speculative_tokens (None: the speculator's default), as offline tools use
+    it. Returns [{"k", "batch_size", "step_ms"}] for every k in 0 .. that many and each batch size,
+    sorted, step_ms the raw median (not smoothed). Raises ValueError as the calibration does."""
+    from mtpx.spec_decode import build_speculator
+
+    sizes = sorted(set(batch_sizes))
+    speculator = build_speculator(spec, model, num_speculative_tokens)
+    k = speculator.num_speculative_tokens
+    engine = Engine(model, speculator, max_num_seqs=max(sizes), draft_length=AutoDraftLength(k),
+                    **engine_kwargs)
+    buckets = {j: j for j in range(k + 1)}
+    if engine.compiled is not None:
+        buckets = {j: depth_bucket(j, k, engine.config.compile_depths) for j in buckets}
+    costs = calibration.calibrate_step_costs(engine.time_decode_steps, k, engine.config.max_num_seqs, buckets,
+                                             sizes, rounds=rounds, context_len=context_len)
+    return [{"k": k, "batch_size": b, "step_ms": ms} for (k, b), ms in sorted(costs.items())]

@@ -7,7 +7,7 @@
 
 Its parts: prompt forms and chat rendering (mtpx/engine/prompts.py), vLLM's speculative_config
 (mtpx/engine/speculative_config.py), the client that drives the engine (mtpx/engine/bench_client.py),
-automatic k's step costs at start-up (mtpx/engine/auto_k/store.py).
+automatic k's step costs at start-up (Engine.calibrate, mtpx/auto_k/calibration.py).
 """
 from __future__ import annotations
 
@@ -19,11 +19,10 @@ from typing import Callable, Sequence
 import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
-from mtpx.core.draft_length import AutoDraftLength
+from mtpx.auto_k import AutoDraftLength
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.core.stop_strings import StopStrings, cut_at_stop
-from mtpx.engine.auto_k.store import startup_step_costs
 from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
 from mtpx.engine.prompts import prompt_ids, prompt_list, render_conversations
@@ -45,7 +44,7 @@ class LLM:
     `tokenizer` to use string prompts); spec: None (plain decoding), "mtp1" (single-module MTP)
     or "mtp8" (multi-module MTP); num_speculative_tokens: drafts per step (default: 1 for mtp1,
     all modules for mtp8), or "auto": each step picks k in 0 .. all modules (mtp8) or 0 .. 4 (mtp1)
-    from online acceptance and measured step costs (mtpx/engine/auto_k/); cost_model_file:
+    from online acceptance and measured step costs (mtpx/auto_k/); cost_model_file:
     with "auto", a JSON file of step costs to load, or to write after calibrating at start-up when
     it does not exist, refused (ValueError) when measured on another engine (None: the step-cost
     cache, auto_k.store.step_cost_cache_path; the source is in `calibration`); dtype: "float32",
@@ -126,8 +125,8 @@ class LLM:
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
         # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else calibrated now
-        self.calibration = startup_step_costs(self.engine, self.model_path, self._draft_path, spec, device,
-                                              cost_model_file) if auto else None
+        self.calibration = self.engine.calibrate(cost_model_file, self.model_path, self._draft_path, spec,
+                                                 device) if auto else None
 
     def _tensor_parallel(self, model, tp_size: int, dtype, device, draft_path, allow_pickle):
         """(the Driver of the tensor-parallel ranks, whether this LLM started them): started here

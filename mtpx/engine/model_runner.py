@@ -22,7 +22,6 @@ prefix caching are placed from host-known positions.
 """
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 
@@ -44,7 +43,7 @@ from mtpx.spec_decode.verification import verify
 @dataclass
 class StepTiming:
     """Wall time of one engine step's phases (seconds; on CUDA the device is synchronized at each
-    boundary, so the times are device times), for the cost model (mtpx.engine.auto_k.costs).
+    boundary, so the times are device times), for the cost model (mtpx.auto_k.costs).
 
     num_decodes: requests verified; num_draft_tokens: draft tokens verified, summed over them;
     num_prefill_tokens: prompt tokens prefilled; prefill_s: the prefill forward, its first
@@ -192,60 +191,35 @@ class ModelRunner:
                                 prefill_draft_s, module_tokens)
         return RunnerOutput(results, timing)
 
-    # ---- calibration ----------------------------------------------------------------------------
+    # ---- a decode step alone (automatic k's calibration) -----------------------------------------
     @torch.inference_mode()
-    def time_decode_steps(self, reqs: list, block_tables: list[list[int]], ks: list[int], rounds: int,
-                          warmup: int, depth_per_request: bool,
-                          draft: dict[int, list[float]] | None = None) -> dict[int, list[float]]:
-        """Seconds of the decode step (`_decode`, the code path of every real step) of `reqs` at
-        each k of `ks`, every request verifying and proposing k drafts at depth k
-        (depth_per_request) or num_speculative_tokens; the ks alternate call by call, in an order
-        rotated and reversed every round, over `warmup` untimed then `rounds` timed rounds.
-        Positions [0, num_tokens - 1) of every request are taken as computed without running the
-        model: their KV, recurrent states and draft-module KV are whatever the cache holds (a
-        step's cost does not depend on them), and every call re-runs the same positions. The
-        requests' fields are not written (draft_token_ids and draft_depth are set on copies);
-        their rows are released afterwards. block_tables: their blocks (from the KV cache
-        manager, covering num_tokens + 2 max(ks) + 2 positions). Returns {k: [seconds per round]};
-        draft (when given) gets {k: [seconds of the step's draft round per round]}.
-        The start-up calibration of automatic k (mtpx/engine/auto_k/costs.py) runs it."""
+    def decode(self, decodes: list[ScheduledDecode]) -> tuple[float, float]:
+        """Run the decode step of `decodes` alone (`_decode`, the code path of every real step),
+        without prefill, and return (its seconds, its draft round's seconds), the device
+        synchronized around it. A request without a batch slot gets one with its known tokens
+        written, and positions [0, num_tokens - 1) are taken as computed without running the model
+        (their KV and states are whatever the cache holds: a step's cost does not depend on them);
+        every call re-runs the same positions (the speculator's rows are reset first). `release`
+        frees the slots. Automatic k's calibration (mtpx/auto_k/calibration.py) runs it."""
         cache, dev = self.cache, self.device
-        try:
-            for r, table in zip(reqs, block_tables):
+        for d in decodes:
+            r = d.request
+            if r.index not in self.rows:
                 row = self.rows[r.index] = cache.allocate_row()
-                cache.write_tokens(torch.tensor([row], device=dev), torch.arange(r.num_tokens, device=dev)[None],
+                cache.write_tokens(torch.tensor([row], device=dev),
+                                   torch.arange(r.num_tokens, device=dev)[None],
                                    torch.tensor(r.all_token_ids, device=dev)[None])
-                cache.set_block_table(row, table)
-            rows = torch.tensor([self.rows[r.index] for r in reqs], device=dev)
-            starts = torch.tensor([r.num_tokens - 1 for r in reqs], device=dev)
-            times: dict[int, list[float]] = {k: [] for k in ks}
-            rounds_draft: dict[int, list[float]] = {k: [] for k in ks}
-            for i in range(warmup + rounds):
-                order = list(ks[i % len(ks):]) + list(ks[: i % len(ks)])
-                for k in (order if i % 2 == 0 else order[::-1]):
-                    depth = k if depth_per_request else self.num_speculative_tokens
-                    decodes = []
-                    for r, table in zip(reqs, block_tables):
-                        c = copy.copy(r)
-                        c.draft_token_ids, c.draft_depth = [1] * k, depth
-                        decodes.append(ScheduledDecode(c, k, table, num_new_drafts=k))
-                    if self.speculator is not None:
-                        self.speculator.reset_rows(rows, starts)
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    t0 = time.perf_counter()
-                    draft_s = self._decode(decodes, {})[1]
-                    if dev.type == "cuda":
-                        torch.cuda.synchronize(dev)
-                    if i >= warmup:
-                        times[k].append(time.perf_counter() - t0)
-                        rounds_draft[k].append(draft_s)
-            if draft is not None:
-                draft.update(rounds_draft)
-            return times
-        finally:
-            for r in reqs:
-                self.release(r.index)
+            cache.set_block_table(self.rows[r.index], d.block_table)
+        if self.speculator is not None:
+            rows = torch.tensor([self.rows[d.request.index] for d in decodes], device=dev)
+            self.speculator.reset_rows(rows, torch.tensor([d.request.num_tokens - 1 for d in decodes], device=dev))
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        t0 = time.perf_counter()
+        draft_s = self._decode(decodes, {})[1]
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0, draft_s
 
     def _ragged(self, grid_tokens: int, real_tokens: int, static: bool = False, window: int = 1) -> bool:
         """Whether a forward of real_tokens on a grid of grid_tokens runs ragged

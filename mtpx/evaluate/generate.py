@@ -12,6 +12,7 @@ from rich.progress import Progress
 
 
 
+from mtpx import auto_k
 from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt
 from mtpx.engine.llm import LLM
@@ -43,7 +44,7 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
     indices = list(range(len(prompts))) if indices is None else indices
     llm.generate([prompts[0].engine_input], SamplingParams(max_tokens=2))
     llm.reset_prefix_cache()
-    llm.engine.draft_length.reset_histograms()    # k per step, depths: the measured pass only
+    auto_k.reset_histograms(llm.engine.draft_length)    # k per step, depths: the measured pass only
     done: dict[int, RequestOutput] = {}
     sink = rows_file.open("a", encoding="utf-8") if rows_file is not None else None
 

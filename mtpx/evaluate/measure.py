@@ -12,7 +12,8 @@ from omegaconf import DictConfig
 
 from mtpx.data.gsm8k import extract_predicted_answer, score
 from mtpx.data.prompts import Prompt
-from mtpx.engine.auto_k.costs import step_costs
+from mtpx import auto_k
+from mtpx.auto_k.costs import step_costs
 from mtpx.engine.llm import LLM
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, contention_warning
@@ -159,7 +160,7 @@ def _run_metrics(run: _Run, outs: list[RequestOutput], duration: float) -> dict:
                               run.engine["enable_prefix_caching"])
     if run.mode == "bench":
         del metrics["lossless_mismatches"]  # bench never runs the lossless pass
-    # measured step costs (mtpx.engine.auto_k.costs): decode steps with a full k drafts, by batch size
+    # measured step costs (mtpx.auto_k.costs): decode steps with a full k drafts, by batch size
     decodes = [t.num_decodes for t in llm.engine.step_timings if t.num_decodes]
     metrics["mean_decode_batch"] = sum(decodes) / len(decodes) if decodes else None
     metrics["step_costs"] = {str(b): c for b, c in step_costs(llm.engine.step_timings,
@@ -168,7 +169,7 @@ def _run_metrics(run: _Run, outs: list[RequestOutput], duration: float) -> dict:
         metrics["chat_template"] = run.chat
     metrics["run"] = {"mode": run.mode, "model": str(model_path(run.cfg)), "dtype": run.dtype,
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
-                      "automatic_k": bool(method) and llm.engine.draft_length.auto,
+                      "automatic_k": bool(method) and auto_k.summary(llm.engine.draft_length) is not None,
                       "data": run.cfg.data.name, "num_prompts": total, "threads": run.threads.threads,
                       "threads_reason": run.threads.reason, "torch": torch.__version__, "commit": source_commit(),
                       "date": utc_now()}
@@ -204,10 +205,10 @@ def _add_diagnostics(run: _Run, outs: list[RequestOutput], kept: list[Prompt], m
         metrics["contention_warning"] = contended
     if llm.compile_stats is not None:
         metrics["compile"] = llm.compile_stats
-    policy = llm.engine.draft_length
-    if method is not None and policy.auto:    # the k chosen per decode step, and why
-        metrics["k_histogram"] = {str(k): n for k, n in sorted(policy.histogram.items())}
-        metrics["auto_k"] = {**policy.summary(), "calibration": llm.calibration}
+    summary = auto_k.summary(llm.engine.draft_length)
+    if method is not None and summary is not None:    # the k chosen per decode step, and why
+        metrics["k_histogram"] = summary["k_histogram"]
+        metrics["auto_k"] = {**summary, "calibration": llm.calibration}
     if method is not None:
         metrics["analytics"] = analytics([o.spec.rounds for o in outs], [p.category for p in kept],
                                          llm.num_speculative_tokens)

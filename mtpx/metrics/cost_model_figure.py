@@ -1,15 +1,15 @@
 """Figures of automatic k (`num_speculative_tokens=auto`) for a run's folder, from
-``metrics["auto_k"]`` (mtpx/core/draft_length.py, AutoDraftLength.summary); `write_auto_k_figures` is called by
+``metrics["auto_k"]`` (mtpx/auto_k/policy.py, AutoDraftLength.summary); `write_auto_k_figures` is called by
 mtpx.metrics.dashboard.write_run_figures:
 
 - ``auto_k_histograms.png``: the k per decode step, the draft depth per request and (per-request k)
   the drafts each request verified per step (% of steps, requests, request-steps);
 - ``cost_model.png``: "cost model: predicted vs measured speed-up per batch size": per batch
   bucket, the speed-up over plain decoding (k = 0) the policy predicted for its steps next to the
-  one measured (auto_k.cost_model, mtpx/core/cost_model_log.py), each pair annotated with its
+  one measured (auto_k.cost_model, mtpx/auto_k/cost_model_log.py), each pair annotated with its
   step count and where the measured plain step comes from;
 - ``acceptance_by_age.png``: automatic k's conditional acceptance per draft position, one line
-  per age of the generation (output tokens; auto_k.acceptance_by_age, mtpx/core/acceptance.py),
+  per age of the generation (output tokens; auto_k.acceptance_by_age, mtpx/auto_k/acceptance.py),
   drawn where a bucket has at least one (discounted) verified draft.
 
 A figure without data (a fixed k, no pure decode step compared) is not written. matplotlib's

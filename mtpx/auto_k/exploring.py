@@ -1,7 +1,7 @@
 """Exploring, the half of automatic k that tests what the estimates cannot yet tell (scheduler
 side, no torch): an unlearned draft position that could pay at its upper estimate, or a
 neighbour k whose step cost is only calibrated, within a budget of the steps' predicted cost. A
-mixin of AutoDraftLength (mtpx/core/draft_length.py), whose module doc gives the rules; it owns
+mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module doc gives the rules; it owns
 no state of its own (AutoDraftLength.reset creates it)."""
 from __future__ import annotations
 

@@ -1,15 +1,15 @@
 """The step-cost half of automatic k (scheduler side, no torch): the calibrated decode-step costs
 smoothed over k, their online corrections from the running engine's pure decode steps, and the
-predicted-vs-measured log. A mixin of AutoDraftLength (mtpx/core/draft_length.py), whose module doc
+predicted-vs-measured log. A mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module doc
 gives the rules; it owns no state of its own (AutoDraftLength.reset creates it)."""
 from __future__ import annotations
 
 import bisect
 
-from mtpx.core.cost_curve import (RunningMedian, StepMemo, _interpolate, _interpolate_all, _non_decreasing,
+from mtpx.auto_k.cost_curve import (RunningMedian, StepMemo, _interpolate, _interpolate_all, _non_decreasing,
                                   running_median, smooth_step_costs)
-from mtpx.core.cost_model_log import batch_bucket
-from mtpx.core.request_k import Allocation
+from mtpx.auto_k.cost_model_log import batch_bucket
+from mtpx.auto_k.request_k import Allocation
 
 __all__ = ["StepCostLearning"]
 

@@ -1,26 +1,20 @@
 """Where automatic k's step costs are kept between runs: the cache path under $MTPX_CACHE_DIR,
-the metadata that says which engine a file was measured on, load and save, and
-`load_or_calibrate` (the start-up path LLM takes, `startup_step_costs`: a matching file, else a
-calibration written for the next run)."""
+the metadata that says which engine a file was measured on, load and save (calibration.calibrate
+loads a matching file, else measures and writes one for the next run). No torch: the engine
+gives the device and library facts (`cost_meta`'s environment)."""
 from __future__ import annotations
 
 import hashlib
 import json
 import math
 import os
-import platform
-import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-import torch
-
-from mtpx.engine.auto_k.costs import calibrate_prefill_cost, calibrate_step_costs
-from mtpx.engine.decode_step import depth_buckets
 from mtpx.io import atomic_write_json
 
 __all__ = ["COST_META_KEYS", "DRAFT_KEY", "PREFILL_KEY", "save_step_costs", "load_step_costs", "step_cost_cache_path",
-           "check_step_cost_meta", "cost_meta", "load_or_calibrate", "startup_step_costs", "fingerprint",
+           "check_step_cost_meta", "cost_meta", "fingerprint",
            "code_hash"]
 
 
@@ -87,91 +81,32 @@ def check_step_cost_meta(path: str | Path, file_meta: dict, meta: dict) -> None:
                          "delete the file to calibrate again, or give another path")
 
 
-def cost_meta(engine, model_path: Path | None, draft_path: Path | None, spec: str | None, device) -> dict:
-    """What `engine`'s step costs depend on (COST_META_KEYS), its max_num_seqs, and the model,
-    mtpx and torch versions and code hash that name its cache file. model_path: the checkpoint
-    folder (None: an in-memory model, not cached); draft_path: an attached draft file."""
+def cost_meta(config, max_k: int, model_path: Path | None, draft_path: Path | None, spec: str | None,
+              environment: dict) -> dict:
+    """What the step costs of an engine with EngineConfig `config` and automatic k over 0..max_k
+    depend on (COST_META_KEYS), its max_num_seqs, and the model, mtpx and torch versions and code
+    hash that name its cache file. model_path: the checkpoint folder (None: an in-memory model,
+    not cached); draft_path: an attached draft file; environment: the engine's "dtype",
+    "threads", "device", "device_name", "torch_version" and "compile_depths" (its depth buckets
+    when compiled, else None)."""
     try:
         mtpx_version = version("mtpx")
     except PackageNotFoundError:
         mtpx_version = None
-    cfg = engine.config
-    if str(device).startswith("cuda"):
-        device_name = torch.cuda.get_device_name()
-    else:
-        device_name = platform.processor() or platform.machine()
-        try:
-            with open("/proc/cpuinfo") as f:
-                device_name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
+    cfg = config
     return {"model": str(model_path or "in-memory model"),
             "fingerprint": fingerprint(model_path, draft_path),
-            "spec": spec, "max_k": engine.draft_length.max_k,
-            "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch."),
-            "threads": torch.get_num_threads(), "compile": cfg.compile,
+            "spec": spec, "max_k": max_k, "dtype": environment["dtype"],
+            "threads": environment["threads"], "compile": cfg.compile,
             "compile_backend": cfg.compile_backend,
-            # compiled, a k costs its depth bucket's step (auto_k.costs.calibrate_step_costs)
-            "compile_depths": depth_buckets(engine.draft_length.max_k, cfg.compile_depths) if cfg.compile else None,
+            # compiled, a k costs its depth bucket's step (calibration.calibrate_step_costs)
+            "compile_depths": environment["compile_depths"],
             "attention_backend": cfg.attention_backend,
-            "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": str(device),
+            "gdn_backend": cfg.gdn_backend, "block_size": cfg.block_size, "device": environment["device"],
             "tensor_parallel_size": cfg.tensor_parallel_size,
-            "device_name": device_name, "max_num_seqs": cfg.max_num_seqs,
-            "mtpx_version": mtpx_version, "torch_version": torch.__version__, "code": code_hash()}
+            "device_name": environment["device_name"], "max_num_seqs": cfg.max_num_seqs,
+            "mtpx_version": mtpx_version, "torch_version": environment["torch_version"], "code": code_hash()}
 
-
-def load_or_calibrate(engine, path: str | Path | None, meta: dict, cached: bool) -> dict:
-    """Give engine.draft_length its step costs and prefill cost: from `path` when it exists
-    (checked against `meta`: check_step_cost_meta; a file without the prefill cost has it
-    measured now), else measured now (calibrate_step_costs, calibrate_prefill_cost) and written
-    to `path` (None: not written). cached: `path` is the cache file (step_cost_cache_path), so a damaged or
-    mismatched file is measured again instead of refused. Returns {"source", "seconds", and the
-    file's or this engine's metadata}. Raises ValueError for a given file that is not a step-cost
-    file or was measured on another engine."""
-    policy = engine.draft_length
-    if path is not None and Path(path).exists():
-        try:
-            costs, file_meta = load_step_costs(path)
-            check_step_cost_meta(path, file_meta, meta)
-        except ValueError:
-            if not cached:
-                raise
-        else:                                  # a damaged cache file is measured again below
-            policy.set_step_costs(costs)
-            if file_meta.get(DRAFT_KEY):         # a file written without them: t(k) - t(0) (draft_cost)
-                policy.set_draft_costs({(int(r["k"]), int(r["batch_size"])): float(r["draft_ms"])
-                                        for r in file_meta[DRAFT_KEY]})
-            t0 = time.perf_counter()
-            prefill = file_meta.get(PREFILL_KEY)
-            if prefill is None:                # a file written without it: measured now (a few prefills)
-                prefill = file_meta[PREFILL_KEY] = calibrate_prefill_cost(engine)
-            if prefill is not None:
-                policy.set_prefill_cost(float(prefill))
-            return {**file_meta, "source": f"loaded from {path}", "seconds": round(time.perf_counter() - t0, 2)}
-    t0 = time.perf_counter()
-    draft: dict = {}
-    costs = calibrate_step_costs(engine, draft_costs=draft)
-    policy.set_step_costs(costs)
-    policy.set_draft_costs(draft)
-    prefill = calibrate_prefill_cost(engine)
-    if prefill is not None:
-        policy.set_prefill_cost(prefill)
-    meta = {**meta, PREFILL_KEY: prefill, DRAFT_KEY: _rows(draft, "draft_ms")}
-    if path is not None:
-        save_step_costs(path, costs, meta)
-    return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
-            "seconds": round(time.perf_counter() - t0, 2), **meta}
-
-
-def startup_step_costs(engine, model_path: Path | None, draft_path: Path | None, spec: str | None, device,
-                       cost_model_file: str | Path | None) -> dict:
-    """LLM's start-up with num_speculative_tokens=auto: step costs from `cost_model_file`, else
-    (a checkpoint folder) the step-cost cache (step_cost_cache_path), else calibrated now without
-    saving (an in-memory model); load_or_calibrate does the loading and returns its dict."""
-    meta = cost_meta(engine, model_path, draft_path, spec, device)
-    cached = cost_model_file is None and model_path is not None
-    path = step_cost_cache_path(meta) if cached else cost_model_file
-    return load_or_calibrate(engine, path, meta, cached)
 
 def fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None:
     """Identifies a checkpoint's weights without reading them: the config's bytes and every file's
@@ -192,7 +127,7 @@ def fingerprint(model_path: Path | None, draft_path: Path | None) -> str | None:
 def code_hash() -> str:
     """A hash of the source of the packages a decode step runs, the C kernels' included (an edit
     there may change the step costs, so the step-cost cache measures again)."""
-    root = Path(__file__).resolve().parents[2]        # mtpx/
+    root = Path(__file__).resolve().parents[1]        # mtpx/
     h = hashlib.sha256()
     for package in ("engine", "models", "spec_decode", "cache", "attention", "kernels"):
         for f in sorted(f for ext in ("*.py", "*.c", "*.h") for f in (root / package).rglob(ext)):

@@ -1,6 +1,6 @@
 """Automatic k's acceptance estimates (scheduler side, no torch): the conditional acceptance p_j
 of each draft position j, engine-wide and per age of the generation, learned from every
-verification round (AutoDraftLength owns one: mtpx/core/draft_length.py).
+verification round (AutoDraftLength owns one: mtpx/auto_k/policy.py).
 
 Engine-wide (`pooled`): p_j = (accepted_j + w p_{j-1}) / (verified_j + w) from discounted counts,
 p_0 = prior_acceptance, w = prior_weight pseudo-drafts; every count is multiplied by `decay` each

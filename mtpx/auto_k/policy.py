@@ -1,171 +1,81 @@
-"""The depth policy: how many drafts each engine step proposes, a fixed num_speculative_tokens
-or `num_speculative_tokens=auto`: the scheduler side's draft-length policy (no torch). No I/O and
-no measurement (mtpx/engine/auto_k/costs.py measures the step costs, smooth_step_costs below fits
-them, mtpx/engine/auto_k/store.py keeps them between runs; mtpx/core/cost_learning.py and
-mtpx/core/exploring.py hold the step-cost and exploring halves of AutoDraftLength). Queries (`decide`, `choose`,
-`decide_depth`, `depth`, `goodput`, ...) never change state; `commit` and `commit_depth` apply a
-decision, and `record`, `observe`, `observe_step` learn from a step (the scheduler calls them once per step).
-
-Auto (`AutoDraftLength`) picks, every step, the k in {0 .. max_k} with the highest predicted
-goodput at the step's batch size B:
+"""Automatic k (`num_speculative_tokens=auto`): every step, the k in {0 .. max_k} of the highest
+predicted goodput at the step's batch size B, and each admitted request's draft depth. Scheduler
+side: no torch, no I/O, no measurement (calibration.py measures, store.py keeps the costs).
 
     goodput(k, B) = B * E[tokens | k] / t_step(k, B),    E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} p_j
 
-where p_j is the conditional acceptance of draft position j (accepted, given every earlier draft
-of the round was accepted: the expected accepted count of a round is the sum of its survival
-probabilities, Leviathan et al. 2023, eq. 1, here without their i.i.d. assumption), estimated
-online from discounted counts, engine-wide and per age of the generation, and E[tokens | k] is
-the mean over the age buckets of the decode steps' requests, smoothed over steps (`age_mix`,
-mtpx/core/acceptance.py); t_step(k, B) is the engine's own measured
-decode-step cost (auto_k.costs.calibrate_step_costs at start-up, or a saved file: auto_k.store),
-smoothed over k (cost_curve.smooth_step_costs: a running median over k >= 1, then
-non-decreasing, so calibration noise cannot make a larger k look cheaper), linear in B between
-calibrated batch sizes and proportional to B beyond the largest, times a correction learned
-online from the engine's pure decode steps (no prefill): a level times a shape per (k, batch
-bucket) (`_learn_cost`; each the median of its last `cost_window` steps: dear steps come in
-streaks; a shape fading toward 1 by `cost_decay` per step since last measured), used once a k has
-`min_cost_observations` steps in B's bucket, either steady ones (`observe_step`: every request
-verifying and proposing the step's k, none held deeper) or as many verifying k and as many proposing k, whose
-verify and draft parts add up (`observe_parts`) (ks between two such ks interpolate, ks beyond them take the nearest one's); with
-none, the level alone; then non-decreasing in k again, so a k measured cheaper can
-win but never look cheaper than a smaller k. Every observed step also records its prediction
-against its measurement per batch bucket (cost_model_log.CostModelLog, metrics.json's
-auto_k.cost_model). docs/automatic_k.md has the measurements behind these rules.
+p_j: the conditional acceptance of draft position j (acceptance.py: discounted counts from the
+prior, engine-wide and per age of the generation); t_step: the calibrated decode-step ms, smoothed
+over k, linear in B between calibrated batch sizes, times a correction learned online from pure
+decode steps (cost_learning.py), plus the step's learned overhead. The k in use changes by a
+hysteresis after `patience` steps in a row; probes and exploring (exploring.py) test the ks the
+estimates cannot yet tell apart; a settled decision holds a few steps (settled.py); a request's
+depth is chosen at admission (admission.py) and only falls; per-request k (request_k.py) lets
+each decode of a ragged step verify its own number of drafts.
 
-- The estimates start at the prior p_0 = 0.7 with w = 8 pseudo-drafts, and a position no step
-  verifies drifts back to it as its counts decay. Every `probe_interval` steps one step proposes
-  one draft more than the k in use, the next probe one fewer. Why: docs/automatic_k.md.
-- Exploring (`explore_depth`): while a position in k + 1 .. k' (k in use) is unlearned (fewer
-  than `min_verified` discounted verified drafts in an age bucket holding 5% of the steps'
-  requests) and k' would beat k by more than the hysteresis with the unlearned positions at their
-  upper estimates (`optimism` standard deviations: acceptance.py), or k + 1's step cost at the batch size is the calibration's alone
-  (`cost_unlearned`) and could pay at `cost_share` of its predicted cost over k's, requests are
-  admitted at depth k' (the smallest such; k + 1 for a cost), running ones do not fall below it (nor
-  fall at all when shallower: a depth never rises again), and every `patience` steps a step
-  proposes k' drafts, so a prior that says k = 0, or a calibration that misjudges k + 1, is
-  tested, and a k = 1 that never pays does not block k = 4. Exploring pauses while it has spent
-  `explore_budget` of the steps' predicted cost (`explore_spent`: its probes, and the catch-up
-  of the requests it holds deeper than the k in use, which every step pays): a position whose
-  discounted count its probes alone can never raise to min_verified would otherwise be
-  explored for ever. The k in use falls only where the smaller k beats it with its unlearned
-  positions at their upper estimates too (a fall the prior
-  alone predicts waits for the drafts that test it), and it lands on the k between of the highest
-  goodput with those positions at their upper estimates where that beats the smaller k by the
-  hysteresis (`_landing`; so do a running depth's fall and an admission below the k in use, the
-  admission with its own prefill weighed, or on the batch's goodputs: `admission_landing`): a k
-  in between that could pay is tested by the whole batch, not only by exploring's probes. In a
-  batch, an admission landing on upper estimates that lead the best k by at most
-  `free_landing_lead` is exploring's: it waits for the budget and spends its extra prefill from it
-  (a first wave at k = 4 on a 4-7% lead cost compiled concurrency 16's first chunk 8-16%).
-- Hysteresis: the k in use falls when a smaller k's predicted goodput beats it by more than
-  `hysteresis` (a fraction), rises when a larger one's does by `rise_hysteresis` (less: the steps
-  after a rise verify its drafts, a fall stops testing them), each after `patience` decode steps
-  in a row (but the first step after a reset falls at once in a batch: max_k, where the k in use
-  starts, is no decision; `patient_start` waits); a running depth falls under the same two conditions.
-- A step with k = 0 still advances every draft module of a request's depth over the accepted
-  tokens (the speculators' catch-up), so the module KV is exact when drafting resumes: choosing
-  the step's k, a k below the deepest running depth pays that depth's draft round
-  (`held_cost_curve`: the draft rounds measured online, else the calibration's: `set_draft_costs`),
-  but a rise of the k in use must pay with nothing held too (`_rises`).
-- Depth: each request keeps at most `depth(B)` draft modules exact, chosen at its first
-  admission (B: the requests running and waiting, at most max_num_seqs): the k of highest
-  predicted goodput at that batch size, by the falls' or rises' margin over the k in use (above it,
-  only where the running requests' steps would follow or the evidence says so:
-  `_admission_rises`), each k's ms per token plus the request's module prefill at that depth
-  spread over its max_tokens (`prefill_ms`, measured at start-up and by every prefill;
-  `_with_prefill`); an explored admission (exploring, above) pays the same prefill, spent from
-  the budget when it is admitted (mtpx/core/admission.py). A step's k
-  is at most the largest running depth and each request drafts min(k, its depth); modules
-  beyond a request's depth never run for it. A running depth may fall, never rise (a module
-  that skipped positions would have to re-prefill them all): to a k that pays by the hysteresis,
-  and to the k in use when that is below it (its modules beyond the k only catch up; not while
-  the k in use rises toward it), each after `patience` decode steps in a row. Single-module: max_k.
-- Settled (`settled_interval`, mtpx/core/settled.py): a full decision that keeps the k in use
-  with no switch streak, rise or probe holds for the next settled_interval - 1 steps of the same
-  batch size, depths and k in use, a probe's step excepted, and so does a running depth's vote to
-  stay: a change is seen at most settled_interval - 1 steps late.
-- Per request (`per_request`: EngineConfig.per_request_k on eager ragged steps): a step costs its
-  tokens, so of the drafts the step before proposed each request verifies those `allocate`
-  gives it from its own estimates (mtpx/core/request_k.py). Every decision adds the overhead a
-  decode step pays beyond its forwards, learned from the running engine (`observe_overhead`).
+The scheduler calls `plan` once before a step and `observe` once after it (mtpx/core/step_plan.py).
+Queries (`decide`, `decide_depth`, `goodput`, ...) change no state; `commit` and `commit_depth`
+apply a decision. docs/automatic_k.md gives the rules and their derivations (its appendix) and
+docs/results.md the measurements behind them.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter, deque
 
-from mtpx.core.acceptance import AcceptanceEstimates
-from mtpx.core.admission import Admission
-from mtpx.core.cost_curve import RunningMedian, StepMemo, smooth_step_costs
-from mtpx.core.cost_learning import StepCostLearning
-from mtpx.core.auto_summary import AutoSummary
-from mtpx.core.cost_model_log import CostModelLog
-from mtpx.core.exploring import Exploring
-from mtpx.core.fixed_draft_length import DepthChoice, FixedDraftLength, StepChoice
-from mtpx.core.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
-from mtpx.core.settled import SettledDecisions
+from mtpx.auto_k.acceptance import AcceptanceEstimates
+from mtpx.auto_k.admission import Admission
+from mtpx.auto_k.cost_curve import RunningMedian, StepMemo, smooth_step_costs
+from mtpx.auto_k.cost_learning import StepCostLearning
+from mtpx.auto_k.summary import AutoSummary
+from mtpx.auto_k.cost_model_log import CostModelLog
+from mtpx.auto_k.exploring import Exploring
+from mtpx.auto_k.choices import DepthChoice, StepChoice
+from mtpx.auto_k.config import AutoKConfig
+from mtpx.auto_k.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
+from mtpx.auto_k.settled import SettledDecisions
+from mtpx.core.step_plan import StepPlan, StepRecord, StepView
 
-__all__ = ["FixedDraftLength", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
+__all__ = ["AutoKConfig", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
 class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, AutoSummary):
-    """The automatic k (module doc).
+    """The automatic k (module doc), called by the scheduler through `plan` and `observe`.
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
     step ms} for every k in 0..max_k at one or more batch sizes (None: calibrate before the first
-    choose; until then every step uses max_k); decay: per-step discount of the acceptance counts;
-    prior_weight: pseudo-drafts of acceptance prior_acceptance in each estimate; cost_window: the
-    measured steps whose median is a cost correction; cost_decay: per step since a k's cost was
-    last measured, its correction fades toward the one of the steps in use; hysteresis: relative
-    goodput margin for k to fall; rise_hysteresis: for k to rise (module doc);
-    probe_interval: steps between probes (0: none); patience: consecutive steps that must predict
-    a change of the k in use, or a running depth's fall, before it happens;
-    min_cost_observations: measured steps of a (k, batch bucket) before its own cost correction
-    applies; min_verified: discounted verified drafts below which a position is unlearned and
-    explored (None: prior_weight; 0: never); explore_costs: explore a neighbour k whose cost
-    is unmeasured at the batch size (`cost_unlearned`) where it could pay at cost_share of its
-    predicted extra cost; optimism: standard deviations above an estimate at which exploring
-    values an unlearned position; explore_budget: the share of the predicted step time (discounted
-    by decay) that exploring may spend before it pauses (1: no limit); optimistic_falls: a fall lands
-    where the upper estimates pay most (`_landing`), else on the best k (module doc);
-    admission_landing: where an admission below the k in use lands (Admission._admission_landing:
-    batch, request or off); settled_interval: steps a settled decision holds (module doc; 1: none).
-    Raises ValueError when step_costs lacks a k at one of its batch sizes.
+    plan; until then every step uses max_k); config: the knobs (AutoKConfig); draft_costs,
+    prefill_cost: the calibration's draft rounds and module prefill (`set_draft_costs`,
+    `set_prefill_cost`); per_request: each decode of a ragged step verifies its own k (`allocate`).
+    Raises ValueError when step_costs lacks a k at one of its batch sizes or for an unknown
+    admission_landing.
     """
 
-    auto = True
-
-    def __init__(self, max_k: int, step_costs: dict | None = None, decay: float = 0.99,
-                 prior_weight: float = 8.0, hysteresis: float = 0.05, rise_hysteresis: float = 0.02,
-                 probe_interval: int = 32,
-                 cost_window: int = 15, cost_decay: float = 0.999, prior_acceptance: float = 0.7, patience: int = 8,
-                 min_cost_observations: int = 8, min_verified: float | None = None,
-                 explore_costs: bool = True, optimism: float = 1.0, cost_share: float = 0.8,
-                 explore_budget: float = 0.001, optimistic_falls: bool = True, admission_landing: str = "request",
-                 patient_start: bool = False, free_landing_lead: float = 0.1, settled_interval: int = 4):
-        self.max_k, self.hysteresis, self.probe_interval = max_k, hysteresis, probe_interval
-        self.rise_hysteresis = rise_hysteresis
-        self.patience, self.min_cost_observations = patience, min_cost_observations
-        self.min_verified = prior_weight if min_verified is None else min_verified
-        self.explore_costs, self.optimism, self.cost_share = explore_costs, optimism, cost_share
-        self.explore_budget, self.optimistic_falls = explore_budget, optimistic_falls
-        if admission_landing not in ("batch", "request", "off"):
-            raise ValueError(f"admission_landing={admission_landing!r}: use batch, request or off")
-        self.admission_landing = admission_landing
-        self.patient_start, self.free_landing_lead = patient_start, free_landing_lead
-        self.settled_interval = max(1, settled_interval)
-        self.decay, self.prior_weight, self.cost_window, self.cost_decay = decay, prior_weight, cost_window, cost_decay
-        self.prior_acceptance = prior_acceptance
+    def __init__(self, max_k: int, step_costs: dict | None = None, config: AutoKConfig | None = None, *,
+                 draft_costs: dict | None = None, prefill_cost: float | None = None, per_request: bool = False):
+        config = AutoKConfig() if config is None else config
+        if config.admission_landing not in ("batch", "request", "off"):
+            raise ValueError(f"admission_landing={config.admission_landing!r}: use batch, request or off")
+        self.config, self.max_k = config, max_k
+        for f in dataclasses.fields(config):     # the knobs, read by the parts as attributes
+            setattr(self, f.name, getattr(config, f.name))
+        self.min_verified = config.prior_weight if config.min_verified is None else config.min_verified
+        self.settled_interval = max(1, config.settled_interval)
         self.step_costs = None
         self._draft_costs: dict | None = None      # `set_draft_costs`
         self._draft_batches: list[int] = []
         self._prefill_prior: float | None = None   # `set_prefill_cost`
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
-        self.per_request = False   # ragged verification: each request verifies its own k (`allocate`)
+        self.per_request = per_request   # ragged verification: each request verifies its own k (`allocate`)
         self.explore = True        # allocate from a draw of each request's acceptance (Thompson sampling)
         self.reset()
         if step_costs is not None:
             self.set_step_costs(step_costs)
+        if draft_costs is not None:
+            self.set_draft_costs(draft_costs)
+        if prefill_cost is not None:
+            self.set_prefill_cost(prefill_cost)
 
     def reset(self) -> None:
         """Forget the acceptance estimates, the k in use, the histograms and what the running
@@ -194,6 +104,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
         self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
         self._prediction: tuple | None = None        # the committed step's StepChoice.predicted (observe_step)
+        self._planned: tuple = (False, None)          # the planned step's depth_per_request and allocation
         self._unsettle()
 
     @property
@@ -253,7 +164,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
 
     def allocate(self, requests: list[tuple[object, int]]) -> Allocation:
         """Per-request k of a ragged step (per_request): requests [(key, drafts held)] ->
-        Allocation (mtpx/core/request_k.py, `allocate`) over each request's own estimates (with
+        Allocation (mtpx/auto_k/request_k.py, `allocate`) over each request's own estimates (with
         `explore`, a draw from their posterior: RequestEstimates.sample) and the ragged step
         cost; every draft held before the costs are known. A query but for the draw."""
         held = [max(0, min(n, self.max_k)) for _, n in requests]
@@ -268,6 +179,85 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         alloc = allocate(held, ps, lambda x: self.ragged_cost(x, B))
         return Allocation(alloc.num_drafts, alloc.mean_drafts, alloc.expected_tokens,
                           self.ragged_cost(alloc.mean_drafts, B, overhead=False))
+
+    def plan(self, view: StepView) -> StepPlan:
+        """One step's decisions (the scheduler's one call before the step; module doc): forget the
+        requests that left; the per-request allocation of the decodes (per_request); the depth of
+        each waiting request in order, each decided as if the ones before were admitted and
+        committed only once view.admit admits it (admission stops at the first it cannot); the
+        running depths' falls (one vote per depth); then the step's k for the batch that results."""
+        for key in view.removed:
+            self.forget(key)
+        allocation, verified, freed = None, None, 0
+        if self.per_request and view.decodes:
+            allocation = self.allocate(list(view.decodes))
+            verified = tuple(allocation.num_drafts)
+            freed = sum(held - n for (_, held), n in zip(view.decodes, verified))
+        depths, admitted = list(view.running_depths), []
+        for c in view.waiting:
+            choice, depth = None, c.depth
+            if c.first and view.depth_per_request:
+                choice = self.decide_depth(view.expected_batch, depths=list(depths), prompt_tokens=c.prompt_tokens,
+                                           max_tokens=c.max_tokens)
+                depth = choice.depth
+            elif c.first:
+                depth = self.max_k
+            if not view.admit(depth, freed):
+                break
+            if c.first:
+                self.record_depth(depth)
+                if choice is not None:
+                    self.commit_depth(choice)
+            depths.append(depth)
+            admitted.append(depth)
+        lowered: dict[int, int] = {}
+        if view.depth_per_request:
+            new: dict[int, int] = {}
+            for d in depths:
+                if d not in new:                   # one vote per depth and step
+                    choice = self.decide_depth(view.expected_batch, d)
+                    self.commit_depth(choice)
+                    new[d] = choice.depth
+            lowered = {d: n for d, n in new.items() if n < d}
+            depths = [lowered.get(d, d) for d in depths]
+        deepest = max(depths, default=0)
+        if view.depth_per_request:     # a request drafts at most its depth; a smaller k still pays the deepest's round
+            step = self.decide(len(depths), deepest, held=deepest, depths=depths)
+        else:
+            step = self.decide(len(depths), deepest)
+        self.commit(step)
+        self._planned = (view.depth_per_request, allocation)
+        return StepPlan(step.k, tuple(admitted), tuple(lowered.items()), verified, allocation)
+
+    def observe(self, record: StepRecord) -> None:
+        """Learn from a finished step (the scheduler's one call after it; module doc): the module
+        prefill's cost, the decode step's cost (a per-request allocation's, a steady step's, or
+        its two parts'; before `record` and the rounds change the estimates), the step count and
+        ages, each request's round, and the step's overhead beyond its forwards."""
+        depth_per_request, allocation = self._planned
+        rounds, k, t = record.rounds, record.k, record
+        if t.timed and t.prefill_module_tokens and depth_per_request:
+            self.observe_prefill(t.prefill_module_tokens, 1e3 * t.prefill_draft_s)
+        pure = t.timed and not record.has_prefills
+        if rounds:
+            proposes = all(r.depth >= k for r in rounds)   # every request proposes k
+            verified = {r.verified for r in rounds}
+            steady = proposes and verified == {k} and all(r.held == k for r in rounds)
+            committed = sum(r.num_tokens for r in rounds)
+            # the modules the draft round ran: requests held deeper than k catch theirs up
+            held = max(k, max(r.depth for r in rounds)) if depth_per_request else k
+            if pure and allocation is not None:
+                self.observe_allocation(allocation, 1e3 * (t.verify_s + t.draft_s), committed)
+            elif pure and steady:
+                self.observe_step(k, len(rounds), 1e3 * (t.verify_s + t.draft_s), committed,
+                                  verify_ms=1e3 * t.verify_s, draft_depth=held)
+            elif pure and proposes and len(verified) == 1:
+                self.observe_parts(verified.pop(), held, len(rounds), 1e3 * t.verify_s, 1e3 * t.draft_s)
+            self.record(k, len(rounds), [r.age for r in rounds])
+        for r in rounds:
+            self.observe_round(r.num_draft_tokens, r.num_accepted, r.key, r.age)
+        if pure and rounds:
+            self.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s))
 
     def _draw(self) -> list[float]:
         """The engine-wide p_j drawn from their posterior (request_k.draw_engine_wide)."""
@@ -471,7 +461,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         self.verified_histogram.clear()
         self.cost_log.clear()
 
-    def observe(self, num_draft_tokens: int, num_accepted: int, key=None, age: int | None = None) -> None:
+    def observe_round(self, num_draft_tokens: int, num_accepted: int, key=None, age: int | None = None) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
         given every earlier one was accepted; the first num_accepted were accepted. key: the
         request's (its own counts, request_acceptance), None: engine-wide only; age: its output

@@ -1,5 +1,5 @@
 """The cost curve of automatic k over k (scheduler side, no torch): smoothing the calibrated step
-costs (mtpx/core/draft_length.py's module doc) and the running median of its online corrections."""
+costs (mtpx/auto_k/policy.py's module doc) and the running median of its online corrections."""
 from __future__ import annotations
 
 import statistics
@@ -83,7 +83,7 @@ def _interpolate_all(known: list[tuple[int, float]], n: int, default: float) -> 
 
 class RunningMedian:
     """The median of the last `window` values added (of all of them while fewer), and how many were
-    added (`count`): the online cost corrections (mtpx/core/draft_length.py). A median, not a mean:
+    added (`count`): the online cost corrections (mtpx/auto_k/policy.py). A median, not a mean:
     a running engine's dear decode steps come in streaks of a few (1.35-2x the median step:
     experiments/concurrency/window_layout/k7_steps.py), and an EMA of weight 0.1 that a streak
     carried up by 40% stuck there. A k whose last steps were dear is not chosen again to revise

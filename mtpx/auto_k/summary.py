@@ -1,8 +1,8 @@
 """What automatic k reports (metrics.json's auto_k): a mixin of AutoDraftLength
-(mtpx/core/draft_length.py), whose state it reads; it owns none."""
+(mtpx/auto_k/policy.py), whose state it reads; it owns none."""
 from __future__ import annotations
 
-from mtpx.core.cost_model_log import bucket_label
+from mtpx.auto_k.cost_model_log import bucket_label
 
 __all__ = ["AutoSummary"]
 

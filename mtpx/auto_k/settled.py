@@ -1,5 +1,5 @@
 """Settled decisions, the part of automatic k that spares a steady engine its per-step decisions
-(scheduler side, no torch). A mixin of AutoDraftLength (mtpx/core/draft_length.py), whose module
+(scheduler side, no torch). A mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module
 doc gives the rule; it owns no state of its own (AutoDraftLength.reset creates it).
 
 Why: at compiled concurrency 1 the demo's decode step takes about 13 ms, and deciding its k and
@@ -7,7 +7,7 @@ its request's depth anew took about 0.11 ms of it, mostly cache misses after the
 answer was the k in use in 97% of the steps (experiments/concurrency/settled)."""
 from __future__ import annotations
 
-from mtpx.core.fixed_draft_length import DepthChoice, StepChoice
+from mtpx.auto_k.choices import DepthChoice, StepChoice
 
 __all__ = ["SettledDecisions"]
 

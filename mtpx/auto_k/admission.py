@@ -1,9 +1,9 @@
 """The depth of an admitted request, the admission half of automatic k (scheduler side, no
-torch). A mixin of AutoDraftLength (mtpx/core/draft_length.py), whose module doc gives the rules
+torch). A mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module doc gives the rules
 ("Depth"); it owns no state of its own."""
 from __future__ import annotations
 
-from mtpx.core.fixed_draft_length import DepthChoice
+from mtpx.auto_k.choices import DepthChoice
 
 __all__ = ["Admission"]
 
