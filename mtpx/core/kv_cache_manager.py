@@ -30,7 +30,7 @@ depend on ``x_0 .. x_{e-1}`` only. Hence:
   no trim is needed, because a matched block's content is exact for this request, and a request
   computes its first non-hit position's hidden states itself.
 * a request that keeps only its first ``d < L`` draft modules exact (automatic k's per-request
-  depth, mtpx/core/draft_length.py) publishes under ``lookahead_key(chain, the d tokens after
+  depth, mtpx/auto_k/policy.py) publishes under ``lookahead_key(chain, the d tokens after
   it)``: its blocks hold exact KV for the target and modules 1..d only. A lookup for depth ``d``
   tries the keys of depths ``L, L - 1, .., d`` per block, since a block exact for more modules is
   exact for fewer; a deeper request never hits a shallower block.

@@ -228,7 +228,7 @@ def format_report(metrics: dict, title: str, width: int = 100) -> str:
 
 def format_cost_model_table(cost_model: dict[str, dict], width: int = 100) -> str:
     """Automatic k's cost model against the running engine: one row per batch bucket with
-    compared steps (metrics["auto_k"]["cost_model"], mtpx/core/cost_model_log.py): the decode
+    compared steps (metrics["auto_k"]["cost_model"], mtpx/auto_k/cost_model_log.py): the decode
     steps and the pure decode steps compared, the predicted and measured speed-up over k = 0, the
     mean predicted and measured step ms, and where the measured speed-up's k = 0 step comes from
     ("measured (n)" over the bucket's n k = 0 steps, or "calibrated").
