@@ -38,6 +38,7 @@ from mtpx.core.scheduler import Scheduler
 from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.decode_step import depth_bucket, depth_buckets
 from mtpx.engine.model_runner import ModelRunner, StepTiming
+from mtpx.engine.tensor_parallel import TensorParallelRunner
 from mtpx.engine.warmup import compile_stats, warm_up
 
 __all__ = ["Engine", "EngineConfig", "StepTiming", "measure_step_costs"]
@@ -86,7 +87,10 @@ class Engine:
         self.draft_length = draft_length
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len, lookahead, depth_per_request)
-        self.runner = ModelRunner(model, speculator, config, self.max_len)
+        # the executor: rank 0 of a tensor-parallel model (its tp_driver) runs every call on all ranks
+        driver = getattr(model, "tp_driver", None) if config.tensor_parallel_size > 1 else None
+        self.runner = (ModelRunner(model, speculator, config, self.max_len) if driver is None else
+                       TensorParallelRunner(model, speculator, config, self.max_len, driver, auto))
         if config.check_invariants:   # before every KV write: no published or free block is written
             self.runner.set_kv_write_guard(
                 lambda slots: kv.check_writes(torch.unique(slots // config.block_size).tolist()))

@@ -119,9 +119,6 @@ class LLM:
         self.speculator = build_speculator(spec, self.model, k)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
-        if self._tp_driver is not None:
-            from mtpx.engine.tensor_parallel import TensorParallelRunner
-            self.engine.runner = TensorParallelRunner(self.engine.runner, self._tp_driver, spec, k, auto, config)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = self.engine.warmup()
         # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else calibrated now

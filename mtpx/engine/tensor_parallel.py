@@ -2,8 +2,8 @@
 mtpx.parallel's).
 
 Every rank holds a shard of the model and runs the same ModelRunner calls on it (SPMD): rank 0
-owns the scheduler, the requests and the client side; `TensorParallelRunner` stands in for its
-ModelRunner, broadcasting each call (the step's SchedulerOutput, with lean copies of its
+owns the scheduler, the requests and the client side; its Engine builds a `TensorParallelRunner`,
+a ModelRunner that broadcasts each call (the step's SchedulerOutput, with lean copies of its
 requests) to the workers before running it locally. Every rank then computes the same step:
 the sharded forwards end in an all-reduce or an all-gather, so hidden states and logits are the
 same tensors on every rank, greedy argmaxes agree, and a sampled request's torch.Generator
@@ -21,13 +21,15 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from mtpx.engine.engine import Engine
 from mtpx.core.scheduler import SchedulerOutput
+from mtpx.engine.model_runner import ModelRunner
 from mtpx.parallel import check_shardable, gather_state
 from mtpx.parallel.load import load_shard
 from mtpx.parallel.spmd import Driver, TensorParallelError, init_group, serve, start_workers, under_torchrun
+from mtpx.spec_decode import SPECULATORS
 
-__all__ = ["TensorParallelRunner", "TensorParallelError", "build_engine", "full_state", "start", "worker_main"]
+__all__ = ["TensorParallelRunner", "TensorParallelError", "build_engine", "full_state", "start",
+           "worker_main"]
 
 
 def _lean(r):
@@ -53,31 +55,35 @@ def lean_output(out: SchedulerOutput) -> SchedulerOutput:
         preempted=[lean(r) for r in out.preempted], num_speculative_tokens=out.num_speculative_tokens)
 
 
-class TensorParallelRunner:
-    """Rank 0's model runner (module doc): execute, release and time_decode_steps reach every
-    rank; anything else (cache, compiled, speculator, ...) is rank 0's ModelRunner's. A failed
-    collective or a dead worker raises TensorParallelError (one line naming the worker).
+class TensorParallelRunner(ModelRunner):
+    """Rank 0's model runner (module doc), the one Engine builds when the model is rank 0's shard
+    of a tensor-parallel model (its `tp_driver`): execute, release and decode reach
+    every rank; everything else is ModelRunner's, on rank 0's shard. A failed collective or a
+    dead worker raises TensorParallelError (one line naming the worker).
 
     The workers build their engine `engine_id` here (build_engine on their model shard with the
     same spec, num_speculative_tokens, auto and config), so several engines (LLMs) over one
     model share the workers: mode=eval's lossless check decodes with a plain engine beside the
     speculative one."""
 
-    def __init__(self, runner, driver: Driver, spec, num_speculative_tokens, auto: bool, config):
-        self._runner, self.driver = runner, driver
+    def __init__(self, model, speculator, config, max_len: int, driver: Driver, auto: bool):
+        super().__init__(model, speculator, config, max_len)
+        self.driver = driver
         self.engine_id = driver.new_id()
         self._released: list[int] = []
+        self._in_call = False
+        spec = next((name for name, cls in SPECULATORS.items() if isinstance(speculator, cls)), None)
+        k = None if speculator is None else speculator.num_speculative_tokens
         self.driver.broadcast("set_num_threads", torch.get_num_threads())
-        self.driver.broadcast("build", self.engine_id, spec, num_speculative_tokens, auto, config)
-
-    def __getattr__(self, name):
-        return getattr(self._runner, name)
+        self.driver.broadcast("build", self.engine_id, spec, k, auto, config)
 
     @property
     def tensor_parallel_size(self) -> int:
         return self.driver.tp.world_size
 
     def _run(self, fn, *args):
+        """fn(*args), ModelRunner's call that every worker runs too (its own releases included)."""
+        self._in_call = True
         try:
             return fn(*args)
         except TensorParallelError:
@@ -86,6 +92,8 @@ class TensorParallelRunner:
             if isinstance(err, dist.DistError) or any(not p.is_alive() for p in self.driver.procs or []):
                 raise self.driver.failure(err) from None
             raise
+        finally:
+            self._in_call = False
 
     def _released_now(self) -> list[int]:
         released, self._released = self._released, []
@@ -93,17 +101,19 @@ class TensorParallelRunner:
 
     def execute(self, out: SchedulerOutput):
         self.driver.broadcast("execute", self.engine_id, self._released_now(), lean_output(out))
-        return self._run(self._runner.execute, out)
+        return self._run(super().execute, out)
 
     def release(self, index: int) -> None:
-        self._runner.release(index)
-        self._released.append(index)
+        """Free the slot here, and on the workers before their next call; a slot that a
+        broadcast call frees itself (a preempted request's) is freed by that call on every rank."""
+        super().release(index)
+        if not self._in_call:
+            self._released.append(index)
 
-    def time_decode_steps(self, reqs, block_tables, ks, rounds, warmup, depth_per_request, draft=None):
-        self.driver.broadcast("time_decode_steps", self.engine_id, self._released_now(), [_lean(r) for r in reqs],
-                              block_tables, list(ks), rounds, warmup, depth_per_request)
-        return self._run(self._runner.time_decode_steps, reqs, block_tables, ks, rounds, warmup,
-                         depth_per_request, draft)
+    def decode(self, decodes):
+        self.driver.broadcast("decode", self.engine_id, self._released_now(),
+                              [dataclasses.replace(d, request=_lean(d.request)) for d in decodes])
+        return self._run(super().decode, decodes)
 
     def drop(self) -> None:
         """Free this engine on the workers (its caches); no-op once the workers are gone."""
@@ -114,7 +124,8 @@ class TensorParallelRunner:
 def build_engine(model, spec, num_speculative_tokens, auto: bool, config):
     """(speculator, Engine) over `model` as LLM builds them: build_speculator(spec, model,
     num_speculative_tokens), an AutoDraftLength policy when `auto`, Engine(config)."""
-    from mtpx.core.draft_length import AutoDraftLength
+    from mtpx.auto_k import AutoDraftLength
+    from mtpx.engine.engine import Engine         # Engine builds TensorParallelRunner: imported here
     from mtpx.spec_decode import build_speculator
     speculator = build_speculator(spec, model, num_speculative_tokens)
     policy = AutoDraftLength(speculator.num_speculative_tokens) if auto else None
@@ -132,7 +143,8 @@ class _Worker:
         torch.set_num_threads(n)
 
     def build(self, engine_id: int, spec, num_speculative_tokens, auto: bool, config) -> None:
-        self.runners[engine_id] = build_engine(self.model, spec, num_speculative_tokens, auto, config)[1].runner
+        engine = build_engine(self.model, spec, num_speculative_tokens, auto, config)[1]
+        self.runners[engine_id] = engine.runner
 
     def drop(self, engine_id: int) -> None:
         self.runners.pop(engine_id, None)
@@ -143,12 +155,11 @@ class _Worker:
             runner.release(i)
         runner.execute(out)
 
-    def time_decode_steps(self, engine_id: int, released, reqs, block_tables, ks, rounds, warmup,
-                          depth_per_request) -> None:
+    def decode(self, engine_id: int, released, decodes) -> None:
         runner = self.runners[engine_id]
         for i in released:
             runner.release(i)
-        runner.time_decode_steps(reqs, block_tables, ks, rounds, warmup, depth_per_request)
+        runner.decode(decodes)
 
     def gather_state(self, exclude: tuple[str, ...]) -> None:
         for _ in gather_state(self.model, exclude):        # sends this rank's slices to rank 0
@@ -185,7 +196,8 @@ def worker_main(rank: int, world_size: int, port: int | None, build: dict) -> No
         model, _ = load_shard(build["path"], tp, build["dtype"], build["device"], build["draft_path"],
                               build["allow_pickle"])
     except Exception as err:  # noqa: BLE001 - one line, then exit: rank 0 reports the dead worker
-        print(f"mtpx tensor-parallel worker rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        print(f"mtpx tensor-parallel worker rank {rank}: {type(err).__name__}: {err}", file=sys.stderr,
+              flush=True)
         sys.exit(1)
     serve(_Worker(model.eval()), tp)
 
