@@ -169,14 +169,15 @@ def test_n_completions_are_the_python_apis(client, chat_ckpt):
 
 
 def test_penalties_min_tokens_and_logit_bias_are_the_python_apis(client, chat_ckpt):
-    """Completions and chat apply vLLM's penalties, min_tokens and logit_bias (biases clamped to
-    [-100, 100]) as LLM.generate does on the same engine settings."""
+    """Completions and chat apply vLLM's penalties, min_tokens and logit_bias (biases in [-100,
+    100]: outside is a 400, tests/test_serve_edges.py) as LLM.generate does on the same engine
+    settings."""
     llm = LLM(model=chat_ckpt, spec="mtp8", num_speculative_tokens=2)
     free = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
                                                 "ignore_eos": True, "return_token_ids": True}).json()
     banned = free["choices"][0]["token_ids"][1]
     fields = {"repetition_penalty": 1.4, "frequency_penalty": 0.7, "presence_penalty": 0.2,
-              "logit_bias": {str(banned): -500}, "min_tokens": 5}
+              "logit_bias": {str(banned): -100}, "min_tokens": 5}
     sp = SamplingParams(max_tokens=12, repetition_penalty=1.4, frequency_penalty=0.7, presence_penalty=0.2,
                         logit_bias={banned: -100.0}, min_tokens=5)
     (want,) = llm.generate([PROMPT], sp)

@@ -6,10 +6,12 @@ tokenizer_config.json, as vLLM's and lm-eval's remote tokenizer read it), GET /m
 
 Request bodies take every field of vLLM's OpenAI server (mtpx/serve/protocol.py), among them n and
 best_of = n (completion j seeded with seed + j), stream_options, prompt_logprobs, echo with logprobs
-(the prompt scored: lm-eval's loglikelihood), min_tokens, the penalties and logit_bias (clamped to
-[-100, 100]); beam search, guided decoding and the like only at their neutral values. An unknown or
-ill-typed field, an unsupported value, malformed JSON or a prompt the engine cannot run is a 400 with
-an OpenAI error body naming the field; a body over `max_body_bytes` a 413; a text certainly longer
+(the prompt scored: lm-eval's loglikelihood; with max_tokens=0 the prompt alone), min_tokens, the
+penalties and logit_bias (in [-100, 100]); beam search, guided decoding and the like only at their
+neutral values. An unknown or ill-typed field (strictly: "4" is no integer), a NaN or infinite
+float, an unsupported value, malformed JSON, a Content-Type other than application/json or a prompt
+the engine cannot run is a 400 with an OpenAI error body naming the field; another model than the
+served one a 404 (model_not_found); a body over `max_body_bytes` a 413; a text certainly longer
 than the model (more bytes than 4 x the longest token's x max_model_len) a 400 before tokenizing.
 Every response carries `usage` and `spec_decode` (drafts, accepted, per position, acceptance length).
 Streams are server-sent events, a chunk per engine step that produced text, then `data: [DONE]`;
@@ -19,7 +21,7 @@ prompts or n > 1 interleave by index. Tokenization and chat templates run off th
 client that disconnects aborts its requests.
 
 Where each part lives:
-- errors.py: OpenAI error bodies, exception handlers, the body-size middleware;
+- errors.py: OpenAI error bodies, exception handlers, the body-size middleware; auth.py: the API key;
 - parsing.py: request checks, tokenization and chat templates, SamplingParams;
 - runner.py: a request's runs in the engine loop (async_engine.py), whole or streamed, aborted when
   the client leaves; responses.py: choices, logprobs, usage, spec_decode, server-sent events;
@@ -35,7 +37,8 @@ from fastapi import FastAPI
 from mtpx.engine.llm import LLM
 from mtpx.serve import openai_routes, ops_routes, tokenizer_routes
 from mtpx.serve.async_engine import AsyncEngine
-from mtpx.serve.errors import BadRequest, BodyLimit, install_error_handlers
+from mtpx.serve.auth import ApiKey
+from mtpx.serve.errors import BadRequest, BodyLimit, InFlight, install_error_handlers
 from mtpx.serve.metrics import ServerMetrics
 from mtpx.serve.parsing import RequestParser
 from mtpx.serve.responses import Formatter, spec_decode_stats
@@ -48,12 +51,14 @@ DEFAULT_MAX_BODY_BYTES = 32 * 2**20
 
 
 def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-              latency_buckets=None) -> FastAPI:
+              latency_buckets=None, api_key: str | None = None) -> FastAPI:
     """The FastAPI app serving `llm` under the model id `model_name`; request bodies over
     `max_body_bytes` get a 413; latency_buckets: the latency histograms' bounds in seconds (None:
-    mtpx.serve.metrics.DEFAULT_LATENCY_BUCKETS). Its engine loop starts with the app (lifespan)
+    mtpx.serve.metrics.DEFAULT_LATENCY_BUCKETS); api_key: clients must send it as a bearer token
+    (mtpx/serve/auth.py; None: no key). Its engine loop starts with the app (lifespan)
     and stops with it, after its current step. `app.state.engine` is the AsyncEngine (mode=serve
-    sets its on_fatal and reads its fatal_error), `app.state.serve` the routes' ServeState."""
+    sets its on_fatal and reads its fatal_error), `app.state.serve` the routes' ServeState,
+    `app.state.in_flight` the requests being answered (errors.InFlight)."""
     metrics = ServerMetrics(llm.num_speculative_tokens, lambda: engine.stats, latency_buckets)
     engine = AsyncEngine(llm, on_finish=metrics.record)
     formatter = Formatter(llm)
@@ -67,7 +72,10 @@ def build_app(llm: LLM, model_name: str, max_body_bytes: int = DEFAULT_MAX_BODY_
         engine.shutdown()
 
     app = FastAPI(title="mtpx", lifespan=lifespan)
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.state.in_flight = InFlight()
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes, in_flight=app.state.in_flight)
+    if api_key:                 # added last: it runs first, before a body is read
+        app.add_middleware(ApiKey, api_key=api_key)
     app.state.engine = engine
     app.state.serve = state
     install_error_handlers(app)

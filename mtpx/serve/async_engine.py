@@ -6,7 +6,9 @@ loop thread publishes one `Update` per request that gained tokens or finished, a
 request's asyncio queue (`loop.call_soon_threadsafe`), so several tokens accepted in one step
 arrive together. A handler that stops reading (the client disconnected) aborts its request: the
 loop thread calls `engine.abort` before its next step, which frees the blocks and the batch slot.
-An exception in a step fails the requests of that step with its message; the loop goes on,
+At shutdown, `abort_all` aborts every request, now and arriving later (finish_reason "abort"), so
+each stream ends with its final chunk. An exception in a step fails the requests of that step with
+its message; the loop goes on,
 unless the exception is `fatal` (a dead tensor-parallel worker: mtpx.parallel.spmd): then the
 requests fail with its message, `fatal_error` holds it, the loop ends and `on_fatal()` is called
 (mode=serve stops its uvicorn server: the failed responses are sent, then the process exits).
@@ -48,9 +50,10 @@ class Update:
 
 
 class AsyncEngine:
-    """llm: the loaded LLM (its engine is stepped by this object's thread only). on_finish(request)
-    runs in the loop thread for each request that ends (metrics). Call start() once, shutdown() at
-    the end."""
+    """llm: the loaded LLM (its engine is stepped by this object's thread only).
+    on_finish(request, first_of_prompt) runs in the loop thread for each request that ends
+    (metrics; first_of_prompt: False for the 2nd .. n-th completion of a prompt). Call start()
+    once, shutdown() at the end."""
 
     def __init__(self, llm: LLM, on_finish: Callable[[Request], None] | None = None):
         self.llm, self.engine, self.on_finish = llm, llm.engine, on_finish
@@ -60,6 +63,8 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
+        self._abort_all = False
+        self._repeats: set[int] = set()          # requests whose prompt is another request's (n > 1)
         self.fatal_error: str | None = None
         self.on_fatal: Callable[[], None] | None = None
         self._ids = itertools.count()
@@ -83,6 +88,12 @@ class AsyncEngine:
     def start(self) -> None:
         self._thread.start()
 
+    def abort_all(self) -> None:
+        """Abort every request after the current step, and every request submitted from now on
+        (shutdown): each gets a last Update with finish_reason "abort"."""
+        self._abort_all = True
+        self._wake.set()
+
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop the loop thread after its current step (waiting at most `timeout` seconds)."""
         self._stop = True
@@ -91,9 +102,12 @@ class AsyncEngine:
 
     # ---- the asyncio side --------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       arrival_time: float | None = None) -> AsyncIterator[Update]:
+                       arrival_time: float | None = None,
+                       first_of_prompt: bool = True) -> AsyncIterator[Update]:
         """Run one request (arrival_time: time.perf_counter() when its HTTP request arrived, for
-        TTFT and E2EL; None: now); yields an Update after every step that changed it, the last one with
+        TTFT and E2EL; None: now; first_of_prompt: False when another request of the same HTTP
+        request runs the same prompt, so its prompt is counted once); yields an Update after
+        every step that changed it, the last one with
         finished=True. Leaving the iteration early (a disconnected client) aborts the request.
         Raises ValueError before queueing when the engine cannot run the prompt (one line)."""
         if self.fatal_error is not None:
@@ -108,6 +122,8 @@ class AsyncEngine:
         with self._lock:
             self._streams[rid] = (asyncio.get_running_loop(), queue, req, 0)
             self._new.append(req)
+            if not first_of_prompt:
+                self._repeats.add(rid)
         self._wake.set()
         finished = False
         try:
@@ -136,6 +152,8 @@ class AsyncEngine:
             with self._lock:              # new requests move into the engine's queue: still waiting
                 new, self._new = list(self._new), deque()
                 aborts, self._aborts = list(self._aborts), deque()
+                if self._abort_all:
+                    aborts = list(self._streams)
                 for req in new:
                     if not self.engine.add_request(req):    # can never fit the KV pool: fails alone
                         failed.append(req)
@@ -184,6 +202,8 @@ class AsyncEngine:
             loop, queue, _, _ = entry
             if final:
                 del self._streams[req.index]
+                first_of_prompt = req.index not in self._repeats
+                self._repeats.discard(req.index)
             else:
                 self._streams[req.index] = (loop, queue, req, len(req.output_token_ids))
         update = Update(list(req.output_token_ids), finished=final)
@@ -198,7 +218,7 @@ class AsyncEngine:
             update.prompt_logprobs = (dict(req.prompt_logprobs) if req.params.prompt_logprobs is not None
                                       else None)
             if self.on_finish is not None and req.error is None:
-                self.on_finish(req)
+                self.on_finish(req, first_of_prompt)
         loop.call_soon_threadsafe(queue.put_nowait, update)
 
     def _fail_running(self, message: str) -> None:

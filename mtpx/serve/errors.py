@@ -21,22 +21,30 @@ _TYPE_WORDS = {"str", "int", "float", "bool", "list", "dict", "none", "literal",
 
 class BadRequest(Exception):
     """A request the server refuses: `message` (one line), the field it names (`param`, None for
-    the request as a whole) and the HTTP `status` (400 unless said)."""
+    the request as a whole), the HTTP `status` (400 unless said) and the error body's `code`
+    (None: the status)."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
         super().__init__(message)
-        self.message, self.param, self.status = message, param, status
+        self.message, self.param, self.status, self.code = message, param, status, code
 
 
 class ClientGone(Exception):
     """The client of a non-streamed request disconnected: its requests were aborted."""
 
 
-def error_response(message: str, param: str | None = None, status: int = 400) -> JSONResponse:
-    """OpenAI's error body with HTTP status `status` (type server_error from 500 on)."""
+def error_response(message: str, param: str | None = None, status: int = 400,
+                   code: str | int | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    """OpenAI's error body with HTTP status `status` (type server_error from 500 on; code: the
+    status unless given, e.g. "model_not_found", "invalid_api_key")."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}},
-                        status_code=status)
+    body = {"message": message, "type": kind, "param": param, "code": status if code is None else code}
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -56,7 +64,9 @@ async def validation_error(request: Request, exc: RequestValidationError) -> JSO
     if err.get("type") == "extra_forbidden":
         return error_response(f"unknown field '{param}'", param)
     if len(field_loc) < len(loc):
-        return error_response(f"{param}={err.get('input')!r}: wrong type for this field", param)
+        return error_response(f"{param}={_short(err.get('input'))}: wrong type for this field", param)
+    if param and err.get("type", "").endswith("_type"):       # "4" or true for an integer, ...
+        return error_response(f"{param}={_short(err.get('input'))}: {err.get('msg')}", param)
     return error_response(f"{param}: {err.get('msg')}" if param else str(err.get("msg")), param)
 
 
@@ -65,7 +75,7 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
 
 
 async def bad_request(request: Request, exc: BadRequest) -> JSONResponse:
-    return error_response(exc.message, exc.param, exc.status)
+    return error_response(exc.message, exc.param, exc.status, exc.code)
 
 
 async def client_gone(request: Request, exc: ClientGone) -> Response:
@@ -80,13 +90,22 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ClientGone, client_gone)
 
 
+class InFlight:
+    """The HTTP requests that BodyLimit handed to the app (body read whole) and that have not
+    ended: a request still uploading its body is not among them (shutdown: mtpx/serve/server.py)."""
+
+    def __init__(self):
+        self.count = 0
+
+
 class BodyLimit:
     """ASGI middleware: reads each HTTP body whole, answering 413 (OpenAI error shape) once it
     passes `max_bytes`, then hands it to `app` (later receive() calls go to the client, so
-    disconnects are still seen)."""
+    disconnects are still seen), counted in `in_flight` while the app runs."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, in_flight: InFlight | None = None):
         self.app, self.max_bytes = app, max_bytes
+        self.in_flight = InFlight() if in_flight is None else in_flight
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -116,7 +135,11 @@ class BodyLimit:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        return await self.app(scope, replay, send)
+        self.in_flight.count += 1
+        try:
+            return await self.app(scope, replay, send)
+        finally:
+            self.in_flight.count -= 1
 
     async def _too_large(self, scope, receive, send):
         response = error_response(f"request body is larger than the server's limit of {self.max_bytes} bytes "

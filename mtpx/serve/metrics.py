@@ -83,8 +83,10 @@ class ServerMetrics:
         for i in range(num_speculative_tokens):       # every position is exported from the start
             self.per_pos.labels(position=str(i))
 
-    def record(self, req: Request) -> None:
-        """Count one finished request (called in the engine thread)."""
+    def record(self, req: Request, first_of_prompt: bool = True) -> None:
+        """Count one finished request (called in the engine thread). Its prompt counts in
+        prompt_tokens only when first_of_prompt: once per HTTP request with n > 1, as vLLM and
+        the responses' usage count it."""
         s = req.spec
         self.num_drafts.inc(s.num_drafts)
         self.num_draft_tokens.inc(s.num_draft_tokens)
@@ -92,7 +94,8 @@ class ServerMetrics:
         for i, n in enumerate(s.accepted_per_position):
             self.per_pos.labels(position=str(i)).inc(n)
         self.requests.labels(finished_reason=req.finish_reason or "error").inc()
-        self.prompt_tokens.inc(len(req.prompt_token_ids))
+        if first_of_prompt:
+            self.prompt_tokens.inc(len(req.prompt_token_ids))
         self.generation_tokens.inc(len(req.output_token_ids))
         self.prefix_hits.inc(req.num_cached_tokens)
         self.prefix_queries.inc(len(req.prompt_token_ids))

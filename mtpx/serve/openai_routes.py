@@ -1,7 +1,8 @@
 """OpenAI's routes: POST /v1/completions, POST /v1/chat/completions (through the model's chat
 template) and GET /v1/models.
 
-A generation route checks its body (mtpx/serve/parsing.py), tokenizes it off the event loop,
+A generation route parses its body (off the event loop when large) and checks it
+(mtpx/serve/parsing.py), tokenizes it off the event loop,
 then either runs every choice to its end (mtpx/serve/runner.py) and answers one JSON body, or
 streams server-sent events: a chunk per engine step that produced text, then `data: [DONE]`.
 Echo rides on a completion stream's first chunk, a chat stream starts with one role chunk per
@@ -11,6 +12,7 @@ engine after its stream began ends it with an error event.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 
@@ -18,7 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from mtpx.serve.async_engine import Update
-from mtpx.serve.parsing import Run
+from mtpx.serve.parsing import Run, read_body
 from mtpx.serve.protocol import ChatRequest, CompletionRequest
 from mtpx.serve.responses import spec_decode_stats, sse, sse_error, stream_chunk, stream_end, total_usage
 from mtpx.serve.state import ServeState, State
@@ -38,8 +40,15 @@ def _arrived(runs: list[Run], request: Request) -> None:
         run.arrival_time = getattr(request.state, "arrival_time", None)
 
 
+def _echo_only(runs: list[Run], updates: list[Update]) -> list[Update]:
+    """Updates without the output token of echo-only runs (max_tokens=0: the prompt alone)."""
+    return [dataclasses.replace(u, token_ids=[], logprobs=None if u.logprobs is None else [])
+            if run.echo_only else u for run, u in zip(runs, updates)]
+
+
 @router.post("/v1/completions")
-async def completions(body: CompletionRequest, request: Request, state: State):
+async def completions(request: Request, state: State):
+    body = await read_body(request, CompletionRequest)
     state.parser.check_completion(body)
     runs = await asyncio.to_thread(state.parser.prepare_completion, body)
     _arrived(runs, request)
@@ -48,7 +57,7 @@ async def completions(body: CompletionRequest, request: Request, state: State):
     if body.stream:
         return StreamingResponse(_stream_completions(state, rid, created, runs, body),
                                  media_type="text/event-stream")
-    updates = await state.runner.run_all(request, runs)
+    updates = _echo_only(runs, await state.runner.run_all(request, runs))
     choices = [state.formatter.completion_choice(run, u, body) for run, u in zip(runs, updates)]
     return {"id": rid, "object": "text_completion", "created": created, "model": state.model_name,
             "choices": choices, "usage": total_usage(runs, updates),
@@ -86,7 +95,8 @@ async def _stream_completions(state: ServeState, rid: str, created: int, runs: l
 
 
 @router.post("/v1/chat/completions")
-async def chat(body: ChatRequest, request: Request, state: State):
+async def chat(request: Request, state: State):
+    body = await read_body(request, ChatRequest)
     state.parser.check_chat(body)
     runs = await asyncio.to_thread(state.parser.prepare_chat, body)
     _arrived(runs, request)

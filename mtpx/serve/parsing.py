@@ -6,17 +6,68 @@ max_model_len); every check raises `BadRequest` (mtpx/serve/errors.py) with a on
 naming the field. Tokenization runs off the event loop (the routes call `prepare_completion` /
 `prepare_chat` / `encode` / `chat_ids` through asyncio.to_thread), and a text certainly longer
 than the model (more UTF-8 bytes than 4 x the longest token's x max_model_len) is refused before
-it is tokenized.
+it is tokenized. `read_body` parses a body (Content-Type application/json only, as vLLM) with
+pydantic, off the event loop when it is large.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+from typing import TypeVar
+
+import anyio
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 
 from mtpx.engine.llm import LLM
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.serve.errors import BadRequest
-from mtpx.serve.protocol import (ChatMessage, ChatRequest, CompletionRequest, SamplingFields, TokenizeRequest,
-                                 unsupported_field)
+from mtpx.serve.protocol import (Body, ChatMessage, ChatRequest, CompletionRequest, SamplingFields,
+                                 TokenizeRequest, unsupported_field)
+
+B = TypeVar("B", bound=Body)
+# bodies from this size on are parsed in a worker thread; smaller ones parse faster than a hand-off
+OFF_LOOP_BYTES = 64 * 1024
+
+
+def _int(text: str) -> int:
+    return int(text)
+
+
+def parse_large(raw: bytes, model: type[B]) -> B:
+    """`raw` as `model`, for a worker thread: json.loads (and pydantic alone) hold the GIL for a
+    whole parse, which stalls the event loop as much in a thread as on it; json.loads with a
+    Python-level parse_int lets the interpreter hand the GIL over every few milliseconds (about
+    2x slower). Only pydantic's validation (about 40 ns per token id) still holds it."""
+    try:
+        data = json.loads(raw, parse_int=_int)
+    except ValueError as e:               # JSONDecodeError, UnicodeDecodeError
+        why = e.msg if isinstance(e, json.JSONDecodeError) else str(e)
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": why, "input": None,
+                                       "ctx": {"error": why}}]) from None
+    return model.model_validate(data)
+
+
+async def read_body(request: Request, model: type[B]) -> B:
+    """The request's JSON body as `model`, parsed in a worker thread when it has OFF_LOOP_BYTES
+    or more (parse_large). BadRequest (400) unless its Content-Type is application/json (vLLM's
+    validate_json_request); RequestValidationError (a 400 naming the field,
+    errors.validation_error) when pydantic refuses it."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise BadRequest(f"Content-Type is {media or 'missing'}: only application/json bodies are accepted "
+                         "(send the header Content-Type: application/json)", "Content-Type")
+    raw = await request.body()
+    if not raw.strip():
+        raise BadRequest("the request body is empty: send a JSON object", None)
+    try:
+        if len(raw) >= OFF_LOOP_BYTES:
+            return await anyio.to_thread.run_sync(parse_large, raw, model)
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])}
+                                      for err in e.errors(include_url=False)]) from None
 
 
 @dataclasses.dataclass
@@ -29,6 +80,7 @@ class Run:
     echo: str = ""
     first_of_prompt: bool = True
     arrival_time: float | None = None     # perf_counter() when the HTTP request arrived
+    echo_only: bool = False               # max_tokens=0 with echo: its one output token is dropped
 
 
 def _or(value, default):
@@ -36,14 +88,20 @@ def _or(value, default):
 
 
 def logit_bias(body: SamplingFields) -> dict[int, float] | None:
-    """OpenAI's logit_bias ({"token id": bias}) as token ids, biases clamped to [-100, 100]."""
+    """OpenAI's logit_bias ({"token id": bias}) as token ids; a bias outside [-100, 100] is a
+    BadRequest, as OpenAI's API answers (vLLM clamps it)."""
     if not body.logit_bias:
         return None
     bad = [k for k in body.logit_bias if not k.strip().isdigit()]
     if bad:
         raise BadRequest(f"logit_bias key {bad[0]!r} is not a token id: keys are token ids such as "
                          "\"50256\" (POST /tokenize gives them)", "logit_bias")
-    return {int(k): min(100.0, max(-100.0, v)) for k, v in body.logit_bias.items()}
+    out = {k: v for k, v in body.logit_bias.items() if not -100 <= v <= 100}
+    if out:
+        k, v = next(iter(out.items()))
+        raise BadRequest(f"logit_bias[{k!r}]={v}: a bias must be in [-100, 100] (-100 bans the token, "
+                         "100 forces it)", "logit_bias")
+    return {int(k): float(v) for k, v in body.logit_bias.items()}
 
 
 def sampling(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingParams:
@@ -77,9 +135,10 @@ class RequestParser:
 
     # ---- checks on the event loop, before tokenizing ----------------------------------------------
     def check_model(self, name: str | None) -> None:
+        """A model other than the served one: 404 with code model_not_found (OpenAI's and vLLM's)."""
         if name is not None and name != self.model_name:
-            raise BadRequest(f"model '{name}' is not served here: use '{self.model_name}' (GET /v1/models)",
-                             "model")
+            raise BadRequest(f"The model '{name}' does not exist: this server serves '{self.model_name}' "
+                             "(GET /v1/models)", "model", 404, "model_not_found")
 
     def check_fields(self, body: SamplingFields) -> None:
         """The model name and every field mtpx cannot honour (protocol.unsupported_field)."""
@@ -87,6 +146,9 @@ class RequestParser:
         bad = unsupported_field(body)
         if bad:
             raise BadRequest(*bad)
+        if body.stream_options is not None and not body.stream:
+            raise BadRequest("stream_options can only be given with stream=true (vLLM's and OpenAI's rule)",
+                             "stream_options")
 
     def check_completion(self, body: CompletionRequest) -> None:
         self.check_fields(body)
@@ -95,6 +157,12 @@ class RequestParser:
                              "stream")
         if body.stream and body.prompt_logprobs is not None:
             raise BadRequest("prompt_logprobs are not streamed: set stream=false", "prompt_logprobs")
+        if body.max_tokens == 0 and not body.echo:
+            raise BadRequest("max_tokens=0 asks for no output: give max_tokens >= 1, or echo=true (with "
+                             "logprobs) to score the prompt", "max_tokens")
+        if body.max_tokens == 0 and body.stream:
+            raise BadRequest("echo with max_tokens=0 (prompt scoring) is not streamed: set stream=false",
+                             "stream")
 
     def check_chat(self, body: ChatRequest) -> None:
         self.check_fields(body)
@@ -198,8 +266,10 @@ class RequestParser:
         return runs
 
     def prepare_completion(self, body: CompletionRequest) -> list[Run]:
-        """Tokenize and check a completion request (runs off the event loop)."""
-        sp = sampling(body, body.max_tokens or 16, body.logprobs)   # OpenAI's default: 16 tokens
+        """Tokenize and check a completion request (runs off the event loop). max_tokens=0 with
+        echo (prompt scoring) runs one token, which the response leaves out, as vLLM does."""
+        max_tokens = 16 if body.max_tokens is None else max(1, body.max_tokens)   # OpenAI's default: 16
+        sp = sampling(body, max_tokens, body.logprobs)
         if body.echo and body.logprobs is not None:    # prompt scoring (lm-eval's loglikelihood requests)
             sp = dataclasses.replace(sp, prompt_logprobs=body.logprobs)
         if body.prompt_logprobs is not None:
@@ -214,7 +284,10 @@ class RequestParser:
                    for p in prompts]
         echoes = [(p if isinstance(p, str) else self.llm.decode(ids)) if body.echo else ""
                   for p, ids in zip(prompts, all_ids)]
-        return self.runs_for(all_ids, echoes, sp, body, "prompt")
+        runs = self.runs_for(all_ids, echoes, sp, body, "prompt")
+        for run in runs:
+            run.echo_only = body.max_tokens == 0
+        return runs
 
     def prepare_chat(self, body: ChatRequest) -> list[Run]:
         """Render, tokenize and check a chat request (runs off the event loop)."""

@@ -2,10 +2,12 @@
 /v1/completions, /v1/chat/completions, /tokenize and /detokenize (vLLM's
 entrypoints/openai/protocol.py names and defaults).
 
-An unknown field is still a 400 (a typo is never ignored). Penalties, min_tokens and logit_bias
-are applied (SamplingParams). A known field that mtpx cannot honour is accepted only at its
-neutral value (`NEUTRAL`: no beam search, guided decoding unset, no tools, ...); any other value is
-a 400 naming the field (`unsupported_field`).
+An unknown field is still a 400 (a typo is never ignored), and so is a value of the wrong JSON
+type: bodies are validated strictly (pydantic's strict mode: "4" or true is not an integer, "true"
+not a boolean; an integer is a float) and floats must be finite (no NaN or Infinity). Penalties,
+min_tokens and logit_bias are applied (SamplingParams). A known field that mtpx cannot honour is
+accepted only at its neutral value (`NEUTRAL`: no beam search, guided decoding unset, no tools,
+...); any other value is a 400 naming the field (`unsupported_field`).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(Body):
@@ -73,6 +75,7 @@ class SamplingFields(Body):
 
 
 class CompletionRequest(SamplingFields):
+    max_tokens: int | None = Field(default=None, ge=0)     # 0: echo only (prompt scoring), as vLLM
     prompt: str | list[int] | list[str] | list[list[int]]
     echo: bool | None = False
     logprobs: int | None = Field(default=None, ge=0, le=20)

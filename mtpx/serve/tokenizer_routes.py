@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from mtpx.hf.tokenizer import tokenizer_config
 from mtpx.serve.errors import BadRequest
+from mtpx.serve.parsing import read_body
 from mtpx.serve.protocol import DetokenizeRequest, TokenizeRequest
 from mtpx.serve.state import State
 
@@ -26,7 +27,8 @@ async def tokenizer_info(state: State):
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeRequest, state: State):
+async def tokenize(request: Request, state: State):
+    body = await read_body(request, TokenizeRequest)
     parser = state.parser
     parser.check_tokenize(body)
     if body.prompt is not None:
@@ -43,7 +45,8 @@ async def tokenize(body: TokenizeRequest, state: State):
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeRequest, state: State):
+async def detokenize(request: Request, state: State):
+    body = await read_body(request, DetokenizeRequest)
     state.parser.check_model(body.model)
     vocab_size = state.llm.model.cfg.vocab_size
     bad = [t for t in body.tokens if not 0 <= t < vocab_size]
