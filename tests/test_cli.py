@@ -13,7 +13,8 @@ from mtpx.evaluate import _sampling_text, poisson_arrival_offsets, run_eval, sam
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 METRIC_KEYS = {"num_requests", "num_failed", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-               "num_committed_tokens", "acceptance_rate", "acceptance_length", "per_position_acceptance", "num_prompt_tokens",
+               "num_committed_tokens", "acceptance_rate", "acceptance_length", "per_position_acceptance",
+               "num_prompt_tokens",
                "num_cached_tokens", "prefix_cache_hit_rate", "num_preemptions", "output_throughput",
                "request_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
                "median_tpot_ms", "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms",
@@ -38,12 +39,15 @@ def test_eval_writes_metrics_outputs_and_plot(tiny_ckpt, tmp_path):
     assert metrics["run"]["spec"] == "mtp8" and metrics["run"]["num_speculative_tokens"] == 4
     assert metrics["run"]["threads"] >= 1 and metrics["run"]["data"] == "builtin"
     assert 0 < metrics["mean_decode_batch"] <= 3      # eval.concurrency=3
-    assert all(int(b) <= 3 and c["verify_ms"] > 0 and c["draft_ms"] > 0 for b, c in metrics["step_costs"].items())
+    assert all(int(b) <= 3 and c["verify_ms"] > 0 and c["draft_ms"] > 0
+               for b, c in metrics["step_costs"].items())
     assert (tmp_path / "acceptance_conditional.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "position0_buckets.png").read_bytes()[:4] == b"\x89PNG"
     a = metrics["analytics"]  # from the per-round records (tests/test_analytics.py has exact tables)
-    assert a["per_position"]["accepted"] == [round(x * metrics["num_drafts"]) for x in metrics["per_position_acceptance"]]
-    assert a["position0_buckets"]["first_round"]["count"] + a["position0_buckets"]["total"]["count"] == metrics["num_drafts"]
+    assert a["per_position"]["accepted"] == [round(x * metrics["num_drafts"])
+                                             for x in metrics["per_position_acceptance"]]
+    buckets = a["position0_buckets"]
+    assert buckets["first_round"]["count"] + buckets["total"]["count"] == metrics["num_drafts"]
     assert sum(v["num_requests"] for v in a["by_category"].values()) == 5
     assert metrics["num_requests"] == 5 and metrics["num_failed"] == 0
     assert metrics["lossless_mismatches"] == 0
@@ -106,8 +110,9 @@ def test_eval_exits_1_when_every_request_fails(tiny_ckpt, tmp_path, capsys):
     assert run_eval(cfg, tmp_path) == 1
     err = capsys.readouterr().err
     assert err.count("engine.num_blocks") == 3
-    assert err.splitlines()[-1] == (f"error: all 3 requests failed (the error lines above say why); no report, figures "
-                                    f"or lossless check (outputs.jsonl and metrics.json in {tmp_path} hold the errors)")
+    assert err.splitlines()[-1] == ("error: all 3 requests failed (the error lines above say why); no "
+                                    "report, figures or lossless check (outputs.jsonl and metrics.json in "
+                                    f"{tmp_path} hold the errors)")
     assert json.loads((tmp_path / "metrics.json").read_text())["num_failed"] == 3
     assert not (tmp_path / "report.txt").exists() and not list(tmp_path.glob("*.png"))
 
@@ -115,8 +120,8 @@ def test_eval_exits_1_when_every_request_fails(tiny_ckpt, tmp_path, capsys):
 def test_a_spec_eval_where_every_request_fails_ends_with_one_line(tiny_ckpt, tmp_path, capsys):
     """engine.max_model_len below every prompt: each request's error, then one line; no report of
     dashes, no 'nothing to plot'."""
-    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=3", "eval.num_prompts=2",
-                "logger=none", "engine.max_model_len=4"])
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=3",
+                "eval.num_prompts=2", "logger=none", "engine.max_model_len=4"])
     assert run_eval(cfg, tmp_path) == 1
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -190,7 +195,8 @@ def test_sampling_params_from_eval_config():
 
 def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     data = tmp_path / "g.jsonl"
-    data.write_text('{"question": "1+1?", "answer": "2\\n#### 2"}\n{"question": "2+2?", "answer": "#### 4"}\n')
+    data.write_text('{"question": "1+1?", "answer": "2\\n#### 2"}\n'
+                    '{"question": "2+2?", "answer": "#### 4"}\n')
     cfg = _cfg([f"model.path={tiny_ckpt}", "data=gsm8k", f"data.path={data}", "eval.num_prompts=2",
                 "eval.max_tokens=4", "logger=none"])
     assert run_eval(cfg, tmp_path) == 0
@@ -212,7 +218,8 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
     (["engine.enable_prefix_caching=maybe"], "engine.enable_prefix_caching"),
     (["engine.max_num_seqs=0"], "engine.max_num_seqs"),
     (["engine.attention_backend=flashinfer"], "engine.attention_backend=flashinfer needs a CUDA device"),
-    (["engine.attention_backend=xformers"], "engine.attention_backend='xformers': choose one of torch, flashinfer"),
+    (["engine.attention_backend=xformers"],
+     "engine.attention_backend='xformers': choose one of torch, flashinfer"),
     (["engine.max_num_batched_tokens=4"], "engine.max_num_batched_tokens"),
     (["eval.concurrency=0"], "eval.concurrency"),
     (["eval.request_rate=0"], "eval.request_rate"),
@@ -227,7 +234,8 @@ def test_gsm8k_eval_scores_accuracy(tiny_ckpt, tmp_path):
      "spec.draft_sample_method='beam': choose one of greedy, probabilistic"),
 ])
 def test_bad_input_one_clear_line(tiny_ckpt, overrides, message, capsys):
-    err = entry_point_error([f"model.path={tiny_ckpt}", "logger=none", "eval.num_prompts=2"] + overrides, capsys)
+    err = entry_point_error([f"model.path={tiny_ckpt}", "logger=none", "eval.num_prompts=2"] + overrides,
+                            capsys)
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
 
 
@@ -276,7 +284,8 @@ def test_generate_api_with_token_ids_and_strings(tiny_ckpt):
 @pytest.mark.parametrize("kwargs,message", [({"max_num_seqs": 0}, "max_num_seqs=0"),
                                             ({"max_model_len": 5000}, "max_model_len=5000"),
                                             ({"spec": "mtp8", "num_speculative_tokens": -1},
-                                             "^spec.num_speculative_tokens=-1: give an integer >= 0, null or auto$")])
+                                             "^spec.num_speculative_tokens=-1: give an integer >= 0, null or "
+                                             "auto$")])
 def test_llm_rejects_bad_engine_settings(tiny_ckpt, kwargs, message):
     with pytest.raises(ValueError, match=message):
         LLM(model=tiny_ckpt, **kwargs)
@@ -359,7 +368,8 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     # the sweep table at the end (Hydra callback), in the sweep folder too
     from mtpx.metrics.sweep import sweep_table
     table = (tmp_path / "sweep.md").read_text()
-    assert table == sweep_table(tmp_path) and res.stdout.endswith(f"\n{table}\nsweep table: {tmp_path / 'sweep.md'}\n")
+    assert table == sweep_table(tmp_path)
+    assert res.stdout.endswith(f"\n{table}\nsweep table: {tmp_path / 'sweep.md'}\n")
     assert "2 job(s), 1 with metrics, 1 with problems." in table
     assert ("- job 0 (`spec.num_speculative_tokens=9`): failed before writing metrics.json: error: "
             "num_speculative_tokens=9 but the model has only 4 MTP modules") in table
@@ -369,20 +379,24 @@ def test_multirun_goes_on_after_a_failed_job(tiny_ckpt, tmp_path):
     (["+spce=mtp8"], "unknown key 'spce': did you mean +spec=NAME (the speculator group)?"),
     (["eval.num_promts=8"], "unknown key 'eval.num_promts': did you mean eval.num_prompts?"),
     (["+eval.num_promts=8"], "unknown key 'eval.num_promts': did you mean eval.num_prompts?"),
-    (["+spec=mtp8", "spec.num_speculative_tokens=2.5"], "spec.num_speculative_tokens=2.5: give an integer >= 0, null or auto"),
-    (["+spec=mtp8", "spec.num_speculative_tokens=abc"], "spec.num_speculative_tokens='abc': give an integer >= 0, null or auto"),
+    (["+spec=mtp8", "spec.num_speculative_tokens=2.5"],
+     "spec.num_speculative_tokens=2.5: give an integer >= 0, null or auto"),
+    (["+spec=mtp8", "spec.num_speculative_tokens=abc"],
+     "spec.num_speculative_tokens='abc': give an integer >= 0, null or auto"),
     (["+spec=mtp8", "+spec.num_speculative_token=3"],
      "unknown key 'spec.num_speculative_token': did you mean spec.num_speculative_tokens?"),
     (["mode=train", "train.stpes=3"], "unknown key 'train.stpes': did you mean train.steps?"),
     (["model.hiden_size=64"], "unknown key 'model.hiden_size': did you mean model.hidden_size?"),
     (["engine.blok_size=4"], "unknown key 'engine.blok_size': did you mean engine.block_size?"),
-    (["data=gsm8k", "data.num_fewshots=2"], "unknown key 'data.num_fewshots': did you mean data.num_fewshot?"),
+    (["data=gsm8k", "data.num_fewshots=2"],
+     "unknown key 'data.num_fewshots': did you mean data.num_fewshot?"),
     (["data=random", "data.input_len=ten"], "data.input_len=ten: must be an integer"),
     (["eval.check_lossless=maybe"], "eval.check_lossless=maybe: must be true or false"),
     (["eval.max_tokens=null"], "eval.max_tokens=null: must not be null"),
     (["train.data_sources=gsm8k"], "train.data_sources=gsm8k: must be a list, e.g. [a,b]"),
     (["logger=wandb", "logger.projet=x"], "unknown key 'logger.projet': did you mean logger.project?"),
-    (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"], "spec.num_speculative_tokens='x': give an integer >= 0, null or auto"),
+    (["-m", "+spec=mtp1,mtp8", "spec.num_speculative_tokens=1,x"],
+     "spec.num_speculative_tokens='x': give an integer >= 0, null or auto"),
     (["engine.compile_depths=x"], "engine.compile_depths=x: must be a list, e.g. [a,b]"),
 ])
 def test_typos_and_wrong_types_fail_before_the_run(argv, message):
@@ -391,7 +405,8 @@ def test_typos_and_wrong_types_fail_before_the_run(argv, message):
     assert check_overrides(argv, Path(CONF)) == message
 
 
-@pytest.mark.parametrize("argv", [["--cfg", "job"], ["+spec=mtp8", "-c", "job"], ["--cfg", "all", "engine.block_size=4"]])
+@pytest.mark.parametrize("argv", [["--cfg", "job"], ["+spec=mtp8", "-c", "job"],
+                                  ["--cfg", "all", "engine.block_size=4"]])
 def test_hydras_own_flags_pass_the_check(argv):
     """README's `python train_or_eval.py --cfg job`: the flag's value is Hydra's, not an override."""
     assert check_overrides(argv, Path(CONF)) is None
@@ -420,7 +435,8 @@ def test_entry_point_prints_one_line_for_a_typo():
     res = subprocess.run([sys.executable, str(root / "train_or_eval.py"), "+eval.num_promts=8"],
                          capture_output=True, text=True, cwd=root, timeout=120)
     assert res.returncode == 2
-    assert res.stderr.strip().splitlines() == ["error: unknown key 'eval.num_promts': did you mean eval.num_prompts?"]
+    assert res.stderr.strip().splitlines() == [
+        "error: unknown key 'eval.num_promts': did you mean eval.num_prompts?"]
 
 
 def test_non_finite_weights_are_named(tiny_ckpt, tmp_path):
@@ -434,7 +450,8 @@ def test_non_finite_weights_are_named(tiny_ckpt, tmp_path):
     tensors = safetensors.torch.load_file(str(bad / "model.safetensors"))
     tensors["mtp.2.fc.weight"][0, 0] = float("nan")
     safetensors.torch.save_file(tensors, str(bad / "model.safetensors"))
-    with pytest.raises(CheckpointError, match=r"tensor 'mtp.2.fc.weight' \(mtpx mtp.2.fc.weight\) holds NaN or Inf"):
+    with pytest.raises(CheckpointError,
+                       match=r"tensor 'mtp.2.fc.weight' \(mtpx mtp.2.fc.weight\) holds NaN or Inf"):
         LLM(model=bad)
 
 
@@ -442,9 +459,9 @@ def test_a_position_that_never_accepts_is_flagged():
     from mtpx.evaluate import dead_position_warning
     from mtpx.metrics.stats import SpecDecodeCounts
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 0, 0])) == (
-        "warning: draft position 2 (counted from 0, as in per_position_acceptance and the figures) accepted 0 of "
-        "the 30 drafts that reached it (position 1 accepted them): check the weights of the module that drafts it "
-        "(mtp.2 with one module per position)")
+        "warning: draft position 2 (counted from 0, as in per_position_acceptance and the figures) accepted "
+        "0 of the 30 drafts that reached it (position 1 accepted them): check the weights of the module "
+        "that drafts it (mtp.2 with one module per position)")
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 5, 0])) is None   # too few tries
     assert dead_position_warning(SpecDecodeCounts(accepted_per_position=[50, 30, 2])) is None
     # automatic k: rounds that drafted only 2 tokens never reached position 3
@@ -457,8 +474,8 @@ def test_a_position_that_never_accepts_is_flagged():
 
 def test_k_zero_is_plain_decoding_in_a_sweep(tiny_ckpt, tmp_path):
     """spec.num_speculative_tokens=0 runs plain decoding, so a sweep over k can include it."""
-    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=0", "eval.num_prompts=2",
-                "eval.max_tokens=4", "logger=none"])
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=0",
+                "eval.num_prompts=2", "eval.max_tokens=4", "logger=none"])
     assert run_eval(cfg, tmp_path) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["num_drafts"] == 0 and metrics["run"]["spec"] is None
@@ -494,20 +511,21 @@ def test_wandb_run_starts_first_logs_live_and_gets_the_figures(tiny_ckpt, tmp_pa
     import mtpx.evaluate as ev
     _RecordingLogger.calls = []
     monkeypatch.setattr(ev, "RunLogger", _RecordingLogger)
-    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2", "eval.num_prompts=3",
-                "eval.max_tokens=6", "eval.concurrency=1", "logger=wandb"])
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2",
+                "eval.num_prompts=3", "eval.max_tokens=6", "eval.concurrency=1", "logger=wandb"])
     assert run_eval(cfg, tmp_path) == 0
     kinds = [c[0] for c in _RecordingLogger.calls]
     assert kinds[0] == "init" and kinds[-1] == "finish" and "log" in kinds
     assert kinds.index("log") < kinds.index("summary") < kinds.index("images")
     init = _RecordingLogger.calls[0][1]
     assert init["run_name"] == f"mtp8-k2-builtin-{tiny_ckpt.name}" and init["group"] is None
-    assert set(init["config"]) == {"mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger", "eval", "commit",
-                                   "threads", "threads_reason"}
+    assert set(init["config"]) == {"mode", "seed", "data_dir", "model", "data", "engine", "spec", "logger",
+                                   "eval", "commit", "threads", "threads_reason"}
     # the W&B model config is the loaded checkpoint's architecture, not the demo YAML's
     loaded = json.loads((tiny_ckpt / "config.json").read_text())
     assert init["config"]["model"]["hidden_size"] == loaded["hidden_size"] != _cfg([]).model.hidden_size
-    assert init["config"]["model"]["path"] == str(tiny_ckpt) and init["config"]["threads"] == torch.get_num_threads()
+    assert init["config"]["model"]["path"] == str(tiny_ckpt)
+    assert init["config"]["threads"] == torch.get_num_threads()
     from mtpx.io import source_commit
     assert init["config"]["commit"] == source_commit()
     live = next(c[1] for c in _RecordingLogger.calls if c[0] == "log")
@@ -535,7 +553,8 @@ def test_resumed_training_logs_to_the_same_wandb_run(tmp_path, monkeypatch):
     assert set(inits[0]["config"]) == {"mode", "seed", "data_dir", "model", "train", "logger", "commit"}
     configs = [c[1] for c in _RecordingLogger.calls if c[0] == "config"]
     assert len(configs) == 2 and configs[0]["model"]["hidden_size"] == 32 and configs[0]["threads"] == 1
-    assert configs[0]["model"]["num_nextn_predict_layers"] == 2 and configs[0]["threads_reason"] == "train.threads"
+    assert configs[0]["model"]["num_nextn_predict_layers"] == 2
+    assert configs[0]["threads_reason"] == "train.threads"
     assert configs[1]["threads_reason"] == "train.threads"
     images = [c[1] for c in _RecordingLogger.calls if c[0] == "images"]
     assert images == [["loss_curve.png"], ["loss_curve.png"]]
@@ -577,11 +596,13 @@ def test_eval_with_automatic_k_records_the_k_per_step(tiny_ckpt, tmp_path):
     assert costs.is_file() and "Drafts per step, k (% of steps)" in (tmp_path / "report.txt").read_text()
     # the per-request depths and the cost model against the running engine (issue 37)
     auto_k = metrics["auto_k"]
-    assert sum(auto_k["depth_histogram"].values()) == 4 and all(0 <= int(d) <= 4 for d in auto_k["depth_histogram"])
+    assert sum(auto_k["depth_histogram"].values()) == 4
+    assert all(0 <= int(d) <= 4 for d in auto_k["depth_histogram"])
     model = auto_k["cost_model"]
     assert set(model) <= {"1", "2-3"} and sum(r["decode_steps"] for r in model.values()) == sum(hist.values())
     compared = [r for r in model.values() if r["steps"]]
-    assert compared and all(r["predicted_speedup"] > 0 and r["measured_speedup"] > 0 and r["measured_step_ms"] > 0
+    assert compared and all(r["predicted_speedup"] > 0 and r["measured_speedup"] > 0
+                            and r["measured_step_ms"] > 0
                             and r["plain_step_ms_source"] in ("measured", "calibrated") for r in compared)
     report = (tmp_path / "report.txt").read_text()
     assert "Cost model: predicted vs measured speed-up over k = 0, per batch size" in report
@@ -594,7 +615,7 @@ def test_eval_with_automatic_k_that_never_drafts_writes_its_report(tiny_ckpt, tm
     and every step has k = 0, so nothing is drafted; the run still writes its report, its cost
     model (every compared step plain: predicted and measured speed-up 1) and figures, without the
     per-position figure it has no data for."""
-    from mtpx.engine.auto_k.store import save_step_costs
+    from mtpx.auto_k.store import save_step_costs
     costs = tmp_path / "costs.json"
     save_step_costs(costs, {(k, b): 1.0 + 100.0 * k for k in range(5) for b in (1, 2)}, {})
     cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=auto",
@@ -606,7 +627,8 @@ def test_eval_with_automatic_k_that_never_drafts_writes_its_report(tiny_ckpt, tm
     assert metrics["auto_k"]["depth_histogram"] == {"0": 4}
     rows = [r for r in metrics["auto_k"]["cost_model"].values() if r["steps"]]
     assert rows and all(r["predicted_speedup"] == 1.0 and r["measured_speedup"] == 1.0
-                        and r["plain_step_ms_source"] == "measured" and r["plain_steps"] == r["steps"] for r in rows)
+                        and r["plain_step_ms_source"] == "measured" and r["plain_steps"] == r["steps"]
+                        for r in rows)
     assert (tmp_path / "cost_model.png").is_file() and not (tmp_path / "per_position_acceptance.png").exists()
 
 
