@@ -102,8 +102,8 @@ class LLM:
             from mtpx.engine import tensor_parallel
             from mtpx.hf.loader import checkpoint_dtype
             self.model, self.tokenizer = tensor_parallel.load_shard(
-                model, self._tp_driver.tp, checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype], device,
-                draft_path, allow_pickle)
+                model, self._tp_driver.tp, checkpoint_dtype(model) if dtype == "auto" else DTYPES[dtype],
+                device, draft_path, allow_pickle)
             self.model.eval().tp_driver = self._tp_driver
         elif isinstance(model, MTPForCausalLM):
             self.model, self.tokenizer = model.eval(), tokenizer
@@ -131,14 +131,16 @@ class LLM:
         ranks, which build this engine too. Raises ValueError (one line) otherwise."""
         from mtpx.engine import tensor_parallel
         if isinstance(model, MTPForCausalLM):
-            driver, world = getattr(model, "tp_driver", None), getattr(getattr(model, "tp", None), "world_size", 1)
+            driver = getattr(model, "tp_driver", None)
+            world = getattr(getattr(model, "tp", None), "world_size", 1)
             if world > 1 and world != tp_size:
-                raise ValueError(f"engine.tensor_parallel_size={tp_size} but this model is split over {world} ranks: "
-                                 f"pass tensor_parallel_size={world}")
+                raise ValueError(f"engine.tensor_parallel_size={tp_size} but this model is split over "
+                                 f"{world} ranks: pass tensor_parallel_size={world}")
             if driver is None or driver.closed:
-                raise ValueError(f"engine.tensor_parallel_size={tp_size} needs a checkpoint folder (model=PATH): each "
-                                 "rank reads its own shard of it; an in-memory model cannot be split across processes"
-                                 + (" (this model's workers were shut down)" if driver is not None else ""))
+                closed = " (this model's workers were shut down)" if driver is not None else ""
+                raise ValueError(f"engine.tensor_parallel_size={tp_size} needs a checkpoint folder "
+                                 "(model=PATH): each rank reads its own shard of it; an in-memory model "
+                                 f"cannot be split across processes{closed}")
             return driver, False
         from mtpx.hf.loader import checkpoint_dtype
         return tensor_parallel.start(tp_size, dict(
