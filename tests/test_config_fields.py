@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mtpx import LLM, schema
+from mtpx.auto_k.config import AutoKConfig
 from mtpx.cli import check_overrides
 from mtpx.engine.config import EngineConfig
 from mtpx.models.config import ModelConfig, literal_choices
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import gen_config_docs  # noqa: E402
 
-CONFIG_CLASSES = sorted({EngineConfig, ModelConfig, groups.RunConfig, groups.DemoLoading,
+CONFIG_CLASSES = sorted({EngineConfig, ModelConfig, AutoKConfig, groups.RunConfig, groups.DemoLoading,
                          *(cls for options in schema.SCHEMAS.values() for cls in options.values()
                            if cls is not schema.DemoModel)}, key=lambda c: c.__name__)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = ["AutoKConfig"]
 
@@ -44,8 +45,9 @@ class AutoKConfig:
     """The share of the predicted step time exploring may spend before it pauses (1: no limit)."""
     optimistic_falls: bool = True
     """A fall lands where the upper estimates pay most (`_landing`), else on the best k."""
-    admission_landing: str = "request"
-    """Where an admission below the k in use lands: batch, request or off."""
+    admission_landing: Literal["batch", "request", "off"] = "request"
+    """Where an admission below the k in use lands: batch, request or off (checked by
+    AutoDraftLength)."""
     patient_start: bool = False
     """The first step after a reset waits `patience` steps to fall, as every other."""
     free_landing_lead: float = 0.1
