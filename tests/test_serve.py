@@ -368,6 +368,7 @@ def test_sigterm_under_load_exits_0_within_shutdown_timeout(tiny_ckpt, tmp_path)
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err[-2000:]
+    print(f"SIGTERM under load to exit: {elapsed:.2f} s (serve.shutdown_timeout={timeout})")
     assert elapsed < timeout + 5, elapsed
     assert "server stopped" in out
     assert (streams[4][-1] == "[DONE]"
