@@ -55,9 +55,10 @@ The `spec` group is not in the defaults: `+spec=mtp8` adds it, and without it a 
 without speculation. The Python API takes the same engine keys as keyword arguments
 (`LLM(model=..., enable_prefix_caching=True)`, see [Getting started](getting_started.md)).
 
-Each group's checks (ranges such as a batch size >= 1 or a rate > 0, and the choices of the keys
-typed `"a" | "b"`) are in one place, its dataclass's `check` (`mtpx/schema/groups.py`; the
-engine's in `EngineConfig.__post_init__`), and stop the run with one line naming the key.
+Each value is checked in one place and stops the run with one line naming the key: ranges (a
+batch size >= 1, a rate > 0) and the choices of the keys typed `"a" | "b"` in the group's `check`
+(`mtpx/schema/groups.py`), `EngineConfig.__post_init__` or `ModelConfig.__post_init__`, or, where
+the meaning says so, in the code that reads the key.
 """
 
 
