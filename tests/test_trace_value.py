@@ -82,8 +82,9 @@ def test_trace_value_counts_modules_edges_and_returns(tmp_path):
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
-    done = subprocess.run([sys.executable, str(TOOL), "--root", str(tmp_path), "--entry", "mtpx.top.api.Api.__init__",
-                           "--json"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, str(TOOL), "--root", str(tmp_path),
+                           "--entry", "mtpx.top.api.Api.__init__", "--json"],
+                          capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["modules"] == ["mtpx.top.api", "mtpx.mid.engine", "mtpx.low.runner", "mtpx.mid.warm"]

@@ -3,29 +3,24 @@
     python tools/trace_value.py --root /work/base        # LLM.__init__'s num_speculative_tokens
     python tools/trace_value.py --root . --entry mtpx.engine.llm.LLM.__init__ --param k --json
 
-The value is carried by: a tracked parameter; a local name bound to an expression that carries it
-(`k = n`, `k = min(n, d)`, `for k in range(n + 1)`); `self.A` after the class (or an mtpx base) stored
-it there (`self.A = k`; a dataclass-like class without `__init__` stores its fields); `X.A` where X
-holds an object storing it in A. An expression carries it when any part does, except an if
-expression's test, a lambda, and calls into mtpx (their results are objects: a call given the value or
-a holder object returns a *holder*, e.g. `self.speculator = build_speculator(spec, model, k)`).
+Carriers of the value in a function: a parameter it landed in; a name bound to a carrying expression
+(`k = n`, `min(n, d)`, `n + 1`, `for k in range(n)`; not an if expression's test, a lambda, `x[k]`, or a
+call into mtpx or another package); `self.A` once the class (a base or a subclass: mixins) stored it
+there, or a class without `__init__` got it as field A; `X.A` where X is a *holder*: an object built by
+an mtpx call given the value or a holder (`self.speculator = build_speculator(spec, model, k)`), `self`
+of a class storing one, a parameter bound to one. A call passes the value on when an argument carries
+it, or is a holder that the callee reads it out of (`engine.num_speculative_tokens`, also through
+aliases and the calls it forwards the holder to). Callees resolve under ROOT/mtpx through imports,
+`module.f`, `C(...)` -> `C.__init__`, `TABLE[key](...)` (a module-level dict of names), `super().m`,
+and `X.m` for X of known class (self, an annotation, the holder's class, `self.x = C(...)`, a property's
+return annotation). A class storing the value or a holder in `self.A` also passes it to each method of
+the class reading it through `self.A` (edge: storer -> reader). The walk is depth first, calls in
+source order, a function analysed again only for a new parameter, repeated until nothing grows.
+Builtins and other packages are skipped; unresolved callees given the value itself are listed.
 
-A call passes the value on when an argument carries it, or when an argument is a holder and the callee
-reads the value out of that parameter (`engine.num_speculative_tokens`, `engine.runner.max_len`).
-Callees resolve to definitions under ROOT/mtpx through imports and re-exports, `module.name`,
-`ClassName(...)` (its `__init__`), `TABLE[key](...)` (a module-level dict of names), `super().m` and
-`X.m` when X's class is known: `self`, a parameter's annotation or the holder class the caller bound
-it to, `self.x` after `self.x = ClassName(...)`. A class that stores the value (or a holder) in
-`self.A` passes it to each method of its own and its subclasses that reads the value through `self.A`
-(an edge storer -> reader). The callee is analysed, again only when it gets a new parameter; the walk
-repeats until nothing grows. Builtins and other packages are skipped; any other call passing the value
-whose callee cannot be resolved is listed.
-
-Modules are listed in first-visit order of the final depth-first walk (calls in source order). A
-*return to a module higher up* is a call edge from module A to module B != A where B is above A: in a
-higher layer of pyproject.toml's import-linter layers contract, or in the same layer and B imports A
-(directly or through other mtpx modules; imports under `if TYPE_CHECKING:` excluded), so the value went
-down the import order and comes back up to B. Counted as call edges and as distinct module pairs.
+A *return to a module higher up* is a call edge A -> B between modules where B is in a higher layer of
+pyproject.toml's import-linter layers contract, or in the same layer, visited before A, with a chain of
+the walk's calls from B to A: the value left B, went down to A and comes back up to B.
 """
 from __future__ import annotations
 
@@ -44,34 +39,33 @@ FUNC = ast.FunctionDef
 
 
 class Index:
-    """ROOT/mtpx's modules: module-level definitions and dicts of names, imports, classes, layers."""
+    """ROOT/mtpx's modules: module-level definitions and dicts of names, imports, classes; the layers."""
 
     def __init__(self, root: Path):
         self.defs, self.tables, self.imports = {}, {}, {}
-        trees = {}
         for path in sorted((root / "mtpx").rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
-            trees[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = (ast.parse(path.read_text()), parts)
-        for mod, (tree, parts) in trees.items():
-            self.defs[mod] = {n.name: n for n in tree.body if isinstance(n, (FUNC, ast.ClassDef))}
-            self.tables[mod] = {t.id: [v.id for v in n.value.values if isinstance(v, ast.Name)] for n in tree.body
-                                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
-                                for t in n.targets if isinstance(t, ast.Name)}
-            imports = self.imports.setdefault(mod, {})
+            mod = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            tree = ast.parse(path.read_text())
             package = mod if parts[-1] == "__init__" else mod.rpartition(".")[0]
+            self.defs[mod] = {n.name: n for n in tree.body if isinstance(n, (FUNC, ast.ClassDef))}
+            self.tables[mod] = {t.id: [v.id for v in n.value.values if isinstance(v, ast.Name)]
+                                for n in tree.body if isinstance(n, ast.Assign)
+                                and isinstance(n.value, ast.Dict)
+                                for t in n.targets if isinstance(t, ast.Name)}
+            imports = self.imports[mod] = {}
             for node in ast.walk(tree):
-                if isinstance(node, ast.Import):
-                    for a in node.names:
-                        imports[a.asname or a.name.split(".")[0]] = ("module", a.name if a.asname
-                                                                     else a.name.split(".")[0])
-                elif isinstance(node, ast.ImportFrom):
+                for a in node.names if isinstance(node, ast.Import) else []:
+                    top = a.name.split(".")[0]
+                    imports[a.asname or top] = ("module", a.name if a.asname else top)
+                if isinstance(node, ast.ImportFrom):
                     src = ".".join(p for p in (package.rsplit(".", node.level - 1)[0] if node.level else "",
                                                node.module or "") if p)
-                    for a in node.names:
-                        imports[a.asname or a.name] = ("name", src, a.name)
-        self.classes = {(m, n): d for m, ds in self.defs.items() for n, d in ds.items() if isinstance(d, ast.ClassDef)}
-        contract = next(c for c in tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
-                        ["contracts"] if c["type"] == "layers")
+                    imports.update({a.asname or a.name: ("name", src, a.name) for a in node.names})
+        self.classes = {(m, n): d for m, ds in self.defs.items() for n, d in ds.items()
+                        if isinstance(d, ast.ClassDef)}
+        linter = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["importlinter"]
+        contract = next(c for c in linter["contracts"] if c["type"] == "layers")
         self.layer_of = {p.strip(): i for i, layer in enumerate(contract["layers"]) for p in layer.split("|")}
 
     def resolve(self, mod: str, name: str, depth: int = 0):
@@ -90,7 +84,7 @@ class Index:
         return ("external",) if hasattr(builtins, name) else None
 
     def class_named(self, mod, expr):
-        """The class key an annotation or a callee expression names (`C`, `"C"`, `C | None`), or None."""
+        """The class key (module, name) an annotation or callee names (`C`, `"C"`, `C | None`), or None."""
         if isinstance(expr, ast.Constant) and isinstance(expr.value, str):
             expr = ast.parse(expr.value, mode="eval").body
         if isinstance(expr, ast.BinOp):
@@ -99,7 +93,7 @@ class Index:
         return (r[1], r[2].name) if r and r[0] == "def" and isinstance(r[2], ast.ClassDef) else None
 
     def bases(self, key):
-        """key = (module, class name) and its mtpx base classes, nearest first."""
+        """key and its mtpx base classes, nearest first."""
         out = [key]
         for b in self.classes[key].bases:
             found = self.class_named(key[0], b)
@@ -107,16 +101,13 @@ class Index:
         return out
 
     def family(self, key):
-        """key, its mtpx bases and its subclasses (which share self when key is a mixin)."""
+        """key, its bases and its subclasses (which share self when key is a mixin)."""
         return self.bases(key) + sorted(k for k in self.classes if k != key and key in self.bases(k))
 
     def method(self, key, name):
-        """The walk target (module, qualname, node, class key) of a method of key or its bases, or None."""
-        for k in self.bases(key) if key else []:
-            for n in self.classes[k].body:
-                if isinstance(n, FUNC) and n.name == name:
-                    return (k[0], f"{k[1]}.{name}", n, k)
-        return None
+        """The walk target (module, qualname, node, class key) of method `name` of key or a base, or None."""
+        return next(((k[0], f"{k[1]}.{name}", n, k) for k in (self.bases(key) if key else [])
+                     for n in self.classes[k].body if isinstance(n, FUNC) and n.name == name), None)
 
     def target(self, mod, node):
         if isinstance(node, ast.ClassDef):
@@ -142,44 +133,49 @@ class Frame:
         self.local_defs = {n.name for n in self.body if isinstance(n, FUNC) and n is not self.node}
         assigns = [(tg, n.value) for n in self.body if isinstance(n, ast.Assign) for tg in n.targets]
         self.locals = set(self.annotations) | {tg.id for tg, _ in assigns if isinstance(tg, ast.Name)}
-        plain = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp, ast.Constant, ast.JoinedStr)
-        self.builtin_typed = {tg.id for tg, v in assigns if isinstance(tg, ast.Name) and (isinstance(v, plain) or (
-            isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id in ("list", "dict", "set")))}
+        plain = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp, ast.Constant,
+                 ast.JoinedStr)
+        made = ("list", "dict", "set")
+        self.builtin_typed = {tg.id for tg, v in assigns if isinstance(tg, ast.Name) and (
+            isinstance(v, plain) or isinstance(v, ast.Call) and getattr(v.func, "id", 0) in made)}
         self.stored, self.dry, self.typing = set(), dry, set()
 
     def _self_attr(self, e):
         return isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) and e.value.id == self.selfname
 
+    def _stored(self, attr, holders) -> bool:
+        return any((k, attr) in holders for k in self.ix.family(self.ckey))
+
     def carries(self, e) -> bool:
         if isinstance(e, ast.Name):
             return e.id in self.values
         if isinstance(e, ast.Attribute):
-            if self._self_attr(e):
-                return any((k, e.attr) in self.w.vhold for k in self.ix.family(self.ckey))
-            return e.attr in self.w.vnames and self.holds(e.value)
+            return self._stored(e.attr, self.w.vhold) if self._self_attr(e) else (
+                e.attr in self.w.vnames and self.holds(e.value))
         if isinstance(e, ast.IfExp):
             return self.carries(e.body) or self.carries(e.orelse)
-        if isinstance(e, ast.Call):     # a builtin's result (min(k, d), range(k + 1)), a method's of it (ks.values())
+        if isinstance(e, ast.Call):     # a builtin's result (min(k, d), range(k + 1)), ks.values()
             if isinstance(e.func, ast.Attribute) and self.carries(e.func.value):
                 return not self.callees(e.func)
-            return (isinstance(e.func, ast.Name) and e.func.id not in self.locals and hasattr(builtins, e.func.id)
-                    and any(self.carries(x) for x in e.args + e.keywords))
+            return (isinstance(e.func, ast.Name) and e.func.id not in self.locals
+                    and hasattr(builtins, e.func.id) and any(self.carries(x) for x in e.args + e.keywords))
         if isinstance(e, ast.Subscript):    # ks[0], not drafts[:k]
             return self.carries(e.value)
         return not isinstance(e, ast.Lambda) and any(self.carries(c) for c in ast.iter_child_nodes(e))
 
     def holds(self, e) -> bool:
         if isinstance(e, ast.Name):
-            return e.id in self.objects or (e.id == self.selfname and any(
-                k in self.ix.family(self.ckey) for k, _ in list(self.w.vhold) + list(self.w.ohold)))
+            held = self.w.vhold | set(self.w.ohold)
+            return e.id in self.objects or (e.id == self.selfname
+                                            and any(self._stored(a, held) for _, a in held))
         if isinstance(e, ast.Attribute):
-            if self._self_attr(e):
-                return any((k, e.attr) in self.w.ohold for k in self.ix.family(self.ckey))
-            return e.attr in self.w.onames and self.holds(e.value)
+            return self._stored(e.attr, self.w.ohold) if self._self_attr(e) else (
+                e.attr in self.w.onames and self.holds(e.value))
         if isinstance(e, ast.IfExp):
             return self.holds(e.body) or self.holds(e.orelse)
         if isinstance(e, ast.Call):
-            return bool(self.callees(e.func)) and any(self.carries(x) or self.holds(x) for x in e.args + e.keywords)
+            return bool(self.callees(e.func)) and any(self.carries(x) or self.holds(x)
+                                                      for x in e.args + e.keywords)
         return isinstance(e, ast.keyword) and self.holds(e.value)
 
     def class_of(self, e):
@@ -194,8 +190,9 @@ class Frame:
             if e.id in self.typing:     # a cycle: unknown
                 return None
             self.typing.add(e.id)      # a local: the class of what it was bound to (kv = engine.kv)
-            found = next((c for n in self.body if isinstance(n, ast.Assign) and any(
-                isinstance(x, ast.Name) and x.id == e.id for x in n.targets) if (c := self.class_of(n.value))), None)
+            found = next((c for n in self.body if isinstance(n, ast.Assign)
+                          and any(getattr(x, "id", None) == e.id for x in n.targets)
+                          if (c := self.class_of(n.value))), None)
             self.typing.discard(e.id)
             return found
         if isinstance(e, ast.Call):
@@ -209,7 +206,8 @@ class Frame:
                 if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and any(
                         isinstance(x, ast.Attribute) and x.attr == e.attr for x in tg):
                     found = ix.class_named(k[0], n.value.func)
-                elif isinstance(n, ast.AnnAssign) and getattr(tg[0], "attr", getattr(tg[0], "id", None)) == e.attr:
+                elif isinstance(n, ast.AnnAssign) and e.attr == getattr(tg[0], "attr",
+                                                                         getattr(tg[0], "id", 0)):
                     found = ix.class_named(k[0], n.annotation)
                 elif isinstance(n, FUNC) and n.name == e.attr and n.returns is not None:
                     found = ix.class_named(k[0], n.returns)
@@ -226,7 +224,7 @@ class Frame:
             if func.id in self.local_defs:
                 return []
             r = ix.resolve(self.mod, func.id)
-            return [ix.target(r[1], r[2])] if r and r[0] == "def" else [] if r and r[0] == "external" else None
+            return [ix.target(r[1], r[2])] if r and r[0] == "def" else [] if r == ("external",) else None
         if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name):
             r = ix.resolve(self.mod, func.value.id)
             found = [ix.resolve(r[1], n) for n in r[2]] if r and r[0] == "table" else []
@@ -247,33 +245,24 @@ class Frame:
         root = v
         while isinstance(root, ast.Attribute):
             root = root.value
-        r = ix.resolve(self.mod, root.id) if isinstance(root, ast.Name) and root.id not in self.locals else None
+        local = not isinstance(root, ast.Name) or root.id in self.locals
+        r = None if local else ix.resolve(self.mod, root.id)
         if r and isinstance(v, ast.Name) and r[0] == "module":
             found = ix.resolve(r[1], func.attr)
             return [ix.target(found[1], found[2])] if found and found[0] == "def" else None
-        if r and isinstance(v, ast.Name) and r[0] == "def" and isinstance(r[2], ast.ClassDef):
-            found = ix.method((r[1], r[2].name), func.attr)
-            return [found] if found else None
-        return [] if r and r[0] == "external" else None
+        found = ix.method(ix.class_named(self.mod, v), func.attr) if r and isinstance(v, ast.Name) else None
+        return [found] if found else [] if r and r[0] == "external" else None
 
     def bind(self, tg, obj: bool = False, cls=None) -> None:
-        if isinstance(tg, (ast.Tuple, ast.List)):
-            for x in tg.elts:
+        """Bind target tg to the value, or (obj) to a holder of class cls."""
+        if isinstance(tg, (ast.Tuple, ast.List, ast.Starred)):
+            for x in getattr(tg, "elts", None) or [tg.value]:
                 self.bind(x, obj, cls)
-        elif isinstance(tg, ast.Starred):
-            self.bind(tg.value, obj, cls)
-        elif isinstance(tg, ast.Name) and obj:
-            self.objects[tg.id] = self.objects.get(tg.id) or cls
         elif isinstance(tg, ast.Name):
-            self.values.add(tg.id)
+            self.objects.update({tg.id: self.objects.get(tg.id) or cls}) if obj else self.values.add(tg.id)
         elif self._self_attr(tg) and self.ckey and not self.dry:
             self.stored.add(tg.attr)
-            if obj:
-                self.w.ohold[(self.ckey, tg.attr)] = self.w.ohold.get((self.ckey, tg.attr)) or cls
-                self.w.onames.add(tg.attr)
-            else:
-                self.w.vhold.add((self.ckey, tg.attr))
-                self.w.vnames.add(tg.attr)
+            self.w.hold(self.ckey, tg.attr, obj, cls)
 
     def bind_locals(self) -> None:
         """Local names and self attributes bound to the value or a holder, to a fixpoint (order-free)."""
@@ -313,6 +302,15 @@ class Walk:
             if self.size() == before:
                 break
 
+    def hold(self, ckey, attr, obj: bool, cls=None) -> None:
+        """Class ckey stores the value (or a holder of class cls) in attribute attr."""
+        if obj:
+            self.ohold[(ckey, attr)] = self.ohold.get((ckey, attr)) or cls
+            self.onames.add(attr)
+        else:
+            self.vhold.add((ckey, attr))
+            self.vnames.add(attr)
+
     def size(self):
         return (sum(map(len, self.vparams.values())), sum(len(p) + sum(map(bool, p.values()))
                                                            for p in self.oparams.values()),
@@ -339,7 +337,8 @@ class Walk:
             f = Frame(self, t, dry=True)
             f.objects[name] = cls
             f.bind_locals()     # aliases: policy = engine.draft_length
-            self.memo[key] = any(self.reads_value(t[2], n, first if n == name else None) for n in f.objects) or any(
+            self.memo[key] = any(self.reads_value(t[2], n, first if n == name else None)
+                                 for n in f.objects) or any(
                 self.wants(c, p, cls=f.objects[a.id]) for call in f.body if isinstance(call, ast.Call)
                 for i, a in list(enumerate(call.args)) + [(k.arg, k.value) for k in call.keywords]
                 if isinstance(a, ast.Name) and a.id in f.objects for c in f.callees(call.func) or []
@@ -354,7 +353,8 @@ class Walk:
         f.bind_locals()
         if isinstance(f.node, ast.ClassDef):
             f.stored = {a for k, a in list(self.vhold) + list(self.ohold) if k == f.ckey}
-        for call in sorted((n for n in f.body if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset)):
+        calls = sorted((n for n in f.body if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+        for call in calls:
             args = list(enumerate(call.args)) + [(k.arg, k.value) for k in call.keywords]
             vals = [(i, a) for i, a in args if f.carries(a)]
             objs = [(i, a, f.class_of(a)) for i, a in args if not f.carries(a) and f.holds(a)]
@@ -366,22 +366,21 @@ class Walk:
         if f.stored and f.ckey:      # the methods that read what this function stored in self
             for sub in self.ix.family(f.ckey):
                 for m in self.ix.classes[sub].body:
+                    reader = (sub[0], f"{sub[1]}.{getattr(m, 'name', '')}", m, sub)
                     if (isinstance(m, FUNC) and m is not f.node and m.args.args
-                            and self.wants((sub[0], f"{sub[1]}.{m.name}", m, sub), m.args.args[0].arg, f.stored)):
-                        self.edge(t, (sub[0], f"{sub[1]}.{m.name}", m, sub))
+                            and self.wants(reader, m.args.args[0].arg, f.stored)):
+                        self.edge(t, reader)
 
     def enter(self, t, c, vals, objs) -> None:
         """Bind the call's carrying arguments to c's parameters (or fields) and walk c if any landed."""
         node, ckey = c[2], c[3]
         if isinstance(node, ast.ClassDef):     # a class without __init__: its annotated fields
-            fields = [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+            fields = [s.target.id for s in node.body
+                      if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
             field = {i: (fields[i] if isinstance(i, int) and i < len(fields) else i) for i, *_ in vals + objs}
-            self.vhold |= {(ckey, field[i]) for i, _ in vals if field[i]}
-            self.vnames |= {field[i] for i, _ in vals if field[i]}
-            for i, _, cls in objs:
+            for i, _, *cls in vals + objs:
                 if field[i]:
-                    self.ohold[(ckey, field[i])] = self.ohold.get((ckey, field[i])) or cls
-                    self.onames.add(field[i])
+                    self.hold(ckey, field[i], bool(cls), *cls)
             if any(field.values()):
                 self.edge(t, c)
             return
@@ -466,7 +465,8 @@ def main(argv=None) -> None:
           *(f"{'R' if tuple(e) in up else ' '} {e[0]} -> {e[1]}" for e in out["edges"]), sep="\n  ")
     print(f"{len(out['returns'])} returns, {len(out['return_module_pairs'])} distinct module pairs:",
           *(f"{a} -> {b}" for a, b in out["return_module_pairs"]), sep="\n  ")
-    print(f"{len(out['unresolved'])} calls passing the value, callee not resolved:", *out["unresolved"], sep="\n  ")
+    print(f"{len(out['unresolved'])} calls passing the value, callee not resolved:", *out["unresolved"],
+          sep="\n  ")
     print("attributes storing the value:", ", ".join(out["value_attributes"]))
     print("attributes storing a holder:", ", ".join(out["holder_attributes"]))
 
