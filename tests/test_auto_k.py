@@ -519,7 +519,7 @@ def test_an_explored_admission_weighs_its_prefill_and_spends_it_from_the_budget(
     assert p.explore_spent() == pytest.approx(200.0 / (100.0 / 0.01))   # 0.02 > 0.01
     assert p.decide_depth(16, prompt_tokens=1000, max_tokens=10 ** 6).depth == 0
     p.commit(p.decide(16, 1, held=1, depths=[1]))           # the steps' window keeps its start
-    assert p._step_ms == pytest.approx(0.99 * 10000 + 180.0)
+    assert p.budget.step_ms == pytest.approx(0.99 * 10000 + 180.0)
 
 
 def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():

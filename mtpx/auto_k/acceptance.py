@@ -154,7 +154,8 @@ class AcceptanceEstimates:
             total, weight = [0.0] * (k + 1), sum(mix)
             for b, n in enumerate(mix):
                 if n:
-                    for j, t in enumerate(self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)):
+                    tokens = self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)
+                    for j, t in enumerate(tokens):
                         total[j] += n * t
             out = [t / weight for t in total]
         if key is not None:

@@ -27,7 +27,8 @@ class Admission:
         Exploring may admit it deeper (`_explore_target`, weighing the same prefill); the
         prefill beyond the depth it would have had is then exploring's spend (explore_ms)."""
         top = self.max_k
-        extra = [self.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0 for k in range(top + 1)]
+        extra = [self.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0
+                 for k in range(top + 1)]
         g = self._with_prefill(self._goodputs(batch_size, top, mix), extra)
         best = max(range(top + 1), key=g.__getitem__)
         depth, spend = self.k, 0.0
@@ -35,7 +36,8 @@ class Admission:
             if best < self.k:
                 depth = self._admission_landing(g, best, batch_size, mix)
                 if batch_size > 1 and depth > best and \
-                        self._upper_goodputs(g, best, depth, mix)[depth] <= (1 + self.free_landing_lead) * g[best]:
+                        self._upper_goodputs(g, best, depth, mix)[depth] \
+                        <= (1 + self.free_landing_lead) * g[best]:
                     if self.explore_spent() >= self.explore_budget:      # a marginal lead: exploring's
                         depth = best
                     else:
@@ -81,10 +83,12 @@ class Admission:
             return True
         k, margin, est = self.k, 1 + self.rise_hysteresis, self.estimates
         with_it = list(depths) + [best]
-        gh = self._goodputs(batch_size, best, mix, depths=with_it, curve=self.held_cost_curve(batch_size, max(with_it)))
+        gh = self._goodputs(batch_size, best, mix, depths=with_it,
+                            curve=self.held_cost_curve(batch_size, max(with_it)))
         if extra is not None:
             gh = self._with_prefill(gh, extra)
         if gh[best] > margin * gh[k]:
             return True
-        low = est.expected_tokens(best, mix, k, -self.optimism, self.min_verified) / est.expected_tokens(best, mix)
+        low = (est.expected_tokens(best, mix, k, -self.optimism, self.min_verified)
+               / est.expected_tokens(best, mix))
         return g[best] * low > margin * g[k]

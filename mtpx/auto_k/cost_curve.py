@@ -103,10 +103,12 @@ class RunningMedian:
 
     def __eq__(self, other) -> bool:
         return (isinstance(other, RunningMedian) and self.recent.maxlen == other.recent.maxlen
-                and (self.recent, self.count, self.value, self.at) == (other.recent, other.count, other.value, other.at))
+                and (self.recent, self.count, self.value, self.at)
+                == (other.recent, other.count, other.value, other.at))
 
     def __repr__(self) -> str:
-        return f"RunningMedian(value={self.value}, count={self.count}, at={self.at}, recent={list(self.recent)})"
+        return (f"RunningMedian(value={self.value}, count={self.count}, at={self.at}, "
+                f"recent={list(self.recent)})")
 
 
 def running_median(table: dict, key, value: float, window: int, at: int = 0) -> None:

@@ -30,7 +30,7 @@ class StepCostLearning:
             for k, ms in enumerate(smooth_step_costs([step_costs[(k, b)] for k in range(self.max_k + 1)])):
                 costs[(k, b)] = ms
         self.step_costs, self._batches, self._calibrated_by_batch = costs, batches, StepMemo()
-        self._unsettle()
+        self.settled.clear()
         self._costs_changed()
 
     def set_draft_costs(self, draft_costs: dict) -> None:
@@ -40,7 +40,8 @@ class StepCostLearning:
         batches = sorted({b for _, b in draft_costs})
         missing = [(k, b) for b in batches for k in range(self.max_k + 1) if (k, b) not in draft_costs]
         if missing:
-            raise ValueError(f"draft costs miss (k, batch size) {missing[:4]}: give every k in 0..{self.max_k}")
+            raise ValueError(f"draft costs miss (k, batch size) {missing[:4]}: "
+                             f"give every k in 0..{self.max_k}")
         self._draft_costs = {kb: max(0.0, ms) for kb, ms in draft_costs.items()} if batches else None
         self._draft_batches = batches
         self._costs_changed()
@@ -207,7 +208,8 @@ class StepCostLearning:
         set_step_costs)."""
         memo = self._calibrated_by_batch
         if batch_size not in memo:
-            memo[batch_size] = [_in_batch(self.step_costs, self._batches, k, batch_size) for k in range(self.max_k + 1)]
+            memo[batch_size] = [_in_batch(self.step_costs, self._batches, k, batch_size)
+                                for k in range(self.max_k + 1)]
         return memo[batch_size]
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
@@ -268,7 +270,8 @@ class StepCostLearning:
                           self.calibrated_cost(0, B), num_tokens, step_ms)
         lo = min(int(x), self.max_k)
         hi = min(lo + 1, self.max_k)
-        calibrated = self.calibrated_cost(lo, B) + (x - lo) * (self.calibrated_cost(hi, B) - self.calibrated_cost(lo, B))
+        low, high = self.calibrated_cost(lo, B), self.calibrated_cost(hi, B)
+        calibrated = low + (x - lo) * (high - low)
         self._learn_cost(k, B, step_ms / calibrated)
 
     def _learn_cost(self, k: int, batch_size: int, ratio: float) -> None:
@@ -287,7 +290,8 @@ class StepCostLearning:
         if any(other != key for other in self._level_keys):
             running_median(table, key, ratio / level, self.cost_window, self._steps)
         else:
-            running_median(table, key, table[key].value if key in table else 1.0, self.cost_window, self._steps)
+            running_median(table, key, table[key].value if key in table else 1.0, self.cost_window,
+                           self._steps)
         shape = self._known_shape(key)
         self.every_k_correction.add(ratio / (1.0 if shape is None else shape), self._steps)
         self._level_keys.append(key)

@@ -52,7 +52,8 @@ def tokens_per_round(per_position_acceptance: Sequence[float], k: int) -> float:
 def predict(per_position_acceptance: Sequence[float], costs: Sequence[dict]) -> list[dict]:
     """Predicted output throughput (tokens/s) for every calibrated (k, B) (module doc).
 
-    costs: `measure_step_costs`'s rows (or any with k, batch_size, step_ms). Returns them with "tokens_per_round" and "predicted_throughput"
+    costs: `measure_step_costs`'s rows (or any with k, batch_size, step_ms). Returns them with
+    "tokens_per_round" and "predicted_throughput"
     added (rows with k beyond the measured positions are left out)."""
     out = []
     for c in costs:

@@ -1,11 +1,47 @@
 """Exploring, the half of automatic k that tests what the estimates cannot yet tell (scheduler
 side, no torch): an unlearned draft position that could pay at its upper estimate, or a
-neighbour k whose step cost is only calibrated, within a budget of the steps' predicted cost. A
-mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module doc gives the rules; it owns
-no state of its own (AutoDraftLength.reset creates it)."""
+neighbour k whose step cost is only calibrated, within a budget of the steps' predicted cost. The budget
+is an object (`ExploreBudget`) that owns its state; the queries are a mixin of AutoDraftLength
+(mtpx/auto_k/policy.py), whose module doc gives the rules."""
 from __future__ import annotations
 
-__all__ = ["Exploring"]
+__all__ = ["Exploring", "ExploreBudget"]
+
+
+class ExploreBudget:
+    """What exploring spent of the decode steps' predicted cost, both discounted by decay per
+    step: an exploring probe's cost over the k in use's, a step's cost over what it would cost
+    with no request held deeper than the k in use, and an explored admission's extra prefill.
+    The steps' sum starts as a full discount window, 1 / (1 - decay) steps, of the first step's
+    cost, so the first probes are measured against a window and not against themselves."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.explore_ms = 0.0                 # discounted predicted ms exploring spent
+        self.step_ms: float | None = None     # discounted predicted ms of every step (None: no step yet)
+
+    def __eq__(self, other) -> bool:      # a policy's state compares by value (copies in tests)
+        return isinstance(other, ExploreBudget) and vars(self) == vars(other)
+
+    def spent(self) -> float:
+        """The share spent (0 before any step)."""
+        return self.explore_ms / self.step_ms if self.step_ms else 0.0
+
+    def _open(self, step_ms: float) -> None:
+        if self.step_ms is None:
+            self.step_ms = step_ms / (1 - self.decay) if self.decay < 1 else 0.0
+
+    def step(self, step_ms: float, explore_ms: float) -> None:
+        """A committed step of predicted step_ms, explore_ms of it exploring's."""
+        self.explore_ms = self.decay * self.explore_ms + explore_ms
+        self._open(step_ms)
+        self.step_ms = self.decay * self.step_ms + step_ms
+
+    def admission(self, step_ms: float, explore_ms: float) -> None:
+        """An explored admission's prefill, explore_ms, at a step of predicted step_ms (the window
+        before any step)."""
+        self._open(step_ms)
+        self.explore_ms += explore_ms
 
 
 class Exploring:
@@ -34,13 +70,8 @@ class Exploring:
         return target
 
     def explore_spent(self) -> float:
-        """The share of the decode steps' predicted cost that exploring spent, both discounted by
-        decay per step (`commit`): an exploring probe's cost over the k in use's, and a step's
-        cost over what it would cost with no request held deeper than the k in use (held depths
-        are explored ones, or ones waiting `patience` steps to fall). The steps' sum starts as a
-        full discount window, 1 / (1 - decay) steps, of the first step's cost, so the first
-        probes are measured against a window and not against themselves (0 before any step)."""
-        return self._explore_ms / self._step_ms if self._step_ms else 0.0
+        """The share of the decode steps' predicted cost that exploring spent (ExploreBudget)."""
+        return self.budget.spent()
 
     def explore_depth(self, k: int, batch_size: int, top: int | None = None,
                       mix: list[float] | None = None, extra: list[float] | None = None) -> int | None:
@@ -58,7 +89,8 @@ class Exploring:
         curve, est = self.step_cost_curve(b), self.estimates
 
         def goodput(j: int, tokens: float) -> float:
-            return self._with_prefill([b * tokens / curve[j]], [extra[j]])[0] if extra else b * tokens / curve[j]
+            g = b * tokens / curve[j]
+            return self._with_prefill([g], [extra[j]])[0] if extra else g
         first = next((i for i in range(k, top) if self.unlearned(i, mix)), None)   # position first + 1
         if first is None:
             return None

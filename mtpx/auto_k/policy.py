@@ -13,10 +13,9 @@ estimates cannot yet tell apart; a settled decision holds a few steps (settled.p
 depth is chosen at admission (admission.py) and only falls; per-request k (request_k.py) lets
 each decode of a ragged step verify its own number of drafts.
 
-The scheduler calls `plan` once before a step and `observe` once after it (mtpx/core/step_plan.py).
-Queries (`decide`, `decide_depth`, `goodput`, ...) change no state; `commit` and `commit_depth`
-apply a decision. docs/automatic_k.md gives the rules and their derivations (its appendix) and
-docs/results.md the measurements behind them.
+The scheduler calls `plan` before a step and `observe` after it (mtpx/core/step_plan.py). Queries
+(`decide`, `decide_depth`, ...) change no state; `commit`, `commit_depth` apply a decision.
+docs/automatic_k.md gives the rules and derivations, docs/results.md the measurements.
 """
 from __future__ import annotations
 
@@ -27,19 +26,19 @@ from mtpx.auto_k.acceptance import AcceptanceEstimates
 from mtpx.auto_k.admission import Admission
 from mtpx.auto_k.cost_curve import RunningMedian, StepMemo, smooth_step_costs
 from mtpx.auto_k.cost_learning import StepCostLearning
-from mtpx.auto_k.summary import AutoSummary
+from mtpx.auto_k.summary import summary
 from mtpx.auto_k.cost_model_log import CostModelLog
-from mtpx.auto_k.exploring import Exploring
+from mtpx.auto_k.exploring import ExploreBudget, Exploring
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
 from mtpx.auto_k.settled import SettledDecisions
-from mtpx.core.step_plan import StepPlan, StepRecord, StepView
+from mtpx.core.step_plan import StepPlan, StepRecord, StepView, num_new_drafts
 
 __all__ = ["AutoKConfig", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, AutoSummary):
+class AutoDraftLength(StepCostLearning, Exploring, Admission):
     """The automatic k (module doc), called by the scheduler through `plan` and `observe`.
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -52,15 +51,16 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
     """
 
     def __init__(self, max_k: int, step_costs: dict | None = None, config: AutoKConfig | None = None, *,
-                 draft_costs: dict | None = None, prefill_cost: float | None = None, per_request: bool = False):
+                 draft_costs: dict | None = None, prefill_cost: float | None = None,
+                 per_request: bool = False):
         config = AutoKConfig() if config is None else config
         if config.admission_landing not in ("batch", "request", "off"):
             raise ValueError(f"admission_landing={config.admission_landing!r}: use batch, request or off")
         self.config, self.max_k = config, max_k
+        self.settled = SettledDecisions(config.settled_interval)     # the held decisions (settled.py)
         for f in dataclasses.fields(config):     # the knobs, read by the parts as attributes
             setattr(self, f.name, getattr(config, f.name))
         self.min_verified = config.prior_weight if config.min_verified is None else config.min_verified
-        self.settled_interval = max(1, config.settled_interval)
         self.step_costs = None
         self._draft_costs: dict | None = None      # `set_draft_costs`
         self._draft_batches: list[int] = []
@@ -77,11 +77,20 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         if prefill_cost is not None:
             self.set_prefill_cost(prefill_cost)
 
+    @property
+    def settled_interval(self) -> int:
+        """Steps a settled decision holds (settled.py; tests may set it)."""
+        return self.settled.interval
+
+    @settled_interval.setter
+    def settled_interval(self, steps: int) -> None:
+        self.settled.interval = max(1, steps)
+
     def reset(self) -> None:
         """Forget the acceptance estimates, the k in use, the histograms and what the running
         engine taught the costs (not the calibrated step costs, nor `set_prefill_cost`'s value)."""
         self.estimates = AcceptanceEstimates(self.max_k, self.prior_acceptance, self.prior_weight, self.decay)
-        self.age_mix: list[float] | None = None      # the decode steps' requests per age bucket, smoothed (`record`)
+        self.age_mix: list[float] | None = None      # the steps' requests per age bucket, smoothed (`record`)
         self.k = self.max_k
         self.histogram: Counter = Counter()
         self.depth_histogram: Counter = Counter()    # depth -> requests given it
@@ -97,15 +106,14 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         self._steps = self._probes = 0
         self.prefill_module_ms = self._prefill_median()   # a prefill's draft modules: ms per token x module
         self._explored = -(10 ** 9)                  # the step of the last exploring probe
-        self._explore_ms = 0.0                       # discounted predicted ms exploring spent (`explore_spent`)
-        self._step_ms: float | None = None           # discounted predicted ms of every step (None: no step yet)
-        self._switch_streak = self._rising_to = 0    # steps in a row predicting another k in use; the larger one
+        self.budget = ExploreBudget(self.decay)      # what exploring spent (`explore_spent`)
+        self._switch_streak = self._rising_to = 0    # steps in a row predicting another k in use; a rise's k
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
         self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
-        self._prediction: tuple | None = None        # the committed step's StepChoice.predicted (observe_step)
+        self._prediction: tuple | None = None        # the committed step's StepChoice.predicted
         self._planned: tuple = (False, None)          # the planned step's depth_per_request and allocation
-        self._unsettle()
+        self.settled.clear()
 
     @property
     def acceptance(self) -> list[float]:
@@ -149,7 +157,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
             return [batch_size * tokens[k] / curve[k] for k in range(top + 1)]
         count = Counter(depths)
         n = sum(count.values())
-        return [batch_size * sum(m * tokens[min(k, d)] for d, m in count.items()) / n / curve[k]
+        return [batch_size * sum(m * tokens[num_new_drafts(k, d)] for d, m in count.items()) / n / curve[k]
                 for k in range(top + 1)]
 
     def request_acceptance(self, key) -> list[float]:
@@ -160,7 +168,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         """Predicted ms of a ragged step of batch_size requests verifying mean_drafts drafts each on
         average (it costs its tokens): request_k.curve_at of step_cost_curve (overhead), else of
         cost_curve."""
-        return curve_at(self.step_cost_curve(batch_size) if overhead else self.cost_curve(batch_size), mean_drafts)
+        curve = self.step_cost_curve(batch_size) if overhead else self.cost_curve(batch_size)
+        return curve_at(curve, mean_drafts)
 
     def allocate(self, requests: list[tuple[object, int]]) -> Allocation:
         """Per-request k of a ragged step (per_request): requests [(key, drafts held)] ->
@@ -197,8 +206,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         for c in view.waiting:
             choice, depth = None, c.depth
             if c.first and view.depth_per_request:
-                choice = self.decide_depth(view.expected_batch, depths=list(depths), prompt_tokens=c.prompt_tokens,
-                                           max_tokens=c.max_tokens)
+                choice = self.decide_depth(view.expected_batch, depths=list(depths),
+                                           prompt_tokens=c.prompt_tokens, max_tokens=c.max_tokens)
                 depth = choice.depth
             elif c.first:
                 depth = self.max_k
@@ -221,7 +230,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
             lowered = {d: n for d, n in new.items() if n < d}
             depths = [lowered.get(d, d) for d in depths]
         deepest = max(depths, default=0)
-        if view.depth_per_request:     # a request drafts at most its depth; a smaller k still pays the deepest's round
+        # a request drafts at most its depth; a smaller k still pays the deepest's round
+        if view.depth_per_request:
             step = self.decide(len(depths), deepest, held=deepest, depths=depths)
         else:
             step = self.decide(len(depths), deepest)
@@ -261,8 +271,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
 
     def _draw(self) -> list[float]:
         """The engine-wide p_j drawn from their posterior (request_k.draw_engine_wide)."""
-        return draw_engine_wide(self.estimates.accepted, self.estimates.verified, self.prior_acceptance, self.prior_weight,
-                                self.requests.rng)
+        return draw_engine_wide(self.estimates.accepted, self.estimates.verified, self.prior_acceptance,
+                                self.prior_weight, self.requests.rng)
 
     def forget(self, key) -> None:
         self.requests.forget(key)
@@ -284,7 +294,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         batch_size = max(1, batch_size)
         steps, probes, streak, explored = self._steps + 1, self._probes, self._switch_streak, self._explored
         key = (batch_size, top, held, None if depths is None else tuple(depths), self.k)
-        if ages is None and (choice := self._held_step(key, steps)) is not None:
+        if ages is None and (choice := self.settled.held_step(key, steps, self._probes, self._explored,
+                                                               self.probe_interval)) is not None:
             return choice
         mix = self._mix(ages)
         base = self.step_cost_curve(batch_size)
@@ -295,13 +306,15 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         if best < current and self._falls(g, current, best, mix) or \
                 best > current and self._rises(g, current, best, batch_size, mix, depths, base, held):
             streak += 1
-            if streak >= self.patience or steps == 1 and best < current and batch_size > 1 and not self.patient_start:
+            first_fall = steps == 1 and best < current and batch_size > 1 and not self.patient_start
+            if streak >= self.patience or first_fall:
                 current, streak = self._landing(g, best, current - 1, mix) if best < current else best, 0
         else:
             streak = 0
         rising_to = best if streak and best > current else 0
         k = current
-        target = self._explore_target(current, batch_size, top, mix) if steps - explored >= self.patience else None
+        target = (self._explore_target(current, batch_size, top, mix) if steps - explored >= self.patience
+                  else None)
         if target is not None:
             k, explored = target, steps           # an exploring probe
         elif self.probe_interval and steps % self.probe_interval == 0:
@@ -315,7 +328,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         spend = curve[probed] - base[current]             # base: the k in use with nothing held deeper
         cost = self.cost_curve(batch_size)
         return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend), rising_to,
-                          (batch_size, k, cost[k], cost[0]), self._settles(key, steps, k, current, streak, rising_to, ages))
+                          (batch_size, k, cost[k], cost[0]),
+                          self.settled.settles(key, steps, k, current, streak, rising_to, ages))
 
     def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
         """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
@@ -376,18 +390,11 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         self._prediction = choice.predicted
         if choice.steps is None:          # forced, or no step costs yet: nothing to advance
             return
-        self._settled = choice if choice.settled is not None else None
+        self.settled.commit(choice)
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
-        self._switch_streak, self._explored, self._rising_to = choice.switch_streak, choice.explored, choice.rising_to
-        self._explore_ms = self.decay * self._explore_ms + choice.explore_ms
-        self._open_budget_window(choice.step_ms)
-        self._step_ms = self.decay * self._step_ms + choice.step_ms
-
-    def _open_budget_window(self, step_ms: float) -> None:
-        """Before the first step or explored admission: the steps' discounted sum starts as a full
-        window, 1 / (1 - decay) steps of step_ms (`explore_spent`)."""
-        if self._step_ms is None:
-            self._step_ms = step_ms / (1 - self.decay) if self.decay < 1 else 0.0
+        self._switch_streak, self._explored = choice.switch_streak, choice.explored
+        self._rising_to = choice.rising_to
+        self.budget.step(choice.step_ms, choice.explore_ms)
 
     def decide_depth(self, batch_size: int, current: int | None = None, ages=None,
                      depths: list[int] | None = None, prompt_tokens: int = 0,
@@ -402,7 +409,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         depths, prompt_tokens, max_tokens: an admission's (`_admission`). A query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
-            return DepthChoice(min(self.forced if self.forced_depth is None else self.forced_depth, top), current)
+            forced = self.forced if self.forced_depth is None else self.forced_depth
+            return DepthChoice(min(forced, top), current)
         if self.step_costs is None:
             return DepthChoice(top, current)
         batch_size, mix = max(1, batch_size), self._mix(ages)
@@ -411,7 +419,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         if current == 0:                   # nothing to fall to
             return DepthChoice(0, 0, (self._steps, 0))
         key = (batch_size, current, self.k, self._rising_to)
-        if ages is None and (choice := self._held_depth(current, key)) is not None:
+        if ages is None and (choice := self.settled.held_depth(current, key, self._steps)) is not None:
             return choice
         g = self._goodputs(batch_size, top, mix)
         best = max(range(top + 1), key=g.__getitem__)
@@ -420,12 +428,14 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         # and at most to the k in use (its modules beyond it only catch up), but not below
         # the depth explored beyond the k in use (an exploring probe verifies it)
         fall = best < current and self._falls(g, current, best, mix)
-        want = min(self._landing(g, best, current - 1, mix) if fall else current, max(self.k, self._rising_to))
-        if want < current and (target := self._explore_target(self.k, batch_size, self.max_k, mix)) is not None:
+        want = min(self._landing(g, best, current - 1, mix) if fall else current,
+                   max(self.k, self._rising_to))
+        target = self._explore_target(self.k, batch_size, self.max_k, mix) if want < current else None
+        if target is not None:
             want = max(want, min(current, target))
         last, streak = self._lower_streak.get(current, (-1, 0))
         if want >= current:
-            settled = (key, self._steps) if ages is None and self.settled_interval > 1 else None
+            settled = (key, self._steps) if ages is None and self.settled.interval > 1 else None
             return DepthChoice(current, current, (self._steps, 0), settled=settled)
         if last != self._steps:
             streak += 1
@@ -442,17 +452,17 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         if choice.streak is not None:
             self._lower_streak[choice.current] = choice.streak
         if choice.current is not None:
-            if choice.settled is not None:
-                self._settled_depths[choice.current] = choice.settled
-            else:
-                self._settled_depths.pop(choice.current, None)
+            self.settled.commit_depth(choice)
         if choice.explore_ms:           # an explored admission's prefill (`_admission`)
-            self._open_budget_window(choice.step_ms)
-            self._explore_ms += choice.explore_ms
+            self.budget.admission(choice.step_ms, choice.explore_ms)
 
     def record_depth(self, depth: int) -> None:
         """A request was admitted with this depth: count it."""
         self.depth_histogram[depth] += 1
+
+    def summary(self) -> dict:
+        """metrics.json's auto_k (summary.py)."""
+        return summary(self)
 
     def reset_histograms(self) -> None:
         """Forget the histograms and predicted-vs-measured log (a measured pass starts)."""
@@ -461,7 +471,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission, SettledDecisions, 
         self.verified_histogram.clear()
         self.cost_log.clear()
 
-    def observe_round(self, num_draft_tokens: int, num_accepted: int, key=None, age: int | None = None) -> None:
+    def observe_round(self, num_draft_tokens: int, num_accepted: int, key=None,
+                      age: int | None = None) -> None:
         """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
         given every earlier one was accepted; the first num_accepted were accepted. key: the
         request's (its own counts, request_acceptance), None: engine-wide only; age: its output

@@ -1,10 +1,9 @@
 """Settled decisions, the part of automatic k that spares a steady engine its per-step decisions
-(scheduler side, no torch). A mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module
-doc gives the rule; it owns no state of its own (AutoDraftLength.reset creates it).
-
-Why: at compiled concurrency 1 the demo's decode step takes about 13 ms, and deciding its k and
-its request's depth anew took about 0.11 ms of it, mostly cache misses after the forward; the
-answer was the k in use in 97% of the steps (experiments/concurrency/settled)."""
+(policy.py's module doc, "Settled"): a full decision that keeps the k in use with no switch
+streak, rise or probe holds for the next interval - 1 steps under the same key (batch size,
+depths, k in use), a probe's step excepted, and so does a running depth's vote to stay. An
+object AutoDraftLength holds (`settled`); it owns the last settled decisions. Why: deciding anew
+cost a compiled concurrency-1 step about 1% of its time for the same answer (docs/results.md)."""
 from __future__ import annotations
 
 from mtpx.auto_k.choices import DepthChoice, StepChoice
@@ -13,36 +12,55 @@ __all__ = ["SettledDecisions"]
 
 
 class SettledDecisions:
-    """The held step and depth decisions between two full ones (AutoDraftLength, "Settled")."""
+    """interval: steps a settled decision holds (1: none)."""
 
-    def _held_step(self, key: tuple, steps: int) -> StepChoice | None:
-        """Step `steps`'s decision when a full decision under the same key (batch size, deepest
-        depth, held depth, depths, k in use) kept the k in use less than settled_interval steps
-        before and the step is no probe's: that decision again (None: decide anew)."""
-        s = self._settled
-        if s is None or s.settled[0] != key or steps - s.settled[1] >= self.settled_interval \
-                or self.probe_interval and steps % self.probe_interval == 0:
+    def __init__(self, interval: int):
+        self.interval = max(1, interval)
+        self.clear()
+
+    def __eq__(self, other) -> bool:      # a policy's state compares by value (copies in tests)
+        return isinstance(other, SettledDecisions) and vars(self) == vars(other)
+
+    def clear(self) -> None:
+        """Forget the settled decisions: the next ones are full."""
+        self.step: StepChoice | None = None           # the last full decision that settled the k
+        self.depths: dict[int, tuple] = {}             # depth -> (key, step) of its last settled vote
+
+    def held_step(self, key: tuple, steps: int, probes: int, explored: int,
+                  probe_interval: int) -> StepChoice | None:
+        """Step `steps`'s decision when a full decision under the same key kept the k in use less
+        than interval steps before and the step is no probe's (probe_interval), carrying the
+        policy's probe count and last exploring step: that decision again (None: decide anew)."""
+        s = self.step
+        if s is None or s.settled[0] != key or steps - s.settled[1] >= self.interval \
+                or probe_interval and steps % probe_interval == 0:
             return None
-        return StepChoice(s.k, s.k_in_use, steps, self._probes, 0, self._explored, s.step_ms, s.explore_ms, 0,
+        return StepChoice(s.k, s.k_in_use, steps, probes, 0, explored, s.step_ms, s.explore_ms, 0,
                           s.predicted, s.settled)
 
-    def _settles(self, key: tuple, steps: int, k: int, current: int, streak: int, rising_to: int,
-                 ages) -> tuple | None:
+    def settles(self, key: tuple, steps: int, k: int, current: int, streak: int, rising_to: int,
+                ages) -> tuple | None:
         """The settled field of a full decision: (key, steps) when it keeps the k in use with no
         switch streak, rise or probe, for the engine-wide age mix (ages None), else None."""
-        if self.settled_interval > 1 and ages is None and k == current and not streak and not rising_to:
+        if self.interval > 1 and ages is None and k == current and not streak and not rising_to:
             return key, steps
         return None
 
-    def _held_depth(self, current: int, key: tuple) -> DepthChoice | None:
+    def held_depth(self, current: int, key: tuple, steps: int) -> DepthChoice | None:
         """A running depth's vote to stay when a full vote under the same key (batch size, depth,
-        k in use, rise) kept it less than settled_interval steps before (None: decide anew)."""
-        s = self._settled_depths.get(current)
-        if s is None or s[0] != key or self._steps - s[1] >= self.settled_interval:
+        k in use, rise) kept it less than interval steps before (None: decide anew)."""
+        s = self.depths.get(current)
+        if s is None or s[0] != key or steps - s[1] >= self.interval:
             return None
-        return DepthChoice(current, current, (self._steps, 0), settled=s)
+        return DepthChoice(current, current, (steps, 0), settled=s)
 
-    def _unsettle(self) -> None:
-        """Forget the settled decisions: the next ones are full."""
-        self._settled: StepChoice | None = None           # the last full decision that settled the k
-        self._settled_depths: dict[int, tuple] = {}       # depth -> (key, step) of its last settled vote
+    def commit(self, choice: StepChoice) -> None:
+        """A committed step decision: it settles the k, or ends the settled one."""
+        self.step = choice if choice.settled is not None else None
+
+    def commit_depth(self, choice: DepthChoice) -> None:
+        """A committed running depth's vote: it settles the depth, or ends its settled vote."""
+        if choice.settled is not None:
+            self.depths[choice.current] = choice.settled
+        else:
+            self.depths.pop(choice.current, None)

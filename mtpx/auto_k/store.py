@@ -13,7 +13,8 @@ from pathlib import Path
 
 from mtpx.io import atomic_write_json
 
-__all__ = ["COST_META_KEYS", "DRAFT_KEY", "PREFILL_KEY", "save_step_costs", "load_step_costs", "step_cost_cache_path",
+__all__ = ["COST_META_KEYS", "DRAFT_KEY", "PREFILL_KEY", "save_step_costs", "load_step_costs",
+           "step_cost_cache_path",
            "check_step_cost_meta", "cost_meta", "fingerprint",
            "code_hash"]
 
@@ -77,7 +78,8 @@ def check_step_cost_meta(path: str | Path, file_meta: dict, meta: dict) -> None:
     if file_meta.get("max_num_seqs", math.inf) < meta.get("max_num_seqs", 0):
         diff.append(f"max_num_seqs={file_meta['max_num_seqs']} (this run: {meta['max_num_seqs']})")
     if diff:
-        raise ValueError(f"spec.cost_model_file={path}: calibrated for another engine: {', '.join(diff[:3])}; "
+        raise ValueError(f"spec.cost_model_file={path}: calibrated for another engine: "
+                         f"{', '.join(diff[:3])}; "
                          "delete the file to calibrate again, or give another path")
 
 
