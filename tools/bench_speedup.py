@@ -129,7 +129,7 @@ def main(argv=None) -> int:
         if llms[name].calibration is not None:
             cal = llms[name].calibration
             print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
-        auto_k.reset_histograms(llms[name].engine.draft_length)   # count the timed chunks only, not the warm-up
+        auto_k.reset_histograms(llms[name].engine.draft_length)   # the timed chunks only, not the warm-up
     per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []} for n in args.contenders}
     for c, chunk in enumerate(chunks):
         order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]

@@ -212,7 +212,8 @@ class ModelRunner:
             cache.set_block_table(self.rows[r.index], d.block_table)
         if self.speculator is not None:
             rows = torch.tensor([self.rows[d.request.index] for d in decodes], device=dev)
-            self.speculator.reset_rows(rows, torch.tensor([d.request.num_tokens - 1 for d in decodes], device=dev))
+            starts = torch.tensor([d.request.num_tokens - 1 for d in decodes], device=dev)
+            self.speculator.reset_rows(rows, starts)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
