@@ -142,7 +142,7 @@ def _run(ragged, depths, prefix, small_pool, seed, prompts, params, results):
     checked = install_draft_check(llm, model(), "mtp8", K)
     outs, _ = run_checked(llm, model(), prompts, params)
     assert all(c[0] for c in checked), [c[1:] for c in checked if not c[0]][:2]
-    assert sum(policy.verified_histogram.values()) > 0
+    assert sum(policy.per_request_k.verified_histogram.values()) > 0
     if all(d == 4 for d in depths):
         assert policy.mixed                 # requests verified different numbers in a step
     results[ragged] = [o.output_token_ids for o in outs]
@@ -151,7 +151,7 @@ def _run(ragged, depths, prefix, small_pool, seed, prompts, params, results):
 
 def _policy(costs_at_2: list[float]) -> AutoDraftLength:
     policy = AutoDraftLength(4, {(k, b): c for k, c in enumerate(costs_at_2) for b in (2,)})
-    policy.per_request, policy.explore = True, False
+    policy.per_request, policy.per_request_k.explore = True, False
     return policy
 
 
@@ -164,7 +164,7 @@ def test_allocate_gives_drafts_to_the_request_that_accepts_them():
         policy.observe_round(4, 4, "a")
         policy.observe_round(4, 0, "b")
     pa, pb = policy.request_acceptance("a"), policy.request_acceptance("b")
-    w, p = policy.requests.prior_weight, policy.acceptance
+    w, p = policy.per_request_k.requests.prior_weight, policy.acceptance
     assert pa[0] == pytest.approx((20 + w * p[0]) / (20 + w)) and pb[0] == pytest.approx(w * p[0] / (20 + w))
     assert pb[1] == pytest.approx(p[1])          # b never reached position 2: the engine-wide estimate
     alloc = policy.allocate([("a", 4), ("b", 4)])

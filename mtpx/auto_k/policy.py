@@ -31,7 +31,7 @@ from mtpx.auto_k.cost_model_log import CostModelLog
 from mtpx.auto_k.exploring import ExploreBudget, Exploring
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
-from mtpx.auto_k.request_k import Allocation, RequestEstimates, allocate, curve_at, draw_engine_wide
+from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
 from mtpx.core.step_plan import StepPlan, StepRecord, StepView, num_new_drafts
 
@@ -68,7 +68,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
         self.per_request = per_request   # ragged verification: each request verifies its own k (`allocate`)
-        self.explore = True        # allocate from a draw of each request's acceptance (Thompson sampling)
+        self.per_request_k = PerRequestK(max_k)   # each request's own counts, the allocation (request_k.py)
         self.reset()
         if step_costs is not None:
             self.set_step_costs(step_costs)
@@ -109,8 +109,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.budget = ExploreBudget(self.decay)      # what exploring spent (`explore_spent`)
         self._switch_streak = self._rising_to = 0    # steps in a row predicting another k in use; a rise's k
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
-        self.requests = RequestEstimates(self.max_k)  # each running request's own counts (per_request)
-        self.verified_histogram: Counter = Counter()  # drafts verified per request and step (per_request)
+        self.per_request_k.reset()
         self._prediction: tuple | None = None        # the committed step's StepChoice.predicted
         self._planned: tuple = (False, None)          # the planned step's depth_per_request and allocation
         self.settled.clear()
@@ -162,7 +161,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
 
     def request_acceptance(self, key) -> list[float]:
         """p_j, j = 1 .. max_k, of one request (RequestEstimates.acceptance)."""
-        return self.requests.acceptance(key, self.acceptance)
+        return self.per_request_k.requests.acceptance(key, self.acceptance)
 
     def ragged_cost(self, mean_drafts: float, batch_size: int, overhead: bool = True) -> float:
         """Predicted ms of a ragged step of batch_size requests verifying mean_drafts drafts each on
@@ -180,14 +179,9 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if self.step_costs is None or self.forced is not None or not requests:
             return Allocation(held, sum(held) / max(1, len(held)), 0.0, 0.0)
         B = len(requests)
-        if self.explore:                 # Thompson: the engine-wide p_j drawn, then each request's
-            q = self._draw()
-            ps = [self.requests.sample(key, q) for key, _ in requests]
-        else:
-            ps = [self.request_acceptance(key) for key, _ in requests]
-        alloc = allocate(held, ps, lambda x: self.ragged_cost(x, B))
-        return Allocation(alloc.num_drafts, alloc.mean_drafts, alloc.expected_tokens,
-                          self.ragged_cost(alloc.mean_drafts, B, overhead=False))
+        return self.per_request_k.allocate([(key, n) for (key, _), n in zip(requests, held)], self.estimates,
+                                           self.prior_acceptance, self.prior_weight,
+                                           lambda x, overhead: self.ragged_cost(x, B, overhead))
 
     def plan(self, view: StepView) -> StepPlan:
         """One step's decisions (the scheduler's one call before the step; module doc): forget the
@@ -269,13 +263,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if pure and rounds:
             self.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s))
 
-    def _draw(self) -> list[float]:
-        """The engine-wide p_j drawn from their posterior (request_k.draw_engine_wide)."""
-        return draw_engine_wide(self.estimates.accepted, self.estimates.verified, self.prior_acceptance,
-                                self.prior_weight, self.requests.rng)
-
     def forget(self, key) -> None:
-        self.requests.forget(key)
+        self.per_request_k.requests.forget(key)
 
     def decide(self, batch_size: int, max_k: int | None = None, ages=None, held: int = 0,
                depths: list[int] | None = None) -> StepChoice:
@@ -468,7 +457,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         """Forget the histograms and predicted-vs-measured log (a measured pass starts)."""
         self.histogram.clear()
         self.depth_histogram.clear()
-        self.verified_histogram.clear()
+        self.per_request_k.verified_histogram.clear()
         self.cost_log.clear()
 
     def observe_round(self, num_draft_tokens: int, num_accepted: int, key=None,
@@ -479,8 +468,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         tokens before the round (its age bucket: acceptance.py; None: engine-wide only)."""
         n = min(num_accepted + 1, num_draft_tokens)
         if key is not None and self.per_request:
-            self.verified_histogram[num_draft_tokens] += 1
-            self.requests.observe(key, n, num_accepted)
+            self.per_request_k.observe(key, num_draft_tokens, n, num_accepted)
         self.estimates.observe(n, num_accepted, age)
 
     def record(self, k: int, batch_size: int | None = None, ages=None) -> None:

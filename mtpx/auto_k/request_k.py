@@ -5,10 +5,11 @@ drafts)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Allocation", "RequestEstimates", "allocate", "curve_at", "draw_engine_wide"]
+__all__ = ["Allocation", "PerRequestK", "RequestEstimates", "allocate", "curve_at", "draw_engine_wide"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,48 @@ def allocate(held: list[int], acceptance: list[list[float]], cost: Callable[[flo
         out[i] = max(out[i], j)
     x = take / B
     return Allocation(out, x, B + sum(it[0] for it in items[:take]), cost(x))
+
+
+class PerRequestK:
+    """Per-request k, an object AutoDraftLength holds (`per_request_k`): each running request's own
+    acceptance counts (RequestEstimates), the drafts each request verified per step
+    (verified_histogram), and the allocation of a ragged step's drafts. explore: allocate from a
+    draw of each request's acceptance (Thompson sampling), else from its estimates."""
+
+    def __init__(self, max_k: int):
+        self.max_k, self.explore = max_k, True
+        self.reset()
+
+    def __eq__(self, other) -> bool:      # a policy's state compares by value (copies in tests)
+        return isinstance(other, PerRequestK) and vars(self) == vars(other)
+
+    def reset(self) -> None:
+        """Forget every request's counts and the histogram."""
+        self.requests = RequestEstimates(self.max_k)
+        self.verified_histogram: Counter = Counter()
+
+    def observe(self, key, num_draft_tokens: int, verified: int, accepted: int) -> None:
+        """One round of request `key`: num_draft_tokens verified by the runner, of which drafts
+        1 .. verified were verified given every earlier one was accepted, `accepted` accepted."""
+        self.verified_histogram[num_draft_tokens] += 1
+        self.requests.observe(key, verified, accepted)
+
+    def allocate(self, requests: list[tuple[object, int]], estimates, prior: float, weight: float,
+                 cost: Callable[[float, bool], float]) -> Allocation:
+        """requests [(key, drafts held, at most max_k)] -> their Allocation (`allocate`) over each
+        request's own estimates, or with `explore` a draw: the engine-wide p_j drawn from
+        `estimates` (acceptance.AcceptanceEstimates, prior and weight: its prior;
+        draw_engine_wide), then each request's; cost(mean drafts, overhead): the ragged step's
+        predicted ms, with the step's overhead or without (the allocation's predicted_ms)."""
+        held = [n for _, n in requests]
+        if self.explore:                 # Thompson: the engine-wide p_j drawn, then each request's
+            q = draw_engine_wide(estimates.accepted, estimates.verified, prior, weight, self.requests.rng)
+            ps = [self.requests.sample(key, q) for key, _ in requests]
+        else:
+            ps = [self.requests.acceptance(key, estimates.pooled) for key, _ in requests]
+        alloc = allocate(held, ps, lambda x: cost(x, True))
+        return Allocation(alloc.num_drafts, alloc.mean_drafts, alloc.expected_tokens,
+                          cost(alloc.mean_drafts, False))
 
 
 def curve_at(curve: list[float], x: float) -> float:

@@ -13,7 +13,8 @@ def summary(policy) -> dict:
     return {"k_histogram": {str(k): n for k, n in sorted(policy.histogram.items())},
             "depth_histogram": {str(d): n for d, n in sorted(policy.depth_histogram.items())},
             "per_request": policy.per_request,
-            "verified_histogram": {str(d): n for d, n in sorted(policy.verified_histogram.items())},
+            "verified_histogram": {str(d): n
+                                   for d, n in sorted(policy.per_request_k.verified_histogram.items())},
             "conditional_acceptance": [round(p, 4) for p in policy.acceptance],
             "num_observed": list(policy.num_observed),
             "acceptance_by_age": policy.estimates.summary(),
