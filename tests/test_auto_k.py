@@ -55,9 +55,9 @@ def test_expected_tokens_is_the_sum_of_survival_probabilities():
 
 def test_step_cost_is_linear_between_batch_sizes_and_proportional_beyond():
     p = AutoDraftLength(1, costs({0: [10.0, 16.0], 1: [12.0, 30.0]}))
-    assert p.cost(0, 1) == 10.0 and p.cost(0, 4) == 16.0
-    assert p.cost(0, 2) == pytest.approx(12.0)          # a third of the way from 1 to 4
-    assert p.cost(1, 8) == pytest.approx(60.0)          # 2x the largest batch calibrated
+    assert p.costs.cost(0, 1) == 10.0 and p.costs.cost(0, 4) == 16.0
+    assert p.costs.cost(0, 2) == pytest.approx(12.0)          # a third of the way from 1 to 4
+    assert p.costs.cost(1, 8) == pytest.approx(60.0)          # 2x the largest batch calibrated
 
 
 def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
@@ -142,8 +142,8 @@ def test_an_admitted_requests_module_prefill_is_spread_over_its_output_tokens():
     p.acceptance = [0.9, 0.9]
     assert p.depth(1, prompt_tokens=100, max_tokens=1) == 2      # nothing measured yet: no cost
     assert p.summary()["prefill_module_ms_per_token"] is None
-    p.observe_prefill(1000, 100.0)                                  # 0.1 ms per prompt token and module
-    assert p.prefill_ms(2, 100) == pytest.approx(20.0) and p.summary()["prefill_module_ms_per_token"] == 0.1
+    p.costs.observe_prefill(1000, 100.0)                                  # 0.1 ms per prompt token and module
+    assert p.costs.prefill_ms(2, 100) == pytest.approx(20.0) and p.summary()["prefill_module_ms_per_token"] == 0.1
     assert p.depth(1) == 2 and p.depth(1, prompt_tokens=100, max_tokens=100) == 2   # 0.2 ms a token at k = 2
     # max_tokens 5: 2 ms a token per module: k = 1 1 / (12 / 1.9 + 2) = 0.120 beats k = 2's 1 / (15 / 2.71 + 4)
     # = 0.105 by 15%; max_tokens 1: 10 ms per module, k = 0 (0.1) is best
@@ -239,10 +239,10 @@ def test_measured_step_costs_correct_the_calibration_by_one_factor():
     p.acceptance = [0.9, 0.9]
     assert step(p, 1) == 2                              # 2.71 / 14 beats 1.9 / 12
     p.observe_step(2, 1, 28.0)                           # k = 2 really costs twice the calibration
-    assert p.summary()["cost_correction"] == {"2": 2.0} and p.factor == 2.0
-    assert p.cost(2, 1) == 28.0 and p.cost(0, 1) == 20.0     # every k: one factor
+    assert p.summary()["cost_correction"] == {"2": 2.0} and p.costs.factor == 2.0
+    assert p.costs.cost(2, 1) == 28.0 and p.costs.cost(0, 1) == 20.0     # every k: one factor
     p.observe_step(1, 1, 12.0)                           # the median of 2 and 1
-    assert p.summary()["cost_correction"] == {"1": 1.0, "2": 2.0} and p.factor == 1.5 and p.cost(1, 1) == 18.0
+    assert p.summary()["cost_correction"] == {"1": 1.0, "2": 2.0} and p.costs.factor == 1.5 and p.costs.cost(1, 1) == 18.0
     assert step(p, 1) == 2                              # the calibration's ratios decide
 
 
@@ -254,14 +254,14 @@ def test_a_streak_of_dear_steps_does_not_carry_the_cost_correction():
     p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), config=AutoKConfig(cost_window=5, probe_interval=0, min_cost_observations=1))
     for ms in (16.0, 15.0, 17.0, 24.0, 28.0):            # ratios 1, 0.9375, 1.0625, then a streak 1.5, 1.75
         p.observe_step(2, 1, ms)
-    assert p.factor == 1.0625 and p.cost(2, 1) == 17.0   # an EMA of weight 0.1 would read 1.1
+    assert p.costs.factor == 1.0625 and p.costs.cost(2, 1) == 17.0   # an EMA of weight 0.1 would read 1.1
     # the one k measured: the level moves, its shape stays the calibration's
     assert p.summary()["bucket_cost_correction"] == [{"k": 2, "batch_bucket": "1", "ratio": 1.0, "steps": 5}]
     p.observe_step(2, 1, 32.0)                           # the streak's third step; the first step leaves
-    assert p.factor == 1.5 and p.cost(2, 1) == 24.0      # 3 of 5 dear: the level has changed
+    assert p.costs.factor == 1.5 and p.costs.cost(2, 1) == 24.0      # 3 of 5 dear: the level has changed
     for _ in range(3):
         p.observe_step(2, 1, 16.0)                       # back at the calibration
-    assert p.factor == 1.0 and p.cost(2, 1) == 16.0
+    assert p.costs.factor == 1.0 and p.costs.cost(2, 1) == 16.0
 
 
 def test_a_cost_correction_fades_toward_the_factor_while_its_k_is_not_measured():
@@ -275,11 +275,11 @@ def test_a_cost_correction_fades_toward_the_factor_while_its_k_is_not_measured()
         p.observe_step(2, 1, 32.0)                       # then k = 2 at twice its calibration
     for _ in range(3):
         p.observe_step(1, 1, 12.0)                       # then k = 1 as calibrated: factor 1
-    assert p.factor == 1.0 and p.cost_curve(1) == [10.0, 12.0, 32.0]   # measured just now
+    assert p.costs.factor == 1.0 and p.costs.cost_curve(1) == [10.0, 12.0, 32.0]   # measured just now
     p._steps += 1                                        # a step later, k = 1 still in use
-    assert p.cost_curve(1) == [10.0, 12.0, 24.0]         # 1 + (2 - 1) 0.5
+    assert p.costs.cost_curve(1) == [10.0, 12.0, 24.0]         # 1 + (2 - 1) 0.5
     p._steps += 1
-    assert p.cost_curve(1) == [10.0, 12.0, 20.0]         # 1 + (2 - 1) 0.25; k = 1 measured at 1 stays
+    assert p.costs.cost_curve(1) == [10.0, 12.0, 20.0]         # 1 + (2 - 1) 0.25; k = 1 measured at 1 stays
 
 
 def test_a_stretch_of_load_moves_the_level_and_a_k_measured_in_it_is_dear_only_while_it_lasts():
@@ -295,13 +295,13 @@ def test_a_stretch_of_load_moves_the_level_and_a_k_measured_in_it_is_dear_only_w
     p = policy_()
     for k, ms in [(1, 12.0)] * 3 + [(2, 16.0)] * 3 + [(2, 24.0)] * 3 + [(1, 18.0)] * 3 + [(1, 12.0)] * 3:
         p.observe_step(k, 1, ms)                         # quiet; k = 2 then the stretch; k = 1; quiet again
-    assert p.factor == 1.0 and p.cost_curve(1) == [10.0, 12.0, 16.0]
+    assert p.costs.factor == 1.0 and p.costs.cost_curve(1) == [10.0, 12.0, 16.0]
     assert p.summary()["cost_correction"] == {"1": 1.0, "2": 1.5}      # the raw ratios: k = 2 last at 1.5x
     assert p.choose(1) == 2                              # one ratio per k: 16 x 1.5 = 24 ms, and k = 1
     p = policy_()
     for k, ms in [(1, 12.0)] * 3 + [(2, 24.0)] * 3 + [(1, 12.0)] * 3:
         p.observe_step(k, 1, ms)                         # k = 2 at 1.5x between steps of k = 1 at 1x
-    assert p.factor == 1.0 and p.cost_curve(1) == [10.0, 12.0, 24.0] and p.choose(1) == 1
+    assert p.costs.factor == 1.0 and p.costs.cost_curve(1) == [10.0, 12.0, 24.0] and p.choose(1) == 1
 
 
 def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucket():
@@ -336,9 +336,9 @@ def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucke
                   "measured_tokens_per_request": None, "predicted_step_ms": None, "measured_step_ms": None,
                   "predicted_speedup": None, "measured_speedup": None, "plain_step_ms_source": None,
                   "plain_steps": 0}}
-    assert p.factor == pytest.approx(0.775)              # the median of the last 2: 0.8 and 10.5 / 14
+    assert p.costs.factor == pytest.approx(0.775)              # the median of the last 2: 0.8 and 10.5 / 14
     p.reset_histograms()                                 # a measured pass starts: the log restarts,
-    assert p.summary()["cost_model"] == {} and p.factor == pytest.approx(0.775)   # the correction stays
+    assert p.summary()["cost_model"] == {} and p.costs.factor == pytest.approx(0.775)   # the correction stays
 
 
 def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
@@ -353,16 +353,16 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
         p.observe_step(1, 4, 20.0)                       # k = 1 as calibrated
     for _ in range(7):
         p.observe_step(3, 4, 16.0)                       # k = 3 at half its calibrated 32 ms
-    assert p.cost_curve(4) == [16.0, 20.0, 28.0, 32.0]   # 7 steps: k = 1's ratio 1 for every k
+    assert p.costs.cost_curve(4) == [16.0, 20.0, 28.0, 32.0]   # 7 steps: k = 1's ratio 1 for every k
     assert step(p, 4) == 1
     p.observe_step(3, 4, 16.0)
     # ratios 1, 1, 0.75 (between k = 1 and k = 3), 0.5: 16, 20, 21, 16, then non-decreasing: 20, 21
     # and 16 pool to 19
-    assert p.cost_curve(4) == [16.0, 19.0, 19.0, 19.0]
+    assert p.costs.cost_curve(4) == [16.0, 19.0, 19.0, 19.0]
     assert step(p, 4) == 3                               # 2.4 / 19 beats 1.8 / 19 by far
     assert p.summary()["bucket_cost_correction"] == [{"k": 1, "batch_bucket": "4-7", "ratio": 1.0, "steps": 8},
                                                      {"k": 3, "batch_bucket": "4-7", "ratio": 0.5, "steps": 8}]
-    assert p.cost_curve(1) == [p.factor * c for c in (8.0, 10.0, 14.0, 16.0)]   # bucket 1: the one factor
+    assert p.costs.cost_curve(1) == [p.costs.factor * c for c in (8.0, 10.0, 14.0, 16.0)]   # bucket 1: the one factor
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():
@@ -508,7 +508,7 @@ def test_an_explored_admission_weighs_its_prefill_and_spends_it_from_the_budget(
     ms = {(0, 16): 100.0, (1, 16): 180.0}
     p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=0.01))
     p.k = 0
-    p.set_prefill_cost(0.2)                                 # 200 ms for 1000 prompt tokens at depth 1
+    p.costs.set_prefill_cost(0.2)                                 # 200 ms for 1000 prompt tokens at depth 1
     assert p.depth(16) == 1                                 # no prompt: explored, as before
     short = p.decide_depth(16, prompt_tokens=1000, max_tokens=100)    # 2 ms more per output token
     assert (short.depth, short.explore_ms) == (0, 0.0)
@@ -534,15 +534,15 @@ def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():
     ms = {(k, 16): 11.58 if k == 0 else 40.66 if k <= 4 else 66.23 for k in range(9)}
     p, q = AutoDraftLength(8, ms), AutoDraftLength(8, ms, config=AutoKConfig(admission_landing="batch"))
     assert p.depth(16, prompt_tokens=150, max_tokens=128) == 4
-    p.set_prefill_cost(0.02)
-    q.set_prefill_cost(0.02)
+    p.costs.set_prefill_cost(0.02)
+    q.costs.set_prefill_cost(0.02)
     assert p.depth(16, prompt_tokens=150, max_tokens=128) == 0
     assert [q.depth(16, prompt_tokens=n, max_tokens=128) for n in (40, 150, 400)] == [4, 4, 4]
     with pytest.raises(ValueError, match="admission_landing='wave'"):
         AutoDraftLength(8, ms, config=AutoKConfig(admission_landing="wave"))
-    assert p.prefill_ms(4, 150) == pytest.approx(12.0)
-    p.observe_prefill(1000, 30.0)                           # the running engine's prefills join it
-    assert p.prefill_module_ms.value == pytest.approx(0.025)
+    assert p.costs.prefill_ms(4, 150) == pytest.approx(12.0)
+    p.costs.observe_prefill(1000, 30.0)                           # the running engine's prefills join it
+    assert p.costs.prefill_module_ms.value == pytest.approx(0.025)
 
 
 def test_a_request_held_deeper_prices_its_draft_round_at_the_calibrated_one():
@@ -566,13 +566,13 @@ def test_a_request_held_deeper_prices_its_draft_round_at_the_calibrated_one():
         return ks
     kw = dict(probe_interval=0, patient_start=True)      # the k in use 4 as in a running engine
     old, new = AutoDraftLength(8, ms, AutoKConfig(**kw)), AutoDraftLength(8, ms, AutoKConfig(**kw))
-    new.set_draft_costs(draft)
-    assert old.held_cost_curve(16, 4)[0] == pytest.approx(41.0) and new.held_cost_curve(16, 4)[0] == pytest.approx(17.85)
+    new.costs.set_draft_costs(draft)
+    assert old.costs.held_cost_curve(16, 4)[0] == pytest.approx(41.0) and new.costs.held_cost_curve(16, 4)[0] == pytest.approx(17.85)
     assert set(run(old)) == {4}
     ks = run(new)
     assert ks[:new.patience - 1] == [4] * (new.patience - 1) and set(ks[new.patience:]) == {0}
     with pytest.raises(ValueError, match="draft costs miss"):
-        new.set_draft_costs({(0, 16): 0.0})
+        new.costs.set_draft_costs({(0, 16): 0.0})
 
 
 def test_a_fall_lands_between_only_where_the_upper_estimates_beat_best_by_the_hysteresis():
@@ -586,7 +586,7 @@ def test_a_fall_lands_between_only_where_the_upper_estimates_beat_best_by_the_hy
     default)."""
     ms = {(k, 16): 11.21 if k == 0 else 39.15 if k <= 4 else 63.71 for k in range(9)}
     p = AutoDraftLength(8, ms)
-    p.set_prefill_cost(0.0157)
+    p.costs.set_prefill_cost(0.0157)
     assert p.depth(16, prompt_tokens=100, max_tokens=128) == 0
     assert p.depth(16, prompt_tokens=100, max_tokens=10 ** 9) == 4
 
@@ -642,19 +642,19 @@ def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
         return depths
     for lead, expected in ((0.1, [4, 4] + [0] * 14), (0.0, [4] * 16)):
         p = AutoDraftLength(8, costs, config=AutoKConfig(free_landing_lead=lead))
-        p.set_prefill_cost(0.022)
-        g = p._with_prefill(p._goodputs(16, 8, None), [p.prefill_ms(k, 60) / 128 for k in range(9)])
+        p.costs.set_prefill_cost(0.022)
+        g = p._with_prefill(p._goodputs(16, 8, None), [p.costs.prefill_ms(k, 60) / 128 for k in range(9)])
         assert p._upper_goodputs(g, 0, 8, None)[4] / g[0] == pytest.approx(1.07, abs=0.005)
         assert admit(p, 16) == expected
     assert p.explore_spent() == 0.0                  # a free landing spends nothing
     alone = AutoDraftLength(8, costs)                 # alone, a request pays for its own test
-    alone.set_prefill_cost(0.022)
+    alone.costs.set_prefill_cost(0.022)
     for _ in range(4):
         choice = alone.decide_depth(1, depths=[], prompt_tokens=60, max_tokens=128)
         alone.commit_depth(choice)
         assert choice.depth == 4 and not choice.explore_ms
     p = AutoDraftLength(8, costs)
-    p.set_prefill_cost(0.022)
+    p.costs.set_prefill_cost(0.022)
     choice = p.decide_depth(16, depths=[], prompt_tokens=60, max_tokens=128)
     assert choice.depth == 4 and choice.explore_ms == pytest.approx(4 * 60 * 0.022)
 
@@ -896,21 +896,21 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     assert not policy.depth_histogram and policy._steps == 0       # the prefill's dummy requests are forgotten
     prefill = llm.calibration["prefill_module_ms_per_token"]       # 3 prefills of 128 tokens at depth max_k
     assert prefill > 0 and json.loads((tmp_path / "costs.json").read_text())["prefill_module_ms_per_token"] == prefill
-    assert policy.prefill_module_ms.recent[0] == prefill and policy.prefill_ms(2, 10) == pytest.approx(20 * prefill)
+    assert policy.costs.prefill_module_ms.recent[0] == prefill and policy.costs.prefill_ms(2, 10) == pytest.approx(20 * prefill)
     # the same steps' draft rounds: none at k = 0, each below its whole step, deeper never cheaper
     draft = {(r["k"], r["batch_size"]): r["draft_ms"] for r in json.loads((tmp_path / "costs.json").read_text())["draft_costs"]}
     assert sorted(draft) == sorted(policy.step_costs) and draft[(0, 1)] == draft[(0, 4)] == 0.0
     assert all(0 < draft[(k, b)] < policy.step_costs[(k, b)] for k in range(1, policy.max_k + 1) for b in (1, 4))
-    assert policy._draft_costs == draft and policy.draft_cost(2, 4) == draft[(2, 4)]
+    assert policy.costs._draft_costs == draft and policy.costs.draft_cost(2, 4) == draft[(2, 4)]
     policy.reset()                                                 # kept, like the step costs
-    assert policy.prefill_module_ms.value == prefill and policy._draft_costs == draft
+    assert policy.costs.prefill_module_ms.value == prefill and policy.costs._draft_costs == draft
     again = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
                 cost_model_file=tmp_path / "costs.json")           # loads the file, measures nothing
     assert again.calibration["seconds"] == 0.0 and again.engine.draft_length.step_costs == policy.step_costs
-    assert again.engine.draft_length._draft_costs == draft
+    assert again.engine.draft_length.costs._draft_costs == draft
     again.engine.draft_length.forced = 2                           # depth 2: the prefill runs 2 modules
     again.generate([[5, 8, 11, 4]], _params(3))
-    learned = again.engine.draft_length.prefill_module_ms          # the scheduler fed it the one prefill
+    learned = again.engine.draft_length.costs.prefill_module_ms          # the scheduler fed it the one prefill
     assert learned.count == 2 and list(learned.recent)[0] == prefill and learned.recent[1] > 0
     data = json.loads((tmp_path / "costs.json").read_text())
     del data["prefill_module_ms_per_token"]                        # a file written before it was kept
@@ -918,7 +918,7 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     third = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
                 cost_model_file=tmp_path / "costs.json")           # measures the prefill alone
     assert third.calibration["source"].startswith("loaded") and third.calibration["prefill_module_ms_per_token"] > 0
-    assert third.engine.draft_length.prefill_module_ms.count == 1 and not third.engine.draft_length.depth_histogram
+    assert third.engine.draft_length.costs.prefill_module_ms.count == 1 and not third.engine.draft_length.depth_histogram
     assert_clean(third)
     again.engine.draft_length.forced = None
     with pytest.raises(ValueError, match="calibrate the step costs before adding requests"):

@@ -53,7 +53,7 @@ def run(p, steps: int, batch: int = 8, depth: int = 2, measured=None) -> list[in
             if held == k:
                 p.observe_step(k, batch, v + d, verify_ms=v)
             else:
-                p.observe_parts(held, k, batch, v, d)
+                p.costs.observe_parts(held, k, batch, v, d)
         p.record(k, batch)
         ks.append(k)
         held = k
@@ -78,11 +78,11 @@ def test_a_neighbour_k_whose_cost_is_only_calibrated_is_probed_until_measured():
     # every patience = 2 steps one step proposes k = 1 drafts, and the step after it verifies them
     assert run(p, 4, measured=lambda part, k: MEASURED[(part, k)]) == [1, 0, 1, 0]
     # k = 1's parts: verify 90 / 200 and draft 30 / 200, twice each: 0.45 + 0.15 of 200 ms
-    assert corrections(p.part_correction)[("verify", 1, 8)] == (pytest.approx(0.45), 2)
-    assert corrections(p.part_correction)[("draft", 1, 8)] == (pytest.approx(0.15), 2)
+    assert corrections(p.costs.part_correction)[("verify", 1, 8)] == (pytest.approx(0.45), 2)
+    assert corrections(p.costs.part_correction)[("draft", 1, 8)] == (pytest.approx(0.15), 2)
     assert not p.cost_unlearned(1, 8)
     # k = 0 too, from the probes' other halves: verify 60 / 100 and draft 40 / 100
-    assert p.cost_curve(8)[:2] == [pytest.approx(100.0), pytest.approx(120.0)]
+    assert p.costs.cost_curve(8)[:2] == [pytest.approx(100.0), pytest.approx(120.0)]
     assert p.summary()["part_cost_correction"][0] == {"part": "draft", "k": 0, "batch_bucket": "8-15",
                                                       "ratio": 0.4, "steps": 2}
 
@@ -97,7 +97,7 @@ def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_pr
     # 180 ms, and is not probed: even at 80% of its extra cost with every draft at position 2
     # accepted, 2.566 / 168 does not beat 1.05 x 1.783 / 120
     assert ks == [1, 0, 1, 0, 0, 1] + [1] * 10
-    assert p.k == 1 and p.cost_curve(8) == [pytest.approx(100.0), pytest.approx(120.0), pytest.approx(180.0)]
+    assert p.k == 1 and p.costs.cost_curve(8) == [pytest.approx(100.0), pytest.approx(120.0), pytest.approx(180.0)]
     assert not p._could_pay(1, 8, p.cost_share)
     dear = {**MEASURED, ("verify", 1): 180.0, ("draft", 1): 60.0}
     q = policy()
@@ -105,7 +105,7 @@ def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_pr
     q.k = 0
     # k = 1 measured at 240 ms: no more probes, and k = 2 takes k = 1's ratio, 1.2
     assert run(q, 12, measured=lambda part, k: dear[(part, k)]) == [1, 0, 1, 0] + [0] * 8
-    assert q.cost_curve(8) == [pytest.approx(100.0), pytest.approx(240.0), pytest.approx(360.0)]
+    assert q.costs.cost_curve(8) == [pytest.approx(100.0), pytest.approx(240.0), pytest.approx(360.0)]
     assert q.depth(8) == 0
 
 
@@ -154,7 +154,7 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     policy, clock = llm.engine.draft_length, iter(range(10 ** 6))
     policy.explore_budget = 0.01          # exploring's probes are the subject here, not its budget
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
-    parts = spy(monkeypatch, policy, "observe_parts")
+    parts = spy(monkeypatch, policy.costs, "observe_parts")
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     # steady steps reach it through observe_step (verified == proposed); a probe and the step after
@@ -163,7 +163,7 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     assert all(1 <= b <= 4 and verify_ms == 2000.0 and draft_ms in (0.0, 1000.0) for v, k, b, verify_ms, draft_ms in parts)
     # the draft round is measured at the depth the step's requests hold (3 here, from exploring),
     # which a probe of k = 1 runs too
-    measured = {(part, k) for part, k, _ in policy.part_correction}
+    measured = {(part, k) for part, k, _ in policy.costs.part_correction}
     assert ("verify", 1) in measured and ("draft", max(policy.depth_histogram)) in measured
     assert policy.histogram[1] > 0
 
@@ -174,13 +174,13 @@ def test_a_step_whose_requests_are_held_deeper_than_k_teaches_its_parts_not_ks_c
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(4)}          # t(1) = 15, t(3) = 25
     p = AutoDraftLength(3, costs)
     p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=3)
-    assert p.bucket_correction == {} and p.correction == {} and p.every_k_correction.count == 0
-    assert corrections(p.part_correction) == {("verify", 1, 4): (12.0 / 15.0, 1), ("draft", 3, 4): (18.0 / 25.0, 1)}
+    assert p.costs.bucket_correction == {} and p.costs.correction == {} and p.costs.every_k_correction.count == 0
+    assert corrections(p.costs.part_correction) == {("verify", 1, 4): (12.0 / 15.0, 1), ("draft", 3, 4): (18.0 / 25.0, 1)}
     p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=1)   # held at k: a steady step of k = 1
     # the first k measured: its ratio is the level (`factor`), its shape the calibration's; the
     # parts are shapes over the level too
-    assert corrections(p.bucket_correction) == {(1, 4): (1.0, 1)} and corrections(p.correction) == {1: (2.0, 1)}
-    assert p.factor == 2.0 and corrections(p.part_correction)[("draft", 1, 4)] == (18.0 / 15.0 / 2.0, 1)
+    assert corrections(p.costs.bucket_correction) == {(1, 4): (1.0, 1)} and corrections(p.costs.correction) == {1: (2.0, 1)}
+    assert p.costs.factor == 2.0 and corrections(p.costs.part_correction)[("draft", 1, 4)] == (18.0 / 15.0 / 2.0, 1)
 
 
 def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path, monkeypatch):
@@ -204,8 +204,8 @@ def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     assert depths and set(depths) == {n}
-    assert not any(k == 2 for k, _ in policy.bucket_correction)
-    assert ("draft", n) in {(part, k) for part, k, _ in policy.part_correction}
+    assert not any(k == 2 for k, _ in policy.costs.bucket_correction)
+    assert ("draft", n) in {(part, k) for part, k, _ in policy.costs.part_correction}
 
 
 def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
@@ -216,13 +216,13 @@ def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
     1.7 / 15 > 2.77 / 30 at p = 0.7)."""
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(5)}
     p = AutoDraftLength(4, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
-    assert p.held_cost_curve(4, 4) == [30.0] * 5 and p.held_cost_curve(4, 0) == [10.0, 15.0, 20.0, 25.0, 30.0]
-    assert p.held_cost_curve(4, 2) == [20.0, 20.0, 20.0, 25.0, 30.0]
+    assert p.costs.held_cost_curve(4, 4) == [30.0] * 5 and p.costs.held_cost_curve(4, 0) == [10.0, 15.0, 20.0, 25.0, 30.0]
+    assert p.costs.held_cost_curve(4, 2) == [20.0, 20.0, 20.0, 25.0, 30.0]
     assert p.decide(4, 4, held=4).k_in_use == 4 and p.decide(4, 4).k_in_use == 1
     for _ in range(8):                                   # the depth-4 draft round measured at 12 ms
-        p.observe_parts(4, 4, 4, 18.0, 12.0)
-    assert p.draft_cost(4, 4) == pytest.approx(12.0) and p.draft_cost(0, 4) == 0.0
-    assert p.held_cost_curve(4, 4)[0] == pytest.approx(22.0)  # verification at 0 (10) + the round (12)
+        p.costs.observe_parts(4, 4, 4, 18.0, 12.0)
+    assert p.costs.draft_cost(4, 4) == pytest.approx(12.0) and p.costs.draft_cost(0, 4) == 0.0
+    assert p.costs.held_cost_curve(4, 4)[0] == pytest.approx(22.0)  # verification at 0 (10) + the round (12)
 
 
 def test_a_depth_never_measured_prices_its_draft_round_per_module_of_the_measured_ones():
@@ -232,12 +232,12 @@ def test_a_depth_never_measured_prices_its_draft_round_per_module_of_the_measure
     and made k = 3 look cheaper than k = 4 under a held depth 8."""
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(9)}
     p = AutoDraftLength(8, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
-    assert p.draft_cost(3, 4) == pytest.approx(15.0)       # nothing measured: the calibration
+    assert p.costs.draft_cost(3, 4) == pytest.approx(15.0)       # nothing measured: the calibration
     for _ in range(8):
-        p.observe_parts(4, 4, 4, 18.0, 12.0)
-        p.observe_parts(8, 8, 4, 30.0, 20.0)
-    assert [p.draft_cost(k, 4) for k in range(9)] == pytest.approx([0, 3, 6, 9, 12, 14.375, 16.5, 18.375, 20])
-    held = p.held_cost_curve(4, 8)
+        p.costs.observe_parts(4, 4, 4, 18.0, 12.0)
+        p.costs.observe_parts(8, 8, 4, 30.0, 20.0)
+    assert [p.costs.draft_cost(k, 4) for k in range(9)] == pytest.approx([0, 3, 6, 9, 12, 14.375, 16.5, 18.375, 20])
+    held = p.costs.held_cost_curve(4, 8)
     assert held[3] == pytest.approx(25.0 + 20 - 9) and held[4] == pytest.approx(30.0 + 20 - 12)
 
 
@@ -252,7 +252,7 @@ def test_a_held_depth_alone_does_not_raise_the_k_in_use():
     p.commit(p.decide(4, 8))
     assert p.k == 4
     depths = [4, 4, 4, 8]
-    g = p._goodputs(4, 8, depths=depths, curve=p.held_cost_curve(4, 8))
+    g = p._goodputs(4, 8, depths=depths, curve=p.costs.held_cost_curve(4, 8))
     assert g[8] / g[4] == pytest.approx((3 * 3.3616 + 4.32891) / (4 * 3.3616), rel=1e-4)
     choice = p.decide(4, 8, held=8, depths=depths)
     assert (choice.k, choice.k_in_use) == (4, 4)
@@ -269,7 +269,7 @@ def test_an_admission_above_the_k_in_use_needs_the_batch_to_follow_or_the_eviden
     costs = {(k, 4): 20.0 + 3.0 * k for k in range(9)}
     p = AutoDraftLength(8, costs, config=AutoKConfig(probe_interval=0, patience=1, explore_budget=0.0))
     for _ in range(8):                                    # the draft round: 1 ms a module
-        p.observe_parts(4, 4, 4, 28.0, 4.0)
+        p.costs.observe_parts(4, 4, 4, 28.0, 4.0)
     p.acceptance = [0.9] * 8
     p.estimates.verified = [100.0] * 4 + [0.0] * 4
     p.k = 4
@@ -330,18 +330,18 @@ def _drive(p: AutoDraftLength, seed: int) -> list:
         choice = p.decide(B, max(depths), held=max(depths), depths=depths)
         p.commit(choice)
         k, ms = choice.k, (8 + 1.5 * choice.k) * (1 + 0.2 * B) * rng.uniform(0.85, 1.3)
-        predicted = p.cost(k, B), p.step_cost_curve(B)[k], p.held_cost_curve(B, 5)   # asked before the learning too
+        predicted = p.costs.cost(k, B), p.costs.step_cost_curve(B)[k], p.costs.held_cost_curve(B, 5)   # asked before the learning too
         learn = rng.random()       # each kind of learning alone in some steps
         if learn < 0.4:
             p.observe_step(k, B, ms, num_tokens=2 * B, draft_depth=max(depths))
         elif learn < 0.8:
             p.observe_step(k, B, ms, num_tokens=2 * B, verify_ms=0.7 * ms, draft_depth=max(depths))
         else:
-            p.observe_parts(k, max(depths), B, 0.7 * ms, 0.3 * ms)
+            p.costs.observe_parts(k, max(depths), B, 0.7 * ms, 0.3 * ms)
         if rng.random() < 0.5:
-            p.observe_overhead(B, rng.uniform(0.1, 0.5))
+            p.costs.observe_overhead(B, rng.uniform(0.1, 0.5))
         if rng.random() < 0.05:
-            p.observe_prefill(rng.randint(100, 1000), rng.uniform(1, 10))
+            p.costs.observe_prefill(rng.randint(100, 1000), rng.uniform(1, 10))
         p.record(k, B, [a for _, a in running])
         for r in running:
             n, accepted = min(k, r[0]), 0
@@ -350,7 +350,7 @@ def _drive(p: AutoDraftLength, seed: int) -> list:
             p.observe_round(n, accepted, None, r[1])
             r[1] += 1 + accepted
         running = [r for r in running if r[1] < 64]
-        trace.append((choice, predicted, p.cost_curve(B), p.step_cost_curve(3 * B), p.held_cost_curve(B, 5)))
+        trace.append((choice, predicted, p.costs.cost_curve(B), p.costs.step_cost_curve(3 * B), p.costs.held_cost_curve(B, 5)))
     return trace + [p.summary()]
 
 
@@ -363,8 +363,8 @@ def test_the_cached_cost_curves_and_tokens_equal_those_computed_anew(seed):
     runs = []
     for cls in (AutoDraftLength, _Uncached):
         p = cls(8, costs)
-        p.set_draft_costs({(k, b): 0.3 * k * (1 + 0.1 * b) for k in range(9) for b in (1, 4, 16)})
-        p.set_prefill_cost(0.01)
+        p.costs.set_draft_costs({(k, b): 0.3 * k * (1 + 0.1 * b) for k in range(9) for b in (1, 4, 16)})
+        p.costs.set_prefill_cost(0.01)
         runs.append(_drive(p, seed))
     assert runs[0] == runs[1]
     assert len({t[0].k for t in runs[0] if isinstance(t, tuple)}) > 1     # the k moved along the way

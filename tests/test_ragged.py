@@ -197,7 +197,7 @@ def test_the_engine_runs_per_request_k_eager_and_logs_each_ragged_step(tmp_path,
         assert not make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
                             **kw).engine.draft_length.per_request
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
-    seen = spy(monkeypatch, policy, "observe_allocation")
+    seen = spy(monkeypatch, policy.costs, "observe_allocation")
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     assert seen and all(ms == 3000.0 for _, ms, _ in seen)
@@ -215,16 +215,16 @@ def test_the_step_overhead_is_learned_per_batch_bucket_and_added_to_every_k():
     step_cost_curve adds it to cost_curve's every k, and goodput uses it."""
     policy = _policy([10, 12, 14, 16, 18])
     policy.cost_window = 3
-    assert policy.step_cost_curve(2) == policy.cost_curve(2)            # nothing learned yet
-    policy.observe_overhead(2, 4.0)
-    policy.observe_overhead(3, 8.0)                                     # bucket 2-3 as well
-    assert [(b, m.value, m.count) for b, m in policy.overhead.items()] == [(2, 6.0, 2)]
-    policy.observe_overhead(2, 2.0)                                     # the median of 4, 8 and 2
-    assert [(b, m.value, m.count) for b, m in policy.overhead.items()] == [(2, 4.0, 3)]
-    assert policy.step_cost_curve(2) == [c + 4.0 for c in policy.cost_curve(2)]
+    assert policy.costs.step_cost_curve(2) == policy.costs.cost_curve(2)            # nothing learned yet
+    policy.costs.observe_overhead(2, 4.0)
+    policy.costs.observe_overhead(3, 8.0)                                     # bucket 2-3 as well
+    assert [(b, m.value, m.count) for b, m in policy.costs.overhead.items()] == [(2, 6.0, 2)]
+    policy.costs.observe_overhead(2, 2.0)                                     # the median of 4, 8 and 2
+    assert [(b, m.value, m.count) for b, m in policy.costs.overhead.items()] == [(2, 4.0, 3)]
+    assert policy.costs.step_cost_curve(2) == [c + 4.0 for c in policy.costs.cost_curve(2)]
     assert policy.goodput(0, 2) == pytest.approx(2 / 14.0)
     assert policy.ragged_cost(0.5, 2) == pytest.approx(15.0) and policy.ragged_cost(0.5, 2, overhead=False) == 11.0
-    assert policy.step_cost_curve(1) == policy.cost_curve(1)            # another bucket: none
+    assert policy.costs.step_cost_curve(1) == policy.costs.cost_curve(1)            # another bucket: none
 
 
 def test_thompson_draws_tighten_with_the_rounds_seen():

@@ -4,6 +4,7 @@ torch). A mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module doc giv
 from __future__ import annotations
 
 from mtpx.auto_k.choices import DepthChoice
+from mtpx.auto_k.cost_learning import with_prefill
 
 __all__ = ["Admission"]
 
@@ -19,7 +20,7 @@ class Admission:
         running requests' depths, None: no check), else the k in use (as a step's k changes: a
         request admitted deeper than the steps draft would run its extra modules for nothing);
         each k's ms per token counts the request's module prefill at that depth, prompt_tokens
-        of them spread over at most max_tokens output tokens (`prefill_ms`, `_with_prefill`).
+        of them spread over at most max_tokens output tokens (`prefill_ms`, `with_prefill`).
         Below the k in use it lands where `_admission_landing` says; in a batch (batch_size > 1:
         the landed k's steps are every request's), above the best k on upper estimates that lead
         it by at most free_landing_lead only within exploring's budget, the prefill beyond the best
@@ -27,9 +28,11 @@ class Admission:
         Exploring may admit it deeper (`_explore_target`, weighing the same prefill); the
         prefill beyond the depth it would have had is then exploring's spend (explore_ms)."""
         top = self.max_k
-        extra = [self.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0
+        def prefill(depth: int) -> float:
+            return self.costs.prefill_ms(depth, prompt_tokens)
+        extra = [self.costs.prefill_ms(k, prompt_tokens) / max_tokens if max_tokens else 0.0
                  for k in range(top + 1)]
-        g = self._with_prefill(self._goodputs(batch_size, top, mix), extra)
+        g = with_prefill(self._goodputs(batch_size, top, mix), extra)
         best = max(range(top + 1), key=g.__getitem__)
         depth, spend = self.k, 0.0
         if g[best] > (1 + (self.hysteresis if best < self.k else self.rise_hysteresis)) * g[self.k]:
@@ -41,16 +44,17 @@ class Admission:
                     if self.explore_spent() >= self.explore_budget:      # a marginal lead: exploring's
                         depth = best
                     else:
-                        spend = self.prefill_ms(depth, prompt_tokens) - self.prefill_ms(best, prompt_tokens)
+                        spend = prefill(depth) - prefill(best)
             elif self._admission_rises(g, best, batch_size, mix, depths, extra):
                 depth = best
         target = self._explore_target(depth, batch_size, top, mix, extra)
         if target is not None:
-            spend += self.prefill_ms(target, prompt_tokens) - self.prefill_ms(depth, prompt_tokens)
+            spend += prefill(target) - prefill(depth)
             depth = target
         if not spend:
             return DepthChoice(depth, None)
-        return DepthChoice(depth, None, explore_ms=spend, step_ms=self.step_cost_curve(batch_size)[self.k])
+        return DepthChoice(depth, None, explore_ms=spend,
+                           step_ms=self.costs.step_cost_curve(batch_size)[self.k])
 
     def _admission_landing(self, g: list[float], best: int, batch_size: int, mix) -> int:
         """Where an admission lands below the k in use (g: its goodputs, its prefill in; best: their
@@ -78,15 +82,15 @@ class Admission:
         or best does with its unlearned positions past the k in use at their lower estimates
         (`optimism` deviations below). Else the batch would not follow: the request pays its extra
         modules' catch-up every step and learns nothing (module doc). True without depths or with
-        none running. extra: the new request's module prefill per token at each k (`_with_prefill`)."""
+        none running. extra: the new request's module prefill per token at each k (`with_prefill`)."""
         if not depths:
             return True
         k, margin, est = self.k, 1 + self.rise_hysteresis, self.estimates
         with_it = list(depths) + [best]
         gh = self._goodputs(batch_size, best, mix, depths=with_it,
-                            curve=self.held_cost_curve(batch_size, max(with_it)))
+                            curve=self.costs.held_cost_curve(batch_size, max(with_it)))
         if extra is not None:
-            gh = self._with_prefill(gh, extra)
+            gh = with_prefill(gh, extra)
         if gh[best] > margin * gh[k]:
             return True
         low = (est.expected_tokens(best, mix, k, -self.optimism, self.min_verified)

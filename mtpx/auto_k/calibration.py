@@ -66,12 +66,12 @@ def calibrate(scheduler, runner, config, vocab_size: int, buckets: dict[int, int
         else:                                  # a damaged cache file is measured again below
             policy.set_step_costs(costs)
             if file_meta.get(DRAFT_KEY):         # a file written without them: t(k) - t(0) (draft_cost)
-                policy.set_draft_costs({(int(r["k"]), int(r["batch_size"])): float(r["draft_ms"])
+                policy.costs.set_draft_costs({(int(r["k"]), int(r["batch_size"])): float(r["draft_ms"])
                                         for r in file_meta[DRAFT_KEY]})
             if file_meta.get(PREFILL_KEY) is None:   # a file written without it: measured now
                 file_meta[PREFILL_KEY] = prefill()
             if file_meta[PREFILL_KEY] is not None:
-                policy.set_prefill_cost(float(file_meta[PREFILL_KEY]))
+                policy.costs.set_prefill_cost(float(file_meta[PREFILL_KEY]))
             return {**file_meta, "source": f"loaded from {path}",
                     "seconds": round(time.perf_counter() - t0, 2)}
     draft: dict = {}
@@ -81,10 +81,10 @@ def calibrate(scheduler, runner, config, vocab_size: int, buckets: dict[int, int
                                  depth_per_request=scheduler.depth_per_request, draft=draft)
     costs = calibrate_step_costs(measure, policy.max_k, config.max_num_seqs, buckets, draft_costs=draft)
     policy.set_step_costs(costs)
-    policy.set_draft_costs(draft)
+    policy.costs.set_draft_costs(draft)
     prefill_ms = prefill()
     if prefill_ms is not None:
-        policy.set_prefill_cost(prefill_ms)
+        policy.costs.set_prefill_cost(prefill_ms)
     meta = {**meta, PREFILL_KEY: prefill_ms, DRAFT_KEY: [{"k": k, "batch_size": b, "draft_ms": ms}
                                                          for (k, b), ms in sorted(draft.items())]}
     if path is not None:

@@ -1,23 +1,62 @@
-"""The step-cost half of automatic k (scheduler side, no torch): the calibrated decode-step costs
-smoothed over k, their online corrections from the running engine's pure decode steps, and the
-predicted-vs-measured log. A mixin of AutoDraftLength (mtpx/auto_k/policy.py), whose module doc
-gives the rules; it owns no state of its own (AutoDraftLength.reset creates it)."""
+"""The step-cost model of automatic k (scheduler side, no torch): the calibrated decode-step costs
+smoothed over k, their online corrections from the running engine's pure decode steps, the
+module prefill's cost, and the predicted-vs-measured log. An object AutoDraftLength holds
+(`costs`, mtpx/auto_k/policy.py, whose module doc gives the rules); it owns its state."""
 from __future__ import annotations
 
 import bisect
 
+from collections import deque
+
 from mtpx.auto_k.cost_curve import (RunningMedian, StepMemo, _interpolate, _interpolate_all, _non_decreasing,
                                   running_median, smooth_step_costs)
-from mtpx.auto_k.cost_model_log import batch_bucket
+from mtpx.auto_k.cost_model_log import CostModelLog, batch_bucket
 from mtpx.auto_k.request_k import Allocation
 
-__all__ = ["StepCostLearning"]
+__all__ = ["StepCosts", "with_prefill"]
 
 
-class StepCostLearning:
+def with_prefill(g: list[float], extra: list[float]) -> list[float]:
+    """Goodputs (tokens per ms) with extra[k] ms added to each token's cost at k: an admitted
+    request's module prefill spread over its output tokens (AutoDraftLength.decide_depth)."""
+    return [1 / (1 / x + e) if x > 0 else x for x, e in zip(g, extra)]
+
+
+class StepCosts:
     """Step costs and their corrections (module doc): set_step_costs, cost_curve, step_cost_curve,
     calibrated_cost, cost_unlearned, set_prefill_cost, prefill_ms, and observe_step / observe_parts /
-    observe_allocation / observe_overhead / observe_prefill, which learn from a measured step."""
+    observe_allocation / observe_overhead / observe_prefill, which learn from a measured step.
+    max_k: drafts at most; config: AutoKConfig (cost_window, cost_decay, min_cost_observations,
+    explore_costs); steps: the policy's step count (a shape fades per step; AutoDraftLength sets it);
+    prediction: the committed step's StepChoice.predicted (`observe_step`)."""
+
+    def __init__(self, max_k: int, config):
+        self.max_k, self.cost_window, self.cost_decay = max_k, config.cost_window, config.cost_decay
+        self.min_cost_observations, self.explore_costs = config.min_cost_observations, config.explore_costs
+        self.step_costs: dict | None = None
+        self._draft_costs: dict | None = None      # `set_draft_costs`
+        self._draft_batches: list[int] = []
+        self._prefill_prior: float | None = None   # `set_prefill_cost`
+        self.reset()
+
+    def __eq__(self, other) -> bool:      # a policy's state compares by value (copies in tests)
+        return isinstance(other, StepCosts) and vars(self) == vars(other)
+
+    def reset(self) -> None:
+        """Forget what the running engine taught (not the calibrated costs, nor `set_prefill_cost`'s
+        value); the step count starts again at 0."""
+        self.steps = 0
+        self.prediction: tuple | None = None
+        # the cost corrections, each a RunningMedian of the last cost_window steps' values
+        self.correction: dict[int, RunningMedian] = {}    # k -> measured / calibrated step cost (reported)
+        self.every_k_correction = RunningMedian(self.cost_window)   # the level over every k (`factor`)
+        self._level_keys: deque = deque(maxlen=max(1, self.cost_window))   # its steps' (k, bucket)s
+        self.bucket_correction: dict[tuple[int, int], RunningMedian] = {}      # (k, bucket) -> ratio
+        self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
+        self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
+        self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
+        self._cost_memo = StepMemo()                 # this step's cost curves (`_memo`)
+        self.prefill_module_ms = self._prefill_median()   # a prefill's draft modules: ms per token x module
 
     def set_step_costs(self, step_costs: dict) -> None:
         batches = sorted({b for _, b in step_costs})
@@ -30,7 +69,6 @@ class StepCostLearning:
             for k, ms in enumerate(smooth_step_costs([step_costs[(k, b)] for k in range(self.max_k + 1)])):
                 costs[(k, b)] = ms
         self.step_costs, self._batches, self._calibrated_by_batch = costs, batches, StepMemo()
-        self.settled.clear()
         self._costs_changed()
 
     def set_draft_costs(self, draft_costs: dict) -> None:
@@ -50,9 +88,9 @@ class StepCostLearning:
         """The cache of this step's cost curves (cost_curve.StepMemo), emptied when the step count
         moves on (a shape fades per step) or the cost state changes (`_costs_changed`)."""
         memo = self._cost_memo
-        if memo.at != self._steps:
+        if memo.at != self.steps:
             memo.clear()
-            memo.at = self._steps
+            memo.at = self.steps
         return memo
 
     def _costs_changed(self) -> None:
@@ -92,7 +130,7 @@ class StepCostLearning:
 
     def _fresh(self, shape: float, at: int) -> float:
         """A shape faded toward 1 by cost_decay per step since step `at`."""
-        return 1 + (shape - 1) * self.cost_decay ** max(0, self._steps - at)
+        return 1 + (shape - 1) * self.cost_decay ** max(0, self.steps - at)
 
     def _known_shape(self, key: tuple[int, int]) -> float | None:
         """The faded shape of (k, batch bucket) from min_cost_observations steady steps, else from
@@ -119,7 +157,7 @@ class StepCostLearning:
         then the first drafts) took ms: the median ms per module-token of the last cost_window
         such steps (`prefill_ms`)."""
         if module_tokens > 0:
-            self.prefill_module_ms.add(max(0.0, ms) / module_tokens, self._steps)
+            self.prefill_module_ms.add(max(0.0, ms) / module_tokens, self.steps)
 
     def set_prefill_cost(self, ms_per_module_token: float) -> None:
         """The start-up measurement of a prefill's speculator part, ms per prompt token and module
@@ -133,19 +171,13 @@ class StepCostLearning:
         `set_prefill_cost`'s value when there is one."""
         median = RunningMedian(self.cost_window)
         if self._prefill_prior is not None:
-            median.add(self._prefill_prior, self._steps)
+            median.add(self._prefill_prior, self.steps)
         return median
 
     def prefill_ms(self, depth: int, prompt_tokens: int) -> float:
         """Predicted ms of a request's draft modules over its prompt at depth (`observe_prefill`,
         from `set_prefill_cost`'s value; 0 before any)."""
         return depth * prompt_tokens * self.prefill_module_ms.value if self.prefill_module_ms.count else 0.0
-
-    @staticmethod
-    def _with_prefill(g: list[float], extra: list[float]) -> list[float]:
-        """Goodputs (tokens per ms) with extra[k] ms added to each token's cost at k: an admitted
-        request's module prefill spread over its output tokens (AutoDraftLength.decide_depth)."""
-        return [1 / (1 / x + e) if x > 0 else x for x, e in zip(g, extra)]
 
     def step_cost_curve(self, batch_size: int) -> list[float]:
         """What the decisions compare: cost_curve plus the step's learned overhead at its batch
@@ -213,7 +245,8 @@ class StepCostLearning:
         return memo[batch_size]
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
-                     verify_ms: float | None = None, draft_depth: int | None = None) -> None:
+                     verify_ms: float | None = None, draft_depth: int | None = None,
+                     expected_tokens: float = 0.0) -> None:
         """A pure decode step (no prefill) of batch_size requests that each verified k drafts and
         proposed k, taking step_ms and committing num_tokens (None: not logged): log the prediction
         the step's k was chosen with against the measurement (cost_log; call this before `record`
@@ -222,15 +255,15 @@ class StepCostLearning:
         modules the round ran (None: k); deeper than k, the modules past k caught up for requests
         held deeper, so the step is not k's cost: only its parts are learned, the draft round's
         at draft_depth (a depth-d catch-up runs d modules, as proposing d drafts does)."""
-        if self.step_costs is None or self.forced is not None or batch_size < 1:
+        if self.step_costs is None or batch_size < 1:
             return
         if num_tokens is not None:
-            if (p := self._prediction) is not None and p[:2] == (batch_size, k):
+            if (p := self.prediction) is not None and p[:2] == (batch_size, k):
                 ms_k, ms_0 = p[2], p[3]         # the costs the step was chosen with
             else:
                 curve = self.cost_curve(batch_size)
                 ms_k, ms_0 = curve[k], curve[0]
-            self.cost_log.add(k, batch_size, self.expected_tokens(k), ms_k, ms_0,
+            self.cost_log.add(k, batch_size, expected_tokens, ms_k, ms_0,
                               self.calibrated_cost(0, batch_size), num_tokens, step_ms)
         held = k if draft_depth is None else max(k, min(draft_depth, self.max_k))
         if held == k:
@@ -247,13 +280,13 @@ class StepCostLearning:
         min_cost_observations steps (`_known_ratios`): an exploring probe (propose k + 1, then
         verify k + 1 and propose k) measures k + 1 with no steady step at it, among the steps
         that set the level."""
-        if self.step_costs is None or self.forced is not None or batch_size < 1:
+        if self.step_costs is None or batch_size < 1:
             return
         for part, k, ms in (("verify", verified, verify_ms), ("draft", proposed, draft_ms)):
             if 0 <= k <= self.max_k:
                 running_median(self.part_correction, (part, k, batch_bucket(batch_size)),
                                max(0.0, ms) / self.calibrated_cost(k, batch_size) / self.factor,
-                               self.cost_window, self._steps)
+                               self.cost_window, self.steps)
         self._costs_changed()
 
     def observe_allocation(self, allocation: Allocation, step_ms: float, num_tokens: int) -> None:
@@ -261,7 +294,7 @@ class StepCostLearning:
         prediction it was allocated with against step_ms and num_tokens committed; its cost
         corrections are kept under the nearest integer k."""
         B = len(allocation.num_drafts)
-        if self.step_costs is None or self.forced is not None or B < 1:
+        if self.step_costs is None or B < 1:
             return
         x = allocation.mean_drafts
         k = min(self.max_k, round(x))
@@ -286,14 +319,14 @@ class StepCostLearning:
         A median polish (Tukey 1977, Exploratory Data Analysis, ch. 11) over time, online."""
         key = (k, batch_bucket(batch_size))
         level, table = self.factor, self.bucket_correction
-        running_median(self.correction, k, ratio, self.cost_window, self._steps)     # reported: the raw ratio
+        running_median(self.correction, k, ratio, self.cost_window, self.steps)     # reported: the raw ratio
         if any(other != key for other in self._level_keys):
-            running_median(table, key, ratio / level, self.cost_window, self._steps)
+            running_median(table, key, ratio / level, self.cost_window, self.steps)
         else:
             running_median(table, key, table[key].value if key in table else 1.0, self.cost_window,
-                           self._steps)
+                           self.steps)
         shape = self._known_shape(key)
-        self.every_k_correction.add(ratio / (1.0 if shape is None else shape), self._steps)
+        self.every_k_correction.add(ratio / (1.0 if shape is None else shape), self.steps)
         self._level_keys.append(key)
         self._costs_changed()
 

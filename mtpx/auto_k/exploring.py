@@ -5,6 +5,8 @@ is an object (`ExploreBudget`) that owns its state; the queries are a mixin of A
 (mtpx/auto_k/policy.py), whose module doc gives the rules."""
 from __future__ import annotations
 
+from mtpx.auto_k.cost_learning import with_prefill
+
 __all__ = ["Exploring", "ExploreBudget"]
 
 
@@ -51,7 +53,7 @@ class Exploring:
         """Whether k's cost at batch_size is still the calibration's alone: explore_costs, k <=
         max_k, and k is not among `_known_ratios` (the step costs known)."""
         return (self.explore_costs and self.step_costs is not None and k <= self.max_k
-                and all(j != k for j, _ in self._known_ratios(batch_size)))
+                and all(j != k for j, _ in self.costs._known_ratios(batch_size)))
 
     def _explore_target(self, k: int, batch_size: int, top: int, mix: list[float] | None,
                         extra: list[float] | None = None) -> int | None:
@@ -60,7 +62,7 @@ class Exploring:
         hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
         of the predicted one (where even that cannot pay, measuring it changes no choice); None while
         exploring has spent its budget (`explore_spent`). extra: an admission's module prefill
-        per output token at each depth (`_with_prefill`), which the explored depth must pay too."""
+        per output token at each depth (`with_prefill`), which the explored depth must pay too."""
         if self.explore_spent() >= self.explore_budget:
             return None
         target = self.explore_depth(k, batch_size, top, mix, extra)
@@ -81,16 +83,16 @@ class Exploring:
         k by more than the hysteresis for the mix (less is never chosen: the step's k would not
         change, and exploring would only cost; the smallest, as a probe and a held depth cost the
         more the deeper they are, and a deeper one follows once these are learned); extra: an
-        admission's module prefill per output token at each k (`_with_prefill`)."""
+        admission's module prefill per output token at each k (`with_prefill`)."""
         top = self.max_k if top is None else min(top, self.max_k)
         if self.step_costs is None or k >= top:
             return None
         b = max(1, batch_size)
-        curve, est = self.step_cost_curve(b), self.estimates
+        curve, est = self.costs.step_cost_curve(b), self.estimates
 
         def goodput(j: int, tokens: float) -> float:
             g = b * tokens / curve[j]
-            return self._with_prefill([g], [extra[j]])[0] if extra else g
+            return with_prefill([g], [extra[j]])[0] if extra else g
         first = next((i for i in range(k, top) if self.unlearned(i, mix)), None)   # position first + 1
         if first is None:
             return None
@@ -110,11 +112,11 @@ class Exploring:
         every draft at position k + 1 accepted and share of its predicted cost over k's; extra: as
         in `explore_depth`."""
         b = max(1, batch_size)
-        curve, survive, tokens = self.step_cost_curve(b), 1.0, self.expected_tokens(k)
+        curve, survive, tokens = self.costs.step_cost_curve(b), 1.0, self.expected_tokens(k)
         for p in self.acceptance[:k]:
             survive *= p
         cost = curve[k] + share * (curve[k + 1] - curve[k])
         g = [b * tokens / curve[k], b * (tokens + survive) / cost]
         if extra:
-            g = self._with_prefill(g, extra[k:k + 2])
+            g = with_prefill(g, extra[k:k + 2])
         return g[1] > (1 + self.hysteresis) * g[0]

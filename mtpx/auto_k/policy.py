@@ -20,25 +20,24 @@ docs/automatic_k.md gives the rules and derivations, docs/results.md the measure
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter, deque
+from collections import Counter
 
 from mtpx.auto_k.acceptance import AcceptanceEstimates
 from mtpx.auto_k.admission import Admission
-from mtpx.auto_k.cost_curve import RunningMedian, StepMemo, smooth_step_costs
-from mtpx.auto_k.cost_learning import StepCostLearning
-from mtpx.auto_k.summary import summary
-from mtpx.auto_k.cost_model_log import CostModelLog
-from mtpx.auto_k.exploring import ExploreBudget, Exploring
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
+from mtpx.auto_k.cost_curve import smooth_step_costs
+from mtpx.auto_k.cost_learning import StepCosts, with_prefill
+from mtpx.auto_k.exploring import ExploreBudget, Exploring
 from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
+from mtpx.auto_k.summary import summary
 from mtpx.core.step_plan import StepPlan, StepRecord, StepView, num_new_drafts
 
 __all__ = ["AutoKConfig", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength(StepCostLearning, Exploring, Admission):
+class AutoDraftLength(Exploring, Admission):
     """The automatic k (module doc), called by the scheduler through `plan` and `observe`.
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -61,10 +60,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         for f in dataclasses.fields(config):     # the knobs, read by the parts as attributes
             setattr(self, f.name, getattr(config, f.name))
         self.min_verified = config.prior_weight if config.min_verified is None else config.min_verified
-        self.step_costs = None
-        self._draft_costs: dict | None = None      # `set_draft_costs`
-        self._draft_batches: list[int] = []
-        self._prefill_prior: float | None = None   # `set_prefill_cost`
+        self.costs = StepCosts(max_k, config)     # the step-cost model (cost_learning.py)
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
         self.per_request = per_request   # ragged verification: each request verifies its own k (`allocate`)
@@ -73,18 +69,34 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         if step_costs is not None:
             self.set_step_costs(step_costs)
         if draft_costs is not None:
-            self.set_draft_costs(draft_costs)
+            self.costs.set_draft_costs(draft_costs)
         if prefill_cost is not None:
-            self.set_prefill_cost(prefill_cost)
+            self.costs.set_prefill_cost(prefill_cost)
+
+    _with_prefill = staticmethod(with_prefill)
 
     @property
-    def settled_interval(self) -> int:
-        """Steps a settled decision holds (settled.py; tests may set it)."""
-        return self.settled.interval
+    def step_costs(self) -> dict | None:
+        """The calibrated step costs, smoothed (StepCosts; None before calibration)."""
+        return self.costs.step_costs
 
-    @settled_interval.setter
-    def settled_interval(self, steps: int) -> None:
-        self.settled.interval = max(1, steps)
+    @property
+    def _steps(self) -> int:
+        """Decode steps decided since the reset (the cost model's clock: its shapes fade per step)."""
+        return self.costs.steps
+
+    @_steps.setter
+    def _steps(self, steps: int) -> None:
+        self.costs.steps = steps
+
+    def set_step_costs(self, step_costs: dict) -> None:
+        """The calibration's {(k, batch size): ms} (StepCosts.set_step_costs); decisions start anew."""
+        self.costs.set_step_costs(step_costs)
+        self.settled.clear()
+
+    settled_interval = property(lambda self: self.settled.interval,
+                                lambda self, steps: setattr(self.settled, "interval", max(1, steps)),
+                                doc="Steps a settled decision holds (settled.py; tests may set it).")
 
     def reset(self) -> None:
         """Forget the acceptance estimates, the k in use, the histograms and what the running
@@ -94,23 +106,12 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.k = self.max_k
         self.histogram: Counter = Counter()
         self.depth_histogram: Counter = Counter()    # depth -> requests given it
-        # the cost corrections, each a RunningMedian of the last cost_window steps' values
-        self.correction: dict[int, RunningMedian] = {}    # k -> measured / calibrated step cost (reported)
-        self.every_k_correction = RunningMedian(self.cost_window)   # the level over every k (`factor`)
-        self._level_keys: deque = deque(maxlen=max(1, self.cost_window))   # its steps' (k, bucket)s
-        self.bucket_correction: dict[tuple[int, int], RunningMedian] = {}      # (k, bucket) -> ratio
-        self.part_correction: dict[tuple[str, int, int], RunningMedian] = {}   # (part, k, bucket) -> ratio
-        self.overhead: dict[int, RunningMedian] = {}  # batch bucket -> ms a step costs beyond its forwards
-        self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
-        self._cost_memo = StepMemo()                 # this step's cost curves (StepCostLearning._memo)
-        self._steps = self._probes = 0
-        self.prefill_module_ms = self._prefill_median()   # a prefill's draft modules: ms per token x module
-        self._explored = -(10 ** 9)                  # the step of the last exploring probe
+        self.costs.reset()                           # what the engine taught the costs; the step count 0
+        self._probes, self._explored = 0, -(10 ** 9)   # probes so far; the step of the last exploring probe
         self.budget = ExploreBudget(self.decay)      # what exploring spent (`explore_spent`)
         self._switch_streak = self._rising_to = 0    # steps in a row predicting another k in use; a rise's k
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.per_request_k.reset()
-        self._prediction: tuple | None = None        # the committed step's StepChoice.predicted
         self._planned: tuple = (False, None)          # the planned step's depth_per_request and allocation
         self.settled.clear()
 
@@ -140,7 +141,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
 
     def goodput(self, k: int, batch_size: int) -> float:
         """Predicted tokens per ms (the step's learned overhead included)."""
-        return batch_size * self.expected_tokens(k) / self.step_cost_curve(batch_size)[k]
+        return batch_size * self.expected_tokens(k) / self.costs.step_cost_curve(batch_size)[k]
 
     def _goodputs(self, batch_size: int, top: int, mix: list[float] | None = None, held: int = 0,
                   depths: list[int] | None = None, curve: list[float] | None = None) -> list[float]:
@@ -150,7 +151,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         requests' depths (None: every request drafts k), each drafting min(k, its depth) in a
         step whose cost is k's (a request at depth 0 commits one token in a k = 8 step); curve: the
         costs per k when the caller has them (else held_cost_curve(batch_size, held))."""
-        curve = self.held_cost_curve(batch_size, held) if curve is None else curve
+        curve = self.costs.held_cost_curve(batch_size, held) if curve is None else curve
         tokens = self.estimates.expected_tokens_upto(top, mix)
         if not depths:
             return [batch_size * tokens[k] / curve[k] for k in range(top + 1)]
@@ -167,7 +168,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         """Predicted ms of a ragged step of batch_size requests verifying mean_drafts drafts each on
         average (it costs its tokens): request_k.curve_at of step_cost_curve (overhead), else of
         cost_curve."""
-        curve = self.step_cost_curve(batch_size) if overhead else self.cost_curve(batch_size)
+        curve = self.costs.step_cost_curve(batch_size) if overhead else self.costs.cost_curve(batch_size)
         return curve_at(curve, mean_drafts)
 
     def allocate(self, requests: list[tuple[object, int]]) -> Allocation:
@@ -241,8 +242,9 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         depth_per_request, allocation = self._planned
         rounds, k, t = record.rounds, record.k, record
         if t.timed and t.prefill_module_tokens and depth_per_request:
-            self.observe_prefill(t.prefill_module_tokens, 1e3 * t.prefill_draft_s)
+            self.costs.observe_prefill(t.prefill_module_tokens, 1e3 * t.prefill_draft_s)
         pure = t.timed and not record.has_prefills
+        learn = pure and self.forced is None        # a forced k's steps teach the costs nothing
         if rounds:
             proposes = all(r.depth >= k for r in rounds)   # every request proposes k
             verified = {r.verified for r in rounds}
@@ -250,18 +252,25 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
             committed = sum(r.num_tokens for r in rounds)
             # the modules the draft round ran: requests held deeper than k catch theirs up
             held = max(k, max(r.depth for r in rounds)) if depth_per_request else k
-            if pure and allocation is not None:
-                self.observe_allocation(allocation, 1e3 * (t.verify_s + t.draft_s), committed)
-            elif pure and steady:
+            if learn and allocation is not None:
+                self.costs.observe_allocation(allocation, 1e3 * (t.verify_s + t.draft_s), committed)
+            elif learn and steady:
                 self.observe_step(k, len(rounds), 1e3 * (t.verify_s + t.draft_s), committed,
                                   verify_ms=1e3 * t.verify_s, draft_depth=held)
-            elif pure and proposes and len(verified) == 1:
-                self.observe_parts(verified.pop(), held, len(rounds), 1e3 * t.verify_s, 1e3 * t.draft_s)
+            elif learn and proposes and len(verified) == 1:
+                self.costs.observe_parts(verified.pop(), held, len(rounds), 1e3 * t.verify_s, 1e3 * t.draft_s)
             self.record(k, len(rounds), [r.age for r in rounds])
         for r in rounds:
             self.observe_round(r.num_draft_tokens, r.num_accepted, r.key, r.age)
         if pure and rounds:
-            self.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s))
+            self.costs.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s))
+
+    def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
+                     verify_ms: float | None = None, draft_depth: int | None = None) -> None:
+        """StepCosts.observe_step with the estimates' E[tokens | k] (before `record`); not while forced."""
+        if self.forced is None:
+            self.costs.observe_step(k, batch_size, step_ms, num_tokens, verify_ms, draft_depth,
+                                    self.expected_tokens(k))
 
     def forget(self, key) -> None:
         self.per_request_k.requests.forget(key)
@@ -287,8 +296,8 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
                                                                self.probe_interval)) is not None:
             return choice
         mix = self._mix(ages)
-        base = self.step_cost_curve(batch_size)
-        curve = self.held_cost_curve(batch_size, held, base)
+        base = self.costs.step_cost_curve(batch_size)
+        curve = self.costs.held_cost_curve(batch_size, held, base)
         g = self._goodputs(batch_size, top, mix, depths=depths, curve=curve)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
@@ -315,7 +324,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
                 k = current - 1
         probed = k if target is not None else current     # a one-off probe is not exploring's
         spend = curve[probed] - base[current]             # base: the k in use with nothing held deeper
-        cost = self.cost_curve(batch_size)
+        cost = self.costs.cost_curve(batch_size)
         return StepChoice(k, current, steps, probes, streak, explored, curve[k], max(0.0, spend), rising_to,
                           (batch_size, k, cost[k], cost[0]),
                           self.settled.settles(key, steps, k, current, streak, rising_to, ages))
@@ -376,7 +385,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
     def commit(self, choice: StepChoice) -> None:
         """Apply a step's decision (from `decide` on the current state): the k in use, the step
         count, the probe count and the switch streak."""
-        self._prediction = choice.predicted
+        self.costs.prediction = choice.predicted
         if choice.steps is None:          # forced, or no step costs yet: nothing to advance
             return
         self.settled.commit(choice)
@@ -458,7 +467,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         self.histogram.clear()
         self.depth_histogram.clear()
         self.per_request_k.verified_histogram.clear()
-        self.cost_log.clear()
+        self.costs.cost_log.clear()
 
     def observe_round(self, num_draft_tokens: int, num_accepted: int, key=None,
                       age: int | None = None) -> None:
@@ -480,7 +489,7 @@ class AutoDraftLength(StepCostLearning, Exploring, Admission):
         included, so that a depth, which never rises again, is not lowered for their first rounds)."""
         self.histogram[k] += 1
         if batch_size:
-            self.cost_log.count_decode_step(batch_size)
+            self.costs.cost_log.count_decode_step(batch_size)
         self.estimates.decay()
         mix = self.estimates.mix(ages)
         if mix is not None:         # from every age alike: a first wave of young requests is a transient

@@ -19,20 +19,21 @@ def summary(policy) -> dict:
             "num_observed": list(policy.num_observed),
             "acceptance_by_age": policy.estimates.summary(),
             "age_mix": [round(m, 4) for m in policy.age_mix] if policy.age_mix else None,
-            "cost_correction": {str(k): round(c.value, 3) for k, c in sorted(policy.correction.items())},
-            "cost_factor": round(policy.factor, 3),
+            "cost_correction": {str(k): round(c.value, 3)
+                                for k, c in sorted(policy.costs.correction.items())},
+            "cost_factor": round(policy.costs.factor, 3),
             "explore_spent": round(policy.explore_spent(), 4),
-            "prefill_module_ms_per_token": (round(policy.prefill_module_ms.value, 5)
-                                            if policy.prefill_module_ms.count else None),
+            "prefill_module_ms_per_token": (round(policy.costs.prefill_module_ms.value, 5)
+                                            if policy.costs.prefill_module_ms.count else None),
             "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m.value, 3), "steps": m.count}
-                                 for b, m in sorted(policy.overhead.items())],
+                                 for b, m in sorted(policy.costs.overhead.items())],
             "bucket_cost_correction": [{"k": k, "batch_bucket": bucket_label(b), "ratio": round(r.value, 4),
                                         "steps": r.count}
-                                       for (k, b), r in sorted(policy.bucket_correction.items())],
+                                       for (k, b), r in sorted(policy.costs.bucket_correction.items())],
             "part_cost_correction": [{"part": p, "k": k, "batch_bucket": bucket_label(b),
                                       "ratio": round(r.value, 4), "steps": r.count}
-                                     for (p, k, b), r in sorted(policy.part_correction.items())],
-            "cost_model": policy.cost_log.summary(),
+                                     for (p, k, b), r in sorted(policy.costs.part_correction.items())],
+            "cost_model": policy.costs.cost_log.summary(),
             "step_costs_ms": ([{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                for (k, b), ms in sorted(policy.step_costs.items())]
                               if policy.step_costs else None)}
