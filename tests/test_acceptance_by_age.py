@@ -1,5 +1,5 @@
 """Automatic k's acceptance by age of the generation and its exploring of deeper depths
-(mtpx/auto_k/acceptance.py, mtpx/auto_k/policy.py `explore_depth`): exact values."""
+(mtpx/auto_k/acceptance.py, mtpx/auto_k/exploring.py `Exploring.depth`): exact values."""
 from __future__ import annotations
 
 import math
@@ -68,12 +68,12 @@ def test_exploring_skips_a_k_that_cannot_pay_to_the_depth_that_could():
     land at 5, where the upper estimates pay most (`_landing`)."""
     p = AutoDraftLength(8, c16_costs(), config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False))
     assert max(range(9), key=lambda k: p.goodput(k, 16)) == 0          # at the prior 0.7: k = 0
-    assert not p._could_pay(0, 16, 1.0)                                # k = 1 cannot pay at p = 1
+    assert not p.exploring.could_pay(p.estimates, 0, 16, 1.0)                                # k = 1 cannot pay at p = 1
     upper = 0.7 + math.sqrt(0.21 / 9)
     gains = [(1 + sum(upper ** i for i in range(1, k + 1))) / C16[k] * C16[0] for k in range(9)]
     assert gains[1] < 1.05 < gains[2] and max(range(1, 9), key=gains.__getitem__) == 5
-    assert p.explore_depth(0, 16) == 2 and p.depth(16) == 5
-    assert p.explore_depth(0, 16, top=1) is None                       # at most the deepest request's depth
+    assert p.exploring.depth(p.estimates, 0, 16) == 2 and p.depth(16) == 5
+    assert p.exploring.depth(p.estimates, 0, 16, top=1) is None                       # at most the deepest request's depth
     assert p.choose(16, 5) == 5           # the k in use (max_k, at most the deepest depth) is held: it could pay
     p.k = 0
     assert p.depth(16) == 2
@@ -81,7 +81,7 @@ def test_exploring_skips_a_k_that_cannot_pay_to_the_depth_that_could():
     for _ in range(20):                                                # positions 1-2 learned: 25.6 / 28
         p.observe_round(2, 2)
     assert not p.unlearned(0) and not p.unlearned(1) and p.unlearned(2)
-    assert p.explore_depth(0, 16) == 3                                 # the next depth follows
+    assert p.exploring.depth(p.estimates, 0, 16) == 3                                 # the next depth follows
     assert AutoDraftLength(8, c16_costs(), config=AutoKConfig(optimism=0.0, explore_costs=False)).depth(16) == 0
 
 
@@ -93,8 +93,8 @@ def test_old_generations_learned_apart_from_young_ones_choose_their_own_k():
     for _ in range(30):
         p.observe_round(8, 0, age=2)                  # position 1 rejected: young requests verify 1 draft
     old = [40] * 16
-    assert p.unlearned(0, p.estimates.mix(old)) and p.explore_depth(0, 16, mix=p.estimates.mix(old)) == 2
-    assert p.explore_depth(0, 16, mix=p.estimates.mix([2] * 16)) is None   # young: learned, and k = 0 pays
+    assert p.unlearned(0, p.estimates.mix(old)) and p.exploring.depth(p.estimates, 0, 16, mix=p.estimates.mix(old)) == 2
+    assert p.exploring.depth(p.estimates, 0, 16, mix=p.estimates.mix([2] * 16)) is None   # young: learned, and k = 0 pays
     for _ in range(30):
         p.observe_round(8, 8, age=40)                 # old requests accept all 8
     g_old = p._goodputs(16, 8, p.estimates.mix(old))
@@ -148,7 +148,7 @@ def test_decisions_weigh_the_ages_of_the_decode_steps_smoothed_over_steps():
     # ages 8-31 unseen: explored from k = 0, and k = 8 in use (max_k) is held, since at their upper
     # estimates it could still pay
     # (for the mix: a quarter of young requests that reject everything makes k = 4 the first to pay)
-    assert p.explore_depth(0, 16, mix=p.age_mix) == 4 and p.decide(16).k_in_use == 8
+    assert p.exploring.depth(p.estimates, 0, 16, mix=p.age_mix) == 4 and p.decide(16).k_in_use == 8
     p.k = 0
     assert p.decide(16).k == 4
     for _ in range(30):

@@ -419,7 +419,7 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     # and k = 5 would most, so the first requests are admitted at depth 5 (`_landing`: the whole
     # batch tests positions 1-5); without optimism they prefill no module; at batch 1 they keep all 8
     assert p.goodput(0, 64) > max(p.goodput(k, 64) for k in range(1, 9))
-    assert p.explore_depth(0, 64) == 3 and p.depth(64) == 5 and p.depth(1) == 8
+    assert p.exploring.depth(p.estimates, 0, 64) == 3 and p.depth(64) == 5 and p.depth(1) == 8
     assert AutoDraftLength(8, step_costs, config=AutoKConfig(explore_costs=False, optimistic_falls=False)).depth(64) == 3
     assert AutoDraftLength(8, step_costs, config=AutoKConfig(explore_costs=False, optimism=0.0)).depth(64) == 0
     optimistic = AutoDraftLength(8, step_costs, config=AutoKConfig(prior_acceptance=1.0))
@@ -438,9 +438,11 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=1.0))
     p.settled_interval = 1              # decides every step
     assert p.unlearned(0) and not p.unlearned(1)        # position 1 unseen; no position 2
-    assert p.explores(0, 64)                            # at p = 1, 2 / 180 beats 1.05 / 100
-    assert not AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, config=AutoKConfig(optimism=2.0)).explores(0, 64)   # 2 / 200 does not
-    assert not AutoDraftLength(1, ms).explores(0, 64)   # one deviation: 1.853 / 180 does not either
+    assert p.exploring.explores(p.estimates, 0, 64)                            # at p = 1, 2 / 180 beats 1.05 / 100
+    wary = AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, config=AutoKConfig(optimism=2.0))
+    assert not wary.exploring.explores(wary.estimates, 0, 64)   # 2 / 200 does not
+    one = AutoDraftLength(1, ms)
+    assert not one.exploring.explores(one.estimates, 0, 64)   # one deviation: 1.853 / 180 does not either
     assert p.depth(64) == 1                             # admitted one deeper than the best k, 0
     # k = 1 in use at first (max_k), held: at position 1's upper estimate it beats k = 0
     assert [step(p, 64) for _ in range(3)] == [1, 1, 1] and p.k == 1
@@ -468,7 +470,7 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
     p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=0.01))
     p.settled_interval = 1              # decides every step
     p.k = 0
-    assert p.explores(0, 16) and p.depth(16) == 1 and p.explore_spent() == 0.0
+    assert p.exploring.explores(p.estimates, 0, 16) and p.depth(16) == 1 and p.exploring.spent() == 0.0
     depths = [0] * 15 + [1]          # one request admitted at the explored depth: k = 1 does not pay
     ks = []                          # (15 + 1.7) / 16 / 180 < 1.05 / 100
     for _ in range(3):
@@ -481,13 +483,13 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
         ks.append(choice.k)
     assert ks == [1, 0, 1]           # a probe every patience = 2 steps
     # the steps' sum starts as 100 steps (1 / (1 - decay)) of the first one: 18000 ms, and stays so
-    assert p.explore_spent() == pytest.approx((0.99 ** 2 * 80 + 0.99 * 80 + 80) / 18000)   # 0.0132 > 0.01
+    assert p.exploring.spent() == pytest.approx((0.99 ** 2 * 80 + 0.99 * 80 + 80) / 18000)   # 0.0132 > 0.01
     assert p.depth(16) == 0                                            # admitted at the k in use
     assert [p.choose(16, 1) for _ in range(2)] == [0, 0]               # no probe
     plain = p.decide(16, 0, depths=[0] * 16)                           # the depth-1 request is gone
     assert (plain.k, plain.step_ms, plain.explore_ms) == (0, 100.0, 0.0)
     n = 0
-    while p.explore_spent() >= 0.01:                                   # the spend decays away
+    while p.exploring.spent() >= 0.01:                                   # the spend decays away
         p.commit(p.decide(16, 0, depths=[0] * 16))
         n += 1
     # about (237.6 x 0.99^n) / (18000 x 0.99^n + 100 x (1 - 0.99^n) / 0.01) < 0.01 from n = 46
@@ -514,12 +516,12 @@ def test_an_explored_admission_weighs_its_prefill_and_spends_it_from_the_budget(
     assert (short.depth, short.explore_ms) == (0, 0.0)
     long = p.decide_depth(16, prompt_tokens=1000, max_tokens=10 ** 6)
     assert (long.depth, long.explore_ms, long.step_ms) == (1, pytest.approx(200.0), 100.0)
-    assert p.explore_spent() == 0.0                         # a query
+    assert p.exploring.spent() == 0.0                         # a query
     p.commit_depth(long)                                    # the scheduler, once it is admitted
-    assert p.explore_spent() == pytest.approx(200.0 / (100.0 / 0.01))   # 0.02 > 0.01
+    assert p.exploring.spent() == pytest.approx(200.0 / (100.0 / 0.01))   # 0.02 > 0.01
     assert p.decide_depth(16, prompt_tokens=1000, max_tokens=10 ** 6).depth == 0
     p.commit(p.decide(16, 1, held=1, depths=[1]))           # the steps' window keeps its start
-    assert p.budget.step_ms == pytest.approx(0.99 * 10000 + 180.0)
+    assert p.exploring.budget.step_ms == pytest.approx(0.99 * 10000 + 180.0)
 
 
 def test_the_first_admissions_weigh_the_prefill_measured_at_start_up():
@@ -646,7 +648,7 @@ def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
         g = p._with_prefill(p._goodputs(16, 8, None), [p.costs.prefill_ms(k, 60) / 128 for k in range(9)])
         assert p._upper_goodputs(g, 0, 8, None)[4] / g[0] == pytest.approx(1.07, abs=0.005)
         assert admit(p, 16) == expected
-    assert p.explore_spent() == 0.0                  # a free landing spends nothing
+    assert p.exploring.spent() == 0.0                  # a free landing spends nothing
     alone = AutoDraftLength(8, costs)                 # alone, a request pays for its own test
     alone.costs.set_prefill_cost(0.022)
     for _ in range(4):

@@ -73,14 +73,14 @@ def test_a_neighbour_k_whose_cost_is_only_calibrated_is_probed_until_measured():
     p = policy()
     p.settled_interval = 1              # decides every step
     p.k = 0
-    assert p.cost_unlearned(1, 8) and p.cost_unlearned(0, 8)
+    assert p.exploring.cost_unlearned(1, 8) and p.exploring.cost_unlearned(0, 8)
     assert p.depth(8) == 1                          # admitted one deeper while k = 1's cost is unmeasured
     # every patience = 2 steps one step proposes k = 1 drafts, and the step after it verifies them
     assert run(p, 4, measured=lambda part, k: MEASURED[(part, k)]) == [1, 0, 1, 0]
     # k = 1's parts: verify 90 / 200 and draft 30 / 200, twice each: 0.45 + 0.15 of 200 ms
     assert corrections(p.costs.part_correction)[("verify", 1, 8)] == (pytest.approx(0.45), 2)
     assert corrections(p.costs.part_correction)[("draft", 1, 8)] == (pytest.approx(0.15), 2)
-    assert not p.cost_unlearned(1, 8)
+    assert not p.exploring.cost_unlearned(1, 8)
     # k = 0 too, from the probes' other halves: verify 60 / 100 and draft 40 / 100
     assert p.costs.cost_curve(8)[:2] == [pytest.approx(100.0), pytest.approx(120.0)]
     assert p.summary()["part_cost_correction"][0] == {"part": "draft", "k": 0, "batch_bucket": "8-15",
@@ -98,7 +98,7 @@ def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_pr
     # accepted, 2.566 / 168 does not beat 1.05 x 1.783 / 120
     assert ks == [1, 0, 1, 0, 0, 1] + [1] * 10
     assert p.k == 1 and p.costs.cost_curve(8) == [pytest.approx(100.0), pytest.approx(120.0), pytest.approx(180.0)]
-    assert not p._could_pay(1, 8, p.cost_share)
+    assert not p.exploring.could_pay(p.estimates, 1, 8, p.cost_share)
     dear = {**MEASURED, ("verify", 1): 180.0, ("draft", 1): 60.0}
     q = policy()
     q.settled_interval = 1              # decides every step
@@ -112,7 +112,7 @@ def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_pr
 def test_cost_exploring_off_probes_nothing():
     p = policy(explore_costs=False)
     p.k = 0
-    assert not p.cost_unlearned(1, 8) and p.depth(8) == 0
+    assert not p.exploring.cost_unlearned(1, 8) and p.depth(8) == 0
     assert run(p, 6) == [0] * 6
 
 
@@ -122,14 +122,14 @@ def test_a_k_that_could_not_pay_at_80_percent_of_its_cost_is_not_probed():
     p = AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 101.0}, config=AutoKConfig(probe_interval=0, patience=2, min_verified=0))
     p.settled_interval = 1              # decides every step
     p.k = 0
-    assert p.cost_unlearned(1, 1) and p.depth(1) == 0
+    assert p.exploring.cost_unlearned(1, 1) and p.depth(1) == 0
     assert run(p, 4, batch=1, depth=1) == [0] * 4
     # at 2 / (100 + 0.8 x 100) > 1.05 / 100 it is probed; at 2.2x k = 0 (the demo's batch-64 k = 1
     # after the kernels, which the running engine confirmed) 2 / 196 is not
     r = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 220.0}, config=AutoKConfig(probe_interval=0, min_verified=0))
     r.settled_interval = 1              # decides every step
     r.k = 0
-    assert r.cost_unlearned(1, 1) and r.depth(1) == 0
+    assert r.exploring.cost_unlearned(1, 1) and r.depth(1) == 0
     q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, config=AutoKConfig(probe_interval=0, patience=2, min_verified=0, explore_budget=1.0))
     q.settled_interval = 1              # decides every step
     q.k = 0
@@ -152,7 +152,7 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     llm = make_llm(model(), "mtp8", "auto", max_num_seqs=4, cost_model_file=tmp_path / "costs.json",
                    ragged_batch=False)
     policy, clock = llm.engine.draft_length, iter(range(10 ** 6))
-    policy.explore_budget = 0.01          # exploring's probes are the subject here, not its budget
+    policy.exploring.explore_budget = 0.01          # exploring's probes are the subject here, not its budget
     monkeypatch.setattr(llm.engine.runner, "_now", lambda: float(next(clock)))
     parts = spy(monkeypatch, policy.costs, "observe_parts")
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]

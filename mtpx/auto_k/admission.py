@@ -25,7 +25,7 @@ class Admission:
         the landed k's steps are every request's), above the best k on upper estimates that lead
         it by at most free_landing_lead only within exploring's budget, the prefill beyond the best
         k's then exploring's spend (alone, a request pays for its own test, as weighed in g).
-        Exploring may admit it deeper (`_explore_target`, weighing the same prefill); the
+        Exploring may admit it deeper (Exploring.target, weighing the same prefill); the
         prefill beyond the depth it would have had is then exploring's spend (explore_ms)."""
         top = self.max_k
         def prefill(depth: int) -> float:
@@ -41,13 +41,13 @@ class Admission:
                 if batch_size > 1 and depth > best and \
                         self._upper_goodputs(g, best, depth, mix)[depth] \
                         <= (1 + self.free_landing_lead) * g[best]:
-                    if self.explore_spent() >= self.explore_budget:      # a marginal lead: exploring's
+                    if self.exploring.exhausted():      # a marginal lead: exploring's
                         depth = best
                     else:
                         spend = prefill(depth) - prefill(best)
             elif self._admission_rises(g, best, batch_size, mix, depths, extra):
                 depth = best
-        target = self._explore_target(depth, batch_size, top, mix, extra)
+        target = self.exploring.target(self.estimates, depth, batch_size, top, mix, extra)
         if target is not None:
             spend += prefill(target) - prefill(depth)
             depth = target

@@ -1,8 +1,8 @@
 """Exploring, the half of automatic k that tests what the estimates cannot yet tell (scheduler
 side, no torch): an unlearned draft position that could pay at its upper estimate, or a
-neighbour k whose step cost is only calibrated, within a budget of the steps' predicted cost. The budget
-is an object (`ExploreBudget`) that owns its state; the queries are a mixin of AutoDraftLength
-(mtpx/auto_k/policy.py), whose module doc gives the rules."""
+neighbour k whose step cost is only calibrated, within a budget of the steps' predicted cost. An object
+AutoDraftLength holds (`Exploring`, with its `ExploreBudget`); mtpx/auto_k/policy.py's module doc
+gives the rules."""
 from __future__ import annotations
 
 from mtpx.auto_k.cost_learning import with_prefill
@@ -47,36 +47,59 @@ class ExploreBudget:
 
 
 class Exploring:
-    """cost_unlearned, explore_depth, explores and explore_spent (module doc)."""
+    """An object AutoDraftLength holds (`exploring`; module doc): which depth beyond the k in use is
+    explored, and whether a k + 1 whose cost is only calibrated could pay, within `budget`. max_k;
+    config: AutoKConfig (hysteresis, optimism, cost_share, explore_budget, explore_costs);
+    min_verified: the policy's (discounted verified drafts below which a position is unlearned);
+    costs: the policy's StepCosts. The queries take the acceptance estimates
+    (acceptance.AcceptanceEstimates) they are asked about."""
 
-    def cost_unlearned(self, k: int, batch_size: int) -> bool:
-        """Whether k's cost at batch_size is still the calibration's alone: explore_costs, k <=
-        max_k, and k is not among `_known_ratios` (the step costs known)."""
-        return (self.explore_costs and self.step_costs is not None and k <= self.max_k
-                and all(j != k for j, _ in self.costs._known_ratios(batch_size)))
+    def __init__(self, max_k: int, config, min_verified: float, costs):
+        self.max_k, self.min_verified, self.costs = max_k, min_verified, costs
+        self.hysteresis, self.optimism = config.hysteresis, config.optimism
+        self.cost_share = config.cost_share
+        self.explore_budget, self.explore_costs = config.explore_budget, config.explore_costs
+        self.reset(config.decay)
 
-    def _explore_target(self, k: int, batch_size: int, top: int, mix: list[float] | None,
-                        extra: list[float] | None = None) -> int | None:
-        """The depth explored beyond k at batch_size (None: none): `explore_depth`, else k + 1
-        where its step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
-        hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
-        of the predicted one (where even that cannot pay, measuring it changes no choice); None while
-        exploring has spent its budget (`explore_spent`). extra: an admission's module prefill
-        per output token at each depth (`with_prefill`), which the explored depth must pay too."""
-        if self.explore_spent() >= self.explore_budget:
-            return None
-        target = self.explore_depth(k, batch_size, top, mix, extra)
-        if target is None and k < min(top, self.max_k) and self.cost_unlearned(k + 1, batch_size) \
-                and self._could_pay(k, batch_size, self.cost_share, extra):
-            target = k + 1
-        return target
+    def __eq__(self, other) -> bool:      # a policy's state compares by value (copies in tests)
+        return isinstance(other, Exploring) and vars(self) == vars(other)
 
-    def explore_spent(self) -> float:
+    def reset(self, decay: float) -> None:
+        """A fresh budget (nothing spent)."""
+        self.budget = ExploreBudget(decay)
+
+    def spent(self) -> float:
         """The share of the decode steps' predicted cost that exploring spent (ExploreBudget)."""
         return self.budget.spent()
 
-    def explore_depth(self, k: int, batch_size: int, top: int | None = None,
-                      mix: list[float] | None = None, extra: list[float] | None = None) -> int | None:
+    def exhausted(self) -> bool:
+        """Whether exploring has spent its budget (explore_budget): it pauses."""
+        return self.spent() >= self.explore_budget
+
+    def cost_unlearned(self, k: int, batch_size: int) -> bool:
+        """Whether k's cost at batch_size is still the calibration's alone: explore_costs, k <=
+        max_k, and k is not among the cost model's known ratios (StepCosts._known_ratios)."""
+        return (self.explore_costs and self.costs.step_costs is not None and k <= self.max_k
+                and all(j != k for j, _ in self.costs._known_ratios(batch_size)))
+
+    def target(self, est, k: int, batch_size: int, top: int, mix: list[float] | None,
+               extra: list[float] | None = None) -> int | None:
+        """The depth explored beyond k at batch_size (None: none): `depth`, else k + 1 where its
+        step cost is unlearned (`cost_unlearned`) and k + 1 would beat k by more than the
+        hysteresis with every draft at position k + 1 accepted and its cost over k's `cost_share`
+        of the predicted one (where even that cannot pay, measuring it changes no choice); None
+        while the budget is spent. extra: an admission's module prefill per output token at each
+        depth (`with_prefill`), which the explored depth must pay too."""
+        if self.exhausted():
+            return None
+        found = self.depth(est, k, batch_size, top, mix, extra)
+        if found is None and k < min(top, self.max_k) and self.cost_unlearned(k + 1, batch_size) \
+                and self.could_pay(est, k, batch_size, self.cost_share, extra):
+            found = k + 1
+        return found
+
+    def depth(self, est, k: int, batch_size: int, top: int | None = None, mix: list[float] | None = None,
+              extra: list[float] | None = None) -> int | None:
         """The depth k' in k + 1 .. top (None: max_k) whose acceptance is explored at batch_size, or
         None: the smallest k' with an unlearned position in k + 1 .. k' (in a bucket holding 5% of
         mix) that, with the unlearned positions at their upper estimates (`optimism`), would beat
@@ -85,16 +108,16 @@ class Exploring:
         more the deeper they are, and a deeper one follows once these are learned); extra: an
         admission's module prefill per output token at each k (`with_prefill`)."""
         top = self.max_k if top is None else min(top, self.max_k)
-        if self.step_costs is None or k >= top:
+        if self.costs.step_costs is None or k >= top:
             return None
         b = max(1, batch_size)
-        curve, est = self.costs.step_cost_curve(b), self.estimates
+        curve = self.costs.step_cost_curve(b)
 
         def goodput(j: int, tokens: float) -> float:
             g = b * tokens / curve[j]
             return with_prefill([g], [extra[j]])[0] if extra else g
-        first = next((i for i in range(k, top) if self.unlearned(i, mix)), None)   # position first + 1
-        if first is None:
+        first = next((i for i in range(k, top) if est.unlearned(i, self.min_verified, mix)), None)
+        if first is None:                           # position first + 1 is the first unlearned
             return None
         base = goodput(k, est.expected_tokens(k, mix))
         upper = est.expected_tokens_upto(top, mix, k, self.optimism, self.min_verified)
@@ -103,17 +126,18 @@ class Exploring:
                 return j
         return None
 
-    def explores(self, k: int, batch_size: int) -> bool:
-        """Whether a depth beyond k is explored at batch_size for its acceptance (`explore_depth`)."""
-        return self.explore_depth(k, batch_size) is not None
+    def explores(self, est, k: int, batch_size: int) -> bool:
+        """Whether a depth beyond k is explored at batch_size for its acceptance (`depth`)."""
+        return self.depth(est, k, batch_size) is not None
 
-    def _could_pay(self, k: int, batch_size: int, share: float, extra: list[float] | None = None) -> bool:
+    def could_pay(self, est, k: int, batch_size: int, share: float,
+                  extra: list[float] | None = None) -> bool:
         """Whether k + 1 beats k at batch_size by more than the hysteresis (less is never chosen) with
         every draft at position k + 1 accepted and share of its predicted cost over k's; extra: as
-        in `explore_depth`."""
+        in `depth`."""
         b = max(1, batch_size)
-        curve, survive, tokens = self.costs.step_cost_curve(b), 1.0, self.expected_tokens(k)
-        for p in self.acceptance[:k]:
+        curve, survive, tokens = self.costs.step_cost_curve(b), 1.0, est.expected_tokens(k)
+        for p in est.pooled[:k]:
             survive *= p
         cost = curve[k] + share * (curve[k + 1] - curve[k])
         g = [b * tokens / curve[k], b * (tokens + survive) / cost]

@@ -28,7 +28,7 @@ from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.cost_curve import smooth_step_costs
 from mtpx.auto_k.cost_learning import StepCosts, with_prefill
-from mtpx.auto_k.exploring import ExploreBudget, Exploring
+from mtpx.auto_k.exploring import Exploring
 from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
 from mtpx.auto_k.summary import summary
@@ -37,7 +37,7 @@ from mtpx.core.step_plan import StepPlan, StepRecord, StepView, num_new_drafts
 __all__ = ["AutoKConfig", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength(Exploring, Admission):
+class AutoDraftLength(Admission):
     """The automatic k (module doc), called by the scheduler through `plan` and `observe`.
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -61,6 +61,7 @@ class AutoDraftLength(Exploring, Admission):
             setattr(self, f.name, getattr(config, f.name))
         self.min_verified = config.prior_weight if config.min_verified is None else config.min_verified
         self.costs = StepCosts(max_k, config)     # the step-cost model (cost_learning.py)
+        self.exploring = Exploring(max_k, config, self.min_verified, self.costs)   # exploring.py
         self.forced: int | None = None        # every step uses this k (tests drive the policy with it)
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
         self.per_request = per_request   # ragged verification: each request verifies its own k (`allocate`)
@@ -108,7 +109,7 @@ class AutoDraftLength(Exploring, Admission):
         self.depth_histogram: Counter = Counter()    # depth -> requests given it
         self.costs.reset()                           # what the engine taught the costs; the step count 0
         self._probes, self._explored = 0, -(10 ** 9)   # probes so far; the step of the last exploring probe
-        self.budget = ExploreBudget(self.decay)      # what exploring spent (`explore_spent`)
+        self.exploring.reset(self.decay)             # nothing spent yet (exploring.py)
         self._switch_streak = self._rising_to = 0    # steps in a row predicting another k in use; a rise's k
         self._lower_streak: dict[int, tuple[int, int]] = {}   # depth -> (last step counted, steps in a row)
         self.per_request_k.reset()
@@ -311,8 +312,8 @@ class AutoDraftLength(Exploring, Admission):
             streak = 0
         rising_to = best if streak and best > current else 0
         k = current
-        target = (self._explore_target(current, batch_size, top, mix) if steps - explored >= self.patience
-                  else None)
+        target = (self.exploring.target(self.estimates, current, batch_size, top, mix)
+                  if steps - explored >= self.patience else None)
         if target is not None:
             k, explored = target, steps           # an exploring probe
         elif self.probe_interval and steps % self.probe_interval == 0:
@@ -392,7 +393,7 @@ class AutoDraftLength(Exploring, Admission):
         self.k, self._steps, self._probes = choice.k_in_use, choice.steps, choice.probes
         self._switch_streak, self._explored = choice.switch_streak, choice.explored
         self._rising_to = choice.rising_to
-        self.budget.step(choice.step_ms, choice.explore_ms)
+        self.exploring.budget.step(choice.step_ms, choice.explore_ms)
 
     def decide_depth(self, batch_size: int, current: int | None = None, ages=None,
                      depths: list[int] | None = None, prompt_tokens: int = 0,
@@ -428,7 +429,8 @@ class AutoDraftLength(Exploring, Admission):
         fall = best < current and self._falls(g, current, best, mix)
         want = min(self._landing(g, best, current - 1, mix) if fall else current,
                    max(self.k, self._rising_to))
-        target = self._explore_target(self.k, batch_size, self.max_k, mix) if want < current else None
+        target = (self.exploring.target(self.estimates, self.k, batch_size, self.max_k, mix) if want < current
+                  else None)
         if target is not None:
             want = max(want, min(current, target))
         last, streak = self._lower_streak.get(current, (-1, 0))
@@ -452,7 +454,7 @@ class AutoDraftLength(Exploring, Admission):
         if choice.current is not None:
             self.settled.commit_depth(choice)
         if choice.explore_ms:           # an explored admission's prefill (`_admission`)
-            self.budget.admission(choice.step_ms, choice.explore_ms)
+            self.exploring.budget.admission(choice.step_ms, choice.explore_ms)
 
     def record_depth(self, depth: int) -> None:
         """A request was admitted with this depth: count it."""

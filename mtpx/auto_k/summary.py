@@ -22,7 +22,7 @@ def summary(policy) -> dict:
             "cost_correction": {str(k): round(c.value, 3)
                                 for k, c in sorted(policy.costs.correction.items())},
             "cost_factor": round(policy.costs.factor, 3),
-            "explore_spent": round(policy.explore_spent(), 4),
+            "explore_spent": round(policy.exploring.spent(), 4),
             "prefill_module_ms_per_token": (round(policy.costs.prefill_module_ms.value, 5)
                                             if policy.costs.prefill_module_ms.count else None),
             "step_overhead_ms": [{"batch_bucket": bucket_label(b), "ms": round(m.value, 3), "steps": m.count}
