@@ -46,7 +46,7 @@ from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.engine.decode_step import block_bucket, verify_forward  # noqa: E402
 from mtpx.spec_decode.protocol import DraftBatch  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
-from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
+from mtpx.auto_k.costs import step_costs  # noqa: E402
 from mtpx.spec_decode.sampler import RequestSampling  # noqa: E402
 from mtpx.spec_decode.verification import verify as verify_drafts  # noqa: E402
 

@@ -6,10 +6,12 @@ functions. No torch.
 
 - policy.py: AutoDraftLength (the decisions, its module doc gives the rules) and AutoKConfig (its
   knobs); fixed.py: FixedDraftLength; choices.py: the decisions before they are committed.
-- AutoDraftLength's parts: acceptance.py (the acceptance estimates, per age), cost_learning.py,
-  cost_curve.py and cost_model_log.py (the step-cost model, its online corrections and its
-  predicted-vs-measured log), exploring.py, admission.py, settled.py, request_k.py (per-request
-  k), summary.py (metrics.json's auto_k).
+- AutoDraftLength's parts, objects it holds that own their state: acceptance.py (the acceptance
+  estimates, per age), cost_learning.py with cost_curve.py and cost_model_log.py (StepCosts: the
+  step-cost model, its online corrections and its predicted-vs-measured log), exploring.py
+  (Exploring and its budget), settled.py (SettledDecisions), request_k.py (PerRequestK); the
+  admission rules (admission.py) are a mixin of queries without state; summary.py writes
+  metrics.json's auto_k.
 - calibration.py: the start-up measurement of the step costs and the module prefill through the
   model runner's public decode and execute calls, and the forced-k dummy steps of warm-up;
   store.py: the saved step-cost file; costs.py: the offline goodput model.
