@@ -11,6 +11,7 @@ import torch
 from mtpx import LLM, SamplingParams
 from mtpx.cache.model_cache import ModelCache
 from mtpx.engine.decode_step import block_bucket, capture_sizes
+from mtpx.engine.warmup import warm_up
 from mtpx.spec_decode.protocol import DraftBatch
 from tests.helpers import peaked_model, tiny_config
 
@@ -85,7 +86,7 @@ def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k
     ref = _llm(trained_tiny, spec, k)
     eager, eager_one = _generate(ref), _generate(ref, PROMPTS[:1], max_tokens=12)
     llm = _llm(trained_tiny, spec, k, compile_backend="eager")
-    stats = llm.engine.warmup()
+    stats = warm_up(llm.engine)
     # verification, then for a speculator the draft loop and the Gated DeltaNet window commit
     assert stats["num_graphs"] == (1 if spec is None else 3) and stats["compile_s"] > 0
     steps = llm.engine.num_steps
@@ -132,7 +133,7 @@ def test_callers_grad_mode_does_not_recompile(trained_tiny):
     torch._dynamo.reset()
     ref = _generate(_llm(trained_tiny, "mtp8", 2), PROMPTS[:3], max_tokens=10)
     llm = _llm(trained_tiny, "mtp8", 2, compile_backend="eager")
-    llm.engine.warmup()
+    warm_up(llm.engine)
     with torch._dynamo.config.patch(error_on_recompile=True):
         for mode in (torch.inference_mode, torch.no_grad, torch.enable_grad):
             with mode():
@@ -145,9 +146,9 @@ def test_warmup_fits_a_small_pool_and_says_when_it_cannot(trained_tiny, capsys):
     request with k drafts it says so (the first decode step then compiles)."""
     torch._dynamo.reset()
     llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager", block_size=16, num_blocks=2)
-    assert llm.engine.warmup()["num_graphs"] == 3
+    assert warm_up(llm.engine)["num_graphs"] == 3
     llm = _llm(trained_tiny, "mtp8", 4, compile_backend="eager", block_size=4, num_blocks=5)
-    llm.engine.warmup()
+    warm_up(llm.engine)
     assert "warm-up could not decode" in capsys.readouterr().err
 
 
@@ -383,7 +384,7 @@ def test_compiled_auto_k_across_depth_changes_never_recompiles_after_warmup(trai
         llm = _llm(trained_tiny, "mtp8", 4, compile_backend=backend, compile_depths=depths)
         llm.engine.scheduler.depth_per_request = True
         if backend is not None:
-            stats = llm.engine.warmup()
+            stats = warm_up(llm.engine)
             assert stats["num_graphs"] == graphs
         policy = ScriptedDepths(4, [4, 2, 0, 4, 3, 1], lower_seed=1)
         llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
@@ -408,7 +409,7 @@ def test_warmup_leaves_automatic_k_nothing_learned_from_its_dummy_requests(train
     policy = AutoDraftLength(4, costs)
     llm.engine.draft_length = llm.engine.scheduler.draft_length = policy
     llm.engine.scheduler.depth_per_request = True
-    llm.engine.warmup()
+    warm_up(llm.engine)
     assert policy.num_observed == [0] * 4 and policy.k == 4 and not policy.histogram
     assert policy.step_costs is not None and policy._steps == 0
 

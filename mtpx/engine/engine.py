@@ -39,7 +39,6 @@ from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.decode_step import depth_bucket, depth_buckets
 from mtpx.engine.model_runner import ModelRunner, StepTiming
 from mtpx.engine.tensor_parallel import TensorParallelRunner
-from mtpx.engine.warmup import compile_stats, warm_up
 
 __all__ = ["Engine", "EngineConfig", "StepTiming", "measure_step_costs"]
 
@@ -260,15 +259,17 @@ class Engine:
                                      meta, cached)
 
     # ---- compilation ------------------------------------------------------------------------------
-    def warmup(self) -> dict | None:
-        """With compile: build every graph of the decode step before anything is timed
-        (mtpx/engine/warmup.py, warm_up). Returns compile_stats() (None without compile)."""
-        return warm_up(self)
-
     def compile_stats(self) -> dict | None:
-        """The compiled step's graphs and build times (mtpx/engine/warmup.py, compile_stats), or
-        None without compile."""
-        return compile_stats(self)
+        """{"compile_s": seconds spent in calls that built a graph, "num_graphs": graphs built
+        (compiled or loaded from the cache), "num_compiled", "num_loaded", "graphs": [{"graph",
+        "seconds", "source"}], "regions": compiled layer regions on, "cache_dir", "capture_sizes":
+        padded batch sizes (None: unpadded, the CPU), "mode", "backend"}, or None without compile.
+        Its graphs are built by mtpx/engine/warmup.py's warm_up (LLM runs it)."""
+        c = self.compiled
+        if c is None:
+            return None
+        return {**c.progress.summary(), "regions": self.cache.compile_regions, "cache_dir": c.cache_dir,
+                "capture_sizes": c.sizes, "mode": c.mode or "default", "backend": c.backend}
 
 
 def measure_step_costs(model, spec: str, batch_sizes, num_speculative_tokens: int | None = None,

@@ -27,6 +27,7 @@ from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
 from mtpx.engine.prompts import prompt_ids, prompt_list, render_conversations
 from mtpx.engine.speculative_config import check_num_speculative_tokens, from_speculative_config
+from mtpx.engine.warmup import warm_up
 from mtpx.outputs import Logprob, RequestOutput
 from mtpx.models.model import MTPForCausalLM
 from mtpx.spec_decode import build_speculator
@@ -120,7 +121,7 @@ class LLM:
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
         self.max_model_len = self.engine.max_model_len
-        self.compile_stats = self.engine.warmup()
+        self.compile_stats = warm_up(self.engine)
         # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else calibrated now
         self.calibration = self.engine.calibrate(cost_model_file, self.model_path, self._draft_path, spec,
                                                  device) if auto else None

@@ -1,8 +1,9 @@
 """The engine's dummy runs (vLLM's `_dummy_run` and `compile_or_warm_up_model`): warm_up drives an
 Engine with short dummy requests so that every graph of the compiled step is built before anything
-is timed (compile_stats reports what was built); with automatic k its depth buckets' decode steps
-run through mtpx/auto_k/calibration.py (time_decode_steps) and its forced-k dummy steps under
-calibration.forced. Engine.warmup and Engine.compile_stats call these."""
+is timed (Engine.compile_stats reports what was built); with automatic k its depth buckets' decode
+steps run through mtpx/auto_k/calibration.py (time_decode_steps) and its forced-k dummy steps under
+calibration.forced. LLM runs it once its Engine is built: it drives the engine from above, as a
+client does (the engine never calls it)."""
 from __future__ import annotations
 
 import sys
@@ -12,7 +13,7 @@ from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.decode_step import depth_buckets
 
-__all__ = ["warm_up", "compile_stats"]
+__all__ = ["warm_up"]
 
 
 def warm_up(engine) -> dict | None:
@@ -23,7 +24,7 @@ def warm_up(engine) -> dict | None:
     and with per-request depths (automatic k) one decode step at each depth bucket
     (decode_step.depth_buckets) and steps of k = 0 for requests that keep their depth
     (_steps_without_drafts), so the compiled functions exist before anything is timed; the prefix
-    cache and the step timings are reset afterwards. Returns compile_stats(engine) (None without
+    cache and the step timings are reset afterwards. Returns engine.compile_stats() (None without
     compile); automatic k then forgets what the dummy requests taught it
     (calibration.forget_dummies: not the step costs)."""
     if engine.compiled is None:
@@ -56,7 +57,7 @@ def warm_up(engine) -> dict | None:
     # automatic k learned the dummy requests' acceptance (a repeated pattern, accepted far more
     # than real text): the first real requests would be decided on it
     calibration.forget_dummies(engine.draft_length)
-    stats = compile_stats(engine)
+    stats = engine.compile_stats()
     if stats["num_graphs"]:
         print(f"engine.compile: {stats['num_graphs']} graphs in {stats['compile_s']:.1f} s "
               f"({stats['num_compiled']} compiled, {stats['num_loaded']} loaded from {stats['cache_dir']})",
@@ -65,7 +66,7 @@ def warm_up(engine) -> dict | None:
         print(f"engine.compile: warm-up could not decode (engine.num_blocks={c.num_blocks} or "
               f"max_model_len={c.max_model_len} is too small for a short request with {k} "
               "drafts): the first decode step will compile", file=sys.stderr)
-    return compile_stats(engine)
+    return engine.compile_stats()
 
 
 def _steps_without_drafts(engine, k: int, length: int) -> None:
@@ -88,15 +89,3 @@ def _steps_without_drafts(engine, k: int, length: int) -> None:
     finally:
         engine.kv.reset_prefix_cache()
         engine.reset_step_timings()
-
-
-def compile_stats(engine) -> dict | None:
-    """{"compile_s": seconds spent in calls that built a graph, "num_graphs": graphs built
-    (compiled or loaded from the cache), "num_compiled", "num_loaded", "graphs": [{"graph",
-    "seconds", "source"}], "regions": compiled layer regions on, "cache_dir",
-    "capture_sizes": padded batch sizes (None: unpadded, the CPU), "mode", "backend"}, or None without compile."""
-    c = engine.compiled
-    if c is None:
-        return None
-    return {**c.progress.summary(), "regions": engine.cache.compile_regions, "cache_dir": c.cache_dir,
-            "capture_sizes": c.sizes, "mode": c.mode or "default", "backend": c.backend}
