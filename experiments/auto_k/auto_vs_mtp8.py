@@ -16,8 +16,8 @@ import torch  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
-from mtpx.engine.auto_k.store import save_step_costs  # noqa: E402
-from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
+from mtpx.auto_k.store import save_step_costs  # noqa: E402
+from mtpx.auto_k.costs import step_costs  # noqa: E402
 
 torch.set_num_threads(2)
 B = int(sys.argv[1])

@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM  # noqa: E402
-from mtpx.engine.auto_k.store import save_step_costs  # noqa: E402
+from mtpx.auto_k.store import save_step_costs  # noqa: E402
 from mtpx.core.request import Request  # noqa: E402
 from mtpx.core.sampling_params import SamplingParams  # noqa: E402
 

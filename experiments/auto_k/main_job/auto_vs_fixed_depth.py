@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
-from mtpx.engine.auto_k.store import save_step_costs  # noqa: E402
-from mtpx.engine.auto_k.costs import step_costs  # noqa: E402
+from mtpx.auto_k.store import save_step_costs  # noqa: E402
+from mtpx.auto_k.costs import step_costs  # noqa: E402
 
 torch.set_num_threads(2)
 B = int(sys.argv[1])
