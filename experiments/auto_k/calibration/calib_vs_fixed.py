@@ -21,9 +21,17 @@ import torch  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config.yaml's data_dir)
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
-from mtpx.engine.auto_k.costs import calibrate_step_costs  # noqa: E402
-from mtpx.core.draft_length import AutoDraftLength  # noqa: E402
-from mtpx.engine.auto_k.store import save_step_costs  # noqa: E402
+from mtpx.auto_k import AutoDraftLength, calibration  # noqa: E402
+from mtpx.auto_k.store import save_step_costs  # noqa: E402
+
+
+def calibrate_step_costs(eng, **kw):
+    """mtpx.auto_k.calibration.calibrate_step_costs over the engine's Engine.time_decode_steps (the
+    start-up calibration's measure; an eager engine, each k its own step). Returns {(k, B): ms}."""
+    def measure(b, ks, context_len, rounds, seed=0, draft=None):
+        return eng.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
+    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs, **kw)
+
 
 torch.set_num_threads(2)
 B = int(sys.argv[1])
@@ -58,7 +66,7 @@ for rnd in range(R):
     for k in KS:
         r = real[f"k={k}"] / real["plain"]
         c_raw = cal[(k, B)] / cal[(0, B)]
-        c = policy.calibrated_cost(k, B) / policy.calibrated_cost(0, B)
+        c = policy.costs.calibrated_cost(k, B) / policy.costs.calibrated_cost(0, B)
         rows.append((k, r, c_raw, c))
         line.append(f"k={k}: real {r:.2f}, calibrated {c_raw:.2f} (smoothed {c:.2f}; / real {c / r:.2f})")
     print("; ".join(line), flush=True)

@@ -15,8 +15,18 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mtpx import LLM  # noqa: E402
-from mtpx.engine.auto_k.costs import calibrate_step_costs, default_batch_sizes  # noqa: E402
-from mtpx.engine.auto_k.store import save_step_costs  # noqa: E402
+from mtpx.auto_k import calibration  # noqa: E402
+from mtpx.auto_k.calibration import default_batch_sizes  # noqa: E402
+from mtpx.auto_k.store import save_step_costs  # noqa: E402
+
+
+def calibrate_step_costs(eng, **kw):
+    """mtpx.auto_k.calibration.calibrate_step_costs over the engine's Engine.time_decode_steps (the
+    start-up calibration's measure; an eager engine, each k its own step). Returns {(k, B): ms}."""
+    def measure(b, ks, context_len, rounds, seed=0, draft=None):
+        return eng.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
+    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs, **kw)
+
 
 torch.set_num_threads(2)
 repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2

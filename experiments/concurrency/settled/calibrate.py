@@ -8,7 +8,16 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3] / "tools"))
 from host_setup import engine  # noqa: E402
 
-from mtpx.engine.auto_k.costs import calibrate_step_costs  # noqa: E402
+from mtpx.auto_k import calibration  # noqa: E402
+
+
+def calibrate_step_costs(eng, **kw):
+    """mtpx.auto_k.calibration.calibrate_step_costs over the engine's Engine.time_decode_steps (the
+    start-up calibration's measure; an eager engine, each k its own step). Returns {(k, B): ms}."""
+    def measure(b, ks, context_len, rounds, seed=0, draft=None):
+        return eng.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
+    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs, **kw)
+
 
 e = engine("auto", compile=False).engine
 for i in range(3):

@@ -32,14 +32,19 @@ def neighbour(stop):                       # bursts of 0.5-4 s of 2-thread matmu
 
 
 def main(repeats: int) -> None:
-    from mtpx.engine.auto_k.costs import calibrate_step_costs, smooth_step_costs
+    from mtpx.auto_k.calibration import calibrate_step_costs
+    from mtpx.auto_k.cost_curve import smooth_step_costs
+    from mtpx.auto_k.store import save_step_costs
     from mtpx.engine.llm import LLM
-    from mtpx.engine.auto_k.store import save_step_costs
     path = os.path.join(tempfile.mkdtemp(), "costs.json")
     save_step_costs(path, {(k, 1): 10.0 + k for k in range(9)}, {})      # no start-up calibration
     llm = LLM("checkpoints/demo", spec="mtp8", num_speculative_tokens="auto", threads=1, max_num_seqs=1,
               cost_model_file=path)
     e = llm.engine
+
+    def measure(b, ks, context_len, rounds, seed=0, draft=None):     # the start-up calibration's
+        return e.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
+
     ref = [min(statistics.median(e.time_decode_steps(1, [k], 192, 16)[k]) for _ in range(3)) for k in range(9)]
     print("reference (ms, k = 0..8):", [round(x, 1) for x in ref], flush=True)
 
@@ -57,7 +62,8 @@ def main(repeats: int) -> None:
         for i in range(repeats):
             for passes in ((1, 3) if i % 2 == 0 else (3, 1)):
                 t = time.perf_counter()
-                err, curve = shape_error(calibrate_step_costs(e, [1], passes=passes))
+                costs = calibrate_step_costs(measure, 8, 1, batch_sizes=[1], passes=passes)
+                err, curve = shape_error(costs)
                 errors[passes].append(err)
                 print(f"repeat {i} passes {passes}: {time.perf_counter() - t:.1f} s, shape error {100 * err:.1f}%, "
                       f"smoothed {curve}", flush=True)
