@@ -10,7 +10,7 @@ functions. No torch.
   estimates, per age), cost_learning.py with cost_curve.py and cost_model_log.py (StepCosts: the
   step-cost model, its online corrections and its predicted-vs-measured log), exploring.py
   (Exploring and its budget), settled.py (SettledDecisions), request_k.py (PerRequestK); the
-  admission rules (admission.py) are a mixin of queries without state; summary.py writes
+  admission rules (admission.py) are functions of the policy without state; summary.py writes
   metrics.json's auto_k.
 - calibration.py: the start-up measurement of the step costs and the module prefill through the
   model runner's public decode and execute calls, and the forced-k dummy steps of warm-up;

@@ -23,7 +23,7 @@ import dataclasses
 from collections import Counter
 
 from mtpx.auto_k.acceptance import AcceptanceEstimates
-from mtpx.auto_k.admission import Admission
+from mtpx.auto_k.admission import admission_depth
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.cost_curve import smooth_step_costs
@@ -37,7 +37,7 @@ from mtpx.core.step_plan import StepPlan, StepRecord, StepView, num_new_drafts
 __all__ = ["AutoKConfig", "AutoDraftLength", "Allocation", "StepChoice", "DepthChoice", "smooth_step_costs"]
 
 
-class AutoDraftLength(Admission):
+class AutoDraftLength:
     """The automatic k (module doc), called by the scheduler through `plan` and `observe`.
 
     max_k: drafts at most (the speculator's num_speculative_tokens); step_costs: {(k, batch size):
@@ -399,13 +399,13 @@ class AutoDraftLength(Admission):
                      depths: list[int] | None = None, prompt_tokens: int = 0,
                      max_tokens: int | None = None) -> DepthChoice:
         """The depth of a request admitted when batch_size requests run or wait (current None:
-        `_admission`; max_k before the costs are known), or of a running request at depth
+        `admission_depth`; max_k before the costs are known), or of a running request at depth
         `current`, which only falls: to the best k below it when
         that beats it by more than the hysteresis (its unlearned positions at their upper estimates
         too: `_falls`), and to the k in use when that is smaller, in
         `patience` decode steps in a row, else current; the vote this step casts for it is in the
         result (`commit_depth` counts it); ages: the running requests' output tokens (`decide`);
-        depths, prompt_tokens, max_tokens: an admission's (`_admission`). A query."""
+        depths, prompt_tokens, max_tokens: an admission's (`admission_depth`). A query."""
         top = self.max_k if current is None else current
         if self.forced is not None:
             forced = self.forced if self.forced_depth is None else self.forced_depth
@@ -414,7 +414,7 @@ class AutoDraftLength(Admission):
             return DepthChoice(top, current)
         batch_size, mix = max(1, batch_size), self._mix(ages)
         if current is None:
-            return self._admission(batch_size, mix, depths, prompt_tokens, max_tokens)
+            return admission_depth(self, batch_size, mix, depths, prompt_tokens, max_tokens)
         if current == 0:                   # nothing to fall to
             return DepthChoice(0, 0, (self._steps, 0))
         key = (batch_size, current, self.k, self._rising_to)
@@ -453,7 +453,7 @@ class AutoDraftLength(Admission):
             self._lower_streak[choice.current] = choice.streak
         if choice.current is not None:
             self.settled.commit_depth(choice)
-        if choice.explore_ms:           # an explored admission's prefill (`_admission`)
+        if choice.explore_ms:           # an explored admission's prefill (`admission_depth`)
             self.exploring.budget.admission(choice.step_ms, choice.explore_ms)
 
     def record_depth(self, depth: int) -> None:
