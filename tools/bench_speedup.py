@@ -57,7 +57,8 @@ def _overrides(name: str) -> tuple[str, dict]:
         if value.startswith("["):                      # a list: auto+compile_depths=[0,4,8]
             out[key] = json.loads(value)
         else:
-            out[key] = {"true": True, "false": False}.get(value.lower(), int(value) if value.lstrip("-").isdigit() else value)
+            number = int(value) if value.lstrip("-").isdigit() else value
+            out[key] = {"true": True, "false": False}.get(value.lower(), number)
     return base, out
 
 
@@ -130,7 +131,8 @@ def main(argv=None) -> int:
             cal = llms[name].calibration
             print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
         auto_k.reset_histograms(llms[name].engine.draft_length)   # the timed chunks only, not the warm-up
-    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []} for n in args.contenders}
+    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []}
+           for n in args.contenders}
     for c, chunk in enumerate(chunks):
         order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
         for name in order:
@@ -157,7 +159,8 @@ def main(argv=None) -> int:
         rows.append({"contender": name, "output_tokens": p["tokens"], "seconds": round(p["seconds"], 3),
                      "output_tok_s": p["tokens"] / p["seconds"],
                      "ratio_to_plain": (p["tokens"] / p["seconds"]) / (plain["tokens"] / plain["seconds"]),
-                     "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_median": statistics.median(ratios),
+                     "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "ratio_median": statistics.median(ratios),
                      "acceptance_length": None if spec is None else spec.acceptance_length,
                      "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
                      "chunks": p["chunks"], "engine_time": _engine_time(p["timings"], llms[name])})
@@ -165,7 +168,8 @@ def main(argv=None) -> int:
         if summary is not None:
             rows[-1]["auto_k"] = {**summary, "calibration": llms[name].calibration}
     lines = [f"# Output tok/s against plain decoding, same run ({Path(args.model).name}, "
-             f"{args.num_prompts} GSM8K test prompts, concurrency {args.concurrency}, max {args.max_tokens} tokens, "
+             f"{args.num_prompts} GSM8K test prompts, concurrency {args.concurrency}, "
+             f"max {args.max_tokens} tokens, "
              f"{'compiled' if args.compile else 'eager'}, {args.threads} threads)", "",
              "| contender | output tok/s | vs plain (chunk min-max) | median of the chunks' ratios | "
              "acceptance length | output tokens | requests differing from plain |",
@@ -187,12 +191,14 @@ def main(argv=None) -> int:
             best = max(fixed, key=lambda x: x["output_tok_s"])
             paired = statistics.median(x["tokens"] / x["seconds"] / (y["tokens"] / y["seconds"])
                                        for x, y in zip(r["chunks"], best["chunks"]))
-            lines += ["", f"{r['contender']}: {r['output_tok_s'] / best['output_tok_s']:.2f}x the best fixed "
-                      f"contender ({best['contender']}; median over chunks of the paired ratio {paired:.2f}x); "
+            ratio = r["output_tok_s"] / best["output_tok_s"]
+            lines += ["", f"{r['contender']}: {ratio:.2f}x the best fixed contender ({best['contender']}; "
+                      f"median over chunks of the paired ratio {paired:.2f}x); "
                       "k per decode step (% of steps): "
                       + ", ".join(f"{k}: {100 * n / total:.1f}" for k, n in hist.items())
                       + "; depth per request (requests): "
-                      + (", ".join(f"{d}: {n}" for d, n in r["auto_k"].get("depth_histogram", {}).items()) or "—")
+                      + (", ".join(f"{d}: {n}" for d, n in r["auto_k"].get("depth_histogram", {}).items())
+                         or "—")
                       + _calibration_note(r["auto_k"]["calibration"])]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

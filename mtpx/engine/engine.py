@@ -58,9 +58,10 @@ class Engine:
         config = with_overrides(config, **overrides)
         tp = getattr(model, "tp", None)
         if (1 if tp is None else tp.world_size) != config.tensor_parallel_size:
-            raise ValueError(f"engine.tensor_parallel_size={config.tensor_parallel_size} but the model is split over "
-                             f"{1 if tp is None else tp.world_size} rank(s): build it with LLM(model=PATH, "
-                             "tensor_parallel_size=N), which shards the checkpoint and starts the ranks")
+            raise ValueError(f"engine.tensor_parallel_size={config.tensor_parallel_size} but the model is "
+                             f"split over {1 if tp is None else tp.world_size} rank(s): build it with "
+                             "LLM(model=PATH, tensor_parallel_size=N), which shards the checkpoint and "
+                             "starts the ranks")
         k = 0 if speculator is None else speculator.num_speculative_tokens
         limit = model.cfg.max_position_embeddings
         max_model_len = limit if config.max_model_len is None else config.max_model_len
@@ -174,7 +175,8 @@ class Engine:
             r.generator = torch.Generator()
             r.generator.manual_seed(r.params.seed if r.params.seed is not None
                                     else int(torch.randint(2**62, (1,))))
-        worst = min(self.max_len, len(r.prompt_token_ids) + r.params.max_tokens + 2 * self.num_speculative_tokens + 2)
+        worst = min(self.max_len,
+                    len(r.prompt_token_ids) + r.params.max_tokens + 2 * self.num_speculative_tokens + 2)
         need = -(-worst // self.config.block_size)
         if need > self.config.num_blocks:
             r.error = (f"request needs up to {need} KV blocks of {self.config.block_size} tokens but "

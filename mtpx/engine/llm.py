@@ -122,7 +122,8 @@ class LLM:
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = warm_up(self.engine)
-        # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else calibrated now
+        # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else
+        # calibrated now
         self.calibration = self.engine.calibrate(cost_model_file, self.model_path, self._draft_path, spec,
                                                  device) if auto else None
 
@@ -189,8 +190,9 @@ class LLM:
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
-            where = (f"checkpoint folder {self.model_path} has no tokenizer.json (add the model's tokenizer.json)"
-                     if self.model_path else "pass tokenizer= with the model")
+            where = ("pass tokenizer= with the model" if not self.model_path else
+                     f"checkpoint folder {self.model_path} has no tokenizer.json "
+                     "(add the model's tokenizer.json)")
             raise ValueError(f"string prompts need a tokenizer: {where}, or give prompts as token ids")
         return self.tokenizer.encode(text).ids
 
@@ -245,7 +247,8 @@ class LLM:
         return [self._prompt_output(p, mine) for p, mine in zip(prompts, children)]
 
     def _engine_requests(self, prompts: list, params: list[SamplingParams],
-                         arrival_offsets: Sequence[float] | None) -> tuple[list[Request], list[list[Request]]]:
+                         arrival_offsets: Sequence[float] | None
+                         ) -> tuple[list[Request], list[list[Request]]]:
         """generate's engine requests: (those that can run, in order; children[i]: prompt i's n
         requests, a failed one included with its error), warning once about prompts whose length
         plus max_tokens exceeds max_model_len."""
@@ -310,20 +313,23 @@ class LLM:
         dicts, or the template fails."""
         from mtpx.hf.tokenizer import HFTokenizer
         if self.tokenizer is None:
-            raise ValueError("chat() needs a tokenizer with a chat template: pass tokenizer= with the model, or "
-                             "use generate() with token ids")
+            raise ValueError("chat() needs a tokenizer with a chat template: pass tokenizer= with the model, "
+                             "or use generate() with token ids")
         if continue_final_message and add_generation_prompt:
-            raise ValueError("continue_final_message=True continues the last message: set add_generation_prompt=False")
+            raise ValueError("continue_final_message=True continues the last message: "
+                             "set add_generation_prompt=False")
         tok = self.tokenizer if hasattr(self.tokenizer, "apply_chat_template") else HFTokenizer(
             self.tokenizer, source=str(self.model_path or "the model's tokenizer"))
-        prompts = render_conversations(tok, messages, add_generation_prompt, chat_template, continue_final_message,
-                                       tools, chat_template_kwargs)
-        outs = self.generate([{"prompt_token_ids": ids} for _, ids in prompts], sampling_params, use_tqdm=use_tqdm)
+        prompts = render_conversations(tok, messages, add_generation_prompt, chat_template,
+                                       continue_final_message, tools, chat_template_kwargs)
+        outs = self.generate([{"prompt_token_ids": ids} for _, ids in prompts], sampling_params,
+                             use_tqdm=use_tqdm)
         for o, (text, _) in zip(outs, prompts):
             o.prompt = text
         return outs
 
-    def new_request(self, index: int, ids: list[int], sp: SamplingParams, error: str | None = None) -> Request:
+    def new_request(self, index: int, ids: list[int], sp: SamplingParams,
+                    error: str | None = None) -> Request:
         """An engine request with id `index` for prompt ids: the stop ids (EOS unless ignore_eos)
         and stop strings of `sp` set up; error: why it cannot run (the caller does not queue it).
         Raises ValueError for stop strings without a tokenizer."""

@@ -390,7 +390,8 @@ class ModelRunner:
         shapes = StepShapes.plan([r.num_tokens for r in reqs], nd_host, [r.draft_depth for r in reqs],
                                  [len(r.draft_token_ids) for r in reqs], [d.num_new_drafts for d in decodes],
                                  k=self.num_speculative_tokens,
-                                 num_draft_modules=0 if self.speculator is None else self.speculator.num_draft_modules,
+                                 num_draft_modules=(0 if self.speculator is None
+                                                    else self.speculator.num_draft_modules),
                                  block_size=self.block_size, max_blocks=cache.max_blocks,
                                  padded_batch=step.padded_batch(len(reqs)), static=step.static,
                                  depth_buckets=self.config.compile_depths)
@@ -423,8 +424,9 @@ class ModelRunner:
         if self.speculator is not None and shapes.depth > 0:   # else no module runs for these requests
             new = [d.num_new_drafts for d in decodes]
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
-                                      torch.cat([final, final.new_zeros(pad)]), [True] * B, meta.positions[:, 0],
-                                      h, new, self._draft_sampler(sampling, new), shapes, meta.block_table)
+                                      torch.cat([final, final.new_zeros(pad)]), [True] * B,
+                                      meta.positions[:, 0], h, new, self._draft_sampler(sampling, new),
+                                      shapes, meta.block_table)
             drafts = step.draft(batch)
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()

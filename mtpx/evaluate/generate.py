@@ -35,7 +35,8 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
     the warm-up so that its blocks do not count as hits. client: generate()'s max_concurrency and
     arrival_offsets. Each finished request's row is appended to rows_file as it finishes; the
     progress bar and the W&B run (`live/*`, at most twice a second) show output tokens/s and the
-    acceptance so far (without a terminal: a line every MTPX_PROGRESS_S seconds, ProgressLines). indices: each prompt's request index (default 0, 1, ...); clock: seconds
+    acceptance so far (without a terminal: a line every MTPX_PROGRESS_S seconds, ProgressLines).
+    indices: each prompt's request index (default 0, 1, ...); clock: seconds
     of the run before this pass (a resumed eval): output times are seconds on the run's clock.
 
     Returns (outputs, seconds, interrupted): after Ctrl-C or SIGTERM (interrupt.requested), the
@@ -99,7 +100,8 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
                 if not done or rows_file is None:
                     raise
                 raise Interrupted(f"stopped at once by a second signal: the {len(done)} requests that had "
-                                  f"finished are in {rows_file}; no metrics.json or report was written") from None
+                                  f"finished are in {rows_file}; no metrics.json or report was "
+                                  "written") from None
             return [on_clock(o) for o in outs], time.perf_counter() - t0, False
     finally:
         if sink is not None:
@@ -116,7 +118,8 @@ def _output_row(o: RequestOutput, p: Prompt) -> dict:
         row |= {"answer": p.answer, "predicted_answer": predicted,
                 "correct": predicted is not None and score([predicted], [p.answer])[1] == 1}
     return row | {"rounds": o.spec.rounds, "num_drafts": o.spec.num_drafts,
-                  "num_draft_tokens": o.spec.num_draft_tokens, "num_accepted_tokens": o.spec.num_accepted_tokens,
+                  "num_draft_tokens": o.spec.num_draft_tokens,
+                  "num_accepted_tokens": o.spec.num_accepted_tokens,
                   "num_committed_tokens": o.spec.num_committed_tokens,
                   "num_cached_tokens": o.num_cached_tokens, "num_preemptions": o.num_preemptions,
                   "arrival_s": o.arrival_time, "first_token_s": o.first_token_time, "finish_s": o.finish_time,
@@ -130,7 +133,8 @@ def _restore(row: dict, p: Prompt, prompt_ids: list[int], k: int) -> RequestOutp
     for nd, acc, committed in row["rounds"]:
         spec.record_round(nd, acc, committed)
     spec.accepted_per_position += [0] * (k - len(spec.accepted_per_position))
-    return RequestOutput(index=row["index"], prompt_token_ids=prompt_ids, output_token_ids=row["output_token_ids"],
+    return RequestOutput(index=row["index"], prompt_token_ids=prompt_ids,
+                         output_token_ids=row["output_token_ids"],
                          text=row["text"], finish_reason=row["finish_reason"], spec=spec,
                          arrival_time=row["arrival_s"], first_token_time=row["first_token_s"],
                          finish_time=row["finish_s"], emission_times=row["emission_s"],
@@ -167,8 +171,8 @@ def finished_rows(rows_file: Path, prompts: list[Prompt], llm: LLM) -> dict[int,
         p = prompts[i]
         ids = list(p.token_ids) if p.token_ids is not None else llm.encode(p.text)
         if row.get("num_prompt_tokens") != len(ids):
-            raise ValueError(f"eval.resume=true: {rows_file} row {i} has {row.get('num_prompt_tokens')} prompt "
-                             f"tokens, this run's prompt {i} {len(ids)}: resume with the same model and data, "
-                             "or use a new hydra.run.dir")
+            raise ValueError(f"eval.resume=true: {rows_file} row {i} has {row.get('num_prompt_tokens')} "
+                             f"prompt tokens, this run's prompt {i} {len(ids)}: resume with the same model "
+                             "and data, or use a new hydra.run.dir")
         out[i] = _restore(row, p, ids, llm.num_speculative_tokens)
     return out

@@ -21,8 +21,8 @@ from mtpx.evaluate.args import model_path
 from mtpx.evaluate.generate import _generate, _output_row
 from mtpx.evaluate.lines import (_all_failed, _client_text, _count_text, _data_text, _length_text,
                                  _print_request_errors, _sampling_text, dead_position_warning)
-from mtpx.io import GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text, \
-    source_commit, utc_now
+from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text,
+                     source_commit, utc_now)
 from mtpx.metrics.analytics import analytics
 from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
@@ -118,7 +118,8 @@ def _measure(run: _Run, interrupt: GracefulInterrupt) -> int:
 
     _write_outputs(run, outs, kept, metrics)
     if stopped:
-        again = " (eval.resume=true with hydra.run.dir=that folder finishes the rest)" if run.mode == "eval" else ""
+        again = (" (eval.resume=true with hydra.run.dir=that folder finishes the rest)" if run.mode == "eval"
+                 else "")
         raise Interrupted(f"{len(outs)} of {total} requests had finished; their outputs.jsonl, report and "
                           f"metrics.json (\"partial\": true) are in {run.out_dir}{again}")
     if metrics.get("lossless_check") == "interrupted":
@@ -140,9 +141,10 @@ def _measured_pass(run: _Run, interrupt: GracefulInterrupt) -> tuple[list[Reques
         offsets = run.client["arrival_offsets"]
         sub_client = {**run.client, "arrival_offsets": None if offsets is None else
                       [offsets[i] - offsets[todo[0]] for i in todo]}
-        outs, duration, stopped = _generate(run.llm, [run.prompts[i] for i in todo], [run.params[i] for i in todo],
-                                            f"{run.name}: {len(todo)} prompts", sub_client, interrupt,
-                                            run.rows_file, run.logger, indices=todo, clock=clock)
+        outs, duration, stopped = _generate(run.llm, [run.prompts[i] for i in todo],
+                                            [run.params[i] for i in todo], f"{run.name}: {len(todo)} prompts",
+                                            sub_client, interrupt, run.rows_file, run.logger, indices=todo,
+                                            clock=clock)
     if restored:
         outs = sorted(outs + list(restored.values()), key=lambda o: o.index)
         duration += clock
@@ -171,8 +173,8 @@ def _run_metrics(run: _Run, outs: list[RequestOutput], duration: float) -> dict:
                       "spec": method, "num_speculative_tokens": llm.num_speculative_tokens if method else 0,
                       "automatic_k": bool(method) and auto_k.summary(llm.engine.draft_length) is not None,
                       "data": run.cfg.data.name, "num_prompts": total, "threads": run.threads.threads,
-                      "threads_reason": run.threads.reason, "torch": torch.__version__, "commit": source_commit(),
-                      "date": utc_now()}
+                      "threads_reason": run.threads.reason, "torch": torch.__version__,
+                      "commit": source_commit(), "date": utc_now()}
     return metrics
 
 
@@ -185,8 +187,8 @@ def _write_failed(run: _Run, outs: list[RequestOutput], kept: list[Prompt], metr
     atomic_write_jsonl(run.rows_file, [_output_row(o, p) for o, p in zip(outs, kept)])
     atomic_write_json(run.out_dir / "metrics.json", metrics)
     run.logger.log_metrics_summary(metrics)
-    _all_failed(outs, f"; no report, figures or lossless check (outputs.jsonl and metrics.json in {run.out_dir} "
-                      "hold the errors)")
+    _all_failed(outs, "; no report, figures or lossless check (outputs.jsonl and metrics.json in "
+                      f"{run.out_dir} hold the errors)")
     return 1
 
 
@@ -232,7 +234,8 @@ def _write_outputs(run: _Run, outs: list[RequestOutput], kept: list[Prompt], met
     setup = _client_text(run.client, c) + [f"{run.threads.threads} threads"]
     if run.engine["enable_prefix_caching"]:
         setup.append("prefix caching")
-    report = format_report(metrics, f"mtpx {run.mode}: {run.name}{k_text}, {_data_text(run.cfg.data.name, kept, run.chat)}, "
+    report = format_report(metrics, f"mtpx {run.mode}: {run.name}{k_text}, "
+                                    f"{_data_text(run.cfg.data.name, kept, run.chat)}, "
                                     f"{_count_text(len(kept), len(run.prompts))}, "
                                     f"{_length_text(kept, c.max_tokens, run.cap)}, "
                                     f"{_sampling_text(run.params[0])}, {run.dtype}, {', '.join(setup)}")
@@ -263,7 +266,8 @@ def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict,
     if plain_llm.compile_stats is not None:
         metrics["compile_plain"] = plain_llm.compile_stats
         print(f"engine.compile: plain decoding (lossless check) compiled in "
-              f"{plain_llm.compile_stats['compile_s']:.1f} s ({plain_llm.compile_stats['num_graphs']} graphs)")
+              f"{plain_llm.compile_stats['compile_s']:.1f} s "
+              f"({plain_llm.compile_stats['num_graphs']} graphs)")
     plain, plain_duration, stopped = _generate(plain_llm, prompts, params,
                                                "plain decoding (lossless check)", client, interrupt)
     if stopped:

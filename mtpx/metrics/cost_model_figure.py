@@ -111,7 +111,8 @@ def _acceptance_by_age(rows: list[dict]):
     has a position with a verified draft."""
     from matplotlib.figure import Figure
 
-    ages = [(row, [(j + 1, p) for j, (p, v) in enumerate(zip(row["conditional_acceptance"], row["verified"])) if v >= 1])
+    ages = [(row, [(j + 1, p) for j, (p, v) in enumerate(zip(row["conditional_acceptance"], row["verified"]))
+                   if v >= 1])
             for row in rows]
     if not any(points for _, points in ages):
         return None
