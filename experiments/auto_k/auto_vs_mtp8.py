@@ -42,5 +42,6 @@ for rep in range(4):
         c = step_costs(llm.engine.step_timings, 8).get(B)
         steps[n].append(None if c is None else round(c["step_ms"], 1))
     print(f"chunk {rep}: tok/s {({n: round(v[-1], 1) for n, v in tok_s.items()})}, "
-          f"auto / mtp8 {tok_s['auto'][-1] / tok_s['mtp8'][-1]:.2f}; median k = 8 steps (ms) {steps}", flush=True)
+          f"auto / mtp8 {tok_s['auto'][-1] / tok_s['mtp8'][-1]:.2f}; median k = 8 steps (ms) {steps}",
+          flush=True)
 print("auto's k per step:", llms["auto"].engine.draft_length.summary()["k_histogram"])

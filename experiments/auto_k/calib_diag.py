@@ -24,7 +24,8 @@ def calibrate_step_costs(eng, **kw):
     start-up calibration's measure; an eager engine, each k its own step). Returns {(k, B): ms}."""
     def measure(b, ks, context_len, rounds, seed=0, draft=None):
         return eng.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
-    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs, **kw)
+    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs,
+                                            **kw)
 
 
 torch.set_num_threads(2)
@@ -40,7 +41,7 @@ g = torch.Generator().manual_seed(1)
 res = {}
 for _ in range(2):
     for L in lens:
-        cal = calibrate_step_costs(auto.engine, batch_sizes=[B], context_len=L)   # prompt_len=L before d4d6d20
+        cal = calibrate_step_costs(auto.engine, batch_sizes=[B], context_len=L)  # prompt_len=L before d4d6d20
         res.setdefault(f"calibration L={L}", []).append([round(cal[(k, B)], 1) for k in range(9)])
         row = {}
         for k, llm in fixed.items():

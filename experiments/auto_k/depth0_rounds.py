@@ -24,7 +24,8 @@ from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
 torch.set_num_threads(2)
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")][:64]
-kw = dict(model=str(ROOT / 'checkpoints' / 'demo'), max_num_seqs=64, max_model_len=1024, record_step_timings=True)
+kw = dict(model=str(ROOT / 'checkpoints' / 'demo'), max_num_seqs=64, max_model_len=1024,
+          record_step_timings=True)
 plain = LLM(**kw)
 auto = LLM(spec='mtp8', num_speculative_tokens='auto', **kw)
 print('calibration', auto.calibration['source'], round(auto.calibration['seconds'], 1))
@@ -40,5 +41,7 @@ for r in range(4):
         pre = sum(t.prefill_s for t in ts)
         dec = sum(t.verify_s + t.draft_s for t in ts)
         times[name].append(dt)
-        print(r, name, round(dt, 2), 's; prefill', round(pre, 2), 'decode', round(dec, 2), 'other', round(dt - pre - dec, 2), flush=True)
-print('auto / plain output tok/s per round:', [round(p / a, 2) for a, p in zip(times['auto'], times['plain'])])
+        print(r, name, round(dt, 2), 's; prefill', round(pre, 2), 'decode', round(dec, 2), 'other',
+              round(dt - pre - dec, 2), flush=True)
+print('auto / plain output tok/s per round:',
+      [round(p / a, 2) for a, p in zip(times['auto'], times['plain'])])

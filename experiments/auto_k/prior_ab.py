@@ -37,13 +37,15 @@ for prior in (0.7, 0.8):
     llm.engine.draft_length.prior_acceptance = prior
     llm.engine.draft_length.reset()
     engines[f"auto {prior}"] = llm
-    print(f"auto {prior}: step costs {llm.calibration['source']} ({llm.calibration['seconds']:.1f} s)", flush=True)
+    print(f"auto {prior}: step costs {llm.calibration['source']} ({llm.calibration['seconds']:.1f} s)",
+          flush=True)
 if workload == "gsm8k":
     questions = load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")
     work = [[format_prompt(r["question"]) for r in questions[c * 64:(c + 1) * 64]] for c in range(chunks)]
 else:
     llm0 = engines["plain"]
-    prompts = load_prompts({"name": "builtin", "prompt_tokens": 128}, 64, llm0.tokenizer, llm0.model.cfg.vocab_size)
+    prompts = load_prompts({"name": "builtin", "prompt_tokens": 128}, 64, llm0.tokenizer,
+                           llm0.model.cfg.vocab_size)
     work = [[p.engine_input for p in prompts]] * chunks
 params = SamplingParams(max_tokens=128)
 names = list(engines)
@@ -59,7 +61,8 @@ for c, chunk in enumerate(work):
     for n in names:
         tokens[n] += sum(len(o.output_token_ids) for o in outs[n])
         mismatches[n] += sum(a.output_token_ids != b.output_token_ids for a, b in zip(outs[n], outs["plain"]))
-    print(f"chunk {c}: " + ", ".join(f"{n} {seconds['plain'][-1] / seconds[n][-1]:.2f}x" for n in names[1:]), flush=True)
+    print(f"chunk {c}: " + ", ".join(f"{n} {seconds['plain'][-1] / seconds[n][-1]:.2f}x" for n in names[1:]),
+          flush=True)
 print(f"\n{workload}, concurrency 64, {chunks} chunks: output tok/s over plain decoding's")
 for n in names[1:]:
     r = [p / s for p, s in zip(seconds["plain"], seconds[n])]

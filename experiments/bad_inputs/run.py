@@ -21,7 +21,8 @@ rows = []
 
 
 def cli(*argv: str) -> None:
-    rows.append((f"`{' '.join(argv)}`", check_overrides(list(argv), CONF) or "(composes: checked when the run starts)"))
+    rows.append((f"`{' '.join(argv)}`",
+                 check_overrides(list(argv), CONF) or "(composes: checked when the run starts)"))
 
 
 def api(label: str, fn) -> None:
@@ -137,26 +138,31 @@ gsm.write_text("".join(json.dumps({"question": f"Tom has {i} apples and buys {i}
                                    "answer": f"{i} + {i} = <<{i}+{i}={2 * i}>>{2 * i}\n#### {2 * i}"}) + "\n"
                        for i in range(300)))
 out = tmp / "train_out"
-code, _, err = entry("mode=train", "logger=none", f"hydra.run.dir={tmp / 'train_run'}", f"train.out_dir={out}",
+code, _, err = entry("mode=train", "logger=none", f"hydra.run.dir={tmp / 'train_run'}",
+                     f"train.out_dir={out}",
                      "model.num_hidden_layers=2", "model.hidden_size=32", "model.intermediate_size=64",
-                     "model.num_nextn_predict_layers=2", "train.steps=100000", "train.batch_size=2", "train.seq_len=32",
+                     "model.num_nextn_predict_layers=2", "train.steps=100000", "train.batch_size=2",
+                     "train.seq_len=32",
                      "train.eval_every=0", "train.data_sources=[gsm8k]", f"train.gsm8k_path={gsm}",
                      "train.tokenizer_vocab_size=300", "train.threads=1", "train.log_every=1", term_after=1.0,
                      wait_for=lambda: "loss" in _read(tmp / "train_run" / "train_or_eval.log"))
 state = json.loads((out / "trainer_state.json").read_text()) if (out / "trainer_state.json").exists() else {}
-rows.append(("1: SIGTERM during `mode=train` (save_every 200, the default)", f"exit {code}; {last(err, 'interrupted')} "
+rows.append(("1: SIGTERM during `mode=train` (save_every 200, the default)",
+             f"exit {code}; {last(err, 'interrupted')} "
              f"[trainer_state.json step {state.get('step')}]"))
 
 # 2. progress without a terminal (stderr a pipe): a line every MTPX_PROGRESS_S seconds
-code, _, err = entry("+spec=mtp8", "eval.num_prompts=6", "eval.concurrency=1", "eval.max_tokens=32", "logger=none",
-                     "eval.check_lossless=false", f"hydra.run.dir={tmp / 'progress'}")
+code, _, err = entry("+spec=mtp8", "eval.num_prompts=6", "eval.concurrency=1", "eval.max_tokens=32",
+                     "logger=none", "eval.check_lossless=false", f"hydra.run.dir={tmp / 'progress'}")
 rows.append(("2: `mode=eval` with stderr a pipe, MTPX_PROGRESS_S=1", last(err, "mtp8: 6 prompts")))
 
 # 3. tracebacks before: now one line
 rows.append(("3: `hydra.run.dir=/proc/mtpx/run`", check_overrides(["hydra.run.dir=/proc/mtpx/run"], CONF)))
-api("3: `logger.dir=/proc/mtpx`", lambda: __import__("mtpx.metrics.logging", fromlist=["RunLogger"]).RunLogger(
+api("3: `logger.dir=/proc/mtpx`",
+    lambda: __import__("mtpx.metrics.logging", fromlist=["RunLogger"]).RunLogger(
     {"name": "wandb", "dir": "/proc/mtpx"}, run_dir=tmp, config={}))
-api("3: `distill.out_dir=/proc/x/y`", lambda: __import__("mtpx.io", fromlist=["check_writable_dir"]).check_writable_dir(
+api("3: `distill.out_dir=/proc/x/y`",
+    lambda: __import__("mtpx.io", fromlist=["check_writable_dir"]).check_writable_dir(
     "/proc/x/y", "distill.out_dir"))
 from mtpx.io import disk_error_line  # noqa: E402
 from mtpx.train.loop import _check_device  # noqa: E402
@@ -180,7 +186,8 @@ api("4: `eval.max_tokens=100000` (max_model_len 1024)", lambda: stderr_of(lambda
 api("4: `SamplingParams(max_tokens=10**6)`", lambda: warned(
     lambda: llm.generate("def f(x):", SamplingParams(max_tokens=10**6, ignore_eos=True, stop_token_ids=[0]))))
 api("4: `model.path=` (empty)", lambda: model_path(OmegaConf.create({"model": {"path": ""}})))
-for label, edit in (("4: config.json `num_nextn_predict_layers` 4, the weights hold 8", {"num_nextn_predict_layers": 4}),
+for label, edit in (("4: config.json `num_nextn_predict_layers` 4, the weights hold 8",
+                     {"num_nextn_predict_layers": 4}),
                     ("4: config.json `eos_token_id` outside the vocabulary", {"eos_token_id": 100000})):
     folder = tmp / label.split("`")[1]
     shutil.copytree(demo, folder)
@@ -188,14 +195,16 @@ for label, edit in (("4: config.json `num_nextn_predict_layers` 4, the weights h
     cfg.update(edit)
     (folder / "config.json").write_text(json.dumps(cfg))
     api(label, lambda f=folder: LLM(model=f))
-api("4: `LLM(..., num_speculative_tokens=2.5)`", lambda: LLM(model=demo, spec="mtp8", num_speculative_tokens=2.5))
+api("4: `LLM(..., num_speculative_tokens=2.5)`",
+    lambda: LLM(model=demo, spec="mtp8", num_speculative_tokens=2.5))
 
 # 5. misleading messages before
 from mtpx.evaluate import dead_position_warning  # noqa: E402
 from mtpx.metrics.stats import SpecDecodeCounts  # noqa: E402
 code, out_text, err = entry("+spec=mtp8", "eval.num_prompts=3", "engine.max_model_len=10", "logger=none",
                             f"hydra.run.dir={tmp / 'all_failed'}")
-rows.append(("5: every request fails (`engine.max_model_len=10`)", f"exit {code}; {len(err.strip().splitlines())} lines on "
+rows.append(("5: every request fails (`engine.max_model_len=10`)",
+             f"exit {code}; {len(err.strip().splitlines())} lines on "
              f"stderr, the last: {last(err)}; report printed: {'Acceptance' in out_text}"))
 api("5: a broken MTP module (position 2 never accepts)", lambda: dead_position_warning(
     SpecDecodeCounts(accepted_per_position=[50, 30, 0, 0])))
@@ -204,45 +213,53 @@ api("5: one CPU", lambda: ThreadChoice(1, ONE_CPU, 1, {1: 3.0}).describe())
 from mtpx.schema import config_groups_text  # noqa: E402
 api("5: `--help`: the config groups", lambda: config_groups_text(CONF).replace("\n", "; "))
 code, _, err = entry(f"model.path={tmp / 'nowhere'}", "logger=none", f"hydra.run.dir={tmp / 'failed_start'}")
-rows.append(("5: an error after Hydra started (a missing checkpoint)", f"exit {code}; {last(err)}; run folder left: "
+rows.append(("5: an error after Hydra started (a missing checkpoint)",
+             f"exit {code}; {last(err)}; run folder left: "
              f"{(tmp / 'failed_start').exists()}"))
 
 # 6. the Python API against vLLM's habits
 sp = SamplingParams(max_tokens=4, ignore_eos=True)
 api("6: `generate(\"a string\")`", lambda: repr(llm.generate("def f(x):", sp)[0].text))
-api("6: `use_tqdm=True`", lambda: stderr_of(lambda: llm.generate(["a", "b"], sp, use_tqdm=True)).split("\r")[-1])
+api("6: `use_tqdm=True`",
+    lambda: stderr_of(lambda: llm.generate(["a", "b"], sp, use_tqdm=True)).split("\r")[-1])
 ids = llm.get_tokenizer().encode("def f(x):").ids
 api("6: `{\"prompt_token_ids\": [...]}` and `{\"prompt\": ...}`", lambda: [
     o.text == llm.generate("def f(x):", sp)[0].text for o in llm.generate([{"prompt_token_ids": ids},
                                                                            {"prompt": "def f(x):"}], sp)])
 api("6: a generator of prompts", lambda: len(llm.generate((p for p in ["a", "b", "c"]), sp)))
 api("6: `get_tokenizer()`", lambda: type(llm.get_tokenizer()).__name__)
-api("6: `chat(messages)` on the demo (no chat template)", lambda: llm.chat([{"role": "user", "content": "hi"}], sp))
+api("6: `chat(messages)` on the demo (no chat template)",
+    lambda: llm.chat([{"role": "user", "content": "hi"}], sp))
 api("6: `chat(messages, chat_template=...)`", lambda: repr(llm.chat(
-    [[{"role": "user", "content": "hi"}]], sp, chat_template="{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
+    [[{"role": "user", "content": "hi"}]], sp,
+    chat_template="{% for m in messages %}{{ m.role }}: {{ m.content }}\n"
     "{% endfor %}assistant:")[0].prompt))
 api("6: `RequestOutput.metrics`", lambda: type(llm.generate("a", sp)[0].metrics).__name__)
 api("6: `min_tokens=3, include_stop_str_in_output=True`", lambda: len(llm.generate(
-    "a", SamplingParams(max_tokens=6, min_tokens=3, include_stop_str_in_output=True))[0].output_token_ids) >= 3)
+    "a", SamplingParams(max_tokens=6, min_tokens=3,
+                        include_stop_str_in_output=True))[0].output_token_ids) >= 3)
 api("6: `speculative_config={\"method\": \"deepseek_mtp\"}`", lambda: LLM(
     model=demo, speculative_config={"method": "deepseek_mtp", "num_speculative_tokens": 2}).spec)
 api("6: `dtype=\"auto\"`", lambda: str(next(LLM(model=demo, dtype="auto").model.parameters()).dtype))
 api("6: `SamplingParams(temperature='0.5')`", lambda: SamplingParams(temperature="0.5"))
-api("6: a hub id, `LLM(\"Qwen/Qwen3-Next-80B-A3B-Instruct\")`", lambda: LLM(model="Qwen/Qwen3-Next-80B-A3B-Instruct"))
+api("6: a hub id, `LLM(\"Qwen/Qwen3-Next-80B-A3B-Instruct\")`",
+    lambda: LLM(model="Qwen/Qwen3-Next-80B-A3B-Instruct"))
 
 # 7. sweeps: a multirun ends with its table (and sweep.md in the sweep folder)
 sweep = tmp / "sweep"
-code, out_text, err = entry("-m", "+spec=mtp8", "spec.num_speculative_tokens=9,2", "eval.num_prompts=1", "eval.max_tokens=4",
-                            "logger=none", f"hydra.sweep.dir={sweep}")
+code, out_text, err = entry("-m", "+spec=mtp8", "spec.num_speculative_tokens=9,2", "eval.num_prompts=1",
+                            "eval.max_tokens=4", "logger=none", f"hydra.sweep.dir={sweep}")
 tail = [ln for ln in out_text.strip().splitlines() if ln.startswith(("- job", "sweep table:", "2 job"))]
-rows.append(("7: `-m ... spec.num_speculative_tokens=9,2` (job 0 fails)", f"exit {code}; " + " / ".join(tail)))
+rows.append(("7: `-m ... spec.num_speculative_tokens=9,2` (job 0 fails)",
+             f"exit {code}; " + " / ".join(tail)))
 
 # 8. train.threads
 from mtpx.train.loop import _choose_threads  # noqa: E402
 from mtpx.train.distributed import DistInfo  # noqa: E402
 os.environ.pop("OMP_NUM_THREADS", None)
-api("8: `train.threads=null` (the default)", lambda: _choose_threads(OmegaConf.create({"threads": None}), llm.model,
-                                                                   DistInfo(), None).describe())
+api("8: `train.threads=null` (the default)",
+    lambda: _choose_threads(OmegaConf.create({"threads": None}), llm.model,
+                          DistInfo(), None).describe())
 
 
 def table(rs, title):

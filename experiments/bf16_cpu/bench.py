@@ -41,7 +41,8 @@ def train_rate(dtype, batch, repeats: int) -> list[float]:
     rates = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()
-        train_step(model, opt, batch, lr=1e-3, grad_clip=1.0, mtp_loss_weight=0.3, objective=obj, autocast=dtype)
+        train_step(model, opt, batch, lr=1e-3, grad_clip=1.0, mtp_loss_weight=0.3, objective=obj,
+                   autocast=dtype)
         if i:                                            # step 0 allocates
             rates.append(batch.numel() / (time.perf_counter() - t0))
     return rates

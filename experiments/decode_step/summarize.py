@@ -11,7 +11,8 @@ after = [json.load(open(p)) for p in sys.argv[i + 1:]]
 
 
 def speeds(runs, key):
-    return [r["tok_s"] for run in runs for r in run["rows"] if (r["engine"], r["mode"], r["concurrency"]) == key]
+    return [r["tok_s"] for run in runs for r in run["rows"]
+            if (r["engine"], r["mode"], r["concurrency"]) == key]
 
 
 keys = sorted({(r["engine"], r["mode"], r["concurrency"]) for r in before[0]["rows"]},

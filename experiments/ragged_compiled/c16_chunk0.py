@@ -17,7 +17,8 @@ from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"), "gsm8k/test.jsonl"))[:128]]
 chunk = prompts[0::4]
-llms = {n: LLM(model=str(ROOT / "checkpoints" / "demo"), spec=s, num_speculative_tokens=k, max_num_seqs=16, compile=True, max_model_len=1024)
+llms = {n: LLM(model=str(ROOT / "checkpoints" / "demo"), spec=s, num_speculative_tokens=k, max_num_seqs=16,
+               compile=True, max_model_len=1024)
         for n, s, k in (("plain", None, None), ("auto", "mtp8", "auto"))}
 for rep in range(2):
     for n, llm in llms.items():
@@ -36,6 +37,7 @@ for rep in range(2):
             agg["k>0 steps"] += t.num_draft_tokens > 0
             agg["k>0 verify+draft ms"] += 1e3 * (t.verify_s + t.draft_s) * (t.num_draft_tokens > 0)
         fwd = agg["prefill_ms"] + agg["verify_ms"] + agg["draft_ms"]
-        print(rep, n, "wall ms", round(1e3 * wall), "steps", len(ts), {k: round(v) for k, v in agg.items()}, "host ms", round(1e3 * wall - fwd))
+        print(rep, n, "wall ms", round(1e3 * wall), "steps", len(ts), {k: round(v) for k, v in agg.items()},
+              "host ms", round(1e3 * wall - fwd))
         if n == "auto":
             llm.engine.draft_length.reset()   # the second pass starts as the first

@@ -71,8 +71,10 @@ def main() -> int:
             tokens = sum(1 + mix[-1 - i] for i in range(B))
             row = {"batch": B, "mix": name, "real_tokens": tokens,
                    "grid_tokens": engine.compiled.padded_batch(B) * 9,
-                   "ragged_ms": round(statistics.median(ms[True]), 3), "grid_ms": round(statistics.median(ms[False]), 3),
-                   "ragged_over_grid": round(statistics.median(ratios), 3), "quartiles": [round(x, 3) for x in (q[0], q[2])]}
+                   "ragged_ms": round(statistics.median(ms[True]), 3),
+                   "grid_ms": round(statistics.median(ms[False]), 3),
+                   "ragged_over_grid": round(statistics.median(ratios), 3),
+                   "quartiles": [round(x, 3) for x in (q[0], q[2])]}
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = Path(args.out)

@@ -15,7 +15,8 @@ torch.set_num_threads(1)
 from mtpx import LLM  # noqa: E402
 from mtpx.engine.decode_step import capture_sizes  # noqa: E402
 for spec, k, ks in ((None, None, [0]), ("mtp8", 4, [4])):
-    llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec=spec, num_speculative_tokens=k, max_num_seqs=64, compile=True, max_model_len=1024)
+    llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec=spec, num_speculative_tokens=k, max_num_seqs=64,
+              compile=True, max_model_len=1024)
     eng, comp = llm.engine, llm.engine.compiled
     padded = capture_sizes(64)
     every = list(range(1, 65))
@@ -29,5 +30,6 @@ for spec, k, ks in ((None, None, [0]), ("mtp8", 4, [4])):
                     ms[name].append(t)
         ratios = sorted(a / b for a, b in zip(ms["exact"], ms["pad"]))
         print(spec or "plain", B, "->", next(s for s in padded if s >= B),
-              "exact %.2f pad %.2f ms, paired %.3f (%.3f-%.3f)" % (statistics.median(ms["exact"]), statistics.median(ms["pad"]),
+              "exact %.2f pad %.2f ms, paired %.3f (%.3f-%.3f)" % (statistics.median(ms["exact"]),
+                                                                   statistics.median(ms["pad"]),
               statistics.median(ratios), ratios[0], ratios[-1]), "graphs", comp.num_graphs, flush=True)

@@ -31,5 +31,7 @@ for spec, k in ((None, None), ("mtp8", 4)):
             if i:
                 wall[name].append(time.perf_counter() - t0)
     ratios = [a / b for a, b in zip(wall["unpadded"], wall["padded"])]
-    print(spec or "plain", "unpadded", [round(x, 2) for x in wall["unpadded"]], "padded", [round(x, 2) for x in wall["padded"]],
-          "paired median %.3f (%.3f-%.3f)" % (statistics.median(ratios), min(ratios), max(ratios)), flush=True)
+    print(spec or "plain", "unpadded", [round(x, 2) for x in wall["unpadded"]], "padded",
+          [round(x, 2) for x in wall["padded"]],
+          "paired median %.3f (%.3f-%.3f)" % (statistics.median(ratios), min(ratios), max(ratios)),
+          flush=True)

@@ -12,8 +12,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RUNS = Path(sys.argv[1] if len(sys.argv) > 1 else "/work/runs")
 NAMES = {"base": "original heads (checkpoints/demo)", "human": "fine-tuned, GSM8K-train human answers",
-         "distill": "fine-tuned, self-distilled answers", "distill_decay": "fine-tuned, self-distilled, decay 0.6",
-         "mtp1_distill": "module 0 only, self-distilled, 1 depth", "mtp1_unroll": "module 0 only, self-distilled, unroll 4"}
+         "distill": "fine-tuned, self-distilled answers",
+         "distill_decay": "fine-tuned, self-distilled, decay 0.6",
+         "mtp1_distill": "module 0 only, self-distilled, 1 depth",
+         "mtp1_unroll": "module 0 only, self-distilled, unroll 4"}
 
 
 def metrics(tag: str) -> dict | None:

@@ -44,8 +44,9 @@ def main(base_url: str, *paths: str) -> None:
     with httpx.Client(timeout=120) as client:
         for context, continuation in pairs:
             ctx, cont = split(tok, context, continuation)
-            r = client.post(f"{base_url}/v1/completions", json={"model": "demo", "prompt": ctx + cont, "echo": True,
-                                                                 "logprobs": 0, "max_tokens": 1, "temperature": 0})
+            r = client.post(f"{base_url}/v1/completions",
+                            json={"model": "demo", "prompt": ctx + cont, "echo": True,
+                                   "logprobs": 0, "max_tokens": 1, "temperature": 0})
             lps = r.json()["choices"][0]["logprobs"]["token_logprobs"]
             ours.append(sum(lps[len(ctx): len(ctx) + len(cont)]))
     diffs = [abs(a - b) for a, b in zip(theirs, ours)]

@@ -48,7 +48,8 @@ def main(before_path: str, after_path: str, guidellm_path: str) -> None:
     print(f"server:   {n_ttft} requests finished (TTFT observations), {n_tpot} TPOT observations")
     print("| metric | guidellm mean (ms) | server /metrics mean (ms) | difference |")
     print("|---|---:|---:|---:|")
-    for name, g, s in (("TTFT", g_ttft / g_n, s_ttft * 1e3), ("ITL (guidellm) vs TPOT (server)", g_itl / g_n, s_tpot * 1e3)):
+    for name, g, s in (("TTFT", g_ttft / g_n, s_ttft * 1e3),
+                       ("ITL (guidellm) vs TPOT (server)", g_itl / g_n, s_tpot * 1e3)):
         print(f"| {name} | {g:.1f} | {s:.1f} | {100 * (g - s) / s:+.1f}% |")
     print(f"(server emission gaps, mtpx:inter_token_latency_seconds: {s_itl * 1e3:.1f} ms)")
 

@@ -22,12 +22,13 @@ cache, compiled = llm.engine.runner.cache, llm.engine.runner.compiled
 g = torch.Generator().manual_seed(0)
 k, n = 8, 64
 for B in (1, 16):
-    llm.generate(torch.randint(2, 2048, (B, n), generator=g).tolist(), SamplingParams(max_tokens=30, ignore_eos=True))
+    llm.generate(torch.randint(2, 2048, (B, n), generator=g).tolist(),
+                 SamplingParams(max_tokens=30, ignore_eos=True))
     Bp = compiled.padded_batch(B)
     nb = block_bucket(n + 2 * k + 2, cache.block_size, cache.max_blocks)
     rows = torch.tensor(list(range(B)) + [cache.pad_row] * (Bp - B))
-    meta = cache.static_meta(torch.full((Bp,), n), torch.tensor([k + 1] * B + [0] * (Bp - B)), rows, k + 1, nb,
-                             keep_states=True)
+    meta = cache.static_meta(torch.full((Bp,), n), torch.tensor([k + 1] * B + [0] * (Bp - B)), rows, k + 1,
+                             nb, keep_states=True)
     accepted = torch.zeros(Bp, dtype=torch.long)
     fns = {"eager": lambda a=accepted: cache.commit_recurrent(a, None),
            "compiled": lambda a=accepted: compiled.commit(a, None)}

@@ -112,7 +112,8 @@ def main() -> None:
             build = (f"| {c['num_graphs']} | {c['num_compiled']} | {c['num_loaded']} | {c['compile_s']:.0f} "
                      if c else "| — | — | — | — ")
             calib = f"{cal['seconds']:.0f} ({src})" if cal else "—"
-            ks = ", ".join(f"{k}: {c}" for k, c in sorted(m.get("k_histogram", {}).items(), key=lambda x: int(x[0])))
+            ks = ", ".join(f"{k}: {c}" for k, c in sorted(m.get("k_histogram", {}).items(),
+                                                          key=lambda x: int(x[0])))
             print(f"| {name} | {n} {build}| {calib} | {ks or '—'} |")
 
 

@@ -40,7 +40,8 @@ def main() -> int:
     built = time.perf_counter() - t0
     got = [o.output_token_ids for o in llm.generate(PROMPTS, params)]
     llm.shutdown()
-    print(json.dumps({"backend": args.backend, "built_s": round(built, 1), "num_graphs": llm.compile_stats["num_graphs"],
+    print(json.dumps({"backend": args.backend, "built_s": round(built, 1),
+                      "num_graphs": llm.compile_stats["num_graphs"],
                       "regions": llm.compile_stats["regions"], "requests": len(ref),
                       "identical": sum(a == b for a, b in zip(ref, got))}))
     return 0 if got == ref else 1

@@ -30,7 +30,8 @@ def calibrate_step_costs(eng, **kw):
     start-up calibration's measure; an eager engine, each k its own step). Returns {(k, B): ms}."""
     def measure(b, ks, context_len, rounds, seed=0, draft=None):
         return eng.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
-    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs, **kw)
+    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs,
+                                            **kw)
 
 
 torch.set_num_threads(2)
@@ -40,7 +41,8 @@ KS = (2, 4, 8)
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")]
 fake = Path(tempfile.mkdtemp()) / "costs.json"          # skips the LLM's own start-up calibration
 save_step_costs(fake, {(k, 1): 10.0 + k for k in range(9)}, {})
-kw = dict(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=B, max_model_len=1024, record_step_timings=True)
+kw = dict(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=B, max_model_len=1024,
+          record_step_timings=True)
 engines = {"plain": LLM(**kw)}
 for k in KS:
     engines[f"k={k}"] = LLM(spec="mtp8", num_speculative_tokens=k, **kw)

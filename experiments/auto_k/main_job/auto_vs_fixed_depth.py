@@ -23,8 +23,10 @@ B = int(sys.argv[1])
 M = str(ROOT / "checkpoints" / "demo")
 fake = Path(tempfile.mkdtemp()) / "costs.json"
 save_step_costs(fake, {(k, B): 10.0 + k for k in range(9)}, {})
-auto = LLM(model=M, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=B, max_model_len=1024, cost_model_file=fake)
-fixed = {k: LLM(model=M, spec="mtp8", num_speculative_tokens=k, max_num_seqs=B, max_model_len=1024) for k in (4, 8)}
+auto = LLM(model=M, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=B, max_model_len=1024,
+           cost_model_file=fake)
+fixed = {k: LLM(model=M, spec="mtp8", num_speculative_tokens=k, max_num_seqs=B,
+                max_model_len=1024) for k in (4, 8)}
 g = torch.Generator().manual_seed(3)
 ms = {}
 for rep in range(3):

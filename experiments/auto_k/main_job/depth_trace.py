@@ -16,7 +16,8 @@ from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.prompts import load_prompts  # noqa: E402
 
 torch.set_num_threads(2)
-llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=64)
+llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto",
+          max_num_seqs=64)
 policy = llm.engine.draft_length
 prompts = load_prompts({"name": "builtin", "prompt_tokens": 128}, 64, llm.tokenizer, llm.model.cfg.vocab_size)
 depth = policy.depth

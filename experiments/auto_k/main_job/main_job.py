@@ -22,12 +22,14 @@ torch.set_num_threads(2)
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 kw = dict(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=64)
 t0 = time.perf_counter()
-engines = {"plain": LLM(**kw), "mtp8": LLM(spec="mtp8", **kw), "mtp4": LLM(spec="mtp8", num_speculative_tokens=4, **kw),
+engines = {"plain": LLM(**kw), "mtp8": LLM(spec="mtp8", **kw),
+           "mtp4": LLM(spec="mtp8", num_speculative_tokens=4, **kw),
            "auto": LLM(spec="mtp8", num_speculative_tokens="auto", **kw)}
 print(f"auto: step costs {engines['auto'].calibration['source']} ({engines['auto'].calibration['seconds']:.1f} s); "
       f"engines built in {time.perf_counter() - t0:.1f} s\n")
 llm0 = engines["plain"]
-prompts = load_prompts({"name": "builtin", "prompt_tokens": 128}, 64, llm0.tokenizer, llm0.model.cfg.vocab_size)
+prompts = load_prompts({"name": "builtin", "prompt_tokens": 128}, 64, llm0.tokenizer,
+                       llm0.model.cfg.vocab_size)
 inputs = [p.engine_input for p in prompts]
 params = SamplingParams(max_tokens=128)
 tok_s = {n: [] for n in engines}

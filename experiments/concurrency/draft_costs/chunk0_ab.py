@@ -26,8 +26,8 @@ prompts = [format_prompt(r["question"]) for r in load_gsm8k(
     os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"), "gsm8k/test.jsonl"))[:128]][0::4]
 model = str(ROOT / "checkpoints" / "demo")
 plain = LLM(model=model, max_num_seqs=16, compile=True, max_model_len=1024)
-auto = LLM(model=model, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=16, compile=True, max_model_len=1024,
-           cost_model_file=sys.argv[1])
+auto = LLM(model=model, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=16, compile=True,
+           max_model_len=1024, cost_model_file=sys.argv[1])
 policy = auto.engine.draft_length
 if os.environ.get("DRAFT_SHARE"):
     share = float(os.environ["DRAFT_SHARE"])
@@ -56,7 +56,8 @@ for rep in range(3):
         pre = [t for t in ts if t.num_prefill_tokens]
         dec = [t for t in ts if not t.num_prefill_tokens]
         drafting = [t for t in dec if t.num_draft_tokens]
-        print(rep, name, f"{wall[name][-1]:.2f} s", hist, f"prefill {len(pre)} steps {sum(t.prefill_s for t in pre):.2f} s;",
+        print(rep, name, f"{wall[name][-1]:.2f} s", hist,
+              f"prefill {len(pre)} steps {sum(t.prefill_s for t in pre):.2f} s;",
               f"decode {len(dec)} steps, all steps' verify + draft {sum(t.verify_s + t.draft_s for t in ts):.2f} s, "
               f"drafting {len(drafting)} steps {sum(t.verify_s + t.draft_s for t in drafting):.2f} s; "
               f"draft s {sum(t.draft_s for t in dec):.2f}", flush=True)

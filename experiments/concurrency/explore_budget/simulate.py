@@ -95,7 +95,8 @@ def best_fixed(verify, draft, p, max_k=8) -> tuple[int, float]:
             survive *= q
             total += survive
         return total
-    return max(((k, tokens(k) / (verify(k) + draft(k)) * verify(0)) for k in range(max_k + 1)), key=lambda x: x[1])
+    return max(((k, tokens(k) / (verify(k) + draft(k)) * verify(0)) for k in range(max_k + 1)),
+               key=lambda x: x[1])
 
 
 def main() -> None:
@@ -108,7 +109,8 @@ def main() -> None:
     for name in names:
         verify, draft, B, p = SCENARIOS[name]
         k, best = best_fixed(verify, draft, p)
-        cells = [statistics.median(simulate(b, verify, draft, B, p, seed=s, optimistic_falls=o) for s in range(2)) / best
+        cells = [statistics.median(simulate(b, verify, draft, B, p, seed=s,
+                                            optimistic_falls=o) for s in range(2)) / best
                  for b, o in cols]
         print(f"| {name} | {k} ({best:.3f}x) | " + " | ".join(f"{c:.3f}" for c in cells) + " |", flush=True)
 

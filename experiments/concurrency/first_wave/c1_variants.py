@@ -18,8 +18,8 @@ from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(
     os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"), "gsm8k/test.jsonl"))[:128]][0::4]
-auto = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1,
-           max_model_len=1024, compile=True)
+auto = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto",
+           max_num_seqs=1, max_model_len=1024, compile=True)
 policy = auto.engine.draft_length
 for variant in ("now", "patient", "patient+freeland", "freeland"):
     policy.patient_start = "patient" in variant
@@ -28,5 +28,6 @@ for variant in ("now", "patient", "patient+freeland", "freeland"):
     policy.reset_histograms()
     t0 = time.perf_counter()
     auto.generate(prompts, SamplingParams(max_tokens=128), max_concurrency=1)
-    print(variant, f"{time.perf_counter() - t0:.1f} s", "depths", dict(sorted(policy.depth_histogram.items())),
+    print(variant, f"{time.perf_counter() - t0:.1f} s", "depths",
+          dict(sorted(policy.depth_histogram.items())),
           "k", dict(sorted(policy.histogram.items())), flush=True)

@@ -21,8 +21,8 @@ from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(
     os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"), "gsm8k/test.jsonl"))[:128]][0::4]
 costs, variant = sys.argv[1], sys.argv[2]
-auto = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=16,
-           max_model_len=1024, compile=True, cost_model_file=costs)
+auto = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto",
+           max_num_seqs=16, max_model_len=1024, compile=True, cost_model_file=costs)
 policy = auto.engine.draft_length
 if variant == "old":
     policy.patient_start, policy.free_landing_lead = True, 0.0
@@ -59,4 +59,5 @@ for rep in range(2):
         kinds["prefill" if prefills else f"k{k} held {held}"] += s
     print(f"{variant} {rep}: wall {wall:.2f} s, forwards {sum(s for _, s in trace):.2f} s "
           f"{ {k: round(v, 2) for k, v in sorted(kinds.items())} }, depths {dict(sorted(policy.depth_histogram.items()))}")
-    print("   ", " ".join(f"{key}x{n}:{1e3 * s / n:.0f}ms" for key, n, s in runs if key[0] or key[1] or key[3]), flush=True)
+    print("   ", " ".join(f"{key}x{n}:{1e3 * s / n:.0f}ms" for key, n, s in runs if key[0] or key[1]
+                          or key[3]), flush=True)

@@ -88,4 +88,5 @@ for _rep in range(2):
         wall = time.perf_counter() - t
         print(f"policy step after schedule: {on:6} wall {wall:.3f} s, of it the main thread's policy work "
               f"{state['host']:.3f} s; execute of {len(steps)} k = 8 steps: median "
-              f"{1e3 * statistics.median(steps):.3f} ms, mean {1e3 * statistics.fmean(steps):.3f} ms", flush=True)
+              f"{1e3 * statistics.median(steps):.3f} ms, mean {1e3 * statistics.fmean(steps):.3f} ms",
+              flush=True)

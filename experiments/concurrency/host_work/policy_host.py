@@ -32,7 +32,8 @@ for name, llm in llms.items():
     e = llm.engine
     for attr in ["schedule", "update_from_output"]:
         wrap(name, e.scheduler, attr)
-    for attr in ["decide", "decide_depth", "observe_step", "observe_parts", "record", "observe", "observe_overhead"]:
+    for attr in ["decide", "decide_depth", "observe_step", "observe_parts", "record", "observe",
+                 "observe_overhead"]:
         if hasattr(e.scheduler.draft_length, attr):
             wrap(name, e.scheduler.draft_length, attr)
     llm.generate(prompts[:2], params, max_concurrency=1)
@@ -42,5 +43,5 @@ for _rep in range(2):
         calls[name].clear()
         llm.generate(prompts, params, max_concurrency=1)
         steps = calls[name]["schedule"]
-        print(name, "steps", steps, " ".join(f"{a}={1e6 * v / steps:.0f}us" for a, v in acc[name].most_common()),
-              flush=True)
+        print(name, "steps", steps,
+              " ".join(f"{a}={1e6 * v / steps:.0f}us" for a, v in acc[name].most_common()), flush=True)

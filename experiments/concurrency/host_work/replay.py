@@ -57,7 +57,8 @@ def run(seed: int, steps: int):
         if THRASH:
             THRASH()
         ms = costs[(k, 1)] * rng.uniform(0.95, 1.1)
-        timed(T, "observe_step", p.observe_step, k, B, ms, num_tokens=3, verify_ms=0.7 * ms, draft_depth=max(depths))
+        timed(T, "observe_step", p.observe_step, k, B, ms, num_tokens=3, verify_ms=0.7 * ms,
+              draft_depth=max(depths))
         timed(T, "observe_overhead", p.observe_overhead, B, 0.3)
         timed(T, "record", p.record, k, B, [a for _, a in running])
         for r in running:

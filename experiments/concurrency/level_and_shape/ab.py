@@ -58,7 +58,8 @@ def main():
         else:
             llms[name] = LLM("checkpoints/demo", spec="mtp8", num_speculative_tokens=int(name[3:]), **common)
     for name, llm in llms.items():
-        print(name, getattr(llm, "calibration", {}).get("source") if name.startswith("auto") else "", flush=True)
+        print(name, getattr(llm, "calibration", {}).get("source") if name.startswith("auto") else "",
+              flush=True)
     for p in range(args.passes):
         rates = {n: [] for n in llms}
         tokens = {n: 0 for n in llms}

@@ -14,7 +14,8 @@ from host_setup import PARAMS as params, engine, gsm8k_prompts, timed_steps  # n
 
 prompts = gsm8k_prompts(24)
 compile = bool(int(os.environ.get("COMPILE", "1")))
-llms = {"mtp8": engine(8, compile), "auto": engine("auto", compile), "auto_every_step": engine("auto", compile)}
+llms = {"mtp8": engine(8, compile), "auto": engine("auto", compile),
+        "auto_every_step": engine("auto", compile)}
 llms["auto_every_step"].engine.scheduler.draft_length.settled_interval = 1
 k8 = {n: [] for n in llms}
 
@@ -40,4 +41,5 @@ for p in range(int(os.environ.get("PASSES", 3))):
         h = host[name]
         print(f"pass {p} {name:16s} wall {wall:7.3f} s  steps {h['steps']}  scheduler "
               f"{1e6 * (h['schedule'] + h['update_from_output']) / h['steps']:.0f} us/step  "
-              f"k=8 execute median {1e3 * statistics.median(k8[name]):.2f} ms ({len(k8[name])} steps)", flush=True)
+              f"k=8 execute median {1e3 * statistics.median(k8[name]):.2f} ms ({len(k8[name])} steps)",
+              flush=True)

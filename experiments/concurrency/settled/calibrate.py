@@ -16,7 +16,8 @@ def calibrate_step_costs(eng, **kw):
     start-up calibration's measure; an eager engine, each k its own step). Returns {(k, B): ms}."""
     def measure(b, ks, context_len, rounds, seed=0, draft=None):
         return eng.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
-    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs, **kw)
+    return calibration.calibrate_step_costs(measure, eng.num_speculative_tokens, eng.config.max_num_seqs,
+                                            **kw)
 
 
 e = engine("auto", compile=False).engine

@@ -17,7 +17,8 @@ from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(os.environ["MTPX_DATA_DIR"] + "/gsm8k/test.jsonl")[:64]]
-llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1, max_model_len=1024)
+llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto",
+          max_num_seqs=1, max_model_len=1024)
 pol = llm.engine.draft_length
 log = []
 orig = pol.observe_step

@@ -16,7 +16,8 @@ from kernel_ab import alternate, load_versions
 
 torch.set_num_threads(1)
 p, i64 = ctypes.c_void_p, ctypes.c_int64
-libs = load_versions(sys.argv[1:3], "paged_attention", [p, p, p, p, i64, p, p, p] + [i64] * 6 + [ctypes.c_float, i64])
+libs = load_versions(sys.argv[1:3], "paged_attention",
+                     [p, p, p, p, i64, p, p, p] + [i64] * 6 + [ctypes.c_float, i64])
 T = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 shuffle = len(sys.argv) > 4 and sys.argv[4] == "1"
 B, L, H, Hkv, D, S, ctx = 64, int(os.environ.get("L", 8)), 4, 2, 32, 16, 200
@@ -35,8 +36,8 @@ big = torch.empty(64 << 20, dtype=torch.uint8)
 
 def once(fn):
     for kc, vc in layers:
-        fn(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), per, positions.data_ptr(), valid.data_ptr(),
-           out.data_ptr(), B, T, H, Hkv, D, S, D ** -0.5, 1)
+        fn(q.data_ptr(), kc.data_ptr(), vc.data_ptr(), table.data_ptr(), per, positions.data_ptr(),
+           valid.data_ptr(), out.data_ptr(), B, T, H, Hkv, D, S, D ** -0.5, 1)
 outs = []
 for fn in libs:
     once(fn)

@@ -14,7 +14,8 @@ from kernel_ab import alternate, load_versions
 
 torch.set_num_threads(1)
 p, i64 = ctypes.c_void_p, ctypes.c_int64
-libs = load_versions(sys.argv[1:3], "gdn_decode", [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
+libs = load_versions(sys.argv[1:3], "gdn_decode",
+                     [p, i64, p, i64, p, p, p, p, p, i64, p, p, p, p, p, ctypes.c_float, p]
                      + [i64] * 7)
 L = int(sys.argv[3]) if len(sys.argv) > 3 else 24
 evict = len(sys.argv) > 4 and sys.argv[4] == "1"
@@ -22,7 +23,8 @@ B, nk, nv, dk, dv, K = 64, 2, 4, 32, 32, 4
 C, F = 2 * nk * dk + nv * dv, 2 * nk * dk + 2 * nv * dv
 torch.manual_seed(0)
 layers = [dict(conv=torch.randn(B + 2, C, K - 1), ssm=torch.randn(B + 2, nv, dk, dv) * 0.1,
-               w=torch.randn(C, K) * 0.3, A=torch.randn(nv) * 0.1, dt=torch.randn(nv) * 0.1, nw=torch.ones(dv))
+               w=torch.randn(C, K) * 0.3, A=torch.randn(nv) * 0.1, dt=torch.randn(nv) * 0.1,
+               nw=torch.ones(dv))
           for _ in range(L)]
 x, gates = torch.randn(B, F), torch.randn(B, 2 * nv)
 rows, valid = torch.arange(B) + 1, torch.ones(B, dtype=torch.bool)
@@ -32,9 +34,10 @@ big = torch.empty(64 << 20, dtype=torch.uint8)
 
 def once(fn):
     for d in layers:
-        fn(x.data_ptr(), x.stride(0), gates.data_ptr(), gates.stride(0), d["w"].data_ptr(), d["conv"].data_ptr(), d["ssm"].data_ptr(),
-           d["conv"].data_ptr(), d["ssm"].data_ptr(), 0, rows.data_ptr(), valid.data_ptr(), d["A"].data_ptr(), d["dt"].data_ptr(),
-           d["nw"].data_ptr(), 1e-6, out.data_ptr(), B, nk, nv, dk, dv, K, 1)
+        fn(x.data_ptr(), x.stride(0), gates.data_ptr(), gates.stride(0), d["w"].data_ptr(),
+           d["conv"].data_ptr(), d["ssm"].data_ptr(),
+           d["conv"].data_ptr(), d["ssm"].data_ptr(), 0, rows.data_ptr(), valid.data_ptr(), d["A"].data_ptr(),
+           d["dt"].data_ptr(), d["nw"].data_ptr(), 1e-6, out.data_ptr(), B, nk, nv, dk, dv, K, 1)
 
 
 def before():

@@ -18,7 +18,8 @@ def load_versions(sources: list[str], name: str, argtypes: list) -> list:
     tmp, fns = tempfile.mkdtemp(), []
     for i, src in enumerate(sources):
         so = f"{tmp}/v{i}.so"
-        subprocess.run(["cc", *build.COMPILE_FLAGS, f"-I{Path(src).resolve().parent}", "-shared", src, "-o", so, "-lm"],
+        subprocess.run(["cc", *build.COMPILE_FLAGS, f"-I{Path(src).resolve().parent}", "-shared", src, "-o",
+                        so, "-lm"],
                        check=True)
         fn = getattr(ctypes.CDLL(so), name)
         fn.argtypes = argtypes

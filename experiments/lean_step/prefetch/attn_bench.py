@@ -20,7 +20,8 @@ B, T, L = int(os.environ.get("B", 64)), int(os.environ.get("T", 1)), int(os.envi
 H, Hkv, D, S, ctx = 4, 2, 32, 16, 200
 per_request = (ctx + S) // S + 1
 torch.manual_seed(0)
-layers = [(torch.randn(B * per_request + 8, S, Hkv, D), torch.randn(B * per_request + 8, S, Hkv, D)) for _ in range(L)]
+layers = [(torch.randn(B * per_request + 8, S, Hkv, D),
+           torch.randn(B * per_request + 8, S, Hkv, D)) for _ in range(L)]
 table = torch.arange(B * per_request).view(B, per_request) + 1
 positions = torch.full((B, T), ctx, dtype=torch.int64) + torch.arange(T)
 valid = torch.ones(B, T, dtype=torch.bool)

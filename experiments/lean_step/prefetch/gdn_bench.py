@@ -20,7 +20,8 @@ B, L, nk, nv, dk, dv, K = 64, int(os.environ.get("L", 24)), 2, 4, 32, 32, 4
 C, F = 2 * nk * dk + nv * dv, 2 * nk * dk + 2 * nv * dv
 torch.manual_seed(0)
 layers = [dict(conv=torch.randn(B + 2, C, K - 1), ssm=torch.randn(B + 2, nv, dk, dv) * 0.1,
-               w=torch.randn(C, K) * 0.3, A=torch.randn(nv) * 0.1, dt=torch.randn(nv) * 0.1, nw=torch.ones(dv))
+               w=torch.randn(C, K) * 0.3, A=torch.randn(nv) * 0.1, dt=torch.randn(nv) * 0.1,
+               nw=torch.ones(dv))
           for _ in range(L)]
 x, gates = torch.randn(B, F), torch.randn(B, 2 * nv)
 rows, valid = torch.arange(B) + 1, torch.ones(B, dtype=torch.bool)
@@ -31,8 +32,8 @@ big = torch.empty(64 << 20, dtype=torch.uint8)
 
 def once():
     for d in layers:
-        gdn_kernel._gdn_decode(x, gates, d["w"], d["conv"], d["ssm"], rows, valid, d["A"], d["dt"], d["nw"], 1e-6,
-                               nk, nv, True)
+        gdn_kernel._gdn_decode(x, gates, d["w"], d["conv"], d["ssm"], rows, valid, d["A"], d["dt"], d["nw"],
+                               1e-6, nk, nv, True)
 
 
 def before():

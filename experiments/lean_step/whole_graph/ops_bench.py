@@ -28,7 +28,8 @@ A, dt, nw = torch.randn(nv), torch.randn(nv), torch.ones(dv)
 @torch.library.custom_op("bench::gdn_decode_", mutates_args=("conv", "ssm"))
 def custom_in_place(x: torch.Tensor, gates: torch.Tensor, weight: torch.Tensor, conv: torch.Tensor,
                     ssm: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, A_log: torch.Tensor,
-                    dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, nk: int, nv: int) -> torch.Tensor:
+                    dt_bias: torch.Tensor, norm_weight: torch.Tensor, eps: float, nk: int,
+                    nv: int) -> torch.Tensor:
     return g._gdn_decode(x, gates, weight, conv, ssm, rows, valid, A_log, dt_bias, norm_weight, eps, nk, nv,
                          in_place=True)[0]
 

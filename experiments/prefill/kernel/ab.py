@@ -66,7 +66,8 @@ for n in (16, 64):
     print(f"  {n} prompts: {paired(ms)}", flush=True)
 chunk = prompts[0::4]
 for label, spec, k in (("plain", None, None), ("mtp4", "mtp8", 4), ("auto", "mtp8", "auto")):
-    eng = LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=16, compile=True, max_model_len=1024)
+    eng = LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=16, compile=True,
+              max_model_len=1024)
     res = {"kernel": [], "torch": []}
     for i in range(4):
         for name in (("kernel", "torch") if i % 2 else ("torch", "kernel")):
@@ -82,4 +83,5 @@ for label, spec, k in (("plain", None, None), ("mtp4", "mtp8", 4), ("auto", "mtp
     r = [a[0] / b[0] for a, b in zip(res["kernel"], res["torch"])]
     print(f"compiled c16 chunk 0, {label}: wall {[round(w, 2) for w, _ in res['kernel']]} s (kernel) vs "
           f"{[round(w, 2) for w, _ in res['torch']]} (torch), paired {statistics.median(r):.3f}x; prefill "
-          f"{[round(p, 2) for _, p in res['kernel']]} vs {[round(p, 2) for _, p in res['torch']]}", flush=True)
+          f"{[round(p, 2) for _, p in res['kernel']]} vs {[round(p, 2) for _, p in res['torch']]}",
+          flush=True)

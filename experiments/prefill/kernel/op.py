@@ -36,7 +36,8 @@ def kernel(x):
 
 for B, T in ((1, 8), (1, 24), (1, 64), (1, 128), (1, 300), (4, 100), (16, 100)):
     x = (F.normalize(torch.randn(B, T, H, DK), dim=-1), F.normalize(torch.randn(B, T, H, DK), dim=-1),
-         torch.randn(B, T, H, DV), -torch.rand(B, T, H) * 0.1, torch.rand(B, T, H), 0.1 * torch.randn(B, H, DK, DV))
+         torch.randn(B, T, H, DV), -torch.rand(B, T, H) * 0.1, torch.rand(B, T, H),
+         0.1 * torch.randn(B, H, DK, DV))
     (oc, fc), (ow, fw) = chunked(x), kernel(x)
     print(f"B={B} T={T}: chunked {bench(chunked, x):.3f} ms, kernel {bench(kernel, x):.3f} ms; "
           f"max |diff| o {(oc - ow).abs().max():.1e}, final state {(fc - fw).abs().max():.1e}", flush=True)

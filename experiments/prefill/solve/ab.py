@@ -51,7 +51,8 @@ for n in (24, 40, 95, 150, 300):
 prompts = [format_prompt(r["question"]) for r in load_gsm8k(
     os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"), "gsm8k/test.jsonl"))[:128]][0::4]
 for spec, k in ((None, None), ("mtp8", 4)):
-    eng = LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=16, compile=True, max_model_len=1024)
+    eng = LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=16, compile=True,
+              max_model_len=1024)
     res = {"solve": [], "inverse": []}
     for i in range(4):
         for name in (("solve", "inverse") if i % 2 else ("inverse", "solve")):

@@ -81,4 +81,5 @@ for B in (int(x) for x in sys.argv[1].split(",")):
         r = [b / a for a, b in zip(times["old"], times["new"])]
         print(f"batch {B}, T {T}: old {statistics.median(times['old']):.2f} ms, new "
               f"{statistics.median(times['new']):.2f} ms, new / old {statistics.median(r):.2f} "
-              f"({min(r):.2f}-{max(r):.2f}); largest state difference {diff:.1e} (old / old {same:.1e})", flush=True)
+              f"({min(r):.2f}-{max(r):.2f}); largest state difference {diff:.1e} (old / old {same:.1e})",
+              flush=True)

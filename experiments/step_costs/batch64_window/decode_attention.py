@@ -43,5 +43,6 @@ with torch.inference_mode():
             pos = 192 + torch.arange(T)
             mask = (torch.arange(S)[None, None, None, :] <= pos[None, None, :, None]).expand(B, 1, T, S)
             torch.testing.assert_close(written_out(q, k, v, mask), sdpa(q, k, v, mask), atol=1e-5, rtol=1e-5)
-            r = [(bench(lambda: sdpa(q, k, v, mask)), bench(lambda: written_out(q, k, v, mask))) for _ in range(2)]
+            r = [(bench(lambda: sdpa(q, k, v, mask)),
+                  bench(lambda: written_out(q, k, v, mask))) for _ in range(2)]
             print(f"B {B} T {T}: sdpa {r[0][0]} {r[1][0]}, written out {r[0][1]} {r[1][1]}")

@@ -30,9 +30,13 @@ ssm, conv = torch.randn(65, 4, 32, 32), torch.randn(65, 256, 3)
 stacked = torch.randn(24, 65, 4, 32, 32)
 rows = torch.randperm(64)
 out = torch.empty(64, 4, 32, 32)
-print("keys of 896 blocks: index", bench(lambda: kc[ids]), "index_select", bench(lambda: kc.index_select(0, ids.flatten())))
-print("states of 64 rows: index", bench(lambda: ssm[rows]), "index_select", bench(lambda: ssm.index_select(0, rows)),
-      "index_select out=", bench(lambda: torch.index_select(ssm, 0, rows, out=out)), "copy of all", bench(lambda: ssm.clone()))
+print("keys of 896 blocks: index", bench(lambda: kc[ids]), "index_select",
+      bench(lambda: kc.index_select(0, ids.flatten())))
+print("states of 64 rows: index", bench(lambda: ssm[rows]), "index_select",
+      bench(lambda: ssm.index_select(0, rows)),
+      "index_select out=", bench(lambda: torch.index_select(ssm, 0, rows, out=out)), "copy of all",
+      bench(lambda: ssm.clone()))
 print("states from the stacked layers' view: index", bench(lambda: stacked[3][rows]),
       "index_select", bench(lambda: stacked[3].index_select(0, rows)))
-print("conv windows of 64 rows: index", bench(lambda: conv[rows]), "index_select", bench(lambda: conv.index_select(0, rows)))
+print("conv windows of 64 rows: index", bench(lambda: conv[rows]), "index_select",
+      bench(lambda: conv.index_select(0, rows)))

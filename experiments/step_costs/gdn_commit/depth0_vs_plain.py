@@ -27,8 +27,10 @@ per_k = float(sys.argv[2]) if len(sys.argv) > 2 else 0.9
 cost_file = Path(tempfile.mkdtemp()) / "step_costs.json"
 cost_file.write_text(json.dumps({"step_costs": [{"k": k, "batch_size": b, "step_ms": 1.0 + per_k * k}
                                                 for k in range(9) for b in (1, 64)]}))
-kw = dict(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=B, max_model_len=256, record_step_timings=True)
-engines = {"plain": LLM(**kw), "auto": LLM(spec="mtp8", num_speculative_tokens="auto", cost_model_file=cost_file, **kw)}
+kw = dict(model=str(ROOT / "checkpoints" / "demo"), max_num_seqs=B, max_model_len=256,
+          record_step_timings=True)
+engines = {"plain": LLM(**kw),
+           "auto": LLM(spec="mtp8", num_speculative_tokens="auto", cost_model_file=cost_file, **kw)}
 prompts = torch.randint(2, 2048, (B, 64), generator=torch.Generator().manual_seed(0)).tolist()
 params = SamplingParams(max_tokens=48, ignore_eos=True)
 wall = {name: [] for name in engines}

@@ -68,7 +68,8 @@ def forward(self, x, state=None, meta=None):
             o, final = self._prefill(q, k, v, g, beta, ext, state, meta)
             state.ssm.index_copy_(0, meta.rows, final.to(state.ssm.dtype))
             idx = meta.lengths[:, None, None] + torch.arange(self.kernel - 1, device=x.device)
-            state.conv.index_copy_(0, meta.rows, ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype))
+            state.conv.index_copy_(0, meta.rows,
+                                   ext.gather(2, idx.expand(B, self.conv_dim, -1)).to(state.conv.dtype))
     with timed("norm and out_proj"):
         return self.out_proj(self.norm(o, z).reshape(B, T, self.value_dim))
 

@@ -67,7 +67,8 @@ def main(argv=None) -> int:
                     torch.mm(xs[(w.shape[1], m)], w.t(), out=outs[(w.data_ptr(), m)])
             return run
 
-        rows[f"matmuls ({len(weights)} linears, ATen mm)"] = _alternate({"1": mms(1), "T": mms(T)}, args.repeats)
+        rows[f"matmuls ({len(weights)} linears, ATen mm)"] = _alternate({"1": mms(1), "T": mms(T)},
+                                                                        args.repeats)
 
         cfg = model.cfg
         n_gdn = sum(t == "linear_attention" for t in cfg.layer_types)
