@@ -23,7 +23,8 @@ from mtpx.schema import data_dir  # noqa: E402  (MTPX_DATA_DIR, else conf/config
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
 torch.set_num_threads(2)
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")][:64]
+prompts = [format_prompt(r["question"])
+           for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")][:64]
 kw = dict(model=str(ROOT / 'checkpoints' / 'demo'), max_num_seqs=64, max_model_len=1024,
           record_step_timings=True)
 plain = LLM(**kw)

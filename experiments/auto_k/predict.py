@@ -47,9 +47,11 @@ def main(paths):
             al, m = r["acceptance_length"], r["ratio_median"]
             cal = al * costs[(0, b)] / costs[(k, b)]
             run = _run_cost(r, k, conc)
-            inrun = f"{al * plain_run / run:.2f}x | {al * plain_run / run / m:.2f}" if run and plain_run else "— | —"
+            inrun = (f"{al * plain_run / run:.2f}x | {al * plain_run / run / m:.2f}" if run and plain_run
+                     else "— | —")
             dec = (r["output_tokens"] / r["engine_time"]["decode_s"]) / plain_dec
-            print(f"| {name} | {k} | {al:.2f} | {m:.2f}x | {dec:.2f}x | {cal:.2f}x | {cal / m:.2f} | {inrun} |")
+            print(f"| {name} | {k} | {al:.2f} | {m:.2f}x | {dec:.2f}x | {cal:.2f}x | {cal / m:.2f} | "
+                  f"{inrun} |")
         print()
 
 

@@ -38,7 +38,8 @@ def estimates():
 def traced_choose(batch_size, max_k=None):
     k = choose(batch_size, max_k)
     if last.get("k") != k:
-        print(f"  step k {last.get('k')} -> {k} (batch {batch_size}, deepest request {max_k}); p = {estimates()}")
+        print(f"  step k {last.get('k')} -> {k} (batch {batch_size}, deepest request {max_k}); p = "
+              f"{estimates()}")
         last["k"] = k
     return k
 
@@ -57,4 +58,5 @@ policy.choose, policy.depth = traced_choose, traced_depth
 for c in range(2):
     print(f"chunk {c}")
     llm.generate(prompts[c * 64:(c + 1) * 64], SamplingParams(max_tokens=128))
-    print(f"  k per step so far {dict(sorted(policy.histogram.items()))}, depths given {dict(policy.depth_histogram)}")
+    print(f"  k per step so far {dict(sorted(policy.histogram.items()))}, depths given "
+          f"{dict(policy.depth_histogram)}")

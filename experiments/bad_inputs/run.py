@@ -264,7 +264,9 @@ api("8: `train.threads=null` (the default)",
 
 def table(rs, title):
     return [f"## {title}", "", "| input | now |", "|---|---|"] + [
-        f"| {a} | {' '.join(str(b).replace('|', '/').replace(str(tmp), 'DIR').replace(str(ROOT) + '/', '').split())} |"
+        f"| {a} | "
+        f"{' '.join(str(b).replace('|', '/').replace(str(tmp), 'DIR').replace(str(ROOT) + '/', '').split())}"
+        " |"
         for a, b in rs] + [""]
 
 

@@ -55,7 +55,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
-    print(f"torch {torch.__version__}, {args.threads} threads, demo checkpoint, {args.repeats} timed repeats\n")
+    print(f"torch {torch.__version__}, {args.threads} threads, demo checkpoint, {args.repeats} timed "
+          "repeats\n")
     print("| what | fp32 | bf16 | bf16 / fp32 | greedy tokens identical |")
     print("|---|---:|---:|---:|---|")
     llms = {d: LLM(model=DEMO, dtype=d, max_num_seqs=64) for d in ("float32", "bfloat16")}
@@ -74,7 +75,8 @@ def main() -> None:
         f, b = statistics.median(rates["float32"]), statistics.median(rates["bfloat16"])
         print(f"| decode tok/s, batch {batch} ({prompt_len}-token prompts, {max_tokens} new) | {f:.1f} "
               f"({min(rates['float32']):.1f}-{max(rates['float32']):.1f}) | {b:.1f} "
-              f"({min(rates['bfloat16']):.1f}-{max(rates['bfloat16']):.1f}) | {b / f:.2f}x | {same}/{batch} |",
+              f"({min(rates['bfloat16']):.1f}-{max(rates['bfloat16']):.1f}) | {b / f:.2f}x | "
+              f"{same}/{batch} |",
               flush=True)
     del llms
     batch = torch.randint(2, vocab, (16, 256), generator=g)
@@ -84,7 +86,8 @@ def main() -> None:
         tr["bfloat16"] += train_rate(torch.bfloat16, batch, 1)
     f, b = statistics.median(tr["float32"]), statistics.median(tr["bfloat16"])
     print(f"| training tokens/s (16 x 256, joint objective, AdamW) | {f:.0f} ({min(tr['float32']):.0f}-"
-          f"{max(tr['float32']):.0f}) | {b:.0f} ({min(tr['bfloat16']):.0f}-{max(tr['bfloat16']):.0f}) | {b / f:.2f}x | - |")
+          f"{max(tr['float32']):.0f}) | {b:.0f} ({min(tr['bfloat16']):.0f}-{max(tr['bfloat16']):.0f}) | "
+          f"{b / f:.2f}x | - |")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ def ms(x: torch.Tensor, y: torch.Tensor, n: int = 10) -> float:
 
 
 for dt in (torch.float32, torch.bfloat16):
-    a, w, g = torch.randn(4096, 128, dtype=dt), torch.randn(384, 128, dtype=dt), torch.randn(4096, 384, dtype=dt)
+    a, w, g = (torch.randn(4096, 128, dtype=dt), torch.randn(384, 128, dtype=dt),
+               torch.randn(4096, 384, dtype=dt))
     head, gl = torch.randn(2048, 128, dtype=dt), torch.randn(4096, 2048, dtype=dt)
     rows = {"fwd a@w.T": (a, w.t()), "dgrad g@w": (g, w), "wgrad g.T@a": (g.t(), a),
             "lm_head": (a, head.t()), "lm wgrad": (gl.t(), a), "lm dgrad": (gl, head)}

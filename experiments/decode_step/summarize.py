@@ -17,7 +17,8 @@ def speeds(runs, key):
 
 keys = sorted({(r["engine"], r["mode"], r["concurrency"]) for r in before[0]["rows"]},
               key=lambda k: (k[1], k[2], k[0]))
-print("| engine | mode | concurrency | before tok/s | after tok/s | after / before (median) | per pair min-max |")
+print("| engine | mode | concurrency | before tok/s | after tok/s | after / before (median) | per pair "
+      "min-max |")
 print("|---|---|---:|---:|---:|---:|---|")
 for key in keys:
     b, a = speeds(before, key), speeds(after, key)

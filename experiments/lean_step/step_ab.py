@@ -10,7 +10,8 @@ computed, which other processes sharing the cores move less than its wall time).
 CHANGE: rows (Gated DeltaNet states read and written as views of an ascending run of batch
 slots), inplace (the one-token delta-rule step in place), both (those two), scratch (the attention's
 paged-KV gather into reused buffers), all (the three), norm (the pointwise kernels, RMSNorm with the
-residual add fused and SwiGLU's silu_and_mul, mtpx/models/cpu_ops.py; later than the others, which are on in every run); CASE: plain or mtp8:K; TUNE: 1 (default)
+residual add fused and SwiGLU's silu_and_mul, mtpx/models/cpu_ops.py; later than the others, which
+are on in every run); CASE: plain or mtp8:K; TUNE: 1 (default)
 or 0, the engine's tune_malloc (glibc mallopt, per process: cannot alternate within one; the
 launcher alternates processes).
 """
@@ -86,5 +87,6 @@ q = lambda xs: statistics.quantiles(xs, n=4)  # noqa: E731
 fmt = lambda xs: f"{statistics.median(xs):.2f} ({q(xs)[0]:.2f}-{q(xs)[2]:.2f})"  # noqa: E731
 for name, t in (("wall", times), ("cpu", cpu)):
     ratios = [b / a for a, b in zip(t[False], t[True])]
-    print(f"{change} batch {B} {case} {torch.get_num_threads()} thread(s) tune_malloc={int(tune)}, {name}: A (off) {fmt(t[False])} ms, "
+    print(f"{change} batch {B} {case} {torch.get_num_threads()} thread(s) tune_malloc={int(tune)}, "
+          f"{name}: A (off) {fmt(t[False])} ms, "
           f"B (on) {fmt(t[True])} ms, B / A {fmt(ratios)}, {pairs} pairs", flush=True)

@@ -21,7 +21,8 @@ ap.add_argument("--num-prompts", type=int, default=64)
 ap.add_argument("--repeats", type=int, default=3)
 args = ap.parse_args()
 torch.set_num_threads(1)
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")[: args.num_prompts]]
+prompts = [format_prompt(r["question"])
+           for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")[: args.num_prompts]]
 llm = LLM(str(ROOT / "checkpoints/demo"), max_num_seqs=64)
 params = SamplingParams(max_tokens=1, temperature=0)
 llm.generate(prompts[:4], params)

@@ -13,7 +13,8 @@ from mtpx.schema import data_dir
 from pathlib import Path
 from mtpx.data.gsm8k import format_prompt, load_gsm8k
 torch.set_num_threads(1)
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(Path("conf")) / "gsm8k" / "test.jsonl")[:128]]
+prompts = [format_prompt(r["question"])
+           for r in load_gsm8k(data_dir(Path("conf")) / "gsm8k" / "test.jsonl")[:128]]
 out = {}
 for spec in (None, "mtp8"):
     llm = LLM("checkpoints/demo", spec=spec, max_num_seqs=64, enable_prefix_caching=(spec == "mtp8"))

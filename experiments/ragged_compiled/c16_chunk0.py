@@ -15,7 +15,9 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"), "gsm8k/test.jsonl"))[:128]]
+prompts = [format_prompt(r["question"])
+           for r in load_gsm8k(os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"),
+                                            "gsm8k/test.jsonl"))[:128]]
 chunk = prompts[0::4]
 llms = {n: LLM(model=str(ROOT / "checkpoints" / "demo"), spec=s, num_speculative_tokens=k, max_num_seqs=16,
                compile=True, max_model_len=1024)

@@ -78,10 +78,12 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
     out = Path(args.out)
-    lines = ["| batch | mix | real / grid tokens | ragged ms | grid ms | ragged / grid (paired median, quartiles) |",
+    lines = ["| batch | mix | real / grid tokens | ragged ms | grid ms | ragged / grid (paired median, "
+             "quartiles) |",
              "|---:|---|---:|---:|---:|---:|"]
     lines += [f"| {r['batch']} | {r['mix']} | {r['real_tokens']} / {r['grid_tokens']} | {r['ragged_ms']} | "
-              f"{r['grid_ms']} | {r['ragged_over_grid']:.3f}x ({r['quartiles'][0]:.3f}-{r['quartiles'][1]:.3f}) |"
+              f"{r['grid_ms']} | {r['ragged_over_grid']:.3f}x "
+              f"({r['quartiles'][0]:.3f}-{r['quartiles'][1]:.3f}) |"
               for r in rows]
     (out / "step_ms.md").write_text("\n".join(lines) + "\n")
     (out / "step_ms.json").write_text(json.dumps(rows, indent=1) + "\n")

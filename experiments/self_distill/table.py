@@ -53,7 +53,8 @@ def main() -> None:
     for name, label in NAMES.items():
         m8 = metrics(f"{name}_mtp8")
         acc = f"{m8['accuracy']:.3f}" if m8 and m8.get("accuracy") is not None else "-"
-        print(f"| {label} | {cell(metrics(f'{name}_mtp1'))} | {cell(metrics(f'{name}_mtp1_k4'))} | {cell(m8)} | {acc} |")
+        print(f"| {label} | {cell(metrics(f'{name}_mtp1'))} | {cell(metrics(f'{name}_mtp1_k4'))} | "
+              f"{cell(m8)} | {acc} |")
     per_position("Per-position acceptance, mtp8 (position 1 .. 8):", "mtp8",
                  ("base", "human", "distill", "distill_decay"))
     per_position("Per-position acceptance, mtp1 k=4 (module 0 applied 4 times; position 1 .. 4):", "mtp1_k4",

@@ -44,7 +44,8 @@ def main(before_path: str, after_path: str, guidellm_path: str) -> None:
     s_ttft, n_ttft = mean(before, after, "mtpx:time_to_first_token_seconds")
     s_tpot, n_tpot = mean(before, after, "mtpx:time_per_output_token_seconds")
     s_itl, _ = mean(before, after, "mtpx:inter_token_latency_seconds")
-    print(f"guidellm: {len(report['benchmarks'])} benchmark(s), {g_n} successful requests, {errors} errored or incomplete")
+    print(f"guidellm: {len(report['benchmarks'])} benchmark(s), {g_n} successful requests, {errors} errored "
+          "or incomplete")
     print(f"server:   {n_ttft} requests finished (TTFT observations), {n_tpot} TPOT observations")
     print("| metric | guidellm mean (ms) | server /metrics mean (ms) | difference |")
     print("|---|---:|---:|---:|")

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 out = Path("experiments/serve_lm_eval")
 lines = ["| problems | lm-eval strict-match (#### answer) | lm-eval flexible-extract (last number) | "
-         "mtpx eval (#### answer, else the last number) | texts identical (lm-eval's, cut at its stop string, vs mtpx's) |",
+         "mtpx eval (#### answer, else the last number) | texts identical (lm-eval's, cut at its stop "
+         "string, vs mtpx's) |",
          "|---|---:|---:|---:|---:|"]
 for task, suffix, label in (("gsm8k_local", "", "GSM8K test, first 50"),
                             ("gsm8k_local_train", "_train", "GSM8K train, first 200")):
@@ -20,9 +21,10 @@ for task, suffix, label in (("gsm8k_local", "", "GSM8K test, first 50"),
                                                 recursive=True)
                for x in open(f)]
     samples = [x for x in samples if x["filter"] == "strict-match"]   # one row per problem and filter
-    mine = {json.loads(x)["index"]: json.loads(x)["text"] for x in open(out / f"mtpx_eval{suffix}/outputs.jsonl")}
+    mine = {json.loads(x)["index"]: json.loads(x)["text"]
+            for x in open(out / f"mtpx_eval{suffix}/outputs.jsonl")}
     same = sum(s["resps"][0][0] == mine[s["doc_id"]].split("Question:")[0] for s in samples)
-    lines.append(f"| {label} | {r['exact_match,strict-match']:.3f} | {r['exact_match,flexible-extract']:.3f} | "
-                 f"{m['accuracy']:.3f} ({m['num_correct']}) | {same}/{len(samples)} |")
+    lines.append(f"| {label} | {r['exact_match,strict-match']:.3f} | {r['exact_match,flexible-extract']:.3f} "
+                 f"| {m['accuracy']:.3f} ({m['num_correct']}) | {same}/{len(samples)} |")
 (out / "results.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))

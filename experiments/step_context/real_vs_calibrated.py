@@ -27,7 +27,8 @@ ap.add_argument("--k", type=int, default=0, help="0: plain; else multi-module MT
 ap.add_argument("--num-prompts", type=int, default=64)
 args = ap.parse_args()
 torch.set_num_threads(1)
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")[: args.num_prompts]]
+prompts = [format_prompt(r["question"])
+           for r in load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")[: args.num_prompts]]
 spec = None if args.k == 0 else "mtp8"
 llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec=spec, num_speculative_tokens=args.k or None,
           max_num_seqs=64, max_model_len=1024)

@@ -43,5 +43,6 @@ for B in (1, 16):
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
-    print(f"batch {B}: commit ms " + ", ".join(f"{name} {1e3 * statistics.median(v):.2f}" for name, v in times.items()),
+    print(f"batch {B}: commit ms " + ", ".join(f"{name} {1e3 * statistics.median(v):.2f}"
+                                               for name, v in times.items()),
           flush=True)

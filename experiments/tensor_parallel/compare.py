@@ -54,7 +54,8 @@ def pair(m1: dict, m2: dict, key: str) -> str:
 
 
 def main() -> None:
-    print("## Tokens: TP=2 against TP=1 (GSM8K test, first 32 prompts, greedy, max 256 tokens, concurrency 64)\n")
+    print("## Tokens: TP=2 against TP=1 (GSM8K test, first 32 prompts, greedy, max 256 tokens, concurrency "
+          "64)\n")
     print("Each pair's TP=1 and TP=2 runs compared request by request; the last two columns compare "
           "each run with plain TP=1 eager without prefix caching on the same prompts (`plain_tp1_c64`; "
           "`plain_fewshot_tp1_c64` for the `fewshot` pairs, whose prompts start with 2 solved examples, "
@@ -73,8 +74,8 @@ def main() -> None:
         base, _ = load(ref)
         same = sum(one[i] == two.get(i) for i in one)
         diffs += [(name, i, first_diff(one[i], two[i])) for i in sorted(one) if one[i] != two.get(i)]
-        print(f"| {name} | {spec} | {k} | {'on' if prefix else 'off'} | {'yes' if comp else 'no'} | {len(one)} "
-              f"| {same} | {len(one) - same} | {sum(len(t) for t in one.values()):,} "
+        print(f"| {name} | {spec} | {k} | {'on' if prefix else 'off'} | {'yes' if comp else 'no'} | "
+              f"{len(one)} | {same} | {len(one) - same} | {sum(len(t) for t in one.values()):,} "
               f"| {yes_no(one, base)} | {yes_no(two, base)} |")
     if missing:
         print(f"\nNot run: {', '.join(missing)}.")
@@ -94,8 +95,8 @@ def main() -> None:
         _, m2 = load(f"{name}_tp2_c{conc}")
         t1, t2 = m1["output_throughput"], m2["output_throughput"]
         al, hits = (pair(m1, m2, key) for key in ("acceptance_length", "prefix_cache_hit_rate"))
-        print(f"| {name} | {'yes' if comp else 'no'} | {conc} | {n} | {t1:.1f} | {t2:.1f} | {t2 / t1:.2f} | {al} "
-              f"| {hits} |")
+        print(f"| {name} | {'yes' if comp else 'no'} | {conc} | {n} | {t1:.1f} | {t2:.1f} | {t2 / t1:.2f} | "
+              f"{al} | {hits} |")
 
     print("\n## Start-up: compiled graphs and automatic k's calibration (seconds; contended machine)\n")
     print("| run | TP | graphs | compiled | loaded from cache | build s | calibration s (source) "

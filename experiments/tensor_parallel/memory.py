@@ -49,7 +49,8 @@ def main() -> None:
     for name, m in rows:
         rep = "—" if name == "TP=1" else f"{m['replicated']:,}"
         print(f"| {name} | {m['params']:,} ({m['params'] / base['params']:.3f}) | {rep} | "
-              f"{m['kv']:,} ({m['kv'] / base['kv']:.3f}) | {m['recurrent']:,} ({m['recurrent'] / base['recurrent']:.3f}) |")
+              f"{m['kv']:,} ({m['kv'] / base['kv']:.3f}) | {m['recurrent']:,} "
+              f"({m['recurrent'] / base['recurrent']:.3f}) |")
     print()
     print("replicated parameters (TP=2), by module:", ", ".join(rows[1][1]["replicated_kinds"]))
 

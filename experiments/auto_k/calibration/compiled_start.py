@@ -23,7 +23,8 @@ total = time.perf_counter() - t
 stats = llm.engine.compile_stats()
 cal = llm.calibration
 print(f"k={k}: LLM built in {{total:.0f}} s; graphs compiled {{stats['num_graphs']}}, "
-      f"compile {{stats['compile_s']:.0f}} s" + (f"; calibration {{cal['seconds']:.0f}} s" if cal else ""), flush=True)
+      f"compile {{stats['compile_s']:.0f}} s" + (f"; calibration {{cal['seconds']:.0f}} s" if cal else ""),
+      flush=True)
 """
 for k in (8, "auto"):
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(), MTPX_CACHE_DIR=tempfile.mkdtemp())

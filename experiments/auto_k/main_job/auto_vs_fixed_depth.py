@@ -39,7 +39,9 @@ for rep in range(3):
             ms.setdefault((name, k), []).append(step_costs(llm.engine.step_timings, k)[B]["step_ms"])
             print(f"round {rep}: {name} k={k} step {ms[(name, k)][-1]:.1f} ms", flush=True)
 for name in ("auto", "fixed"):
-    print(f"{name}: k8/k4 per round " + ", ".join(f"{a / b:.2f}" for a, b in zip(ms[(name, 8)], ms[(name, 4)])))
-print("auto / fixed per round, k=4: " + ", ".join(f"{a / b:.2f}" for a, b in zip(ms[("auto", 4)], ms[("fixed", 4)]))
+    print(f"{name}: k8/k4 per round " + ", ".join(f"{a / b:.2f}"
+                                                  for a, b in zip(ms[(name, 8)], ms[(name, 4)])))
+print("auto / fixed per round, k=4: " + ", ".join(f"{a / b:.2f}"
+                                                  for a, b in zip(ms[("auto", 4)], ms[("fixed", 4)]))
       + "; k=8: " + ", ".join(f"{a / b:.2f}" for a, b in zip(ms[("auto", 8)], ms[("fixed", 8)])))
 print("medians (ms): " + ", ".join(f"{n} k={k} {statistics.median(v):.1f}" for (n, k), v in ms.items()))

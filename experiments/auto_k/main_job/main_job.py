@@ -25,7 +25,8 @@ t0 = time.perf_counter()
 engines = {"plain": LLM(**kw), "mtp8": LLM(spec="mtp8", **kw),
            "mtp4": LLM(spec="mtp8", num_speculative_tokens=4, **kw),
            "auto": LLM(spec="mtp8", num_speculative_tokens="auto", **kw)}
-print(f"auto: step costs {engines['auto'].calibration['source']} ({engines['auto'].calibration['seconds']:.1f} s); "
+print(f"auto: step costs {engines['auto'].calibration['source']} "
+      f"({engines['auto'].calibration['seconds']:.1f} s); "
       f"engines built in {time.perf_counter() - t0:.1f} s\n")
 llm0 = engines["plain"]
 prompts = load_prompts({"name": "builtin", "prompt_tokens": 128}, 64, llm0.tokenizer,
@@ -50,7 +51,8 @@ for r in range(rounds):
             tokens.setdefault(n, ids)
     for n in names:
         mismatches[n] = sum(a != b for a, b in zip(tokens[n], tokens["plain"]))
-print(f"{rounds} rounds, contenders rotated per round; output tok/s per round, and each round's ratio to plain's")
+print(f"{rounds} rounds, contenders rotated per round; output tok/s per round, and each round's ratio to "
+      "plain's")
 print("\n| contender | tok/s (median of rounds) | / plain, per round | / plain, median | mismatches |")
 print("|---|---:|---|---:|---:|")
 for n in names:

@@ -17,7 +17,8 @@ from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.schema import CONF_DIR, data_dir  # noqa: E402
 
 torch.set_num_threads(1)
-questions = [format_prompt(q["question"]) for q in load_gsm8k(data_dir(CONF_DIR) / "gsm8k" / "test.jsonl")[:64]]
+questions = [format_prompt(q["question"])
+             for q in load_gsm8k(data_dir(CONF_DIR) / "gsm8k" / "test.jsonl")[:64]]
 params = SamplingParams(max_tokens=64)
 engines = {"plain": LLM("checkpoints/demo", max_num_seqs=64, compile=True, max_model_len=1024),
            "auto": LLM("checkpoints/demo", spec="mtp8", num_speculative_tokens="auto", max_num_seqs=64,

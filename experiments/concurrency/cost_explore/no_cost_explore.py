@@ -1,7 +1,8 @@
 """tools/bench_speedup.py with automatic k's cost exploring off (AutoDraftLength(explore_costs=False);
 the running-median smoothing and the probes' part measurements stay): separates the two changes.
 
-    MTPX_DATA_DIR=../shared/data python experiments/concurrency/cost_explore/no_cost_explore.py --concurrency 4 ...
+    MTPX_DATA_DIR=../shared/data python experiments/concurrency/cost_explore/no_cost_explore.py \
+        --concurrency 4 ...
 """
 import runpy
 import sys

@@ -6,7 +6,8 @@ that verified drafts. DRAFT_SHARE=x prices an unmeasured draft round at x (t(k) 
 stand-in for the calibrated draft rounds that `chunk0_draft_share.log` ran with; without it, and
 with COSTS lacking draft_costs, the old t(k) - t(0): `chunk0_before.log`). Ran on 8cd0838's
 parent tree plus the admission_landing switch (the draft costs not yet calibrated).
-usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data python experiments/concurrency/draft_costs/chunk0_ab.py COSTS"""
+usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data \
+    python experiments/concurrency/draft_costs/chunk0_ab.py COSTS"""
 import collections
 import os
 import statistics
@@ -58,7 +59,8 @@ for rep in range(3):
         drafting = [t for t in dec if t.num_draft_tokens]
         print(rep, name, f"{wall[name][-1]:.2f} s", hist,
               f"prefill {len(pre)} steps {sum(t.prefill_s for t in pre):.2f} s;",
-              f"decode {len(dec)} steps, all steps' verify + draft {sum(t.verify_s + t.draft_s for t in ts):.2f} s, "
+              f"decode {len(dec)} steps, all steps' verify + draft "
+              f"{sum(t.verify_s + t.draft_s for t in ts):.2f} s, "
               f"drafting {len(drafting)} steps {sum(t.verify_s + t.draft_s for t in drafting):.2f} s; "
               f"draft s {sum(t.draft_s for t in dec):.2f}", flush=True)
 for name in names:

@@ -6,7 +6,8 @@ batch: on the batch's goodputs without it, alike for every prompt; off: no landi
 "-noexplore" appended for explore_budget 0; all loading the step costs COSTS (one whose upper
 estimates make k = 4 worth testing at batch 16). Twice, fresh policies. Prints each chunk's
 tok/s, each pass's ratios and depth histograms.
-usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data python experiments/concurrency/draft_costs/landing_ab.py COSTS [VARIANT ...]
+usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data \
+    python experiments/concurrency/draft_costs/landing_ab.py COSTS [VARIANT ...]
 (default: request batch off; explore_ab.log: batch batch-noexplore)"""
 import os
 import statistics
@@ -56,6 +57,7 @@ for rep in range(2):
         pol = llms[name].engine.draft_length
         ratios = [a / b for a, b in zip(tok[name], tok["plain"])]
         total = len(chunks) / sum(1 / t for t in tok[name]) / (len(chunks) / sum(1 / t for t in tok["plain"]))
-        print(f"pass {rep} {name}: {total:.3f}x plain (chunks {', '.join(f'{r:.2f}' for r in ratios)}; paired median "
-              f"{statistics.median(ratios):.3f}); depths {dict(sorted(pol.depth_histogram.items()))}, "
+        print(f"pass {rep} {name}: {total:.3f}x plain (chunks {', '.join(f'{r:.2f}' for r in ratios)}; "
+              f"paired median {statistics.median(ratios):.3f}); "
+              f"depths {dict(sorted(pol.depth_histogram.items()))}, "
               f"k {dict(sorted(pol.histogram.items()))}", flush=True)

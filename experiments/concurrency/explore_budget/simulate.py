@@ -4,7 +4,8 @@ are a verification part verify(k) plus a draft-round part draft(depth), the dept
 step's k or the deepest held depth (the catch-up); each request accepts each draft with
 probability p; a request finishing its 128 tokens is replaced by one admitted at `depth`. The
 policy learns from the steps as the scheduler feeds it (observe_step / observe_parts, observe,
-record), the first requests admitted as the engine admits them (`depth`). Prints the simulated goodput over that of the best fixed k, median of the seeds.
+record), the first requests admitted as the engine admits them (`depth`). Prints the simulated
+goodput over that of the best fixed k, median of the seeds.
 
 usage: python experiments/concurrency/explore_budget/simulate.py [BUDGETS] [SCENARIOS]
 (each budget without and with optimistic_falls)

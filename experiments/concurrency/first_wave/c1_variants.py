@@ -2,7 +2,8 @@
 policy reset, under each rule: now (the defaults), patient (`patient_start`), freeland
 (`free_landing_lead` 0: every landing free) and both (the rules before 8540cb5); wall s, depth
 and k histograms. The step costs: the step-cost cache's (calibrated on the first run).
-usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data python experiments/concurrency/first_wave/c1_variants.py"""
+usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data \
+    python experiments/concurrency/first_wave/c1_variants.py"""
 import os
 import sys
 import time

@@ -3,7 +3,8 @@ tokens) on automatic k after a policy reset, twice: wall s, forward s by kind of
 histogram, and the steps that drafted, held a depth or prefilled, run-length encoded as
 (k, deepest depth, decodes, prefills) x steps: ms a step. VARIANT new (the default rules) or old
 (`patient_start`, `free_landing_lead` 0: before 2026-12-06). COSTS: a step-cost file.
-usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data python experiments/concurrency/first_wave/chunk0_trace.py COSTS VARIANT"""
+usage: OMP_NUM_THREADS=1 MTPX_DATA_DIR=../shared/data \
+    python experiments/concurrency/first_wave/chunk0_trace.py COSTS VARIANT"""
 import collections
 import os
 import sys
@@ -58,6 +59,7 @@ for rep in range(2):
     for (k, held, _, prefills), s in trace:
         kinds["prefill" if prefills else f"k{k} held {held}"] += s
     print(f"{variant} {rep}: wall {wall:.2f} s, forwards {sum(s for _, s in trace):.2f} s "
-          f"{ {k: round(v, 2) for k, v in sorted(kinds.items())} }, depths {dict(sorted(policy.depth_histogram.items()))}")
+          f"{ {k: round(v, 2) for k, v in sorted(kinds.items())} }, depths "
+          f"{dict(sorted(policy.depth_histogram.items()))}")
     print("   ", " ".join(f"{key}x{n}:{1e3 * s / n:.0f}ms" for key, n, s in runs if key[0] or key[1]
                           or key[3]), flush=True)

@@ -32,7 +32,8 @@ def timed(T, name, f, *a, **k):
 
 def run(seed: int, steps: int):
     rng, K, T = random.Random(seed), 8, collections.Counter()
-    costs = {(k, b): (8 + 0.6 * k) * (1 + 0.1 * (b - 1) * (1 + 0.3 * k)) for k in range(K + 1) for b in (1, 2, 4)}
+    costs = {(k, b): (8 + 0.6 * k) * (1 + 0.1 * (b - 1) * (1 + 0.3 * k)) for k in range(K + 1)
+             for b in (1, 2, 4)}
     p = AutoDraftLength(K, costs)
     p.set_draft_costs({(k, b): 0.35 * k for k in range(K + 1) for b in (1, 2, 4)})
     p.set_prefill_cost(0.01)
@@ -77,4 +78,5 @@ def run(seed: int, steps: int):
 
 steps = int(os.environ.get("STEPS", 600 if THRASH else 3000))
 best = min((run(0, steps) for _ in range(1 if THRASH else 3)), key=lambda r: r[0])
-print(f"{1e6 * best[0]:.1f} us/step in the policy {best[1]} digest {best[2]} k: {dict(collections.Counter(best[3]))}")
+print(f"{1e6 * best[0]:.1f} us/step in the policy {best[1]} digest {best[2]} k: "
+      f"{dict(collections.Counter(best[3]))}")

@@ -1,7 +1,8 @@
 """Per decode step of the compiled engine at concurrency 1: the runner's execute, verify and draft
 ms (medians) by (the step's k, the most drafts a request verified), mtp8 against auto, alternated,
 twice; and the scheduler's two calls (host work). GSM8K test, 128 tokens, 1 thread.
-usage: OMP_NUM_THREADS=1 [ROOT=source tree] [COMPILE=0] python experiments/concurrency/host_work/step_by_k.py [num_prompts]"""
+usage: OMP_NUM_THREADS=1 [ROOT=source tree] [COMPILE=0] \
+    python experiments/concurrency/host_work/step_by_k.py [num_prompts]"""
 import collections
 import os
 import pathlib
@@ -40,5 +41,5 @@ for _rep in range(2):
             by[(k, nd)].append((dt, v, d))
         for key, xs in sorted(by.items()):
             med = [1e3 * statistics.median(x[i] for x in xs) for i in range(3)]
-            print(f"   k {key[0]} verified {key[1]}: {len(xs)} steps, execute {med[0]:.2f} verify {med[1]:.2f} "
-                  f"draft {med[2]:.2f} ms", flush=True)
+            print(f"   k {key[0]} verified {key[1]}: {len(xs)} steps, execute {med[0]:.2f} verify "
+                  f"{med[1]:.2f} draft {med[2]:.2f} ms", flush=True)

@@ -12,7 +12,9 @@ from mtpx.data.gsm8k import format_prompt, load_gsm8k
 
 torch.set_num_threads(1)
 model, conc = sys.argv[1], int(sys.argv[2])
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"), "gsm8k/test.jsonl"))[:32]]
+prompts = [format_prompt(r["question"])
+           for r in load_gsm8k(os.path.join(os.environ.get("MTPX_DATA_DIR", "../shared/data"),
+                                            "gsm8k/test.jsonl"))[:32]]
 params = SamplingParams(max_tokens=128)
 llms = {name: LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=conc, max_model_len=1024)
         for name, spec, k in (("plain", None, None), ("auto", "mtp8", "auto"))}

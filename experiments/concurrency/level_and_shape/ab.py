@@ -82,10 +82,12 @@ def main():
         first = args.contenders[0]
         for name in llms:
             paired = statistics.median(r / b for r, b in zip(rates[name], rates[first]))
-            line = f"pass {p}: {name} {tokens[name] / seconds[name]:.1f} tok/s, paired median vs {first} {paired:.3f}x"
+            line = (f"pass {p}: {name} {tokens[name] / seconds[name]:.1f} tok/s, paired median vs {first} "
+                    f"{paired:.3f}x")
             if name.startswith("auto"):
                 s = llms[name].engine.draft_length.summary()
-                line += f"; k {s['k_histogram']}; depths {s['depth_histogram']}; cost_factor {s['cost_factor']}"
+                line += (f"; k {s['k_histogram']}; depths {s['depth_histogram']}; cost_factor "
+                         f"{s['cost_factor']}")
             print(line, flush=True)
 
 

@@ -16,7 +16,8 @@ torch.set_num_threads(1)
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 
-prompts = [format_prompt(r["question"]) for r in load_gsm8k(os.environ["MTPX_DATA_DIR"] + "/gsm8k/test.jsonl")[:64]]
+prompts = [format_prompt(r["question"])
+           for r in load_gsm8k(os.environ["MTPX_DATA_DIR"] + "/gsm8k/test.jsonl")[:64]]
 llm = LLM(model=str(ROOT / "checkpoints" / "demo"), spec="mtp8", num_speculative_tokens="auto",
           max_num_seqs=1, max_model_len=1024)
 pol = llm.engine.draft_length
@@ -37,7 +38,8 @@ for i, (k, _b, ms, cal, _d) in enumerate(log):
 for k, v in sorted(by.items()):
     r = [x for _, x in v]
     q = statistics.quantiles(r, n=10) if len(r) > 10 else r
-    print(f"k={k}: {len(r)} steps, ratio median {statistics.median(r):.3f}, deciles {[round(x, 2) for x in q]}, max {max(r):.2f}")
+    print(f"k={k}: {len(r)} steps, ratio median {statistics.median(r):.3f}, deciles "
+          f"{[round(x, 2) for x in q]}, max {max(r):.2f}")
     big = [(i, round(x, 2)) for i, x in v if x > 1.3]
     print("   dear steps (index, ratio):", big[:30], len(big))
 print("corrections", {k: round(v, 3) for k, v in pol.correction.items()})

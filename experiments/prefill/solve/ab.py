@@ -65,5 +65,6 @@ for spec, k in ((None, None), ("mtp8", 4)):
                 res[name].append((wall, sum(t.prefill_s for t in eng.engine.step_timings)))
     label = "plain" if spec is None else "mtp4"
     print(f"compiled c16 chunk 0, {label}: wall {[round(w, 2) for w, _ in res['solve']]} s (solve) "
-          f"vs {[round(w, 2) for w, _ in res['inverse']]} (inverse); prefill {[round(p, 2) for _, p in res['solve']]} "
+          f"vs {[round(w, 2) for w, _ in res['inverse']]} (inverse); prefill "
+          f"{[round(p, 2) for _, p in res['solve']]} "
           f"vs {[round(p, 2) for _, p in res['inverse']]}", flush=True)

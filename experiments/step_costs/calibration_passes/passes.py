@@ -45,7 +45,8 @@ def main(repeats: int) -> None:
     def measure(b, ks, context_len, rounds, seed=0, draft=None):     # the start-up calibration's
         return e.time_decode_steps(b, ks, context_len, rounds, seed=seed, draft=draft)
 
-    ref = [min(statistics.median(e.time_decode_steps(1, [k], 192, 16)[k]) for _ in range(3)) for k in range(9)]
+    ref = [min(statistics.median(e.time_decode_steps(1, [k], 192, 16)[k]) for _ in range(3))
+           for k in range(9)]
     print("reference (ms, k = 0..8):", [round(x, 1) for x in ref], flush=True)
 
     def shape_error(c):
@@ -65,15 +66,15 @@ def main(repeats: int) -> None:
                 costs = calibrate_step_costs(measure, 8, 1, batch_sizes=[1], passes=passes)
                 err, curve = shape_error(costs)
                 errors[passes].append(err)
-                print(f"repeat {i} passes {passes}: {time.perf_counter() - t:.1f} s, shape error {100 * err:.1f}%, "
-                      f"smoothed {curve}", flush=True)
+                print(f"repeat {i} passes {passes}: {time.perf_counter() - t:.1f} s, shape error "
+                      f"{100 * err:.1f}%, smoothed {curve}", flush=True)
     finally:
         stop.set()
         p.join()
     for passes, errs in errors.items():
         errs = sorted(errs)
-        print(f"passes {passes}: shape error median {100 * statistics.median(errs):.1f}%, max {100 * errs[-1]:.1f}%, "
-              f"over 10%: {sum(x > 0.1 for x in errs)} of {len(errs)}")
+        print(f"passes {passes}: shape error median {100 * statistics.median(errs):.1f}%, max "
+              f"{100 * errs[-1]:.1f}%, over 10%: {sum(x > 0.1 for x in errs)} of {len(errs)}")
 
 
 if __name__ == "__main__":

@@ -47,7 +47,8 @@ for rep in range(4):
         tokens[name] = [o.output_token_ids for o in outs]
 print("identical tokens:", tokens["auto"] == tokens["plain"])
 for name in engines:
-    print(f"{name}: wall s {[round(x, 2) for x in wall[name]]}, median decode step {statistics.median(steps[name]):.2f} ms")
+    print(f"{name}: wall s {[round(x, 2) for x in wall[name]]}, median decode step "
+          f"{statistics.median(steps[name]):.2f} ms")
 print(f"auto / plain: wall {statistics.median(wall['auto']) / statistics.median(wall['plain']):.3f}, "
       f"decode step {statistics.median(steps['auto']) / statistics.median(steps['plain']):.3f}")
 policy = engines["auto"].engine.draft_length

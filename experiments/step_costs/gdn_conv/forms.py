@@ -67,6 +67,7 @@ with torch.inference_mode():
                     err = (f(ext).double() - ref).abs().max().item()
                     cells[name] = (us, err)
                 best = min((n for n in cells if n != "picked"), key=lambda n: cells[n][0])
-                fmt = (lambda c: f"{c[0]:.1f}") if dtype == torch.float32 else (lambda c: f"{c[0]:.1f} ({c[1]:.3f})")
+                fmt = ((lambda c: f"{c[0]:.1f}") if dtype == torch.float32
+                       else (lambda c: f"{c[0]:.1f} ({c[1]:.3f})"))
                 print(f"| {B} | {T} | " + " | ".join(fmt(c) for c in cells.values()) + f" | {best} |",
                       flush=True)

@@ -57,6 +57,6 @@ for B in (1, 4, 16, 64):
                         times[name].append(1e3 * dt)
         deltanet.causal_conv = new
         r = [b / a for a, b in zip(times["old"], times["new"])]
-        print(f"| {B} | {T} | {statistics.median(times['old']):.2f} | {statistics.median(times['new']):.2f} | "
-              f"{statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f}) |", flush=True)
+        print(f"| {B} | {T} | {statistics.median(times['old']):.2f} | {statistics.median(times['new']):.2f} "
+              f"| {statistics.median(r):.2f} ({min(r):.2f}-{max(r):.2f}) |", flush=True)
     del llm

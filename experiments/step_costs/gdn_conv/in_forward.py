@@ -58,5 +58,6 @@ for B in (16, 64):
                     if i:
                         times[name].append(1e3 * dt)
         r = [b / a for a, b in zip(times["taps"], times["conv1d"])]
-        print(f"| {B} | {T} | {statistics.median(times['taps']):.2f} | {statistics.median(times['conv1d']):.2f} | "
+        print(f"| {B} | {T} | {statistics.median(times['taps']):.2f} | "
+              f"{statistics.median(times['conv1d']):.2f} | "
               f"{statistics.median(r):.3f} |", flush=True)

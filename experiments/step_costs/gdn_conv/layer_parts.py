@@ -53,8 +53,8 @@ def forward(self, x, state=None, meta=None):
         conv = F.silu(causal_conv(ext, self.conv1d.weight)).transpose(1, 2)
         q, k, v = conv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
     with timed("heads and gates"):
-        q, k = (t.unflatten(-1, (self.nk, 1, self.dk)).expand(-1, -1, -1, self.nv // self.nk, -1).flatten(2, 3)
-                for t in (q, k))
+        q, k = (t.unflatten(-1, (self.nk, 1, self.dk)).expand(-1, -1, -1, self.nv // self.nk, -1)
+                .flatten(2, 3) for t in (q, k))
         v = v.unflatten(-1, (self.nv, self.dv))
         beta = torch.sigmoid(b) * meta.valid[..., None]
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias) * meta.valid[..., None]
@@ -101,4 +101,5 @@ with torch.inference_mode():
                 for name, s in parts.items():
                     res[T][name].append(s)
 for T in Ts:
-    print(f"batch {B}, T {T}: " + ", ".join(f"{name} {1e3 * statistics.median(v):.2f}" for name, v in res[T].items()))
+    print(f"batch {B}, T {T}: " + ", ".join(f"{name} {1e3 * statistics.median(v):.2f}"
+                                            for name, v in res[T].items()))

@@ -34,10 +34,12 @@ def layer(shapes, M, dtype):
 
 separate = [(128, 384), (128, 8), (128, 128), (128, 384), (128, 384), (384, 128)]
 fused = [(128, 392), (128, 128), (128, 768), (384, 128)]
-print("| repeat | dtype | separate, 1 row | separate, 9 rows | fused, 1 row | fused, 9 rows | 9 / 1 separate | 9 / 1 fused |")
+print("| repeat | dtype | separate, 1 row | separate, 9 rows | fused, 1 row | fused, 9 rows | 9 / 1 separate "
+      "| 9 / 1 fused |")
 print("|---:|---|---:|---:|---:|---:|---:|---:|")
 for rep in range(2):
     for dtype in (torch.float32, torch.bfloat16):
-        r = {(name, M): layer(shapes, M, dtype) for name, shapes in (("s", separate), ("f", fused)) for M in (1, 9)}
-        print(f"| {rep} | {str(dtype)[6:]} | {r['s', 1]:.1f} | {r['s', 9]:.1f} | {r['f', 1]:.1f} | {r['f', 9]:.1f} | "
-              f"{r['s', 9] / r['s', 1]:.2f} | {r['f', 9] / r['f', 1]:.2f} |")
+        r = {(name, M): layer(shapes, M, dtype) for name, shapes in (("s", separate), ("f", fused))
+             for M in (1, 9)}
+        print(f"| {rep} | {str(dtype)[6:]} | {r['s', 1]:.1f} | {r['s', 9]:.1f} | {r['f', 1]:.1f} | "
+              f"{r['f', 9]:.1f} | {r['s', 9] / r['s', 1]:.2f} | {r['f', 9] / r['f', 1]:.2f} |")
