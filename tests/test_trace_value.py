@@ -1,4 +1,4 @@
-"""tools/trace_value.py on a synthetic four-module package: the modules it visits, the calls it
+"""tools/trace_value.py on a synthetic five-module package: the modules it visits, the calls it
 follows and the returns to a module higher up it counts (issue 67's count of how
 num_speculative_tokens travels)."""
 import json
