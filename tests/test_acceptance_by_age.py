@@ -68,13 +68,13 @@ def test_exploring_skips_a_k_that_cannot_pay_to_the_depth_that_could():
     land at 5, where the upper estimates pay most (`_landing`)."""
     p = AutoDraftLength(8, c16_costs(), config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False))
     assert max(range(9), key=lambda k: p.goodput(k, 16)) == 0          # at the prior 0.7: k = 0
-    assert not p.exploring.could_pay(p.estimates, 0, 16, 1.0)                                # k = 1 cannot pay at p = 1
+    assert not p.exploring.could_pay(p.estimates, 0, 16, 1.0)                      # k = 1 cannot pay at p = 1
     upper = 0.7 + math.sqrt(0.21 / 9)
     gains = [(1 + sum(upper ** i for i in range(1, k + 1))) / C16[k] * C16[0] for k in range(9)]
     assert gains[1] < 1.05 < gains[2] and max(range(1, 9), key=gains.__getitem__) == 5
     assert p.exploring.depth(p.estimates, 0, 16) == 2 and p.depth(16) == 5
-    assert p.exploring.depth(p.estimates, 0, 16, top=1) is None                       # at most the deepest request's depth
-    assert p.choose(16, 5) == 5           # the k in use (max_k, at most the deepest depth) is held: it could pay
+    assert p.exploring.depth(p.estimates, 0, 16, top=1) is None          # at most the deepest request's depth
+    assert p.choose(16, 5) == 5        # the k in use (max_k, at most the deepest depth) is held: it could pay
     p.k = 0
     assert p.depth(16) == 2
     assert [p.choose(16, 5) for _ in range(2)] == [2, 2]               # from k = 0 the first step probes 2
@@ -82,19 +82,23 @@ def test_exploring_skips_a_k_that_cannot_pay_to_the_depth_that_could():
         p.observe_round(2, 2)
     assert not p.unlearned(0) and not p.unlearned(1) and p.unlearned(2)
     assert p.exploring.depth(p.estimates, 0, 16) == 3                                 # the next depth follows
-    assert AutoDraftLength(8, c16_costs(), config=AutoKConfig(optimism=0.0, explore_costs=False)).depth(16) == 0
+    assert AutoDraftLength(8, c16_costs(),
+                           config=AutoKConfig(optimism=0.0, explore_costs=False)).depth(16) == 0
 
 
 def test_old_generations_learned_apart_from_young_ones_choose_their_own_k():
     """Young rounds that reject, old ones that accept: the step's k follows the batch's mix, and
     exploring goes on while an age the batch holds is unlearned (a bucket no round reached holds
     the prior, not the young rounds' estimate)."""
-    p = AutoDraftLength(8, c16_costs(), config=AutoKConfig(probe_interval=0, patience=1, explore_costs=False, decay=1.0))
+    p = AutoDraftLength(8, c16_costs(),
+                        config=AutoKConfig(probe_interval=0, patience=1, explore_costs=False, decay=1.0))
     for _ in range(30):
         p.observe_round(8, 0, age=2)                  # position 1 rejected: young requests verify 1 draft
     old = [40] * 16
-    assert p.unlearned(0, p.estimates.mix(old)) and p.exploring.depth(p.estimates, 0, 16, mix=p.estimates.mix(old)) == 2
-    assert p.exploring.depth(p.estimates, 0, 16, mix=p.estimates.mix([2] * 16)) is None   # young: learned, and k = 0 pays
+    assert p.unlearned(0, p.estimates.mix(old)) and p.exploring.depth(p.estimates, 0, 16,
+                                                                      mix=p.estimates.mix(old)) == 2
+    # young: learned, and k = 0 pays
+    assert p.exploring.depth(p.estimates, 0, 16, mix=p.estimates.mix([2] * 16)) is None
     for _ in range(30):
         p.observe_round(8, 8, age=40)                 # old requests accept all 8
     g_old = p._goodputs(16, 8, p.estimates.mix(old))
@@ -135,7 +139,8 @@ def test_decisions_weigh_the_ages_of_the_decode_steps_smoothed_over_steps():
     a decision without explicit ages weighs the estimates by it, from equal shares: a wave of young
     requests admitted together, the first included, does not swing the k (and with it the running
     depths, which never rise again)."""
-    p = AutoDraftLength(8, c16_costs(), config=AutoKConfig(probe_interval=0, patience=1, explore_costs=False, decay=0.9))
+    p = AutoDraftLength(8, c16_costs(),
+                        config=AutoKConfig(probe_interval=0, patience=1, explore_costs=False, decay=0.9))
     assert p.age_mix is None and p._mix(None) is None
     p.record(0, 2, ages=[3, 40])                 # from equal shares: 0.9 x 0.25 + 0.1 x (1/2, 0, 0, 1/2)
     assert p.age_mix == pytest.approx([0.275, 0.225, 0.225, 0.275])

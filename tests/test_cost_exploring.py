@@ -16,7 +16,8 @@ def test_smoothing_keeps_the_measured_shape_and_drops_one_noisy_k():
     assert smooth_step_costs(raw) == [220.0, 401.0, 558.0, 675.0, 675.0, 770.0, 770.0, 1026.0, 1314.0]
     # a low k = 1: Tukey's end rule, med(250, 558, 3 * 558 - 2 * 675 = 324)
     assert smooth_step_costs([220.0, 250.0, 558.0, 675.0, 811.0]) == [220.0, 324.0, 558.0, 675.0, 811.0]
-    # a high k = 1 and the k = 2 it pushes up take their neighbours' level; a k >= 1 below k = 0 is lifted to it
+    # a high k = 1 and the k = 2 it pushes up take their neighbours' level; a k >= 1 below k = 0 is
+    # lifted to it
     assert smooth_step_costs([100.0, 300.0, 150.0, 160.0, 170.0]) == [100.0, 160.0, 160.0, 160.0, 170.0]
     assert smooth_step_costs([100.0, 50.0, 60.0, 70.0]) == [100.0, 100.0, 100.0, 100.0]
     # two or fewer ks with drafts: non-decreasing only (pool adjacent violators)
@@ -28,9 +29,9 @@ def test_smoothing_keeps_the_measured_shape_and_drops_one_noisy_k():
 
 def policy(**kw) -> AutoDraftLength:
     """k = 0 costs 100 ms and k = 1 is calibrated at 200 ms at batch 8 (k = 2: 300). 32 rounds
-    accepting the first of 2 drafts and 8 accepting none (no discount, no fading of the costs): p_1 = (32 + 8 * 0.7) / 48
-    = 0.783, p_2 = 8 p_1 / 40 = 0.157, so k = 1 yields 1.783 / 200 < 1 / 100: only a measured
-    k = 1 can win."""
+    accepting the first of 2 drafts and 8 accepting none (no discount, no fading of the costs):
+    p_1 = (32 + 8 * 0.7) / 48 = 0.783, p_2 = 8 p_1 / 40 = 0.157, so k = 1 yields 1.783 / 200 < 1 / 100:
+    only a measured k = 1 can win."""
     p = AutoDraftLength(2, {(0, 8): 100.0, (1, 8): 200.0, (2, 8): 300.0}, AutoKConfig(
         probe_interval=0, patience=2, min_cost_observations=2, min_verified=0, hysteresis=0.05, decay=1.0,
         cost_decay=1.0, **{"explore_budget": 1.0, **kw}))
@@ -97,7 +98,8 @@ def test_a_k_measured_cheaper_than_calibrated_wins_and_a_dearer_one_stops_the_pr
     # 180 ms, and is not probed: even at 80% of its extra cost with every draft at position 2
     # accepted, 2.566 / 168 does not beat 1.05 x 1.783 / 120
     assert ks == [1, 0, 1, 0, 0, 1] + [1] * 10
-    assert p.k == 1 and p.costs.cost_curve(8) == [pytest.approx(100.0), pytest.approx(120.0), pytest.approx(180.0)]
+    assert p.k == 1 and p.costs.cost_curve(8) == [pytest.approx(100.0), pytest.approx(120.0),
+                                                  pytest.approx(180.0)]
     assert not p.exploring.could_pay(p.estimates, 1, 8, p.cost_share)
     dear = {**MEASURED, ("verify", 1): 180.0, ("draft", 1): 60.0}
     q = policy()
@@ -119,18 +121,21 @@ def test_cost_exploring_off_probes_nothing():
 def test_a_k_that_could_not_pay_at_80_percent_of_its_cost_is_not_probed():
     # k = 1 calibrated at 100x k = 0: even at 80% of its extra cost, with every draft accepted,
     # 2 / 81 < 1 / 1 (tests/test_cli.py: automatic k that never drafts)
-    p = AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 101.0}, config=AutoKConfig(probe_interval=0, patience=2, min_verified=0))
+    p = AutoDraftLength(1, {(0, 1): 1.0, (1, 1): 101.0},
+                        config=AutoKConfig(probe_interval=0, patience=2, min_verified=0))
     p.settled_interval = 1              # decides every step
     p.k = 0
     assert p.exploring.cost_unlearned(1, 1) and p.depth(1) == 0
     assert run(p, 4, batch=1, depth=1) == [0] * 4
     # at 2 / (100 + 0.8 x 100) > 1.05 / 100 it is probed; at 2.2x k = 0 (the demo's batch-64 k = 1
     # after the kernels, which the running engine confirmed) 2 / 196 is not
-    r = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 220.0}, config=AutoKConfig(probe_interval=0, min_verified=0))
+    r = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 220.0},
+                        config=AutoKConfig(probe_interval=0, min_verified=0))
     r.settled_interval = 1              # decides every step
     r.k = 0
     assert r.exploring.cost_unlearned(1, 1) and r.depth(1) == 0
-    q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0}, config=AutoKConfig(probe_interval=0, patience=2, min_verified=0, explore_budget=1.0))
+    q = AutoDraftLength(1, {(0, 1): 100.0, (1, 1): 200.0},
+                        config=AutoKConfig(probe_interval=0, patience=2, min_verified=0, explore_budget=1.0))
     q.settled_interval = 1              # decides every step
     q.k = 0
     assert q.depth(1) == 1 and run(q, 4, batch=1, depth=1) == [1, 0, 1, 0]
@@ -160,7 +165,8 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     # steady steps reach it through observe_step (verified == proposed); a probe and the step after
     # it verify one k and propose another
     assert any(v != k for v, k, *_ in parts)
-    assert all(1 <= b <= 4 and verify_ms == 2000.0 and draft_ms in (0.0, 1000.0) for v, k, b, verify_ms, draft_ms in parts)
+    assert all(1 <= b <= 4 and verify_ms == 2000.0 and draft_ms in (0.0, 1000.0)
+               for v, k, b, verify_ms, draft_ms in parts)
     # the draft round is measured at the depth the step's requests hold (3 here, from exploring),
     # which a probe of k = 1 runs too
     measured = {(part, k) for part, k, _ in policy.costs.part_correction}
@@ -174,13 +180,17 @@ def test_a_step_whose_requests_are_held_deeper_than_k_teaches_its_parts_not_ks_c
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(4)}          # t(1) = 15, t(3) = 25
     p = AutoDraftLength(3, costs)
     p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=3)
-    assert p.costs.bucket_correction == {} and p.costs.correction == {} and p.costs.every_k_correction.count == 0
-    assert corrections(p.costs.part_correction) == {("verify", 1, 4): (12.0 / 15.0, 1), ("draft", 3, 4): (18.0 / 25.0, 1)}
+    assert (p.costs.bucket_correction == {} and p.costs.correction == {}
+            and p.costs.every_k_correction.count == 0)
+    assert corrections(p.costs.part_correction) == {("verify", 1, 4): (12.0 / 15.0, 1),
+                                                    ("draft", 3, 4): (18.0 / 25.0, 1)}
     p.observe_step(1, 4, 30.0, verify_ms=12.0, draft_depth=1)   # held at k: a steady step of k = 1
     # the first k measured: its ratio is the level (`factor`), its shape the calibration's; the
     # parts are shapes over the level too
-    assert corrections(p.costs.bucket_correction) == {(1, 4): (1.0, 1)} and corrections(p.costs.correction) == {1: (2.0, 1)}
-    assert p.costs.factor == 2.0 and corrections(p.costs.part_correction)[("draft", 1, 4)] == (18.0 / 15.0 / 2.0, 1)
+    assert (corrections(p.costs.bucket_correction) == {(1, 4): (1.0, 1)}
+            and corrections(p.costs.correction) == {1: (2.0, 1)})
+    assert (p.costs.factor == 2.0
+            and corrections(p.costs.part_correction)[("draft", 1, 4)] == (18.0 / 15.0 / 2.0, 1))
 
 
 def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path, monkeypatch):
@@ -197,10 +207,11 @@ def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path
                    ragged_batch=False)
     policy = llm.engine.draft_length
     monkeypatch.setattr(policy, "decide", lambda *a, **kw: StepChoice(2))
-    monkeypatch.setattr(policy, "decide_depth", lambda b, current=None, ages=None, depths=None, *_, **__: DepthChoice(
-        n if current is None else current, current))
+    monkeypatch.setattr(policy, "decide_depth", lambda b, current=None, ages=None, depths=None, *_, **__:
+                        DepthChoice(n if current is None else current, current))
     depths, observe_step = [], policy.observe_step
-    monkeypatch.setattr(policy, "observe_step", lambda *a, **kw: (depths.append(kw["draft_depth"]), observe_step(*a, **kw)))
+    monkeypatch.setattr(policy, "observe_step",
+                        lambda *a, **kw: (depths.append(kw["draft_depth"]), observe_step(*a, **kw)))
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
     assert depths and set(depths) == {n}
@@ -216,7 +227,8 @@ def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
     1.7 / 15 > 2.77 / 30 at p = 0.7)."""
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(5)}
     p = AutoDraftLength(4, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
-    assert p.costs.held_cost_curve(4, 4) == [30.0] * 5 and p.costs.held_cost_curve(4, 0) == [10.0, 15.0, 20.0, 25.0, 30.0]
+    assert (p.costs.held_cost_curve(4, 4) == [30.0] * 5
+            and p.costs.held_cost_curve(4, 0) == [10.0, 15.0, 20.0, 25.0, 30.0])
     assert p.costs.held_cost_curve(4, 2) == [20.0, 20.0, 20.0, 25.0, 30.0]
     assert p.decide(4, 4, held=4).k_in_use == 4 and p.decide(4, 4).k_in_use == 1
     for _ in range(8):                                   # the depth-4 draft round measured at 12 ms
@@ -236,7 +248,8 @@ def test_a_depth_never_measured_prices_its_draft_round_per_module_of_the_measure
     for _ in range(8):
         p.costs.observe_parts(4, 4, 4, 18.0, 12.0)
         p.costs.observe_parts(8, 8, 4, 30.0, 20.0)
-    assert [p.costs.draft_cost(k, 4) for k in range(9)] == pytest.approx([0, 3, 6, 9, 12, 14.375, 16.5, 18.375, 20])
+    assert ([p.costs.draft_cost(k, 4) for k in range(9)]
+            == pytest.approx([0, 3, 6, 9, 12, 14.375, 16.5, 18.375, 20]))
     held = p.costs.held_cost_curve(4, 8)
     assert held[3] == pytest.approx(25.0 + 20 - 9) and held[4] == pytest.approx(30.0 + 20 - 12)
 
@@ -287,7 +300,8 @@ def test_a_request_drafts_at_most_its_depth_in_the_steps_goodput():
     costs = {(k, 16): 100.0 for k in range(5)}
     p = AutoDraftLength(4, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
     p.acceptance = [1.0] * 4
-    assert p._goodputs(16, 4, held=4, depths=[0] * 15 + [4]) == pytest.approx([(16 + k) / 100 for k in range(5)])
+    assert (p._goodputs(16, 4, held=4, depths=[0] * 15 + [4])
+            == pytest.approx([(16 + k) / 100 for k in range(5)]))
     assert p._goodputs(16, 4, held=4) == pytest.approx([16 * (1 + k) / 100 for k in range(5)])
 
 
@@ -313,8 +327,8 @@ def _drive(p: AutoDraftLength, seed: int) -> list:
     rng, running, trace = random.Random(seed), [], []
     for _ in range(600):
         while len(running) < (1, 4, 16)[seed % 3] and rng.random() < 0.3:
-            c = p.decide_depth(len(running) + 1, depths=[d for d, _ in running], prompt_tokens=rng.randint(50, 300),
-                               max_tokens=64)
+            c = p.decide_depth(len(running) + 1, depths=[d for d, _ in running],
+                               prompt_tokens=rng.randint(50, 300), max_tokens=64)
             p.commit_depth(c)
             running.append([c.depth, 0])
             trace.append(c)
@@ -330,7 +344,8 @@ def _drive(p: AutoDraftLength, seed: int) -> list:
         choice = p.decide(B, max(depths), held=max(depths), depths=depths)
         p.commit(choice)
         k, ms = choice.k, (8 + 1.5 * choice.k) * (1 + 0.2 * B) * rng.uniform(0.85, 1.3)
-        predicted = p.costs.cost(k, B), p.costs.step_cost_curve(B)[k], p.costs.held_cost_curve(B, 5)   # asked before the learning too
+        # asked before the learning too
+        predicted = p.costs.cost(k, B), p.costs.step_cost_curve(B)[k], p.costs.held_cost_curve(B, 5)
         learn = rng.random()       # each kind of learning alone in some steps
         if learn < 0.4:
             p.observe_step(k, B, ms, num_tokens=2 * B, draft_depth=max(depths))
@@ -350,7 +365,8 @@ def _drive(p: AutoDraftLength, seed: int) -> list:
             p.observe_round(n, accepted, None, r[1])
             r[1] += 1 + accepted
         running = [r for r in running if r[1] < 64]
-        trace.append((choice, predicted, p.costs.cost_curve(B), p.costs.step_cost_curve(3 * B), p.costs.held_cost_curve(B, 5)))
+        trace.append((choice, predicted, p.costs.cost_curve(B), p.costs.step_cost_curve(3 * B),
+                      p.costs.held_cost_curve(B, 5)))
     return trace + [p.summary()]
 
 

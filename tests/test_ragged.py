@@ -223,7 +223,8 @@ def test_the_step_overhead_is_learned_per_batch_bucket_and_added_to_every_k():
     assert [(b, m.value, m.count) for b, m in policy.costs.overhead.items()] == [(2, 4.0, 3)]
     assert policy.costs.step_cost_curve(2) == [c + 4.0 for c in policy.costs.cost_curve(2)]
     assert policy.goodput(0, 2) == pytest.approx(2 / 14.0)
-    assert policy.ragged_cost(0.5, 2) == pytest.approx(15.0) and policy.ragged_cost(0.5, 2, overhead=False) == 11.0
+    assert (policy.ragged_cost(0.5, 2) == pytest.approx(15.0)
+            and policy.ragged_cost(0.5, 2, overhead=False) == 11.0)
     assert policy.costs.step_cost_curve(1) == policy.costs.cost_curve(1)            # another bucket: none
 
 
@@ -244,7 +245,8 @@ def test_thompson_draws_tighten_with_the_rounds_seen():
         est.observe("r", 2, 1)                   # position 1 always accepted, position 2 never
     draws = [est.sample("r", [0.5, 0.5]) for _ in range(100)]
     assert all(p1 > 0.99 and p2 < 0.01 for p1, p2 in draws)
-    assert RequestEstimates(2, seed=3).sample("new", [0.5, 0.5]) == RequestEstimates(2, seed=3).sample("new", [0.5, 0.5])
+    assert (RequestEstimates(2, seed=3).sample("new", [0.5, 0.5])
+            == RequestEstimates(2, seed=3).sample("new", [0.5, 0.5]))
 
 
 @pytest.mark.parametrize("token_multiple", [1, pytest.param(4, marks=pytest.mark.slow)])   # 30 s each
@@ -262,7 +264,8 @@ def test_compiled_ragged_windows_equal_padded_windows(monkeypatch, token_multipl
     sizes = []
     pack_valid = ForwardMeta.pack_valid
     monkeypatch.setattr(ForwardMeta, "pack_valid", lambda self, lengths=None, num_tokens=None: (
-        sizes.append((num_tokens, self.positions.numel(), sum(lengths))), pack_valid(self, lengths, num_tokens))[1])
+        sizes.append((num_tokens, self.positions.numel(), sum(lengths))),
+        pack_valid(self, lengths, num_tokens))[1])
     g = random.Random(0)
     prompts = [[g.randrange(2, 64) for _ in range(n)] for n in (9, 4, 13, 6, 11)]
     params = [_params(18 - 2 * i) for i in range(len(prompts))]
@@ -278,7 +281,8 @@ def test_compiled_ragged_windows_equal_padded_windows(monkeypatch, token_multipl
         assert all(c[0] for c in checked)
     assert outs[True] == outs[False]
     static = [(n, grid, real) for n, grid, real in sizes if n is not None]
-    assert static and all(n == min(grid, -(-real // token_multiple) * token_multiple) for n, grid, real in static)
+    assert static and all(n == min(grid, -(-real // token_multiple) * token_multiple)
+                          for n, grid, real in static)
     assert any(n < grid for n, grid, _ in static)
     graphs, seen = llm.engine.compiled.num_graphs, len(sizes)
     assert len({n for n, _, _ in static}) >= 3

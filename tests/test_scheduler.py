@@ -144,7 +144,8 @@ def test_update_cuts_at_a_stop_and_counts_committed_tokens():
     finished = s.update_from_output(out, result(out, tokens={0: [40, 41, 42, 43, 44]}, accepted={0: 4}))
     assert finished == [r] and r.finish_reason == "stop"
     assert r.output_token_ids == [7, 40, 41, 42]
-    assert r.spec.rounds == [(4, 4, 3)] and r.spec.num_accepted_tokens == 4 and r.spec.num_committed_tokens == 3
+    assert (r.spec.rounds == [(4, 4, 3)] and r.spec.num_accepted_tokens == 4
+            and r.spec.num_committed_tokens == 3)
     assert r not in s.running and not s.kv.has_request(r.index)
 
 
@@ -176,7 +177,8 @@ def test_scheduled_items_carry_block_tables():
     s.add(req(0, 6))
     out = s.schedule()
     [p] = out.prefills
-    assert isinstance(p, ScheduledPrefill) and p.block_table == s.kv.block_table(0) and len(p.block_table) == 2
+    assert (isinstance(p, ScheduledPrefill) and p.block_table == s.kv.block_table(0)
+            and len(p.block_table) == 2)
 
 
 def test_duplicate_request_ids_are_refused_while_in_flight():
@@ -197,10 +199,13 @@ def test_a_step_that_admits_requests_decides_its_k_for_the_batch_they_join():
     batch 1, where k = 2 pays, it took k = 2 for all 8; at batch 8 k = 0 pays)."""
     s = make(k=2)
     s.draft_length = AutoDraftLength(2, {(0, 1): 10.0, (1, 1): 11.0, (2, 1): 12.0, (0, 8): 10.0, (1, 8): 40.0,
-                                         (2, 8): 80.0}, config=AutoKConfig(probe_interval=0, explore_costs=False, explore_budget=0.0))
+                                         (2, 8): 80.0},
+                                     config=AutoKConfig(probe_interval=0, explore_costs=False,
+                                                        explore_budget=0.0))
     asked = []
     decide = s.draft_length.decide
-    s.draft_length.decide = lambda batch_size, *a, **kw: asked.append(batch_size) or decide(batch_size, *a, **kw)
+    s.draft_length.decide = lambda batch_size, *a, **kw: (asked.append(batch_size)
+                                                          or decide(batch_size, *a, **kw))
     for i in range(8):
         s.add(req(i, 5))
     out = s.schedule()
