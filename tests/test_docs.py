@@ -32,10 +32,12 @@ def test_configuration_page_is_generated_from_the_configs():
     assert (DOCS / "configuration.md").read_text() == text, "run python tools/gen_config_docs.py"
     # one row per key of every group, with the meaning from its single source
     assert "| `engine.max_num_seqs` | int | `64` | Running requests at most (batch slots). |" in text
-    assert "| `eval.max_tokens` | int | `128` | Output tokens per request at most (data=random: exactly" in text
-    assert "| `bench.concurrency` | int \\| None | `16` | Requests in flight at most" in text   # the YAML's override
+    assert ("| `eval.max_tokens` | int | `128` | Output tokens per request at most (data=random: "
+            "exactly" in text)
+    # the YAML's override
+    assert "| `bench.concurrency` | int \\| None | `16` | Requests in flight at most" in text
     assert "| `spec.num_speculative_tokens` | any | `8` | Drafts per step (an integer >= 1), or auto" in text
-    assert '| `spec.verify` | "standard" \\| "block" | `block` |' in text                    # +spec=mtp8_block
+    assert '| `spec.verify` | "standard" \\| "block" | `block` |' in text                   # +spec=mtp8_block
     for group in ("model", "data", "spec", "engine", "eval", "bench", "serve", "train", "distill", "logger"):
         assert f"## `{group}`" in text
 
@@ -79,8 +81,10 @@ def test_site_builds_with_warnings_as_errors(tmp_path):
     """`mkdocs build --strict`, as .ci/run runs it: a broken link or anchor, or a page missing
     from the nav, fails it."""
     pytest.importorskip("material", reason="mkdocs-material is in the dev extra")
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "site" / "configuration" / "index.html").is_file()
 
@@ -107,7 +111,8 @@ def test_nothing_points_outside_the_repository():
     # the one exception: the data directory's default, where this project's runs find the public
     # data sets (MTPX_DATA_DIR or data_dir=DIR sets it anywhere else)
     assert [line for line in out
-            if not (line.startswith("conf/config.yaml:") and "data_dir: ${oc.env:MTPX_DATA_DIR," in line)] == []
+            if not (line.startswith("conf/config.yaml:")
+                    and "data_dir: ${oc.env:MTPX_DATA_DIR," in line)] == []
 
 
 # --- README and the docs agree where they repeat: commands, tools, config keys, figures ---------

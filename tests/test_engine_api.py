@@ -19,7 +19,8 @@ def test_requests_fed_between_steps_decode_like_plain_greedy(trained_tiny):
     prompts = [[5, 8, 11, 14], [20, 21, 22], [40, 42, 44, 46, 48], [9, 9, 9]]
     ref = reference(trained_tiny, prompts, [SamplingParams(max_tokens=8, ignore_eos=True)] * 4)
     eng = Engine(trained_tiny, build_speculator("mtp8", trained_tiny, 3),
-                 EngineConfig(max_num_seqs=2, block_size=4, enable_prefix_caching=True, check_invariants=True))
+                 EngineConfig(max_num_seqs=2, block_size=4, enable_prefix_caching=True,
+                              check_invariants=True))
     done, pending, steps = {}, [_req(i, p) for i, p in enumerate(prompts)], 0
     while pending or eng.has_unfinished_requests():
         if pending and steps % 2 == 0:                  # one arrival every other step
@@ -59,7 +60,9 @@ def test_llm_takes_engine_settings_as_overrides(trained_tiny):
     from mtpx import LLM
     llm = LLM(model=trained_tiny, spec="mtp1", block_size=4, engine_config=EngineConfig(max_num_seqs=3))
     assert (llm.engine.config.block_size, llm.engine.config.max_num_seqs) == (4, 3)
-    with pytest.raises(ValueError, match=r"unknown engine setting 'blok_size' \(engine.blok_size\): did you mean block_size\?"):
+    with pytest.raises(ValueError,
+                       match=r"unknown engine setting 'blok_size' \(engine.blok_size\): did you mean "
+                             r"block_size\?"):
         LLM(model=trained_tiny, blok_size=4)
     with pytest.raises(ValueError, match="engine.block_size=0: must be an integer >= 1"):
         Engine(trained_tiny, None, block_size=0)
@@ -100,7 +103,8 @@ def test_bad_prompts_of_every_kind_fail_alone():
 
 def test_sampling_params_refuse_what_they_cannot_honour():
     from mtpx import SamplingParams
-    for kwargs, message in (({"seed": 2**70}, "seed=1180591620717411303424: must be an integer in [0, 2**64)"),
+    for kwargs, message in (({"seed": 2**70},
+                             "seed=1180591620717411303424: must be an integer in [0, 2**64)"),
                             ({"seed": -1}, "seed=-1: must be an integer in [0, 2**64)"),
                             ({"max_tokens": 2.5}, "max_tokens=2.5: must be an integer >= 1"),
                             ({"top_k": 1.5}, "top_k=1.5: must be an integer"),

@@ -48,9 +48,11 @@ def test_the_scheduler_side_imports_no_tensor_code_metrics_or_config_libraries()
     assert loaded["heavy"] == []
     assert loaded["mtpx"] == ["mtpx", "mtpx.auto_k", "mtpx.auto_k.acceptance", "mtpx.auto_k.admission",
                               "mtpx.auto_k.choices", "mtpx.auto_k.config", "mtpx.auto_k.cost_curve",
-                              "mtpx.auto_k.cost_learning", "mtpx.auto_k.cost_model_log", "mtpx.auto_k.exploring",
+                              "mtpx.auto_k.cost_learning", "mtpx.auto_k.cost_model_log",
+                              "mtpx.auto_k.exploring",
                               "mtpx.auto_k.fixed", "mtpx.auto_k.policy", "mtpx.auto_k.request_k",
-                              "mtpx.auto_k.settled", "mtpx.auto_k.summary", "mtpx.core", "mtpx.core.block_pool",
+                              "mtpx.auto_k.settled", "mtpx.auto_k.summary", "mtpx.core",
+                              "mtpx.core.block_pool",
                               "mtpx.core.kv_cache_manager", "mtpx.core.request", "mtpx.core.sampling_params",
                               "mtpx.core.scheduler", "mtpx.core.step_plan", "mtpx.outputs"]
 
@@ -74,6 +76,8 @@ def test_no_module_over_500_lines_and_no_function_over_80():
         if source.count("\n") > 500:
             over.append(f"{path.relative_to(ROOT)}: {source.count(chr(10))} lines")
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80:
-                over.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and node.end_lineno - node.lineno >= 80):
+                over.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: "
+                            f"{node.end_lineno - node.lineno + 1} lines")
     assert over == []
