@@ -1,9 +1,9 @@
 """Per-layer inference state: what each layer declares it needs (KVCacheSpec for attention,
 RecurrentStateSpec for Gated DeltaNet; ModelCache builds from them) and the recurrent state of
 Gated DeltaNet layers. The paged KV cache itself is the attention package's
-(mtpx.attention.kv_cache.KVCache). Recurrent states are indexed by the request's batch slot (row); with prefix caching on a hybrid
-model, the state at every full block boundary is also stored per block so that a prefix hit can
-resume from it. The layers of one spec keep their states stacked (RecurrentStateGroup).
+(mtpx.attention.kv_cache.KVCache). Recurrent states are indexed by the request's batch slot (row); with prefix
+caching on a hybrid model, the state at every full block boundary is also stored per block so that a prefix
+hit can resume from it. The layers of one spec keep their states stacked (RecurrentStateGroup).
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ per line, in index order:
 
 `completion_token_ids` are the tokens the target generated, the eos that ended it included (as
 vLLM's `CompletionOutput.token_ids`); a prompt the engine refused (too long for the model) is
-kept with its `error` and no completion, so that the shard is complete. A shard is written atomically once all of its prompts have
-finished; until then its finished records are appended to `shard-....jsonl.part`, which a resumed
-run reads back, so Ctrl-C loses no finished request.
+kept with its `error` and no completion, so that the shard is complete. A shard is written atomically once all
+of its prompts have finished; until then its finished records are appended to `shard-....jsonl.part`, which a
+resumed run reads back, so Ctrl-C loses no finished request.
 
 The manifest records what makes the data what it is (checked on resume, `RESUME_KEYS`): the
 target's weights hash and dtype, the tokenizer's hash, the prompt set and its hash, the sampling

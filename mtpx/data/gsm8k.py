@@ -1,9 +1,9 @@
 """GSM8K: loading the JSONL files, the prompt format, and answer scoring.
 
 Source: openai/grade-school-math (Cobbe et al. 2021, arXiv:2110.14168), read from the
-data directory's gsm8k/ by default (`data_dir`, conf/config.yaml). Each line is ``{"question": str, "answer": str}``; the answer's final line is
-``#### <number>``. Scoring compares the final number exactly, after normalization ("1,000" ->
-"1000", "5.0" -> "5").
+data directory's gsm8k/ by default (`data_dir`, conf/config.yaml). Each line is
+``{"question": str, "answer": str}``; the answer's final line is ``#### <number>``. Scoring compares the
+final number exactly, after normalization ("1,000" -> "1000", "5.0" -> "5").
 """
 
 from __future__ import annotations

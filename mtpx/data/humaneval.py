@@ -1,9 +1,9 @@
 """HumanEval: the 164 code-completion prompts (function signature plus docstring).
 
 Source: openai/human-eval ``data/HumanEval.jsonl.gz`` (Chen et al. 2021, arXiv:2107.03374), read from
-the data directory's humaneval/ by default (`data_dir`, conf/config.yaml). Each line is ``{"task_id", "prompt", "entry_point",
-"canonical_solution", "test"}``. Only ``prompt`` is used, as raw text (code completion, as
-HumanEval is run); nothing from the file is ever executed.
+the data directory's humaneval/ by default (`data_dir`, conf/config.yaml). Each line is ``{"task_id",
+"prompt", "entry_point", "canonical_solution", "test"}``. Only ``prompt`` is used, as raw text (code
+completion, as HumanEval is run); nothing from the file is ever executed.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Hugging Face config.json <-> mtpx `ModelConfig`.
 
 mtpx's `ModelConfig` uses Qwen3-Next's field names, so most keys copy over unchanged. What differs
-per family is fixed here, with the Hugging Face class each convention comes from:
+per family (`model_type`) is fixed here, with the Hugging Face class each convention comes from:
 
-| family (`model_type`) | architecture             | attention                        | RMSNorm            |
-|-----------------------|--------------------------|----------------------------------|--------------------|
-| `qwen3_next`          | `Qwen3NextForCausalLM`   | output gate, q/k norm, partial RoPE | x*(1+w) (zero-centred) |
-| `qwen3`               | `Qwen3ForCausalLM`       | q/k norm, full RoPE              | x*w                |
-| `llama`               | `LlamaForCausalLM`       | plain, full RoPE, `mlp_bias`     | x*w                |
+| `model_type` | architecture           | attention                           | RMSNorm                |
+|--------------|------------------------|-------------------------------------|------------------------|
+| `qwen3_next` | `Qwen3NextForCausalLM` | output gate, q/k norm, partial RoPE | x*(1+w) (zero-centred) |
+| `qwen3`      | `Qwen3ForCausalLM`     | q/k norm, full RoPE                 | x*w                    |
+| `llama`      | `LlamaForCausalLM`     | plain, full RoPE, `mlp_bias`        | x*w                    |
 
 RoPE comes from `rope_parameters` (transformers >= 5) or `rope_theta` / `partial_rotary_factor` /
 `rope_scaling` (transformers 4). The number of MTP modules is `mtp_num_hidden_layers` (Qwen3-Next)

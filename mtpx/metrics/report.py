@@ -1,9 +1,9 @@
 """Human-readable tables of the metrics dict from :func:`mtpx.metrics.stats.compute_metrics`.
 
-The row set and labels imitate the published MTP1-vs-MTP8 tables (the multi-module MTP reference benchmark, MTP1 against MTP8) and
-vLLM's ``benchmark_serving`` printout. Fractions in the metrics dict (``acceptance_rate``,
-``per_position_acceptance``, ``accuracy``, ``prefix_cache_hit_rate``) are shown as percentages.
-A value that is None or missing prints as "—" (the prefix cache hit rate of a run without prefix
+The row set and labels imitate the published MTP1-vs-MTP8 tables (the multi-module MTP reference benchmark,
+MTP1 against MTP8) and vLLM's ``benchmark_serving`` printout. Fractions in the metrics dict
+(``acceptance_rate``, ``per_position_acceptance``, ``accuracy``, ``prefix_cache_hit_rate``) are shown as
+percentages. A value that is None or missing prints as "—" (the prefix cache hit rate of a run without prefix
 caching, the latencies of metrics files written before they existed).
 """
 

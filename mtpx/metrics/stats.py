@@ -14,9 +14,9 @@ Definitions follow vLLM (docs/architecture.md, invariant 7):
 - vLLM ``benchmarks/benchmark_serving.py`` (``calculate_metrics``): TTFT is first token time
   minus start; E2EL (end-to-end latency) is finish time minus start; TPOT = (E2EL - TTFT) /
   (output tokens - 1), only for requests with more than one output token; ITL = the gaps between
-  consecutive streamed chunks of a request, pooled over all requests (several tokens accepted in one step are one chunk, one emission); output throughput =
-  output tokens of successful requests / benchmark duration; request throughput = successful
-  requests / benchmark duration.
+  consecutive streamed chunks of a request, pooled over all requests (several tokens accepted in one step are
+  one chunk, one emission); output throughput = output tokens of successful requests / benchmark duration;
+  request throughput = successful requests / benchmark duration.
 - vLLM prefix caching: hit rate = prompt tokens served from the prefix cache / prompt tokens.
 """
 
