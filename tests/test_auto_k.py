@@ -43,7 +43,8 @@ def lower(p, batch_size: int, current: int) -> int:
 
 
 # ---- the policy ----------------------------------------------------------------------------------
-# tests that set p.acceptance by hand pass min_verified=0, explore_costs=False: their counts are empty, and exploring
+# tests that set p.acceptance by hand pass min_verified=0, explore_costs=False: their counts are empty,
+# and exploring
 # unlearned positions (test_an_unlearned_position_beyond_the_k_in_use_is_explored) would probe them
 def test_expected_tokens_is_the_sum_of_survival_probabilities():
     p = AutoDraftLength(3)
@@ -62,7 +63,9 @@ def test_step_cost_is_linear_between_batch_sizes_and_proportional_beyond():
 
 def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
     # k = 2 costs 1.5x plain at batch 1 but 4x at batch 4
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                           probe_interval=0, patience=1))
     p.acceptance = [0.9, 0.9]
     assert step(p, 1) == 2                              # 2.71 / 15 beats 1.9 / 12 and 1 / 10
     assert step(p, 4) == 0                              # 1 / 10 beats 1.9 / 25 and 2.71 / 40
@@ -76,7 +79,9 @@ def test_choose_maximises_goodput_per_batch_size_with_hysteresis():
 def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
     """rise_hysteresis 2%, hysteresis 5%: between them the k in use stays. Goodputs at B = 1:
     k = 0 1 / 10; k = 1 (1 + p) / 18.4."""
-    p = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, rise_hysteresis=0.02, probe_interval=0, patience=1))
+    p = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                           rise_hysteresis=0.02, probe_interval=0, patience=1))
     p.settled_interval = 1              # decides every step
     p.acceptance = [0.9]                                 # k = 1 0.1033: 3.3% above k = 0
     assert step(p, 1, max_k=0) == 0 and step(p, 1) == 1   # rises from 0
@@ -85,7 +90,9 @@ def test_k_rises_by_the_smaller_margin_and_falls_by_the_larger():
     assert step(p, 1) == 1 and p.depth(1) == 1
     p.acceptance = [0.7]                                 # 8.2% above: falls
     assert step(p, 1) == 0 and p.depth(1) == 0
-    symmetric = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, rise_hysteresis=0.05, probe_interval=0, patience=1))
+    symmetric = AutoDraftLength(1, costs({0: [10.0, 10.0], 1: [18.4, 18.4]}),
+                                config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                                   rise_hysteresis=0.05, probe_interval=0, patience=1))
     symmetric.settled_interval = 1              # decides every step
     symmetric.acceptance = [0.9]
     assert step(symmetric, 1, max_k=0) == 0 and step(symmetric, 1) == 0 and symmetric.depth(1) == 0
@@ -95,7 +102,8 @@ def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
     """Both need `patience` steps in a row; the depths are lowered before the step's k is chosen,
     so a depth that fell to the k in use on the same step would end the rise that would use it
     (at concurrency 1 auto stayed at k = 4 where k = 8 paid: experiments/concurrency/rise_margin)."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=3))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=3))
     p.acceptance = [0.9, 0.9]                           # k = 2: 2.71 / 13 beats 1.9 / 12 by 32%
     assert step(p, 1, max_k=1) == 1 and p.k == 1        # every running request at depth 1 so far
     depth = 2                                           # then one admitted at depth 2
@@ -104,7 +112,8 @@ def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
         choice = p.decide(1, depth, held=depth, depths=[depth])
         p.commit(choice)
     assert (depth, choice.k, p.k) == (2, 2, 2)
-    q = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=3))
+    q = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [13.0, 13.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=3))
     q.acceptance = [0.9, 0.2]                           # k = 2 2.08 / 13, 1.1% over k = 1: no rise
     assert step(q, 1, max_k=1) == 1
     seen, depth = [], 2
@@ -115,7 +124,9 @@ def test_a_running_depth_holds_while_the_k_in_use_rises_toward_it():
 
 
 def test_depth_at_admission_changes_from_the_k_in_use_and_only_falls_by_the_hysteresis():
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                           probe_interval=0, patience=1))
     p.acceptance = [0.9, 0.9]
     assert p.depth(1) == 2 and p.depth(4) == 0          # the goodputs of the test above
     assert p.depth(1, current=1) == 1                   # never rises
@@ -138,16 +149,21 @@ def test_an_admitted_requests_module_prefill_is_spread_over_its_output_tokens():
     added to each k's ms per token over max_tokens: deep drafts that save a little decode time
     lose to their prefill on a short answer. Goodputs at B = 1: k = 0 0.1, k = 1 1.9 / 12, k = 2
     2.71 / 15 tokens per ms."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=1))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                           probe_interval=0, patience=1))
     p.acceptance = [0.9, 0.9]
     assert p.depth(1, prompt_tokens=100, max_tokens=1) == 2      # nothing measured yet: no cost
     assert p.summary()["prefill_module_ms_per_token"] is None
     p.costs.observe_prefill(1000, 100.0)                                  # 0.1 ms per prompt token and module
-    assert p.costs.prefill_ms(2, 100) == pytest.approx(20.0) and p.summary()["prefill_module_ms_per_token"] == 0.1
+    assert (p.costs.prefill_ms(2, 100) == pytest.approx(20.0)
+            and p.summary()["prefill_module_ms_per_token"] == 0.1)
     assert p.depth(1) == 2 and p.depth(1, prompt_tokens=100, max_tokens=100) == 2   # 0.2 ms a token at k = 2
-    # max_tokens 5: 2 ms a token per module: k = 1 1 / (12 / 1.9 + 2) = 0.120 beats k = 2's 1 / (15 / 2.71 + 4)
+    # max_tokens 5: 2 ms a token per module: k = 1 1 / (12 / 1.9 + 2) = 0.120 beats
+    # k = 2's 1 / (15 / 2.71 + 4)
     # = 0.105 by 15%; max_tokens 1: 10 ms per module, k = 0 (0.1) is best
-    assert p.depth(1, prompt_tokens=100, max_tokens=5) == 1 and p.depth(1, prompt_tokens=100, max_tokens=1) == 0
+    assert (p.depth(1, prompt_tokens=100, max_tokens=5) == 1
+            and p.depth(1, prompt_tokens=100, max_tokens=1) == 0)
     assert p.depth(1, current=2) == 2                               # a running request's prefill is paid
     assert AutoDraftLength._with_prefill([0.5, 0.25], [0.0, 2.0]) == [0.5, 1 / 6]
 
@@ -171,7 +187,9 @@ def test_the_k_in_use_and_a_running_depth_change_after_patience_steps_in_a_row()
     nothing: the k in use changes, and running requests' depths fall, only after `patience`
     consecutive decode steps predict it; a step that does not resets the count; a depth is voted
     once per step whatever the number of requests at it."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=3))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                           probe_interval=0, patience=3))
     p.settled_interval = 1              # decides every step
     p.acceptance = [0.9, 0.9]
     assert [step(p, 1) for _ in range(2)] == [2, 2]     # k = 2 in use (max_k at the start)
@@ -198,7 +216,9 @@ def test_a_running_depth_above_the_k_in_use_falls_to_it_after_patience_steps():
     """Modules beyond the k in use only catch up (a step drafts min(k, depth)): a running depth
     above the k in use falls to it after `patience` steps in a row, even where its own goodput
     ties the k in use's (no hysteresis margin to beat); one at or below it stays."""
-    p = AutoDraftLength(3, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0], 3: [16.0, 16.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=0, patience=2))
+    p = AutoDraftLength(3, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0], 3: [16.0, 16.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                           probe_interval=0, patience=2))
     p.acceptance = [0.9, 0.9, 0.3]                       # k=2: 2.71 / 14 = 0.194; k=3: 2.953 / 16 = 0.185
     assert [step(p, 1) for _ in range(3)] == [3, 3, 3]  # within 5% of each other: k = 3 (max_k) stays
     assert p.depth(1, current=3) == 3
@@ -211,17 +231,21 @@ def test_a_running_depth_above_the_k_in_use_falls_to_it_after_patience_steps():
 
 
 def test_probes_one_draft_more_then_one_fewer_every_probe_interval():
-    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=4, patience=1))
+    p = AutoDraftLength(2, costs({0: [1.0, 1.0], 1: [5.0, 5.0], 2: [9.0, 9.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=4, patience=1))
     p.acceptance = [0.5, 0.5]
     assert [step(p, 1) for _ in range(8)] == [0, 0, 0, 1, 0, 0, 0, 0]     # no k below 0
-    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=2, patience=1))
+    p = AutoDraftLength(2, costs({0: [9.0, 9.0], 1: [9.0, 9.0], 2: [9.0, 9.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=2, patience=1))
     assert [step(p, 1) for _ in range(4)] == [2, 2, 2, 1]                 # no k above max_k
 
 
 def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide_returned():
     """choose / depth / decide / decide_depth are queries: asked any number of times they answer
     the same and change nothing; commit and commit_depth apply the decision (mtpx/auto_k/policy.py)."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05, probe_interval=2, patience=2, patient_start=True))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 25.0], 2: [15.0, 40.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, hysteresis=0.05,
+                                           probe_interval=2, patience=2, patient_start=True))
     p.acceptance = [0.1, 0.1]                            # k = 0 pays: a switch from k = 2 is predicted
     state = copy.deepcopy(vars(p))
     assert [p.choose(1) for _ in range(5)] == [2] * 5 and [p.depth(1, current=2) for _ in range(5)] == [2] * 5
@@ -235,14 +259,16 @@ def test_queries_do_not_change_the_policy_and_commit_applies_exactly_what_decide
 
 
 def test_measured_step_costs_correct_the_calibration_by_one_factor():
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}), config=AutoKConfig(cost_window=3, probe_interval=0))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [14.0, 14.0]}),
+                        config=AutoKConfig(cost_window=3, probe_interval=0))
     p.acceptance = [0.9, 0.9]
     assert step(p, 1) == 2                              # 2.71 / 14 beats 1.9 / 12
     p.observe_step(2, 1, 28.0)                           # k = 2 really costs twice the calibration
     assert p.summary()["cost_correction"] == {"2": 2.0} and p.costs.factor == 2.0
     assert p.costs.cost(2, 1) == 28.0 and p.costs.cost(0, 1) == 20.0     # every k: one factor
     p.observe_step(1, 1, 12.0)                           # the median of 2 and 1
-    assert p.summary()["cost_correction"] == {"1": 1.0, "2": 2.0} and p.costs.factor == 1.5 and p.costs.cost(1, 1) == 18.0
+    assert (p.summary()["cost_correction"] == {"1": 1.0, "2": 2.0} and p.costs.factor == 1.5
+            and p.costs.cost(1, 1) == 18.0)
     assert step(p, 1) == 2                              # the calibration's ratios decide
 
 
@@ -251,7 +277,8 @@ def test_a_streak_of_dear_steps_does_not_carry_the_cost_correction():
     than half the window leaves it at the ordinary steps' level, and a lasting change moves it
     once it fills half the window (experiments/concurrency/window_layout/k7_steps.py: a running
     engine's dear steps come in streaks)."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), config=AutoKConfig(cost_window=5, probe_interval=0, min_cost_observations=1))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}),
+                        config=AutoKConfig(cost_window=5, probe_interval=0, min_cost_observations=1))
     for ms in (16.0, 15.0, 17.0, 24.0, 28.0):            # ratios 1, 0.9375, 1.0625, then a streak 1.5, 1.75
         p.observe_step(2, 1, ms)
     assert p.costs.factor == 1.0625 and p.costs.cost(2, 1) == 17.0   # an EMA of weight 0.1 would read 1.1
@@ -268,7 +295,9 @@ def test_a_cost_correction_fades_toward_the_factor_while_its_k_is_not_measured()
     """A k measured dear against the ks around it is no longer chosen, so no step revises its
     shape: it fades toward the calibration's by cost_decay per step since it was last measured,
     and the k is tried again once it could pay."""
-    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), config=AutoKConfig(cost_window=3, cost_decay=0.5, probe_interval=0, min_cost_observations=1))
+    p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}),
+                        config=AutoKConfig(cost_window=3, cost_decay=0.5, probe_interval=0,
+                                           min_cost_observations=1))
     for _ in range(3):
         p.observe_step(1, 1, 12.0)                       # k = 1 as calibrated
     for _ in range(3):
@@ -288,7 +317,9 @@ def test_a_stretch_of_load_moves_the_level_and_a_k_measured_in_it_is_dear_only_w
     (one ratio per k kept it dear: eager concurrency 1 put 54 of 128 requests at depth 4). A k
     dear against the ks measured around it in time stays dear (`_learn_cost`)."""
     def policy_():
-        p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}), config=AutoKConfig(cost_window=3, cost_decay=1.0, probe_interval=0, min_cost_observations=1, patience=1))
+        p = AutoDraftLength(2, costs({0: [10.0, 10.0], 1: [12.0, 12.0], 2: [16.0, 16.0]}),
+                            config=AutoKConfig(cost_window=3, cost_decay=1.0, probe_interval=0,
+                                               min_cost_observations=1, patience=1))
         p.acceptance = [0.9, 0.9]                          # 2.71 / 16 beats 1.9 / 12 by 7%
         return p
 
@@ -308,12 +339,15 @@ def test_cost_model_log_compares_predicted_and_measured_speedups_per_batch_bucke
     """auto_k.cost_model (mtpx/auto_k/cost_model_log.py): per power-of-two batch bucket, the speed-up over
     k = 0 the policy predicted for its steps against the one their measured ms and committed
     tokens give, over the bucket's own k = 0 steps when it had some, else the calibration's."""
-    p = AutoDraftLength(2, costs({0: [10.0, 20.0], 1: [12.0, 24.0], 2: [14.0, 28.0]}), config=AutoKConfig(cost_window=2, probe_interval=0, prior_acceptance=0.5, min_cost_observations=100))
+    p = AutoDraftLength(2, costs({0: [10.0, 20.0], 1: [12.0, 24.0], 2: [14.0, 28.0]}),
+                        config=AutoKConfig(cost_window=2, probe_interval=0, prior_acceptance=0.5,
+                                           min_cost_observations=100))
     assert p.expected_tokens(2) == 1.75                 # no round observed: the prior 0.5 stays
-    for k, b, ms, tokens in [(2, 4, 21.0, 7),            # predicted 28 ms (factor 1), plain 20; factor -> 0.75
-                             (2, 5, 26.25, 9),           # 28 * 5 / 4 * 0.75 = 26.25, plain 18.75 (calibrated 25)
-                             (0, 4, 16.0, 4),            # predicted 15 ms; a plain step: 16 / 20 = 0.8; factor -> 0.775 (window 2)
-                             (2, 1, 10.5, 3)]:           # predicted 0.775 * 14 = 10.85, plain 7.75 (calibrated 10)
+    for k, b, ms, tokens in [(2, 4, 21.0, 7),   # predicted 28 ms (factor 1), plain 20; factor -> 0.75
+                             (2, 5, 26.25, 9),  # 28 * 5 / 4 * 0.75 = 26.25, plain 18.75 (calibrated 25)
+                             # predicted 15 ms; a plain step: 16 / 20 = 0.8; factor -> 0.775 (window 2)
+                             (0, 4, 16.0, 4),
+                             (2, 1, 10.5, 3)]:  # predicted 0.775 * 14 = 10.85, plain 7.75 (calibrated 10)
         p.observe_step(k, b, ms, tokens)
         p.record(k, b)
     p.record(2, 1)                                       # a decode step not compared (a prefill in it)
@@ -345,7 +379,9 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
     """Calibrated costs say k = 1 is best at batch 4; steps at k = 3 measured at half their
     calibrated cost make k = 3 the choice once min_cost_observations of them were seen (before,
     the ks measured enough in the bucket, k = 1 alone, scale every k alike)."""
-    p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}), config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=1, prior_acceptance=0.5, min_cost_observations=8, cost_decay=1.0))
+    p = AutoDraftLength(3, costs({0: [8.0, 16.0], 1: [10.0, 20.0], 2: [14.0, 28.0], 3: [16.0, 32.0]}),
+                        config=AutoKConfig(min_verified=0, explore_costs=False, probe_interval=0, patience=1,
+                                           prior_acceptance=0.5, min_cost_observations=8, cost_decay=1.0))
     p.settled_interval = 1              # decides every step
     p.acceptance = [0.8, 0.5, 0.5]                       # E[tokens | k] = 1, 1.8, 2.2, 2.4
     assert step(p, 4) == 1                               # 1.8 / 20 beats 2.2 / 28 and 2.4 / 32
@@ -360,9 +396,11 @@ def test_measured_costs_of_a_k_move_the_choice_after_min_cost_observations():
     # and 16 pool to 19
     assert p.costs.cost_curve(4) == [16.0, 19.0, 19.0, 19.0]
     assert step(p, 4) == 3                               # 2.4 / 19 beats 1.8 / 19 by far
-    assert p.summary()["bucket_cost_correction"] == [{"k": 1, "batch_bucket": "4-7", "ratio": 1.0, "steps": 8},
-                                                     {"k": 3, "batch_bucket": "4-7", "ratio": 0.5, "steps": 8}]
-    assert p.costs.cost_curve(1) == [p.costs.factor * c for c in (8.0, 10.0, 14.0, 16.0)]   # bucket 1: the one factor
+    assert p.summary()["bucket_cost_correction"] == [
+        {"k": 1, "batch_bucket": "4-7", "ratio": 1.0, "steps": 8},
+        {"k": 3, "batch_bucket": "4-7", "ratio": 0.5, "steps": 8}]
+    # bucket 1: the one factor
+    assert p.costs.cost_curve(1) == [p.costs.factor * c for c in (8.0, 10.0, 14.0, 16.0)]
 
 
 def test_observe_counts_only_the_drafts_that_were_verified():
@@ -391,7 +429,9 @@ def test_an_unverified_position_takes_the_estimate_of_the_one_before_it():
 
 
 def test_an_estimate_no_step_verifies_drifts_back_to_the_prior_and_depth_rises_again():
-    p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0}, config=AutoKConfig(prior_weight=1.0, decay=0.5, prior_acceptance=1.0, explore_costs=False))   # k = 1 pays iff p_1 > 0.5
+    p = AutoDraftLength(1, {(0, 1): 10.0, (1, 1): 15.0},
+                        config=AutoKConfig(prior_weight=1.0, decay=0.5, prior_acceptance=1.0,
+                                           explore_costs=False))   # k = 1 pays iff p_1 > 0.5
     for _ in range(4):
         p.observe_round(num_draft_tokens=1, num_accepted=0)    # 4 rejections: (0 + 1) / (4 + 1)
     assert p.acceptance == [pytest.approx(1 / 5)] and p.depth(1) == 0
@@ -411,7 +451,8 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     assert p.acceptance == [0.7] * 8
     p.observe_round(num_draft_tokens=2, num_accepted=2)         # (1 + 8 * 0.7) / (1 + 8), then its own prior
     p1 = 6.6 / 9
-    assert p.acceptance[:3] == [pytest.approx(p1), pytest.approx((1 + 8 * p1) / 9), pytest.approx((1 + 8 * p1) / 9)]
+    assert p.acceptance[:3] == [pytest.approx(p1), pytest.approx((1 + 8 * p1) / 9),
+                                pytest.approx((1 + 8 * p1) / 9)]
     p.reset()
     # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so at the
     # prior no k beats k = 0; at the prior's upper estimate (0.7 + sqrt(0.21 / 9) = 0.853: one
@@ -420,8 +461,10 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     # batch tests positions 1-5); without optimism they prefill no module; at batch 1 they keep all 8
     assert p.goodput(0, 64) > max(p.goodput(k, 64) for k in range(1, 9))
     assert p.exploring.depth(p.estimates, 0, 64) == 3 and p.depth(64) == 5 and p.depth(1) == 8
-    assert AutoDraftLength(8, step_costs, config=AutoKConfig(explore_costs=False, optimistic_falls=False)).depth(64) == 3
-    assert AutoDraftLength(8, step_costs, config=AutoKConfig(explore_costs=False, optimism=0.0)).depth(64) == 0
+    assert AutoDraftLength(8, step_costs,
+                           config=AutoKConfig(explore_costs=False, optimistic_falls=False)).depth(64) == 3
+    assert AutoDraftLength(8, step_costs,
+                           config=AutoKConfig(explore_costs=False, optimism=0.0)).depth(64) == 0
     optimistic = AutoDraftLength(8, step_costs, config=AutoKConfig(prior_acceptance=1.0))
     assert optimistic.depth(64) == 8
 
@@ -435,10 +478,11 @@ def test_an_unlearned_position_beyond_the_k_in_use_is_explored():
     drafts are verified the usual rules apply."""
     ms = {(0, 64): 100.0, (1, 64): 180.0}              # k = 1 pays from p > 1.05 x 1.8 - 1 = 0.89
     # optimism = 2 standard deviations: position 1's upper estimate is 0.7 + 2 sqrt(0.21 / 9) > 1, so 1
-    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=1.0))
+    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False,
+                                                  optimism=2.0, explore_budget=1.0))
     p.settled_interval = 1              # decides every step
     assert p.unlearned(0) and not p.unlearned(1)        # position 1 unseen; no position 2
-    assert p.exploring.explores(p.estimates, 0, 64)                            # at p = 1, 2 / 180 beats 1.05 / 100
+    assert p.exploring.explores(p.estimates, 0, 64)                       # at p = 1, 2 / 180 beats 1.05 / 100
     wary = AutoDraftLength(1, {(0, 64): 100.0, (1, 64): 200.0}, config=AutoKConfig(optimism=2.0))
     assert not wary.exploring.explores(wary.estimates, 0, 64)   # 2 / 200 does not
     one = AutoDraftLength(1, ms)
@@ -467,7 +511,8 @@ def test_exploring_pauses_once_it_has_spent_its_budget():
     step with no request held deeper than the k in use) is kept within explore_budget of the
     steps' predicted cost, discounted alike."""
     ms = {(0, 16): 100.0, (1, 16): 180.0}
-    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=0.01))
+    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False,
+                                                  optimism=2.0, explore_budget=0.01))
     p.settled_interval = 1              # decides every step
     p.k = 0
     assert p.exploring.explores(p.estimates, 0, 16) and p.depth(16) == 1 and p.exploring.spent() == 0.0
@@ -508,7 +553,8 @@ def test_an_explored_admission_weighs_its_prefill_and_spends_it_from_the_budget(
     budget when the request is admitted, before any step (the budget's window then starts from
     the admission's predicted step: 100 steps of 100 ms)."""
     ms = {(0, 16): 100.0, (1, 16): 180.0}
-    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False, optimism=2.0, explore_budget=0.01))
+    p = AutoDraftLength(1, ms, config=AutoKConfig(probe_interval=0, patience=2, explore_costs=False,
+                                                  optimism=2.0, explore_budget=0.01))
     p.k = 0
     p.costs.set_prefill_cost(0.2)                                 # 200 ms for 1000 prompt tokens at depth 1
     assert p.depth(16) == 1                                 # no prompt: explored, as before
@@ -569,7 +615,8 @@ def test_a_request_held_deeper_prices_its_draft_round_at_the_calibrated_one():
     kw = dict(probe_interval=0, patient_start=True)      # the k in use 4 as in a running engine
     old, new = AutoDraftLength(8, ms, AutoKConfig(**kw)), AutoDraftLength(8, ms, AutoKConfig(**kw))
     new.costs.set_draft_costs(draft)
-    assert old.costs.held_cost_curve(16, 4)[0] == pytest.approx(41.0) and new.costs.held_cost_curve(16, 4)[0] == pytest.approx(17.85)
+    assert (old.costs.held_cost_curve(16, 4)[0] == pytest.approx(41.0)
+            and new.costs.held_cost_curve(16, 4)[0] == pytest.approx(17.85))
     assert set(run(old)) == {4}
     ks = run(new)
     assert ks[:new.patience - 1] == [4] * (new.patience - 1) and set(ks[new.patience:]) == {0}
@@ -610,7 +657,8 @@ def test_a_fall_lands_where_the_upper_estimates_pay_most():
             out.append(choice.k)
         return out
     kw = dict(probe_interval=0, patience=2, explore_costs=False, explore_budget=0.0)
-    p, q = AutoDraftLength(8, costs, AutoKConfig(**kw)), AutoDraftLength(8, costs, AutoKConfig(optimistic_falls=False, **kw))
+    p, q = (AutoDraftLength(8, costs, AutoKConfig(**kw)),
+            AutoDraftLength(8, costs, AutoKConfig(optimistic_falls=False, **kw)))
     p.settled_interval = 1              # decides every step
     assert p.depth(16) == 4 and q.depth(16) == 0
     assert steps(p, 3) == [4, 4, 4] and steps(q, 3) == [0, 0, 0]     # the first step falls at once
@@ -895,14 +943,18 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     assert llm.calibration["source"].startswith("calibrated, saved to")
     assert_clean(llm)
     assert not policy.histogram and policy.num_observed == [0] * policy.max_k
-    assert not policy.depth_histogram and policy._steps == 0       # the prefill's dummy requests are forgotten
+    assert not policy.depth_histogram and policy._steps == 0      # the prefill's dummy requests are forgotten
     prefill = llm.calibration["prefill_module_ms_per_token"]       # 3 prefills of 128 tokens at depth max_k
-    assert prefill > 0 and json.loads((tmp_path / "costs.json").read_text())["prefill_module_ms_per_token"] == prefill
-    assert policy.costs.prefill_module_ms.recent[0] == prefill and policy.costs.prefill_ms(2, 10) == pytest.approx(20 * prefill)
+    assert (prefill > 0
+            and json.loads((tmp_path / "costs.json").read_text())["prefill_module_ms_per_token"] == prefill)
+    assert (policy.costs.prefill_module_ms.recent[0] == prefill
+            and policy.costs.prefill_ms(2, 10) == pytest.approx(20 * prefill))
     # the same steps' draft rounds: none at k = 0, each below its whole step, deeper never cheaper
-    draft = {(r["k"], r["batch_size"]): r["draft_ms"] for r in json.loads((tmp_path / "costs.json").read_text())["draft_costs"]}
+    draft = {(r["k"], r["batch_size"]): r["draft_ms"]
+             for r in json.loads((tmp_path / "costs.json").read_text())["draft_costs"]}
     assert sorted(draft) == sorted(policy.step_costs) and draft[(0, 1)] == draft[(0, 4)] == 0.0
-    assert all(0 < draft[(k, b)] < policy.step_costs[(k, b)] for k in range(1, policy.max_k + 1) for b in (1, 4))
+    assert all(0 < draft[(k, b)] < policy.step_costs[(k, b)] for k in range(1, policy.max_k + 1)
+               for b in (1, 4))
     assert policy.costs._draft_costs == draft and policy.costs.draft_cost(2, 4) == draft[(2, 4)]
     policy.reset()                                                 # kept, like the step costs
     assert policy.costs.prefill_module_ms.value == prefill and policy.costs._draft_costs == draft
@@ -912,15 +964,17 @@ def test_calibration_measures_every_k_and_leaves_the_engine_idle(tmp_path):
     assert again.engine.draft_length.costs._draft_costs == draft
     again.engine.draft_length.forced = 2                           # depth 2: the prefill runs 2 modules
     again.generate([[5, 8, 11, 4]], _params(3))
-    learned = again.engine.draft_length.costs.prefill_module_ms          # the scheduler fed it the one prefill
+    learned = again.engine.draft_length.costs.prefill_module_ms         # the scheduler fed it the one prefill
     assert learned.count == 2 and list(learned.recent)[0] == prefill and learned.recent[1] > 0
     data = json.loads((tmp_path / "costs.json").read_text())
     del data["prefill_module_ms_per_token"]                        # a file written before it was kept
     (tmp_path / "costs.json").write_text(json.dumps(data))
     third = LLM(model=model(), spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4,
                 cost_model_file=tmp_path / "costs.json")           # measures the prefill alone
-    assert third.calibration["source"].startswith("loaded") and third.calibration["prefill_module_ms_per_token"] > 0
-    assert third.engine.draft_length.costs.prefill_module_ms.count == 1 and not third.engine.draft_length.depth_histogram
+    assert (third.calibration["source"].startswith("loaded")
+            and third.calibration["prefill_module_ms_per_token"] > 0)
+    assert (third.engine.draft_length.costs.prefill_module_ms.count == 1
+            and not third.engine.draft_length.depth_histogram)
     assert_clean(third)
     again.engine.draft_length.forced = None
     with pytest.raises(ValueError, match="calibrate the step costs before adding requests"):
@@ -943,7 +997,8 @@ def test_start_up_calibration_is_cached_per_checkpoint_and_engine_settings(tiny_
     assert again.calibration["source"] == f"loaded from {path}" and again.calibration["seconds"] == 0.0
     assert again.engine.draft_length.step_costs == first.engine.draft_length.step_costs
     other = auto(block_size=32)                          # another engine setting: its own file
-    assert other.calibration["source"].startswith("calibrated, saved to") and path not in other.calibration["source"]
+    assert (other.calibration["source"].startswith("calibrated, saved to")
+            and path not in other.calibration["source"])
     weights = tiny_ckpt / "model.safetensors"            # rewritten weights: calibrated again
     stat = weights.stat()
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
@@ -974,9 +1029,11 @@ def test_a_cost_file_of_another_engine_is_refused_with_the_fix(tiny_ckpt, tmp_pa
                                          r"block_size=16 \(this run: 32\).*delete the file"):
         LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1, block_size=32,
             cost_model_file=path)
-    with pytest.raises(ValueError, match=r"max_num_seqs=1 \(this run: 4\)"):   # costs for batches it never measured
+    # costs for batches it never measured
+    with pytest.raises(ValueError, match=r"max_num_seqs=1 \(this run: 4\)"):
         LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=4, cost_model_file=path)
-    ok = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1, cost_model_file=path)
+    ok = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens="auto", max_num_seqs=1,
+             cost_model_file=path)
     assert ok.calibration["source"] == f"loaded from {path}"
 
 
@@ -1004,7 +1061,8 @@ def test_calibration_times_every_k_alternated_on_the_real_decode_step_without_pr
         raise AssertionError("the calibration prefilled a prompt")
 
     runner._decode, runner._prefill = spy_decode, no_prefill
-    measured = calibrate_step_costs(engine.time_decode_steps, engine.num_speculative_tokens, engine.config.max_num_seqs,
+    measured = calibrate_step_costs(engine.time_decode_steps, engine.num_speculative_tokens,
+                                    engine.config.max_num_seqs,
                                     batch_sizes=[1, 4], rounds=2, context_len=20, passes=1, spread_s=0)
     runner._decode, runner._prefill = decode, prefill
     n = len(model().mtp) + 1
@@ -1050,7 +1108,8 @@ def test_a_calibration_keeps_the_least_of_its_passes_spread_over_the_batch_sizes
     buckets = {k: depth_bucket(k, 2, [0, 2]) for k in range(3)}                  # compiled: k = 1 pads to 2
     costs = calibrate_step_costs(time_decode_steps, 2, 4, buckets, batch_sizes=[1, 4], passes=2, spread_s=0)
     assert calls == [(1, (0, 2)), (4, (0, 2))] * 2
-    assert costs[(1, 1)] == costs[(2, 1)] == 18.0 and costs[(1, 4)] == costs[(2, 4)] == 24.0 and costs[(0, 1)] == 8.0
+    assert (costs[(1, 1)] == costs[(2, 1)] == 18.0 and costs[(1, 4)] == costs[(2, 4)] == 24.0
+            and costs[(0, 1)] == 8.0)
 
 
 def test_short_calibration_passes_go_on_until_they_span_spread_s():
@@ -1079,7 +1138,8 @@ def test_the_calibrated_step_runs_the_forwards_of_a_real_step_at_that_k(tmp_path
     """Same verification window and block bucket, same draft-loop plan (columns, blocks, drafts,
     modules) as a decode step of requests that were prefilled and verify k drafts at depth k."""
     import mtpx.engine.decode_step as mr
-    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=3, cost_model_file=_no_start_up_calibration(tmp_path))
+    llm = make_llm(model(), "mtp8", "auto", max_num_seqs=3,
+                   cost_model_file=_no_start_up_calibration(tmp_path))
     engine, policy, spec = llm.engine, llm.engine.draft_length, llm.engine.speculator
     seen, verify_forward, plan = [], mr.verify_forward, spec.plan
 
@@ -1128,7 +1188,8 @@ def test_auto_is_lossless_end_to_end_and_records_the_k_per_step(tmp_path):
     assert sum(hist.values()) > 0 and set(hist) <= set(range(len(model().mtp) + 1))
 
 
-def test_the_engine_logs_each_steady_decode_step_with_its_measured_ms_and_committed_tokens(tmp_path, monkeypatch):
+def test_the_engine_logs_each_steady_decode_step_with_its_measured_ms_and_committed_tokens(tmp_path,
+                                                                                           monkeypatch):
     """The scheduler feeds the policy every pure decode step at a steady k with the runner's step
     time and the tokens its verification committed. The clock is scripted: 1 s per reading, so a
     decode step that drafts reads 3000 ms (verify 2 readings, draft 1) and one that does not 2000."""
@@ -1146,18 +1207,20 @@ def test_the_engine_logs_each_steady_decode_step_with_its_measured_ms_and_commit
         observed = len(seen)
         finished = update(out, result)
         if len(seen) > observed:        # (tokens logged, tokens the step's decodes verified)
-            pairs.append((seen[-1][3], sum(len(result.results[d.request.index].token_ids) for d in out.decodes)))
+            pairs.append((seen[-1][3],
+                          sum(len(result.results[d.request.index].token_ids) for d in out.decodes)))
         return finished
 
     monkeypatch.setattr(scheduler, "update_from_output", update_from_output)
     prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
     run_checked(llm, model(), prompts, [_params(30)] * len(prompts))
-    assert seen and all(ms == 3000.0 and 1 <= b <= 4 and b <= tokens <= b * (k + 1) for k, b, ms, tokens in seen)
+    assert seen and all(ms == 3000.0 and 1 <= b <= 4 and b <= tokens <= b * (k + 1)
+                        for k, b, ms, tokens in seen)
     assert len(pairs) == len(seen) and all(logged == verified for logged, verified in pairs)
     log = policy.summary()["cost_model"]
     assert sum(r["decode_steps"] for r in log.values()) == sum(policy.histogram.values())
     assert sum(r["steps"] for r in log.values()) == len(seen)
-    for row in log.values():           # every cost 3000 ms, predicted and measured: speed-up = tokens per request
+    for row in log.values():       # every cost 3000 ms, predicted and measured: speed-up = tokens per request
         if row["steps"]:
             assert row["measured_step_ms"] == row["predicted_step_ms"] == 3000.0
             assert row["measured_speedup"] == row["measured_tokens_per_request"]
@@ -1168,7 +1231,8 @@ def test_auto_needs_a_speculator_and_a_known_word():
     with pytest.raises(ValueError, match="needs a speculator"):
         LLM(model=model(), num_speculative_tokens="auto")
     with pytest.raises(ValueError,
-                       match=r"^spec.num_speculative_tokens='automatic': give an integer >= 0, null or auto$"):
+                       match=r"^spec.num_speculative_tokens='automatic': "
+                             r"give an integer >= 0, null or auto$"):
         LLM(model=model(), spec="mtp8", num_speculative_tokens="automatic")
 
 

@@ -78,7 +78,8 @@ def test_static_meta_attention_equals_dynamic(tiny_model):
                                    b.pending_window.state_at(b.ssm[bi], bi, ti), rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("spec,k", [(None, None), pytest.param("mtp1", 3, marks=pytest.mark.slow), ("mtp8", 4)])
+@pytest.mark.parametrize("spec,k", [(None, None), pytest.param("mtp1", 3, marks=pytest.mark.slow),
+                                    ("mtp8", 4)])
 def test_compiled_decode_equals_eager_and_never_recompiles(trained_tiny, spec, k):
     """Identical greedy tokens and per-round acceptance; one graph per compiled function, made at
     warm-up; then 20+ steps with batches of 1..4 (and block buckets that grow) trace nothing new."""
@@ -166,7 +167,8 @@ def test_compiled_with_prefix_caching_and_invariants(trained_tiny):
     assert sum(o.num_cached_tokens for o in compiled) > 0
 
 
-@pytest.mark.parametrize("draft_sample_method", [pytest.param("greedy", marks=pytest.mark.slow), "probabilistic"])
+@pytest.mark.parametrize("draft_sample_method",
+                         [pytest.param("greedy", marks=pytest.mark.slow), "probabilistic"])
 def test_compiled_sampling_matches_eager(trained_tiny, draft_sample_method):
     """temperature > 0 with seeds: verification runs outside the graph, so the outputs are the
     same as eager's; probabilistic drafts take the eager draft path for those steps."""
@@ -249,8 +251,8 @@ def test_inductor_decode_equals_eager(trained_tiny, spec, k):
             spec_.computed[:3] = n if spec_.computed.dim() == 1 else n[:, None]   # computed up to n
             for buf, saved in zip(getattr(getattr(spec_, "window", None), "buf", []), window):
                 buf.copy_(saved)                                  # both loops read the same window
-            batch = DraftBatch(st.rows, num_tokens, target_end, live, torch.where(live, k, 0), st.positions[:, 0],
-                               h_c, k, k, k + 1, st.block_table)                                   # as the engine
+            batch = DraftBatch(st.rows, num_tokens, target_end, live, torch.where(live, k, 0),
+                               st.positions[:, 0], h_c, k, k, k + 1, st.block_table)           # as the engine
             d = engine.compiled.draft(batch) if compiled else spec_.propose(cache, batch)
             drafts.append(d.tokens[:3])
         assert torch.equal(drafts[0], drafts[1])
@@ -419,7 +421,8 @@ def test_depth_buckets():
     from mtpx.engine.decode_step import depth_buckets
     assert [depth_bucket(d, 8) for d in range(9)] == [0] + [4] * 4 + [8] * 4   # default: 0, k // 2 and k
     assert [depth_bucket(d, 3) for d in range(4)] == [0, 3, 3, 3]              # below k = 4: 0 and k
-    assert depth_buckets(8) == [0, 4, 8] and depth_buckets(8, [2, 20]) == [0, 2, 8] and depth_buckets(3) == [0, 3]
+    assert (depth_buckets(8) == [0, 4, 8] and depth_buckets(8, [2, 20]) == [0, 2, 8]
+            and depth_buckets(3) == [0, 3])
     powers = [0, 1, 2, 4, 8]
     assert [depth_bucket(d, 8, powers) for d in range(9)] == [0, 1, 2, 4, 4, 8, 8, 8, 8]
     assert [depth_bucket(d, 3, powers) for d in range(4)] == [0, 1, 2, 3]
@@ -468,8 +471,10 @@ def test_threads_chosen_from_the_loaded_model_before_compiling(trained_tiny):
 
 
 @pytest.mark.slow      # 92 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
-@pytest.mark.parametrize("spec,k", [(None, None), pytest.param("mtp8", 3, marks=pytest.mark.slow)])   # mtp8: 52 s
-def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, spec, k, tmp_path, monkeypatch):
+@pytest.mark.parametrize("spec,k", [(None, None),
+                                    pytest.param("mtp8", 3, marks=pytest.mark.slow)])   # mtp8: 52 s
+def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, spec, k, tmp_path,
+                                                                 monkeypatch):
     """engine.compile_cache (mtpx/engine/precompile.py): the first engine compiles every graph
     and saves it under $MTPX_CACHE_DIR/precompiled; a second engine of the same settings (Dynamo
     reset, as in a new process) loads every one of them, compiles none, and both give eager's
@@ -510,7 +515,8 @@ def test_compiled_graphs_are_saved_and_a_later_engine_loads_them(trained_tiny, s
     assert third.compile_stats["num_loaded"] == 0
     folders = 2
     if spec is not None:     # unpacked verification windows (engine.ragged_batch=false): other inputs
-        grid = _llm(trained_tiny, spec, k, compile_backend="aot_eager", compile_regions=False, ragged_batch=False)
+        grid = _llm(trained_tiny, spec, k, compile_backend="aot_eager", compile_regions=False,
+                    ragged_batch=False)
         assert grid.compile_stats["num_loaded"] == 0
         folders = 3
     assert len({f.parent for f in (tmp_path / "precompiled").rglob("*.bin")}) == folders
@@ -542,7 +548,8 @@ def test_every_saved_graph_is_traced_with_the_guard_filter(trained_tiny, tmp_pat
 
 
 @pytest.mark.slow      # 100 s on a 2-core AVX2 EPYC (the default suite took 39 min there)
-def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch, capsys):
+def test_a_graph_that_cannot_be_saved_falls_back_to_torch_compile(trained_tiny, tmp_path, monkeypatch,
+                                                                  capsys):
     """When saving a graph fails, that graph runs through torch.compile for the rest of the run,
     with one line saying so, and the tokens are eager's; a later run goes to torch.compile
     directly."""
