@@ -78,7 +78,7 @@ def test_the_speculator_interface_has_four_methods():
 
 @pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
 def test_planning_changes_no_state_and_propose_records_progress(trained_tiny, spec, k):
-    llm = make_llm(trained_tiny, spec, k, max_num_seqs=2, check_invariants=False)   # rows of finished requests
+    llm = make_llm(trained_tiny, spec, k, max_num_seqs=2, check_invariants=False)  # rows of finished requests
     llm.generate(PROMPTS[:2], SamplingParams(max_tokens=6, ignore_eos=True))
     runner, speculator = llm.engine.runner, llm.engine.speculator
     cache = runner.cache

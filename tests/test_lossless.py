@@ -35,7 +35,8 @@ def test_spec_equals_plain(trained_tiny, spec, k):
         assert o.spec.num_accepted_tokens <= len(o.output_token_ids) - 1
 
 
-@pytest.mark.parametrize("family", [dict(LLAMA_FLAGS, mtp_style="deepseek_v3"), dict(LLAMA_FLAGS, use_qk_norm=True)],
+@pytest.mark.parametrize("family", [dict(LLAMA_FLAGS, mtp_style="deepseek_v3"),
+                                    dict(LLAMA_FLAGS, use_qk_norm=True)],
                          ids=["llama-deepseek_v3_heads", "qwen3"])
 @pytest.mark.parametrize("spec,k", [("mtp1", 3), ("mtp8", 4)])
 def test_spec_equals_plain_dense_families(family, spec, k):

@@ -121,7 +121,8 @@ def test_single_module_kv_equals_from_scratch():
     for b, seq in enumerate(seqs):
         ref = _reference_kv(model, seq, 1)
         n = len(seq) - 1
-        torch.testing.assert_close(kv_at(cache, 0, int(rows[b]), n)[0], kv_at(ref, 0, 0, n)[0], atol=1e-10, rtol=0)
+        torch.testing.assert_close(kv_at(cache, 0, int(rows[b]), n)[0], kv_at(ref, 0, 0, n)[0],
+                                   atol=1e-10, rtol=0)
 
 
 
