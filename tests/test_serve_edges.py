@@ -154,8 +154,9 @@ def test_prompt_tokens_total_counts_a_prompt_once_per_request_with_n(client):
 
 def test_health_answers_while_a_large_body_is_parsed(tiny_ckpt):
     """A body of 3M token ids (about 18 MB) is parsed and validated off the event loop: /health,
-    polled meanwhile, answers within half the time the parse takes on the event loop here (it
-    waited for all of it before: 0.3 .. 0.8 s)."""
+    polled meanwhile, never waits for half of the big request (it waited for all of its parse
+    before: 0.3 .. 0.8 s). Measured against the big request's own time, not a fixed bound, so that
+    a loaded machine slows both alike."""
     from mtpx.serve.protocol import CompletionRequest
     llm = LLM(model=tiny_ckpt, max_num_seqs=2)
     raw = json.dumps({"prompt": [1234] * 3_000_000, "max_tokens": 1}).encode()
@@ -167,7 +168,9 @@ def test_health_answers_while_a_large_body_is_parsed(tiny_ckpt):
     big, health = [], []
 
     def post():
+        t0 = time.perf_counter()
         big.append(httpx.post(f"{url}/v1/completions", content=raw, headers=JSON, timeout=120))
+        big.append(time.perf_counter() - t0)
 
     try:
         sender = threading.Thread(target=post)
@@ -184,8 +187,10 @@ def test_health_answers_while_a_large_body_is_parsed(tiny_ckpt):
         next(server, None)
     assert big[0].status_code == 400 and big[0].json()["error"]["param"] == "prompt", big[0].text
     assert parse > 0.2 and len(health) >= 5, (parse, len(health))
-    print(f"parse {parse:.3f} s on the event loop; /health at most {max(health):.3f} s ({len(health)} polls)")
-    assert max(health) < max(0.1, parse / 2), (max(health), parse)
+    took = big[1]
+    print(f"parse {parse:.3f} s on the event loop; the big request {took:.3f} s; /health at most "
+          f"{max(health):.3f} s ({len(health)} polls)")
+    assert max(health) < took / 2, (max(health), took, parse)
 
 
 def test_api_key_is_required_on_every_route_but_health_and_metrics(llm, monkeypatch):
