@@ -282,10 +282,11 @@ def test_port_0_prints_the_real_port_and_an_open_host_warns_once(tiny_ckpt, tmp_
     assert len(warnings) == 1 and "serve.api_key" in warnings[0] and "MTPX_API_KEY" in warnings[0], err
 
 
-def test_an_idle_server_exits_within_5_s_of_sigterm(tiny_ckpt, tmp_path):
+def test_an_idle_server_exits_well_before_its_shutdown_timeout(tiny_ckpt, tmp_path):
     """After streamed, non-streamed and abandoned requests, with a keep-alive connection open and
     a client that sent half a body: SIGTERM to exit under 5 s with serve.shutdown_timeout=10, no
-    traceback (no request is being answered; uvicorn alone waited the 10 s for the half body)."""
+    traceback (no request is being answered; uvicorn alone waited the 10 s for the half body).
+    Under 5 s on a quiet core; asserted under 8 s."""
     from tests.test_serve import _free_port, _wait_healthy
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
@@ -314,4 +315,6 @@ def test_an_idle_server_exits_within_5_s_of_sigterm(tiny_ckpt, tmp_path):
             proc.communicate()
     assert proc.returncode == 0 and "server stopped" in out and "Traceback" not in err, err[-2000:]
     print(f"idle server: SIGTERM to exit {elapsed:.2f} s")
-    assert elapsed < 5, elapsed
+    # 1.9 s on a quiet core (docs/serving.md); the bound leaves room for the suite's second process
+    # and stays below the 10 s of serve.shutdown_timeout that uvicorn alone waited
+    assert elapsed < 8, elapsed
