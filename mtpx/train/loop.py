@@ -54,6 +54,7 @@ from mtpx.train.data import (
     val_batches,
 )
 from mtpx.train.losses import Objective
+from mtpx.train.recipes import freeze_modules, loss_options
 from mtpx.train.records import (depth_names, format_losses, format_losses_compact, loss_curve_identity,
                                 plot_loss_curve, write_losses_csv)
 from mtpx.train.setup import check_cfg, check_device, choose_train_threads, resume_decision, start_state
@@ -260,6 +261,7 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     freeze = bool(t.freeze_base)
     if freeze:
         freeze_target(model)  # before wrapping: DDP and FSDP2 read requires_grad when they wrap
+    freeze_modules(model, int(t.get("mtp_freeze_modules") or 0))
     wrapped = distributed.wrap(objective, info, device)
     opt = build_optimizer(model, lr=float(t.lr), weight_decay=float(t.weight_decay), freeze_base=freeze)
     if resume and info.mode == "fsdp":
@@ -326,7 +328,8 @@ def _prepare_model(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, d
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings="
                          f"{model.cfg.max_position_embeddings}: lower train.seq_len")
     objective = Objective(model, mtp_loss_weight=float(t.mtp_loss_weight),
-                          mtp_loss_decay=float(t.get("mtp_loss_decay") or 1.0), mtp_unroll=unroll)
+                          mtp_loss_decay=float(t.get("mtp_loss_decay") or 1.0), mtp_unroll=unroll,
+                          options=loss_options(t, model))
     return threads, objective
 
 
