@@ -183,6 +183,9 @@ def _dispatch(cfg: DictConfig) -> int:
         if cfg.mode == "serve":
             from mtpx.serve.server import run_serve
             return run_serve(cfg)
+        if cfg.mode == "extract":
+            from mtpx.train.extract import run_extract
+            return run_extract(cfg)
         from mtpx.distill import run_distill      # mode=distill
         return run_distill(cfg)
     except USER_ERRORS as e:

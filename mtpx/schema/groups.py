@@ -84,9 +84,10 @@ def check_group(section: str, cls: type, cfg) -> None:
 class RunConfig(_Group):
     """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`);
     `check("", cfg)` checks mode (mtpx.cli before it dispatches)."""
-    mode: Literal["eval", "bench", "train", "serve", "distill"] = "eval"
+    mode: Literal["eval", "bench", "train", "serve", "distill", "extract"] = "eval"
     """What the run does: eval (decode a prompt set, report spec-decode metrics and check
-    losslessness), bench (the serving benchmark), train, serve (the HTTP server) or distill."""
+    losslessness), bench (the serving benchmark), train, serve (the HTTP server), distill or
+    extract (the target's hidden states for head training, mtpx/train/extract.py)."""
     seed: int = 0
     """The run's seed (model init and data order in mode=train)."""
     data_dir: str = MISSING
@@ -376,6 +377,13 @@ class TrainConfig(_Group):
     h_{j+k-1} (target: teacher forcing)."""
     mtp_freeze_modules: int = 0
     """The first this many draft modules stay frozen (train modules added to a checkpoint)."""
+    hidden_states_path: Optional[str] = None
+    """A folder of the target's hidden states written by mode=extract (which writes it): heads
+    train on them without the target's layers (needs freeze_base=true; mtpx/train/shards.py)."""
+    hidden_states_top_k: int = 64
+    """mode=extract: the target's top-k log-probs kept per token (for the distribution losses)."""
+    hidden_states_shard_size: int = 256
+    """mode=extract: rows (packed blocks) per shard."""
     mtp_share_fc: bool = False
     """Modules share module 0's fc and norms (Qwen3-Next layout; mtp_style=qwen3_next)."""
     distill_path: Optional[str] = None
@@ -426,6 +434,9 @@ class TrainConfig(_Group):
             check("mtp_loss_temperature", lambda v: v > 0, "a temperature > 0")
         if t.get("lk_loss_eta") is not None:
             check("lk_loss_eta", lambda v: v >= 0, "a number >= 0")
+        for key in ("hidden_states_top_k", "hidden_states_shard_size"):
+            if t.get(key) is not None:
+                check(key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
         if t.get("mtp_freeze_modules") is not None:
             check("mtp_freeze_modules", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
         if t.get("dist_timeout_s") is not None:
