@@ -130,3 +130,17 @@ def test_shards_of_another_target_or_tokenizer_or_no_shard_folder_are_refused(ta
     next(half.glob("shard-*")).unlink()
     with pytest.raises(ValueError, match=r"^train.hidden_states_path=\S+ lacks 1 of its"):
         train(cfg(src, half))
+
+
+def test_two_ranks_write_the_shards_of_one_process_between_them(target, monkeypatch):
+    """Under torchrun (RANK, WORLD_SIZE; no process group) rank r writes the shards i % 2 == r:
+    together the same bytes as one process."""
+    tmp, src = target
+    one = _extract(tmp, src, tmp / "hs_one")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        extract_mod.run_extract(_extract_cfg(tmp, src, tmp / "hs_two"))
+        written = sorted(p.name for p in (tmp / "hs_two").glob("shard-*"))
+        assert written == sorted(f.name for i, f in enumerate(one) if i % 2 <= rank)
+    assert all((tmp / "hs_two" / f.name).read_bytes() == f.read_bytes() for f in one)
