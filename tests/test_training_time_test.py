@@ -16,6 +16,7 @@ from mtpx.train.loop import train
 from mtpx.train.losses import LossOptions, mtp_objective
 from tests.helpers import _params, make_llm, peaked_model, tiny_config
 from tests.test_train import run_cfg, write_synthetic_gsm8k
+from tests.test_train_recipes import _ids, _model
 
 K = 3
 TOL = 1e-7
@@ -68,15 +69,13 @@ def test_unrolled_training_forward_equals_the_engines_draft_chain():
 
 
 def test_ttt_objective_trains_and_its_first_step_is_the_plain_one():
-    torch.manual_seed(0)
-    model = peaked_model(tiny_config(num_nextn_predict_layers=1)).float().train()
-    ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(3))
+    model, ids = _model(1), _ids(2, 16)
     opts = LossOptions(mtp_unroll_ttt=True)
     loss, parts = mtp_objective(model, ids, mtp_loss_weight=0.3, mtp_unroll=3, train_base=False,
                                 options=opts)
     _, plain = mtp_objective(model, ids, mtp_loss_weight=0.3, mtp_unroll=3, train_base=False)
     assert parts["mtp1"] == pytest.approx(plain["mtp1"], rel=1e-6)     # step 1: one causal pass, both
-    assert parts["mtp2"] != pytest.approx(plain["mtp2"], rel=1e-4)
+    assert abs(parts["mtp2"] - plain["mtp2"]) > 1e-5         # float32 noise is ~1e-7 here
     loss.backward()
     assert model.mtp[0].fc.weight.grad.abs().sum() > 0
 

@@ -10,16 +10,19 @@ export MTPX_DATA_DIR=${MTPX_DATA_DIR:-/work/shared/data}
 RUNS=${RUNS:-/tmp/mtpx_recipes}
 DISTILL=$RUNS/distill_gsm8k_train
 STEPS=${STEPS:-40}
+NUM_PROMPTS=${NUM_PROMPTS:-128}     # distilled GSM8K-train questions
+LR=${LR:-1e-3}
+LOSSES=${LOSSES:-ce kl lk_hybrid lk_nll}
 
 gen() {  # the target's greedy answers to the first 128 GSM8K-train questions (at most 128 tokens)
   python train_or_eval.py mode=distill data=gsm8k data.path='${data_dir}/gsm8k/train.jsonl' \
-    distill.out_dir=$DISTILL distill.num_prompts=128 distill.shard_size=64 distill.max_tokens=128 \
+    distill.out_dir=$DISTILL distill.num_prompts=$NUM_PROMPTS distill.shard_size=64 distill.max_tokens=128 \
     distill.threads=1 engine.max_num_seqs=32 engine.compile=false +spec=mtp8 logger=none hydra.run.dir=$RUNS/gen.hydra
 }
 
 # every fine-tune: frozen demo target, its 8 heads trained further, STEPS steps of 8 x 128 tokens
 COMMON="mode=train train.freeze_base=true model.path=checkpoints/demo train.steps=$STEPS train.warmup_steps=5
-  train.lr=1e-3 train.min_lr=1e-4 train.batch_size=8 train.seq_len=128 train.eval_every=0 train.save_every=0
+  train.lr=$LR train.min_lr=$(python -c "print($LR / 10)") train.batch_size=8 train.seq_len=128 train.eval_every=0 train.save_every=0
   train.threads=1 train.data_sources=[distill] train.distill_path=$DISTILL logger=none"
 train() {
   local name=$1
@@ -42,7 +45,7 @@ case ${1:-all} in
   eval) evaluate "$2" ;;
   all)
     gen
-    for n in ce kl lk_hybrid lk_nll; do train $n; done
-    for n in base ce kl lk_hybrid lk_nll; do evaluate $n; done
+    for n in $LOSSES; do train $n; done
+    for n in base $LOSSES; do evaluate $n; done
     python experiments/training_recipes/table.py "$RUNS" ;;
 esac

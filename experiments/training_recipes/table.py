@@ -11,6 +11,8 @@ base = None
 print("| heads | acceptance length | vs shipped | acceptance rate | drafts | per-position acceptance 1..8 |")
 print("|---|---:|---:|---:|---:|---|")
 for name in ["base", "ce", "kl", "lk_hybrid", "lk_nll"]:
+    if not (runs / f"eval_{name}" / "metrics.json").is_file():
+        continue
     m = json.loads((runs / f"eval_{name}" / "metrics.json").read_text())
     base = base or m["acceptance_length"]
     pos = " ".join(f"{x:.3f}" for x in m["per_position_acceptance"])
