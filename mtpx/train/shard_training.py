@@ -55,7 +55,12 @@ def light_model(path: str, want: dict, seed: int, console: Console) -> tuple[MTP
                 extra = name.startswith("mtp.") and int(name.split(".")[1]) >= full.num_nextn_predict_layers
                 if not name.startswith(LAYERS) and not extra:
                     state[name] = st.get_tensor(name).float()
-    model.load_state_dict(state, strict=False)
+    missing = [k for k in model.load_state_dict(state, strict=False).missing_keys
+               if not (k.startswith("mtp.") and int(k.split(".")[1]) >= saved.num_nextn_predict_layers)
+               and not (k == "lm_head.weight" and full.tie_word_embeddings)]
+    if missing:
+        raise ValueError(f"model.path={path} lacks {len(missing)} tensors the heads need ({missing[:3]}): "
+                         "point model.path at a complete mtpx checkpoint")
     tok = load_folder_tokenizer(Path(path))
     console.print(f"model.path={path}: the target's {saved.num_hidden_layers} decoder layers are not loaded "
                   "(train.hidden_states_path)")
