@@ -341,7 +341,7 @@ class StepLog:
         step, abort = engine.step, engine.abort
 
         def timed_step():
-            self.gate.wait()
+            assert self.gate.wait(timeout=60), "a test held the engine's step for 60 s"
             t0 = time.perf_counter()
             out = step()
             self.ends.append(time.perf_counter())
@@ -372,6 +372,7 @@ def test_a_non_streaming_client_that_times_out_frees_its_request_within_one_step
         time.sleep(0.01)
     assert log.aborts[0] - left <= 2, (left, log.aborts)
     while _metric(url, "abort") == aborted:
+        assert time.time() - t0 < 30, "the abort was not counted"
         time.sleep(0.02)
     stats = app.state.engine.stats
     assert stats["num_running"] == 0 and stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
@@ -396,21 +397,23 @@ def test_gauges_count_requests_when_they_arrive_and_leave(live, monkeypatch):
         return _metric(url, "mtpx:num_requests_waiting"), _metric(url, "mtpx:num_requests_running")
 
     threads = [threading.Thread(target=post, args=(t,)) for t in (60, 60, 60, 1.0)]
-    for t in threads:
-        t.start()
-    t0 = time.time()
-    while gauges() != (4, 0):
-        assert time.time() - t0 < 10, gauges()
-        time.sleep(0.02)
-    threads[-1].join()                                  # its client gave up while the step is held
-    t0 = time.time()
-    while gauges() != (3, 0):
-        assert time.time() - t0 < 10, gauges()
-        time.sleep(0.02)
-    assert log.ends == []
-    log.gate.set()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        t0 = time.time()
+        while gauges() != (4, 0):
+            assert time.time() - t0 < 10, gauges()
+            time.sleep(0.02)
+        threads[-1].join(timeout=30)                    # its client gave up while the step is held
+        t0 = time.time()
+        while gauges() != (3, 0):
+            assert time.time() - t0 < 10, gauges()
+            time.sleep(0.02)
+        assert log.ends == []
+    finally:
+        log.gate.set()                                  # never leave the engine's step held
+        for t in threads:
+            t.join(timeout=90)
     assert sorted(codes, key=str) == [200, 200, 200, "timeout"]
     assert gauges() == (0, 0)
 
