@@ -472,7 +472,9 @@ def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live, monkeypatch):
     assert big[1].json()["usage"]["prompt_tokens"] == 8
     during = [b - a for a, b in zip(chunks, chunks[1:]) if t0 <= b <= t1]
     step = max(d for e, d in zip(log.ends, log.durations) if t0 <= e <= t1)
-    assert t1 - t0 > 0.5 and during and max(health) < 0.5, (t1 - t0, max(health))
+    # /health stays within 0.5 s, or a fifth of the big requests' time on a loaded machine (0.57 s of
+    # 11.4 s beside eight busy processes); a parse on the event loop stalls it for most of that time
+    assert t1 - t0 > 0.5 and during and max(health) < max(0.5, (t1 - t0) / 5), (t1 - t0, max(health))
     # a chunk comes one step after the last; delayed by at most one more step and the 10 MB body's
     # JSON parse on the event loop (about 0.1 s here; 2 steps alone failed once at 0.208 s > 0.192 s,
     # and a fixed 0.1 s once under the parallel suite's load), timed here on the same load
