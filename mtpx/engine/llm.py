@@ -22,7 +22,7 @@ from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
 from mtpx.auto_k import AutoDraftLength
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
-from mtpx.core.stop_strings import StopStrings, cut_at_stop
+from mtpx.core.stop_strings import StopStrings, cut_at_stop, stop_after
 from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
 from mtpx.engine.prompts import prompt_ids, prompt_list, render_conversations
@@ -356,7 +356,8 @@ class LLM:
         """What generate returns for request `r` (its text decoded), e.g. from an on_finish callback."""
         text = self.decode(r.output_token_ids)
         if isinstance(r.stop_reason, str):
-            text = cut_at_stop(text, r.stop_reason, r.params.include_stop_str_in_output)
+            after = stop_after(r.output_token_ids, r.params.min_tokens, text, self.decode)
+            text = cut_at_stop(text, r.stop_reason, r.params.include_stop_str_in_output, after)
         logprobs = prompt_logprobs = None
         if r.params.logprobs is not None:
             logprobs = [self._logprob_dict(t, e) for t, e in zip(r.output_token_ids, r.logprobs)]

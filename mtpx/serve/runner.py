@@ -71,7 +71,8 @@ class Runner:
             if u.error:
                 yield None, [], None, u
                 return
-            delta = text.delta(self.formatter.output_text(run, u, body), u.finished, u.stop_reason)
+            out = self.formatter.output_text(run, u, body)
+            delta = text.delta(out, u.finished, u.stop_reason, self.formatter.stop_after(run, u, body, out))
             if delta or u.finished:
                 lps = u.logprobs[sent_ids:] if u.logprobs is not None else None
                 yield delta, u.token_ids[sent_ids:], lps, u
