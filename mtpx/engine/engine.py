@@ -151,11 +151,12 @@ class Engine:
 
     def validate_params(self, params) -> str | None:
         """Why the engine cannot honour SamplingParams `params` (a logit_bias token outside the
-        vocabulary), as one line; None when it can."""
+        vocabulary, a stop_token_ids id outside it), as one line; None when it can."""
         vocab = self.model.cfg.vocab_size
-        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if bad:
-            return f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+        for key, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                return f"{key} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
         return None
 
     def add_request(self, r: Request) -> bool:

@@ -22,6 +22,7 @@ from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
 from mtpx.auto_k import AutoDraftLength
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
+from mtpx.engine.api_args import check_device, check_threads, sampling_params_list
 from mtpx.core.stop_strings import StopStrings, cut_at_stop, stop_after
 from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
@@ -85,7 +86,9 @@ class LLM:
         config = with_overrides(engine_config, **overrides)
         if config.compile is None:                  # the API runs eager unless asked (EngineConfig.compile)
             config = with_overrides(config, compile=resolve_compile(None, "api"))
-        if threads and not callable(threads):
+        check_threads(threads)
+        check_device(device)
+        if threads is not None and not callable(threads):
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
@@ -205,7 +208,8 @@ class LLM:
         """prompts, as vLLM takes them: one prompt or a list (or any iterable, a generator
         included) of prompts, each a string, a list of token ids, {"prompt": str} (TextPrompt) or
         {"prompt_token_ids": [...]} (TokensPrompt); a list of integers is one prompt of token ids.
-        sampling_params: one SamplingParams for all or one per prompt. use_tqdm: True for a tqdm
+        sampling_params: one SamplingParams for all or a list, one per prompt (a dict is refused, as
+        vLLM's types do: SamplingParams(**d)). use_tqdm: True for a tqdm
         bar of finished prompts on stderr, or a callable taking tqdm's arguments (vLLM's); mtpx's
         default is False. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too
         long, a dict without a prompt) fails alone: its output has `error` set and finish_reason
@@ -219,12 +223,7 @@ class LLM:
         (benchmark client limit); arrival_offsets: seconds after the start at which each prompt
         arrives (request rate)."""
         prompts = prompt_list(prompts)
-        params = SamplingParams() if sampling_params is None else sampling_params
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        params = list(params)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        params = sampling_params_list(sampling_params, len(prompts))
         if arrival_offsets is not None and len(arrival_offsets) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
         bar = progress_bar(use_tqdm, len(prompts))
