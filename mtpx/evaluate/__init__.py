@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtpx.data.prompts import chat_template_applies, check_data_config, load_prompts
 from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
-from mtpx.engine.threads import choose_threads
+from mtpx.engine.threads import choose_threads, oversubscription_warning
 from mtpx.io import (GracefulInterrupt, atomic_write_json, atomic_write_jsonl, atomic_write_text,
                      source_commit, utc_now)
 from mtpx import schema
@@ -131,6 +131,9 @@ def _load_llm(cfg: DictConfig, c: DictConfig, mode: str, path, method: str | Non
     requested = c.get("threads")
     if requested is not None:
         choose_threads(None, requested, f"{mode}.threads")   # validated and set before the model loads
+    if (line := oversubscription_warning(requested, int(engine.get("tensor_parallel_size") or 1),
+                                         f"{mode}.threads")) is not None:
+        print(line)
     cost_file = spec.get("cost_model_file") if spec is not None and k == "auto" else None
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype, cost_model_file=cost_file,
               draft_path=spec.get("draft_path") if spec is not None else None,

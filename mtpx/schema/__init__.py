@@ -201,6 +201,8 @@ def compose_error(argv: list[str], conf_dir: Path) -> str | None:
         parsed = OverridesParser.create().parse_overrides(args)
     except Exception as e:  # noqa: BLE001 - Hydra's parse errors: keep their first line
         return _first_line(e)
+    if (twice := duplicate_key(parsed)) is not None:
+        return twice
     first = [_first_value(o) for o in parsed]
     variants = [first]
     for i, o in enumerate(parsed):
@@ -313,6 +315,10 @@ def unknown_key(full_key: str, obj: type | None) -> str:
         names = [f.name for f in dataclasses.fields(obj)]
     else:
         names = [f.name for f in dataclasses.fields(RunConfig)]
+    elsewhere = _sections_with(name, section)
+    if elsewhere:                  # the right name in the wrong place: eval.device, tensor_parallel_size
+        cpu = " (eval, bench and serve decode on the CPU)" if name == "device" else ""
+        return f"unknown key '{full_key}': did you mean {' or '.join(f'{s}.{name}' for s in elsewhere)}?{cpu}"
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     where = f"{section}." if section else ""
     if close:
@@ -323,6 +329,25 @@ def unknown_key(full_key: str, obj: type | None) -> str:
     choices = ", ".join(sorted(names))
     which = f"the {section} keys are" if section else "choose one of"
     return f"unknown key '{full_key}': {which} {choices}"
+
+
+def _sections_with(name: str, section: str) -> list[str]:
+    """The config groups other than `section` that have a key `name` (the engine group first)."""
+    nodes = [("engine", EngineGroup)] + [(g, c) for g, options in SCHEMAS.items() for c in options.values()]
+    found = [g for g, cls in nodes if g != section and name in {f.name for f in dataclasses.fields(cls)}]
+    return list(dict.fromkeys(found))
+
+
+def duplicate_key(overrides) -> str | None:
+    """One line when a command line gives the same key twice (Hydra keeps the last one, and an
+    error about either names the other's value), e.g. `eval.max_tokens=4 eval.max_tokens=abc`."""
+    seen: dict[str, str] = {}
+    for o in overrides:
+        key = o.key_or_group
+        if key in seen:
+            return f"{key} is given twice ({seen[key]} and {o.input_line}): give it once"
+        seen[key] = o.input_line
+    return None
 
 
 def _override_value(full_key: str, overrides: list[str]) -> str:
