@@ -12,6 +12,7 @@ automatic k's step costs at start-up (Engine.calibrate, mtpx/auto_k/calibration.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -37,6 +38,10 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
 AUTO_MAX_SINGLE_MODULE = 4     # num_speculative_tokens=auto with mtp1: k in 0 .. this
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "auto": None}     # auto: the checkpoint's own dtype
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class LLM:
@@ -128,7 +133,7 @@ class LLM:
         # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else
         # calibrated now
         self.calibration = self.engine.calibrate(cost_model_file, self.model_path, self._draft_path, spec,
-                                                 device) if auto else None
+                                                 device, _stderr_line) if auto else None
 
     def _tensor_parallel(self, model, tp_size: int, dtype, device, draft_path, allow_pickle):
         """(the Driver of the tensor-parallel ranks, whether this LLM started them): started here
