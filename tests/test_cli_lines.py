@@ -42,3 +42,19 @@ def test_wrong_way_command_lines_are_one_line_naming_the_fix(argv, line):
 ])
 def test_threads_or_ranks_past_the_cpus_are_a_warning_line(requested, tp, line):
     assert oversubscription_warning(requested, tp, "eval.threads", cpus=2) == line
+
+
+def test_resume_with_a_run_folder_of_no_earlier_run_is_one_line(tiny_ckpt, tmp_path):
+    """eval.resume=true with a mistyped hydra.run.dir (Hydra creates it, empty) is refused before
+    the model loads, instead of silently starting afresh."""
+    import os
+    import subprocess
+    import sys
+    run = tmp_path / "typo"
+    r = subprocess.run([sys.executable, str(CONF.parent / "train_or_eval.py"), f"model.path={tiny_ckpt}",
+                        "eval.resume=true", "logger=none", f"hydra.run.dir={run}"], capture_output=True,
+                       text=True, timeout=300, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: eval.resume=true: the run folder {run} holds no earlier run (no outputs.jsonl): set "
+        "hydra.run.dir to the interrupted run's folder, or drop eval.resume for a new run")

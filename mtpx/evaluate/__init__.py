@@ -97,6 +97,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
     if mode == "bench" and c.get("base_url"):
         return _run_http(cfg, out_dir, c, path, num_prompts, prompts_key)
+    if mode == "eval" and c.get("resume"):
+        _check_resume_folder(out_dir)
     dtype = cfg.model.get("dtype") or "float32"
     llm = _load_llm(cfg, c, mode, path, method, k, dtype, engine, spec_kw)
     threads = llm.thread_choice
@@ -150,6 +152,18 @@ def _load_llm(cfg: DictConfig, c: DictConfig, mode: str, path, method: str | Non
               f"{cs['num_compiled']} compiled, {cs['num_loaded']} loaded from the cache; layer regions "
               f"{'on' if cs['regions'] else 'off'}, torch.compile mode {cs['mode']})")
     return llm
+
+
+def _check_resume_folder(out_dir: Path) -> None:
+    """eval.resume=true: ValueError (before the model loads) when the run folder holds nothing of
+    an earlier run, only what Hydra made for this one (.hydra/, the job log): a mistyped or new
+    hydra.run.dir, which would silently start afresh."""
+    earlier = [f.name for f in out_dir.iterdir() if f.name != ".hydra" and f.suffix != ".log"] \
+        if out_dir.is_dir() else []
+    if not earlier:
+        raise ValueError(f"eval.resume=true: the run folder {out_dir} holds no earlier run (no "
+                         "outputs.jsonl): set hydra.run.dir to the interrupted run's folder, or drop "
+                         "eval.resume for a new run")
 
 
 def _restore_rows(out_dir: Path, mode: str, c: DictConfig, prompts, llm: LLM) -> dict:
