@@ -52,7 +52,7 @@ from mtpx.evaluate.args import (cap_max_tokens, client_args, engine_args, model_
 from mtpx.evaluate.generate import _generate, _output_row, _Stop, finished_rows  # noqa: F401  (API)
 from mtpx.evaluate.lines import (_all_failed, _check_fixed_lengths, _client_text,  # noqa: F401  (API)
                                  _data_text, _length_text, _print_request_errors, _sampling_text,
-                                 dead_position_warning)
+                                 _skip_long_prompts, dead_position_warning)
 from mtpx.evaluate.measure import _Run, _measure, compare_outputs  # noqa: F401  (API)
 
 
@@ -111,6 +111,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
         print(f"chat template: the tokenizer of {path} has none; {cfg.data.name} prompts are sent "
               "as the raw first-turn text (metrics.json: chat_template false)")
     _check_fixed_lengths(prompts, llm.max_model_len)
+    prompts, skipped = _skip_long_prompts(prompts, llm.encode, llm.max_model_len, mode)
     client = client_args(c, len(prompts), mode)
     params = sampling_params(c, len(prompts), mode, [p.output_len for p in prompts])
     params, cap = cap_max_tokens(prompts, params, llm.max_model_len, f"{mode}.max_tokens")
@@ -119,7 +120,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     try:
         with GracefulInterrupt() as interrupt:
             return _measure(_Run(cfg, c, mode, out_dir, llm, prompts, params, client, engine, spec_kw, chat,
-                                 method, name, dtype, threads, logger, restored, cap), interrupt)
+                                 method, name, dtype, threads, logger, restored, cap, skipped), interrupt)
     finally:
         logger.finish()
 

@@ -1,0 +1,43 @@
+"""mode=bench with prompts longer than the model's context (issue 73 item 7): they are skipped
+with one line and counted (metrics.json num_prompts_skipped, the report's title), as vLLM's
+benchmarks filter them, instead of failing as requests."""
+import json
+
+import pytest
+
+from mtpx.data.prompts import Prompt
+from mtpx.evaluate.lines import _skip_long_prompts
+from tests.test_bench import _cfg, _questions
+from mtpx.cli import run
+
+
+def test_only_bench_skips_and_all_too_long_is_one_line(capsys):
+    prompts = [Prompt("a b", None, "qa"), Prompt("", None, "x", token_ids=[1] * 8),
+               Prompt("a " * 9, None, "qa")]
+    encode = str.split
+    assert _skip_long_prompts(prompts, encode, 8, "eval") == (prompts, 0)
+    assert _skip_long_prompts(prompts, encode, 8, "bench") == ([prompts[0]], 2)
+    assert capsys.readouterr().out.startswith("bench: skipped 2 of 3 prompts of max_model_len=8 tokens or")
+    with pytest.raises(ValueError, match=r"^bench: all 2 prompts have max_model_len=8 tokens or more: "):
+        _skip_long_prompts(prompts[1:], encode, 8, "bench")
+
+
+@pytest.mark.slow       # 31 s on 2 loaded cores: python -m pytest -m slow tests/test_bench_edges.py
+def test_bench_skips_prompts_longer_than_max_model_len_with_a_count(tiny_ckpt, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    data = _questions(tmp_path / "q.jsonl", categories=("qa", "translation"), per_category=2)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    for r in rows:
+        if r["category"] == "translation":
+            r["turns"][0] = "word " * 200 + "?"            # past max_model_len=96 tokens
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = _cfg([f"model.path={tiny_ckpt}", "data=spec_bench", f"data.path={data}", "bench.num_prompts=4",
+                "bench.max_tokens=4", "engine.max_model_len=96"])
+    assert run(cfg) == 0
+    out = capsys.readouterr().out
+    assert ("bench: skipped 2 of 4 prompts of max_model_len=96 tokens or more (engine.max_model_len); the "
+            "other 2 run (metrics.json num_prompts_skipped)") in out.splitlines()
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert (m["num_prompts_skipped"], m["num_requests"], m["num_failed"]) == (2, 2, 0)
+    report = " ".join((tmp_path / "report.txt").read_text().split())
+    assert "2 prompts (2 longer than max_model_len skipped)" in report
