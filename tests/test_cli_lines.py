@@ -1,6 +1,7 @@
-"""Command lines that pointed the wrong way (issue 73 item 3): a key given twice is one line
-naming both values; a key in the wrong group (device=cuda, eval.device, tensor_parallel_size) names
-the group that has it, not a look-alike; threads or tensor-parallel ranks past the CPUs are a
+"""Command lines that pointed the wrong way (issue 73 item 3): a key given twice names the value
+that failed (Hydra applies overrides in order; the last wins), a group chosen twice both choices;
+a key in the wrong group (device=cuda, eval.device, tensor_parallel_size) names the group that has
+it, not a look-alike; threads or tensor-parallel ranks past the CPUs are a
 warning line (the run goes on: legal, only slow)."""
 from pathlib import Path
 
@@ -13,10 +14,10 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 @pytest.mark.parametrize("argv,line", [
-    (["eval.max_tokens=4", "eval.max_tokens=abc"],
-     "eval.max_tokens is given twice (eval.max_tokens=4 and eval.max_tokens=abc): give it once"),
-    (["eval.max_tokens=4", "eval.max_tokens=8"],
-     "eval.max_tokens is given twice (eval.max_tokens=4 and eval.max_tokens=8): give it once"),
+    (["eval.max_tokens=4", "eval.max_tokens=abc"], "eval.max_tokens=abc: must be an integer"),
+    (["eval.max_tokens=abc", "eval.max_tokens=4"], "eval.max_tokens=abc: must be an integer"),
+    (["eval.max_tokens=4", "eval.max_tokens=8"], None),                    # legal: the last wins
+    (["+spec=mtp8", "+spec=mtp1"], "spec is given twice (+spec=mtp8 and +spec=mtp1): give it once"),
     (["model=hf", "model=demo"], "model is given twice (model=hf and model=demo): give it once"),
     (["device=cuda"],
      "unknown key 'device': did you mean train.device? (eval, bench and serve decode on the CPU)"),

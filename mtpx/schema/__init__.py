@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import os
 from dataclasses import field
 from pathlib import Path
@@ -296,8 +297,9 @@ def explain(e: BaseException, overrides: list[str]) -> str:
         if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "not in '" in str(cause):
             return unknown_key(key, obj)
         if isinstance(cause, ValidationError) and key:
-            value = _override_value(key, overrides)
             msg = getattr(cause, "msg", str(cause)).splitlines()[0]
+            named = re.match(r"Value '(.*?)'", msg)     # the value that failed (a key given twice: either)
+            value = named.group(1) if named else _override_value(key, overrides)
             want = _type_word(msg)
             return f"{key}={value}: {want}" if want else f"{key}={value}: {msg}"
     text = _first_line(cause if isinstance(cause, OmegaConfBaseException) else e)
@@ -339,11 +341,14 @@ def _sections_with(name: str, section: str) -> list[str]:
 
 
 def duplicate_key(overrides) -> str | None:
-    """One line when a command line gives the same key twice (Hydra keeps the last one, and an
-    error about either names the other's value), e.g. `eval.max_tokens=4 eval.max_tokens=abc`."""
+    """One line when a command line chooses a config group twice (`+spec=mtp8 +spec=mtp1`,
+    `model=hf model=demo`), which Hydra refuses with "Multiple values for spec. To override a
+    value use 'override spec: mtp1'". A value key given twice is legal (the last one wins)."""
     seen: dict[str, str] = {}
     for o in overrides:
         key = o.key_or_group
+        if key not in SCHEMAS and key not in ("engine",):
+            continue
         if key in seen:
             return f"{key} is given twice ({seen[key]} and {o.input_line}): give it once"
         seen[key] = o.input_line
@@ -351,7 +356,9 @@ def duplicate_key(overrides) -> str | None:
 
 
 def _override_value(full_key: str, overrides: list[str]) -> str:
-    for o in overrides:
+    """The value the failing override gave: the last one for a key given twice (Hydra applies
+    overrides in order, so the last is the one checked)."""
+    for o in reversed(overrides):
         key, _, value = o.lstrip("+~").partition("=")
         if key == full_key:
             return value
