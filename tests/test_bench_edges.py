@@ -1,6 +1,7 @@
 """mode=bench with prompts longer than the model's context (issue 73 item 7): they are skipped
 with one line and counted (metrics.json num_prompts_skipped, the report's title), as vLLM's
-benchmarks filter them, instead of failing as requests."""
+benchmarks filter them, instead of failing as requests. And the report's ratio of speculative to
+plain decoding's throughput, with a hint when speculation loses (item 8)."""
 import json
 
 import pytest
@@ -41,3 +42,19 @@ def test_bench_skips_prompts_longer_than_max_model_len_with_a_count(tiny_ckpt, t
     assert (m["num_prompts_skipped"], m["num_requests"], m["num_failed"]) == (2, 2, 0)
     report = " ".join((tmp_path / "report.txt").read_text().split())
     assert "2 prompts (2 longer than max_model_len skipped)" in report
+
+
+@pytest.mark.parametrize("spec,plain,line", [
+    (50.0, 100.0, "0.50x"), (150.0, 100.0, "1.50x")])
+def test_the_report_shows_the_speculative_to_plain_ratio_and_a_hint_when_it_loses(spec, plain, line, capsys):
+    from mtpx.evaluate.measure import _speedup_lines
+    from mtpx.metrics.report import format_report
+    metrics = {"output_throughput": spec, "plain_output_throughput": plain, "acceptance_length": 1.4}
+    _speedup_lines(metrics, {"max_concurrency": 64})
+    assert metrics["speculative_speedup"] == spec / plain
+    report = " ".join(format_report(metrics, "t", width=200).split())
+    assert f"Speculative / plain throughput {line}" in report
+    hint = ("speculation is 0.50x plain decoding at concurrency 64: verifying k drafts costs more than the "
+            "1.40 tokens a step commits; try spec.num_speculative_tokens=auto")
+    assert metrics.get("speedup_hint", "").startswith(hint) == (spec < plain)
+    assert capsys.readouterr().out.startswith("note: " + hint) == (spec < plain)

@@ -82,6 +82,13 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
             sink.flush()
 
     def on_step(engine) -> None:
+        now = time.perf_counter()
+        if now - live.get("shown", 0.0) >= 0.5:     # tokens of running requests too: the bar moves before
+            live["shown"] = now                     # the first request finishes (concurrency 64)
+            tokens = live["tokens"] + sum(len(r.output_token_ids) for r in engine.scheduler.running)
+            rate = f"{tokens / max(now - t0, 1e-9):.0f} tok/s"
+            progress.update(task, description=f"{label} · {rate} · {tokens} tokens")
+            lines.update(len(done), rate, f"{tokens} tokens")
         lines.tick()
         if interrupt.requested:
             raise _Stop

@@ -293,8 +293,27 @@ def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict,
     metrics["lossless_mismatches"] = len(mismatches)
     metrics["lossless_near_ties"] = near_ties    # [{index, position, gap}]; count = len
     metrics["plain_output_throughput"] = compute_metrics(plain, plain_duration, 0)["output_throughput"]
+    _speedup_lines(metrics, client)
     for m in mismatches:
         print(f"error: request {m['index']} differs from plain decoding at output token "
               f"{m['position']} (top-2 logit gap {m['gap']}): speculative decoding is not lossless",
               file=sys.stderr)
     return 1 if mismatches else 0
+
+
+def _speedup_lines(metrics: dict, client: dict) -> None:
+    """metrics' speculative_speedup (output throughput over plain decoding's, same prompts and
+    client) and, when speculation loses, speedup_hint: why that happens and what to try."""
+    plain, spec = metrics.get("plain_output_throughput"), metrics.get("output_throughput")
+    if not plain or spec is None:
+        return
+    ratio = metrics["speculative_speedup"] = round(spec / plain, 3)
+    if ratio < 1:
+        concurrency = client.get("max_concurrency")
+        batch = f" at concurrency {concurrency}" if concurrency else ""
+        metrics["speedup_hint"] = (
+            f"speculation is {ratio:.2f}x plain decoding{batch}: verifying k drafts costs more than the "
+            f"{metrics.get('acceptance_length') or 0:.2f} tokens a step commits; try "
+            "spec.num_speculative_tokens=auto (k per step, 0 where drafts do not pay), a smaller k, or "
+            "a lower concurrency (a full batch leaves the CPU no idle compute for drafts)")
+        print(f"note: {metrics['speedup_hint']}")
