@@ -172,7 +172,7 @@ api("3: `distill.out_dir=/proc/x/y`",
     lambda: __import__("mtpx.io", fromlist=["check_writable_dir"]).check_writable_dir(
     "/proc/x/y", "distill.out_dir"))
 from mtpx.io import disk_error_line  # noqa: E402
-from mtpx.train.loop import _check_device  # noqa: E402
+from mtpx.train.setup import check_device as _check_device  # noqa: E402
 api("3: `train.device=cuda` on a CPU build", lambda: _check_device("cuda"))
 api("3: a full disk at a save (ENOSPC injected)", lambda: disk_error_line(
     OSError(errno.ENOSPC, "No space left on device", str(tmp / "ckpt" / "model.safetensors"))))
@@ -261,7 +261,7 @@ rows.append(("7: `-m ... spec.num_speculative_tokens=9,2` (job 0 fails)",
              f"exit {code}; " + " / ".join(tail)))
 
 # 8. train.threads
-from mtpx.train.loop import _choose_threads  # noqa: E402
+from mtpx.train.setup import choose_train_threads as _choose_threads  # noqa: E402
 from mtpx.train.distributed import DistInfo  # noqa: E402
 os.environ.pop("OMP_NUM_THREADS", None)
 api("8: `train.threads=null` (the default)",
