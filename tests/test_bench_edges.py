@@ -58,3 +58,29 @@ def test_the_report_shows_the_speculative_to_plain_ratio_and_a_hint_when_it_lose
             "1.40 tokens a step commits; try spec.num_speculative_tokens=auto")
     assert metrics.get("speedup_hint", "").startswith(hint) == (spec < plain)
     assert capsys.readouterr().out.startswith("note: " + hint) == (spec < plain)
+
+
+@pytest.mark.slow       # an eval on the tiny checkpoint: python -m pytest -m slow tests/test_bench_edges.py
+def test_an_eval_on_a_full_disk_writes_every_file_it_can_then_one_line(tiny_ckpt, tmp_path, monkeypatch):
+    """metrics.json fails with ENOSPC: outputs.jsonl, report.txt and the figures are still
+    written, and the run ends with the disk error naming metrics.json (the entry point prints
+    it as one line, mtpx.io.disk_error_line)."""
+    import errno
+    from mtpx.evaluate import measure, run_eval
+    from mtpx.io import disk_error_line
+    from tests.test_cli import _cfg as eval_cfg
+    real = measure.atomic_write_json
+
+    def full(path, obj, *a, **k):
+        if str(path).endswith("metrics.json"):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, obj, *a, **k)
+    monkeypatch.setattr(measure, "atomic_write_json", full)
+    cfg = eval_cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=2",
+                    "eval.num_prompts=2", "eval.max_tokens=6", "logger=none", "eval.check_lossless=false"])
+    with pytest.raises(OSError) as err:
+        run_eval(cfg, tmp_path)
+    assert disk_error_line(err.value) == (f"No space left on device ({tmp_path / 'metrics.json'}): free disk "
+                                          "space or point the output elsewhere")
+    assert (tmp_path / "outputs.jsonl").exists() and (tmp_path / "report.txt").exists()
+    assert (tmp_path / "per_position_acceptance.png").exists() and not (tmp_path / "metrics.json").exists()
