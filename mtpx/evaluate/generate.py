@@ -117,8 +117,9 @@ def _show_running(engine, live: dict, t0: float, describe, lines: ProgressLines,
         live["shown"] = now
         tokens = live["tokens"] + sum(len(r.output_token_ids) for r in engine.scheduler.running)
         rate = f"{tokens / max(now - t0, 1e-9):.0f} tok/s"
-        describe(f"{rate} · {tokens} tokens")
-        lines.update(done, rate, f"{tokens} tokens")
+        accepted = f"acceptance length {live['committed'] / live['drafts']:.2f}" if live["drafts"] else None
+        describe(" · ".join(x for x in (rate, f"{tokens} tokens", accepted) if x))
+        lines.update(done, rate, f"{tokens} tokens", accepted)
     lines.tick()
 
 
