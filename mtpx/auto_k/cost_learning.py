@@ -57,6 +57,7 @@ class StepCosts:
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._cost_memo = StepMemo()                 # this step's cost curves (`_memo`)
         self.prefill_module_ms = self._prefill_median()   # a prefill's draft modules: ms per token x module
+        self.catch_up_module_ms = RunningMedian(self.cost_window)  # the lazy catch-up's, likewise
 
     def set_step_costs(self, step_costs: dict) -> None:
         batches = sorted({b for _, b in step_costs})
@@ -159,6 +160,25 @@ class StepCosts:
         if module_tokens > 0:
             self.prefill_module_ms.add(max(0.0, ms) / module_tokens, self.steps)
 
+    def observe_module_rounds(self, record, depth_per_request: bool) -> None:
+        """A timed step's (StepRecord) module work outside its draft round: the prefill's
+        (`observe_prefill`, with per-request depths only) and the lazy catch-up's (its median ms
+        per position x module, `catch_up_ms`)."""
+        if record.prefill_module_tokens and depth_per_request:
+            self.observe_prefill(record.prefill_module_tokens, 1e3 * record.prefill_draft_s)
+        if record.catch_up_module_tokens > 0:
+            self.catch_up_module_ms.add(1e3 * record.catch_up_s / record.catch_up_module_tokens, self.steps)
+            self._costs_changed()
+
+    def catch_up_ms(self) -> float:
+        """Predicted ms of the lazy catch-up per position and module (mtpx/engine/lazy_catch_up.py):
+        measured (`observe_module_rounds`), else the module prefill's (the same prefill-like
+        round: `prefill_ms`), else 0."""
+        for median in (self.catch_up_module_ms, self.prefill_module_ms):
+            if median.count:
+                return median.value
+        return 0.0
+
     def set_prefill_cost(self, ms_per_module_token: float) -> None:
         """The start-up measurement of a prefill's speculator part, ms per prompt token and module
         (auto_k.costs.calibrate_prefill_cost): the first value of the running median that
@@ -219,17 +239,21 @@ class StepCosts:
                          if part == "draft" and b == bucket and j >= 1 and r.count >= least]
         return memo[key]
 
-    def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None) -> list[float]:
+    def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None,
+                        held_modules: int | None = None) -> list[float]:
         """step_cost_curve(batch_size) (or `curve`, when the caller has it) for a step whose deepest
-        request holds depth `held`: a k below it still runs the draft round at `held` (the modules
-        past k catch up), so it costs draft_cost(held) - draft_cost(k) more (never less)."""
+        request holds depth `held`: a k from 1 below it still runs the draft round at `held` (the
+        modules past k advance), so it costs draft_cost(held) - draft_cost(k) more (never less);
+        k = 0 runs no module (lazy catch-up) and costs the catch-up it defers, held_modules
+        (the step's requests' depths summed; None: batch_size x held) x `catch_up_ms`."""
         curve = self.step_cost_curve(batch_size) if curve is None else curve
         if held <= 0:
             return curve
         per_module = self._draft_per_module(batch_size)
         top = self.draft_cost(min(held, self.max_k), batch_size, per_module)
-        return [c + max(0.0, top - self.draft_cost(k, batch_size, per_module)) if k < held else c
-                for k, c in enumerate(curve)]
+        deferred = (batch_size * held if held_modules is None else held_modules) * self.catch_up_ms()
+        return [c + deferred if k == 0 else c + max(0.0, top - self.draft_cost(k, batch_size, per_module))
+                if k < held else c for k, c in enumerate(curve)]
 
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""

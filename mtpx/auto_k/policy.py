@@ -152,7 +152,8 @@ class AutoDraftLength:
         requests' depths (None: every request drafts k), each drafting min(k, its depth) in a
         step whose cost is k's (a request at depth 0 commits one token in a k = 8 step); curve: the
         costs per k when the caller has them (else held_cost_curve(batch_size, held))."""
-        curve = self.costs.held_cost_curve(batch_size, held) if curve is None else curve
+        if curve is None:
+            curve = self.costs.held_cost_curve(batch_size, held, None, sum(depths or ()) or None)
         tokens = self.estimates.expected_tokens_upto(top, mix)
         if not depths:
             return [batch_size * tokens[k] / curve[k] for k in range(top + 1)]
@@ -242,8 +243,8 @@ class AutoDraftLength:
         ages, each request's round, and the step's overhead beyond its forwards."""
         depth_per_request, allocation = self._planned
         rounds, k, t = record.rounds, record.k, record
-        if t.timed and t.prefill_module_tokens and depth_per_request:
-            self.costs.observe_prefill(t.prefill_module_tokens, 1e3 * t.prefill_draft_s)
+        if t.timed:      # the module prefill's and the lazy catch-up's cost
+            self.costs.observe_module_rounds(t, depth_per_request)
         pure = t.timed and not record.has_prefills
         learn = pure and self.forced is None        # a forced k's steps teach the costs nothing
         if rounds:
@@ -264,7 +265,7 @@ class AutoDraftLength:
         for r in rounds:
             self.observe_round(r.num_draft_tokens, r.num_accepted, r.key, r.age)
         if pure and rounds:
-            self.costs.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s))
+            self.costs.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s - t.catch_up_s))
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
                      verify_ms: float | None = None, draft_depth: int | None = None) -> None:
@@ -298,7 +299,7 @@ class AutoDraftLength:
             return choice
         mix = self._mix(ages)
         base = self.costs.step_cost_curve(batch_size)
-        curve = self.costs.held_cost_curve(batch_size, held, base)
+        curve = self.costs.held_cost_curve(batch_size, held, base, None if depths is None else sum(depths))
         g = self._goodputs(batch_size, top, mix, depths=depths, curve=curve)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
