@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 from mtpx.auto_k import AutoDraftLength, AutoKConfig
-from mtpx.core.step_plan import StepRecord
+from mtpx.core.step_plan import Round, StepRecord
 from mtpx.engine.lazy_catch_up import LazyCatchUp
+from mtpx.metrics.report import format_run_estimate
 from mtpx.spec_decode import common
 from tests.helpers import _params, assert_clean, install_draft_check, make_llm, run_checked
 from tests.test_auto_k import forced_engine, model
@@ -153,9 +154,10 @@ def test_the_policy_drafts_where_it_pays_and_decodes_plainly_where_nothing_does(
 
 
 def test_a_dear_measured_catch_up_keeps_the_modules_drafting():
-    """The catch-up's measured cost enters k = 0's price: drafting 4 at 34 ms with acceptance 0.65 (2.44 tokens: 1.15 per ms) k = 0 wins while the catch-up costs
-    0.01 ms per module position (12.64 ms: 1.27 per ms), and k = 4 wins once the measured catch-up
-    costs 0.12 ms (16 x 4 x 0.12 = 7.68 ms deferred per step: 0.81 per ms)."""
+    """The catch-up's measured cost enters k = 0's price: drafting 4 at 34 ms with acceptance
+    0.65 (2.53 tokens a request: 1.19 per ms), k = 0 wins while the catch-up costs 0.01 ms per
+    module position (12.64 ms: 1.27 per ms), and k = 4 wins once the measured catch-up costs
+    0.12 ms (16 x 4 x 0.12 = 7.68 ms deferred per step: 19.68 ms, 0.81 per ms)."""
     depths = [4] * 16
     table = {0: 12.0, 1: 34.0, 2: 34.0, 3: 34.0, 4: 34.0}
     light = _policy(table, 0.65, catch_up_ms=0.01)
@@ -164,3 +166,20 @@ def test_a_dear_measured_catch_up_keeps_the_modules_drafting():
     heavy = _policy(table, 0.65, catch_up_ms=0.12)
     assert heavy.costs.catch_up_ms() == pytest.approx(0.12)
     assert set(_settle(heavy, depths)) == {4}
+
+
+def test_the_run_estimate_prices_the_run_s_decode_steps_at_plain_decoding_and_the_best_fixed_k():
+    """Ten k = 0 steps of 16 requests, 12 ms each, one token per request: the cost model's estimate
+    of plain decoding over those steps is 16 / 12 ms = 1333.33 tok/s (what they measured), of
+    fixed k = 4 16 x 3.3616 / 20 ms = 2689.28 (acceptance 0.8: the best fixed k), and the report
+    prints both beside the measured rate."""
+    p = _policy({0: 12.0, 1: 14.0, 2: 16.0, 3: 18.0, 4: 20.0}, 0.8)
+    rounds = tuple(Round(i, 0, 0, 4, 10, 0, 0, 1) for i in range(16))
+    for _ in range(10):
+        p.observe(StepRecord(0, False, rounds, timed=True, verify_s=0.012, wall_s=0.012))
+    estimate = p.summary()["run_estimate"]
+    assert estimate == {"plain_tokens_per_s": 1333.33, "best_fixed_k": 4, "best_fixed_tokens_per_s": 2689.28,
+                        "measured_tokens_per_s": 1333.33}
+    assert format_run_estimate(estimate) == (
+        "Decode tok/s, this run's steps: automatic k measured 1333.3; the cost model's estimate of plain "
+        "decoding 1333.3 (1.000x) and of the best fixed k = 4 2689.3 (0.496x)")

@@ -153,6 +153,33 @@ class StepCosts:
         running_median(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.cost_window)
         self._costs_changed()
 
+    def observe_decode(self, record, pure: bool) -> None:
+        """A timed decode step (StepRecord): the measured decode the run estimate compares with
+        (cost_log.add_decode) and, when pure, its overhead beyond its forwards (`observe_overhead`)."""
+        decode_s = record.verify_s + record.draft_s + record.catch_up_s
+        self.cost_log.add_decode(sum(r.num_tokens for r in record.rounds), 1e3 * decode_s)
+        if pure:
+            self.observe_overhead(len(record.rounds), 1e3 * (record.wall_s - decode_s))
+
+    def run_estimate(self, expected_tokens) -> dict | None:
+        """The run's decode steps (their batch sizes, cost_log) as the cost model prices them
+        (step_cost_curve, every request drafting k; expected_tokens(k): E[tokens | k] from the
+        final estimates): output tokens per second of plain decoding (k = 0) and of the best fixed
+        k >= 1, beside the tokens per second the timed decode steps measured; None before any."""
+        sizes, log = self.cost_log.batch_sizes, self.cost_log
+        if self.step_costs is None or not sizes or log.decode_ms <= 0:
+            return None
+        tokens, ms = [0.0] * (self.max_k + 1), [0.0] * (self.max_k + 1)
+        for batch_size, steps in sizes.items():
+            for k, cost in enumerate(self.step_cost_curve(batch_size)):
+                tokens[k] += steps * batch_size * expected_tokens(k)
+                ms[k] += steps * cost
+        rate = [1e3 * t / m for t, m in zip(tokens, ms)]
+        best = max(range(1, self.max_k + 1), key=rate.__getitem__) if self.max_k else 0
+        return {"plain_tokens_per_s": round(rate[0], 2), "best_fixed_k": best,
+                "best_fixed_tokens_per_s": round(rate[best], 2),
+                "measured_tokens_per_s": round(1e3 * log.decode_tokens / log.decode_ms, 2)}
+
     def observe_prefill(self, module_tokens: int, ms: float) -> None:
         """A prefill step's speculator part (its modules over module_tokens prompt tokens x modules,
         then the first drafts) took ms: the median ms per module-token of the last cost_window

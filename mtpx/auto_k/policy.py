@@ -264,8 +264,8 @@ class AutoDraftLength:
             self.record(k, len(rounds), [r.age for r in rounds])
         for r in rounds:
             self.observe_round(r.num_draft_tokens, r.num_accepted, r.key, r.age)
-        if pure and rounds:
-            self.costs.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s - t.catch_up_s))
+        if t.timed and rounds:           # the run's measured decode; a pure step's overhead
+            self.costs.observe_decode(record, pure)
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
                      verify_ms: float | None = None, draft_depth: int | None = None) -> None:
