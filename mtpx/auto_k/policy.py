@@ -27,7 +27,7 @@ from mtpx.auto_k.admission import admission_depth
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.cost_curve import smooth_step_costs
-from mtpx.auto_k.cost_learning import StepCosts, with_prefill
+from mtpx.auto_k.cost_learning import StepCosts
 from mtpx.auto_k.exploring import Exploring
 from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
@@ -73,8 +73,6 @@ class AutoDraftLength:
             self.costs.set_draft_costs(draft_costs)
         if prefill_cost is not None:
             self.costs.set_prefill_cost(prefill_cost)
-
-    _with_prefill = staticmethod(with_prefill)
 
     @property
     def step_costs(self) -> dict | None:
@@ -303,7 +301,8 @@ class AutoDraftLength:
         g = self._goodputs(batch_size, top, mix, depths=depths, curve=curve)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
-        if best < current and self._falls(g, current, best, mix) or \
+        unheld = self._goodputs(batch_size, top, mix, depths=depths, curve=base) if held > current else None
+        if best < current and self._falls(g, current, best, mix, unheld) or \
                 best > current and self._rises(g, current, best, batch_size, mix, depths, base, held):
             streak += 1
             first_fall = steps == 1 and best < current and batch_size > 1 and not self.patient_start
@@ -331,13 +330,13 @@ class AutoDraftLength:
                           (batch_size, k, cost[k], cost[0]),
                           self.settled.settles(key, steps, k, current, streak, rising_to, ages))
 
-    def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
+    def _falls(self, g: list[float], k: int, smaller: int, mix, unheld: list[float] | None = None) -> bool:
         """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
-        hysteresis, and also beats k with its unlearned positions past `smaller` at their upper
-        estimates (a fall the prior alone predicts waits for the drafts that test it; computed only
-        when the first holds)."""
+        hysteresis, also with nothing held deeper than k (unheld: `_goodputs` on the unheld curve; a
+        k = 0 step defers a held depth's catch-up, a transient, `_rises`), and also with its unlearned
+        positions past `smaller` at their upper estimates (a fall the prior alone predicts waits)."""
         margin = 1 + self.hysteresis
-        if not g[smaller] > margin * g[k]:
+        if not g[smaller] > margin * g[k] or unheld is not None and not unheld[smaller] > margin * unheld[k]:
             return False
         tokens = self.estimates.expected_tokens(k, mix, smaller, self.optimism, self.min_verified)
         return g[smaller] > margin * g[k] * tokens / self.estimates.expected_tokens(k, mix)

@@ -437,8 +437,7 @@ class ModelRunner:
         final = n[:B] + accepted + 1                                        # target KV final below
         drafts = None
         if drafting:
-            self._lazy_catch_up(rows, rows_host, depths, n_host)
-            t1 = self._now()
+            t1 = self._lazy_catch_up(rows, rows_host, depths, n_host, t1)
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
                                       torch.cat([final, final.new_zeros(pad)]), [True] * B,
                                       meta.positions[:, 0], h, new, self._draft_sampler(sampling, new),
@@ -453,14 +452,17 @@ class ModelRunner:
         return self._now() - t0 - (t2 - t1) - self._catch_up[0], t2 - t1
 
     def _lazy_catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int],
-                       n_host: list[int]) -> None:
-        """Before a step's draft round, the modules of the requests that fell behind catch up
-        (LazyCatchUp.catch_up; its seconds and module tokens go to StepTiming)."""
-        lagging = self.lazy.lagging(rows_host[:len(depths)])
-        if lagging:
-            t0, before = self._now(), self.lazy.num_module_tokens
-            self.lazy.catch_up(rows, rows_host, depths, n_host, lagging)
-            self._catch_up = (self._now() - t0, self.lazy.num_module_tokens - before)
+                       n_host: list[int], t0: float) -> float:
+        """Before a step's draft round (t0: the clock then), the modules of the requests that fell
+        behind catch up (LazyCatchUp.catch_up; its seconds and module tokens go to StepTiming);
+        returns the clock after it."""
+        if not (lagging := self.lazy.lagging(rows_host[:len(depths)])):
+            return t0
+        before = self.lazy.num_module_tokens
+        self.lazy.catch_up(rows, rows_host, depths, n_host, lagging)
+        t1 = self._now()
+        self._catch_up = (t1 - t0, self.lazy.num_module_tokens - before)
+        return t1
 
     def _commit_states(self, decodes, n_host: list[int], nd_host: list[int], rows: torch.Tensor,
                        accepted: torch.Tensor, shapes: StepShapes) -> None:
