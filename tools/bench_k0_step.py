@@ -95,9 +95,11 @@ def main(argv=None) -> int:
         for b in a.batch_sizes:
             row = {"mode": mode, **paired(plain, held, b, a.steps, a.input_len, seed=b)}
             rows.append(row)
-            print(f"{mode:8s} batch {b:3d}: plain {row['plain_ms']:.2f} ms, held k = 0 {row['held_ms']:.2f} ms, "
-                  f"paired {row['ratio']:.3f}x ({row['ratio_q1']:.3f}-{row['ratio_q3']:.3f})", flush=True)
-    lines = ["| mode | batch | plain step ms | automatic k, k = 0, held at depth 8, ms | paired ratio (q1-q3) |",
+            print(f"{mode:8s} batch {b:3d}: plain {row['plain_ms']:.2f} ms, "
+                  f"held k = 0 {row['held_ms']:.2f} ms, paired {row['ratio']:.3f}x "
+                  f"({row['ratio_q1']:.3f}-{row['ratio_q3']:.3f})", flush=True)
+    lines = ["| mode | batch | plain step ms | automatic k, k = 0, held at depth 8, ms "
+             "| paired ratio (q1-q3) |",
              "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | {r['batch']} | {r['plain_ms']:.2f} | {r['held_ms']:.2f} | "
               f"{r['ratio']:.3f}x ({r['ratio_q1']:.3f}-{r['ratio_q3']:.3f}) |" for r in rows]
