@@ -279,6 +279,8 @@ class Scheduler:
             record = dataclasses.replace(record, timed=True, verify_s=t.verify_s, draft_s=t.draft_s,
                                          prefill_module_tokens=t.num_prefill_module_tokens,
                                          prefill_draft_s=t.prefill_draft_s,
+                                         catch_up_module_tokens=t.num_catch_up_module_tokens,
+                                         catch_up_s=t.catch_up_s,
                                          wall_s=self.clock() - self._step_start)
         self.draft_length.observe(record)
         return finished

@@ -225,7 +225,20 @@ def format_report(metrics: dict, title: str, width: int = 100) -> str:
     cost_model = (metrics.get("auto_k") or {}).get("cost_model") or {}
     if any(row.get("steps") for row in cost_model.values()):
         text += "\n" + format_cost_model_table(cost_model, width)
+    if (estimate := (metrics.get("auto_k") or {}).get("run_estimate")) is not None:
+        text += "\n" + format_run_estimate(estimate) + "\n"
     return text
+
+
+def format_run_estimate(e: dict) -> str:
+    """Automatic k's decode against the cost model's estimate of plain decoding and of the best
+    fixed k on the run's own decode steps (metrics["auto_k"]["run_estimate"],
+    StepCosts.run_estimate), one line."""
+    got = e["measured_tokens_per_s"]
+    return (f"Decode tok/s, this run's steps: automatic k measured {got:.1f}; the cost model's estimate "
+            f"of plain decoding {e['plain_tokens_per_s']:.1f} ({got / e['plain_tokens_per_s']:.3f}x) "
+            f"and of the best fixed k = {e['best_fixed_k']} {e['best_fixed_tokens_per_s']:.1f} "
+            f"({got / e['best_fixed_tokens_per_s']:.3f}x)")
 
 
 def format_cost_model_table(cost_model: dict[str, dict], width: int = 100) -> str:
