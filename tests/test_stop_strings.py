@@ -93,22 +93,35 @@ def test_checker_stops_at_the_first_token_whose_text_holds_a_stop(pieces, stop):
     assert got == want
 
 
-@pytest.mark.parametrize("spec,k", [(None, None), ("mtp8", 4)])
-@pytest.mark.parametrize("stop,min_tokens,include,n,text", [
+_LLMS: dict = {}
+
+
+def _successor_llm(spec, k) -> LLM:
+    """One LLM per speculator, shared by the min_tokens cases."""
+    if spec not in _LLMS:
+        _LLMS[spec] = LLM(model=successor_model(), tokenizer=tokenizer(), spec=spec, num_speculative_tokens=k)
+    return _LLMS[spec]
+
+
+CASES = [
     (["3"], 0, False, 25, "6789xy272829"),                  # the first "3": token 30, the 25th
     (["3"], 26, False, 26, "6789xy27282930"),               # "3" of "30" came before token 26 ("31")
     (["3"], 27, False, 27, "6789xy2728293031"),             # token 27 is "32"
     (["3"], 27, True, 27, "6789xy27282930313"),
     (["03"], 26, False, 26, "6789xy2728293"),               # "03" spans "30" and "31": ends in token 26
     (["3", "y2"], 27, False, 27, "6789xy2728293031"),
-])
+]
+
+
+@pytest.mark.parametrize("spec,k,stop,min_tokens,include,n,text",
+                         [(None, None, *c) for c in CASES] + [("mtp8", 4, *CASES[i]) for i in (2, 4)])
 def test_a_stop_string_before_min_tokens_does_not_end_or_cut_the_text(spec, k, stop, min_tokens, include, n,
                                                                        text):
     """vLLM's min_tokens: only a stop string that ends in the text of output token min_tokens or
     later ends the request, and the text is cut there (not at an earlier occurrence), so text,
     token ids and their count agree. Outputs: 6 7 8 9 x, 15 specials, y, 27 28 ...; the 25th
     output token is 30."""
-    llm = LLM(model=successor_model(), tokenizer=tokenizer(), spec=spec, num_speculative_tokens=k)
+    llm = _successor_llm(spec, k)
     (o,) = llm.generate([[X - 5]], SamplingParams(max_tokens=40, ignore_eos=True, stop=stop,
                                                   min_tokens=min_tokens, include_stop_str_in_output=include))
     assert (o.finish_reason, len(o.output_token_ids), o.text) == ("stop", n, text)
