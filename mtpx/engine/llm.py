@@ -117,7 +117,7 @@ class LLM:
         self.thread_choice = (threads(None if self._tp_driver else self.model) if callable(threads) else None)
         self.spec = spec
         k = (AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto else num_speculative_tokens
-        self.speculator = build_speculator(spec, self.model, k)
+        self.speculator = build_speculator(spec, self.model, k, tree=config.tree)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
         self.max_model_len = self.engine.max_model_len
