@@ -64,7 +64,8 @@ def node_meta(block_table: torch.Tensor, block_size: int, rows: torch.Tensor, ba
     the requests (rows [B]); valid [B, T] bool; prefix_end [B], ancestors [B, T, S]: TreeAttention's."""
     positions = base[:, None] + nodes
     slots = block_table.gather(1, positions // block_size) * block_size + positions % block_size
-    meta = ForwardMeta(positions, valid, rows, int((base + ancestors.shape[-1]).max()), block_table, block_size,
-                       slots, gdn_backend=gdn_backend)
+    kv_len = int((base + ancestors.shape[-1]).max())
+    meta = ForwardMeta(positions, valid, rows, kv_len, block_table, block_size, slots,
+                       gdn_backend=gdn_backend)
     meta.attn_backend = TreeAttention(prefix_end, base, ancestors)
     return meta

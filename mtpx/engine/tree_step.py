@@ -44,7 +44,8 @@ def check_tree_engine(config) -> None:
         raise ValueError("spec.tree with engine.tensor_parallel_size > 1: not supported yet")
 
 
-def move_path_kv(cache, rows: torch.Tensor, n: torch.Tensor, path: torch.Tensor, accepted: torch.Tensor) -> None:
+def move_path_kv(cache, rows: torch.Tensor, n: torch.Tensor, path: torch.Tensor,
+                 accepted: torch.Tensor) -> None:
     """The accepted nodes' target KV from position n + path[b, d] to n + d, d = 1 .. accepted[b]
     (module doc), in every target attention layer."""
     B, W = path.shape
@@ -83,8 +84,9 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     parents = torch.where(valid, spec.parents[:T], 0)
     parents[:, 0] = -1
     depths = torch.where(valid, spec.depths[:T], 0)
-    meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, torch.arange(T, device=dev).expand(B, T),
-                     valid, n, ancestor_mask(parents, D), cache.gdn_backend)
+    nodes = torch.arange(T, device=dev).expand(B, T)
+    meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
+                     ancestor_mask(parents, D), cache.gdn_backend)
     h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents)
     logits = model.lm_head(h)                                                  # [B, T, V]
     target = process_logits(reqs, logits).argmax(-1)                         # logit_bias only (unsupported)
@@ -98,8 +100,8 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
         save = (bi, node, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
     commit_tree_states(cache.recurrent, kept, rows, path.gather(1, accepted[:, None])[:, 0], save)
     keep = torch.arange(D + 1, device=dev)[None] <= accepted[:, None]
-    cache.write_tokens(torch.where(keep, rows[:, None], cache.pad_row), n[:, None] + 1 + torch.arange(D + 1, device=dev),
-                       emitted)
+    cache.write_tokens(torch.where(keep, rows[:, None], cache.pad_row),
+                       n[:, None] + 1 + torch.arange(D + 1, device=dev), emitted)
     path_logits = logits.gather(1, path[..., None].expand(-1, -1, logits.shape[-1]))
     gaps = runner._gaps(path_logits)
     lps = logprobs([r.params.logprobs for r in reqs], path_logits, emitted)

@@ -26,8 +26,8 @@ def _tree_speculator(method: str, model, num_speculative_tokens, tree):
     shape = build_tree_shape(tree, len(model.mtp) if method == "mtp8" else None)
     depth = len(list(tree)) if shape is None else shape.depth
     if num_speculative_tokens is not None and num_speculative_tokens != depth:
-        raise ValueError(f"spec.num_speculative_tokens={num_speculative_tokens} with a spec.tree {depth} deep: "
-                         "leave spec.num_speculative_tokens null (the tree sets the drafts)")
+        raise ValueError(f"spec.num_speculative_tokens={num_speculative_tokens} with a spec.tree {depth} "
+                         "deep: leave spec.num_speculative_tokens null (the tree sets the drafts)")
     if shape is None:                         # a chain: the chain speculator, exactly
         return SPECULATORS[method](model, depth)
     if len(model.mtp) < 1:

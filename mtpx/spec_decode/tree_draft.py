@@ -100,7 +100,8 @@ class TreeSpeculator:
         a = None
         if plan.metas:
             meta = plan.metas[0]
-            out = run_module(self.model, cache, 1, meta, gather_hidden(meta, b.target_hidden, b.target_start[:, None]))
+            hidden = gather_hidden(meta, b.target_hidden, b.target_start[:, None])
+            out = run_module(self.model, cache, 1, meta, hidden)
             a = last_valid(out, meta)
             base.computed.index_copy_(0, b.rows, plan.computed[0])
         return a, torch.minimum(base.computed[b.rows], n).clamp(min=0)
@@ -116,8 +117,10 @@ class TreeSpeculator:
             if level == 1:
                 a = self._root_out(root, rows, n, 1)[:, None]                     # [B, 1, hidden]
             else:
-                nodes = [i for i, d in enumerate(depths) if (1 if self.multi else level - 1) <= d <= level - 1]
-                M = self._module(cache, rows, n, tok, M, self._root_out(root, rows, n, level - 1), level, nodes)
+                low = 1 if self.multi else level - 1
+                nodes = [i for i, d in enumerate(depths) if low <= d <= level - 1]
+                hidden = self._root_out(root, rows, n, level - 1)
+                M = self._module(cache, rows, n, tok, M, hidden, level, nodes)
                 a = M[:, par]
             logits = self.model.draft_logits(level - 1 if self.multi else 0, a)    # [B, P, V]
             top = logits.topk(shape.widths[level - 1], dim=-1).indices
