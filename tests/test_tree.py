@@ -42,6 +42,7 @@ def test_shapes_from_widths_and_paths():
     ([[0], [1, 0]], None, r"spec.tree: path \[1, 0\] has no parent path \[1\]"),
     ([2, 1, 1], 2, r"spec.tree is 3 deep but the model has 2 MTP modules"),
     ("wide", None, r"spec.tree='wide': give a list of widths"),
+    ({"num_draft_tokens": 8}, None, r"spec.tree as a node budget .*: not supported yet"),
 ])
 def test_bad_shapes_name_the_key(value, modules, message):
     with pytest.raises(ValueError, match=message) as e:
@@ -167,9 +168,14 @@ def test_tree_equals_plain_and_drafts_exact(trained_tiny, spec, tree):
     assert len(checked) > 30
     accepted = sum(o.spec.num_accepted_tokens for o in outs)
     rounds = sum(o.spec.num_drafts for o in outs)
-    # the tree accepts more per round than the first-choice chain alone could: some rounds take a
-    # second-ranked child
     assert 0 < accepted < shape.depth * rounds
+    # metrics.json's "tree": accepted nodes per depth and sibling rank, counted per round; some
+    # accepted paths take a child that is not the draft's first choice
+    stats = llm.engine.runner.tree_stats
+    per_depth = [sum(o.spec.accepted_per_position[d] for o in outs) for d in range(shape.depth)]
+    assert [sum(row) for row in stats.rank_counts] + [0] * (shape.depth - len(stats.rank_counts)) == per_depth
+    assert sum(sum(row[1:]) for row in stats.rank_counts) > 0
+    assert stats.rounds == rounds and stats.nodes == sum(o.spec.num_draft_tokens for o in outs)
 
 
 def test_tree_beats_its_chain_on_acceptance(trained_tiny):
@@ -277,3 +283,45 @@ def test_random_workloads_with_trees_equal_plain_greedy(trained_tiny, w, spec, B
                    enable_prefix_caching=preempt_prefix, **kw)
     check(llm)
     event(f"preempted: {llm.engine.num_preemptions > 0}")
+
+
+def test_gated_deltanet_over_a_tree_equals_each_path_as_a_chain():
+    """Invariant 3 on trees: a Gated DeltaNet layer over tree nodes (parent-indexed conv and delta
+    rule) gives, at every node, the output, conv window and state of the plain layer run over the
+    node's root-to-node path as a sequence, from the same stored state (float64, within 1e-12)."""
+    from mtpx.attention.meta import ForwardMeta
+    from mtpx.cache.state import RecurrentState
+    from mtpx.models.deltanet import GatedDeltaNet
+    from mtpx.models.tree_forward import gdn_tree
+    from tests.helpers import tiny_config
+
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(tiny_config()).double()
+    spec = layer.cache_spec()
+    shape = build_tree_shape([2, 2, 1])
+    parents, depths, _ = shape.tensors()
+    T = shape.num_nodes + 1
+    x = torch.randn(1, T, 64, dtype=torch.float64)
+    state = RecurrentState.allocate(2, spec.conv_dim, spec.kernel, spec.heads, spec.key_dim,
+                                    spec.value_dim, torch.float64)
+    state.conv[0].normal_()                           # a stored state before the root
+    state.ssm[0].normal_()
+    levels = [(depths.tolist().index(d), T - depths.tolist()[::-1].index(d)) for d in range(shape.depth + 1)]
+    rows = torch.tensor([0])
+    meta = ForwardMeta(depths[None], torch.ones(1, T, dtype=torch.bool), rows, None)
+    out, kept = gdn_tree(layer, x, state, meta, parents[None], levels)
+    for node in range(T):
+        path, p = [], node
+        while p >= 0:
+            path.insert(0, p)
+            p = shape.parents[p]
+        chain = RecurrentState.allocate(2, spec.conv_dim, spec.kernel, spec.heads, spec.key_dim,
+                                        spec.value_dim, torch.float64)
+        chain.conv[0], chain.ssm[0] = state.conv[0], state.ssm[0]
+        L = len(path)
+        cmeta = ForwardMeta(torch.arange(L)[None], torch.ones(1, L, dtype=torch.bool), rows, L)
+        want = layer(x[:, path], chain, cmeta)
+        torch.testing.assert_close(out[0, node], want[0, -1], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(kept.ssm[0, node], chain.ssm[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(kept.conv_after(torch.tensor([0]), torch.tensor([node]))[0], chain.conv[0],
+                                   rtol=1e-12, atol=1e-12)

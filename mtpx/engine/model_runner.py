@@ -39,7 +39,7 @@ from mtpx.spec_decode.protocol import DraftBatch, Drafts
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
 from mtpx.spec_decode.tree_draft import TreeSpeculator
 from mtpx.spec_decode.verification import verify
-from mtpx.engine.tree_step import check_tree_engine, tree_decode
+from mtpx.engine.tree_step import TreeStats, check_tree_engine, tree_decode
 
 
 @dataclass
@@ -118,6 +118,7 @@ class ModelRunner:
         self.tree = isinstance(speculator, TreeSpeculator)          # tree drafting (mtpx/engine/tree_step.py)
         if self.tree:
             check_tree_engine(config)
+            self.tree_stats = TreeStats([list(p) for p in speculator.shape.paths])
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid

@@ -13,6 +13,7 @@ hidden states, as a chain round that accepted the same tokens would.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
@@ -21,6 +22,40 @@ from mtpx.attention.tree_attention import node_meta
 from mtpx.engine.logits import logprobs, process_logits
 from mtpx.models.tree_forward import commit_tree_states, tree_forward
 from mtpx.spec_decode.tree import ancestor_mask, greedy_walk
+
+
+@dataclass
+class TreeStats:
+    """What tree verification did over an engine's life (metrics.json's "tree"): steps (decode
+    steps), rounds (requests that verified drafts, summed over steps: vLLM's num_drafts), nodes
+    (draft nodes verified), and rank_counts[d][r]: accepted paths whose node at depth d + 1 was its
+    parent's rank-r child (rank 0: the draft's first choice)."""
+
+    paths: list
+    steps: int = 0
+    rounds: int = 0
+    nodes: int = 0
+    rank_counts: list = field(default_factory=list)
+
+    def record(self, nd_host: list[int], depth_rank: list[tuple[int, int]]) -> None:
+        self.steps += 1
+        self.rounds += sum(1 for x in nd_host if x)
+        self.nodes += sum(nd_host)
+        for d, r in depth_rank:
+            while len(self.rank_counts) <= d:
+                self.rank_counts.append([])
+            row = self.rank_counts[d]
+            row += [0] * (r + 1 - len(row))
+            row[r] += 1
+
+    def summary(self) -> dict:
+        """{"paths", "nodes_per_round", "nodes_per_step", "per_depth_acceptance" (rounds reaching
+        depth d + 1 / rounds), "accepted_rank_per_depth" (rank_counts)}."""
+        per = max(self.rounds, 1)
+        return {"paths": self.paths, "nodes_per_round": self.nodes / per,
+                "nodes_per_step": self.nodes / max(self.steps, 1),
+                "per_depth_acceptance": [sum(row) / per for row in self.rank_counts],
+                "accepted_rank_per_depth": self.rank_counts}
 
 
 def unsupported(params) -> str | None:
@@ -81,17 +116,21 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     ids = torch.tensor([[r.all_token_ids[-1]] + list(r.draft_token_ids[:nd]) + [0] * (T - 1 - nd)
                         for r, nd in zip(reqs, nd_host)], device=dev)
     valid = torch.arange(T, device=dev)[None] <= torch.tensor(nd_host, device=dev)[:, None]
-    parents = torch.where(valid, spec.parents[:T], 0)
-    parents[:, 0] = -1
-    depths = torch.where(valid, spec.depths[:T], 0)
+    parents, depths = spec.parents[:T].expand(B, T), spec.depths[:T].expand(B, T)   # padding: the shape's
+    host_depths = spec.shape.depths[:T]
+    levels = [(host_depths.index(d), T - host_depths[::-1].index(d)) for d in range(D + 1)]
     nodes = torch.arange(T, device=dev).expand(B, T)
     meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
                      ancestor_mask(parents, D), cache.gdn_backend)
-    h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents)
+    h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
     logits = model.lm_head(h)                                                  # [B, T, V]
     target = process_logits(reqs, logits).argmax(-1)                         # logit_bias only (unsupported)
     accepted, path = greedy_walk(ids, parents, depths, valid, target, D)
     emitted = target.gather(1, path)                                          # [B, D + 1]
+    d = torch.arange(1, D + 1, device=dev)
+    on_path = d[None] <= accepted[:, None]
+    depth_rank = torch.stack([(d - 1).expand(B, D), spec.ranks[path[:, 1:]]], -1)[on_path]
+    runner.tree_stats.record(nd_host, depth_rank.tolist())
     move_path_kv(cache, rows, n, path, accepted)
     save = runner._boundaries(decodes, n_host, [1 + x for x in nd_host])
     if save is not None:            # boundary states of the accepted positions (pad block else)

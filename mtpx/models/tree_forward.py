@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from mtpx.attention.meta import ForwardMeta
 from mtpx.cache.state import RecurrentState
 from mtpx.models.deltanet import GatedDeltaNet
-from mtpx.models.gated_delta_rule import recurrent_gated_delta_rule
+from mtpx.models.gated_delta_rule import _prep
 from mtpx.models.rope import rope_cos_sin
 
 
@@ -59,29 +59,34 @@ def conv_taps(parents: torch.Tensor, kernel: int) -> torch.Tensor:
     return torch.stack(taps[::-1], 1)
 
 
-def tree_delta_rule(q, k, v, g, beta, init: torch.Tensor, parents: torch.Tensor):
+def tree_delta_rule(q, k, v, g, beta, init: torch.Tensor, parents: torch.Tensor,
+                    levels: list[tuple[int, int]]):
     """The gated delta rule over a tree: node t starts from its parent's state (init [B, H, Dk, Dv]
-    for the root). q, k [B, T, H, Dk]; v [B, T, H, Dv]; g, beta [B, T, H] -> (o [B, T, H, Dv],
-    ssm [B, T, H, Dk, Dv], the state after each node)."""
-    B, T = parents.shape
-    states = init.new_empty(B, T + 1, *init.shape[1:], dtype=torch.float64 if q.dtype == torch.float64
-                            else torch.float32)
+    for the root), the nodes of one depth at once. q, k [B, T, H, Dk]; v [B, T, H, Dv]; g, beta
+    [B, T, H]; parents [T] int64 (every row's tree has this shape); levels: the [lo, hi) node
+    ranges of each depth, root first -> (o [B, T, H, Dv] in v's dtype, ssm [B, T, H, Dk, Dv], the
+    state after each node). The recurrent form's ops (gated_delta_rule module doc)."""
+    out_dtype = v.dtype
+    q, k, v, g, beta = _prep(q, k, v, g, beta)
+    B, T = q.shape[:2]
+    states = init.new_zeros(B, T + 1, *init.shape[1:], dtype=q.dtype)
     states[:, 0] = init
-    rows = torch.arange(B, device=q.device)
-    outs = []
-    for t in range(T):
-        before = states[rows, parents[:, t] + 1]
-        o, after, _ = recurrent_gated_delta_rule(q[:, t: t + 1], k[:, t: t + 1], v[:, t: t + 1],
-                                                 g[:, t: t + 1], beta[:, t: t + 1], before)
-        states[:, t + 1] = after
-        outs.append(o)
-    return torch.cat(outs, 1), states[:, 1:]
+    o = v.new_empty(B, T, *v.shape[2:])
+    for lo, hi in levels:
+        S = states[:, parents[lo:hi] + 1] * g[:, lo:hi].exp()[..., None, None]      # [B, w, H, Dk, Dv]
+        kv_mem = (k[:, lo:hi, :, None] @ S)[..., 0, :]                              # [B, w, H, Dv]
+        delta = (v[:, lo:hi] - kv_mem) * beta[:, lo:hi, :, None]
+        S = S + k[:, lo:hi, :, :, None] * delta[..., None, :]
+        o[:, lo:hi] = (q[:, lo:hi, :, None] @ S)[..., 0, :]
+        states[:, lo + 1: hi + 1] = S
+    return o.to(out_dtype), states[:, 1:]
 
 
 def gdn_tree(layer: GatedDeltaNet, x: torch.Tensor, state: RecurrentState, meta: ForwardMeta,
-             parents: torch.Tensor) -> tuple[torch.Tensor, TreeStates]:
+             parents: torch.Tensor, levels: list[tuple[int, int]]) -> tuple[torch.Tensor, TreeStates]:
     """A Gated DeltaNet layer over tree nodes (module doc): x [B, T, hidden] -> ([B, T, hidden],
-    its TreeStates); reads the rows' stored states, writes none."""
+    its TreeStates); parents [B, T], levels: tree_delta_rule's; reads the rows' stored states,
+    writes none."""
     qkvz, ba = layer.in_proj_qkvz(x), layer.in_proj_ba(x)
     q, k, v, z, b, a = layer._split(qkvz, ba)
     mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)                    # [B, C, T]
@@ -92,15 +97,17 @@ def gdn_tree(layer: GatedDeltaNet, x: torch.Tensor, state: RecurrentState, meta:
     out = sum(ext.gather(2, taps[:, j, None].expand(-1, C, -1)) * w[:, j, None] for j in range(layer.kernel))
     q, k, v, beta, g = layer._rule_inputs(F.silu(out).transpose(1, 2), b, a)
     beta, g = beta * meta.valid[..., None], g * meta.valid[..., None]
-    o, ssm = tree_delta_rule(q, k, v, g, beta, state.ssm[meta.rows], parents)
+    o, ssm = tree_delta_rule(q, k, v, g, beta, state.ssm[meta.rows], parents[0], levels)
     return layer.out_proj(layer.norm(o, z).flatten(-2)), TreeStates(ext, taps, ssm)
 
 
 def tree_forward(model, caches: list, ids: torch.Tensor, rope_positions: torch.Tensor, meta: ForwardMeta,
-                 parents: torch.Tensor) -> tuple[torch.Tensor, list[TreeStates]]:
+                 parents: torch.Tensor, levels: list[tuple[int, int]]
+                 ) -> tuple[torch.Tensor, list[TreeStates]]:
     """The target (an MTPForCausalLM's decoder) over tree nodes ids [B, T] at RoPE positions
     rope_positions [B, T] (x_n's position plus the node's depth), meta from
-    mtpx.attention.tree_attention.node_meta, caches: the target's per-layer caches -> (final hidden
+    mtpx.attention.tree_attention.node_meta, parents [B, T] (one shape for every row) and levels
+    (tree_delta_rule's), caches: the target's per-layer caches -> (final hidden
     states [B, T, hidden], the TreeStates of each Gated DeltaNet layer in layer order)."""
     dec, cfg = model.model, model.model.cfg
     x = dec.embed_tokens(ids)
@@ -109,7 +116,7 @@ def tree_forward(model, caches: list, ids: torch.Tensor, rope_positions: torch.T
     for layer, cache in zip(dec.layers, caches):
         h = layer.input_layernorm(x)
         if layer.layer_type == "linear_attention":
-            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents)
+            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents, levels)
             kept.append(states)
         else:
             h = layer.self_attn(h, cos, sin, cache, meta)

@@ -84,7 +84,7 @@ def _paths_from_widths(widths: list[int]) -> list[tuple[int, ...]]:
 
 def plain_tree(value):
     """A spec.tree value as plain nested lists (an OmegaConf ListConfig, tuples: lists)."""
-    if isinstance(value, (str, dict)) or not hasattr(value, "__iter__"):
+    if isinstance(value, str) or hasattr(value, "keys") or not hasattr(value, "__iter__"):
         return value
     return [plain_tree(x) for x in value]
 
@@ -97,6 +97,9 @@ def build_tree_shape(value, num_draft_modules: int | None = None, key: str = "sp
     paths, a tree deeper than the modules, or a value of another type."""
     if value is None:
         return None
+    if hasattr(value, "keys"):
+        raise ValueError(f"{key} as a node budget (EAGLE-2's dynamic tree, {dict(value)}): not supported "
+                         "yet; give a list of widths per depth or a list of paths")
     items = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") else None
     if isinstance(value, (str, dict)) or not items:
         raise ValueError(f"{key}={value!r}: give a list of widths per depth, e.g. [3, 2, 1], or a list "
