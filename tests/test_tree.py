@@ -3,7 +3,11 @@ engine's invariants with trees: greedy output equal to plain decoding (tokens, a
 logit gap of every token, which exposes Gated DeltaNet state errors too small to flip an argmax)
 on the float64 tiny hybrid and a dense target, with prefix caching, chunked prefill, preemption,
 stops and abort; each proposed tree equal to the tree drafted from scratch over the request's
-tokens (so the module KV and hidden states the modules read were exact)."""
+tokens (so the module KV and hidden states the modules read were exact).
+
+The dense target, the prefix caching + chunking + preemption runs and the random workloads are
+marked slow: `python -m pytest -q -m slow tests/test_tree.py` (MTPX_TREE_EXAMPLES sets the
+workloads' examples, 6 by default)."""
 from __future__ import annotations
 
 import os
@@ -189,6 +193,7 @@ def test_tree_beats_its_chain_on_acceptance(trained_tiny):
     assert tree > chain + 0.2, (chain, tree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["mtp1", "mtp8"])
 def test_tree_on_a_dense_target(spec):
     model = train_tiny(**LLAMA_FLAGS)
@@ -197,6 +202,7 @@ def test_tree_on_a_dense_target(spec):
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec,tree", [("mtp1", [2, 1, 1]), ("mtp8", [2, 2])])
 def test_tree_with_prefix_caching_chunking_preemption(trained_tiny, spec, tree):
     """Both passes preempt (one block above the largest request's need), chunked prefill (8 tokens
