@@ -100,16 +100,18 @@ def test_ancestor_mask_and_greedy_walk():
 
 
 # ---- the tree from scratch ----------------------------------------------------------------------
-def _logits_from_scratch(model, seq, path, multi):
-    """The draft logits of a node whose path holds tokens `path` after the known tokens seq,
-    computed from scratch (no cache): multi-module MTP's module len(path) + 1 at position n - 1
-    (mtp_chain), single-module MTP's module applied len(path) + 1 times."""
+def _logits_from_scratch(model, seq, hid, path, multi):
+    """The draft logits of a node whose path holds tokens `path` after the known tokens seq
+    (hid [1, n, hidden]: the target's hidden states at positions 0 .. n - 1, from scratch),
+    computed without a cache: multi-module MTP's module len(path) + 1 at position n - 1
+    (mtp_chain; the hidden states after n - 1 are never read there), single-module MTP's module
+    applied len(path) + 1 times."""
     n = len(seq) - 1
     if multi:
         full = torch.tensor([seq + path])
-        chain = model.mtp_chain(full, model.model(full), len(path) + 1)
+        h = torch.cat([hid, hid.new_zeros(1, full.shape[1] - n, hid.shape[-1])], 1)
+        chain = model.mtp_chain(full, h, len(path) + 1)
         return model.draft_logits(len(path), chain[len(path)][0, n - 1])
-    hid = model.model(torch.tensor([seq]))[:, :n]
     emb = model.model.embed_tokens(torch.tensor([seq[1:] + path]))
     a = model.mtp[0](emb[:, :n], hid, torch.arange(n)[None])
     for i in range(len(path)):
@@ -120,6 +122,7 @@ def _logits_from_scratch(model, seq, path, multi):
 
 def tree_from_scratch(model, seq, shape, multi) -> list[int]:
     """The N node tokens (breadth first) of the tree drafted from scratch after seq."""
+    hid = model.model(torch.tensor([seq]))[:, : len(seq) - 1]
     paths = {0: []}
     tokens = [None] * (shape.num_nodes + 1)
     for level in range(1, shape.depth + 1):
@@ -127,7 +130,7 @@ def tree_from_scratch(model, seq, shape, multi) -> list[int]:
             kids = [c for c in range(1, shape.num_nodes + 1) if shape.parents[c] == p]
             if not kids:
                 continue
-            top = _logits_from_scratch(model, seq, paths[p], multi).topk(shape.widths[level - 1]).indices
+            top = _logits_from_scratch(model, seq, hid, paths[p], multi).topk(shape.widths[level - 1]).indices
             for c in kids:
                 tokens[c] = int(top[shape.ranks[c]])
                 paths[c] = paths[p] + [tokens[c]]
@@ -162,14 +165,15 @@ PROMPTS = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 1
 @pytest.mark.parametrize("spec,tree", TREES, ids=["mtp1-2,2,1", "mtp8-2,2,1", "mtp8-paths"])
 def test_tree_equals_plain_and_drafts_exact(trained_tiny, spec, tree):
     model = trained_tiny
-    params = [_params(24 - i) for i in range(len(PROMPTS))]
+    prompts = PROMPTS[:5]
+    params = [_params(16 - i) for i in range(len(prompts))]
     llm = make_llm(model, spec, tree=tree, max_num_seqs=4)
     shape = llm.speculator.shape
     checked = install_tree_check(llm, model, shape, spec == "mtp8")
-    outs, _ = run_checked(llm, model, PROMPTS, params)
+    outs, _ = run_checked(llm, model, prompts, params)
     bad = [c[1:] for c in checked if not c[0]]
     assert not bad, bad[:2]
-    assert len(checked) > 30
+    assert len(checked) > 15
     accepted = sum(o.spec.num_accepted_tokens for o in outs)
     rounds = sum(o.spec.num_drafts for o in outs)
     assert 0 < accepted < shape.depth * rounds
