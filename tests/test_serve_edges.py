@@ -326,3 +326,31 @@ def test_an_idle_server_exits_well_before_its_shutdown_timeout(tiny_ckpt, tmp_pa
     # 1.9 s on a quiet core (docs/serving.md); the bound leaves room for the suite's second process
     # and stays below the 10 s of serve.shutdown_timeout that uvicorn alone waited
     assert elapsed < 8, elapsed
+
+
+def test_echo_only_requests_add_no_generation_tokens(client):
+    """Echo with max_tokens=0 (prompt scoring) runs one token that the response drops: the
+    metrics count what usage says, 0 completion tokens (issue 73 item 9)."""
+    before = client.get("/metrics").text
+    r = client.post("/v1/completions", json={"prompt": [PROMPT, "class A:"], "echo": True, "max_tokens": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 0
+    after = client.get("/metrics").text
+    grew = {k: _metric(after, f"mtpx:{k}_total") - _metric(before, f"mtpx:{k}_total")
+            for k in ("prompt_tokens", "generation_tokens")}
+    assert grew == {"prompt_tokens": r.json()["usage"]["prompt_tokens"], "generation_tokens": 0}
+
+
+def test_the_bench_http_client_sends_the_api_key(tiny_ckpt, monkeypatch):
+    """mode=bench with bench.base_url against a server with serve.api_key: the client sends
+    MTPX_API_KEY (else OPENAI_API_KEY, as vLLM's bench) as a bearer token; without one, one line
+    naming the variables."""
+    from mtpx.client.openai_http import HttpSampling, run_http_client
+    for var in ("MTPX_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    for url, _ in running(build_app(LLM(model=tiny_ckpt), "tiny", api_key="sesame")):   # its own engine loop
+        with pytest.raises(ValueError, match=r"the server asks for an API key \(401\): set MTPX_API_KEY "
+                                             r"\(or OPENAI_API_KEY\) to its serve.api_key"):
+            run_http_client(f"{url}/v1", None, ["hi"], [HttpSampling(max_tokens=2)])
+        monkeypatch.setenv("OPENAI_API_KEY", "sesame")
+        (out,) = run_http_client(f"{url}/v1", None, ["hi"], [HttpSampling(max_tokens=2)])
+        assert out.error is None and len(out.output_token_ids) == 2

@@ -64,6 +64,10 @@ class TreeSpeculator:
     def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
         self.base.reset_rows(rows, start)
 
+    def hold(self, rows: torch.Tensor, depth: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+        """Speculator.hold: the chain speculator's (tree steps always run a round; the contract's)."""
+        return self.base.hold(rows, depth.clamp(max=self.base.num_speculative_tokens), num_tokens)
+
     def _catch_up(self, batch: DraftBatch) -> DraftBatch:
         """The chain round without drafts over the verified tokens (module doc)."""
         k = self.base.num_speculative_tokens
