@@ -62,6 +62,8 @@ def test_bad_settings_are_one_line(trained_tiny):
         build_speculator("mtp8", trained_tiny, None, tree=[2] + [1] * 4)
     with pytest.raises(ValueError, match=r"spec.num_speculative_tokens=4 with a spec.tree 3 deep"):
         build_speculator("mtp1", trained_tiny, 4, tree=[2, 1, 1])
+    with pytest.raises(ValueError, match=r"spec.tree with spec.num_speculative_tokens=auto: not supported"):
+        LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens="auto", tree=[2, 1])
     with pytest.raises(ValueError, match=r"spec.tree with engine.compile=true: not supported yet"):
         LLM(model=trained_tiny, spec="mtp8", tree=[2, 1], compile=True)
     llm = LLM(model=trained_tiny, spec="mtp8", tree=[2, 1])

@@ -98,6 +98,9 @@ class LLM:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
         auto = check_num_speculative_tokens(num_speculative_tokens) == "auto"
+        if auto and config.tree is not None:
+            raise ValueError("spec.tree with spec.num_speculative_tokens=auto: not supported yet "
+                             "(leave spec.num_speculative_tokens null with a tree)")
         if auto and spec is None:
             raise ValueError("num_speculative_tokens=auto needs a speculator: add +spec=mtp8 or +spec=mtp1")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
