@@ -5,12 +5,12 @@ import dataclasses
 import difflib
 import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from mtpx.models.config import check_choice, literal_choices
 
-SPEC_KEYS = ("verify", "draft_sample_method")
-"""The engine settings that the spec group sets (spec.verify, spec.draft_sample_method)."""
+SPEC_KEYS = ("verify", "draft_sample_method", "tree")
+"""The engine settings that the spec group sets (spec.verify, spec.draft_sample_method, spec.tree)."""
 
 
 @dataclass
@@ -37,6 +37,10 @@ class EngineConfig:
     draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
     """At temperature > 0: "greedy" (argmax drafts, one-hot draft distribution, as vLLM) or
     "probabilistic" (drafts sampled from the draft distribution)."""
+    tree: Any = None
+    """Tree drafting (docs/trees.md): null (chain drafts), a list of widths per depth ([3, 2, 1]:
+    top-3 children of the root, top-2 of each of those, ...) or a list of paths of sibling ranks
+    ([[0], [1], [0, 0]], Medusa / EAGLE "choices"). Greedy, eager and the torch attention only."""
     attention_backend: Literal["torch", "flashinfer"] = "torch"
     """Paged attention: "torch" (CPU or GPU; on the CPU, float32 windows of up to 32 tokens run
     mtpx's C kernel, which reads keys and values from their blocks in place) or "flashinfer"
@@ -121,6 +125,10 @@ class EngineConfig:
                 raise ValueError(f"engine.{key}={value!r}: must be an integer >= {low}"
                                  + (" or null" if none_ok else ""))
 
+        if self.tree is not None:
+            from mtpx.spec_decode.tree import build_tree_shape, plain_tree
+            self.tree = plain_tree(self.tree)
+            build_tree_shape(self.tree)              # a bad shape: one line naming spec.tree
         if self.compile is not None and not isinstance(self.compile, bool):
             raise ValueError(f"engine.compile={self.compile!r}: must be true, false or null "
                              "(decided by the mode)")

@@ -37,8 +37,10 @@ from mtpx.core.request import Request
 from mtpx.core.scheduler import Scheduler
 from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.decode_step import depth_bucket, depth_buckets
+from mtpx.engine import tree_step
 from mtpx.engine.model_runner import ModelRunner, StepTiming
 from mtpx.engine.tensor_parallel import TensorParallelRunner
+from mtpx.spec_decode.tree_draft import TreeSpeculator
 
 __all__ = ["Engine", "EngineConfig", "StepTiming", "measure_step_costs"]
 
@@ -157,6 +159,8 @@ class Engine:
             bad = [t for t in ids if t >= vocab]
             if bad:
                 return f"{key} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+        if isinstance(self.speculator, TreeSpeculator):
+            return tree_step.unsupported(params)
         return None
 
     def add_request(self, r: Request) -> bool:

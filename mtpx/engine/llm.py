@@ -98,6 +98,9 @@ class LLM:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
         auto = check_num_speculative_tokens(num_speculative_tokens) == "auto"
+        if auto and config.tree is not None:
+            raise ValueError("spec.tree with spec.num_speculative_tokens=auto: not supported yet "
+                             "(leave spec.num_speculative_tokens null with a tree)")
         if auto and spec is None:
             raise ValueError("num_speculative_tokens=auto needs a speculator: add +spec=mtp8 or +spec=mtp1")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
@@ -125,7 +128,7 @@ class LLM:
         self.thread_choice = (threads(None if self._tp_driver else self.model) if callable(threads) else None)
         self.spec = spec
         k = (AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto else num_speculative_tokens
-        self.speculator = build_speculator(spec, self.model, k)
+        self.speculator = build_speculator(spec, self.model, k, tree=config.tree)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
         self.max_model_len = self.engine.max_model_len

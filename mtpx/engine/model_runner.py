@@ -38,7 +38,9 @@ from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutp
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
+from mtpx.spec_decode.tree_draft import TreeSpeculator
 from mtpx.spec_decode.verification import verify
+from mtpx.engine.tree_step import TreeStats, check_tree_engine, tree_decode
 
 
 @dataclass
@@ -117,6 +119,10 @@ class ModelRunner:
         if config.tune_malloc and self.device.type == "cpu":
             tune_malloc()
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
+        self.tree = isinstance(speculator, TreeSpeculator)          # tree drafting (mtpx/engine/tree_step.py)
+        if self.tree:
+            check_tree_engine(config)
+            self.tree_stats = TreeStats([list(p) for p in speculator.shape.paths])
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
@@ -392,6 +398,8 @@ class ModelRunner:
         """The decode step (module doc, shapes by StepShapes), each request proposing its
         num_new_drafts for the next; returns (verify_s, draft_s): the rest of the step and the
         draft round."""
+        if self.tree:
+            return tree_decode(self, decodes, results)
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()

@@ -75,7 +75,7 @@ def spec_args(spec: DictConfig | None) -> dict:
     if spec is None:
         return {}
     schema.check("spec", spec)
-    return {key: spec.get(key, getattr(SpecConfig, key)) for key in ("draft_sample_method", "verify")}
+    return {key: spec.get(key, getattr(SpecConfig, key)) for key in ("draft_sample_method", "verify", "tree")}
 
 
 def model_path(cfg: DictConfig):

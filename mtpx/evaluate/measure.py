@@ -200,8 +200,11 @@ def _add_diagnostics(run: _Run, outs: list[RequestOutput], kept: list[Prompt], m
     """Add to metrics (and print the warnings): a dead draft position, thread contention, the
     compile stats, automatic k's histogram, the acceptance analytics and the GSM8K accuracy."""
     llm, method = run.llm, run.method
+    tree = getattr(llm.engine.runner, "tree_stats", None)       # tree drafting (docs/trees.md)
+    if tree is not None:
+        metrics["tree"] = tree.summary()
     dead = (dead_position_warning(aggregate_spec(outs), rounds=[x for o in outs for x in o.spec.rounds])
-            if method is not None else None)
+            if method is not None and tree is None else None)
     if dead:
         print(dead, file=sys.stderr)
         metrics["acceptance_warning"] = dead

@@ -1,0 +1,100 @@
+"""Chain against tree drafting on GSM8K prompts, contenders alternated in one process.
+
+    python experiments/trees/bench_trees.py [--num-prompts 8] [--max-tokens 64] [--rounds 2] \
+        [--threads 1] [--out experiments/trees]
+
+Each contender is one LLM (eager, greedy, concurrency 1, the demo checkpoint): plain decoding,
+chain mtp1 (k = 1 and k = 3), chain mtp8 (k = 8) and the tree shapes in TREES. The prompts are cut
+into --rounds chunks; every contender generates each chunk, in an order rotated per chunk. Per
+contender: output tok/s (output tokens / generate wall time, over all chunks), its ratio to plain,
+acceptance length (1 + accepted / rounds), drafts verified per round, and the requests whose tokens
+differ from plain decoding's. Writes trees.json and trees.md into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
+from mtpx.schema import data_dir  # noqa: E402
+
+MTP8_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0],
+             [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]]
+MTP1_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
+CONTENDERS = {          # name: (spec, num_speculative_tokens, tree)
+    "plain": (None, None, None),
+    "mtp1 chain k=1": ("mtp1", 1, None),
+    "mtp1 chain k=3": ("mtp1", 3, None),
+    "mtp1 tree [2]": ("mtp1", None, [2]),
+    "mtp1 tree [2,1,1]": ("mtp1", None, [2, 1, 1]),
+    "mtp1 tree preset (8)": ("mtp1", None, MTP1_TREE),
+    "mtp8 chain k=8": ("mtp8", 8, None),
+    "mtp8 tree [2,1x7]": ("mtp8", None, [2, 1, 1, 1, 1, 1, 1, 1]),
+    "mtp8 tree [2,2,1x6]": ("mtp8", None, [2, 2, 1, 1, 1, 1, 1, 1]),
+    "mtp8 tree preset (12)": ("mtp8", None, MTP8_TREE),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "trees"))
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")[: args.num_prompts]
+    prompts = [format_prompt(r["question"]) for r in rows]
+    chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
+    params = SamplingParams(max_tokens=args.max_tokens)
+    llms = {name: LLM(model=args.model, spec=s, num_speculative_tokens=k, tree=t, max_num_seqs=1,
+                      compile=False, max_model_len=1024) for name, (s, k, t) in CONTENDERS.items()}
+    names = list(CONTENDERS)
+    per = {n: {"tokens": 0, "seconds": 0.0, "accepted": 0, "rounds": 0, "drafts": 0, "outputs": []}
+           for n in names}
+    for c, chunk in enumerate(chunks):
+        for name in names[c % len(names):] + names[: c % len(names)]:
+            t0 = time.perf_counter()
+            outs = llms[name].generate(chunk, params)
+            p = per[name]
+            p["seconds"] += time.perf_counter() - t0
+            p["tokens"] += sum(len(o.output_token_ids) for o in outs)
+            p["accepted"] += sum(o.spec.num_accepted_tokens for o in outs)
+            p["rounds"] += sum(o.spec.num_drafts for o in outs)
+            p["drafts"] += sum(o.spec.num_draft_tokens for o in outs)
+            p["outputs"] += [o.output_token_ids for o in outs]
+    base = per["plain"]["tokens"] / per["plain"]["seconds"]
+    table = ["| contender | drafts / round | acceptance length | output tok/s | vs plain | differing |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    summary = {}
+    for name in names:
+        p = per[name]
+        tps = p["tokens"] / p["seconds"]
+        al = 1 + p["accepted"] / p["rounds"] if p["rounds"] else 1.0
+        dpr = p["drafts"] / p["rounds"] if p["rounds"] else 0.0
+        diff = sum(a != b for a, b in zip(p["outputs"], per["plain"]["outputs"]))
+        summary[name] = dict(tok_s=round(tps, 2), vs_plain=round(tps / base, 3),
+                             acceptance_length=round(al, 3),
+                             drafts_per_round=round(dpr, 2), differing=diff)
+        table.append(f"| {name} | {dpr:.1f} | {al:.2f} | {tps:.1f} | {tps / base:.2f}x | {diff} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "trees.json").write_text(json.dumps(dict(args=vars(args), results=summary), indent=1) + "\n")
+    (out / "trees.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

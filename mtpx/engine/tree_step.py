@@ -1,0 +1,157 @@
+"""The decode step of tree drafting (`spec.tree`, mtpx/spec_decode/tree.py), eager and greedy.
+
+One target forward over every request's tree [x_n, node 1 .. node N'] (N' = the drafts the
+scheduler let it verify: a breadth-first prefix of the tree, itself a tree): node t's KV is
+written at position n + t's slot, RoPE at n + depth(t), attention reads the committed KV and the
+node's ancestors, Gated DeltaNet steps each node from its parent's state
+(mtpx/models/tree_forward.py). Greedy verification walks the tree along the target's argmax
+(`greedy_walk`); then the accepted path's KV is moved to positions n + 1 .. n + m (its nodes sit
+at n + path[d] >= n + d, so moving in order of depth never overwrites a node still to move), the
+Gated DeltaNet state after the last accepted node is kept and the boundary states of the accepted
+positions stored with their blocks, and the speculator runs its round on the accepted path's
+hidden states, as a chain round that accepted the same tokens would.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from mtpx.attention.tree_attention import node_meta
+from mtpx.engine.logits import logprobs, process_logits
+from mtpx.models.tree_forward import commit_tree_states, tree_forward
+from mtpx.spec_decode.tree import ancestor_mask, greedy_walk
+
+
+@dataclass
+class TreeStats:
+    """What tree verification did over an engine's life (metrics.json's "tree"): steps (decode
+    steps), rounds (requests that verified drafts, summed over steps: vLLM's num_drafts), nodes
+    (draft nodes verified), and rank_counts[d][r]: accepted paths whose node at depth d + 1 was its
+    parent's rank-r child (rank 0: the draft's first choice)."""
+
+    paths: list
+    steps: int = 0
+    rounds: int = 0
+    nodes: int = 0
+    rank_counts: list = field(default_factory=list)
+
+    def record(self, nd_host: list[int], depth_rank: list[tuple[int, int]]) -> None:
+        self.steps += 1
+        self.rounds += sum(1 for x in nd_host if x)
+        self.nodes += sum(nd_host)
+        for d, r in depth_rank:
+            while len(self.rank_counts) <= d:
+                self.rank_counts.append([])
+            row = self.rank_counts[d]
+            row += [0] * (r + 1 - len(row))
+            row[r] += 1
+
+    def summary(self) -> dict:
+        """{"paths", "nodes_per_round", "nodes_per_step", "per_depth_acceptance" (rounds reaching
+        depth d + 1 / rounds), "accepted_rank_per_depth" (rank_counts)}."""
+        per = max(self.rounds, 1)
+        return {"paths": self.paths, "nodes_per_round": self.nodes / per,
+                "nodes_per_step": self.nodes / max(self.steps, 1),
+                "per_depth_acceptance": [sum(row) / per for row in self.rank_counts],
+                "accepted_rank_per_depth": self.rank_counts}
+
+
+def unsupported(params) -> str | None:
+    """Why tree drafting cannot run a request with these SamplingParams (one line), or None."""
+    if not params.greedy:
+        return "spec.tree with temperature > 0: not supported yet (tree drafting verifies greedily)"
+    if params.min_tokens or params.has_penalties:
+        return ("spec.tree with min_tokens or repetition / frequency / presence penalties: not supported "
+                "yet (they depend on each branch's tokens)")
+    return None
+
+
+def check_tree_engine(config) -> None:
+    """Raise ValueError (one line) for engine settings tree drafting does not support yet."""
+    if config.compile:
+        raise ValueError("spec.tree with engine.compile=true: not supported yet (set engine.compile=false)")
+    if config.attention_backend != "torch":
+        raise ValueError("spec.tree with engine.attention_backend=flashinfer: not supported yet "
+                         "(set engine.attention_backend=torch)")
+    if config.tensor_parallel_size > 1:
+        raise ValueError("spec.tree with engine.tensor_parallel_size > 1: not supported yet")
+
+
+def move_path_kv(cache, rows: torch.Tensor, n: torch.Tensor, path: torch.Tensor,
+                 accepted: torch.Tensor) -> None:
+    """The accepted nodes' target KV from position n + path[b, d] to n + d, d = 1 .. accepted[b]
+    (module doc), in every target attention layer."""
+    B, W = path.shape
+    d = torch.arange(W, device=n.device).expand(B, W)
+    move = (d >= 1) & (d <= accepted[:, None]) & (path != d)
+    if not bool(move.any()):
+        return
+    bi = torch.arange(B, device=n.device)[:, None].expand(B, W)[move]
+    S, table = cache.block_size, cache.block_tables[rows]
+
+    def slots(pos):
+        return table[bi, pos // S] * S + pos % S
+    src, dst = slots(n[bi] + path[move]), slots(n[bi] + d[move])
+    for c in cache.target:
+        if hasattr(c, "write"):
+            c.write(dst, c.k.flatten(0, 1)[src], c.v.flatten(0, 1)[src])
+
+
+def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
+    """ModelRunner._decode for a TreeSpeculator (module doc): -> (verify_s, draft_s)."""
+    if not decodes:
+        return 0.0, 0.0
+    t0 = runner._now()
+    cache, dev, spec, model = runner.cache, runner.device, runner.speculator, runner.model
+    reqs = [d.request for d in decodes]
+    B = len(reqs)
+    rows = torch.tensor([runner.rows[r.index] for r in reqs], device=dev)
+    n_host = [r.num_tokens - 1 for r in reqs]
+    nd_host = [d.num_draft_tokens for d in decodes]
+    T = 1 + max(nd_host)
+    D = max(spec.shape.depths[nd] for nd in nd_host)
+    n = torch.tensor(n_host, device=dev)
+    ids = torch.tensor([[r.all_token_ids[-1]] + list(r.draft_token_ids[:nd]) + [0] * (T - 1 - nd)
+                        for r, nd in zip(reqs, nd_host)], device=dev)
+    valid = torch.arange(T, device=dev)[None] <= torch.tensor(nd_host, device=dev)[:, None]
+    parents, depths = spec.parents[:T].expand(B, T), spec.depths[:T].expand(B, T)   # padding: the shape's
+    host_depths = spec.shape.depths[:T]
+    levels = [(host_depths.index(d), T - host_depths[::-1].index(d)) for d in range(D + 1)]
+    nodes = torch.arange(T, device=dev).expand(B, T)
+    meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
+                     ancestor_mask(parents, D), cache.gdn_backend)
+    h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
+    logits = model.lm_head(h)                                                  # [B, T, V]
+    target = process_logits(reqs, logits).argmax(-1)                         # logit_bias only (unsupported)
+    accepted, path = greedy_walk(ids, parents, depths, valid, target, D)
+    emitted = target.gather(1, path)                                          # [B, D + 1]
+    d = torch.arange(1, D + 1, device=dev)
+    on_path = d[None] <= accepted[:, None]
+    depth_rank = torch.stack([(d - 1).expand(B, D), spec.ranks[path[:, 1:]]], -1)[on_path]
+    runner.tree_stats.record(nd_host, depth_rank.tolist())
+    move_path_kv(cache, rows, n, path, accepted)
+    save = runner._boundaries(decodes, n_host, [1 + x for x in nd_host])
+    if save is not None:            # boundary states of the accepted positions (pad block else)
+        bi, ti, blocks = save
+        node = path[bi, ti.clamp(max=D)]
+        save = (bi, node, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
+    commit_tree_states(cache.recurrent, kept, rows, path.gather(1, accepted[:, None])[:, 0], save)
+    keep = torch.arange(D + 1, device=dev)[None] <= accepted[:, None]
+    cache.write_tokens(torch.where(keep, rows[:, None], cache.pad_row),
+                       n[:, None] + 1 + torch.arange(D + 1, device=dev), emitted)
+    path_logits = logits.gather(1, path[..., None].expand(-1, -1, logits.shape[-1]))
+    gaps = runner._gaps(path_logits)
+    lps = logprobs([r.params.logprobs for r in reqs], path_logits, emitted)
+    t1 = runner._now()
+    final = n + accepted + 1
+    hidden = h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))        # the path's h, positions n ..
+    new = [d.num_new_drafts for d in decodes]
+    batch = runner._draft_batch(reqs, rows, n + accepted + 2, final, [True] * B, n, hidden, new)
+    drafts = spec.propose(cache, batch)
+    final = torch.minimum(final, drafts.num_final)
+    t2 = runner._now()
+    runner._decode_results(decodes, results, emitted, accepted, final, drafts,
+                           SimpleNamespace(batch=B, window=D + 1), gaps, lps)
+    return runner._now() - t0 - (t2 - t1), t2 - t1
