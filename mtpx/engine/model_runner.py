@@ -131,6 +131,7 @@ class ModelRunner:
                      if config.compile else EagerStep(model, self.cache, speculator))
         self.rows: dict[int, int] = {}             # request index -> batch slot
         self._draft_probs: dict[int, torch.Tensor] = {}   # request index -> its sampled drafts' [k, V] q
+        self.grammar_masks = None          # mtpx.structured's GrammarMasks, made by the first constraint
 
     @property
     def compiled(self) -> CompiledDecode | None:
@@ -147,6 +148,8 @@ class ModelRunner:
         """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
         has none)."""
         self._draft_probs.pop(index, None)
+        if self.grammar_masks is not None:
+            self.grammar_masks.release(index)
         row = self.rows.pop(index, None)
         if row is not None:
             self.cache.free_row(row)
@@ -260,6 +263,16 @@ class ModelRunner:
             return DraftSampler(sampling, num_drafts, self.num_speculative_tokens, probabilistic=True)
         return None
 
+    def _constrain(self, reqs, logits: torch.Tensor, raw: torch.Tensor, drafts=None) -> torch.Tensor:
+        """`logits` (processed) with each constrained request's grammar mask (GrammarMasks.apply,
+        mtpx/structured/masks.py; xgrammar loads with the first constrained request)."""
+        if all(r.grammar is None for r in reqs):
+            return logits
+        if self.grammar_masks is None:
+            from mtpx.structured.masks import GrammarMasks
+            self.grammar_masks = GrammarMasks()
+        return self.grammar_masks.apply(reqs, logits, raw, drafts)
+
     def _gaps(self, logits: torch.Tensor):
         if not self.config.record_logit_gaps:
             return None
@@ -310,7 +323,8 @@ class ModelRunner:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
             sampling = self._sampling([reqs[b] for b in last])
-            masked = process_logits([reqs[b] for b in last], logits)
+            masked = self._constrain([reqs[b] for b in last], process_logits([reqs[b] for b in last], logits),
+                                     logits)
             tok = (masked.argmax(-1) if sampling.all_greedy
                    else sample(sampling.probs(masked), sampling.uniforms([1] * len(last))[:, 0]))
             cache.write_tokens(rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev), tok)
@@ -408,7 +422,9 @@ class ModelRunner:
             meta.pack_valid([1 + x for x in nd_host], step.packed_tokens(real, shapes.padded_batch * T))
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
-        accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
+        target = self._constrain(reqs, process_logits(reqs, logits[:B], ids[:B]), logits[:B],
+                                 [r.draft_token_ids[:nd] for r, nd in zip(reqs, nd_host)])
+        accepted, emitted = verify(ids[:B], target, nd_host, sampling,
                                    [self._draft_probs.get(r.index) for r in reqs], self.config.verify)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
