@@ -51,6 +51,21 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(f'"{escape(c)}"' for c in choices)
 
 
+# xgrammar 0.2.9 writes a string with minLength / maxLength as a run of _BOUNDED_CHAR: raw control
+# characters, which JSON forbids in strings (RFC 8259 section 7; json.loads rejects them), pass.
+# Its unbounded strings exclude them; bounded ones get the same class.
+_BOUNDED_CHAR = r'[^\"\\\r\n]'
+_JSON_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def json_grammar(schema: dict | str, any_whitespace: bool) -> xgr.Grammar:
+    """xgrammar's grammar of a JSON schema, at most MAX_WHITESPACE whitespace characters wherever
+    JSON allows whitespace, and bounded strings without raw control characters (above)."""
+    g = xgr.Grammar.from_json_schema(schema if isinstance(schema, str) else json.dumps(schema),
+                                     any_whitespace=any_whitespace, max_whitespace_cnt=MAX_WHITESPACE)
+    return xgr.Grammar.from_ebnf(str(g).replace(_BOUNDED_CHAR, _JSON_CHAR))
+
+
 class GrammarCompiler:
     """Compiles StructuredOutputsParams for one tokenizer (module doc); thread-safe.
 
@@ -81,14 +96,9 @@ class GrammarCompiler:
     def _compile(self, p: StructuredOutputsParams):
         kind, c = p.kind, self.compiler
         try:
-            if kind == "json":
-                schema = p.json if isinstance(p.json, str) else json.dumps(p.json)
-                return c.compile_json_schema(schema, any_whitespace=not p.disable_any_whitespace,
-                                             max_whitespace_cnt=MAX_WHITESPACE)
-            if kind == "json_object":          # vLLM's: any object, not any JSON value
-                return c.compile_json_schema('{"type": "object"}',
-                                             any_whitespace=not p.disable_any_whitespace,
-                                             max_whitespace_cnt=MAX_WHITESPACE)
+            if kind in ("json", "json_object"):        # json_object: vLLM's any object, not any value
+                schema = p.json if kind == "json" else {"type": "object"}
+                return c.compile_grammar(json_grammar(schema, not p.disable_any_whitespace))
             if kind == "regex":
                 return c.compile_regex(p.regex)
             if kind == "choice":
