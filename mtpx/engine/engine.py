@@ -150,12 +150,14 @@ class Engine:
         return None
 
     def validate_params(self, params) -> str | None:
-        """Why the engine cannot honour SamplingParams `params` (a logit_bias token outside the
-        vocabulary), as one line; None when it can."""
+        """Why the engine cannot honour SamplingParams `params` (a logit_bias or allowed_token_ids
+        token outside the vocabulary), as one line starting with the field; None when it can."""
         vocab = self.model.cfg.vocab_size
-        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if bad:
-            return f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+        for key, ids in (("logit_bias", params.logit_bias or {}),
+                         ("allowed_token_ids", params.allowed_token_ids or [])):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                return f"{key} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
         return None
 
     def add_request(self, r: Request) -> bool:
