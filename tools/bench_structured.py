@@ -170,7 +170,8 @@ def main(argv=None) -> None:
     ap.add_argument("--skip-validity", action="store_true")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
-    out = {"acceptance": acceptance("mtp8", 8, a.acceptance_requests, a.max_tokens, a.compile), "validity": []}
+    out = {"acceptance": acceptance("mtp8", 8, a.acceptance_requests, a.max_tokens, a.compile),
+           "validity": []}
     for spec_k in ([] if a.skip_validity else [("mtp8", 8), ("mtp8", "auto")]):
         save(out, a.out)
         out["validity"] += validity([spec_k], a.requests // 2, a.max_tokens, a.compile)
