@@ -131,7 +131,7 @@ TINY_CONSTRAINTS = [StructuredOutputsParams(regex="[^a-e]{4,30}"),
 CASES = [
     ("mtp8", 4, {"enable_prefix_caching": True, "num_blocks": 16, "block_size": 8}),
     ("mtp8", "auto", {}),
-    ("mtp1", 3, {"verify": "block"}),
+    pytest.param("mtp1", 3, {"verify": "block"}, marks=pytest.mark.slow),
 ]
 
 
