@@ -134,13 +134,13 @@ def acceptance(spec: str, k, n: int, max_tokens: int, compile_: bool) -> list[di
             sp = SamplingParams(max_tokens=max_tokens, structured_outputs=so)
             prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n if conc == 16 else max(1, n // 4))]
             llm.generate(prompts[:1], sp, use_tqdm=False)                       # warm-up, grammar compiled
-            masks = llm.engine.runner.grammar_masks
+            masks = llm.engine.runner.grammars
             m0 = (masks.seconds, masks.num_masked) if masks else (0.0, 0)
             steps0 = llm.engine.num_steps
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             seconds = time.perf_counter() - t0
-            masks = llm.engine.runner.grammar_masks
+            masks = llm.engine.runner.grammars
             mask_s = (masks.seconds - m0[0]) if masks else 0.0
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
             drafts = sum(o.spec.num_drafts for o in outs)

@@ -369,7 +369,7 @@ class LLM:
                 raise ValueError("SamplingParams.structured_outputs is not supported with "
                                  "tensor_parallel_size > 1")
             if self._grammars is None:
-                from mtpx.structured import GrammarCompiler
+                from mtpx.structured.grammar import GrammarCompiler
                 self._grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size,
                                                  self.eos_token_ids)
             grammar = self._grammars.compile(sp.structured_outputs)

@@ -6,7 +6,18 @@ from __future__ import annotations
 import torch
 
 
-def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None, grammars=None):
+    """`_process` (below), then, with the runner's `grammars` (mtpx/structured/masks.py's
+    GrammarMasks), each structured-output request's grammar mask on every column: column j with
+    the grammar state after the request's drafts d_1 .. d_j (docs/structured_output.md)."""
+    out = _process(reqs, logits, ids)
+    if grammars is None or all(r.grammar is None for r in reqs):
+        return out
+    drafts = [r.draft_token_ids[: logits.shape[1] - 1] for r in reqs] if logits.dim() == 3 else None
+    return grammars.apply(reqs, out, logits, drafts)
+
+
+def _process(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
     """The target's logits as each request samples from them (SamplingParams, "Logits
     processing"; vLLM's order): logit_bias added, then each request's stop ids (EOS,
     stop_token_ids) at -inf before params.min_tokens output tokens, every token outside

@@ -1,24 +1,21 @@
 """The model runner: every tensor of the engine and every model call (vLLM v1's GPUModelRunner).
 
-`execute(scheduler_output)` runs one engine step and returns a `RunnerOutput`; it reads the
-scheduled requests and writes none of their fields (the scheduler owns request progress). It owns
-the ModelCache (KV, recurrent states, token buffer, block tables, batch slots), the speculator and
-the decode step.
+`execute(scheduler_output)` runs one engine step and returns a `RunnerOutput`; it reads the scheduled requests
+and writes none of their fields (the scheduler owns request progress). It owns the ModelCache (KV, recurrent
+states, token buffer, block tables, batch slots), the speculator and the decode step.
 
-One step: free the batch slots of preempted requests -> admit new ones (slot, tokens, recurrent
-state from the last prefix-hit block, speculator rows) -> prefill chunks through the target, first
-tokens sampled, the speculator catches up (and drafts for prompts that are complete) -> the
-decode step: the target over the verification windows [x_n, d_1 .. d_k] keeping each Gated
-DeltaNet window in chunked form, one `verify` for greedy and sampled requests, the recurrent
-state rebuilt at the accepted position (invariant 3; plain decoding stores its one token's state
-in the forward), the accepted tokens written to the token buffer, the speculator's round -> one
-host transfer of emitted tokens, accepted counts, next drafts and final positions.
+One step: free the batch slots of preempted requests -> admit new ones (slot, tokens, recurrent state from the
+last prefix-hit block, speculator rows) -> prefill chunks through the target, first tokens sampled, the
+speculator catches up (and drafts for prompts that are complete) -> the decode step: the target over the
+verification windows [x_n, d_1 .. d_k] keeping each Gated DeltaNet window in chunked form, one `verify` for
+greedy and sampled requests, the recurrent state rebuilt at the accepted position (invariant 3; plain decoding
+stores its one token's state in the forward), the accepted tokens written to the token buffer, the
+speculator's round -> one host transfer of emitted tokens, accepted counts, next drafts and final positions.
 
-The decode step's shapes come from StepShapes and its three calls from a DecodeStep, eager or
-compiled behind one interface (mtpx/engine/decode_step.py, mtpx/engine/compiled.py); prefill and
-decode hand the speculator the same DraftBatch. Inside the decode step nothing reads a tensor on
-the host but that one transfer (tests/test_model_runner.py counts them); boundary states for
-prefix caching are placed from host-known positions.
+The decode step's shapes come from StepShapes and its three calls from a DecodeStep, eager or compiled behind
+one interface (engine/decode_step.py, engine/compiled.py); prefill and decode hand the speculator the same
+DraftBatch. Inside the decode step nothing reads a tensor on the host but that one transfer
+(tests/test_model_runner.py counts them); prefix-cache boundary states are placed from host-known positions.
 """
 from __future__ import annotations
 
@@ -39,6 +36,7 @@ from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
 from mtpx.spec_decode.verification import verify
+from mtpx.structured.masks import GrammarMasks
 
 
 @dataclass
@@ -137,7 +135,7 @@ class ModelRunner:
                      if config.compile else EagerStep(model, self.cache, speculator))
         self.rows: dict[int, int] = {}             # request index -> batch slot
         self._draft_probs: dict[int, torch.Tensor] = {}   # request index -> its sampled drafts' [k, V] q
-        self.grammar_masks = None          # mtpx.structured's GrammarMasks, made by the first constraint
+        self.grammars = GrammarMasks()     # structured output's per-request matchers (xgrammar loads on use)
 
     @property
     def compiled(self) -> CompiledDecode | None:
@@ -154,8 +152,6 @@ class ModelRunner:
         """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
         has none)."""
         self._draft_probs.pop(index, None)
-        if self.grammar_masks is not None:
-            self.grammar_masks.release(index)
         row = self.rows.pop(index, None)
         if row is not None:
             self.cache.free_row(row)
@@ -275,16 +271,6 @@ class ModelRunner:
             return DraftSampler(sampling, num_drafts, self.num_speculative_tokens, probabilistic=True)
         return None
 
-    def _constrain(self, reqs, logits: torch.Tensor, raw: torch.Tensor, drafts=None) -> torch.Tensor:
-        """`logits` (processed) with each constrained request's grammar mask (GrammarMasks.apply,
-        mtpx/structured/masks.py; xgrammar loads with the first constrained request)."""
-        if all(r.grammar is None for r in reqs):
-            return logits
-        if self.grammar_masks is None:
-            from mtpx.structured.masks import GrammarMasks
-            self.grammar_masks = GrammarMasks()
-        return self.grammar_masks.apply(reqs, logits, raw, drafts)
-
     def _gaps(self, logits: torch.Tensor):
         if not self.config.record_logit_gaps:
             return None
@@ -335,8 +321,7 @@ class ModelRunner:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
             sampling = self._sampling([reqs[b] for b in last])
-            masked = self._constrain([reqs[b] for b in last], process_logits([reqs[b] for b in last], logits),
-                                     logits)
+            masked = process_logits([reqs[b] for b in last], logits, grammars=self.grammars)
             tok = (masked.argmax(-1) if sampling.all_greedy
                    else sample(sampling.probs(masked), sampling.uniforms([1] * len(last))[:, 0]))
             cache.write_tokens(rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev), tok)
@@ -437,10 +422,9 @@ class ModelRunner:
             meta.pack_valid([1 + x for x in nd_host], step.packed_tokens(real, shapes.padded_batch * T))
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
-        target = self._constrain(reqs, process_logits(reqs, logits[:B], ids[:B]), logits[:B],
-                                 [r.draft_token_ids[:nd] for r, nd in zip(reqs, nd_host)])
-        accepted, emitted = verify(ids[:B], target, nd_host, sampling,
-                                   [self._draft_probs.get(r.index) for r in reqs], self.config.verify)
+        target, probs = process_logits(reqs, logits[:B], ids[:B], self.grammars), self._draft_probs
+        accepted, emitted = verify(ids[:B], target, nd_host, sampling, [probs.get(r.index) for r in reqs],
+                                   self.config.verify)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]

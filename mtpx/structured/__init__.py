@@ -4,10 +4,6 @@ token masks that keep the target's logits inside them, exact under speculation
 
 - grammar.py: GrammarCompiler, StructuredOutputsParams -> an xgrammar CompiledGrammar, cached.
 - masks.py: GrammarMasks, the model runner's per-request matchers and the window masks.
-- tools.py: OpenAI tool calling (`tools`, `tool_choice`) as a JSON-schema constraint, and the
-  tool calls parsed back from the output.
+(The server's tool calling is mtpx/serve/structured.py.) xgrammar loads on first use: import the
+modules, not this package, for their names.
 """
-from mtpx.structured.grammar import GrammarCompiler
-from mtpx.structured.masks import GrammarMasks
-
-__all__ = ["GrammarCompiler", "GrammarMasks"]

@@ -2,10 +2,11 @@
 token masks it puts on the target's logits, exact under speculation.
 
 A matcher is worker-side state of one request, created from `Request.grammar` on its first use
-and dropped with its batch slot (`release`: finish, abort, preemption). Before each use it is
-brought up to the request's committed output (`Request.output_token_ids`, the scheduler's): a
-request resumed after preemption replays its output into a fresh matcher, and tokens cut at a stop
-string or max_tokens are never fed. So between steps a matcher is exactly at the committed tokens.
+and dropped once the request has finished (finish or abort, at the next masking). Before each use
+it is brought up to the request's committed output (`Request.output_token_ids`, the scheduler's):
+a request resumed after preemption keeps its output, so its matcher stays valid, and tokens cut at
+a stop string or max_tokens are never fed. So between steps a matcher is exactly at the committed
+tokens.
 
 Verification window [x_n, d_1 .. d_k] (docs/structured_output.md, "Exact under speculation"):
 column j holds the target's logits for output token len(output) + j, which follows d_1 .. d_j.
@@ -21,17 +22,17 @@ from __future__ import annotations
 import time
 
 import torch
-import xgrammar as xgr
 
 
 class _Matcher:
     def __init__(self, request):
+        import xgrammar as xgr
         self.request = request
         self.matcher = xgr.GrammarMatcher(request.grammar)
         self.num_fed = 0              # output tokens accepted so far
         self.broken = False           # a committed token the grammar rejects: no more masking
 
-    def sync(self) -> xgr.GrammarMatcher | None:
+    def sync(self):
         out = self.request.output_token_ids
         while not self.broken and self.num_fed < len(out):
             if self.matcher.is_terminated() or not self.matcher.accept_token(out[self.num_fed]):
@@ -56,10 +57,7 @@ class GrammarMasks:
         self.seconds = 0.0
         self.num_masked = 0
 
-    def release(self, index: int) -> None:
-        self._matchers.pop(index, None)
-
-    def _matcher(self, request) -> xgr.GrammarMatcher | None:
+    def _matcher(self, request):
         m = self._matchers.get(request.index)
         if m is None or m.request is not request:
             m = self._matchers[request.index] = _Matcher(request)
@@ -69,7 +67,10 @@ class GrammarMasks:
         rows = [b for b, r in enumerate(reqs) if r.grammar is not None]
         if not rows:
             return logits
+        import xgrammar as xgr                       # loads with the first constrained request
         t0 = time.perf_counter()
+        for index in [i for i, m in self._matchers.items() if m.request.finished]:
+            del self._matchers[index]                # finished or aborted
         T, V = (logits.shape[1] if logits.dim() == 3 else 1), logits.shape[-1]
         bitmask = xgr.allocate_token_bitmask(len(reqs) * T, V)           # all allowed
         masked = []                                                      # flat rows masked
