@@ -11,15 +11,18 @@ import typing
 MODULE_ATTRS = {
     "LLM": "mtpx.engine.llm",
     "SamplingParams": "mtpx.core.sampling_params",
+    "StructuredOutputsParams": "mtpx.core.structured_outputs",
     "RequestOutput": "mtpx.outputs",
     "CompletionOutput": "mtpx.outputs",
     "RequestMetrics": "mtpx.outputs",
 }
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput", "CompletionOutput",
+           "RequestMetrics"]
 
 if typing.TYPE_CHECKING:
     from mtpx.core.sampling_params import SamplingParams
+    from mtpx.core.structured_outputs import StructuredOutputsParams
     from mtpx.engine.llm import LLM
     from mtpx.outputs import CompletionOutput, RequestMetrics, RequestOutput
 

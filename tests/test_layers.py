@@ -54,7 +54,8 @@ def test_the_scheduler_side_imports_no_tensor_code_metrics_or_config_libraries()
                               "mtpx.auto_k.settled", "mtpx.auto_k.summary", "mtpx.core",
                               "mtpx.core.block_pool",
                               "mtpx.core.kv_cache_manager", "mtpx.core.request", "mtpx.core.sampling_params",
-                              "mtpx.core.scheduler", "mtpx.core.step_plan", "mtpx.outputs"]
+                              "mtpx.core.scheduler", "mtpx.core.step_plan", "mtpx.core.structured_outputs",
+                              "mtpx.outputs"]
 
 
 def test_the_engine_imports_no_metrics_rich_or_omegaconf():

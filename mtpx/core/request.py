@@ -22,6 +22,9 @@ class Request:
     modules 1..draft_depth exact and no others.
     stop_strings: the StopStrings checker of params.stop (None without stop strings); stop_reason:
     the stop string or stop token id (of params) that ended it.
+    grammar: the compiled grammar of params.structured_outputs (an xgrammar CompiledGrammar, typed
+    object: worker-owned, read only by the runner's grammar matchers, mtpx/structured/);
+    bad_words_token_ids: params.bad_words as token-id sequences (mtpx/engine/logits.py bans them).
     Times (time.perf_counter() seconds): arrival_time when it entered the engine,
     first_token_time, finish_time; emission_times: one entry per step that emitted tokens
     (several accepted tokens in one step are one emission, for ITL); arrival_offset: seconds after
@@ -47,6 +50,8 @@ class Request:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     stop_strings: object = None         # mtpx.core.stop_strings.StopStrings, or None
+    grammar: object = None              # compiled grammar of params.structured_outputs (worker-owned)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
     error: str | None = None
     arrival_offset: float = 0.0
     arrival_time: float = 0.0

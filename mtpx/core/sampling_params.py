@@ -5,6 +5,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from mtpx.core.structured_outputs import StructuredOutputsParams
+
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
 
@@ -59,6 +61,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
     def __post_init__(self):
         def integer(value):
@@ -82,6 +87,7 @@ class SamplingParams:
                 raise ValueError(f"logit_bias={self.logit_bias!r}: must be a dict of token id (integer >= 0) "
                                  "-> finite bias, e.g. {50256: -100}")
             self.logit_bias = {int(t): float(v) for t, v in self.logit_bias.items()} or None
+        self._check_constraints()
         if not isinstance(self.include_stop_str_in_output, bool):
             raise ValueError(f"include_stop_str_in_output={self.include_stop_str_in_output!r}: "
                              "must be True or False")
@@ -123,6 +129,21 @@ class SamplingParams:
             raise ValueError(f"top_p={self.top_p}: must be in (0, 1]")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p={self.min_p}: must be in [0, 1]")
+
+    def _check_constraints(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if not isinstance(self.structured_outputs, (StructuredOutputsParams, type(None))):
+            raise ValueError(f"structured_outputs={self.structured_outputs!r}: must be a "
+                             "StructuredOutputsParams (e.g. StructuredOutputsParams(regex='[0-9]+'))")
+        if self.allowed_token_ids is not None and (isinstance(self.allowed_token_ids, (str, bytes)) or not (
+                self.allowed_token_ids and all(isinstance(t, numbers.Integral) and not isinstance(t, bool)
+                                               and t >= 0 for t in self.allowed_token_ids))):
+            raise ValueError(f"allowed_token_ids={self.allowed_token_ids!r}: must be a non-empty list of "
+                             "token ids (integers >= 0), or None")
+        if self.bad_words is not None and (isinstance(self.bad_words, str) or not all(
+                isinstance(w, str) and w for w in self.bad_words)):
+            raise ValueError(f"bad_words={self.bad_words!r}: must be a list of non-empty strings")
 
     @property
     def greedy(self) -> bool:

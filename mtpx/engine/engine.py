@@ -152,10 +152,12 @@ class Engine:
         return None
 
     def validate_params(self, params) -> str | None:
-        """Why the engine cannot honour SamplingParams `params` (a logit_bias token outside the
-        vocabulary, a stop_token_ids id outside it), as one line; None when it can."""
+        """Why the engine cannot honour SamplingParams `params` (a logit_bias, stop_token_ids or
+        allowed_token_ids id outside the vocabulary), as one line starting with the key; None when
+        it can."""
         vocab = self.model.cfg.vocab_size
-        for key, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+        for key, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids),
+                         ("allowed_token_ids", params.allowed_token_ids or [])):
             bad = [t for t in ids if t >= vocab]
             if bad:
                 return f"{key} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"

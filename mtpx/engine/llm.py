@@ -127,6 +127,7 @@ class LLM:
         # a forward of one rank alone would wait for the others: a tensor-parallel model is not timed
         self.thread_choice = (threads(None if self._tp_driver else self.model) if callable(threads) else None)
         self.spec = spec
+        self._grammars = None       # the GrammarCompiler of structured outputs, built on first use
         k = (AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto else num_speculative_tokens
         self.speculator = build_speculator(spec, self.model, k, tree=config.tree)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
@@ -339,11 +340,13 @@ class LLM:
                     error: str | None = None) -> Request:
         """An engine request with id `index` for prompt ids: the stop ids (EOS unless ignore_eos)
         and stop strings of `sp` set up; error: why it cannot run (the caller does not queue it).
-        Raises ValueError for stop strings without a tokenizer."""
+        Raises ValueError for stop strings without a tokenizer, and as `constraints`."""
         stop = set(sp.stop_token_ids)
         if not sp.ignore_eos:
             stop.update(self.eos_token_ids)
         req = Request(index, ids, sp, frozenset(stop))
+        if error is None:
+            req.grammar, req.bad_words_token_ids = self.constraints(sp)
         if sp.stop and error is None:
             if self.tokenizer is None:
                 raise ValueError("SamplingParams.stop needs a tokenizer: pass tokenizer= with the model, "
@@ -351,6 +354,29 @@ class LLM:
             req.stop_strings = StopStrings(sp.stop, self.decode)
         req.error = error
         return req
+
+    def constraints(self, sp: SamplingParams) -> tuple[object, list[list[int]]]:
+        """(compiled grammar of sp.structured_outputs or None, sp.bad_words as token-id
+        sequences), from this model's tokenizer; compiled grammars are cached per constraint
+        (mtpx/structured/grammar.py). Raises ValueError naming the field for an invalid
+        constraint, or for a constraint without a tokenizer."""
+        if sp.structured_outputs is None and not sp.bad_words:
+            return None, []
+        if self.tokenizer is None:
+            field = "structured_outputs" if sp.structured_outputs is not None else "bad_words"
+            raise ValueError(f"SamplingParams.{field} needs the model's tokenizer: "
+                             "pass tokenizer= with the model")
+        grammar = None
+        if sp.structured_outputs is not None:
+            if self.engine.config.tensor_parallel_size > 1:
+                raise ValueError("SamplingParams.structured_outputs is not supported with "
+                                 "tensor_parallel_size > 1")
+            if self._grammars is None:
+                from mtpx.structured.grammar import GrammarCompiler
+                self._grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size,
+                                                 self.eos_token_ids)
+            grammar = self._grammars.compile(sp.structured_outputs)
+        return grammar, bad_words_token_ids(sp.bad_words or [], self.tokenizer)
 
     def _logprob_dict(self, token: int, entry) -> dict[int, Logprob]:
         """vLLM's {token id: Logprob} for one position: the top tokens, then the token itself."""
@@ -379,3 +405,16 @@ class LLM:
             logit_gaps=r.logit_gaps if self.engine.config.record_logit_gaps else None,
             num_cached_tokens=r.num_cached_tokens, num_preemptions=r.num_preemptions,
             emission_times=r.emission_times, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+
+
+def bad_words_token_ids(words: list[str], tokenizer) -> list[list[int]]:
+    """vLLM's SamplingParams.update_from_tokenizer: each bad word as tokens, without and (when that
+    starts another token of the same length) with a leading space."""
+    out = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False).ids
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False).ids
+        out += [ids for ids in (plain,) if ids]
+        if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+            out.append(spaced)
+    return out

@@ -6,10 +6,22 @@ from __future__ import annotations
 import torch
 
 
-def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
+def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None, grammars=None):
+    """`_process` (below), then, with the runner's `grammars` (mtpx/structured/masks.py's
+    GrammarMasks), each structured-output request's grammar mask on every column: column j with
+    the grammar state after the request's drafts d_1 .. d_j (docs/structured_output.md)."""
+    out = _process(reqs, logits, ids)
+    if grammars is None or all(r.grammar is None for r in reqs):
+        return out
+    drafts = [r.draft_token_ids[: logits.shape[1] - 1] for r in reqs] if logits.dim() == 3 else None
+    return grammars.apply(reqs, out, logits, drafts)
+
+
+def _process(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
     """The target's logits as each request samples from them (SamplingParams, "Logits
     processing"; vLLM's order): logit_bias added, then each request's stop ids (EOS,
-    stop_token_ids) at -inf before params.min_tokens output tokens, then the repetition,
+    stop_token_ids) at -inf before params.min_tokens output tokens, every token outside
+    allowed_token_ids and the bad words' last tokens (_ban_words) at -inf, then the repetition,
     frequency and presence penalties. logits: [B, V] (the next token of each request) or
     [B, T, V], verification windows ids [B, T] = [x_n, d_1 .. d_{T-1}]: column j is output
     token len(output) + j, processed as if d_1 .. d_j were committed (they are, if column j is
@@ -23,7 +35,9 @@ def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) 
              for j in range(max(0, min(r.params.min_tokens - len(r.output_token_ids), T)))]
     biased = [b for b, r in enumerate(reqs) if r.params.logit_bias]
     penalized = [b for b, r in enumerate(reqs) if r.params.has_penalties]
-    if not (masks or biased or penalized):
+    allowed = [b for b, r in enumerate(reqs) if r.params.allowed_token_ids]
+    banned = [b for b, r in enumerate(reqs) if r.bad_words_token_ids]
+    if not (masks or biased or penalized or allowed or banned):
         return logits
     out = (logits if logits.dtype in (torch.float32, torch.float64) else logits.float()).clone()
     view = out if window else out[:, None]                                    # [B, T, V]
@@ -34,6 +48,12 @@ def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) 
                                                                          device=dev)
     for b, j, stop in masks:
         view[b, j, [i for i in stop if i < V]] = float("-inf")
+    for b in allowed:
+        keep = torch.zeros(V, dtype=torch.bool, device=dev)
+        keep[[t for t in reqs[b].params.allowed_token_ids if t < V]] = True
+        view[b, :, ~keep] = float("-inf")
+    for b in banned:
+        _ban_words(view[b], reqs[b], ids[b, 1:].tolist() if window else [])
     for b in penalized:
         r, p = reqs[b], reqs[b].params
         counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.long, device=dev),
@@ -51,6 +71,16 @@ def process_logits(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) 
         x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(dtype)
         view[b] = x
     return out
+
+
+def _ban_words(x: torch.Tensor, r, drafts: list[int]) -> None:
+    """vLLM's bad-words processor on one request's columns x [T, V]: the last token of a bad word
+    is at -inf where the tokens before it end the output so far (column j: output + d_1 .. d_j)."""
+    for j in range(x.shape[0]):
+        seen = r.output_token_ids + drafts[:j]
+        for seq in r.bad_words_token_ids:
+            if len(seen) >= len(seq) - 1 and seen[len(seen) - len(seq) + 1:] == seq[:-1]:
+                x[j, seq[-1]] = float("-inf")
 
 
 def logprobs(wants: list[int | None], logits: torch.Tensor, tokens: torch.Tensor):

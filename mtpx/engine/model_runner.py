@@ -1,24 +1,21 @@
 """The model runner: every tensor of the engine and every model call (vLLM v1's GPUModelRunner).
 
-`execute(scheduler_output)` runs one engine step and returns a `RunnerOutput`; it reads the
-scheduled requests and writes none of their fields (the scheduler owns request progress). It owns
-the ModelCache (KV, recurrent states, token buffer, block tables, batch slots), the speculator and
-the decode step.
+`execute(scheduler_output)` runs one engine step and returns a `RunnerOutput`; it reads the scheduled requests
+and writes none of their fields (the scheduler owns request progress). It owns the ModelCache (KV, recurrent
+states, token buffer, block tables, batch slots), the speculator and the decode step.
 
-One step: free the batch slots of preempted requests -> admit new ones (slot, tokens, recurrent
-state from the last prefix-hit block, speculator rows) -> prefill chunks through the target, first
-tokens sampled, the speculator catches up (and drafts for prompts that are complete) -> the
-decode step: the target over the verification windows [x_n, d_1 .. d_k] keeping each Gated
-DeltaNet window in chunked form, one `verify` for greedy and sampled requests, the recurrent
-state rebuilt at the accepted position (invariant 3; plain decoding stores its one token's state
-in the forward), the accepted tokens written to the token buffer, the speculator's round -> one
-host transfer of emitted tokens, accepted counts, next drafts and final positions.
+One step: free the batch slots of preempted requests -> admit new ones (slot, tokens, recurrent state from the
+last prefix-hit block, speculator rows) -> prefill chunks through the target, first tokens sampled, the
+speculator catches up (and drafts for prompts that are complete) -> the decode step: the target over the
+verification windows [x_n, d_1 .. d_k] keeping each Gated DeltaNet window in chunked form, one `verify` for
+greedy and sampled requests, the recurrent state rebuilt at the accepted position (invariant 3; plain decoding
+stores its one token's state in the forward), the accepted tokens written to the token buffer, the
+speculator's round -> one host transfer of emitted tokens, accepted counts, next drafts and final positions.
 
-The decode step's shapes come from StepShapes and its three calls from a DecodeStep, eager or
-compiled behind one interface (mtpx/engine/decode_step.py, mtpx/engine/compiled.py); prefill and
-decode hand the speculator the same DraftBatch. Inside the decode step nothing reads a tensor on
-the host but that one transfer (tests/test_model_runner.py counts them); boundary states for
-prefix caching are placed from host-known positions.
+The decode step's shapes come from StepShapes and its three calls from a DecodeStep, eager or compiled behind
+one interface (engine/decode_step.py, engine/compiled.py); prefill and decode hand the speculator the same
+DraftBatch. Inside the decode step nothing reads a tensor on the host but that one transfer
+(tests/test_model_runner.py counts them); prefix-cache boundary states are placed from host-known positions.
 """
 from __future__ import annotations
 
@@ -41,6 +38,7 @@ from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
 from mtpx.spec_decode.tree_draft import TreeSpeculator
 from mtpx.spec_decode.verification import verify
 from mtpx.engine.tree_step import TreeStats, check_tree_engine, tree_decode
+from mtpx.structured.masks import GrammarMasks
 
 
 @dataclass
@@ -143,6 +141,7 @@ class ModelRunner:
                      if config.compile else EagerStep(model, self.cache, speculator))
         self.rows: dict[int, int] = {}             # request index -> batch slot
         self._draft_probs: dict[int, torch.Tensor] = {}   # request index -> its sampled drafts' [k, V] q
+        self.grammars = GrammarMasks()     # structured output's per-request matchers (xgrammar loads on use)
 
     @property
     def compiled(self) -> CompiledDecode | None:
@@ -328,7 +327,7 @@ class ModelRunner:
             idx = torch.tensor(last, device=dev)
             logits = model.lm_head(last_valid(h, meta)[idx])               # [L, vocab]
             sampling = self._sampling([reqs[b] for b in last])
-            masked = process_logits([reqs[b] for b in last], logits)
+            masked = process_logits([reqs[b] for b in last], logits, grammars=self.grammars)
             tok = (masked.argmax(-1) if sampling.all_greedy
                    else sample(sampling.probs(masked), sampling.uniforms([1] * len(last))[:, 0]))
             cache.write_tokens(rows[idx], torch.tensor([reqs[b].num_tokens for b in last], device=dev), tok)
@@ -431,8 +430,9 @@ class ModelRunner:
             meta.pack_valid([1 + x for x in nd_host], step.packed_tokens(real, shapes.padded_batch * T))
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
-        accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
-                                   [self._draft_probs.get(r.index) for r in reqs], self.config.verify)
+        target, probs = process_logits(reqs, logits[:B], ids[:B], self.grammars), self._draft_probs
+        accepted, emitted = verify(ids[:B], target, nd_host, sampling, [probs.get(r.index) for r in reqs],
+                                   self.config.verify)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from mtpx.engine.llm import LLM
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.serve.errors import BadRequest
+from mtpx.serve.structured import compile_error, constraint, tool_schema
 from mtpx.serve.protocol import (Body, ChatMessage, ChatRequest, CompletionRequest, SamplingFields,
                                  TokenizeRequest, unsupported_field)
 
@@ -115,7 +116,10 @@ def sampling(body: SamplingFields, max_tokens: int, logprobs: int | None) -> Sam
                               logprobs=logprobs, min_tokens=body.min_tokens,
                               repetition_penalty=_or(body.repetition_penalty, 1.0),
                               frequency_penalty=_or(body.frequency_penalty, 0.0),
-                              presence_penalty=_or(body.presence_penalty, 0.0), logit_bias=logit_bias(body))
+                              presence_penalty=_or(body.presence_penalty, 0.0),
+                              logit_bias=logit_bias(body), structured_outputs=constraint(body)[0],
+                              allowed_token_ids=body.allowed_token_ids,
+                              bad_words=getattr(body, "bad_words", None))
     except ValueError as e:
         message = str(e)
         raise BadRequest(message,
@@ -166,6 +170,9 @@ class RequestParser:
 
     def check_chat(self, body: ChatRequest) -> None:
         self.check_fields(body)
+        if body.stream and tool_schema(body.tools, body.tool_choice) is not None:
+            raise BadRequest(f"tool_choice={body.tool_choice!r} is not streamed yet: set stream=false",
+                             "stream")
         if body.logprobs:
             raise BadRequest("/v1/chat/completions does not return logprobs yet: use /v1/completions with "
                              "logprobs", "logprobs")
@@ -247,7 +254,7 @@ class RequestParser:
             raise BadRequest(error, param)
         error = llm.engine.validate_params(sp)
         if error:
-            raise BadRequest(error, error.split(" ", 1)[0])        # the key: logit_bias or stop_token_ids
+            raise BadRequest(error, error.split(" ", 1)[0])   # the key: logit_bias, stop_token_ids, ...
         if len(ids) + sp.max_tokens > llm.max_model_len:
             raise BadRequest(f"max_tokens={sp.max_tokens} with a {len(ids)}-token prompt exceeds the model's "
                              f"maximum length {llm.max_model_len}: lower max_tokens", "max_tokens")
@@ -255,6 +262,10 @@ class RequestParser:
     def runs_for(self, prompts_ids: list[list[int]], echoes: list[str], sp: SamplingParams,
                  body: SamplingFields, param: str) -> list[Run]:
         """The engine requests of n completions per prompt, choice index prompt * n + j."""
+        try:                                   # compile the constraint now: a bad one is a 400
+            self.llm.constraints(sp)
+        except ValueError as e:
+            raise compile_error(e, constraint(body)[1] or "bad_words") from None
         runs = []
         for i, (ids, echo) in enumerate(zip(prompts_ids, echoes)):
             if body.truncate_prompt_tokens is not None:

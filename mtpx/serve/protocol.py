@@ -5,7 +5,9 @@ entrypoints/openai/protocol.py names and defaults).
 An unknown field is still a 400 (a typo is never ignored), and so is a value of the wrong JSON
 type: bodies are validated strictly (pydantic's strict mode: "4" or true is not an integer, "true"
 not a boolean; an integer is a float) and floats must be finite (no NaN or Infinity). Penalties,
-min_tokens and logit_bias are applied (SamplingParams). A known field that mtpx cannot honour is
+min_tokens and logit_bias are applied (SamplingParams), and so are the constraints
+(response_format, guided_*, structured_outputs, tools with tool_choice, allowed_token_ids,
+bad_words: mtpx/serve/structured.py). A known field that mtpx cannot honour is
 accepted only at its neutral value (`NEUTRAL`: no beam search, guided decoding unset, no tools,
 ...); any other value is a 400 naming the field (`unsupported_field`).
 """
@@ -56,15 +58,17 @@ class SamplingFields(Body):
     repetition_penalty: float | None = None
     min_tokens: int = Field(default=0, ge=0)
     logit_bias: dict[str, float] | None = None     # token id (a string, as OpenAI's JSON) -> bias
-    # accepted at their neutral value only (NEUTRAL)
-    use_beam_search: bool = False
-    length_penalty: float = 1.0
+    # constraints (mtpx/serve/structured.py; at most one of response_format, guided_*, structured_outputs)
     allowed_token_ids: list[int] | None = None
     response_format: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+    # accepted at their neutral value only (NEUTRAL)
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     guided_decoding_backend: str | None = None
     guided_whitespace_pattern: str | None = None
     priority: int = 0
@@ -117,14 +121,14 @@ class ChatRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     include_reasoning: bool = True          # no reasoning parser: no effect, as in vLLM without one
     parallel_tool_calls: bool | None = False
-    # accepted at their neutral value only (NEUTRAL)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None     # tool_choice "required" / named: a constraint
     tool_choice: str | dict[str, Any] | None = "none"
+    bad_words: list[str] | None = None
+    # accepted at their neutral value only (NEUTRAL)
     reasoning_effort: str | None = None
     echo: bool = False
     continue_final_message: bool = False
     mm_processor_kwargs: dict[str, Any] | None = None
-    bad_words: list[str] | None = None
     structural_tag: str | None = None
 
 
@@ -151,13 +155,12 @@ _UNSET = (None,)
 # field -> the values accepted (anything else is a 400): what mtpx's engine cannot do yet
 NEUTRAL: dict[str, tuple] = {
     "use_beam_search": (False,), "length_penalty": (1.0,),
-    "allowed_token_ids": _UNSET, "response_format": (None, {"type": "text"}), "guided_json": _UNSET,
-    "guided_regex": _UNSET, "guided_choice": _UNSET, "guided_grammar": _UNSET,
-    "guided_decoding_backend": _UNSET, "guided_whitespace_pattern": _UNSET, "priority": (0,),
+    "guided_decoding_backend": (None, "auto", "xgrammar"), "guided_whitespace_pattern": _UNSET,
+    "priority": (0,),
     "logits_processors": (None, []), "cache_salt": _UNSET, "kv_transfer_params": (None, {}),
-    "vllm_xargs": (None, {}), "suffix": (None, ""), "prompt_embeds": _UNSET, "tools": (None, []),
+    "vllm_xargs": (None, {}), "suffix": (None, ""), "prompt_embeds": _UNSET,
     "reasoning_effort": _UNSET, "echo@chat": (False,), "continue_final_message": (False,),
-    "mm_processor_kwargs": (None, {}), "bad_words": (None, []), "structural_tag": _UNSET,
+    "mm_processor_kwargs": (None, {}), "structural_tag": _UNSET,
 }
 _WHY = {"use_beam_search": "(no beam search)", "length_penalty": "(beam search only)",
         "suffix": "(no fill-in-the-middle)", "cache_salt": "(the prefix cache is not salted)",
@@ -166,7 +169,7 @@ _WHY = {"use_beam_search": "(no beam search)", "length_penalty": "(beam search o
 
 def unsupported_field(body: SamplingFields) -> tuple[str, str] | None:
     """(message, field) for the first field set to a value mtpx cannot honour, or None.
-    best_of must equal n; tool_choice must be "none" (or "auto" without tools)."""
+    best_of must equal n."""
     chat = isinstance(body, ChatRequest)
     for key, ok in NEUTRAL.items():
         name = key.removesuffix("@chat")
@@ -180,6 +183,4 @@ def unsupported_field(body: SamplingFields) -> tuple[str, str] | None:
     if body.best_of is not None and body.best_of != body.n:
         return (f"best_of={body.best_of} is not supported: it must equal n={body.n} (no server-side ranking)",
                 "best_of")
-    if chat and body.tool_choice not in ("none", "auto", None):
-        return f"tool_choice={body.tool_choice!r} is not supported yet (no tool calling)", "tool_choice"
     return None

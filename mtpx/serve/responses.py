@@ -18,6 +18,7 @@ from mtpx.serve.async_engine import Update
 from mtpx.serve.detokenize import final_text
 from mtpx.serve.parsing import Run
 from mtpx.serve.protocol import ChatRequest, CompletionRequest, SamplingFields
+from mtpx.serve.structured import tool_calls, tool_schema
 
 
 def sse(obj: dict) -> str:
@@ -174,6 +175,11 @@ class Formatter:
         text = self.final_text(run, u, body)
         choice = {"index": run.index, "message": {"role": "assistant", "content": text},
                   "finish_reason": u.finish_reason, "stop_reason": u.stop_reason}
+        if tool_schema(body.tools, body.tool_choice) is not None:      # a tool-call constraint
+            calls = tool_calls(text, body.tool_choice, body.tools)
+            choice["message"] |= {"content": None if calls else text, "tool_calls": calls}
+            if calls and body.tool_choice == "required":
+                choice["finish_reason"] = "tool_calls"
         if body.return_token_ids:
             choice["token_ids"] = u.token_ids
         return choice

@@ -1,0 +1,105 @@
+"""The model runner's grammar matchers: each constrained request's xgrammar GrammarMatcher and the
+token masks it puts on the target's logits, exact under speculation.
+
+A matcher is worker-side state of one request, created from `Request.grammar` on its first use
+and dropped once the request has finished (finish or abort, at the next masking). Before each use
+it is brought up to the request's committed output (`Request.output_token_ids`, the scheduler's):
+a request resumed after preemption keeps its output, so its matcher stays valid, and tokens cut at
+a stop string or max_tokens are never fed. So between steps a matcher is exactly at the committed
+tokens.
+
+Verification window [x_n, d_1 .. d_k] (docs/structured_output.md, "Exact under speculation"):
+column j holds the target's logits for output token len(output) + j, which follows d_1 .. d_j.
+Column j is masked with the grammar state after d_1 .. d_j: the matcher fills column 0's mask,
+accepts d_1, fills column 1's, and so on; a draft the grammar forbids ends the walk (the target's
+masked column gives it probability 0, so every verifier rejects it and no later column is read),
+and the matcher is rolled back over the drafts it accepted. The target's distribution at every
+column is thus the constrained distribution plain decoding samples from, and greedy output equals
+plain decoding's under the same constraint (tests/test_structured_output.py).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class _Matcher:
+    def __init__(self, request):
+        import xgrammar as xgr
+        self.request = request
+        self.matcher = xgr.GrammarMatcher(request.grammar)
+        self.num_fed = 0              # output tokens accepted so far
+        self.broken = False           # a committed token the grammar rejects: no more masking
+
+    def sync(self):
+        out = self.request.output_token_ids
+        while not self.broken and self.num_fed < len(out):
+            if self.matcher.is_terminated() or not self.matcher.accept_token(out[self.num_fed]):
+                self.broken = True
+            self.num_fed += 1
+        return None if self.broken else self.matcher
+
+
+class GrammarMasks:
+    """Grammar matchers by request index, and the masking of their logits.
+
+    apply(reqs, logits, raw, drafts): logits [B, V] (each request's next token) or [B, T, V]
+    (verification windows), already processed (mtpx/engine/logits.py); raw: the unprocessed
+    logits of the same shape; drafts: per row the window's draft ids (host ints, [] for none).
+    Returns float32 logits with every token the grammar forbids at -inf (a copy; `logits` itself
+    when no request is constrained). A column left with no token (the grammar and min_tokens,
+    allowed_token_ids or bad_words exclude each other) takes the grammar-masked raw logits.
+    seconds / num_masked: host time spent and columns masked (the mask's cost)."""
+
+    def __init__(self):
+        self._matchers: dict[int, _Matcher] = {}
+        self.seconds = 0.0
+        self.num_masked = 0
+
+    def _matcher(self, request):
+        m = self._matchers.get(request.index)
+        if m is None or m.request is not request:
+            m = self._matchers[request.index] = _Matcher(request)
+        return m.sync()
+
+    def apply(self, reqs, logits: torch.Tensor, raw: torch.Tensor, drafts: list[list[int]] | None = None):
+        rows = [b for b, r in enumerate(reqs) if r.grammar is not None]
+        if not rows:
+            return logits
+        import xgrammar as xgr                       # loads with the first constrained request
+        t0 = time.perf_counter()
+        for index in [i for i, m in self._matchers.items() if m.request.finished]:
+            del self._matchers[index]                # finished or aborted
+        T, V = (logits.shape[1] if logits.dim() == 3 else 1), logits.shape[-1]
+        bitmask = xgr.allocate_token_bitmask(len(reqs) * T, V)           # all allowed
+        masked = []                                                      # flat rows masked
+        for b in rows:
+            m = self._matcher(reqs[b])
+            if m is None:
+                continue
+            window = drafts[b] if drafts is not None else []
+            advanced = 0
+            for j in range(T):
+                if m.is_terminated():
+                    break
+                m.fill_next_token_bitmask(bitmask, b * T + j)
+                masked.append(b * T + j)
+                if j >= len(window) or not m.accept_token(window[j]):
+                    break                         # no draft, or one the grammar forbids: window ends
+                advanced += 1
+            m.rollback(advanced)
+        bitmask = bitmask.to(logits.device)
+        out = logits.float().clone().view(-1, V)
+        xgr.apply_token_bitmask_inplace(out, bitmask)
+        if any(reqs[b].params.min_tokens or reqs[b].params.allowed_token_ids or reqs[b].bad_words_token_ids
+               for b in rows):
+            idx = torch.tensor(masked, dtype=torch.long, device=out.device)
+            dead = idx[torch.isneginf(out[idx]).all(-1)]
+            if len(dead):
+                fallback = raw.float().reshape(-1, V)[dead].clone()
+                xgr.apply_token_bitmask_inplace(fallback, bitmask[dead])
+                out[dead] = fallback
+        self.seconds += time.perf_counter() - t0
+        self.num_masked += len(masked)
+        return out.view(logits.shape)

@@ -1,0 +1,324 @@
+"""Structured output through the engine (docs/structured_output.md): every constrained output
+matches its constraint, greedy output under speculation (mtp1, mtp8, automatic k; eager;
+preemption and prefix caching) is token-identical to plain decoding under the same constraint,
+sampled output keeps the constrained target distribution (an exact joint, as tests/test_sampling.py),
+allowed_token_ids and bad_words hold, and bad constraints are one line naming the field.
+
+The tiny checkpoint's random model does not know JSON: the constraints are bounded (maxLength,
+integer ranges, bounded regexes) so that every output ends inside max_tokens, and its
+unconstrained drafts are often forbidden, which exercises the window ending at a forbidden draft.
+The 200-request run over the demo is tools/bench_structured.py (experiments/structured_output).
+"""
+import json
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from mtpx import LLM, SamplingParams, StructuredOutputsParams
+from mtpx.spec_decode.sampler import probs_from_logits
+from tests.helpers import peaked_model, tiny_config
+from tests.test_sampling import tv
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 6},
+    "n": {"type": "integer", "minimum": 0, "maximum": 999},
+    "ok": {"type": "boolean"},
+    "tag": {"enum": ["a", "bb", "ccc"]}},
+    "required": ["name", "n", "ok", "tag"], "additionalProperties": False}
+REGEX = r"(def|class) [a-z]{1,6}\((x|y)?\):"
+CHOICES = ["return x", "return y + 1", "pass"]
+GRAMMAR = 'root ::= "(" num (("+" | "*") num){0,3} ")"\nnum ::= [0-9]{1,3}'
+LARK = 'start: "[" item ("," item)~0..2 "]"\nitem: /[a-f]{1,4}/'
+
+
+def constraints():
+    return [("json", StructuredOutputsParams(json=SCHEMA)),
+            ("json_compact", StructuredOutputsParams(json=json.dumps(SCHEMA), disable_any_whitespace=True)),
+            ("regex", StructuredOutputsParams(regex=REGEX)),
+            ("choice", StructuredOutputsParams(choice=CHOICES)),
+            ("grammar", StructuredOutputsParams(grammar=GRAMMAR)),
+            ("lark", StructuredOutputsParams(grammar=LARK)),
+            ("json_object", StructuredOutputsParams(json_object=True))]
+
+
+def valid(kind: str, text: str) -> bool:
+    """Whether text matches the constraint `kind` of constraints()."""
+    if kind in ("json", "json_compact"):
+        try:
+            x = json.loads(text)
+        except ValueError:
+            return False
+        return (set(x) == {"name", "n", "ok", "tag"} and len(x["name"]) <= 6 and 0 <= x["n"] <= 999
+                and isinstance(x["ok"], bool) and x["tag"] in ("a", "bb", "ccc")
+                and (kind == "json" or text == json.dumps(x, ensure_ascii=False)))   # no extra whitespace
+    if kind == "json_object":
+        try:
+            return isinstance(json.loads(text), dict)
+        except ValueError:
+            return False
+    pattern = {"regex": REGEX, "choice": "|".join(map(re.escape, CHOICES)),
+               "grammar": r"\([0-9]{1,3}([+*][0-9]{1,3}){0,3}\)",
+               "lark": r"\[[a-f]{1,4}(,[a-f]{1,4}){0,2}\]"}[kind]
+    return re.fullmatch(pattern, text) is not None
+
+
+PROMPTS = ["def f(x):", "Question: what?\nAnswer:", "    return x + 1\n", "class A:", "x", "Answer: 42\n"]
+
+
+def _requests(n: int):
+    """n (kind, prompt, params): the constraints in turn over the prompts, greedy."""
+    cs = constraints()
+    out = []
+    for i in range(n):
+        kind, c = cs[i % len(cs)]
+        out.append((kind, PROMPTS[i % len(PROMPTS)], SamplingParams(max_tokens=160, structured_outputs=c)))
+    return out
+
+
+def _run(llm: LLM, reqs):
+    outs = llm.generate([p for _, p, _ in reqs], [sp for _, _, sp in reqs], use_tqdm=False)
+    for (kind, _, _), o in zip(reqs, outs):
+        c = o.outputs[0]
+        assert c.finish_reason == "stop" and valid(kind, c.text), (kind, c.text, c.finish_reason)
+    return outs
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_ckpt):
+    reqs = _requests(14)
+    return reqs, _run(LLM(model=tiny_ckpt, max_num_seqs=16), reqs)
+
+
+def test_mixed_constraints_are_valid_and_equal_plain_decoding_under_mtp8(tiny_ckpt, plain_outputs):
+    """Every constraint kind over a real byte-level BPE tokenizer, 16 requests at once."""
+    reqs, plain = plain_outputs
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=4, max_num_seqs=16)
+    outs = _run(llm, reqs)
+    for a, b in zip(outs, plain):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+    assert sum(o.spec.num_draft_tokens for o in outs) > 0
+    masks = llm.engine.runner.grammars
+    assert masks.num_masked > 0
+
+
+ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_"
+
+
+def letters_tokenizer(chars: str):
+    """One token per character, <eos> = id 0 (raw strings, no merges): vocabulary 1 + len(chars)."""
+    from tokenizers import Tokenizer, decoders, models
+    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.add_special_tokens(["<eos>"])
+    tok.decoder = decoders.Fuse()
+    return tok
+
+
+def _auto_k_costs(path):
+    """A step-cost file under which drafting pays (automatic k without a start-up calibration)."""
+    from mtpx.auto_k.store import save_step_costs
+    save_step_costs(path, {(k, b): (10.0 + 1.0 * k) * (1 + 0.05 * b) for k in range(5) for b in (1, 8)}, {})
+    return path
+
+
+# the trained tiny model continues arithmetic sequences over ids 2..61; these constraints forbid some
+# of its continuations, so drafts are accepted, rejected by the target, and forbidden by the grammar
+TINY_CONSTRAINTS = [StructuredOutputsParams(regex="[^a-e]{4,30}"),
+                    StructuredOutputsParams(regex="[0-9A-Z]{2}([^P-T][^a-c]){2,12}"),
+                    StructuredOutputsParams(grammar='root ::= [A-Za-z]{1,10} "_" [0-9a-z]{1,20}')]
+CASES = [
+    ("mtp8", 4, {"enable_prefix_caching": True, "num_blocks": 16, "block_size": 8}),
+    ("mtp8", "auto", {}),
+    pytest.param("mtp1", 3, {"verify": "block"}, marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_plain(trained_tiny):
+    tok = letters_tokenizer(ALPHABET)
+    prompts = [[(7 * i + j) % 60 + 2 for j in range(5 + 3 * i)] for i in range(6)]
+    reqs = [(p, SamplingParams(max_tokens=40, structured_outputs=TINY_CONSTRAINTS[i % 3]))
+            for i, p in enumerate(prompts)]
+    outs = LLM(model=trained_tiny, tokenizer=tok, max_num_seqs=8).generate(
+        [p for p, _ in reqs], [sp for _, sp in reqs], use_tqdm=False)
+    return tok, reqs, outs
+
+
+@pytest.mark.parametrize("spec,k,extra", CASES)
+def test_greedy_constrained_output_equals_plain_decoding(trained_tiny, tiny_plain, tmp_path, spec, k, extra):
+    """mtp8 (with prefix caching and preemption: 16 blocks of 8 for 6 requests), automatic k and
+    mtp1 with block verification: the same tokens as plain decoding under the same constraints."""
+    tok, reqs, plain = tiny_plain
+    if k == "auto":
+        extra = {"cost_model_file": _auto_k_costs(tmp_path / "costs.json")}
+    llm = LLM(model=trained_tiny, tokenizer=tok, spec=spec, num_speculative_tokens=k, max_num_seqs=8, **extra)
+    outs = llm.generate([p for p, _ in reqs], [sp for _, sp in reqs], use_tqdm=False)
+    for (_, sp), a, b in zip(reqs, outs, plain):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        pattern = sp.structured_outputs.regex or r"[A-Za-z]{1,10}_[0-9a-z]{1,20}"
+        assert a.outputs[0].finish_reason == "stop" and re.fullmatch(pattern, a.outputs[0].text), a.outputs[0]
+    drafted = sum(o.spec.num_draft_tokens for o in outs)
+    accepted = sum(o.spec.num_accepted_tokens for o in outs)
+    assert 0 < accepted < drafted
+    if "num_blocks" in extra:
+        assert llm.engine.num_preemptions > 0
+
+
+def test_window_columns_follow_the_drafts(trained_tiny, tiny_plain, monkeypatch):
+    """Column j of a window is masked with the grammar state after drafts d_1 .. d_j: the tokens
+    each column allows are those a matcher allows after the committed output plus those drafts."""
+    import xgrammar as xgr
+    from mtpx.structured import masks as masks_mod
+    seen = []
+    apply = masks_mod.GrammarMasks.apply
+
+    def recording(self, reqs, logits, raw, drafts=None):
+        out = apply(self, reqs, logits, raw, drafts)
+        if drafts is not None:
+            seen.append(([list(r.output_token_ids) for r in reqs], drafts, out.clone(), list(reqs)))
+        return out
+    monkeypatch.setattr(masks_mod.GrammarMasks, "apply", recording)
+    tok, reqs, _ = tiny_plain
+    llm = LLM(model=trained_tiny, tokenizer=tok, spec="mtp8", num_speculative_tokens=4)
+    llm.generate([p for p, _ in reqs], [sp for _, sp in reqs], use_tqdm=False)
+    checked = 0
+    for outputs, drafts, out, reqs in seen:
+        for b, r in enumerate(reqs):
+            m = xgr.GrammarMatcher(r.grammar)
+            for t in outputs[b]:
+                assert m.accept_token(t)
+            for j in range(len(drafts[b]) + 1):
+                if m.is_terminated():
+                    break
+                bitmask = xgr.allocate_token_bitmask(1, out.shape[-1])
+                m.fill_next_token_bitmask(bitmask)
+                expect = torch.zeros(1, out.shape[-1])
+                xgr.apply_token_bitmask_inplace(expect, bitmask)
+                assert torch.equal(torch.isneginf(out[b, j]), torch.isneginf(expect[0]))
+                checked += j > 0
+                if j == len(drafts[b]) or not m.accept_token(drafts[b][j]):
+                    break
+    assert checked > 20                          # columns after accepted drafts were checked
+
+
+def _contains(ids: list[int], seq: list[int]) -> bool:
+    return any(ids[i:i + len(seq)] == seq for i in range(len(ids) - len(seq) + 1))
+
+
+def test_allowed_token_ids_and_bad_words(tiny_ckpt):
+    from mtpx.engine.llm import bad_words_token_ids
+    plain, spec = LLM(model=tiny_ckpt), LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=4)
+    tok = plain.get_tokenizer()
+    allowed = sorted(set(tok.encode("x + 1 return y").ids))
+    free = plain.generate(PROMPTS[:3], SamplingParams(max_tokens=24, ignore_eos=True), use_tqdm=False)
+    common = Counter(t for o in free for t in o.outputs[0].token_ids).most_common(1)[0][0]
+    word = tok.decode([common]).strip() or "x"
+    seqs = bad_words_token_ids([word], tok)
+    assert any(_contains(o.outputs[0].token_ids, s) for o in free for s in seqs)   # the ban has work
+    for sp in (SamplingParams(max_tokens=24, allowed_token_ids=allowed, ignore_eos=True),
+               SamplingParams(max_tokens=24, bad_words=[word], ignore_eos=True)):
+        a = plain.generate(PROMPTS[:3], sp, use_tqdm=False)
+        b = spec.generate(PROMPTS[:3], sp, use_tqdm=False)
+        for x, y in zip(a, b):
+            ids = x.outputs[0].token_ids
+            assert ids == y.outputs[0].token_ids and len(ids) == 24
+            if sp.allowed_token_ids:
+                assert set(ids) <= set(allowed)
+            else:
+                assert not any(_contains(ids, s) for s in seqs), (word, seqs, ids)
+
+
+@pytest.mark.parametrize("bad,field", [
+    (dict(regex="[a-"), "structured_outputs.regex"),
+    (dict(json='{"type": "objectx"}'), "structured_outputs.json"),
+    (dict(json="{not json"), "structured_outputs.json"),
+    (dict(grammar='root ::= foo'), "structured_outputs.grammar"),
+])
+def test_invalid_constraints_are_one_line_naming_the_field(tiny_ckpt, bad, field):
+    llm = LLM(model=tiny_ckpt)
+    with pytest.raises(ValueError) as e:
+        llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(**bad)), use_tqdm=False)
+    assert str(e.value).startswith(field) and "\n" not in str(e.value), str(e.value)
+
+
+def test_params_errors_name_the_field():
+    with pytest.raises(ValueError, match="exactly one of .* got 2 .json, regex"):
+        StructuredOutputsParams(json={}, regex="a")
+    with pytest.raises(ValueError, match="got 0"):
+        StructuredOutputsParams()
+    with pytest.raises(ValueError, match="structured_outputs.choice"):
+        StructuredOutputsParams(choice=[])
+    with pytest.raises(ValueError, match="allowed_token_ids"):
+        SamplingParams(allowed_token_ids=[])
+    with pytest.raises(ValueError, match="bad_words"):
+        SamplingParams(bad_words="abc")
+    sp = SamplingParams(structured_outputs={"regex": "a+"})
+    assert sp.structured_outputs.kind == "regex"
+
+
+def test_compiled_grammars_are_cached_per_constraint(tiny_ckpt):
+    llm = LLM(model=tiny_ckpt)
+    sps = [SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(json=dict(SCHEMA)))
+           for _ in range(3)]
+    llm.generate(["x"] * 3, sps, use_tqdm=False)
+    assert llm._grammars.num_compiled == 1
+    llm.generate(["x"], SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
+        json=json.dumps(SCHEMA, sort_keys=True))), use_tqdm=False)      # its canonical text: the same key
+    assert llm._grammars.num_compiled == 1
+    llm.generate(["x"], SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(
+        json=dict(SCHEMA, required=["n"]))), use_tqdm=False)
+    assert llm._grammars.num_compiled == 2
+
+
+# ---- the constrained target distribution at T > 0 ----------------------------------------------
+N = 3000
+TV_MAX = 0.08
+PROMPT = [5, 3, 1, 6]
+DIST_REGEX = "[abc][bcde][a-g]"          # three tokens, each from its own set
+
+
+def _exact_constrained_joint(model, params: SamplingParams, tok) -> dict:
+    """P(first 3 tokens) of the target with the regex's mask at each position, exactly."""
+    sets = [set("abc"), set("bcde"), set("abcdefg")]
+    out = {(): 1.0}
+    with torch.no_grad():
+        for pos in range(3):
+            nxt = {}
+            for s, ps in out.items():
+                logits = model.lm_head(model.model(torch.tensor([PROMPT + list(s)]))[:, -1]).clone()
+                for t in range(8):
+                    if tok.id_to_token(t) not in sets[pos]:
+                        logits[0, t] = float("-inf")
+                p = probs_from_logits(logits, torch.tensor([params.temperature], dtype=torch.float64),
+                                      torch.tensor([params.top_k]), torch.tensor([params.top_p]),
+                                      torch.tensor([params.min_p]))[0]
+                for t in (p > 0).nonzero()[:, 0].tolist():
+                    nxt[s + (t,)] = ps * float(p[t])
+            out = nxt
+    return out
+
+
+@pytest.mark.slow      # about 25 s a case on one core (pytest -m slow tests/test_structured_output.py)
+@pytest.mark.parametrize("spec,k,verify,draft", [("mtp8", 4, "block", "probabilistic"),
+                                                 ("mtp1", 3, "standard", "greedy"),
+                                                 ("mtp8", 4, "standard", "probabilistic")])
+def test_sampled_output_has_the_constrained_target_distribution(spec, k, verify, draft):
+    model, tok = peaked_model(tiny_config(vocab_size=8)), letters_tokenizer("abcdefg")
+    llm = LLM(model=model, tokenizer=tok, spec=spec, num_speculative_tokens=k, verify=verify,
+              draft_sample_method=draft, max_num_seqs=512, max_num_batched_tokens=8192)
+    c = StructuredOutputsParams(regex=DIST_REGEX)
+    ps = [SamplingParams(max_tokens=3, temperature=1.5, seed=i, ignore_eos=True, structured_outputs=c)
+          for i in range(N)]
+    outs = llm.generate([PROMPT] * N, ps, use_tqdm=False)
+    counts = Counter(tuple(o.outputs[0].token_ids) for o in outs)
+    exact = _exact_constrained_joint(model, ps[0], tok)
+    d = tv(counts, exact, N)
+    accepted = sum(o.spec.num_accepted_tokens for o in outs)
+    drafted = sum(o.spec.num_draft_tokens for o in outs)
+    assert 0 < accepted < drafted
+    assert d < TV_MAX, d
+    # the check has power: the unconstrained target's joint is far from the constrained one
+    from tests.test_sampling import exact_joint
+    assert tv(counts, exact_joint(model, SamplingParams(temperature=1.5)), N) > 3 * TV_MAX

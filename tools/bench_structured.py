@@ -1,0 +1,191 @@
+"""Structured output on the demo checkpoint (experiments/structured_output): validity, acceptance
+and cost.
+
+1. Validity: constrained requests (JSON schemas, regexes, choices, an EBNF grammar in turn)
+   through a live mode=serve app, /v1/completions, streamed and not, at concurrency 1 and 16,
+   under mtp8 and automatic k; every output is parsed or matched.
+2. Acceptance and cost: the same prompts through LLM.generate with and without a JSON-schema
+   constraint, at concurrency 1 and 16: output tok/s, acceptance length, per-position
+   acceptance, and the grammar mask's host time per step.
+
+    python tools/bench_structured.py --requests 200 --out experiments/structured_output/results.json
+
+Runs eager on the CPU (engine.compile off); --compile compiles the decode step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mtpx import LLM, SamplingParams, StructuredOutputsParams  # noqa: E402
+
+PROMPTS = ["def parse(text):", "import os\n", "class Config:", "# compute the total\n", "for i in range(",
+           "    return self.", "if __name__ == '__main__':", "with open(path) as f:", "x = {", "try:\n"]
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12}, "count": {"type": "integer", "minimum": 0, "maximum": 9999},
+    "flags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+    "ok": {"type": "boolean"}}, "required": ["name", "count", "flags", "ok"], "additionalProperties": False}
+SCHEMA2 = {"type": "object", "properties": {"x": {"type": "number", "minimum": -100, "maximum": 100},
+                                            "unit": {"enum": ["m", "s", "kg"]}}, "required": ["x", "unit"]}
+REGEX = r"[a-z_]{1,10}\(([a-z]{1,6}(, [a-z]{1,6}){0,2})?\)"
+CHOICES = ["True", "False", "None", "return self"]
+GRAMMAR = 'root ::= expr\nexpr ::= term (("+" | "-") term){0,3}\nterm ::= [0-9]{1,3} | "(" expr ")"'
+
+
+def constraints():
+    """(name, request fields, check(text) -> bool), in turn."""
+    def json_ok(schema_keys):
+        def ok(t):
+            try:
+                x = json.loads(t)
+            except ValueError:
+                return False
+            return isinstance(x, dict) and set(schema_keys) <= set(x)
+        return ok
+    paren = re.compile(r"[0-9]{1,3}|\(.*\)")
+    return [
+        ("json_schema", {"guided_json": SCHEMA}, json_ok(SCHEMA["required"])),
+        ("regex", {"guided_regex": REGEX}, lambda t: re.fullmatch(REGEX, t) is not None),
+        ("choice", {"guided_choice": CHOICES}, lambda t: t in CHOICES),
+        ("grammar", {"guided_grammar": GRAMMAR},
+         lambda t: re.fullmatch(r"[0-9()+\-]+", t) is not None and t.count("(") == t.count(")")
+         and paren.search(t) is not None),
+        ("json_schema_2", {"response_format": {"type": "json_schema", "json_schema": {"name": "m",
+                                                                                      "schema": SCHEMA2}}},
+         json_ok(SCHEMA2["required"])),
+    ]
+
+
+def _serve(llm):
+    import uvicorn
+
+    import socket
+
+    from mtpx.serve.app import build_app
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(build_app(llm, "demo"), host="127.0.0.1", port=port,
+                                        log_level="warning"))
+    threading.Thread(target=srv.run, daemon=True).start()
+    t0 = time.time()
+    while not srv.started:
+        if time.time() - t0 > 120:
+            raise SystemExit("the server did not start in 120 s")
+        time.sleep(0.05)
+    return srv, f"http://127.0.0.1:{port}"
+
+
+def _request(url: str, i: int, stream: bool, max_tokens: int):
+    name, fields, ok = constraints()[i % len(constraints())]
+    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            **fields}
+    r = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+    if r.status_code != 200:
+        return name, False, f"HTTP {r.status_code}: {r.text[:200]}"
+    if stream:
+        events = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: {")]
+        text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+    else:
+        text = r.json()["choices"][0]["text"]
+    return name, ok(text), text
+
+
+def validity(spec_k, n: int, max_tokens: int, compile_: bool) -> list[dict]:
+    """n requests through a live server per (spec, k): concurrency 1 and 16, streamed and not."""
+    rows = []
+    per_cell = {(1, False): n // 10, (1, True): n // 10, (16, False): 4 * n // 10, (16, True): 4 * n // 10}
+    for spec, k in spec_k:
+        llm = LLM("checkpoints/demo", spec=spec, num_speculative_tokens=k, max_num_seqs=16, compile=compile_)
+        srv, url = _serve(llm)
+        for (conc, stream), count in per_cell.items():
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(conc) as pool:
+                results = list(pool.map(_request, [url] * count, range(count), [stream] * count,
+                                        [max_tokens] * count))
+            bad = [(name, text) for name, good, text in results if not good]
+            rows.append({"spec": spec, "k": k, "concurrency": conc, "stream": stream, "requests": count,
+                         "valid": count - len(bad), "seconds": round(time.perf_counter() - t0, 1),
+                         "invalid_examples": bad[:3]})
+            print(json.dumps(rows[-1]), flush=True)
+        srv.should_exit = True
+    return rows
+
+
+def acceptance(spec: str, k, n: int, max_tokens: int, compile_: bool) -> list[dict]:
+    """The same n prompts with and without the JSON-schema constraint, concurrency 1 and 16."""
+    rows = []
+    for conc in (1, 16):
+        llm = LLM("checkpoints/demo", spec=spec, num_speculative_tokens=k, max_num_seqs=conc,
+                  compile=compile_)
+        for constrained in (False, True):
+            so = StructuredOutputsParams(json=SCHEMA) if constrained else None
+            sp = SamplingParams(max_tokens=max_tokens, structured_outputs=so)
+            prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n if conc == 16 else max(1, n // 4))]
+            llm.generate(prompts[:1], sp, use_tqdm=False)                       # warm-up, grammar compiled
+            masks = llm.engine.runner.grammars
+            m0 = (masks.seconds, masks.num_masked) if masks else (0.0, 0)
+            steps0 = llm.engine.num_steps
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            seconds = time.perf_counter() - t0
+            masks = llm.engine.runner.grammars
+            mask_s = (masks.seconds - m0[0]) if masks else 0.0
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            drafts = sum(o.spec.num_drafts for o in outs)
+            accepted = sum(o.spec.num_accepted_tokens for o in outs)
+            per_pos = [sum(o.spec.accepted_per_position[i] for o in outs) / max(drafts, 1)
+                       for i in range(len(outs[0].spec.accepted_per_position))]
+            valid = sum(1 for o in outs if o.outputs[0].finish_reason == "stop"
+                        and constraints()[0][2](o.outputs[0].text)) if constrained else None
+            steps = llm.engine.num_steps - steps0
+            rows.append({"spec": spec, "k": k, "concurrency": conc, "constrained": constrained,
+                         "requests": len(prompts), "output_tokens": tokens,
+                         "tok_s": round(tokens / seconds, 1),
+                         "acceptance_length": round(1 + accepted / max(drafts, 1), 3),
+                         "per_position": [round(x, 3) for x in per_pos], "valid": valid,
+                         "mask_ms_per_step": round(1000 * mask_s / max(steps, 1), 3),
+                         "mask_share": round(mask_s / seconds, 4)})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=200, help="validity requests in all (half per spec)")
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--acceptance-requests", type=int, default=16)
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--skip-validity", action="store_true")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    out = {"acceptance": acceptance("mtp8", 8, a.acceptance_requests, a.max_tokens, a.compile),
+           "validity": []}
+    for spec_k in ([] if a.skip_validity else [("mtp8", 8), ("mtp8", "auto")]):
+        save(out, a.out)
+        out["validity"] += validity([spec_k], a.requests // 2, a.max_tokens, a.compile)
+    v = out["validity"]
+    if v:
+        print(f"valid: {sum(r['valid'] for r in v)} of {sum(r['requests'] for r in v)}")
+    save(out, a.out)
+
+
+def save(out: dict, path: Path | None) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
