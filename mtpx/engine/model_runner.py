@@ -36,6 +36,7 @@ from mtpx.engine.malloc import tune_malloc
 from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
+from mtpx.spec_decode.acceptance import build_rule
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
 from mtpx.spec_decode.verification import verify
 
@@ -113,6 +114,7 @@ class ModelRunner:
         if config.tune_malloc and self.device.type == "cpu":
             tune_malloc()
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
+        self.acceptance_rule = None if speculator is None else build_rule(config, self.num_speculative_tokens)
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
@@ -409,7 +411,8 @@ class ModelRunner:
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
         accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
-                                   [self._draft_probs.get(r.index) for r in reqs], self.config.verify)
+                                   [self._draft_probs.get(r.index) for r in reqs], self.config.verify,
+                                   self.acceptance_rule)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]

@@ -9,7 +9,9 @@ from mtpx.models.model import MTPForCausalLM
 # vLLM's per-model MTP method names, which vLLM rewrites to "mtp" (mtpx: the same)
 MTP_METHOD_ALIASES = ("deepseek_mtp", "mimo_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "ernie_mtp",
                       "longcat_flash_mtp", "pangu_ultra_moe_mtp", "qwen3_5_mtp")
-SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "draft_path", "verify", "draft_sample_method")
+SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "draft_path", "verify", "draft_sample_method",
+                           "acceptance", "posterior_threshold", "posterior_alpha", "relaxed_topk",
+                           "relaxed_delta", "lenient_lambda", "cascade_alpha", "synthetic_acceptance_rates")
 
 
 def from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
