@@ -127,6 +127,8 @@ def _measure(run: _Run, interrupt: GracefulInterrupt) -> int:
                  else "")
         raise Interrupted(f"{len(outs)} of {total} requests had finished; their outputs.jsonl, report and "
                           f"metrics.json (\"partial\": true) are in {run.out_dir}{again}")
+    if metrics.get("quality_gate"):
+        print(f"error: {metrics['quality_gate']}", file=sys.stderr)
     if metrics.get("lossless_check") == "interrupted" or metrics.get("quality") == "interrupted":
         raise Interrupted(f"the measured pass of {total} requests finished and is written to {run.out_dir}; "
                           "the lossless pass was interrupted (metrics.json: \"partial\": true)")

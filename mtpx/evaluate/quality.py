@@ -23,7 +23,6 @@ its bound (`gate`).
 from __future__ import annotations
 
 import math
-import sys
 from collections import Counter
 
 from mtpx.core.sampling_params import SamplingParams
@@ -112,6 +111,8 @@ def gate(quality: dict, max_loss: dict | None) -> str | None:
     """The one error line when a measured loss exceeds eval.max_quality_loss[metric] (or the metric
     was not measured), else None."""
     for key, bound in (max_loss or {}).items():
+        if bound is None:
+            continue
         value = quality.get(GATE_METRICS[key])
         if value is None:
             return (f"eval.max_quality_loss.{key}={bound}: {key} was not measured in this run "
@@ -207,6 +208,5 @@ def quality_pass(run, outs, metrics: dict, interrupt) -> int:
     line = gate(q, c.get("max_quality_loss"))
     if line is None:
         return 0
-    print(f"error: {line}", file=sys.stderr)
-    metrics["quality_gate"] = line
+    metrics["quality_gate"] = line          # printed after the report (mtpx.evaluate.measure)
     return 1

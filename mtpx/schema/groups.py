@@ -168,6 +168,20 @@ QUALITY_GATE_METRICS = ("accuracy", "log_likelihood", "differing_share", "tv_dis
 
 
 @dataclass
+class MaxQualityLoss:
+    """eval.max_quality_loss: per quality metric of a lossy rule, the largest loss against the
+    lossless rule that passes (null: not gated)."""
+    accuracy: Optional[float] = None
+    """Task accuracy lost (a fraction: 0.02 = 2 points; needs a prompt set with answers)."""
+    log_likelihood: Optional[float] = None
+    """The target's mean log-likelihood per output token lost (nats)."""
+    differing_share: Optional[float] = None
+    """The share of requests whose tokens differ from the lossless rule's."""
+    tv_distance: Optional[float] = None
+    """The TV-distance estimate above its noise floor (eval.temperature > 0)."""
+
+
+@dataclass
 class GenerationConfig(_Group):
     """What a mode that generates from a prompt set reads (mtpx.evaluate.sampling_params and
     the client's concurrency): the base of the bench, eval and distill groups."""
@@ -257,10 +271,10 @@ class EvalConfig(ClientConfig):
     """Also decode without speculation; exit non-zero if tokens differ (greedy only). null (the
     default): true with the lossless rule; a lossy spec.acceptance runs its lossless reference for
     the quality metrics instead (and refuses true)."""
-    max_quality_loss: Optional[dict[str, float]] = None
-    """With a lossy spec.acceptance: the largest loss allowed per quality metric (accuracy,
-    log_likelihood, differing_share, tv_distance; docs/acceptance_rules.md), e.g.
-    '{accuracy: 0.02}'; a run that exceeds one exits 1 with one line. null = no gate."""
+    max_quality_loss: MaxQualityLoss = field(default_factory=lambda: MaxQualityLoss())
+    """With a lossy spec.acceptance: the largest loss allowed per quality metric
+    (eval.max_quality_loss.accuracy=0.02, ...; docs/acceptance_rules.md); a run that exceeds one
+    exits 1 with one line."""
     tv_num_prompts: int = 4
     """With a lossy spec.acceptance at temperature > 0: prompts (the first ones) of the TV-distance
     estimate (0 = none)."""
@@ -274,13 +288,13 @@ class EvalConfig(ClientConfig):
         int_or_none(section, cfg, "tv_num_prompts", 0)
         int_or_none(section, cfg, "tv_num_samples", 1)
         int_or_none(section, cfg, "tv_max_tokens", 1)
-        value = cfg.get("max_quality_loss")
-        for key, bound in (value or {}).items():
+        for key, bound in (cfg.get("max_quality_loss") or {}).items():
             if key not in QUALITY_GATE_METRICS:
                 raise ValueError(f"{section}.max_quality_loss.{key}: unknown metric: choose one of "
                                  f"{', '.join(QUALITY_GATE_METRICS)}")
-            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound >= 0:
-                raise ValueError(f"{section}.max_quality_loss.{key}={bound!r}: must be a number >= 0")
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                                      or not bound >= 0):
+                raise ValueError(f"{section}.max_quality_loss.{key}={bound!r}: must be a number >= 0 or null")
         super().check(section, cfg)
     tie_tolerance: float = 1.0e-4
     """A divergence where the plain run's top-2 logit gap is below this is a near-tie."""
