@@ -89,3 +89,41 @@ def test_lossy_rule_refuses_the_lossless_check(tiny_ckpt, tmp_path):
     cfg = _cfg([f"model.path={tiny_ckpt}", *BASE, "eval.check_lossless=true"])
     with pytest.raises(ValueError, match=r"^eval.check_lossless=true with spec.acceptance=relaxed"):
         run_eval(cfg, tmp_path)
+
+
+def _job(root: Path, num: int, overrides: list[str], metrics: dict) -> None:
+    import yaml
+    d = root / str(num)
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (d / "metrics.json").write_text(json.dumps(metrics))
+
+
+def test_pareto_front_exact():
+    from mtpx.metrics.pareto import pareto_front
+    # (speed-up, loss): (1, 0) lossless; (1.5, 0.1) and (2, 0.3) on the front; (1.4, 0.2) dominated
+    assert pareto_front([(1.0, 0.0), (2.0, 0.3), (1.4, 0.2), (1.5, 0.1)]) == [0, 3, 1]
+
+
+def test_sweep_table_and_pareto_figure_for_lossy_jobs(tmp_path):
+    from mtpx.metrics.sweep import sweep_table, write_sweep_pareto, collect_sweep
+    base = {"acceptance_rate": 0.5, "acceptance_length": 3.0, "per_position_acceptance": [0.6, 0.4],
+            "output_throughput": 40.0}
+    q = {"identical_share": 0.5, "differing_share": 0.5, "log_likelihood_loss": 0.02,
+         "log_likelihood_loss_interval": [-0.01, 0.05], "accuracy": 0.5, "accuracy_lossless": 0.6,
+         "accuracy_loss": 0.1, "accuracy_loss_interval": [-0.1, 0.3]}
+    _job(tmp_path, 0, ["spec.acceptance=lossless"], dict(base, lossless_mismatches=0))
+    rule = "relaxed (relaxed_topk=3, relaxed_delta=0.1)"
+    lossy = dict(base, output_throughput=60.0, lossy=True, acceptance=rule, speedup_vs_lossless=1.5,
+                 quality=q)
+    _job(tmp_path, 1, ["spec.acceptance=relaxed"], lossy)
+    jobs = collect_sweep(tmp_path)
+    table = sweep_table(tmp_path, jobs)
+    header = next(line for line in table.splitlines() if line.startswith("| spec.acceptance"))
+    assert "Speed-up vs lossless" in header and "Log-likelihood loss [95% CI]" in header
+    row = next(line for line in table.splitlines() if line.startswith("| relaxed"))
+    assert "| 1.500 |" in row and "| 0.0200 [-0.0100, 0.0500] |" in row and "| 50.0%, 60.0% |" in row
+    assert (write_sweep_pareto(tmp_path, jobs)).read_bytes()[:4] == b"\x89PNG"
+    _job(tmp_path / "plain", 0, ["spec.num_speculative_tokens=2"], base)
+    assert "Speed-up" not in sweep_table(tmp_path / "plain")          # a lossless sweep: today's table
+    assert write_sweep_pareto(tmp_path / "plain", collect_sweep(tmp_path / "plain")) is None
