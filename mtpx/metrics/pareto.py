@@ -78,6 +78,8 @@ def write_pareto_figure(labels: Sequence[str], metrics_list: Sequence[dict], pat
     for ax, (title, key, interval) in zip(axes, panels):
         pts = [(label, _point(m, key, interval)) for label, m in zip(labels, metrics_list)]
         pts = [(label, p) for label, p in pts if p is not None]
+        if not any(x == 1.0 and y == 0.0 for _, (x, y, _) in pts):
+            pts.append(("lossless", (1.0, 0.0, None)))      # every job's own reference, by definition
         for label, (x, y, ci) in pts:
             err = None if not ci else [[y - ci[0]], [ci[1] - y]]
             ax.errorbar([x], [y], yerr=err, fmt="o", capsize=3)
@@ -93,6 +95,14 @@ def write_pareto_figure(labels: Sequence[str], metrics_list: Sequence[dict], pat
     return _save(fig, Path(path))
 
 
+SHORT = {"posterior_threshold": "eps", "posterior_alpha": "delta", "relaxed_topk": "N",
+         "relaxed_delta": "delta", "lenient_lambda": "lambda", "cascade_alpha": "alpha",
+         "synthetic_acceptance_rates": "rates"}
+
+
 def job_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
-    """A point's label: the varying overrides, shortened ("spec.relaxed_topk=3" -> "relaxed_topk=3")."""
-    return " ".join(f"{k.split('.')[-1]}={overrides.get(k, DASH)}" for k in varying) or "job"
+    """A point's label: the varying overrides, shortened ("spec.relaxed_topk=3" -> "N=3")."""
+    def name(key: str) -> str:
+        last = key.split(".")[-1]
+        return SHORT.get(last, last)
+    return " ".join(f"{name(k)}={overrides.get(k, DASH)}" for k in varying) or "job"
