@@ -217,3 +217,17 @@ def test_speculative_config_keys(trained_tiny):
     llm = LLM(model=trained_tiny, speculative_config={"method": "mtp", "num_speculative_tokens": 2,
                                                       "acceptance": "relaxed", "relaxed_topk": 3})
     assert llm.engine.config.acceptance == "relaxed" and llm.engine.config.relaxed_topk == 3
+
+
+@pytest.mark.slow
+def test_rules_in_the_compiled_step(trained_tiny):
+    """The rules run after the compiled verification forward: neutral settings give the eager lossless
+    tokens, greedy and seeded, and a lossy setting accepts more (compile_backend=eager traces the step)."""
+    compiled = dict(compile=True, compile_backend="eager")
+    for temperature in (0.0, 1.0):
+        lossless, acc0 = _tokens(trained_tiny, "mtp8", 4, temperature)
+        neutral = _tokens(trained_tiny, "mtp8", 4, temperature, acceptance="relaxed", **compiled)[0]
+        assert neutral == lossless
+    out, acc = _tokens(trained_tiny, "mtp8", 4, 0.0, acceptance="relaxed", relaxed_topk=8, relaxed_delta=0.5,
+                       **compiled)
+    assert acc > acc0
