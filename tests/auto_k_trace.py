@@ -65,6 +65,8 @@ class Timing:
     draft_s: float
     prefill_draft_s: float = 0.0
     num_prefill_module_tokens: int = 0
+    catch_up_s: float = 0.0
+    num_catch_up_module_tokens: int = 0
 
 
 @dataclass

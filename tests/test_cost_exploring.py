@@ -220,21 +220,23 @@ def test_the_engine_passes_the_draft_rounds_depth_with_each_steady_step(tmp_path
 
 
 def test_a_k_below_the_held_depth_pays_the_draft_round_at_that_depth():
-    """Requests holding depth 4 run 4 modules whatever the step's k: a k = 0 step costs its
-    verification plus the depth-4 draft round. Before the parts are measured, the draft round at
-    k is the calibration above plain (5 k ms here), so every k below 4 costs k = 4's 30 ms, and
-    k = 4, the most tokens, is the step's k; without held depths a smaller one pays more (k = 1:
-    1.7 / 15 > 2.77 / 30 at p = 0.7)."""
+    """Requests holding depth 4 run 4 modules at any k from 1: such a step costs its verification
+    plus the depth-4 draft round. Before the parts are measured, the draft round at k is the
+    calibration above plain (5 k ms here), so every k of 1-3 costs k = 4's 30 ms; a k = 0 step runs
+    no module (lazy catch-up) and costs plain decoding's 10 ms plus the catch-up it defers (none
+    measured: 0), so it is the step's k (4 / 10 > 2.77 x 4 / 30 at p = 0.7); without held depths
+    k = 1 pays more (1.7 / 15 > 1 / 10)."""
     costs = {(k, 4): 10.0 + 5.0 * k for k in range(5)}
     p = AutoDraftLength(4, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
-    assert (p.costs.held_cost_curve(4, 4) == [30.0] * 5
+    assert (p.costs.held_cost_curve(4, 4) == [10.0] + [30.0] * 4
             and p.costs.held_cost_curve(4, 0) == [10.0, 15.0, 20.0, 25.0, 30.0])
-    assert p.costs.held_cost_curve(4, 2) == [20.0, 20.0, 20.0, 25.0, 30.0]
-    assert p.decide(4, 4, held=4).k_in_use == 4 and p.decide(4, 4).k_in_use == 1
+    assert p.costs.held_cost_curve(4, 2) == [10.0, 20.0, 20.0, 25.0, 30.0]
+    assert p.decide(4, 4, held=4).k_in_use == 0 and p.decide(4, 4).k_in_use == 1
     for _ in range(8):                                   # the depth-4 draft round measured at 12 ms
         p.costs.observe_parts(4, 4, 4, 18.0, 12.0)
     assert p.costs.draft_cost(4, 4) == pytest.approx(12.0) and p.costs.draft_cost(0, 4) == 0.0
-    assert p.costs.held_cost_curve(4, 4)[0] == pytest.approx(22.0)  # verification at 0 (10) + the round (12)
+    # k = 1: its verification (15) + the round at 4 (12) - its own at 1 (3); k = 0: 10, nothing deferred
+    assert p.costs.held_cost_curve(4, 4)[:2] == pytest.approx([10.0, 24.0])
 
 
 def test_a_depth_never_measured_prices_its_draft_round_per_module_of_the_measured_ones():
@@ -255,10 +257,12 @@ def test_a_depth_never_measured_prices_its_draft_round_per_module_of_the_measure
 
 
 def test_a_held_depth_alone_does_not_raise_the_k_in_use():
-    """k in use 4, one of 4 requests held at depth 8 (explored): its catch-up makes every k below 8
+    """k in use 4, one of 4 requests held at depth 8 (explored): its catch-up makes every k of 1-7
     cost the depth-8 draft round, so k = 8 would win on the held curve (46 ms for both, 3 x E4 +
     E8 tokens against 4 x E4: 1.07x), but with nothing held k = 4 pays 1.5x more per ms, so the k
-    in use stays 4. Were it raised, the next requests would be admitted at 8 and keep it there."""
+    in use stays 4. Were it raised, the next requests would be admitted at 8 and keep it there.
+    Nor does it fall to k = 0, which defers the held modules' catch-up (10 ms: 0.4 tokens per ms
+    against k = 4's 0.29 on the held curve, but 0.56 with nothing held)."""
     costs = {(k, 4): (10.0 if k == 0 else 24.0 if k <= 4 else 46.0) for k in range(9)}
     p = AutoDraftLength(8, costs, config=AutoKConfig(probe_interval=0, patience=1, min_verified=0))
     p.acceptance = [0.8] * 8

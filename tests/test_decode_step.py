@@ -1,5 +1,5 @@
 """The decode step's one interface: StepShapes decides the shapes, a DecodeStep (eager or
-compiled) runs verify / commit / draft, and a speculator is reached through four methods."""
+compiled) runs verify / commit / draft, and a speculator is reached through five methods."""
 from __future__ import annotations
 
 import inspect
@@ -67,12 +67,12 @@ def test_step_shapes_eager_are_exact_and_static_are_bucketed():
     assert (plain.window, plain.padded_batch, plain.draft_columns) == (1, 4, 1)
 
 
-def test_the_speculator_interface_has_four_methods():
+def test_the_speculator_interface_has_five_methods():
     def public(cls):
         return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
-    assert public(Speculator) == {"allocate", "reset_rows", "plan", "propose"}
+    assert public(Speculator) == {"allocate", "reset_rows", "plan", "propose", "hold"}
     for cls in (SingleModuleMTPSpeculator, MultiModuleMTPSpeculator):
-        assert public(cls) == {"allocate", "reset_rows", "plan", "propose"}, cls
+        assert public(cls) == {"allocate", "reset_rows", "plan", "propose", "hold"}, cls
         assert list(inspect.signature(cls.propose).parameters) == ["self", "cache", "batch", "plan"]
 
 

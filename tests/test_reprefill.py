@@ -34,6 +34,34 @@ def _reference_kv(model, tokens: list[int], num_modules: int):
     return cache
 
 
+def module_progress(spec, row: int, num_tokens: int, depth: int) -> list[int]:
+    """Per module m = 1..depth: the positions [0, P_m) whose KV the module computed from known
+    tokens (x_{j+m} known: j < num_tokens - m; mtp1: its one module, j < num_tokens - 1)."""
+    if spec.num_draft_modules == 1 and spec.computed.dim() == 1:
+        return [min(int(spec.computed[row]), num_tokens - 1)]
+    return [min(int(spec.computed[row, m - 1]), num_tokens - m) for m in range(1, depth + 1)]
+
+
+def assert_module_kv_exact(engine, mdl, current: bool) -> None:
+    """Every running request's module KV at every position its modules computed equals the
+    from-scratch KV (to 1e-10, float64); current: every module reached the last position its
+    inputs allow (num_tokens - m), as after a drafting step."""
+    spec = engine.speculator
+    for r in engine.scheduler.running:
+        if r.index not in engine.runner.rows or not r.output_token_ids:
+            continue
+        seq, row = r.all_token_ids, engine.runner.rows[r.index]
+        depth = min(r.draft_depth, spec.num_draft_modules)
+        progress = module_progress(spec, row, len(seq), depth)
+        ref = _reference_kv(mdl, seq, len(progress))
+        for m, p in enumerate(progress):
+            for got, want in zip(kv_at(engine.cache, m, row, p), kv_at(ref, m, 0, p)):
+                torch.testing.assert_close(got, want, atol=1e-10, rtol=0)
+        if current:
+            assert progress == [len(seq) - 1 if len(progress) == 1 and spec.computed.dim() == 1
+                                else len(seq) - m for m in range(1, len(progress) + 1)], (progress, len(seq))
+
+
 def _drive(model, speculator, prompts, scripts):
     """Run propose/verify rounds where round r of request b accepts scripts[b][r] drafts and the
     bonus token is chosen to differ from the next draft (a real rejection)."""

@@ -57,6 +57,7 @@ class StepCosts:
         self.cost_log = CostModelLog()               # predicted vs measured, per batch bucket
         self._cost_memo = StepMemo()                 # this step's cost curves (`_memo`)
         self.prefill_module_ms = self._prefill_median()   # a prefill's draft modules: ms per token x module
+        self.catch_up_module_ms = RunningMedian(self.cost_window)  # the lazy catch-up's, likewise
 
     def set_step_costs(self, step_costs: dict) -> None:
         batches = sorted({b for _, b in step_costs})
@@ -152,12 +153,58 @@ class StepCosts:
         running_median(self.overhead, batch_bucket(batch_size), max(0.0, ms), self.cost_window)
         self._costs_changed()
 
+    def observe_decode(self, record, pure: bool) -> None:
+        """A timed decode step (StepRecord): the measured decode the run estimate compares with
+        (cost_log.add_decode) and, when pure, its overhead beyond its forwards (`observe_overhead`)."""
+        decode_s = record.verify_s + record.draft_s + record.catch_up_s
+        self.cost_log.add_decode(sum(r.num_tokens for r in record.rounds), 1e3 * decode_s)
+        if pure:
+            self.observe_overhead(len(record.rounds), 1e3 * (record.wall_s - decode_s))
+
+    def run_estimate(self, expected_tokens) -> dict | None:
+        """The run's decode steps (their batch sizes, cost_log) as the cost model prices them
+        (step_cost_curve, every request drafting k; expected_tokens(k): E[tokens | k] from the
+        final estimates): output tokens per second of plain decoding (k = 0) and of the best fixed
+        k >= 1, beside the tokens per second the timed decode steps measured; None before any."""
+        sizes, log = self.cost_log.batch_sizes, self.cost_log
+        if self.step_costs is None or not sizes or log.decode_ms <= 0:
+            return None
+        tokens, ms = [0.0] * (self.max_k + 1), [0.0] * (self.max_k + 1)
+        for batch_size, steps in sizes.items():
+            for k, cost in enumerate(self.step_cost_curve(batch_size)):
+                tokens[k] += steps * batch_size * expected_tokens(k)
+                ms[k] += steps * cost
+        rate = [1e3 * t / m for t, m in zip(tokens, ms)]
+        best = max(range(1, self.max_k + 1), key=rate.__getitem__) if self.max_k else 0
+        return {"plain_tokens_per_s": round(rate[0], 2), "best_fixed_k": best,
+                "best_fixed_tokens_per_s": round(rate[best], 2),
+                "measured_tokens_per_s": round(1e3 * log.decode_tokens / log.decode_ms, 2)}
+
     def observe_prefill(self, module_tokens: int, ms: float) -> None:
         """A prefill step's speculator part (its modules over module_tokens prompt tokens x modules,
         then the first drafts) took ms: the median ms per module-token of the last cost_window
         such steps (`prefill_ms`)."""
         if module_tokens > 0:
             self.prefill_module_ms.add(max(0.0, ms) / module_tokens, self.steps)
+
+    def observe_module_rounds(self, record, depth_per_request: bool) -> None:
+        """A timed step's (StepRecord) module work outside its draft round: the prefill's
+        (`observe_prefill`, with per-request depths only) and the lazy catch-up's (its median ms
+        per position x module, `catch_up_ms`)."""
+        if record.prefill_module_tokens and depth_per_request:
+            self.observe_prefill(record.prefill_module_tokens, 1e3 * record.prefill_draft_s)
+        if record.catch_up_module_tokens > 0:
+            self.catch_up_module_ms.add(1e3 * record.catch_up_s / record.catch_up_module_tokens, self.steps)
+            self._costs_changed()
+
+    def catch_up_ms(self) -> float:
+        """Predicted ms of the lazy catch-up per position and module (mtpx/engine/lazy_catch_up.py):
+        measured (`observe_module_rounds`), else the module prefill's (the same prefill-like
+        round: `prefill_ms`), else 0."""
+        for median in (self.catch_up_module_ms, self.prefill_module_ms):
+            if median.count:
+                return median.value
+        return 0.0
 
     def set_prefill_cost(self, ms_per_module_token: float) -> None:
         """The start-up measurement of a prefill's speculator part, ms per prompt token and module
@@ -219,17 +266,21 @@ class StepCosts:
                          if part == "draft" and b == bucket and j >= 1 and r.count >= least]
         return memo[key]
 
-    def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None) -> list[float]:
+    def held_cost_curve(self, batch_size: int, held: int, curve: list[float] | None = None,
+                        held_modules: int | None = None) -> list[float]:
         """step_cost_curve(batch_size) (or `curve`, when the caller has it) for a step whose deepest
-        request holds depth `held`: a k below it still runs the draft round at `held` (the modules
-        past k catch up), so it costs draft_cost(held) - draft_cost(k) more (never less)."""
+        request holds depth `held`: a k from 1 below it still runs the draft round at `held` (the
+        modules past k advance), so it costs draft_cost(held) - draft_cost(k) more (never less);
+        k = 0 runs no module (lazy catch-up) and costs the catch-up it defers, held_modules
+        (the step's requests' depths summed; None: batch_size x held) x `catch_up_ms`."""
         curve = self.step_cost_curve(batch_size) if curve is None else curve
         if held <= 0:
             return curve
         per_module = self._draft_per_module(batch_size)
         top = self.draft_cost(min(held, self.max_k), batch_size, per_module)
-        return [c + max(0.0, top - self.draft_cost(k, batch_size, per_module)) if k < held else c
-                for k, c in enumerate(curve)]
+        deferred = (batch_size * held if held_modules is None else held_modules) * self.catch_up_ms()
+        return [c + deferred if k == 0 else c + max(0.0, top - self.draft_cost(k, batch_size, per_module))
+                if k < held else c for k, c in enumerate(curve)]
 
     def calibrated_cost(self, k: int, batch_size: int) -> float:
         """The start-up calibration's step ms, interpolated in the batch size (module doc)."""

@@ -19,6 +19,7 @@ k = 0 steps when it had any ("plain_step_ms_source": "measured"), else 1 ("calib
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 __all__ = ["batch_bucket", "bucket_label", "CostModelLog"]
@@ -55,13 +56,24 @@ class CostModelLog:
     """Per batch bucket: the predicted and measured step costs and speed-ups (module doc)."""
 
     _sums: dict[int, _Sums] = field(default_factory=dict)
+    batch_sizes: Counter = field(default_factory=Counter)    # every decode step's batch size -> steps
+    decode_tokens: int = 0                                   # tokens the timed decode steps committed
+    decode_ms: float = 0.0                                   # their verification, draft round, catch-up
 
     def clear(self) -> None:
         self._sums.clear()
+        self.batch_sizes.clear()
+        self.decode_tokens, self.decode_ms = 0, 0.0
 
     def count_decode_step(self, batch_size: int) -> None:
         """A decode step of batch_size requests (compared or not)."""
         self._bucket(batch_size).decode_steps += 1
+        self.batch_sizes[batch_size] += 1
+
+    def add_decode(self, num_tokens: int, ms: float) -> None:
+        """A timed decode step (pure or beside a prefill) committed num_tokens in ms of decoding."""
+        self.decode_tokens += num_tokens
+        self.decode_ms += ms
 
     def add(self, k: int, batch_size: int, expected_tokens: float, predicted_ms: float,
             predicted_plain_ms: float, calibrated_plain_ms: float, num_tokens: int, step_ms: float) -> None:

@@ -27,7 +27,7 @@ from mtpx.auto_k.admission import admission_depth
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.cost_curve import smooth_step_costs
-from mtpx.auto_k.cost_learning import StepCosts, with_prefill
+from mtpx.auto_k.cost_learning import StepCosts
 from mtpx.auto_k.exploring import Exploring
 from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
@@ -73,8 +73,6 @@ class AutoDraftLength:
             self.costs.set_draft_costs(draft_costs)
         if prefill_cost is not None:
             self.costs.set_prefill_cost(prefill_cost)
-
-    _with_prefill = staticmethod(with_prefill)
 
     @property
     def step_costs(self) -> dict | None:
@@ -152,7 +150,8 @@ class AutoDraftLength:
         requests' depths (None: every request drafts k), each drafting min(k, its depth) in a
         step whose cost is k's (a request at depth 0 commits one token in a k = 8 step); curve: the
         costs per k when the caller has them (else held_cost_curve(batch_size, held))."""
-        curve = self.costs.held_cost_curve(batch_size, held) if curve is None else curve
+        if curve is None:
+            curve = self.costs.held_cost_curve(batch_size, held, None, sum(depths or ()) or None)
         tokens = self.estimates.expected_tokens_upto(top, mix)
         if not depths:
             return [batch_size * tokens[k] / curve[k] for k in range(top + 1)]
@@ -242,8 +241,8 @@ class AutoDraftLength:
         ages, each request's round, and the step's overhead beyond its forwards."""
         depth_per_request, allocation = self._planned
         rounds, k, t = record.rounds, record.k, record
-        if t.timed and t.prefill_module_tokens and depth_per_request:
-            self.costs.observe_prefill(t.prefill_module_tokens, 1e3 * t.prefill_draft_s)
+        if t.timed:      # the module prefill's and the lazy catch-up's cost
+            self.costs.observe_module_rounds(t, depth_per_request)
         pure = t.timed and not record.has_prefills
         learn = pure and self.forced is None        # a forced k's steps teach the costs nothing
         if rounds:
@@ -263,8 +262,8 @@ class AutoDraftLength:
             self.record(k, len(rounds), [r.age for r in rounds])
         for r in rounds:
             self.observe_round(r.num_draft_tokens, r.num_accepted, r.key, r.age)
-        if pure and rounds:
-            self.costs.observe_overhead(len(rounds), 1e3 * (t.wall_s - t.verify_s - t.draft_s))
+        if t.timed and rounds:           # the run's measured decode; a pure step's overhead
+            self.costs.observe_decode(record, pure)
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
                      verify_ms: float | None = None, draft_depth: int | None = None) -> None:
@@ -298,11 +297,12 @@ class AutoDraftLength:
             return choice
         mix = self._mix(ages)
         base = self.costs.step_cost_curve(batch_size)
-        curve = self.costs.held_cost_curve(batch_size, held, base)
+        curve = self.costs.held_cost_curve(batch_size, held, base, None if depths is None else sum(depths))
         g = self._goodputs(batch_size, top, mix, depths=depths, curve=curve)
         best = max(range(top + 1), key=g.__getitem__)
         current = min(self.k, top)     # the k in use, at most the deepest request's depth
-        if best < current and self._falls(g, current, best, mix) or \
+        unheld = self._goodputs(batch_size, top, mix, depths=depths, curve=base) if held > current else None
+        if best < current and self._falls(g, current, best, mix, unheld) or \
                 best > current and self._rises(g, current, best, batch_size, mix, depths, base, held):
             streak += 1
             first_fall = steps == 1 and best < current and batch_size > 1 and not self.patient_start
@@ -330,13 +330,13 @@ class AutoDraftLength:
                           (batch_size, k, cost[k], cost[0]),
                           self.settled.settles(key, steps, k, current, streak, rising_to, ages))
 
-    def _falls(self, g: list[float], k: int, smaller: int, mix) -> bool:
+    def _falls(self, g: list[float], k: int, smaller: int, mix, unheld: list[float] | None = None) -> bool:
         """Whether a fall from k to `smaller` pays (g: `_goodputs`): smaller beats k by more than the
-        hysteresis, and also beats k with its unlearned positions past `smaller` at their upper
-        estimates (a fall the prior alone predicts waits for the drafts that test it; computed only
-        when the first holds)."""
+        hysteresis, also with nothing held deeper than k (unheld: `_goodputs` on the unheld curve; a
+        k = 0 step defers a held depth's catch-up, a transient, `_rises`), and also with its unlearned
+        positions past `smaller` at their upper estimates (a fall the prior alone predicts waits)."""
         margin = 1 + self.hysteresis
-        if not g[smaller] > margin * g[k]:
+        if not g[smaller] > margin * g[k] or unheld is not None and not unheld[smaller] > margin * unheld[k]:
             return False
         tokens = self.estimates.expected_tokens(k, mix, smaller, self.optimism, self.min_verified)
         return g[smaller] > margin * g[k] * tokens / self.estimates.expected_tokens(k, mix)

@@ -34,6 +34,9 @@ def summary(policy) -> dict:
                                       "ratio": round(r.value, 4), "steps": r.count}
                                      for (p, k, b), r in sorted(policy.costs.part_correction.items())],
             "cost_model": policy.costs.cost_log.summary(),
+            "catch_up_module_ms_per_token": (round(policy.costs.catch_up_module_ms.value, 5)
+                                             if policy.costs.catch_up_module_ms.count else None),
+            "run_estimate": policy.costs.run_estimate(policy.expected_tokens),
             "step_costs_ms": ([{"k": k, "batch_size": b, "step_ms": round(ms, 4)}
                                for (k, b), ms in sorted(policy.step_costs.items())]
                               if policy.step_costs else None)}

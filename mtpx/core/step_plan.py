@@ -95,7 +95,9 @@ class StepRecord:
     verify_s, draft_s: the decodes' verification and draft round; prefill_module_tokens,
     prefill_draft_s: the speculator's part of the prefill (prompt tokens x modules run over them,
     seconds); wall_s: the step's wall time, from schedule() to the end of update_from_output (its
-    overhead beyond the forwards is wall_s - verify_s - draft_s)."""
+    overhead beyond the forwards is wall_s - verify_s - draft_s - catch_up_s); catch_up_module_tokens,
+    catch_up_s: the decode step's lazy catch-up of modules that fell behind in steps without drafts
+    (positions x modules, seconds)."""
 
     k: int
     has_prefills: bool
@@ -106,3 +108,5 @@ class StepRecord:
     prefill_module_tokens: int = 0
     prefill_draft_s: float = 0.0
     wall_s: float = 0.0
+    catch_up_module_tokens: int = 0
+    catch_up_s: float = 0.0

@@ -31,6 +31,7 @@ from mtpx.cache.model_cache import ModelCache
 from mtpx.cache.state import ascending_run
 from mtpx.engine.compiled import CompiledDecode
 from mtpx.engine.decode_step import EagerStep, StepShapes
+from mtpx.engine.lazy_catch_up import LazyCatchUp
 from mtpx.engine.logits import logprobs, process_logits
 from mtpx.engine.malloc import tune_malloc
 from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
@@ -52,7 +53,8 @@ class StepTiming:
     recurrent-state commit; draft_s: the draft loop after verification (re-prefill included);
     prefill_draft_s: the part of prefill_s the speculator ran (its modules over the prompt
     tokens, then the first drafts); num_prefill_module_tokens: those prompt tokens times the
-    modules run over them.
+    modules run over them; catch_up_s, num_catch_up_module_tokens: the decode step's lazy catch-up
+    (mtpx/engine/lazy_catch_up.py; not in draft_s) and the positions times modules it ran over.
     """
 
     num_decodes: int
@@ -63,6 +65,8 @@ class StepTiming:
     draft_s: float
     prefill_draft_s: float = 0.0
     num_prefill_module_tokens: int = 0
+    catch_up_s: float = 0.0
+    num_catch_up_module_tokens: int = 0
 
 
 @dataclass
@@ -128,6 +132,8 @@ class ModelRunner:
         if speculator is not None:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
+        self.lazy = None if speculator is None else LazyCatchUp(speculator, self.cache)
+        self._catch_up = (0.0, 0)           # this step's lazy catch-up: seconds, module tokens
         self.step = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
                                     precompile=config.compile_cache, ragged=config.ragged_batch)
                      if config.compile else EagerStep(model, self.cache, speculator))
@@ -152,6 +158,8 @@ class ModelRunner:
         row = self.rows.pop(index, None)
         if row is not None:
             self.cache.free_row(row)
+            if self.lazy is not None:
+                self.lazy.reset(row)
 
     def set_kv_write_guard(self, guard) -> None:
         """guard(slots) before every KV write (check_invariants)."""
@@ -170,6 +178,7 @@ class ModelRunner:
                 c.load_rows(rows, torch.tensor([block], device=self.device))
         if self.speculator is not None:
             self.speculator.reset_rows(rows, p.start)
+            self.lazy.reset(row)
 
     # ---- one step -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -185,12 +194,13 @@ class ModelRunner:
         t0 = self._now()
         prefill_draft_s, module_tokens = self._prefill(out.prefills, results)
         t1 = self._now()
+        self._catch_up = (0.0, 0)
         verify_s, draft_s = self._decode(out.decodes, results)
         timing = None
         if self.config.record_step_timings:
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
                                 sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s,
-                                prefill_draft_s, module_tokens)
+                                prefill_draft_s, module_tokens, *self._catch_up)
         return RunnerOutput(results, timing)
 
     # ---- a decode step alone (automatic k's calibration) -----------------------------------------
@@ -216,6 +226,8 @@ class ModelRunner:
             rows = torch.tensor([self.rows[d.request.index] for d in decodes], device=dev)
             starts = torch.tensor([d.request.num_tokens - 1 for d in decodes], device=dev)
             self.speculator.reset_rows(rows, starts)
+            for d in decodes:
+                self.lazy.reset(self.rows[d.request.index])
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         t0 = time.perf_counter()
@@ -389,7 +401,10 @@ class ModelRunner:
         reqs = [d.request for d in decodes]
         n_host = [r.num_tokens - 1 for r in reqs]
         nd_host = [d.num_draft_tokens for d in decodes]
-        shapes = StepShapes.plan([r.num_tokens for r in reqs], nd_host, [r.draft_depth for r in reqs],
+        new = [d.num_new_drafts for d in decodes]
+        drafting = self.speculator is not None and max(new) > 0     # else no module runs (lazy_catch_up.py)
+        depths = [r.draft_depth for r in reqs]
+        shapes = StepShapes.plan([r.num_tokens for r in reqs], nd_host, [d * drafting for d in depths],
                                  [len(r.draft_token_ids) for r in reqs], [d.num_new_drafts for d in decodes],
                                  k=self.num_speculative_tokens,
                                  num_draft_modules=(0 if self.speculator is None
@@ -424,8 +439,8 @@ class ModelRunner:
         num_tokens = n[:B] + accepted + 2                                   # known after this step
         final = n[:B] + accepted + 1                                        # target KV final below
         drafts = None
-        if self.speculator is not None and shapes.depth > 0:   # else no module runs for these requests
-            new = [d.num_new_drafts for d in decodes]
+        if drafting:
+            t1 = self._lazy_catch_up(rows, rows_host, depths, n_host, t1)
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
                                       torch.cat([final, final.new_zeros(pad)]), [True] * B,
                                       meta.positions[:, 0], h, new, self._draft_sampler(sampling, new),
@@ -433,8 +448,24 @@ class ModelRunner:
             drafts = step.draft(batch)
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()
+        elif self.speculator is not None and max(depths) > 0:       # the modules fall behind
+            held = self.lazy.hold(rows[:B], rows_host, depths, n_host, accepted, h, num_tokens)
+            final = torch.minimum(final, held)
         self._decode_results(decodes, results, emitted, accepted, final, drafts, shapes, gaps, lps)
-        return self._now() - t0 - (t2 - t1), t2 - t1
+        return self._now() - t0 - (t2 - t1) - self._catch_up[0], t2 - t1
+
+    def _lazy_catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int],
+                       n_host: list[int], t0: float) -> float:
+        """Before a step's draft round (t0: the clock then), the modules of the requests that fell
+        behind catch up (LazyCatchUp.catch_up; its seconds and module tokens go to StepTiming);
+        returns the clock after it."""
+        if not (lagging := self.lazy.lagging(rows_host[:len(depths)])):
+            return t0
+        before = self.lazy.num_module_tokens
+        self.lazy.catch_up(rows, rows_host, depths, n_host, lagging)
+        t1 = self._now()
+        self._catch_up = (t1 - t0, self.lazy.num_module_tokens - before)
+        return t1
 
     def _commit_states(self, decodes, n_host: list[int], nd_host: list[int], rows: torch.Tensor,
                        accepted: torch.Tensor, shapes: StepShapes) -> None:

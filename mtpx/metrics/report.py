@@ -133,6 +133,8 @@ _ROWS: list[_Row] = [
     _Row("Lossless near-ties", "lossless_near_ties", lambda m: None if m.get("lossless_near_ties") is None
          else str(len(m["lossless_near_ties"]))),
     _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
+    _Row("Speculative / plain throughput", "speculative_speedup",
+         lambda m: None if m.get("speculative_speedup") is None else f"{m['speculative_speedup']:.2f}x"),
     _Row("Acceptance rule (LOSSY)", "acceptance", lambda m: m.get("acceptance")),
     _Row("Lossless rule throughput (tok/s)", "lossless_output_throughput", ".2f", "rel"),
     _Row("Speed-up vs lossless rule", "speedup_vs_lossless", ".3f", "rel"),
@@ -148,8 +150,8 @@ _ROWS: list[_Row] = [
 ]
 # rows left out when no run has a value
 _OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "verified_histogram", "accuracy", "lossless_mismatches",
-                  "lossless_near_ties", "plain_output_throughput", "acceptance", "lossless_output_throughput",
-                  "speedup_vs_lossless", "quality")
+                  "lossless_near_ties", "plain_output_throughput", "speculative_speedup", "acceptance",
+                  "lossless_output_throughput", "speedup_vs_lossless", "quality")
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",
@@ -256,7 +258,20 @@ def format_report(metrics: dict, title: str, width: int = 100) -> str:
     cost_model = (metrics.get("auto_k") or {}).get("cost_model") or {}
     if any(row.get("steps") for row in cost_model.values()):
         text += "\n" + format_cost_model_table(cost_model, width)
+    if (estimate := (metrics.get("auto_k") or {}).get("run_estimate")) is not None:
+        text += "\n" + format_run_estimate(estimate) + "\n"
     return text
+
+
+def format_run_estimate(e: dict) -> str:
+    """Automatic k's decode against the cost model's estimate of plain decoding and of the best
+    fixed k on the run's own decode steps (metrics["auto_k"]["run_estimate"],
+    StepCosts.run_estimate), one line."""
+    got = e["measured_tokens_per_s"]
+    return (f"Decode tok/s, this run's steps: automatic k measured {got:.1f}; the cost model's estimate "
+            f"of plain decoding {e['plain_tokens_per_s']:.1f} ({got / e['plain_tokens_per_s']:.3f}x) "
+            f"and of the best fixed k = {e['best_fixed_k']} {e['best_fixed_tokens_per_s']:.1f} "
+            f"({got / e['best_fixed_tokens_per_s']:.3f}x)")
 
 
 def format_cost_model_table(cost_model: dict[str, dict], width: int = 100) -> str:

@@ -74,6 +74,17 @@ class MultiModuleMTPSpeculator:
         positions [0, start) (start > 0 after a prefix-cache hit)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)[..., None]
 
+    def hold(self, rows: torch.Tensor, depth: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+        """Speculator.hold: module k's positions j + k >= num_tokens - 1 read a draft that the step's
+        verification rejected or replaced (the re-prefill's rule, module doc): they count as not
+        computed, computed_k = min(computed_k, num_tokens - 1 - k), for k <= the row's depth."""
+        k = torch.arange(1, self.num_speculative_tokens + 1, device=rows.device)[None]
+        valid = (num_tokens[:, None] - 1 - k).clamp(min=0)
+        computed = self.computed[rows]
+        put_rows(self.computed, rows[:, None].expand_as(computed), (k - 1).expand_as(computed),
+                 torch.where(k <= depth[:, None], torch.minimum(computed, valid), computed))
+        return self._num_final(rows, depth, num_tokens)
+
     def _num_final(self, rows: torch.Tensor, depth: torch.Tensor,
                    num_read_tokens: torch.Tensor) -> torch.Tensor:
         """Drafts.num_final: module k's KV at j is final iff computed (j < computed_k) and it read

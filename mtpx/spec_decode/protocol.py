@@ -107,6 +107,12 @@ class Speculator(Protocol):
     def reset_rows(self, rows: torch.Tensor, start: torch.Tensor | int = 0) -> None:
         """New or resumed requests in `rows`: every module has computed positions [0, start)."""
 
+    def hold(self, rows: torch.Tensor, depth: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+        """A decode step without a round for `rows` (lazy catch-up, mtpx/engine/lazy_catch_up.py):
+        the modules stay where they are, and positions whose KV read a draft that the step's
+        verification did not keep count as not computed (num_tokens [B]: known tokens after the
+        step); -> num_final [B] (Drafts.num_final's meaning)."""
+
     def plan(self, cache: ModelCache, batch: DraftBatch) -> DraftPlan:
         """The metadata of the round's module forwards; changes no state."""
 

@@ -52,6 +52,12 @@ class SingleModuleMTPSpeculator:
         """New or resumed requests in `rows`: the module has computed positions [0, start)."""
         self.computed[rows] = torch.as_tensor(start, device=self.computed.device)
 
+    def hold(self, rows: torch.Tensor, depth: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+        """Speculator.hold: the module's positions below `computed` read only known tokens (those
+        of a round's steps 2..k are transient and never counted), so nothing is marked; num_final
+        as `propose`'s."""
+        return torch.minimum(self.computed[rows], num_tokens - 1).clamp(min=0)
+
     def plan(self, cache: ModelCache, batch: DraftBatch) -> DraftPlan:
         """[step 1: the module over computed .. end - 1 (every position the target computed since
         the last round; at most num_speculative_tokens + 1 after a verification), steps 2..k: one

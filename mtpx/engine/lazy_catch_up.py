@@ -1,0 +1,105 @@
+"""Lazy catch-up of the draft modules: a decode step that proposes no draft runs no module.
+
+With automatic k most steps at a large batch propose nothing (k = 0), yet requests keep a draft
+depth > 0 (their modules may draft again). A step without drafts runs the target alone, exactly
+plain decoding's step (compiled: its 1-token verification graph); each request of depth > 0 falls
+behind: its target hidden states h_j of the positions it verified are kept in a ring (`ring`,
+[rows + 1, window, hidden], position j at j % window), and `Speculator.hold` marks the module
+positions that read a rejected draft as not computed. When the request drafts again (or before its
+ring would overflow) one prefill-like round without drafts (`Speculator.propose` on a dynamic
+DraftBatch whose target_hidden comes from the ring, the same catch-up a prefill chunk runs) brings
+every module of its depth over the positions it missed, batched over all rows that lag; the decode
+step's own round then re-prefills as after any step (multi_module.py). Module KV stays exact
+(docs/architecture.md, invariant 2); `Drafts.num_final` of a lagging row stops at its modules'
+progress, so no block is published before its module KV is computed (invariant 4).
+
+Host-side bookkeeping only (`behind`: batch slot -> first position module 1 has not computed,
+known without reading a tensor); the ring is written and read with device indices.
+"""
+from __future__ import annotations
+
+import torch
+
+from mtpx.cache.model_cache import ModelCache, put_rows
+from mtpx.spec_decode.protocol import DraftBatch
+
+CATCH_UP_WINDOW = 128   # positions a request may fall behind before a step catches it up anyway
+
+
+class LazyCatchUp:
+    """The lag of each batch slot's draft modules and the target hidden states that fill it.
+
+    speculator: a Speculator; cache: the runner's ModelCache; window: ring positions per slot
+    (at least 2 x (num_speculative_tokens + 1)). Raises ValueError for a smaller window.
+    """
+
+    def __init__(self, speculator, cache: ModelCache, window: int = CATCH_UP_WINDOW):
+        if window < 2 * (speculator.num_speculative_tokens + 1):
+            raise ValueError(f"lazy catch-up window={window}: needs at least "
+                             "2 x (num_speculative_tokens + 1)")
+        p = next(speculator.model.parameters())
+        self.speculator, self.cache, self.window = speculator, cache, window
+        self.ring = torch.zeros(cache.rows + 1, window, speculator.model.cfg.hidden_size,
+                                dtype=p.dtype, device=p.device)
+        self.behind: dict[int, int] = {}      # batch slot -> module 1's first position not computed
+        self.num_module_tokens = 0            # positions x modules the catch-up rounds ran (StepTiming)
+
+    def reset(self, row: int) -> None:
+        """A slot freed or given to a new request: nothing behind."""
+        self.behind.pop(row, None)
+
+    def lagging(self, rows: list[int]) -> list[int]:
+        """Indices into `rows` (batch slots) whose modules are behind."""
+        return [b for b, row in enumerate(rows) if row in self.behind]
+
+    def hold(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
+             accepted: torch.Tensor, hidden: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+        """A step without drafts for the B requests in rows [B] (host copies rows_host, depths,
+        n_host: each verification window's first position n): rows of depth > 0 fall behind (or
+        further behind); one whose ring would overflow catches up over [behind, n) first; the
+        target hidden states of the window's kept positions n .. n + accepted (hidden [B', T, H],
+        accepted [B]) go to the ring. -> Drafts.num_final [B] (Speculator.hold; num_tokens [B]:
+        known tokens after the step)."""
+        B, T = len(rows_host), hidden.shape[1]
+        dev = rows.device
+        depth = torch.tensor(depths, device=dev)
+        num_final = self.speculator.hold(rows, depth, num_tokens)
+        full = [b for b in range(B) if depths[b] and n_host[b] + T - self.behind.get(rows_host[b], n_host[b])
+                > self.window]
+        if full:
+            self.catch_up(rows, rows_host, depths, n_host, full)
+        for b in range(B):
+            if depths[b]:
+                self.behind.setdefault(rows_host[b], n_host[b])
+        t = torch.arange(T, device=dev)
+        keep = (t[None] <= accepted[:, None]) & (depth[:, None] > 0)
+        n = torch.tensor(n_host, device=dev)
+        put_rows(self.ring, torch.where(keep, rows[:B, None], self.cache.pad_row),
+                 (n[:, None] + t) % self.window, hidden[:B])
+        return num_final
+
+    def catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
+                 which: list[int]) -> None:
+        """One round without drafts for the requests `which` (indices into rows [B]) that are
+        behind: every module of their depth over the positions whose inputs were known before
+        the step (module 1 over [behind, n), module k up to n + 1 - k), the target hidden states
+        read from the ring. Afterwards they are no longer behind."""
+        which = [b for b in which if rows_host[b] in self.behind and depths[b] > 0]
+        if not which:
+            return
+        dev = rows.device
+        start = [self.behind.pop(rows_host[b]) for b in which]
+        n = [n_host[b] for b in which]
+        lengths = [e - s for s, e in zip(start, n)]
+        if max(lengths) <= 0:
+            return
+        sub = rows[torch.tensor(which, device=dev)]
+        starts = torch.tensor(start, device=dev)
+        t = torch.arange(max(lengths), device=dev)
+        hidden = self.ring[sub[:, None], (starts[:, None] + t) % self.window]        # [Bc, Tc, H]
+        ends = torch.tensor(n, device=dev)
+        depth = torch.tensor([depths[b] for b in which], device=dev)
+        batch = DraftBatch(sub, ends + 1, ends, torch.zeros_like(sub, dtype=torch.bool), depth, starts,
+                           hidden, 0, max(depths[b] for b in which), drafts=torch.zeros_like(sub))
+        self.speculator.propose(self.cache, batch)
+        self.num_module_tokens += sum(length * depths[b] for length, b in zip(lengths, which))

@@ -1,0 +1,117 @@
+"""Automatic k's decode step without drafts against a plain engine's step, side by side.
+
+    OMP_NUM_THREADS=1 python tools/bench_k0_step.py [--model checkpoints/demo] \
+        [--batch-sizes 1 4 16 64] [--modes eager compiled] [--steps 30] [--input-len 64] \
+        [--out experiments/auto_k_never_loses]
+
+Two engines in one process, one thread (torch.set_num_threads(1)): plain decoding, and multi-module
+MTP with every step at k = 0 and every request held at depth max_k (the worst case of automatic k's
+step without drafts: each request's modules fall behind, mtpx/engine/lazy_catch_up.py; the policy
+is forced, so its own decision work is not in the step). For each batch size both engines get the
+same random prompts, prefill them, then run `steps` decode steps alternated engine by engine
+(`Engine.step`, its scheduling and bookkeeping included); the table gives each engine's median
+step ms and the median of the paired ratios (held / plain) with its quartiles. The modules' lag
+stays within the catch-up ring for steps <= 128 - 2, so no catch-up runs in the timed steps.
+Writes bench_k0_step.md and .json into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from mtpx import LLM, SamplingParams  # noqa: E402
+from mtpx.auto_k import AutoDraftLength  # noqa: E402
+from mtpx.core.request import Request  # noqa: E402
+from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+
+
+def engines(model: str, mode: str, max_num_seqs: int):
+    """(plain engine, held engine): the second a mtp8 engine whose policy forces k = 0 at depth max_k."""
+    kw = dict(compile=mode == "compiled", max_num_seqs=max_num_seqs)
+    plain = LLM(model=model, **kw).engine
+    held = LLM(model=model, spec="mtp8", **kw).engine
+    policy = AutoDraftLength(held.runner.num_speculative_tokens)
+    policy.forced, policy.forced_depth = 0, policy.max_k
+    held.draft_length = held.scheduler.draft_length = policy
+    return plain, held
+
+
+def paired(plain, held, batch: int, steps: int, input_len: int, seed: int) -> dict:
+    """Median ms of each engine's decode step and the paired ratios at `batch` requests."""
+    g = random.Random(seed)
+    vocab = plain.model.cfg.vocab_size
+    prompts = [[g.randrange(3, vocab) for _ in range(input_len)] for _ in range(batch)]
+    params = SamplingParams(max_tokens=steps + 8, ignore_eos=True)
+    for engine in (plain, held):
+        for i, p in enumerate(prompts):
+            engine.add_request(Request(i, list(p), params))
+        while any(r.is_prefilling for r in engine.scheduler.running) or engine.scheduler.waiting:
+            engine.step()
+        engine.step()                                                    # one untimed decode step
+    times = {"plain": [], "held": []}
+    for i in range(steps):
+        order = (("plain", plain), ("held", held)) if i % 2 == 0 else (("held", held), ("plain", plain))
+        for name, engine in order:
+            t0 = time.perf_counter()
+            engine.step()
+            times[name].append(1e3 * (time.perf_counter() - t0))
+    for engine in (plain, held):
+        for r in list(engine.scheduler.running):
+            engine.abort(r)
+        while engine.has_unfinished_requests():
+            engine.step()
+    ratios = sorted(h / p for h, p in zip(times["held"], times["plain"]))
+    q = statistics.quantiles(ratios, n=4)
+    return {"batch": batch, "plain_ms": statistics.median(times["plain"]),
+            "held_ms": statistics.median(times["held"]), "ratio": statistics.median(ratios),
+            "ratio_q1": q[0], "ratio_q3": q[2]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--modes", nargs="+", default=["eager"], choices=["eager", "compiled"])
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--input-len", type=int, default=64)
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "auto_k_never_loses"))
+    a = ap.parse_args(argv)
+    if a.steps > 126:
+        ap.error("--steps at most 126: beyond, the held engine's catch-up ring overflows (a catch-up round)")
+    torch.set_num_threads(1)
+    rows = []
+    for mode in a.modes:
+        plain, held = engines(a.model, mode, max(a.batch_sizes))
+        for b in a.batch_sizes:
+            row = {"mode": mode, **paired(plain, held, b, a.steps, a.input_len, seed=b)}
+            rows.append(row)
+            print(f"{mode:8s} batch {b:3d}: plain {row['plain_ms']:.2f} ms, "
+                  f"held k = 0 {row['held_ms']:.2f} ms, paired {row['ratio']:.3f}x "
+                  f"({row['ratio_q1']:.3f}-{row['ratio_q3']:.3f})", flush=True)
+    lines = ["| mode | batch | plain step ms | automatic k, k = 0, held at depth 8, ms "
+             "| paired ratio (q1-q3) |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['mode']} | {r['batch']} | {r['plain_ms']:.2f} | {r['held_ms']:.2f} | "
+              f"{r['ratio']:.3f}x ({r['ratio_q1']:.3f}-{r['ratio_q3']:.3f}) |" for r in rows]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"cpu": platform.processor() or platform.machine(), "threads": 1, "steps": a.steps,
+            "input_len": a.input_len, "torch": torch.__version__}
+    atomic_write_text(out / "bench_k0_step.md", "\n".join(lines) + "\n")
+    atomic_write_json(out / "bench_k0_step.json", {"meta": meta, "rows": rows})
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
