@@ -171,7 +171,8 @@ def rule_text(spec_kw: dict) -> str:
 
 def quality_pass(run, outs, metrics: dict, interrupt) -> int:
     """mode=eval with a lossy rule (module doc): the lossless reference pass, the quality record in
-    metrics["quality"], lossless_output_throughput and speedup_vs_lossless, and the gate. Returns 1
+    metrics["quality"], lossless_output_throughput, lossless_acceptance_length and
+    speedup_vs_lossless, and the gate. Returns 1
     when the gate fails, else 0 (also when Ctrl-C stopped the reference: interrupt.requested)."""
     from mtpx.engine.llm import LLM
     from mtpx.evaluate.generate import _generate
@@ -186,8 +187,9 @@ def quality_pass(run, outs, metrics: dict, interrupt) -> int:
     ref, ref_duration, stopped = _generate(ref_llm, run.prompts, run.params, label, run.client, interrupt)
     if stopped:
         return 0
-    ref_tps = compute_metrics(ref, ref_duration, ref_llm.num_speculative_tokens)["output_throughput"]
-    metrics["lossless_output_throughput"] = ref_tps
+    ref_metrics = compute_metrics(ref, ref_duration, ref_llm.num_speculative_tokens)
+    ref_tps = metrics["lossless_output_throughput"] = ref_metrics["output_throughput"]
+    metrics["lossless_acceptance_length"] = ref_metrics["acceptance_length"]
     metrics["speedup_vs_lossless"] = metrics["output_throughput"] / ref_tps if ref_tps else None
     prompts = [run.prompts[o.index] for o in outs]
     q = token_quality([o.output_token_ids for o in outs], [o.output_token_ids for o in ref],

@@ -137,6 +137,7 @@ _ROWS: list[_Row] = [
          lambda m: None if m.get("speculative_speedup") is None else f"{m['speculative_speedup']:.2f}x"),
     _Row("Acceptance rule (LOSSY)", "acceptance", lambda m: m.get("acceptance")),
     _Row("Lossless rule throughput (tok/s)", "lossless_output_throughput", ".2f", "rel"),
+    _Row("Lossless rule acceptance length", "lossless_acceptance_length", ".2f", "rel"),
     _Row("Speed-up vs lossless rule", "speedup_vs_lossless", ".3f", "rel"),
     _Row("Identical to lossless (%)", "quality", lambda m: _q(m, "identical_share", "{:.1%}")),
     _Row("Mean first difference (token)", "quality", lambda m: _q(m, "mean_first_difference", "{:.1f}")),
@@ -151,7 +152,8 @@ _ROWS: list[_Row] = [
 # rows left out when no run has a value
 _OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "verified_histogram", "accuracy", "lossless_mismatches",
                   "lossless_near_ties", "plain_output_throughput", "speculative_speedup", "acceptance",
-                  "lossless_output_throughput", "speedup_vs_lossless", "quality")
+                  "lossless_output_throughput", "lossless_acceptance_length", "speedup_vs_lossless",
+                  "quality")
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",
