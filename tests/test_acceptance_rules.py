@@ -217,6 +217,10 @@ def test_speculative_config_keys(trained_tiny):
     llm = LLM(model=trained_tiny, speculative_config={"method": "mtp", "num_speculative_tokens": 2,
                                                       "acceptance": "relaxed", "relaxed_topk": 3})
     assert llm.engine.config.acceptance == "relaxed" and llm.engine.config.relaxed_topk == 3
+    synthetic = LLM(model=trained_tiny, speculative_config={  # vLLM's names
+        "method": "mtp", "num_speculative_tokens": 2, "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_rates": [0.5, 0.25]})
+    assert synthetic.engine.config.acceptance == "synthetic"
 
 
 @pytest.mark.slow
