@@ -2,7 +2,9 @@
 reject decision on hand-made distributions, exactly; each rule at its neutral setting equal to the
 lossless rule (its acceptance probabilities bit for bit on random distributions, and the engine's
 tokens for mtp1, mtp8 and automatic k, greedy and seeded sampling); synthetic's per-position
-rates within a binomial tolerance; bad settings as one line naming the key."""
+rates within a binomial tolerance; bad settings as one line naming the key. The slow ones
+(`python -m pytest -q -m slow tests/test_acceptance_rules.py`): seeded sampling through the engine,
+mtp1, automatic k and the compiled step."""
 import math
 
 import pytest
@@ -171,8 +173,10 @@ def _neutral_equals_lossless(model, spec, k, temperature, **extra):
         assert out == lossless["greedy"] and accepted == 0
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("temperature", [0.0, pytest.param(1.0, marks=pytest.mark.slow)])
 def test_neutral_settings_give_the_lossless_tokens(trained_tiny, temperature):
+    """mtp8 through the engine (seeded sampling is slow-marked: its verifier-level twin, bit for bit,
+    is test_neutral_probabilities_equal_lossless_bit_for_bit)."""
     _neutral_equals_lossless(trained_tiny, "mtp8", 4, temperature)
 
 
