@@ -118,7 +118,7 @@ class ModelRunner:
         if config.tune_malloc and self.device.type == "cpu":
             tune_malloc()
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
-        self.acceptance_rule = None if speculator is None else build_rule(config, self.num_speculative_tokens)
+        self._verify_with = (config.verify, build_rule(config, self.num_speculative_tokens))    # method, rule
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
@@ -152,8 +152,7 @@ class ModelRunner:
         return len(self.rows)
 
     def release(self, index: int) -> None:
-        """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
-        has none)."""
+        """Free the batch slot of a request that finished, was aborted or preempted (no-op without one)."""
         self._draft_probs.pop(index, None)
         row = self.rows.pop(index, None)
         if row is not None:
@@ -391,9 +390,8 @@ class ModelRunner:
                           max(num_new_drafts), sampler=sampler, drafts=drafts, **extent)
 
     def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
-        """The decode step (module doc, shapes by StepShapes), each request proposing its
-        num_new_drafts for the next; returns (verify_s, draft_s): the rest of the step and the
-        draft round."""
+        """The decode step (module doc, shapes by StepShapes), each request proposing its num_new_drafts
+        for the next; returns (verify_s, draft_s): the rest of the step and the draft round."""
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
@@ -426,8 +424,7 @@ class ModelRunner:
         ids, h, logits = step.verify(meta)
         sampling = self._sampling(reqs)
         accepted, emitted = verify(ids[:B], process_logits(reqs, logits[:B], ids[:B]), nd_host, sampling,
-                                   [self._draft_probs.get(r.index) for r in reqs], self.config.verify,
-                                   self.acceptance_rule)
+                                   [self._draft_probs.get(r.index) for r in reqs], *self._verify_with)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]

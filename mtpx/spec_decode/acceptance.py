@@ -207,7 +207,8 @@ class AcceptanceRule:
 
 
 def build_rule(config, num_speculative_tokens: int) -> AcceptanceRule | None:
-    """The engine's rule from its config (an AcceptanceConfig or an EngineConfig): None for lossless."""
-    if getattr(config, "acceptance", "lossless") == "lossless":
+    """The engine's rule from its config (an AcceptanceConfig or an EngineConfig): None for lossless
+    or without drafts (num_speculative_tokens 0: no speculator)."""
+    if getattr(config, "acceptance", "lossless") == "lossless" or not num_speculative_tokens:
         return None
     return AcceptanceRule(config, num_speculative_tokens)
