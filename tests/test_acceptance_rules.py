@@ -154,7 +154,7 @@ def _tokens(model, spec, k, temperature, **kw):
     return [o.output_token_ids for o in outs], sum(o.spec.num_accepted_tokens for o in outs)
 
 
-def _neutral_equals_lossless(model, spec, k, temperature, **extra):
+def _neutral_equals_lossless(model, spec, k, temperature, need_accepts=True, **extra):
     lossless = {}
     for name, kw in NEUTRAL.items():
         if name == "cascade" and temperature == 0:
@@ -163,7 +163,7 @@ def _neutral_equals_lossless(model, spec, k, temperature, **extra):
         if draft not in lossless:
             lossless[draft], accepted = _tokens(model, spec, k, temperature, draft_sample_method=draft,
                                                 **extra)
-            assert 0 < accepted
+            assert 0 < accepted or not need_accepts
         got = _tokens(model, spec, k, temperature, acceptance=name, **{**kw, **extra})[0]
         assert got == lossless[draft], name
     if temperature == 0:                            # synthetic accepting nothing: plain decoding's tokens
@@ -187,7 +187,8 @@ def test_neutral_settings_give_the_lossless_tokens_mtp1_and_auto_k(trained_tiny,
                                                                    temperature):
     """mtp1 and automatic k (its step costs calibrated once, then loaded)."""
     extra = {"cost_model_file": str(tmp_path / "costs.json")} if k == "auto" else {}
-    _neutral_equals_lossless(trained_tiny, spec, k, temperature, **extra)
+    # (auto may run k = 0 and mtp1's sampled greedy drafts may all be rejected here: equality only)
+    _neutral_equals_lossless(trained_tiny, spec, k, temperature, need_accepts=False, **extra)
 
 
 def test_lossy_settings_change_the_output(trained_tiny):
