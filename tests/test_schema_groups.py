@@ -71,8 +71,10 @@ def test_the_root_config_only_overrides_run_config():
 
 def test_composed_defaults_are_the_schemas():
     cfg = _cfg(["+spec=mtp8"])
-    assert OmegaConf.to_container(cfg.eval) == {f.name: f.default
-                                                for f in dataclasses.fields(groups.EvalConfig)}
+    assert OmegaConf.to_container(cfg.eval) == {
+        f.name: (f.default if f.default_factory is dataclasses.MISSING
+                 else dataclasses.asdict(f.default_factory()))
+        for f in dataclasses.fields(groups.EvalConfig)}      # eval.max_quality_loss: a group of keys
     assert cfg.bench.concurrency == 16 and cfg.bench.request_rate == float("inf")
     assert cfg.distill.concurrency is None and cfg.distill.max_tokens == 256 and cfg.distill.top_k == -1
     assert cfg.spec.verify == "standard" and _cfg(["+spec=mtp8_block"]).spec.verify == "block"

@@ -154,6 +154,8 @@ def _value(v: Any) -> str:
         return f"`${env.group(1)}` (else this project's default, conf/config.yaml)"
     if isinstance(v, str):
         return f"`{v}`"
+    if dataclasses.is_dataclass(v):      # a nested group of keys (eval.max_quality_loss)
+        v = dataclasses.asdict(v)
     return f"`{json.dumps(v)}`"
 
 

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from mtpx.models.config import check_choice, literal_choices
+from mtpx.spec_decode.acceptance import AcceptanceConfig
 
-SPEC_KEYS = ("verify", "draft_sample_method", "tree")
-"""The engine settings that the spec group sets (spec.verify, spec.draft_sample_method, spec.tree)."""
+SPEC_KEYS = ("verify", "draft_sample_method", "tree", *(f.name for f in dataclasses.fields(AcceptanceConfig)))
+"""The engine settings that the spec group sets (spec.verify, spec.draft_sample_method, spec.tree,
+the acceptance rule's keys)."""
 
 
 @dataclass
-class EngineConfig:
+class EngineConfig(AcceptanceConfig):
     """Raises ValueError in __post_init__ naming the config key for a value the engine cannot run
     with; limits that depend on the model (max_model_len, the window) are checked by Engine."""
 
@@ -137,6 +139,7 @@ class EngineConfig:
                     "check_invariants"):
             if not isinstance(getattr(self, key), bool):
                 raise ValueError(f"engine.{key}={getattr(self, key)!r}: must be true or false")
+        self.check_acceptance()
         integer("max_num_seqs", self.max_num_seqs, 1)
         integer("max_model_len", self.max_model_len, 2, none_ok=True)
         integer("block_size", self.block_size, 1)

@@ -34,6 +34,7 @@ from mtpx.engine.malloc import tune_malloc
 from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
+from mtpx.spec_decode.acceptance import build_rule
 from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
 from mtpx.spec_decode.tree_draft import TreeSpeculator
 from mtpx.spec_decode.verification import verify
@@ -121,6 +122,7 @@ class ModelRunner:
         if self.tree:
             check_tree_engine(config)
             self.tree_stats = TreeStats([list(p) for p in speculator.shape.paths])
+        self._verify_with = (config.verify, build_rule(config, self.num_speculative_tokens))    # method, rule
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
@@ -155,8 +157,7 @@ class ModelRunner:
         return len(self.rows)
 
     def release(self, index: int) -> None:
-        """Free the batch slot of a request that finished, was aborted or preempted (no-op when it
-        has none)."""
+        """Free the batch slot of a request that finished, was aborted or preempted (no-op without one)."""
         self._draft_probs.pop(index, None)
         row = self.rows.pop(index, None)
         if row is not None:
@@ -394,9 +395,8 @@ class ModelRunner:
                           max(num_new_drafts), sampler=sampler, drafts=drafts, **extent)
 
     def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
-        """The decode step (module doc, shapes by StepShapes), each request proposing its
-        num_new_drafts for the next; returns (verify_s, draft_s): the rest of the step and the
-        draft round."""
+        """The decode step (module doc, shapes by StepShapes), each request proposing its num_new_drafts
+        for the next; returns (verify_s, draft_s): the rest of the step and the draft round."""
         if self.tree:
             return tree_decode(self, decodes, results)
         if not decodes:
@@ -432,7 +432,7 @@ class ModelRunner:
         sampling = self._sampling(reqs)
         target, probs = process_logits(reqs, logits[:B], ids[:B], self.grammars), self._draft_probs
         accepted, emitted = verify(ids[:B], target, nd_host, sampling, [probs.get(r.index) for r in reqs],
-                                   self.config.verify)
+                                   *self._verify_with)
         self._commit_states(decodes, n_host, nd_host, rows, accepted, shapes)
         # known tokens x_{n+1 .. n+m+1} = emitted[:, :m+1]; the rest go to the pad row
         keep = torch.arange(T, device=dev)[None] <= accepted[:, None]                  # [B, T]

@@ -10,7 +10,11 @@ from mtpx.models.model import MTPForCausalLM
 MTP_METHOD_ALIASES = ("deepseek_mtp", "mimo_mtp", "qwen3_next_mtp", "glm4_moe_mtp", "ernie_mtp",
                       "longcat_flash_mtp", "pangu_ultra_moe_mtp", "qwen3_5_mtp")
 SPECULATIVE_CONFIG_KEYS = ("method", "num_speculative_tokens", "draft_path", "verify", "draft_sample_method",
-                           "tree")
+                           "tree", "acceptance", "posterior_threshold", "posterior_alpha", "relaxed_topk",
+                           "relaxed_delta", "lenient_lambda", "cascade_alpha", "synthetic_acceptance_rates",
+                           "rejection_sample_method")
+REJECTION_SAMPLE_METHODS = {"strict": "lossless", "probabilistic": "lossless", "synthetic": "synthetic"}
+"""vLLM's rejection_sample_method as mtpx's acceptance (strict and probabilistic are both lossless)."""
 
 
 def from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
@@ -27,6 +31,12 @@ def from_speculative_config(sc: dict, model) -> tuple[str, int | None, dict]:
             close = difflib.get_close_matches(key, SPECULATIVE_CONFIG_KEYS, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"use {', '.join(SPECULATIVE_CONFIG_KEYS)}"
             raise ValueError(f"unknown speculative_config key {key!r}: {hint}")
+    if "rejection_sample_method" in extra:
+        rsm = extra.pop("rejection_sample_method")
+        if rsm not in REJECTION_SAMPLE_METHODS:
+            raise ValueError(f"speculative_config rejection_sample_method {rsm!r}: choose one of "
+                             f"{', '.join(REJECTION_SAMPLE_METHODS)} (or mtpx's acceptance key)")
+        extra.setdefault("acceptance", REJECTION_SAMPLE_METHODS[rsm])
     method = extra.pop("method", "mtp")
     if method in MTP_METHOD_ALIASES:          # vLLM rewrites these to "mtp" too
         method = "mtp"

@@ -90,6 +90,11 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     path = model_path(cfg)
     engine = engine_args(cfg.engine)
     schema.check(mode, c)          # the client section's checks, before the model loads
+    if mode == "eval" and method is not None and spec_kw.get("acceptance", "lossless") != "lossless" \
+            and c.get("check_lossless"):
+        raise ValueError(f"eval.check_lossless=true with spec.acceptance={spec_kw['acceptance']}: a lossy "
+                         "rule is not lossless; leave eval.check_lossless null (its lossless reference then "
+                         "measures the quality) or set spec.acceptance=lossless")
     num_prompts = c.get("num_prompts")
     engine["compile"] = resolve_compile(engine.get("compile"), mode, None if num_prompts is None else
                                         num_prompts * c.max_tokens)

@@ -19,7 +19,8 @@ from mtpx.engine.config import with_overrides
 from mtpx.engine.llm import DEFAULT_MODEL
 from mtpx.core.sampling_params import SamplingParams
 from mtpx import schema
-from mtpx.schema.groups import ClientConfig, GenerationConfig, SpecConfig
+from mtpx.engine.config import SPEC_KEYS
+from mtpx.schema.groups import ClientConfig, GenerationConfig, SpecConfig, spec_engine_keys
 
 
 def poisson_arrival_offsets(n: int, request_rate: float, seed: int) -> list[float] | None:
@@ -69,13 +70,13 @@ def sampling_params(e: DictConfig, num_prompts: int, section: str = "eval",
 
 
 def spec_args(spec: DictConfig | None) -> dict:
-    """LLM keyword arguments from the spec config: draft_sample_method and verify (absent keys take
-    SpecConfig's defaults); {} without a spec. Raises ValueError naming spec.KEY and the fix
-    (mtpx.schema.groups.SpecConfig.check)."""
+    """LLM keyword arguments from the spec config: draft_sample_method, verify and the acceptance
+    rule's keys (absent keys take SpecConfig's defaults); {} without a spec. Raises ValueError
+    naming spec.KEY and the fix (mtpx.schema.groups.SpecConfig.check)."""
     if spec is None:
         return {}
     schema.check("spec", spec)
-    return {key: spec.get(key, getattr(SpecConfig, key)) for key in ("draft_sample_method", "verify", "tree")}
+    return {**{key: getattr(SpecConfig, key) for key in SPEC_KEYS}, **spec_engine_keys(spec)}
 
 
 def model_path(cfg: DictConfig):

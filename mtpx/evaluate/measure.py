@@ -19,6 +19,7 @@ from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.threads import ThreadChoice, contention_warning
 from mtpx.evaluate.args import model_path
 from mtpx.evaluate.generate import _generate, _output_row
+from mtpx.evaluate.quality import quality_pass, rule_text
 from mtpx.evaluate.lines import (_all_failed, _client_text, _count_text, _data_text, _length_text,
                                  _print_request_errors, _sampling_text, dead_position_warning)
 from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text,
@@ -114,7 +115,11 @@ def _measure(run: _Run, interrupt: GracefulInterrupt) -> int:
     if stopped:
         metrics["partial"] = True
         metrics["num_prompts_requested"] = total
-    elif run.mode == "eval" and run.c.check_lossless and run.method is not None:
+    elif run.mode == "eval" and run.method is not None and metrics.get("lossy"):
+        code = quality_pass(run, outs, metrics, interrupt)   # the lossless reference beside the rule
+        if interrupt.requested:
+            metrics["partial"], metrics["quality"] = True, "interrupted"
+    elif run.mode == "eval" and run.c.check_lossless is not False and run.method is not None:
         code = _lossless_check(run.llm, outs, run.prompts, run.params, run.client, run.engine, run.c, metrics,
                                interrupt)
         if interrupt.requested:  # the measured pass finished; the lossless pass did not
@@ -126,7 +131,9 @@ def _measure(run: _Run, interrupt: GracefulInterrupt) -> int:
                  else "")
         raise Interrupted(f"{len(outs)} of {total} requests had finished; their outputs.jsonl, report and "
                           f"metrics.json (\"partial\": true) are in {run.out_dir}{again}")
-    if metrics.get("lossless_check") == "interrupted":
+    if metrics.get("quality_gate"):
+        print(f"error: {metrics['quality_gate']}", file=sys.stderr)
+    if metrics.get("lossless_check") == "interrupted" or metrics.get("quality") == "interrupted":
         raise Interrupted(f"the measured pass of {total} requests finished and is written to {run.out_dir}; "
                           "the lossless pass was interrupted (metrics.json: \"partial\": true)")
     return 1 if _all_failed(outs) else code
@@ -164,8 +171,11 @@ def _run_metrics(run: _Run, outs: list[RequestOutput], duration: float) -> dict:
     llm, method, total = run.llm, run.method, len(run.prompts)
     metrics = compute_metrics(outs, duration, llm.num_speculative_tokens,
                               run.engine["enable_prefix_caching"])
-    if run.mode == "bench":
-        del metrics["lossless_mismatches"]  # bench never runs the lossless pass
+    lossy = method is not None and run.spec_kw.get("acceptance", "lossless") != "lossless"
+    if run.mode == "bench" or lossy:
+        del metrics["lossless_mismatches"]  # bench never runs the lossless pass, nor a lossy rule
+    if lossy:                           # never called lossless: the rule, and "lossy": true
+        metrics["lossy"], metrics["acceptance"] = True, rule_text(run.spec_kw)
     # measured step costs (mtpx.auto_k.costs): decode steps with a full k drafts, by batch size
     decodes = [t.num_decodes for t in llm.engine.step_timings if t.num_decodes]
     metrics["mean_decode_batch"] = sum(decodes) / len(decodes) if decodes else None
@@ -248,6 +258,8 @@ def _write_outputs(run: _Run, outs: list[RequestOutput], kept: list[Prompt], met
     if method is not None:
         k_text += (f", draft {run.spec_kw.get('draft_sample_method', 'greedy')}, "
                    f"verify {run.spec_kw.get('verify', 'standard')}")
+        if metrics.get("lossy"):
+            k_text += f", LOSSY acceptance {metrics['acceptance']}"
     setup = _client_text(run.client, c) + [f"{run.threads.threads} threads"]
     if run.engine["enable_prefix_caching"]:
         setup.append("prefix caching")

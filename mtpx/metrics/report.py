@@ -135,14 +135,49 @@ _ROWS: list[_Row] = [
     _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
     _Row("Speculative / plain throughput", "speculative_speedup",
          lambda m: None if m.get("speculative_speedup") is None else f"{m['speculative_speedup']:.2f}x"),
+    _Row("Acceptance rule (LOSSY)", "acceptance", lambda m: m.get("acceptance")),
+    _Row("Lossless rule throughput (tok/s)", "lossless_output_throughput", ".2f", "rel"),
+    _Row("Lossless rule acceptance length", "lossless_acceptance_length", ".2f", "rel"),
+    _Row("Speed-up vs lossless rule", "speedup_vs_lossless", ".3f", "rel"),
+    _Row("Identical to lossless (%)", "quality", lambda m: _q(m, "identical_share", "{:.1%}")),
+    _Row("Mean first difference (token)", "quality", lambda m: _q(m, "mean_first_difference", "{:.1f}")),
+    _Row("Log-likelihood / token: rule, lossless", "quality", lambda m: _pair(m, "log_likelihood", "{:.4f}")),
+    _Row("Log-likelihood loss (95% CI)", "quality", lambda m: _ci(m, "log_likelihood_loss", "{:.4f}")),
+    _Row("Task accuracy: rule, lossless", "quality", lambda m: _pair(m, "accuracy", "{:.1%}")),
+    _Row("Accuracy loss (95% CI)", "quality", lambda m: _ci(m, "accuracy_loss", "{:.3f}")),
+    _Row("TV distance (noise floor)", "quality",
+         lambda m: None if _q(m, "tv_distance", "") is None
+         else f"{m['quality']['tv_distance']:.3f} ({m['quality']['tv_distance_floor']:.3f})"),
 ]
 # rows left out when no run has a value
 _OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "verified_histogram", "accuracy", "lossless_mismatches",
-                  "lossless_near_ties", "plain_output_throughput", "speculative_speedup")
+                  "lossless_near_ties", "plain_output_throughput", "speculative_speedup", "acceptance",
+                  "lossless_output_throughput", "lossless_acceptance_length", "speedup_vs_lossless",
+                  "quality")
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",
-                                         "num_prompt_tokens", "chat_template"}
+                                         "num_prompt_tokens", "chat_template", "lossy", "quality_gate"}
+
+
+def _q(m: dict, key: str, fmt: str) -> str | None:
+    """A lossy rule's quality value (mtpx/evaluate/quality.py), formatted; None when not measured."""
+    q = m.get("quality")
+    value = q.get(key) if isinstance(q, dict) else None
+    return None if value is None else fmt.format(value)
+
+
+def _pair(m: dict, key: str, fmt: str) -> str | None:
+    a, b = _q(m, key, fmt), _q(m, key + "_lossless", fmt)
+    return None if a is None else f"{a}, {b or DASH}"
+
+
+def _ci(m: dict, key: str, fmt: str) -> str | None:
+    value, ci = _q(m, key, fmt), _q(m, key + "_interval", "{}")
+    if value is None:
+        return None
+    lo, hi = m["quality"][key + "_interval"] or (None, None)
+    return value + ("" if lo is None else f" [{fmt.format(lo)}, {fmt.format(hi)}]") if ci else value
 
 
 def _cell(row: _Row, m: dict) -> str | None:

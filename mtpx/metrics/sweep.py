@@ -13,6 +13,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from mtpx.metrics.dashboard_summary import md_row
+from mtpx.metrics.pareto import QUALITY_COLUMNS, has_quality, job_label, write_pareto_figure
 from mtpx.metrics.run_dirs import RunDirError, read_metrics, read_yaml
 from mtpx.metrics.report import DASH
 
@@ -147,10 +148,28 @@ _SWEEP_COLUMNS = (
 )
 
 
+def _varying(jobs: Sequence[SweepJob]) -> tuple[list[dict[str, str]], list[str]]:
+    """Each job's overrides as {key: value}, and the keys whose values differ between jobs (all
+    keys when none differ)."""
+    parsed = [dict(_split_override(o) for o in j.overrides) for j in jobs]
+    keys = list(dict.fromkeys(k for p in parsed for k in p))
+    return parsed, [k for k in keys if len({p.get(k) for p in parsed}) > 1] or keys
+
+
+def write_sweep_pareto(root: Path, jobs: Sequence[SweepJob]) -> Path | None:
+    """pareto.png in the sweep folder when a job ran a lossy acceptance rule (mtpx.metrics.pareto)."""
+    parsed, varying = _varying(jobs)
+    done = [(job_label(p, varying), j.metrics) for j, p in zip(jobs, parsed) if j.metrics is not None]
+    if not has_quality([m for _, m in done]):
+        return None
+    return write_pareto_figure([label for label, _ in done], [m for _, m in done], root / "pareto.png")
+
+
 def sweep_table(multirun_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None = None) -> str:
     """A markdown summary of a Hydra multirun: the overrides every job shares, one table row per
     job with metrics (the overrides that differ between jobs first, then acceptance rate, length,
     per-position acceptance, output throughput, median TTFT / TPOT / ITL, lossless mismatches,
+    with a lossy acceptance rule its speed-up and quality (mtpx.metrics.pareto.QUALITY_COLUMNS),
     the job number), then the failed, incomplete or never-started jobs with their reasons.
 
     Args:
@@ -158,9 +177,8 @@ def sweep_table(multirun_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None
         jobs: `collect_sweep(multirun_dir)` when None.
     """
     jobs = collect_sweep(multirun_dir) if jobs is None else list(jobs)
-    parsed = [dict(_split_override(o) for o in j.overrides) for j in jobs]
-    keys = list(dict.fromkeys(k for p in parsed for k in p))
-    varying = [k for k in keys if len({p.get(k) for p in parsed}) > 1] or keys
+    parsed, varying = _varying(jobs)
+    columns = _SWEEP_COLUMNS + (QUALITY_COLUMNS if has_quality([j.metrics for j in jobs]) else ())
     common = [o for o in (jobs[0].overrides if jobs else []) if _split_override(o)[0] not in varying]
     done = [(j, p) for j, p in zip(jobs, parsed) if j.metrics is not None]
     out = [f"# Sweep {multirun_dir}\n",
@@ -170,9 +188,9 @@ def sweep_table(multirun_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None
         out.append("Common overrides: " + " ".join(f"`{o}`" for o in common) + "\n")
     if done:
         rows = [[*(p.get(k, DASH) or DASH for k in varying),
-                 *((fn(j.metrics) or DASH) for _, fn in _SWEEP_COLUMNS),
+                 *((fn(j.metrics) or DASH) for _, fn in columns),
                  DASH if j.num is None else j.num] for j, p in done]
-        header = [*varying, *(c for c, _ in _SWEEP_COLUMNS), "Job"]
+        header = [*varying, *(c for c, _ in columns), "Job"]
         align = ["---"] * len(varying) + ["---:"] * (len(header) - len(varying))
         out.append("".join(md_row(r) + "\n" for r in [header, align, *rows]))
     problems = [j for j in jobs if j.problems]
@@ -196,8 +214,10 @@ class SweepTableCallback(Callback):
         from mtpx.io import atomic_write_text, disk_error_line
         root = Path(str(config.hydra.sweep.dir))
         try:
-            text = sweep_table(root, collect_sweep(root))
+            jobs = collect_sweep(root)
+            text = sweep_table(root, jobs)
             out = atomic_write_text(root / "sweep.md", text)
+            figure = write_sweep_pareto(root, jobs)
         except RunDirError as err:
             print(f"sweep table: {err}", file=sys.stderr)
             return
@@ -206,3 +226,20 @@ class SweepTableCallback(Callback):
             return
         print("\n" + text, end="")
         print(f"\nsweep table: {out}")
+        if figure is not None:
+            print(f"speed against quality: {figure}")
+            _log_figure(config, root, figure)
+
+
+def _log_figure(config, root: Path, figure: Path) -> None:
+    """The Pareto figure to W&B (a run of the sweep's group) when the sweep's logger is wandb."""
+    from omegaconf import OmegaConf
+
+    from mtpx.metrics.logging import RunLogger
+    logger_cfg = config.get("logger")
+    if logger_cfg is None or logger_cfg.get("name", "none") == "none":
+        return
+    run = RunLogger(OmegaConf.to_container(logger_cfg, resolve=True), run_dir=root, run_name="sweep-pareto",
+                    group=str(root))
+    run.log_images([figure])
+    run.finish()

@@ -13,11 +13,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 from mtpx.engine.config import SPEC_KEYS, EngineConfig
 from mtpx.engine.speculative_config import check_num_speculative_tokens
 from mtpx.models.config import check_choice, literal_choices
+from mtpx.spec_decode.acceptance import AcceptanceConfig
 from mtpx.schema.options import (BuiltinData, ChatData, DemoLoading, FileData, GSM8KData, HFModel,  # noqa: F401
                                  NoLogger, RandomData, WandbLogger)
 
@@ -116,9 +117,10 @@ class RunConfig(_Group):
 
 
 @dataclass
-class SpecConfig(_Group):
+class SpecConfig(_Group, AcceptanceConfig):
     """The speculator (`+spec=NAME`). method is checked by mtpx.spec_decode.build_speculator,
-    verify and draft_sample_method by EngineConfig, num_speculative_tokens by
+    verify, draft_sample_method and the acceptance rule's keys (AcceptanceConfig) by EngineConfig,
+    num_speculative_tokens by
     mtpx.engine.speculative_config.check_num_speculative_tokens (each in one place)."""
     method: Literal["mtp1", "mtp8"] = MISSING
     """mtp1 (single-module MTP: module 0 applied num_speculative_tokens times) or mtp8
@@ -154,12 +156,35 @@ class SpecConfig(_Group):
     @classmethod
     def check(cls, section: str, cfg) -> None:
         check_num_speculative_tokens(cfg.get("num_speculative_tokens"))
-        EngineConfig(**{key: cfg.get(key) for key in SPEC_KEYS if key in cfg})
+        EngineConfig(**spec_engine_keys(cfg))
         super().check(section, cfg)
+
+
+def spec_engine_keys(cfg) -> dict:
+    """The spec section's engine keys (SPEC_KEYS) as plain Python values (lists, not ListConfig)."""
+    return {key: OmegaConf.to_container(cfg.get(key)) if OmegaConf.is_config(cfg.get(key)) else cfg.get(key)
+            for key in SPEC_KEYS if key in cfg}
 
 
 # --------------------------------------------------------------------------------------------------
 # the modes that generate: eval, bench, distill
+
+QUALITY_GATE_METRICS = ("accuracy", "log_likelihood", "differing_share", "tv_distance")
+"""eval.max_quality_loss's metrics (mtpx/evaluate/quality.py)."""
+
+
+@dataclass
+class MaxQualityLoss:
+    """eval.max_quality_loss: per quality metric of a lossy rule, the largest loss against the
+    lossless rule that passes (null: not gated)."""
+    accuracy: Optional[float] = None
+    """Task accuracy lost (a fraction: 0.02 = 2 points; needs a prompt set with answers)."""
+    log_likelihood: Optional[float] = None
+    """The target's mean log-likelihood per output token lost (nats)."""
+    differing_share: Optional[float] = None
+    """The share of requests whose tokens differ from the lossless rule's."""
+    tv_distance: Optional[float] = None
+    """The TV-distance estimate above its noise floor (eval.temperature > 0)."""
 
 
 @dataclass
@@ -248,8 +273,35 @@ class BenchConfig(ClientConfig):
 @dataclass
 class EvalConfig(ClientConfig):
     """mode=eval: the benchmark client and the checks."""
-    check_lossless: bool = True
-    """Also decode without speculation; exit non-zero if tokens differ (greedy only)."""
+    check_lossless: Optional[bool] = None
+    """Also decode without speculation; exit non-zero if tokens differ (greedy only). null (the
+    default): true with the lossless rule; a lossy spec.acceptance runs its lossless reference for
+    the quality metrics instead (and refuses true)."""
+    max_quality_loss: MaxQualityLoss = field(default_factory=lambda: MaxQualityLoss())
+    """With a lossy spec.acceptance: the largest loss allowed per quality metric
+    (eval.max_quality_loss.accuracy=0.02, ...; docs/acceptance_rules.md); a run that exceeds one
+    exits 1 with one line."""
+    tv_num_prompts: int = 4
+    """With a lossy spec.acceptance at temperature > 0: prompts (the first ones) of the TV-distance
+    estimate (0 = none)."""
+    tv_num_samples: int = 32
+    """Samples per prompt and side of the TV-distance estimate."""
+    tv_max_tokens: int = 8
+    """Output tokens per sample of the TV-distance estimate (the positions it averages over)."""
+
+    @classmethod
+    def check(cls, section: str, cfg) -> None:
+        int_or_none(section, cfg, "tv_num_prompts", 0)
+        int_or_none(section, cfg, "tv_num_samples", 1)
+        int_or_none(section, cfg, "tv_max_tokens", 1)
+        for key, bound in (cfg.get("max_quality_loss") or {}).items():
+            if key not in QUALITY_GATE_METRICS:
+                raise ValueError(f"{section}.max_quality_loss.{key}: unknown metric: choose one of "
+                                 f"{', '.join(QUALITY_GATE_METRICS)}")
+            if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                                      or not bound >= 0):
+                raise ValueError(f"{section}.max_quality_loss.{key}={bound!r}: must be a number >= 0 or null")
+        super().check(section, cfg)
     tie_tolerance: float = 1.0e-4
     """A divergence where the plain run's top-2 logit gap is below this is a near-tie."""
     resume: bool = False

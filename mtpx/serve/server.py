@@ -51,6 +51,9 @@ def load_llm(cfg: DictConfig) -> LLM:
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec),
               threads=lambda model: choose_threads(model, cfg.serve.get("threads"), "serve.threads"))
     print(llm.thread_choice.describe())
+    if method is not None and llm.engine.config.acceptance != "lossless":
+        print(f"warning: spec.acceptance={llm.engine.config.acceptance}: a LOSSY acceptance rule; outputs "
+              "are not the target's (docs/acceptance_rules.md)")
     return llm
 
 

@@ -26,6 +26,8 @@ exactly on small cases).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from mtpx.spec_decode.sampler import RequestSampling, sample
@@ -110,14 +112,15 @@ VERIFIERS = {"standard": verify_token_level, "block": verify_block}
 
 
 def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
-           sampling: RequestSampling, draft_probs: list, method: str = "standard"
+           sampling: RequestSampling, draft_probs: list, method: str = "standard", rule=None
            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify B windows [x_n, d_1 .. d_{T-1}], greedy and sampled requests alike.
 
     ids: [B, T] int64 window tokens (drafts beyond num_drafts[b] are padding); logits: [B, T, V]
     the target's logits there; num_drafts: drafts per row (host ints); sampling: the rows'
     RequestSampling; draft_probs: per row None (greedy drafts: one-hot q, as vLLM) or [k, V], the
-    distributions sampled drafts came from; method: "standard" or "block" (VERIFIERS).
+    distributions sampled drafts came from; method: "standard" or "block" (VERIFIERS); rule: None
+    (lossless) or a lossy acceptance rule (mtpx/spec_decode/acceptance.py), which replaces method.
 
     Returns (accepted [B] int64, emitted [B, T] int64): emitted[b, :accepted[b]] are the accepted
     drafts and emitted[b, accepted[b]] the token after them (the target's next token, or the
@@ -127,7 +130,7 @@ def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
     """
     B, T = ids.shape
     nd = torch.tensor(num_drafts, device=ids.device)
-    if sampling.all_greedy:
+    if sampling.all_greedy and rule is None:
         target = logits.argmax(-1)                                         # [B, T]
         is_draft = torch.arange(T - 1, device=ids.device)[None] < nd[:, None]
         match = (ids[:, 1:] == target[:, :-1]) & is_draft
@@ -139,7 +142,8 @@ def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
         for b, probs in enumerate(draft_probs):
             if probs is not None and num_drafts[b]:
                 q[b, : num_drafts[b]] = probs[: num_drafts[b]].to(p.dtype)
-        accepted, final = VERIFIERS[method](x, q, p, nd, sampling.uniforms(num_drafts, T - 1))
+        verifier = VERIFIERS[method] if rule is None else partial(rule, logits=logits, greedy=sampling.greedy)
+        accepted, final = verifier(x, q, p, nd, sampling.uniforms(num_drafts, T - 1))
     else:
         accepted, final = torch.zeros(B, dtype=torch.long, device=ids.device), p[:, 0]
     y = sample(final, sampling.uniforms([1] * B)[:, 0])
