@@ -66,12 +66,16 @@ def test_bad_settings_are_one_line(trained_tiny):
         LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens="auto", tree=[2, 1])
     with pytest.raises(ValueError, match=r"spec.tree with engine.compile=true: not supported yet"):
         LLM(model=trained_tiny, spec="mtp8", tree=[2, 1], compile=True)
+    with pytest.raises(ValueError, match=r"spec.tree with spec.acceptance=relaxed: not supported yet"):
+        LLM(model=trained_tiny, spec="mtp8", tree=[2, 1], acceptance="relaxed")
     llm = LLM(model=trained_tiny, spec="mtp8", tree=[2, 1])
-    outs = llm.generate([[5, 8], [5, 9]], [SamplingParams(max_tokens=4, temperature=0.7, seed=1),
-                                           SamplingParams(max_tokens=4, ignore_eos=True)])
+    outs = llm.generate([[5, 8], [5, 9], [5, 7]], [SamplingParams(max_tokens=4, temperature=0.7, seed=1),
+                                                   SamplingParams(max_tokens=4, ignore_eos=True),
+                                                   SamplingParams(max_tokens=4, allowed_token_ids=[5, 6])])
     assert outs[0].error == ("spec.tree with temperature > 0: not supported yet (tree drafting verifies "
                              "greedily)")
     assert outs[1].error is None and len(outs[1].output_token_ids) == 4
+    assert outs[2].error.startswith("spec.tree with structured_outputs, allowed_token_ids or bad_words")
 
 
 def test_a_chain_tree_is_the_chain_speculator(trained_tiny):

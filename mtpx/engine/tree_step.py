@@ -65,11 +65,17 @@ def unsupported(params) -> str | None:
     if params.min_tokens or params.has_penalties:
         return ("spec.tree with min_tokens or repetition / frequency / presence penalties: not supported "
                 "yet (they depend on each branch's tokens)")
+    if params.structured_outputs is not None or params.allowed_token_ids or params.bad_words:
+        return ("spec.tree with structured_outputs, allowed_token_ids or bad_words: not supported yet "
+                "(their masks follow one chain of drafts)")
     return None
 
 
 def check_tree_engine(config) -> None:
     """Raise ValueError (one line) for engine settings tree drafting does not support yet."""
+    if getattr(config, "acceptance", "lossless") != "lossless":
+        raise ValueError(f"spec.tree with spec.acceptance={config.acceptance}: not supported yet "
+                         "(tree drafting verifies with the lossless greedy walk)")
     if config.compile:
         raise ValueError("spec.tree with engine.compile=true: not supported yet (set engine.compile=false)")
     if config.attention_backend != "torch":
