@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtpx.io import (Interrupted, atomic_write_text, check_writable_dir, disk_error_line, sigterm_as_ctrl_c,
                      source_commit, stop_exit_code, stop_signal_name)
 from mtpx.metrics.logging import RunLogger
+from mtpx.metrics.launchers import set_job_threads
 from mtpx.schema import RunConfig, compose_error, group_choices
 
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
@@ -120,6 +121,7 @@ def _job_log_file():
 def run(cfg: DictConfig) -> int:
     """Dispatch on cfg.mode (stdout and stderr also go to the Hydra job's log file). Returns the
     process exit code."""
+    set_job_threads()     # a job of a parallel launcher: its share of the CPUs (mtpx.metrics.launchers)
     log = _job_log_file()
     if log is None:
         code = _run(cfg)
@@ -183,6 +185,9 @@ def _dispatch(cfg: DictConfig) -> int:
         if cfg.mode == "serve":
             from mtpx.serve.server import run_serve
             return run_serve(cfg)
+        if cfg.mode == "extract":
+            from mtpx.train.extract import run_extract
+            return run_extract(cfg)
         from mtpx.distill import run_distill      # mode=distill
         return run_distill(cfg)
     except USER_ERRORS as e:
@@ -237,7 +242,9 @@ def run_train(cfg: DictConfig) -> int:
     used = {k: cfg[k] for k in ("mode", "seed", "data_dir", "model", "train", "logger") if k in cfg}
     run_id = _resumed_wandb_id(cfg) if main_rank else None
     config = {**OmegaConf.to_container(OmegaConf.create(used), resolve=True), "commit": source_commit()}
-    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=config,
+    from mtpx.evaluate import _sweep_group
+    group, _ = _sweep_group()    # the jobs of one multirun share a W&B group, on any launcher
+    logger = RunLogger(logger_cfg, run_dir=run_dir(), config=config, group=group,
                        run_name=f"train-{Path(str(cfg.train.out_dir)).name}", run_id=run_id)
     try:   # on_config: the architecture trained (a checkpoint's with model.path) and the thread count
         path = train(cfg, log_fn=logger.log,

@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_write_jsonl",
-           "atomic_write_folder", "check_writable_dir", "disk_error_line", "DISK_ERRNOS"]
+           "atomic_write_folder", "check_writable_dir", "disk_error_line", "DISK_ERRNOS", "cache_dir_problem",
+           "cache_dir_line"]
 
 # errors of the file system, not of the program: a one-line message names the path and the fix
 DISK_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS, errno.EACCES,
-                                    errno.EPERM) if e is not None)
+                                    errno.EPERM, errno.EFBIG) if e is not None)
 
 
 def _as_disk_error(e: BaseException) -> OSError | None:
@@ -61,7 +62,8 @@ def disk_error_line(e: BaseException) -> str | None:
     where = f" ({err.filename})" if err.filename else ""
     fix = ("free disk space or point the output elsewhere"
            if err.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
-           else "point the output at a folder you can write")
+           else "raise the file-size limit (ulimit -f) or write less"
+           if err.errno == errno.EFBIG else "point the output at a folder you can write")
     return f"{err.strerror}{where}: {fix}"
 
 
@@ -117,8 +119,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, dest)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS and e.filename is None:
+            raise OSError(e.errno, e.strerror, str(dest)) from None     # name the file (disk_error_line)
         raise
     _fsync_dir(dest.parent)
     return dest
@@ -355,6 +359,33 @@ def source_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def cache_dir_problem(path: str | os.PathLike[str], need_bytes: int) -> str | None:
+    """Why folder `path` cannot take `need_bytes` more (a file in the way, not writable, less free
+    space), as a phrase; None when it can. The folder is created if missing; nothing else is left."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return "a file, not a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = __import__("tempfile").mkstemp(dir=path, prefix=".mtpx-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+        free = shutil.disk_usage(path).free
+    except OSError as e:
+        return e.strerror or str(e)
+    if free < need_bytes:
+        return f"{free / 2**20:.0f} MB free, under the {need_bytes / 2**20:.0f} MB it needs"
+    return None
+
+
+def cache_dir_line(path: str | os.PathLike[str], problem: str, what: str) -> str:
+    """The one warning line of an unusable cache folder `path` (under mtpx_cache_dir): the
+    problem, what is not saved, the variable and the fix."""
+    var = "MTPX_CACHE_DIR" if os.environ.get("MTPX_CACHE_DIR") else "MTPX_CACHE_DIR (unset)"
+    return (f"warning: the cache folder {path} cannot be used ({problem}): {what}; point {var} at a "
+            "writable folder with free space")
 
 
 def mtpx_cache_dir() -> Path:

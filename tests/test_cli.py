@@ -37,7 +37,12 @@ def test_eval_writes_metrics_outputs_and_plot(tiny_ckpt, tmp_path):
                                                                          "plain_output_throughput",
                                                                          "analytics", "step_costs",
                                                                          "mean_decode_batch", "run",
-                                                                         "contention_warning"}
+                                                                         "contention_warning",
+                                                                         "speculative_speedup",
+                                                                         "speedup_hint"}
+    assert metrics["speculative_speedup"] == round(metrics["output_throughput"]
+                                                   / metrics["plain_output_throughput"], 3)
+    assert ("speedup_hint" in metrics) == (metrics["speculative_speedup"] < 1)
     assert metrics["run"]["spec"] == "mtp8" and metrics["run"]["num_speculative_tokens"] == 4
     assert metrics["run"]["threads"] >= 1 and metrics["run"]["data"] == "builtin"
     assert 0 < metrics["mean_decode_batch"] <= 3      # eval.concurrency=3

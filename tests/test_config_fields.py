@@ -28,7 +28,7 @@ CONFIG_CLASSES = sorted({EngineConfig, ModelConfig, AutoKConfig, groups.RunConfi
 # str fields whose values are open: paths, names, addresses, torch's own names
 FREE_TEXT = {
     "data_dir", "path", "draft_path", "cost_model_file", "out_dir", "gsm8k_path", "fewshot_path",
-    "distill_path", "dir", "host", "base_url", "model_name", "project", "api_key",
+    "distill_path", "hidden_states_path", "dir", "host", "base_url", "model_name", "project", "api_key",
     "name",              # the data set's or logger's name, fixed by the group option that sets it
     "device",            # any torch device of type cpu or cuda (cuda:1), checked by mtpx.train.setup
     "compile_backend",   # any torch._dynamo backend, checked against its registry by EngineConfig

@@ -77,6 +77,9 @@ def test_eval_and_bench_print_progress_lines_on_a_pipe(tiny_ckpt, tmp_path, mode
     assert (lines and "acceptance length" in lines[-1]
             and lines[-1].startswith("mtp8: 3 prompts: 3/3 requests"))
     assert any("ETA" in line for line in lines) or len(lines) == 1
+    # before any request finishes, the running requests' tokens move the line (and the bar)
+    assert any(re.search(r"mtp8: 3 prompts: 0/3 requests, \d+ tok/s, [1-9]\d* tokens", line)
+               for line in r.stderr.splitlines()), r.stderr[-2000:]
 
 
 def test_train_and_distill_print_progress_lines_on_a_pipe(tiny_ckpt, tmp_path):

@@ -83,7 +83,10 @@ def test_composed_defaults_are_the_schemas():
 def test_literal_choices_are_checked_with_one_line():
     assert groups.literal_choices(groups.TrainConfig) == {"save_dtype": ("float32", "bfloat16", "float16"),
                                                           "parallel": ("auto", "none", "ddp", "fsdp"),
-                                                          "autocast": ("bfloat16", None)}
+                                                          "autocast": ("bfloat16", None),
+                                                          "mtp_loss": ("ce", "kl", "tv", "lk_hybrid",
+                                                                       "lk_nll"),
+                                                          "mtp_hidden_input": ("chain", "target")}
     # OmegaConf has no Literal: the ConfigStore's node takes a string, the check the choices
     assert _cfg(["+spec=mtp8", "spec.verify=foo"]).spec.verify == "foo"
     with pytest.raises(ValueError, match=r"^spec.verify='foo': choose one of standard, block$"):

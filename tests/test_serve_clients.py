@@ -341,7 +341,7 @@ class StepLog:
         step, abort = engine.step, engine.abort
 
         def timed_step():
-            self.gate.wait()
+            assert self.gate.wait(timeout=60), "a test held the engine's step for 60 s"
             t0 = time.perf_counter()
             out = step()
             self.ends.append(time.perf_counter())
@@ -372,6 +372,7 @@ def test_a_non_streaming_client_that_times_out_frees_its_request_within_one_step
         time.sleep(0.01)
     assert log.aborts[0] - left <= 2, (left, log.aborts)
     while _metric(url, "abort") == aborted:
+        assert time.time() - t0 < 30, "the abort was not counted"
         time.sleep(0.02)
     stats = app.state.engine.stats
     assert stats["num_running"] == 0 and stats["num_free_kv_blocks"] == stats["num_kv_blocks"]
@@ -396,21 +397,23 @@ def test_gauges_count_requests_when_they_arrive_and_leave(live, monkeypatch):
         return _metric(url, "mtpx:num_requests_waiting"), _metric(url, "mtpx:num_requests_running")
 
     threads = [threading.Thread(target=post, args=(t,)) for t in (60, 60, 60, 1.0)]
-    for t in threads:
-        t.start()
-    t0 = time.time()
-    while gauges() != (4, 0):
-        assert time.time() - t0 < 10, gauges()
-        time.sleep(0.02)
-    threads[-1].join()                                  # its client gave up while the step is held
-    t0 = time.time()
-    while gauges() != (3, 0):
-        assert time.time() - t0 < 10, gauges()
-        time.sleep(0.02)
-    assert log.ends == []
-    log.gate.set()
-    for t in threads:
-        t.join()
+    try:
+        for t in threads:
+            t.start()
+        t0 = time.time()
+        while gauges() != (4, 0):
+            assert time.time() - t0 < 10, gauges()
+            time.sleep(0.02)
+        threads[-1].join(timeout=30)                    # its client gave up while the step is held
+        t0 = time.time()
+        while gauges() != (3, 0):
+            assert time.time() - t0 < 10, gauges()
+            time.sleep(0.02)
+        assert log.ends == []
+    finally:
+        log.gate.set()                                  # never leave the engine's step held
+        for t in threads:
+            t.join(timeout=90)
     assert sorted(codes, key=str) == [200, 200, 200, "timeout"]
     assert gauges() == (0, 0)
 
@@ -469,7 +472,9 @@ def test_a_huge_prompt_does_not_stall_a_concurrent_stream(live, monkeypatch):
     assert big[1].json()["usage"]["prompt_tokens"] == 8
     during = [b - a for a, b in zip(chunks, chunks[1:]) if t0 <= b <= t1]
     step = max(d for e, d in zip(log.ends, log.durations) if t0 <= e <= t1)
-    assert t1 - t0 > 0.5 and during and max(health) < 0.5, (t1 - t0, max(health))
+    # /health stays within 0.5 s, or a fifth of the big requests' time on a loaded machine (0.57 s of
+    # 11.4 s beside eight busy processes); a parse on the event loop stalls it for most of that time
+    assert t1 - t0 > 0.5 and during and max(health) < max(0.5, (t1 - t0) / 5), (t1 - t0, max(health))
     # a chunk comes one step after the last; delayed by at most one more step and the 10 MB body's
     # JSON parse on the event loop (about 0.1 s here; 2 steps alone failed once at 0.208 s > 0.192 s,
     # and a fixed 0.1 s once under the parallel suite's load), timed here on the same load

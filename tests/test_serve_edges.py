@@ -6,6 +6,7 @@ parsed off the event loop; the API key (serve.api_key / MTPX_API_KEY). The signa
 run a server subprocess (tests/test_serve.py and below)."""
 import json
 import os
+import queue
 import signal
 import socket
 import subprocess
@@ -239,11 +240,11 @@ def test_api_key_is_required_on_every_route_but_health_and_metrics(llm, monkeypa
 
 # ---- a server subprocess: ports, hosts, the warning line ------------------------------------------
 
-def _serve(tiny_ckpt, tmp_path, *overrides, env=None):
+def _serve(tiny_ckpt, tmp_path, *overrides, env=None, stderr=subprocess.PIPE):
     return subprocess.Popen([sys.executable, str(ROOT / "train_or_eval.py"), "mode=serve",
                              f"model.path={tiny_ckpt}", "logger=none", "engine.compile=false",
                              f"hydra.run.dir={tmp_path}", *overrides], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+                            stderr=stderr, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
 
 
@@ -263,20 +264,27 @@ def test_a_port_in_use_or_a_bad_host_is_one_line_exit_2(tiny_ckpt, tmp_path):
 
 
 def test_port_0_prints_the_real_port_and_an_open_host_warns_once(tiny_ckpt, tmp_path):
-    proc = _serve(tiny_ckpt, tmp_path, "serve.port=0", "serve.host=0.0.0.0", env={"MTPX_API_KEY": ""})
+    proc = _serve(tiny_ckpt, tmp_path, "serve.port=0", "serve.host=0.0.0.0", env={"MTPX_API_KEY": ""},
+                  stderr=(tmp_path / "stderr.txt").open("w"))     # a file: a full stderr pipe cannot block it
     try:
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
         line = ""
-        t0 = time.time()
-        while "serving" not in line:
-            assert time.time() - t0 < 120 and proc.poll() is None, proc.communicate()[1][-2000:]
-            line = proc.stdout.readline()
+        while "serving" not in line:    # each wait bounded: a server that never prints fails, not hangs
+            line = lines.get(timeout=120)
         port = int(line.split("at http://0.0.0.0:")[1].split("/v1")[0])
         assert port > 0
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
         assert r.status_code == 200, r.text
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    err = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == 0 and "Traceback" not in err, err[-2000:]
     warnings = [x for x in err.splitlines() if x.startswith("warning: serve.host=0.0.0.0")]
     assert len(warnings) == 1 and "serve.api_key" in warnings[0] and "MTPX_API_KEY" in warnings[0], err
@@ -318,3 +326,31 @@ def test_an_idle_server_exits_well_before_its_shutdown_timeout(tiny_ckpt, tmp_pa
     # 1.9 s on a quiet core (docs/serving.md); the bound leaves room for the suite's second process
     # and stays below the 10 s of serve.shutdown_timeout that uvicorn alone waited
     assert elapsed < 8, elapsed
+
+
+def test_echo_only_requests_add_no_generation_tokens(client):
+    """Echo with max_tokens=0 (prompt scoring) runs one token that the response drops: the
+    metrics count what usage says, 0 completion tokens (issue 73 item 9)."""
+    before = client.get("/metrics").text
+    r = client.post("/v1/completions", json={"prompt": [PROMPT, "class A:"], "echo": True, "max_tokens": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 0
+    after = client.get("/metrics").text
+    grew = {k: _metric(after, f"mtpx:{k}_total") - _metric(before, f"mtpx:{k}_total")
+            for k in ("prompt_tokens", "generation_tokens")}
+    assert grew == {"prompt_tokens": r.json()["usage"]["prompt_tokens"], "generation_tokens": 0}
+
+
+def test_the_bench_http_client_sends_the_api_key(tiny_ckpt, monkeypatch):
+    """mode=bench with bench.base_url against a server with serve.api_key: the client sends
+    MTPX_API_KEY (else OPENAI_API_KEY, as vLLM's bench) as a bearer token; without one, one line
+    naming the variables."""
+    from mtpx.client.openai_http import HttpSampling, run_http_client
+    for var in ("MTPX_API_KEY", "OPENAI_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    for url, _ in running(build_app(LLM(model=tiny_ckpt), "tiny", api_key="sesame")):   # its own engine loop
+        with pytest.raises(ValueError, match=r"the server asks for an API key \(401\): set MTPX_API_KEY "
+                                             r"\(or OPENAI_API_KEY\) to its serve.api_key"):
+            run_http_client(f"{url}/v1", None, ["hi"], [HttpSampling(max_tokens=2)])
+        monkeypatch.setenv("OPENAI_API_KEY", "sesame")
+        (out,) = run_http_client(f"{url}/v1", None, ["hi"], [HttpSampling(max_tokens=2)])
+        assert out.error is None and len(out.output_token_ids) == 2

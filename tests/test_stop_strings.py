@@ -91,3 +91,53 @@ def test_checker_stops_at_the_first_token_whose_text_holds_a_stop(pieces, stop):
     got = next((i for i in range(1, len(ids) + 1) if checker.check(ids[:i])), None)
     want = next((i for i in range(1, len(ids) + 1) if any(s in decode(ids[:i]) for s in stop)), None)
     assert got == want
+
+
+@pytest.mark.parametrize("spec,k", [(None, None), ("mtp8", 4)])
+@pytest.mark.parametrize("stop,min_tokens,include,n,text", [
+    (["3"], 0, False, 25, "6789xy272829"),                  # the first "3": token 30, the 25th
+    (["3"], 26, False, 26, "6789xy27282930"),               # "3" of "30" came before token 26 ("31")
+    (["3"], 27, False, 27, "6789xy2728293031"),             # token 27 is "32"
+    (["3"], 27, True, 27, "6789xy27282930313"),
+    (["03"], 26, False, 26, "6789xy2728293"),               # "03" spans "30" and "31": ends in token 26
+    (["3", "y2"], 27, False, 27, "6789xy2728293031"),
+])
+def test_a_stop_string_before_min_tokens_does_not_end_or_cut_the_text(spec, k, stop, min_tokens, include, n,
+                                                                       text):
+    """vLLM's min_tokens: only a stop string that ends in the text of output token min_tokens or
+    later ends the request, and the text is cut there (not at an earlier occurrence), so text,
+    token ids and their count agree. Outputs: 6 7 8 9 x, 15 specials, y, 27 28 ...; the 25th
+    output token is 30."""
+    llm = LLM(model=successor_model(), tokenizer=tokenizer(), spec=spec, num_speculative_tokens=k)
+    (o,) = llm.generate([[X - 5]], SamplingParams(max_tokens=40, ignore_eos=True, stop=stop,
+                                                  min_tokens=min_tokens, include_stop_str_in_output=include))
+    assert (o.finish_reason, len(o.output_token_ids), o.text) == ("stop", n, text)
+    assert o.output_token_ids == [X - 4 + i for i in range(n)]
+    assert o.text == llm.decode(o.output_token_ids)[:len(text)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_server_cuts_at_the_stop_string_after_min_tokens(stream):
+    """/v1/completions (streamed or not): text, token_ids and usage agree with the Python API's
+    (the stop "3" of "30" comes before min_tokens=27; token 27, "32", ends the request)."""
+    pytest.importorskip("uvicorn")
+    import json
+    from fastapi.testclient import TestClient
+    from mtpx.serve.app import build_app
+    llm = LLM(model=successor_model(), tokenizer=tokenizer(), spec="mtp8", num_speculative_tokens=4)
+    body = {"prompt": [X - 5], "max_tokens": 40, "ignore_eos": True, "stop": ["3"], "min_tokens": 27,
+            "return_token_ids": True, "stream": stream}
+    with TestClient(build_app(llm, "tiny")) as client:
+        r = client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    if stream:
+        chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                  if line.startswith("data: {")]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        ids = [t for c in chunks if c["choices"] for t in c["choices"][0].get("token_ids") or []]
+        finish = chunks[-1]["choices"][0]["finish_reason"]
+    else:
+        choice = r.json()["choices"][0]
+        text, ids, finish = choice["text"], choice["token_ids"], choice["finish_reason"]
+        assert r.json()["usage"]["completion_tokens"] == 27
+    assert (text, ids, finish) == ("6789xy2728293031", [X - 4 + i for i in range(27)], "stop")

@@ -90,8 +90,14 @@ def entry(*argv: str, term_after: float | None = None, wait_for=None) -> tuple[i
             time.sleep(0.1)
         time.sleep(term_after)
         proc.send_signal(signal.SIGTERM)
+        t_term = time.time()
     out, err = proc.communicate(timeout=300)
+    if term_after is not None:
+        exit_s.append(round(time.time() - t_term, 1))      # SIGTERM to exit, files written
     return proc.returncode, out, err
+
+
+exit_s: list[float] = []
 
 
 def _read(path: Path) -> str:
@@ -126,7 +132,8 @@ EVAL = ("+spec=mtp8", "eval.num_prompts=12", "eval.concurrency=1", "eval.max_tok
         "eval.check_lossless=false", f"hydra.run.dir={run}")
 code, _, err = entry(*EVAL, term_after=0.3, wait_for=lambda: _read(run / "outputs.jsonl").count("\n") >= 2)
 m = json.loads((run / "metrics.json").read_text()) if (run / "metrics.json").exists() else {}
-rows.append(("1: SIGTERM during `mode=eval` (12 prompts)", f"exit {code}; {last(err, 'interrupted')} "
+rows.append(("1: SIGTERM during `mode=eval` (12 prompts)", f"exit {code} {exit_s[-1]} s after SIGTERM; "
+             f"{last(err, 'interrupted')} "
              f"[metrics.json: partial={m.get('partial')}, num_requests={m.get('num_requests')}]"))
 code, out_text, err = entry(*EVAL, "eval.resume=true")
 m = json.loads((run / "metrics.json").read_text())
@@ -148,7 +155,7 @@ code, _, err = entry("mode=train", "logger=none", f"hydra.run.dir={tmp / 'train_
                      wait_for=lambda: "loss" in _read(tmp / "train_run" / "train_or_eval.log"))
 state = json.loads((out / "trainer_state.json").read_text()) if (out / "trainer_state.json").exists() else {}
 rows.append(("1: SIGTERM during `mode=train` (save_every 200, the default)",
-             f"exit {code}; {last(err, 'interrupted')} "
+             f"exit {code} {exit_s[-1]} s after SIGTERM; {last(err, 'interrupted')} "
              f"[trainer_state.json step {state.get('step')}]"))
 
 # 2. progress without a terminal (stderr a pipe): a line every MTPX_PROGRESS_S seconds
@@ -165,7 +172,7 @@ api("3: `distill.out_dir=/proc/x/y`",
     lambda: __import__("mtpx.io", fromlist=["check_writable_dir"]).check_writable_dir(
     "/proc/x/y", "distill.out_dir"))
 from mtpx.io import disk_error_line  # noqa: E402
-from mtpx.train.loop import _check_device  # noqa: E402
+from mtpx.train.setup import check_device as _check_device  # noqa: E402
 api("3: `train.device=cuda` on a CPU build", lambda: _check_device("cuda"))
 api("3: a full disk at a save (ENOSPC injected)", lambda: disk_error_line(
     OSError(errno.ENOSPC, "No space left on device", str(tmp / "ckpt" / "model.safetensors"))))
@@ -254,12 +261,85 @@ rows.append(("7: `-m ... spec.num_speculative_tokens=9,2` (job 0 fails)",
              f"exit {code}; " + " / ".join(tail)))
 
 # 8. train.threads
-from mtpx.train.loop import _choose_threads  # noqa: E402
+from mtpx.train.setup import choose_train_threads as _choose_threads  # noqa: E402
 from mtpx.train.distributed import DistInfo  # noqa: E402
 os.environ.pop("OMP_NUM_THREADS", None)
 api("8: `train.threads=null` (the default)",
     lambda: _choose_threads(OmegaConf.create({"threads": None}), llm.model,
                           DistInfo(), None).describe())
+
+
+def io_out(fn) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        fn()
+    return buf.getvalue().strip()
+
+
+issue41 = rows[:]
+rows.clear()
+# ---- issue 73 ("What still trips a user"): item number, then the case ------------------------------
+# 1. min_tokens with a stop string (vLLM's meaning: a stop string before min_tokens does not end it)
+q = "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\nAnswer:"
+o = llm.generate(q, SamplingParams(max_tokens=60, min_tokens=30, stop=["\n"]))[0]
+full = llm.decode(o.output_token_ids)
+rows.append(("1: `min_tokens=30, stop=[\"\\n\"]` (Python API; the server cuts alike)",
+             f"finish_reason {o.finish_reason}, {len(o.output_token_ids)} tokens; the text is their decoding "
+             f"cut at the stop that ends in token 30 or later: {full.startswith(o.text)} and "
+             f"{len(o.text) >= len(llm.decode(o.output_token_ids[:29]).rstrip())}"))
+# 2. the Python API's torch errors
+api("2: `LLM(device=\"cuda\")` on a CPU build", lambda: LLM(model=demo, device="cuda"))
+api("2: `LLM(device=\"tpu\")`", lambda: LLM(model=demo, device="tpu"))
+api("2: `LLM(threads=-2)`", lambda: LLM(model=demo, threads=-2))
+api("2: `LLM(threads=0)`", lambda: LLM(model=demo, threads=0))
+api("2: `SamplingParams(stop=5)`", lambda: SamplingParams(stop=5))
+api("2: `SamplingParams(stop_token_ids=5)`", lambda: SamplingParams(stop_token_ids=5))
+api("2: `generate(prompts, {\"max_tokens\": 4})`", lambda: llm.generate(["a"], {"max_tokens": 4}))
+api("2: `SamplingParams(temperature=float(\"inf\"))`", lambda: SamplingParams(temperature=float("inf")))
+api("2: a stop token id outside the vocabulary", lambda: "that request fails alone: " + llm.generate(
+    ["a"], SamplingParams(max_tokens=2, stop_token_ids=[10**6]))[0].error)
+# 3. command lines that pointed the wrong way
+cli("eval.max_tokens=4", "eval.max_tokens=abc")
+cli("+spec=mtp8", "+spec=mtp1")
+cli("device=cuda")
+cli("tensor_parallel_size=2")
+from mtpx.engine.threads import available_cpus, oversubscription_warning  # noqa: E402
+api(f"3: `eval.threads=100` ({available_cpus()} CPUs)",
+    lambda: oversubscription_warning(100, 1, "eval.threads"))
+api(f"3: `engine.tensor_parallel_size={available_cpus() + 2}`",
+    lambda: oversubscription_warning(None, available_cpus() + 2, "eval.threads"))
+# 4. the cache folder
+from mtpx.engine import compile_cache  # noqa: E402
+(tmp / "a_file").write_text("x")
+os.environ["MTPX_CACHE_DIR"] = str(tmp / "a_file")
+api("4: `MTPX_CACHE_DIR` is a file", lambda: stderr_of(compile_cache.usable_cache))
+os.environ.pop("MTPX_CACHE_DIR")
+efbig = subprocess.run([sys.executable, "-c", "import resource, sys; sys.path.insert(0, sys.argv[1]); "
+                        "from mtpx.io import atomic_write_bytes, disk_error_line; "
+                        "resource.setrlimit(resource.RLIMIT_FSIZE, (1000, resource.RLIM_INFINITY))\n"
+                        "try:\n atomic_write_bytes(sys.argv[2], b'x' * 5000)\n"
+                        "except OSError as e:\n print(disk_error_line(e))", str(ROOT), str(tmp / "big.json")],
+                       capture_output=True, text=True, timeout=120)
+rows.append(("4: a write past the file-size limit (`ulimit -f`, EFBIG)",
+             (efbig.stdout + efbig.stderr).strip() or "(nothing)"))
+# 5. automatic k
+api("5: `spec.cost_model_file` in a folder that does not exist", lambda: LLM(
+    model=demo, spec="mtp8", num_speculative_tokens="auto", cost_model_file=tmp / "no_such" / "costs.json"))
+# 6. eval.resume with a run folder of no earlier run
+code, _, err = entry("eval.resume=true", "logger=none", f"hydra.run.dir={tmp / 'typo'}")
+rows.append(("6: `eval.resume=true hydra.run.dir=<a new folder>`", f"exit {code}; {last(err)}"))
+# 7. mode=bench with prompts longer than the context
+from mtpx.evaluate.lines import _skip_long_prompts  # noqa: E402
+api("7: `mode=bench`, 2 of 3 prompts past max_model_len", lambda: io_out(lambda: _skip_long_prompts(
+    [Prompt(text="short"), Prompt(text="x " * 2000), Prompt(text="y " * 3000)], llm.encode, llm.max_model_len,
+    "bench")))
+# 9. the bench HTTP client and the API key
+os.environ["MTPX_API_KEY"] = "sesame"
+from mtpx.client.openai_http import api_key_headers  # noqa: E402
+api("9: `bench.base_url=...` with `MTPX_API_KEY` set", lambda: {
+    k: v.replace("sesame", "<key>") for k, v in api_key_headers().items()})
+os.environ.pop("MTPX_API_KEY")
+
 
 
 def table(rs, title):
@@ -271,7 +351,8 @@ def table(rs, title):
 
 
 lines = (table(first, "Issue \"What a vLLM or transformers user trips over\", item 2")
-         + table(rows, "Issue 41 \"What a user still trips over\""))
+         + table(issue41, "Issue 41 \"What a user still trips over\"")
+         + table(rows, "Issue 73 \"What still trips a user\""))
 atomic_write_text(ROOT / "experiments" / "bad_inputs" / "after.md", "\n".join(lines))
 print("\n".join(lines))
 shutil.rmtree(tmp, ignore_errors=True)

@@ -35,16 +35,21 @@ def default_batch_sizes(max_num_seqs: int) -> list[int]:
 
 
 def calibrate(scheduler, runner, config, vocab_size: int, buckets: dict[int, int] | None = None,
-              path: str | Path | None = None, meta: dict | None = None, cached: bool = False) -> dict:
+              path: str | Path | None = None, meta: dict | None = None, cached: bool = False,
+              progress=None) -> dict:
     """Give the scheduler's automatic k its step costs, draft rounds and module prefill cost: from
     `path` when it exists and matches `meta` (store.check_step_cost_meta; a file without the
     prefill cost has it measured now), else measured now on `runner` (a ModelRunner) and the
     scheduler's KV cache manager, and written to `path` (None: not written). config: the engine's
     EngineConfig; buckets: {k: the k whose step a compiled engine runs for it} (None: each its
     own); cached: `path` is the step-cost cache, so a damaged or mismatched file is measured
-    again. Returns {"source", "seconds", and the file's or `meta`'s keys}. Raises ValueError
-    without automatic k, with requests in the engine, or for a given file that is not a
-    step-cost file or was measured on another engine."""
+    again. progress(line): called with a line when measuring starts, after a pass at most every
+    10 s (calibrate_step_costs), and when a damaged cache file is measured again (None: silent).
+    Interrupted (KeyboardInterrupt) after calibrate_step_costs' minimum passes, the costs so far
+    are saved to `path` (the prefill cost is measured by the next run) and the interrupt goes on.
+    Returns {"source", "seconds", and the file's or `meta`'s keys}. Raises ValueError without
+    automatic k, with requests in the engine, or for a given file that is not a step-cost file
+    or was measured on another engine."""
     policy, meta = scheduler.draft_length, dict(meta or {})
     if not isinstance(policy, AutoDraftLength):
         raise ValueError("calibration needs num_speculative_tokens=auto")
@@ -60,9 +65,12 @@ def calibrate(scheduler, runner, config, vocab_size: int, buckets: dict[int, int
         try:
             costs, file_meta = load_step_costs(path)
             check_step_cost_meta(path, file_meta, meta)
-        except ValueError:
+        except ValueError as e:
             if not cached:
                 raise
+            if progress is not None:
+                progress(f"automatic k: the step-cost cache {path} is damaged or stale "
+                         f"({str(e).split(': ', 1)[-1]}); calibrating again")
         else:                                  # a damaged cache file is measured again below
             policy.set_step_costs(costs)
             if file_meta.get(DRAFT_KEY):         # a file written without them: t(k) - t(0) (draft_cost)
@@ -79,24 +87,58 @@ def calibrate(scheduler, runner, config, vocab_size: int, buckets: dict[int, int
     def measure(b, ks, context_len, rounds, seed=0, draft=None):
         return time_decode_steps(runner, kv, config, vocab_size, b, ks, context_len, rounds, seed=seed,
                                  depth_per_request=scheduler.depth_per_request, draft=draft)
-    costs = calibrate_step_costs(measure, policy.max_k, config.max_num_seqs, buckets, draft_costs=draft)
+    if progress is not None:
+        progress(f"automatic k: calibrating the step costs of k = 0..{policy.max_k} at batch sizes "
+                 f"{default_batch_sizes(config.max_num_seqs)} (once; then "
+                 f"{'kept in ' + str(path) if path is not None else 'not saved'})")
+    try:
+        costs = calibrate_step_costs(measure, policy.max_k, config.max_num_seqs, buckets, draft_costs=draft,
+                                     on_pass=None if progress is None else _pass_lines(progress))
+    except CalibrationInterrupted as stop:       # enough passes: keep them, then stop as asked
+        if path is not None:
+            save_step_costs(path, stop.costs, {**meta, PREFILL_KEY: None, DRAFT_KEY: _draft_rows(draft)})
+        raise KeyboardInterrupt from None
     policy.set_step_costs(costs)
     policy.costs.set_draft_costs(draft)
     prefill_ms = prefill()
     if prefill_ms is not None:
         policy.costs.set_prefill_cost(prefill_ms)
-    meta = {**meta, PREFILL_KEY: prefill_ms, DRAFT_KEY: [{"k": k, "batch_size": b, "draft_ms": ms}
-                                                         for (k, b), ms in sorted(draft.items())]}
+    meta = {**meta, PREFILL_KEY: prefill_ms, DRAFT_KEY: _draft_rows(draft)}
     if path is not None:
         save_step_costs(path, costs, meta)
     return {"source": "calibrated" if path is None else f"calibrated, saved to {path}",
             "seconds": round(time.perf_counter() - t0, 2), **meta}
 
 
+def _draft_rows(draft: dict) -> list[dict]:
+    return [{"k": k, "batch_size": b, "draft_ms": ms} for (k, b), ms in sorted(draft.items())]
+
+
+def _pass_lines(progress, every_s: float = 10.0):
+    """on_pass for calibrate_step_costs: a progress line at most every `every_s` seconds."""
+    t0 = last = time.perf_counter()
+
+    def on_pass(done: int, spent_s: float, passes: int, spread_s: float) -> None:
+        nonlocal last
+        if time.perf_counter() - last >= every_s:
+            last = time.perf_counter()
+            progress(f"automatic k: calibration pass {done} done, {spent_s:.1f} s of steps timed "
+                     f"(until {passes} passes and {spread_s:.0f} s), {last - t0:.0f} s elapsed")
+    return on_pass
+
+
+class CalibrationInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM after calibrate_step_costs' minimum passes: `costs` from those passes."""
+
+    def __init__(self, costs: dict):
+        super().__init__()
+        self.costs = costs
+
+
 def calibrate_step_costs(measure, max_k: int, max_num_seqs: int, buckets: dict[int, int] | None = None,
                          batch_sizes=None, rounds: int = 8, context_len: int = 192, seed: int = 0,
                          draft_costs: dict | None = None, passes: int = 3, spread_s: float = 10.0,
-                         max_passes: int = 24) -> dict:
+                         max_passes: int = 24, on_pass=None) -> dict:
     """The decode step's ms at every k in 0..max_k and batch size B (default_batch_sizes of
     max_num_seqs unless batch_sizes): measure(B, ks, context_len, rounds, seed=, draft=) times B
     requests at context_len known tokens verifying and proposing each k of ks, alternated call by
@@ -106,26 +148,39 @@ def calibrate_step_costs(measure, max_k: int, max_num_seqs: int, buckets: dict[i
     max_passes) until the steps they timed add up to spread_s seconds: load from another process
     only slows a step, in stretches that can cover a whole pass. buckets: {k: the k whose step a
     compiled engine runs for it} (its depth bucket; None: each its own): only those are timed.
-    Returns {(k, B): ms}; draft_costs (when given) gets the same steps' draft rounds."""
+    Returns {(k, B): ms}; draft_costs (when given) gets the same steps' draft rounds.
+    on_pass(done, spent_s, passes, spread_s) after each pass. A KeyboardInterrupt after `passes`
+    whole passes raises CalibrationInterrupted with their costs (before: as it is)."""
     sizes = default_batch_sizes(max_num_seqs) if batch_sizes is None else sorted(set(batch_sizes))
     bucket = {k: k for k in range(max_k + 1)} if buckets is None else dict(buckets)
     tops = sorted(set(bucket.values()))
     step: dict = {}
     draft_step: dict = {}
     done = spent_ms = 0
+
+    def result() -> dict:
+        if draft_costs is not None:
+            draft_costs.update({(k, b): draft_step[(top, b)] for b in sizes for k, top in bucket.items()})
+        return {(k, b): step[(top, b)] for b in sizes for k, top in bucket.items()}
     while done < max(1, passes) or spent_ms < 1e3 * spread_s and done < max_passes:
-        done += 1
-        for b in sizes:
-            draft: dict = {}
-            times = measure(b, tops, context_len, rounds, seed=seed, draft=draft)
-            spent_ms += sum(sum(ts) for ts in times.values())
-            for top in tops:
-                step[(top, b)] = min(step.get((top, b), math.inf), statistics.median(times[top]))
-                draft_step[(top, b)] = min(draft_step.get((top, b), math.inf), statistics.median(draft[top]))
-    costs = {(k, b): step[(top, b)] for b in sizes for k, top in bucket.items()}
-    if draft_costs is not None:
-        draft_costs.update({(k, b): draft_step[(top, b)] for b in sizes for k, top in bucket.items()})
-    return costs
+        pass_step, pass_draft = dict(step), dict(draft_step)
+        try:
+            for b in sizes:
+                draft: dict = {}
+                times = measure(b, tops, context_len, rounds, seed=seed, draft=draft)
+                spent_ms += sum(sum(ts) for ts in times.values())
+                for top in tops:
+                    pass_step[(top, b)] = min(step.get((top, b), math.inf), statistics.median(times[top]))
+                    pass_draft[(top, b)] = min(draft_step.get((top, b), math.inf),
+                                               statistics.median(draft[top]))
+        except KeyboardInterrupt:
+            if done >= max(1, passes):
+                raise CalibrationInterrupted(result()) from None
+            raise
+        step, draft_step, done = pass_step, pass_draft, done + 1
+        if on_pass is not None:
+            on_pass(done, spent_ms / 1e3, passes, spread_s)
+    return result()
 
 
 def time_decode_steps(runner, kv, config, vocab_size: int, batch_size: int, ks: list[int], context_len: int,

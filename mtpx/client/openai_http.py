@@ -2,8 +2,10 @@
 arrivals) sent to any OpenAI-compatible server (mtpx's `mode=serve`, `vllm serve`, SGLang), timed
 from the stream as vLLM's `bench serve` times it.
 
-Each request is one streamed `POST {base_url}/completions` with `stream_options.include_usage`
-and `return_token_ids` (vLLM's extension; mtpx's server answers it too). TTFT is the arrival of
+The API key of a server that asks for one (mtpx's serve.api_key, vLLM's --api-key) is read from
+MTPX_API_KEY, else OPENAI_API_KEY (API_KEY_VARS). Each request is one streamed
+`POST {base_url}/completions` with `stream_options.include_usage` and `return_token_ids` (vLLM's
+extension; mtpx's server answers it too). TTFT is the arrival of
 the first chunk with text, each later chunk with text is one emission (ITL), E2EL ends at the last
 chunk. Output token ids come from `token_ids` when the server returns them; otherwise the count
 of the usage chunk stands in for them (ids of -1). The spec-decode counters come from the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,15 +47,29 @@ def run_http_client(base_url: str, model: str | None, prompts: Sequence[str | li
                             arrival_offsets, timeout_s))
 
 
+API_KEY_VARS = ("MTPX_API_KEY", "OPENAI_API_KEY")
+"""Where the client's API key comes from, first set wins (mtpx's serve.api_key variable, then the
+one vLLM's `bench serve` and the openai SDK read); sent as `Authorization: Bearer <key>`."""
+
+
+def api_key_headers() -> dict[str, str]:
+    key = next((os.environ[v] for v in API_KEY_VARS if os.environ.get(v)), None)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 async def _run(base_url, model, prompts, params, max_concurrency, arrival_offsets, timeout_s):
     import httpx
 
     limits = httpx.Limits(max_connections=max_concurrency or len(prompts) or 1)
-    async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, headers=api_key_headers()) as client:
         if model is None:
             try:
-                listed = (await client.get(f"{base_url}/models")).json()["data"]
-            except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+                listed = await client.get(f"{base_url}/models")
+                if listed.status_code == 401:
+                    raise ValueError(f"bench.base_url={base_url}: the server asks for an API key (401): set "
+                                     "MTPX_API_KEY (or OPENAI_API_KEY) to its serve.api_key")
+                listed = listed.json()["data"]
+            except (httpx.HTTPError, KeyError, TypeError, json.JSONDecodeError) as e:
                 raise ValueError(f"bench.base_url={base_url}: GET /models failed ({e}): "
                                  "is the server up?") from None
             if not listed:

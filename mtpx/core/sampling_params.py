@@ -91,6 +91,8 @@ class SamplingParams:
             raise ValueError(f"seed={self.seed!r}: must be an integer in [0, 2**64), or None")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop={self.stop!r}: must be a string or a list of strings, e.g. stop=['\\n']")
         self.stop = list(self.stop or [])
         if not all(isinstance(x, str) and x for x in self.stop):
             raise ValueError(f"stop={self.stop!r}: must be a list of non-empty strings")
@@ -108,12 +110,13 @@ class SamplingParams:
             raise ValueError(f"n={self.n!r}: must be an integer >= 1 (completions per prompt)")
         if not integer(self.top_k):
             raise ValueError(f"top_k={self.top_k!r}: must be an integer (0 or -1 = all tokens)")
-        if isinstance(self.stop_token_ids, (str, bytes)) or not all(
+        if not isinstance(self.stop_token_ids, (list, tuple, set, frozenset)) or not all(
                 integer(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids={self.stop_token_ids!r}: must be a list of token ids "
-                             "(integers >= 0)")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
+                             "(integers >= 0), e.g. stop_token_ids=[2]")
+        self.stop_token_ids = list(self.stop_token_ids)
+        if not 0 <= self.temperature < math.inf:
+            raise ValueError(f"temperature={self.temperature}: must be a finite number >= 0 (0 = greedy)")
         if self.top_k < -1:
             raise ValueError(f"top_k={self.top_k}: must be >= 1, or 0 / -1 for all tokens")
         if not 0 < self.top_p <= 1:

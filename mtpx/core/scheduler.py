@@ -286,10 +286,10 @@ class Scheduler:
         return finished
 
     def _append(self, r: Request, res, now: float) -> None:
-        """Append verified tokens; stop at a stop token, a stop string (from params.min_tokens
-        output tokens on; stop ids are masked before, mtpx.engine.logits.process_logits), max_tokens or
-        max_model_len. Tokens after the stop are dropped: the round's raw accepted count stays, its
-        committed count is what was appended (SpecDecodeCounts.record_round)."""
+        """Append verified tokens; stop at a stop token, a stop string (one ending in the text of
+        output token min_tokens or later; stop ids are masked before, mtpx.engine.logits.process_logits),
+        max_tokens or max_model_len. Tokens after the stop are dropped: the round's raw accepted
+        count stays, its committed count is what was appended (SpecDecodeCounts.record_round)."""
         if r.first_token_time is None:
             r.first_token_time = now
         r.emission_times.append(now)
@@ -305,7 +305,8 @@ class Scheduler:
                 r.finish_reason = "stop"
                 r.stop_reason = t if t in r.params.stop_token_ids else None
             elif (r.stop_strings is not None and len(r.output_token_ids) >= r.params.min_tokens
-                  and (matched := r.stop_strings.check(r.output_token_ids))):
+                  and (matched := r.stop_strings.check(r.output_token_ids,
+                                                       len(r.output_token_ids) == r.params.min_tokens))):
                 r.finish_reason, r.stop_reason = "stop", matched
             elif len(r.output_token_ids) >= r.params.max_tokens or r.num_tokens >= self.max_model_len:
                 r.finish_reason = "length"

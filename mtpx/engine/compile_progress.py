@@ -49,6 +49,7 @@ class _Frame:
     t0: float
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    verb: str = "building"          # "loading" for a saved graph read back
 
 
 _calls: list[_Frame] = []      # the compiled calls in progress, innermost last
@@ -60,7 +61,8 @@ def _on_compile_start(args) -> None:
     if not _calls or _calls[-1].thread is not None or not _calls[-1].progress.enabled:
         return
     f = _calls[-1]
-    f.thread = threading.Thread(target=f.progress._watch, args=(f.name, f.number, f.t0, f.stop), daemon=True)
+    f.thread = threading.Thread(target=f.progress._watch, args=(f.name, f.number, f.t0, f.stop, f.verb),
+                                daemon=True)
     f.thread.start()
 
 
@@ -94,8 +96,8 @@ class CompileProgress:
             self._line(f"{name}: {verb} in {seconds:.1f} s (graph {len(self.records)} of {self.expected})")
 
     @contextmanager
-    def _frame(self, name: str, start_now: bool):
-        frame = _Frame(self, name, len(self.records) + 1, time.perf_counter())
+    def _frame(self, name: str, start_now: bool, verb: str = "building"):
+        frame = _Frame(self, name, len(self.records) + 1, time.perf_counter(), verb=verb)
         _calls.append(frame)
         if start_now and self.enabled:
             _on_compile_start(None)
@@ -128,23 +130,24 @@ class CompileProgress:
     def build(self, name: str, source: str):
         """Around building one graph (`source` "compiled" or "loaded", from a saved file): shown
         from the start, recorded at the end if it succeeds."""
-        with self._frame(name, start_now=True) as frame:
+        with self._frame(name, start_now=True, verb="loading" if source == "loaded" else "building") as frame:
             yield
         self._record(name, time.perf_counter() - frame.t0, source)
 
-    def _watch(self, name: str, number: int, t0: float, stop: threading.Event) -> None:
+    def _watch(self, name: str, number: int, t0: float, stop: threading.Event,
+               verb: str = "building") -> None:
         total = max(self.expected, number)
         if self.live:
             from rich.console import Console
             console = Console(file=self.stream)
-            with console.status(f"engine.compile: building {name} (graph {number} of {total})") as status:
+            with console.status(f"engine.compile: {verb} {name} (graph {number} of {total})") as status:
                 while not stop.wait(0.2):
-                    status.update(f"engine.compile: building {name} (graph {number} of {total}), "
+                    status.update(f"engine.compile: {verb} {name} (graph {number} of {total}), "
                                   f"{time.perf_counter() - t0:.0f} s")
             return
-        self._line(f"building {name} (graph {number} of {total}) ...")
+        self._line(f"{verb} {name} (graph {number} of {total}) ...")
         while not stop.wait(self.interval):
-            self._line(f"still building {name} (graph {number} of {total}), {time.perf_counter() - t0:.0f} s")
+            self._line(f"still {verb} {name} (graph {number} of {total}), {time.perf_counter() - t0:.0f} s")
 
     def summary(self) -> dict:
         """{"num_graphs", "num_compiled", "num_loaded", "compile_s", "graphs": records}."""

@@ -32,6 +32,7 @@ import torch
 import torch.fx.experimental._config as fx_config
 
 from mtpx.attention.meta import ForwardMeta
+from mtpx.engine.compile_cache import usable_cache
 from mtpx.engine.compile_progress import CompileProgress, use_cache_dir
 from mtpx.io import mtpx_cache_dir
 from mtpx.engine.decode_step import (block_bucket, capture_sizes, depth_bucket,  # noqa: F401 (re-exported)
@@ -147,7 +148,8 @@ class CompiledDecode:
         savable = backend == "inductor" or (backend == "aot_eager" and not cache.compile_regions)
         # not under tensor parallelism (its graphs hold collectives; not yet tried saved)
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-        if (precompile and savable and not self.cuda and not distributed
+        cache_ok = usable_cache()   # else one warning line, and nothing is saved (compile_cache.py)
+        if (precompile and savable and cache_ok and not self.cuda and not distributed
                 and cache.attention_backend.name == "torch" and getattr(model.cfg, "num_experts", 0) == 0):
             self.precompile_dir = mtpx_cache_dir() / "precompiled" / precompile_key(self._key_parts(options))
             self.cache_dir = str(self.precompile_dir)

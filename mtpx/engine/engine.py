@@ -151,11 +151,12 @@ class Engine:
 
     def validate_params(self, params) -> str | None:
         """Why the engine cannot honour SamplingParams `params` (a logit_bias token outside the
-        vocabulary), as one line; None when it can."""
+        vocabulary, a stop_token_ids id outside it), as one line; None when it can."""
         vocab = self.model.cfg.vocab_size
-        bad = [t for t in (params.logit_bias or {}) if t >= vocab]
-        if bad:
-            return f"logit_bias token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
+        for key, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                return f"{key} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
         return None
 
     def add_request(self, r: Request) -> bool:
@@ -231,12 +232,17 @@ class Engine:
                                              self.scheduler.depth_per_request, draft)
 
     def calibrate(self, cost_model_file=None, model_path: Path | None = None, draft_path: Path | None = None,
-                  spec: str | None = None, device=None) -> dict:
+                  spec: str | None = None, device=None, progress=None) -> dict:
         """Automatic k's step costs at start-up (mtpx/auto_k/calibration.py, calibrate): from
         cost_model_file, else (a checkpoint folder, model_path) the step-cost cache
         (store.step_cost_cache_path), else measured now without saving (an in-memory model).
-        Returns the calibration's {"source", "seconds", ...}. Raises ValueError as calibrate does."""
+        Returns the calibration's {"source", "seconds", ...}. progress(line): calibrate's progress
+        lines. Raises ValueError as calibrate does, and when cost_model_file's folder does not
+        exist (a typo: a missing file in an existing folder is written after calibrating)."""
         c, k = self.config, self.num_speculative_tokens
+        if cost_model_file is not None and not (folder := Path(cost_model_file).parent).is_dir():
+            raise ValueError(f"spec.cost_model_file={cost_model_file}: the folder {folder} does not exist: "
+                             "fix the path (a new file in an existing folder is written after calibrating)")
         buckets = {j: j for j in range(k + 1)}
         if self.compiled is not None:     # a compiled step pads a k to its depth bucket
             buckets = {j: depth_bucket(j, k, c.compile_depths) for j in buckets}
@@ -258,7 +264,7 @@ class Engine:
         cached = cost_model_file is None and model_path is not None
         path = store.step_cost_cache_path(meta) if cached else cost_model_file
         return calibration.calibrate(self.scheduler, self.runner, c, self.model.cfg.vocab_size, buckets, path,
-                                     meta, cached)
+                                     meta, cached, progress)
 
     # ---- compilation ------------------------------------------------------------------------------
     def compile_stats(self) -> dict | None:

@@ -12,6 +12,7 @@ automatic k's step costs at start-up (Engine.calibrate, mtpx/auto_k/calibration.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -22,7 +23,8 @@ from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
 from mtpx.auto_k import AutoDraftLength
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
-from mtpx.core.stop_strings import StopStrings, cut_at_stop
+from mtpx.engine.api_args import check_device, check_threads, sampling_params_list
+from mtpx.core.stop_strings import StopStrings, cut_at_stop, stop_after
 from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
 from mtpx.engine.prompts import prompt_ids, prompt_list, render_conversations
@@ -36,6 +38,10 @@ DEFAULT_MODEL = Path(__file__).resolve().parents[2] / "checkpoints" / "demo"
 AUTO_MAX_SINGLE_MODULE = 4     # num_speculative_tokens=auto with mtp1: k in 0 .. this
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
           "float16": torch.float16, "auto": None}     # auto: the checkpoint's own dtype
+
+
+def _stderr_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 class LLM:
@@ -85,7 +91,9 @@ class LLM:
         config = with_overrides(engine_config, **overrides)
         if config.compile is None:                  # the API runs eager unless asked (EngineConfig.compile)
             config = with_overrides(config, compile=resolve_compile(None, "api"))
-        if threads and not callable(threads):
+        check_threads(threads)
+        check_device(device)
+        if threads is not None and not callable(threads):
             torch.set_num_threads(threads)
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
@@ -125,7 +133,7 @@ class LLM:
         # auto: {"source", "seconds", "step_costs_ms"}: from cost_model_file, else the cache, else
         # calibrated now
         self.calibration = self.engine.calibrate(cost_model_file, self.model_path, self._draft_path, spec,
-                                                 device) if auto else None
+                                                 device, _stderr_line) if auto else None
 
     def _tensor_parallel(self, model, tp_size: int, dtype, device, draft_path, allow_pickle):
         """(the Driver of the tensor-parallel ranks, whether this LLM started them): started here
@@ -205,7 +213,8 @@ class LLM:
         """prompts, as vLLM takes them: one prompt or a list (or any iterable, a generator
         included) of prompts, each a string, a list of token ids, {"prompt": str} (TextPrompt) or
         {"prompt_token_ids": [...]} (TokensPrompt); a list of integers is one prompt of token ids.
-        sampling_params: one SamplingParams for all or one per prompt. use_tqdm: True for a tqdm
+        sampling_params: one SamplingParams for all or a list, one per prompt (a dict is refused, as
+        vLLM's types do: SamplingParams(**d)). use_tqdm: True for a tqdm
         bar of finished prompts on stderr, or a callable taking tqdm's arguments (vLLM's); mtpx's
         default is False. Returns one RequestOutput per prompt, in order. A bad prompt (empty, too
         long, a dict without a prompt) fails alone: its output has `error` set and finish_reason
@@ -219,12 +228,7 @@ class LLM:
         (benchmark client limit); arrival_offsets: seconds after the start at which each prompt
         arrives (request rate)."""
         prompts = prompt_list(prompts)
-        params = SamplingParams() if sampling_params is None else sampling_params
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        params = list(params)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        params = sampling_params_list(sampling_params, len(prompts))
         if arrival_offsets is not None and len(arrival_offsets) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(arrival_offsets)} arrival offsets")
         bar = progress_bar(use_tqdm, len(prompts))
@@ -356,7 +360,8 @@ class LLM:
         """What generate returns for request `r` (its text decoded), e.g. from an on_finish callback."""
         text = self.decode(r.output_token_ids)
         if isinstance(r.stop_reason, str):
-            text = cut_at_stop(text, r.stop_reason, r.params.include_stop_str_in_output)
+            after = stop_after(r.output_token_ids, r.params.min_tokens, text, self.decode)
+            text = cut_at_stop(text, r.stop_reason, r.params.include_stop_str_in_output, after)
         logprobs = prompt_logprobs = None
         if r.params.logprobs is not None:
             logprobs = [self._logprob_dict(t, e) for t, e in zip(r.output_token_ids, r.logprobs)]

@@ -37,6 +37,7 @@ import torch
 import torch._dynamo.package as dynamo_package
 from torch._dynamo.guards import CheckFunctionManager
 
+from mtpx.engine.compile_cache import graph_lock, is_save_error, saving_failed, saving_off
 from mtpx.io import atomic_write_text
 
 _UNSERIALIZABLE = CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES
@@ -186,6 +187,8 @@ class Precompiled:
                 except Exception as err:  # noqa: BLE001 - a stale or foreign file: compile instead
                     print(f"engine.compile: {path} could not be loaded ({type(err).__name__}: {err}); "
                           "compiling it again", file=sys.stderr)
+        if name not in self.fallbacks and saving_off():      # the cache cannot be written: compile only
+            self._fall_back(name, None)
         fallback = self.fallbacks.get(name)
         if fallback is not None:
             mark()
@@ -205,15 +208,36 @@ class Precompiled:
             print(f"engine.compile: {name}: no saved graph fits these inputs "
                   f"({_failed_guard(variants[-1], args)}); compiling another", file=sys.stderr, flush=True)
         try:
-            f = self._compile(name, args, mark, progress)
+            with graph_lock(self.folder, _slug(name)) as waited:     # another process may be building it
+                f = (self._load_new(name, args, progress) if waited else None) or self._compile(
+                    name, args, mark, progress)
         except Exception as err:  # noqa: BLE001 - the precompile path is an optimisation
             unmark([*self.persistent(), *_tensors(args)])
+            if (disk := is_save_error(err)) is not None:    # full, read-only, file-size limit: one warning
+                saving_failed(self.folder, disk)
+                return self.call(name, args, mark, progress)
             atomic_write_text(self.folder / f"{_slug(name)}.unsavable", f"{type(err).__name__}: {err}\n")
             self._fall_back(name, f"cannot be saved for later runs ({type(err).__name__}: "
                                   f"{str(err).splitlines()[0] if str(err) else ''})")
             return self.call(name, args, mark, progress)
-        variants.append(f)
+        if f not in variants:
+            variants.append(f)
         return f(*args)
+
+    def _load_new(self, name: str, args: tuple, progress):
+        """The first saved graph of `name` not loaded yet whose guards pass `args` (one another
+        process saved while this one waited for its lock), appended to the variants; else None."""
+        variants = self.variants[name]
+        for path in sorted(self.folder.glob(f"{_slug(name)}.*.bin"))[len(variants):]:
+            try:
+                with progress.build(name, "loaded"):
+                    f = self._load(path, args)
+            except Exception:  # noqa: BLE001 - a stale or foreign file: compile instead
+                continue
+            variants.append(f)
+            if f.guard_check(*args):
+                return f
+        return None
 
     def _fall_back(self, name: str, reason: str | None):
         """Compile `name` with torch.compile from now on (reason: the line to print; None: a

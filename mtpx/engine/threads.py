@@ -89,6 +89,25 @@ def choose_threads(model: torch.nn.Module | None, requested: int | None = None, 
     return choice
 
 
+def oversubscription_warning(requested: int | None, tp_size: int = 1, key: str = "eval.threads",
+                             cpus: int | None = None) -> str | None:
+    """One warning line when the threads asked for (`requested` per rank, None: chosen by
+    choose_threads, at most the CPUs) times engine.tensor_parallel_size ranks exceed the CPUs this
+    process may use (threads then wait on each other: a step can run many times slower); None
+    otherwise. The run goes on: the setting is legal, only slow."""
+    cpus = available_cpus() if cpus is None else cpus
+    if tp_size > cpus:
+        return (f"warning: engine.tensor_parallel_size={tp_size} is more than the {cpus} CPU(s) this "
+                "process may use: the ranks wait on each other (slower than one rank); lower "
+                "engine.tensor_parallel_size")
+    if requested is None or requested * tp_size <= cpus:
+        return None
+    ranks = f" on each of engine.tensor_parallel_size={tp_size} ranks" if tp_size > 1 else ""
+    return (f"warning: {key}={requested}{ranks} is more than the {cpus} CPU(s) this process may use: "
+            f"threads wait on each other (often many times slower); set {key}={max(1, cpus // tp_size)} "
+            "or null (measured at start-up)")
+
+
 @torch.inference_mode()
 def forward_ms(model: torch.nn.Module, threads: int, repeats: int = 5) -> float:
     """Median ms of the model's forward over 1 x 16 random tokens at `threads` threads (left set)."""

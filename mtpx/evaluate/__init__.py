@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 from mtpx.data.prompts import chat_template_applies, check_data_config, load_prompts
 from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import LLM
-from mtpx.engine.threads import choose_threads
+from mtpx.engine.threads import choose_threads, oversubscription_warning
 from mtpx.io import (GracefulInterrupt, atomic_write_json, atomic_write_jsonl, atomic_write_text,
                      source_commit, utc_now)
 from mtpx import schema
@@ -52,7 +52,7 @@ from mtpx.evaluate.args import (cap_max_tokens, client_args, engine_args, model_
 from mtpx.evaluate.generate import _generate, _output_row, _Stop, finished_rows  # noqa: F401  (API)
 from mtpx.evaluate.lines import (_all_failed, _check_fixed_lengths, _client_text,  # noqa: F401  (API)
                                  _data_text, _length_text, _print_request_errors, _sampling_text,
-                                 dead_position_warning)
+                                 _skip_long_prompts, dead_position_warning)
 from mtpx.evaluate.measure import _Run, _measure, compare_outputs  # noqa: F401  (API)
 
 
@@ -97,6 +97,8 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
     if mode == "bench" and c.get("base_url"):
         return _run_http(cfg, out_dir, c, path, num_prompts, prompts_key)
+    if mode == "eval" and c.get("resume"):
+        _check_resume_folder(out_dir)
     dtype = cfg.model.get("dtype") or "float32"
     llm = _load_llm(cfg, c, mode, path, method, k, dtype, engine, spec_kw)
     threads = llm.thread_choice
@@ -109,6 +111,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
         print(f"chat template: the tokenizer of {path} has none; {cfg.data.name} prompts are sent "
               "as the raw first-turn text (metrics.json: chat_template false)")
     _check_fixed_lengths(prompts, llm.max_model_len)
+    prompts, skipped = _skip_long_prompts(prompts, llm.encode, llm.max_model_len, mode)
     client = client_args(c, len(prompts), mode)
     params = sampling_params(c, len(prompts), mode, [p.output_len for p in prompts])
     params, cap = cap_max_tokens(prompts, params, llm.max_model_len, f"{mode}.max_tokens")
@@ -117,7 +120,7 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     try:
         with GracefulInterrupt() as interrupt:
             return _measure(_Run(cfg, c, mode, out_dir, llm, prompts, params, client, engine, spec_kw, chat,
-                                 method, name, dtype, threads, logger, restored, cap), interrupt)
+                                 method, name, dtype, threads, logger, restored, cap, skipped), interrupt)
     finally:
         logger.finish()
 
@@ -131,6 +134,9 @@ def _load_llm(cfg: DictConfig, c: DictConfig, mode: str, path, method: str | Non
     requested = c.get("threads")
     if requested is not None:
         choose_threads(None, requested, f"{mode}.threads")   # validated and set before the model loads
+    if (line := oversubscription_warning(requested, int(engine.get("tensor_parallel_size") or 1),
+                                         f"{mode}.threads")) is not None:
+        print(line)
     cost_file = spec.get("cost_model_file") if spec is not None and k == "auto" else None
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=dtype, cost_model_file=cost_file,
               draft_path=spec.get("draft_path") if spec is not None else None,
@@ -147,6 +153,18 @@ def _load_llm(cfg: DictConfig, c: DictConfig, mode: str, path, method: str | Non
               f"{cs['num_compiled']} compiled, {cs['num_loaded']} loaded from the cache; layer regions "
               f"{'on' if cs['regions'] else 'off'}, torch.compile mode {cs['mode']})")
     return llm
+
+
+def _check_resume_folder(out_dir: Path) -> None:
+    """eval.resume=true: ValueError (before the model loads) when the run folder holds nothing of
+    an earlier run, only what Hydra made for this one (.hydra/, the job log): a mistyped or new
+    hydra.run.dir, which would silently start afresh."""
+    earlier = [f.name for f in out_dir.iterdir() if f.name != ".hydra" and f.suffix != ".log"] \
+        if out_dir.is_dir() else []
+    if not earlier:
+        raise ValueError(f"eval.resume=true: the run folder {out_dir} holds no earlier run (no "
+                         "outputs.jsonl): set hydra.run.dir to the interrupted run's folder, or drop "
+                         "eval.resume for a new run")
 
 
 def _restore_rows(out_dir: Path, mode: str, c: DictConfig, prompts, llm: LLM) -> dict:

@@ -82,7 +82,8 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
             sink.flush()
 
     def on_step(engine) -> None:
-        lines.tick()
+        _show_running(engine, live, t0, lambda text: progress.update(task, description=f"{label} · {text}"),
+                      lines, len(done))
         if interrupt.requested:
             raise _Stop
 
@@ -106,6 +107,20 @@ def _generate(llm: LLM, prompts: list[Prompt], params, label: str, client: dict,
     finally:
         if sink is not None:
             sink.close()
+
+
+def _show_running(engine, live: dict, t0: float, describe, lines: ProgressLines, done: int) -> None:
+    """Every 0.5 s, the output tokens so far, running requests' included, on the bar (describe)
+    and the progress lines: they move before the first request finishes (concurrency 64)."""
+    now = time.perf_counter()
+    if now - live.get("shown", 0.0) >= 0.5:
+        live["shown"] = now
+        tokens = live["tokens"] + sum(len(r.output_token_ids) for r in engine.scheduler.running)
+        rate = f"{tokens / max(now - t0, 1e-9):.0f} tok/s"
+        accepted = f"acceptance length {live['committed'] / live['drafts']:.2f}" if live["drafts"] else None
+        describe(" · ".join(x for x in (rate, f"{tokens} tokens", accepted) if x))
+        lines.update(done, rate, f"{tokens} tokens", accepted)
+    lines.tick()
 
 
 def _output_row(o: RequestOutput, p: Prompt) -> dict:

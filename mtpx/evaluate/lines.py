@@ -53,8 +53,30 @@ def _client_text(client: dict, c: DictConfig) -> list[str]:
     return setup
 
 
-def _count_text(n: int, total: int) -> str:
-    return f"{n} prompts" if n == total else f"{n} of {total} prompts (interrupted)"
+def _count_text(n: int, total: int, skipped: int = 0) -> str:
+    too_long = f" ({skipped} longer than max_model_len skipped)" if skipped else ""
+    return (f"{n} prompts" if n == total else f"{n} of {total} prompts (interrupted)") + too_long
+
+
+def _skip_long_prompts(prompts: list[Prompt], encode, max_model_len: int,
+                       mode: str) -> tuple[list[Prompt], int]:
+    """mode=bench: the prompts that fit max_model_len (the engine fails a prompt of max_model_len
+    tokens or more) and how many were skipped, with one line saying so, as vLLM's benchmarks
+    filter prompts too long for the model (metrics.json: num_prompts_skipped). encode(text) ->
+    token ids. Other modes: unchanged (such a prompt fails alone)."""
+    if mode != "bench":
+        return prompts, 0
+    fits = [p for p in prompts if len(p.engine_input if isinstance(p.engine_input, list)
+                                      else encode(p.engine_input)) < max_model_len]
+    skipped = len(prompts) - len(fits)
+    if skipped == len(prompts):
+        raise ValueError(f"bench: all {skipped} prompts have max_model_len={max_model_len} tokens or more: "
+                         "raise engine.max_model_len (up to the model's max_position_embeddings) or use "
+                         "another data set")
+    if skipped:
+        print(f"bench: skipped {skipped} of {len(prompts)} prompts of max_model_len={max_model_len} tokens "
+              f"or more (engine.max_model_len); the other {len(fits)} run (metrics.json num_prompts_skipped)")
+    return fits, skipped
 
 
 def _check_fixed_lengths(prompts: list[Prompt], max_model_len: int) -> None:

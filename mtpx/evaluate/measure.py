@@ -22,7 +22,7 @@ from mtpx.evaluate.generate import _generate, _output_row
 from mtpx.evaluate.lines import (_all_failed, _client_text, _count_text, _data_text, _length_text,
                                  _print_request_errors, _sampling_text, dead_position_warning)
 from mtpx.io import (GracefulInterrupt, Interrupted, atomic_write_json, atomic_write_jsonl, atomic_write_text,
-                     source_commit, utc_now)
+                     disk_error_line, source_commit, utc_now)
 from mtpx.metrics.analytics import analytics
 from mtpx.metrics.dashboard import run_identity, write_run_figures
 from mtpx.metrics.logging import RunLogger, plot_per_position_acceptance
@@ -64,6 +64,7 @@ class _Run:
         dtype: the weights' dtype name; threads: the engine's thread choice.
         logger: the W&B run; restored: requests an earlier run finished (eval.resume).
         cap: the most output tokens any request can have when max_tokens was capped, else None.
+        skipped: prompts of max_model_len tokens or more that mode=bench left out.
     """
 
     cfg: DictConfig
@@ -84,6 +85,7 @@ class _Run:
     logger: RunLogger
     restored: dict[int, RequestOutput]
     cap: int | None = None
+    skipped: int = 0            # prompts too long for max_model_len, left out (mode=bench)
 
     @property
     def rows_file(self) -> Path:
@@ -104,6 +106,8 @@ def _measure(run: _Run, interrupt: GracefulInterrupt) -> int:
         return _write_failed(run, outs, kept, metrics)
     _add_diagnostics(run, outs, kept, metrics)
 
+    if run.skipped:
+        metrics["num_prompts_skipped"] = run.skipped          # longer than max_model_len (mode=bench)
     if run.restored:
         metrics["resumed_requests"] = len(run.restored)     # finished by an earlier run (eval.resume)
     code = 0
@@ -225,8 +229,18 @@ def _write_outputs(run: _Run, outs: list[RequestOutput], kept: list[Prompt], met
     """outputs.jsonl, metrics.json, the report (stdout and report.txt), the figures, and the W&B
     summary and images."""
     llm, method, c, out_dir = run.llm, run.method, run.c, run.out_dir
-    atomic_write_jsonl(run.rows_file, [_output_row(o, p) for o, p in zip(outs, kept)])
-    atomic_write_json(out_dir / "metrics.json", metrics)
+    failed: list[OSError] = []       # a full disk or a file-size limit: write what can be, then say so
+
+    def attempt(write, *args):
+        try:
+            return write(*args)
+        except OSError as e:
+            if disk_error_line(e) is None:
+                raise
+            failed.append(e)
+            return None
+    attempt(atomic_write_jsonl, run.rows_file, [_output_row(o, p) for o, p in zip(outs, kept)])
+    attempt(atomic_write_json, out_dir / "metrics.json", metrics)
     k_text = f", k={llm.num_speculative_tokens}" if method is not None else ""
     if method is not None:
         k_text += (f", draft {run.spec_kw.get('draft_sample_method', 'greedy')}, "
@@ -236,19 +250,22 @@ def _write_outputs(run: _Run, outs: list[RequestOutput], kept: list[Prompt], met
         setup.append("prefix caching")
     report = format_report(metrics, f"mtpx {run.mode}: {run.name}{k_text}, "
                                     f"{_data_text(run.cfg.data.name, kept, run.chat)}, "
-                                    f"{_count_text(len(kept), len(run.prompts))}, "
+                                    f"{_count_text(len(kept), len(run.prompts), run.skipped)}, "
                                     f"{_length_text(kept, c.max_tokens, run.cap)}, "
                                     f"{_sampling_text(run.params[0])}, {run.dtype}, {', '.join(setup)}")
     print(report)
-    atomic_write_text(out_dir / "report.txt", report + "\n")
+    attempt(atomic_write_text, out_dir / "report.txt", report + "\n")
     if method is not None and any(v is not None for v in metrics["per_position_acceptance"]):
         # (automatic k may choose k = 0 at every step: then nothing was drafted and there is nothing to plot)
-        plot_per_position_acceptance({run.name: metrics}, out_dir / "per_position_acceptance.png",
-                                     run_identity(metrics))
-    figures = write_run_figures(metrics, out_dir)  # acceptance; with automatic k its histograms, cost model
+        attempt(plot_per_position_acceptance, {run.name: metrics}, out_dir / "per_position_acceptance.png",
+                run_identity(metrics))
+    # acceptance; with automatic k its histograms, cost model
+    figures = attempt(write_run_figures, metrics, out_dir) or []
     run.logger.log_metrics_summary(metrics)
     run.logger.log_images([out_dir / "per_position_acceptance.png", *figures])
     print(f"run directory: {out_dir}")
+    if failed:          # the entry point prints it as one line naming the file (mtpx.io.disk_error_line)
+        raise failed[0]
 
 
 def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict, e: DictConfig,
@@ -276,8 +293,27 @@ def _lossless_check(llm: LLM, outs, prompts, params, client: dict, engine: dict,
     metrics["lossless_mismatches"] = len(mismatches)
     metrics["lossless_near_ties"] = near_ties    # [{index, position, gap}]; count = len
     metrics["plain_output_throughput"] = compute_metrics(plain, plain_duration, 0)["output_throughput"]
+    _speedup_lines(metrics, client)
     for m in mismatches:
         print(f"error: request {m['index']} differs from plain decoding at output token "
               f"{m['position']} (top-2 logit gap {m['gap']}): speculative decoding is not lossless",
               file=sys.stderr)
     return 1 if mismatches else 0
+
+
+def _speedup_lines(metrics: dict, client: dict) -> None:
+    """metrics' speculative_speedup (output throughput over plain decoding's, same prompts and
+    client) and, when speculation loses, speedup_hint: why that happens and what to try."""
+    plain, spec = metrics.get("plain_output_throughput"), metrics.get("output_throughput")
+    if not plain or spec is None:
+        return
+    ratio = metrics["speculative_speedup"] = round(spec / plain, 3)
+    if ratio < 1:
+        concurrency = client.get("max_concurrency")
+        batch = f" at concurrency {concurrency}" if concurrency else ""
+        metrics["speedup_hint"] = (
+            f"speculation is {ratio:.2f}x plain decoding{batch}: verifying k drafts costs more than the "
+            f"{metrics.get('acceptance_length') or 0:.2f} tokens a step commits; try "
+            "spec.num_speculative_tokens=auto (k per step, 0 where drafts do not pay), a smaller k, or "
+            "a lower concurrency (a full batch leaves the CPU no idle compute for drafts)")
+        print(f"note: {metrics['speedup_hint']}")

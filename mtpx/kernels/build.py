@@ -14,12 +14,13 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
 from pathlib import Path
 
-from mtpx.io import mtpx_cache_dir
+from mtpx.io import cache_dir_line, cache_dir_problem, mtpx_cache_dir
 
 SOURCES = sorted(Path(__file__).parent.glob("*.c"))
 HEADERS = sorted(Path(__file__).parent.glob("*.h"))
@@ -34,6 +35,7 @@ if platform.machine() in ("x86_64", "AMD64"):
     COMPILE_FLAGS += ["-mprefer-vector-width=256", "-mno-avx256-split-unaligned-store",
                       "-mno-avx256-split-unaligned-load"]
 LINK_FLAGS = ["-shared", "-pthread", "-lm"]
+BUILD_BYTES = 16 * 2**20         # free space a build needs (its objects and library: about 1 MB)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -56,14 +58,24 @@ def _build() -> ctypes.CDLL:
              + [" ".join(COMPILE_FLAGS + LINK_FLAGS), _cpu_model(), cc])
     key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
     path = mtpx_cache_dir() / "kernels" / f"mtpx_kernels_{key}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+    if path.exists():
+        return ctypes.CDLL(str(path))
+    problem = cache_dir_problem(path.parent, BUILD_BYTES)
+    if problem is not None:          # build in a temporary folder, not kept: one line says so
+        print(cache_dir_line(path.parent, problem, "the CPU kernels are built in a temporary folder (again "
+                             "next run)"), file=sys.stderr, flush=True)
+        path = Path(tempfile.mkdtemp(prefix="mtpx-kernels-")) / path.name
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
+        try:
             try:
                 _compile(cc, COMPILE_FLAGS, Path(tmp))
             except RuntimeError:
                 _compile(cc, BASE_FLAGS, Path(tmp))        # a compiler without GCC's x86 tuning flags
-            os.replace(Path(tmp) / "k.so", path)
+        except RuntimeError as err:     # a full disk shows as a missing object file: name the cause
+            if (low := cache_dir_problem(tmp, BUILD_BYTES)) is not None:
+                raise RuntimeError(f"building in {path.parent} failed: {low}") from err
+            raise
+        os.replace(Path(tmp) / "k.so", path)
     return ctypes.CDLL(str(path))
 
 

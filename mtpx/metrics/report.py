@@ -133,10 +133,12 @@ _ROWS: list[_Row] = [
     _Row("Lossless near-ties", "lossless_near_ties", lambda m: None if m.get("lossless_near_ties") is None
          else str(len(m["lossless_near_ties"]))),
     _Row("Plain decoding throughput (tok/s)", "plain_output_throughput", ".2f", "rel"),
+    _Row("Speculative / plain throughput", "speculative_speedup",
+         lambda m: None if m.get("speculative_speedup") is None else f"{m['speculative_speedup']:.2f}x"),
 ]
 # rows left out when no run has a value
 _OPTIONAL_KEYS = ("k_histogram", "depth_histogram", "verified_histogram", "accuracy", "lossless_mismatches",
-                  "lossless_near_ties", "plain_output_throughput")
+                  "lossless_near_ties", "plain_output_throughput", "speculative_speedup")
 # Keys the rows display; any other scalar key a caller added gets a row named by its key.
 # (chat_template: whether a chat set went through the chat template; the run's title says so.)
 _SHOWN_KEYS = {r.key for r in _ROWS} | {"num_failed", "num_correct", "num_cached_tokens",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import os
 from dataclasses import field
 from pathlib import Path
@@ -201,6 +202,8 @@ def compose_error(argv: list[str], conf_dir: Path) -> str | None:
         parsed = OverridesParser.create().parse_overrides(args)
     except Exception as e:  # noqa: BLE001 - Hydra's parse errors: keep their first line
         return _first_line(e)
+    if (twice := duplicate_key(parsed)) is not None:
+        return twice
     first = [_first_value(o) for o in parsed]
     variants = [first]
     for i, o in enumerate(parsed):
@@ -294,8 +297,9 @@ def explain(e: BaseException, overrides: list[str]) -> str:
         if isinstance(cause, ConfigKeyError) or "not in struct" in str(cause) or "not in '" in str(cause):
             return unknown_key(key, obj)
         if isinstance(cause, ValidationError) and key:
-            value = _override_value(key, overrides)
             msg = getattr(cause, "msg", str(cause)).splitlines()[0]
+            named = re.match(r"Value '(.*?)'", msg)     # the value that failed (a key given twice: either)
+            value = named.group(1) if named else _override_value(key, overrides)
             want = _type_word(msg)
             return f"{key}={value}: {want}" if want else f"{key}={value}: {msg}"
     text = _first_line(cause if isinstance(cause, OmegaConfBaseException) else e)
@@ -313,6 +317,10 @@ def unknown_key(full_key: str, obj: type | None) -> str:
         names = [f.name for f in dataclasses.fields(obj)]
     else:
         names = [f.name for f in dataclasses.fields(RunConfig)]
+    elsewhere = _sections_with(name, section)
+    if elsewhere:                  # the right name in the wrong place: eval.device, tensor_parallel_size
+        cpu = " (eval, bench and serve decode on the CPU)" if name == "device" else ""
+        return f"unknown key '{full_key}': did you mean {' or '.join(f'{s}.{name}' for s in elsewhere)}?{cpu}"
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
     where = f"{section}." if section else ""
     if close:
@@ -325,8 +333,32 @@ def unknown_key(full_key: str, obj: type | None) -> str:
     return f"unknown key '{full_key}': {which} {choices}"
 
 
-def _override_value(full_key: str, overrides: list[str]) -> str:
+def _sections_with(name: str, section: str) -> list[str]:
+    """The config groups other than `section` that have a key `name` (the engine group first)."""
+    nodes = [("engine", EngineGroup)] + [(g, c) for g, options in SCHEMAS.items() for c in options.values()]
+    found = [g for g, cls in nodes if g != section and name in {f.name for f in dataclasses.fields(cls)}]
+    return list(dict.fromkeys(found))
+
+
+def duplicate_key(overrides) -> str | None:
+    """One line when a command line chooses a config group twice (`+spec=mtp8 +spec=mtp1`,
+    `model=hf model=demo`), which Hydra refuses with "Multiple values for spec. To override a
+    value use 'override spec: mtp1'". A value key given twice is legal (the last one wins)."""
+    seen: dict[str, str] = {}
     for o in overrides:
+        key = o.key_or_group
+        if key not in SCHEMAS and key not in ("engine",):
+            continue
+        if key in seen:
+            return f"{key} is given twice ({seen[key]} and {o.input_line}): give it once"
+        seen[key] = o.input_line
+    return None
+
+
+def _override_value(full_key: str, overrides: list[str]) -> str:
+    """The value the failing override gave: the last one for a key given twice (Hydra applies
+    overrides in order, so the last is the one checked)."""
+    for o in reversed(overrides):
         key, _, value = o.lstrip("+~").partition("=")
         if key == full_key:
             return value

@@ -84,9 +84,10 @@ def check_group(section: str, cls: type, cfg) -> None:
 class RunConfig(_Group):
     """The root: mode and seed, and one node per config group (`spec` only with `+spec=NAME`);
     `check("", cfg)` checks mode (mtpx.cli before it dispatches)."""
-    mode: Literal["eval", "bench", "train", "serve", "distill"] = "eval"
+    mode: Literal["eval", "bench", "train", "serve", "distill", "extract"] = "eval"
     """What the run does: eval (decode a prompt set, report spec-decode metrics and check
-    losslessness), bench (the serving benchmark), train, serve (the HTTP server) or distill."""
+    losslessness), bench (the serving benchmark), train, serve (the HTTP server), distill or
+    extract (the target's hidden states for head training, mtpx/train/extract.py)."""
     seed: int = 0
     """The run's seed (model init and data order in mode=train)."""
     data_dir: str = MISSING
@@ -361,6 +362,28 @@ class TrainConfig(_Group):
     mtp_unroll: int = 0
     """> 0: module 0 applied this many times on its own outputs (single-module MTP; needs
     model.num_nextn_predict_layers=1)."""
+    mtp_unroll_ttt: bool = False
+    """With mtp_unroll: EAGLE-3's training-time test (each step at inference's positions and
+    attention context; mtpx/train/chains.py)."""
+    mtp_loss: Literal["ce", "kl", "tv", "lk_hybrid", "lk_nll"] = "ce"
+    """Per-depth loss: ce on the data's tokens | kl | tv | lk_hybrid | lk_nll to the target's
+    distribution (mtpx/train/acceptance_losses.py)."""
+    mtp_loss_temperature: float = 1.0
+    """Temperature (> 0) of the target's and the draft's distributions in every loss but ce."""
+    lk_loss_eta: float = 3.0
+    """lk_hybrid's eta (>= 0): KL weighs exp(-eta * acceptance) (arXiv 2602.23881)."""
+    mtp_hidden_input: Literal["chain", "target"] = "chain"
+    """Module k reads module k-1's output (chain, as at inference) or the target's hidden state
+    h_{j+k-1} (target: teacher forcing)."""
+    mtp_freeze_modules: int = 0
+    """The first this many draft modules stay frozen (train modules added to a checkpoint)."""
+    hidden_states_path: Optional[str] = None
+    """A folder of the target's hidden states written by mode=extract (which writes it): heads
+    train on them without the target's layers (needs freeze_base=true; mtpx/train/shards.py)."""
+    hidden_states_top_k: int = 64
+    """mode=extract: the target's top-k log-probs kept per token (for the distribution losses)."""
+    hidden_states_shard_size: int = 256
+    """mode=extract: rows (packed blocks) per shard."""
     mtp_share_fc: bool = False
     """Modules share module 0's fc and norms (Qwen3-Next layout; mtp_style=qwen3_next)."""
     distill_path: Optional[str] = None
@@ -407,6 +430,15 @@ class TrainConfig(_Group):
             check("mtp_loss_decay", lambda v: 0 < v <= 1, "a number in (0, 1] (1 = equal weights)")
         if t.get("mtp_unroll") is not None:
             check("mtp_unroll", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0 (0 = off)")
+        if t.get("mtp_loss_temperature") is not None:
+            check("mtp_loss_temperature", lambda v: v > 0, "a temperature > 0")
+        if t.get("lk_loss_eta") is not None:
+            check("lk_loss_eta", lambda v: v >= 0, "a number >= 0")
+        for key in ("hidden_states_top_k", "hidden_states_shard_size"):
+            if t.get(key) is not None:
+                check(key, lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+        if t.get("mtp_freeze_modules") is not None:
+            check("mtp_freeze_modules", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0")
         if t.get("dist_timeout_s") is not None:
             check("dist_timeout_s", lambda v: v > 0, "a number of seconds > 0")
         if t.get("autocast") not in literal_choices(cls)["autocast"]:

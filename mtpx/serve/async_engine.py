@@ -51,8 +51,9 @@ class Update:
 
 class AsyncEngine:
     """llm: the loaded LLM (its engine is stepped by this object's thread only).
-    on_finish(request, first_of_prompt) runs in the loop thread for each request that ends
-    (metrics; first_of_prompt: False for the 2nd .. n-th completion of a prompt). Call start()
+    on_finish(request, first_of_prompt, output_counted) runs in the loop thread for each request
+    that ends (metrics; first_of_prompt: False for the 2nd .. n-th completion of a prompt;
+    output_counted: False for echo with max_tokens=0). Call start()
     once, shutdown() at the end."""
 
     def __init__(self, llm: LLM, on_finish: Callable[[Request], None] | None = None):
@@ -65,6 +66,7 @@ class AsyncEngine:
         self._stop = False
         self._abort_all = False
         self._repeats: set[int] = set()          # requests whose prompt is another request's (n > 1)
+        self._uncounted: set[int] = set()        # requests whose output token is dropped (echo only)
         self.fatal_error: str | None = None
         self.on_fatal: Callable[[], None] | None = None
         self._ids = itertools.count()
@@ -103,10 +105,11 @@ class AsyncEngine:
     # ---- the asyncio side --------------------------------------------------------------------------
     async def generate(self, prompt_ids: list[int], params: SamplingParams,
                        arrival_time: float | None = None,
-                       first_of_prompt: bool = True) -> AsyncIterator[Update]:
+                       first_of_prompt: bool = True, count_output: bool = True) -> AsyncIterator[Update]:
         """Run one request (arrival_time: time.perf_counter() when its HTTP request arrived, for
         TTFT and E2EL; None: now; first_of_prompt: False when another request of the same HTTP
-        request runs the same prompt, so its prompt is counted once); yields an Update after
+        request runs the same prompt, so its prompt is counted once; count_output: False when the
+        response drops the output token, echo with max_tokens=0); yields an Update after
         every step that changed it, the last one with
         finished=True. Leaving the iteration early (a disconnected client) aborts the request.
         Raises ValueError before queueing when the engine cannot run the prompt (one line)."""
@@ -124,6 +127,8 @@ class AsyncEngine:
             self._new.append(req)
             if not first_of_prompt:
                 self._repeats.add(rid)
+            if not count_output:
+                self._uncounted.add(rid)
         self._wake.set()
         finished = False
         try:
@@ -203,7 +208,9 @@ class AsyncEngine:
             if final:
                 del self._streams[req.index]
                 first_of_prompt = req.index not in self._repeats
+                counted = req.index not in self._uncounted
                 self._repeats.discard(req.index)
+                self._uncounted.discard(req.index)
             else:
                 self._streams[req.index] = (loop, queue, req, len(req.output_token_ids))
         update = Update(list(req.output_token_ids), finished=final)
@@ -218,7 +225,7 @@ class AsyncEngine:
             update.prompt_logprobs = (dict(req.prompt_logprobs) if req.params.prompt_logprobs is not None
                                       else None)
             if self.on_finish is not None and req.error is None:
-                self.on_finish(req, first_of_prompt)
+                self.on_finish(req, first_of_prompt, counted)
         loop.call_soon_threadsafe(queue.put_nowait, update)
 
     def _fail_running(self, message: str) -> None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def final_text(text: str, stop_reason: str | int | None, include_stop: bool = False) -> str:
-    """The finished text: cut before the first occurrence of the matched stop string (after it
-    with include_stop, vLLM's include_stop_str_in_output); unchanged for other endings."""
+def final_text(text: str, stop_reason: str | int | None, include_stop: bool = False, after: int = 0) -> str:
+    """The finished text: cut before the first occurrence of the matched stop string that ends
+    after character `after` (mtpx.core.stop_strings.stop_after: a stop string before min_tokens
+    does not count), after it with include_stop (vLLM's include_stop_str_in_output); unchanged for
+    other endings."""
     if not isinstance(stop_reason, str):
         return text
-    at = text.find(stop_reason)
+    at = text.find(stop_reason, max(0, after - len(stop_reason) + 1))
     if at < 0:
         return text
     return text[: at + len(stop_reason)] if include_stop else text[:at]
@@ -44,15 +46,15 @@ class IncrementalText:
         self.stop, self.include_stop = list(stop), include_stop
         self.sent = 0          # characters sent so far
 
-    def visible(self, text: str, finished: bool, stop_reason: str | int | None = None) -> str:
-        """The prefix of `text` that may be sent now."""
+    def visible(self, text: str, finished: bool, stop_reason: str | int | None = None, after: int = 0) -> str:
+        """The prefix of `text` that may be sent now (after: as final_text's)."""
         if finished:
-            return final_text(text, stop_reason, self.include_stop)
+            return final_text(text, stop_reason, self.include_stop, after)
         text = text.rstrip("\ufffd")
         return text[: len(text) - held_back(text, self.stop)]
 
-    def delta(self, text: str, finished: bool, stop_reason: str | int | None = None) -> str:
-        shown = self.visible(text, finished, stop_reason)
+    def delta(self, text: str, finished: bool, stop_reason: str | int | None = None, after: int = 0) -> str:
+        shown = self.visible(text, finished, stop_reason, after)
         out = shown[self.sent:]
         self.sent = max(self.sent, len(shown))
         return out

@@ -83,10 +83,11 @@ class ServerMetrics:
         for i in range(num_speculative_tokens):       # every position is exported from the start
             self.per_pos.labels(position=str(i))
 
-    def record(self, req: Request, first_of_prompt: bool = True) -> None:
+    def record(self, req: Request, first_of_prompt: bool = True, output_counted: bool = True) -> None:
         """Count one finished request (called in the engine thread). Its prompt counts in
         prompt_tokens only when first_of_prompt: once per HTTP request with n > 1, as vLLM and
-        the responses' usage count it."""
+        the responses' usage count it; its output tokens only when output_counted (echo with
+        max_tokens=0 drops its one token from the response and its usage)."""
         s = req.spec
         self.num_drafts.inc(s.num_drafts)
         self.num_draft_tokens.inc(s.num_draft_tokens)
@@ -96,7 +97,8 @@ class ServerMetrics:
         self.requests.labels(finished_reason=req.finish_reason or "error").inc()
         if first_of_prompt:
             self.prompt_tokens.inc(len(req.prompt_token_ids))
-        self.generation_tokens.inc(len(req.output_token_ids))
+        if output_counted:
+            self.generation_tokens.inc(len(req.output_token_ids))
         self.prefix_hits.inc(req.num_cached_tokens)
         self.prefix_queries.inc(len(req.prompt_token_ids))
         if req.first_token_time is not None:

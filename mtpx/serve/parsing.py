@@ -247,7 +247,7 @@ class RequestParser:
             raise BadRequest(error, param)
         error = llm.engine.validate_params(sp)
         if error:
-            raise BadRequest(error, "logit_bias")
+            raise BadRequest(error, error.split(" ", 1)[0])        # the key: logit_bias or stop_token_ids
         if len(ids) + sp.max_tokens > llm.max_model_len:
             raise BadRequest(f"max_tokens={sp.max_tokens} with a {len(ids)}-token prompt exceeds the model's "
                              f"maximum length {llm.max_model_len}: lower max_tokens", "max_tokens")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mtpx.core.stop_strings import stop_after
 from mtpx.engine.llm import LLM
 from mtpx.serve.async_engine import Update
 from mtpx.serve.detokenize import final_text
@@ -85,11 +86,27 @@ class Formatter:
         """All output tokens decoded so far; without skip_special_tokens a finishing stop token
         (EOS, stop_token_ids) is left out of the text, as vLLM does."""
         ids = u.token_ids
+        if (not body.skip_special_tokens and u.finished and u.finish_reason == "stop"
+                and not isinstance(u.stop_reason, str)):
+            ids = ids[:-1]
+        return self.decode(ids, body)
+
+    def decode(self, ids, body: SamplingFields) -> str:
         if body.skip_special_tokens:
             return self.llm.decode(ids)
-        if u.finished and u.finish_reason == "stop" and not isinstance(u.stop_reason, str):
-            ids = ids[:-1]
         return "" if self.tok is None else self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def stop_after(self, run: Run, u: Update, body: SamplingFields, text: str) -> int:
+        """final_text's `after` for the output `text` of a finished run (stop_after)."""
+        if not (u.finished and isinstance(u.stop_reason, str)):
+            return 0
+        return stop_after(u.token_ids, run.sp.min_tokens, text, lambda ids: self.decode(ids, body))
+
+    def final_text(self, run: Run, u: Update, body: SamplingFields) -> str:
+        """A finished run's text, cut at the stop string that ended it."""
+        text = self.output_text(run, u, body)
+        return final_text(text, u.stop_reason, body.include_stop_str_in_output,
+                          self.stop_after(run, u, body, text))
 
     def token_str(self, t: int, as_ids: bool) -> str:
         return f"token_id:{t}" if as_ids else self.llm.decode([t])
@@ -134,7 +151,7 @@ class Formatter:
     def completion_choice(self, run: Run, u: Update, body: CompletionRequest) -> dict:
         """A finished run's choice of a /v1/completions response (echo, logprobs and
         prompt_logprobs as the body asks)."""
-        text = final_text(self.output_text(run, u, body), u.stop_reason, body.include_stop_str_in_output)
+        text = self.final_text(run, u, body)
         lp = None
         if u.logprobs is not None:
             entries, ids = list(u.logprobs), list(u.token_ids)
@@ -154,7 +171,7 @@ class Formatter:
 
     def chat_choice(self, run: Run, u: Update, body: ChatRequest) -> dict:
         """A finished run's choice of a /v1/chat/completions response."""
-        text = final_text(self.output_text(run, u, body), u.stop_reason, body.include_stop_str_in_output)
+        text = self.final_text(run, u, body)
         choice = {"index": run.index, "message": {"role": "assistant", "content": text},
                   "finish_reason": u.finish_reason, "stop_reason": u.stop_reason}
         if body.return_token_ids:

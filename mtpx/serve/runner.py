@@ -32,7 +32,8 @@ class Runner:
         """The run's last (finished) update; BadRequest when the engine refuses or fails it."""
         last = None
         try:
-            async for u in self.engine.generate(run.ids, run.sp, run.arrival_time, run.first_of_prompt):
+            async for u in self.engine.generate(run.ids, run.sp, run.arrival_time, run.first_of_prompt,
+                                                not run.echo_only):
                 last = u
         except ValueError as e:
             raise BadRequest(str(e), "prompt") from None
@@ -67,11 +68,13 @@ class Runner:
         request ends it as (None, [], None, update)."""
         text = IncrementalText(run.sp.stop, body.include_stop_str_in_output)
         sent_ids = 0
-        async for u in self.engine.generate(run.ids, run.sp, run.arrival_time, run.first_of_prompt):
+        async for u in self.engine.generate(run.ids, run.sp, run.arrival_time, run.first_of_prompt,
+                                            not run.echo_only):
             if u.error:
                 yield None, [], None, u
                 return
-            delta = text.delta(self.formatter.output_text(run, u, body), u.finished, u.stop_reason)
+            out = self.formatter.output_text(run, u, body)
+            delta = text.delta(out, u.finished, u.stop_reason, self.formatter.stop_after(run, u, body, out))
             if delta or u.finished:
                 lps = u.logprobs[sent_ids:] if u.logprobs is not None else None
                 yield delta, u.token_ids[sent_ids:], lps, u

@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from mtpx.engine.config import resolve_compile
 from mtpx.engine.llm import DEFAULT_MODEL, LLM
-from mtpx.engine.threads import choose_threads
+from mtpx.engine.threads import choose_threads, oversubscription_warning
 from mtpx.evaluate import engine_args, spec_args
 from mtpx.serve.auth import ENV_VAR, is_loopback, resolve_api_key
 from mtpx.serve.metrics import check_buckets
@@ -43,6 +43,9 @@ def load_llm(cfg: DictConfig) -> LLM:
     engine["compile"] = resolve_compile(engine.get("compile"), "serve")
     if cfg.serve.get("threads") is not None:
         choose_threads(None, cfg.serve.threads, "serve.threads")
+    tp_size = int(engine.get("tensor_parallel_size") or 1)
+    if (line := oversubscription_warning(cfg.serve.get("threads"), tp_size, "serve.threads")) is not None:
+        print(line)
     llm = LLM(model=path, spec=method, num_speculative_tokens=k, dtype=cfg.model.get("dtype") or "float32",
               draft_path=spec.get("draft_path") if spec is not None else None,
               allow_pickle=bool(cfg.model.get("allow_pickle", False)), **engine, **spec_args(spec),

@@ -137,6 +137,9 @@ def _stored_state(model: torch.nn.Module,
             out[name] = sd[name]
         elif first.startswith("mtp.") and name.startswith("mtp."):
             out[name] = sd[name].detach().clone()
+    # names the live model lacks: a head-training model without the target's layers saves them
+    # from model.path (mtpx/train/shard_training.py)
+    out.update({k: v for k, v in sd.items() if k not in live})
     if _model_cfg(model).tie_word_embeddings:
         out.pop("lm_head.weight", None)
     return out

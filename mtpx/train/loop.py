@@ -54,6 +54,8 @@ from mtpx.train.data import (
     val_batches,
 )
 from mtpx.train.losses import Objective
+from mtpx.train.recipes import freeze_modules, loss_options
+from mtpx.train.shard_training import ShardObjective, merged_state, open_shards, shard_corpora
 from mtpx.train.records import (depth_names, format_losses, format_losses_compact, loss_curve_identity,
                                 plot_loss_curve, write_losses_csv)
 from mtpx.train.setup import check_cfg, check_device, choose_train_threads, resume_decision, start_state
@@ -251,15 +253,19 @@ def _train(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: t
     if t.get("threads") is not None:
         torch.set_num_threads(int(t.threads))   # before the data and tokenizer are prepared
     out_dir, resume = resume_decision(t, info, console)
-    specs, docs, split = _load_data(t)
+    specs, docs, split = _load_data(t) if not t.get("hidden_states_path") else ([], {}, {})
     model, tok, start, history = start_state(cfg, t, info, out_dir, resume, split, console)
-    threads, objective = _prepare_model(cfg, t, info, device, model, out_dir, resume, console, on_config)
-    data = _corpora(t, info, device, specs, docs, split, tok, model, console)
+    shards = open_shards(t, cfg.model.get("path"), tok)      # train.hidden_states_path, else None
+    threads, objective = _prepare_model(cfg, t, info, device, model, out_dir, resume, console, on_config,
+                                        shards)
+    data = (_corpora(t, info, device, specs, docs, split, tok, model, console) if shards is None
+            else shard_corpora(t, info, device, shards, console))
 
     # ---- parallel wrapper, then the optimizer (restored on resume) ----
     freeze = bool(t.freeze_base)
     if freeze:
         freeze_target(model)  # before wrapping: DDP and FSDP2 read requires_grad when they wrap
+    freeze_modules(model, int(t.get("mtp_freeze_modules") or 0))
     wrapped = distributed.wrap(objective, info, device)
     opt = build_optimizer(model, lr=float(t.lr), weight_decay=float(t.weight_decay), freeze_base=freeze)
     if resume and info.mode == "fsdp":
@@ -303,7 +309,8 @@ def _load_data(t: DictConfig) -> tuple[list, dict, dict]:
 
 def _prepare_model(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, device: torch.device,
                    model: MTPForCausalLM, out_dir: Path, resume: bool, console: Console,
-                   on_config: Callable[[dict[str, Any]], None] | None) -> tuple[ThreadChoice, Objective]:
+                   on_config: Callable[[dict[str, Any]], None] | None,
+                   shards=None) -> tuple[ThreadChoice, Objective]:
     """Share the MTP inputs (train.mtp_share_fc), move the model to `device`, choose the threads
     (printed; reported to on_config with the architecture) and build the objective. Raises
     ValueError naming the key for mtp_unroll with several modules, or seq_len past the model's
@@ -325,8 +332,10 @@ def _prepare_model(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, d
     if int(t.seq_len) > model.cfg.max_position_embeddings:
         raise ValueError(f"train.seq_len={t.seq_len} is longer than the model's max_position_embeddings="
                          f"{model.cfg.max_position_embeddings}: lower train.seq_len")
-    objective = Objective(model, mtp_loss_weight=float(t.mtp_loss_weight),
-                          mtp_loss_decay=float(t.get("mtp_loss_decay") or 1.0), mtp_unroll=unroll)
+    kw = dict(mtp_loss_weight=float(t.mtp_loss_weight), mtp_loss_decay=float(t.get("mtp_loss_decay") or 1.0),
+              mtp_unroll=unroll, options=loss_options(t, model))
+    objective = (Objective(model, **kw) if shards is None
+                 else ShardObjective(model, shards, str(cfg.model.path), **kw))
     return threads, objective
 
 
@@ -394,6 +403,8 @@ class _Trainer:
         """Checkpoint out_dir at `step` (with losses.csv and loss_curve.png). fsdp: every rank takes
         part in gathering the shards onto rank 0; rank 0 alone writes."""
         model_state, opt_state = distributed.full_state(self.wrapped, self.objective, self.opt, self.info)
+        if isinstance(self.objective, ShardObjective) and self.info.is_main:   # target layers from model.path
+            model_state = merged_state(self.model, self.objective.model_path)
         if not self.info.is_main:
             return
         history, num_mtp, out_dir = self.history, self.num_mtp, self.out_dir

@@ -195,7 +195,11 @@ def start_state(cfg: DictConfig, t: DictConfig, info: distributed.DistInfo, out_
             warn_changed(section, saved_cfg.get(section, {}),
                          OmegaConf.to_container(cfg[section], resolve=True), console)
     elif cfg.model.get("path"):
-        model, tok = init_from(str(cfg.model.path), model_fields(cfg), seed, console)
+        if t.get("hidden_states_path"):   # heads on hidden-state shards: no target decoder layers
+            from mtpx.train.shard_training import light_model
+            model, tok = light_model(str(cfg.model.path), model_fields(cfg), seed, console)
+        else:
+            model, tok = init_from(str(cfg.model.path), model_fields(cfg), seed, console)
     else:
         def fit_tokenizer() -> Tokenizer:
             return train_tokenizer((doc_text(d) for tr, _ in split.values() for d in tr),
