@@ -27,7 +27,7 @@ from mtpx.auto_k.admission import admission_depth
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.cost_curve import smooth_step_costs
-from mtpx.auto_k.cost_learning import StepCosts
+from mtpx.auto_k.cost_learning import StepCosts, with_prefill
 from mtpx.auto_k.exploring import Exploring
 from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
@@ -74,6 +74,7 @@ class AutoDraftLength:
         if prefill_cost is not None:
             self.costs.set_prefill_cost(prefill_cost)
 
+    _with_prefill = staticmethod(with_prefill)
     @property
     def step_costs(self) -> dict | None:
         """The calibrated step costs, smoothed (StepCosts; None before calibration)."""
