@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from mtpx import schema
-from mtpx.schema.groups import TrainConfig
+from mtpx.schema.train_group import TrainConfig
 from mtpx.train.acceptance_losses import (acceptance, depth_loss, kl_loss, lk_hybrid_loss, lk_nll_loss,
                                           target_log_probs, tv_loss)
 from mtpx.train.losses import LossOptions, mtp_objective

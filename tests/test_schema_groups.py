@@ -13,6 +13,7 @@ from omegaconf import MISSING, OmegaConf
 from mtpx import schema
 from mtpx.models.config import ModelConfig
 from mtpx.schema import groups
+from mtpx.schema.train_group import TrainConfig
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 CHECKED = ("spec", "eval", "bench", "serve", "distill", "train")
@@ -83,7 +84,7 @@ def test_composed_defaults_are_the_schemas():
 
 
 def test_literal_choices_are_checked_with_one_line():
-    assert groups.literal_choices(groups.TrainConfig) == {"save_dtype": ("float32", "bfloat16", "float16"),
+    assert groups.literal_choices(TrainConfig) == {"save_dtype": ("float32", "bfloat16", "float16"),
                                                           "parallel": ("auto", "none", "ddp", "fsdp"),
                                                           "autocast": ("bfloat16", None),
                                                           "mtp_loss": ("ce", "kl", "tv", "lk_hybrid",

@@ -103,3 +103,11 @@ class LazyCatchUp:
                            hidden, 0, max(depths[b] for b in which), drafts=torch.zeros_like(sub))
         self.speculator.propose(self.cache, batch)
         self.num_module_tokens += sum(length * depths[b] for length, b in zip(lengths, which))
+
+    def timed_catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
+                       which: list[int], now, t0: float) -> tuple[float, int]:
+        """`catch_up`, timed for StepTiming: (seconds from t0 by the clock `now`, positions x modules
+        it ran)."""
+        before = self.num_module_tokens
+        self.catch_up(rows, rows_host, depths, n_host, which)
+        return now() - t0, self.num_module_tokens - before

@@ -445,7 +445,10 @@ class ModelRunner:
         final = n[:B] + accepted + 1                                        # target KV final below
         drafts = None
         if drafting:
-            t1 = self._lazy_catch_up(rows, rows_host, depths, n_host, t1)
+            if lagging := self.lazy.lagging(rows_host[:len(depths)]):     # modules behind catch up first
+                self._catch_up = self.lazy.timed_catch_up(rows, rows_host, depths, n_host, lagging,
+                                                          self._now, t1)
+                t1 += self._catch_up[0]
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
                                       torch.cat([final, final.new_zeros(pad)]), [True] * B,
                                       meta.positions[:, 0], h, new, self._draft_sampler(sampling, new),
@@ -458,19 +461,6 @@ class ModelRunner:
             final = torch.minimum(final, held)
         self._decode_results(decodes, results, emitted, accepted, final, drafts, shapes, gaps, lps)
         return self._now() - t0 - (t2 - t1) - self._catch_up[0], t2 - t1
-
-    def _lazy_catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int],
-                       n_host: list[int], t0: float) -> float:
-        """Before a step's draft round (t0: the clock then), the modules of the requests that fell
-        behind catch up (LazyCatchUp.catch_up; its seconds and module tokens go to StepTiming);
-        returns the clock after it."""
-        if not (lagging := self.lazy.lagging(rows_host[:len(depths)])):
-            return t0
-        before = self.lazy.num_module_tokens
-        self.lazy.catch_up(rows, rows_host, depths, n_host, lagging)
-        t1 = self._now()
-        self._catch_up = (t1 - t0, self.lazy.num_module_tokens - before)
-        return t1
 
     def _commit_states(self, decodes, n_host: list[int], nd_host: list[int], rows: torch.Tensor,
                        accepted: torch.Tensor, shapes: StepShapes) -> None:

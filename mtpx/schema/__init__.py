@@ -2,10 +2,11 @@
 every config group, checked when Hydra composes the run config, so a typo (`eval.num_promts=8`,
 `+spce=mtp8`) or a wrong type (`spec.num_speculative_tokens=2.5`) stops the run before it starts.
 
-Each group's dataclass (mtpx/schema/groups.py; the engine group: mtpx.engine.config.EngineConfig)
-gives every key its type, default and docstring, and holds the group's checks (`check(section,
-cfg)`: ranges and Literal choices, one line naming the key); the YAML files of `conf/` pull their
-schema in through their defaults list (`- <group>_schema`) and only override.
+Each group's dataclass (mtpx/schema/groups.py and, for train, train_group.py; the engine group:
+mtpx.engine.config.EngineConfig) gives every key its type, default and docstring, and holds the
+group's checks (`check(section, cfg)`: ranges and Literal choices, one line naming the key); the
+YAML files of `conf/` pull their schema in through their defaults list (`- <group>_schema`) and
+only override.
 
 `compose_error(argv, conf_dir)` composes the config the way `train_or_eval.py` will and turns
 Hydra's and OmegaConf's multi-line errors into one line naming the key and the closest valid one.
@@ -31,7 +32,8 @@ from mtpx.models.config import ModelConfig
 from mtpx.schema.groups import (  # noqa: F401 - the schemas, importable from mtpx.schema
     BenchConfig, BuiltinData, ChatData, ClientConfig, DemoLoading, DistillConfig, EvalConfig, FileData,
     GenerationConfig, GSM8KData, HFModel, NoLogger, RandomData, RunConfig, ServeConfig, SpecConfig,
-    TrainConfig, WandbLogger, check_group)
+    WandbLogger, check_group)
+from mtpx.schema.train_group import TrainConfig  # noqa: F401
 
 
 def _optional(tp: Any) -> Any:
