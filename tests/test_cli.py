@@ -307,7 +307,7 @@ def test_unknown_config_group_option_is_one_line():
     assert check_group_overrides(["bench=fast"], conf) == \
         "unknown bench config 'fast': choose one of default (bench=NAME)"
     assert check_group_overrides(["+spec=mtp9"], conf) == \
-        "unknown spec 'mtp9': choose one of mtp1, mtp8, mtp8_block (+spec=NAME)"
+        "unknown spec 'mtp9': choose one of mtp1, mtp1_tree, mtp8, mtp8_block, mtp8_tree (+spec=NAME)"
     assert "unknown data set 'squad'" in check_group_overrides(["data=squad"], conf)
     assert check_group_overrides(["engine=vllm"], conf) == \
         "unknown engine config 'vllm': choose one of default (engine=NAME)"
@@ -339,7 +339,7 @@ def test_help_lists_the_group_options_without_schemas():
     with initialize_config_dir(config_dir=CONF, version_base=None):
         text = compose("config", return_hydra_config=True).hydra.help.template
     assert "\ndata: builtin, gsm8k, humaneval, mt_bench, random, spec_bench\n" in text
-    assert "\n+spec: mtp1, mtp8, mtp8_block\n" in text and "_schema" not in text
+    assert "\n+spec: mtp1, mtp1_tree, mtp8, mtp8_block, mtp8_tree\n" in text and "_schema" not in text
 
 
 def test_a_run_that_fails_on_bad_input_leaves_no_empty_run_folder(tmp_path):
