@@ -8,7 +8,7 @@ and cost.
    constraint, at concurrency 1 and 16: output tok/s, acceptance length, per-position
    acceptance, and the grammar mask's host time per step.
 
-    python tools/bench_structured.py --requests 200 --out experiments/structured_output/results.json
+    python tools/bench_structured.py --requests 200 --out /tmp/structured
 
 Runs eager on the CPU (engine.compile off); --compile compiles the decode step.
 """
