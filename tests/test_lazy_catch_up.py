@@ -19,8 +19,8 @@ from tests.test_reprefill import assert_module_kv_exact
 
 @pytest.mark.parametrize("spec,K,window", [
     ("mtp8", 4, 10),
-    pytest.param("mtp8", 4, None, marks=pytest.mark.slow),     # 30-150 s each on 2 loaded cores
-    pytest.param("mtp1", 3, 8, marks=pytest.mark.slow)])
+    pytest.param("mtp8", 4, None),
+    pytest.param("mtp1", 3, 8)])
 def test_module_kv_is_exact_while_behind_and_after_a_lazy_catch_up(spec, K, window):
     """Forced k = K, 0 x 9, K, 0, 0, K - 1, 0, K, ... over two requests: after every step the KV of
     every module at every position it computed equals from-scratch, after every drafting step

@@ -5,10 +5,9 @@ on the float64 tiny hybrid and a dense target, with prefix caching, chunked pref
 stops and abort; each proposed tree equal to the tree drafted from scratch over the request's
 tokens (so the module KV and hidden states the modules read were exact).
 
-The dense target, the prefix caching + chunking + preemption runs, the from-scratch check of mtp1
-trees and of a tree of paths, the acceptance comparison and the random workloads are marked slow:
-`python -m pytest -q -m slow tests/test_tree.py` (MTPX_TREE_EXAMPLES sets the workloads'
-examples, 6 by default)."""
+The from-scratch check of mtp1 trees and of a tree of paths and the acceptance comparison are
+marked slow: `python -m pytest -q -m slow tests/test_tree.py` (MTPX_TREE_EXAMPLES sets the random
+workloads' examples, 6 by default)."""
 from __future__ import annotations
 
 import os
@@ -212,7 +211,6 @@ def test_tree_beats_its_chain_on_acceptance(trained_tiny):
     assert tree > chain + 0.2, (chain, tree)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["mtp1", "mtp8"])
 def test_tree_on_a_dense_target(spec):
     model = train_tiny(**LLAMA_FLAGS)
@@ -221,7 +219,6 @@ def test_tree_on_a_dense_target(spec):
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("spec,tree", [("mtp1", [2, 1, 1]), ("mtp8", [2, 2])])
 def test_tree_with_prefix_caching_chunking_preemption(trained_tiny, spec, tree):
     """Both passes preempt (one block above the largest request's need), chunked prefill (8 tokens
@@ -273,7 +270,6 @@ SPEC_TREES = st.sampled_from([("mtp8", [2, 2, 1]), ("mtp1", [2, 1, 1]), ("mtp8",
                               ("mtp1", [3])])
 
 
-@pytest.mark.slow
 @settings(max_examples=int(os.environ.get("MTPX_TREE_EXAMPLES", 6)), deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                  HealthCheck.data_too_large])
