@@ -194,11 +194,13 @@ def test_health_answers_while_a_large_body_is_parsed(tiny_ckpt):
     assert max(health) < took / 2, (max(health), took, parse)
 
 
-def test_api_key_is_required_on_every_route_but_health_and_metrics(llm, monkeypatch):
+def test_api_key_is_required_on_every_route_but_health_and_metrics(tiny_ckpt, monkeypatch):
     """serve.api_key: a missing, wrong or non-Bearer key is a 401 in OpenAI's shape on /v1 routes
     and the tokenizer routes; /health and /metrics stay open (vLLM's public endpoints); the
     openai SDK's api_key gets in, a wrong one raises its AuthenticationError; keys are compared
-    with hmac.compare_digest."""
+    with hmac.compare_digest. Its own LLM: the module's `client` app may still be serving the
+    shared one, and two apps' engine loops must not step one engine."""
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2, max_num_seqs=8)
     import hmac
 
     from mtpx.serve import auth
