@@ -356,3 +356,18 @@ def test_the_bench_http_client_sends_the_api_key(tiny_ckpt, monkeypatch):
         monkeypatch.setenv("OPENAI_API_KEY", "sesame")
         (out,) = run_http_client(f"{url}/v1", None, ["hi"], [HttpSampling(max_tokens=2)])
         assert out.error is None and len(out.output_token_ids) == 2
+
+
+def test_a_second_app_on_an_llm_another_app_serves_is_refused(client, llm, tiny_ckpt):
+    """Two running apps over one LLM would step its engine from two loops (interleaved steps,
+    wrong counts): the second app's start-up is refused with one line; once the first stops, the
+    LLM can be served again."""
+    with pytest.raises(RuntimeError, match="this LLM is already served by another running app"):
+        with TestClient(build_app(llm, "tiny")):
+            pass
+    usage = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).json()["usage"]
+    assert usage["completion_tokens"] == 2
+    own = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=2)
+    for _ in range(2):                               # served, stopped, served again
+        with TestClient(build_app(own, "tiny")) as c:
+            assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2}).status_code == 200

@@ -19,6 +19,7 @@ import asyncio
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -49,6 +50,10 @@ class Update:
     prompt_logprobs: dict | None = None
 
 
+_SERVED: weakref.WeakSet = weakref.WeakSet()    # engines an AsyncEngine loop steps now
+_SERVED_LOCK = threading.Lock()
+
+
 class AsyncEngine:
     """llm: the loaded LLM (its engine is stepped by this object's thread only).
     on_finish(request, first_of_prompt, output_counted) runs in the loop thread for each request
@@ -70,7 +75,7 @@ class AsyncEngine:
         self.fatal_error: str | None = None
         self.on_fatal: Callable[[], None] | None = None
         self._ids = itertools.count()
-        self._thread = threading.Thread(target=self._run, name="mtpx-engine", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="mtpx-engine", daemon=True)
         self._snapshot: dict[str, int] = self.engine.stats()
         self._running_ids: set[int] = set()      # in the engine's batch at the last step
         self._waiting_ids: set[int] = set()      # in the engine's queue (added or preempted)
@@ -88,7 +93,21 @@ class AsyncEngine:
         return s
 
     def start(self) -> None:
+        """Start the loop thread. Raises RuntimeError when another AsyncEngine's loop still steps
+        this LLM's engine (two loops on one engine would interleave their steps)."""
+        with _SERVED_LOCK:
+            if self.engine in _SERVED:
+                raise RuntimeError("this LLM is already served by another running app: build one app per "
+                                   "LLM, or shut the other down first")
+            _SERVED.add(self.engine)
         self._thread.start()
+
+    def _serve(self) -> None:
+        try:
+            self._run()
+        finally:
+            with _SERVED_LOCK:
+                _SERVED.discard(self.engine)
 
     def abort_all(self) -> None:
         """Abort every request after the current step, and every request submitted from now on
