@@ -80,11 +80,10 @@ def propose(speculator, cache, rows, num_tokens, target_meta, hidden, is_draftin
     return speculator.propose(cache, batch).tokens
 
 
-def install_draft_check(llm, model, spec: str, k: int) -> list:
-    """Wrap the engine's runner.execute: every proposal in its RunnerOutput is compared with the
-    drafts computed from scratch over the request's tokens after the step (tests.test_reprefill).
-    Equal drafts imply the draft-module KV and hidden states the modules read were exact.
-    Returns the list of (ok, seq, got, want) it fills."""
+def install_proposal_check(llm, reference) -> list:
+    """Wrap the engine's runner.execute: every proposal in its RunnerOutput is compared with
+    `reference(seq, got)`, the drafts computed from scratch over the request's tokens `seq` after
+    the step (got: the proposal). Returns the list of (ok, seq, got, want) it fills."""
     runner = llm.engine.runner
     execute, checked = runner.execute, []
 
@@ -92,18 +91,24 @@ def install_draft_check(llm, model, spec: str, k: int) -> list:
         result = execute(out)
         for item in out.prefills + out.decodes:
             r, res = item.request, result.results[item.request.index]
-            if not res.draft_token_ids:
-                continue
-            seq = r.all_token_ids + res.token_ids
-            got = res.draft_token_ids
-            assert len(got) <= k
-            want = (_reference_multi(model, seq, got, len(got)) if spec == "mtp8"   # auto k: fewer
-                    else _reference_single(model, seq, len(got)))
-            checked.append((got == want, seq, got, want))
+            if res.draft_token_ids:
+                seq, got = r.all_token_ids + res.token_ids, res.draft_token_ids
+                want = reference(seq, got)
+                checked.append((got == want, seq, got, want))
         return result
 
     runner.execute = checked_execute
     return checked
+
+
+def install_draft_check(llm, model, spec: str, k: int) -> list:
+    """install_proposal_check with the chain speculators' from-scratch drafts (tests.test_reprefill).
+    Equal drafts imply the draft-module KV and hidden states the modules read were exact."""
+    def reference(seq, got):
+        assert len(got) <= k
+        return (_reference_multi(model, seq, got, len(got)) if spec == "mtp8"   # auto k: fewer
+                else _reference_single(model, seq, len(got)))
+    return install_proposal_check(llm, reference)
 
 
 # ---- engines checked against plain greedy decoding ------------------------------------------------

@@ -22,6 +22,7 @@ from mtpx.spec_decode import MultiModuleMTPSpeculator, SingleModuleMTPSpeculator
 from mtpx.spec_decode.tree import ancestor_mask, build_tree_shape, greedy_walk
 from mtpx.spec_decode.tree_draft import TreeSpeculator
 from tests.helpers import (LLAMA_FLAGS, _params, assert_clean, assert_matches_reference, blocks_needed,
+                           install_proposal_check,
                            generate, make_llm, reference, run_checked, train_tiny)
 from tests.test_engine import _min_hit_blocks, shared_prefix_prompts, workloads
 
@@ -144,23 +145,10 @@ def tree_from_scratch(model, seq, shape, multi) -> list[int]:
 
 
 def install_tree_check(llm, model, shape, multi) -> list:
-    """Wrap runner.execute: every tree proposed is compared with the tree from scratch over the
-    request's tokens after the step. Returns the list of (ok, seq, got, want) it fills."""
-    runner = llm.engine.runner
-    execute, checked = runner.execute, []
-
-    def checked_execute(out):
-        result = execute(out)
-        for item in out.prefills + out.decodes:
-            r, res = item.request, result.results[item.request.index]
-            if res.draft_token_ids:
-                seq = r.all_token_ids + res.token_ids
-                want = tree_from_scratch(model, seq, shape, multi)[: len(res.draft_token_ids)]
-                checked.append((res.draft_token_ids == want, seq, res.draft_token_ids, want))
-        return result
-
-    runner.execute = checked_execute
-    return checked
+    """Every tree proposed is compared with the tree from scratch over the request's tokens after
+    the step (tests.helpers.install_proposal_check)."""
+    return install_proposal_check(
+        llm, lambda seq, got: tree_from_scratch(model, seq, shape, multi)[: len(got)])
 
 
 # ---- the engine ---------------------------------------------------------------------------------
