@@ -73,7 +73,7 @@ def unsupported(params) -> str | None:
 
 def check_tree_engine(config) -> None:
     """Raise ValueError (one line) for engine settings tree drafting does not support yet."""
-    if getattr(config, "acceptance", "lossless") != "lossless":
+    if config.acceptance != "lossless":
         raise ValueError(f"spec.tree with spec.acceptance={config.acceptance}: not supported yet "
                          "(tree drafting verifies with the lossless greedy walk)")
     if config.compile:
