@@ -170,12 +170,14 @@ def rule_text(spec_kw: dict) -> str:
 
 
 def quality_pass(run, outs, metrics: dict, interrupt) -> int:
-    """mode=eval with a lossy rule (module doc): the lossless reference pass, the quality record in
-    metrics["quality"], lossless_output_throughput, lossless_acceptance_length and
-    speedup_vs_lossless, and the gate. Returns 1
-    when the gate fails, else 0 (also when Ctrl-C stopped the reference: interrupt.requested)."""
+    """mode=eval with a lossy rule (module doc): the lossless reference pass, eval.speed_repeats
+    alternating timing passes, the quality record in metrics["quality"] (with a reference stored by
+    an earlier job reused: mtpx.evaluate.reference), lossless_output_throughput,
+    lossless_acceptance_length and speedup_vs_lossless, and the gate. Returns 1 when the gate
+    fails, else 0 (also when Ctrl-C stopped a pass: interrupt.requested)."""
     from mtpx.engine.llm import LLM
     from mtpx.evaluate.generate import _generate
+    from mtpx.evaluate.reference import cache_folder, load_reference, reference_key, save_reference
     from mtpx.metrics.stats import compute_metrics
 
     llm, c, spec = run.llm, run.c, run.cfg.spec
@@ -188,30 +190,76 @@ def quality_pass(run, outs, metrics: dict, interrupt) -> int:
     if stopped:
         return 0
     ref_metrics = compute_metrics(ref, ref_duration, ref_llm.num_speculative_tokens)
-    ref_tps = metrics["lossless_output_throughput"] = ref_metrics["output_throughput"]
     metrics["lossless_acceptance_length"] = ref_metrics["acceptance_length"]
-    metrics["speedup_vs_lossless"] = metrics["output_throughput"] / ref_tps if ref_tps else None
+    if not _speed_runs(run, ref_llm, metrics, ref_metrics["output_throughput"], interrupt):
+        return 0
+    folder, key = cache_folder(c), reference_key(run)
+    ref_tokens = [o.output_token_ids for o in ref]
+    stored = load_reference(folder, key, ref_tokens)
     prompts = [run.prompts[o.index] for o in outs]
-    q = token_quality([o.output_token_ids for o in outs], [o.output_token_ids for o in ref],
-                      score_log_likelihoods(ref_llm, outs), score_log_likelihoods(ref_llm, ref),
-                      correctness(outs, prompts), correctness(ref, prompts))
+    if stored is None:
+        stored = {"tokens": ref_tokens, "log_likelihoods": score_log_likelihoods(ref_llm, ref),
+                  "correct": correctness(ref, prompts), "tv": None}
+    q = token_quality([o.output_token_ids for o in outs], ref_tokens, score_log_likelihoods(ref_llm, outs),
+                      stored["log_likelihoods"], correctness(outs, prompts), stored["correct"])
     q["acceptance"] = rule_text(run.spec_kw)
+    q["lossless_reference"] = "reused" if stored.get("key") == key else "computed"
     p0 = run.params[0]
     if not p0.greedy and c.get("tv_num_prompts"):
         args = (run.prompts, p0, c.tv_num_prompts, c.tv_num_samples, c.tv_max_tokens)
         # three independent seed ranges: samples of the rule and of the reference drawn with the
         # same seeds share their uniforms, which would bias the estimate low against its floor
-        a = tv_samples(llm, *args, seed=30_000)
-        b = tv_samples(ref_llm, *args, seed=10_000)
-        b2 = tv_samples(ref_llm, *args, seed=20_000)
-        tv = [tv_distance(x, y, c.tv_max_tokens) for x, y in zip(a, b)]
-        floor = [tv_distance(x, y, c.tv_max_tokens) for x, y in zip(b2, b)]
-        q.update(tv_distance=sum(tv) / len(tv), tv_distance_floor=sum(floor) / len(floor),
-                 tv_num_prompts=len(tv), tv_num_samples=c.tv_num_samples, tv_max_tokens=c.tv_max_tokens)
-        q["tv_distance_loss"] = q["tv_distance"] - q["tv_distance_floor"]
+        if stored["tv"] is None:
+            stored["tv"] = [tv_samples(ref_llm, *args, seed=10_000), tv_samples(ref_llm, *args, seed=20_000)]
+        q.update(tv_quality(tv_samples(llm, *args, seed=30_000), *stored["tv"], c.tv_max_tokens),
+                 tv_num_samples=c.tv_num_samples, tv_max_tokens=c.tv_max_tokens)
+    if stored.get("key") != key:
+        try:
+            save_reference(folder, key, stored)
+        except (OSError, ValueError) as e:     # a full disk, or a log-probability of -inf
+            print(f"lossless reference: not stored ({e})")
     metrics["quality"] = q
     line = gate(q, c.get("max_quality_loss"))
     if line is None:
         return 0
     metrics["quality_gate"] = line          # printed after the report (mtpx.evaluate.measure)
     return 1
+
+
+def tv_quality(rule: list, ref: list, ref2: list, length: int) -> dict:
+    """The TV entries of the quality record from [prompt][sample] -> tokens sample sets of the rule
+    and of two independent reference draws: tv_distance (rule vs ref), tv_distance_floor (ref2 vs
+    ref), tv_distance_loss (their difference) with a 95% interval from the per-prompt differences."""
+    tv = [tv_distance(x, y, length) for x, y in zip(rule, ref)]
+    floor = [tv_distance(x, y, length) for x, y in zip(ref2, ref)]
+    loss = mean_interval([a - b for a, b in zip(tv, floor)])
+    return {"tv_num_prompts": len(tv), "tv_distance": sum(tv) / len(tv),
+            "tv_distance_floor": sum(floor) / len(floor), "tv_distance_loss": loss[0],
+            "tv_distance_loss_interval": [loss[1], loss[2]]}
+
+
+def _speed_runs(run, ref_llm, metrics: dict, ref_tps: float, interrupt) -> bool:
+    """Speed of the rule against the lossless rule, same job: the measured pass (rule) and the
+    reference pass (lossless) ran back to back; eval.speed_repeats - 1 more pairs follow in
+    alternating order (lossless first, then rule first, ...), so that neither side always runs first.
+    Sets output_throughput_runs, lossless_output_throughput_runs (tok/s per pass),
+    lossless_output_throughput (their mean), speedup_vs_lossless (mean rule tok/s over mean lossless
+    tok/s) and speedup_vs_lossless_runs (per pair). False when Ctrl-C stopped a pass."""
+    from mtpx.evaluate.generate import _generate
+    from mtpx.metrics.stats import compute_metrics
+
+    rule_runs, ref_runs = [metrics["output_throughput"]], [ref_tps]
+    for i in range(1, int(run.c.get("speed_repeats") or 1)):
+        order = [(ref_llm, ref_runs), (run.llm, rule_runs)]
+        for llm, runs in (order if i % 2 else order[::-1]):
+            outs, seconds, stopped = _generate(llm, run.prompts, run.params, f"speed repeat {i}", run.client,
+                                               interrupt)
+            if stopped:
+                return False
+            runs.append(compute_metrics(outs, seconds, llm.num_speculative_tokens)["output_throughput"])
+    mean_rule, mean_ref = sum(rule_runs) / len(rule_runs), sum(ref_runs) / len(ref_runs)
+    metrics.update(output_throughput_runs=rule_runs, lossless_output_throughput_runs=ref_runs,
+                   lossless_output_throughput=mean_ref,
+                   speedup_vs_lossless=mean_rule / mean_ref if mean_ref else None,
+                   speedup_vs_lossless_runs=[a / b if b else None for a, b in zip(rule_runs, ref_runs)])
+    return True

@@ -288,12 +288,20 @@ class EvalConfig(ClientConfig):
     """Samples per prompt and side of the TV-distance estimate."""
     tv_max_tokens: int = 8
     """Output tokens per sample of the TV-distance estimate (the positions it averages over)."""
+    speed_repeats: int = 1
+    """With a lossy spec.acceptance: timed passes of each side (the rule and its lossless reference,
+    alternating which runs first); the speed-up is the ratio of their mean tok/s."""
+    reference_cache: Optional[str] = None
+    """With a lossy spec.acceptance: a folder where the lossless reference's quality data is stored
+    and reused, keyed by a hash of all that determines it (null: in a multirun the sweep folder's
+    lossless_references/, else none; docs/acceptance_rules.md)."""
 
     @classmethod
     def check(cls, section: str, cfg) -> None:
         int_or_none(section, cfg, "tv_num_prompts", 0)
         int_or_none(section, cfg, "tv_num_samples", 1)
         int_or_none(section, cfg, "tv_max_tokens", 1)
+        int_or_none(section, cfg, "speed_repeats", 1)
         for key, bound in (cfg.get("max_quality_loss") or {}).items():
             if key not in QUALITY_GATE_METRICS:
                 raise ValueError(f"{section}.max_quality_loss.{key}: unknown metric: choose one of "
