@@ -127,3 +127,98 @@ def test_sweep_table_and_pareto_figure_for_lossy_jobs(tmp_path):
     _job(tmp_path / "plain", 0, ["spec.num_speculative_tokens=2"], base)
     assert "Speed-up" not in sweep_table(tmp_path / "plain")          # a lossless sweep: today's table
     assert write_sweep_pareto(tmp_path / "plain", collect_sweep(tmp_path / "plain")) is None
+
+
+def test_tv_quality_exact():
+    from mtpx.evaluate.quality import tv_quality
+    rule = [[[1], [1]], [[1], [2]]]            # prompt 0: {1}, prompt 1: {1, 2}
+    ref = [[[1], [2]], [[1], [2]]]
+    ref2 = [[[1], [2]], [[2], [2]]]
+    q = tv_quality(rule, ref, ref2, 1)
+    # per prompt: tv 0.5 and 0.0; floor 0.0 and 0.5; differences 0.5 and -0.5
+    assert q["tv_distance"] == 0.25 and q["tv_distance_floor"] == 0.25 and q["tv_distance_loss"] == 0.0
+    half = 1.959963984540054 * math.sqrt(0.5) / math.sqrt(2)
+    assert q["tv_distance_loss_interval"] == pytest.approx([-half, half]) and q["tv_num_prompts"] == 2
+
+
+def _fake_run(tmp_path, **changes):
+    from types import SimpleNamespace
+    from omegaconf import OmegaConf
+    from mtpx.core.sampling_params import SamplingParams
+    from mtpx.data.prompts import Prompt
+    if not (tmp_path / "ckpt").is_dir():
+        (tmp_path / "ckpt").mkdir()
+        (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"weights")
+    run = dict(cfg=OmegaConf.create({"model": {"path": str(tmp_path / "ckpt")},
+                                     "spec": {"num_speculative_tokens": 8}}),
+               c=OmegaConf.create({"tv_num_prompts": 4, "tv_num_samples": 32, "tv_max_tokens": 8}),
+               dtype="float32", threads=SimpleNamespace(threads=1), method="mtp8",
+               spec_kw={"acceptance": "relaxed", "relaxed_topk": 2, "draft_sample_method": "greedy"},
+               engine={"compile": True, "max_num_seqs": 64}, prompts=[Prompt("a b", "1", "gsm8k")],
+               params=[SamplingParams(max_tokens=16, seed=0)], client={"max_concurrency": 1})
+    run.update(changes)
+    return SimpleNamespace(**run)
+
+
+def test_reference_key_and_cache(tmp_path, capsys):
+    """The key ignores the lossy rule's settings and changes with anything that decides the lossless
+    reference; a stored reference is reused only when its tokens equal the job's lossless pass."""
+    from mtpx.core.sampling_params import SamplingParams
+    from mtpx.evaluate.reference import load_reference, reference_key, save_reference
+    key = reference_key(_fake_run(tmp_path))
+    assert key == reference_key(_fake_run(tmp_path, spec_kw={"acceptance": "typical", "posterior_alpha": 0.5,
+                                                            "draft_sample_method": "greedy"}))
+    for change in (dict(params=[SamplingParams(max_tokens=16, seed=1)]), dict(client={"max_concurrency": 16}),
+                   dict(engine={"compile": False, "max_num_seqs": 64}), dict(dtype="bfloat16"),
+                   dict(spec_kw={"acceptance": "relaxed", "draft_sample_method": "probabilistic"})):
+        assert reference_key(_fake_run(tmp_path, **change)) != key, change
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"other weights")       # a new checkpoint
+    assert reference_key(_fake_run(tmp_path)) != key
+    folder = tmp_path / "refs"
+    assert load_reference(folder, key, [[1, 2]]) is None                           # nothing stored
+    save_reference(folder, key, {"tokens": [[1, 2]], "log_likelihoods": [[-0.5, -1.0]], "correct": None,
+                                 "tv": None})
+    stored = load_reference(folder, key, [[1, 2]])
+    assert stored["log_likelihoods"] == [[-0.5, -1.0]] and stored["key"] == key
+    assert load_reference(folder, key, [[1, 3]]) is None                           # stale: tokens differ
+    assert "its tokens differ from this run's lossless pass" in capsys.readouterr().out
+
+
+def test_rules_table_and_label():
+    from mtpx.metrics.pareto import rule_label, rules_table
+    assert rule_label("relaxed (relaxed_topk=2, relaxed_delta=0.05)") == "relaxed N=2 delta=0.05"
+    assert rule_label("lenient (lenient_lambda=1.5)") == "lenient lambda=1.5"
+    assert rule_label(None) == "lossless"
+    m = {"acceptance": "lenient (lenient_lambda=2)", "acceptance_length": 3.0,
+         "lossless_acceptance_length": 2.5, "output_throughput": 30.0, "output_throughput_runs": [30.0, 34.0],
+         "lossless_output_throughput": 20.0,
+         "speedup_vs_lossless": 1.6, "speedup_vs_lossless_runs": [1.5, 1.7],
+         "quality": {"identical_share": 0.25, "tv_distance": 0.5, "tv_distance_floor": 0.4,
+                     "tv_distance_loss": 0.1, "tv_distance_loss_interval": [0.05, 0.15]}}
+    row = rules_table([m, {"acceptance_length": 2.0}]).splitlines()[2:]
+    assert row == ["| lenient lambda=2 | 3.00, 2.50 | 32.0, 20.0 | 1.600 (1.50-1.70) | 25% | — | — | — | — "
+                   "| 0.500 (0.400) | 0.100 [0.050, 0.150] |"]
+
+
+@pytest.mark.slow
+def test_speed_repeats_and_reused_reference(tiny_ckpt, tmp_path):
+    """eval.speed_repeats=2 times each side twice; a second run with the same eval.reference_cache
+    reuses the stored reference and measures the same quality."""
+    over = [f"model.path={tiny_ckpt}", *BASE, "eval.speed_repeats=2",
+            f"eval.reference_cache={tmp_path / 'refs'}"]
+    assert run_eval(_cfg(over), tmp_path / "a") == 0
+    m = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    rule, ref = m["output_throughput_runs"], m["lossless_output_throughput_runs"]
+    assert len(rule) == 2 and len(ref) == 2 and rule[0] == m["output_throughput"]
+    assert m["speedup_vs_lossless"] == pytest.approx(sum(rule) / sum(ref))
+    assert m["quality"]["lossless_reference"] == "computed"
+    assert run_eval(_cfg(over[:-2] + [f"eval.reference_cache={tmp_path / 'refs'}"]), tmp_path / "b") == 0
+    m2 = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert m2["quality"]["lossless_reference"] == "reused" and "output_throughput_runs" in m2
+    keep = ("identical_share", "log_likelihood", "log_likelihood_lossless", "log_likelihood_loss")
+    assert {k: m2["quality"][k] for k in keep} == {k: m["quality"][k] for k in keep}
+
+
+def test_speed_repeats_must_be_positive(tiny_ckpt, tmp_path):
+    with pytest.raises(ValueError, match=r"^eval.speed_repeats=0: must be an integer >= 1$"):
+        run_eval(_cfg([f"model.path={tiny_ckpt}", *BASE, "eval.speed_repeats=0"]), tmp_path)

@@ -143,6 +143,40 @@ def test_neutral_probabilities_equal_lossless_bit_for_bit(name):
     assert 0 < (m0 < nd).sum() < B                  # accepts and rejections both happen
 
 
+@pytest.mark.parametrize("name, cfg", [("relaxed", dict(relaxed_topk=3, relaxed_delta=0.3)),
+                                       ("relaxed", dict(relaxed_topk=8, relaxed_delta=1.0)),
+                                       ("relaxed", dict(relaxed_topk=1, relaxed_delta=0.0)),
+                                       ("typical", dict(posterior_threshold=0.3, posterior_alpha=0.5)),
+                                       ("lenient", dict(lenient_lambda=4.0)),
+                                       ("cascade", dict(cascade_alpha=1.0))])
+def test_greedy_fast_path_equals_the_general_path(name, cfg):
+    """An all-greedy batch skips probabilities and uniforms (AcceptanceRule.verify_greedy): the same
+    accepted counts and tokens as the general path (sampling.probs, the rule, the residual sample)."""
+    from mtpx.spec_decode.sampler import RequestSampling
+    from mtpx.spec_decode.verification import verify
+    g = torch.Generator().manual_seed(2)
+    B, T, V = 64, 5, 16
+    logits = torch.randn(B, T, V, generator=g) * 2
+    target = logits.argmax(-1)
+    second = logits.topk(2, dim=-1).indices[..., 1]
+    u = torch.rand(B, T, generator=g)                  # drafts: the target's argmax, its second, random
+    ids = torch.where(u < 0.5, target.roll(1, 1), torch.where(u < 0.8, second.roll(1, 1),
+                                                              torch.randint(0, V, (B, T), generator=g)))
+    nd = torch.randint(0, T, (B,), generator=g).tolist()
+    rule = AcceptanceRule(AcceptanceConfig(name, **cfg), T - 1)
+    sampling = RequestSampling([SamplingParams(temperature=0.0)] * B, [None] * B, "cpu")
+    fast = verify(ids, logits, nd, sampling, [None] * B, rule=rule)
+    assert all(torch.equal(a, b) for a, b in zip(fast, rule.verify_greedy(ids, logits, torch.tensor(nd))))
+    sampling.all_greedy = False                                  # the general path, greedy rows
+    general = verify(ids, logits, nd, sampling, [None] * B, rule=rule)
+    m = fast[0]
+    assert torch.equal(m, general[0])
+    for b in range(B):
+        assert torch.equal(fast[1][b, : m[b] + 1], general[1][b, : m[b] + 1]), b
+    lossless = verify(ids, logits, nd, sampling, [None] * B)[0]
+    assert (m > lossless).any() == (name == "relaxed" and cfg["relaxed_topk"] > 1)
+
+
 PROMPTS = [[5, 8, 11, 14], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [61, 2, 7, 33, 12]]
 
 

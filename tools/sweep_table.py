@@ -10,6 +10,10 @@ Jobs without metrics.json (failed, still running), jobs multirun.yaml lists but 
 started (the sweep stopped early), jobs with lossless mismatches or failed requests are listed
 below the table with their reason. Exit status 2, with one error line, when MULTIRUN_DIR is not
 a multirun folder; 0 otherwise (problems are reported in the table, not by the exit status).
+
+`python tools/sweep_table.py --rules DIR [DIR ...] --out FILE.md [--pareto FILE.png]`: the lossy
+jobs of one or more acceptance-rule multiruns (docs/acceptance_rules.md) as one compact table
+(mtpx.metrics.pareto.rules_table) and, with --pareto, one Pareto figure over all of them.
 """
 from __future__ import annotations
 
@@ -29,10 +33,19 @@ from mtpx.metrics.sweep import collect_sweep, sweep_table  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("multirun_dir", metavar="MULTIRUN_DIR",
-                    help="a Hydra multirun folder (multirun/DATE/TIME)")
+    ap.add_argument("multirun_dir", metavar="MULTIRUN_DIR", nargs="+",
+                    help="a Hydra multirun folder (multirun/DATE/TIME); several with --rules")
     ap.add_argument("--out", help="markdown file to write (default: MULTIRUN_DIR/sweep.md)")
+    ap.add_argument("--rules", action="store_true",
+                    help="the compact acceptance-rule table over the lossy jobs of every MULTIRUN_DIR")
+    ap.add_argument("--pareto", help="with --rules: also draw the Pareto figure of all their jobs here")
     args = ap.parse_args(argv)
+    if args.rules:
+        return _rules(args)
+    if len(args.multirun_dir) > 1:
+        print("error: several MULTIRUN_DIRs need --rules (one table over their lossy jobs)", file=sys.stderr)
+        return 2
+    args.multirun_dir = args.multirun_dir[0]
     try:
         jobs = collect_sweep(args.multirun_dir)
     except RunDirError as err:
@@ -42,6 +55,26 @@ def main(argv=None) -> int:
     out = atomic_write_text(Path(args.out) if args.out else Path(args.multirun_dir) / "sweep.md", text)
     print(text, end="")
     print(f"\nwrote {out}")
+    return 0
+
+
+def _rules(args) -> int:
+    """--rules: one table (and figure) over the jobs of several multiruns."""
+    from mtpx.metrics.pareto import rule_label, rules_table, write_pareto_figure
+    metrics = []
+    try:
+        for d in args.multirun_dir:
+            metrics += [j.metrics for j in collect_sweep(d) if j.metrics is not None]
+    except RunDirError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    text = rules_table(metrics)
+    print(text, end="")
+    if args.out:
+        print(f"wrote {atomic_write_text(Path(args.out), text)}")
+    if args.pareto:
+        figure = write_pareto_figure([rule_label(m.get("acceptance")) for m in metrics], metrics, args.pareto)
+        print(f"wrote {figure}" if figure else "no lossy job: no Pareto figure")
     return 0
 
 

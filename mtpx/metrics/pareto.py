@@ -16,7 +16,7 @@ from mtpx.metrics.report import DASH
 PANELS = (("log-likelihood per token lost (nats)", "log_likelihood_loss", "log_likelihood_loss_interval"),
           ("requests differing from the lossless rule", "differing_share", None),
           ("task accuracy lost", "accuracy_loss", "accuracy_loss_interval"),
-          ("TV distance above its noise floor", "tv_distance_loss", None))
+          ("TV distance above its noise floor", "tv_distance_loss", "tv_distance_loss_interval"))
 
 
 def _fmt(value, spec: str) -> str | None:
@@ -30,9 +30,26 @@ def _quality(m: dict, key: str, spec: str, interval: str | None = None) -> str |
     return text if text is None or not ci else f"{text} [{ci[0]:{spec}}, {ci[1]:{spec}}]"
 
 
+def _mean(m: dict, key: str) -> float:
+    """The mean of m[key + "_runs"] (eval.speed_repeats passes), else m[key]."""
+    runs = m.get(key + "_runs")
+    return sum(runs) / len(runs) if runs else m[key]
+
+
+def _speedup(m: dict) -> str | None:
+    """"1.234" or, with repeated passes, "1.234 (1.20-1.26)": the ratio of the mean tok/s and the
+    range of the per-pair ratios."""
+    text, runs = _fmt(m.get("speedup_vs_lossless"), ".3f"), m.get("speedup_vs_lossless_runs") or []
+    runs = [r for r in runs if r is not None]
+    return text if text is None or len(runs) < 2 else f"{text} ({min(runs):.2f}-{max(runs):.2f})"
+
+
 QUALITY_COLUMNS = (
     ("Acceptance rule", lambda m: m.get("acceptance") or ("lossless" if m.get("quality") is None else None)),
-    ("Speed-up vs lossless", lambda m: _fmt(m.get("speedup_vs_lossless"), ".3f")),
+    ("Speed-up vs lossless", lambda m: _speedup(m)),
+    ("Lossless acceptance length", lambda m: _fmt(m.get("lossless_acceptance_length"), ".2f")),
+    ("Mean tok/s: rule, lossless", lambda m: None if m.get("lossless_output_throughput") is None
+     else f"{_mean(m, 'output_throughput'):.1f}, {m['lossless_output_throughput']:.1f}"),
     ("Identical (%)", lambda m: _quality(m, "identical_share", ".1%")),
     ("Log-likelihood loss [95% CI]", lambda m: _quality(m, "log_likelihood_loss", ".4f",
                                                         "log_likelihood_loss_interval")),
@@ -41,6 +58,7 @@ QUALITY_COLUMNS = (
     ("Accuracy loss [95% CI]", lambda m: _quality(m, "accuracy_loss", ".3f", "accuracy_loss_interval")),
     ("TV (floor)", lambda m: None if _quality(m, "tv_distance", ".3f") is None
      else f"{_quality(m, 'tv_distance', '.3f')} ({_quality(m, 'tv_distance_floor', '.3f')})"),
+    ("TV loss [95% CI]", lambda m: _quality(m, "tv_distance_loss", ".3f", "tv_distance_loss_interval")),
 )
 """The sweep table's extra columns when a job ran a lossy rule (mtpx.metrics.sweep.sweep_table)."""
 
@@ -106,3 +124,40 @@ def job_label(overrides: dict[str, str], varying: Sequence[str]) -> str:
         last = key.split(".")[-1]
         return SHORT.get(last, last)
     return " ".join(f"{name(k)}={overrides.get(k, DASH)}" for k in varying) or "job"
+
+
+def rule_label(acceptance: str | None) -> str:
+    """"relaxed N=2 delta=0.05" from metrics.json's "relaxed (relaxed_topk=2, relaxed_delta=0.05)"."""
+    if not acceptance:
+        return "lossless"
+    name, _, keys = acceptance.partition(" (")
+    parts = [kv.split("=", 1) for kv in keys.rstrip(")").split(", ") if "=" in kv]
+    return " ".join([name] + [f"{SHORT.get(k, k)}={v}" for k, v in parts])
+
+
+RULE_COLUMNS = (
+    ("acceptance length: rule, lossless", lambda m: f"{m['acceptance_length']:.2f}, "
+     f"{_fmt(m.get('lossless_acceptance_length'), '.2f') or DASH}"),
+    ("tok/s: rule, lossless", lambda m: None if m.get("lossless_output_throughput") is None
+     else f"{_mean(m, 'output_throughput'):.1f}, {m['lossless_output_throughput']:.1f}"),
+    ("speed-up (pairs)", _speedup),
+    ("identical", lambda m: _quality(m, "identical_share", ".0%")),
+    ("first difference", lambda m: _quality(m, "mean_first_difference", ".1f")),
+    ("LL loss [95% CI]", lambda m: _quality(m, "log_likelihood_loss", ".3f", "log_likelihood_loss_interval")),
+    ("accuracy: rule, lossless", lambda m: None if _quality(m, "accuracy", ".0%") is None
+     else f"{_quality(m, 'accuracy', '.0%')}, {_quality(m, 'accuracy_lossless', '.0%')}"),
+    ("accuracy loss [95% CI]", lambda m: _quality(m, "accuracy_loss", ".3f", "accuracy_loss_interval")),
+    ("TV (floor)", lambda m: None if _quality(m, "tv_distance", ".3f") is None
+     else f"{_quality(m, 'tv_distance', '.3f')} ({_quality(m, 'tv_distance_floor', '.3f')})"),
+    ("TV loss [95% CI]", lambda m: _quality(m, "tv_distance_loss", ".3f", "tv_distance_loss_interval")),
+)
+"""The compact table of tools/sweep_table.py --rules: one row per lossy job, across sweeps."""
+
+
+def rules_table(metrics_list: Sequence[dict]) -> str:
+    """A markdown table, one row per job that measured a lossy rule's quality (RULE_COLUMNS),
+    labelled by rule_label, in the given order."""
+    rows = [["setting", *(name for name, _ in RULE_COLUMNS)], ["---"] + ["---:"] * len(RULE_COLUMNS)]
+    rows += [[rule_label(m.get("acceptance")), *((fn(m) or DASH) for _, fn in RULE_COLUMNS)]
+             for m in metrics_list if isinstance(m.get("quality"), dict)]
+    return "".join("| " + " | ".join(str(c) for c in r) + " |\n" for r in rows)

@@ -186,6 +186,31 @@ class AcceptanceRule:
             self.conditional = torch.tensor(conditional_rates([float(r) for r in rates]), dtype=torch.float64)
             self.generator = torch.Generator().manual_seed(0)
 
+    def verify_greedy(self, ids, logits, num_drafts):
+        """An all-greedy batch (temperature 0) without probabilities or uniforms, as the lossless
+        argmax path: ids [B, T], logits [B, T, V], num_drafts [B] -> (accepted [B], emitted [B, T])
+        as verification.verify; None for synthetic (random by design). At temperature 0 every
+        acceptance probability is 0 or 1 and the token after the accepted drafts is the target's
+        argmax, so this gives the tokens of the general path: typical, lenient and cascade are
+        greedy matching there (module doc), relaxed also accepts its candidates on the softmax
+        of the logits."""
+        if self.name == "synthetic":
+            return None
+        B, T = ids.shape
+        target = logits.argmax(-1)                                         # [B, T]
+        x = ids[:, 1:]
+        ok = x == target[:, :-1]
+        if self.name == "relaxed":
+            s = logits.double().softmax(-1)[:, : T - 1]           # the general path's s, greedy rows
+            top = s.topk(min(int(self.config.relaxed_topk), s.shape[-1]), dim=-1).indices
+            delta = float(self.config.relaxed_delta)
+            ok |= (top == x[..., None]).any(-1) & (_pick(s, x) >= s.max(-1).values - delta)
+        ok &= torch.arange(T - 1, device=ids.device)[None] < num_drafts[:, None]
+        accepted = ok.long().cumprod(1).sum(1)
+        drafts = torch.cat([x, target[:, -1:]], 1)
+        kept = torch.arange(T, device=ids.device)[None] < accepted[:, None]
+        return accepted, torch.where(kept, drafts, target)
+
     def __call__(self, x, q, p, num_drafts, eta, *, logits, greedy):
         c = self.config
         if self.name == "synthetic":

@@ -130,6 +130,8 @@ def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
     """
     B, T = ids.shape
     nd = torch.tensor(num_drafts, device=ids.device)
+    if sampling.all_greedy and rule is not None and (fast := rule.verify_greedy(ids, logits, nd)) is not None:
+        return fast                                                        # no host sync either
     if sampling.all_greedy and rule is None:
         target = logits.argmax(-1)                                         # [B, T]
         is_draft = torch.arange(T - 1, device=ids.device)[None] < nd[:, None]
