@@ -274,3 +274,25 @@ def test_rules_in_the_compiled_step(trained_tiny):
     out, acc = _tokens(trained_tiny, "mtp8", 4, 0.0, acceptance="relaxed", relaxed_topk=8, relaxed_delta=0.5,
                        **compiled)
     assert acc > acc0
+
+
+@pytest.mark.slow      # one train_or_eval.py process a setting (5 s idle, up to 50 s on busy cores)
+@pytest.mark.parametrize("overrides, line", [
+    (["spec.acceptance=relaxed", "spec.relaxed_delta=-0.1"], "error: spec.relaxed_delta=-0.1: must be"),
+    (["spec.acceptance=relaxed", "spec.relaxed_topk=0"], "error: spec.relaxed_topk=0: must be an integer"),
+    (["spec.acceptance=synthetic", "spec.synthetic_acceptance_rates=[0.5,1.5,0,0,0,0,0,0]"],
+     "error: spec.synthetic_acceptance_rates=[0.5, 1.5, 0.0"),
+    (["spec.acceptance=typical", "eval.check_lossless=true"],
+     "error: eval.check_lossless=true with spec.acceptance=typical: a lossy rule is not lossless"),
+])
+def test_bad_settings_one_line_from_the_cli(tmp_path, overrides, line):
+    """The issue's bad settings through train_or_eval.py: exit 2, one stderr line naming the key."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "train_or_eval.py"), "mode=eval", "+spec=mtp8",
+                          "logger=none", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
+                         capture_output=True, text=True, cwd=root, timeout=300)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [res.stderr.strip()]
+    assert res.stderr.startswith(line)
