@@ -64,7 +64,8 @@ def _rules(args) -> int:
     metrics = []
     try:
         for d in args.multirun_dir:
-            metrics += [j.metrics for j in collect_sweep(d) if j.metrics is not None]
+            metrics += [j.metrics for j in collect_sweep(d)      # lossy jobs that measured their quality
+                        if j.metrics is not None and isinstance(j.metrics.get("quality"), dict)]
     except RunDirError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
