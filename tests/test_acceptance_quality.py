@@ -124,6 +124,10 @@ def test_sweep_table_and_pareto_figure_for_lossy_jobs(tmp_path):
     row = next(line for line in table.splitlines() if line.startswith("| relaxed"))
     assert "| 1.500 |" in row and "| 0.0200 [-0.0100, 0.0500] |" in row and "| 50.0%, 60.0% |" in row
     assert (write_sweep_pareto(tmp_path, jobs)).read_bytes()[:4] == b"\x89PNG"
+    from mtpx.metrics.pareto import _point
+    assert _point(lossy, "log_likelihood_loss", None) == (1.5, 0.02, None)
+    assert _point(base, "log_likelihood_loss", None) == (1.0, 0.0, None)          # the lossless rule
+    assert _point(dict(lossy, quality="interrupted"), "log_likelihood_loss", None) is None
     _job(tmp_path / "plain", 0, ["spec.num_speculative_tokens=2"], base)
     assert "Speed-up" not in sweep_table(tmp_path / "plain")          # a lossless sweep: today's table
     assert write_sweep_pareto(tmp_path / "plain", collect_sweep(tmp_path / "plain")) is None

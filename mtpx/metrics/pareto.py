@@ -79,8 +79,8 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 def _point(m: dict, key: str, interval: str | None):
     """(speed-up, loss, (low, high) or None) of one job; the lossless rule is (1, 0); None unmeasured."""
     q = m.get("quality")
-    if not isinstance(q, dict):
-        return (1.0, 0.0, None) if m.get("output_throughput") is not None else None
+    if not isinstance(q, dict):        # the lossless rule; a lossy job stopped before its quality: none
+        return (1.0, 0.0, None) if m.get("output_throughput") is not None and not m.get("lossy") else None
     if q.get(key) is None or m.get("speedup_vs_lossless") is None:
         return None
     return m["speedup_vs_lossless"], q[key], (q.get(interval) if interval else None)
