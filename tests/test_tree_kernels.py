@@ -2,19 +2,24 @@
 attention (mtpx.attention.tree_kernel; reference: TreeAttention's gather and masked SDPA) on random
 trees, layouts, grouped heads, padding and drafting's masks (a stale gap between the committed
 KV and the tree, a subset of the nodes as queries), and the parent-indexed gated delta rule
-(mtpx.models.gdn_tree_kernel; reference: tree_forward.tree_delta_rule)."""
+(mtpx.models.gdn_tree_kernel; reference: tree_forward.tree_delta_rule); and float32 tree engines,
+which run both, against plain greedy decoding."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from mtpx import LLM
 from mtpx.attention import tree_kernel
 from mtpx.attention.kv_cache import KVCache
 from mtpx.attention.tree_attention import node_meta
 from mtpx.models import gdn_tree_kernel
 from mtpx.models.tree_forward import tree_delta_rule
 from mtpx.spec_decode.tree import ancestor_mask, build_tree_shape
+from tests.helpers import _params, spy
 
 pytestmark = pytest.mark.skipif(not (tree_kernel.available() and gdn_tree_kernel.available()),
                                 reason="no C compiler: the kernels are not built")
@@ -115,3 +120,19 @@ def test_gdn_tree_kernel_equals_the_level_loop(tree, heads):
     assert torch.allclose(o.double(), o_ref, atol=TOL, rtol=0)
     assert torch.allclose(ssm.double(), ssm_ref, atol=TOL, rtol=0)
     assert torch.equal(ssm[2, T - 1], ssm[2, parents[T - 1]] if parents[T - 1] >= 0 else S0[2])
+
+
+def test_float32_tree_engines_run_the_kernels_and_equal_plain(trained_tiny, monkeypatch):
+    """The float32 tiny hybrid: mtp1 and mtp8 tree engines (the C kernels in every tree forward)
+    give plain decoding's greedy tokens."""
+    model = copy.deepcopy(trained_tiny).float()
+    prompts = [[5, 8, 11, 14], [20], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], [40, 42, 44], [61, 2, 7]]
+    params = [_params(14) for _ in prompts]
+    plain = [o.output_token_ids for o in LLM(model=model, max_num_seqs=4).generate(prompts, params)]
+    attention = spy(monkeypatch, tree_kernel, "_tree_attention")
+    recurrence = spy(monkeypatch, gdn_tree_kernel, "_gdn_tree")
+    for spec, tree in [("mtp1", [2, 1, 1]), ("mtp8", [2, 2, 1])]:
+        outs = LLM(model=model, spec=spec, tree=tree, max_num_seqs=4).generate(prompts, params)
+        assert [o.output_token_ids for o in outs] == plain, spec
+        assert sum(o.spec.num_accepted_tokens for o in outs) > 0
+    assert len(attention) > 0 and len(recurrence) > 0
