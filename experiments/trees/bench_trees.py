@@ -1,10 +1,12 @@
-"""Chain against tree drafting on GSM8K prompts, contenders alternated in one process.
+"""Chain against tree drafting on GSM8K or HumanEval prompts, contenders alternated in one process.
 
     python experiments/trees/bench_trees.py [--num-prompts 8] [--max-tokens 64] [--rounds 2] \
-        [--threads 1] [--out experiments/trees]
+        [--threads 1] [--data gsm8k|humaneval] [--concurrency 1] [--only NAME ...] [--out DIR]
 
-Each contender is one LLM (eager, greedy, concurrency 1, the demo checkpoint): plain decoding,
-chain mtp1 (k = 1 and k = 3), chain mtp8 (k = 8) and the tree shapes in TREES. The prompts are cut
+Each contender is one LLM (eager, or with --compile compiled where it can; greedy, concurrency
+--concurrency (max_num_seqs), the demo
+checkpoint): plain decoding, chain mtp1 (k = 1 and k = 3), chain mtp8 (k = 8) and the tree shapes
+in CONTENDERS (--only: those names). The prompts are cut
 into --rounds chunks; every contender generates each chunk, in an order rotated per chunk. Per
 contender: output tok/s (output tokens / generate wall time, over all chunks), its ratio to plain,
 acceptance length (1 + accepted / rounds), drafts verified per round, and the requests whose tokens
@@ -25,19 +27,24 @@ import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
+from mtpx.data.humaneval import load_humaneval  # noqa: E402
 from mtpx.schema import data_dir  # noqa: E402
 
 MTP8_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0],
              [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]]
 MTP1_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
+MTP1_SMALL = [[0], [1], [0, 0], [0, 0, 0]]                  # the k=3 chain plus a second choice at depth 1
+MTP8_SMALL = [[0], [1]] + [[0] * d for d in range(2, 9)]    # the k=8 chain plus a second choice at depth 1
 CONTENDERS = {          # name: (spec, num_speculative_tokens, tree)
     "plain": (None, None, None),
     "mtp1 chain k=1": ("mtp1", 1, None),
     "mtp1 chain k=3": ("mtp1", 3, None),
     "mtp1 tree [2]": ("mtp1", None, [2]),
+    "mtp1 tree chain3+1 (4)": ("mtp1", None, MTP1_SMALL),
     "mtp1 tree [2,1,1]": ("mtp1", None, [2, 1, 1]),
     "mtp1 tree preset (8)": ("mtp1", None, MTP1_TREE),
     "mtp8 chain k=8": ("mtp8", 8, None),
+    "mtp8 tree chain8+1 (9)": ("mtp8", None, MTP8_SMALL),
     "mtp8 tree [2,1x7]": ("mtp8", None, [2, 1, 1, 1, 1, 1, 1, 1]),
     "mtp8 tree [2,2,1x6]": ("mtp8", None, [2, 2, 1, 1, 1, 1, 1, 1]),
     "mtp8 tree preset (12)": ("mtp8", None, MTP8_TREE),
@@ -51,16 +58,27 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--data", choices=["gsm8k", "humaneval"], default="gsm8k")
+    ap.add_argument("--concurrency", type=int, default=1)
+    ap.add_argument("--only", nargs="*", help="contender names (default: all); plain always runs")
+    ap.add_argument("--compile", action="store_true",
+                    help="plain and chains with engine.compile=true (trees run eager: not supported yet)")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "trees"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = load_gsm8k(data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl")[: args.num_prompts]
-    prompts = [format_prompt(r["question"]) for r in rows]
+    root = data_dir(ROOT / "conf")
+    if args.data == "gsm8k":
+        prompts = [format_prompt(r["question"]) for r in load_gsm8k(root / "gsm8k" / "test.jsonl")]
+    else:
+        prompts = [r["prompt"] for r in load_humaneval(root / "humaneval" / "HumanEval.jsonl.gz")]
+    prompts = prompts[: args.num_prompts]
     chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
     params = SamplingParams(max_tokens=args.max_tokens)
-    llms = {name: LLM(model=args.model, spec=s, num_speculative_tokens=k, tree=t, max_num_seqs=1,
-                      compile=False, max_model_len=1024) for name, (s, k, t) in CONTENDERS.items()}
-    names = list(CONTENDERS)
+    names = [n for n in CONTENDERS if n == "plain" or not args.only or n in args.only]
+    llms = {name: LLM(model=args.model, spec=CONTENDERS[name][0], num_speculative_tokens=CONTENDERS[name][1],
+                      tree=CONTENDERS[name][2], max_num_seqs=args.concurrency,
+                      compile=args.compile and CONTENDERS[name][2] is None,
+                      max_model_len=1024) for name in names}
     per = {n: {"tokens": 0, "seconds": 0.0, "accepted": 0, "rounds": 0, "drafts": 0, "outputs": []}
            for n in names}
     for c, chunk in enumerate(chunks):
@@ -75,8 +93,9 @@ def main(argv=None) -> int:
             p["drafts"] += sum(o.spec.num_draft_tokens for o in outs)
             p["outputs"] += [o.output_token_ids for o in outs]
     base = per["plain"]["tokens"] / per["plain"]["seconds"]
-    table = ["| contender | drafts / round | acceptance length | output tok/s | vs plain | differing |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    table = ["| contender | step | drafts / round | acceptance length | output tok/s | vs plain "
+             "| differing |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     summary = {}
     for name in names:
         p = per[name]
@@ -87,7 +106,9 @@ def main(argv=None) -> int:
         summary[name] = dict(tok_s=round(tps, 2), vs_plain=round(tps / base, 3),
                              acceptance_length=round(al, 3),
                              drafts_per_round=round(dpr, 2), differing=diff)
-        table.append(f"| {name} | {dpr:.1f} | {al:.2f} | {tps:.1f} | {tps / base:.2f}x | {diff} |")
+        mode = "compiled" if args.compile and CONTENDERS[name][2] is None else "eager"
+        summary[name]["step"] = mode
+        table.append(f"| {name} | {mode} | {dpr:.1f} | {al:.2f} | {tps:.1f} | {tps / base:.2f}x | {diff} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "trees.json").write_text(json.dumps(dict(args=vars(args), results=summary), indent=1) + "\n")

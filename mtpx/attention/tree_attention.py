@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from mtpx.attention.kv_cache import KVCache
+from mtpx.attention import tree_kernel
 from mtpx.attention.meta import ForwardMeta
 from mtpx.attention.torch_backend import gather_kv
 
@@ -42,6 +43,9 @@ class TreeAttention:
         """q [B, T, H, D], k, v [B, T, Hkv, D] -> [B, T, H, D] (module doc); padding queries
         (meta.valid False) write nothing and return garbage."""
         cache.write(meta.slot_mapping[meta.valid], k[meta.valid], v[meta.valid])
+        if tree_kernel.supports(q, cache.k):          # the C kernel (mtpx.attention.tree_kernel)
+            return tree_kernel.tree_attention(q, cache.k, cache.v, meta.block_table, self.ancestors,
+                                              self.base, self.prefix_end, meta.valid)
         S = self.ancestors.shape[-1]
         kv_len = int((self.base + S).max())
         keys, values = gather_kv(cache, meta.block_table, kv_len)

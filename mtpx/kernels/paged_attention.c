@@ -13,6 +13,12 @@
  * scores (normalised once the row is complete, not online: the windows are short), then the
  * weighted sum of the values. One work item is a request; each block's keys and values are read
  * from memory once, for all its queries. Items are split over `num_threads` POSIX threads.
+ *
+ * `paged_tree_attention` is the same with a tree mask (mtpx/attention/tree_attention.py, whose
+ * gather and masked SDPA is its reference): ancestors [B, T, NT] uint8, base, prefix_end [B] int64;
+ * query (b, t) attends the positions p < prefix_end[b] and the positions base[b] + j with
+ * ancestors[b, t, j] (0 <= j < NT), each read up to its last allowed position; masked keys get
+ * weight 0 (excluded from the softmax's max and sum). `positions` is not read there.
  */
 #include <math.h>
 #include <pthread.h>
@@ -29,7 +35,41 @@ typedef struct {
     float *out;
     int64_t B, T, H, Hkv, D, S, bt_stride;
     float scale;
+    const uint8_t *anc;                    /* NULL: causal; else the tree mask (module doc) */
+    const int64_t *base, *prefix_end;
+    int64_t NT;
 } job_t;
+
+/* Whether query row (b, t) of a tree mask may read position p (module doc). */
+static inline int allowed(const job_t *a, int64_t b, int64_t t, int64_t p) {
+    const int64_t j = p - a->base[b];
+    return p < a->prefix_end[b] || (j >= 0 && j < a->NT && a->anc[(b * a->T + t) * a->NT + j]);
+}
+
+/* Positions read by query row (b, t): up to its last allowed position (at least position 0). */
+static int64_t reach(const job_t *a, int64_t b, int64_t t) {
+    if (!a->valid[b * a->T + t]) return 1;
+    if (!a->anc) return a->positions[b * a->T + t] + 1;
+    int64_t n = a->prefix_end[b] > 1 ? a->prefix_end[b] : 1;
+    for (int64_t j = 0; j < a->NT; j++)
+        if (a->anc[(b * a->T + t) * a->NT + j] && a->base[b] + j + 1 > n) n = a->base[b] + j + 1;
+    return n;
+}
+
+/* The softmax of the n scores si of query row (b, t) in place; masked positions (tree mask) get 0. */
+static void softmax_row(const job_t *a, int64_t b, int64_t t, float *si, int64_t n) {
+    float mx = -3.0e38f, l = 0.f;
+    if (!a->anc) {
+        for (int64_t j = 0; j < n; j++) mx = si[j] > mx ? si[j] : mx;
+        for (int64_t j = 0; j < n; j++) si[j] = exp_fast(si[j] - mx);
+    } else {
+        for (int64_t j = 0; j < n; j++) if (allowed(a, b, t, j) && si[j] > mx) mx = si[j];
+        for (int64_t j = 0; j < n; j++) si[j] = allowed(a, b, t, j) ? exp_fast(si[j] - mx) : 0.f;
+    }
+    for (int64_t j = 0; j < n; j++) l += si[j];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    for (int64_t j = 0; j < n; j++) si[j] *= inv;
+}
 
 
 /* Every line of n floats at p, into the L2 cache ahead of its use (prefetcht1). Prefetches into
@@ -40,13 +80,17 @@ static inline void prefetch_span(const float *p, int64_t n) {
     for (int64_t off = 0; off < n; off += 16) __builtin_prefetch(p + off, 0, 2);
 }
 
+static inline int h_first(int64_t i, int64_t H) { return i % H == 0; }
+
 #define AHEAD 2      /* blocks prefetched ahead of the one read (1 and 3 measured slower) */
 
 /* The blocks request b reads: those of its largest valid position (at least position 0). */
 static int64_t blocks_of(const job_t *a, int64_t b) {
     int64_t nmax = 1;
-    for (int64_t t = 0; t < a->T; t++)
-        if (a->valid[b * a->T + t] && a->positions[b * a->T + t] + 1 > nmax) nmax = a->positions[b * a->T + t] + 1;
+    for (int64_t t = 0; t < a->T; t++) {
+        const int64_t n = reach(a, b, t);
+        nmax = n > nmax ? n : nmax;
+    }
     return (nmax + a->S - 1) / a->S;
 }
 
@@ -68,7 +112,7 @@ static inline __attribute__((always_inline)) int attend_d(const job_t *a, int64_
     float *sc = buf, *qs = sc + NQ * L, *acc = qs + NQ * D;
     for (int64_t i = 0; i < NQ; i++) {
         const int64_t t = i / H;
-        n_of[i] = a->valid[b * T + t] ? a->positions[b * T + t] + 1 : 1;
+        n_of[i] = h_first(i, H) ? reach(a, b, t) : n_of[i - 1];
         const float *qr = a->q + (b * NQ + i) * D;
         for (int64_t d = 0; d < D; d++) qs[i * D + d] = qr[d] * a->scale;
     }
@@ -108,15 +152,8 @@ static inline __attribute__((always_inline)) int attend_d(const job_t *a, int64_
                             store8(s + jj, hsum8(s8));
                         }
                     for (; jj < cnt; jj++) s[jj] = dot(qi, rows + jj * row, D);
-                    if (blk + 1 == (n_of[i] + S - 1) / S) {     /* the row is complete: its softmax */
-                        float *si = sc + i * L, mx = si[0], l = 0.f;
-                        const int64_t n = n_of[i];
-                        for (int64_t j = 1; j < n; j++) mx = si[j] > mx ? si[j] : mx;
-                        for (int64_t j = 0; j < n; j++) si[j] = exp_fast(si[j] - mx);
-                        for (int64_t j = 0; j < n; j++) l += si[j];
-                        const float inv = 1.f / l;
-                        for (int64_t j = 0; j < n; j++) si[j] *= inv;
-                    }
+                    if (blk + 1 == (n_of[i] + S - 1) / S)       /* the row is complete: its softmax */
+                        softmax_row(a, b, i / H, sc + i * L, n_of[i]);
                 } else if (vec) {                    /* the block's sum in registers */
                     float *ai = acc + i * D;
                     v8 av[MAX_VECS];
@@ -146,6 +183,17 @@ int paged_attention(const float *q, const float *kc, const float *vc, const int6
                     int64_t bt_stride, const int64_t *positions, const uint8_t *valid, float *out,
                     int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, int64_t S, float scale,
                     int64_t num_threads) {
-    job_t job = {q, kc, vc, block_table, positions, valid, out, B, T, H, Hkv, D, S, bt_stride, scale};
+    job_t job = {q, kc, vc, block_table, positions, valid, out, B, T, H, Hkv, D, S, bt_stride, scale,
+                 NULL, NULL, NULL, 0};
+    return parallel_for(B, num_threads, attend, &job);
+}
+
+/* The tree-masked variant (module doc). Returns 0, or 1 when memory ran out. */
+int paged_tree_attention(const float *q, const float *kc, const float *vc, const int64_t *block_table,
+                         int64_t bt_stride, const uint8_t *anc, const int64_t *base, const int64_t *prefix_end,
+                         int64_t NT, const uint8_t *valid, float *out, int64_t B, int64_t T, int64_t H,
+                         int64_t Hkv, int64_t D, int64_t S, float scale, int64_t num_threads) {
+    job_t job = {q, kc, vc, block_table, NULL, valid, out, B, T, H, Hkv, D, S, bt_stride, scale,
+                 anc, base, prefix_end, NT};
     return parallel_for(B, num_threads, attend, &job);
 }

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from mtpx.attention.meta import ForwardMeta
 from mtpx.cache.state import RecurrentState
+from mtpx.models import gdn_tree_kernel
 from mtpx.models.deltanet import GatedDeltaNet
 from mtpx.models.gated_delta_rule import _prep
 from mtpx.models.rope import rope_cos_sin
@@ -83,21 +84,28 @@ def tree_delta_rule(q, k, v, g, beta, init: torch.Tensor, parents: torch.Tensor,
 
 
 def gdn_tree(layer: GatedDeltaNet, x: torch.Tensor, state: RecurrentState, meta: ForwardMeta,
-             parents: torch.Tensor, levels: list[tuple[int, int]]) -> tuple[torch.Tensor, TreeStates]:
+             parents: torch.Tensor, levels: list[tuple[int, int]],
+             taps: torch.Tensor | None = None) -> tuple[torch.Tensor, TreeStates]:
     """A Gated DeltaNet layer over tree nodes (module doc): x [B, T, hidden] -> ([B, T, hidden],
-    its TreeStates); parents [B, T], levels: tree_delta_rule's; reads the rows' stored states,
-    writes none."""
+    its TreeStates); parents [B, T], levels: tree_delta_rule's; taps: conv_taps(parents, kernel)
+    (computed here when None); reads the rows' stored states, writes none. On the CPU in float32
+    the recurrence is one C call (mtpx.models.gdn_tree_kernel)."""
     qkvz, ba = layer.in_proj_qkvz(x), layer.in_proj_ba(x)
     q, k, v, z, b, a = layer._split(qkvz, ba)
     mixed = torch.cat([q, k, v], dim=-1).transpose(1, 2)                    # [B, C, T]
     ext = torch.cat([state.conv[meta.rows].to(mixed.dtype), mixed], dim=-1)
-    taps = conv_taps(parents, layer.kernel)
+    taps = conv_taps(parents, layer.kernel) if taps is None else taps
     w = layer.conv1d.weight[:, 0].to(ext.dtype)                               # [C, K]
-    C = ext.shape[1]
-    out = sum(ext.gather(2, taps[:, j, None].expand(-1, C, -1)) * w[:, j, None] for j in range(layer.kernel))
+    C, K = ext.shape[1], layer.kernel
+    cols = ext.gather(2, taps.flatten(1)[:, None].expand(-1, C, -1)).unflatten(2, (K, -1))   # [B, C, K, T]
+    out = (cols * w[None, :, :, None]).sum(2)
     q, k, v, beta, g = layer._rule_inputs(F.silu(out).transpose(1, 2), b, a)
     beta, g = beta * meta.valid[..., None], g * meta.valid[..., None]
-    o, ssm = tree_delta_rule(q, k, v, g, beta, state.ssm[meta.rows], parents[0], levels)
+    init = state.ssm[meta.rows]
+    if gdn_tree_kernel.runs(q, init):
+        o, ssm = gdn_tree_kernel.tree(q, k, v, g, beta, init, parents)
+    else:
+        o, ssm = tree_delta_rule(q, k, v, g, beta, init, parents[0], levels)
     return layer.out_proj(layer.norm(o, z).flatten(-2)), TreeStates(ext, taps, ssm)
 
 
@@ -112,11 +120,14 @@ def tree_forward(model, caches: list, ids: torch.Tensor, rope_positions: torch.T
     dec, cfg = model.model, model.model.cfg
     x = dec.embed_tokens(ids)
     cos, sin = rope_cos_sin(rope_positions, cfg.rotary_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
-    kept = []
+    kept, taps = [], {}
     for layer, cache in zip(dec.layers, caches):
         h = layer.input_layernorm(x)
         if layer.layer_type == "linear_attention":
-            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents, levels)
+            K = layer.linear_attn.kernel
+            if K not in taps:
+                taps[K] = conv_taps(parents, K)
+            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents, levels, taps[K])
             kept.append(states)
         else:
             h = layer.self_attn(h, cos, sin, cache, meta)
