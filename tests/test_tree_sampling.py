@@ -10,7 +10,7 @@ reuses one uniform at every depth. The engine's distribution check is slow (abou
 busy cores): `python -m pytest -q -m slow tests/test_tree_sampling.py`."""
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import pytest
 import torch
@@ -18,7 +18,7 @@ import torch
 from mtpx import LLM, SamplingParams
 from mtpx.spec_decode.tree import build_tree_shape, greedy_walk
 from mtpx.spec_decode.tree_sampling import node_targets
-from tests.test_sampling import N as N_ENGINE, PROMPT, TV_MAX, _model_v8, empirical_joint, exact_joint, tv
+from tests.test_sampling import N as N_ENGINE, PROMPT, TV_MAX, _model_v8, exact_joint, tv
 
 V = 5
 # a hand-made tree below the root: nodes 1, 2 hold tokens 1, 3 (the root's children); node 1's
@@ -132,17 +132,20 @@ def _tree_llm(model, tree, **kw):
 @pytest.mark.slow
 def test_engine_tree_sampling_matches_target_distribution():
     """tests/test_sampling.py's check (the vocabulary-8 peaked model, temperature 1.5, 4,000 seeded
-    requests) with an mtp8 tree [2, 2]: TV to the exact joint below TV_MAX, with accepted paths
-    through a second-ranked child."""
+    requests, the joint of the first 3 tokens) with an mtp8 tree [2, 2] and 6 tokens a request (so
+    that the first round verifies second-ranked children too: with 3 the scheduler lets it verify one
+    draft): TV to the exact joint below TV_MAX, with accepted paths through a second-ranked child."""
     model = _model_v8()
     params = SamplingParams(temperature=1.5, top_k=4)
     llm = _tree_llm(model, [2, 2])
-    counts, outs = empirical_joint(llm, params)
+    outs = llm.generate([PROMPT] * N_ENGINE, [SamplingParams(max_tokens=6, temperature=1.5, top_k=4, seed=i,
+                                                             ignore_eos=True) for i in range(N_ENGINE)])
+    counts = Counter(tuple(o.output_token_ids[:3]) for o in outs)
     d = tv(counts, exact_joint(model, params))
     stats = llm.engine.runner.tree_stats
     assert d < TV_MAX, d
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0.05 * N_ENGINE
-    assert sum(sum(row[1:]) for row in stats.rank_counts) > 0.01 * N_ENGINE
+    assert sum(sum(row[1:]) for row in stats.rank_counts) > 0.01 * N_ENGINE, stats.rank_counts
 
 
 SEEDED_TREES = [("mtp8", [2, 2, 1]), ("mtp8", [[0], [1], [2], [0, 0], [0, 0, 0], [1, 0]]), ("mtp1", [3, 1]),

@@ -20,7 +20,8 @@ from types import SimpleNamespace
 import torch
 
 from mtpx.attention.tree_attention import node_meta
-from mtpx.engine.logits import logprobs, process_logits
+from mtpx.engine.logits import logprobs
+from mtpx.engine.tree_logits import process_tree_logits
 from mtpx.models.tree_forward import commit_tree_states, tree_forward
 from mtpx.spec_decode.tree import ancestor_mask, greedy_walk
 from mtpx.spec_decode.tree_sampling import tree_targets
@@ -64,9 +65,6 @@ class TreeStats:
 
 def unsupported(params) -> str | None:
     """Why tree drafting cannot run a request with these SamplingParams (one line), or None."""
-    if params.min_tokens or params.has_penalties:
-        return ("spec.tree with min_tokens or repetition / frequency / presence penalties: not supported "
-                "yet (they depend on each branch's tokens)")
     if params.structured_outputs is not None or params.allowed_token_ids or params.bad_words:
         return ("spec.tree with structured_outputs, allowed_token_ids or bad_words: not supported yet "
                 "(their masks follow one chain of drafts)")
@@ -135,7 +133,8 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
                      ancestor_mask(parents, D), cache.gdn_backend)
     h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
     logits = model.lm_head(h)                                                  # [B, T, V]
-    target, uniforms = tree_targets(runner._sampling(reqs), process_logits(reqs, logits), depths, D)
+    processed = process_tree_logits(reqs, logits, ids, parents, depths, D)    # each node: its path committed
+    target, uniforms = tree_targets(runner._sampling(reqs), processed, depths, D)
     accepted, path = greedy_walk(ids, parents, depths, valid, target, D)
     if uniforms is not None:                  # seeded streams advance by the tokens emitted
         uniforms.settle((accepted + 1).tolist())

@@ -7,9 +7,9 @@ figure, from ``metrics["tree"]`` (mtpx/engine/tree_step.py, TreeStats.summary):
 - sweep columns (`TREE_COLUMNS`, mtpx.metrics.sweep): nodes per round, accepted path length and
   per-depth acceptance;
 - W&B (`tree_wandb`): those numbers as scalars ``tree/...`` and the rank counts as a table;
-- ``tree_acceptance.png`` (`write_tree_figure`): a depth x rank heat map, cell (d, r) = the share of
-  rounds whose accepted path went through a rank-r child at depth d (each row sums to that depth's
-  acceptance), annotated with the share and the count.
+- ``tree_acceptance.png`` (`write_tree_figure`): a depth x rank heat map over the tree's depths and
+  widths, cell (d, r) = the share of rounds whose accepted path went through a rank-r child at
+  depth d (each row sums to that depth's acceptance), annotated with the share and the count.
 
 Rates are fractions in metrics.json and percentages in tables and figures.
 """
@@ -103,8 +103,10 @@ def write_tree_figure(metrics: dict, out_dir: str | os.PathLike, identity: str =
         return []
     from matplotlib.figure import Figure
 
-    rounds = _rounds(t)
-    depth, ranks = len(counts), max(len(row) for row in counts)
+    rounds, paths = _rounds(t), t.get("paths") or []
+    depth = max([len(counts)] + [len(p) for p in paths])             # depths never reached: zero rows
+    ranks = max([len(row) for row in counts] + [p[-1] + 1 for p in paths])
+    counts = counts + [[]] * (depth - len(counts))
     grid = [[100 * (row[r] if r < len(row) else 0) / rounds for r in range(ranks)] for row in counts]
     fig = Figure(figsize=(max(5.0, 1.2 * ranks + 3.0), max(3.0, 0.45 * depth + 1.8)), layout="constrained")
     ax = fig.subplots()
@@ -116,7 +118,7 @@ def write_tree_figure(metrics: dict, out_dir: str | os.PathLike, identity: str =
                     color="white" if grid[d][r] < 50 else "black")
     ax.set_xticks(range(ranks), [str(r) for r in range(ranks)])
     ax.set_yticks(range(depth), [str(d + 1) for d in range(depth)])
-    ax.set_xlabel("rank of the accepted child among its siblings (0: the draft's first choice)")
+    ax.set_xlabel("sibling rank of the accepted node (0: the draft's first choice)")
     ax.set_ylabel("depth")
     ax.set_title(f"Tree acceptance by depth and rank (% of {rounds} rounds)", fontsize=10)
     fig.colorbar(image, ax=ax, label="% of rounds")
