@@ -47,7 +47,13 @@ def test_shapes_from_widths_and_paths():
     ([[0], [1, 0]], None, r"spec.tree: path \[1, 0\] has no parent path \[1\]"),
     ([2, 1, 1], 2, r"spec.tree is 3 deep but the model has 2 MTP modules"),
     ("wide", None, r"spec.tree='wide': give a list of widths"),
-    ({"num_draft_tokens": 8}, None, r"spec.tree as a node budget .*: not supported yet"),
+    ({"num_draft_tokens": 8, "depth": 4, "topk": 2}, None, r"spec.tree as a node budget .*: not supported"),
+    ({"num_draft_tokens": 8, "depth": 4, "topk": 0}, None, r"spec.tree.topk=0: must be an integer >= 1"),
+    ({"num_draft_tokens": 3, "depth": 4, "topk": 2}, None,
+     r"spec.tree.num_draft_tokens=3 is smaller than spec.tree.depth=4: the budget must hold"),
+    ({"num_draft_tokens": 8, "depth": 5, "topk": 2}, 4, r"spec.tree.depth=5 but the model has 4 MTP modules"),
+    ({"num_draft_tokens": 8, "depth": 4}, None, r"spec.tree.topk is missing"),
+    ({"num_draft_tokens": 8, "depth": 4, "topk": 2, "width": 2}, None, r"spec.tree.width: unknown key"),
 ])
 def test_bad_shapes_name_the_key(value, modules, message):
     with pytest.raises(ValueError, match=message) as e:
@@ -72,8 +78,7 @@ def test_bad_settings_are_one_line(trained_tiny):
     outs = llm.generate([[5, 8], [5, 9], [5, 7]], [SamplingParams(max_tokens=4, temperature=0.7, seed=1),
                                                    SamplingParams(max_tokens=4, ignore_eos=True),
                                                    SamplingParams(max_tokens=4, allowed_token_ids=[5, 6])])
-    assert outs[0].error == ("spec.tree with temperature > 0: not supported yet (tree drafting verifies "
-                             "greedily)")
+    assert outs[0].error is None and len(outs[0].output_token_ids) == 4      # tests/test_tree_sampling.py
     assert outs[1].error is None and len(outs[1].output_token_ids) == 4
     assert outs[2].error.startswith("spec.tree with structured_outputs, allowed_token_ids or bad_words")
 

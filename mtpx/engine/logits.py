@@ -55,22 +55,28 @@ def _process(reqs, logits: torch.Tensor, ids: torch.Tensor | None = None) -> tor
     for b in banned:
         _ban_words(view[b], reqs[b], ids[b, 1:].tolist() if window else [])
     for b in penalized:
-        r, p = reqs[b], reqs[b].params
+        r = reqs[b]
         counts = torch.bincount(torch.tensor(r.output_token_ids, dtype=torch.long, device=dev),
                                 minlength=V).to(dtype)[None].expand(T, V)        # [T, V]
         if window and T > 1:           # column j also counts drafts d_1 .. d_j
             seen = torch.nn.functional.one_hot(ids[b, 1:], V).to(dtype).cumsum(0)
             counts = counts + torch.cat([torch.zeros(1, V, dtype=dtype, device=dev), seen])
-        x = view[b]
-        if p.repetition_penalty != 1:
-            prompt = torch.zeros(V, dtype=torch.bool, device=dev)
-            prompt[torch.tensor(r.prompt_token_ids, dtype=torch.long, device=dev)] = True
-            seen = prompt[None] | (counts > 0)
-            scaled = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
-            x = torch.where(seen, scaled, x)
-        x = x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(dtype)
-        view[b] = x
+        view[b] = apply_penalties(view[b], r, counts)
     return out
+
+
+def apply_penalties(x: torch.Tensor, r, counts: torch.Tensor) -> torch.Tensor:
+    """Request r's repetition, frequency and presence penalties on its columns x [T, V], counts
+    [T, V] (each column's output token counts, drafts before it included) -> [T, V] (vLLM's rules:
+    repetition divides positive / multiplies negative logits of tokens in the prompt or counted)."""
+    p, V = r.params, x.shape[-1]
+    if p.repetition_penalty != 1:
+        prompt = torch.zeros(V, dtype=torch.bool, device=x.device)
+        prompt[torch.tensor(r.prompt_token_ids, dtype=torch.long, device=x.device)] = True
+        seen = prompt[None] | (counts > 0)
+        scaled = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+        x = torch.where(seen, scaled, x)
+    return x - p.frequency_penalty * counts - p.presence_penalty * (counts > 0).to(x.dtype)
 
 
 def _ban_words(x: torch.Tensor, r, drafts: list[int]) -> None:

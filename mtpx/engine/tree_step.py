@@ -1,10 +1,11 @@
-"""The decode step of tree drafting (`spec.tree`, mtpx/spec_decode/tree.py), eager and greedy.
+"""The decode step of tree drafting (`spec.tree`, mtpx/spec_decode/tree.py), eager; sampling at
+temperature > 0 as in mtpx/spec_decode/tree_sampling.py.
 
 One target forward over every request's tree [x_n, node 1 .. node N'] (N' = the drafts the
 scheduler let it verify: a breadth-first prefix of the tree, itself a tree): node t's KV is
 written at position n + t's slot, RoPE at n + depth(t), attention reads the committed KV and the
 node's ancestors, Gated DeltaNet steps each node from its parent's state
-(mtpx/models/tree_forward.py). Greedy verification walks the tree along the target's argmax
+(mtpx/models/tree_forward.py). Verification walks the tree along the target's (seeded) samples
 (`greedy_walk`); then the accepted path's KV is moved to positions n + 1 .. n + m (its nodes sit
 at n + path[d] >= n + d, so moving in order of depth never overwrites a node still to move), the
 Gated DeltaNet state after the last accepted node is kept and the boundary states of the accepted
@@ -19,9 +20,11 @@ from types import SimpleNamespace
 import torch
 
 from mtpx.attention.tree_attention import node_meta
-from mtpx.engine.logits import logprobs, process_logits
+from mtpx.engine.logits import logprobs
+from mtpx.engine.tree_logits import process_tree_logits
 from mtpx.models.tree_forward import commit_tree_states, tree_forward
 from mtpx.spec_decode.tree import ancestor_mask, greedy_walk
+from mtpx.spec_decode.tree_sampling import tree_targets
 
 
 @dataclass
@@ -49,10 +52,12 @@ class TreeStats:
             row[r] += 1
 
     def summary(self) -> dict:
-        """{"paths", "nodes_per_round", "nodes_per_step", "per_depth_acceptance" (rounds reaching
-        depth d + 1 / rounds), "accepted_rank_per_depth" (rank_counts)}."""
+        """{"paths", "rounds", "nodes_per_round", "accepted_path_length" (accepted nodes / rounds),
+        "nodes_per_step", "per_depth_acceptance" (rounds reaching depth d + 1 / rounds),
+        "accepted_rank_per_depth" (rank_counts)}."""
         per = max(self.rounds, 1)
-        return {"paths": self.paths, "nodes_per_round": self.nodes / per,
+        return {"paths": self.paths, "rounds": self.rounds, "nodes_per_round": self.nodes / per,
+                "accepted_path_length": sum(map(sum, self.rank_counts)) / per,
                 "nodes_per_step": self.nodes / max(self.steps, 1),
                 "per_depth_acceptance": [sum(row) / per for row in self.rank_counts],
                 "accepted_rank_per_depth": self.rank_counts}
@@ -60,11 +65,6 @@ class TreeStats:
 
 def unsupported(params) -> str | None:
     """Why tree drafting cannot run a request with these SamplingParams (one line), or None."""
-    if not params.greedy:
-        return "spec.tree with temperature > 0: not supported yet (tree drafting verifies greedily)"
-    if params.min_tokens or params.has_penalties:
-        return ("spec.tree with min_tokens or repetition / frequency / presence penalties: not supported "
-                "yet (they depend on each branch's tokens)")
     if params.structured_outputs is not None or params.allowed_token_ids or params.bad_words:
         return ("spec.tree with structured_outputs, allowed_token_ids or bad_words: not supported yet "
                 "(their masks follow one chain of drafts)")
@@ -76,6 +76,9 @@ def check_tree_engine(config) -> None:
     if config.acceptance != "lossless":
         raise ValueError(f"spec.tree with spec.acceptance={config.acceptance}: not supported yet "
                          "(tree drafting verifies with the lossless greedy walk)")
+    if config.draft_sample_method != "greedy":
+        raise ValueError(f"spec.tree with spec.draft_sample_method={config.draft_sample_method}: not "
+                         "supported (a tree's children are the draft's top-k; set it to greedy)")
     if config.compile:
         raise ValueError("spec.tree with engine.compile=true: not supported yet (set engine.compile=false)")
     if config.attention_backend != "torch":
@@ -130,8 +133,11 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
                      ancestor_mask(parents, D), cache.gdn_backend)
     h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
     logits = model.lm_head(h)                                                  # [B, T, V]
-    target = process_logits(reqs, logits).argmax(-1)                         # logit_bias only (unsupported)
+    processed = process_tree_logits(reqs, logits, ids, parents, depths, D)    # each node: its path committed
+    target, uniforms = tree_targets(runner._sampling(reqs), processed, depths, D)
     accepted, path = greedy_walk(ids, parents, depths, valid, target, D)
+    if uniforms is not None:                  # seeded streams advance by the tokens emitted
+        uniforms.settle((accepted + 1).tolist())
     emitted = target.gather(1, path)                                          # [B, D + 1]
     d = torch.arange(1, D + 1, device=dev)
     on_path = d[None] <= accepted[:, None]

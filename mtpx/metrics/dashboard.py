@@ -32,6 +32,7 @@ from pathlib import Path
 from mtpx.io import atomic_write_bytes, source_commit, utc_now
 from mtpx.metrics.analytics import wilson_interval
 from mtpx.metrics.cost_model_figure import write_auto_k_figures
+from mtpx.metrics.tree_metrics import write_tree_figure
 from mtpx.metrics.dashboard_summary import (dashboard_markdown, format_position0_prediction, md_row,
                                             position0_predictions)
 from mtpx.metrics.run_dirs import (Run, RunDirError, bucket_rows, buckets_have_data, categories_with_data,
@@ -195,6 +196,7 @@ def write_run_figures(metrics: dict, out_dir: str | os.PathLike) -> list[Path]:
         save(fig, RUN_FIGURES[2])
     # automatic k (mtpx/metrics/cost_model_figure.py)
     written += write_auto_k_figures(metrics, out, identity)
+    written += write_tree_figure(metrics, out, identity)      # tree drafting (mtpx/metrics/tree_metrics.py)
     return written
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mtpx.io import atomic_write_bytes, check_writable_dir
+from mtpx.metrics.tree_metrics import tree_wandb
 
 __all__ = ["RunLogger", "plot_per_position_acceptance"]
 
@@ -166,6 +167,9 @@ class RunLogger:
         tables = self._analytics_tables(metrics.get("analytics"))
         data.update(tables)
         data.update(self._analytics_charts(metrics.get("analytics"), tables))
+        tree = tree_wandb(metrics)                         # tree drafting (mtpx/metrics/tree_metrics.py)
+        scalars.update({k: v for k, v in tree.items() if isinstance(v, (int, float))})
+        data.update(tree)
         self.run.log(data)
         self.run.summary.update(scalars)
 

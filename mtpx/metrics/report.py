@@ -17,6 +17,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from mtpx.metrics.tree_metrics import tree_report_rows
+
 __all__ = ["format_report", "format_category_table", "format_cost_model_table", "format_comparison", "DASH"]
 
 DASH = "—"
@@ -228,6 +230,7 @@ def _report_rows(m: dict) -> list[tuple[str, str]]:
         if value is None and row.key in _OPTIONAL_KEYS:
             continue
         rows.append((row.label, DASH if value is None else value))
+    rows += tree_report_rows(m)
     rows += [(k, _fmt_extra(m.get(k))) for k in _extra_keys([m])]
     return rows
 

@@ -16,6 +16,7 @@ from mtpx.metrics.dashboard_summary import md_row
 from mtpx.metrics.pareto import QUALITY_COLUMNS, has_quality, job_label, write_pareto_figure
 from mtpx.metrics.run_dirs import RunDirError, read_metrics, read_yaml
 from mtpx.metrics.report import DASH
+from mtpx.metrics.tree_metrics import TREE_COLUMNS
 
 __all__ = ["SweepJob", "collect_sweep", "sweep_table", "SweepTableCallback"]
 
@@ -179,6 +180,7 @@ def sweep_table(multirun_dir: str | os.PathLike, jobs: Sequence[SweepJob] | None
     jobs = collect_sweep(multirun_dir) if jobs is None else list(jobs)
     parsed, varying = _varying(jobs)
     columns = _SWEEP_COLUMNS + (QUALITY_COLUMNS if has_quality([j.metrics for j in jobs]) else ())
+    columns += TREE_COLUMNS if any((j.metrics or {}).get("tree") for j in jobs) else ()
     common = [o for o in (jobs[0].overrides if jobs else []) if _split_override(o)[0] not in varying]
     done = [(j, p) for j, p in zip(jobs, parsed) if j.metrics is not None]
     out = [f"# Sweep {multirun_dir}\n",

@@ -140,7 +140,7 @@ class SpecConfig(_Group, AcceptanceConfig):
     """Tree drafting (docs/trees.md): null (a chain of num_speculative_tokens drafts), a list of
     widths per depth ([3, 2, 1]: the draft's top-3 at depth 1, the top-2 children of each, ...) or
     a list of paths of sibling ranks ([[0], [1], [0, 0]], Medusa / EAGLE "choices"). With a tree,
-    leave num_speculative_tokens null; greedy and eager only (engine.compile null runs eager)."""
+    leave num_speculative_tokens null; eager only (engine.compile null runs eager)."""
     draft_path: Optional[str] = None
     """A safetensors file of MTP modules to attach to the target (a head trained in mtpx and
     exported with tools/export_checkpoint.py --layout draft, or any file in the mtpx, Qwen3-Next

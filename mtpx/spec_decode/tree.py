@@ -98,6 +98,7 @@ def build_tree_shape(value, num_draft_modules: int | None = None, key: str = "sp
     if value is None:
         return None
     if hasattr(value, "keys"):
+        check_dynamic_tree(dict(value), num_draft_modules, key)
         raise ValueError(f"{key} as a node budget (EAGLE-2's dynamic tree, {dict(value)}): not supported "
                          "yet; give a list of widths per depth or a list of paths")
     items = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") else None
@@ -131,6 +132,32 @@ def build_tree_shape(value, num_draft_modules: int | None = None, key: str = "sp
                          f"(multi-module MTP drafts depth d with module d): use at most {num_draft_modules} "
                          "depths, or +spec=mtp1")
     return None if shape.is_chain else shape
+
+
+DYNAMIC_KEYS = ("num_draft_tokens", "depth", "topk")
+
+
+def check_dynamic_tree(value: dict, num_draft_modules: int | None = None, key: str = "spec.tree") -> None:
+    """Check spec.tree's dynamic form (EAGLE-2, arXiv 2406.16858; SGLang's names): {num_draft_tokens:
+    the node budget, depth: the draft levels, topk: the children of each expanded node and the
+    nodes expanded per level}. Raises ValueError, one line naming the key and the fix, for an unknown
+    or missing key, a value that is not an integer >= 1, a budget smaller than the depth, or (multi-
+    module MTP, num_draft_modules) a depth beyond the modules."""
+    for k in value:
+        if k not in DYNAMIC_KEYS:
+            raise ValueError(f"{key}.{k}: unknown key; the dynamic form takes num_draft_tokens, depth, topk")
+    for k in DYNAMIC_KEYS:
+        if k not in value:
+            raise ValueError(f"{key}.{k} is missing: the dynamic form takes num_draft_tokens, depth and topk")
+        if not _is_int(value[k]) or value[k] < 1:
+            raise ValueError(f"{key}.{k}={value[k]!r}: must be an integer >= 1")
+    if value["num_draft_tokens"] < value["depth"]:
+        raise ValueError(f"{key}.num_draft_tokens={value['num_draft_tokens']} is smaller than {key}.depth="
+                         f"{value['depth']}: the budget must hold a path to the full depth")
+    if num_draft_modules is not None and value["depth"] > num_draft_modules:
+        raise ValueError(f"{key}.depth={value['depth']} but the model has {num_draft_modules} MTP modules "
+                         f"(multi-module MTP drafts depth d with module d): use at most {num_draft_modules}, "
+                         "or +spec=mtp1")
 
 
 def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
