@@ -8,6 +8,7 @@ acceptance length less the bonus token); per-position acceptance: the share of r
 draft was accepted (mtpx/metrics/analytics.py's unconditional rate).
 """
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -31,11 +32,27 @@ def metrics(name: str, spec: str, k: int, data: str) -> dict | None:
     reqs = sorted((json.loads(line) for line in f.read_text().splitlines()), key=lambda r: r["index"])[:N]
     if len(reqs) < N:
         return None
-    rounds = [r for q in reqs for r in q["rounds"] if r[0] > 0]
+    per_prompt = [[r for r in q["rounds"] if r[0] > 0] for q in reqs]
+    rounds = [r for q in per_prompt for r in q]
     acc = sum(r[1] for r in rounds)
-    return {"num_accepted_tokens": acc, "num_drafts": len(rounds),
+    return {"num_accepted_tokens": acc, "num_drafts": len(rounds), "per_prompt": per_prompt,
             "acceptance_length": sum(r[2] for r in rounds) / len(rounds),
             "per_position_acceptance": [sum(r[1] > i for r in rounds) / len(rounds) for i in range(k)]}
+
+
+def ratio_ci(m: dict, b: dict, resamples: int = 1000) -> str:
+    """95% interval of accepted/draft(m) / accepted/draft(b) - 1 from a paired bootstrap over the
+    prompts (both runs decode the same prompts to the same greedy tokens)."""
+    rng, n, out = random.Random(0), len(m["per_prompt"]), []
+
+    def acc(runs: dict, idx: list[int]) -> float:
+        rounds = [r for i in idx for r in runs["per_prompt"][i]]
+        return sum(r[1] for r in rounds) / len(rounds)
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        out.append(acc(m, idx) / acc(b, idx) - 1)
+    out.sort()
+    return f"{out[int(0.025 * resamples)]:+.1%}..{out[int(0.975 * resamples)]:+.1%}"
 
 
 def train_wall(name: str) -> str:
@@ -49,8 +66,8 @@ def train_wall(name: str) -> str:
 for spec, k in (("mtp8", 8), ("mtp1", 3)):
     print(f"\n{spec} k = {k}: mean accepted tokens per draft (vs shipped), acceptance length, per-position "
           "acceptance, on GSM8K test and HumanEval\n")
-    print("| heads | train time | GSM8K accepted/draft | vs shipped | length | per position | "
-          "HumanEval accepted/draft | vs shipped | per position |")
+    print("| heads | train time | GSM8K accepted/draft | vs shipped (95% CI) | length | per position | "
+          "HumanEval accepted/draft | vs shipped (95% CI) | per position |")
     print("|---|---:|---:|---:|---:|---|---:|---:|---|")
     base = {d: metrics("base", spec, k, d) for d in ("gsm8k", "humaneval")}
     for name, label in ROWS[spec]:
@@ -64,6 +81,8 @@ for spec, k in (("mtp8", 8), ("mtp1", 3)):
                 continue
             acc = m["num_accepted_tokens"] / m["num_drafts"]
             rel = "-" if b is None else f"{acc / (b['num_accepted_tokens'] / b['num_drafts']) - 1:+.1%}"
+            if b is not None and name != "base":
+                rel += f" ({ratio_ci(m, b)})"
             pos = " ".join(f"{x:.2f}" for x in m["per_position_acceptance"])
             cells += [f"{acc:.3f}", rel] + ([f"{m['acceptance_length']:.3f}"] if d == "gsm8k" else []) + [pos]
         print("| " + " | ".join(cells) + " |")
