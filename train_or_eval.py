@@ -36,5 +36,5 @@ if __name__ == "__main__":
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     main()
-    if _FAILED:
-        sys.exit(max(_FAILED))
+    from mtpx.metrics.launchers import sweep_exit_code
+    sys.exit(sweep_exit_code(_FAILED))    # 0 for a single run; a multirun's failed jobs make it non-zero

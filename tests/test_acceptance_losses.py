@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from mtpx import schema
 from mtpx.schema.train_group import TrainConfig
-from mtpx.train.acceptance_losses import (acceptance, depth_loss, kl_loss, lk_hybrid_loss, lk_nll_loss,
+from mtpx.train.acceptance_losses import (TopK, acceptance, depth_loss, kl_loss, lk_hybrid_loss, lk_nll_loss,
                                           target_log_probs, tv_loss)
 from mtpx.train.losses import LossOptions, mtp_objective
 from tests.test_train_recipes import _ids, _model
@@ -111,3 +111,22 @@ def test_objective_scores_each_depth_against_the_targets_distribution_of_that_to
         loss_k, _ = mtp_objective(model, ids, mtp_loss_weight=0.3, mtp_loss_decay=0.5, train_base=False,
                                   options=opts, hidden=h, topk=(topk.values, topk.indices))
         torch.testing.assert_close(loss_k, loss, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["kl", "tv", "lk_hybrid", "lk_nll"])
+def test_a_top_k_target_gives_the_dense_losses_and_gradients(kind):
+    """Shards hold the target's top-k: the TopK path (sums over the K tokens) equals the dense path
+    over [N, V] with p = 0 (log p = -inf) outside them, value and gradient (float32, 1e-6)."""
+    g = torch.Generator().manual_seed(0)
+    n, v, k, t = 6, 32, 5, 0.7
+    z = torch.randn(n, v, generator=g) * 2
+    top = torch.randn(n, v, generator=g).topk(k, dim=-1)
+    vals = F.log_softmax(top.values / t, dim=-1)
+    dense = torch.full((n, v), float("-inf")).scatter(-1, top.indices, vals)
+    a, b = z.clone().requires_grad_(), z.clone().requires_grad_()
+    dense_loss = depth_loss(kind, a, None, dense, t)
+    topk_loss = depth_loss(kind, b, None, TopK(vals, top.indices), t)
+    dense_loss.backward()
+    topk_loss.backward()
+    torch.testing.assert_close(topk_loss, dense_loss, **TOL)
+    torch.testing.assert_close(b.grad, a.grad, **TOL)

@@ -144,3 +144,23 @@ def test_two_ranks_write_the_shards_of_one_process_between_them(target, monkeypa
         written = sorted(p.name for p in (tmp / "hs_two").glob("shard-*"))
         assert written == sorted(f.name for i, f in enumerate(one) if i % 2 <= rank)
     assert all((tmp / "hs_two" / f.name).read_bytes() == f.read_bytes() for f in one)
+
+
+def test_light_model_loads_a_deepseek_checkpoint_whose_heads_are_tied_to_lm_head(tmp_path):
+    """mtp_style=deepseek_v3 with tied embeddings (the demo's layout): the checkpoint stores neither
+    lm_head nor the modules' heads (they are the embedding), and shard training must load it."""
+    from rich.console import Console
+
+    from mtpx.models import ModelConfig, MTPForCausalLM
+    from mtpx.train.shard_training import light_model
+    from tests.test_train_recipes import TINY_MODEL
+    tok = train_tokenizer(["a tiny corpus for a tiny tokenizer " * 20], 300)
+    torch.manual_seed(0)
+    target = MTPForCausalLM(ModelConfig(**{**TINY_MODEL, "vocab_size": tok.get_vocab_size(),
+                                            "mtp_style": "deepseek_v3", "tie_word_embeddings": True}))
+    src = ckpt.save_checkpoint(tmp_path / "ds", target, tok)
+    assert not any(k.endswith("head.weight") for k in load_file(src / "model.safetensors"))
+    model, _ = light_model(str(src), {}, 0, Console(quiet=True))
+    assert all(m.head.weight is model.lm_head.weight for m in model.mtp)
+    assert torch.equal(model.lm_head.weight, target.lm_head.weight)
+    assert torch.equal(model.mtp[1].fc.weight, target.mtp[1].fc.weight)

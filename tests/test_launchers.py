@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from mtpx.metrics.launchers import job_threads
+from mtpx.metrics.launchers import job_threads, note_sweep_problems, sweep_exit_code
+from mtpx.metrics.sweep import SweepJob
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +26,17 @@ def test_parallel_jobs_share_the_cpus():
     assert job_threads(OmegaConf.create({"n_jobs": -1}), 16) == 1                  # a job per CPU
     assert job_threads(OmegaConf.create({"n_jobs": 1}), 16) is None
     assert job_threads(OmegaConf.create({"cpus_per_task": 6, "tasks_per_node": 1}), 16) == 6   # submitit
+
+
+def test_a_failed_job_makes_the_sweep_exit_non_zero():
+    done = SweepJob(1, ["a=1"], Path("1"), metrics={"acceptance_rate": 0.5})
+    failed = SweepJob(0, ["a=0"], Path("0"), problems=["failed before writing metrics.json: error: x"])
+    note_sweep_problems([done])
+    assert sweep_exit_code([]) == 0
+    assert sweep_exit_code([2]) == 2                  # the basic launcher: the job's own exit code
+    note_sweep_problems([failed, done])               # a launcher's job ran in another process
+    assert sweep_exit_code([]) == 1
+    note_sweep_problems([])
 
 
 def _sweep(tiny_ckpt, out: Path, launcher: list[str]) -> subprocess.CompletedProcess:
@@ -46,6 +58,7 @@ def test_a_sweep_on_a_launcher_writes_one_table_with_its_failed_job(tiny_ckpt, t
     res = _sweep(tiny_ckpt, tmp_path, launcher)
     table = (tmp_path / "sweep.md").read_text()
     assert "2 job(s), 1 with metrics, 1 with problems." in table, res.stderr[-2000:]
+    assert res.returncode == 1, res.stderr[-2000:]          # a failed job is not a successful sweep
     assert ("- job 0 (`spec.num_speculative_tokens=9`): failed before writing metrics.json: error: "
             "num_speculative_tokens=9 but the model has only 4 MTP modules") in table
     assert json.loads((tmp_path / "1" / "metrics.json").read_text())["num_requests"] == 2

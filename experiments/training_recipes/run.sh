@@ -1,51 +1,69 @@
 #!/usr/bin/env bash
-# Acceptance recipes on the demo (issue 70), a SHORT comparison on 2 loaded CPU cores:
-# ce vs kl vs lk_hybrid vs lk_nll fine-tunes of the mtp8 heads on a frozen demo target, on the
-# target's own answers; acceptance on 16 held-out GSM8K test questions.
-# Usage: bash experiments/training_recipes/run.sh [gen|train NAME|eval NAME|all]
-# Outputs under $RUNS (default /tmp/mtpx_recipes), outside the repository; rerunning resumes.
+# The recipe table of issue 70 on the demo (frozen target): self-distilled data, the target's
+# hidden states extracted once (mode=extract), then each recipe's heads trained from the shards,
+# and acceptance on held-out GSM8K test and HumanEval prompts (greedy, eager; acceptance does not
+# depend on timing).
+# Usage: bash experiments/training_recipes/run.sh gen|extract|train NAME|eval NAME SPEC K DATA|table
+# Outputs under $RUNS (default /tmp/mtpx_recipes3), outside the repository; every step resumes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export MTPX_DATA_DIR=${MTPX_DATA_DIR:-/work/shared/data}
-RUNS=${RUNS:-/tmp/mtpx_recipes}
-DISTILL=$RUNS/distill_gsm8k_train
-STEPS=${STEPS:-40}
-NUM_PROMPTS=${NUM_PROMPTS:-128}     # distilled GSM8K-train questions
+export MTPX_DATA_DIR=${MTPX_DATA_DIR:-/work/shared/data} OMP_NUM_THREADS=1
+RUNS=${RUNS:-/tmp/mtpx_recipes3}
+DISTILL=$RUNS/distill
+SHARDS=$RUNS/shards
+NUM_PROMPTS=${NUM_PROMPTS:-1280}  # distilled GSM8K-train questions
+STEPS=${STEPS:-36}
 LR=${LR:-1e-3}
-LOSSES=${LOSSES:-ce kl lk_hybrid lk_nll}
+EVAL_PROMPTS=${EVAL_PROMPTS:-32}
 
-gen() {  # the target's greedy answers to the first 128 GSM8K-train questions (at most 128 tokens)
-  python train_or_eval.py mode=distill data=gsm8k data.path='${data_dir}/gsm8k/train.jsonl' \
-    distill.out_dir=$DISTILL distill.num_prompts=$NUM_PROMPTS distill.shard_size=64 distill.max_tokens=128 \
-    distill.threads=1 engine.max_num_seqs=32 engine.compile=false +spec=mtp8 logger=none hydra.run.dir=$RUNS/gen.hydra
+gen() {  # the target's greedy answers (at most 128 tokens) to the first NUM_PROMPTS GSM8K-train questions
+  torchrun --nproc_per_node=2 --master_port=29611 train_or_eval.py mode=distill data=gsm8k \
+    data.path='${data_dir}/gsm8k/train.jsonl' distill.out_dir=$DISTILL distill.num_prompts=$NUM_PROMPTS \
+    distill.shard_size=64 distill.max_tokens=128 distill.threads=1 engine.max_num_seqs=32 engine.compile=false \
+    +spec=mtp8 logger=none hydra.run.dir=$RUNS/gen.hydra
 }
 
-# every fine-tune: frozen demo target, its 8 heads trained further, STEPS steps of 8 x 128 tokens
-COMMON="mode=train train.freeze_base=true model.path=checkpoints/demo train.steps=$STEPS train.warmup_steps=5
-  train.lr=$LR train.min_lr=$(python -c "print($LR / 10)") train.batch_size=8 train.seq_len=128 train.eval_every=0 train.save_every=0
-  train.threads=1 train.data_sources=[distill] train.distill_path=$DISTILL logger=none"
+DATA="train.data_sources=[distill] train.distill_path=$DISTILL train.seq_len=256"
+extract() {  # the frozen target's hidden states and top-64 log-probs on the packed corpus, 2 ranks
+  torchrun --nproc_per_node=2 --master_port=29612 train_or_eval.py mode=extract model.path=checkpoints/demo \
+    $DATA train.hidden_states_path=$SHARDS train.threads=1 train.batch_size=16 logger=none \
+    hydra.run.dir=$RUNS/extract.hydra
+}
+
+# every recipe: the demo target frozen, heads trained from the shards, STEPS steps of 16 x 256
+# tokens, AdamW at LR (10 warm-up steps, cosine to LR / 10), FastMTP's step decay 0.6
+COMMON="mode=train train.freeze_base=true model.path=checkpoints/demo train.hidden_states_path=$SHARDS $DATA
+  train.steps=$STEPS train.warmup_steps=4 train.lr=$LR train.min_lr=$(python -c "print($LR / 10)")
+  train.batch_size=16 train.eval_every=0 train.save_every=12 train.eval_batches=2 train.threads=1 train.mtp_loss_decay=0.6 logger=none"
+MTP1="model.num_nextn_predict_layers=1 train.mtp_unroll=3"
 train() {
-  local name=$1
-  /usr/bin/time -f "$name train wall %e s" python train_or_eval.py $COMMON train.mtp_loss=$name \
+  local name=$1 extra
+  case $name in
+    ce)        extra="train.mtp_loss=ce" ;;
+    kl)        extra="train.mtp_loss=kl" ;;
+    lk)        extra="train.mtp_loss=lk_hybrid" ;;
+    lk_tf)     extra="train.mtp_loss=lk_hybrid train.mtp_hidden_input=target" ;;   # teacher forcing
+    mtp1_unroll) extra="train.mtp_loss=lk_hybrid $MTP1" ;;
+    mtp1_ttt)  extra="train.mtp_loss=lk_hybrid $MTP1 train.mtp_unroll_ttt=true" ;;
+    *) echo "unknown recipe $name"; exit 2 ;;
+  esac
+  /usr/bin/time -f "$name train wall %e s" python train_or_eval.py $COMMON $extra \
     train.out_dir=$RUNS/ft_$name hydra.run.dir=$RUNS/ft_$name.hydra
 }
 
-# GSM8K test, the first 16 questions, greedy, at most 128 tokens, mtp8 k = 8
-evaluate() {
-  local name=$1 ckpt
+evaluate() {  # NAME SPEC K DATA: the first EVAL_PROMPTS prompts of DATA (gsm8k test | humaneval)
+  local name=$1 spec=$2 k=$3 data=$4 ckpt
   if [ "$name" = base ]; then ckpt=checkpoints/demo; else ckpt=$RUNS/ft_$name; fi
-  python train_or_eval.py mode=eval data=gsm8k model.path=$ckpt +spec=mtp8 eval.num_prompts=16 \
-    eval.max_tokens=128 eval.concurrency=16 eval.check_lossless=false eval.threads=1 engine.compile=false logger=none \
-    hydra.run.dir=$RUNS/eval_$name
+  python train_or_eval.py mode=eval data=$data model.path=$ckpt +spec=$spec spec.num_speculative_tokens=$k \
+    eval.num_prompts=$EVAL_PROMPTS eval.max_tokens=128 eval.concurrency=16 eval.check_lossless=false \
+    eval.threads=1 engine.compile=false logger=none hydra.run.dir=$RUNS/eval_${name}_${spec}_k${k}_$data
 }
 
-case ${1:-all} in
+case ${1:-} in
   gen) gen ;;
+  extract) extract ;;
   train) train "$2" ;;
-  eval) evaluate "$2" ;;
-  all)
-    gen
-    for n in $LOSSES; do train $n; done
-    for n in base $LOSSES; do evaluate $n; done
-    python experiments/training_recipes/table.py "$RUNS" ;;
+  eval) evaluate "$2" "$3" "$4" "$5" ;;
+  table) python experiments/training_recipes/table.py "$RUNS" ;;
+  *) echo "usage: $0 gen|extract|train NAME|eval NAME SPEC K DATA|table"; exit 2 ;;
 esac

@@ -8,6 +8,10 @@ Threads: jobs that run at once on one machine would each take every CPU. `job_th
 job of such a launcher its share: hydra.launcher.cpus_per_task when the launcher has it
 (submitit), else the machine's CPUs divided by hydra.launcher.n_jobs (joblib); OMP_NUM_THREADS
 and the run's own threads keys (eval.threads, train.threads, ...) still win.
+
+Exit status: a job of such a launcher runs in another process, so the sweep's process learns of
+its failure from the sweep table (`SweepTableCallback` calls `note_sweep_problems`);
+train_or_eval.py then exits non-zero (`sweep_exit_code`), as it does for the basic launcher.
 """
 from __future__ import annotations
 
@@ -50,3 +54,19 @@ def set_job_threads() -> int | None:
         import torch
         torch.set_num_threads(n)
     return n
+
+
+_PROBLEM_JOBS: list[int | None] = []   # the last multirun's jobs with problems (failed, not started)
+
+
+def note_sweep_problems(jobs) -> None:
+    """Record the job numbers of `jobs` (mtpx.metrics.sweep.SweepJob) that have problems."""
+    _PROBLEM_JOBS[:] = [j.num for j in jobs if j.problems]
+
+
+def sweep_exit_code(failed_codes: list[int]) -> int:
+    """The multirun's exit status: the largest exit code of its failed jobs that this process saw
+    (basic launcher), else 1 when the sweep table lists a job with problems, else 0."""
+    if failed_codes:
+        return max(failed_codes)
+    return 1 if _PROBLEM_JOBS else 0

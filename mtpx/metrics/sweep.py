@@ -13,6 +13,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from mtpx.metrics.dashboard_summary import md_row
+from mtpx.metrics.launchers import note_sweep_problems
 from mtpx.metrics.pareto import QUALITY_COLUMNS, has_quality, job_label, write_pareto_figure
 from mtpx.metrics.run_dirs import RunDirError, read_metrics, read_yaml
 from mtpx.metrics.report import DASH
@@ -217,6 +218,7 @@ class SweepTableCallback(Callback):
         root = Path(str(config.hydra.sweep.dir))
         try:
             jobs = collect_sweep(root)
+            note_sweep_problems(jobs)      # the sweep's exit status (train_or_eval.py)
             text = sweep_table(root, jobs)
             out = atomic_write_text(root / "sweep.md", text)
             figure = write_sweep_pareto(root, jobs)

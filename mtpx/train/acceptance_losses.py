@@ -28,9 +28,13 @@ SpecForge's `compute_lk_loss` does (its "lambda" form also scales lambda by a `k
 -log alpha is floored at alpha = 1e-8.
 
 A target distribution given only as its top-k log-probabilities (hidden-state shards,
-mtpx/train/shards.py) has -inf elsewhere: its p is 0 there, and p log p counts as 0.
+mtpx/train/shards.py) has -inf elsewhere: its p is 0 there, and p log p counts as 0. Passed as a
+`TopK` (values, indices), the sums run over those K tokens only (p is 0 elsewhere, so KL and alpha
+are the same), with log q_v = z_v / T - logsumexp(z / T): no [N, V] tensor but the logits.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -39,10 +43,27 @@ MTP_LOSSES = ("ce", "kl", "tv", "lk_hybrid", "lk_nll")
 ALPHA_FLOOR = 1e-8
 
 
+class TopK(NamedTuple):
+    """The target's distribution on K tokens per position: log-probs `values` [N, K] (already at the
+    temperature, renormalised over the K) and their token ids `indices` [N, K] int64; p = 0 elsewhere."""
+
+    values: torch.Tensor
+    indices: torch.Tensor
+
+
+def _topk_log_q(draft_logits: torch.Tensor, target: TopK, temperature: float) -> torch.Tensor:
+    """log q at the target's K tokens: [N, K] float32."""
+    z = draft_logits.float() / temperature
+    return z.gather(-1, target.indices) - torch.logsumexp(z, dim=-1, keepdim=True)
+
+
 def acceptance(draft_logits: torch.Tensor, target_logp: torch.Tensor,
                temperature: float = 1.0) -> torch.Tensor:
     """alpha = sum_v min(p_v, q_v) per position: [N, V] logits, [N, V] target log-probs (already at
-    the temperature) -> [N] float32 in [0, 1] (module doc)."""
+    the temperature; or a TopK) -> [N] float32 in [0, 1] (module doc)."""
+    if isinstance(target_logp, TopK):
+        return torch.minimum(target_logp.values.float().exp(),
+                             _topk_log_q(draft_logits, target_logp, temperature).exp()).sum(-1)
     q = torch.softmax(draft_logits.float() / temperature, dim=-1)
     return torch.minimum(target_logp.float().exp(), q).sum(-1)
 
@@ -50,6 +71,9 @@ def acceptance(draft_logits: torch.Tensor, target_logp: torch.Tensor,
 def kl_per_position(draft_logits: torch.Tensor, target_logp: torch.Tensor,
                     temperature: float = 1.0) -> torch.Tensor:
     """KL(p || q) per position -> [N] float32 nats; p_v = 0 terms count 0 (module doc)."""
+    if isinstance(target_logp, TopK):
+        log_p = target_logp.values.float()
+        return (log_p.exp() * (log_p - _topk_log_q(draft_logits, target_logp, temperature))).sum(-1)
     log_q = F.log_softmax(draft_logits.float() / temperature, dim=-1)
     log_p = target_logp.float()
     p = log_p.exp()
@@ -96,7 +120,7 @@ def target_log_probs(target_logits: torch.Tensor, temperature: float = 1.0) -> t
 def depth_loss(kind: str, draft_logits: torch.Tensor, labels: torch.Tensor,
                target_logp: torch.Tensor | None, temperature: float = 1.0, eta: float = 3.0) -> torch.Tensor:
     """The loss `kind` (one of MTP_LOSSES) of one depth: draft_logits [N, V]; labels [N] int64 (ce);
-    target_logp [N, V] float32 at the temperature (every other kind; None for ce).
+    target_logp [N, V] float32 at the temperature, or a TopK (every other kind; None for ce).
 
     Raises:
         ValueError: an unknown kind, or no target_logp for a distribution loss.

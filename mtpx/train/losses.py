@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mtpx.models.model import MTPForCausalLM
-from mtpx.train.acceptance_losses import depth_loss, target_log_probs
+from mtpx.train.acceptance_losses import TopK, depth_loss, target_log_probs
 from mtpx.train.chains import target_input_chain, ttt_chain, unrolled_chain
 
 
@@ -79,16 +79,23 @@ def _chain(model: MTPForCausalLM, input_ids: torch.Tensor, a0: torch.Tensor, mod
 def teacher_log_probs(main_logits: torch.Tensor, temperature: float,
                       topk: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """The target's log-probs at the temperature for the tokens x_1..x_{T-1}, without gradient:
-    from its logits main_logits [B, T-1, V], or from a shard's top-k (values [B, T, K] log-probs,
-    indices [B, T, K]): the tempered distribution restricted to those K tokens and renormalised,
-    -inf elsewhere. -> [B, T-1, V] float32."""
+    from its logits main_logits [B, T-1, V] -> [B, T-1, V] float32; or from a shard's top-k
+    (values [B, T, K] log-probs, indices [B, T, K]): the tempered distribution restricted to those
+    K tokens and renormalised -> TopK of [B, T-1, K] (p = 0 elsewhere)."""
     with torch.no_grad():
         if topk is None:
             return target_log_probs(main_logits.detach(), temperature)
         values, indices = topk
-        v = F.log_softmax(values[:, :-1].float() / temperature, dim=-1)
-        dense = torch.full(main_logits.shape, float("-inf"), device=v.device)
-        return dense.scatter_(-1, indices[:, :-1].long(), v)
+        return TopK(F.log_softmax(values[:, :-1].float() / temperature, dim=-1), indices[:, :-1].long())
+
+
+def _depth_teacher(teacher, k: int):
+    """The teacher for depth k's positions (x_{k+1}..): [N, V] or a TopK of [N, K]; None for ce."""
+    if teacher is None:
+        return None
+    if isinstance(teacher, TopK):
+        return TopK(teacher.values[:, k:].flatten(0, 1), teacher.indices[:, k:].flatten(0, 1))
+    return teacher[:, k:].flatten(0, 1)
 
 
 def mtp_objective(model: MTPForCausalLM, input_ids: torch.Tensor, *, mtp_loss_weight: float,
@@ -127,7 +134,7 @@ def mtp_objective(model: MTPForCausalLM, input_ids: torch.Tensor, *, mtp_loss_we
     for k, (m, a) in enumerate(zip(modules, chain), start=1):
         logits = model.draft_logits(m, a[:, :-1])               # j = 0..T-2-k predicts x_{j+k+1}
         term = depth_loss(options.mtp_loss, logits.flatten(0, 1), input_ids[:, k + 1:].flatten(),
-                          None if teacher is None else teacher[:, k:].flatten(0, 1),
+                          _depth_teacher(teacher, k),
                           options.temperature, options.lk_eta)
         parts[f"mtp{k}"] = term.item()
         loss = loss + (mtp_loss_weight * mtp_loss_decay ** (k - 1)) * term

@@ -55,9 +55,12 @@ def light_model(path: str, want: dict, seed: int, console: Console) -> tuple[MTP
                 extra = name.startswith("mtp.") and int(name.split(".")[1]) >= full.num_nextn_predict_layers
                 if not name.startswith(LAYERS) and not extra:
                     state[name] = st.get_tensor(name).float()
+    # a tensor tied to a loaded one (lm_head to the embedding, a deepseek_v3 head to lm_head) is loaded
+    params = model.state_dict(keep_vars=True)
+    loaded = {params[k].data_ptr() for k in state if k in params}
     missing = [k for k in model.load_state_dict(state, strict=False).missing_keys
                if not (k.startswith("mtp.") and int(k.split(".")[1]) >= saved.num_nextn_predict_layers)
-               and not (k == "lm_head.weight" and full.tie_word_embeddings)]
+               and params[k].data_ptr() not in loaded]
     if missing:
         raise ValueError(f"model.path={path} lacks {len(missing)} tensors the heads need ({missing[:3]}): "
                          "point model.path at a complete mtpx checkpoint")
