@@ -24,6 +24,7 @@ from mtpx.cache.model_cache import ModelCache, put_rows
 from mtpx.spec_decode.protocol import DraftBatch
 
 CATCH_UP_WINDOW = 128   # positions a request may fall behind before a step catches it up anyway
+NONE = 2 ** 62          # LazyCatchUp.final of a slot that does not lag: no bound
 
 
 class LazyCatchUp:
@@ -41,42 +42,79 @@ class LazyCatchUp:
         self.speculator, self.cache, self.window = speculator, cache, window
         self.ring = torch.zeros(cache.rows + 1, window, speculator.model.cfg.hidden_size,
                                 dtype=p.dtype, device=p.device)
+        # a lagging slot's Drafts.num_final (constant while it lags: its modules do not move); else NONE
+        self.final = torch.full((cache.rows + 1,), NONE, dtype=torch.long, device=p.device)
         self.behind: dict[int, int] = {}      # batch slot -> module 1's first position not computed
+        self.depth: dict[int, int] = {}       # lagging slot -> the depth its `final` was taken at
         self.num_module_tokens = 0            # positions x modules the catch-up rounds ran (StepTiming)
 
     def reset(self, row: int) -> None:
         """A slot freed or given to a new request: nothing behind."""
-        self.behind.pop(row, None)
+        if self.behind.pop(row, None) is not None:
+            self.final[row] = NONE
+        self.depth.pop(row, None)
 
     def lagging(self, rows: list[int]) -> list[int]:
         """Indices into `rows` (batch slots) whose modules are behind."""
         return [b for b, row in enumerate(rows) if row in self.behind]
 
     def hold(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
-             accepted: torch.Tensor, hidden: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+             accepted: torch.Tensor, hidden: torch.Tensor, num_tokens: torch.Tensor,
+             n: torch.Tensor | None = None) -> torch.Tensor:
         """A step without drafts for the B requests in rows [B] (host copies rows_host, depths,
-        n_host: each verification window's first position n): rows of depth > 0 fall behind (or
-        further behind); one whose ring would overflow catches up over [behind, n) first; the
-        target hidden states of the window's kept positions n .. n + accepted (hidden [B', T, H],
-        accepted [B]) go to the ring. -> Drafts.num_final [B] (Speculator.hold; num_tokens [B]:
-        known tokens after the step)."""
-        B, T = len(rows_host), hidden.shape[1]
-        dev = rows.device
-        depth = torch.tensor(depths, device=dev)
-        num_final = self.speculator.hold(rows, depth, num_tokens)
-        full = [b for b in range(B) if depths[b] and n_host[b] + T - self.behind.get(rows_host[b], n_host[b])
-                > self.window]
+        n_host: each verification window's first position n; n: its device copy [>= B], or None):
+        rows of depth > 0 fall behind (or further behind); one whose ring would overflow catches
+        up over [behind, n) first; the target hidden states of the window's kept positions
+        n .. n + accepted (hidden [B', T, H], accepted [B]) go to the ring. -> Drafts.num_final [B]
+        (Speculator.hold; num_tokens [B]: known tokens after the step).
+
+        A slot already behind at the same depth only has its window written (one index_copy_
+        for a 1-token window): its modules' marks and num_final do not change while it lags
+        (`Speculator.hold` marks positions that read the step's rejected drafts, and a step
+        without drafts verifies none for a lagging slot: it drafted nothing)."""
+        B, T, W = len(rows_host), hidden.shape[1], self.window
+        behind, held = self.behind, self.depth
+        full, fresh = [], []
+        for b in range(B):
+            d, row = depths[b], rows_host[b]
+            if not d:
+                if row in held:                 # its depth fell to 0: its modules are never read again
+                    self.reset(row)
+                continue
+            start = behind.get(row)
+            if start is not None and n_host[b] + T - start > W:
+                full.append(b)
+            elif held.get(row) != d:
+                fresh.append(b)
         if full:
             self.catch_up(rows, rows_host, depths, n_host, full)
-        for b in range(B):
-            if depths[b]:
-                self.behind.setdefault(rows_host[b], n_host[b])
+            fresh = sorted(fresh + full)
+        if fresh:
+            idx = torch.tensor(fresh, device=rows.device)
+            sub = rows[idx]
+            depth = torch.tensor([depths[b] for b in fresh], device=rows.device)
+            self.final[sub] = self.speculator.hold(sub, depth, num_tokens[idx])
+            for b in fresh:
+                behind.setdefault(rows_host[b], n_host[b])
+                held[rows_host[b]] = depths[b]
+        self._write(rows, rows_host, depths, n_host, accepted, hidden, n)
+        return self.final[rows[:B]]
+
+    def _write(self, rows, rows_host, depths, n_host, accepted, hidden, n) -> None:
+        """ring[slot, j % window] = h_j for the window's kept positions j = n .. n + accepted of
+        the rows of depth > 0 (the others write the pad row)."""
+        B, T, W, pad = len(rows_host), hidden.shape[1], self.window, self.cache.pad_row
+        dev = rows.device
+        if T == 1:          # the step of plain decoding's shape: one host-built index, one copy
+            flat = [(row if d else pad) * W + j % W for row, d, j in zip(rows_host, depths, n_host)]
+            flat = torch.tensor(flat, device=dev)
+            self.ring.view(-1, self.ring.shape[-1]).index_copy_(0, flat, hidden[:B, 0])
+            return
         t = torch.arange(T, device=dev)
+        depth = torch.tensor(depths, device=dev)
+        n = torch.tensor(n_host, device=dev) if n is None else n[:B]
         keep = (t[None] <= accepted[:, None]) & (depth[:, None] > 0)
-        n = torch.tensor(n_host, device=dev)
-        put_rows(self.ring, torch.where(keep, rows[:B, None], self.cache.pad_row),
-                 (n[:, None] + t) % self.window, hidden[:B])
-        return num_final
+        put_rows(self.ring, torch.where(keep, rows[:B, None], pad), (n[:, None] + t) % W, hidden[:B])
 
     def catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
                  which: list[int]) -> None:
@@ -88,7 +126,10 @@ class LazyCatchUp:
         if not which:
             return
         dev = rows.device
+        for b in which:
+            self.depth.pop(rows_host[b], None)
         start = [self.behind.pop(rows_host[b]) for b in which]
+        self.final[rows[torch.tensor(which, device=dev)]] = NONE
         n = [n_host[b] for b in which]
         lengths = [e - s for s, e in zip(start, n)]
         if max(lengths) <= 0:

@@ -457,7 +457,7 @@ class ModelRunner:
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()
         elif self.speculator is not None and max(depths) > 0:       # the modules fall behind
-            held = self.lazy.hold(rows[:B], rows_host, depths, n_host, accepted, h, num_tokens)
+            held = self.lazy.hold(rows[:B], rows_host, depths, n_host, accepted, h, num_tokens, n)
             final = torch.minimum(final, held)
         self._decode_results(decodes, results, emitted, accepted, final, drafts, shapes, gaps, lps)
         return self._now() - t0 - (t2 - t1) - self._catch_up[0], t2 - t1
