@@ -18,12 +18,14 @@ known without reading a tensor); the ring is written and read with device indice
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from mtpx.cache.model_cache import ModelCache, put_rows
 from mtpx.spec_decode.protocol import DraftBatch
 
-CATCH_UP_WINDOW = 128   # positions a request may fall behind before a step catches it up anyway
+CATCH_UP_WINDOW = 256   # positions a request may fall behind before a step catches it up anyway
 NONE = 2 ** 62          # LazyCatchUp.final of a slot that does not lag: no bound
 
 
@@ -31,10 +33,12 @@ class LazyCatchUp:
     """The lag of each batch slot's draft modules and the target hidden states that fill it.
 
     speculator: a Speculator; cache: the runner's ModelCache; window: ring positions per slot
-    (at least 2 x (num_speculative_tokens + 1)). Raises ValueError for a smaller window.
+    (at least 2 x (num_speculative_tokens + 1)); now: the clock that times the catch-up rounds
+    (seconds). Raises ValueError for a smaller window. `spent` holds this step's catch-up: (seconds,
+    positions x modules), `begin_step` zeroes it.
     """
 
-    def __init__(self, speculator, cache: ModelCache, window: int = CATCH_UP_WINDOW):
+    def __init__(self, speculator, cache: ModelCache, window: int = CATCH_UP_WINDOW, now=time.perf_counter):
         if window < 2 * (speculator.num_speculative_tokens + 1):
             raise ValueError(f"lazy catch-up window={window}: needs at least "
                              "2 x (num_speculative_tokens + 1)")
@@ -47,6 +51,11 @@ class LazyCatchUp:
         self.behind: dict[int, int] = {}      # batch slot -> module 1's first position not computed
         self.depth: dict[int, int] = {}       # lagging slot -> the depth its `final` was taken at
         self.num_module_tokens = 0            # positions x modules the catch-up rounds ran (StepTiming)
+        self.now, self.spent = now, (0.0, 0)
+
+    def begin_step(self) -> None:
+        """A new step: its catch-up time and positions x modules start at zero."""
+        self.spent = (0.0, 0)
 
     def reset(self, row: int) -> None:
         """A slot freed or given to a new request: nothing behind."""
@@ -116,6 +125,33 @@ class LazyCatchUp:
         keep = (t[None] <= accepted[:, None]) & (depth[:, None] > 0)
         put_rows(self.ring, torch.where(keep, rows[:B, None], pad), (n[:, None] + t) % W, hidden[:B])
 
+    def prefill(self, batch: DraftBatch, rows_host: list[int], depths: list[int], starts: list[int],
+                lengths: list[int], defer: bool) -> torch.Tensor | None:
+        """The draft modules' part of prefill chunks (batch: their DraftBatch; rows_host, depths,
+        starts, lengths: its rows' slots, depths, chunk starts and token counts). defer (the step
+        drafts nothing) and every row's lag after its chunk fits the ring: no module runs, the
+        chunks' target hidden states go to the ring, the rows of depth > 0 are behind from their
+        first deferred position, -> Drafts.num_final [B] (their modules' progress). Else the rows
+        behind catch up over [behind, start) and None: the caller runs the round over the chunks."""
+        W = self.window
+        lag = [s + n - self.behind.get(row, s) for row, s, n in zip(rows_host, starts, lengths)]
+        if not defer or any(d and x > W for d, x in zip(depths, lag)):
+            self.catch_up(batch.rows, rows_host, depths, starts, self.lagging(rows_host))
+            return None
+        rows, dev, pad = batch.rows, batch.rows.device, self.cache.pad_row
+        t = torch.arange(max(lengths), device=dev)
+        keep = (t[None] < torch.tensor(lengths, device=dev)[:, None]) & (batch.depth[:, None] > 0)
+        put_rows(self.ring, torch.where(keep, rows[:, None], pad), (batch.target_start[:, None] + t) % W,
+                 batch.target_hidden[:, : len(t)])
+        deep = [b for b, d in enumerate(depths) if d]
+        if deep:
+            idx = torch.tensor(deep, device=dev)
+            self.final[rows[idx]] = self.speculator.hold(rows[idx], batch.depth[idx], batch.num_tokens[idx])
+            for b in deep:
+                self.behind.setdefault(rows_host[b], starts[b])
+                self.depth[rows_host[b]] = depths[b]
+        return self.final[rows]
+
     def catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
                  which: list[int]) -> None:
         """One round without drafts for the requests `which` (indices into rows [B]) that are
@@ -125,15 +161,19 @@ class LazyCatchUp:
         which = [b for b in which if rows_host[b] in self.behind and depths[b] > 0]
         if not which:
             return
-        dev = rows.device
+        dev, t0, before = rows.device, self.now(), self.num_module_tokens
         for b in which:
             self.depth.pop(rows_host[b], None)
         start = [self.behind.pop(rows_host[b]) for b in which]
         self.final[rows[torch.tensor(which, device=dev)]] = NONE
         n = [n_host[b] for b in which]
         lengths = [e - s for s, e in zip(start, n)]
-        if max(lengths) <= 0:
-            return
+        if max(lengths) > 0:
+            self._round(rows, which, start, n, lengths, depths)
+        self.spent = (self.spent[0] + self.now() - t0, self.spent[1] + self.num_module_tokens - before)
+
+    def _round(self, rows, which, start, n, lengths, depths) -> None:
+        dev = rows.device
         sub = rows[torch.tensor(which, device=dev)]
         starts = torch.tensor(start, device=dev)
         t = torch.arange(max(lengths), device=dev)
@@ -144,11 +184,3 @@ class LazyCatchUp:
                            hidden, 0, max(depths[b] for b in which), drafts=torch.zeros_like(sub))
         self.speculator.propose(self.cache, batch)
         self.num_module_tokens += sum(length * depths[b] for length, b in zip(lengths, which))
-
-    def timed_catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
-                       which: list[int], now, t0: float) -> tuple[float, int]:
-        """`catch_up`, timed for StepTiming: (seconds from t0 by the clock `now`, positions x modules
-        it ran)."""
-        before = self.num_module_tokens
-        self.catch_up(rows, rows_host, depths, n_host, which)
-        return now() - t0, self.num_module_tokens - before
