@@ -48,6 +48,45 @@ def test_module_kv_is_exact_while_behind_and_after_a_lazy_catch_up(spec, K, wind
     assert_clean(llm)
 
 
+@pytest.mark.parametrize("spec,K,window", [("mtp8", 4, None), ("mtp8", 4, 16)])
+def test_a_prefill_at_k_0_defers_the_modules_to_the_catch_up(spec, K, window):
+    """Prompts of 19 and 13 tokens prefilled in chunks of at most 8 tokens while k = 0: no module
+    runs in those steps (every prompt position waits in the ring), the first step that drafts
+    catches every module up over prompt and decoded positions in one round, and after every step
+    the module KV at every computed position equals from-scratch (every module), every proposal
+    the from-scratch drafts. window 16: the 19-token prompt does not fit the ring, so its chunk
+    runs the modules (and catches up its deferred first chunk) at once."""
+    llm, policy = forced_engine(spec, K, max_num_batched_tokens=8, block_size=4)
+    runner = llm.engine.runner
+    if window is not None:
+        runner.lazy = LazyCatchUp(llm.engine.speculator, runner.cache, window)
+    checked = install_draft_check(llm, model(), spec, K)
+    schedule = [0] * 6 + [K, 0, K - 1, K, 0]
+    seen, module_tokens = [], []
+    prefill = runner._prefill
+
+    def counted(prefills, results, defer=False):
+        s, n = prefill(prefills, results, defer)
+        module_tokens.append((defer, n))
+        return s, n
+    runner._prefill = counted
+
+    def on_step(engine):
+        seen.append(policy.forced)
+        assert_module_kv_exact(engine, model(), current=seen[-1] > 0)
+        policy.forced = schedule[min(len(seen), len(schedule) - 1)]
+
+    policy.forced = schedule[0]
+    prompts = [[(7 * i + 3) % 50 + 2 for i in range(19)], [(5 * i + 1) % 40 + 2 for i in range(13)]]
+    run_checked(llm, model(), prompts, [_params(16), _params(12)], on_step=on_step)
+    assert checked and all(c[0] for c in checked), [c[1:] for c in checked if not c[0]][:2]
+    deferred = [n for defer, n in module_tokens if defer]
+    assert len(deferred) >= 4
+    assert (all(n == 0 for n in deferred) if window is None else 0 < sum(deferred) < 19 * K)
+    assert runner.lazy.num_module_tokens >= (13 + 19 - (0 if window is None else 16)) * K - 2 * K * K
+    assert_clean(llm)
+
+
 def test_forced_schedules_with_prefix_caching_and_preemption_equal_plain_greedy():
     """k schedule 0, 0, 0, K, 0, 3, 0, 0, 1, K, ... on five requests sharing prefixes, in a pool so
     small that requests are preempted, prefix caching on (check_invariants: no published block is

@@ -11,7 +11,9 @@ is forced, so its own decision work is not in the step). For each batch size bot
 same random prompts, prefill them, then run `steps` decode steps alternated engine by engine
 (`Engine.step`, its scheduling and bookkeeping included); the table gives each engine's median
 step ms and the median of the paired ratios (held / plain) with its quartiles. The modules' lag
-stays within the catch-up ring for steps <= 128 - 2, so no catch-up runs in the timed steps.
+(prompt positions included: its prefill
+at k = 0 defers the module prefill too) stays within the catch-up ring of 256 positions for
+input_len + steps <= 254, so no catch-up runs in the timed steps.
 Writes bench_k0_step.md and .json into --out.
 """
 from __future__ import annotations
@@ -86,8 +88,9 @@ def main(argv=None) -> int:
     ap.add_argument("--input-len", type=int, default=64)
     ap.add_argument("--out", default=str(ROOT / "experiments" / "auto_k_never_loses"))
     a = ap.parse_args(argv)
-    if a.steps > 126:
-        ap.error("--steps at most 126: beyond, the held engine's catch-up ring overflows (a catch-up round)")
+    if a.steps + a.input_len > 254:
+        ap.error("--steps + --input-len at most 254: beyond, the held engine's catch-up ring overflows "
+                 "(a catch-up round)")
     torch.set_num_threads(1)
     rows = []
     for mode in a.modes:

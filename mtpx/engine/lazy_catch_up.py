@@ -18,22 +18,27 @@ known without reading a tensor); the ring is written and read with device indice
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from mtpx.cache.model_cache import ModelCache, put_rows
 from mtpx.spec_decode.protocol import DraftBatch
 
-CATCH_UP_WINDOW = 128   # positions a request may fall behind before a step catches it up anyway
+CATCH_UP_WINDOW = 256   # positions a request may fall behind before a step catches it up anyway
+NONE = 2 ** 62          # LazyCatchUp.final of a slot that does not lag: no bound
 
 
 class LazyCatchUp:
     """The lag of each batch slot's draft modules and the target hidden states that fill it.
 
     speculator: a Speculator; cache: the runner's ModelCache; window: ring positions per slot
-    (at least 2 x (num_speculative_tokens + 1)). Raises ValueError for a smaller window.
+    (at least 2 x (num_speculative_tokens + 1)); now: the clock that times the catch-up rounds
+    (seconds). Raises ValueError for a smaller window. `spent` holds this step's catch-up: (seconds,
+    positions x modules), `begin_step` zeroes it.
     """
 
-    def __init__(self, speculator, cache: ModelCache, window: int = CATCH_UP_WINDOW):
+    def __init__(self, speculator, cache: ModelCache, window: int = CATCH_UP_WINDOW, now=time.perf_counter):
         if window < 2 * (speculator.num_speculative_tokens + 1):
             raise ValueError(f"lazy catch-up window={window}: needs at least "
                              "2 x (num_speculative_tokens + 1)")
@@ -41,42 +46,111 @@ class LazyCatchUp:
         self.speculator, self.cache, self.window = speculator, cache, window
         self.ring = torch.zeros(cache.rows + 1, window, speculator.model.cfg.hidden_size,
                                 dtype=p.dtype, device=p.device)
+        # a lagging slot's Drafts.num_final (constant while it lags: its modules do not move); else NONE
+        self.final = torch.full((cache.rows + 1,), NONE, dtype=torch.long, device=p.device)
         self.behind: dict[int, int] = {}      # batch slot -> module 1's first position not computed
+        self.depth: dict[int, int] = {}       # lagging slot -> the depth its `final` was taken at
         self.num_module_tokens = 0            # positions x modules the catch-up rounds ran (StepTiming)
+        self.now, self.spent = now, (0.0, 0)
+
+    def begin_step(self) -> None:
+        """A new step: its catch-up time and positions x modules start at zero."""
+        self.spent = (0.0, 0)
 
     def reset(self, row: int) -> None:
         """A slot freed or given to a new request: nothing behind."""
-        self.behind.pop(row, None)
+        if self.behind.pop(row, None) is not None:
+            self.final[row] = NONE
+        self.depth.pop(row, None)
 
     def lagging(self, rows: list[int]) -> list[int]:
         """Indices into `rows` (batch slots) whose modules are behind."""
         return [b for b, row in enumerate(rows) if row in self.behind]
 
     def hold(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
-             accepted: torch.Tensor, hidden: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+             accepted: torch.Tensor, hidden: torch.Tensor, num_tokens: torch.Tensor,
+             n: torch.Tensor | None = None) -> torch.Tensor:
         """A step without drafts for the B requests in rows [B] (host copies rows_host, depths,
-        n_host: each verification window's first position n): rows of depth > 0 fall behind (or
-        further behind); one whose ring would overflow catches up over [behind, n) first; the
-        target hidden states of the window's kept positions n .. n + accepted (hidden [B', T, H],
-        accepted [B]) go to the ring. -> Drafts.num_final [B] (Speculator.hold; num_tokens [B]:
-        known tokens after the step)."""
-        B, T = len(rows_host), hidden.shape[1]
-        dev = rows.device
-        depth = torch.tensor(depths, device=dev)
-        num_final = self.speculator.hold(rows, depth, num_tokens)
-        full = [b for b in range(B) if depths[b] and n_host[b] + T - self.behind.get(rows_host[b], n_host[b])
-                > self.window]
+        n_host: each verification window's first position n; n: its device copy [>= B], or None):
+        rows of depth > 0 fall behind (or further behind); one whose ring would overflow catches
+        up over [behind, n) first; the target hidden states of the window's kept positions
+        n .. n + accepted (hidden [B', T, H], accepted [B]) go to the ring. -> Drafts.num_final [B]
+        (Speculator.hold; num_tokens [B]: known tokens after the step).
+
+        A slot already behind at the same depth only has its window written (one index_copy_
+        for a 1-token window): its modules' marks and num_final do not change while it lags
+        (`Speculator.hold` marks positions that read the step's rejected drafts, and a step
+        without drafts verifies none for a lagging slot: it drafted nothing)."""
+        B, T, W = len(rows_host), hidden.shape[1], self.window
+        behind, held = self.behind, self.depth
+        full, fresh = [], []
+        for b in range(B):
+            d, row = depths[b], rows_host[b]
+            if not d:
+                if row in held:                 # its depth fell to 0: its modules are never read again
+                    self.reset(row)
+                continue
+            start = behind.get(row)
+            if start is not None and n_host[b] + T - start > W:
+                full.append(b)
+            elif held.get(row) != d:
+                fresh.append(b)
         if full:
             self.catch_up(rows, rows_host, depths, n_host, full)
-        for b in range(B):
-            if depths[b]:
-                self.behind.setdefault(rows_host[b], n_host[b])
+            fresh = sorted(fresh + full)
+        if fresh:
+            idx = torch.tensor(fresh, device=rows.device)
+            sub = rows[idx]
+            depth = torch.tensor([depths[b] for b in fresh], device=rows.device)
+            self.final[sub] = self.speculator.hold(sub, depth, num_tokens[idx])
+            for b in fresh:
+                behind.setdefault(rows_host[b], n_host[b])
+                held[rows_host[b]] = depths[b]
+        self._write(rows, rows_host, depths, n_host, accepted, hidden, n)
+        return self.final[rows[:B]]
+
+    def _write(self, rows, rows_host, depths, n_host, accepted, hidden, n) -> None:
+        """ring[slot, j % window] = h_j for the window's kept positions j = n .. n + accepted of
+        the rows of depth > 0 (the others write the pad row)."""
+        B, T, W, pad = len(rows_host), hidden.shape[1], self.window, self.cache.pad_row
+        dev = rows.device
+        if T == 1:          # the step of plain decoding's shape: one host-built index, one copy
+            flat = [(row if d else pad) * W + j % W for row, d, j in zip(rows_host, depths, n_host)]
+            flat = torch.tensor(flat, device=dev)
+            self.ring.view(-1, self.ring.shape[-1]).index_copy_(0, flat, hidden[:B, 0])
+            return
         t = torch.arange(T, device=dev)
+        depth = torch.tensor(depths, device=dev)
+        n = torch.tensor(n_host, device=dev) if n is None else n[:B]
         keep = (t[None] <= accepted[:, None]) & (depth[:, None] > 0)
-        n = torch.tensor(n_host, device=dev)
-        put_rows(self.ring, torch.where(keep, rows[:B, None], self.cache.pad_row),
-                 (n[:, None] + t) % self.window, hidden[:B])
-        return num_final
+        put_rows(self.ring, torch.where(keep, rows[:B, None], pad), (n[:, None] + t) % W, hidden[:B])
+
+    def prefill(self, batch: DraftBatch, rows_host: list[int], depths: list[int], starts: list[int],
+                lengths: list[int], defer: bool) -> torch.Tensor | None:
+        """The draft modules' part of prefill chunks (batch: their DraftBatch; rows_host, depths,
+        starts, lengths: its rows' slots, depths, chunk starts and token counts). defer (the step
+        drafts nothing) and every row's lag after its chunk fits the ring: no module runs, the
+        chunks' target hidden states go to the ring, the rows of depth > 0 are behind from their
+        first deferred position, -> Drafts.num_final [B] (their modules' progress). Else the rows
+        behind catch up over [behind, start) and None: the caller runs the round over the chunks."""
+        W = self.window
+        lag = [s + n - self.behind.get(row, s) for row, s, n in zip(rows_host, starts, lengths)]
+        if not defer or any(d and x > W for d, x in zip(depths, lag)):
+            self.catch_up(batch.rows, rows_host, depths, starts, self.lagging(rows_host))
+            return None
+        rows, dev, pad = batch.rows, batch.rows.device, self.cache.pad_row
+        t = torch.arange(max(lengths), device=dev)
+        keep = (t[None] < torch.tensor(lengths, device=dev)[:, None]) & (batch.depth[:, None] > 0)
+        put_rows(self.ring, torch.where(keep, rows[:, None], pad), (batch.target_start[:, None] + t) % W,
+                 batch.target_hidden[:, : len(t)])
+        deep = [b for b, d in enumerate(depths) if d]
+        if deep:
+            idx = torch.tensor(deep, device=dev)
+            self.final[rows[idx]] = self.speculator.hold(rows[idx], batch.depth[idx], batch.num_tokens[idx])
+            for b in deep:
+                self.behind.setdefault(rows_host[b], starts[b])
+                self.depth[rows_host[b]] = depths[b]
+        return self.final[rows]
 
     def catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
                  which: list[int]) -> None:
@@ -87,12 +161,19 @@ class LazyCatchUp:
         which = [b for b in which if rows_host[b] in self.behind and depths[b] > 0]
         if not which:
             return
-        dev = rows.device
+        dev, t0, before = rows.device, self.now(), self.num_module_tokens
+        for b in which:
+            self.depth.pop(rows_host[b], None)
         start = [self.behind.pop(rows_host[b]) for b in which]
+        self.final[rows[torch.tensor(which, device=dev)]] = NONE
         n = [n_host[b] for b in which]
         lengths = [e - s for s, e in zip(start, n)]
-        if max(lengths) <= 0:
-            return
+        if max(lengths) > 0:
+            self._round(rows, which, start, n, lengths, depths)
+        self.spent = (self.spent[0] + self.now() - t0, self.spent[1] + self.num_module_tokens - before)
+
+    def _round(self, rows, which, start, n, lengths, depths) -> None:
+        dev = rows.device
         sub = rows[torch.tensor(which, device=dev)]
         starts = torch.tensor(start, device=dev)
         t = torch.arange(max(lengths), device=dev)
@@ -103,11 +184,3 @@ class LazyCatchUp:
                            hidden, 0, max(depths[b] for b in which), drafts=torch.zeros_like(sub))
         self.speculator.propose(self.cache, batch)
         self.num_module_tokens += sum(length * depths[b] for length, b in zip(lengths, which))
-
-    def timed_catch_up(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
-                       which: list[int], now, t0: float) -> tuple[float, int]:
-        """`catch_up`, timed for StepTiming: (seconds from t0 by the clock `now`, positions x modules
-        it ran)."""
-        before = self.num_module_tokens
-        self.catch_up(rows, rows_host, depths, n_host, which)
-        return now() - t0, self.num_module_tokens - before

@@ -27,6 +27,7 @@ import torch
 from mtpx.cache.model_cache import ModelCache
 from mtpx.cache.state import ascending_run
 from mtpx.engine.compiled import CompiledDecode
+from mtpx.engine.decode_alone import decode_alone
 from mtpx.engine.decode_step import EagerStep, StepShapes
 from mtpx.engine.lazy_catch_up import LazyCatchUp
 from mtpx.engine.logits import logprobs, process_logits
@@ -136,8 +137,7 @@ class ModelRunner:
         if speculator is not None:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
-        self.lazy = None if speculator is None else LazyCatchUp(speculator, self.cache)
-        self._catch_up = (0.0, 0)           # this step's lazy catch-up: seconds, module tokens
+        self.lazy = None if speculator is None else LazyCatchUp(speculator, self.cache, now=self._now)
         self.step = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
                                     precompile=config.compile_cache, ragged=config.ragged_batch)
                      if config.compile else EagerStep(model, self.cache, speculator))
@@ -195,50 +195,25 @@ class ModelRunner:
         for item in out.prefills + out.decodes:
             self.cache.set_block_table(self.rows[item.request.index], item.block_table)
         results: dict[int, RequestResult] = {}
+        if self.lazy is not None:
+            self.lazy.begin_step()
         t0 = self._now()
-        prefill_draft_s, module_tokens = self._prefill(out.prefills, results)
+        prefill_draft_s, module_tokens = self._prefill(out.prefills, results, out.num_speculative_tokens == 0)
         t1 = self._now()
-        self._catch_up = (0.0, 0)
         verify_s, draft_s = self._decode(out.decodes, results)
         timing = None
-        if self.config.record_step_timings:
+        if self.config.record_step_timings:       # a prefill's catch-up is in its prefill_s, not draft_s
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
                                 sum(p.num_tokens for p in out.prefills), t1 - t0, verify_s, draft_s,
-                                prefill_draft_s, module_tokens, *self._catch_up)
+                                prefill_draft_s, module_tokens, *(self.lazy.spent if self.lazy else (0.0, 0)))
         return RunnerOutput(results, timing)
 
     # ---- a decode step alone (automatic k's calibration) -----------------------------------------
     @torch.inference_mode()
     def decode(self, decodes: list[ScheduledDecode]) -> tuple[float, float]:
-        """Run the decode step of `decodes` alone (`_decode`, the code path of every real step),
-        without prefill, and return (its seconds, its draft round's seconds), the device
-        synchronized around it. A request without a batch slot gets one with its known tokens
-        written, and positions [0, num_tokens - 1) are taken as computed without running the model
-        (their KV and states are whatever the cache holds: a step's cost does not depend on them);
-        every call re-runs the same positions (the speculator's rows are reset first). `release`
-        frees the slots. Automatic k's calibration (mtpx/auto_k/calibration.py) runs it."""
-        cache, dev = self.cache, self.device
-        for d in decodes:
-            r = d.request
-            if r.index not in self.rows:
-                row = self.rows[r.index] = cache.allocate_row()
-                cache.write_tokens(torch.tensor([row], device=dev),
-                                   torch.arange(r.num_tokens, device=dev)[None],
-                                   torch.tensor(r.all_token_ids, device=dev)[None])
-            cache.set_block_table(self.rows[r.index], d.block_table)
-        if self.speculator is not None:
-            rows = torch.tensor([self.rows[d.request.index] for d in decodes], device=dev)
-            starts = torch.tensor([d.request.num_tokens - 1 for d in decodes], device=dev)
-            self.speculator.reset_rows(rows, starts)
-            for d in decodes:
-                self.lazy.reset(self.rows[d.request.index])
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        t0 = time.perf_counter()
-        draft_s = self._decode(decodes, {})[1]
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return time.perf_counter() - t0, draft_s
+        """The decode step of `decodes` alone, timed (mtpx/engine/decode_alone.py; automatic k's
+        calibration, mtpx/auto_k/calibration.py): (its seconds, its draft round's seconds)."""
+        return decode_alone(self, decodes)
 
     def _ragged(self, grid_tokens: int, real_tokens: int, static: bool = False, window: int = 1) -> bool:
         """Whether a forward of real_tokens on a grid of grid_tokens runs ragged
@@ -303,9 +278,11 @@ class ModelRunner:
             out[b] = [(p.start + 1 + i, e) for i, e in enumerate(entries)]
         return out
 
-    def _prefill(self, prefills: list[ScheduledPrefill], results: dict) -> tuple[float, int]:
+    def _prefill(self, prefills: list[ScheduledPrefill], results: dict,
+                 defer: bool = False) -> tuple[float, int]:
         """The prefill chunks' forward, first tokens and first drafts; returns (seconds the
-        speculator ran, prompt tokens times the modules it ran over them) for StepTiming."""
+        speculator ran, prompt tokens times the modules it ran over them) for StepTiming. defer (a
+        step without drafts): the modules' prefill waits for the lazy catch-up (lazy_catch_up.py)."""
         if not prefills:
             return 0.0, 0
         cache, model, dev = self.cache, self.model, self.device
@@ -347,10 +324,15 @@ class ModelRunner:
             batch = self._draft_batch(reqs, rows, torch.tensor(num_tokens, device=dev), meta.ends,
                                       [p.is_last for p in prefills], meta.positions[:, 0], h, new,
                                       self._draft_sampler(self._sampling(reqs), new) if last else None)
-            proposed = self.speculator.propose(cache, batch)          # dynamic shapes: always eager
-            drafts, q = proposed.tokens.tolist(), proposed.probs
-            num_final = [min(a, b) for a, b in zip(num_final, proposed.num_final.tolist())]
-            draft_s, module_tokens = self._now() - t0, batch.num_modules * sum(lengths)
+            spent = self.lazy.spent[0]
+            held = self.lazy.prefill(batch, [self.rows[r.index] for r in reqs], [r.draft_depth for r in reqs],
+                                     starts, lengths, defer and not self.tree)
+            if held is None:
+                proposed = self.speculator.propose(cache, batch)          # dynamic shapes: always eager
+                drafts, q, held = proposed.tokens.tolist(), proposed.probs, proposed.num_final
+                module_tokens = batch.num_modules * sum(lengths)
+            num_final = [min(a, b) for a, b in zip(num_final, held.tolist())]
+            draft_s = self._now() - t0 - (self.lazy.spent[0] - spent)
         for b, p in enumerate(prefills):
             i = last.index(b) if b in first else None
             self._result(results, p, [first[b]] if i is not None else [], 0, 0,
@@ -403,6 +385,7 @@ class ModelRunner:
             return 0.0, 0.0
         t0 = self._now()
         cache, dev, step = self.cache, self.device, self.step
+        spent = 0.0 if self.lazy is None else self.lazy.spent[0]
         reqs = [d.request for d in decodes]
         n_host = [r.num_tokens - 1 for r in reqs]
         nd_host = [d.num_draft_tokens for d in decodes]
@@ -446,9 +429,8 @@ class ModelRunner:
         drafts = None
         if drafting:
             if lagging := self.lazy.lagging(rows_host[:len(depths)]):     # modules behind catch up first
-                self._catch_up = self.lazy.timed_catch_up(rows, rows_host, depths, n_host, lagging,
-                                                          self._now, t1)
-                t1 += self._catch_up[0]
+                self.lazy.catch_up(rows, rows_host, depths, n_host, lagging)
+                t1 += self.lazy.spent[0] - spent
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
                                       torch.cat([final, final.new_zeros(pad)]), [True] * B,
                                       meta.positions[:, 0], h, new, self._draft_sampler(sampling, new),
@@ -457,10 +439,11 @@ class ModelRunner:
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()
         elif self.speculator is not None and max(depths) > 0:       # the modules fall behind
-            held = self.lazy.hold(rows[:B], rows_host, depths, n_host, accepted, h, num_tokens)
+            held = self.lazy.hold(rows[:B], rows_host, depths, n_host, accepted, h, num_tokens, n)
             final = torch.minimum(final, held)
         self._decode_results(decodes, results, emitted, accepted, final, drafts, shapes, gaps, lps)
-        return self._now() - t0 - (t2 - t1) - self._catch_up[0], t2 - t1
+        spent = 0.0 if self.lazy is None else self.lazy.spent[0] - spent      # catch-up: StepTiming's own
+        return self._now() - t0 - (t2 - t1) - spent, t2 - t1
 
     def _commit_states(self, decodes, n_host: list[int], nd_host: list[int], rows: torch.Tensor,
                        accepted: torch.Tensor, shapes: StepShapes) -> None:
