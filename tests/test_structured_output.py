@@ -420,3 +420,34 @@ def test_sampled_output_has_the_constrained_target_distribution(spec, k, verify,
     # the check has power: the unconstrained target's joint is far from the constrained one
     from tests.test_sampling import exact_joint
     assert tv(counts, exact_joint(model, SamplingParams(temperature=1.5)), N) > 3 * TV_MAX
+
+
+def test_eval_splits_acceptance_by_constraint(tiny_ckpt, tmp_path):
+    """mode=eval with eval.structured_outputs on every other request: metrics.json's
+    structured_outputs counts each group's rounds exactly as outputs.jsonl's per-request rounds,
+    the grammar masks' ms per step are recorded, the report prints the split, W&B gets it as
+    scalars, and the constrained outputs match (greedy: lossless against plain decoding under
+    the same constraints)."""
+    from tests.test_cli import _cfg
+    from mtpx.evaluate import run_eval
+    from mtpx.metrics.logging import structured_scalars
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=3",
+                "eval.num_prompts=4", "eval.max_tokens=12", "logger=none", "eval.concurrency=4",
+                "eval.structured_outputs={regex: '[a-z ]{3,20}'}", "eval.structured_outputs_every=2"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    so = metrics["structured_outputs"]
+    assert metrics["lossless_mismatches"] == 0 and so["mask_ms_per_step"] > 0 and so["num_steps"] > 0
+    for label, group in (("constrained", rows[0::2]), ("unconstrained", rows[1::2])):
+        rounds = [r for row in group for r in row["rounds"]]
+        v = so["by_constraint"][label]
+        assert v["num_requests"] == 2 and v["num_drafts"] == len(rounds) > 0
+        assert v["num_draft_tokens"] == sum(r[0] for r in rounds)
+        assert v["num_accepted_tokens"] == sum(r[1] for r in rounds)
+        assert v["per_position_acceptance"] == [sum(r[1] > i for r in rounds) / len(rounds) for i in range(3)]
+    assert all(re.fullmatch("[a-z ]{3,20}", row["text"]) for row in rows[0::2])
+    assert "Acceptance by constraint" in (tmp_path / "report.txt").read_text()
+    scalars = structured_scalars(so)
+    assert scalars["structured_outputs/constrained/acceptance_length"] == so["by_constraint"]["constrained"][
+        "acceptance_length"] and "structured_outputs/unconstrained/per_position_acceptance/pos_2" in scalars
