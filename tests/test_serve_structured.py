@@ -74,6 +74,48 @@ def test_tools_with_named_and_required_tool_choice(client):
     assert out.choices[0].message.tool_calls in (None, []) and out.choices[0].message.content is not None
 
 
+def _calls(entries) -> dict:
+    """{index: (name, parsed arguments)} from streamed tool_calls entries (dicts)."""
+    names, args = {}, {}
+    for e in entries:
+        if e.get("id"):
+            names[e["index"]] = e["function"]["name"]
+        args[e["index"]] = args.get(e["index"], "") + (e["function"].get("arguments") or "")
+    return {i: (names[i], json.loads(args[i])) for i in names}
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_streamed_tool_calls(client, live, tool_choice):
+    """stream=true with a tool-call constraint: OpenAI's delta.tool_calls (vLLM's shape), the
+    first delta of a call with id, type and function.name, later ones function.arguments pieces,
+    equal to the non-streamed calls; through the openai SDK's typed chunks and raw SSE."""
+    kw = dict(model="tiny", messages=MESSAGES, tools=[WEATHER, TIME], max_tokens=200, tool_choice=tool_choice,
+              temperature=0)
+    plain = client.chat.completions.create(**kw).choices[0]
+    want = {i: (c.function.name, json.loads(c.function.arguments))
+            for i, c in enumerate(plain.message.tool_calls)}
+    assert want
+    entries, finish = [], []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            entries += [e.model_dump() for e in ch.delta.tool_calls or []]
+            assert not ch.delta.content
+            finish += [ch.finish_reason] if ch.finish_reason else []
+    assert _calls(entries) == want and finish == [plain.finish_reason]
+    assert finish == ["tool_calls" if tool_choice == "required" else "stop"]
+    url, _ = live
+    r = httpx.post(f"{url}/v1/chat/completions", json={**kw, "stream": True}, timeout=120)
+    chunks = [json.loads(e[6:]) for e in r.text.split("\n\n") if e.startswith("data: {")]
+    entries = [e for c in chunks for ch in c["choices"] for e in ch["delta"].get("tool_calls", [])]
+    assert _calls(entries) == want and r.text.rstrip().endswith("data: [DONE]")
+    heads = [e for e in entries if "id" in e]
+    assert [h["function"] for h in heads] == [{"name": n, "arguments": ""} for n, _ in want.values()]
+    assert all(h["type"] == "function" and h["id"].startswith("chatcmpl-tool-") for h in heads)
+    pieces = [e for e in entries if "id" not in e]
+    assert len(pieces) > 1 and all(set(e) == {"index", "function"} and set(e["function"]) == {"arguments"}
+                                   for e in pieces)
+
+
 FIELDS = [  # (request fields, check of the output text)
     ({"guided_regex": "[a-z]{2,5}-[0-9]{1,3}"}, lambda t: re.fullmatch("[a-z]{2,5}-[0-9]{1,3}", t)),
     ({"guided_choice": ["alpha", "beta"]}, lambda t: t in ("alpha", "beta")),
@@ -121,7 +163,6 @@ BAD = [
     ({"allowed_token_ids": [99999]}, "allowed_token_ids", "outside the vocabulary"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
      "not in tools"),
-    ({"tools": [WEATHER], "tool_choice": "required", "stream": True}, "stream", "not streamed"),
 ]
 
 

@@ -203,6 +203,104 @@ def test_window_columns_follow_the_drafts(trained_tiny, tiny_plain, monkeypatch)
     assert checked > 20                          # columns after accepted drafts were checked
 
 
+def test_drafts_under_the_mask_follow_the_grammar(trained_tiny, tiny_plain, monkeypatch):
+    """With engine.structured_outputs_mask_drafts (the default) no window holds a draft the
+    grammar forbids after the committed output and the drafts before it, the output is plain
+    decoding's, and more drafts are accepted than with unmasked drafts, where the tiny model's
+    drafts are often forbidden (the same engine, the key toggled)."""
+    import xgrammar as xgr
+    from mtpx.structured import masks as masks_mod
+    windows = []
+    apply = masks_mod.GrammarMasks.apply
+
+    def recording(self, reqs, logits, raw, drafts=None):
+        if drafts is not None:
+            windows.extend((r.grammar, list(r.output_token_ids), d) for r, d in zip(reqs, drafts) if d)
+        return apply(self, reqs, logits, raw, drafts)
+    monkeypatch.setattr(masks_mod.GrammarMasks, "apply", recording)
+    tok, reqs, plain = tiny_plain
+    llm = LLM(model=trained_tiny, tokenizer=tok, spec="mtp8", num_speculative_tokens=4)
+    forbidden, accepted = {}, {}
+    for mask in (True, False):
+        llm.engine.runner.config.structured_outputs_mask_drafts = mask
+        windows.clear()
+        outs = llm.generate([p for p, _ in reqs], [sp for _, sp in reqs], use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+        accepted[mask] = sum(o.spec.num_accepted_tokens for o in outs)
+        forbidden[mask] = 0
+        for grammar, output, drafts in windows:
+            m = xgr.GrammarMatcher(grammar)
+            assert all(m.accept_token(t) for t in output)
+            for t in drafts:
+                if m.is_terminated():
+                    break
+                if not m.accept_token(t):
+                    forbidden[mask] += 1
+                    break
+        assert len(windows) > 10
+    assert forbidden[True] == 0 and forbidden[False] > 5, forbidden
+    assert accepted[True] > accepted[False], accepted
+    assert llm.engine.runner.grammars.draft_seconds > 0
+
+
+class _Req:
+    """What GrammarMasks reads of a Request."""
+    def __init__(self, index, grammar, output=()):
+        self.index, self.grammar, self.output_token_ids, self.finished = index, grammar, list(output), False
+
+
+def test_draft_sampler_masks_each_draft_and_renormalises_q():
+    """GrammarDraftSampler: draft i of a constrained row comes from its draft logits masked by the
+    grammar state after the step's emitted tokens and drafts 0..i-1; a forced token is the draft
+    whatever its logit; the draft distribution q (probabilistic drafts) is the masked,
+    renormalised one, exactly, and an unconstrained row's is untouched; the matcher is back at
+    the committed output at its next use."""
+    from mtpx.spec_decode.sampler import DraftSampler, RequestSampling
+    from mtpx.structured.drafts import GrammarDraftSampler
+    from mtpx.structured.grammar import GrammarCompiler
+    from mtpx.structured.masks import GrammarMasks
+    chars = "abcdefg"
+    tok = letters_tokenizer(chars)
+    V = 1 + len(chars)
+    grammar = GrammarCompiler(tok, V, [0]).compile(StructuredOutputsParams(regex="ab[cd]e[a-g]{1,3}"))
+    reqs = [_Req(0, grammar, [tok.token_to_id("a")]), _Req(1, None)]
+    ps = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.8, seed=2)]
+    sampling = RequestSampling(ps, [torch.Generator().manual_seed(p.seed) for p in ps], torch.device("cpu"))
+    masks = GrammarMasks()
+    inner = DraftSampler(sampling, [3, 3], 3, probabilistic=True)
+    pending = [[tok.token_to_id("b")], [tok.token_to_id("g")]]      # emitted this step
+    sampler = GrammarDraftSampler(masks, reqs, pending, [3, 3], inner)
+    logits = torch.randn(3, 3, V, generator=torch.Generator().manual_seed(0))   # 3 rows: one padding
+    logits[0, 1, tok.token_to_id("e")] = -30.0           # "e" is forced at draft 1 all the same
+    allowed = [set("cd"), set("e"), set(chars)]
+    drafts = []
+    for i in range(3):
+        d = sampler(logits[:, i], i)
+        keep = torch.tensor([tok.id_to_token(t) in allowed[i] for t in range(V)])
+        masked = logits[0, i].masked_fill(~keep, float("-inf"))
+        assert torch.equal(sampler.q[0, i], sampling.probs(masked[None], torch.tensor([0]))[0])
+        assert torch.equal(sampler.q[1, i], sampling.probs(logits[1:2, i], torch.tensor([1]))[0])
+        assert tok.id_to_token(int(d[0])) in allowed[i]
+        drafts.append(tok.id_to_token(int(d[0])))
+    assert drafts[1] == "e"
+    fresh = xgr_mask(grammar, reqs[0].output_token_ids, V)
+    assert torch.equal(xgr_mask(None, None, V, masks.matcher(reqs[0])), fresh)   # rolled back
+
+
+def xgr_mask(grammar, output, V, matcher=None):
+    """The allowed tokens [V] bool of a matcher (a fresh one of `grammar` after `output`)."""
+    import xgrammar as xgr
+    if matcher is None:
+        matcher = xgr.GrammarMatcher(grammar)
+        for t in output:
+            assert matcher.accept_token(t)
+    bitmask = xgr.allocate_token_bitmask(1, V)
+    matcher.fill_next_token_bitmask(bitmask)
+    x = torch.zeros(1, V)
+    xgr.apply_token_bitmask_inplace(x, bitmask)
+    return ~torch.isneginf(x[0])
+
+
 def _contains(ids: list[int], seq: list[int]) -> bool:
     return any(ids[i:i + len(seq)] == seq for i in range(len(ids) - len(seq) + 1))
 
@@ -322,3 +420,34 @@ def test_sampled_output_has_the_constrained_target_distribution(spec, k, verify,
     # the check has power: the unconstrained target's joint is far from the constrained one
     from tests.test_sampling import exact_joint
     assert tv(counts, exact_joint(model, SamplingParams(temperature=1.5)), N) > 3 * TV_MAX
+
+
+def test_eval_splits_acceptance_by_constraint(tiny_ckpt, tmp_path):
+    """mode=eval with eval.structured_outputs on every other request: metrics.json's
+    structured_outputs counts each group's rounds exactly as outputs.jsonl's per-request rounds,
+    the grammar masks' ms per step are recorded, the report prints the split, W&B gets it as
+    scalars, and the constrained outputs match (greedy: lossless against plain decoding under
+    the same constraints)."""
+    from tests.test_cli import _cfg
+    from mtpx.evaluate import run_eval
+    from mtpx.metrics.logging import structured_scalars
+    cfg = _cfg([f"model.path={tiny_ckpt}", "+spec=mtp8", "spec.num_speculative_tokens=3",
+                "eval.num_prompts=4", "eval.max_tokens=12", "logger=none", "eval.concurrency=4",
+                "eval.structured_outputs={regex: '[a-z ]{3,20}'}", "eval.structured_outputs_every=2"])
+    assert run_eval(cfg, tmp_path) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    so = metrics["structured_outputs"]
+    assert metrics["lossless_mismatches"] == 0 and so["mask_ms_per_step"] > 0 and so["num_steps"] > 0
+    for label, group in (("constrained", rows[0::2]), ("unconstrained", rows[1::2])):
+        rounds = [r for row in group for r in row["rounds"]]
+        v = so["by_constraint"][label]
+        assert v["num_requests"] == 2 and v["num_drafts"] == len(rounds) > 0
+        assert v["num_draft_tokens"] == sum(r[0] for r in rounds)
+        assert v["num_accepted_tokens"] == sum(r[1] for r in rounds)
+        assert v["per_position_acceptance"] == [sum(r[1] > i for r in rounds) / len(rounds) for i in range(3)]
+    assert all(re.fullmatch("[a-z ]{3,20}", row["text"]) for row in rows[0::2])
+    assert "Acceptance by constraint" in (tmp_path / "report.txt").read_text()
+    scalars = structured_scalars(so)
+    assert scalars["structured_outputs/constrained/acceptance_length"] == so["by_constraint"]["constrained"][
+        "acceptance_length"] and "structured_outputs/unconstrained/per_position_acceptance/pos_2" in scalars

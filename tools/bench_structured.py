@@ -9,6 +9,11 @@ and cost.
    acceptance, and the grammar mask's host time per step.
 
     python tools/bench_structured.py --requests 200 --out /tmp/structured
+    /work/bench1 python tools/bench_structured.py --compare 16 --acceptance-requests 16 --compile
+
+3. --compare C: the cost of a JSON-schema constraint against unconstrained decoding of the same
+   prompts at concurrency C, with drafts proposed under the grammar mask and without, contenders
+   alternated on one engine (compare()).
 
 Runs eager on the CPU (engine.compile off); --compile compiles the decode step.
 """
@@ -161,6 +166,65 @@ def acceptance(spec: str, k, n: int, max_tokens: int, compile_: bool) -> list[di
     return rows
 
 
+# name: (JSON-schema constraint, engine.structured_outputs_mask_drafts)
+CONTENDERS = {"none": (False, True), "json_masked_drafts": (True, True),
+              "json_unmasked_drafts": (True, False)}
+
+
+def _measure(llm, prompts, sp) -> dict:
+    """One generate of `prompts`: tok/s, acceptance length and per-position acceptance, the
+    grammar masks' host time per step (target columns, and drafts)."""
+    masks, engine = llm.engine.runner.grammars, llm.engine
+    m0, d0, steps0 = masks.seconds, masks.draft_seconds, engine.num_steps
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    steps = max(engine.num_steps - steps0, 1)
+    drafts = sum(o.spec.num_drafts for o in outs)
+    accepted = sum(o.spec.num_accepted_tokens for o in outs)
+    width = max(len(o.spec.accepted_per_position) for o in outs)
+    per_pos = [sum(o.spec.accepted_per_position[i] for o in outs if i < len(o.spec.accepted_per_position))
+               / max(drafts, 1) for i in range(width)]
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    valid = None
+    if sp.structured_outputs is not None:
+        ok = constraints()[0][2]
+        valid = sum(o.outputs[0].finish_reason == "stop" and ok(o.outputs[0].text) for o in outs)
+    return {"output_tokens": tokens, "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 2),
+            "acceptance_length": round(1 + accepted / max(drafts, 1), 3),
+            "per_position": [round(x, 3) for x in per_pos], "valid": valid,
+            "mask_ms_per_step": round(1000 * (masks.seconds - m0) / steps, 3),
+            "draft_mask_ms_per_step": round(1000 * (masks.draft_seconds - d0) / steps, 3)}
+
+
+def compare(spec: str, k, conc: int, n: int, max_tokens: int, repeats: int, compile_: bool) -> list[dict]:
+    """The same n prompts unconstrained, under the JSON schema with drafts under the mask, and
+    under it with unmasked drafts (engine.structured_outputs_mask_drafts toggled on one engine),
+    contenders alternated `repeats` times; one LLM with max_num_seqs=conc."""
+    llm = LLM("checkpoints/demo", spec=spec, num_speculative_tokens=k, max_num_seqs=conc, compile=compile_)
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
+    params = {c: SamplingParams(max_tokens=max_tokens,
+                                structured_outputs=StructuredOutputsParams(json=SCHEMA) if so else None)
+              for c, (so, _) in CONTENDERS.items()}
+    config = llm.engine.runner.config
+    for name, (_, mask) in CONTENDERS.items():                      # warm-up: graphs, grammar compiled
+        config.structured_outputs_mask_drafts = mask
+        llm.generate(prompts[:conc], params[name], use_tqdm=False)
+    rows = []
+    for rep in range(repeats):
+        for name, (_, mask) in CONTENDERS.items():
+            config.structured_outputs_mask_drafts = mask
+            rows.append({"spec": spec, "k": k, "concurrency": conc, "contender": name, "repeat": rep,
+                         "requests": n, **_measure(llm, prompts, params[name])})
+            print(json.dumps(rows[-1]), flush=True)
+    for name in CONTENDERS:
+        mine = [r for r in rows if r["contender"] == name]
+        tps = sorted(r["tok_s"] for r in mine)
+        print(f"{name:22s} conc {conc}: tok/s median {tps[len(tps) // 2]:.2f} (min {tps[0]:.2f}, max "
+              f"{tps[-1]:.2f}); acceptance length {mine[-1]['acceptance_length']}", flush=True)
+    return rows
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=200, help="validity requests in all (half per spec)")
@@ -169,7 +233,17 @@ def main(argv=None) -> None:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--skip-validity", action="store_true")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--compare", type=int, metavar="CONCURRENCY",
+                    help="only the cost comparison (compare()) at this concurrency")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spec", default="mtp8")
+    ap.add_argument("--k", default="8")
     a = ap.parse_args(argv)
+    if a.compare:
+        k = a.k if a.k == "auto" else int(a.k)
+        rows = compare(a.spec, k, a.compare, a.acceptance_requests, a.max_tokens, a.repeats, a.compile)
+        save({"compare": rows}, a.out)
+        return
     out = {"acceptance": acceptance("mtp8", 8, a.acceptance_requests, a.max_tokens, a.compile),
            "validity": []}
     for spec_k in ([] if a.skip_validity else [("mtp8", 8), ("mtp8", "auto")]):

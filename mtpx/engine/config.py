@@ -39,6 +39,11 @@ class EngineConfig(AcceptanceConfig):
     draft_sample_method: Literal["greedy", "probabilistic"] = "greedy"
     """At temperature > 0: "greedy" (argmax drafts, one-hot draft distribution, as vLLM) or
     "probabilistic" (drafts sampled from the draft distribution)."""
+    structured_outputs_mask_drafts: bool = True
+    """A structured-output request's drafts are proposed under its grammar mask (each draft from
+    the draft logits masked by the grammar state after the drafts before it; the draft loop of a
+    batch with such a request runs eager, reading each draft on the host); False: drafts are
+    proposed unmasked (the target's columns are masked either way; docs/structured_output.md)."""
     tree: Any = None
     """Tree drafting (docs/trees.md): null (chain drafts), a list of widths per depth ([3, 2, 1]:
     top-3 children of the root, top-2 of each of those, ...) or a list of paths of sibling ranks

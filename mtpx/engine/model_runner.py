@@ -36,10 +36,11 @@ from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutp
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
 from mtpx.spec_decode.acceptance import build_rule
-from mtpx.spec_decode.sampler import DraftSampler, RequestSampling, sample
+from mtpx.spec_decode.sampler import RequestSampling, sample
 from mtpx.spec_decode.tree_draft import TreeSpeculator
 from mtpx.spec_decode.verification import verify
 from mtpx.engine.tree_step import TreeStats, check_tree_engine, tree_decode
+from mtpx.structured.drafts import draft_sampler
 from mtpx.structured.masks import GrammarMasks
 
 
@@ -247,11 +248,10 @@ class ModelRunner:
     def _sampling(self, reqs) -> RequestSampling:
         return RequestSampling([r.params for r in reqs], [r.generator for r in reqs], self.device)
 
-    def _draft_sampler(self, sampling: RequestSampling, num_drafts: list[int]):
-        """num_drafts[b]: the drafts row b proposes this step (DraftSampler)."""
-        if self.config.draft_sample_method == "probabilistic" and not sampling.all_greedy:
-            return DraftSampler(sampling, num_drafts, self.num_speculative_tokens, probabilistic=True)
-        return None
+    def _draft_sampler(self, sampling: RequestSampling, num_drafts: list[int], reqs=(), pending=None):
+        """num_drafts[b]: the drafts row b proposes this step (mtpx/structured/drafts.py)."""
+        return draft_sampler(sampling, num_drafts, self.num_speculative_tokens, self.config, self.grammars,
+                             reqs, pending)
 
     def _gaps(self, logits: torch.Tensor):
         if not self.config.record_logit_gaps:
@@ -323,7 +323,8 @@ class ModelRunner:
             new = [p.num_new_drafts for p in prefills]
             batch = self._draft_batch(reqs, rows, torch.tensor(num_tokens, device=dev), meta.ends,
                                       [p.is_last for p in prefills], meta.positions[:, 0], h, new,
-                                      self._draft_sampler(self._sampling(reqs), new) if last else None)
+                                      self._draft_sampler(self._sampling(reqs), new, reqs, first)
+                                      if last else None)
             spent = self.lazy.spent[0]
             held = self.lazy.prefill(batch, [self.rows[r.index] for r in reqs], [r.draft_depth for r in reqs],
                                      starts, lengths, defer and not self.tree)
@@ -433,7 +434,8 @@ class ModelRunner:
                 t1 += self.lazy.spent[0] - spent
             batch = self._draft_batch(reqs, rows, torch.cat([num_tokens, num_tokens.new_ones(pad)]),
                                       torch.cat([final, final.new_zeros(pad)]), [True] * B,
-                                      meta.positions[:, 0], h, new, self._draft_sampler(sampling, new),
+                                      meta.positions[:, 0], h, new,
+                                      self._draft_sampler(sampling, new, reqs, (emitted, accepted)),
                                       shapes, meta.block_table)
             drafts = step.draft(batch)
             final = torch.minimum(final, drafts.num_final[:B])

@@ -226,6 +226,8 @@ def _run_http(cfg: DictConfig, out_dir: Path, c: DictConfig, path, num_prompts: 
                            num_prompts_key=prompts_key)
     client = client_args(c, len(prompts), "bench")
     params = sampling_params(c, len(prompts), "bench", [p.output_len for p in prompts])
+    if c.get("structured_outputs") is not None:
+        raise ValueError("bench.structured_outputs: the in-process engine only; unset it with bench.base_url")
     http = [HttpSampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p,
                          top_k=p.top_k if p.top_k > 0 else -1, min_p=p.min_p, seed=p.seed,
                          ignore_eos=p.ignore_eos)

@@ -18,6 +18,7 @@ from mtpx.data.prompts import Prompt
 from mtpx.engine.config import with_overrides
 from mtpx.engine.llm import DEFAULT_MODEL
 from mtpx.core.sampling_params import SamplingParams
+from mtpx.core.structured_outputs import StructuredOutputsParams
 from mtpx import schema
 from mtpx.engine.config import SPEC_KEYS
 from mtpx.schema.groups import ClientConfig, GenerationConfig, SpecConfig, spec_engine_keys
@@ -64,9 +65,27 @@ def sampling_params(e: DictConfig, num_prompts: int, section: str = "eval",
     lens = list(output_lens) if output_lens is not None else [None] * num_prompts
     if len(lens) != num_prompts:
         raise ValueError(f"{num_prompts} prompts but {len(lens)} output lengths")
+    so = structured_outputs(e, section)
+    every = max(1, int(e.get("structured_outputs_every") or 1))
     return [SamplingParams(max_tokens=n or max_tokens, temperature=v["temperature"], top_k=v["top_k"],
-                           top_p=v["top_p"], min_p=v["min_p"], seed=seed + i, ignore_eos=n is not None)
+                           top_p=v["top_p"], min_p=v["min_p"], seed=seed + i, ignore_eos=n is not None,
+                           structured_outputs=so if i % every == 0 else None)
             for i, n in enumerate(lens)]
+
+
+def structured_outputs(e: DictConfig, section: str):
+    """The client section's structured_outputs as a StructuredOutputsParams (None when unset);
+    ValueError naming section.structured_outputs for a malformed one."""
+    raw = e.get("structured_outputs")
+    if raw is None:
+        return None
+    value = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
+    try:
+        if not isinstance(value, dict):
+            raise TypeError("give one of its keys, e.g. {json: {type: object}} or {regex: '[a-z]+'}")
+        return StructuredOutputsParams(**value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{section}.structured_outputs: {err}".replace("\n", " ")) from None
 
 
 def spec_args(spec: DictConfig | None) -> dict:

@@ -233,6 +233,8 @@ def _add_diagnostics(run: _Run, outs: list[RequestOutput], kept: list[Prompt], m
                                          llm.num_speculative_tokens)
         for category, row in metrics["analytics"]["by_category"].items():  # for the report's table
             row["num_failed"] = sum(is_failed(o) for o in outs if run.prompts[o.index].category == category)
+    if method is not None and any(p.structured_outputs is not None for p in run.params):
+        metrics["structured_outputs"] = structured_metrics(llm, outs, run.params)
     if any(p.answer is not None for p in kept):
         preds = [extract_predicted_answer(o.text) for o in outs]
         metrics["accuracy"], metrics["num_correct"] = score(preds, [p.answer for p in kept])
@@ -332,3 +334,17 @@ def _speedup_lines(metrics: dict, client: dict) -> None:
             "spec.num_speculative_tokens=auto (k per step, 0 where drafts do not pay), a smaller k, or "
             "a lower concurrency (a full batch leaves the CPU no idle compute for drafts)")
         print(f"note: {metrics['speedup_hint']}")
+
+
+def structured_metrics(llm, outs: list[RequestOutput], params) -> dict:
+    """metrics.json's structured_outputs: acceptance of constrained and unconstrained requests
+    (mtpx.metrics.analytics.by_category's fields, by "constrained" / "unconstrained"), and the
+    grammar masks' host time per engine step of the run, ms (target columns: mask_ms_per_step;
+    draft logits: draft_mask_ms_per_step; mtpx/structured/)."""
+    from mtpx.metrics.analytics import by_category
+    labels = ["constrained" if params[o.index].structured_outputs is not None else "unconstrained"
+              for o in outs]
+    masks, steps = llm.engine.runner.grammars, max(llm.engine.num_steps, 1)
+    return {"by_constraint": by_category([o.spec.rounds for o in outs], labels, llm.num_speculative_tokens),
+            "mask_ms_per_step": 1000 * masks.seconds / steps,
+            "draft_mask_ms_per_step": 1000 * masks.draft_seconds / steps, "num_steps": llm.engine.num_steps}

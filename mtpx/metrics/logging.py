@@ -157,6 +157,7 @@ class RunLogger:
         for i, value in enumerate(positions):
             if value is not None:
                 scalars[f"per_position_acceptance/pos_{i}"] = value
+        scalars.update(structured_scalars(metrics.get("structured_outputs")))
         data: dict[str, Any] = dict(scalars)
         rows = [[i, v] for i, v in enumerate(positions) if v is not None]
         if rows:
@@ -291,3 +292,19 @@ def plot_per_position_acceptance(
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return atomic_write_bytes(path, buf.getvalue())
+
+
+def structured_scalars(so: dict | None) -> dict[str, float]:
+    """metrics["structured_outputs"] as W&B scalars: structured_outputs/{constrained,
+    unconstrained}/acceptance_length and .../per_position_acceptance/pos_{i}, and the masks' ms
+    per step."""
+    if not so:
+        return {}
+    out = {f"structured_outputs/{k}": so[k] for k in ("mask_ms_per_step", "draft_mask_ms_per_step")}
+    for label, v in so["by_constraint"].items():
+        if v.get("acceptance_length") is not None:
+            out[f"structured_outputs/{label}/acceptance_length"] = v["acceptance_length"]
+        for i, x in enumerate(v.get("per_position_acceptance") or []):
+            if x is not None:
+                out[f"structured_outputs/{label}/per_position_acceptance/pos_{i}"] = x
+    return out

@@ -260,6 +260,9 @@ def format_report(metrics: dict, title: str, width: int = 100) -> str:
     by_category = (metrics.get("analytics") or {}).get("by_category") or {}
     if len(by_category) > 1:
         text += "\n" + format_category_table(by_category, width)
+    by_constraint = (metrics.get("structured_outputs") or {}).get("by_constraint") or {}
+    if by_constraint:               # structured output (docs/structured_output.md)
+        text += "\n" + format_constraint_table(metrics["structured_outputs"], width)
     cost_model = (metrics.get("auto_k") or {}).get("cost_model") or {}
     if any(row.get("steps") for row in cost_model.values()):
         text += "\n" + format_cost_model_table(cost_model, width)
@@ -330,6 +333,24 @@ def format_category_table(by_category: dict[str, dict], width: int = 100) -> str
         table.add_row(str(category), requests,
                       DASH if rate is None else f"{rate * 100:.2f}",
                       DASH if length is None else f"{length:.2f}")
+    return _render(table, width)
+
+
+def format_constraint_table(so: dict, width: int = 100) -> str:
+    """metrics["structured_outputs"] (mtpx.evaluate.measure.structured_metrics) as a table: per
+    constraint label its requests, acceptance length and per-position acceptance (%), and the
+    grammar masks' host time per step (ms) in the title."""
+    title = (f"Acceptance by constraint (grammar masks {so['mask_ms_per_step']:.3f} ms/step on the target, "
+             f"{so['draft_mask_ms_per_step']:.3f} on the drafts)")
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for name, justify in (("Requests", "left"), ("Count", "right"), ("Acceptance length", "right"),
+                          ("Per-position acceptance (%)", "left")):
+        table.add_column(name, justify=justify)
+    for label, v in so["by_constraint"].items():
+        length = v.get("acceptance_length")
+        per = " / ".join(DASH if x is None else f"{100 * x:.1f}"
+                         for x in v.get("per_position_acceptance") or [])
+        table.add_row(label, str(v["num_requests"]), DASH if length is None else f"{length:.2f}", per or DASH)
     return _render(table, width)
 
 

@@ -239,6 +239,14 @@ class ClientConfig(GenerationConfig):
     """The benchmark client of mode=bench (and the base of mode=eval's)."""
     request_rate: float = math.inf
     """Requests per second: inf = all at once, else Poisson arrivals at this mean rate."""
+    structured_outputs: Any = None
+    """A constraint on the outputs of every structured_outputs_every-th request (0, n, 2n, ...),
+    vLLM's StructuredOutputsParams keys: {json: SCHEMA}, {regex: ...}, {choice: [...]},
+    {grammar: ...} or {json_object: true}; null = none. metrics.json's structured_outputs and the
+    report split acceptance by constrained and unconstrained requests and give the grammar
+    masks' host time per step (docs/structured_output.md). The in-process engine only."""
+    structured_outputs_every: int = 1
+    """With structured_outputs: constrain requests 0, n, 2n, ... (1 = all; 2 = every other one)."""
 
     @classmethod
     def check(cls, section: str, cfg) -> None:

@@ -24,6 +24,7 @@ from mtpx.serve.parsing import Run, read_body
 from mtpx.serve.protocol import ChatRequest, CompletionRequest
 from mtpx.serve.responses import spec_decode_stats, sse, sse_error, stream_chunk, stream_end, total_usage
 from mtpx.serve.state import ServeState, State
+from mtpx.serve.structured import ToolCallStream, tool_schema
 
 router = APIRouter()
 
@@ -122,6 +123,8 @@ async def _stream_chat(state: ServeState, rid: str, created: int, runs: list[Run
         yield sse({**base, "choices": [{"index": run.index, "delta": {"role": "assistant", "content": ""},
                                         "finish_reason": None}]})
     last: dict[int, Update] = {}
+    tools = ({run.index: ToolCallStream(body.tool_choice) for run in runs}
+             if tool_schema(body.tools, body.tool_choice) is not None else None)   # a tool-call constraint
     async for run, (delta, new_ids, _, u) in state.runner.merged(runs, body):
         last[run.index] = u
         if delta is None:
@@ -129,6 +132,8 @@ async def _stream_chat(state: ServeState, rid: str, created: int, runs: list[Run
             break
         choice = {"index": run.index, "delta": {"content": delta} if delta else {},
                   "finish_reason": u.finish_reason if u.finished else None}
+        if tools is not None:
+            choice = tools[run.index].choice(choice, delta, u.finished, body.tool_choice)
         if body.return_token_ids:
             choice["token_ids"] = new_ids
         yield sse(stream_chunk(base, choice, body, run, u))

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from mtpx.engine.llm import LLM
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.serve.errors import BadRequest
-from mtpx.serve.structured import compile_error, constraint, tool_schema
+from mtpx.serve.structured import compile_error, constraint
 from mtpx.serve.protocol import (Body, ChatMessage, ChatRequest, CompletionRequest, SamplingFields,
                                  TokenizeRequest, unsupported_field)
 
@@ -170,9 +170,6 @@ class RequestParser:
 
     def check_chat(self, body: ChatRequest) -> None:
         self.check_fields(body)
-        if body.stream and tool_schema(body.tools, body.tool_choice) is not None:
-            raise BadRequest(f"tool_choice={body.tool_choice!r} is not streamed yet: set stream=false",
-                             "stream")
         if body.logprobs:
             raise BadRequest("/v1/chat/completions does not return logprobs yet: use /v1/completions with "
                              "logprobs", "logprobs")

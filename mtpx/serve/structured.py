@@ -124,3 +124,102 @@ def tool_calls(text: str, tool_choice, tools: list[dict]) -> list[dict]:
     return [{"id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
             for name, args in calls]
+
+
+class ToolCallStream:
+    """A streamed constrained tool call as OpenAI's `delta.tool_calls` (vLLM's shape): the first
+    delta of a call carries index, id, type and function.name (arguments ""), later ones pieces of
+    function.arguments, which concatenate to the call's arguments JSON text as generated (its
+    whitespace kept). feed(text delta) -> the tool_calls entries it completes.
+
+    A named function: the whole output is its arguments. "required": the output is the array of
+    {"name", "parameters"} objects of tool_schema; a small scanner follows the JSON (strings,
+    nesting) and sends a call's header once its name string is closed and its parameters' text
+    as it arrives. The output is grammar-constrained, so it is JSON of that shape as far as it goes.
+    """
+
+    def __init__(self, tool_choice):
+        self.name = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else None
+        self.num_calls = 0
+        self.depth, self.in_str, self.escape = 0, False, False
+        self.expect_key, self.key, self.string = True, None, None     # at depth 2 (an item)
+        self.args, self.in_args, self.header = "", False, None
+
+    def _call(self, name: str) -> dict:
+        self.num_calls += 1
+        return {"index": self.num_calls - 1, "id": f"chatcmpl-tool-{uuid.uuid4().hex}", "type": "function",
+                "function": {"name": name, "arguments": ""}}
+
+    def feed(self, text: str) -> list[dict]:
+        if self.name is not None:
+            out = [self._call(self.name)] if not self.num_calls else []
+            return out + ([{"index": 0, "function": {"arguments": text}}] if text else [])
+        out = []
+        for ch in text:
+            out += self._char(ch)
+        return out + self._flush()
+
+    def _flush(self) -> list[dict]:
+        """The current call's arguments text not sent yet, once its header is sent."""
+        if not self.args or self.header is None:
+            return []
+        args, self.args = self.args, ""
+        return [{"index": self.header, "function": {"arguments": args}}]
+
+    def _char(self, ch: str) -> list[dict]:
+        """One character of the "required" array; -> the entries it completes."""
+        if self.in_args and not self.in_str and self.depth == 2 and ch in ",}":
+            self.in_args, self.key = False, None        # the parameters value ended before ch
+            done = self._flush()
+            return done + self._char(ch)
+        if self.in_args:
+            self.args += ch
+        elif self.depth == 2 and not self.in_str and self.key == "parameters" and not ch.isspace() \
+                and ch != ":":
+            self.in_args, self.args = True, ch
+        out = []
+        if self.in_str:
+            if self.string is not None:
+                self.string += ch
+            if self.escape:
+                self.escape = False
+            elif ch == "\\":
+                self.escape = True
+            elif ch == '"':
+                self.in_str = False
+                out = self._string_closed()
+        elif ch == '"':
+            self.in_str, self.string = True, '"' if self.depth == 2 and not self.in_args else None
+        elif ch in "[{":
+            self.depth += 1
+            if self.depth == 2:
+                self.expect_key, self.key, self.header = True, None, None
+        elif ch in "]}":
+            self.depth -= 1
+        elif self.depth == 2 and ch == ",":
+            self.expect_key = True
+        elif self.depth == 2 and ch == ":":
+            self.expect_key = False
+        return out
+
+    def _string_closed(self) -> list[dict]:
+        if self.string is None:
+            return []
+        value, self.string = json.loads(self.string), None
+        if self.expect_key:
+            self.key = value
+            return []
+        if self.key == "name" and self.header is None:
+            call = self._call(value)
+            self.header = call["index"]
+            return [call, *self._flush()]
+        return []
+
+    def choice(self, choice: dict, delta: str, finished: bool, tool_choice) -> dict:
+        """The streamed chat `choice` with its content delta as tool_calls deltas; finish_reason
+        "tool_calls" for "required" (as the non-streamed response)."""
+        calls = self.feed(delta or "")
+        choice["delta"] = {"tool_calls": calls} if calls else {}
+        if finished and tool_choice == "required" and self.num_calls:
+            choice["finish_reason"] = "tool_calls"
+        return choice

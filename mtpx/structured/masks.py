@@ -31,8 +31,12 @@ class _Matcher:
         self.matcher = xgr.GrammarMatcher(request.grammar)
         self.num_fed = 0              # output tokens accepted so far
         self.broken = False           # a committed token the grammar rejects: no more masking
+        self.num_ahead = 0            # tokens accepted past them by a draft round (drafts.py)
 
     def sync(self):
+        if self.num_ahead:
+            self.matcher.rollback(self.num_ahead)
+            self.num_ahead = 0
         out = self.request.output_token_ids
         while not self.broken and self.num_fed < len(out):
             if self.matcher.is_terminated() or not self.matcher.accept_token(out[self.num_fed]):
@@ -50,18 +54,26 @@ class GrammarMasks:
     Returns float32 logits with every token the grammar forbids at -inf (a copy; `logits` itself
     when no request is constrained). A column left with no token (the grammar and min_tokens,
     allowed_token_ids or bad_words exclude each other) takes the grammar-masked raw logits.
-    seconds / num_masked: host time spent and columns masked (the mask's cost)."""
+    seconds / num_masked: host time spent and columns masked (the mask's cost); draft_seconds:
+    host time spent masking draft logits (mtpx/structured/drafts.py)."""
 
     def __init__(self):
         self._matchers: dict[int, _Matcher] = {}
         self.seconds = 0.0
+        self.draft_seconds = 0.0
         self.num_masked = 0
 
-    def _matcher(self, request):
+    def matcher(self, request):
+        """The request's xgrammar GrammarMatcher at its committed output (None once a committed
+        token broke it)."""
+        return self.entry(request).sync()
+
+    def entry(self, request) -> _Matcher:
+        """The request's matcher state (made on first use), not yet synced."""
         m = self._matchers.get(request.index)
         if m is None or m.request is not request:
             m = self._matchers[request.index] = _Matcher(request)
-        return m.sync()
+        return m
 
     def apply(self, reqs, logits: torch.Tensor, raw: torch.Tensor, drafts: list[list[int]] | None = None):
         rows = [b for b, r in enumerate(reqs) if r.grammar is not None]
@@ -75,7 +87,7 @@ class GrammarMasks:
         bitmask = xgr.allocate_token_bitmask(len(reqs) * T, V)           # all allowed
         masked = []                                                      # flat rows masked
         for b in rows:
-            m = self._matcher(reqs[b])
+            m = self.matcher(reqs[b])
             if m is None:
                 continue
             window = drafts[b] if drafts is not None else []

@@ -1,0 +1,117 @@
+"""Drafting under the grammar mask: each draft of a constrained request is proposed from draft
+logits masked by the grammar state after the tokens before it (docs/structured_output.md,
+"Drafting under the mask").
+
+A round of drafting follows a verification (or a prefill's first token) whose emitted tokens the
+scheduler has not committed yet (they are read to the host for it). `GrammarDraftSampler` takes each
+constrained request's matcher (GrammarMasks, at the committed output), advances it through those
+pending tokens, and then, at draft index i, fills the bitmask of the state after drafts
+d_1 .. d_i, masks the row's draft logits, lets the wrapped sampler (argmax, or DraftSampler's
+sample with q kept) choose d_{i+1}, and advances the matcher through it. Before its next use
+the matcher is rolled back to the committed output (GrammarMasks.matcher). So:
+
+- a draft the grammar forbids is never proposed, and where the grammar allows one token only
+  (JSON punctuation, a key), that token is the draft;
+- at T > 0 with probabilistic drafts, the draft distribution q that verification uses is the
+  masked, renormalised one (probabilities from the masked logits), so rejection sampling and
+  block verification stay exact (the target's columns are masked too, masks.py);
+- unconstrained rows and padding rows are untouched (their logits are not copied). The round
+  reads each draft on the host, so a batch with a constrained request drafts eager
+  (CompiledStep runs a round with a sampler eager); other batches never build this sampler.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mtpx.spec_decode.sampler import DraftSampler
+
+
+class _Row:
+    __slots__ = ("b", "state", "num_drafts", "live")
+
+    def __init__(self, b: int, state, num_drafts: int):
+        self.b, self.state, self.num_drafts, self.live = b, state, num_drafts, True
+
+
+class GrammarDraftSampler:
+    """sampler(logits [B', V], i) -> draft tokens [B'] (DraftBatch.sampler's contract), the rows
+    of constrained requests chosen under their grammar mask (module doc).
+
+    masks: the runner's GrammarMasks; reqs: the batch's B requests in row order; pending[b]: the
+    tokens row b emitted this step, not yet in its output (host ints); num_drafts[b]: drafts row b
+    proposes this round; inner: the sampler it wraps (None: argmax; a DraftSampler: its q is this
+    sampler's q). The matchers' advance past the committed output is recorded in their
+    num_ahead and rolled back before their next use (GrammarMasks.matcher); host time spent goes
+    to masks.draft_seconds."""
+
+    def __init__(self, masks, reqs, pending: list[list[int]], num_drafts: list[int], inner=None):
+        self.masks, self.inner = masks, inner
+        t0 = time.perf_counter()
+        self.rows: list[_Row] = []
+        for b, r in enumerate(reqs):
+            if r.grammar is None or num_drafts[b] <= 0:
+                continue
+            state = masks.entry(r)
+            m = state.sync()
+            if m is None:
+                continue
+            for t in pending[b]:
+                if m.is_terminated() or not m.accept_token(t):
+                    break
+                state.num_ahead += 1
+            row = _Row(b, state, num_drafts[b])
+            row.live = state.num_ahead == len(pending[b]) and not m.is_terminated()
+            self.rows.append(row)
+        masks.draft_seconds += time.perf_counter() - t0
+
+    @property
+    def q(self):
+        """The wrapped sampler's draft distributions [B, k, V] (None with argmax drafts)."""
+        return getattr(self.inner, "q", None)
+
+    def __call__(self, logits: torch.Tensor, i: int) -> torch.Tensor:
+        import xgrammar as xgr
+        t0 = time.perf_counter()
+        active = [r for r in self.rows if r.live and i < r.num_drafts]
+        if active:
+            bitmask = xgr.allocate_token_bitmask(len(active), logits.shape[-1])
+            for j, r in enumerate(active):
+                r.state.matcher.fill_next_token_bitmask(bitmask, j)
+            idx = torch.tensor([r.b for r in active], device=logits.device)
+            rows = logits[idx].float()
+            xgr.apply_token_bitmask_inplace(rows, bitmask.to(logits.device))
+            logits = logits.float().index_copy(0, idx, rows)
+        seconds = time.perf_counter() - t0
+        tokens = logits.argmax(-1) if self.inner is None else self.inner(logits, i)
+        if active:
+            t0 = time.perf_counter()
+            for r, t in zip(active, tokens[idx].tolist()):
+                m = r.state.matcher
+                r.live = m.accept_token(t)          # False only with an empty mask
+                r.state.num_ahead += r.live
+                r.live = r.live and not m.is_terminated()
+            seconds += time.perf_counter() - t0
+        self.masks.draft_seconds += seconds
+        return tokens
+
+
+def draft_sampler(sampling, num_drafts: list[int], k: int, config, masks, reqs=(), pending=None):
+    """The model runner's draft sampler of a round (DraftBatch.sampler): with probabilistic
+    drafts (config.draft_sample_method) and a request at T > 0, a DraftSampler, else None (argmax);
+    wrapped in a GrammarDraftSampler when config.structured_outputs_mask_drafts and a request of
+    `reqs` is constrained. pending: the tokens each row emitted this step, as {row: first token}
+    (a prefill) or (emitted [B, T], accepted [B]) device tensors (a decode: emitted[b, :m + 1]),
+    read on the host only for a GrammarDraftSampler. sampling: RequestSampling of the B rows."""
+    inner = None
+    if config.draft_sample_method == "probabilistic" and not sampling.all_greedy:
+        inner = DraftSampler(sampling, num_drafts, k, probabilistic=True)
+    if not config.structured_outputs_mask_drafts or all(r.grammar is None for r in reqs):
+        return inner
+    if isinstance(pending, dict):
+        pending = [[pending[b]] if b in pending else [] for b in range(len(reqs))]
+    else:
+        emitted, accepted = pending
+        pending = [e[: m + 1] for e, m in zip(emitted.tolist(), accepted.tolist())]
+    return GrammarDraftSampler(masks, reqs, pending, num_drafts, inner)
