@@ -162,7 +162,7 @@ class Engine:
             if bad:
                 return f"{key} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
         if isinstance(self.speculator, TreeSpeculator):
-            return tree_step.unsupported(params)
+            return tree_step.unsupported(params, self.config.acceptance)
         return None
 
     def add_request(self, r: Request) -> bool:

@@ -63,8 +63,12 @@ class TreeStats:
                 "accepted_rank_per_depth": self.rank_counts}
 
 
-def unsupported(params) -> str | None:
-    """Why tree drafting cannot run a request with these SamplingParams (one line), or None."""
+def unsupported(params, acceptance: str = "lossless") -> str | None:
+    """Why tree drafting cannot run a request with these SamplingParams under `spec.acceptance`
+    (one line), or None."""
+    if acceptance != "lossless" and not params.greedy:
+        return (f"spec.tree with spec.acceptance={acceptance} and temperature > 0: not supported yet "
+                "(a lossy rule verifies a tree greedily; set temperature=0)")
     if params.structured_outputs is not None or params.allowed_token_ids or params.bad_words:
         return ("spec.tree with structured_outputs, allowed_token_ids or bad_words: not supported yet "
                 "(their masks follow one chain of drafts)")
@@ -73,12 +77,9 @@ def unsupported(params) -> str | None:
 
 def check_tree_engine(config) -> None:
     """Raise ValueError (one line) for engine settings tree drafting does not support yet."""
-    if config.acceptance != "lossless":
-        raise ValueError(f"spec.tree with spec.acceptance={config.acceptance}: not supported yet "
-                         "(tree drafting verifies with the lossless greedy walk)")
-    if config.draft_sample_method != "greedy":
-        raise ValueError(f"spec.tree with spec.draft_sample_method={config.draft_sample_method}: not "
-                         "supported (a tree's children are the draft's top-k; set it to greedy)")
+    if config.acceptance == "synthetic":
+        raise ValueError("spec.tree with spec.acceptance=synthetic: not supported (its rates are per chain "
+                         "position; use a chain, or another rule)")
     if config.compile:
         raise ValueError("spec.tree with engine.compile=true: not supported yet (set engine.compile=false)")
     if config.attention_backend != "torch":
@@ -135,12 +136,17 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     logits = model.lm_head(h)                                                  # [B, T, V]
     processed = process_tree_logits(reqs, logits, ids, parents, depths, D)    # each node: its path committed
     target, uniforms = tree_targets(runner._sampling(reqs), processed, depths, D)
-    accepted, path = greedy_walk(ids, parents, depths, valid, target, D)
+    rule = runner._verify_with[1]
+    also = rule.tree_candidates(ids, parents, processed) if rule is not None and uniforms is None else None
+    accepted, path = greedy_walk(ids, parents, depths, valid, target, D, also)
     if uniforms is not None:                  # seeded streams advance by the tokens emitted
         uniforms.settle((accepted + 1).tolist())
     emitted = target.gather(1, path)                                          # [B, D + 1]
     d = torch.arange(1, D + 1, device=dev)
     on_path = d[None] <= accepted[:, None]
+    if also is not None:                       # a lossy rule's path keeps its drafts' tokens
+        drafted = torch.where(on_path, ids.gather(1, path[:, 1:]), emitted[:, :D])
+        emitted = torch.cat([drafted, emitted[:, D:]], 1)
     depth_rank = torch.stack([(d - 1).expand(B, D), spec.ranks[path[:, 1:]]], -1)[on_path]
     runner.tree_stats.record(nd_host, depth_rank.tolist())
     move_path_kv(cache, rows, n, path, accepted)

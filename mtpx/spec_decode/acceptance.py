@@ -211,6 +211,22 @@ class AcceptanceRule:
         kept = torch.arange(T, device=ids.device)[None] < accepted[:, None]
         return accepted, torch.where(kept, drafts, target)
 
+    def tree_candidates(self, tokens, parents, logits):
+        """Greedy tree verification (temperature 0) under this rule: tokens, parents [B, T] int64
+        (the root's parent -1), logits [B, T, V] the target's processed logits after each node ->
+        [B, T] bool, the nodes accepted besides those equal to their parent's argmax (relaxed's
+        candidates, judged on the parent's softmax as in `verify_greedy`), or None where the rule
+        is greedy matching at temperature 0 (typical, lenient, cascade)."""
+        if self.name != "relaxed":
+            return None
+        s = logits.double().softmax(-1)                                   # [B, T, V]
+        top = s.topk(min(int(self.config.relaxed_topk), s.shape[-1]), dim=-1).indices
+        par = parents.clamp(min=0)
+        in_top = (top.gather(1, par[..., None].expand(-1, -1, top.shape[-1])) == tokens[..., None]).any(-1)
+        s_par = s.gather(1, par[..., None].expand(-1, -1, s.shape[-1]))  # [B, T, V]: the parent's
+        close = _pick(s_par, tokens) >= s_par.max(-1).values - float(self.config.relaxed_delta)
+        return in_top & close
+
     def __call__(self, x, q, p, num_drafts, eta, *, logits, greedy):
         c = self.config
         if self.name == "synthetic":

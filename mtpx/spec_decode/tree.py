@@ -174,18 +174,25 @@ def ancestor_mask(parents: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, valid: torch.Tensor,
-                target: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+                target: torch.Tensor, depth: int, also: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy tree verification: walk from the root along the target's argmax.
 
     tokens, parents, depths [B, T] int64 (node 0 the root; parents -1 there); valid [B, T] bool
     (padding nodes never match); target [B, T] int64, the target's argmax after each node; depth:
-    the deepest node. A node is accepted when its token is its parent's target token and its parent
-    is the root or accepted; siblings hold distinct tokens, so the accepted nodes are one path.
+    the deepest node; also [B, T] bool or None: nodes a lossy rule accepts besides the match
+    (`AcceptanceRule.tree_candidates`). A node is accepted when its token is its parent's target
+    token (or `also`) and its parent is the root or accepted; the path walked ends at the deepest
+    accepted node (the first in node order among equals). Lossless, siblings hold distinct tokens,
+    so the accepted nodes are one path.
     Returns (accepted [B] int64, the accepted path's length m; path [B, depth + 1] int64: the node
     at each depth 0..m of the path, then the last one repeated)."""
     B, T = tokens.shape
     par = parents.clamp(min=0)
-    match = valid & (parents >= 0) & (tokens == target.gather(1, par))
+    match = tokens == target.gather(1, par)
+    if also is not None:
+        match = match | also
+    match = match & valid & (parents >= 0)
     ok = match
     for _ in range(depth - 1):
         ok = match & ((parents == 0) | ok.gather(1, par))
