@@ -33,6 +33,7 @@ FREE_TEXT = {
     "device",            # any torch device of type cpu or cuda (cuda:1), checked by mtpx.train.setup
     "compile_backend",   # any torch._dynamo backend, checked against its registry by EngineConfig
     "stop", "categories", "data_sources",     # lists of stop strings, categories, source:weight
+    "reference_cache",   # a folder for stored lossless references (mtpx.evaluate.reference)
 }
 
 

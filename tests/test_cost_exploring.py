@@ -165,7 +165,9 @@ def test_the_engine_measures_a_probed_k_from_the_parts_of_its_steps(tmp_path, mo
     # steady steps reach it through observe_step (verified == proposed); a probe and the step after
     # it verify one k and propose another
     assert any(v != k for v, k, *_ in parts)
-    assert all(1 <= b <= 4 and verify_ms == 2000.0 and draft_ms in (0.0, 1000.0)
+    # (2000: a step whose modules first caught up lazily reads the clock twice more; the catch-up's
+    # own reading goes to StepTiming.catch_up_s, the other one to the draft round)
+    assert all(1 <= b <= 4 and verify_ms == 2000.0 and draft_ms in (0.0, 1000.0, 2000.0)
                for v, k, b, verify_ms, draft_ms in parts)
     # the draft round is measured at the depth the step's requests hold (3 here, from exploring),
     # which a probe of k = 1 runs too

@@ -138,7 +138,8 @@ class ModelRunner:
         if speculator is not None:
             speculator.allocate(self.cache)
             self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
-        self.lazy = None if speculator is None else LazyCatchUp(speculator, self.cache, now=self._now)
+        self.lazy = (None if speculator is None             # the runner's clock, read when it runs
+                     else LazyCatchUp(speculator, self.cache, now=lambda: self._now()))
         self.step = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
                                     precompile=config.compile_cache, ragged=config.ragged_batch)
                      if config.compile else EagerStep(model, self.cache, speculator))

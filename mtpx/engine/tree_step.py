@@ -80,6 +80,9 @@ def check_tree_engine(config) -> None:
     if config.acceptance == "synthetic":
         raise ValueError("spec.tree with spec.acceptance=synthetic: not supported (its rates are per chain "
                          "position; use a chain, or another rule)")
+    if config.draft_sample_method != "greedy":
+        raise ValueError(f"spec.tree with spec.draft_sample_method={config.draft_sample_method}: not "
+                         "supported (a tree's children are the draft's top-k; set it to greedy)")
     if config.compile:
         raise ValueError("spec.tree with engine.compile=true: not supported yet (set engine.compile=false)")
     if config.attention_backend != "torch":
