@@ -28,8 +28,9 @@ import dataclasses
 
 import torch
 
+from mtpx.attention import tree_kernel
 from mtpx.attention.tree_attention import node_meta
-from mtpx.cache.model_cache import ModelCache
+from mtpx.cache.model_cache import ModelCache, put_rows
 from mtpx.spec_decode.common import gather_hidden, last_valid, run_module
 from mtpx.spec_decode.multi_module import MultiModuleMTPSpeculator
 from mtpx.spec_decode.protocol import DraftBatch, DraftPlan, Drafts
@@ -85,15 +86,15 @@ class TreeSpeculator:
             raise ValueError("spec.tree drafts greedily: sampling (temperature > 0) is not supported yet")
         b = self._catch_up(batch)
         n = b.num_tokens - 1
-        if self.multi:
-            num_final = self.base.propose(cache, b).num_final
-            root = None
-        else:
-            root, num_final = self._single_catch_up(cache, b)
         tokens = torch.zeros(b.rows.shape[0], self.shape.num_nodes, dtype=torch.long, device=n.device)
+        if self.multi:
+            tok = self._grow_multi(cache, b, n)
+            tokens = torch.where(b.is_drafting[:, None], tok[:, 1:], 0)
+            return Drafts(tokens, None, self.base._num_final(b.rows, b.depth, b.num_tokens))
+        root, num_final = self._single_catch_up(cache, b)
         idx = b.is_drafting.nonzero()[:, 0]
         if idx.numel():
-            tokens[idx] = self._grow(cache, b.rows[idx], n[idx], None if root is None else root[idx])
+            tokens[idx] = self._grow(cache, b.rows[idx], n[idx], root[idx])
         return Drafts(tokens, None, num_final)
 
     def _single_catch_up(self, cache: ModelCache, b: DraftBatch):
@@ -110,38 +111,130 @@ class TreeSpeculator:
             base.computed.index_copy_(0, b.rows, plan.computed[0])
         return a, torch.minimum(base.computed[b.rows], n).clamp(min=0)
 
-    def _grow(self, cache: ModelCache, rows: torch.Tensor, n: torch.Tensor, root: torch.Tensor | None):
-        """The tree's tokens [B, N] for drafting rows (root: single-module MTP's a_{n-1} [B, hidden])."""
-        shape, B = self.shape, rows.shape[0]
-        depths = shape.depths
-        tok = torch.zeros(B, shape.num_nodes + 1, dtype=torch.long, device=n.device)
-        M = None                      # [B, N + 1, hidden]: M (multi: M_level) of the nodes computed
+    def _grow(self, cache: ModelCache, rows: torch.Tensor, n: torch.Tensor, root: torch.Tensor):
+        """Single-module MTP: the tree's tokens [B, N] for drafting rows (root: a_{n-1} [B, hidden])."""
+        shape = self.shape
+        tok = torch.zeros(rows.shape[0], shape.num_nodes + 1, dtype=torch.long, device=n.device)
+        M = None                      # [B, N + 1, hidden]: M of the nodes computed
         for level in range(1, shape.depth + 1):
-            par = [i for i, d in enumerate(depths) if d == level - 1]            # expanded at this level
             if level == 1:
-                a = self._root_out(root, rows, n, 1)[:, None]                     # [B, 1, hidden]
+                a = root[:, None]                                                  # [B, 1, hidden]
             else:
-                low = 1 if self.multi else level - 1
-                nodes = [i for i, d in enumerate(depths) if low <= d <= level - 1]
-                hidden = self._root_out(root, rows, n, level - 1)
-                M = self._module(cache, rows, n, tok, M, hidden, level, nodes)
-                a = M[:, par]
-            logits = self.model.draft_logits(level - 1 if self.multi else 0, a)    # [B, P, V]
-            top = logits.topk(shape.widths[level - 1], dim=-1).indices
-            children = [i for i, d in enumerate(depths) if d == level]
-            at = {p: j for j, p in enumerate(par)}
-            pj = torch.tensor([at[shape.parents[c]] for c in children], device=n.device)
-            rk = torch.tensor([shape.ranks[c] for c in children], device=n.device)
-            tok[:, children] = top[:, pj, rk]
+                nodes = [i for i, d in enumerate(shape.depths) if d == level - 1]
+                M = self._module(cache, rows, n, tok, M, root, level, nodes)
+                a = M[:, nodes]
+            self._children(tok, level, a)
         return tok[:, 1:]
 
-    def _root_out(self, root, rows: torch.Tensor, n: torch.Tensor, level: int) -> torch.Tensor:
-        """M_level(root) [B, hidden]: single-module MTP's a_{n-1} (root), or module level's output
-        at n - level from the multi-module window (the catch-up computed it)."""
-        if not self.multi:
-            return root
+    def _children(self, tok: torch.Tensor, level: int, a: torch.Tensor) -> None:
+        """tok[:, depth-`level` nodes] = the top-k of the draft logits at a [B, P, hidden] (M of the
+        depth level - 1 nodes, in node order)."""
+        shape = self.shape
+        par = [i for i, d in enumerate(shape.depths) if d == level - 1]
+        logits = self.model.draft_logits(level - 1 if self.multi else 0, a)        # [B, P, V]
+        top = logits.topk(shape.widths[level - 1], dim=-1).indices
+        children = [i for i, d in enumerate(shape.depths) if d == level]
+        at = {p: j for j, p in enumerate(par)}
+        pj = torch.tensor([at[shape.parents[c]] for c in children], device=tok.device)
+        rk = torch.tensor([shape.ranks[c] for c in children], device=tok.device)
+        tok[:, children] = top[:, pj, rk]
+
+    def _grow_multi(self, cache: ModelCache, b: DraftBatch, n: torch.Tensor) -> torch.Tensor:
+        """Multi-module MTP's round: module L runs once, over its catch-up positions (the chain
+        speculator's `bounds`: the stale and the newly verified ones, start_L .. n - L) and the
+        tree's nodes of depths 1 .. L - 1, in one forward (`_fold`) when every row drafts and
+        fits the tree kernel's window, else in two (the catch-up, then `_module`). Writes the
+        module window and progress as the chain round without drafts -> tokens [B, N + 1]
+        (column 0, the root, unused)."""
+        base, shape, rows = self.base, self.shape, b.rows
+        tok = torch.zeros(rows.shape[0], shape.num_nodes + 1, dtype=torch.long, device=n.device)
+        prev, prev_start, prev_len = b.target_hidden, b.target_start[:, None], None
+        M, done, idle = None, [], False
+        for L, (start, end) in enumerate(base.bounds(b), start=1):
+            idle = idle or not bool((end > start).any())         # MultiModuleMTPSpeculator.plan's break
+            length = torch.zeros_like(start) if idle else end - start
+            meta = cache.meta(start, length, rows)
+            hidden = gather_hidden(meta, prev, prev_start, base.window, L - 1)
+            nodes = [i for i, d in enumerate(shape.depths) if 1 <= d <= L - 1]
+            if not nodes:
+                a = run_module(self.model, cache, L, meta, hidden) if meta.valid.shape[1] else hidden
+            else:
+                root = self._output_at(prev, prev_start[:, 0], prev_len, rows, L - 1, n - L + 1)
+                fold = (bool(b.is_drafting.all()) and bool((end == n - L + 1).all())
+                        and meta.valid.shape[1] + len(nodes) <= tree_kernel.MAX_WINDOW)
+                a, M = (self._fold(cache, b, n, L, meta, length, hidden, tok, M, root, nodes) if fold
+                        else self._split(cache, b, n, L, meta, hidden, tok, M, root, nodes))
+            if not idle:
+                done.append((L, meta, a, end))
+            if L == 1:
+                a1 = self._output_at(a, start, length, rows, 1, n - 1)[:, None]
+                self._children(tok, 1, a1)
+            else:
+                self._children(tok, L, M[:, [i for i, d in enumerate(shape.depths) if d == L - 1]])
+            prev, prev_start, prev_len = a, meta.positions[:, :1], length
+        for L, meta, a, end in done:
+            if L < base.num_speculative_tokens:                  # after every module read the window
+                base.window.write(L, meta, a)
+            put_rows(base.computed, rows, torch.full_like(rows, L - 1), end)
+        return tok
+
+    def _output_at(self, out, start, length, rows, level: int, pos: torch.Tensor) -> torch.Tensor:
+        """Module `level`'s output at position pos [B]: from this round's `out` [B, T, hidden] (its
+        positions start .. start + length - 1) where it covers pos, else from the window."""
         w = self.base.window
-        return w.buf[level - 1][rows, (n - level) % w.window]
+        old = w.buf[level - 1][rows, pos % w.window]
+        if length is None or out.shape[1] == 0:
+            return old
+        idx = pos - start
+        cur = out[torch.arange(out.shape[0], device=out.device), idx.clamp(0, out.shape[1] - 1)]
+        return torch.where(((idx >= 0) & (idx < length))[:, None], cur, old)
+
+    def _split(self, cache, b, n, L, meta, hidden, tok, M, root, nodes):
+        """Module L over the catch-up, then over the nodes of drafting rows (`_module`) -> (the
+        catch-up's output [B, T, hidden], M_L [B, N + 1, hidden])."""
+        a = run_module(self.model, cache, L, meta, hidden) if meta.valid.shape[1] else hidden
+        out = torch.zeros(tok.shape[0], tok.shape[1], root.shape[-1], dtype=root.dtype, device=root.device)
+        idx = b.is_drafting.nonzero()[:, 0]
+        if idx.numel():
+            out[idx] = self._module(cache, b.rows[idx], n[idx], tok[idx], M[idx] if M is not None else None,
+                                    root[idx], L, nodes)
+        return a, out
+
+    def _fold(self, cache, b, n, L, meta, length, hidden, tok, M, root, nodes):
+        """Module L in one forward over [catch-up positions, nodes of depths 1 .. L - 1] (every
+        row drafts; its catch-up ends at n - L + 1). The catch-up's C columns (ragged, left
+        aligned) sit causally at their committed slots; node i at its scratch slot n + i, RoPE
+        position n - L + depth(i), sees the committed KV, the whole catch-up and its ancestors
+        (positions n - L + 1 .. n - 1, stale chain KV, are masked). Tree attention with base
+        n - L + 1 - C: key j of the window is position base + j, S = C + L + N keys.
+        -> (the catch-up's output [B, C, hidden], M_L [B, N + 1, hidden])."""
+        rows, B, C, N = b.rows, b.rows.shape[0], meta.valid.shape[1], self.shape.num_nodes
+        dev, K = n.device, len(nodes)
+        idx = torch.tensor(nodes, device=dev)
+        par = self.parents[idx]
+        node_hidden = torch.where((par == 0)[None, :, None], root[:, None], M[:, par.clamp(min=0)]
+                                  if M is not None else root[:, None])
+        base = n - L + 1 - C
+        lo = (C - length)[:, None, None]                                           # first catch-up key
+        s = torch.arange(C + L + N, device=dev)[None, None]
+        t = torch.arange(C, device=dev)[None, :, None]
+        trunk = (s >= lo) & (s <= lo + t) & (t < length[:, None, None])           # [B, C, S]
+        tree = torch.zeros(B, K, C + L + N, dtype=torch.bool, device=dev)
+        tree[:, :, C + L - 1:] = self.ancestors[idx]
+        tree |= (s >= lo) & (s < C)
+        lo = lo[:, :, 0]
+        slots = torch.cat([torch.where(meta.valid, lo + torch.arange(C, device=dev)[None], lo),
+                           C + L - 1 + idx[None].expand(B, K)], 1)              # key index: position - base
+        valid = torch.cat([meta.valid, torch.ones(B, K, dtype=torch.bool, device=dev)], 1)
+        fmeta = node_meta(cache.block_tables[rows], cache.block_size, rows, base, slots, valid,
+                          n - L + 1 - length, torch.cat([trunk, tree], 1), cache.gdn_backend)
+        ids = torch.cat([cache.tokens[rows[:, None], meta.positions + L], tok[:, idx]], 1)
+        rope = torch.cat([meta.positions, n[:, None] - L + self.depths[idx][None]], 1)
+        a = self.model.mtp[L - 1](self.model.model.embed_tokens(ids), torch.cat([hidden, node_hidden], 1),
+                                  rope, cache.draft[L - 1], fmeta)
+        out = torch.zeros(B, N + 1, a.shape[-1], dtype=a.dtype, device=dev)
+        out[:, idx] = a[:, C:]
+        return a[:, :C], out
 
     def _module(self, cache: ModelCache, rows, n, tok, M, root_hidden, level: int, nodes: list[int]):
         """Run the module of `level` over `nodes` at their positions, each on (its token, its
