@@ -48,6 +48,9 @@ CONTENDERS = {          # name: (spec, num_speculative_tokens, tree)
     "mtp8 tree [2,1x7]": ("mtp8", None, [2, 1, 1, 1, 1, 1, 1, 1]),
     "mtp8 tree [2,2,1x6]": ("mtp8", None, [2, 2, 1, 1, 1, 1, 1, 1]),
     "mtp8 tree preset (12)": ("mtp8", None, MTP8_TREE),
+    "mtp1 dynamic (8; d4, k2)": ("mtp1", None, {"num_draft_tokens": 8, "depth": 4, "topk": 2}),
+    "mtp8 dynamic (10; d5, k2)": ("mtp8", None, {"num_draft_tokens": 10, "depth": 5, "topk": 2}),
+    "mtp8 dynamic (14; d8, k2)": ("mtp8", None, {"num_draft_tokens": 14, "depth": 8, "topk": 2}),
 }
 
 

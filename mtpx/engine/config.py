@@ -47,7 +47,8 @@ class EngineConfig(AcceptanceConfig):
     tree: Any = None
     """Tree drafting (docs/trees.md): null (chain drafts), a list of widths per depth ([3, 2, 1]:
     top-3 children of the root, top-2 of each of those, ...) or a list of paths of sibling ranks
-    ([[0], [1], [0, 0]], Medusa / EAGLE "choices"). Eager and the torch attention only."""
+    ([[0], [1], [0, 0]], Medusa / EAGLE "choices"), or {num_draft_tokens, depth, topk} (EAGLE-2's
+    dynamic tree). Eager and the torch attention only."""
     attention_backend: Literal["torch", "flashinfer"] = "torch"
     """Paged attention: "torch" (CPU or GPU; on the CPU, float32 windows of up to 32 tokens run
     mtpx's C kernel, which reads keys and values from their blocks in place) or "flashinfer"

@@ -23,7 +23,7 @@ from mtpx.attention.tree_attention import node_meta
 from mtpx.engine.logits import logprobs
 from mtpx.engine.tree_logits import process_tree_logits
 from mtpx.models.tree_forward import commit_tree_states, tree_forward
-from mtpx.spec_decode.tree import ancestor_mask, greedy_walk
+from mtpx.spec_decode.tree import ancestor_mask, depth_levels, greedy_walk
 from mtpx.spec_decode.tree_sampling import tree_targets
 
 
@@ -124,14 +124,14 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     n_host = [r.num_tokens - 1 for r in reqs]
     nd_host = [d.num_draft_tokens for d in decodes]
     T = 1 + max(nd_host)
-    D = max(spec.shape.depths[nd] for nd in nd_host)
+    parents, depths, ranks = (x[:, :T] for x in spec.rows_tree(rows))   # padding: the row's tree's
+    host_depths = depths.tolist()
+    D = max(row[nd] for row, nd in zip(host_depths, nd_host))           # breadth first: the last's
+    levels = depth_levels(host_depths)
     n = torch.tensor(n_host, device=dev)
     ids = torch.tensor([[r.all_token_ids[-1]] + list(r.draft_token_ids[:nd]) + [0] * (T - 1 - nd)
                         for r, nd in zip(reqs, nd_host)], device=dev)
     valid = torch.arange(T, device=dev)[None] <= torch.tensor(nd_host, device=dev)[:, None]
-    parents, depths = spec.parents[:T].expand(B, T), spec.depths[:T].expand(B, T)   # padding: the shape's
-    host_depths = spec.shape.depths[:T]
-    levels = [(host_depths.index(d), T - host_depths[::-1].index(d)) for d in range(D + 1)]
     nodes = torch.arange(T, device=dev).expand(B, T)
     meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
                      ancestor_mask(parents, D), cache.gdn_backend)
@@ -150,7 +150,7 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     if also is not None:                       # a lossy rule's path keeps its drafts' tokens
         drafted = torch.where(on_path, ids.gather(1, path[:, 1:]), emitted[:, :D])
         emitted = torch.cat([drafted, emitted[:, D:]], 1)
-    depth_rank = torch.stack([(d - 1).expand(B, D), spec.ranks[path[:, 1:]]], -1)[on_path]
+    depth_rank = torch.stack([(d - 1).expand(B, D), ranks.gather(1, path[:, 1:])], -1)[on_path]
     runner.tree_stats.record(nd_host, depth_rank.tolist())
     move_path_kv(cache, rows, n, path, accepted)
     save = runner._boundaries(decodes, n_host, [1 + x for x in nd_host])

@@ -63,10 +63,11 @@ def conv_taps(parents: torch.Tensor, kernel: int) -> torch.Tensor:
 def tree_delta_rule(q, k, v, g, beta, init: torch.Tensor, parents: torch.Tensor,
                     levels: list[tuple[int, int]]):
     """The gated delta rule over a tree: node t starts from its parent's state (init [B, H, Dk, Dv]
-    for the root), the nodes of one depth at once. q, k [B, T, H, Dk]; v [B, T, H, Dv]; g, beta
-    [B, T, H]; parents [T] int64 (every row's tree has this shape); levels: the [lo, hi) node
-    ranges of each depth, root first -> (o [B, T, H, Dv] in v's dtype, ssm [B, T, H, Dk, Dv], the
-    state after each node). The recurrent form's ops (gated_delta_rule module doc)."""
+    for the root), the nodes of one level at once. q, k [B, T, H, Dk]; v [B, T, H, Dv]; g, beta
+    [B, T, H]; parents [T] int64 (every row's tree has this shape) or [B, T] (each row's own);
+    levels: [lo, hi) node ranges whose parents lie in earlier ones (each depth's), root first ->
+    (o [B, T, H, Dv] in v's dtype, ssm [B, T, H, Dk, Dv], the state after each node). The
+    recurrent form's ops (gated_delta_rule module doc)."""
     out_dtype = v.dtype
     q, k, v, g, beta = _prep(q, k, v, g, beta)
     B, T = q.shape[:2]
@@ -74,7 +75,9 @@ def tree_delta_rule(q, k, v, g, beta, init: torch.Tensor, parents: torch.Tensor,
     states[:, 0] = init
     o = v.new_empty(B, T, *v.shape[2:])
     for lo, hi in levels:
-        S = states[:, parents[lo:hi] + 1] * g[:, lo:hi].exp()[..., None, None]      # [B, w, H, Dk, Dv]
+        S = (states[:, parents[lo:hi] + 1] if parents.dim() == 1
+             else states[torch.arange(B, device=q.device)[:, None], parents[:, lo:hi] + 1])
+        S = S * g[:, lo:hi].exp()[..., None, None]                                  # [B, w, H, Dk, Dv]
         kv_mem = (k[:, lo:hi, :, None] @ S)[..., 0, :]                              # [B, w, H, Dv]
         delta = (v[:, lo:hi] - kv_mem) * beta[:, lo:hi, :, None]
         S = S + k[:, lo:hi, :, :, None] * delta[..., None, :]
@@ -105,7 +108,7 @@ def gdn_tree(layer: GatedDeltaNet, x: torch.Tensor, state: RecurrentState, meta:
     if gdn_tree_kernel.runs(q, init):
         o, ssm = gdn_tree_kernel.tree(q, k, v, g, beta, init, parents)
     else:
-        o, ssm = tree_delta_rule(q, k, v, g, beta, init, parents[0], levels)
+        o, ssm = tree_delta_rule(q, k, v, g, beta, init, parents, levels)
     return layer.out_proj(layer.norm(o, z).flatten(-2)), TreeStates(ext, taps, ssm)
 
 
@@ -114,7 +117,7 @@ def tree_forward(model, caches: list, ids: torch.Tensor, rope_positions: torch.T
                  ) -> tuple[torch.Tensor, list[TreeStates]]:
     """The target (an MTPForCausalLM's decoder) over tree nodes ids [B, T] at RoPE positions
     rope_positions [B, T] (x_n's position plus the node's depth), meta from
-    mtpx.attention.tree_attention.node_meta, parents [B, T] (one shape for every row) and levels
+    mtpx.attention.tree_attention.node_meta, parents [B, T] (each row's tree) and levels
     (tree_delta_rule's), caches: the target's per-layer caches -> (final hidden
     states [B, T, hidden], the TreeStates of each Gated DeltaNet layer in layer order)."""
     dec, cfg = model.model, model.model.cfg

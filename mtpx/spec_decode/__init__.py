@@ -28,7 +28,7 @@ def _tree_speculator(method: str, model, num_speculative_tokens, tree):
     if num_speculative_tokens is not None and num_speculative_tokens != depth:
         raise ValueError(f"spec.num_speculative_tokens={num_speculative_tokens} with a spec.tree {depth} "
                          "deep: leave spec.num_speculative_tokens null (the tree sets the drafts)")
-    if shape is None:                         # a chain: the chain speculator, exactly
+    if shape is None or getattr(shape, "topk", 0) == 1:     # a chain: the chain speculator, exactly
         return SPECULATORS[method](model, depth)
     if len(model.mtp) < 1:
         raise ValueError("the model has no MTP module (num_nextn_predict_layers=0): "

@@ -83,15 +83,19 @@ def _paths_from_widths(widths: list[int]) -> list[tuple[int, ...]]:
 
 
 def plain_tree(value):
-    """A spec.tree value as plain nested lists (an OmegaConf ListConfig, tuples: lists)."""
-    if isinstance(value, str) or hasattr(value, "keys") or not hasattr(value, "__iter__"):
+    """A spec.tree value as plain nested lists and dicts (an OmegaConf ListConfig, tuples: lists)."""
+    if hasattr(value, "keys"):
+        return {k: plain_tree(value[k]) for k in value}
+    if isinstance(value, str) or not hasattr(value, "__iter__"):
         return value
     return [plain_tree(x) for x in value]
 
 
-def build_tree_shape(value, num_draft_modules: int | None = None, key: str = "spec.tree") -> TreeShape | None:
-    """The TreeShape of a `spec.tree` value (module doc), or None for None and for a chain
-    ([1] * k: the chain speculator). num_draft_modules: multi-module MTP's module count (a tree
+def build_tree_shape(value, num_draft_modules: int | None = None,
+                     key: str = "spec.tree") -> TreeShape | DynamicTree | None:
+    """The TreeShape of a `spec.tree` value (module doc), its DynamicTree for the dynamic form (a
+    mapping), or None for None and for a chain ([1] * k: the chain speculator).
+    num_draft_modules: multi-module MTP's module count (a tree
     may be at most that deep), None for single-module MTP. Raises ValueError, one line naming
     `key` and the fix, for a zero or negative width, a path without its parent path, repeated
     paths, a tree deeper than the modules, or a value of another type."""
@@ -99,8 +103,7 @@ def build_tree_shape(value, num_draft_modules: int | None = None, key: str = "sp
         return None
     if hasattr(value, "keys"):
         check_dynamic_tree(dict(value), num_draft_modules, key)
-        raise ValueError(f"{key} as a node budget (EAGLE-2's dynamic tree, {dict(value)}): not supported "
-                         "yet; give a list of widths per depth or a list of paths")
+        return DynamicTree(int(value["num_draft_tokens"]), int(value["depth"]), int(value["topk"]))
     items = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") else None
     if isinstance(value, (str, dict)) or not items:
         raise ValueError(f"{key}={value!r}: give a list of widths per depth, e.g. [3, 2, 1], or a list "
@@ -134,6 +137,39 @@ def build_tree_shape(value, num_draft_modules: int | None = None, key: str = "sp
     return None if shape.is_chain else shape
 
 
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's dynamic tree (Li et al. 2024, arXiv 2406.16858): `depth` levels; level 1 is the
+    root's top-`topk` children, level d + 1 the top-`topk` children of the `topk` level-d nodes of
+    highest cumulative draft log-probability (the frontier, expanded); the tree verified is the
+    `num_draft_tokens` drafted nodes of highest cumulative log-probability (a node's never exceeds
+    its parent's, so they form a tree). Each request gets its own tree (`rows_tree`)."""
+
+    num_draft_tokens: int
+    depth: int
+    topk: int
+
+    @property
+    def num_nodes(self) -> int:
+        return self.num_draft_tokens
+
+    @property
+    def num_expanded(self) -> int:
+        """Frontier nodes the draft runs over (levels 1 .. depth - 1): topk * (depth - 1)."""
+        return self.topk * (self.depth - 1)
+
+    @property
+    def num_candidates(self) -> int:
+        """Nodes drafted before the budget's choice: topk + (depth - 1) * topk ** 2."""
+        return self.topk + (self.depth - 1) * self.topk ** 2
+
+    @property
+    def paths(self) -> tuple:
+        """No fixed paths (metrics.json's "tree" records them for static shapes): each round's
+        tree is its own."""
+        return ()
+
+
 DYNAMIC_KEYS = ("num_draft_tokens", "depth", "topk")
 
 
@@ -154,6 +190,14 @@ def check_dynamic_tree(value: dict, num_draft_modules: int | None = None, key: s
     if value["num_draft_tokens"] < value["depth"]:
         raise ValueError(f"{key}.num_draft_tokens={value['num_draft_tokens']} is smaller than {key}.depth="
                          f"{value['depth']}: the budget must hold a path to the full depth")
+    tree = DynamicTree(value["num_draft_tokens"], value["depth"], value["topk"])
+    if tree.num_draft_tokens > tree.num_candidates:
+        raise ValueError(f"{key}.num_draft_tokens={tree.num_draft_tokens} exceeds the {tree.num_candidates} "
+                         f"nodes that depth {tree.depth} and topk {tree.topk} draft: lower it or raise topk")
+    if tree.num_expanded > tree.num_draft_tokens:
+        raise ValueError(f"{key}.num_draft_tokens={tree.num_draft_tokens} is below topk * (depth - 1) = "
+                         f"{tree.num_expanded}, the nodes the draft expands (their draft KV sits in the "
+                         "budget's slots): raise it or lower topk or depth")
     if num_draft_modules is not None and value["depth"] > num_draft_modules:
         raise ValueError(f"{key}.depth={value['depth']} but the model has {num_draft_modules} MTP modules "
                          f"(multi-module MTP drafts depth d with module d): use at most {num_draft_modules}, "
@@ -205,3 +249,16 @@ def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tenso
     d = torch.arange(depth + 1, device=tokens.device)
     path = up.gather(1, (accepted[:, None] - d).clamp(min=0))
     return accepted, path
+
+
+def depth_levels(depths: list[list[int]]) -> list[tuple[int, int]]:
+    """depths [B][T] (host ints; each row's nodes breadth first) -> the [lo, hi) column ranges in
+    which every row's nodes have one depth (their parents lie in earlier ranges): one range per
+    depth when the rows share a shape, else as many as the rows' depths change."""
+    T = len(depths[0]) if depths else 0
+    levels, lo = [], 0
+    for t in range(1, T + 1):
+        if t == T or any(row[t] != row[lo] for row in depths):
+            levels.append((lo, t))
+            lo = t
+    return levels
