@@ -261,7 +261,8 @@ def test_tree_stop_inside_accepted_path_and_abort(trained_tiny):
 
 
 SPEC_TREES = st.sampled_from([("mtp8", [2, 2, 1]), ("mtp1", [2, 1, 1]), ("mtp8", [[0], [1], [0, 0], [1, 0]]),
-                              ("mtp1", [3])])
+                              ("mtp1", [3]), ("mtp8", {"num_draft_tokens": 5, "depth": 3, "topk": 2}),
+                              ("mtp1", {"num_draft_tokens": 4, "depth": 2, "topk": 2})])
 
 
 @settings(max_examples=int(os.environ.get("MTPX_TREE_EXAMPLES", 6)), deadline=None,

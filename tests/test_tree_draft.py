@@ -50,6 +50,6 @@ def test_mtp8_tree_runs_each_module_once_and_keeps_module_kv_exact(trained_tiny,
         assert_module_kv_exact(SimpleNamespace(speculator=view, scheduler=SimpleNamespace(running=running),
                                                runner=engine.runner, cache=engine.cache), model, current=True)
     run_checked(llm, model, PROMPTS[:5], [_params(16 - i) for i in range(5)], on_step=on_step)
-    assert len(per_round) > 10 and set(per_round) == {spec.shape.depth}, per_round   # one forward per module
+    assert len(per_round) >= 8 and set(per_round) == {spec.shape.depth}, per_round   # one forward per module
     bad = [c[1:] for c in checked if not c[0]]
     assert not bad and len(checked) > 15, bad[:2]

@@ -96,14 +96,20 @@ def test_dynamic_tree_equals_plain_and_drafts_exact(trained_tiny, spec, tree):
 
 
 @pytest.mark.parametrize("spec", ["mtp1", "mtp8"])
-def test_dynamic_tree_with_prefix_caching_chunking(trained_tiny, spec):
-    """Chunked prefill (8 tokens a step), prefix caching, two passes: tokens equal plain decoding."""
+def test_dynamic_tree_with_prefix_caching_chunking_preemption(trained_tiny, spec):
+    """Chunked prefill (8 tokens a step), prefix caching, a pool one block above the largest
+    request's need (both passes preempt): tokens and logit gaps equal plain decoding."""
+    from tests.helpers import blocks_needed
     from tests.test_engine import shared_prefix_prompts
     model = trained_tiny
     prompts = shared_prefix_prompts()
     params = [_params(t) for t in (9, 14, 5, 12, 10, 3, 13, 8)]
-    llm = make_llm(model, spec, tree={"num_draft_tokens": 5, "depth": 3, "topk": 2}, max_num_seqs=4,
-                   block_size=4, enable_prefix_caching=True, max_num_batched_tokens=8)
+    tree = {"num_draft_tokens": 5, "depth": 3, "topk": 2}
+    nb = max(blocks_needed(len(p), sp.max_tokens, 5, 4) for p, sp in zip(prompts, params)) + 1
+    llm = make_llm(model, spec, tree=tree, max_num_seqs=4, block_size=4, num_blocks=nb,
+                   enable_prefix_caching=True, max_num_batched_tokens=8)
     run_checked(llm, model, prompts, params)
+    preemptions = llm.engine.num_preemptions
     _, reqs = run_checked(llm, model, prompts, params)
+    assert preemptions > 0 and llm.engine.num_preemptions > preemptions
     assert sum(r.num_cached_tokens for r in reqs.values()) > 0

@@ -46,6 +46,9 @@ from mtpx.spec_decode.tree import DynamicTree, TreeShape, ancestor_mask
 from mtpx.spec_decode import tree_dynamic
 
 
+use_fold = True            # False: module L over its catch-up, then over the nodes (experiments/trees)
+
+
 class TreeSpeculator:
     """Speculator (mtpx/spec_decode/protocol.py) proposing shape.num_nodes drafts as a tree
     (module doc). multi: multi-module MTP (module d drafts depth d), else single-module MTP."""
@@ -211,7 +214,7 @@ class TreeSpeculator:
                 a = run_module(self.model, cache, L, meta, hidden) if meta.valid.shape[1] else hidden
             else:
                 root = self._output_at(prev, prev_start[:, 0], prev_len, rows, L - 1, n - L + 1)
-                fold = (bool(b.is_drafting.all()) and bool((end == n - L + 1).all())
+                fold = (use_fold and bool(b.is_drafting.all()) and bool((end == n - L + 1).all())
                         and meta.valid.shape[1] + len(nodes) <= tree_kernel.MAX_WINDOW)
                 a, M = (self._fold(cache, b, n, L, meta, length, hidden, g, M, root, nodes) if fold
                         else self._split(cache, b, n, L, meta, hidden, g, M, root, nodes))
