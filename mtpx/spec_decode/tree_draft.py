@@ -224,7 +224,7 @@ class TreeSpeculator:
                 self._children(g, 1, self._output_at(a, start, length, rows, 1, n - 1)[:, None])
             else:
                 self._children(g, L, M[:, self._nodes(L - 1, L - 1)])
-            prev, prev_start, prev_len = a, meta.positions[:, :1], length
+            prev, prev_start, prev_len = a, start[:, None], length      # (a row without columns: the window)
         for L, meta, a, end in done:
             if L < base.num_speculative_tokens:                  # after every module read the window
                 base.window.write(L, meta, a)
