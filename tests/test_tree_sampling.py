@@ -149,13 +149,14 @@ def test_engine_tree_sampling_matches_target_distribution():
 
 
 SEEDED_TREES = [("mtp8", [2, 2, 1]), ("mtp8", [[0], [1], [2], [0, 0], [0, 0, 0], [1, 0]]), ("mtp1", [3, 1]),
-                ("mtp8", [1, 1, 1])]
+                ("mtp8", {"num_draft_tokens": 6, "depth": 3, "topk": 2}), ("mtp8", [1, 1, 1])]
 
 
 def test_seeded_tree_sampling_equals_plain_seeded_sampling(trained_tiny):
     """A seeded request at temperature 1.0 / top-p 0.9 emits the same tokens as plain seeded
-    sampling, alone and among 7 seeded and greedy batch-mates, for three tree shapes (and the
-    chain [1, 1, 1] differs: its verification draws one uniform per draft)."""
+    sampling, alone and among 7 seeded and greedy batch-mates, for three tree shapes and a dynamic
+    tree (each request's own tree every step); the chain [1, 1, 1] differs: its verification
+    draws one uniform per draft."""
     mine = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
     plain = LLM(model=trained_tiny).generate([PROMPT], [mine])[0].output_token_ids
     others = [SamplingParams(max_tokens=5 + i, temperature=0.0 if i % 3 == 0 else 0.7 + 0.1 * i, seed=i,
