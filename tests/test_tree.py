@@ -234,14 +234,16 @@ def test_tree_with_prefix_caching_chunking_preemption(trained_tiny, spec, tree):
     assert sum(r.num_cached_tokens for r in reqs.values()) > 0
 
 
-def test_tree_stop_inside_accepted_path_and_abort(trained_tiny):
+@pytest.mark.parametrize("tree", [[2, 2, 1], {"num_draft_tokens": 6, "depth": 3, "topk": 2}],
+                         ids=["static", "dynamic"])
+def test_tree_stop_inside_accepted_path_and_abort(trained_tiny, tree):
     """A stop token inside an accepted path ends the request there; an aborted request frees
-    everything and the others still equal plain decoding."""
+    everything and the others still equal plain decoding (a static and a dynamic tree)."""
     model = trained_tiny
     ref = reference(model, PROMPTS, [_params(20) for _ in PROMPTS])
     stop = ref[0][5]
     params = [_params(20, stop) for _ in PROMPTS]
-    llm = make_llm(model, "mtp8", tree=[2, 2, 1], max_num_seqs=4)
+    llm = make_llm(model, "mtp8", tree=tree, max_num_seqs=4)
     run_checked(llm, model, PROMPTS, params)
     victim, done = 2, []
 
