@@ -70,7 +70,7 @@ train() {
     mtp1_ttt)  extra="train.mtp_loss=lk_hybrid $MTP1 train.mtp_unroll_ttt=true" ;;
     *) echo "unknown recipe $name"; exit 2 ;;
   esac
-  /usr/bin/time -f "$name train wall %e s" python train_or_eval.py $COMMON model.path=$ckpt $extra \
+  /usr/bin/time -f "$name train wall %e s cpu %U+%S s" python train_or_eval.py $COMMON model.path=$ckpt $extra \
     train.out_dir=$RUNS/ft_$name$TAG hydra.run.dir=$RUNS/ft_$name$TAG.hydra
 }
 
