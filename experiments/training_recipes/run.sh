@@ -38,18 +38,23 @@ COMMON="mode=train train.freeze_base=true train.hidden_states_path=$SHARDS $DATA
   train.steps=$STEPS train.warmup_steps=4 train.lr=$LR train.min_lr=$(python -c "print($LR / 10)")
   train.batch_size=16 train.eval_every=0 train.save_every=$SAVE_EVERY train.eval_batches=2 train.threads=1 train.mtp_loss_decay=0.6 logger=none"
 MTP1="model.num_nextn_predict_layers=1 train.mtp_unroll=3"
-heads4() {  # $RUNS/heads4: the demo checkpoint with only its first 4 draft modules
-  [ -f $RUNS/heads4/model.safetensors ] || python - "$RUNS/heads4" <<'PY'
+heads4() {  # $RUNS/heads4: the demo checkpoint with only its first 4 draft modules; with `copy`,
+  # $RUNS/heads4_copy: 8 modules, 4-7 copies of module 3 (the new modules' initialisation)
+  local out=$RUNS/heads4${1:+_$1}
+  [ -f $out/model.safetensors ] || python - "$out" "${1:-}" <<'PY'
 import json, shutil, sys
 from pathlib import Path
 from safetensors.torch import load_file, save_file
 src, out = Path("checkpoints/demo"), Path(sys.argv[1])
 shutil.copytree(src, out, dirs_exist_ok=True)
 cfg = json.loads((src / "config.json").read_text())
-cfg["num_nextn_predict_layers"] = 4
-(out / "config.json").write_text(json.dumps(cfg, indent=2))
 state = load_file(src / "model.safetensors")
 keep = {k: v for k, v in state.items() if not (k.startswith("mtp.") and int(k.split(".")[1]) >= 4)}
+if sys.argv[2] == "copy":
+    keep.update({f"mtp.{i}." + k[len("mtp.3."):]: v.clone() for k, v in keep.items() if k.startswith("mtp.3.")
+                 for i in range(4, 8)})
+cfg["num_nextn_predict_layers"] = 8 if sys.argv[2] == "copy" else 4
+(out / "config.json").write_text(json.dumps(cfg, indent=2))
 save_file(keep, out / "model.safetensors", metadata={"format": "pt"})
 PY
 }
@@ -66,6 +71,8 @@ train() {
     # modules trained on the frozen modules 0-3's own outputs
     posthoc)   heads4; ckpt=$RUNS/heads4
                extra="train.mtp_loss=ce model.num_nextn_predict_layers=8 train.mtp_freeze_modules=4" ;;
+    posthoc_copy) heads4 copy; ckpt=$RUNS/heads4_copy   # the same, new modules start as module 3
+               extra="train.mtp_loss=ce train.mtp_freeze_modules=4" ;;
     mtp1_unroll) extra="train.mtp_loss=lk_hybrid $MTP1" ;;
     mtp1_ttt)  extra="train.mtp_loss=lk_hybrid $MTP1 train.mtp_unroll_ttt=true" ;;
     *) echo "unknown recipe $name"; exit 2 ;;
