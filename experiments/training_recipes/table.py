@@ -18,6 +18,7 @@ ROWS = {"mtp8": [("base", "shipped heads"), ("ce", "self-distilled, ce"), ("kl",
                  ("lk", "self-distilled, lk_hybrid"),
                  ("lk_tf", "self-distilled, lk_hybrid, teacher-forced inputs (mtp_hidden_input=target)"),
                  ("ce_s150", "self-distilled, ce, 150 steps"),
+                 ("kl_s150", "self-distilled, kl, 150 steps"),
                  ("lk_s150", "self-distilled, lk_hybrid, 150 steps"),
                  ("ce_tf_s150", "self-distilled, ce, teacher-forced inputs (mtp_hidden_input=target), "
                                 "150 steps"),
