@@ -16,7 +16,15 @@ runs = Path(sys.argv[1] if len(sys.argv) > 1 else "/tmp/mtpx_recipes3")
 N = int(sys.argv[2]) if len(sys.argv) > 2 else 32
 ROWS = {"mtp8": [("base", "shipped heads"), ("ce", "self-distilled, ce"), ("kl", "self-distilled, kl"),
                  ("lk", "self-distilled, lk_hybrid"),
-                 ("lk_tf", "self-distilled, lk_hybrid, teacher-forced inputs (mtp_hidden_input=target)")],
+                 ("lk_tf", "self-distilled, lk_hybrid, teacher-forced inputs (mtp_hidden_input=target)"),
+                 ("ce_s150", "self-distilled, ce, 150 steps"),
+                 ("kl_s150", "self-distilled, kl, 150 steps"),
+                 ("lk_s150", "self-distilled, lk_hybrid, 150 steps"),
+                 ("ce_tf_s150", "self-distilled, ce, teacher-forced inputs (mtp_hidden_input=target), "
+                                "150 steps"),
+                 ("ce_s300", "self-distilled, ce, 300 steps"),
+                 ("posthoc_s150", "modules 4-7 added fresh to modules 0-3 (frozen), ce, 150 steps"),
+                 ("posthoc_copy_s150", "modules 4-7 added as copies of module 3, 0-3 frozen, ce, 150 steps")],
         "mtp1": [("base", "shipped module 0"), ("ce", "module 0 of the ce heads"),
                  ("lk", "module 0 of the lk_hybrid heads"),
                  ("mtp1_unroll", "module 0, lk_hybrid, unroll 3"),
@@ -56,10 +64,16 @@ def ratio_ci(m: dict, b: dict, resamples: int = 1000) -> str:
 
 
 def train_wall(name: str) -> str:
+    """Wall minutes of run.sh's `NAME train wall W s [cpu U+S s]` line, with the share of a core
+    (CPU time / wall time) when the line has it."""
     log = runs / f"ft_{name}.log"
     for line in log.read_text().splitlines() if log.is_file() else []:
-        if line.startswith(f"{name} train wall"):
-            return f"{float(line.split()[3]) / 60:.0f} min"
+        if " train wall " in line:
+            words = line.split()
+            wall = float(words[3])
+            if len(words) > 6 and words[5] == "cpu":
+                return f"{wall / 60:.0f} min ({sum(map(float, words[6].split('+'))) / wall:.0%} of a core)"
+            return f"{wall / 60:.0f} min"
     return "-"
 
 
