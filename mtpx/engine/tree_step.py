@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import torch
 
-from mtpx.attention.tree_attention import node_meta
+from mtpx.engine.compiled_tree import static_window, verify_tree
 from mtpx.engine.logits import logprobs
 from mtpx.engine.tree_logits import process_tree_logits
-from mtpx.models.tree_forward import commit_tree_states, tree_forward
-from mtpx.spec_decode.tree import ancestor_mask, greedy_walk
+from mtpx.models.tree_forward import commit_tree_states
+from mtpx.spec_decode.tree import greedy_walk
 from mtpx.spec_decode.tree_sampling import tree_targets
 
 
@@ -83,8 +83,6 @@ def check_tree_engine(config) -> None:
     if config.draft_sample_method != "greedy":
         raise ValueError(f"spec.tree with spec.draft_sample_method={config.draft_sample_method}: not "
                          "supported (a tree's children are the draft's top-k; set it to greedy)")
-    if config.compile:
-        raise ValueError("spec.tree with engine.compile=true: not supported yet (set engine.compile=false)")
     if config.attention_backend != "torch":
         raise ValueError("spec.tree with engine.attention_backend=flashinfer: not supported yet "
                          "(set engine.attention_backend=torch)")
@@ -117,26 +115,24 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     if not decodes:
         return 0.0, 0.0
     t0 = runner._now()
-    cache, dev, spec, model = runner.cache, runner.device, runner.speculator, runner.model
+    cache, dev, spec = runner.cache, runner.device, runner.speculator
     reqs = [d.request for d in decodes]
     B = len(reqs)
     rows = torch.tensor([runner.rows[r.index] for r in reqs], device=dev)
     n_host = [r.num_tokens - 1 for r in reqs]
     nd_host = [d.num_draft_tokens for d in decodes]
-    T = 1 + max(nd_host)
-    D = max(spec.shape.depths[nd] for nd in nd_host)
+    T, D = 1 + max(nd_host), max(spec.shape.depths[nd] for nd in nd_host)
+    if runner.step.static:            # compiled: one graph, the whole tree (mtpx/engine/compiled_tree.py)
+        T, D = static_window(spec)
     n = torch.tensor(n_host, device=dev)
     ids = torch.tensor([[r.all_token_ids[-1]] + list(r.draft_token_ids[:nd]) + [0] * (T - 1 - nd)
                         for r, nd in zip(reqs, nd_host)], device=dev)
-    valid = torch.arange(T, device=dev)[None] <= torch.tensor(nd_host, device=dev)[:, None]
+    num_drafts = torch.tensor(nd_host, device=dev)
+    valid = torch.arange(T, device=dev)[None] <= num_drafts[:, None]
     parents, depths = spec.parents[:T].expand(B, T), spec.depths[:T].expand(B, T)   # padding: the shape's
     host_depths = spec.shape.depths[:T]
     levels = [(host_depths.index(d), T - host_depths[::-1].index(d)) for d in range(D + 1)]
-    nodes = torch.arange(T, device=dev).expand(B, T)
-    meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
-                     ancestor_mask(parents, D), cache.gdn_backend)
-    h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
-    logits = model.lm_head(h)                                                  # [B, T, V]
+    h, logits, kept = verify_tree(runner, ids, n, rows, num_drafts, valid, parents, depths, D, levels)
     processed = process_tree_logits(reqs, logits, ids, parents, depths, D)    # each node: its path committed
     target, uniforms = tree_targets(runner._sampling(reqs), processed, depths, D)
     rule = runner._verify_with[1]

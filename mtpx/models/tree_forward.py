@@ -69,17 +69,18 @@ def tree_delta_rule(q, k, v, g, beta, init: torch.Tensor, parents: torch.Tensor,
     state after each node). The recurrent form's ops (gated_delta_rule module doc)."""
     out_dtype = v.dtype
     q, k, v, g, beta = _prep(q, k, v, g, beta)
-    B, T = q.shape[:2]
-    states = init.new_zeros(B, T + 1, *init.shape[1:], dtype=q.dtype)
-    states[:, 0] = init
-    o = v.new_empty(B, T, *v.shape[2:])
+    # the levels' states and outputs concatenated, not written into slices, and products summed,
+    # not batched matmuls: under torch.compile a slice write's broadcast check and the matmul's
+    # reshapes each fixed the batch size (a graph per batch size)
+    states, outs = init[:, None].to(q.dtype), []
     for lo, hi in levels:
         S = states[:, parents[lo:hi] + 1] * g[:, lo:hi].exp()[..., None, None]      # [B, w, H, Dk, Dv]
-        kv_mem = (k[:, lo:hi, :, None] @ S)[..., 0, :]                              # [B, w, H, Dv]
+        kv_mem = (k[:, lo:hi, :, :, None] * S).sum(-2)                             # [B, w, H, Dv]
         delta = (v[:, lo:hi] - kv_mem) * beta[:, lo:hi, :, None]
         S = S + k[:, lo:hi, :, :, None] * delta[..., None, :]
-        o[:, lo:hi] = (q[:, lo:hi, :, None] @ S)[..., 0, :]
-        states[:, lo + 1: hi + 1] = S
+        outs.append((q[:, lo:hi, :, :, None] * S).sum(-2))
+        states = torch.cat([states, S], 1)
+    o = torch.cat(outs, 1)
     return o.to(out_dtype), states[:, 1:]
 
 
