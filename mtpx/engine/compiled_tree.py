@@ -40,7 +40,9 @@ def tree_verify_forward(model, cache, data, parents, depths, ancestors, levels: 
     logits [B, T, V], [(ext, taps, ssm)] of each Gated DeltaNet layer: TreeStates' fields).
     Padding nodes (index > drafts verified) write their KV to the pad slot and change no state."""
     B, T, S = data.shape[0], parents.shape[0], cache.block_size
-    ids, nd, n, rows, table = data[:, :T], data[:, T], data[:, T + 1], data[:, T + 2], data[:, T + 3:]
+    # copies, not views of data: a layer region's inputs may not alias each other
+    ids, nd, n, rows, table = (x.clone() for x in (data[:, :T], data[:, T], data[:, T + 1], data[:, T + 2],
+                                                   data[:, T + 3:]))
     nodes = torch.arange(T, device=data.device)
     valid = nodes[None] <= nd[:, None]
     positions = n[:, None] + nodes
@@ -48,7 +50,7 @@ def tree_verify_forward(model, cache, data, parents, depths, ancestors, levels: 
     meta = ForwardMeta(positions, valid, rows, None, table, S, slots, gdn_backend=cache.gdn_backend)
     meta.attn_backend = TreeAttention(n, n, ancestors[None].expand(B, T, T))
     h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents[None].expand(B, T),
-                           levels)
+                           levels, cache.compile_regions)
     return h, model.lm_head(h), [(s.ext, s.taps, s.ssm) for s in kept]
 
 

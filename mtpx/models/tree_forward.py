@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mtpx.attention.kv_cache import KVCache
 from mtpx.attention.meta import ForwardMeta
-from mtpx.cache.state import RecurrentState
+from mtpx.attention.tree_attention import TreeAttention
+from mtpx.cache.state import LayerStates, RecurrentState
 from mtpx.models import gdn_tree_kernel
 from mtpx.models.deltanet import GatedDeltaNet
 from mtpx.models.gated_delta_rule import _prep
@@ -111,30 +113,65 @@ def gdn_tree(layer: GatedDeltaNet, x: torch.Tensor, state: RecurrentState, meta:
 
 
 def tree_forward(model, caches: list, ids: torch.Tensor, rope_positions: torch.Tensor, meta: ForwardMeta,
-                 parents: torch.Tensor, levels: list[tuple[int, int]]
+                 parents: torch.Tensor, levels: list[tuple[int, int]], regions: bool = False
                  ) -> tuple[torch.Tensor, list[TreeStates]]:
     """The target (an MTPForCausalLM's decoder) over tree nodes ids [B, T] at RoPE positions
     rope_positions [B, T] (x_n's position plus the node's depth), meta from
     mtpx.attention.tree_attention.node_meta, parents [B, T] (one shape for every row) and levels
     (tree_delta_rule's), caches: the target's per-layer caches -> (final hidden
-    states [B, T, hidden], the TreeStates of each Gated DeltaNet layer in layer order)."""
+    states [B, T, hidden], the TreeStates of each Gated DeltaNet layer in layer order).
+    regions: under torch.compile, each layer as a region compiled once per layer type
+    (`tree_layer_region`; meta static, its attention backend a TreeAttention)."""
     dec, cfg = model.model, model.model.cfg
     x = dec.embed_tokens(ids)
     cos, sin = rope_cos_sin(rope_positions, cfg.rotary_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
     kept, taps = [], {}
+    regions = regions and torch.compiler.is_compiling()
     for layer, cache in zip(dec.layers, caches):
+        linear = layer.layer_type == "linear_attention"
+        if linear and layer.linear_attn.kernel not in taps:
+            taps[layer.linear_attn.kernel] = conv_taps(parents, layer.linear_attn.kernel)
+        tap = taps[layer.linear_attn.kernel] if linear else None
+        if regions:
+            att, m = meta.attn_backend, meta
+            tensors = (cache.conv, cache.ssm) if linear else (cache.k, cache.v)
+            out = tree_layer_region(layer, x, cos, sin, tensors,
+                                    m.positions, m.valid, m.rows, m.block_table, m.slot_mapping, att.base,
+                                    att.ancestors, parents, tap, m.block_size, m.gdn_backend, levels)
+            x = out[0] if linear else out
+            if linear:
+                kept.append(TreeStates(out[1], tap, out[2]))
+            continue
         h = layer.input_layernorm(x)
-        if layer.layer_type == "linear_attention":
-            K = layer.linear_attn.kernel
-            if K not in taps:
-                taps[K] = conv_taps(parents, K)
-            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents, levels, taps[K])
+        if linear:
+            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents, levels, tap)
             kept.append(states)
         else:
             h = layer.self_attn(h, cos, sin, cache, meta)
         x, h = layer.post_attention_layernorm.forward_add(x, h)
         x = x + layer.mlp(h)
     return dec.norm(x), kept
+
+
+@torch.compiler.nested_compile_region(max_reuse_entries=32)
+def tree_layer_region(layer, x, cos, sin, tensors: tuple, positions, valid, rows, block_table, slots, base,
+                      ancestors, parents, taps, block_size: int, gdn_backend: str, levels: list):
+    """One decoder layer of tree_forward from plain tensors, so that torch.compile compiles it
+    once per layer type and shapes and every layer of the type calls that code (as
+    mtpx.models.decoder.layer_region for chains). tensors: the layer's (conv, ssm) states or
+    (k, v) cache; base, ancestors: its TreeAttention's -> x, or (x, ext, ssm) for Gated DeltaNet."""
+    meta = ForwardMeta(positions, valid, rows, None, block_table, block_size, slots, gdn_backend=gdn_backend,
+                       region=True)
+    h = layer.input_layernorm(x)
+    if layer.layer_type == "linear_attention":
+        h, states = gdn_tree(layer.linear_attn, h, LayerStates(*tensors, None, None, None, None), meta,
+                             parents, levels, taps)
+    else:
+        meta.attn_backend = TreeAttention(base, base, ancestors)
+        h = layer.self_attn(h, cos, sin, KVCache(*tensors), meta)
+    x, h = layer.post_attention_layernorm.forward_add(x, h)
+    x = x + layer.mlp(h)
+    return (x, states.ext, states.ssm) if layer.layer_type == "linear_attention" else x
 
 
 def commit_tree_states(recurrent: list[RecurrentState], kept: list[TreeStates], rows: torch.Tensor,
