@@ -60,7 +60,7 @@ def test_compiled_tree_one_graph_equals_plain(trained_tiny, monkeypatch):
     llm = LLM(model=trained_tiny, spec="mtp8", tree=[2, 1], max_num_seqs=4, compile=True,
               compile_backend="eager")
     stats = llm.engine.compile_stats()
-    assert [g["graph"] for g in stats["graphs"]] == ["tree verify (4-node window)"]
+    assert [g["graph"] for g in stats["graphs"]] == ["tree verify (5-node window)"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         outs = llm.generate(PROMPTS, [_params(14) for _ in PROMPTS])
     assert [o.output_token_ids for o in outs] == plain
