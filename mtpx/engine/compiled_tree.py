@@ -8,8 +8,8 @@ CompiledDecode (mtpx/engine/compiled.py: its build report, saved graphs and patc
 Shapes: the window is always the whole tree (1 + N nodes, `static_window`): a request the
 scheduler lets verify fewer drafts has padding nodes (valid False, KV written to the pad slot,
 no state change), so an engine builds one verification graph, whatever its requests verify; the
-batch is dynamic, as the chain's (Dynamo traces one graph for every batch size; Inductor's still
-guards batch >= 2 somewhere, so batch 1 is a second saved variant: tests/test_tree_compiled.py).
+batch is dynamic, as the chain's (one graph for every batch size; on the tiny test model
+Inductor's guards batch >= 2 somewhere, and batch 1 is a second variant: tests/test_tree_compiled.py).
 The attention and Gated DeltaNet tree kernels are the torch ops `mtpx::paged_tree_attention` and
 `mtpx::gdn_tree` (mtpx/attention/tree_kernel.py, mtpx/models/gdn_tree_kernel.py), the same C code as eager, so
 compiled and eager compute the same values. Saved under the step's precompile folder, in a
