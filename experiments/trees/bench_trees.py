@@ -3,14 +3,15 @@
     python experiments/trees/bench_trees.py [--num-prompts 8] [--max-tokens 64] [--rounds 2] \
         [--threads 1] [--data gsm8k|humaneval] [--concurrency 1] [--only NAME ...] [--out DIR]
 
-Each contender is one LLM (eager, or with --compile compiled where it can; greedy, concurrency
+Each contender is one LLM (eager, or with --compile compiled, trees too; greedy, concurrency
 --concurrency (max_num_seqs), the demo
 checkpoint): plain decoding, chain mtp1 (k = 1 and k = 3), chain mtp8 (k = 8) and the tree shapes
 in CONTENDERS (--only: those names). The prompts are cut
 into --rounds chunks; every contender generates each chunk, in an order rotated per chunk. Per
 contender: output tok/s (output tokens / generate wall time, over all chunks), its ratio to plain,
 acceptance length (1 + accepted / rounds), drafts verified per round, and the requests whose tokens
-differ from plain decoding's. Writes trees.json and trees.md into --out.
+differ from plain decoding's; trees.json also records each engine's build (seconds from the
+LLM call to a ready engine, graphs compiled or loaded). Writes trees.json and trees.md into --out.
 """
 from __future__ import annotations
 
@@ -64,8 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", choices=["gsm8k", "humaneval"], default="gsm8k")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--only", nargs="*", help="contender names (default: all); plain always runs")
-    ap.add_argument("--compile", action="store_true",
-                    help="plain and chains with engine.compile=true (trees run eager: not supported yet)")
+    ap.add_argument("--compile", action="store_true", help="every contender with engine.compile=true")
     ap.add_argument("--out", default=str(ROOT / "experiments" / "trees"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -78,10 +78,15 @@ def main(argv=None) -> int:
     chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
     params = SamplingParams(max_tokens=args.max_tokens)
     names = [n for n in CONTENDERS if n == "plain" or not args.only or n in args.only]
-    llms = {name: LLM(model=args.model, spec=CONTENDERS[name][0], num_speculative_tokens=CONTENDERS[name][1],
-                      tree=CONTENDERS[name][2], max_num_seqs=args.concurrency,
-                      compile=args.compile and CONTENDERS[name][2] is None,
-                      max_model_len=1024) for name in names}
+    llms, built = {}, {}
+    for name in names:          # built: seconds to a ready engine (graphs compiled or loaded), graphs
+        t0 = time.perf_counter()
+        spec, k, tree = CONTENDERS[name]
+        llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k, tree=tree,
+                         max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024)
+        stats = llms[name].engine.compile_stats() or {}
+        built[name] = dict(built_s=round(time.perf_counter() - t0, 1), graphs=stats.get("num_graphs", 0),
+                           compiled=stats.get("num_compiled", 0), loaded=stats.get("num_loaded", 0))
     per = {n: {"tokens": 0, "seconds": 0.0, "accepted": 0, "rounds": 0, "drafts": 0, "outputs": []}
            for n in names}
     for c, chunk in enumerate(chunks):
@@ -109,8 +114,8 @@ def main(argv=None) -> int:
         summary[name] = dict(tok_s=round(tps, 2), vs_plain=round(tps / base, 3),
                              acceptance_length=round(al, 3),
                              drafts_per_round=round(dpr, 2), differing=diff)
-        mode = "compiled" if args.compile and CONTENDERS[name][2] is None else "eager"
-        summary[name]["step"] = mode
+        mode = "compiled" if args.compile else "eager"
+        summary[name].update(step=mode, **built[name])
         table.append(f"| {name} | {mode} | {dpr:.1f} | {al:.2f} | {tps:.1f} | {tps / base:.2f}x | {diff} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

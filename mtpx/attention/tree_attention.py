@@ -42,14 +42,17 @@ class TreeAttention:
                 meta: ForwardMeta) -> torch.Tensor:
         """q [B, T, H, D], k, v [B, T, Hkv, D] -> [B, T, H, D] (module doc); padding queries
         (meta.valid False) write nothing and return garbage."""
-        cache.write(meta.slot_mapping[meta.valid], k[meta.valid], v[meta.valid])
+        if meta.static:        # compiled (mtpx/engine/compiled_tree.py): padding nodes map to the pad slot
+            cache.write(meta.slot_mapping.flatten(), k.flatten(0, 1), v.flatten(0, 1))
+        else:
+            cache.write(meta.slot_mapping[meta.valid], k[meta.valid], v[meta.valid])
         if tree_kernel.supports(q, cache.k):          # the C kernel (mtpx.attention.tree_kernel)
             return tree_kernel.tree_attention(q, cache.k, cache.v, meta.block_table, self.ancestors,
                                               self.base, self.prefix_end, meta.valid)
         S = self.ancestors.shape[-1]
-        kv_len = int((self.base + S).max())
+        kv_len = None if meta.static else int((self.base + S).max())     # static: the whole block table
         keys, values = gather_kv(cache, meta.block_table, kv_len)
-        pos = torch.arange(kv_len, device=q.device)
+        pos = torch.arange(keys.shape[1], device=q.device)
         rel = pos[None] - self.base[:, None]                                         # [B, L]
         in_tree = (rel >= 0) & (rel < S)
         tree = self.ancestors.gather(2, rel.clamp(0, S - 1)[:, None].expand(-1, q.shape[1], -1))

@@ -122,7 +122,7 @@ class ModelRunner:
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
         self.tree = isinstance(speculator, TreeSpeculator)          # tree drafting (mtpx/engine/tree_step.py)
         if self.tree:
-            check_tree_engine(config)
+            check_tree_engine(config, speculator.shape)
             self.tree_stats = TreeStats([list(p) for p in speculator.shape.paths])
         self._verify_with = (config.verify, build_rule(config, self.num_speculative_tokens))    # method, rule
         self.block_size = config.block_size

@@ -19,11 +19,11 @@ from types import SimpleNamespace
 
 import torch
 
-from mtpx.attention.tree_attention import node_meta
+from mtpx.engine.compiled_tree import static_window, verify_tree
 from mtpx.engine.logits import logprobs
 from mtpx.engine.tree_logits import process_tree_logits
-from mtpx.models.tree_forward import commit_tree_states, tree_forward
-from mtpx.spec_decode.tree import ancestor_mask, depth_levels, greedy_walk
+from mtpx.models.tree_forward import commit_tree_states
+from mtpx.spec_decode.tree import DynamicTree, depth_levels, greedy_walk
 from mtpx.spec_decode.tree_sampling import tree_targets
 
 
@@ -75,16 +75,19 @@ def unsupported(params, acceptance: str = "lossless") -> str | None:
     return None
 
 
-def check_tree_engine(config) -> None:
-    """Raise ValueError (one line) for engine settings tree drafting does not support yet."""
+def check_tree_engine(config, shape=None) -> None:
+    """Raise ValueError (one line) for engine settings tree drafting (of `shape`, a TreeShape or a
+    DynamicTree) does not support yet."""
+    if config.compile and isinstance(shape, DynamicTree):
+        raise ValueError("spec.tree as a dynamic tree (num_draft_tokens) with engine.compile=true: not "
+                         "supported yet (compiled verification needs one static shape; give spec.tree "
+                         "widths or paths, or set engine.compile=false)")
     if config.acceptance == "synthetic":
         raise ValueError("spec.tree with spec.acceptance=synthetic: not supported (its rates are per chain "
                          "position; use a chain, or another rule)")
     if config.draft_sample_method != "greedy":
         raise ValueError(f"spec.tree with spec.draft_sample_method={config.draft_sample_method}: not "
                          "supported (a tree's children are the draft's top-k; set it to greedy)")
-    if config.compile:
-        raise ValueError("spec.tree with engine.compile=true: not supported yet (set engine.compile=false)")
     if config.attention_backend != "torch":
         raise ValueError("spec.tree with engine.attention_backend=flashinfer: not supported yet "
                          "(set engine.attention_backend=torch)")
@@ -117,26 +120,27 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     if not decodes:
         return 0.0, 0.0
     t0 = runner._now()
-    cache, dev, spec, model = runner.cache, runner.device, runner.speculator, runner.model
+    cache, dev, spec = runner.cache, runner.device, runner.speculator
     reqs = [d.request for d in decodes]
     B = len(reqs)
     rows = torch.tensor([runner.rows[r.index] for r in reqs], device=dev)
     n_host = [r.num_tokens - 1 for r in reqs]
     nd_host = [d.num_draft_tokens for d in decodes]
     T = 1 + max(nd_host)
+    if runner.step.static:            # compiled: one graph, the whole tree (mtpx/engine/compiled_tree.py)
+        T = static_window(spec)[0]
     parents, depths, ranks = (x[:, :T] for x in spec.rows_tree(rows))   # padding: the row's tree's
     host_depths = depths.tolist()
     D = max(row[nd] for row, nd in zip(host_depths, nd_host))           # breadth first: the last's
+    if runner.step.static:
+        D = static_window(spec)[1]
     levels = depth_levels(host_depths)
     n = torch.tensor(n_host, device=dev)
     ids = torch.tensor([[r.all_token_ids[-1]] + list(r.draft_token_ids[:nd]) + [0] * (T - 1 - nd)
                         for r, nd in zip(reqs, nd_host)], device=dev)
-    valid = torch.arange(T, device=dev)[None] <= torch.tensor(nd_host, device=dev)[:, None]
-    nodes = torch.arange(T, device=dev).expand(B, T)
-    meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
-                     ancestor_mask(parents, D), cache.gdn_backend)
-    h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
-    logits = model.lm_head(h)                                                  # [B, T, V]
+    num_drafts = torch.tensor(nd_host, device=dev)
+    valid = torch.arange(T, device=dev)[None] <= num_drafts[:, None]
+    h, logits, kept = verify_tree(runner, ids, n, rows, num_drafts, valid, parents, depths, D, levels)
     processed = process_tree_logits(reqs, logits, ids, parents, depths, D)    # each node: its path committed
     target, uniforms = tree_targets(runner._sampling(reqs), processed, depths, D)
     rule = runner._verify_with[1]

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from mtpx.attention.kv_cache import KVCache
 from mtpx.attention.meta import ForwardMeta
-from mtpx.cache.state import RecurrentState
+from mtpx.attention.tree_attention import TreeAttention
+from mtpx.cache.state import LayerStates, RecurrentState
 from mtpx.models import gdn_tree_kernel
 from mtpx.models.deltanet import GatedDeltaNet
 from mtpx.models.gated_delta_rule import _prep
@@ -70,19 +72,20 @@ def tree_delta_rule(q, k, v, g, beta, init: torch.Tensor, parents: torch.Tensor,
     recurrent form's ops (gated_delta_rule module doc)."""
     out_dtype = v.dtype
     q, k, v, g, beta = _prep(q, k, v, g, beta)
-    B, T = q.shape[:2]
-    states = init.new_zeros(B, T + 1, *init.shape[1:], dtype=q.dtype)
-    states[:, 0] = init
-    o = v.new_empty(B, T, *v.shape[2:])
+    # the levels' states and outputs concatenated, not written into slices, and products summed,
+    # not batched matmuls: under torch.compile a slice write's broadcast check and the matmul's
+    # reshapes each fixed the batch size (a graph per batch size)
+    states, outs = init[:, None].to(q.dtype), []
+    par = parents if parents.dim() == 2 else parents.expand(q.shape[0], -1)   # [B, T]: each row's parents
     for lo, hi in levels:
-        S = (states[:, parents[lo:hi] + 1] if parents.dim() == 1
-             else states[torch.arange(B, device=q.device)[:, None], parents[:, lo:hi] + 1])
-        S = S * g[:, lo:hi].exp()[..., None, None]                                  # [B, w, H, Dk, Dv]
-        kv_mem = (k[:, lo:hi, :, None] @ S)[..., 0, :]                              # [B, w, H, Dv]
+        idx = (par[:, lo:hi] + 1)[:, :, None, None, None].expand(-1, -1, *states.shape[2:])
+        S = states.gather(1, idx) * g[:, lo:hi].exp()[..., None, None]               # [B, w, H, Dk, Dv]
+        kv_mem = (k[:, lo:hi, :, :, None] * S).sum(-2)                             # [B, w, H, Dv]
         delta = (v[:, lo:hi] - kv_mem) * beta[:, lo:hi, :, None]
         S = S + k[:, lo:hi, :, :, None] * delta[..., None, :]
-        o[:, lo:hi] = (q[:, lo:hi, :, None] @ S)[..., 0, :]
-        states[:, lo + 1: hi + 1] = S
+        outs.append((q[:, lo:hi, :, :, None] * S).sum(-2))
+        states = torch.cat([states, S], 1)
+    o = torch.cat(outs, 1)
     return o.to(out_dtype), states[:, 1:]
 
 
@@ -113,30 +116,65 @@ def gdn_tree(layer: GatedDeltaNet, x: torch.Tensor, state: RecurrentState, meta:
 
 
 def tree_forward(model, caches: list, ids: torch.Tensor, rope_positions: torch.Tensor, meta: ForwardMeta,
-                 parents: torch.Tensor, levels: list[tuple[int, int]]
+                 parents: torch.Tensor, levels: list[tuple[int, int]], regions: bool = False
                  ) -> tuple[torch.Tensor, list[TreeStates]]:
     """The target (an MTPForCausalLM's decoder) over tree nodes ids [B, T] at RoPE positions
     rope_positions [B, T] (x_n's position plus the node's depth), meta from
     mtpx.attention.tree_attention.node_meta, parents [B, T] (each row's tree) and levels
     (tree_delta_rule's), caches: the target's per-layer caches -> (final hidden
-    states [B, T, hidden], the TreeStates of each Gated DeltaNet layer in layer order)."""
+    states [B, T, hidden], the TreeStates of each Gated DeltaNet layer in layer order).
+    regions: under torch.compile, each layer as a region compiled once per layer type
+    (`tree_layer_region`; meta static, its attention backend a TreeAttention)."""
     dec, cfg = model.model, model.model.cfg
     x = dec.embed_tokens(ids)
     cos, sin = rope_cos_sin(rope_positions, cfg.rotary_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
     kept, taps = [], {}
+    regions = regions and torch.compiler.is_compiling()
     for layer, cache in zip(dec.layers, caches):
+        linear = layer.layer_type == "linear_attention"
+        if linear and layer.linear_attn.kernel not in taps:
+            taps[layer.linear_attn.kernel] = conv_taps(parents, layer.linear_attn.kernel)
+        tap = taps[layer.linear_attn.kernel] if linear else None
+        if regions:
+            att, m = meta.attn_backend, meta
+            tensors = (cache.conv, cache.ssm) if linear else (cache.k, cache.v)
+            out = tree_layer_region(layer, x, cos, sin, tensors,
+                                    m.positions, m.valid, m.rows, m.block_table, m.slot_mapping, att.base,
+                                    att.ancestors, parents, tap, m.block_size, m.gdn_backend, levels)
+            x = out[0] if linear else out
+            if linear:
+                kept.append(TreeStates(out[1], tap, out[2]))
+            continue
         h = layer.input_layernorm(x)
-        if layer.layer_type == "linear_attention":
-            K = layer.linear_attn.kernel
-            if K not in taps:
-                taps[K] = conv_taps(parents, K)
-            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents, levels, taps[K])
+        if linear:
+            h, states = gdn_tree(layer.linear_attn, h, cache, meta, parents, levels, tap)
             kept.append(states)
         else:
             h = layer.self_attn(h, cos, sin, cache, meta)
         x, h = layer.post_attention_layernorm.forward_add(x, h)
         x = x + layer.mlp(h)
     return dec.norm(x), kept
+
+
+@torch.compiler.nested_compile_region(max_reuse_entries=32)
+def tree_layer_region(layer, x, cos, sin, tensors: tuple, positions, valid, rows, block_table, slots, base,
+                      ancestors, parents, taps, block_size: int, gdn_backend: str, levels: list):
+    """One decoder layer of tree_forward from plain tensors, so that torch.compile compiles it
+    once per layer type and shapes and every layer of the type calls that code (as
+    mtpx.models.decoder.layer_region for chains). tensors: the layer's (conv, ssm) states or
+    (k, v) cache; base, ancestors: its TreeAttention's -> x, or (x, ext, ssm) for Gated DeltaNet."""
+    meta = ForwardMeta(positions, valid, rows, None, block_table, block_size, slots, gdn_backend=gdn_backend,
+                       region=True)
+    h = layer.input_layernorm(x)
+    if layer.layer_type == "linear_attention":
+        h, states = gdn_tree(layer.linear_attn, h, LayerStates(*tensors, None, None, None, None), meta,
+                             parents, levels, taps)
+    else:
+        meta.attn_backend = TreeAttention(base, base, ancestors)
+        h = layer.self_attn(h, cos, sin, KVCache(*tensors), meta)
+    x, h = layer.post_attention_layernorm.forward_add(x, h)
+    x = x + layer.mlp(h)
+    return (x, states.ext, states.ssm) if layer.layer_type == "linear_attention" else x
 
 
 def commit_tree_states(recurrent: list[RecurrentState], kept: list[TreeStates], rows: torch.Tensor,

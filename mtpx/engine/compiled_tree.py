@@ -1,0 +1,117 @@
+"""engine.compile for tree drafting (docs/trees.md): the target's forward over every request's tree
+(tree verification, mtpx/models/tree_forward.py) as one compiled function, on the engine's
+CompiledDecode (mtpx/engine/compiled.py: its build report, saved graphs and patches).
+
+    tree_verify_forward(model, cache, ids, ...) -> (hidden, logits, each Gated DeltaNet layer's
+                                                    (ext, taps, ssm))
+
+Shapes: the window is always the whole tree (1 + N nodes, `static_window`): a request the
+scheduler lets verify fewer drafts has padding nodes (valid False, KV written to the pad slot,
+no state change), so an engine builds one verification graph, whatever its requests verify; the
+batch is dynamic, as the chain's (one graph for every batch size; on the tiny test model
+Inductor's guards batch >= 2 somewhere, and batch 1 is a second variant: tests/test_tree_compiled.py).
+The attention and Gated DeltaNet tree kernels are the torch ops `mtpx::paged_tree_attention` and
+`mtpx::gdn_tree` (mtpx/attention/tree_kernel.py, mtpx/models/gdn_tree_kernel.py), the same C code as eager, so
+compiled and eager compute the same values. Saved under the step's precompile folder, in a
+subfolder per tree shape (the shape's parents and levels are constants of the graph).
+
+Eager, as without compile: the drafting round (the modules over the tree, mtpx/spec_decode/tree_draft.py),
+the walk, the KV move and the state commit (mtpx/engine/tree_step.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+
+from mtpx.attention.meta import ForwardMeta
+from mtpx.attention.tree_attention import TreeAttention, node_meta
+from mtpx.engine.compiled import _mark_batch
+from mtpx.engine.precompile import Precompiled, own_code
+from mtpx.models.tree_forward import TreeStates, tree_forward
+from mtpx.spec_decode.tree import ancestor_mask
+
+
+def tree_verify_forward(model, cache, data, parents, depths, ancestors, levels: list[tuple[int, int]]):
+    """The target over tree nodes (tree_forward's contract) as one graph. data [B, T + 3 + blocks]
+    int64, every per-request input in one tensor so that the graph has one batch size: each row
+    [node tokens (T) | drafts verified | n, x_n's position | batch slot | block table]; the tree's
+    parents, depths [T] int64 and ancestors [T, T] bool (ancestor_mask) -> (hidden [B, T, hidden],
+    logits [B, T, V], [(ext, taps, ssm)] of each Gated DeltaNet layer: TreeStates' fields).
+    Padding nodes (index > drafts verified) write their KV to the pad slot and change no state."""
+    B, T, S = data.shape[0], parents.shape[0], cache.block_size
+    # copies, not views of data: a layer region's inputs may not alias each other
+    ids, nd, n, rows, table = (x.clone() for x in (data[:, :T], data[:, T], data[:, T + 1], data[:, T + 2],
+                                                   data[:, T + 3:]))
+    nodes = torch.arange(T, device=data.device)
+    valid = nodes[None] <= nd[:, None]
+    positions = n[:, None] + nodes
+    slots = torch.where(valid, table.gather(1, positions // S) * S + positions % S, cache.pad_slot)
+    meta = ForwardMeta(positions, valid, rows, None, table, S, slots, gdn_backend=cache.gdn_backend)
+    meta.attn_backend = TreeAttention(n, n, ancestors[None].expand(B, T, T))
+    h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents[None].expand(B, T),
+                           levels, cache.compile_regions)
+    return h, model.lm_head(h), [(s.ext, s.taps, s.ssm) for s in kept]
+
+
+def static_window(spec) -> tuple[int, int]:
+    """(T, D) of a compiled tree step: the whole tree's nodes plus the root, and its depth."""
+    return 1 + spec.shape.num_nodes, spec.shape.depth
+
+
+class TreeVerify:
+    """Tree verification through an engine's CompiledDecode `step` (module doc) for the tree
+    speculator `spec`. Its graphs count in step.progress (step.num_graphs, step.compile_s)."""
+
+    def __init__(self, step, spec):
+        self.step, self.spec = step, spec
+        T, D = static_window(spec)
+        self.parents, self.depths = spec.parents[:T].clone(), spec.depths[:T].clone()   # [T] int64
+        self.ancestors = ancestor_mask(self.parents[None], D)[0]                       # [T, T] bool
+        self.name = f"tree verify ({T}-node window)"
+        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
+        if step.precompile_dir is not None:
+            paths = json.dumps([list(p) for p in spec.shape.paths])
+            folder = step.precompile_dir / f"tree_{hashlib.sha256(paths.encode()).hexdigest()[:12]}"
+            self.fn = Precompiled(own_code(tree_verify_forward), folder, step.backend, options, step._patches,
+                                  step._persistent_tensors, step._mark_persistent)
+        else:
+            self.fn = torch.compile(own_code(tree_verify_forward), backend=step.backend, mode=step.mode,
+                                    options=options)
+        step.progress.expected = len(step.progress.records) + 1    # the chain's graphs never run
+
+    def __call__(self, model, cache, ids, n, rows, nd, levels) -> tuple[torch.Tensor, torch.Tensor,
+                                                                        list[TreeStates]]:
+        """tree_verify_forward over tree_step.tree_decode's windows: ids [B, T] (T the whole tree),
+        n (x_n's positions), rows, nd (drafts each request verifies) [B] int64 -> (hidden, logits,
+        TreeStates per Gated DeltaNet layer)."""
+        data = torch.cat([ids, nd[:, None], n[:, None], rows[:, None], cache.block_tables[rows]], 1)
+        args = (model, cache, data, self.parents, self.depths, self.ancestors, levels)
+
+        def mark():
+            _mark_batch(data)
+            torch._dynamo.mark_static(data, 1)
+            for t in args[3:6]:
+                torch._dynamo.mark_static(t)
+        with torch.inference_mode():
+            h, logits, kept = self.step._call(self.name, self.fn, args, mark)
+        return h, logits, [TreeStates(*x) for x in kept]
+
+
+def verify_tree(runner, ids, n, rows, nd, valid, parents, depths, D, levels):
+    """The target over the step's trees (tree_step.tree_decode; nd [B]: drafts each request
+    verifies): compiled through TreeVerify when the runner's step is compiled, else eager ->
+    (hidden [B, T, hidden], logits [B, T, V], TreeStates of each Gated DeltaNet layer)."""
+    cache, model = runner.cache, runner.model
+    if runner.step.static:
+        verify = getattr(runner, "tree_verify", None)
+        if verify is None:
+            verify = runner.tree_verify = TreeVerify(runner.step, runner.speculator)
+        return verify(model, cache, ids, n, rows, nd, levels)
+    B, T = ids.shape
+    nodes = torch.arange(T, device=ids.device).expand(B, T)
+    meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
+                     ancestor_mask(parents, D), cache.gdn_backend)
+    h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
+    return h, model.lm_head(h), kept
