@@ -73,6 +73,9 @@ def test_bad_settings_are_one_line(trained_tiny):
         build_speculator("mtp1", trained_tiny, 4, tree=[2, 1, 1])
     with pytest.raises(ValueError, match=r"spec.tree with spec.num_speculative_tokens=auto: not supported"):
         LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens="auto", tree=[2, 1])
+    dynamic = {"num_draft_tokens": 4, "depth": 2, "topk": 2}
+    with pytest.raises(ValueError, match=r"^spec.tree as a dynamic tree \(num_draft_tokens\) with engine"):
+        LLM(model=trained_tiny, spec="mtp8", compile=True, tree=dynamic)
     llm = LLM(model=trained_tiny, spec="mtp8", tree=[2, 1])
     outs = llm.generate([[5, 8], [5, 9], [5, 7]], [SamplingParams(max_tokens=4, temperature=0.7, seed=1),
                                                    SamplingParams(max_tokens=4, ignore_eos=True),
