@@ -101,10 +101,11 @@ _BATCH = []
 
 
 def _batch():
-    """xgrammar's BatchGrammarMatcher (one per process; its threads: torch's intra-op count)."""
+    """xgrammar's BatchGrammarMatcher (one per process), on the calling thread: with 2 threads a
+    fill of 2 rows took 342 us against 4 us on one (xgrammar 0.2.9, a loaded 2-core machine)."""
     if not _BATCH:
         import xgrammar as xgr
-        _BATCH.append(xgr.BatchGrammarMatcher(max_threads=max(1, torch.get_num_threads())))
+        _BATCH.append(xgr.BatchGrammarMatcher(max_threads=1))
     return _BATCH[0]
 
 
