@@ -33,7 +33,7 @@ def _check(trained_tiny, tiny_plain, backend, spec, k, monkeypatch):  # noqa: F8
     outs = _run(llm, reqs)
     for a, b in zip(outs, plain):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
-    names = [r["name"] for r in llm.engine.compiled.progress.records]
+    names = [r["graph"] for r in llm.engine.compiled.progress.records]
     assert any("under the grammar mask" in n for n in names), names
     # decode rounds drafted through the graph; only rounds after a prefill chunk run eager
     assert len(inside) > 20 and len(inside) > 3 * len(outside), (len(inside), len(outside))
