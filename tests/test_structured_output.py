@@ -416,6 +416,7 @@ def test_sampled_output_has_the_constrained_target_distribution(spec, k, verify,
     accepted = sum(o.spec.num_accepted_tokens for o in outs)
     drafted = sum(o.spec.num_draft_tokens for o in outs)
     assert 0 < accepted < drafted
+    assert llm.engine.runner.grammars.draft_seconds > 0       # drafts proposed under the mask
     assert d < TV_MAX, d
     # the check has power: the unconstrained target's joint is far from the constrained one
     from tests.test_sampling import exact_joint

@@ -39,6 +39,7 @@ from mtpx.engine.decode_step import (block_bucket, capture_sizes, depth_bucket, 
                                      draft_rounds, verify_forward)
 from mtpx.engine.precompile import Precompiled, own_code as _own_code, precompile_key  # noqa: F401 (tests)
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
+from mtpx.structured import draft_op
 
 
 def commit_windows(cache, index: torch.Tensor) -> None:
@@ -161,6 +162,7 @@ class CompiledDecode:
                                    self._persistent_tensors, self._mark_persistent)
             return torch.compile(fn, backend=backend, mode=mode, options=dict(options))   # (it pops keys)
 
+        self._compile_fn, self._draft_masked = compile_, None
         self._verify = compile_(verify_forward)
         self._draft = (None if speculator is None else
                        compile_(plan_and_draft if self.plan_in_graph else propose_planned))
@@ -267,14 +269,21 @@ class CompiledDecode:
         all): one graph
         per pair of column and module counts. The plan is part of the graph with the torch
         attention backend; with FlashInfer, whose plans are host-side, it runs eager before the
-        compiled round. A batch with a sampler (probabilistic drafts) runs eager. A catch-up
+        compiled round. A batch with a sampler (probabilistic drafts) runs eager, except argmax
+        drafts under a grammar mask on the CPU (their own graph: mtpx/structured/draft_op.py). A catch-up
         round first where batch.catch_up (decode_step.draft_rounds: the same graph twice); the
         hidden states of a 1-token window are padded to the round's columns (never read)."""
         return draft_rounds(self._draft_round, batch)
 
-    def _draft_round(self, batch: DraftBatch) -> Drafts:
+    def _draft_round(self, batch: DraftBatch, masked=None) -> Drafts:
         if batch.sampler is not None:
-            return self.speculator.propose(self.cache, batch)
+            # (not in CUDA graphs: the operator reads each draft on the host)
+            if self.cuda or not (self.plan_in_graph and draft_op.in_graph(batch.sampler)):
+                return self.speculator.propose(self.cache, batch)
+            if self._draft_masked is None:      # argmax drafts under the grammar mask, compiled
+                self._draft_masked = self._compile_fn(draft_op.plan_and_draft_masked)
+            with draft_op.active(batch.sampler):
+                return self._draft_round(dataclasses.replace(batch, sampler=None), self._draft_masked)
         k, b = self.speculator.num_speculative_tokens, batch
         width = b.target_hidden.shape[1]
         if width < b.num_columns:     # a 1-token window in the round of k + 1 columns: one graph
@@ -287,7 +296,8 @@ class CompiledDecode:
         drafts = b.depth if b.drafts is None else b.drafts          # DraftBatch.drafts' None: each its depth
         per_row = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start, drafts)
         modules = len(self.cache.draft) if b.num_modules is None else b.num_modules
-        name = f"draft loop ({modules} module{'s' * (modules > 1)}, {b.num_columns} columns)"
+        name = (f"draft loop{' under the grammar mask' * (masked is not None)} ({modules} "
+                f"module{'s' * (modules > 1)}, {b.num_columns} columns)")
         block_table = b.block_table
         if self.plan_in_graph:
             def mark():
@@ -296,7 +306,7 @@ class CompiledDecode:
                 _mark_meta_table(block_table)
             args = (self.speculator, self.cache, block_table, *per_row, b.target_hidden, b.num_columns,
                     num_drafts, b.num_modules)
-            tokens, num_final = self._call(name, self._draft, args, mark)
+            tokens, num_final = self._call(name, self._draft if masked is None else masked, args, mark)
         else:
             plan = self.speculator.plan(self.cache, DraftBatch(*per_row[:6], b.target_hidden, num_drafts,
                                                                b.num_modules, b.num_columns, block_table,

@@ -47,7 +47,7 @@ class GrammarDraftSampler:
     to masks.draft_seconds."""
 
     def __init__(self, masks, reqs, pending: list[list[int]], num_drafts: list[int], inner=None):
-        self.masks, self.inner = masks, inner
+        self.masks, self.inner, self._bitmask = masks, inner, None
         t0 = time.perf_counter()
         self.rows: list[_Row] = []
         for b, r in enumerate(reqs):
@@ -75,26 +75,38 @@ class GrammarDraftSampler:
         import xgrammar as xgr
         t0 = time.perf_counter()
         active = [r for r in self.rows if r.live and i < r.num_drafts]
-        if active:
-            bitmask = xgr.allocate_token_bitmask(len(active), logits.shape[-1])
-            for j, r in enumerate(active):
-                r.state.matcher.fill_next_token_bitmask(bitmask, j)
-            idx = torch.tensor([r.b for r in active], device=logits.device)
-            rows = logits[idx].float()
-            xgr.apply_token_bitmask_inplace(rows, bitmask.to(logits.device))
-            logits = logits.float().index_copy(0, idx, rows)
+        if active:          # one xgrammar call fills every row's mask (BatchGrammarMatcher)
+            rows = [r.b for r in active]
+            if self._bitmask is None:
+                self._bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[-1])
+            _batch().batch_fill_next_token_bitmask([r.state.matcher for r in active], self._bitmask, rows)
+            logits = logits.float().clone()
+            xgr.apply_token_bitmask_inplace(logits, self._bitmask.to(logits.device), indices=rows)
         seconds = time.perf_counter() - t0
         tokens = logits.argmax(-1) if self.inner is None else self.inner(logits, i)
         if active:
             t0 = time.perf_counter()
-            for r, t in zip(active, tokens[idx].tolist()):
-                m = r.state.matcher
-                r.live = m.accept_token(t)          # False only with an empty mask
-                r.state.num_ahead += r.live
-                r.live = r.live and not m.is_terminated()
+            chosen = tokens.tolist()
+            ok = xgr.BatchGrammarMatcher.batch_accept_token([r.state.matcher for r in active],
+                                                            [chosen[r.b] for r in active])
+            for r, live in zip(active, ok):       # False only with an empty mask
+                r.state.num_ahead += live
+                r.live = live and not r.state.matcher.is_terminated()
             seconds += time.perf_counter() - t0
         self.masks.draft_seconds += seconds
         return tokens
+
+
+_BATCH = []
+
+
+def _batch():
+    """xgrammar's BatchGrammarMatcher (one per process), on the calling thread: with 2 threads a
+    fill of 2 rows took 342 us against 4 us on one (xgrammar 0.2.9, a loaded 2-core machine)."""
+    if not _BATCH:
+        import xgrammar as xgr
+        _BATCH.append(xgr.BatchGrammarMatcher(max_threads=1))
+    return _BATCH[0]
 
 
 def draft_sampler(sampling, num_drafts: list[int], k: int, config, masks, reqs=(), pending=None):

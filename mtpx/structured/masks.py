@@ -23,6 +23,8 @@ import time
 
 import torch
 
+from mtpx.structured.drafts import _batch
+
 
 class _Matcher:
     def __init__(self, request):
@@ -86,24 +88,29 @@ class GrammarMasks:
         T, V = (logits.shape[1] if logits.dim() == 3 else 1), logits.shape[-1]
         bitmask = xgr.allocate_token_bitmask(len(reqs) * T, V)           # all allowed
         masked = []                                                      # flat rows masked
+        walking = [(b, m, drafts[b] if drafts is not None else []) for b in rows
+                   if (m := self.matcher(reqs[b])) is not None]
+        advanced = dict.fromkeys(range(len(reqs)), 0)
+        for j in range(T):                   # column j of every walking row in one xgrammar call
+            walking = [w for w in walking if not w[1].is_terminated()]
+            if not walking:
+                break
+            flat = [b * T + j for b, _, _ in walking]
+            _batch().batch_fill_next_token_bitmask([m for _, m, _ in walking], bitmask, flat)
+            masked += flat
+            walking = [w for w in walking if j < len(w[2])]       # no draft: the window ends
+            ok = xgr.BatchGrammarMatcher.batch_accept_token([m for _, m, _ in walking],
+                                                            [window[j] for _, _, window in walking])
+            walking = [w for w, a in zip(walking, ok) if a]      # a forbidden draft ends it too
+            for b, _, _ in walking:
+                advanced[b] += 1
         for b in rows:
-            m = self.matcher(reqs[b])
-            if m is None:
-                continue
-            window = drafts[b] if drafts is not None else []
-            advanced = 0
-            for j in range(T):
-                if m.is_terminated():
-                    break
-                m.fill_next_token_bitmask(bitmask, b * T + j)
-                masked.append(b * T + j)
-                if j >= len(window) or not m.accept_token(window[j]):
-                    break                         # no draft, or one the grammar forbids: window ends
-                advanced += 1
-            m.rollback(advanced)
+            if advanced[b]:
+                self._matchers[reqs[b].index].matcher.rollback(advanced[b])
         bitmask = bitmask.to(logits.device)
         out = logits.float().clone().view(-1, V)
-        xgr.apply_token_bitmask_inplace(out, bitmask)
+        if masked:                                    # only the masked columns are read
+            xgr.apply_token_bitmask_inplace(out, bitmask, indices=masked)
         if any(reqs[b].params.min_tokens or reqs[b].params.allowed_token_ids or reqs[b].bad_words_token_ids
                for b in rows):
             idx = torch.tensor(masked, dtype=torch.long, device=out.device)
