@@ -44,21 +44,35 @@ def _speedup(m: dict) -> str | None:
     return text if text is None or len(runs) < 2 else f"{text} ({min(runs):.2f}-{max(runs):.2f})"
 
 
+def _lossy_columns(labels: dict[str, str], pct: str, ll: str) -> tuple:
+    """The quality columns both tables show, (label, formatter) in one order: `labels` maps each
+    column's key to its label (keys absent are left out); `pct` formats shares, `ll` the
+    log-likelihood loss."""
+    formatters = {
+        "throughput": lambda m: None if m.get("lossless_output_throughput") is None
+        else f"{_mean(m, 'output_throughput'):.1f}, {m['lossless_output_throughput']:.1f}",
+        "speedup": _speedup,
+        "identical": lambda m: _quality(m, "identical_share", pct),
+        "first_difference": lambda m: _quality(m, "mean_first_difference", ".1f"),
+        "ll_loss": lambda m: _quality(m, "log_likelihood_loss", ll, "log_likelihood_loss_interval"),
+        "accuracy": lambda m: None if _quality(m, "accuracy", pct) is None
+        else f"{_quality(m, 'accuracy', pct)}, {_quality(m, 'accuracy_lossless', pct)}",
+        "accuracy_loss": lambda m: _quality(m, "accuracy_loss", ".3f", "accuracy_loss_interval"),
+        "tv": lambda m: None if _quality(m, "tv_distance", ".3f") is None
+        else f"{_quality(m, 'tv_distance', '.3f')} ({_quality(m, 'tv_distance_floor', '.3f')})",
+        "tv_loss": lambda m: _quality(m, "tv_distance_loss", ".3f", "tv_distance_loss_interval"),
+    }
+    return tuple((label, formatters[key]) for key, label in labels.items())
+
+
 QUALITY_COLUMNS = (
     ("Acceptance rule", lambda m: m.get("acceptance") or ("lossless" if m.get("quality") is None else None)),
-    ("Speed-up vs lossless", lambda m: _speedup(m)),
+    ("Speed-up vs lossless", _speedup),
     ("Lossless acceptance length", lambda m: _fmt(m.get("lossless_acceptance_length"), ".2f")),
-    ("Mean tok/s: rule, lossless", lambda m: None if m.get("lossless_output_throughput") is None
-     else f"{_mean(m, 'output_throughput'):.1f}, {m['lossless_output_throughput']:.1f}"),
-    ("Identical (%)", lambda m: _quality(m, "identical_share", ".1%")),
-    ("Log-likelihood loss [95% CI]", lambda m: _quality(m, "log_likelihood_loss", ".4f",
-                                                        "log_likelihood_loss_interval")),
-    ("Accuracy, lossless", lambda m: None if _quality(m, "accuracy", ".1%") is None
-     else f"{_quality(m, 'accuracy', '.1%')}, {_quality(m, 'accuracy_lossless', '.1%')}"),
-    ("Accuracy loss [95% CI]", lambda m: _quality(m, "accuracy_loss", ".3f", "accuracy_loss_interval")),
-    ("TV (floor)", lambda m: None if _quality(m, "tv_distance", ".3f") is None
-     else f"{_quality(m, 'tv_distance', '.3f')} ({_quality(m, 'tv_distance_floor', '.3f')})"),
-    ("TV loss [95% CI]", lambda m: _quality(m, "tv_distance_loss", ".3f", "tv_distance_loss_interval")),
+    *_lossy_columns({"throughput": "Mean tok/s: rule, lossless", "identical": "Identical (%)",
+                     "ll_loss": "Log-likelihood loss [95% CI]", "accuracy": "Accuracy, lossless",
+                     "accuracy_loss": "Accuracy loss [95% CI]", "tv": "TV (floor)",
+                     "tv_loss": "TV loss [95% CI]"}, pct=".1%", ll=".4f"),
 )
 """The sweep table's extra columns when a job ran a lossy rule (mtpx.metrics.sweep.sweep_table)."""
 
@@ -138,18 +152,11 @@ def rule_label(acceptance: str | None) -> str:
 RULE_COLUMNS = (
     ("acceptance length: rule, lossless", lambda m: f"{m['acceptance_length']:.2f}, "
      f"{_fmt(m.get('lossless_acceptance_length'), '.2f') or DASH}"),
-    ("tok/s: rule, lossless", lambda m: None if m.get("lossless_output_throughput") is None
-     else f"{_mean(m, 'output_throughput'):.1f}, {m['lossless_output_throughput']:.1f}"),
-    ("speed-up (pairs)", _speedup),
-    ("identical", lambda m: _quality(m, "identical_share", ".0%")),
-    ("first difference", lambda m: _quality(m, "mean_first_difference", ".1f")),
-    ("LL loss [95% CI]", lambda m: _quality(m, "log_likelihood_loss", ".3f", "log_likelihood_loss_interval")),
-    ("accuracy: rule, lossless", lambda m: None if _quality(m, "accuracy", ".0%") is None
-     else f"{_quality(m, 'accuracy', '.0%')}, {_quality(m, 'accuracy_lossless', '.0%')}"),
-    ("accuracy loss [95% CI]", lambda m: _quality(m, "accuracy_loss", ".3f", "accuracy_loss_interval")),
-    ("TV (floor)", lambda m: None if _quality(m, "tv_distance", ".3f") is None
-     else f"{_quality(m, 'tv_distance', '.3f')} ({_quality(m, 'tv_distance_floor', '.3f')})"),
-    ("TV loss [95% CI]", lambda m: _quality(m, "tv_distance_loss", ".3f", "tv_distance_loss_interval")),
+    *_lossy_columns({"throughput": "tok/s: rule, lossless", "speedup": "speed-up (pairs)",
+                     "identical": "identical", "first_difference": "first difference",
+                     "ll_loss": "LL loss [95% CI]", "accuracy": "accuracy: rule, lossless",
+                     "accuracy_loss": "accuracy loss [95% CI]", "tv": "TV (floor)",
+                     "tv_loss": "TV loss [95% CI]"}, pct=".0%", ll=".3f"),
 )
 """The compact table of tools/sweep_table.py --rules: one row per lossy job, across sweeps."""
 
