@@ -111,9 +111,9 @@ def _admit_alone(p: AutoDraftLength, prompt_tokens: int = 150) -> int:
 def test_alone_an_admission_below_the_k_in_use_that_only_the_prior_predicts_waits():
     """Concurrency 1, nothing learned (every p_j the prior 0.7): k = 4 beats k = 8 on the prior
     (2.7731 tokens / 207.18 ms against 3.1988 / 261.86), but with positions 5-8 at their upper
-    estimates (0.853) k = 8 would not lose by the hysteresis, so the first request is admitted at
-    the k in use, 8 (its depth can fall once positions 5-8 are learned; admitted at 4 it could
-    never rise). Once 200 rounds taught that a 5th draft is never accepted, a request alone is
+    estimates (0.853) k = 4 does not beat k = 8 by the hysteresis, so the first request is
+    admitted at the k in use, 8 (its depth can fall once positions 5-8 are learned; admitted at 4
+    it could never rise). Once 200 rounds taught that a 5th draft is never accepted, a request alone is
     admitted below 8: at 5 (`_landing`: positions 6-8, never verified, at their upper estimates
     would pay there; the old rule did the same on the prior alone, at 4)."""
     costs = {(k, 1): ms for k, ms in enumerate(ALONE)}
