@@ -18,6 +18,7 @@ from mtpx.core.request import Request
 from mtpx.auto_k import AutoDraftLength, AutoKConfig
 from mtpx.auto_k.calibration import calibrate_step_costs, default_batch_sizes
 from mtpx.auto_k.choices import DepthChoice
+from mtpx.auto_k.cost_learning import with_prefill
 from mtpx.auto_k.store import check_step_cost_meta, load_step_costs, save_step_costs, step_cost_cache_path
 from tests.helpers import (_params, assert_clean, install_draft_check, make_llm, peaked_model,
                            run_checked, spy, tiny_config)
@@ -165,7 +166,7 @@ def test_an_admitted_requests_module_prefill_is_spread_over_its_output_tokens():
     assert (p.depth(1, prompt_tokens=100, max_tokens=5) == 1
             and p.depth(1, prompt_tokens=100, max_tokens=1) == 0)
     assert p.depth(1, current=2) == 2                               # a running request's prefill is paid
-    assert AutoDraftLength._with_prefill([0.5, 0.25], [0.0, 2.0]) == [0.5, 1 / 6]
+    assert with_prefill([0.5, 0.25], [0.0, 2.0]) == [0.5, 1 / 6]
 
 
 def test_prefill_steps_report_the_speculators_part_and_its_module_tokens(trained_tiny):
@@ -699,7 +700,7 @@ def test_a_landing_on_a_marginal_upper_lead_is_exploring_s_to_pay():
     for lead, expected in ((0.1, [4, 4] + [0] * 14), (0.0, [4] * 16)):
         p = AutoDraftLength(8, costs, config=AutoKConfig(free_landing_lead=lead))
         p.costs.set_prefill_cost(0.022)
-        g = p._with_prefill(p._goodputs(16, 8, None), [p.costs.prefill_ms(k, 60) / 128 for k in range(9)])
+        g = with_prefill(p._goodputs(16, 8, None), [p.costs.prefill_ms(k, 60) / 128 for k in range(9)])
         assert p._upper_goodputs(g, 0, 8, None)[4] / g[0] == pytest.approx(1.07, abs=0.005)
         assert admit(p, 16) == expected
     assert p.exploring.spent() == 0.0                  # a free landing spends nothing

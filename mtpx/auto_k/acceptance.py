@@ -41,19 +41,51 @@ class AcceptanceEstimates:
                  decay: float = 0.99, edges: tuple[int, ...] = AGE_EDGES):
         self.max_k, self.prior_acceptance, self.prior_weight = max_k, prior_acceptance, prior_weight
         self.decay_factor, self.edges = decay, tuple(edges)
-        self.pooled = [prior_acceptance] * max_k     # p_j, j = 1 .. max_k
+        self._pooled = [prior_acceptance] * max_k    # p_j, j = 1 .. max_k (`pooled`)
         self.num_observed = [0] * max_k              # verified drafts seen per position (undiscounted)
-        self.accepted = [0.0] * max_k                # discounted counts behind p_j
-        self.verified = [0.0] * max_k
-        self.age_accepted = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
-        self.age_verified = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
-        self._age_chains: list[list[float] | None] = [None] * len(self.age_accepted)   # `by_age`
+        self._accepted = [0.0] * max_k               # discounted counts behind p_j (`accepted`)
+        self._verified = [0.0] * max_k
+        self._age_accepted = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
+        self._age_verified = [[0.0] * max_k for _ in range(len(self.edges) + 1)]
+        self._pending = 0             # `decay` steps not yet applied to the counts (`_flush`)
+        self._age_chains: list[list[float] | None] = [None] * len(self._age_accepted)   # `by_age`
         self._upto: dict = {}         # (k, mix) -> expected_tokens_upto, until the counts change
 
     def __eq__(self, other) -> bool:
         def state(e):                 # the by-age chains and _upto are caches of the counts
+            e._flush()
             return {k: v for k, v in vars(e).items() if k not in ("_age_chains", "_upto")}
         return isinstance(other, AcceptanceEstimates) and state(self) == state(other)
+
+    def _flush(self) -> None:
+        """Apply the pending `decay` steps, one multiplication per step as they came (the counts
+        equal, bit for bit, those of applying each step at once), and the estimates they change."""
+        if not self._pending:
+            return
+        n, f, self._pending = self._pending, self.decay_factor, 0
+        for counts in [self._accepted, self._verified] + self._age_accepted + self._age_verified:
+            for j, x in enumerate(counts):
+                for _ in range(n):
+                    x *= f
+                counts[j] = x
+        self._estimate()
+
+    def _counts(name: str, doc: str):
+        def get(self):
+            self._flush()
+            return getattr(self, name)
+
+        def put(self, value) -> None:
+            self._flush()
+            setattr(self, name, value)
+        return property(get, put, doc=doc)
+
+    pooled = _counts("_pooled", "p_j, j = 1 .. max_k, engine-wide (read it; `set_pooled` sets it).")
+    accepted = _counts("_accepted", "The discounted accepted drafts per position, engine-wide.")
+    verified = _counts("_verified", "The discounted verified drafts per position, engine-wide.")
+    age_accepted = _counts("_age_accepted", "accepted per age bucket ([bucket][position]).")
+    age_verified = _counts("_age_verified", "verified per age bucket ([bucket][position]).")
+    del _counts
 
     def bucket(self, age: int) -> int:
         """The age bucket of a request with `age` output tokens."""
@@ -63,44 +95,46 @@ class AcceptanceEstimates:
         """Requests per age bucket of a batch whose requests have `ages` output tokens; None: None."""
         if ages is None:
             return None
-        counts = [0] * (len(self.edges) + 1)
+        counts, edges, right = [0] * (len(self.edges) + 1), self.edges, bisect.bisect_right
         for age in ages:
-            counts[self.bucket(age)] += 1
+            counts[right(edges, age)] += 1
         return counts if any(counts) else None
 
     def observe(self, num_verified: int, num_accepted: int, age: int | None = None) -> None:
         """A round verified drafts 1 .. num_verified (each given every earlier one accepted) and
         accepted the first num_accepted; age: the request's output tokens before it (None: counted
         engine-wide only)."""
+        if num_verified <= 0:
+            return
+        self._flush()
         b = None if age is None else self.bucket(age)
         for j in range(min(num_verified, self.max_k)):
             hit = j < num_accepted
-            self.accepted[j] += hit
-            self.verified[j] += 1
+            self._accepted[j] += hit
+            self._verified[j] += 1
             self.num_observed[j] += 1
             if b is not None:
-                self.age_accepted[b][j] += hit
-                self.age_verified[b][j] += 1
+                self._age_accepted[b][j] += hit
+                self._age_verified[b][j] += 1
         if num_verified:
             self._estimate()
 
     def decay(self) -> None:
         """One decode step: every count times `decay` (an estimate no round updates drifts back to
-        its prior)."""
-        f = self.decay_factor
-        self.accepted = [x * f for x in self.accepted]
-        self.verified = [x * f for x in self.verified]
-        for counts in self.age_accepted + self.age_verified:
-            counts[:] = [x * f for x in counts]
-        self._estimate()
+        its prior). O(1): applied when the counts are next read or added to (`_flush`), so a
+        stretch of steps that verify nothing costs one increment each."""
+        self._pending += 1
+        if self._upto:
+            self._upto.clear()
 
     def _estimate(self) -> None:
-        self.set_pooled(self._chain(self.accepted, self.verified))
-        self._age_chains = [None] * len(self.age_accepted)
+        self.set_pooled(self._chain(self._accepted, self._verified))
+        self._age_chains = [None] * len(self._age_accepted)
 
     def set_pooled(self, values: list[float]) -> None:
         """Set the engine-wide p_j (tests set them directly through AutoDraftLength.acceptance)."""
-        self.pooled = list(values)
+        self._flush()
+        self._pooled = list(values)
         self._upto.clear()
 
     def _chain(self, accepted: list[float], verified: list[float]) -> list[float]:
@@ -114,9 +148,10 @@ class AcceptanceEstimates:
     def by_age(self, b: int) -> list[float]:
         """p_bj, j = 1 .. max_k, of age bucket b, from its own counts as `pooled` (module doc);
         computed once per change of the counts (read it, do not change it)."""
+        self._flush()
         chains = self._age_chains
         if chains[b] is None:
-            chains[b] = self._chain(self.age_accepted[b], self.age_verified[b])
+            chains[b] = self._chain(self._age_accepted[b], self._age_verified[b])
         return chains[b]
 
     def _tokens(self, ps: list[float], vs: list[float], k: int, optimistic_from: int | None, z: float,
@@ -148,13 +183,14 @@ class AcceptanceEstimates:
         key = None if optimistic_from is not None else (k, None if mix is None else tuple(mix))
         if key in self._upto:
             return self._upto[key]
+        self._flush()
         if mix is None:
-            out = self._tokens(self.pooled, self.verified, k, optimistic_from, z, below)
+            out = self._tokens(self._pooled, self._verified, k, optimistic_from, z, below)
         else:
             total, weight = [0.0] * (k + 1), sum(mix)
             for b, n in enumerate(mix):
                 if n:
-                    tokens = self._tokens(self.by_age(b), self.age_verified[b], k, optimistic_from, z, below)
+                    tokens = self._tokens(self.by_age(b), self._age_verified[b], k, optimistic_from, z, below)
                     for j, t in enumerate(tokens):
                         total[j] += n * t
             out = [t / weight for t in total]

@@ -13,7 +13,10 @@ def admission_depth(p, batch_size: int, mix, depths: list[int] | None, prompt_to
                     max_tokens: int | None) -> DepthChoice:
     """p: the AutoDraftLength. The depth of a request admitted when batch_size requests run or
     wait: the k of highest predicted goodput at that batch size when that beats the k in use by more than the
-    hysteresis (rise_hysteresis above it, and only where `_rises`: depths, the
+    hysteresis (below it, for a request alone, its landing must also beat the k in use by the
+    hysteresis with the unlearned positions at their upper estimates: admitted deeper, its depth
+    can still fall once they are learned, shallower it never rises; rise_hysteresis
+    above it, and only where `_rises`: depths, the
     running requests' depths, None: no check), else the k in use (as a step's k changes: a
     request admitted deeper than the steps draft would run its extra modules for nothing);
     each k's ms per token counts the request's module prefill at that depth, prompt_tokens
@@ -35,6 +38,9 @@ def admission_depth(p, batch_size: int, mix, depths: list[int] | None, prompt_to
     if g[best] > (1 + (p.hysteresis if best < p.k else p.rise_hysteresis)) * g[p.k]:
         if best < p.k:
             depth = _landing(p, g, best, batch_size, mix)
+            if batch_size == 1 and depth < p.k:   # alone: a depth never rises, and falls once learned
+                upper = p._upper_goodputs(g, best, p.k, mix)
+                depth = depth if upper[depth] > (1 + p.hysteresis) * upper[p.k] else p.k
             if batch_size > 1 and depth > best and \
                     p._upper_goodputs(g, best, depth, mix)[depth] \
                     <= (1 + p.free_landing_lead) * g[best]:

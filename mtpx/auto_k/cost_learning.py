@@ -157,7 +157,7 @@ class StepCosts:
         """A timed decode step (StepRecord): the measured decode the run estimate compares with
         (cost_log.add_decode) and, when pure, its overhead beyond its forwards (`observe_overhead`)."""
         decode_s = record.verify_s + record.draft_s + record.catch_up_s
-        self.cost_log.add_decode(sum(r.num_tokens for r in record.rounds), 1e3 * decode_s)
+        self.cost_log.add_decode(sum([r.num_tokens for r in record.rounds]), 1e3 * decode_s)
         if pure:
             self.observe_overhead(len(record.rounds), 1e3 * (record.wall_s - decode_s))
 

@@ -27,7 +27,7 @@ from mtpx.auto_k.admission import admission_depth
 from mtpx.auto_k.choices import DepthChoice, StepChoice
 from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.cost_curve import smooth_step_costs
-from mtpx.auto_k.cost_learning import StepCosts, with_prefill
+from mtpx.auto_k.cost_learning import StepCosts
 from mtpx.auto_k.exploring import Exploring
 from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
@@ -74,7 +74,6 @@ class AutoDraftLength:
         if prefill_cost is not None:
             self.costs.set_prefill_cost(prefill_cost)
 
-    _with_prefill = staticmethod(with_prefill)
     @property
     def step_costs(self) -> dict | None:
         """The calibrated step costs, smoothed (StepCosts; None before calibration)."""
@@ -240,31 +239,36 @@ class AutoDraftLength:
         prefill's cost, the decode step's cost (a per-request allocation's, a steady step's, or
         its two parts'; before `record` and the rounds change the estimates), the step count and
         ages, each request's round, and the step's overhead beyond its forwards."""
-        depth_per_request, allocation = self._planned
-        rounds, k, t = record.rounds, record.k, record
+        (depth_per_request, allocation), rounds, k, t = self._planned, record.rounds, record.k, record
         if t.timed:      # the module prefill's and the lazy catch-up's cost
             self.costs.observe_module_rounds(t, depth_per_request)
         pure = t.timed and not record.has_prefills
-        learn = pure and self.forced is None        # a forced k's steps teach the costs nothing
+        if rounds and pure and self.forced is None:     # a forced k's steps teach the costs nothing
+            self._learn_step(rounds, k, t, depth_per_request, allocation)
         if rounds:
-            proposes = all(r.depth >= k for r in rounds)   # every request proposes k
-            verified = {r.verified for r in rounds}
-            steady = proposes and verified == {k} and all(r.held == k for r in rounds)
-            committed = sum(r.num_tokens for r in rounds)
-            # the modules the draft round ran: requests held deeper than k catch theirs up
-            held = max(k, max(r.depth for r in rounds)) if depth_per_request else k
-            if learn and allocation is not None:
-                self.costs.observe_allocation(allocation, 1e3 * (t.verify_s + t.draft_s), committed)
-            elif learn and steady:
-                self.observe_step(k, len(rounds), 1e3 * (t.verify_s + t.draft_s), committed,
-                                  verify_ms=1e3 * t.verify_s, draft_depth=held)
-            elif learn and proposes and len(verified) == 1:
-                self.costs.observe_parts(verified.pop(), held, len(rounds), 1e3 * t.verify_s, 1e3 * t.draft_s)
             self.record(k, len(rounds), [r.age for r in rounds])
-        for r in rounds:
-            self.observe_round(r.num_draft_tokens, r.num_accepted, r.key, r.age)
-        if t.timed and rounds:           # the run's measured decode; a pure step's overhead
-            self.costs.observe_decode(record, pure)
+            for r in rounds:
+                if r.num_draft_tokens or self.per_request:    # a round without drafts teaches nothing else
+                    self.observe_round(r.num_draft_tokens, r.num_accepted, r.key, r.age)
+            if t.timed:           # the run's measured decode; a pure step's overhead
+                self.costs.observe_decode(record, pure)
+
+    def _learn_step(self, rounds, k: int, t: StepRecord, depth_per_request: bool, allocation) -> None:
+        """A pure timed step's decode cost (`observe`): an allocation's, a steady step's, or its parts'."""
+        depths = [r.depth for r in rounds]
+        proposes = min(depths) >= k                   # every request proposes k
+        verified = {r.verified for r in rounds}
+        steady = proposes and verified == {k} and {r.held for r in rounds} == {k}
+        committed = sum([r.num_tokens for r in rounds])
+        # the modules the draft round ran: requests held deeper than k catch theirs up
+        held = max(k, max(depths)) if depth_per_request else k
+        if allocation is not None:
+            self.costs.observe_allocation(allocation, 1e3 * (t.verify_s + t.draft_s), committed)
+        elif steady:
+            self.observe_step(k, len(rounds), 1e3 * (t.verify_s + t.draft_s), committed,
+                              verify_ms=1e3 * t.verify_s, draft_depth=held)
+        elif proposes and len(verified) == 1:
+            self.costs.observe_parts(verified.pop(), held, len(rounds), 1e3 * t.verify_s, 1e3 * t.draft_s)
 
     def observe_step(self, k: int, batch_size: int, step_ms: float, num_tokens: int | None = None,
                      verify_ms: float | None = None, draft_depth: int | None = None) -> None:
@@ -381,8 +385,7 @@ class AutoDraftLength:
         return self.estimates.mix(ages) if ages is not None else self.age_mix
 
     def choose(self, batch_size: int, max_k: int | None = None, ages=None) -> int:
-        """decide(batch_size, max_k, ages).k: the k the next step would propose (no state changes)."""
-        return self.decide(batch_size, max_k, ages).k
+        return self.decide(batch_size, max_k, ages).k     # the k the next step would propose (a query)
 
     def commit(self, choice: StepChoice) -> None:
         """Apply a step's decision (from `decide` on the current state): the k in use, the step
@@ -444,8 +447,7 @@ class AutoDraftLength:
         return DepthChoice(want if streak >= self.patience else current, current)
 
     def depth(self, *args, **kwargs) -> int:
-        """decide_depth(*args, **kwargs).depth (no state changes)."""
-        return self.decide_depth(*args, **kwargs).depth
+        return self.decide_depth(*args, **kwargs).depth      # no state changes
 
     def commit_depth(self, choice: DepthChoice) -> None:
         """Count a running depth's vote of this step, or an admitted request's exploring spend
@@ -474,22 +476,20 @@ class AutoDraftLength:
 
     def observe_round(self, num_draft_tokens: int, num_accepted: int, key=None,
                       age: int | None = None) -> None:
-        """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) were verified
-        given every earlier one was accepted; the first num_accepted were accepted. key: the
-        request's (its own counts, request_acceptance), None: engine-wide only; age: its output
-        tokens before the round (its age bucket: acceptance.py; None: engine-wide only)."""
+        """One request's round: drafts 1 .. min(num_accepted + 1, num_draft_tokens) verified given
+        every earlier one accepted, the first num_accepted accepted. key: the request's (its own
+        counts), None: engine-wide only; age: its output tokens before it (acceptance.py)."""
         n = min(num_accepted + 1, num_draft_tokens)
         if key is not None and self.per_request:
             self.per_request_k.observe(key, num_draft_tokens, n, num_accepted)
         self.estimates.observe(n, num_accepted, age)
 
     def record(self, k: int, batch_size: int | None = None, ages=None) -> None:
-        """A decode step of batch_size requests (None: not counted per bucket) chose k (called
-        before its rounds are observed): count it, discount the acceptance counts (an estimate no
-        round updates drifts back to the prior: module doc); ages: its requests' output tokens,
-        whose shares per age bucket enter `age_mix`, an EMA of weight 1 - decay from equal shares
-        (the decisions' mix: steady over the waves of young requests admitted together, the first
-        included, so that a depth, which never rises again, is not lowered for their first rounds)."""
+        """A decode step of batch_size requests (None: not counted per bucket) chose k (before its
+        rounds are observed): count it, discount the acceptance counts (module doc); ages: its
+        requests' output tokens, whose shares per age bucket enter `age_mix`, an EMA of weight
+        1 - decay from equal shares (steady over the waves of young requests admitted together,
+        so that a depth, which never rises again, is not lowered for their first rounds)."""
         self.histogram[k] += 1
         if batch_size:
             self.costs.cost_log.count_decode_step(batch_size)

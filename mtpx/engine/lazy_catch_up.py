@@ -48,6 +48,8 @@ class LazyCatchUp:
                                 dtype=p.dtype, device=p.device)
         # a lagging slot's Drafts.num_final (constant while it lags: its modules do not move); else NONE
         self.final = torch.full((cache.rows + 1,), NONE, dtype=torch.long, device=p.device)
+        self.final_host: dict[int, int] = {}  # lagging slot -> its `final` (host copy, read every step)
+        self._flat = self.ring.view(-1, self.ring.shape[-1])     # [(rows + 1) * window, hidden]
         self.behind: dict[int, int] = {}      # batch slot -> module 1's first position not computed
         self.depth: dict[int, int] = {}       # lagging slot -> the depth its `final` was taken at
         self.num_module_tokens = 0            # positions x modules the catch-up rounds ran (StepTiming)
@@ -62,6 +64,7 @@ class LazyCatchUp:
         if self.behind.pop(row, None) is not None:
             self.final[row] = NONE
         self.depth.pop(row, None)
+        self.final_host.pop(row, None)
 
     def lagging(self, rows: list[int]) -> list[int]:
         """Indices into `rows` (batch slots) whose modules are behind."""
@@ -69,13 +72,14 @@ class LazyCatchUp:
 
     def hold(self, rows: torch.Tensor, rows_host: list[int], depths: list[int], n_host: list[int],
              accepted: torch.Tensor, hidden: torch.Tensor, num_tokens: torch.Tensor,
-             n: torch.Tensor | None = None) -> torch.Tensor:
+             n: torch.Tensor | None = None) -> list[int]:
         """A step without drafts for the B requests in rows [B] (host copies rows_host, depths,
         n_host: each verification window's first position n; n: its device copy [>= B], or None):
         rows of depth > 0 fall behind (or further behind); one whose ring would overflow catches
         up over [behind, n) first; the target hidden states of the window's kept positions
-        n .. n + accepted (hidden [B', T, H], accepted [B]) go to the ring. -> Drafts.num_final [B]
-        (Speculator.hold; num_tokens [B]: known tokens after the step).
+        n .. n + accepted (hidden [B', T, H], accepted [B]) go to the ring. -> Drafts.num_final of
+        each of the B rows, host ints (Speculator.hold; NONE: not lagging; num_tokens [B]: known
+        tokens after the step).
 
         A slot already behind at the same depth only has its window written (one index_copy_
         for a 1-token window): its modules' marks and num_final do not change while it lags
@@ -102,12 +106,20 @@ class LazyCatchUp:
             idx = torch.tensor(fresh, device=rows.device)
             sub = rows[idx]
             depth = torch.tensor([depths[b] for b in fresh], device=rows.device)
-            self.final[sub] = self.speculator.hold(sub, depth, num_tokens[idx])
+            final = self.speculator.hold(sub, depth, num_tokens[idx])
+            self._set_final(sub, [rows_host[b] for b in fresh], final)
             for b in fresh:
                 behind.setdefault(rows_host[b], n_host[b])
                 held[rows_host[b]] = depths[b]
         self._write(rows, rows_host, depths, n_host, accepted, hidden, n)
-        return self.final[rows[:B]]
+        get = self.final_host.get
+        return [get(row, NONE) for row in rows_host[:B]]
+
+    def _set_final(self, rows: torch.Tensor, rows_host: list[int], final: torch.Tensor) -> None:
+        """The lagging slots rows [R] (host copies rows_host) keep Drafts.num_final `final` [R]
+        while they lag (one device -> host copy when a slot starts to lag or changes depth)."""
+        self.final[rows] = final
+        self.final_host.update(zip(rows_host, final.tolist()))
 
     def _write(self, rows, rows_host, depths, n_host, accepted, hidden, n) -> None:
         """ring[slot, j % window] = h_j for the window's kept positions j = n .. n + accepted of
@@ -116,8 +128,7 @@ class LazyCatchUp:
         dev = rows.device
         if T == 1:          # the step of plain decoding's shape: one host-built index, one copy
             flat = [(row if d else pad) * W + j % W for row, d, j in zip(rows_host, depths, n_host)]
-            flat = torch.tensor(flat, device=dev)
-            self.ring.view(-1, self.ring.shape[-1]).index_copy_(0, flat, hidden[:B, 0])
+            self._flat.index_copy_(0, torch.tensor(flat, device=dev), hidden[:B, 0])
             return
         t = torch.arange(T, device=dev)
         depth = torch.tensor(depths, device=dev)
@@ -146,7 +157,8 @@ class LazyCatchUp:
         deep = [b for b, d in enumerate(depths) if d]
         if deep:
             idx = torch.tensor(deep, device=dev)
-            self.final[rows[idx]] = self.speculator.hold(rows[idx], batch.depth[idx], batch.num_tokens[idx])
+            self._set_final(rows[idx], [rows_host[b] for b in deep],
+                            self.speculator.hold(rows[idx], batch.depth[idx], batch.num_tokens[idx]))
             for b in deep:
                 self.behind.setdefault(rows_host[b], starts[b])
                 self.depth[rows_host[b]] = depths[b]
@@ -164,6 +176,7 @@ class LazyCatchUp:
         dev, t0, before = rows.device, self.now(), self.num_module_tokens
         for b in which:
             self.depth.pop(rows_host[b], None)
+            self.final_host.pop(rows_host[b], None)
         start = [self.behind.pop(rows_host[b]) for b in which]
         self.final[rows[torch.tensor(which, device=dev)]] = NONE
         n = [n_host[b] for b in which]

@@ -428,7 +428,7 @@ class ModelRunner:
         t1 = t2 = self._now()
         num_tokens = n[:B] + accepted + 2                                   # known after this step
         final = n[:B] + accepted + 1                                        # target KV final below
-        drafts = None
+        drafts = caps = None
         if drafting:
             if lagging := self.lazy.lagging(rows_host[:len(depths)]):     # modules behind catch up first
                 self.lazy.catch_up(rows, rows_host, depths, n_host, lagging)
@@ -442,9 +442,8 @@ class ModelRunner:
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()
         elif self.speculator is not None and max(depths) > 0:       # the modules fall behind
-            held = self.lazy.hold(rows[:B], rows_host, depths, n_host, accepted, h, num_tokens, n)
-            final = torch.minimum(final, held)
-        self._decode_results(decodes, results, emitted, accepted, final, drafts, shapes, gaps, lps)
+            caps = self.lazy.hold(rows[:B], rows_host, depths, n_host, accepted, h, num_tokens, n)
+        self._decode_results(decodes, results, emitted, accepted, final, drafts, shapes, gaps, lps, caps)
         spent = 0.0 if self.lazy is None else self.lazy.spent[0] - spent      # catch-up: StepTiming's own
         return self._now() - t0 - (t2 - t1) - spent, t2 - t1
 
@@ -464,21 +463,20 @@ class ModelRunner:
         self.step.commit(torch.cat([accepted, accepted.new_zeros(shapes.padded_batch - shapes.batch)]), save)
 
     def _decode_results(self, decodes, results: dict, emitted, accepted, final, drafts: Drafts | None,
-                        shapes: StepShapes, gaps, lps) -> None:
+                        shapes: StepShapes, gaps, lps, caps: list[int] | None = None) -> None:
         """One RequestResult per decode, from one device -> host transfer of the emitted tokens,
-        accepted counts, next drafts and final positions."""
+        accepted counts, next drafts and final positions (at most caps[b]: a lagging row's)."""
         B, T, k = shapes.batch, shapes.window, self.num_speculative_tokens
         parts = [emitted, accepted[:, None]]
-        if k:
-            parts.append(drafts.tokens[:B] if drafts is not None
-                         else torch.zeros(B, k, dtype=torch.long, device=self.device))
+        if k and drafts is not None:     # a step without drafts: none packed (every request keeps 0)
+            parts.append(drafts.tokens[:B])
         parts.append(final[:, None])
         packed = torch.cat(parts, 1).tolist()       # the step's one device -> host transfer
         q = None if drafts is None else drafts.probs
         for b, d in enumerate(decodes):
             row = packed[b]
             m = row[T]
-            self._result(results, d, row[: m + 1], d.num_draft_tokens, m, row[T + 1: T + 1 + k],
-                         None if q is None else q[b], row[-1],
+            self._result(results, d, row[: m + 1], d.num_draft_tokens, m, row[T + 1: -1],
+                         None if q is None else q[b], row[-1] if caps is None else min(row[-1], caps[b]),
                          gaps[b][: m + 1] if gaps is not None else None,
                          lps[b][: m + 1] if lps is not None and lps[b] is not None else None)
