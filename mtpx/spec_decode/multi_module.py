@@ -103,33 +103,13 @@ class MultiModuleMTPSpeculator:
         up to n - k, over its re-prefill start (their stale positions are redone). Modules
         beyond a row's depth cover nothing. Speculator.plan's contract."""
         plan = DraftPlan([], [])
-        for start, end in self.bounds(batch):
+        for start, end in module_bounds(self, batch):
             if batch.num_columns is None and not bool((end > start).any()):
                 break                        # dynamic: this module and the later ones idle
             plan.metas.append(module_meta(cache, start, end - start, batch.rows, batch.num_columns,
                                           batch.num_blocks))
             plan.computed.append(end)
         return plan
-
-    def bounds(self, batch: DraftBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(start_k, end_k) [B] int64 of every module of the round, k = 1 .. (`plan`'s rule, none
-        left out: tree drafting runs a module over its nodes even where its catch-up is empty)."""
-        b = batch
-        n = b.num_tokens - 1
-        end = b.target_end
-        drafted = b.depth if b.drafts is None else b.drafts
-        out = []
-        last = self.num_speculative_tokens if b.num_modules is None else b.num_modules
-        for module in range(1, last + 1):
-            kept = module <= b.depth
-            computed = self.computed[b.rows, module - 1]
-            end = torch.where(b.is_drafting & (module <= drafted + 1), n,
-                              torch.minimum(end, b.num_tokens - module)).clamp(min=0)
-            end = torch.where(kept, end, computed)
-            redo = torch.minimum(computed, n - module) if self.reprefill else computed
-            start = torch.where(b.is_drafting & kept, redo, computed).clamp(min=0)
-            out.append((torch.minimum(start, end), end))
-        return out
 
     def propose(self, cache: ModelCache, batch: DraftBatch, plan: DraftPlan | None = None) -> Drafts:
         """Speculator.propose: module k reads module k-1's outputs of this round (or, before
@@ -158,3 +138,25 @@ class MultiModuleMTPSpeculator:
         drafts += [torch.zeros_like(n)] * (self.num_speculative_tokens - len(drafts))
         return Drafts(torch.stack(drafts, dim=1), getattr(b.sampler, "q", None),
                       self._num_final(b.rows, b.depth, b.num_tokens))
+
+
+def module_bounds(spec: MultiModuleMTPSpeculator, batch: DraftBatch
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(start_k, end_k) [B] int64 of every module of `spec`'s round, k = 1 .. (`plan`'s rule, none
+    left out: tree drafting runs a module over its nodes even where its catch-up is empty)."""
+    b = batch
+    n = b.num_tokens - 1
+    end = b.target_end
+    drafted = b.depth if b.drafts is None else b.drafts
+    out = []
+    last = spec.num_speculative_tokens if b.num_modules is None else b.num_modules
+    for module in range(1, last + 1):
+        kept = module <= b.depth
+        computed = spec.computed[b.rows, module - 1]
+        end = torch.where(b.is_drafting & (module <= drafted + 1), n,
+                          torch.minimum(end, b.num_tokens - module)).clamp(min=0)
+        end = torch.where(kept, end, computed)
+        redo = torch.minimum(computed, n - module) if spec.reprefill else computed
+        start = torch.where(b.is_drafting & kept, redo, computed).clamp(min=0)
+        out.append((torch.minimum(start, end), end))
+    return out

@@ -39,7 +39,7 @@ from mtpx.attention import tree_kernel
 from mtpx.attention.tree_attention import node_meta
 from mtpx.cache.model_cache import ModelCache, put_rows
 from mtpx.spec_decode.common import gather_hidden, last_valid, run_module
-from mtpx.spec_decode.multi_module import MultiModuleMTPSpeculator
+from mtpx.spec_decode.multi_module import MultiModuleMTPSpeculator, module_bounds
 from mtpx.spec_decode.protocol import DraftBatch, DraftPlan, Drafts
 from mtpx.spec_decode.single_module import SingleModuleMTPSpeculator
 from mtpx.spec_decode.tree import DynamicTree, TreeShape, ancestor_mask
@@ -204,7 +204,7 @@ class TreeSpeculator:
         g = self._round(rows.shape[0], n.device)
         prev, prev_start, prev_len = b.target_hidden, b.target_start[:, None], None
         M, done, idle = None, [], False
-        for L, (start, end) in enumerate(base.bounds(b), start=1):
+        for L, (start, end) in enumerate(module_bounds(base, b), start=1):
             idle = idle or not bool((end > start).any())         # MultiModuleMTPSpeculator.plan's break
             length = torch.zeros_like(start) if idle else end - start
             meta = cache.meta(start, length, rows)
