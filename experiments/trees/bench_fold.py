@@ -12,7 +12,6 @@ Writes fold.json and fold.md into --out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,11 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench_trees import MTP8_SMALL, MTP8_TREE  # noqa: E402
+from bench_trees import MTP8_SMALL, MTP8_TREE, load_prompts, run_stats, write_results  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
-from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
-from mtpx.data.humaneval import load_humaneval  # noqa: E402
-from mtpx.schema import data_dir  # noqa: E402
 from mtpx.spec_decode import tree_draft  # noqa: E402
 
 SPECS = {"plain": (None, None), "mtp8 chain k=8": (8, None), "mtp8 tree chain8+1 (9)": (None, MTP8_SMALL),
@@ -44,12 +40,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="/tmp/bench_fold")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    root = data_dir(ROOT / "conf")
-    if args.data == "gsm8k":
-        prompts = [format_prompt(r["question"]) for r in load_gsm8k(root / "gsm8k" / "test.jsonl")]
-    else:
-        prompts = [r["prompt"] for r in load_humaneval(root / "humaneval" / "HumanEval.jsonl.gz")]
-    prompts = prompts[: args.num_prompts]
+    prompts = load_prompts(args.data, args.num_prompts)
     chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
     params = SamplingParams(max_tokens=args.max_tokens)
     llms = {name: LLM(model=args.model, spec=None if name == "plain" else "mtp8", num_speculative_tokens=k,
@@ -76,20 +67,13 @@ def main(argv=None) -> int:
              "| --- | --- | ---: | ---: | ---: | ---: |"]
     summary = []
     for run in runs:
-        p = per[run]
-        tps = p["tokens"] / p["seconds"]
-        al = 1 + p["accepted"] / p["rounds"] if p["rounds"] else 1.0
-        diff = sum(a != b for a, b in zip(p["outputs"], per[("plain", True)]["outputs"]))
+        tps, al, diff = run_stats(per[run], per[("plain", True)])
         mode = "-" if SPECS[run[0]][1] is None else "one forward per module" if run[1] else "two forwards"
         summary.append(dict(contender=run[0], drafting=mode, tok_s=round(tps, 2),
                             vs_chain=round(tps / chain_tps, 3), acceptance_length=round(al, 3),
                             differing=diff))
         table.append(f"| {run[0]} | {mode} | {al:.2f} | {tps:.1f} | {tps / chain_tps:.2f}x | {diff} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fold.json").write_text(json.dumps(dict(args=vars(args), results=summary), indent=1) + "\n")
-    (out / "fold.md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    write_results(args, "fold", summary, table)
     return 0
 
 

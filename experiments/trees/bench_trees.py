@@ -55,6 +55,33 @@ CONTENDERS = {          # name: (spec, num_speculative_tokens, tree)
 }
 
 
+
+def load_prompts(data: str, num: int) -> list[str]:
+    """The first `num` prompts of GSM8K test ("gsm8k") or HumanEval ("humaneval") from the data folder."""
+    root = data_dir(ROOT / "conf")
+    if data == "gsm8k":
+        prompts = [format_prompt(r["question"]) for r in load_gsm8k(root / "gsm8k" / "test.jsonl")]
+    else:
+        prompts = [r["prompt"] for r in load_humaneval(root / "humaneval" / "HumanEval.jsonl.gz")]
+    return prompts[:num]
+
+
+def run_stats(p: dict, plain: dict) -> tuple[float, float, int]:
+    """(output tok/s, acceptance length, requests differing from plain) of one contender's totals
+    p (tokens, seconds, accepted, rounds, outputs) against plain decoding's."""
+    tps = p["tokens"] / p["seconds"]
+    al = 1 + p["accepted"] / p["rounds"] if p["rounds"] else 1.0
+    return tps, al, sum(a != b for a, b in zip(p["outputs"], plain["outputs"]))
+
+
+def write_results(args, stem: str, results, table: list[str]) -> None:
+    """args.out/STEM.json (the arguments and results) and STEM.md (the table), and print the table."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(dict(args=vars(args), results=results), indent=1) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(table) + "\n")
+    print("\n".join(table))
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
@@ -69,12 +96,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "experiments" / "trees"))
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    root = data_dir(ROOT / "conf")
-    if args.data == "gsm8k":
-        prompts = [format_prompt(r["question"]) for r in load_gsm8k(root / "gsm8k" / "test.jsonl")]
-    else:
-        prompts = [r["prompt"] for r in load_humaneval(root / "humaneval" / "HumanEval.jsonl.gz")]
-    prompts = prompts[: args.num_prompts]
+    prompts = load_prompts(args.data, args.num_prompts)
     chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
     params = SamplingParams(max_tokens=args.max_tokens)
     names = [n for n in CONTENDERS if n == "plain" or not args.only or n in args.only]
@@ -107,21 +129,15 @@ def main(argv=None) -> int:
     summary = {}
     for name in names:
         p = per[name]
-        tps = p["tokens"] / p["seconds"]
-        al = 1 + p["accepted"] / p["rounds"] if p["rounds"] else 1.0
+        tps, al, diff = run_stats(p, per["plain"])
         dpr = p["drafts"] / p["rounds"] if p["rounds"] else 0.0
-        diff = sum(a != b for a, b in zip(p["outputs"], per["plain"]["outputs"]))
         summary[name] = dict(tok_s=round(tps, 2), vs_plain=round(tps / base, 3),
                              acceptance_length=round(al, 3),
                              drafts_per_round=round(dpr, 2), differing=diff)
         mode = "compiled" if args.compile else "eager"
         summary[name].update(step=mode, **built[name])
         table.append(f"| {name} | {mode} | {dpr:.1f} | {al:.2f} | {tps:.1f} | {tps / base:.2f}x | {diff} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "trees.json").write_text(json.dumps(dict(args=vars(args), results=summary), indent=1) + "\n")
-    (out / "trees.md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+    write_results(args, "trees", summary, table)
     return 0
 
 
