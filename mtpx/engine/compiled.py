@@ -67,7 +67,7 @@ def propose_planned(speculator, cache, plan, rows, num_tokens, target_end, is_dr
     return drafts.tokens, drafts.num_final
 
 
-def _mark_batch(*tensors: torch.Tensor) -> None:
+def mark_batch(*tensors: torch.Tensor) -> None:
     # maybe_: code after a graph break (MoE experts, FlashInfer, the check_invariants guard) may
     # specialize a size; its frame then recompiles once as dynamic (automatic dynamic shapes)
     for t in tensors:
@@ -75,7 +75,7 @@ def _mark_batch(*tensors: torch.Tensor) -> None:
 
 
 def _mark_meta_table(block_table: torch.Tensor) -> None:
-    _mark_batch(block_table)
+    mark_batch(block_table)
     torch._dynamo.maybe_mark_dynamic(block_table, 1)
 
 
@@ -88,11 +88,11 @@ def _mark_window(*tensors: torch.Tensor) -> None:
 
 
 def _mark_meta(meta: ForwardMeta) -> None:
-    _mark_batch(meta.positions, meta.valid, meta.rows, meta.slot_mapping, meta.block_table)
+    mark_batch(meta.positions, meta.valid, meta.rows, meta.slot_mapping, meta.block_table)
     _mark_window(meta.positions, meta.valid, meta.slot_mapping)
     torch._dynamo.maybe_mark_dynamic(meta.block_table, 1)
     if meta.packed is not None:     # a ragged window's tokens: one graph for every count
-        _mark_batch(meta.packed)
+        mark_batch(meta.packed)
 
 
 class CompiledDecode:
@@ -155,19 +155,12 @@ class CompiledDecode:
             self.precompile_dir = mtpx_cache_dir() / "precompiled" / precompile_key(self._key_parts(options))
             self.cache_dir = str(self.precompile_dir)
 
-        def compile_(fn):
-            fn = _own_code(fn)
-            if self.precompile_dir is not None:
-                return Precompiled(fn, self.precompile_dir, backend, options, self._patches,
-                                   self._persistent_tensors, self._mark_persistent)
-            return torch.compile(fn, backend=backend, mode=mode, options=dict(options))   # (it pops keys)
-
-        self._compile_fn, self._draft_masked = compile_, None
-        self._verify = compile_(verify_forward)
+        self._options, self._draft_masked = options, None
+        self._verify = self.compile(verify_forward)
         self._draft = (None if speculator is None else
-                       compile_(plan_and_draft if self.plan_in_graph else propose_planned))
+                       self.compile(plan_and_draft if self.plan_in_graph else propose_planned))
         has_windows = speculator is not None and bool(cache.recurrent)
-        self._commit = compile_(commit_windows) if has_windows else None
+        self._commit = self.compile(commit_windows) if has_windows else None
         if self.precompile_dir is None:
             self._mark_persistent()
 
@@ -243,7 +236,18 @@ class CompiledDecode:
             return 1
         return 2 + bool(self.cache.recurrent)
 
-    def _call(self, name: str, fn, args: tuple, mark):
+    def compile(self, fn, subfolder: str | None = None, options: dict | None = None):
+        """fn compiled as this step's graphs are (its own code object; saved and loaded under the
+        step's precompile folder, or `subfolder` of it, where graphs are saved), with the step's
+        torch.compile options unless `options` is given."""
+        fn, options = _own_code(fn), self._options if options is None else options
+        if self.precompile_dir is not None:
+            folder = self.precompile_dir if subfolder is None else self.precompile_dir / subfolder
+            return Precompiled(fn, folder, self.backend, options, self._patches, self._persistent_tensors,
+                               self._mark_persistent)
+        return torch.compile(fn, backend=self.backend, mode=self.mode, options=dict(options))   # (pops keys)
+
+    def call(self, name: str, fn, args: tuple, mark):
         """fn(*args), reported as `name` if it builds a graph; mark() applies the arguments'
         dimension marks (before every call of a torch.compile'd function; a precompiled one
         applies them only to compile)."""
@@ -259,7 +263,7 @@ class CompiledDecode:
         """verify_forward compiled (its contract)."""
         if self.cuda:
             torch.compiler.cudagraph_mark_step_begin()
-        return self._call(f"verify ({meta.positions.shape[1]}-token window)", self._verify,
+        return self.call(f"verify ({meta.positions.shape[1]}-token window)", self._verify,
                           (self.model, self.cache, meta), lambda: _mark_meta(meta))
 
     @torch.inference_mode()
@@ -281,7 +285,7 @@ class CompiledDecode:
             if self.cuda or not (self.plan_in_graph and draft_op.in_graph(batch.sampler)):
                 return self.speculator.propose(self.cache, batch)
             if self._draft_masked is None:      # argmax drafts under the grammar mask, compiled
-                self._draft_masked = self._compile_fn(draft_op.plan_and_draft_masked)
+                self._draft_masked = self.compile(draft_op.plan_and_draft_masked)
             with draft_op.active(batch.sampler):
                 return self._draft_round(dataclasses.replace(batch, sampler=None), self._draft_masked)
         k, b = self.speculator.num_speculative_tokens, batch
@@ -301,23 +305,23 @@ class CompiledDecode:
         block_table = b.block_table
         if self.plan_in_graph:
             def mark():
-                _mark_batch(*per_row, b.target_hidden)
+                mark_batch(*per_row, b.target_hidden)
                 _mark_window(b.target_hidden)
                 _mark_meta_table(block_table)
             args = (self.speculator, self.cache, block_table, *per_row, b.target_hidden, b.num_columns,
                     num_drafts, b.num_modules)
-            tokens, num_final = self._call(name, self._draft if masked is None else masked, args, mark)
+            tokens, num_final = self.call(name, self._draft if masked is None else masked, args, mark)
         else:
             plan = self.speculator.plan(self.cache, DraftBatch(*per_row[:6], b.target_hidden, num_drafts,
                                                                b.num_modules, b.num_columns, block_table,
                                                                drafts=drafts))
 
             def mark_eager_plan():
-                _mark_batch(*per_row, b.target_hidden)
+                mark_batch(*per_row, b.target_hidden)
                 _mark_window(b.target_hidden)
                 for m in plan.metas:
                     _mark_meta(m)
-            tokens, num_final = self._call(name, self._draft, (self.speculator, self.cache, plan, *per_row,
+            tokens, num_final = self.call(name, self._draft, (self.speculator, self.cache, plan, *per_row,
                                                                b.target_hidden), mark_eager_plan)
         return Drafts(tokens, None, num_final)
 
@@ -333,6 +337,6 @@ class CompiledDecode:
         if save is not None:
             for c in self.cache.recurrent:
                 c.save_window_blocks(save)
-        self._call(f"commit ({groups[0].pending_len}-token window)", self._commit, (self.cache, index),
-                   lambda: _mark_batch(index, *(g.pending_rows for g in groups)))
+        self.call(f"commit ({groups[0].pending_len}-token window)", self._commit, (self.cache, index),
+                   lambda: mark_batch(index, *(g.pending_rows for g in groups)))
         self.cache.clear_pending()

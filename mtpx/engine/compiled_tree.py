@@ -27,8 +27,7 @@ import torch
 
 from mtpx.attention.meta import ForwardMeta
 from mtpx.attention.tree_attention import TreeAttention, node_meta
-from mtpx.engine.compiled import _mark_batch
-from mtpx.engine.precompile import Precompiled, own_code
+from mtpx.engine.compiled import mark_batch
 from mtpx.models.tree_forward import TreeStates, tree_forward
 from mtpx.spec_decode.tree import ancestor_mask
 
@@ -70,15 +69,9 @@ class TreeVerify:
         self.parents, self.depths = spec.parents[:T].clone(), spec.depths[:T].clone()   # [T] int64
         self.ancestors = ancestor_mask(self.parents[None], D)[0]                       # [T, T] bool
         self.name = f"tree verify ({T}-node window)"
-        options = {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe}
-        if step.precompile_dir is not None:
-            paths = json.dumps([list(p) for p in spec.shape.paths])
-            folder = step.precompile_dir / f"tree_{hashlib.sha256(paths.encode()).hexdigest()[:12]}"
-            self.fn = Precompiled(own_code(tree_verify_forward), folder, step.backend, options, step._patches,
-                                  step._persistent_tensors, step._mark_persistent)
-        else:
-            self.fn = torch.compile(own_code(tree_verify_forward), backend=step.backend, mode=step.mode,
-                                    options=options)
+        paths = json.dumps([list(p) for p in spec.shape.paths])
+        self.fn = step.compile(tree_verify_forward, f"tree_{hashlib.sha256(paths.encode()).hexdigest()[:12]}",
+                               {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
         step.progress.expected = len(step.progress.records) + 1    # the chain's graphs never run
 
     def __call__(self, model, cache, ids, n, rows, nd, levels) -> tuple[torch.Tensor, torch.Tensor,
@@ -90,12 +83,12 @@ class TreeVerify:
         args = (model, cache, data, self.parents, self.depths, self.ancestors, levels)
 
         def mark():
-            _mark_batch(data)
+            mark_batch(data)
             torch._dynamo.mark_static(data, 1)
             for t in args[3:6]:
                 torch._dynamo.mark_static(t)
         with torch.inference_mode():
-            h, logits, kept = self.step._call(self.name, self.fn, args, mark)
+            h, logits, kept = self.step.call(self.name, self.fn, args, mark)
         return h, logits, [TreeStates(*x) for x in kept]
 
 

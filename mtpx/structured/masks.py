@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from mtpx.structured.drafts import _batch
+from mtpx.structured.drafts import batch_matcher
 
 
 class _Matcher:
@@ -88,15 +88,15 @@ class GrammarMasks:
         T, V = (logits.shape[1] if logits.dim() == 3 else 1), logits.shape[-1]
         bitmask = xgr.allocate_token_bitmask(len(reqs) * T, V)           # all allowed
         masked = []                                                      # flat rows masked
-        walking = [(b, m, drafts[b] if drafts is not None else []) for b in rows
-                   if (m := self.matcher(reqs[b])) is not None]
+        matchers = {b: m for b in rows if (m := self.matcher(reqs[b])) is not None}
+        walking = [(b, m, drafts[b] if drafts is not None else []) for b, m in matchers.items()]
         advanced = dict.fromkeys(range(len(reqs)), 0)
         for j in range(T):                   # column j of every walking row in one xgrammar call
             walking = [w for w in walking if not w[1].is_terminated()]
             if not walking:
                 break
             flat = [b * T + j for b, _, _ in walking]
-            _batch().batch_fill_next_token_bitmask([m for _, m, _ in walking], bitmask, flat)
+            batch_matcher().batch_fill_next_token_bitmask([m for _, m, _ in walking], bitmask, flat)
             masked += flat
             walking = [w for w in walking if j < len(w[2])]       # no draft: the window ends
             ok = xgr.BatchGrammarMatcher.batch_accept_token([m for _, m, _ in walking],
@@ -104,9 +104,9 @@ class GrammarMasks:
             walking = [w for w, a in zip(walking, ok) if a]      # a forbidden draft ends it too
             for b, _, _ in walking:
                 advanced[b] += 1
-        for b in rows:
+        for b, m in matchers.items():
             if advanced[b]:
-                self._matchers[reqs[b].index].matcher.rollback(advanced[b])
+                m.rollback(advanced[b])
         bitmask = bitmask.to(logits.device)
         out = logits.float().clone().view(-1, V)
         if masked:                                    # only the masked columns are read
