@@ -23,6 +23,7 @@ from mtpx.data.chat import has_chat_template, interleave_categories, load_questi
 from mtpx.data.gsm8k import extract_reference_answer, format_example, format_prompt, load_gsm8k
 from mtpx.data.humaneval import load_humaneval
 from mtpx.data.random_prompts import random_token_ids, special_token_ids
+from mtpx.data.stdlib import stdlib_dir, stdlib_files
 
 __all__ = [
     "Prompt",
@@ -148,6 +149,24 @@ def _header_spans(relpath: str) -> tuple[tuple[int, int], ...]:
     return tuple(spans)
 
 
+def _split_files(split: str) -> list[str]:
+    """The stdlib files (relative paths) of a built-in split whose definitions parse here."""
+    if split == "test":
+        return list(STDLIB_HELDOUT_MODULES)
+    if split != "train":
+        raise ValueError(f"data.split={split!r}: the built-in set's split is 'test' (held-out modules) or "
+                         "'train' (the other stdlib files)")
+    root, rels = stdlib_dir(), []
+    for path in stdlib_files():
+        rel = path.relative_to(root).as_posix()
+        try:
+            _header_spans(rel)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue  # a file written for another Python version, or not UTF-8
+        rels.append(rel)
+    return rels
+
+
 def _cut_prompt(lines: list[str], first: int, last: int, max_chars: int) -> str:
     """Header lines ``first..last`` plus as many whole preceding lines as fit in ``max_chars``."""
     header = lines[first : last + 1]
@@ -162,8 +181,12 @@ def _cut_prompt(lines: list[str], first: int, last: int, max_chars: int) -> str:
     return text if text.endswith("\n") else text + "\n"
 
 
-def builtin_prompts(num_prompts: int | None, prompt_tokens_hint: int = 128) -> list[Prompt]:
-    """Deterministic code-continuation prompts cut from ``STDLIB_HELDOUT_MODULES``.
+def builtin_prompts(num_prompts: int | None, prompt_tokens_hint: int = 128,
+                    split: str = "test") -> list[Prompt]:
+    """Deterministic code-continuation prompts cut from ``STDLIB_HELDOUT_MODULES`` (split "test")
+    or from the other stdlib files, the ones mode=train's "stdlib" source reads (split "train":
+    ``mtpx.data.stdlib.stdlib_files()``, e.g. code prompts for mode=distill that share no file
+    with the evaluation's; files that do not parse on this Python are skipped).
 
     Prompts are taken round-robin over the files (the 1st definition of each file, then the 2nd,
     ...), so a small set spans many files. The same interpreter always gives the same prompts;
@@ -171,21 +194,23 @@ def builtin_prompts(num_prompts: int | None, prompt_tokens_hint: int = 128) -> l
     no files outside the Python install.
 
     Args:
-        num_prompts: how many prompts; None = all (several hundred).
+        num_prompts: how many prompts; None = all (several hundred for "test").
         prompt_tokens_hint: target prompt length in tokens, converted at ``CHARS_PER_TOKEN``
             characters per token; a header longer than that is kept whole.
+        split: "test" (the held-out modules) or "train" (every other library file).
 
     Returns:
         ``num_prompts`` prompts with category "code" and no answer.
 
     Raises:
-        ValueError: ``num_prompts`` < 1 or more than there are, or ``prompt_tokens_hint`` < 1.
+        ValueError: ``num_prompts`` < 1 or more than there are, ``prompt_tokens_hint`` < 1, or
+            an unknown ``split``.
         FileNotFoundError: a held-out source file is missing from the install.
     """
     if prompt_tokens_hint < 1:
         raise ValueError(f"prompt_tokens_hint must be >= 1 token, got {prompt_tokens_hint}")
     max_chars = prompt_tokens_hint * CHARS_PER_TOKEN
-    per_file = [(_stdlib_source(rel), _header_spans(rel)) for rel in STDLIB_HELDOUT_MODULES]
+    per_file = [(_stdlib_source(rel), _header_spans(rel)) for rel in _split_files(split)]
     available = sum(len(spans) for _, spans in per_file)
     if num_prompts is None:
         num_prompts = available
@@ -212,7 +237,9 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer
         data_cfg: the ``data`` section (OmegaConf ``DictConfig`` or mapping); ``name`` is one of
             ``DATA_SETS``:
 
-            - "builtin": optional ``prompt_tokens`` (the length hint, default 128); category "code".
+            - "builtin": optional ``prompt_tokens`` (the length hint, default 128) and ``split``
+              ("test": the held-out modules, default; "train": the other stdlib files);
+              category "code".
             - "gsm8k": ``path`` (a GSM8K JSONL file); prompts are ``format_prompt(question)`` with
               the reference final answer, category "gsm8k"; optional ``num_fewshot``: prepend that
               many solved examples from ``fewshot_path`` (the train split), separated by blank
@@ -244,7 +271,8 @@ def load_prompts(data_cfg: Mapping[str, Any], num_prompts: int | None, tokenizer
     """
     name = data_cfg.get("name")
     if name == "builtin":
-        return builtin_prompts(num_prompts, prompt_tokens_hint=data_cfg.get("prompt_tokens") or 128)
+        return builtin_prompts(num_prompts, prompt_tokens_hint=data_cfg.get("prompt_tokens") or 128,
+                               split=data_cfg.get("split") or "test")
     if name == "gsm8k":
         return _gsm8k_prompts(data_cfg, num_prompts, num_prompts_key)
     if name in CHAT_SETS:

@@ -19,6 +19,9 @@ class BuiltinData:
     """The prompt set's name (fixed per option)."""
     prompt_tokens: int = 128
     """Approximate prompt length in tokens."""
+    split: Literal["test", "train"] = "test"
+    """test: the held-out stdlib modules (evaluation); train: the other stdlib files (e.g. code
+    prompts for mode=distill that share no file with the evaluation's)."""
 
 
 @dataclass
