@@ -149,6 +149,28 @@ def test_builtin_prompts_deterministic():
     assert builtin_prompts(3) == builtin_prompts(30)[:3]
 
 
+def test_builtin_train_split_shares_no_file_with_the_test_split():
+    """data.split=train cuts prompts from the stdlib files training reads, round-robin over them in
+    stdlib_files' order: none from a held-out module, none equal to a test-split prompt."""
+    from mtpx.data.stdlib import stdlib_files
+    train = builtin_prompts(40, prompt_tokens_hint=64, split="train")
+    assert train == builtin_prompts(40, prompt_tokens_hint=64, split="train")
+    assert len({p.text for p in train}) == 40 and all(p.category == "code" for p in train)
+    test = {p.text for p in builtin_prompts(None, prompt_tokens_hint=64)}
+    assert not test & {p.text for p in train}
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = stdlib_files()
+    assert not {f.relative_to(root).as_posix() for f in files} & set(STDLIB_HELDOUT_MODULES)
+    texts = [f.read_text(encoding="utf-8", errors="replace") for f in files[:80]]
+    for p in train[:5]:  # round-robin: the first prompts are the first definitions of the first files
+        assert sum(p.text in t for t in texts) >= 1
+    heldout = [(root / rel).read_text(encoding="utf-8") for rel in STDLIB_HELDOUT_MODULES]
+    assert not any(p.text in t for p in train for t in heldout)
+    assert load_prompts({"name": "builtin", "split": "train", "prompt_tokens": 64}, 3) == train[:3]
+    with pytest.raises(ValueError, match="data.split='dev'"):
+        load_prompts({"name": "builtin", "split": "dev"}, 3)
+
+
 def test_builtin_prompts_bad_counts():
     with pytest.raises(ValueError, match="num_prompts=0"):
         builtin_prompts(0)

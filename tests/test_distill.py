@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 
 from mtpx import LLM, SamplingParams
 from mtpx.cli import run
@@ -242,6 +243,16 @@ def test_frozen_target_trains_heads_on_distilled_data(distilled, tiny_ckpt, tmp_
     b, a = before.state_dict(), after.state_dict()
     assert all(torch.equal(b[k], a[k]) for k in b if not k.startswith("mtp."))
     assert any(not torch.equal(b[k], a[k]) for k in b if k.startswith("mtp."))
+
+
+def test_distill_path_takes_a_list_of_folders(distilled):
+    """train.distill_path=[A,B] concatenates the folders' documents in order (a data mix)."""
+    from mtpx.train.data import load_documents, parse_data_sources
+    specs = parse_data_sources(["distill"])
+    one = load_documents(specs, distill_path=str(distilled))["distill"]
+    assert one == read_distill(distilled) and len(one) == NUM_PROMPTS
+    assert load_documents(specs, distill_path=[str(distilled), distilled])["distill"] == one + one
+    assert load_documents(specs, distill_path=OmegaConf.create([str(distilled)]))["distill"] == one
 
 
 def test_train_distill_source_errors_name_the_key(tmp_path):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from mtpx.schema.groups import _Group
 from mtpx.models.config import literal_choices
@@ -97,8 +97,9 @@ class TrainConfig(_Group):
     """mode=extract: rows (packed blocks) per shard."""
     mtp_share_fc: bool = False
     """Modules share module 0's fc and norms (Qwen3-Next layout; mtp_style=qwen3_next)."""
-    distill_path: Optional[str] = None
-    """Data source 'distill': a folder written by mode=distill (distill.out_dir)."""
+    distill_path: Any = None
+    """Data source 'distill': a folder written by mode=distill (distill.out_dir), or a list of such
+    folders whose records are concatenated (e.g. [gsm8k_answers,code_answers])."""
     autocast: Optional[Literal["bfloat16"]] = None
     """bfloat16: forward + loss in torch.autocast (weights, grads, AdamW state stay float32);
     null = float32 (float16 would need a gradient scaler)."""

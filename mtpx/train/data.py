@@ -13,7 +13,8 @@ Corpora ("sources"), chosen by the `data_sources` list of the train config:
               mtpx.data.gsm8k.format_example so training text matches the eval prompts exactly
     "stdlib"  the Python standard library's own .py files (a deterministic subset), minus the files
               that the eval prompt set holds out (mtpx.data.prompts.STDLIB_HELDOUT_MODULES)
-    "distill" self-distilled data written by mode=distill (`train.distill_path`, a folder): each
+    "distill" self-distilled data written by mode=distill (`train.distill_path`, a folder or a list
+              of folders, concatenated, e.g. GSM8K answers and code answers): each
               record's prompt followed by the target's own completion (mtpx/data/distilled.py),
               as the target's token ids when the training tokenizer is the one that generated them
               (equal hashes), else re-encoded from the text
@@ -164,11 +165,17 @@ def read_distill(path: str | os.PathLike) -> list[TokenizedDocument]:
     return docs
 
 
+def _paths(value) -> list:
+    """`train.distill_path` as a list of folders: one folder, or a list (or tuple) of them."""
+    return [value] if isinstance(value, (str, os.PathLike)) else list(value)
+
+
 def load_documents(
     specs: Sequence[SourceSpec], *, gsm8k_path: str | os.PathLike | None = None,
-    stdlib_max_bytes: int | None = None, distill_path: str | os.PathLike | None = None,
+    stdlib_max_bytes: int | None = None, distill_path=None,
 ) -> dict[str, list[Document]]:
-    """Documents of every source in `specs`, keyed by source name (in `specs` order).
+    """Documents of every source in `specs`, keyed by source name (in `specs` order). `distill_path`:
+    a mode=distill folder, or a sequence of them whose documents are concatenated in order.
 
     Raises:
         ValueError: "gsm8k" is requested but `gsm8k_path` is not set, or "distill" without
@@ -187,7 +194,7 @@ def load_documents(
             if not distill_path:
                 raise ValueError("data source 'distill' needs train.distill_path: the folder mode=distill "
                                  "wrote (distill.out_dir)")
-            docs["distill"] = read_distill(distill_path)
+            docs["distill"] = [d for p in _paths(distill_path) for d in read_distill(p)]
         else:  # parse_data_sources already rejects these
             raise ValueError(f"unknown data source {spec.name!r}")
     return docs
