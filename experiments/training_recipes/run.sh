@@ -3,40 +3,67 @@
 # hidden states extracted once (mode=extract), then each recipe's heads trained from the shards,
 # and acceptance on held-out GSM8K test and HumanEval prompts (greedy, eager; acceptance does not
 # depend on timing).
-# Usage: bash experiments/training_recipes/run.sh gen|extract|train NAME|eval NAME SPEC K DATA|table
+# Usage: bash experiments/training_recipes/run.sh gen|gen_code|extract|extract_mix|train NAME|eval NAME SPEC K DATA|
+#        mixed|table
+# `mixed` is the recommended recipe in one command: GSM8K and code answers distilled, extracted
+# together, ce for STEPS steps, evaluated on GSM8K test and HumanEval (each step resumes).
 # Outputs under $RUNS (default /tmp/mtpx_recipes3), outside the repository; every step resumes.
+# RANKS=1 runs gen / extract in one process (no torchrun).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export MTPX_DATA_DIR=${MTPX_DATA_DIR:-/work/shared/data} OMP_NUM_THREADS=1
 RUNS=${RUNS:-/tmp/mtpx_recipes3}
-DISTILL=$RUNS/distill
-SHARDS=$RUNS/shards
-NUM_PROMPTS=${NUM_PROMPTS:-1280}  # distilled GSM8K-train questions
+DISTILL=$RUNS/distill            # the target's answers to GSM8K-train questions
+DISTILL_CODE=$RUNS/distill_code  # its continuations of stdlib code (not the held-out modules)
+SHARDS=$RUNS/shards              # hidden states on the GSM8K answers
+SHARDS_MIX=$RUNS/shards_mix      # on GSM8K + code answers
+NUM_PROMPTS=${NUM_PROMPTS:-1536}  # distilled GSM8K-train questions
+NUM_CODE=${NUM_CODE:-1536}        # distilled code prompts
+RANKS=${RANKS:-2}
 STEPS=${STEPS:-36}
 LR=${LR:-1e-3}
 EVAL_PROMPTS=${EVAL_PROMPTS:-32}
 SAVE_EVERY=${SAVE_EVERY:-12}
 TAG=${TAG:-}  # train NAME writes $RUNS/ft_NAME$TAG (evaluate it as NAME$TAG)
 
+launch() {  # PORT ARGS...: one process, or RANKS ranks under torchrun
+  local port=$1; shift
+  if [ "$RANKS" = 1 ]; then python "$@"; else torchrun --nproc_per_node=$RANKS --master_port=$port "$@"; fi
+}
+
 gen() {  # the target's greedy answers (at most 128 tokens) to the first NUM_PROMPTS GSM8K-train questions
-  torchrun --nproc_per_node=2 --master_port=29611 train_or_eval.py mode=distill data=gsm8k \
+  launch 29611 train_or_eval.py mode=distill data=gsm8k \
     data.path='${data_dir}/gsm8k/train.jsonl' distill.out_dir=$DISTILL distill.num_prompts=$NUM_PROMPTS \
     distill.shard_size=64 distill.max_tokens=128 distill.threads=1 engine.max_num_seqs=32 engine.compile=false \
     +spec=mtp8 logger=none hydra.run.dir=$RUNS/gen.hydra
 }
 
+gen_code() {  # its greedy continuations (at most 128 tokens) of NUM_CODE code prompts cut from the
+  # stdlib files training reads (data.split=train: never the held-out modules; HumanEval is not stdlib)
+  launch 29613 train_or_eval.py mode=distill data=builtin data.split=train data.prompt_tokens=128 \
+    distill.out_dir=$DISTILL_CODE distill.num_prompts=$NUM_CODE distill.shard_size=64 distill.max_tokens=128 \
+    distill.threads=1 engine.max_num_seqs=32 engine.compile=false +spec=mtp8 logger=none \
+    hydra.run.dir=$RUNS/gen_code.hydra
+}
+
 DATA="train.data_sources=[distill] train.distill_path=$DISTILL train.seq_len=256"
-extract() {  # the frozen target's hidden states and top-64 log-probs on the packed corpus, 2 ranks
-  torchrun --nproc_per_node=2 --master_port=29612 train_or_eval.py mode=extract model.path=checkpoints/demo \
-    $DATA train.hidden_states_path=$SHARDS train.threads=1 train.batch_size=16 logger=none \
-    hydra.run.dir=$RUNS/extract.hydra
+DATA_MIX="train.data_sources=[distill] train.distill_path=[$DISTILL,$DISTILL_CODE] train.seq_len=256"
+extract() {  # [mix]: the frozen target's hidden states and top-64 log-probs on the packed corpus
+  local data=$DATA shards=$SHARDS tag=
+  if [ "${1:-}" = mix ]; then data=$DATA_MIX shards=$SHARDS_MIX tag=_mix; fi
+  launch 29612 train_or_eval.py mode=extract model.path=checkpoints/demo \
+    $data train.hidden_states_path=$shards train.threads=1 train.batch_size=16 logger=none \
+    hydra.run.dir=$RUNS/extract$tag.hydra
 }
 
 # every recipe: the demo target frozen, heads trained from the shards, STEPS steps of 16 x 256
-# tokens, AdamW at LR (10 warm-up steps, cosine to LR / 10), FastMTP's step decay 0.6
-COMMON="mode=train train.freeze_base=true train.hidden_states_path=$SHARDS $DATA
+# tokens, AdamW at LR (4 warm-up steps, cosine to LR / 10), FastMTP's step decay 0.6
+# (a recipe NAME_mix trains on the GSM8K + code shards)
+common() {
+  echo "mode=train train.freeze_base=true train.hidden_states_path=$1 $2
   train.steps=$STEPS train.warmup_steps=4 train.lr=$LR train.min_lr=$(python -c "print($LR / 10)")
   train.batch_size=16 train.eval_every=0 train.save_every=$SAVE_EVERY train.eval_batches=2 train.threads=1 train.mtp_loss_decay=0.6 logger=none"
+}
 MTP1="model.num_nextn_predict_layers=1 train.mtp_unroll=3"
 heads4() {  # $RUNS/heads4: the demo checkpoint with only its first 4 draft modules; with `copy`,
   # $RUNS/heads4_copy: 8 modules, 4-7 copies of module 3 (the new modules' initialisation)
@@ -60,8 +87,9 @@ PY
 }
 
 train() {
-  local name=$1 extra ckpt=checkpoints/demo
-  case $name in
+  local name=$1 extra ckpt=checkpoints/demo shards=$SHARDS data=$DATA
+  if [ "${name%_mix}" != "$name" ]; then shards=$SHARDS_MIX data=$DATA_MIX; fi
+  case ${name%_mix} in
     ce)        extra="train.mtp_loss=ce" ;;
     kl)        extra="train.mtp_loss=kl" ;;
     lk)        extra="train.mtp_loss=lk_hybrid" ;;
@@ -77,7 +105,7 @@ train() {
     mtp1_ttt)  extra="train.mtp_loss=lk_hybrid $MTP1 train.mtp_unroll_ttt=true" ;;
     *) echo "unknown recipe $name"; exit 2 ;;
   esac
-  /usr/bin/time -f "$name train wall %e s cpu %U+%S s" python train_or_eval.py $COMMON model.path=$ckpt $extra \
+  /usr/bin/time -f "$name train wall %e s cpu %U+%S s" python train_or_eval.py $(common $shards "$data") model.path=$ckpt $extra \
     train.out_dir=$RUNS/ft_$name$TAG hydra.run.dir=$RUNS/ft_$name$TAG.hydra
 }
 
@@ -89,11 +117,19 @@ evaluate() {  # NAME SPEC K DATA: the first EVAL_PROMPTS prompts of DATA (gsm8k 
     eval.threads=1 engine.compile=false logger=none hydra.run.dir=$RUNS/eval_${name}_${spec}_k${k}_$data
 }
 
+mixed() {  # the recommended recipe: ce on GSM8K + code answers, evaluated on both sets
+  gen; gen_code; extract mix; train ce_mix
+  evaluate ce_mix$TAG mtp8 8 gsm8k; evaluate ce_mix$TAG mtp8 8 humaneval
+}
+
 case ${1:-} in
   gen) gen ;;
+  gen_code) gen_code ;;
   extract) extract ;;
+  extract_mix) extract mix ;;
+  mixed) mixed ;;
   train) train "$2" ;;
   eval) evaluate "$2" "$3" "$4" "$5" ;;
   table) python experiments/training_recipes/table.py "$RUNS" ;;
-  *) echo "usage: $0 gen|extract|train NAME|eval NAME SPEC K DATA|table"; exit 2 ;;
+  *) echo "usage: $0 gen|gen_code|extract|extract_mix|train NAME|eval NAME SPEC K DATA|mixed|table"; exit 2 ;;
 esac
