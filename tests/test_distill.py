@@ -255,6 +255,25 @@ def test_distill_path_takes_a_list_of_folders(distilled):
     assert load_documents(specs, distill_path=OmegaConf.create([str(distilled)]))["distill"] == one
 
 
+def test_distill_n_is_one_folder_with_its_own_weight(distilled):
+    """'distill.N' is folder N of the train.distill_path list, a source of its own (own weight);
+    training from shards takes train.data_sources' weights when it names the shards' sources."""
+    from mtpx.train.data import load_documents, parse_data_sources
+    from mtpx.train.shard_training import source_weights
+    specs = parse_data_sources(["distill.0:3", "distill.1"])
+    assert [(s.name, s.weight) for s in specs] == [("distill.0", 3.0), ("distill.1", 1.0)]
+    docs = load_documents(specs, distill_path=[str(distilled), str(distilled)])
+    assert list(docs) == ["distill.0", "distill.1"] and docs["distill.0"] == read_distill(distilled)
+    with pytest.raises(ValueError, match="'distill.2' is folder 2 of train.distill_path, which lists 2"):
+        load_documents(parse_data_sources(["distill.2"]), distill_path=[str(distilled), str(distilled)])
+    with pytest.raises(ValueError, match="unknown data source 'distill.x'"):
+        parse_data_sources(["distill.x"])
+    manifest = {"sources": ["distill.0", "distill.1"], "weights": [1.0, 1.0]}
+    t = OmegaConf.create({"data_sources": ["distill.0:3", "distill.1"]})
+    assert source_weights(t, manifest) == [3.0, 1.0]
+    assert source_weights(OmegaConf.create({"data_sources": ["distill"]}), manifest) == [1.0, 1.0]
+
+
 def test_train_distill_source_errors_name_the_key(tmp_path):
     from mtpx.train.data import load_documents, parse_data_sources
     specs = parse_data_sources(["distill"])

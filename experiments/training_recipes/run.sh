@@ -3,7 +3,7 @@
 # hidden states extracted once (mode=extract), then each recipe's heads trained from the shards,
 # and acceptance on held-out GSM8K test and HumanEval prompts (greedy, eager; acceptance does not
 # depend on timing).
-# Usage: bash experiments/training_recipes/run.sh gen|gen_code|extract|extract_mix|train NAME|eval NAME SPEC K DATA|
+# Usage: bash experiments/training_recipes/run.sh gen|gen_code|extract|extract_mix|extract_mix2|train NAME|eval NAME SPEC K DATA|
 #        mixed|table
 # `mixed` is the recommended recipe in one command: GSM8K and code answers distilled, extracted
 # together, ce for STEPS steps, evaluated on GSM8K test and HumanEval (each step resumes).
@@ -16,7 +16,8 @@ RUNS=${RUNS:-/tmp/mtpx_recipes3}
 DISTILL=$RUNS/distill            # the target's answers to GSM8K-train questions
 DISTILL_CODE=$RUNS/distill_code  # its continuations of stdlib code (not the held-out modules)
 SHARDS=$RUNS/shards              # hidden states on the GSM8K answers
-SHARDS_MIX=$RUNS/shards_mix      # on GSM8K + code answers
+SHARDS_MIX=$RUNS/shards_mix      # on GSM8K + code answers, one source (mixed by tokens)
+SHARDS_MIX2=$RUNS/shards_mix2    # on GSM8K + code answers, two sources (distill.0, distill.1)
 NUM_PROMPTS=${NUM_PROMPTS:-1536}  # distilled GSM8K-train questions
 NUM_CODE=${NUM_CODE:-1536}        # distilled code prompts
 RANKS=${RANKS:-2}
@@ -48,9 +49,13 @@ gen_code() {  # its greedy continuations (at most 128 tokens) of NUM_CODE code p
 
 DATA="train.data_sources=[distill] train.distill_path=$DISTILL train.seq_len=256"
 DATA_MIX="train.data_sources=[distill] train.distill_path=[$DISTILL,$DISTILL_CODE] train.seq_len=256"
-extract() {  # [mix]: the frozen target's hidden states and top-64 log-probs on the packed corpus
+data_mix2() {  # W: GSM8K answers (distill.0) weighted W against code answers (distill.1)
+  echo "train.data_sources=[distill.0:$1,distill.1] train.distill_path=[$DISTILL,$DISTILL_CODE] train.seq_len=256"
+}
+extract() {  # [mix|mix2]: the frozen target's hidden states and top-64 log-probs on the packed corpus
   local data=$DATA shards=$SHARDS tag=
   if [ "${1:-}" = mix ]; then data=$DATA_MIX shards=$SHARDS_MIX tag=_mix; fi
+  if [ "${1:-}" = mix2 ]; then data=$(data_mix2 1) shards=$SHARDS_MIX2 tag=_mix2; fi
   launch 29612 train_or_eval.py mode=extract model.path=checkpoints/demo \
     $data train.hidden_states_path=$shards train.threads=1 train.batch_size=16 logger=none \
     hydra.run.dir=$RUNS/extract$tag.hydra
@@ -58,7 +63,8 @@ extract() {  # [mix]: the frozen target's hidden states and top-64 log-probs on 
 
 # every recipe: the demo target frozen, heads trained from the shards, STEPS steps of 16 x 256
 # tokens, AdamW at LR (4 warm-up steps, cosine to LR / 10), FastMTP's step decay 0.6
-# (a recipe NAME_mix trains on the GSM8K + code shards)
+# (a recipe NAME_mix trains on the GSM8K + code shards, one source mixed by tokens; NAME_mixW on the
+# two-source shards, GSM8K rows drawn W times as often as code rows)
 common() {
   echo "mode=train train.freeze_base=true train.hidden_states_path=$1 $2
   train.steps=$STEPS train.warmup_steps=4 train.lr=$LR train.min_lr=$(python -c "print($LR / 10)")
@@ -88,8 +94,10 @@ PY
 
 train() {
   local name=$1 extra ckpt=checkpoints/demo shards=$SHARDS data=$DATA
-  if [ "${name%_mix}" != "$name" ]; then shards=$SHARDS_MIX data=$DATA_MIX; fi
-  case ${name%_mix} in
+  local base=${name%_mix*} w=${name##*_mix}
+  if [ "$base" != "$name" ] && [ -z "$w" ]; then shards=$SHARDS_MIX data=$DATA_MIX; fi
+  if [ "$base" != "$name" ] && [ -n "$w" ]; then shards=$SHARDS_MIX2 data=$(data_mix2 "$w"); fi
+  case $base in
     ce)        extra="train.mtp_loss=ce" ;;
     kl)        extra="train.mtp_loss=kl" ;;
     lk)        extra="train.mtp_loss=lk_hybrid" ;;
@@ -117,9 +125,11 @@ evaluate() {  # NAME SPEC K DATA: the first EVAL_PROMPTS prompts of DATA (gsm8k 
     eval.threads=1 engine.compile=false logger=none hydra.run.dir=$RUNS/eval_${name}_${spec}_k${k}_$data
 }
 
-mixed() {  # the recommended recipe: ce on GSM8K + code answers, evaluated on both sets
-  gen; gen_code; extract mix; train ce_mix
-  evaluate ce_mix$TAG mtp8 8 gsm8k; evaluate ce_mix$TAG mtp8 8 humaneval
+mixed() {  # the recommended recipe: ce on GSM8K and code answers, GSM8K rows weighted MIX_WEIGHT
+  # (default 3) against code rows, evaluated on both sets
+  local name=ce_mix${MIX_WEIGHT:-3}
+  gen; gen_code; extract mix2; train $name
+  evaluate $name$TAG mtp8 8 gsm8k; evaluate $name$TAG mtp8 8 humaneval
 }
 
 case ${1:-} in
@@ -127,9 +137,10 @@ case ${1:-} in
   gen_code) gen_code ;;
   extract) extract ;;
   extract_mix) extract mix ;;
+  extract_mix2) extract mix2 ;;
   mixed) mixed ;;
   train) train "$2" ;;
   eval) evaluate "$2" "$3" "$4" "$5" ;;
   table) python experiments/training_recipes/table.py "$RUNS" ;;
-  *) echo "usage: $0 gen|gen_code|extract|extract_mix|train NAME|eval NAME SPEC K DATA|mixed|table"; exit 2 ;;
+  *) echo "usage: $0 gen|gen_code|extract|extract_mix|extract_mix2|train NAME|eval NAME SPEC K DATA|mixed|table"; exit 2 ;;
 esac

@@ -14,7 +14,8 @@ Corpora ("sources"), chosen by the `data_sources` list of the train config:
     "stdlib"  the Python standard library's own .py files (a deterministic subset), minus the files
               that the eval prompt set holds out (mtpx.data.prompts.STDLIB_HELDOUT_MODULES)
     "distill" self-distilled data written by mode=distill (`train.distill_path`, a folder or a list
-              of folders, concatenated, e.g. GSM8K answers and code answers): each
+              of folders, concatenated, e.g. GSM8K answers and code answers; "distill.N" is folder
+              N of the list alone, a source with its own weight): each
               record's prompt followed by the target's own completion (mtpx/data/distilled.py),
               as the target's token ids when the training tokenizer is the one that generated them
               (equal hashes), else re-encoded from the text
@@ -67,9 +68,9 @@ def parse_data_sources(entries: Sequence[str]) -> list[SourceSpec]:
     for entry in entries:
         name, _, w = str(entry).partition(":")
         name = name.strip()
-        if name not in SOURCES:
-            raise ValueError(
-                f"unknown data source {name!r} in train.data_sources: use any of {list(SOURCES)}")
+        if name not in SOURCES and _distill_index(name) is None:
+            raise ValueError(f"unknown data source {name!r} in train.data_sources: use any of "
+                             f"{list(SOURCES)} (or distill.N: folder N of the train.distill_path list)")
         try:
             weight = float(w) if w else 1.0
         except ValueError:
@@ -165,6 +166,12 @@ def read_distill(path: str | os.PathLike) -> list[TokenizedDocument]:
     return docs
 
 
+def _distill_index(name: str) -> int | None:
+    """N of a source named "distill.N" (folder N of the train.distill_path list), else None."""
+    head, dot, n = name.partition(".")
+    return int(n) if head == "distill" and dot and n.isdigit() else None
+
+
 def _paths(value) -> list:
     """`train.distill_path` as a list of folders: one folder, or a list (or tuple) of them."""
     return [value] if isinstance(value, (str, os.PathLike)) else list(value)
@@ -179,7 +186,7 @@ def load_documents(
 
     Raises:
         ValueError: "gsm8k" is requested but `gsm8k_path` is not set, or "distill" without
-            `distill_path`; and whatever the readers raise.
+            `distill_path`, "distill.N" without an N-th folder; and whatever the readers raise.
     """
     docs: dict[str, list[str]] = {}
     for spec in specs:
@@ -195,6 +202,12 @@ def load_documents(
                 raise ValueError("data source 'distill' needs train.distill_path: the folder mode=distill "
                                  "wrote (distill.out_dir)")
             docs["distill"] = [d for p in _paths(distill_path) for d in read_distill(p)]
+        elif _distill_index(spec.name) is not None:
+            paths, n = _paths(distill_path or []), _distill_index(spec.name)
+            if n >= len(paths):
+                raise ValueError(f"data source {spec.name!r} is folder {n} of train.distill_path, which "
+                                 f"lists {len(paths)}: list the folders, e.g. train.distill_path=[DIR0,DIR1]")
+            docs[spec.name] = read_distill(paths[n])
         else:  # parse_data_sources already rejects these
             raise ValueError(f"unknown data source {spec.name!r}")
     return docs

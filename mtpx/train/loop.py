@@ -354,7 +354,8 @@ def _corpora(t: DictConfig, info: distributed.DistInfo, device: torch.device, sp
              split: dict, tok: Tokenizer, model: MTPForCausalLM, console: Console) -> _Corpora:
     """Pack the split documents with the model's tokenizer (source weights from the specs) and
     print their sizes (a warning first when the distilled data has another tokenizer)."""
-    if "distill" in docs and any(d.tokenizer_sha256 != tokenizer_sha256(tok) for d in docs["distill"]):
+    distilled = [d for name, ds in docs.items() if name.startswith("distill") for d in ds]
+    if any(d.tokenizer_sha256 != tokenizer_sha256(tok) for d in distilled):
         console.print("[yellow]train.distill_path was generated with another tokenizer than the model's: "
                       "its text is re-encoded, so the token sequences are not exactly the ones the target "
                       "generated")

@@ -25,7 +25,7 @@ from mtpx.models.config import ModelConfig
 from mtpx.models.model import MTPForCausalLM
 from mtpx.train import checkpoint as ckpt
 from mtpx.train import distributed
-from mtpx.train.data import BatchSampler, PackedCorpus
+from mtpx.train.data import BatchSampler, PackedCorpus, parse_data_sources
 from mtpx.train.losses import Objective
 from mtpx.train.shards import HiddenStateShards, weight_files
 from mtpx.train.tokenizer import tokenizer_sha256
@@ -109,13 +109,23 @@ def open_shards(t: DictConfig, model_path: str | None, tok) -> HiddenStateShards
     return shards
 
 
+def source_weights(t: DictConfig, manifest: dict) -> list[float]:
+    """The mixing weights of the shards' sources: train.data_sources' when it names the shards'
+    sources in their order (one extraction serves several mixes), else the extraction's."""
+    specs = parse_data_sources(list(t.get("data_sources") or []) or ["distill"])
+    if [sp.name for sp in specs] == list(manifest["sources"]):
+        return [sp.weight for sp in specs]
+    return [float(w) for w in manifest["weights"]]
+
+
 def shard_corpora(t: DictConfig, info, device: torch.device, shards: HiddenStateShards, console: Console):
     """mode=train's _Corpora over the shards' rows (the sampler and validation batches carry the
     row index column)."""
     from mtpx.train.loop import _Corpora
     m, n = shards.manifest, shards.num_train_rows
-    train = PackedCorpus(shards.input_ids[:n], shards.source_id[:n], list(m["sources"]), list(m["weights"]))
-    val = PackedCorpus(shards.input_ids[n:], shards.source_id[n:], list(m["sources"]), list(m["weights"]))
+    weights = source_weights(t, m)
+    train = PackedCorpus(shards.input_ids[:n], shards.source_id[:n], list(m["sources"]), weights)
+    val = PackedCorpus(shards.input_ids[n:], shards.source_id[n:], list(m["sources"]), weights)
     if len(val) == 0:
         raise ValueError(f"train.hidden_states_path={shards.path} has no validation rows: extract with a "
                          "larger corpus or train.val_fraction")
