@@ -3,12 +3,14 @@
 # hidden states extracted once (mode=extract), then each recipe's heads trained from the shards,
 # and acceptance on held-out GSM8K test and HumanEval prompts (greedy, eager; acceptance does not
 # depend on timing).
-# Usage: bash experiments/training_recipes/run.sh gen|gen_code|extract|extract_mix|extract_mix2|train NAME|eval NAME SPEC K DATA|
-#        mixed|table
-# `mixed` is the recommended recipe in one command: GSM8K and code answers distilled, extracted
-# together, ce for STEPS steps, evaluated on GSM8K test and HumanEval (each step resumes).
+# Usage: bash experiments/training_recipes/run.sh STEP, STEP one of gen | gen_code | extract |
+#        extract_mix | extract_mix2 | train NAME | eval NAME SPEC K DATA | mixed | table
+# `mixed` is the recommended recipe in one command: the target's answers to GSM8K and code prompts,
+# extracted as two sources, ce for STEPS steps with GSM8K rows drawn MIX_WEIGHT (3) times as often
+# as code rows, evaluated on GSM8K test and HumanEval:
+#   RUNS=/tmp/recipes STEPS=300 TAG=_s300 bash experiments/training_recipes/run.sh mixed
 # Outputs under $RUNS (default /tmp/mtpx_recipes3), outside the repository; every step resumes.
-# RANKS=1 runs gen / extract in one process (no torchrun).
+# RANKS=1 runs gen / gen_code / extract in one process (no torchrun).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export MTPX_DATA_DIR=${MTPX_DATA_DIR:-/work/shared/data} OMP_NUM_THREADS=1

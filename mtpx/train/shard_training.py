@@ -133,7 +133,9 @@ def shard_corpora(t: DictConfig, info, device: torch.device, shards: HiddenState
     batches = torch.cat([shards.input_ids[rows], rows[:, None]], 1).view(int(t.eval_batches),
                                                                           int(t.batch_size), -1)
     val_batches = [distributed.rank_rows(b, info).to(device) for b in batches.unbind(0)]
-    console.print(f"data: {n} train and {len(val)} val rows of hidden states from {shards.path}")
+    mix = ", ".join(f"{name}:{w:g}" for name, w in zip(m["sources"], weights))
+    console.print(f"data: {n} train and {len(val)} val rows of hidden states from {shards.path} "
+                  f"(sources {mix})")
     return _Corpora(train, val, ShardSampler(train, int(t.batch_size), int(t.seed)), val_batches)
 
 
