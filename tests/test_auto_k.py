@@ -996,7 +996,8 @@ def test_start_up_calibration_is_cached_per_checkpoint_and_engine_settings(tiny_
     assert source.startswith(f"calibrated, saved to {tmp_path / 'cache' / 'step_costs'}")
     path = source.removeprefix("calibrated, saved to ")
     again = auto()                                       # same checkpoint and settings: the cache
-    assert again.calibration["source"] == f"loaded from {path}" and again.calibration["seconds"] == 0.0
+    # no step timed (a calibration times 10 s of steps); reading the file can take 10 ms on a loaded core
+    assert again.calibration["source"] == f"loaded from {path}" and again.calibration["seconds"] < 1.0
     assert again.engine.draft_length.step_costs == first.engine.draft_length.step_costs
     other = auto(block_size=32)                          # another engine setting: its own file
     assert (other.calibration["source"].startswith("calibrated, saved to")
