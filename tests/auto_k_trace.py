@@ -13,6 +13,8 @@ one package (commit 6c6300f):
 
     cd /tmp && PYTHONPATH=/work/base python /work/main/tests/auto_k_trace.py \
         /work/main/tests/data/auto_k_trace.json
+
+but c16_per_request, recorded again with the tie rule of issue 72 (tests/test_auto_k_replay.py).
 """
 from __future__ import annotations
 

@@ -458,10 +458,11 @@ def test_the_estimates_start_at_the_prior_acceptance_and_it_sets_the_first_reque
     # no acceptance seen yet: at batch 64 drafting pays only from a flat p of about 0.8, so at the
     # prior no k beats k = 0; at the prior's upper estimate (0.7 + sqrt(0.21 / 9) = 0.853: one
     # standard deviation of Beta(5.6, 2.4)) k = 3 would (the smallest such, which exploring holds),
-    # and k = 5 would most, so the first requests are admitted at depth 5 (`_landing`: the whole
-    # batch tests positions 1-5); without optimism they prefill no module; at batch 1 they keep all 8
+    # and k = 5 would most, k = 4 within the hysteresis of it (1.4% less), so the first requests
+    # are admitted at depth 4 (`_landing`: the cheaper k wins a tie; the whole batch tests
+    # positions 1-4); without optimism they prefill no module; at batch 1 they keep all 8
     assert p.goodput(0, 64) > max(p.goodput(k, 64) for k in range(1, 9))
-    assert p.exploring.depth(p.estimates, 0, 64) == 3 and p.depth(64) == 5 and p.depth(1) == 8
+    assert p.exploring.depth(p.estimates, 0, 64) == 3 and p.depth(64) == 4 and p.depth(1) == 8
     assert AutoDraftLength(8, step_costs,
                            config=AutoKConfig(explore_costs=False, optimistic_falls=False)).depth(64) == 3
     assert AutoDraftLength(8, step_costs,
@@ -995,7 +996,8 @@ def test_start_up_calibration_is_cached_per_checkpoint_and_engine_settings(tiny_
     assert source.startswith(f"calibrated, saved to {tmp_path / 'cache' / 'step_costs'}")
     path = source.removeprefix("calibrated, saved to ")
     again = auto()                                       # same checkpoint and settings: the cache
-    assert again.calibration["source"] == f"loaded from {path}" and again.calibration["seconds"] == 0.0
+    # no step timed (a calibration times 10 s of steps); reading the file can take 10 ms on a loaded core
+    assert again.calibration["source"] == f"loaded from {path}" and again.calibration["seconds"] < 1.0
     assert again.engine.draft_length.step_costs == first.engine.draft_length.step_costs
     other = auto(block_size=32)                          # another engine setting: its own file
     assert (other.calibration["source"].startswith("calibrated, saved to")

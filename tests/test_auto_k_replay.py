@@ -2,7 +2,11 @@
 holds four traces' step inputs (each round's accepted drafts, each step's timing parts) and the
 decisions the code before automatic k's package made on them (commit 6c6300f; tests/auto_k_trace.py
 records them); the current code replays the inputs and must decide the same: every step's k, the
-depth of every admitted request, every running depth that fell, the drafts each decode verifies."""
+depth of every admitted request, every running depth that fell, the drafts each decode verifies.
+c16_per_request was recorded again after the tie rule of issue 72 (AutoDraftLength._landing: the
+cheaper k wins a tie): its first step admitted request 1 at depth 3, not 4 (3's goodput on upper
+estimates came within the hysteresis of the highest), and the run went on at k = 3 where it ran
+k = 4; the other three traces replay the recorded code's decisions unchanged."""
 import json
 from pathlib import Path
 
