@@ -116,6 +116,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     prompts = [format_prompt(r["question"]) for r in load_gsm8k(args.data)[: args.num_prompts]]
     chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
+    if len(chunks[-1]) < args.concurrency:   # a chunk is generated alone: its size bounds the batch
+        print(f"warning: --num-prompts / --rounds = {len(chunks[-1])} prompts per chunk, below --concurrency "
+              f"{args.concurrency}: no more than {len(chunks[-1])} requests run at once; use --num-prompts "
+              f">= {args.concurrency * args.rounds}", flush=True)
     params = SamplingParams(max_tokens=args.max_tokens)
     llms, compile_s = {}, {}
     for name in args.contenders:
