@@ -253,6 +253,9 @@ def test_distill_path_takes_a_list_of_folders(distilled):
     assert one == read_distill(distilled) and len(one) == NUM_PROMPTS
     assert load_documents(specs, distill_path=[str(distilled), distilled])["distill"] == one + one
     assert load_documents(specs, distill_path=OmegaConf.create([str(distilled)]))["distill"] == one
+    for bad in (5, [str(distilled), 3]):
+        with pytest.raises(ValueError, match="train.distill_path=.*give a mode=distill folder or a list"):
+            load_documents(specs, distill_path=bad)
 
 
 def test_distill_n_is_one_folder_with_its_own_weight(distilled):

@@ -173,8 +173,18 @@ def _distill_index(name: str) -> int | None:
 
 
 def _paths(value) -> list:
-    """`train.distill_path` as a list of folders: one folder, or a list (or tuple) of them."""
-    return [value] if isinstance(value, (str, os.PathLike)) else list(value)
+    """`train.distill_path` as a list of folders: one folder, or a list (or tuple) of them.
+
+    Raises:
+        ValueError: anything else (e.g. a number), naming the key.
+    """
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    paths = list(value) if hasattr(value, "__iter__") else None
+    if paths is None or not all(isinstance(p, (str, os.PathLike)) for p in paths):
+        raise ValueError(f"train.distill_path={value!r}: give a mode=distill folder or a list of them, "
+                         "e.g. train.distill_path=[DIR0,DIR1]")
+    return paths
 
 
 def load_documents(
