@@ -15,11 +15,14 @@ The attention and Gated DeltaNet tree kernels are the torch ops `mtpx::paged_tre
 compiled and eager compute the same values. Saved under the step's precompile folder, in a
 subfolder per tree shape (the shape's parents and levels are constants of the graph).
 
-Eager, as without compile: the drafting round (the modules over the tree, mtpx/spec_decode/tree_draft.py),
-the walk, the KV move and the state commit (mtpx/engine/tree_step.py).
+A leaf tree's drafting round (the chain speculator's round plus the leaves,
+mtpx/spec_decode/tree_leaves.py) is the chain's draft graph (`LeafDraft`): a leaf-tree engine builds
+2 graphs. Eager, as without compile: other trees' drafting round (the modules over the tree,
+mtpx/spec_decode/tree_draft.py), the walk, the KV move and the state commit (mtpx/engine/tree_step.py).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 
@@ -27,7 +30,9 @@ import torch
 
 from mtpx.attention.meta import ForwardMeta
 from mtpx.attention.tree_attention import TreeAttention, node_meta
-from mtpx.engine.compiled import mark_batch
+from mtpx.engine.compiled import _mark_meta_table, _mark_window, mark_batch, plan_and_draft
+from mtpx.engine.decode_step import block_bucket, draft_rounds
+from mtpx.spec_decode.protocol import DraftBatch, Drafts
 from mtpx.models.tree_forward import TreeStates, tree_forward
 from mtpx.spec_decode.tree import ancestor_mask
 
@@ -108,3 +113,61 @@ def verify_tree(runner, ids, n, rows, nd, valid, parents, depths, D, levels):
                      ancestor_mask(parents, D), cache.gdn_backend)
     h, kept = tree_forward(model, cache.target, ids, n[:, None] + depths, meta, parents, levels)
     return h, model.lm_head(h), kept
+
+
+class LeafDraft:
+    """The draft round of a leaf tree (mtpx/spec_decode/tree_leaves.py: the chain speculator's round
+    plus the leaves) as one compiled graph, through an engine's CompiledDecode `step`, for the
+    LeafTreeSpeculator `spec`: the chain's draft graph (compiled.plan_and_draft) with D + 1
+    columns (D: the tree's depth; an accepted path and its bonus are at most D + 1 tokens) and
+    D modules, saved in a subfolder per tree shape. A round whose modules lag more than the
+    columns allow runs a round without drafts first (decode_step.draft_rounds), as the chain's."""
+
+    def __init__(self, step, spec):
+        self.step, self.spec = step, spec
+        D = spec.shape.depth
+        self.columns, self.modules = D + 1, D if spec.multi else None
+        self.name = f"leaf-tree draft loop ({D} module{'s' * (D > 1)}, {D + 1} columns)"
+        paths = json.dumps([list(p) for p in spec.shape.paths])
+        self.fn = step.compile(plan_and_draft, f"leaves_{hashlib.sha256(paths.encode()).hexdigest()[:12]}")
+        step.progress.expected = len(step.progress.records) + 1
+
+    def __call__(self, batch: DraftBatch, n_host: list[int], prev: list[int], new: list[int]) -> Drafts:
+        """Speculator.propose's contract for tree_step.tree_decode's dynamic `batch` (node counts),
+        made static here; n_host: x_n's positions before the step; prev, new: the drafts (nodes)
+        each request held before the step and proposes now."""
+        spec, cache, D = self.spec, self.step.cache, self.spec.shape.depth
+        num_blocks = block_bucket(max(n_host) + 2 * D + 2, cache.block_size, cache.max_blocks)
+        depth = spec.chain_depth
+        lag = spec.multi and any(min(depth[b] + 1, D) > depth[a] + 1 for a, b in zip(prev, new))
+        b = dataclasses.replace(batch, num_columns=self.columns, num_modules=self.modules,
+                                block_table=cache.block_tables[batch.rows, :num_blocks], catch_up=lag)
+        return draft_rounds(self._round, b)
+
+    def _round(self, b: DraftBatch) -> Drafts:
+        num_drafts = torch.tensor(self.spec.num_speculative_tokens if b.num_drafts is None else b.num_drafts,
+                                  device=b.rows.device)
+        target_start = b.target_start.new_empty(b.target_start.shape).copy_(b.target_start)
+        per_row = (b.rows, b.num_tokens, b.target_end, b.is_drafting, b.depth, target_start, b.drafts)
+
+        def mark():
+            mark_batch(*per_row, b.target_hidden)
+            _mark_window(b.target_hidden)
+            _mark_meta_table(b.block_table)
+        args = (self.spec, self.step.cache, b.block_table, *per_row, b.target_hidden, b.num_columns,
+                num_drafts, b.num_modules)
+        with torch.inference_mode():
+            tokens, num_final = self.step.call(self.name, self.fn, args, mark)
+        return Drafts(tokens, None, num_final)
+
+
+def draft_tree(runner, batch: DraftBatch, n_host: list[int], prev: list[int], new: list[int]) -> Drafts:
+    """The round after a tree verification (tree_step.tree_decode): a leaf tree's through LeafDraft
+    when the runner's step is compiled, else the speculator's propose, eager."""
+    spec = runner.speculator
+    if not (runner.step.static and getattr(spec, "leaves", False)):
+        return spec.propose(runner.cache, batch)
+    draft = getattr(runner, "leaf_draft", None)
+    if draft is None:
+        draft = runner.leaf_draft = LeafDraft(runner.step, spec)
+    return draft(batch, n_host, prev, new)

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from mtpx.engine.compiled_tree import static_window, verify_tree
+from mtpx.engine.compiled_tree import draft_tree, static_window, verify_tree
 from mtpx.engine.logits import logprobs
 from mtpx.engine.tree_logits import process_tree_logits
 from mtpx.models.tree_forward import commit_tree_states
@@ -174,7 +174,9 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     hidden = h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))        # the path's h, positions n ..
     new = [d.num_new_drafts for d in decodes]
     batch = runner._draft_batch(reqs, rows, n + accepted + 2, final, [True] * B, n, hidden, new)
-    drafts = spec.propose(cache, batch)
+    if getattr(spec, "leaves", False):        # a leaf tree: the chain round that accepted the chain's part
+        spec.settle(rows, n, accepted, ranks.gather(1, path.gather(1, accepted[:, None]))[:, 0], batch.depth)
+    drafts = draft_tree(runner, batch, n_host, [len(r.draft_token_ids) for r in reqs], new)
     final = torch.minimum(final, drafts.num_final)
     t2 = runner._now()
     runner._decode_results(decodes, results, emitted, accepted, final, drafts,

@@ -1,7 +1,8 @@
 from mtpx.spec_decode.multi_module import MultiModuleMTPSpeculator
 from mtpx.spec_decode.single_module import SingleModuleMTPSpeculator
-from mtpx.spec_decode.tree import build_tree_shape
+from mtpx.spec_decode.tree import DynamicTree, build_tree_shape
 from mtpx.spec_decode.tree_draft import TreeSpeculator
+from mtpx.spec_decode.tree_leaves import leaf_tree_speculator
 
 SPECULATORS = {"mtp1": SingleModuleMTPSpeculator, "mtp8": MultiModuleMTPSpeculator}
 
@@ -33,7 +34,9 @@ def _tree_speculator(method: str, model, num_speculative_tokens, tree):
     if len(model.mtp) < 1:
         raise ValueError("the model has no MTP module (num_nextn_predict_layers=0): "
                          "train some with mode=train or run without +spec")
-    return TreeSpeculator(model, shape, multi=method == "mtp8")
+    if isinstance(shape, DynamicTree):
+        return TreeSpeculator(model, shape, multi=method == "mtp8")
+    return leaf_tree_speculator(model, shape, multi=method == "mtp8")
 
 
 __all__ = ["MultiModuleMTPSpeculator", "SingleModuleMTPSpeculator", "build_speculator", "SPECULATORS"]

@@ -64,6 +64,13 @@ class TreeShape:
     def is_chain(self) -> bool:
         return all(w == 1 for w in self.widths)
 
+    @property
+    def is_leaf_tree(self) -> bool:
+        """The chain of first choices plus leaves: every node of rank > 0 has no children (each
+        path's ranks are 0 but for the last), so the chain speculator drafts it
+        (mtpx/spec_decode/tree_leaves.py)."""
+        return all(not any(p[:-1]) for p in self.paths)
+
     def tensors(self, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(parents, depths, ranks), each [N + 1] int64."""
         return tuple(torch.tensor(x, dtype=torch.long, device=device)
