@@ -30,12 +30,19 @@ from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.data.humaneval import load_humaneval  # noqa: E402
 from mtpx.schema import data_dir  # noqa: E402
+from mtpx.spec_decode import tree_leaves  # noqa: E402
 
 MTP8_TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0],
              [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]]
 MTP1_TREE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]]
 MTP1_SMALL = [[0], [1], [0, 0], [0, 0, 0]]                  # the k=3 chain plus a second choice at depth 1
 MTP8_SMALL = [[0], [1]] + [[0] * d for d in range(2, 9)]    # the k=8 chain plus a second choice at depth 1
+# leaf trees (the chain plus sibling leaves, drafted by the chain's round: mtpx/spec_decode/tree_leaves.py),
+# the leaves where the per-depth x rank stats put accepted second and third choices
+MTP1_LEAVES = [[0], [1], [2], [0, 0], [0, 1], [0, 0, 0], [0, 0, 1]]     # chain 3 + (1,1) (1,2) (2,1) (3,1)
+MTP1_LEAVES4 = MTP1_LEAVES[:6] + [[0, 0, 1], [0, 0, 0, 0], [0, 0, 0, 1]]    # chain 4, and (4,1)
+MTP8_LEAVES3 = [[0], [1], [0, 0], [0, 1], [0, 0, 0], [0, 0, 1]] + [[0] * d for d in range(4, 9)]
+MTP8_LEAVES = [[0], [1], [2], [0, 0], [0, 1], [0, 0, 0], [0, 0, 1]] + [[0] * d for d in range(4, 9)]
 CONTENDERS = {          # name: (spec, num_speculative_tokens, tree)
     "plain": (None, None, None),
     "mtp1 chain k=1": ("mtp1", 1, None),
@@ -49,6 +56,13 @@ CONTENDERS = {          # name: (spec, num_speculative_tokens, tree)
     "mtp8 tree [2,1x7]": ("mtp8", None, [2, 1, 1, 1, 1, 1, 1, 1]),
     "mtp8 tree [2,2,1x6]": ("mtp8", None, [2, 2, 1, 1, 1, 1, 1, 1]),
     "mtp8 tree preset (12)": ("mtp8", None, MTP8_TREE),
+    "mtp1 leaves 3+4 (7)": ("mtp1", None, MTP1_LEAVES),
+    "mtp1 leaves 4+5 (9)": ("mtp1", None, MTP1_LEAVES4),
+    "mtp8 leaves 8+3 (11)": ("mtp8", None, MTP8_LEAVES3),
+    "mtp8 leaves 8+4 (12)": ("mtp8", None, MTP8_LEAVES),
+    "mtp1 tree chain3+1 (4) generic": ("mtp1", None, MTP1_SMALL),
+    "mtp8 tree chain8+1 (9) generic": ("mtp8", None, MTP8_SMALL),
+    "mtp8 leaves 8+4 (12) generic": ("mtp8", None, MTP8_LEAVES),
     "mtp1 dynamic (8; d4, k2)": ("mtp1", None, {"num_draft_tokens": 8, "depth": 4, "topk": 2}),
     "mtp8 dynamic (10; d5, k2)": ("mtp8", None, {"num_draft_tokens": 10, "depth": 5, "topk": 2}),
     "mtp8 dynamic (14; d8, k2)": ("mtp8", None, {"num_draft_tokens": 14, "depth": 8, "topk": 2}),
@@ -104,6 +118,7 @@ def main(argv=None) -> int:
     for name in names:          # built: seconds to a ready engine (graphs compiled or loaded), graphs
         t0 = time.perf_counter()
         spec, k, tree = CONTENDERS[name]
+        tree_leaves.use_leaves = not name.endswith(" generic")      # generic: the tree round drafts it
         llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k, tree=tree,
                          max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024)
         stats = llms[name].engine.compile_stats() or {}
@@ -123,9 +138,11 @@ def main(argv=None) -> int:
             p["drafts"] += sum(o.spec.num_draft_tokens for o in outs)
             p["outputs"] += [o.output_token_ids for o in outs]
     base = per["plain"]["tokens"] / per["plain"]["seconds"]
-    table = ["| contender | step | drafts / round | acceptance length | output tok/s | vs plain "
-             "| differing |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    chains = [per[n]["tokens"] / per[n]["seconds"] for n in names if "chain k=" in n]
+    best = max(chains) if chains else base
+    table = ["| contender | step | graphs | drafts / round | acceptance length | output tok/s | vs plain "
+             "| vs best chain | differing |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     summary = {}
     for name in names:
         p = per[name]
@@ -136,7 +153,9 @@ def main(argv=None) -> int:
                              drafts_per_round=round(dpr, 2), differing=diff)
         mode = "compiled" if args.compile else "eager"
         summary[name].update(step=mode, **built[name])
-        table.append(f"| {name} | {mode} | {dpr:.1f} | {al:.2f} | {tps:.1f} | {tps / base:.2f}x | {diff} |")
+        summary[name]["vs_best_chain"] = round(tps / best, 3)
+        table.append(f"| {name} | {mode} | {built[name]['graphs']} | {dpr:.1f} | {al:.2f} | {tps:.1f} "
+                     f"| {tps / base:.2f}x | {tps / best:.2f}x | {diff} |")
     write_results(args, "trees", summary, table)
     return 0
 
