@@ -214,7 +214,11 @@ def test_tree_on_a_dense_target(spec):
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0
 
 
-@pytest.mark.parametrize("spec,tree", [("mtp1", [2, 1, 1]), ("mtp8", [2, 2])])
+LEAVES = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]     # a leaf tree: the chain's round drafts it (tree_leaves.py)
+
+
+@pytest.mark.parametrize("spec,tree", [("mtp1", [2, 1, 1]), ("mtp8", [2, 2]), ("mtp8", LEAVES),
+                                       pytest.param("mtp1", LEAVES, marks=pytest.mark.slow)])
 def test_tree_with_prefix_caching_chunking_preemption(trained_tiny, spec, tree):
     """Both passes preempt (one block above the largest request's need), chunked prefill (8 tokens
     a step), prefix caching on: tokens and gaps equal plain decoding, every tree exact."""
@@ -235,11 +239,11 @@ def test_tree_with_prefix_caching_chunking_preemption(trained_tiny, spec, tree):
     assert sum(r.num_cached_tokens for r in reqs.values()) > 0
 
 
-@pytest.mark.parametrize("tree", [[2, 2, 1], {"num_draft_tokens": 6, "depth": 3, "topk": 2}],
-                         ids=["static", "dynamic"])
+@pytest.mark.parametrize("tree", [[2, 2, 1], {"num_draft_tokens": 6, "depth": 3, "topk": 2}, LEAVES],
+                         ids=["static", "dynamic", "leaves"])
 def test_tree_stop_inside_accepted_path_and_abort(trained_tiny, tree):
     """A stop token inside an accepted path ends the request there; an aborted request frees
-    everything and the others still equal plain decoding (a static and a dynamic tree)."""
+    everything and the others still equal plain decoding (a static, a dynamic and a leaf tree)."""
     model = trained_tiny
     ref = reference(model, PROMPTS, [_params(20) for _ in PROMPTS])
     stop = ref[0][5]
@@ -265,7 +269,8 @@ def test_tree_stop_inside_accepted_path_and_abort(trained_tiny, tree):
 
 SPEC_TREES = st.sampled_from([("mtp8", [2, 2, 1]), ("mtp1", [2, 1, 1]), ("mtp8", [[0], [1], [0, 0], [1, 0]]),
                               ("mtp1", [3]), ("mtp8", {"num_draft_tokens": 5, "depth": 3, "topk": 2}),
-                              ("mtp1", {"num_draft_tokens": 4, "depth": 2, "topk": 2})])
+                              ("mtp1", {"num_draft_tokens": 4, "depth": 2, "topk": 2}),
+                              ("mtp8", LEAVES), ("mtp1", [[0], [1], [2], [0, 0], [0, 0, 0], [0, 0, 1]])])
 
 
 @settings(max_examples=int(os.environ.get("MTPX_TREE_EXAMPLES", 6)), deadline=None,

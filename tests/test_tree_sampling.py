@@ -130,14 +130,17 @@ def _tree_llm(model, tree, **kw):
 
 
 @pytest.mark.slow
-def test_engine_tree_sampling_matches_target_distribution():
+@pytest.mark.parametrize("tree", [[2, 2], [[0], [1], [0, 0], [0, 1]]], ids=["2,2", "leaves"])
+def test_engine_tree_sampling_matches_target_distribution(tree):
     """tests/test_sampling.py's check (the vocabulary-8 peaked model, temperature 1.5, 4,000 seeded
     requests, the joint of the first 3 tokens) with an mtp8 tree [2, 2] and 6 tokens a request (so
     that the first round verifies second-ranked children too: with 3 the scheduler lets it verify one
-    draft): TV to the exact joint below TV_MAX, with accepted paths through a second-ranked child."""
+    draft): TV to the exact joint below TV_MAX, with accepted paths through a second-ranked child;
+    and with the leaf tree of the same depth (the chain and a second choice at depths 1 and 2,
+    drafted by the chain's round: mtpx/spec_decode/tree_leaves.py)."""
     model = _model_v8()
     params = SamplingParams(temperature=1.5, top_k=4)
-    llm = _tree_llm(model, [2, 2])
+    llm = _tree_llm(model, tree)
     outs = llm.generate([PROMPT] * N_ENGINE, [SamplingParams(max_tokens=6, temperature=1.5, top_k=4, seed=i,
                                                              ignore_eos=True) for i in range(N_ENGINE)])
     counts = Counter(tuple(o.output_token_ids[:3]) for o in outs)
@@ -149,14 +152,15 @@ def test_engine_tree_sampling_matches_target_distribution():
 
 
 SEEDED_TREES = [("mtp8", [2, 2, 1]), ("mtp8", [[0], [1], [2], [0, 0], [0, 0, 0], [1, 0]]), ("mtp1", [3, 1]),
-                ("mtp8", {"num_draft_tokens": 6, "depth": 3, "topk": 2}), ("mtp8", [1, 1, 1])]
+                ("mtp8", {"num_draft_tokens": 6, "depth": 3, "topk": 2}), ("mtp8", [1, 3]),
+                ("mtp8", [1, 1, 1])]
 
 
 def test_seeded_tree_sampling_equals_plain_seeded_sampling(trained_tiny):
     """A seeded request at temperature 1.0 / top-p 0.9 emits the same tokens as plain seeded
-    sampling, alone and among 7 seeded and greedy batch-mates, for three tree shapes and a dynamic
-    tree (each request's own tree every step); the chain [1, 1, 1] differs: its verification
-    draws one uniform per draft."""
+    sampling, alone and among 7 seeded and greedy batch-mates, for three tree shapes, a dynamic
+    tree (each request's own tree every step) and a leaf tree ([1, 3]: the chain's round drafts
+    it); the chain [1, 1, 1] differs: its verification draws one uniform per draft."""
     mine = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
     plain = LLM(model=trained_tiny).generate([PROMPT], [mine])[0].output_token_ids
     others = [SamplingParams(max_tokens=5 + i, temperature=0.0 if i % 3 == 0 else 0.7 + 0.1 * i, seed=i,

@@ -142,7 +142,8 @@ class SpecConfig(_Group, AcceptanceConfig):
     a list of paths of sibling ranks ([[0], [1], [0, 0]], Medusa / EAGLE "choices"), or the dynamic
     form {num_draft_tokens: 10, depth: 5, topk: 2} (EAGLE-2: each step the 10 drafts of highest
     cumulative draft log-probability, the top-2 nodes of each depth expanded). With a tree, leave
-    num_speculative_tokens null; eager only (engine.compile null runs eager)."""
+    num_speculative_tokens null. A chain plus sibling leaves ([[0], [1], [0, 0], [0, 1]]) drafts with
+    the chain's round (compiled: its draft graph); dynamic trees run eager."""
     draft_path: Optional[str] = None
     """A safetensors file of MTP modules to attach to the target (a head trained in mtpx and
     exported with tools/export_checkpoint.py --layout draft, or any file in the mtpx, Qwen3-Next
