@@ -1,11 +1,11 @@
 """engine.compile with tree drafting (mtpx/engine/compiled_tree.py): the tree verification forward
-and the commit as one compiled graph each per engine (a leaf tree's draft round a third),
-token-identical to plain decoding.
+as one compiled graph per engine (a leaf tree's draft round a second), token-identical to plain
+decoding.
 
 Default suite: the tree ops' fake (tracing) implementations agree with the kernels (opcheck); a
 float64 tree engine traced with the "eager" backend (Dynamo only) builds one verification graph
-for batches of 2, 3 and 1 (and one commit graph) and gives plain decoding's tokens; a leaf-tree
-engine builds three (the verification, the commit, the chain's draft round with the leaves).
+for batches of 2, 3 and 1 and gives plain decoding's tokens; a leaf-tree engine builds two (the
+verification and the chain's draft round with the leaves).
 Slow (`python -m pytest -q -p no:randomly -m slow tests/test_tree_compiled.py`): Inductor on the
 float32 tiny hybrid (the C kernels as torch ops in the graph), mtp1 and mtp8 trees equal to plain
 decoding, the graphs saved and loaded by a second engine (Inductor builds a second variant for
@@ -63,31 +63,29 @@ def test_compiled_tree_one_graph_equals_plain(trained_tiny, monkeypatch):
     llm = LLM(model=trained_tiny, spec="mtp8", tree=[2, 1], max_num_seqs=4, compile=True,
               compile_backend="eager")
     stats = llm.engine.compile_stats()
-    graphs = [g["graph"] for g in stats["graphs"]]
-    assert graphs == ["tree verify (5-node window)", "tree commit (3-node path)"]
+    assert [g["graph"] for g in stats["graphs"]] == ["tree verify (5-node window)"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         outs = llm.generate(PROMPTS, [_params(14) for _ in PROMPTS])
     assert [o.output_token_ids for o in outs] == plain
     assert sum(o.spec.num_accepted_tokens for o in outs) > 0
-    assert llm.engine.compile_stats()["num_graphs"] == 2
+    assert llm.engine.compile_stats()["num_graphs"] == 1
 
 
 @pytest.mark.parametrize("spec", ["mtp8", pytest.param("mtp1", marks=pytest.mark.slow)])
-def test_compiled_leaf_tree_three_graphs_equal_plain(trained_tiny, spec):
+def test_compiled_leaf_tree_two_graphs_equal_plain(trained_tiny, spec):
     """A float64 leaf-tree engine (the chain and its leaves, mtpx/spec_decode/tree_leaves.py) under
-    Dynamo: three graphs (the tree verification, the commit, the chain's draft round with the
-    leaves) for the warm-up's batches and every later step (error_on_recompile); tokens equal
+    Dynamo: two graphs (the tree verification, the chain's draft round with the leaves) for the
+    warm-up's batches and every later step (error_on_recompile); tokens equal
     plain decoding's, and accepted paths end in a leaf."""
     plain = _generate(LLM(model=trained_tiny, max_num_seqs=4))
     llm = LLM(model=trained_tiny, spec=spec, tree=[[0], [1], [0, 0], [0, 1], [0, 0, 0]], max_num_seqs=4,
               compile=True, compile_backend="eager")
     graphs = [g["graph"] for g in llm.engine.compile_stats()["graphs"]]
-    assert graphs == ["tree verify (6-node window)", "tree commit (4-node path)",
-                      "leaf-tree draft loop (3 modules, 4 columns)"]
+    assert graphs == ["tree verify (6-node window)", "leaf-tree draft loop (3 modules, 4 columns)"]
     with torch._dynamo.config.patch(error_on_recompile=True):
         outs = llm.generate(PROMPTS, [_params(14) for _ in PROMPTS])
     assert [o.output_token_ids for o in outs] == plain
-    assert llm.engine.compile_stats()["num_graphs"] == 3
+    assert llm.engine.compile_stats()["num_graphs"] == 2
     assert sum(sum(row[1:]) for row in llm.engine.runner.tree_stats.rank_counts) > 0
 
 
@@ -106,8 +104,8 @@ def test_inductor_tree_engine_equals_plain_and_reloads(trained_tiny, spec, tree,
         stats = llm.engine.compile_stats()
         # Inductor guards batch >= 2 somewhere in the graph: batch 1 is a second saved variant
         # (Dynamo alone builds one graph: test_compiled_tree_one_graph_equals_plain)
-        assert 2 <= len(stats["graphs"]) <= 4
+        assert 1 <= len(stats["graphs"]) <= 2
         built = {(g["graph"].split(" (")[0], g["source"]) for g in stats["graphs"]}
-        assert built == {("tree verify", source), ("tree commit", source)}
+        assert built == {("tree verify", source)}
         with torch._dynamo.config.patch(error_on_recompile=True):
             assert _generate(llm) == plain

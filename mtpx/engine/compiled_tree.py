@@ -33,7 +33,7 @@ from mtpx.attention.tree_attention import TreeAttention, node_meta
 from mtpx.engine.compiled import _mark_meta_table, _mark_window, mark_batch, plan_and_draft
 from mtpx.engine.decode_step import block_bucket, draft_rounds
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
-from mtpx.models.tree_forward import TreeStates, commit_tree_states, tree_forward
+from mtpx.models.tree_forward import TreeStates, tree_forward
 from mtpx.spec_decode.tree import ancestor_mask
 
 
@@ -171,89 +171,3 @@ def draft_tree(runner, batch: DraftBatch, n_host: list[int], prev: list[int], ne
     if draft is None:
         draft = runner.leaf_draft = LeafDraft(runner.step, spec)
     return draft(batch, n_host, prev, new)
-
-
-def move_path_kv(cache, rows: torch.Tensor, n: torch.Tensor, path: torch.Tensor,
-                 accepted: torch.Tensor) -> None:
-    """The accepted nodes' target KV from position n + path[b, d] to n + d, d = 1 .. accepted[b]
-    (module doc), in every target attention layer."""
-    B, W = path.shape
-    d = torch.arange(W, device=n.device).expand(B, W)
-    move = (d >= 1) & (d <= accepted[:, None]) & (path != d)
-    if not bool(move.any()):
-        return
-    bi = torch.arange(B, device=n.device)[:, None].expand(B, W)[move]
-    S, table = cache.block_size, cache.block_tables[rows]
-
-    def slots(pos):
-        return table[bi, pos // S] * S + pos % S
-    src, dst = slots(n[bi] + path[move]), slots(n[bi] + d[move])
-    for c in cache.target:
-        if hasattr(c, "write"):
-            c.write(dst, c.k.flatten(0, 1)[src], c.v.flatten(0, 1)[src])
-
-
-def tree_commit(cache, kept, rows, n, path, accepted):
-    """The commit of a tree step as one graph (tree_step.move_path_kv and commit_tree_states
-    without boundary states): the accepted nodes' target KV from n + path[b, d] to n + d (the
-    others, and nodes already in place, written to the pad slot), and each row's Gated DeltaNet
-    state after its last accepted node. kept: each layer's (ext, taps, ssm); rows, n, accepted [B],
-    path [B, D + 1] int64."""
-    B, W = path.shape
-    S, table = cache.block_size, cache.block_tables[rows]
-    d = torch.arange(W, device=n.device).expand(B, W)
-    move = (d >= 1) & (d <= accepted[:, None]) & (path != d)
-
-    def slots(pos):
-        return table.gather(1, pos // S) * S + pos % S
-    src = slots(n[:, None] + path).flatten()
-    dst = torch.where(move, slots(n[:, None] + d), cache.pad_slot).flatten()
-    for c in cache.target:
-        if hasattr(c, "write"):
-            c.write(dst, c.k.flatten(0, 1)[src], c.v.flatten(0, 1)[src])
-    last = path.gather(1, accepted[:, None])[:, 0]
-    bi = torch.arange(B, device=n.device)
-    for state, x in zip(cache.recurrent, kept):      # commit_tree_states (index_copy_: no guard on B)
-        tree = TreeStates(*x)
-        state.ssm.index_copy_(0, rows, tree.ssm[bi, last].to(state.ssm.dtype))
-        state.conv.index_copy_(0, rows, tree.conv_after(bi, last).to(state.conv.dtype))
-
-
-class TreeCommit:
-    """tree_commit compiled through an engine's CompiledDecode `step` (one graph, a subfolder per
-    tree shape as TreeVerify's); boundary states are stored eager first, as the chain's commit."""
-
-    def __init__(self, step, spec):
-        self.step = step
-        self.name = f"tree commit ({spec.shape.depth + 1}-node path)"
-        paths = json.dumps([list(p) for p in spec.shape.paths])
-        self.fn = step.compile(tree_commit, f"tree_commit_{hashlib.sha256(paths.encode()).hexdigest()[:12]}")
-        step.progress.expected = len(step.progress.records) + 1
-
-    def __call__(self, cache, kept, rows, n, path, accepted) -> None:
-        kept = [(s.ext, s.taps, s.ssm) for s in kept]
-        args = (cache, kept, rows, n, path, accepted)
-
-        def mark():
-            mark_batch(rows, n, path, accepted, *(t for x in kept for t in x))
-        with torch.inference_mode():
-            self.step.call(self.name, self.fn, args, mark)
-
-
-def commit_tree(runner, kept, rows, n, path, accepted, save) -> None:
-    """The accepted path's KV move and Gated DeltaNet commit of tree_step.tree_decode (save: the
-    boundary states, stored first): compiled through TreeCommit when the runner's step is
-    compiled, else eager."""
-    cache = runner.cache
-    if not runner.step.static:
-        move_path_kv(cache, rows, n, path, accepted)
-        commit_tree_states(cache.recurrent, kept, rows, path.gather(1, accepted[:, None])[:, 0], save)
-        return
-    if save is not None:
-        for state, tree in zip(cache.recurrent, kept):
-            if save[0].numel():
-                state.save_blocks(save[2], tree.conv_after(save[0], save[1]), tree.ssm[save[0], save[1]])
-    commit = getattr(runner, "tree_commit", None)
-    if commit is None:
-        commit = runner.tree_commit = TreeCommit(runner.step, runner.speculator)
-    commit(cache, kept, rows, n, path, accepted)

@@ -19,9 +19,10 @@ from types import SimpleNamespace
 
 import torch
 
-from mtpx.engine.compiled_tree import commit_tree, draft_tree, move_path_kv, static_window, verify_tree  # noqa: F401
+from mtpx.engine.compiled_tree import draft_tree, static_window, verify_tree
 from mtpx.engine.logits import logprobs
 from mtpx.engine.tree_logits import process_tree_logits
+from mtpx.models.tree_forward import commit_tree_states
 from mtpx.spec_decode.tree import DynamicTree, depth_levels, greedy_walk
 from mtpx.spec_decode.tree_sampling import tree_targets
 
@@ -94,6 +95,26 @@ def check_tree_engine(config, shape=None) -> None:
         raise ValueError("spec.tree with engine.tensor_parallel_size > 1: not supported yet")
 
 
+def move_path_kv(cache, rows: torch.Tensor, n: torch.Tensor, path: torch.Tensor,
+                 accepted: torch.Tensor) -> None:
+    """The accepted nodes' target KV from position n + path[b, d] to n + d, d = 1 .. accepted[b]
+    (module doc), in every target attention layer."""
+    B, W = path.shape
+    d = torch.arange(W, device=n.device).expand(B, W)
+    move = (d >= 1) & (d <= accepted[:, None]) & (path != d)
+    if not bool(move.any()):
+        return
+    bi = torch.arange(B, device=n.device)[:, None].expand(B, W)[move]
+    S, table = cache.block_size, cache.block_tables[rows]
+
+    def slots(pos):
+        return table[bi, pos // S] * S + pos % S
+    src, dst = slots(n[bi] + path[move]), slots(n[bi] + d[move])
+    for c in cache.target:
+        if hasattr(c, "write"):
+            c.write(dst, c.k.flatten(0, 1)[src], c.v.flatten(0, 1)[src])
+
+
 def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     """ModelRunner._decode for a TreeSpeculator (module doc): -> (verify_s, draft_s)."""
     if not decodes:
@@ -135,12 +156,13 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
         emitted = torch.cat([drafted, emitted[:, D:]], 1)
     depth_rank = torch.stack([(d - 1).expand(B, D), ranks.gather(1, path[:, 1:])], -1)[on_path]
     runner.tree_stats.record(nd_host, depth_rank.tolist())
+    move_path_kv(cache, rows, n, path, accepted)
     save = runner._boundaries(decodes, n_host, [1 + x for x in nd_host])
     if save is not None:            # boundary states of the accepted positions (pad block else)
         bi, ti, blocks = save
         node = path[bi, ti.clamp(max=D)]
         save = (bi, node, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
-    commit_tree(runner, kept, rows, n, path, accepted, save)
+    commit_tree_states(cache.recurrent, kept, rows, path.gather(1, accepted[:, None])[:, 0], save)
     keep = torch.arange(D + 1, device=dev)[None] <= accepted[:, None]
     cache.write_tokens(torch.where(keep, rows[:, None], cache.pad_row),
                        n[:, None] + 1 + torch.arange(D + 1, device=dev), emitted)
