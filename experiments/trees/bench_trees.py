@@ -6,10 +6,11 @@
 Each contender is one LLM (eager, or with --compile compiled, trees too; greedy, concurrency
 --concurrency (max_num_seqs), the demo
 checkpoint): plain decoding, chain mtp1 (k = 1 and k = 3), chain mtp8 (k = 8) and the tree shapes
-in CONTENDERS (--only: those names). The prompts are cut
-into --rounds chunks; every contender generates each chunk, in an order rotated per chunk. Per
-contender: output tok/s (output tokens / generate wall time, over all chunks), its ratio to plain,
-acceptance length (1 + accepted / rounds), drafts verified per round, and the requests whose tokens
+in CONTENDERS (--only: those names; leaf trees run the chain's round, mtpx/spec_decode/tree_leaves.py,
+and a name ending in " generic" builds its tree with the generic tree round instead). The prompts
+are cut into --rounds chunks; every contender generates each chunk, in an order rotated per chunk.
+Per contender: the graphs its engine built, output tok/s (output tokens / generate wall time, over
+all chunks), its ratio to plain and to the fastest chain of the run, acceptance length (1 + accepted / rounds), drafts verified per round, and the requests whose tokens
 differ from plain decoding's; trees.json also records each engine's build (seconds from the
 LLM call to a ready engine, graphs compiled or loaded). Writes trees.json and trees.md into --out.
 """
