@@ -10,9 +10,10 @@ in CONTENDERS (--only: those names; leaf trees run the chain's round, mtpx/spec_
 and a name ending in " generic" builds its tree with the generic tree round instead). The prompts
 are cut into --rounds chunks; every contender generates each chunk, in an order rotated per chunk.
 Per contender: the graphs its engine built, output tok/s (output tokens / generate wall time, over
-all chunks), its ratio to plain and to the fastest chain of the run, acceptance length (1 + accepted / rounds), drafts verified per round, and the requests whose tokens
-differ from plain decoding's; trees.json also records each engine's build (seconds from the
-LLM call to a ready engine, graphs compiled or loaded). Writes trees.json and trees.md into --out.
+all chunks), its ratio to plain and to the fastest chain of the run, acceptance length (1 +
+accepted / rounds), drafts verified per round, and the requests whose tokens differ from plain
+decoding's; trees.json also records each engine's build (seconds from the LLM call to a ready
+engine, graphs compiled or loaded). Writes trees.json and trees.md into --out.
 """
 from __future__ import annotations
 
