@@ -3,7 +3,6 @@ exactly plain decoding's tensor operations (mtpx/engine/model_runner.py, `_prefi
 `_decode` holds nothing), and requests admitted deeper afterwards still draft from exact module KV."""
 from __future__ import annotations
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.helpers import _params, assert_clean, install_draft_check, make_llm, run_checked
@@ -26,14 +25,17 @@ class _Ops(TorchDispatchMode):
 def _record_runner_ops(llm) -> list[tuple[str, list[str]]]:
     """Wrap the runner's prefill and decode: each call's (name, aten operators) appended."""
     runner, calls = llm.engine.runner, []
-    for name in ("_prefill", "_decode"):
-        def wrapped(*args, _fn=getattr(runner, name), _name=name, **kwargs):
+
+    def recorder(name: str, fn):
+        def wrapped(*args, **kwargs):
             with _Ops() as ops:
-                out = _fn(*args, **kwargs)
+                out = fn(*args, **kwargs)
             if args[0]:                           # the step had prefill chunks / decodes
-                calls.append((_name, ops.names))
+                calls.append((name, ops.names))
             return out
-        setattr(runner, name, wrapped)
+        return wrapped
+    for name in ("_prefill", "_decode"):
+        setattr(runner, name, recorder(name, getattr(runner, name)))
     return calls
 
 
