@@ -19,6 +19,16 @@ tokens/s of a contender = its output tokens / its generate wall time, over all c
 to plain is given over all chunks and its min-max over the chunks. Every contender's greedy
 tokens are compared with plain decoding's (mismatches are counted and reported; on fp32 a
 near-tie may flip a token). Writes speedup.json and speedup.md into --out atomically.
+
+--interleave N (steps interleaved, instead of whole generates rotated per chunk): for each chunk,
+every contender's engine gets all of the chunk's requests (Engine.add_request; at most
+--concurrency in the engine at once, as LLM.generate's client admits them), and the engines are
+stepped round-robin, N steps each per turn, the order rotated by one each turn; a contender's
+seconds are the sum of its `Engine.step` calls (with the admissions before each), timed with
+perf_counter. Left out: encoding the prompts and decoding the outputs (the same prompts and tokens
+for every contender; their seconds are reported as host_s). A drift of the machine over seconds
+then lands on every contender alike, where a whole generate of several seconds may catch it alone.
+A contender named NAME_TAG (e.g. plain_b) is NAME again, a second engine: an A/A comparison.
 """
 from __future__ import annotations
 
@@ -63,8 +73,9 @@ def _overrides(name: str) -> tuple[str, dict]:
 
 
 def _contender(name: str) -> tuple[str | None, int | None]:
-    """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K); 'auto' -> ("mtp8", "auto")."""
-    name = _overrides(name)[0]
+    """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K); 'auto' -> ("mtp8", "auto");
+    'NAME_TAG' -> NAME's (a second engine of the same kind)."""
+    name = _overrides(name)[0].split("_")[0]
     if name == "plain":
         return None, None
     if name == "auto":
@@ -98,6 +109,55 @@ def _calibration_note(cal: dict) -> str:
     return f"; step costs calibrated in {cal['seconds']:.1f} s"
 
 
+def _generate_rotated(llms: dict, chunk: list[str], params, c: int, concurrency: int) -> dict:
+    """Chunk mode: each contender generates the whole chunk in turn, in an order rotated per chunk:
+    -> {name: (outputs, seconds of its generate)}."""
+    names = list(llms)
+    out = {}
+    for name in names[c % len(names):] + names[: c % len(names)]:
+        t0 = time.perf_counter()
+        outs = llms[name].generate(chunk, params, max_concurrency=concurrency)
+        out[name] = (outs, time.perf_counter() - t0)
+    return out
+
+
+def _generate_interleaved(llms: dict, chunk: list[str], params, c: int, concurrency: int,
+                          steps_per_turn: int) -> tuple[dict, dict]:
+    """--interleave (module doc): -> ({name: (outputs, seconds of its steps)}, {name: host seconds
+    encoding the prompts and decoding the outputs})."""
+    host, reqs, pending, flight, spent = {}, {}, {}, {}, {}
+    for name, llm in llms.items():
+        t0 = time.perf_counter()
+        ids = [llm.encode(p) for p in chunk]
+        reqs[name] = [llm.new_request(i, x, params, llm.engine.validate_prompt(x)) for i, x in enumerate(ids)]
+        host[name] = time.perf_counter() - t0
+        pending[name] = [r for r in reversed(reqs[name]) if r.error is None]    # popped from the end
+        flight[name], spent[name] = 0, 0.0
+    active, turn = list(llms), c
+    with torch.inference_mode():
+        while active:
+            for name in active[turn % len(active):] + active[: turn % len(active)]:
+                engine = llms[name].engine
+                for _ in range(steps_per_turn):
+                    t0 = time.perf_counter()
+                    while pending[name] and flight[name] < concurrency:     # as LLM.generate's client
+                        r = pending[name].pop()
+                        r.arrival_time = t0
+                        flight[name] += engine.add_request(r)
+                    if not engine.has_unfinished_requests():
+                        break
+                    flight[name] -= len(engine.step())
+                    spent[name] += time.perf_counter() - t0
+            active = [n for n in active if pending[n] or llms[n].engine.has_unfinished_requests()]
+            turn += 1
+    out = {}
+    for name, llm in llms.items():
+        t0 = time.perf_counter()
+        out[name] = ([llm.request_output(r) for r in reqs[name]], spent[name])
+        host[name] += time.perf_counter() - t0
+    return out, host
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
@@ -110,6 +170,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="experiments/speedup_gsm8k")
+    ap.add_argument("--interleave", type=int, default=0, metavar="N",
+                    help="time N engine steps per contender in turn (module doc); 0: generates per chunk")
     args = ap.parse_args(argv)
     if "plain" not in args.contenders:
         raise SystemExit("error: --contenders must include plain (the baseline)")
@@ -135,19 +197,21 @@ def main(argv=None) -> int:
             cal = llms[name].calibration
             print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
         auto_k.reset_histograms(llms[name].engine.draft_length)   # the timed chunks only, not the warm-up
-    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []}
+    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": [], "host_s": 0.0}
            for n in args.contenders}
     for c, chunk in enumerate(chunks):
-        order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
-        for name in order:
-            llms[name].engine.reset_step_timings()
-            t0 = time.perf_counter()
-            outs = llms[name].generate(chunk, params, max_concurrency=args.concurrency)
-            dt = time.perf_counter() - t0
+        for llm in llms.values():
+            llm.engine.reset_step_timings()
+        if args.interleave:
+            results, host = _generate_interleaved(llms, chunk, params, c, args.concurrency, args.interleave)
+        else:
+            results, host = _generate_rotated(llms, chunk, params, c, args.concurrency), {}
+        for name, (outs, dt) in results.items():
             per[name]["timings"].extend(llms[name].engine.step_timings)
             n_tok = sum(len(o.output_token_ids) for o in outs)
             per[name]["tokens"] += n_tok
             per[name]["seconds"] += dt
+            per[name]["host_s"] += host.get(name, 0.0)
             per[name]["chunks"].append({"tokens": n_tok, "seconds": dt})
             per[name]["outputs"].extend(outs)
             print(f"chunk {c}: {name} {n_tok / dt:.1f} tok/s", flush=True)
@@ -167,6 +231,7 @@ def main(argv=None) -> int:
                      "ratio_median": statistics.median(ratios),
                      "acceptance_length": None if spec is None else spec.acceptance_length,
                      "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
+                     "host_s": round(p["host_s"], 4),
                      "chunks": p["chunks"], "engine_time": _engine_time(p["timings"], llms[name])})
         summary = auto_k.summary(llms[name].engine.draft_length)
         if summary is not None:
@@ -174,7 +239,9 @@ def main(argv=None) -> int:
     lines = [f"# Output tok/s against plain decoding, same run ({Path(args.model).name}, "
              f"{args.num_prompts} GSM8K test prompts, concurrency {args.concurrency}, "
              f"max {args.max_tokens} tokens, "
-             f"{'compiled' if args.compile else 'eager'}, {args.threads} threads)", "",
+             f"{'compiled' if args.compile else 'eager'}, {args.threads} threads, "
+             + (f"{args.interleave} steps interleaved" if args.interleave else "generates rotated per chunk")
+             + ")", "",
              "| contender | output tok/s | vs plain (chunk min-max) | median of the chunks' ratios | "
              "acceptance length | output tokens | requests differing from plain |",
              "|---|---:|---:|---:|---:|---:|---:|"]
