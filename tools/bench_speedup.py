@@ -29,10 +29,14 @@ perf_counter. Left out: encoding the prompts and decoding the outputs (the same 
 for every contender; their seconds are reported as host_s). A drift of the machine over seconds
 then lands on every contender alike, where a whole generate of several seconds may catch it alone.
 A contender named NAME_TAG (e.g. plain_b) is NAME again, a second engine: an A/A comparison.
+--share-weights: the contenders' engines run over one model loaded once (each engine keeps its own
+KV cache, states and graphs), so that no contender's weights sit elsewhere in memory and caches;
+automatic k's calibration is then kept in a file of the step-cost cache for the next run.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import statistics
@@ -47,7 +51,9 @@ import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
-from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mtpx.engine.precompile import _source_hash  # noqa: E402
+from mtpx.hf.loader import load_pretrained  # noqa: E402
+from mtpx.io import atomic_write_json, atomic_write_text, mtpx_cache_dir  # noqa: E402
 from mtpx import auto_k  # noqa: E402
 from mtpx.auto_k.costs import step_costs  # noqa: E402
 from mtpx.metrics.stats import aggregate_spec  # noqa: E402
@@ -107,6 +113,17 @@ def _calibration_note(cal: dict) -> str:
     if cal["source"].startswith("loaded from"):
         return f"; step costs {cal['source']} (a calibration of an earlier run)"
     return f"; step costs calibrated in {cal['seconds']:.1f} s"
+
+
+def _cost_file(args, name: str) -> Path:
+    """--share-weights: where automatic k's calibration is kept between runs of the same settings (an
+    engine over an in-memory model has no step-cost cache of its own): a file under the step-cost
+    cache keyed by the checkpoint, the settings, the contender and mtpx's source."""
+    key = json.dumps([str(Path(args.model).resolve()), args.concurrency, args.compile, args.threads, name,
+                      torch.__version__, _source_hash()])
+    folder = mtpx_cache_dir() / "step_costs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"bench_speedup-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
 def _generate_rotated(llms: dict, chunk: list[str], params, c: int, concurrency: int) -> dict:
@@ -170,6 +187,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="experiments/speedup_gsm8k")
+    ap.add_argument("--share-weights", action="store_true",
+                    help="every contender's engine over one model in memory (module doc)")
     ap.add_argument("--interleave", type=int, default=0, metavar="N",
                     help="time N engine steps per contender in turn (module doc); 0: generates per chunk")
     args = ap.parse_args(argv)
@@ -184,12 +203,17 @@ def main(argv=None) -> int:
               f">= {args.concurrency * args.rounds}", flush=True)
     params = SamplingParams(max_tokens=args.max_tokens)
     llms, compile_s = {}, {}
+    shared = load_pretrained(args.model) if args.share_weights else None       # (model, tokenizer)
     for name in args.contenders:
         spec, k = _contender(name)
         t0 = time.perf_counter()        # with compile, LLM() compiles and warms up the engine
-        llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k,
+        model = args.model if shared is None else shared[0]
+        extra = {} if shared is None else {"tokenizer": shared[1], "cost_model_file": _cost_file(args, name)}
+        if k != "auto":
+            extra.pop("cost_model_file", None)
+        llms[name] = LLM(model=model, spec=spec, num_speculative_tokens=k,
                          max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024,
-                         **_overrides(name)[1])
+                         **extra, **_overrides(name)[1])
         if args.compile:
             compile_s[name] = time.perf_counter() - t0
             print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)
