@@ -14,9 +14,10 @@ requests per depth, and the requests whose greedy tokens differ from plain decod
 the runs' paired auto / best (min-max) and whether every run meets the target (>= 0.97x the best,
 >= 0.99x plain where plain is best). Prints the table; --out also writes it.
 
---aa: DIR holds MODE_cN_rI_TIMING folders (TIMING: chunks or interleave) of runs with the contenders
-plain and plain_b, two engines doing the same work: per run plain_b / plain over all chunks, paired
-(median over the chunks) and the chunks' min-max, and per timing mode the paired medians' spread.
+--aa: DIR holds MODE_cN_rI_TIMING folders (TIMING: chunks, interleave, or shared: interleaved with
+--share-weights) of runs with the contenders plain and plain_b, two engines doing the same work:
+per run plain_b / plain over all chunks, paired (median over the chunks) and the chunks' min-max,
+and per timing mode the paired medians' spread.
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def table(folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-AA_RUN = re.compile(r"^(eager|compiled)_c(\d+)_r(\d+)_(chunks|interleave)$")
+AA_RUN = re.compile(r"^(eager|compiled)_c(\d+)_r(\d+)_(chunks|interleave|shared)$")
 
 
 def aa_table(folder: Path) -> str:
@@ -109,14 +110,14 @@ def aa_table(folder: Path) -> str:
             chunk = [_rate(x) / _rate(y) for x, y in zip(b["chunks"], a["chunks"])]
             runs.append((m.group(4), m.group(1), int(m.group(2)), int(m.group(3)),
                          b["output_tok_s"] / a["output_tok_s"], paired(b, a), min(chunk), max(chunk)))
-    runs.sort(key=lambda r: (r[0] != "chunks", r[1] != "compiled", r[2], r[3]))
+    runs.sort(key=lambda r: (["chunks", "interleave", "shared"].index(r[0]), r[1] != "compiled", r[2], r[3]))
     lines = ["| timing | mode | concurrency | run | plain_b / plain | paired | chunks min-max |",
              "|---|---|---:|---|---:|---:|---:|"]
     lines += [f"| {t} | {mode} | {c} | r{i} | {all_:.3f}x | {p:.3f}x | {lo:.3f}-{hi:.3f} |"
               for t, mode, c, i, all_, p, lo, hi in runs]
     lines += ["", "| timing | runs | paired, min-max | largest distance from 1.000 | chunks, min-max |",
               "|---|---:|---:|---:|---:|"]
-    for t in ("chunks", "interleave"):
+    for t in ("chunks", "interleave", "shared"):
         mine = [r for r in runs if r[0] == t]
         if mine:
             ps = [r[5] for r in mine]
