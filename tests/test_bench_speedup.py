@@ -43,7 +43,8 @@ def test_interleaved_steps_give_the_chunk_mode_s_outputs_and_count_every_token(t
     data.write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in questions))
     assert tool.main(["--model", str(tiny_ckpt), "--data", str(data), "--num-prompts", "6", "--rounds", "2",
                       "--max-tokens", "7", "--concurrency", "2", "--threads", "1", "--interleave", "2",
-                      "--share-weights", "--contenders", "plain", "plain_b", "--out", str(tmp_path)]) == 0
+                      "--share-weights", "--build-reversed", "--contenders", "plain", "plain_b",
+                      "--out", str(tmp_path)]) == 0
     rows = {r["contender"]: r for r in json.loads((tmp_path / "speedup.json").read_text())["rows"]}
     for r in rows.values():
         assert r["mismatches_vs_plain"] == 0 and r["host_s"] > 0

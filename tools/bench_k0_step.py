@@ -17,9 +17,10 @@ scheduling and bookkeeping included); the table gives each engine's median step 
 of the paired ratios (kind / plain, step by step) with its quartiles. The modules' lag (prompt
 positions included: its prefill at k = 0 defers the module prefill too) stays within the catch-up
 ring of 256 positions for input_len + steps <= 254, so no catch-up runs in the timed steps.
-On this machine the engines built first read slower (the first 2-9% below the last, a plain engine
-against a second one); --build-reversed builds them in the opposite order, and two calls, one each
-way, bracket that effect. Writes bench_k0_step.md and .json into --out.
+On this machine an engine built earlier reads slower (2-3% per engine built between them: a plain
+engine 6-9% below a second one built three engines later); --build-reversed builds them in the
+opposite order, and two calls, one each way, bracket that effect. Writes bench_k0_step.md and
+.json into --out.
 """
 from __future__ import annotations
 
@@ -114,9 +115,8 @@ def main(argv=None) -> int:
         ap.error("--steps + --input-len at most 254: beyond, the held engine's catch-up ring overflows "
                  "(a catch-up round)")
     torch.set_num_threads(1)
-    # glibc's settings of the engines (mtpx/engine/malloc.py) before any model is loaded: else the first
-    # engine's weights sit in fresh mmap'ed pages and every later engine's on the heap, and the first
-    # engine's steps read 2-4% slower than the same engine's built later (experiments/auto_k_never_loses)
+    # glibc's settings of the engines (mtpx/engine/malloc.py) before any model is loaded, so that no
+    # engine's weights alone sit in fresh mmap'ed pages (the first one's did)
     tune_malloc()
     rows = []
     for mode in a.modes:

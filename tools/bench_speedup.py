@@ -29,6 +29,10 @@ perf_counter. Left out: encoding the prompts and decoding the outputs (the same 
 for every contender; their seconds are reported as host_s). A drift of the machine over seconds
 then lands on every contender alike, where a whole generate of several seconds may catch it alone.
 A contender named NAME_TAG (e.g. plain_b) is NAME again, a second engine: an A/A comparison.
+On this machine an engine built earlier in the process runs its steps slower than one built later
+(2-3% per engine built between them, eager and compiled, the same kind of engine either way:
+experiments/auto_k_never_loses); --build-reversed builds them from the last contender to the first
+(the timing order stays the contenders'), so that two runs, one each way, bracket the effect.
 --share-weights: the contenders' engines run over one model loaded once (each engine keeps its own
 KV cache, states and graphs), so that no contender's weights sit elsewhere in memory and caches;
 automatic k's calibration is then kept in a file of the step-cost cache for the next run.
@@ -188,6 +192,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="experiments/speedup_gsm8k")
+    ap.add_argument("--build-reversed", action="store_true",
+                    help="build the engines from the last contender to the first (module doc)")
     ap.add_argument("--share-weights", action="store_true",
                     help="every contender's engine over one model in memory (module doc)")
     ap.add_argument("--interleave", type=int, default=0, metavar="N",
@@ -196,9 +202,8 @@ def main(argv=None) -> int:
     if "plain" not in args.contenders:
         raise SystemExit("error: --contenders must include plain (the baseline)")
     torch.set_num_threads(args.threads)
-    # glibc's settings of the engines (mtpx/engine/malloc.py) before any model is loaded: else the first
-    # engine's weights sit in fresh mmap'ed pages and every later engine's on the heap, and the first
-    # engine's steps read 2-4% slower than the same engine's built later (experiments/auto_k_never_loses)
+    # glibc's settings of the engines (mtpx/engine/malloc.py) before any model is loaded, so that no
+    # engine's weights alone sit in fresh mmap'ed pages (the first one's did)
     tune_malloc()
     prompts = [format_prompt(r["question"]) for r in load_gsm8k(args.data)[: args.num_prompts]]
     chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
@@ -209,7 +214,7 @@ def main(argv=None) -> int:
     params = SamplingParams(max_tokens=args.max_tokens)
     llms, compile_s = {}, {}
     shared = load_pretrained(args.model) if args.share_weights else None       # (model, tokenizer)
-    for name in args.contenders:
+    for name in reversed(args.contenders) if args.build_reversed else args.contenders:
         spec, k = _contender(name)
         t0 = time.perf_counter()        # with compile, LLM() compiles and warms up the engine
         model = args.model if shared is None else shared[0]
@@ -226,6 +231,7 @@ def main(argv=None) -> int:
             cal = llms[name].calibration
             print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
         auto_k.reset_histograms(llms[name].engine.draft_length)   # the timed chunks only, not the warm-up
+    llms = {name: llms[name] for name in args.contenders}         # timed in the contenders' order either way
     per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": [], "host_s": 0.0}
            for n in args.contenders}
     for c, chunk in enumerate(chunks):
