@@ -19,12 +19,13 @@ positions included: its prefill at k = 0 defers the module prefill too) stays wi
 ring of 256 positions for input_len + steps <= 254, so no catch-up runs in the timed steps.
 On this machine an engine built earlier reads slower (2-3% per engine built between them: a plain
 engine 6-9% below a second one built three engines later); --build-reversed builds them in the
-opposite order, and two calls, one each way, bracket that effect. Writes bench_k0_step.md and
-.json into --out.
+opposite order, and two calls, one each way, bracket that effect (--bracket FWD.json REV.json: the
+geometric means). Writes bench_k0_step.md and .json into --out.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import random
 import statistics
@@ -99,6 +100,21 @@ def paired(engines: dict, batch: int, steps: int, input_len: int, seed: int) -> 
     return row
 
 
+def bracket(forward: Path, reverse: Path) -> str:
+    """The geometric mean of each kind's paired ratio in a call that built plain first (forward
+    bench_k0_step.json) and one that built it last (reverse): a build-order effect linear in the
+    engine's position cancels (module doc). A markdown table."""
+    a, b = (json.loads(Path(p).read_text()) for p in (forward, reverse))
+    lines = ["| mode | batch | engine | built plain first | built plain last | geometric mean |",
+             "|---|---:|---|---:|---:|---:|"]
+    for x, y in zip(a["rows"], b["rows"]):
+        for kind in a["meta"]["kinds"]:
+            f, r = x[kind]["ratio"], y[kind]["ratio"]
+            lines.append(f"| {x['mode']} | {x['batch']} | {KINDS[kind]} | {f:.3f}x | {r:.3f}x | "
+                         f"{(f * r) ** 0.5:.3f}x |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
@@ -110,7 +126,12 @@ def main(argv=None) -> int:
                     help="build the last kind's engine first, plain's last (module doc)")
     ap.add_argument("--kinds", nargs="+", default=["held", "depth0", "plain_b"], choices=list(KINDS))
     ap.add_argument("--out", default=str(ROOT / "experiments" / "auto_k_never_loses"))
+    ap.add_argument("--bracket", nargs=2, type=Path, metavar=("FORWARD.json", "REVERSED.json"),
+                    help="print the geometric means of two calls' ratios (bracket) and exit")
     a = ap.parse_args(argv)
+    if a.bracket:
+        print(bracket(*a.bracket), end="")
+        return 0
     if a.steps + a.input_len > 254:
         ap.error("--steps + --input-len at most 254: beyond, the held engine's catch-up ring overflows "
                  "(a catch-up round)")
