@@ -12,7 +12,9 @@ chunk's ratio ("paired": the same chunk, generates rotated per chunk or steps in
 bench_speedup's --interleave), its share of decode steps per k, the
 requests per depth, and the requests whose greedy tokens differ from plain decoding's. Per cell:
 the runs' paired auto / best (min-max) and whether every run meets the target (>= 0.97x the best,
->= 0.99x plain where plain is best). Prints the table; --out also writes it.
+>= 0.99x plain where plain is best), and that ratio bracketed over the build order (the geometric
+mean of the runs that built plain first and of those that built it last, bench_speedup's
+--build-reversed; the run column marks the latter "rev"). Prints the table; --out also writes it.
 
 --aa: DIR holds MODE_cN_rI_TIMING folders (TIMING: chunks, interleave, or shared: interleaved with
 --share-weights) of runs with the contenders plain and plain_b, two engines doing the same work:
@@ -72,7 +74,9 @@ def table(folder: Path) -> str:
         m = RUN.match(d.name)
         if m and (d / "speedup.json").exists():
             data = json.loads((d / "speedup.json").read_text())
-            runs.append((m.group(1), int(m.group(2)), int(m.group(3)), run_row(data)))
+            row = run_row(data)
+            row["reversed"] = bool(data["args"].get("build_reversed"))
+            runs.append((m.group(1), int(m.group(2)), int(m.group(3)), row))
     runs.sort(key=lambda r: (r[0] != "compiled", r[1], r[2]))
     names = ["mtp1", "mtp4", "mtp8", "auto"]
     lines = ["| concurrency | mode | run | plain tok/s | " + " | ".join(names) + " | best fixed | auto / best"
@@ -81,19 +85,31 @@ def table(folder: Path) -> str:
     for mode, c, i, r in runs:
         cells = " | ".join(f"{r['ratios'][n]:.2f}x" if n in r["ratios"] else "-" for n in names)
         verdict = "meets" if meets(r) else "MISSES"
-        lines.append(f"| {c} | {mode} | r{i} | {r['plain']:.1f} | {cells} | {r['best']} | "
+        run = f"r{i}{' rev' * r['reversed']}"
+        lines.append(f"| {c} | {mode} | {run} | {r['plain']:.1f} | {cells} | {r['best']} | "
                      f"{r['auto_best']:.3f}x ({r['auto_best_paired']:.3f}x) | {r['auto_plain_paired']:.3f}x"
                      f" | {r['ks']} | {r['depths']} | {r['mismatches']} | {verdict} |")
     lines += ["", "| concurrency | mode | runs | auto / best, paired (min-max) | every run meets the target"
-              " |", "|---|---|---:|---:|---|"]
+              " | bracketed: built plain first and last |", "|---|---|---:|---:|---|---:|"]
     cells: dict = {}
     for mode, c, _, r in runs:
         cells.setdefault((mode, c), []).append(r)
     for (mode, c), rs in sorted(cells.items(), key=lambda x: (x[0][0] != "compiled", x[0][1])):
         ps = [r["auto_best_paired"] for r in rs]
         lines.append(f"| {c} | {mode} | {len(rs)} | {min(ps):.3f}x-{max(ps):.3f}x | "
-                     f"{'yes' if all(meets(r) for r in rs) else 'no'} |")
+                     f"{'yes' if all(meets(r) for r in rs) else 'no'} | {_bracketed(rs)} |")
     return "\n".join(lines) + "\n"
+
+
+def _bracketed(rows: list[dict]) -> str:
+    """The geometric mean of the paired auto / best of the runs that built plain first (their own
+    geometric mean) and of those that built it last (bench_speedup --build-reversed): an effect of
+    the build order linear in an engine's position cancels; "-" without runs of both orders."""
+    def gmean(xs):
+        return statistics.geometric_mean(xs) if xs else None
+    fwd = gmean([r["auto_best_paired"] for r in rows if not r["reversed"]])
+    rev = gmean([r["auto_best_paired"] for r in rows if r["reversed"]])
+    return "-" if fwd is None or rev is None else f"{(fwd * rev) ** 0.5:.3f}x"
 
 
 AA_RUN = re.compile(r"^(eager|compiled)_c(\d+)_r(\d+)_(chunks|interleave|shared)$")
