@@ -3,7 +3,7 @@ plain decoding, mtp1, mtp8 (and other k, and the automatic k) on the same GSM8K 
 
     python tools/bench_speedup.py [--model checkpoints/demo] [--num-prompts 128] [--max-tokens 256] \
         [--contenders plain mtp1 mtp8 auto] [--concurrency 1] [--rounds 4] [--compile] \
-        [--threads 2] [--out experiments/speedup_gsm8k]
+        [--threads 2] [--interleave 4] [--build-reversed] [--out experiments/speedup_gsm8k]
 
 One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
 with k = 8; `mtpK` or `mtp8:K` for another k of multi-module MTP; `auto` = multi-module MTP with
@@ -14,20 +14,22 @@ with max_num_seqs = --concurrency and at most that many requests in the engine a
 at most --max-tokens each, eos ends a request. With
 --compile every engine compiles its decode step and warms up before anything is timed. The first
 --num-prompts GSM8K test questions (formatted as the eval formats them) are cut into --rounds
-chunks; for each chunk every contender generates it, in an order rotated per chunk. Output
-tokens/s of a contender = its output tokens / its generate wall time, over all chunks; the ratio
+chunks; with --interleave 0 every contender generates each chunk in turn, in an order rotated per
+chunk (by default the engines' steps are interleaved instead, below). Output tokens/s of a
+contender = its output tokens / its seconds (generate wall time, or its steps'), over all chunks; the ratio
 to plain is given over all chunks and its min-max over the chunks. Every contender's greedy
 tokens are compared with plain decoding's (mismatches are counted and reported; on fp32 a
 near-tie may flip a token). Writes speedup.json and speedup.md into --out atomically.
 
---interleave N (steps interleaved, instead of whole generates rotated per chunk): for each chunk,
+--interleave N (default 4; 0: whole generates rotated per chunk, as described above): for each chunk,
 every contender's engine gets all of the chunk's requests (Engine.add_request; at most
 --concurrency in the engine at once, as LLM.generate's client admits them), and the engines are
 stepped round-robin, N steps each per turn, the order rotated by one each turn; a contender's
 seconds are the sum of its `Engine.step` calls (with the admissions before each), timed with
 perf_counter. Left out: encoding the prompts and decoding the outputs (the same prompts and tokens
 for every contender; their seconds are reported as host_s). A drift of the machine over seconds
-then lands on every contender alike, where a whole generate of several seconds may catch it alone.
+then lands on every contender alike, where a whole generate of several seconds may catch it alone
+(two plain engines read 0.989x-1.032x apart interleaved, 0.919x-1.215x per chunk).
 A contender named NAME_TAG (e.g. plain_b) is NAME again, a second engine: an A/A comparison.
 On this machine an engine built earlier in the process runs its steps slower than one built later
 (2-3% per engine built between them, eager and compiled, the same kind of engine either way:
@@ -196,7 +198,7 @@ def main(argv=None) -> int:
                     help="build the engines from the last contender to the first (module doc)")
     ap.add_argument("--share-weights", action="store_true",
                     help="every contender's engine over one model in memory (module doc)")
-    ap.add_argument("--interleave", type=int, default=0, metavar="N",
+    ap.add_argument("--interleave", type=int, default=4, metavar="N",
                     help="time N engine steps per contender in turn (module doc); 0: generates per chunk")
     args = ap.parse_args(argv)
     if "plain" not in args.contenders:
