@@ -3,7 +3,7 @@ plain decoding, mtp1, mtp8 (and other k, and the automatic k) on the same GSM8K 
 
     python tools/bench_speedup.py [--model checkpoints/demo] [--num-prompts 128] [--max-tokens 256] \
         [--contenders plain mtp1 mtp8 auto] [--concurrency 1] [--rounds 4] [--compile] \
-        [--threads 2] [--out experiments/speedup_gsm8k]
+        [--threads 2] [--interleave 4] [--build-reversed] [--out experiments/speedup_gsm8k]
 
 One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
 with k = 8; `mtpK` or `mtp8:K` for another k of multi-module MTP; `auto` = multi-module MTP with
@@ -14,15 +14,35 @@ with max_num_seqs = --concurrency and at most that many requests in the engine a
 at most --max-tokens each, eos ends a request. With
 --compile every engine compiles its decode step and warms up before anything is timed. The first
 --num-prompts GSM8K test questions (formatted as the eval formats them) are cut into --rounds
-chunks; for each chunk every contender generates it, in an order rotated per chunk. Output
-tokens/s of a contender = its output tokens / its generate wall time, over all chunks; the ratio
+chunks; with --interleave 0 every contender generates each chunk in turn, in an order rotated per
+chunk (by default the engines' steps are interleaved instead, below). Output tokens/s of a
+contender = its output tokens / its seconds (generate wall time, or its steps'), over all chunks; the ratio
 to plain is given over all chunks and its min-max over the chunks. Every contender's greedy
 tokens are compared with plain decoding's (mismatches are counted and reported; on fp32 a
 near-tie may flip a token). Writes speedup.json and speedup.md into --out atomically.
+
+--interleave N (default 4; 0: whole generates rotated per chunk, as described above): for each chunk,
+every contender's engine gets all of the chunk's requests (Engine.add_request; at most
+--concurrency in the engine at once, as LLM.generate's client admits them), and the engines are
+stepped round-robin, N steps each per turn, the order rotated by one each turn; a contender's
+seconds are the sum of its `Engine.step` calls (with the admissions before each), timed with
+perf_counter. Left out: encoding the prompts and decoding the outputs (the same prompts and tokens
+for every contender; their seconds are reported as host_s). A drift of the machine over seconds
+then lands on every contender alike, where a whole generate of several seconds may catch it alone
+(two plain engines read 0.989x-1.032x apart interleaved, 0.919x-1.215x per chunk).
+A contender named NAME_TAG (e.g. plain_b) is NAME again, a second engine: an A/A comparison.
+On this machine an engine built earlier in the process runs its steps slower than one built later
+(2-3% per engine built between them, eager and compiled, the same kind of engine either way:
+experiments/auto_k_never_loses); --build-reversed builds them from the last contender to the first
+(the timing order stays the contenders'), so that two runs, one each way, bracket the effect.
+--share-weights: the contenders' engines run over one model loaded once (each engine keeps its own
+KV cache, states and graphs), so that no contender's weights sit elsewhere in memory and caches;
+automatic k's calibration is then kept in a file of the step-cost cache for the next run.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import platform
 import statistics
@@ -37,7 +57,10 @@ import torch  # noqa: E402
 
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
-from mtpx.io import atomic_write_json, atomic_write_text  # noqa: E402
+from mtpx.engine.precompile import _source_hash  # noqa: E402
+from mtpx.hf.loader import load_pretrained  # noqa: E402
+from mtpx.engine.malloc import tune_malloc  # noqa: E402
+from mtpx.io import atomic_write_json, atomic_write_text, mtpx_cache_dir  # noqa: E402
 from mtpx import auto_k  # noqa: E402
 from mtpx.auto_k.costs import step_costs  # noqa: E402
 from mtpx.metrics.stats import aggregate_spec  # noqa: E402
@@ -63,8 +86,9 @@ def _overrides(name: str) -> tuple[str, dict]:
 
 
 def _contender(name: str) -> tuple[str | None, int | None]:
-    """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K); 'auto' -> ("mtp8", "auto")."""
-    name = _overrides(name)[0]
+    """'plain' -> (None, None); 'mtp1' -> ("mtp1", 1); 'mtpK' -> ("mtp8", K); 'auto' -> ("mtp8", "auto");
+    'NAME_TAG' -> NAME's (a second engine of the same kind)."""
+    name = _overrides(name)[0].split("_")[0]
     if name == "plain":
         return None, None
     if name == "auto":
@@ -98,6 +122,66 @@ def _calibration_note(cal: dict) -> str:
     return f"; step costs calibrated in {cal['seconds']:.1f} s"
 
 
+def _cost_file(args, name: str) -> Path:
+    """--share-weights: where automatic k's calibration is kept between runs of the same settings (an
+    engine over an in-memory model has no step-cost cache of its own): a file under the step-cost
+    cache keyed by the checkpoint, the settings, the contender and mtpx's source."""
+    key = json.dumps([str(Path(args.model).resolve()), args.concurrency, args.compile, args.threads, name,
+                      torch.__version__, _source_hash()])
+    folder = mtpx_cache_dir() / "step_costs"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"bench_speedup-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
+
+
+def _generate_rotated(llms: dict, chunk: list[str], params, c: int, concurrency: int) -> dict:
+    """Chunk mode: each contender generates the whole chunk in turn, in an order rotated per chunk:
+    -> {name: (outputs, seconds of its generate)}."""
+    names = list(llms)
+    out = {}
+    for name in names[c % len(names):] + names[: c % len(names)]:
+        t0 = time.perf_counter()
+        outs = llms[name].generate(chunk, params, max_concurrency=concurrency)
+        out[name] = (outs, time.perf_counter() - t0)
+    return out
+
+
+def _generate_interleaved(llms: dict, chunk: list[str], params, c: int, concurrency: int,
+                          steps_per_turn: int) -> tuple[dict, dict]:
+    """--interleave (module doc): -> ({name: (outputs, seconds of its steps)}, {name: host seconds
+    encoding the prompts and decoding the outputs})."""
+    host, reqs, pending, flight, spent = {}, {}, {}, {}, {}
+    for name, llm in llms.items():
+        t0 = time.perf_counter()
+        ids = [llm.encode(p) for p in chunk]
+        reqs[name] = [llm.new_request(i, x, params, llm.engine.validate_prompt(x)) for i, x in enumerate(ids)]
+        host[name] = time.perf_counter() - t0
+        pending[name] = [r for r in reversed(reqs[name]) if r.error is None]    # popped from the end
+        flight[name], spent[name] = 0, 0.0
+    active, turn = list(llms), c
+    with torch.inference_mode():
+        while active:
+            for name in active[turn % len(active):] + active[: turn % len(active)]:
+                engine = llms[name].engine
+                for _ in range(steps_per_turn):
+                    t0 = time.perf_counter()
+                    while pending[name] and flight[name] < concurrency:     # as LLM.generate's client
+                        r = pending[name].pop()
+                        r.arrival_time = t0
+                        flight[name] += engine.add_request(r)
+                    if not engine.has_unfinished_requests():
+                        break
+                    flight[name] -= len(engine.step())
+                    spent[name] += time.perf_counter() - t0
+            active = [n for n in active if pending[n] or llms[n].engine.has_unfinished_requests()]
+            turn += 1
+    out = {}
+    for name, llm in llms.items():
+        t0 = time.perf_counter()
+        out[name] = ([llm.request_output(r) for r in reqs[name]], spent[name])
+        host[name] += time.perf_counter() - t0
+    return out, host
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(ROOT / "checkpoints" / "demo"))
@@ -110,10 +194,19 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="experiments/speedup_gsm8k")
+    ap.add_argument("--build-reversed", action="store_true",
+                    help="build the engines from the last contender to the first (module doc)")
+    ap.add_argument("--share-weights", action="store_true",
+                    help="every contender's engine over one model in memory (module doc)")
+    ap.add_argument("--interleave", type=int, default=4, metavar="N",
+                    help="time N engine steps per contender in turn (module doc); 0: generates per chunk")
     args = ap.parse_args(argv)
     if "plain" not in args.contenders:
         raise SystemExit("error: --contenders must include plain (the baseline)")
     torch.set_num_threads(args.threads)
+    # glibc's settings of the engines (mtpx/engine/malloc.py) before any model is loaded, so that no
+    # engine's weights alone sit in fresh mmap'ed pages (the first one's did)
+    tune_malloc()
     prompts = [format_prompt(r["question"]) for r in load_gsm8k(args.data)[: args.num_prompts]]
     chunks = [prompts[i:: args.rounds] for i in range(args.rounds)]
     if len(chunks[-1]) < args.concurrency:   # a chunk is generated alone: its size bounds the batch
@@ -122,12 +215,17 @@ def main(argv=None) -> int:
               f">= {args.concurrency * args.rounds}", flush=True)
     params = SamplingParams(max_tokens=args.max_tokens)
     llms, compile_s = {}, {}
-    for name in args.contenders:
+    shared = load_pretrained(args.model) if args.share_weights else None       # (model, tokenizer)
+    for name in reversed(args.contenders) if args.build_reversed else args.contenders:
         spec, k = _contender(name)
         t0 = time.perf_counter()        # with compile, LLM() compiles and warms up the engine
-        llms[name] = LLM(model=args.model, spec=spec, num_speculative_tokens=k,
+        model = args.model if shared is None else shared[0]
+        extra = {} if shared is None else {"tokenizer": shared[1], "cost_model_file": _cost_file(args, name)}
+        if k != "auto":
+            extra.pop("cost_model_file", None)
+        llms[name] = LLM(model=model, spec=spec, num_speculative_tokens=k,
                          max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024,
-                         **_overrides(name)[1])
+                         **extra, **_overrides(name)[1])
         if args.compile:
             compile_s[name] = time.perf_counter() - t0
             print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)
@@ -135,19 +233,22 @@ def main(argv=None) -> int:
             cal = llms[name].calibration
             print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
         auto_k.reset_histograms(llms[name].engine.draft_length)   # the timed chunks only, not the warm-up
-    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": []}
+    llms = {name: llms[name] for name in args.contenders}         # timed in the contenders' order either way
+    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": [], "host_s": 0.0}
            for n in args.contenders}
     for c, chunk in enumerate(chunks):
-        order = args.contenders[c % len(args.contenders):] + args.contenders[: c % len(args.contenders)]
-        for name in order:
-            llms[name].engine.reset_step_timings()
-            t0 = time.perf_counter()
-            outs = llms[name].generate(chunk, params, max_concurrency=args.concurrency)
-            dt = time.perf_counter() - t0
+        for llm in llms.values():
+            llm.engine.reset_step_timings()
+        if args.interleave:
+            results, host = _generate_interleaved(llms, chunk, params, c, args.concurrency, args.interleave)
+        else:
+            results, host = _generate_rotated(llms, chunk, params, c, args.concurrency), {}
+        for name, (outs, dt) in results.items():
             per[name]["timings"].extend(llms[name].engine.step_timings)
             n_tok = sum(len(o.output_token_ids) for o in outs)
             per[name]["tokens"] += n_tok
             per[name]["seconds"] += dt
+            per[name]["host_s"] += host.get(name, 0.0)
             per[name]["chunks"].append({"tokens": n_tok, "seconds": dt})
             per[name]["outputs"].extend(outs)
             print(f"chunk {c}: {name} {n_tok / dt:.1f} tok/s", flush=True)
@@ -167,6 +268,7 @@ def main(argv=None) -> int:
                      "ratio_median": statistics.median(ratios),
                      "acceptance_length": None if spec is None else spec.acceptance_length,
                      "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
+                     "host_s": round(p["host_s"], 4),
                      "chunks": p["chunks"], "engine_time": _engine_time(p["timings"], llms[name])})
         summary = auto_k.summary(llms[name].engine.draft_length)
         if summary is not None:
@@ -174,7 +276,9 @@ def main(argv=None) -> int:
     lines = [f"# Output tok/s against plain decoding, same run ({Path(args.model).name}, "
              f"{args.num_prompts} GSM8K test prompts, concurrency {args.concurrency}, "
              f"max {args.max_tokens} tokens, "
-             f"{'compiled' if args.compile else 'eager'}, {args.threads} threads)", "",
+             f"{'compiled' if args.compile else 'eager'}, {args.threads} threads, "
+             + (f"{args.interleave} steps interleaved" if args.interleave else "generates rotated per chunk")
+             + ")", "",
              "| contender | output tok/s | vs plain (chunk min-max) | median of the chunks' ratios | "
              "acceptance length | output tokens | requests differing from plain |",
              "|---|---:|---:|---:|---:|---:|---:|"]

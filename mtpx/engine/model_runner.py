@@ -319,7 +319,9 @@ class ModelRunner:
         num_final = [s + n for s, n in zip(starts, lengths)]
         drafts, q = None, None
         draft_s, module_tokens = 0.0, 0
-        if self.speculator is not None:
+        # a step without drafts whose chunks are all at depth 0, none behind: plain decoding's prefill
+        if self.speculator is not None and not (defer and not self.tree and not any(
+                r.draft_depth or self.rows[r.index] in self.lazy.behind for r in reqs)):
             t0 = self._now()
             new = [p.num_new_drafts for p in prefills]
             batch = self._draft_batch(reqs, rows, torch.tensor(num_tokens, device=dev), meta.ends,
