@@ -44,6 +44,7 @@ class Parts:
         self.total = {"prefill": defaultdict(float), "decode": defaultdict(float)}
         self.steps = {"prefill": 0, "decode": 0}
         self.has_prefill = False
+        self.work = defaultdict(int)      # what the steps did: counts
 
     def wrap(self, obj, name: str, part: str) -> None:
         fn = getattr(obj, name)
@@ -72,6 +73,9 @@ def instrument(engine) -> Parts:
     def timed_schedule():
         out = schedule()
         p.has_prefill = bool(out.prefills)
+        p.work["steps with k > 0"] += out.num_speculative_tokens > 0
+        p.work["scheduled items at depth > 0"] += sum(x.request.draft_depth > 0 for x in out.prefills + out.decodes)
+        p.work["prefill tokens"] += sum(x.num_tokens for x in out.prefills)
         return out
     sched.schedule = timed_schedule
     p.wrap(sched, "schedule", "schedule")
@@ -166,13 +170,19 @@ def main(argv=None) -> int:
             outs[n] += [x.output_token_ids for x in o]
             tokens = sum(len(x.output_token_ids) for x in o)
             print(f"chunk {c}: {n} {tokens / dt:.1f} tok/s", flush=True)
+    for n, llm in llms.items():
+        t = llm.engine.step_timings
+        parts[n].work["prefill module tokens"] = sum(x.num_prefill_module_tokens for x in t)
+        parts[n].work["catch-up module tokens"] = sum(x.num_catch_up_module_tokens for x in t)
+        print(f"{n}: " + ", ".join(f"{k} {v}" for k, v in parts[n].work.items()))
     base = args.contenders[0]
     same = {n: outs[n] == outs[base] for n in llms}
     text, data = table(parts)
     print(text)
     print("outputs equal to " + base + "'s: " + ", ".join(f"{n} {v}" for n, v in same.items()))
     if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "same": same, **data}, indent=1))
+        Path(args.out).write_text(json.dumps({"args": vars(args), "same": same,
+                                              "work": {n: parts[n].work for n in llms}, **data}, indent=1))
     return 0
 
 
