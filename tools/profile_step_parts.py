@@ -74,7 +74,9 @@ def instrument(engine) -> Parts:
         out = schedule()
         p.has_prefill = bool(out.prefills)
         p.work["steps with k > 0"] += out.num_speculative_tokens > 0
-        p.work["scheduled items at depth > 0"] += sum(x.request.draft_depth > 0 for x in out.prefills + out.decodes)
+        items = out.prefills + out.decodes
+        p.work["scheduled items at depth > 0"] += sum(x.request.draft_depth > 0 for x in items)
+        p.work["prefills at depth > 0"] += sum(x.request.draft_depth > 0 for x in out.prefills)
         p.work["prefill tokens"] += sum(x.num_tokens for x in out.prefills)
         return out
     sched.schedule = timed_schedule
@@ -88,6 +90,15 @@ def instrument(engine) -> Parts:
     p.wrap(runner, "_prefill", "execute/_prefill")
     p.wrap(runner, "_decode", "execute/_decode")
     p.wrap(runner.step, "verify", "execute/_decode/verify")
+    p.wrap(runner, "_draft_batch", "execute/_draft_batch")
+    if runner.lazy is not None:
+        p.wrap(runner.lazy, "prefill", "execute/_prefill/lazy.prefill")
+    target, t0 = runner.model.model, []
+    target.register_forward_pre_hook(lambda *a: t0.append(time.perf_counter()))
+
+    def after(*a):
+        p.cur["execute/target forward"] += time.perf_counter() - t0.pop()
+    target.register_forward_hook(after)
     p.wrap(sched, "update_from_output", "update_from_output")
     p.wrap(sched.draft_length, "observe", "update_from_output/observe")
     p.wrap(runner, "release", "release")
