@@ -165,7 +165,7 @@ def draft_tree(runner, batch: DraftBatch, n_host: list[int], prev: list[int], ne
     """The round after a tree verification (tree_step.tree_decode): a leaf tree's through LeafDraft
     when the runner's step is compiled, else the speculator's propose, eager."""
     spec = runner.speculator
-    if not (runner.step.static and getattr(spec, "leaves", False)):
+    if not (runner.step.static and spec.leaves):
         return spec.propose(runner.cache, batch)
     draft = getattr(runner, "leaf_draft", None)
     if draft is None:

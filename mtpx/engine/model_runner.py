@@ -319,9 +319,11 @@ class ModelRunner:
         num_final = [s + n for s, n in zip(starts, lengths)]
         drafts, q = None, None
         draft_s, module_tokens = 0.0, 0
+        rows_host = [self.rows[r.index] for r in reqs]
         # a step without drafts whose chunks are all at depth 0, none behind: plain decoding's prefill
-        if self.speculator is not None and not (defer and not self.tree and not any(
-                r.draft_depth or self.rows[r.index] in self.lazy.behind for r in reqs)):
+        plain = self.speculator is None or (defer and not self.tree and not any(r.draft_depth for r in reqs)
+                                            and not self.lazy.lagging(rows_host))
+        if not plain:
             t0 = self._now()
             new = [p.num_new_drafts for p in prefills]
             batch = self._draft_batch(reqs, rows, torch.tensor(num_tokens, device=dev), meta.ends,
@@ -329,7 +331,7 @@ class ModelRunner:
                                       self._draft_sampler(self._sampling(reqs), new, reqs, first)
                                       if last else None)
             spent = self.lazy.spent[0]
-            held = self.lazy.prefill(batch, [self.rows[r.index] for r in reqs], [r.draft_depth for r in reqs],
+            held = self.lazy.prefill(batch, rows_host, [r.draft_depth for r in reqs],
                                      starts, lengths, defer and not self.tree)
             if held is None:
                 proposed = self.speculator.propose(cache, batch)          # dynamic shapes: always eager

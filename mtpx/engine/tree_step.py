@@ -162,7 +162,8 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
         bi, ti, blocks = save
         node = path[bi, ti.clamp(max=D)]
         save = (bi, node, torch.where(ti <= accepted[bi], blocks, cache.pad_block))
-    commit_tree_states(cache.recurrent, kept, rows, path.gather(1, accepted[:, None])[:, 0], save)
+    last_node = path.gather(1, accepted[:, None])[:, 0]                     # [B] the accepted path's end
+    commit_tree_states(cache.recurrent, kept, rows, last_node, save)
     keep = torch.arange(D + 1, device=dev)[None] <= accepted[:, None]
     cache.write_tokens(torch.where(keep, rows[:, None], cache.pad_row),
                        n[:, None] + 1 + torch.arange(D + 1, device=dev), emitted)
@@ -174,8 +175,7 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     hidden = h.gather(1, path[..., None].expand(-1, -1, h.shape[-1]))        # the path's h, positions n ..
     new = [d.num_new_drafts for d in decodes]
     batch = runner._draft_batch(reqs, rows, n + accepted + 2, final, [True] * B, n, hidden, new)
-    if getattr(spec, "leaves", False):        # a leaf tree: the chain round that accepted the chain's part
-        spec.settle(rows, n, accepted, ranks.gather(1, path.gather(1, accepted[:, None]))[:, 0], batch.depth)
+    spec.settle(rows, n, accepted, last_node, batch.depth)
     drafts = draft_tree(runner, batch, n_host, [len(r.draft_token_ids) for r in reqs], new)
     final = torch.minimum(final, drafts.num_final)
     t2 = runner._now()

@@ -53,6 +53,8 @@ class TreeSpeculator:
     """Speculator (mtpx/spec_decode/protocol.py) proposing shape.num_nodes drafts as a tree
     (module doc). multi: multi-module MTP (module d drafts depth d), else single-module MTP."""
 
+    leaves = False       # a leaf tree drafted by the chain's round (mtpx/spec_decode/tree_leaves.py)
+
     def __init__(self, model, shape: TreeShape | DynamicTree, multi: bool):
         self.model, self.shape = model, shape
         self.dynamic = isinstance(shape, DynamicTree)
@@ -96,6 +98,12 @@ class TreeSpeculator:
     def hold(self, rows: torch.Tensor, depth: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
         """Speculator.hold: the chain speculator's (tree steps always run a round; the contract's)."""
         return self.base.hold(rows, depth.clamp(max=self.base.num_speculative_tokens), num_tokens)
+
+    def settle(self, rows: torch.Tensor, n: torch.Tensor, accepted: torch.Tensor, last_node: torch.Tensor,
+               depth: torch.Tensor) -> None:
+        """After a tree verification (n [B]: x_n's position; accepted [B]: the accepted path's
+        length; last_node [B]: its last node; depth [B]: DraftBatch.depth): nothing here, the next
+        round re-prefills the accepted path (LeafTreeSpeculator marks its chain's stale KV)."""
 
     def _catch_up(self, batch: DraftBatch) -> DraftBatch:
         """The chain round without drafts over the verified tokens (module doc)."""

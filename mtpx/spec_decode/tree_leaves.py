@@ -103,14 +103,12 @@ class LeafTreeSpeculator(TreeSpeculator):
                            for d, w in enumerate(self.chain_widths) if w > 1]
         return Drafts(torch.cat(parts, 1)[:, self.columns], None, drafts.num_final)
 
-    def settle(self, rows: torch.Tensor, n: torch.Tensor, accepted: torch.Tensor, last_rank: torch.Tensor,
+    def settle(self, rows: torch.Tensor, n: torch.Tensor, accepted: torch.Tensor, last_node: torch.Tensor,
                depth: torch.Tensor) -> None:
-        """After the verification of the rows' trees (n [B]: x_n's position; accepted [B]: the
-        accepted path's length; last_rank [B]: its last node's rank, 0 for a chain node or the
-        root; depth [B]: DraftBatch.depth): the chain accepted c = accepted - (last_rank > 0)
-        drafts, so module k's positions that read x_{n+c+1} .. are stale (module doc)."""
+        """TreeSpeculator.settle: the chain accepted c = accepted - (the last node is a leaf, rank
+        > 0) drafts, so module k's positions that read x_{n+c+1} .. are stale (module doc)."""
         if self.multi:
-            c = accepted - (last_rank > 0).long()
+            c = accepted - (self.ranks[last_node] > 0).long()
             self.base.hold(rows, depth.clamp(max=self.shape.depth), n + c + 2)
 
 
