@@ -17,7 +17,11 @@ the matcher is rolled back to the committed output (GrammarMasks.matcher). So:
   block verification stay exact (the target's columns are masked too, masks.py);
 - unconstrained rows and padding rows are untouched (their logits are not copied). The round
   reads each draft on the host, so a batch with a constrained request drafts eager
-  (CompiledStep runs a round with a sampler eager); other batches never build this sampler.
+  (CompiledStep runs a round with a sampler eager); other batches never build this sampler;
+- the mask of draft index i is the grammar state after the pending tokens and d_1 .. d_i, which is
+  the target's mask for column i of the next verification window [x, d_1 .. d_k]. Each row keeps
+  its round's masks (`DraftMasks`, on its matcher state), and GrammarMasks.apply reuses them, so
+  only the window's last column needs a new fill.
 """
 from __future__ import annotations
 
@@ -28,11 +32,31 @@ import torch
 from mtpx.spec_decode.sampler import DraftSampler
 
 
+class DraftMasks:
+    """One row's masks of a draft round, for the next verification window (module doc).
+
+    start: committed output tokens when the round began; pending: the tokens emitted after them
+    (committed by the scheduler before the window is verified); drafts: the drafts chosen (each
+    accepted by the matcher); masks[i]: the bitmask row [ceil(V / 32)] int32 of the state after
+    pending and drafts[:i]. `column(output, drafts, j)` is masks[j] when the window's committed
+    output and drafts before column j are these, else None."""
+    __slots__ = ("start", "pending", "drafts", "masks")
+
+    def __init__(self, start: int, pending: list[int]):
+        self.start, self.pending, self.drafts, self.masks = start, pending, [], []
+
+    def matches(self, output: list[int]) -> bool:
+        """Whether `output` (the committed tokens now) is the round's start plus its pending tokens."""
+        return (len(output) == self.start + len(self.pending)
+                and output[self.start:] == self.pending)
+
+
 class _Row:
-    __slots__ = ("b", "state", "num_drafts", "live")
+    __slots__ = ("b", "state", "num_drafts", "live", "saved")
 
     def __init__(self, b: int, state, num_drafts: int):
         self.b, self.state, self.num_drafts, self.live = b, state, num_drafts, True
+        self.saved = None
 
 
 class GrammarDraftSampler:
@@ -63,6 +87,8 @@ class GrammarDraftSampler:
                 state.num_ahead += 1
             row = _Row(b, state, num_drafts[b])
             row.live = state.num_ahead == len(pending[b]) and not m.is_terminated()
+            if row.live:
+                row.saved = state.draft_masks = DraftMasks(state.num_fed, list(pending[b]))
             self.rows.append(row)
         masks.draft_seconds += time.perf_counter() - t0
 
@@ -77,12 +103,17 @@ class GrammarDraftSampler:
         active = [r for r in self.rows if r.live and i < r.num_drafts]
         if active:          # one xgrammar call fills every row's mask (BatchGrammarMatcher)
             rows = [r.b for r in active]
-            if self._bitmask is None:
-                self._bitmask = xgr.allocate_token_bitmask(logits.shape[0], logits.shape[-1])
-            matchers = [r.state.matcher for r in active]
-            batch_matcher().batch_fill_next_token_bitmask(matchers, self._bitmask, rows)
+            B = logits.shape[0]
+            if self._bitmask is None:       # [k, B, W]: draft i's masks stay for the next window
+                k = max(r.num_drafts for r in self.rows)
+                self._bitmask = xgr.allocate_token_bitmask(k * B, logits.shape[-1]).view(k, B, -1)
+            matchers, flat = [r.state.matcher for r in active], self._bitmask.flatten(0, 1)
+            batch_matcher().batch_fill_next_token_bitmask(matchers, flat, [i * B + b for b in rows])
+            self.masks.num_draft_filled += len(rows)
+            for r in active:
+                r.saved.masks.append(self._bitmask[i, r.b])
             logits = logits.float().clone()
-            xgr.apply_token_bitmask_inplace(logits, self._bitmask.to(logits.device), indices=rows)
+            xgr.apply_token_bitmask_inplace(logits, self._bitmask[i].to(logits.device), indices=rows)
         seconds = time.perf_counter() - t0
         tokens = logits.argmax(-1) if self.inner is None else self.inner(logits, i)
         if active:
@@ -92,6 +123,8 @@ class GrammarDraftSampler:
                                                             [chosen[r.b] for r in active])
             for r, live in zip(active, ok):       # False only with an empty mask
                 r.state.num_ahead += live
+                if live:
+                    r.saved.drafts.append(chosen[r.b])
                 r.live = live and not r.state.matcher.is_terminated()
             seconds += time.perf_counter() - t0
         self.masks.draft_seconds += seconds

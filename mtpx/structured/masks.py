@@ -34,6 +34,7 @@ class _Matcher:
         self.num_fed = 0              # output tokens accepted so far
         self.broken = False           # a committed token the grammar rejects: no more masking
         self.num_ahead = 0            # tokens accepted past them by a draft round (drafts.py)
+        self.draft_masks = None       # the last draft round's masks (drafts.DraftMasks), used once
 
     def sync(self):
         if self.num_ahead:
@@ -57,13 +58,19 @@ class GrammarMasks:
     when no request is constrained). A column left with no token (the grammar and min_tokens,
     allowed_token_ids or bad_words exclude each other) takes the grammar-masked raw logits.
     seconds / num_masked: host time spent and columns masked (the mask's cost); draft_seconds:
-    host time spent masking draft logits (mtpx/structured/drafts.py)."""
+    host time spent masking draft logits (mtpx/structured/drafts.py). Column j reuses the draft
+    round's mask of draft index j when the window's committed output and drafts d_1 .. d_j are the
+    round's (drafts.DraftMasks): num_filled counts the columns filled here, num_reused those reused
+    (num_filled + num_reused == num_masked), num_draft_filled the draft round's fills."""
 
     def __init__(self):
         self._matchers: dict[int, _Matcher] = {}
         self.seconds = 0.0
         self.draft_seconds = 0.0
         self.num_masked = 0
+        self.num_filled = 0
+        self.num_reused = 0
+        self.num_draft_filled = 0
 
     def matcher(self, request):
         """The request's xgrammar GrammarMatcher at its committed output (None once a committed
@@ -76,6 +83,20 @@ class GrammarMasks:
         if m is None or m.request is not request:
             m = self._matchers[request.index] = _Matcher(request)
         return m
+
+    def _saved(self, request, window: list[int], width: int) -> list[torch.Tensor]:
+        """The draft round's masks of the request's window columns 0 .. n - 1 that hold here: the
+        committed output is the round's, and column j's drafts d_1 .. d_j are the round's (all
+        when the window's drafts are the round's own). The round's masks are used once."""
+        entry = self._matchers[request.index]
+        saved, entry.draft_masks = entry.draft_masks, None
+        if saved is None or not saved.masks or saved.masks[0].shape[-1] != width \
+                or not saved.matches(request.output_token_ids):
+            return []
+        n = 1                                # column n holds after d_1 .. d_n, the round's
+        while n < len(saved.masks) and n <= len(window) and window[n - 1] == saved.drafts[n - 1]:
+            n += 1
+        return saved.masks[:n]
 
     def apply(self, reqs, logits: torch.Tensor, raw: torch.Tensor, drafts: list[list[int]] | None = None):
         rows = [b for b, r in enumerate(reqs) if r.grammar is not None]
@@ -90,14 +111,21 @@ class GrammarMasks:
         masked = []                                                      # flat rows masked
         matchers = {b: m for b in rows if (m := self.matcher(reqs[b])) is not None}
         walking = [(b, m, drafts[b] if drafts is not None else []) for b, m in matchers.items()]
+        saved = {b: self._saved(reqs[b], window, bitmask.shape[-1]) for b, _, window in walking}
         advanced = dict.fromkeys(range(len(reqs)), 0)
         for j in range(T):                   # column j of every walking row in one xgrammar call
             walking = [w for w in walking if not w[1].is_terminated()]
             if not walking:
                 break
-            flat = [b * T + j for b, _, _ in walking]
-            batch_matcher().batch_fill_next_token_bitmask([m for _, m, _ in walking], bitmask, flat)
-            masked += flat
+            reuse = [b for b, _, _ in walking if j < len(saved[b])]
+            if reuse:                        # the draft round's mask of this state (drafts.py)
+                bitmask[[b * T + j for b in reuse]] = torch.stack([saved[b][j] for b in reuse])
+            fill = [w for w in walking if j >= len(saved[w[0]])]
+            if fill:
+                batch_matcher().batch_fill_next_token_bitmask([m for _, m, _ in fill], bitmask,
+                                                              [b * T + j for b, _, _ in fill])
+            masked += [b * T + j for b, _, _ in walking]
+            self.num_filled, self.num_reused = self.num_filled + len(fill), self.num_reused + len(reuse)
             walking = [w for w in walking if j < len(w[2])]       # no draft: the window ends
             ok = xgr.BatchGrammarMatcher.batch_accept_token([m for _, m, _ in walking],
                                                             [window[j] for _, _, window in walking])
