@@ -12,8 +12,9 @@ and cost.
     /work/bench1 python tools/bench_structured.py --compare 16 --acceptance-requests 16 --compile
 
 3. --compare C: the cost of a JSON-schema constraint against unconstrained decoding of the same
-   prompts at concurrency C, with drafts proposed under the grammar mask and without, contenders
-   alternated on one engine (compare()).
+   prompts at concurrency C, contenders alternated on one engine (compare(); --contenders picks
+   them from CONTENDERS: with drafts under the grammar mask, with disable_any_whitespace, with
+   unmasked drafts).
 
 Runs eager on the CPU (engine.compile off); --compile compiles the decode step.
 """
@@ -166,9 +167,10 @@ def acceptance(spec: str, k, n: int, max_tokens: int, compile_: bool) -> list[di
     return rows
 
 
-# name: (JSON-schema constraint, engine.structured_outputs_mask_drafts)
-CONTENDERS = {"none": (False, True), "json_masked_drafts": (True, True),
-              "json_unmasked_drafts": (True, False)}
+# name: (JSON-schema constraint (None, "json", "compact": disable_any_whitespace),
+#        engine.structured_outputs_mask_drafts)
+CONTENDERS = {"none": (None, True), "json_masked_drafts": ("json", True),
+              "json_compact": ("compact", True), "json_unmasked_drafts": ("json", False)}
 
 
 def _measure(llm, prompts, sp) -> dict:
@@ -176,6 +178,7 @@ def _measure(llm, prompts, sp) -> dict:
     grammar masks' host time per step (target columns, and drafts)."""
     masks, engine = llm.engine.runner.grammars, llm.engine
     m0, d0, steps0 = masks.seconds, masks.draft_seconds, engine.num_steps
+    f0, fd0, r0 = masks.num_filled, masks.num_draft_filled, masks.num_reused
     t0 = time.perf_counter()
     outs = llm.generate(prompts, sp, use_tqdm=False)
     seconds = time.perf_counter() - t0
@@ -194,30 +197,36 @@ def _measure(llm, prompts, sp) -> dict:
             "acceptance_length": round(1 + accepted / max(drafts, 1), 3),
             "per_position": [round(x, 3) for x in per_pos], "valid": valid,
             "mask_ms_per_step": round(1000 * (masks.seconds - m0) / steps, 3),
-            "draft_mask_ms_per_step": round(1000 * (masks.draft_seconds - d0) / steps, 3)}
+            "draft_mask_ms_per_step": round(1000 * (masks.draft_seconds - d0) / steps, 3),
+            "fills_per_step": round((masks.num_filled - f0 + masks.num_draft_filled - fd0) / steps, 2),
+            "reused_per_step": round((masks.num_reused - r0) / steps, 2)}
 
 
-def compare(spec: str, k, conc: int, n: int, max_tokens: int, repeats: int, compile_: bool) -> list[dict]:
-    """The same n prompts unconstrained, under the JSON schema with drafts under the mask, and
-    under it with unmasked drafts (engine.structured_outputs_mask_drafts toggled on one engine),
-    contenders alternated `repeats` times; one LLM with max_num_seqs=conc."""
+def compare(spec: str, k, conc: int, n: int, max_tokens: int, repeats: int, compile_: bool,
+            contenders=tuple(CONTENDERS)) -> list[dict]:
+    """The same n prompts through each of `contenders` (CONTENDERS: unconstrained, the JSON
+    schema with drafts under the mask, with disable_any_whitespace, or with unmasked drafts:
+    engine.structured_outputs_mask_drafts toggled on one engine), alternated `repeats` times;
+    one LLM with max_num_seqs=conc."""
     llm = LLM("checkpoints/demo", spec=spec, num_speculative_tokens=k, max_num_seqs=conc, compile=compile_)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(n)]
-    params = {c: SamplingParams(max_tokens=max_tokens,
-                                structured_outputs=StructuredOutputsParams(json=SCHEMA) if so else None)
-              for c, (so, _) in CONTENDERS.items()}
+    params = {c: SamplingParams(max_tokens=max_tokens, structured_outputs=None if so is None else
+                                StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=so == "compact"))
+              for c, (so, _) in CONTENDERS.items() if c in contenders}
     config = llm.engine.runner.config
     for name, (_, mask) in CONTENDERS.items():                      # warm-up: graphs, grammar compiled
+        if name not in contenders:
+            continue
         config.structured_outputs_mask_drafts = mask
         llm.generate(prompts[:conc], params[name], use_tqdm=False)
     rows = []
     for rep in range(repeats):
-        for name, (_, mask) in CONTENDERS.items():
-            config.structured_outputs_mask_drafts = mask
+        for name in contenders:
+            config.structured_outputs_mask_drafts = CONTENDERS[name][1]
             rows.append({"spec": spec, "k": k, "concurrency": conc, "contender": name, "repeat": rep,
                          "requests": n, **_measure(llm, prompts, params[name])})
             print(json.dumps(rows[-1]), flush=True)
-    for name in CONTENDERS:
+    for name in contenders:
         mine = [r for r in rows if r["contender"] == name]
         tps = sorted(r["tok_s"] for r in mine)
         print(f"{name:22s} conc {conc}: tok/s median {tps[len(tps) // 2]:.2f} (min {tps[0]:.2f}, max "
@@ -238,10 +247,13 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--spec", default="mtp8")
     ap.add_argument("--k", default="8")
+    ap.add_argument("--contenders", default="none,json_masked_drafts,json_compact",
+                    help=f"--compare's contenders, comma-separated, of {', '.join(CONTENDERS)}")
     a = ap.parse_args(argv)
     if a.compare:
         k = a.k if a.k == "auto" else int(a.k)
-        rows = compare(a.spec, k, a.compare, a.acceptance_requests, a.max_tokens, a.repeats, a.compile)
+        rows = compare(a.spec, k, a.compare, a.acceptance_requests, a.max_tokens, a.repeats, a.compile,
+                       tuple(a.contenders.split(",")))
         save({"compare": rows}, a.out)
         return
     out = {"acceptance": acceptance("mtp8", 8, a.acceptance_requests, a.max_tokens, a.compile),

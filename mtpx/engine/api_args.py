@@ -57,3 +57,20 @@ def sampling_params_list(sampling_params, num_prompts: int) -> list[SamplingPara
     if len(sampling_params) != num_prompts:
         raise ValueError(f"{num_prompts} prompts but {len(sampling_params)} SamplingParams")
     return list(sampling_params)
+
+
+def structured_outputs_config(config) -> dict:
+    """vLLM's `LLM(structured_outputs_config={...})` as engine keys: {"disable_any_whitespace": b}
+    -> {"structured_outputs_disable_any_whitespace": b}; None -> {}. Raises ValueError naming the
+    key for anything else (mtpx has one grammar backend, xgrammar)."""
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ValueError("structured_outputs_config: must be a dict such as {'disable_any_whitespace': True}")
+    unknown = sorted(set(config) - {"disable_any_whitespace", "backend"})
+    if unknown or config.get("backend", "auto") not in ("auto", "xgrammar"):
+        raise ValueError(f"structured_outputs_config: {', '.join(unknown) or 'backend'} not supported "
+                         "(mtpx takes disable_any_whitespace, and backend 'auto' or 'xgrammar')")
+    if not isinstance(config.get("disable_any_whitespace", False), bool):
+        raise ValueError("structured_outputs_config.disable_any_whitespace: must be true or false")
+    return {"structured_outputs_disable_any_whitespace": config.get("disable_any_whitespace", False)}

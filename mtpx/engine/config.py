@@ -44,6 +44,11 @@ class EngineConfig(AcceptanceConfig):
     the draft logits masked by the grammar state after the drafts before it; the draft loop of a
     batch with such a request runs eager, reading each draft on the host); False: drafts are
     proposed unmasked (the target's columns are masked either way; docs/structured_output.md)."""
+    structured_outputs_disable_any_whitespace: bool = False
+    """vLLM's structured_outputs_config.disable_any_whitespace (the Python API takes
+    structured_outputs_config={"disable_any_whitespace": true} too): every JSON-schema and
+    json_object constraint gives JSON without optional whitespace (xgrammar's any_whitespace=False),
+    as a request's own StructuredOutputsParams.disable_any_whitespace does."""
     tree: Any = None
     """Tree drafting (docs/trees.md): null (chain drafts), a list of widths per depth ([3, 2, 1]:
     top-3 children of the root, top-2 of each of those, ...) or a list of paths of sibling ranks

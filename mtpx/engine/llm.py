@@ -23,7 +23,7 @@ from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
 from mtpx.auto_k import AutoDraftLength
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
-from mtpx.engine.api_args import check_device, check_threads, sampling_params_list
+from mtpx.engine.api_args import check_device, check_threads, sampling_params_list, structured_outputs_config
 from mtpx.core.stop_strings import StopStrings, cut_at_stop, stop_after
 from mtpx.engine.bench_client import progress_bar, run_client
 from mtpx.engine.engine import Engine
@@ -88,6 +88,8 @@ class LLM:
             spec, num_speculative_tokens, extra = from_speculative_config(speculative_config, model)
             draft_path = extra.pop("draft_path", draft_path)
             overrides = {**extra, **overrides}
+        so_config = structured_outputs_config(overrides.pop("structured_outputs_config", None))
+        overrides = {**so_config, **overrides}
         config = with_overrides(engine_config, **overrides)
         if config.compile is None:                  # the API runs eager unless asked (EngineConfig.compile)
             config = with_overrides(config, compile=resolve_compile(None, "api"))
@@ -375,7 +377,10 @@ class LLM:
                 from mtpx.structured.grammar import GrammarCompiler
                 self._grammars = GrammarCompiler(self.tokenizer, self.model.cfg.vocab_size,
                                                  self.eos_token_ids)
-            grammar = self._grammars.compile(sp.structured_outputs)
+            so = sp.structured_outputs
+            if self.engine.config.structured_outputs_disable_any_whitespace and not so.disable_any_whitespace:
+                so = dataclasses.replace(so, disable_any_whitespace=True)
+            grammar = self._grammars.compile(so)
         return grammar, bad_words_token_ids(sp.bad_words or [], self.tokenizer)
 
     def _logprob_dict(self, token: int, entry) -> dict[int, Logprob]:
