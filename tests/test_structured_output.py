@@ -356,6 +356,24 @@ def test_params_errors_name_the_field():
     assert sp.structured_outputs.kind == "regex"
 
 
+def test_engine_disable_any_whitespace(tiny_ckpt):
+    """vLLM's structured_outputs_config.disable_any_whitespace (engine-wide): every JSON constraint
+    gives compact JSON, the outputs of requests that ask for it themselves, under mtp8 too."""
+    sps = [SamplingParams(max_tokens=160, structured_outputs=StructuredOutputsParams(json=SCHEMA, **kw))
+           for kw in ({}, {"disable_any_whitespace": True})]
+    default = LLM(model=tiny_ckpt, max_num_seqs=8)
+    loose, compact = (default.generate(PROMPTS[:3], sp, use_tqdm=False) for sp in sps)
+    assert any(not valid("json_compact", o.outputs[0].text) for o in loose)       # whitespace there
+    llm = LLM(model=tiny_ckpt, spec="mtp8", num_speculative_tokens=4, max_num_seqs=8,
+              structured_outputs_config={"disable_any_whitespace": True})
+    assert llm.engine.config.structured_outputs_disable_any_whitespace
+    outs = llm.generate(PROMPTS[:3], sps[0], use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in compact]
+    assert all(valid("json_compact", o.outputs[0].text) for o in outs), [o.outputs[0].text for o in outs]
+    with pytest.raises(ValueError, match="^structured_outputs_config: backend not supported"):
+        LLM(model=tiny_ckpt, structured_outputs_config={"backend": "guidance"})
+
+
 def test_compiled_grammars_are_cached_per_constraint(tiny_ckpt):
     llm = LLM(model=tiny_ckpt)
     sps = [SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(json=dict(SCHEMA)))
