@@ -20,8 +20,8 @@ the matcher is rolled back to the committed output (GrammarMasks.matcher). So:
   (CompiledStep runs a round with a sampler eager); other batches never build this sampler;
 - the mask of draft index i is the grammar state after the pending tokens and d_1 .. d_i, which is
   the target's mask for column i of the next verification window [x, d_1 .. d_k]. Each row keeps
-  its round's masks (`DraftMasks`, on its matcher state), and GrammarMasks.apply reuses them, so
-  only the window's last column needs a new fill.
+  its round's masks (`DraftMasks`, on its matcher state), with one more after its last draft (the
+  window's last column), and GrammarMasks.apply reuses them: each state's mask is filled once.
 """
 from __future__ import annotations
 
@@ -38,12 +38,17 @@ class DraftMasks:
     start: committed output tokens when the round began; pending: the tokens emitted after them
     (committed by the scheduler before the window is verified); drafts: the drafts chosen (each
     accepted by the matcher); masks[i]: the bitmask row [ceil(V / 32)] int32 of the state after
-    pending and drafts[:i]. `column(output, drafts, j)` is masks[j] when the window's committed
-    output and drafts before column j are these, else None."""
-    __slots__ = ("start", "pending", "drafts", "masks")
+    pending and drafts[:i], rows of the round's bitmask [k + 1, B, W] (a view masks[:n] is
+    masks(n))."""
+    __slots__ = ("start", "pending", "drafts", "num_masks", "_bitmask", "_b")
 
     def __init__(self, start: int, pending: list[int]):
-        self.start, self.pending, self.drafts, self.masks = start, pending, [], []
+        self.start, self.pending, self.drafts, self.num_masks = start, pending, [], 0
+        self._bitmask, self._b = None, 0
+
+    def masks(self, n: int) -> torch.Tensor:
+        """The first n masks [n, W] int32 (a view)."""
+        return self._bitmask[:n, self._b]
 
     def matches(self, output: list[int]) -> bool:
         """Whether `output` (the committed tokens now) is the round's start plus its pending tokens."""
@@ -87,8 +92,7 @@ class GrammarDraftSampler:
                 state.num_ahead += 1
             row = _Row(b, state, num_drafts[b])
             row.live = state.num_ahead == len(pending[b]) and not m.is_terminated()
-            if row.live:
-                row.saved = state.draft_masks = DraftMasks(state.num_fed, list(pending[b]))
+            row.saved = state.draft_masks = DraftMasks(state.num_fed, list(pending[b])) if row.live else None
             self.rows.append(row)
         masks.draft_seconds += time.perf_counter() - t0
 
@@ -103,15 +107,10 @@ class GrammarDraftSampler:
         active = [r for r in self.rows if r.live and i < r.num_drafts]
         if active:          # one xgrammar call fills every row's mask (BatchGrammarMatcher)
             rows = [r.b for r in active]
-            B = logits.shape[0]
-            if self._bitmask is None:       # [k, B, W]: draft i's masks stay for the next window
-                k = max(r.num_drafts for r in self.rows)
-                self._bitmask = xgr.allocate_token_bitmask(k * B, logits.shape[-1]).view(k, B, -1)
-            matchers, flat = [r.state.matcher for r in active], self._bitmask.flatten(0, 1)
-            batch_matcher().batch_fill_next_token_bitmask(matchers, flat, [i * B + b for b in rows])
-            self.masks.num_draft_filled += len(rows)
-            for r in active:
-                r.saved.masks.append(self._bitmask[i, r.b])
+            if self._bitmask is None:       # [k + 1, B, W]: the masks stay for the next window
+                k, B = max(r.num_drafts for r in self.rows), logits.shape[0]
+                self._bitmask = xgr.allocate_token_bitmask((k + 1) * B, logits.shape[-1]).view(k + 1, B, -1)
+            self._fill(active, i)
             logits = logits.float().clone()
             xgr.apply_token_bitmask_inplace(logits, self._bitmask[i].to(logits.device), indices=rows)
         seconds = time.perf_counter() - t0
@@ -126,9 +125,22 @@ class GrammarDraftSampler:
                 if live:
                     r.saved.drafts.append(chosen[r.b])
                 r.live = live and not r.state.matcher.is_terminated()
+            last = [r for r in active if r.live and i + 1 == r.num_drafts]
+            if last:                        # the window's last column: after the row's last draft
+                self._fill(last, i + 1)
             seconds += time.perf_counter() - t0
         self.masks.draft_seconds += seconds
         return tokens
+
+    def _fill(self, rows: list[_Row], i: int) -> None:
+        """Mask i of each row (the state after its pending tokens and drafts 0 .. i - 1) into the
+        round's bitmask, kept on the row's DraftMasks."""
+        B, flat = self._bitmask.shape[1], self._bitmask.flatten(0, 1)
+        batch_matcher().batch_fill_next_token_bitmask([r.state.matcher for r in rows], flat,
+                                                      [i * B + r.b for r in rows])
+        self.masks.num_draft_filled += len(rows)
+        for r in rows:
+            r.saved._bitmask, r.saved._b, r.saved.num_masks = self._bitmask, r.b, i + 1
 
 
 _BATCH = []

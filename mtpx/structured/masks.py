@@ -37,10 +37,14 @@ class _Matcher:
         self.draft_masks = None       # the last draft round's masks (drafts.DraftMasks), used once
 
     def sync(self):
+        out = self.request.output_token_ids
+        saved = self.draft_masks
+        if (saved is not None and self.num_fed == saved.start and saved.matches(out)
+                and self.num_ahead == len(saved.pending) + len(saved.drafts)):
+            self.num_ahead, self.num_fed = len(saved.drafts), len(out)     # its pending tokens are out
         if self.num_ahead:
             self.matcher.rollback(self.num_ahead)
             self.num_ahead = 0
-        out = self.request.output_token_ids
         while not self.broken and self.num_fed < len(out):
             if self.matcher.is_terminated() or not self.matcher.accept_token(out[self.num_fed]):
                 self.broken = True
@@ -84,19 +88,20 @@ class GrammarMasks:
             m = self._matchers[request.index] = _Matcher(request)
         return m
 
-    def _saved(self, request, window: list[int], width: int) -> list[torch.Tensor]:
-        """The draft round's masks of the request's window columns 0 .. n - 1 that hold here: the
-        committed output is the round's, and column j's drafts d_1 .. d_j are the round's (all
-        when the window's drafts are the round's own). The round's masks are used once."""
+    def _saved(self, request, window: list[int], width: int) -> torch.Tensor | None:
+        """The draft round's masks [n, W] of the request's window columns 0 .. n - 1 that hold
+        here (None for none): the committed output is the round's, and column j's drafts
+        d_1 .. d_j are the round's (all columns when the window's drafts are the round's own).
+        The round's masks are used once."""
         entry = self._matchers[request.index]
         saved, entry.draft_masks = entry.draft_masks, None
-        if saved is None or not saved.masks or saved.masks[0].shape[-1] != width \
+        if saved is None or not saved.num_masks or saved.masks(1).shape[-1] != width \
                 or not saved.matches(request.output_token_ids):
-            return []
+            return None
         n = 1                                # column n holds after d_1 .. d_n, the round's
-        while n < len(saved.masks) and n <= len(window) and window[n - 1] == saved.drafts[n - 1]:
+        while n < saved.num_masks and n <= len(window) and window[n - 1] == saved.drafts[n - 1]:
             n += 1
-        return saved.masks[:n]
+        return saved.masks(n)
 
     def apply(self, reqs, logits: torch.Tensor, raw: torch.Tensor, drafts: list[list[int]] | None = None):
         rows = [b for b, r in enumerate(reqs) if r.grammar is not None]
@@ -112,14 +117,22 @@ class GrammarMasks:
         matchers = {b: m for b in rows if (m := self.matcher(reqs[b])) is not None}
         walking = [(b, m, drafts[b] if drafts is not None else []) for b, m in matchers.items()]
         saved = {b: self._saved(reqs[b], window, bitmask.shape[-1]) for b, _, window in walking}
+        by_row = bitmask.view(len(reqs), T, -1)
+        for b, _, window in walking:         # the draft round's masks of every column: no walk
+            if saved[b] is not None and len(saved[b]) == len(window) + 1:
+                by_row[b, : len(window) + 1] = saved[b]
+                masked += range(b * T, b * T + len(window) + 1)
+                self.num_reused += len(window) + 1
+        walking = [w for w in walking if saved[w[0]] is None or len(saved[w[0]]) <= len(w[2])]
+        saved = {b: [] if m is None else m for b, m in saved.items()}
         advanced = dict.fromkeys(range(len(reqs)), 0)
         for j in range(T):                   # column j of every walking row in one xgrammar call
             walking = [w for w in walking if not w[1].is_terminated()]
             if not walking:
                 break
             reuse = [b for b, _, _ in walking if j < len(saved[b])]
-            if reuse:                        # the draft round's mask of this state (drafts.py)
-                bitmask[[b * T + j for b in reuse]] = torch.stack([saved[b][j] for b in reuse])
+            for b in reuse:                  # the draft round's mask of this state (drafts.py)
+                bitmask[b * T + j] = saved[b][j]
             fill = [w for w in walking if j >= len(saved[w[0]])]
             if fill:
                 batch_matcher().batch_fill_next_token_bitmask([m for _, m, _ in fill], bitmask,
