@@ -21,9 +21,10 @@ class _Counting:
 
 
 def test_each_state_is_filled_once_per_step(trained_tiny, tiny_plain, monkeypatch):  # noqa: F811
-    """mtp8 with k = 4: a decode step's target fills at most one column per constrained row (its
-    window's last), where it filled every column (up to k + 1) before; the other columns are the
-    draft round's masks; the tokens equal plain decoding's."""
+    """mtp8 with k = 4: a decode step's target fills at most one column per constrained row
+    (mostly none: the draft round filled the window's last column too), where it filled every
+    column (up to k + 1) before; the other columns are the draft round's masks; the tokens equal
+    plain decoding's."""
     target_fills, draft_fills, steps = [], [], []
     inner = drafts_mod.batch_matcher()
     monkeypatch.setattr(masks_mod, "batch_matcher", lambda: _Counting(inner, target_fills))
