@@ -152,6 +152,7 @@ BAD = [
     ({"guided_regex": "[a-"}, "guided_regex", "Unclosed"),
     ({"guided_json": {"type": "objectx"}}, "guided_json", "Unsupported type"),
     ({"guided_grammar": "root ::= foo"}, "guided_grammar", "not defined"),
+    ({"guided_regex": "[^\\s\\S]"}, "guided_regex", "no token of the tokenizer's vocabulary can start"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
      "response_format", "Unsupported type"),
     ({"response_format": {"type": "xml"}}, "response_format", "must be"),

@@ -333,6 +333,7 @@ def test_allowed_token_ids_and_bad_words(tiny_ckpt):
     (dict(json='{"type": "objectx"}'), "structured_outputs.json"),
     (dict(json="{not json"), "structured_outputs.json"),
     (dict(grammar='root ::= foo'), "structured_outputs.grammar"),
+    (dict(regex="[^\\s\\S]"), "structured_outputs.regex"),     # valid, but no token can start it
 ])
 def test_invalid_constraints_are_one_line_naming_the_field(tiny_ckpt, bad, field):
     llm = LLM(model=tiny_ckpt)
