@@ -65,7 +65,7 @@ class AcceptanceEstimates:
         n, f, self._pending = self._pending, self.decay_factor, 0
         for counts in [self._accepted, self._verified] + self._age_accepted + self._age_verified:
             for j, x in enumerate(counts):
-                for _ in range(n):
+                for _ in range(n if x else 0):      # a zero count stays zero
                     x *= f
                 counts[j] = x
         self._estimate()
@@ -180,6 +180,8 @@ class AcceptanceEstimates:
                              z: float = 0.0, below: float = math.inf) -> list[float]:
         """[expected_tokens(j, ...) for j = 0 .. k], in one pass over the positions; without
         optimism, computed once per change of the counts (the list is shared: read it)."""
+        if k == 0:
+            return [1.0]               # no position read: the counts need no pending decay (`_flush`)
         key = None if optimistic_from is not None else (k, None if mix is None else tuple(mix))
         if key in self._upto:
             return self._upto[key]

@@ -95,7 +95,10 @@ class CostModelLog:
             s.plain_calibrated_ms += calibrated_plain_ms
 
     def _bucket(self, batch_size: int) -> _Sums:
-        return self._sums.setdefault(batch_bucket(batch_size), _Sums())
+        b = batch_bucket(batch_size)
+        if (sums := self._sums.get(b)) is None:
+            sums = self._sums[b] = _Sums()
+        return sums
 
     def summary(self) -> dict:
         """{bucket label: {decode_steps, steps, predicted_tokens_per_request,

@@ -9,9 +9,9 @@ prior, engine-wide and per age of the generation); t_step: the calibrated decode
 over k, linear in B between calibrated batch sizes, times a correction learned online from pure
 decode steps (cost_learning.py), plus the step's learned overhead. The k in use changes by a
 hysteresis after `patience` steps in a row; probes and exploring (exploring.py) test the ks the
-estimates cannot yet tell apart; a settled decision holds a few steps (settled.py); a request's
-depth is chosen at admission (admission.py) and only falls; per-request k (request_k.py) lets
-each decode of a ragged step verify its own number of drafts.
+estimates cannot yet tell apart; a settled decision holds a few steps (settled.py), a step of
+plain decoding decides nothing (plain_stretch.py); a request's depth is chosen at admission
+(admission.py) and only falls; per-request k (request_k.py): each decode verifies its own k.
 
 The scheduler calls `plan` before a step and `observe` after it (mtpx/core/step_plan.py). Queries
 (`decide`, `decide_depth`, ...) change no state; `commit`, `commit_depth` apply a decision.
@@ -29,6 +29,7 @@ from mtpx.auto_k.config import AutoKConfig
 from mtpx.auto_k.cost_curve import smooth_step_costs
 from mtpx.auto_k.cost_learning import StepCosts
 from mtpx.auto_k.exploring import Exploring
+from mtpx.auto_k.plain_stretch import PlainStretch
 from mtpx.auto_k.request_k import Allocation, PerRequestK, curve_at
 from mtpx.auto_k.settled import SettledDecisions
 from mtpx.auto_k.summary import summary
@@ -66,6 +67,7 @@ class AutoDraftLength:
         self.forced_depth: int | None = None  # with forced: every request's depth (else forced's)
         self.per_request = per_request   # ragged verification: each request verifies its own k (`allocate`)
         self.per_request_k = PerRequestK(max_k)   # each request's own counts, the allocation (request_k.py)
+        self.plain_stretch = PlainStretch()       # a plain step decides nothing (plain_stretch.py)
         self.reset()
         if step_costs is not None:
             self.set_step_costs(step_costs)
@@ -79,19 +81,14 @@ class AutoDraftLength:
         """The calibrated step costs, smoothed (StepCosts; None before calibration)."""
         return self.costs.step_costs
 
-    @property
-    def _steps(self) -> int:
-        """Decode steps decided since the reset (the cost model's clock: its shapes fade per step)."""
-        return self.costs.steps
-
-    @_steps.setter
-    def _steps(self, steps: int) -> None:
-        self.costs.steps = steps
+    _steps = property(lambda self: self.costs.steps, lambda self, steps: setattr(self.costs, "steps", steps),
+                      doc="Decode steps decided since the reset (the cost model's clock).")
 
     def set_step_costs(self, step_costs: dict) -> None:
         """The calibration's {(k, batch size): ms} (StepCosts.set_step_costs); decisions start anew."""
         self.costs.set_step_costs(step_costs)
         self.settled.clear()
+        self.plain_stretch.clear()
 
     settled_interval = property(lambda self: self.settled.interval,
                                 lambda self, steps: setattr(self.settled, "interval", max(1, steps)),
@@ -113,6 +110,7 @@ class AutoDraftLength:
         self.per_request_k.reset()
         self._planned: tuple = (False, None)          # the planned step's depth_per_request and allocation
         self.settled.clear()
+        self.plain_stretch.clear()
 
     @property
     def acceptance(self) -> list[float]:
@@ -123,9 +121,7 @@ class AutoDraftLength:
     def acceptance(self, values: list[float]) -> None:
         self.estimates.set_pooled(values)
 
-    @property
-    def num_observed(self) -> list[int]:
-        return self.estimates.num_observed
+    num_observed = property(lambda self: self.estimates.num_observed, doc="Drafts verified per position.")
 
     def expected_tokens(self, k: int, mix: list[float] | None = None) -> float:
         """E[tokens per request step | k] from the current estimates: engine-wide, or the mean over
@@ -190,6 +186,8 @@ class AutoDraftLength:
         each waiting request in order, each decided as if the ones before were admitted and
         committed only once view.admit admits it (admission stops at the first it cannot); the
         running depths' falls (one vote per depth); then the step's k for the batch that results."""
+        if (plain := self.plain_stretch.plan(self, view)) is not None:
+            return plain                  # a plain stretch's step decides nothing (plain_stretch.py)
         for key in view.removed:
             self.forget(key)
         allocation, verified, freed = None, None, 0
@@ -239,6 +237,8 @@ class AutoDraftLength:
         prefill's cost, the decode step's cost (a per-request allocation's, a steady step's, or
         its two parts'; before `record` and the rounds change the estimates), the step count and
         ages, each request's round, and the step's overhead beyond its forwards."""
+        if self.plain_stretch.observe(self, record):       # a plain stretch's step (plain_stretch.py)
+            return
         (depth_per_request, allocation), rounds, k, t = self._planned, record.rounds, record.k, record
         if t.timed:      # the module prefill's and the lazy catch-up's cost
             self.costs.observe_module_rounds(t, depth_per_request)
