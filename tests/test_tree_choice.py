@@ -47,6 +47,7 @@ def test_switching_chain_and_tree_keeps_greedy_output_and_module_kv(trained_tiny
     policy, runner = llm.engine.draft_length, llm.engine.runner
     assert isinstance(policy, AutoChainOrTree) and runner.choice is not None
     policy.forced_tree = lambda step: step % 6 in (1, 2, 4)
+    policy.forced, policy.forced_depth = policy.max_k, policy.max_k    # depths stay D (a tree needs them)
     forms = []
 
     def on_step(engine):

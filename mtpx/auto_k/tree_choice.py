@@ -18,8 +18,10 @@ plus automatic k's learned step overhead; in a bucket not measured yet, the prio
 t(D, B) (N + 1) / (D + 1) (a verified node costs about what a chain token costs: experiments/trees)
 times the median ratio measured / prior of the buckets measured.
 
-Switching: the tree is chosen when its goodput beats the best chain's by the hysteresis in
-`patience` decisions in a row, and left the same way. Exploring: while the tree is unlearned in B's
+A step whose requests' draft depths (multi-module MTP: the modules a request runs, which only
+fall, policy.py) are not all at least D runs the chain. Switching: the tree is chosen when its
+goodput beats the best chain's by the hysteresis in `patience` decisions in a row, and left the
+same way. Exploring: while the tree is unlearned in B's
 bucket (fewer than `min_rounds` rounds, or no cost sample) or `refresh` steps after its last
 exploration, it runs `burst` steps in a row, while the steps explored stay at most `explore_share`
 of the steps planned. So a tree that does not pay costs at most explore_share of the steps at its
@@ -126,7 +128,9 @@ class AutoChainOrTree(AutoDraftLength):
         plan = super().plan(view)
         self._chain_k = plan.k
         self._planned_steps += 1
-        tree = self._choose(len(view.running_depths) + len(plan.admitted))
+        lowered = dict(plan.lowered)      # a request's draft depth (multi-module MTP) below D: no tree
+        depths = [lowered.get(d, d) for d in view.running_depths] + list(plan.admitted)
+        tree = min(depths, default=self.max_k) >= self.tree.depth and self._choose(len(depths))
         self._forms = (self._forms[1], tree)
         if not tree:
             return plan

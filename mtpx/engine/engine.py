@@ -92,7 +92,6 @@ class Engine:
             draft_length, k, speculator is not None and speculator.num_draft_modules > 1,
             speculator is not None and config.ragged_batch and config.per_request_k)
         self.draft_length = draft_length
-        depth_per_request = depth_per_request and tree is None    # a tree step needs every module
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len, lookahead, depth_per_request)
         self.scheduler.lookahead = max(self.scheduler.lookahead, room)     # the tree's nodes' KV slots
