@@ -151,3 +151,9 @@ def test_unsupported_trees_are_refused_in_one_line(trained_tiny, tree, spec, mes
     with pytest.raises(ValueError, match="spec.tree with spec.num_speculative_tokens=auto") as e:
         make_llm(trained_tiny, spec, "auto", tree=tree)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_choice_compiled_is_refused_in_one_line(trained_tiny):
+    with pytest.raises(ValueError, match="engine.compile=true: not supported yet") as e:
+        make_llm(trained_tiny, "mtp8", "auto", tree=MTP8_LEAVES, compile=True)
+    assert "\n" not in str(e.value)
