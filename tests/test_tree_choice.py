@@ -1,10 +1,11 @@
 """The automatic choice between chain and tree (`num_speculative_tokens=auto` with a leaf
 `spec.tree`: mtpx/auto_k/tree_choice.py, mtpx/engine/tree_choice.py). On the float64 tiny hybrid,
 with the choice switching between chain steps (k = 0 .. max_k) and tree steps on a forced
-schedule: greedy output equal to plain decoding (mtp8 and mtp1), and for mtp8 the module KV
-after every step equal to a from-scratch run over the accepted tokens (tests/test_reprefill.py's
-standard). The policy on scripted costs and acceptance: the tree where it pays, the chain where it
-does not, exploring at most its share of the steps. Unsupported shapes: one line naming the key.
+schedule: greedy output equal to plain decoding and the module KV after every step equal to a
+from-scratch run over the accepted tokens (tests/test_reprefill.py's standard), mtp8 and mtp1; with
+prefix caching, chunked prefill and preemption (mtp1). The policy on scripted costs and
+acceptance: the tree where it pays, the chain where it does not, exploring at most its share of
+the steps. Unsupported shapes: one line naming the key.
 """
 from __future__ import annotations
 
@@ -39,8 +40,8 @@ def _check_kv(engine, model) -> None:
 @pytest.mark.parametrize("spec,tree", [("mtp8", MTP8_LEAVES), ("mtp1", MTP1_LEAVES)])
 def test_switching_chain_and_tree_keeps_greedy_output_and_module_kv(trained_tiny, spec, tree, tmp_path):
     """Forced schedule: tree, tree, chain k, ... with k cycling through 0, 2 and max_k, so every
-    switch (chain k = 0 -> tree included) occurs; output equal to plain decoding, mtp8's module KV
-    exact after every step, tree steps and accepted leaves counted."""
+    switch (chain k = 0 -> tree included) occurs; output equal to plain decoding, module KV exact
+    after every step, tree steps and accepted leaves counted."""
     model = trained_tiny
     llm = make_llm(model, spec, "auto", tree=tree, max_num_seqs=3, enable_prefix_caching=True,
                    cost_model_file=_costs(tmp_path / "costs.json"))
@@ -53,8 +54,7 @@ def test_switching_chain_and_tree_keeps_greedy_output_and_module_kv(trained_tiny
     def on_step(engine):
         forms.append(policy._forms)
         policy.forced = (0, 2, policy.max_k)[len(forms) % 3]
-        if spec == "mtp8":
-            _check_kv(engine, model)
+        _check_kv(engine, model)
     params = [_params(14 - i) for i in range(3)]
     run_checked(llm, model, PROMPTS[:3], params, on_step=on_step)
     assert {(False, True), (True, False), (True, True), (False, False)} <= set(forms)    # every switch ran
@@ -157,3 +157,21 @@ def test_the_choice_compiled_is_refused_in_one_line(trained_tiny):
     with pytest.raises(ValueError, match="engine.compile=true: not supported yet") as e:
         make_llm(trained_tiny, "mtp8", "auto", tree=MTP8_LEAVES, compile=True)
     assert "\n" not in str(e.value)
+
+
+def test_switching_with_prefix_caching_chunking_preemption(trained_tiny, tmp_path):
+    """mtp1 switching chain and tree in a pool one block above the largest request's need, chunked
+    prefill (8 tokens a step), prefix caching on: tokens equal plain decoding, requests preempted."""
+    from tests.helpers import blocks_needed
+    from tests.test_tree import shared_prefix_prompts
+    model, prompts = trained_tiny, shared_prefix_prompts()
+    params = [_params(t) for t in (9, 14, 5, 12, 10, 3, 13, 8)]
+    nb = max(blocks_needed(len(p), sp.max_tokens, len(MTP1_LEAVES), 4) for p, sp in zip(prompts, params)) + 1
+    llm = make_llm(model, "mtp1", "auto", tree=MTP1_LEAVES, max_num_seqs=4, block_size=4, num_blocks=nb,
+                   enable_prefix_caching=True, max_num_batched_tokens=8,
+                   cost_model_file=_costs(tmp_path / "costs.json"))
+    policy = llm.engine.draft_length
+    policy.forced_tree, policy.forced = (lambda step: step % 4 in (1, 2)), 3
+    run_checked(llm, model, prompts, params)
+    assert llm.engine.num_preemptions > 0 and policy.tree_steps > 3
+    assert llm.engine.runner.tree_stats.rounds > 3
