@@ -71,7 +71,8 @@ def test_the_check_can_fail_without_the_tree_settle(trained_tiny, tmp_path, monk
     model = trained_tiny
     llm = make_llm(model, "mtp8", "auto", tree=MTP8_LEAVES, max_num_seqs=4,
                    cost_model_file=_costs(tmp_path / "costs.json"))
-    llm.engine.draft_length.forced_tree = lambda step: True
+    policy = llm.engine.draft_length
+    policy.forced_tree, policy.forced, policy.forced_depth = (lambda step: True), 4, 4
     with pytest.raises(AssertionError):
         llm.generate(PROMPTS[:5], [_params(16 - i) for i in range(5)], on_step=lambda e: _check_kv(e, model))
 
