@@ -160,6 +160,7 @@ def test_the_choice_compiled_is_refused_in_one_line(trained_tiny):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow          # 10-40 s on 2 shared cores: python -m pytest -m slow tests/test_tree_choice.py
 def test_switching_with_prefix_caching_chunking_preemption(trained_tiny, tmp_path):
     """mtp1 switching chain and tree in a pool one block above the largest request's need, chunked
     prefill (8 tokens a step), prefix caching on: tokens equal plain decoding, requests preempted."""
