@@ -71,7 +71,7 @@ def test_bad_settings_are_one_line(trained_tiny):
         build_speculator("mtp8", trained_tiny, None, tree=[2] + [1] * 4)
     with pytest.raises(ValueError, match=r"spec.num_speculative_tokens=4 with a spec.tree 3 deep"):
         build_speculator("mtp1", trained_tiny, 4, tree=[2, 1, 1])
-    with pytest.raises(ValueError, match=r"spec.tree with spec.num_speculative_tokens=auto: not supported"):
+    with pytest.raises(ValueError, match=r"spec.tree with spec.num_speculative_tokens=auto: give a leaf"):
         LLM(model=trained_tiny, spec="mtp8", num_speculative_tokens="auto", tree=[2, 1])
     dynamic = {"num_draft_tokens": 4, "depth": 2, "topk": 2}
     with pytest.raises(ValueError, match=r"^spec.tree as a dynamic tree \(num_draft_tokens\) with engine"):

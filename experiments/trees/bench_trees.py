@@ -7,7 +7,9 @@ Each contender is one LLM (eager, or with --compile compiled, trees too; greedy,
 --concurrency (max_num_seqs), the demo
 checkpoint): plain decoding, chain mtp1 (k = 1 and k = 3), chain mtp8 (k = 8) and the tree shapes
 in CONTENDERS (--only: those names; leaf trees run the chain's round, mtpx/spec_decode/tree_leaves.py,
-and a name ending in " generic" builds its tree with the generic tree round instead). The prompts
+and a name ending in " generic" builds its tree with the generic tree round instead; "mtp8 auto ..."
+runs automatic k, alone or choosing per step between its chain and a leaf tree, docs/trees.md,
+its step costs calibrated at start-up or loaded from the cache, not timed). The prompts
 are cut into --rounds chunks; every contender generates each chunk, in an order rotated per chunk.
 Per contender: the graphs its engine built, output tok/s (output tokens / generate wall time, over
 all chunks), its ratio to plain and to the fastest chain of the run, acceptance length (1 +
@@ -68,6 +70,10 @@ CONTENDERS = {          # name: (spec, num_speculative_tokens, tree)
     "mtp1 dynamic (8; d4, k2)": ("mtp1", None, {"num_draft_tokens": 8, "depth": 4, "topk": 2}),
     "mtp8 dynamic (10; d5, k2)": ("mtp8", None, {"num_draft_tokens": 10, "depth": 5, "topk": 2}),
     "mtp8 dynamic (14; d8, k2)": ("mtp8", None, {"num_draft_tokens": 14, "depth": 8, "topk": 2}),
+    # automatic k (num_speculative_tokens=auto), alone and choosing per step between its chain and a leaf tree
+    "mtp8 auto k": ("mtp8", "auto", None),
+    "mtp8 auto: chain or tree chain8+1 (9)": ("mtp8", "auto", MTP8_SMALL),
+    "mtp8 auto: chain or leaves 8+4 (12)": ("mtp8", "auto", MTP8_LEAVES),
 }
 
 
@@ -80,6 +86,11 @@ def load_prompts(data: str, num: int) -> list[str]:
     else:
         prompts = [r["prompt"] for r in load_humaneval(root / "humaneval" / "HumanEval.jsonl.gz")]
     return prompts[:num]
+
+
+def k_of(name: str) -> bool:
+    """Whether the contender runs automatic k (num_speculative_tokens=auto)."""
+    return CONTENDERS[name][1] == "auto"
 
 
 def run_stats(p: dict, plain: dict) -> tuple[float, float, int]:
@@ -156,6 +167,10 @@ def main(argv=None) -> int:
         mode = "compiled" if args.compile else "eager"
         summary[name].update(step=mode, **built[name])
         summary[name]["vs_best_chain"] = round(tps / best, 3)
+        choice = (llms[name].engine.draft_length.summary() or {}).get("tree_choice") if k_of(name) else None
+        if choice:          # the automatic choice: steps that proposed the tree, exploring ones apart
+            summary[name].update(tree_steps=choice["tree_steps"], explored_steps=choice["explored_steps"],
+                                 planned_steps=choice["planned_steps"])
         table.append(f"| {name} | {mode} | {built[name]['graphs']} | {dpr:.1f} | {al:.2f} | {tps:.1f} "
                      f"| {tps / base:.2f}x | {tps / best:.2f}x | {diff} |")
     write_results(args, "trees", summary, table)

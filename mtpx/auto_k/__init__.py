@@ -5,7 +5,8 @@ The scheduler calls a policy through `plan(StepView) -> StepPlan` and `observe(S
 functions. No torch.
 
 - policy.py: AutoDraftLength (the decisions, its module doc gives the rules) and AutoKConfig (its
-  knobs); fixed.py: FixedDraftLength; choices.py: the decisions before they are committed.
+  knobs); fixed.py: FixedDraftLength; choices.py: the decisions before they are committed;
+  tree_choice.py: AutoChainOrTree, automatic k choosing per step between its chain and a leaf tree.
 - AutoDraftLength's parts, objects it holds that own their state: acceptance.py (the acceptance
   estimates, per age), cost_learning.py with cost_curve.py and cost_model_log.py (StepCosts: the
   step-cost model, its online corrections and its predicted-vs-measured log), exploring.py

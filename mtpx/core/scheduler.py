@@ -67,6 +67,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     allocation: object | None = None      # the decodes' per-request ks (AutoDraftLength.allocate)
     num_speculative_tokens: int = 0
+    tree: bool = False                    # every request proposes a leaf tree (mtpx/auto_k/tree_choice.py)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -184,6 +185,7 @@ class Scheduler:
         for r in self.running:
             r.draft_depth = lowered.get(r.draft_depth, r.draft_depth)
         out.num_speculative_tokens = plan.k
+        out.tree = plan.tree
         for item in out.prefills + out.decodes:     # a request drafts at most its depth
             if not isinstance(item, ScheduledPrefill) or item.is_last:
                 item.num_new_drafts = plan.num_new_drafts(item.request.draft_depth)
@@ -254,7 +256,7 @@ class Scheduler:
             r, res = d.request, result.results[d.request.index]
             rounds.append(Round(r.index, d.num_draft_tokens, len(r.draft_token_ids), r.draft_depth,
                                 len(r.output_token_ids), res.num_draft_tokens, res.num_accepted,
-                                len(res.token_ids)))
+                                len(res.token_ids), res.leaf_rank))
         for item in out.prefills + out.decodes:
             r = item.request
             res = result.results[r.index]

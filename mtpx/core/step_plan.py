@@ -57,17 +57,19 @@ class StepPlan:
     lowered: (depth, new depth) for running depths that fall (every running request at depth
     takes new depth; its later blocks are keyed on it); num_verified: the drafts each decode
     verifies (a per-request allocation, in StepView.decodes' order; None: all it holds);
-    allocation: the allocation those came from (request_k.Allocation; None: none)."""
+    allocation: the allocation those came from (request_k.Allocation; None: none); tree: every
+    request proposes the engine's leaf tree of k nodes instead of a chain (tree_choice.py)."""
 
     k: int
     admitted: tuple[int, ...] = ()
     lowered: tuple[tuple[int, int], ...] = ()
     num_verified: tuple[int, ...] | None = None
     allocation: object | None = None
+    tree: bool = False
 
     def num_new_drafts(self, depth: int) -> int:
-        """The drafts a request at `depth` proposes this step."""
-        return num_new_drafts(self.k, depth)
+        """The drafts a request at `depth` proposes this step (a tree step: the tree's k nodes)."""
+        return self.k if self.tree else num_new_drafts(self.k, depth)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,8 @@ class Round:
     """One decode's verification: key; verified: drafts scheduled for verification; held: drafts
     it held before the step; depth: its draft depth; age: its output tokens before the round;
     num_draft_tokens, num_accepted: the runner's drafts verified and raw accepted count;
-    num_tokens: tokens the round produced."""
+    num_tokens: tokens the round produced; leaf_rank: a tree round whose accepted path ended in a
+    leaf, the leaf's sibling rank (else 0)."""
 
     key: Hashable
     verified: int
@@ -85,6 +88,7 @@ class Round:
     num_draft_tokens: int
     num_accepted: int
     num_tokens: int
+    leaf_rank: int = 0
 
 
 @dataclass(frozen=True)

@@ -102,11 +102,8 @@ def verify_tree(runner, ids, n, rows, nd, valid, parents, depths, D, levels):
     verifies): compiled through TreeVerify when the runner's step is compiled, else eager ->
     (hidden [B, T, hidden], logits [B, T, V], TreeStates of each Gated DeltaNet layer)."""
     cache, model = runner.cache, runner.model
-    if runner.step.static:
-        verify = getattr(runner, "tree_verify", None)
-        if verify is None:
-            verify = runner.tree_verify = TreeVerify(runner.step, runner.speculator)
-        return verify(model, cache, ids, n, rows, nd, levels)
+    if runner.tree_graphs is not None:
+        return runner.tree_graphs.verify(model, cache, ids, n, rows, nd, levels)
     B, T = ids.shape
     nodes = torch.arange(T, device=ids.device).expand(B, T)
     meta = node_meta(cache.block_tables[rows], cache.block_size, rows, n, nodes, valid, n,
@@ -163,11 +160,31 @@ class LeafDraft:
 
 def draft_tree(runner, batch: DraftBatch, n_host: list[int], prev: list[int], new: list[int]) -> Drafts:
     """The round after a tree verification (tree_step.tree_decode): a leaf tree's through LeafDraft
-    when the runner's step is compiled, else the speculator's propose, eager."""
-    spec = runner.speculator
-    if not (runner.step.static and spec.leaves):
+    when the runner's step is compiled, else the tree speculator's propose, eager."""
+    spec = runner.tree_spec
+    if runner.tree_graphs is None or not spec.leaves:
         return spec.propose(runner.cache, batch)
-    draft = getattr(runner, "leaf_draft", None)
-    if draft is None:
-        draft = runner.leaf_draft = LeafDraft(runner.step, spec)
-    return draft(batch, n_host, prev, new)
+    return runner.tree_graphs.draft(batch, n_host, prev, new)
+
+
+class TreeGraphs:
+    """The compiled graphs of an engine's tree steps, each built on first use on the engine's
+    CompiledDecode `step` for the tree speculator `spec`: `verify` (TreeVerify) and, for a leaf
+    tree, `draft` (LeafDraft). Owned by the model runner (its `tree_graphs`)."""
+
+    def __init__(self, step, spec):
+        self.step, self.spec = step, spec
+        self._verify: TreeVerify | None = None
+        self._draft: LeafDraft | None = None
+
+    def verify(self, *args) -> tuple[torch.Tensor, torch.Tensor, list[TreeStates]]:
+        """TreeVerify.__call__."""
+        if self._verify is None:
+            self._verify = TreeVerify(self.step, self.spec)
+        return self._verify(*args)
+
+    def draft(self, *args) -> Drafts:
+        """LeafDraft.__call__."""
+        if self._draft is None:
+            self._draft = LeafDraft(self.step, self.spec)
+        return self._draft(*args)

@@ -38,6 +38,7 @@ from mtpx.core.scheduler import Scheduler
 from mtpx.engine.config import EngineConfig, with_overrides
 from mtpx.engine.decode_step import depth_bucket, depth_buckets
 from mtpx.engine import tree_step
+from mtpx.engine.tree_choice import AutoChainOrTree, leaf_tree_over
 from mtpx.engine.model_runner import ModelRunner, StepTiming
 from mtpx.engine.tensor_parallel import TensorParallelRunner
 from mtpx.spec_decode.tree_draft import TreeSpeculator
@@ -65,15 +66,22 @@ class Engine:
                              "LLM(model=PATH, tensor_parallel_size=N), which shards the checkpoint and "
                              "starts the ranks")
         k = 0 if speculator is None else speculator.num_speculative_tokens
+        # automatic k choosing chain or a leaf tree per step (tree_choice.py): the tree's round is the chain's
+        choice = isinstance(draft_length, AutoChainOrTree)
+        if choice and config.compile:
+            raise ValueError("spec.tree with spec.num_speculative_tokens=auto and engine.compile=true: not "
+                             "supported yet (the choice runs eager; set engine.compile=false)")
+        tree = leaf_tree_over(speculator, config.tree, model) if choice else None
+        room = k if tree is None else max(k, tree.num_speculative_tokens)    # drafts a step verifies at most
         limit = model.cfg.max_position_embeddings
         max_model_len = limit if config.max_model_len is None else config.max_model_len
         if not 2 <= max_model_len <= limit:
             raise ValueError(f"max_model_len={max_model_len}: must be in [2, {limit}] "
                              "(the model's max_position_embeddings; engine.max_model_len)")
-        if config.max_num_batched_tokens < k + 1:
+        if config.max_num_batched_tokens < room + 1:
             raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens}: must be at "
-                             f"least num_speculative_tokens + 1 ({k + 1}) (engine.max_num_batched_tokens)")
-        self.max_len = max_model_len + 2 * k + 2          # + window, drafts, transient draft KV
+                             f"least num_speculative_tokens + 1 ({room + 1}) (engine.max_num_batched_tokens)")
+        self.max_len = max_model_len + 2 * room + 2          # + window, drafts, transient draft KV
         blocks_per_seq = -(-self.max_len // config.block_size)
         num_blocks = config.num_blocks or config.max_num_seqs * blocks_per_seq
         self.config = config = dataclasses.replace(config, max_model_len=max_model_len,
@@ -89,9 +97,10 @@ class Engine:
         self.draft_length = draft_length
         self.scheduler = Scheduler(kv, config.max_num_seqs, config.max_num_batched_tokens, draft_length,
                                    self.max_len, max_model_len, lookahead, depth_per_request)
+        self.scheduler.lookahead = max(self.scheduler.lookahead, room)     # the tree's nodes' KV slots
         # the executor: rank 0 of a tensor-parallel model (its tp_driver) runs every call on all ranks
         driver = getattr(model, "tp_driver", None) if config.tensor_parallel_size > 1 else None
-        self.runner = (ModelRunner(model, speculator, config, self.max_len) if driver is None else
+        self.runner = (ModelRunner(model, speculator, config, self.max_len, tree) if driver is None else
                        TensorParallelRunner(model, speculator, config, self.max_len, driver, auto))
         if config.check_invariants:   # before every KV write: no published or free block is written
             self.runner.set_kv_write_guard(
@@ -161,7 +170,7 @@ class Engine:
             bad = [t for t in ids if t >= vocab]
             if bad:
                 return f"{key} token ids {bad[:5]} are outside the vocabulary [0, {vocab})"
-        if isinstance(self.speculator, TreeSpeculator):
+        if isinstance(self.speculator, TreeSpeculator) or self.runner.choice is not None:
             return tree_step.unsupported(params, self.config.acceptance)
         return None
 

@@ -21,6 +21,7 @@ import torch
 
 from mtpx.engine.config import EngineConfig, with_overrides, resolve_compile
 from mtpx.auto_k import AutoDraftLength
+from mtpx.engine.tree_choice import choice_policy
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
 from mtpx.engine.api_args import check_device, check_threads, sampling_params_list, structured_outputs_config
@@ -100,9 +101,6 @@ class LLM:
         if dtype not in DTYPES:
             raise ValueError(f"unknown dtype '{dtype}': choose one of {sorted(DTYPES)}")
         auto = check_num_speculative_tokens(num_speculative_tokens) == "auto"
-        if auto and config.tree is not None:
-            raise ValueError("spec.tree with spec.num_speculative_tokens=auto: not supported yet "
-                             "(leave spec.num_speculative_tokens null with a tree)")
         if auto and spec is None:
             raise ValueError("num_speculative_tokens=auto needs a speculator: add +spec=mtp8 or +spec=mtp1")
         self.model_path = None if isinstance(model, MTPForCausalLM) else Path(model)
@@ -131,8 +129,10 @@ class LLM:
         self.spec = spec
         self._grammars = None       # the GrammarCompiler of structured outputs, built on first use
         k = (AUTO_MAX_SINGLE_MODULE if spec == "mtp1" else None) if auto else num_speculative_tokens
-        self.speculator = build_speculator(spec, self.model, k, tree=config.tree)
+        self.speculator = build_speculator(spec, self.model, k, tree=None if auto else config.tree)
         policy = AutoDraftLength(self.speculator.num_speculative_tokens) if auto else None
+        if auto and config.tree is not None:        # chain or tree per step (docs/trees.md)
+            policy = choice_policy(spec, self.model, self.speculator.num_speculative_tokens, config.tree)
         self.engine = Engine(self.model, self.speculator, config, draft_length=policy)
         self.max_model_len = self.engine.max_model_len
         self.compile_stats = warm_up(self.engine)

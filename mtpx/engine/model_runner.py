@@ -39,7 +39,8 @@ from mtpx.spec_decode.acceptance import build_rule
 from mtpx.spec_decode.sampler import RequestSampling, sample
 from mtpx.spec_decode.tree_draft import TreeSpeculator
 from mtpx.spec_decode.verification import verify
-from mtpx.engine.tree_step import TreeStats, check_tree_engine, tree_decode
+from mtpx.engine.tree_step import tree_decode, tree_parts
+from mtpx.engine.tree_choice import TreeChoice
 from mtpx.structured.drafts import draft_sampler
 from mtpx.structured.masks import GrammarMasks
 
@@ -98,6 +99,7 @@ class RequestResult:
     logit_gaps: list[float] | None = None
     logprobs: list[tuple[float, int, list[tuple[int, float]]]] | None = None
     prompt_logprobs: list[tuple[int, tuple[float, int, list[tuple[int, float]]]]] | None = None
+    leaf_rank: int = 0        # a tree round whose accepted path ended in a leaf: its sibling rank
 
 
 @dataclass
@@ -112,18 +114,17 @@ class RunnerOutput:
 class ModelRunner:
     """model: the target with its MTP modules; speculator: None or a Speculator
     (mtpx/spec_decode/protocol.py); config: the engine's EngineConfig (resolved: max_model_len and
-    num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts)."""
+    num_blocks set); max_len: positions a batch slot holds (prompt, output, window and drafts);
+    tree_speculator: automatic k's leaf tree over the chain's round (mtpx/engine/tree_choice.py)."""
 
-    def __init__(self, model, speculator, config, max_len: int):
+    def __init__(self, model, speculator, config, max_len: int, tree_speculator=None):
         self.model, self.speculator, self.config = model, speculator, config
         self.device = next(model.parameters()).device
         if config.tune_malloc and self.device.type == "cpu":
             tune_malloc()
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
         self.tree = isinstance(speculator, TreeSpeculator)          # tree drafting (mtpx/engine/tree_step.py)
-        if self.tree:
-            check_tree_engine(config, speculator.shape)
-            self.tree_stats = TreeStats([list(p) for p in speculator.shape.paths])
+        self.tree_spec = speculator if self.tree else tree_speculator      # the speculator of tree steps
         self._verify_with = (config.verify, build_rule(config, self.num_speculative_tokens))    # method, rule
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
@@ -137,12 +138,15 @@ class ModelRunner:
                                 config.attention_backend, config.gdn_backend, regions)
         if speculator is not None:
             speculator.allocate(self.cache)
-            self.cache.reserve_windows(self.num_speculative_tokens + 1)    # the longest verification
+            self.cache.reserve_windows(max(self.num_speculative_tokens, self.tree_spec.num_speculative_tokens
+                                           if self.tree_spec else 0) + 1)    # the longest verification
         self.lazy = (None if speculator is None             # the runner's clock, read when it runs
                      else LazyCatchUp(speculator, self.cache, now=lambda: self._now()))
         self.step = (CompiledDecode(model, self.cache, speculator, config.compile_backend,
                                     precompile=config.compile_cache, ragged=config.ragged_batch)
                      if config.compile else EagerStep(model, self.cache, speculator))
+        self.tree_stats, self.tree_graphs = tree_parts(config, self.step, self.tree_spec)   # or None
+        self.choice = None if tree_speculator is None else TreeChoice(tree_speculator, self.cache)
         self.rows: dict[int, int] = {}             # request index -> batch slot
         self._draft_probs: dict[int, torch.Tensor] = {}   # request index -> its sampled drafts' [k, V] q
         self.grammars = GrammarMasks()     # structured output's per-request matchers (xgrammar loads on use)
@@ -161,6 +165,8 @@ class ModelRunner:
     def release(self, index: int) -> None:
         """Free the batch slot of a request that finished, was aborted or preempted (no-op without one)."""
         self._draft_probs.pop(index, None)
+        if self.choice is not None:
+            self.choice.release(index)
         row = self.rows.pop(index, None)
         if row is not None:
             self.cache.free_row(row)
@@ -200,9 +206,12 @@ class ModelRunner:
         if self.lazy is not None:
             self.lazy.begin_step()
         t0 = self._now()
-        prefill_draft_s, module_tokens = self._prefill(out.prefills, results, out.num_speculative_tokens == 0)
+        prefill_draft_s, module_tokens = self._prefill(out.prefills, results, out.num_speculative_tokens == 0,
+                                                       out.tree)
         t1 = self._now()
-        verify_s, draft_s = self._decode(out.decodes, results)
+        verify_s, draft_s = self._decode(out.decodes, results, out.tree)
+        if self.choice is not None:
+            self.choice.proposed(out.prefills + out.decodes, out.tree)
         timing = None
         if self.config.record_step_timings:       # a prefill's catch-up is in its prefill_s, not draft_s
             timing = StepTiming(len(out.decodes), sum(d.num_draft_tokens for d in out.decodes),
@@ -280,9 +289,9 @@ class ModelRunner:
         return out
 
     def _prefill(self, prefills: list[ScheduledPrefill], results: dict,
-                 defer: bool = False) -> tuple[float, int]:
-        """The prefill chunks' forward, first tokens and first drafts; returns (seconds the
-        speculator ran, prompt tokens times the modules it ran over them) for StepTiming. defer (a
+                 defer: bool = False, tree: bool = False) -> tuple[float, int]:
+        """The prefill chunks' forward, first tokens and first drafts (tree: the tree's); returns (seconds
+        the speculator ran, prompt tokens times the modules it ran over them) for StepTiming. defer (a
         step without drafts): the modules' prefill waits for the lazy catch-up (lazy_catch_up.py)."""
         if not prefills:
             return 0.0, 0
@@ -334,7 +343,7 @@ class ModelRunner:
             held = self.lazy.prefill(batch, rows_host, [r.draft_depth for r in reqs],
                                      starts, lengths, defer and not self.tree)
             if held is None:
-                proposed = self.speculator.propose(cache, batch)          # dynamic shapes: always eager
+                proposed = (self.tree_spec if tree else self.speculator).propose(cache, batch)   # eager
                 drafts, q, held = proposed.tokens.tolist(), proposed.probs, proposed.num_final
                 module_tokens = batch.num_modules * sum(lengths)
             num_final = [min(a, b) for a, b in zip(num_final, held.tolist())]
@@ -382,11 +391,14 @@ class ModelRunner:
         return DraftBatch(rows, num_tokens, target_end, drafting, depth, target_start, hidden,
                           max(num_new_drafts), sampler=sampler, drafts=drafts, **extent)
 
-    def _decode(self, decodes: list[ScheduledDecode], results: dict) -> tuple[float, float]:
+    def _decode(self, decodes: list[ScheduledDecode], results: dict,
+                tree: bool = False) -> tuple[float, float]:
         """The decode step (module doc, shapes by StepShapes), each request proposing its num_new_drafts
-        for the next; returns (verify_s, draft_s): the rest of the step and the draft round."""
-        if self.tree:
-            return tree_decode(self, decodes, results)
+        for the next (tree: the tree's, tree_choice.py); returns (verify_s, draft_s): the rest of the step
+        and the draft round."""
+        verifies_tree, decodes = (False, decodes) if self.choice is None else self.choice.split(decodes)
+        if self.tree or verifies_tree:
+            return tree_decode(self, decodes, results, propose_tree=self.tree or tree)
         if not decodes:
             return 0.0, 0.0
         t0 = self._now()
@@ -397,9 +409,10 @@ class ModelRunner:
         nd_host = [d.num_draft_tokens for d in decodes]
         new = [d.num_new_drafts for d in decodes]
         drafting = self.speculator is not None and max(new) > 0     # else no module runs (lazy_catch_up.py)
+        chain_new = [self.tree_spec.chain_depth[x] for x in new] if tree else new   # its chain round's
         depths = [r.draft_depth for r in reqs]
         shapes = StepShapes.plan([r.num_tokens for r in reqs], nd_host, [d * drafting for d in depths],
-                                 [len(r.draft_token_ids) for r in reqs], [d.num_new_drafts for d in decodes],
+                                 [len(r.draft_token_ids) for r in reqs], chain_new,
                                  k=self.num_speculative_tokens,
                                  num_draft_modules=(0 if self.speculator is None
                                                     else self.speculator.num_draft_modules),
@@ -442,7 +455,8 @@ class ModelRunner:
                                       meta.positions[:, 0], h, new,
                                       self._draft_sampler(sampling, new, reqs, (emitted, accepted)),
                                       shapes, meta.block_table)
-            drafts = step.draft(batch)
+            drafts = (self.choice.propose(self, reqs, rows, num_tokens, final, meta.positions[:, 0], h, new)
+                      if tree else step.draft(batch))
             final = torch.minimum(final, drafts.num_final[:B])
             t2 = self._now()
         elif self.speculator is not None and max(depths) > 0:       # the modules fall behind

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from mtpx.engine.compiled_tree import draft_tree, static_window, verify_tree
+from mtpx.engine.compiled_tree import TreeGraphs, draft_tree, static_window, verify_tree
 from mtpx.engine.logits import logprobs
 from mtpx.engine.tree_logits import process_tree_logits
 from mtpx.models.tree_forward import commit_tree_states
@@ -95,6 +95,15 @@ def check_tree_engine(config, shape=None) -> None:
         raise ValueError("spec.tree with engine.tensor_parallel_size > 1: not supported yet")
 
 
+def tree_parts(config, step, spec) -> tuple[TreeStats | None, TreeGraphs | None]:
+    """The TreeStats and (compiled `step`) TreeGraphs of an engine whose tree steps the
+    TreeSpeculator `spec` drafts (None: no tree steps, (None, None)), after `check_tree_engine`."""
+    if spec is None:
+        return None, None
+    check_tree_engine(config, spec.shape)
+    return TreeStats([list(p) for p in spec.shape.paths]), TreeGraphs(step, spec) if step.static else None
+
+
 def move_path_kv(cache, rows: torch.Tensor, n: torch.Tensor, path: torch.Tensor,
                  accepted: torch.Tensor) -> None:
     """The accepted nodes' target KV from position n + path[b, d] to n + d, d = 1 .. accepted[b]
@@ -115,12 +124,14 @@ def move_path_kv(cache, rows: torch.Tensor, n: torch.Tensor, path: torch.Tensor,
             c.write(dst, c.k.flatten(0, 1)[src], c.v.flatten(0, 1)[src])
 
 
-def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
-    """ModelRunner._decode for a TreeSpeculator (module doc): -> (verify_s, draft_s)."""
+def tree_decode(runner, decodes, results: dict, propose_tree: bool = True) -> tuple[float, float]:
+    """ModelRunner._decode for the runner's TreeSpeculator `tree_spec` (module doc): -> (verify_s,
+    draft_s). propose_tree False (the automatic choice, mtpx/engine/tree_choice.py): the round after
+    verification is the engine's chain speculator's, eager, proposing each request's num_new_drafts."""
     if not decodes:
         return 0.0, 0.0
     t0 = runner._now()
-    cache, dev, spec = runner.cache, runner.device, runner.speculator
+    cache, dev, spec = runner.cache, runner.device, runner.tree_spec
     reqs = [d.request for d in decodes]
     B = len(reqs)
     rows = torch.tensor([runner.rows[r.index] for r in reqs], device=dev)
@@ -176,9 +187,14 @@ def tree_decode(runner, decodes, results: dict) -> tuple[float, float]:
     new = [d.num_new_drafts for d in decodes]
     batch = runner._draft_batch(reqs, rows, n + accepted + 2, final, [True] * B, n, hidden, new)
     spec.settle(rows, n, accepted, last_node, batch.depth)
-    drafts = draft_tree(runner, batch, n_host, [len(r.draft_token_ids) for r in reqs], new)
+    if propose_tree:
+        drafts = draft_tree(runner, batch, n_host, [len(r.draft_token_ids) for r in reqs], new)
+    else:
+        drafts = runner.speculator.propose(cache, batch)
     final = torch.minimum(final, drafts.num_final)
     t2 = runner._now()
     runner._decode_results(decodes, results, emitted, accepted, final, drafts,
                            SimpleNamespace(batch=B, window=D + 1), gaps, lps)
+    for r, rank in zip(reqs, ranks.gather(1, last_node[:, None])[:, 0].tolist()):
+        results[r.index].leaf_rank = rank             # > 0: the accepted path ended in a leaf
     return runner._now() - t0 - (t2 - t1), t2 - t1

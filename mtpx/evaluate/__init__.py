@@ -99,8 +99,9 @@ def _run(cfg: DictConfig, out_dir: Path, mode: str) -> int:
     engine["compile"] = resolve_compile(engine.get("compile"), mode, None if num_prompts is None else
                                         num_prompts * c.max_tokens)
     tree = spec_kw.get("tree")
-    if hasattr(tree, "keys") and engine.get("compile") and cfg.engine.get("compile") is None:
-        engine["compile"] = False             # a dynamic tree runs eager (docs/trees.md)
+    eager_tree = hasattr(tree, "keys") or (tree is not None and k == "auto")
+    if eager_tree and engine.get("compile") and cfg.engine.get("compile") is None:
+        engine["compile"] = False             # a dynamic tree, the choice of a tree run eager (docs/trees.md)
     prompts_key = f"{mode}.num_prompts"
     check_data_config(cfg.data, num_prompts, num_prompts_key=prompts_key)
     if mode == "bench" and c.get("base_url"):

@@ -54,6 +54,7 @@ class TreeSpeculator:
     (module doc). multi: multi-module MTP (module d drafts depth d), else single-module MTP."""
 
     leaves = False       # a leaf tree drafted by the chain's round (mtpx/spec_decode/tree_leaves.py)
+    owns_base = True     # False: `base` is the engine's chain speculator, allocated by it (tree_leaves.py)
 
     def __init__(self, model, shape: TreeShape | DynamicTree, multi: bool):
         self.model, self.shape = model, shape
@@ -76,7 +77,8 @@ class TreeSpeculator:
             self.ancestors[:, 0] = False       # the root's module KV is committed, not at its scratch slot
 
     def allocate(self, cache: ModelCache) -> None:
-        self.base.allocate(cache)
+        if self.owns_base:
+            self.base.allocate(cache)
         self.buffers = self.base.buffers
         dev = self.base.buffers[0].device
         self.parents, self.depths, self.ranks, self.ancestors = (

@@ -51,16 +51,22 @@ class _LeafPicker:
 
 class LeafTreeSpeculator(TreeSpeculator):
     """TreeSpeculator for a leaf tree (module doc) whose round is the chain speculator's of
-    k = shape.depth. Drafts.tokens [B, N] in the shape's node order, as TreeSpeculator's."""
+    k = shape.depth (base: a chain speculator of k >= shape.depth to share, which allocates and
+    owns its state: the engine's, when it chooses chain or tree per step). Drafts.tokens [B, N]
+    in the shape's node order, as TreeSpeculator's."""
 
     leaves = True
 
-    def __init__(self, model, shape: TreeShape, multi: bool):
+    def __init__(self, model, shape: TreeShape, multi: bool, base=None):
         if not shape.is_leaf_tree:
             raise ValueError(f"spec.tree {[list(p) for p in shape.paths]} is not a chain with leaves")
         super().__init__(model, shape, multi)
         D = shape.depth
-        self.base = MultiModuleMTPSpeculator(model, D) if self.multi else SingleModuleMTPSpeculator(model, D)
+        if base is None:
+            base = MultiModuleMTPSpeculator(model, D) if self.multi else SingleModuleMTPSpeculator(model, D)
+        else:                    # the engine's chain speculator (the automatic choice, tree_choice.py)
+            self.owns_base, self.multi = False, isinstance(base, MultiModuleMTPSpeculator)
+        self.base = base
         self.num_draft_modules = self.base.num_draft_modules
         self.num_lookahead_tokens = self.base.num_lookahead_tokens
         self.chain_widths = shape.widths
