@@ -1,6 +1,7 @@
 """Helpers shared by the test modules: tiny models, draft checks, a dynamic draft round."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -264,3 +265,18 @@ def sigterm_after(reads: int):
             self._flag = value
 
     return SigtermAfter
+
+
+def python_calls(fn) -> int:
+    """Python frames entered while fn() runs (C calls not counted)."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event == "call"
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count

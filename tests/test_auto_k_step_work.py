@@ -5,12 +5,12 @@ per-request work is C-level list building only), forced and deciding alike."""
 from __future__ import annotations
 
 import math
-import sys
 
 import pytest
 from mtpx.auto_k import AutoDraftLength
 from mtpx.auto_k.acceptance import AcceptanceEstimates
 from mtpx.core.step_plan import Candidate, Round, StepRecord, StepView
+from tests.helpers import python_calls
 
 K = 8
 
@@ -50,21 +50,6 @@ def test_deferred_decay_equals_decaying_every_step_bit_for_bit():
         1 + sum(math.prod(e.pooled[: j + 1]) for j in range(4)), abs=1e-12)
 
 
-def _python_calls(fn) -> int:
-    """Python frames entered while fn() runs (C calls not counted)."""
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        count += event == "call"
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
-
-
 def _k0_step_calls(batch: int, forced: bool) -> int:
     """Python calls of one plan + observe of a timed k = 0 step of `batch` requests (forced: k = 0
     at depth 8; else deciding, on step costs where k = 0 pays at every batch, at depth 0), after
@@ -84,7 +69,7 @@ def _k0_step_calls(batch: int, forced: bool) -> int:
         p.observe(records[s])
     for s in range(50):
         step(s)
-    return _python_calls(lambda: step(50))
+    return python_calls(lambda: step(50))
 
 
 @pytest.mark.parametrize("forced", [True, False])

@@ -5,12 +5,12 @@ decisions do; by default it skips the decision and three of four steps' cost lea
 from __future__ import annotations
 
 import functools
-import sys
 
 import pytest
 from mtpx.auto_k import AutoDraftLength, AutoKConfig
 from mtpx.auto_k.cost_curve import RunningMedian
 from mtpx.core.step_plan import Candidate, Round, StepRecord, StepView
+from tests.helpers import python_calls
 
 K = 8
 COSTS = {(k, b): (5 + 0.1 * b) * (1 + 0.5 * k) for k in range(K + 1) for b in (1, 4, 16, 64)}
@@ -100,25 +100,10 @@ def _calls_per_step(enabled: bool) -> list[tuple[int, int]]:
     """[(step, Python calls of its plan + observe)] of steps 3-10 of a stretch at batch 64."""
     p, out = _policy(4, enabled), []
     for s in range(10):
-        n = _python_calls(functools.partial(_step, p, _view(64), _record(64, s)))
+        n = python_calls(functools.partial(_step, p, _view(64), _record(64, s)))
         if s >= 2:
             out.append((p._steps, n))
     return out
-
-
-def _python_calls(fn) -> int:
-    """Python frames entered while fn() runs (C calls not counted)."""
-    count = 0
-
-    def profile(frame, event, arg):
-        nonlocal count
-        count += event == "call"
-    sys.setprofile(profile)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return count
 
 
 def test_steady_timings_teach_a_plain_stretch_the_costs_full_decisions_learn():
