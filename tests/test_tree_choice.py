@@ -177,3 +177,30 @@ def test_switching_with_prefix_caching_chunking_preemption(trained_tiny, tmp_pat
     run_checked(llm, model, prompts, params)
     assert llm.engine.num_preemptions > 0 and policy.tree_steps > 3
     assert llm.engine.runner.tree_stats.rounds > 3
+
+
+def test_seeded_sampling_is_plain_seeded_whichever_form_runs(trained_tiny, tmp_path, monkeypatch):
+    """A seeded request at temperature 1.0 / top-p 0.9, among seeded and greedy batch-mates, emits
+    plain seeded sampling's tokens while the choice switches between chain and tree steps: the
+    chain steps verify with one uniform per output position (engine/tree_choice.py verify_with).
+    With the chain's token-level verification in the same schedule it does not."""
+    from mtpx import LLM, SamplingParams
+    mine = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    others = [SamplingParams(max_tokens=12, temperature=0.0 if i == 0 else 0.8, seed=i, ignore_eos=True)
+              for i in range(2)]
+    plain = LLM(model=trained_tiny).generate([PROMPTS[0]], [mine])[0].output_token_ids
+
+    def run(method: str) -> tuple[list[int], int]:
+        llm = make_llm(trained_tiny, "mtp8", "auto", tree=MTP8_LEAVES, max_num_seqs=3,
+                       cost_model_file=_costs(tmp_path / f"costs_{method}.json"))
+        policy, runner = llm.engine.draft_length, llm.engine.runner
+        policy.forced_tree = lambda step: step % 3 == 1
+        policy.forced, policy.forced_depth = policy.max_k, policy.max_k
+        assert runner._verify_with[0] == "position"
+        runner._verify_with = (method, runner._verify_with[1])
+        out = llm.generate([PROMPTS[0]] + PROMPTS[1:3], [mine] + others)
+        return out[0].output_token_ids, runner.tree_stats.rounds
+
+    tokens, tree_rounds = run("position")
+    assert tree_rounds > 2 and tokens == plain
+    assert run("standard")[0] != plain

@@ -35,12 +35,11 @@ from mtpx.engine.malloc import tune_malloc
 from mtpx.core.scheduler import ScheduledDecode, ScheduledPrefill, SchedulerOutput
 from mtpx.spec_decode.common import last_valid
 from mtpx.spec_decode.protocol import DraftBatch, Drafts
-from mtpx.spec_decode.acceptance import build_rule
 from mtpx.spec_decode.sampler import RequestSampling, sample
 from mtpx.spec_decode.tree_draft import TreeSpeculator
 from mtpx.spec_decode.verification import verify
 from mtpx.engine.tree_step import tree_decode, tree_parts
-from mtpx.engine.tree_choice import TreeChoice
+from mtpx.engine.tree_choice import TreeChoice, verify_with
 from mtpx.structured.drafts import draft_sampler
 from mtpx.structured.masks import GrammarMasks
 
@@ -125,7 +124,7 @@ class ModelRunner:
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
         self.tree = isinstance(speculator, TreeSpeculator)          # tree drafting (mtpx/engine/tree_step.py)
         self.tree_spec = speculator if self.tree else tree_speculator      # the speculator of tree steps
-        self._verify_with = (config.verify, build_rule(config, self.num_speculative_tokens))    # method, rule
+        self._verify_with = verify_with(config, self.num_speculative_tokens, tree_speculator)   # method, rule
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid

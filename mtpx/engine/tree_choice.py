@@ -13,6 +13,11 @@ chain's (eager: switching steps are few). A request holding the other form than 
     choice_policy(method, model, max_k, tree) -> AutoChainOrTree (ValueError, one line, for a tree
                                                  the choice does not support)
     leaf_tree_over(chain, tree, model) -> the LeafTreeSpeculator sharing `chain`'s round
+    verify_with(config, k, tree_speculator) -> (the chain steps' verification method, lossy rule)
+
+Seeds: with spec.verify=standard, the chain steps verify with one uniform per output position
+(verify_by_position in mtpx/spec_decode/verification.py), as tree steps do, so a seeded request's
+output is plain seeded sampling's whichever form each step ran.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import dataclasses
 import torch
 
 from mtpx.auto_k.tree_choice import AutoChainOrTree, LeafTree
+from mtpx.spec_decode.acceptance import build_rule
 from mtpx.spec_decode.multi_module import MultiModuleMTPSpeculator
 from mtpx.spec_decode.protocol import Drafts
 from mtpx.spec_decode.tree import DynamicTree, build_tree_shape
@@ -58,6 +64,13 @@ def leaf_tree_over(chain, tree, model) -> LeafTreeSpeculator:
     method = "mtp8" if isinstance(chain, MultiModuleMTPSpeculator) else "mtp1"
     shape = _leaf_shape(method, model, chain.num_speculative_tokens, tree)
     return LeafTreeSpeculator(model, shape, method == "mtp8", base=chain)
+
+
+def verify_with(config, k: int, tree_speculator) -> tuple[str, object]:
+    """(config.verify, or "position" for the choice's chain steps with spec.verify=standard; the
+    lossy acceptance rule of k drafts or None: mtpx/spec_decode/acceptance.py build_rule)."""
+    chain_as_tree = tree_speculator is not None and config.verify == "standard"
+    return ("position" if chain_as_tree else config.verify), build_rule(config, k)
 
 
 class TreeChoice:

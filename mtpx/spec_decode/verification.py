@@ -31,6 +31,7 @@ from functools import partial
 import torch
 
 from mtpx.spec_decode.sampler import RequestSampling, sample
+from mtpx.spec_decode.tree_sampling import tree_targets
 
 
 def _pick(dist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -111,6 +112,24 @@ def verify_block(x, q, p, num_drafts, eta):
 VERIFIERS = {"standard": verify_token_level, "block": verify_block}
 
 
+def verify_by_position(ids: torch.Tensor, logits: torch.Tensor, num_drafts: torch.Tensor,
+                       sampling: RequestSampling) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy-drafted (one-hot) chains verified with one uniform per output position, as trees are
+    (mtpx/spec_decode/tree_sampling.py): the token at output position j is plain seeded sampling's
+    y_j ~ p_j, draft d_j is accepted while y_j == d_j. For one-hot drafts that is token-level
+    rejection's distribution (d_j accepted with probability p_j(d_j), else a sample of p_j without
+    d_j), and a seeded request's output does not depend on whether a step ran a chain or a tree.
+    ids [B, T], logits [B, T, V], num_drafts [B] int64 -> verify's (accepted, emitted)."""
+    B, T = ids.shape
+    depths = torch.arange(T, device=ids.device).expand(B, T)
+    targets, uniforms = tree_targets(sampling, logits, depths, T - 1)
+    is_draft = torch.arange(T - 1, device=ids.device)[None] < num_drafts[:, None]
+    accepted = ((ids[:, 1:] == targets[:, :-1]) & is_draft).long().cumprod(1).sum(1)
+    if uniforms is not None:
+        uniforms.settle((accepted + 1).tolist())
+    return accepted, targets
+
+
 def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
            sampling: RequestSampling, draft_probs: list, method: str = "standard", rule=None
            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +138,8 @@ def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
     ids: [B, T] int64 window tokens (drafts beyond num_drafts[b] are padding); logits: [B, T, V]
     the target's logits there; num_drafts: drafts per row (host ints); sampling: the rows'
     RequestSampling; draft_probs: per row None (greedy drafts: one-hot q, as vLLM) or [k, V], the
-    distributions sampled drafts came from; method: "standard" or "block" (VERIFIERS); rule: None
+    distributions sampled drafts came from; method: "standard" or "block" (VERIFIERS), or "position"
+    (verify_by_position, for greedy drafts; "standard" for sampled ones); rule: None
     (lossless) or a lossy acceptance rule (mtpx/spec_decode/acceptance.py), which replaces method.
 
     Returns (accepted [B] int64, emitted [B, T] int64): emitted[b, :accepted[b]] are the accepted
@@ -137,6 +157,8 @@ def verify(ids: torch.Tensor, logits: torch.Tensor, num_drafts: list[int],
         is_draft = torch.arange(T - 1, device=ids.device)[None] < nd[:, None]
         match = (ids[:, 1:] == target[:, :-1]) & is_draft
         return match.long().cumprod(1).sum(1), target
+    if method == "position" and rule is None and all(q is None for q in draft_probs):
+        return verify_by_position(ids, logits, nd, sampling)
     p = sampling.probs(logits)                                             # [B, T, V]
     x = ids[:, 1:]                                                         # drafts [B, T-1]
     if T > 1:
