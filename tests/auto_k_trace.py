@@ -55,6 +55,7 @@ class Result:
     logit_gaps: object = None
     logprobs: object = None
     prompt_logprobs: object = None
+    leaf_rank: int = 0
 
 
 @dataclass

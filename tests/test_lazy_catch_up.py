@@ -65,8 +65,8 @@ def test_a_prefill_at_k_0_defers_the_modules_to_the_catch_up(spec, K, window):
     seen, module_tokens = [], []
     prefill = runner._prefill
 
-    def counted(prefills, results, defer=False):
-        s, n = prefill(prefills, results, defer)
+    def counted(prefills, results, defer=False, *args):
+        s, n = prefill(prefills, results, defer, *args)
         module_tokens.append((defer, n))
         return s, n
     runner._prefill = counted

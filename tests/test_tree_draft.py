@@ -35,10 +35,10 @@ def test_mtp8_tree_runs_each_module_once_and_keeps_module_kv_exact(trained_tiny,
     in_decode = []
     decode = tree_step.tree_decode
 
-    def decode_flagged(runner, decodes, results):
+    def decode_flagged(runner, decodes, results, **kwargs):
         in_decode.append(True)
         try:
-            return decode(runner, decodes, results)
+            return decode(runner, decodes, results, **kwargs)
         finally:
             in_decode.clear()
     monkeypatch.setattr(tree_step, "tree_decode", decode_flagged)

@@ -124,7 +124,6 @@ class ModelRunner:
         self.num_speculative_tokens = 0 if speculator is None else speculator.num_speculative_tokens
         self.tree = isinstance(speculator, TreeSpeculator)          # tree drafting (mtpx/engine/tree_step.py)
         self.tree_spec = speculator if self.tree else tree_speculator      # the speculator of tree steps
-        self._verify_with = verify_with(config, self.num_speculative_tokens, tree_speculator)   # method, rule
         self.block_size = config.block_size
         hybrid = any(t == "linear_attention" for t in model.cfg.layer_types)
         self.boundary_states = config.enable_prefix_caching and hybrid
@@ -145,6 +144,7 @@ class ModelRunner:
                                     precompile=config.compile_cache, ragged=config.ragged_batch)
                      if config.compile else EagerStep(model, self.cache, speculator))
         self.tree_stats, self.tree_graphs = tree_parts(config, self.step, self.tree_spec)   # or None
+        self._verify_with = verify_with(config, self.num_speculative_tokens, tree_speculator)   # method, rule
         self.choice = None if tree_speculator is None else TreeChoice(tree_speculator, self.cache)
         self.rows: dict[int, int] = {}             # request index -> batch slot
         self._draft_probs: dict[int, torch.Tensor] = {}   # request index -> its sampled drafts' [k, V] q
