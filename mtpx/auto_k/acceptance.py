@@ -95,9 +95,9 @@ class AcceptanceEstimates:
         """Requests per age bucket of a batch whose requests have `ages` output tokens; None: None."""
         if ages is None:
             return None
-        counts, edges, right = [0] * (len(self.edges) + 1), self.edges, bisect.bisect_right
-        for age in ages:
-            counts[right(edges, age)] += 1
+        ages = sorted(ages)                  # bucket i: edges[i - 1] <= age < edges[i]
+        at = [0] + [bisect.bisect_left(ages, e) for e in self.edges] + [len(ages)]
+        counts = [at[i + 1] - at[i] for i in range(len(at) - 1)]
         return counts if any(counts) else None
 
     def observe(self, num_verified: int, num_accepted: int, age: int | None = None) -> None:

@@ -17,8 +17,6 @@ Why: at eager concurrency 64 the policy's plan and observe cost a step of plain 
 0.24 ms, 0.64% of it (experiments/auto_k_never_loses, section 4)."""
 from __future__ import annotations
 
-import bisect
-
 from mtpx.core.step_plan import StepPlan, StepRecord, StepView
 
 __all__ = ["PlainStretch"]
@@ -90,10 +88,7 @@ class PlainStretch:
         log = p.costs.cost_log
         log.count_decode_step(B)
         p.estimates.decay()
-        ages = sorted([r.age for r in rounds])
-        edges = p.estimates.edges
-        at = [0] + [bisect.bisect_left(ages, e) for e in edges] + [B]
-        mix = [at[i + 1] - at[i] for i in range(len(at) - 1)]     # estimates.mix(ages), in C
+        mix = p.estimates.mix([r.age for r in rounds])
         old, f = p.age_mix or [1 / len(mix)] * len(mix), p.decay
         p.age_mix = [f * a + (1 - f) * n / B for a, n in zip(old, mix)]
         num_tokens = sum([r.num_tokens for r in rounds])
