@@ -1,6 +1,7 @@
 """tools/bench_speedup.py's two timing modes on a tiny checkpoint, eager: whole generates rotated per
 chunk, and engine steps interleaved (--interleave): the same greedy tokens as each other and as
-plain decoding, the tokens counted per chunk, an A/A contender (plain_b) parsed as plain."""
+plain decoding, the tokens counted per chunk, an A/A contender (plain_b) parsed as plain; and the
+contenders in processes of their own (--isolate) giving the same tokens and counts."""
 from __future__ import annotations
 
 import importlib.util
@@ -30,24 +31,30 @@ def test_interleaved_steps_give_the_chunk_mode_s_outputs_and_count_every_token(t
     params = mtpx.SamplingParams(max_tokens=7)
     reference = mtpx.LLM(model=str(tiny_ckpt))
     want = [[o.output_token_ids for o in reference.generate(c, params)] for c in chunks]
-    llms = {name: mtpx.LLM(model=str(tiny_ckpt), spec=spec, num_speculative_tokens=k, max_num_seqs=2)
-            for name, spec, k in (("plain", None, None), ("mtp1", "mtp1", 1))}
+    contenders = {name: tool.Contender(mtpx.LLM(model=str(tiny_ckpt), spec=spec, num_speculative_tokens=k,
+                                                max_num_seqs=2), tool._engine_time)
+                  for name, spec, k in (("plain", None, None), ("mtp1", "mtp1", 1))}
     for c, chunk in enumerate(chunks):
-        rotated = tool._generate_rotated(llms, chunk, params, c, 2)
-        interleaved, host = tool._generate_interleaved(llms, chunk, params, c, 2, steps_per_turn=2)
-        for name in llms:
-            assert [o.output_token_ids for o in rotated[name][0]] == want[c], name
-            assert [o.output_token_ids for o in interleaved[name][0]] == want[c], name
-            assert interleaved[name][1] > 0 and host[name] > 0
+        rotated = tool.run_chunk(contenders, chunk, params, c, 2, interleave=0)
+        interleaved = tool.run_chunk(contenders, chunk, params, c, 2, interleave=2)
+        for name in contenders:
+            assert rotated[name]["token_ids"] == want[c], name
+            assert interleaved[name]["token_ids"] == want[c], name
+            assert interleaved[name]["seconds"] > 0 and interleaved[name]["host_s"] > 0
+            assert interleaved[name]["tokens"] == sum(map(len, want[c]))
     data = tmp_path / "test.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in questions))
-    assert tool.main(["--model", str(tiny_ckpt), "--data", str(data), "--num-prompts", "6", "--rounds", "2",
-                      "--max-tokens", "7", "--concurrency", "2", "--threads", "1", "--interleave", "2",
-                      "--share-weights", "--build-reversed", "--contenders", "plain", "plain_b",
-                      "--out", str(tmp_path)]) == 0
-    rows = {r["contender"]: r for r in json.loads((tmp_path / "speedup.json").read_text())["rows"]}
-    for r in rows.values():
-        assert r["mismatches_vs_plain"] == 0 and r["host_s"] > 0
-        assert [c["tokens"] for c in r["chunks"]] == [sum(map(len, w)) for w in want]
-        assert r["output_tokens"] == sum(len(x) for w in want for x in w)
-    assert "2 steps interleaved" in (tmp_path / "speedup.md").read_text()
+    run = ["--model", str(tiny_ckpt), "--data", str(data), "--num-prompts", "6", "--rounds", "2",
+           "--max-tokens", "7", "--concurrency", "2", "--threads", "1", "--interleave", "2", "--build-reversed"]
+    for extra in (["--share-weights", "--contenders", "plain", "plain_b"],
+                  ["--isolate", "--contenders", "plain", "mtp1"]):
+        out = tmp_path / extra[0]
+        assert tool.main(run + extra + ["--out", str(out)]) == 0
+        rows = {r["contender"]: r for r in json.loads((out / "speedup.json").read_text())["rows"]}
+        assert list(rows) == extra[2:]
+        for r in rows.values():
+            assert r["mismatches_vs_plain"] == 0 and r["host_s"] > 0
+            assert [c["tokens"] for c in r["chunks"]] == [sum(map(len, w)) for w in want]
+            assert r["output_tokens"] == sum(len(x) for w in want for x in w)
+        assert "2 steps interleaved" in (out / "speedup.md").read_text()
+    assert rows["mtp1"]["acceptance_length"] > 1 and rows["plain"]["acceptance_length"] is None

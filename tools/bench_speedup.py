@@ -3,7 +3,7 @@ plain decoding, mtp1, mtp8 (and other k, and the automatic k) on the same GSM8K 
 
     python tools/bench_speedup.py [--model checkpoints/demo] [--num-prompts 128] [--max-tokens 256] \
         [--contenders plain mtp1 mtp8 auto] [--concurrency 1] [--rounds 4] [--compile] \
-        [--threads 2] [--interleave 4] [--build-reversed] [--out experiments/speedup_gsm8k]
+        [--threads 2] [--interleave 4] [--build-reversed] [--isolate] [--out experiments/speedup_gsm8k]
 
 One LLM per contender (`plain`, `mtp1` = single-module MTP with k = 1, `mtp8` = multi-module MTP
 with k = 8; `mtpK` or `mtp8:K` for another k of multi-module MTP; `auto` = multi-module MTP with
@@ -35,6 +35,10 @@ On this machine an engine built earlier in the process runs its steps slower tha
 (2-3% per engine built between them, eager and compiled, the same kind of engine either way:
 experiments/auto_k_never_loses); --build-reversed builds them from the last contender to the first
 (the timing order stays the contenders'), so that two runs, one each way, bracket the effect.
+--isolate: every contender's engine in a process of its own (spawned; tools/bench_contenders.py),
+built one after another, the driver stepping them in turn as above (one process runs at a time), so
+that no engine is built before or after another in its process and the build order cannot favour
+one; each process loads the model itself.
 --share-weights: the contenders' engines run over one model loaded once (each engine keeps its own
 KV cache, states and graphs), so that no contender's weights sit elsewhere in memory and caches;
 automatic k's calibration is then kept in a file of the step-cost cache for the next run.
@@ -52,6 +56,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+sys.path.insert(0, str(ROOT / "tools"))  # bench_contenders
 
 import torch  # noqa: E402
 
@@ -63,8 +68,9 @@ from mtpx.engine.malloc import tune_malloc  # noqa: E402
 from mtpx.io import atomic_write_json, atomic_write_text, mtpx_cache_dir  # noqa: E402
 from mtpx import auto_k  # noqa: E402
 from mtpx.auto_k.costs import step_costs  # noqa: E402
-from mtpx.metrics.stats import aggregate_spec  # noqa: E402
 from mtpx.schema import data_dir  # noqa: E402
+
+from bench_contenders import Contender, IsolatedContender, run_chunk  # noqa: E402
 
 GSM8K_TEST = data_dir(ROOT / "conf") / "gsm8k" / "test.jsonl"   # MTPX_DATA_DIR or conf/config.yaml data_dir
 
@@ -133,53 +139,58 @@ def _cost_file(args, name: str) -> Path:
     return folder / f"bench_speedup-{hashlib.sha256(key.encode()).hexdigest()[:20]}.json"
 
 
-def _generate_rotated(llms: dict, chunk: list[str], params, c: int, concurrency: int) -> dict:
-    """Chunk mode: each contender generates the whole chunk in turn, in an order rotated per chunk:
-    -> {name: (outputs, seconds of its generate)}."""
-    names = list(llms)
-    out = {}
-    for name in names[c % len(names):] + names[: c % len(names)]:
-        t0 = time.perf_counter()
-        outs = llms[name].generate(chunk, params, max_concurrency=concurrency)
-        out[name] = (outs, time.perf_counter() - t0)
-    return out
+def _build(args, shared, name: str) -> Contender:
+    """Build one contender's engine (with --compile, LLM() compiles and warms it up)."""
+    spec, k = _contender(name)
+    t0 = time.perf_counter()
+    model = args.model if shared is None else shared[0]
+    extra = {} if shared is None else {"tokenizer": shared[1], "cost_model_file": _cost_file(args, name)}
+    if k != "auto":
+        extra.pop("cost_model_file", None)
+    llm = LLM(model=model, spec=spec, num_speculative_tokens=k, max_num_seqs=args.concurrency,
+              compile=args.compile, max_model_len=1024, **extra, **_overrides(name)[1])
+    return Contender(llm, _engine_time, time.perf_counter() - t0 if args.compile else None)
 
 
-def _generate_interleaved(llms: dict, chunk: list[str], params, c: int, concurrency: int,
-                          steps_per_turn: int) -> tuple[dict, dict]:
-    """--interleave (module doc): -> ({name: (outputs, seconds of its steps)}, {name: host seconds
-    encoding the prompts and decoding the outputs})."""
-    host, reqs, pending, flight, spent = {}, {}, {}, {}, {}
-    for name, llm in llms.items():
-        t0 = time.perf_counter()
-        ids = [llm.encode(p) for p in chunk]
-        reqs[name] = [llm.new_request(i, x, params, llm.engine.validate_prompt(x)) for i, x in enumerate(ids)]
-        host[name] = time.perf_counter() - t0
-        pending[name] = [r for r in reversed(reqs[name]) if r.error is None]    # popped from the end
-        flight[name], spent[name] = 0, 0.0
-    active, turn = list(llms), c
-    with torch.inference_mode():
-        while active:
-            for name in active[turn % len(active):] + active[: turn % len(active)]:
-                engine = llms[name].engine
-                for _ in range(steps_per_turn):
-                    t0 = time.perf_counter()
-                    while pending[name] and flight[name] < concurrency:     # as LLM.generate's client
-                        r = pending[name].pop()
-                        r.arrival_time = t0
-                        flight[name] += engine.add_request(r)
-                    if not engine.has_unfinished_requests():
-                        break
-                    flight[name] -= len(engine.step())
-                    spent[name] += time.perf_counter() - t0
-            active = [n for n in active if pending[n] or llms[n].engine.has_unfinished_requests()]
-            turn += 1
-    out = {}
-    for name, llm in llms.items():
-        t0 = time.perf_counter()
-        out[name] = ([llm.request_output(r) for r in reqs[name]], spent[name])
-        host[name] += time.perf_counter() - t0
-    return out, host
+def _build_isolated(args, name: str) -> Contender:
+    """--isolate: a worker process's setup, as main's, then its one engine."""
+    torch.set_num_threads(args.threads)
+    tune_malloc()
+    return _build(args, None, name)
+
+
+def _build_all(args) -> dict:
+    """-> {name: Contender or IsolatedContender}, built in the build order, keyed in the contenders'."""
+    shared = load_pretrained(args.model) if args.share_weights else None       # (model, tokenizer)
+    built = {}
+    for name in reversed(args.contenders) if args.build_reversed else args.contenders:
+        built[name] = (IsolatedContender((__file__, "_build_isolated", args), name) if args.isolate
+                       else _build(args, shared, name))
+        if built[name].compile_s is not None:
+            print(f"{name}: compiled and warmed up in {built[name].compile_s:.1f} s", flush=True)
+        if built[name].calibration is not None:
+            cal = built[name].calibration
+            print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
+    return {name: built[name] for name in args.contenders}         # timed in the contenders' order either way
+
+
+def _row(name: str, per: dict, report: dict, contender) -> dict:
+    """One contender's row of speedup.json: its tok/s, its ratios to plain (over all chunks, per chunk),
+    acceptance, tokens differing from plain decoding's, and its engine's report."""
+    p, plain = per[name], per["plain"]
+    ratios = [(x["tokens"] / x["seconds"]) / (y["tokens"] / y["seconds"])
+              for x, y in zip(p["chunks"], plain["chunks"])]
+    row = {"contender": name, "output_tokens": p["tokens"], "seconds": round(p["seconds"], 3),
+           "output_tok_s": p["tokens"] / p["seconds"],
+           "ratio_to_plain": (p["tokens"] / p["seconds"]) / (plain["tokens"] / plain["seconds"]),
+           "ratio_min": min(ratios), "ratio_max": max(ratios), "ratio_median": statistics.median(ratios),
+           "acceptance_length": None if name == "plain" else report["acceptance_length"],
+           "mismatches_vs_plain": sum(a != b for a, b in zip(p["token_ids"], plain["token_ids"])),
+           "compile_s": contender.compile_s, "host_s": round(p["host_s"], 4),
+           "chunks": p["chunks"], "engine_time": report["engine_time"]}
+    if report["auto_k"] is not None:
+        row["auto_k"] = report["auto_k"]
+    return row
 
 
 def main(argv=None) -> int:
@@ -200,7 +211,12 @@ def main(argv=None) -> int:
                     help="every contender's engine over one model in memory (module doc)")
     ap.add_argument("--interleave", type=int, default=4, metavar="N",
                     help="time N engine steps per contender in turn (module doc); 0: generates per chunk")
+    ap.add_argument("--isolate", action="store_true",
+                    help="every contender's engine in a process of its own (module doc)")
     args = ap.parse_args(argv)
+    if args.isolate and args.share_weights:
+        raise SystemExit("error: --isolate and --share-weights exclude each other (one model cannot span "
+                         "processes); drop one")
     if "plain" not in args.contenders:
         raise SystemExit("error: --contenders must include plain (the baseline)")
     torch.set_num_threads(args.threads)
@@ -214,65 +230,26 @@ def main(argv=None) -> int:
               f"{args.concurrency}: no more than {len(chunks[-1])} requests run at once; use --num-prompts "
               f">= {args.concurrency * args.rounds}", flush=True)
     params = SamplingParams(max_tokens=args.max_tokens)
-    llms, compile_s = {}, {}
-    shared = load_pretrained(args.model) if args.share_weights else None       # (model, tokenizer)
-    for name in reversed(args.contenders) if args.build_reversed else args.contenders:
-        spec, k = _contender(name)
-        t0 = time.perf_counter()        # with compile, LLM() compiles and warms up the engine
-        model = args.model if shared is None else shared[0]
-        extra = {} if shared is None else {"tokenizer": shared[1], "cost_model_file": _cost_file(args, name)}
-        if k != "auto":
-            extra.pop("cost_model_file", None)
-        llms[name] = LLM(model=model, spec=spec, num_speculative_tokens=k,
-                         max_num_seqs=args.concurrency, compile=args.compile, max_model_len=1024,
-                         **extra, **_overrides(name)[1])
-        if args.compile:
-            compile_s[name] = time.perf_counter() - t0
-            print(f"{name}: compiled and warmed up in {compile_s[name]:.1f} s", flush=True)
-        if llms[name].calibration is not None:
-            cal = llms[name].calibration
-            print(f"{name}: step costs {cal['source']} ({cal['seconds']:.1f} s)", flush=True)
-        auto_k.reset_histograms(llms[name].engine.draft_length)   # the timed chunks only, not the warm-up
-    llms = {name: llms[name] for name in args.contenders}         # timed in the contenders' order either way
-    per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "outputs": [], "timings": [], "host_s": 0.0}
-           for n in args.contenders}
-    for c, chunk in enumerate(chunks):
-        for llm in llms.values():
-            llm.engine.reset_step_timings()
-        if args.interleave:
-            results, host = _generate_interleaved(llms, chunk, params, c, args.concurrency, args.interleave)
-        else:
-            results, host = _generate_rotated(llms, chunk, params, c, args.concurrency), {}
-        for name, (outs, dt) in results.items():
-            per[name]["timings"].extend(llms[name].engine.step_timings)
-            n_tok = sum(len(o.output_token_ids) for o in outs)
-            per[name]["tokens"] += n_tok
-            per[name]["seconds"] += dt
-            per[name]["host_s"] += host.get(name, 0.0)
-            per[name]["chunks"].append({"tokens": n_tok, "seconds": dt})
-            per[name]["outputs"].extend(outs)
-            print(f"chunk {c}: {name} {n_tok / dt:.1f} tok/s", flush=True)
-    plain = per["plain"]
-    plain_ids = [o.output_token_ids for o in plain["outputs"]]
-    rows = []
-    for name in args.contenders:
-        p = per[name]
-        ratios = [(x["tokens"] / x["seconds"]) / (y["tokens"] / y["seconds"])
-                  for x, y in zip(p["chunks"], plain["chunks"])]
-        spec = aggregate_spec(p["outputs"]) if name != "plain" else None
-        mismatches = sum(a.output_token_ids != b for a, b in zip(p["outputs"], plain_ids))
-        rows.append({"contender": name, "output_tokens": p["tokens"], "seconds": round(p["seconds"], 3),
-                     "output_tok_s": p["tokens"] / p["seconds"],
-                     "ratio_to_plain": (p["tokens"] / p["seconds"]) / (plain["tokens"] / plain["seconds"]),
-                     "ratio_min": min(ratios), "ratio_max": max(ratios),
-                     "ratio_median": statistics.median(ratios),
-                     "acceptance_length": None if spec is None else spec.acceptance_length,
-                     "mismatches_vs_plain": mismatches, "compile_s": compile_s.get(name),
-                     "host_s": round(p["host_s"], 4),
-                     "chunks": p["chunks"], "engine_time": _engine_time(p["timings"], llms[name])})
-        summary = auto_k.summary(llms[name].engine.draft_length)
-        if summary is not None:
-            rows[-1]["auto_k"] = {**summary, "calibration": llms[name].calibration}
+    contenders = _build_all(args)
+    try:
+        per = {n: {"tokens": 0, "seconds": 0.0, "chunks": [], "token_ids": [], "host_s": 0.0}
+               for n in args.contenders}
+        for c, chunk in enumerate(chunks):
+            results = run_chunk(contenders, chunk, params, c, args.concurrency, args.interleave)
+            for name, res in results.items():
+                p = per[name]
+                p["tokens"] += res["tokens"]
+                p["seconds"] += res["seconds"]
+                p["host_s"] += res["host_s"]
+                p["chunks"].append({"tokens": res["tokens"], "seconds": res["seconds"]})
+                p["token_ids"].extend(res["token_ids"])
+                print(f"chunk {c}: {name} {res['tokens'] / res['seconds']:.1f} tok/s", flush=True)
+        reports = {name: contender.report() for name, contender in contenders.items()}
+    finally:
+        for contender in contenders.values():
+            if isinstance(contender, IsolatedContender):
+                contender.close()
+    rows = [_row(name, per, reports[name], contenders[name]) for name in args.contenders]
     lines = [f"# Output tok/s against plain decoding, same run ({Path(args.model).name}, "
              f"{args.num_prompts} GSM8K test prompts, concurrency {args.concurrency}, "
              f"max {args.max_tokens} tokens, "
