@@ -2,7 +2,8 @@
 # Automatic k against fixed k (experiments/auto_k_never_loses): 8 cells (concurrency 1, 4, 16, 64 x eager,
 # compiled) x 3 runs of tools/bench_speedup.py --interleave 4, contenders plain mtp1 mtp4 mtp8 auto, each
 # run one tools/bench_core.sh call; the first runs of every cell, then the second (built in reverse:
-# --build-reversed), then the third. Resumable: a run whose speedup.json exists is skipped.
+# --build-reversed), then the third. Resumable: a run whose speedup.json exists is skipped. ISOLATE=1 adds
+# --isolate (every contender's engine in a process of its own).
 #   OUT=/tmp/matrix MTPX_DATA_DIR=/path/to/data bash tools/auto_k_matrix.sh
 #   python tools/matrix_table.py /tmp/matrix
 # Run it from a checkout nobody edits while it runs (compile caches are keyed by mtpx's source), with
@@ -24,7 +25,7 @@ for r in ${RUNS:-1 2 3}; do
     flag=""; [ "$mode" = compiled ] && flag="--compile"
     t0=$(date +%s)
     tools/bench_core.sh timeout 590 python tools/bench_speedup.py $flag --concurrency "$c" $(cell_args "$c") \
-      --rounds 4 --threads 1 --interleave 4 $rev --contenders plain mtp1 mtp4 mtp8 auto \
+      --rounds 4 --threads 1 --interleave 4 $rev ${ISOLATE:+--isolate} --contenders plain mtp1 mtp4 mtp8 auto \
       --out "$OUT/$name" > "$OUT/$name.log" 2>&1
     echo "$name rc=$? $(( $(date +%s) - t0 )) s, ended $(date +%T)"
   done
