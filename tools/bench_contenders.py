@@ -35,7 +35,7 @@ class Contender:
     def __init__(self, llm, engine_time: Callable, compile_s: float | None = None):
         self.llm, self._engine_time, self.compile_s = llm, engine_time, compile_s
         self.calibration = llm.calibration
-        self._outputs, self._timings = [], []
+        self._outputs, self.timings = [], []     # timings: every chunk's StepTimings
         auto_k.reset_histograms(llm.engine.draft_length)      # the timed chunks only, not the warm-up
 
     def generate(self, chunk: list[str], params, concurrency: int) -> dict:
@@ -78,14 +78,14 @@ class Contender:
 
     def _summary(self, outs, seconds: float, host_s: float) -> dict:
         self._outputs.extend(outs)
-        self._timings.extend(self.llm.engine.step_timings)
+        self.timings.extend(self.llm.engine.step_timings)
         ids = [list(o.output_token_ids) for o in outs]
         return {"token_ids": ids, "tokens": sum(map(len, ids)), "seconds": seconds, "host_s": host_s}
 
     def report(self) -> dict:
         summary = auto_k.summary(self.llm.engine.draft_length)
         return {"acceptance_length": aggregate_spec(self._outputs).acceptance_length,
-                "engine_time": self._engine_time(self._timings, self.llm),
+                "engine_time": self._engine_time(self.timings, self.llm),
                 "auto_k": None if summary is None else {**summary, "calibration": self.calibration}}
 
 

@@ -3,7 +3,7 @@
 them, the draft-length policy's entry points (plan, decide_depth, decide, observe), the scheduler's
 admissions (_admit) and the runner's prefill, decode and verify forward; the contenders' engines
 in one process, their steps interleaved as tools/bench_speedup.py --interleave does (its
-_generate_interleaved). Prints ms per step of each part per engine, split into steps with a prefill
+bench_contenders.run_chunk). Prints ms per step of each part per engine, split into steps with a prefill
 and decode-only steps, and writes them as JSON.
 
     tools/bench_core.sh python tools/profile_step_parts.py --concurrency 64 --num-prompts 128 \
@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 
 import bench_speedup as bs  # noqa: E402
+from bench_contenders import Contender, run_chunk  # noqa: E402
 from mtpx import LLM, SamplingParams  # noqa: E402
 from mtpx.data.gsm8k import format_prompt, load_gsm8k  # noqa: E402
 from mtpx.engine.malloc import tune_malloc  # noqa: E402
@@ -174,15 +175,15 @@ def main(argv=None) -> int:
                          compile=False, max_model_len=1024, **bs._overrides(name)[1])
     llms = {n: llms[n] for n in args.contenders}
     parts = {n: instrument(llm.engine) for n, llm in llms.items()}
+    contenders = {n: Contender(llm, bs._engine_time) for n, llm in llms.items()}
     outs = {n: [] for n in llms}
     for c, chunk in enumerate(chunks):
-        res, _ = bs._generate_interleaved(llms, chunk, params, c, args.concurrency, args.interleave)
-        for n, (o, dt) in res.items():
-            outs[n] += [x.output_token_ids for x in o]
-            tokens = sum(len(x.output_token_ids) for x in o)
-            print(f"chunk {c}: {n} {tokens / dt:.1f} tok/s", flush=True)
-    for n, llm in llms.items():
-        t = llm.engine.step_timings
+        res = run_chunk(contenders, chunk, params, c, args.concurrency, args.interleave)
+        for n, r in res.items():
+            outs[n] += r["token_ids"]
+            print(f"chunk {c}: {n} {r['tokens'] / r['seconds']:.1f} tok/s", flush=True)
+    for n in llms:
+        t = contenders[n].timings
         parts[n].work["prefill module tokens"] = sum(x.num_prefill_module_tokens for x in t)
         parts[n].work["catch-up module tokens"] = sum(x.num_catch_up_module_tokens for x in t)
         print(f"{n}: " + ", ".join(f"{k} {v}" for k, v in parts[n].work.items()))
