@@ -17,8 +17,12 @@ waits for each worker's reply), so the workers never run at once.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import multiprocessing as mp
+import os
+import signal
+import sys
 import time
 from typing import Callable
 
@@ -90,7 +94,13 @@ class Contender:
 
 
 def _serve(conn, build: tuple, name: str) -> None:
-    """A worker process: build the contender (IsolatedContender's build), answer the driver's calls."""
+    """A worker process: build the contender (IsolatedContender's build), answer the driver's calls.
+    It ends with the driver: a SIGTERM when the driver's process dies (Linux), so that a killed run
+    leaves no engine building or waiting."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)            # PR_SET_PDEATHSIG
+        if os.getppid() == 1:                                   # the driver died before that
+            return
     try:
         path, function, build_args = build
         spec = importlib.util.spec_from_file_location("_bench_tool", path)
