@@ -118,6 +118,12 @@ def _serve(conn, build: tuple, name: str) -> None:
         raise
     finally:
         conn.close()
+    # Everything is sent: end now. An interpreter shutdown after a compiled engine can hang here (a
+    # thread of the compile machinery spinning at the bench core's real-time priority starves the
+    # core), so exit without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class IsolatedContender:
@@ -166,7 +172,10 @@ class IsolatedContender:
     def close(self) -> None:
         if self._proc.is_alive():
             self._conn.send(("close", ()))
-            self._proc.join(timeout=60)
+            self._proc.join(timeout=30)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
         self._conn.close()
 
 
