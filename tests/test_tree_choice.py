@@ -154,12 +154,6 @@ def test_unsupported_trees_are_refused_in_one_line(trained_tiny, tree, spec, mes
     assert message in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_choice_compiled_is_refused_in_one_line(trained_tiny):
-    with pytest.raises(ValueError, match="engine.compile=true: not supported yet") as e:
-        make_llm(trained_tiny, "mtp8", "auto", tree=MTP8_LEAVES, compile=True)
-    assert "\n" not in str(e.value)
-
-
 @pytest.mark.slow          # 10-40 s on 2 shared cores: python -m pytest -m slow tests/test_tree_choice.py
 def test_switching_with_prefix_caching_chunking_preemption(trained_tiny, tmp_path):
     """mtp1 switching chain and tree in a pool one block above the largest request's need, chunked

@@ -17,7 +17,8 @@ subfolder per tree shape (the shape's parents and levels are constants of the gr
 
 A leaf tree's drafting round (the chain speculator's round plus the leaves,
 mtpx/spec_decode/tree_leaves.py) is the chain's draft graph (`LeafDraft`): a leaf-tree engine builds
-2 graphs. Eager, as without compile: other trees' drafting round (the modules over the tree,
+2 graphs, the automatic choice between chain and tree (mtpx/engine/tree_choice.py) automatic k's
+and these 2. Eager, as without compile: other trees' drafting round (the modules over the tree,
 mtpx/spec_decode/tree_draft.py), the walk, the KV move and the state commit (mtpx/engine/tree_step.py).
 """
 from __future__ import annotations
@@ -77,7 +78,8 @@ class TreeVerify:
         paths = json.dumps([list(p) for p in spec.shape.paths])
         self.fn = step.compile(tree_verify_forward, f"tree_{hashlib.sha256(paths.encode()).hexdigest()[:12]}",
                                {"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe})
-        step.progress.expected = len(step.progress.records) + 1    # the chain's graphs never run
+        # the graphs so far and this one: a tree engine's chain graphs never run, the choice's come first
+        step.progress.expected = len(step.progress.records) + 1
 
     def __call__(self, model, cache, ids, n, rows, nd, levels) -> tuple[torch.Tensor, torch.Tensor,
                                                                         list[TreeStates]]:

@@ -68,9 +68,6 @@ class Engine:
         k = 0 if speculator is None else speculator.num_speculative_tokens
         # automatic k choosing chain or a leaf tree per step (tree_choice.py): the tree's round is the chain's
         choice = isinstance(draft_length, AutoChainOrTree)
-        if choice and config.compile:
-            raise ValueError("spec.tree with spec.num_speculative_tokens=auto and engine.compile=true: not "
-                             "supported yet (the choice runs eager; set engine.compile=false)")
         tree = leaf_tree_over(speculator, config.tree, model) if choice else None
         room = k if tree is None else max(k, tree.num_speculative_tokens)    # drafts a step verifies at most
         limit = model.cfg.max_position_embeddings

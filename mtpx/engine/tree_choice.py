@@ -7,8 +7,11 @@ the leaves (mtpx/spec_decode/tree_leaves.py), so both keep one module state.
 A step verifies what its requests hold: the trees proposed in a tree step go through tree
 verification (mtpx/engine/tree_step.py), chains through the chain's; and it proposes what the policy
 chose: a chain verification followed by the tree's round, or a tree verification followed by the
-chain's (eager: switching steps are few). A request holding the other form than the step verifies
-(it was not scheduled in the step that proposed the others') verifies none of its drafts.
+chain's (eager, compiled or not: switching steps are few). Under engine.compile the chain steps
+run automatic k's graphs and the tree steps the tree's two (mtpx/engine/compiled_tree.py), which
+the warm-up builds on a forced schedule (mtpx/engine/warmup.py). A request holding the other form
+than the step verifies (it was not scheduled in the step that proposed the others') verifies none
+of its drafts.
 
     choice_policy(method, model, max_k, tree) -> AutoChainOrTree (ValueError, one line, for a tree
                                                  the choice does not support)

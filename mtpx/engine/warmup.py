@@ -54,6 +54,8 @@ def warm_up(engine) -> dict | None:
             print(f"engine.compile: warm-up of the depths {ks} skipped ({err}): they compile when "
                   "first used", file=sys.stderr)
         _steps_without_drafts(engine, k, length)
+    if engine.runner.choice is not None and length >= 1:
+        _tree_steps(engine, k, length)
     # automatic k learned the dummy requests' acceptance (a repeated pattern, accepted far more
     # than real text): the first real requests would be decided on it
     calibration.forget_dummies(engine.draft_length)
@@ -87,5 +89,28 @@ def _steps_without_drafts(engine, k: int, length: int) -> None:
                 engine.step()
                 force(next(schedule, k))
     finally:
+        engine.kv.reset_prefix_cache()
+        engine.reset_step_timings()
+
+
+def _tree_steps(engine, k: int, length: int) -> None:
+    """The automatic choice between chain and tree (mtpx/engine/tree_choice.py): dummy requests two,
+    three and one at once whose steps alternate chain (k drafts) and tree on a forced schedule, so
+    the tree's graphs (its verification, its draft round: mtpx/engine/compiled_tree.py) are built
+    at batch 2 first and have run at every batch and switch before anything is timed. The policy's
+    own choice comes back afterwards; the prefix cache and step timings are reset."""
+    policy = engine.draft_length
+    policy.forced_tree = lambda step: step % 4 in (1, 2)     # chain -> tree -> tree -> chain -> chain
+    try:
+        with calibration.forced(policy, k):
+            params = SamplingParams(max_tokens=4 * (k + 1), ignore_eos=True)
+            vocab = engine.model.cfg.vocab_size
+            for batch in (2, 3, 1):
+                for i in range(batch):
+                    engine.add_request(Request(i, [(3 * i + j) % vocab for j in range(length)], params))
+                while engine.has_unfinished_requests():
+                    engine.step()
+    finally:
+        policy.forced_tree = None
         engine.kv.reset_prefix_cache()
         engine.reset_step_timings()
