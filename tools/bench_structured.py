@@ -6,7 +6,9 @@ and cost.
    under mtp8 and automatic k; every output is parsed or matched.
 2. Acceptance and cost: the same prompts through LLM.generate with and without a JSON-schema
    constraint, at concurrency 1 and 16: output tok/s, acceptance length, per-position
-   acceptance, and the grammar mask's host time per step.
+   acceptance, and the grammar mask's host time per step; --compare adds each request's mean TTFT
+   (its prefill, first token and first draft round) and TPOT (ms per output token after the first:
+   the decode steps alone).
 
     python tools/bench_structured.py --requests 200 --out /tmp/structured
     /work/bench1 python tools/bench_structured.py --compare 16 --acceptance-requests 16 --compile
@@ -159,7 +161,7 @@ def acceptance(spec: str, k, n: int, max_tokens: int, compile_: bool) -> list[di
             rows.append({"spec": spec, "k": k, "concurrency": conc, "constrained": constrained,
                          "requests": len(prompts), "output_tokens": tokens,
                          "tok_s": round(tokens / seconds, 1),
-                         "acceptance_length": round(1 + accepted / max(drafts, 1), 3),
+            "acceptance_length": round(1 + accepted / max(drafts, 1), 3),
                          "per_position": [round(x, 3) for x in per_pos], "valid": valid,
                          "mask_ms_per_step": round(1000 * mask_s / max(steps, 1), 3),
                          "mask_share": round(mask_s / seconds, 4)})
@@ -189,11 +191,17 @@ def _measure(llm, prompts, sp) -> dict:
     per_pos = [sum(o.spec.accepted_per_position[i] for o in outs if i < len(o.spec.accepted_per_position))
                / max(drafts, 1) for i in range(width)]
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    # per request: TTFT (prefill, first token, first draft round) and TPOT (the decode steps alone)
+    ttft = [o.first_token_time - o.arrival_time for o in outs]
+    tpot = [(o.finish_time - o.first_token_time) / (len(o.outputs[0].token_ids) - 1)
+            for o in outs if len(o.outputs[0].token_ids) > 1]
     valid = None
     if sp.structured_outputs is not None:
         ok = constraints()[0][2]
         valid = sum(o.outputs[0].finish_reason == "stop" and ok(o.outputs[0].text) for o in outs)
     return {"output_tokens": tokens, "seconds": round(seconds, 3), "tok_s": round(tokens / seconds, 2),
+            "ttft_ms": round(1000 * sum(ttft) / len(ttft), 2),
+            "tpot_ms": round(1000 * sum(tpot) / max(len(tpot), 1), 3),
             "acceptance_length": round(1 + accepted / max(drafts, 1), 3),
             "per_position": [round(x, 3) for x in per_pos], "valid": valid,
             "mask_ms_per_step": round(1000 * (masks.seconds - m0) / steps, 3),
@@ -229,8 +237,11 @@ def compare(spec: str, k, conc: int, n: int, max_tokens: int, repeats: int, comp
     for name in contenders:
         mine = [r for r in rows if r["contender"] == name]
         tps = sorted(r["tok_s"] for r in mine)
+        tpot, ttft = (sorted(r[key] for r in mine) for key in ("tpot_ms", "ttft_ms"))
         print(f"{name:22s} conc {conc}: tok/s median {tps[len(tps) // 2]:.2f} (min {tps[0]:.2f}, max "
-              f"{tps[-1]:.2f}); acceptance length {mine[-1]['acceptance_length']}", flush=True)
+              f"{tps[-1]:.2f}); TPOT ms median {tpot[len(tpot) // 2]:.3f} ({tpot[0]:.3f}-{tpot[-1]:.3f}); "
+              f"TTFT ms median {ttft[len(ttft) // 2]:.2f}; acceptance length {mine[-1]['acceptance_length']}",
+              flush=True)
     return rows
 
 
