@@ -110,20 +110,14 @@ def _serve(conn, build: tuple, name: str) -> None:
         conn.send(("ready", {"compile_s": contender.compile_s, "calibration": contender.calibration}))
         while True:
             method, call_args = conn.recv()
-            if method == "close":
-                break
             conn.send(("ok", getattr(contender, method)(*call_args)))
+    except EOFError:                 # the driver is gone
+        pass
     except BaseException as e:       # noqa: BLE001 - the driver reports it and stops the run
         conn.send(("error", f"{name}: {type(e).__name__}: {e}"))
         raise
     finally:
         conn.close()
-    # Everything is sent: end now. An interpreter shutdown after a compiled engine can hang here (a
-    # thread of the compile machinery spinning at the bench core's real-time priority starves the
-    # core), so exit without it.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 class IsolatedContender:
@@ -170,12 +164,10 @@ class IsolatedContender:
         return self._call("report")
 
     def close(self) -> None:
-        if self._proc.is_alive():
-            self._conn.send(("close", ()))
-            self._proc.join(timeout=30)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join()
+        """End the worker: it has replied to every call, so nothing is lost by killing it (a polite
+        close was seen to leave the driver waiting for a worker that never read it)."""
+        self._proc.kill()
+        self._proc.join(timeout=30)
         self._conn.close()
 
 
