@@ -35,13 +35,7 @@ def warm_up(engine) -> dict | None:
     room = min(c.max_model_len - 1, c.num_blocks * c.block_size - 2 * k - 2) - max_tokens
     length = min(c.block_size + 1, room)
     if length >= 1:
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-        vocab = engine.model.cfg.vocab_size
-        for batch in (2, 3, 1):
-            for i in range(batch):
-                engine.add_request(Request(i, [(7 * i + j) % vocab for j in range(length)], params))
-            while engine.has_unfinished_requests():
-                engine.step()
+        _dummy_batches(engine, SamplingParams(max_tokens=max_tokens, ignore_eos=True), length, 7)
         engine.kv.reset_prefix_cache()
         engine.reset_step_timings()
     if engine.scheduler.depth_per_request and length >= 1:
@@ -103,14 +97,19 @@ def _tree_steps(engine, k: int, length: int) -> None:
     policy.forced_tree = lambda step: step % 4 in (1, 2)     # chain -> tree -> tree -> chain -> chain
     try:
         with calibration.forced(policy, k):
-            params = SamplingParams(max_tokens=4 * (k + 1), ignore_eos=True)
-            vocab = engine.model.cfg.vocab_size
-            for batch in (2, 3, 1):
-                for i in range(batch):
-                    engine.add_request(Request(i, [(3 * i + j) % vocab for j in range(length)], params))
-                while engine.has_unfinished_requests():
-                    engine.step()
+            _dummy_batches(engine, SamplingParams(max_tokens=4 * (k + 1), ignore_eos=True), length, 3)
     finally:
         policy.forced_tree = None
         engine.kv.reset_prefix_cache()
         engine.reset_step_timings()
+
+
+def _dummy_batches(engine, params: SamplingParams, length: int, stride: int) -> None:
+    """Dummy requests of `length` prompt tokens (request i: token (stride * i + j) mod vocab at j), two,
+    three, then one at once (warm_up says why), each batch decoded to the end."""
+    vocab = engine.model.cfg.vocab_size
+    for batch in (2, 3, 1):
+        for i in range(batch):
+            engine.add_request(Request(i, [(stride * i + j) % vocab for j in range(length)], params))
+        while engine.has_unfinished_requests():
+            engine.step()
