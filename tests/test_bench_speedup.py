@@ -45,7 +45,8 @@ def test_interleaved_steps_give_the_chunk_mode_s_outputs_and_count_every_token(t
     data = tmp_path / "test.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "#### 1"}) + "\n" for q in questions))
     run = ["--model", str(tiny_ckpt), "--data", str(data), "--num-prompts", "6", "--rounds", "2",
-           "--max-tokens", "7", "--concurrency", "2", "--threads", "1", "--interleave", "2", "--build-reversed"]
+           "--max-tokens", "7", "--concurrency", "2", "--threads", "1", "--interleave", "2",
+           "--build-reversed"]
     for extra in (["--share-weights", "--contenders", "plain", "plain_b"],
                   ["--isolate", "--contenders", "plain", "mtp1"]):
         out = tmp_path / extra[0]
