@@ -295,6 +295,22 @@ def forced(policy, k: int):
         policy.forced, policy.forced_depth = saved
 
 
+@contextmanager
+def forced_forms(policy, schedule):
+    """Inside, schedule(step) -> bool (True: the tree) decides every step's form of the automatic
+    choice between chain and tree (mtpx/auto_k/tree_choice.py; warm-up's dummy steps); afterwards
+    the policy's own choice comes back. Other policies are left alone."""
+    if not hasattr(policy, "forced_tree"):
+        yield
+        return
+    saved = policy.forced_tree
+    policy.forced_tree = schedule
+    try:
+        yield
+    finally:
+        policy.forced_tree = saved
+
+
 def forget_dummies(policy) -> None:
     """Automatic k forgets what dummy requests taught it (AutoDraftLength.reset: not the step
     costs); a fixed k has nothing to forget."""

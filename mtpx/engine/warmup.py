@@ -94,12 +94,11 @@ def _tree_steps(engine, k: int, length: int) -> None:
     at batch 2 first and have run at every batch and switch before anything is timed. The policy's
     own choice comes back afterwards; the prefix cache and step timings are reset."""
     policy = engine.draft_length
-    policy.forced_tree = lambda step: step % 4 in (1, 2)     # chain -> tree -> tree -> chain -> chain
+    schedule = lambda step: step % 4 in (1, 2)     # noqa: E731 - chain -> tree -> tree -> chain -> chain
     try:
-        with calibration.forced(policy, k):
+        with calibration.forced(policy, k), calibration.forced_forms(policy, schedule):
             _dummy_batches(engine, SamplingParams(max_tokens=4 * (k + 1), ignore_eos=True), length, 3)
     finally:
-        policy.forced_tree = None
         engine.kv.reset_prefix_cache()
         engine.reset_step_timings()
 
