@@ -6,14 +6,15 @@ A contender generates a chunk either whole (`generate`, the chunk mode) or step 
 `finish` and `generate` return the chunk's summary: {"token_ids": [[int]], "tokens": int, "seconds":
 float (its generate, or its timed `Engine.step` calls with the admissions before each), "host_s":
 float (encoding the prompts and decoding the outputs, outside "seconds")}. `report()` gives what the
-tool's row needs from the engine after the last chunk: {"acceptance_length": float | None,
+tool's row needs from the engine after the last chunk: {"acceptance_length": float,
 "engine_time": dict, "auto_k": dict | None}.
 
 Why processes: on this machine an engine built earlier in a process steps slower than one built later
-(about 1-3% per engine built in between: experiments/auto_k_never_loses). With --isolate every
-engine is the only engine of a process that did nothing else before building it, so no contender
-is built before or after another in its process; the driver still runs one contender at a time (it
-waits for each worker's reply), so the workers never run at once.
+(about 1-3% per engine built in between). --isolate makes every engine the only engine of a fresh
+process; the driver still runs one contender at a time (it waits for each worker's reply), so the
+workers never run at once. Measured, the effect survives it (the engine built first still reads
+slowest: experiments/auto_k_never_loses, section 6), so it lies outside the process; bracketing over
+the build order (--build-reversed) remains the remedy.
 """
 from __future__ import annotations
 

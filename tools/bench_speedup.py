@@ -36,9 +36,9 @@ On this machine an engine built earlier in the process runs its steps slower tha
 experiments/auto_k_never_loses); --build-reversed builds them from the last contender to the first
 (the timing order stays the contenders'), so that two runs, one each way, bracket the effect.
 --isolate: every contender's engine in a process of its own (spawned; tools/bench_contenders.py),
-built one after another, the driver stepping them in turn as above (one process runs at a time), so
-that no engine is built before or after another in its process and the build order cannot favour
-one; each process loads the model itself.
+built one after another, the driver stepping them in turn as above (one process runs at a time);
+each process loads the model itself. The build-order effect above survives it (it lies outside the
+process: experiments/auto_k_never_loses, section 6), so bracket with --build-reversed either way.
 --share-weights: the contenders' engines run over one model loaded once (each engine keeps its own
 KV cache, states and graphs), so that no contender's weights sit elsewhere in memory and caches;
 automatic k's calibration is then kept in a file of the step-cost cache for the next run.

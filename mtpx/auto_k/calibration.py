@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mtpx.auto_k.policy import AutoDraftLength
+from mtpx.auto_k.tree_choice import AutoChainOrTree
 from mtpx.auto_k.store import DRAFT_KEY, PREFILL_KEY, check_step_cost_meta, load_step_costs, save_step_costs
 from mtpx.core.request import Request
 from mtpx.core.sampling_params import SamplingParams
@@ -300,7 +301,7 @@ def forced_forms(policy, schedule):
     """Inside, schedule(step) -> bool (True: the tree) decides every step's form of the automatic
     choice between chain and tree (mtpx/auto_k/tree_choice.py; warm-up's dummy steps); afterwards
     the policy's own choice comes back. Other policies are left alone."""
-    if not hasattr(policy, "forced_tree"):
+    if not isinstance(policy, AutoChainOrTree):
         yield
         return
     saved = policy.forced_tree
