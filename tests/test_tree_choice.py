@@ -37,6 +37,23 @@ def _check_kv(engine, model) -> None:
                                            runner=engine.runner, cache=engine.cache), model, current=False)
 
 
+def run_switching(llm, model) -> None:
+    """Three requests on the forced schedule tree, tree, chain k, ... with k cycling through 0, 2 and
+    max_k (depths stay D: a tree needs them): outputs equal plain decoding's (run_checked), module KV
+    exact after every step, and every switch between the forms ran."""
+    policy = llm.engine.draft_length
+    policy.forced_tree = lambda step: step % 6 in (1, 2, 4)
+    policy.forced, policy.forced_depth = policy.max_k, policy.max_k
+    forms = []
+
+    def on_step(engine):
+        forms.append(policy._forms)
+        policy.forced = (0, 2, policy.max_k)[len(forms) % 3]
+        _check_kv(engine, model)
+    run_checked(llm, model, PROMPTS[:3], [_params(14 - i) for i in range(3)], on_step=on_step)
+    assert {(False, True), (True, False), (True, True), (False, False)} <= set(forms)    # every switch ran
+
+
 @pytest.mark.parametrize("spec,tree", [("mtp8", MTP8_LEAVES), ("mtp1", MTP1_LEAVES)])
 def test_switching_chain_and_tree_keeps_greedy_output_and_module_kv(trained_tiny, spec, tree, tmp_path):
     """Forced schedule: tree, tree, chain k, ... with k cycling through 0, 2 and max_k, so every
@@ -47,17 +64,7 @@ def test_switching_chain_and_tree_keeps_greedy_output_and_module_kv(trained_tiny
                    cost_model_file=_costs(tmp_path / "costs.json"))
     policy, runner = llm.engine.draft_length, llm.engine.runner
     assert isinstance(policy, AutoChainOrTree) and runner.choice is not None
-    policy.forced_tree = lambda step: step % 6 in (1, 2, 4)
-    policy.forced, policy.forced_depth = policy.max_k, policy.max_k    # depths stay D (a tree needs them)
-    forms = []
-
-    def on_step(engine):
-        forms.append(policy._forms)
-        policy.forced = (0, 2, policy.max_k)[len(forms) % 3]
-        _check_kv(engine, model)
-    params = [_params(14 - i) for i in range(3)]
-    run_checked(llm, model, PROMPTS[:3], params, on_step=on_step)
-    assert {(False, True), (True, False), (True, True), (False, False)} <= set(forms)    # every switch ran
+    run_switching(llm, model)
     stats = runner.tree_stats
     assert stats.rounds > 5 and sum(sum(row[1:]) for row in stats.rank_counts) > 0      # leaves accepted
     assert policy.tree_rounds == stats.rounds

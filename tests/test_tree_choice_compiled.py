@@ -13,9 +13,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import _params, make_llm, run_checked
-from tests.test_tree import PROMPTS
-from tests.test_tree_choice import MTP8_LEAVES, _check_kv, _costs
+from tests.helpers import make_llm
+from tests.test_tree_choice import MTP8_LEAVES, _costs, run_switching
 
 # automatic k's graphs with compile_depths [0, 4] (the tiny model's 4 modules), then the tree's two
 GRAPHS = ["verify (5-token window)", "commit (5-token window)", "draft loop (4 modules, 5 columns)",
@@ -39,17 +38,7 @@ def test_compiled_choice_switching_equals_plain_without_recompiles(trained_tiny,
     assert [g["graph"] for g in stats["graphs"]] == GRAPHS and stats["num_graphs"] == 6
     policy, runner = llm.engine.draft_length, llm.engine.runner
     assert policy.forced_tree is None and policy.tree_steps == 0         # the warm-up's forgotten
-    policy.forced_tree = lambda step: step % 6 in (1, 2, 4)
-    policy.forced, policy.forced_depth = policy.max_k, policy.max_k
-    forms = []
-
-    def on_step(engine):
-        forms.append(policy._forms)
-        policy.forced = (0, 2, policy.max_k)[len(forms) % 3]
-        _check_kv(engine, model)
-    params = [_params(14 - i) for i in range(3)]
     with torch._dynamo.config.patch(error_on_recompile=True):
-        run_checked(llm, model, PROMPTS[:3], params, on_step=on_step)
-    assert {(False, True), (True, False), (True, True), (False, False)} <= set(forms)    # every switch ran
+        run_switching(llm, model)
     assert llm.engine.compile_stats()["num_graphs"] == 6
     assert runner.tree_stats.rounds > 5 and sum(sum(row[1:]) for row in runner.tree_stats.rank_counts) > 0
